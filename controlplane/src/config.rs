@@ -1,0 +1,1 @@
+//! Flags and config files (placeholder).

@@ -1,0 +1,23 @@
+//! The control plane: `mooncake_master`.
+//!
+//! The master tracks which objects exist, where their replicas live (a segment and an address
+//! range in it), who may still read them (leases), which clients and segments are alive, and
+//! when to evict. It never touches object bytes: clients move bytes one-sided between their
+//! buffers and segments, so the master is off the data path.
+//!
+//! Layout:
+//! - [`service`]: the state machine of objects, segments and clients behind one lock per
+//!   master, plus the eviction and liveness passes;
+//! - [`alloc`]: per-segment allocators (slab classes for uniform KV blocks, extents for the rest);
+//! - [`config`]: flags (`--flag=value`, `--flag value`, config files) and their validation;
+//! - [`rpc`]: the tokio server speaking the control frames of `protocol`;
+//! - [`http`]: the HTTP metadata server and the admin/metrics server;
+//! - [`clock`]: time enters through a trait so tests can move it by hand.
+
+pub mod alloc;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod rpc;
+pub mod service;
+pub mod view;

@@ -1,0 +1,25 @@
+//! Wire formats, identifiers and error codes shared by every mooncake-rs process.
+//!
+//! This crate owns no I/O. It defines:
+//! - [`ErrorCode`]: the store error codes with the numbers upstream Mooncake returns to Python,
+//!   so that a code seen by a user means the same thing in both implementations;
+//! - the value types of the object store ([`ReplicateConfig`], [`ReplicaDescriptor`],
+//!   [`Segment`], ...);
+//! - the control RPC between clients, storage nodes and the master: [`frame`] (the
+//!   length-prefixed, versioned envelope with a request id) and [`message`] (one request and one
+//!   response type per operation, with a batch form of every object operation);
+//! - [`wire`]: the little-endian encoding those messages use.
+//!
+//! Invariant: decoding never panics and never allocates more than the input could describe.
+//! Every decoder returns [`wire::DecodeError`] on malformed input; `fuzz/` checks this.
+//! Byte diagrams of every frame live in `docs/protocol.md`.
+
+pub mod error;
+pub mod frame;
+pub mod limits;
+pub mod message;
+pub mod types;
+pub mod wire;
+
+pub use error::ErrorCode;
+pub use types::*;

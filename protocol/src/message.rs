@@ -1,0 +1,197 @@
+//! Control RPC messages: one request struct per operation, each with its reply type.
+//!
+//! A request travels as the body of a [`crate::frame`] whose `opcode` is [`Rpc::OP`]. A
+//! response body is an `i32` status (0 or a negative [`ErrorCode`]) followed, when the status is
+//! 0, by the encoded [`Rpc::Reply`]. Batch replies carry one such status (and value) per item,
+//! so one bad key never fails its neighbours.
+
+use crate::error::ErrorCode;
+use crate::types::*;
+use crate::wire::{DecodeError, Reader, Wire};
+use crate::wire_struct;
+
+/// An operation of the control RPC.
+pub trait Rpc: Wire {
+    /// The frame opcode.
+    const OP: u16;
+    /// Human-readable name used in logs and metrics.
+    const NAME: &'static str;
+    /// What a successful call returns.
+    type Reply: Wire;
+}
+
+impl Wire for () {
+    const MIN_BYTES: usize = 0;
+    fn encode(&self, _out: &mut Vec<u8>) {}
+    fn decode(_r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(())
+    }
+}
+
+impl Wire for ErrorCode {
+    const MIN_BYTES: usize = 4;
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.code().encode(out)
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = i32::decode(r)?;
+        ErrorCode::from_i32(v).ok_or(DecodeError::Invalid {
+            what: "error code",
+            got: v as u64,
+        })
+    }
+}
+
+/// `Result<T, ErrorCode>` is an `i32` status, then `T` when the status is 0.
+impl<T: Wire> Wire for Result<T, ErrorCode> {
+    const MIN_BYTES: usize = 4;
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Ok(v) => {
+                0i32.encode(out);
+                v.encode(out);
+            }
+            Err(e) => e.encode(out),
+        }
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match ErrorCode::decode(r)? {
+            ErrorCode::Ok => Ok(Ok(T::decode(r)?)),
+            e => Ok(Err(e)),
+        }
+    }
+}
+
+/// Per-item status of a batch operation without a value.
+pub type ItemStatus = Result<(), ErrorCode>;
+
+macro_rules! messages {
+    ($($op:literal $name:ident { $($field:ident : $ty:ty),* $(,)? } -> $reply:ty;)*) => {
+        $(
+            #[derive(Clone, Debug, PartialEq)]
+            pub struct $name { $(pub $field: $ty,)* }
+            wire_struct!($name { $($field: $ty),* });
+            impl Rpc for $name {
+                const OP: u16 = $op;
+                const NAME: &'static str = stringify!($name);
+                type Reply = $reply;
+            }
+        )*
+
+        /// Any request, as a server receives it.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Request { $($name($name),)* }
+
+        impl Request {
+            /// Decodes the body of a request frame with the given opcode.
+            pub fn decode(opcode: u16, body: &[u8]) -> Result<Request, DecodeError> {
+                match opcode {
+                    $($op => Ok(Request::$name($name::from_bytes(body)?)),)*
+                    other => Err(DecodeError::Invalid { what: "opcode", got: other as u64 }),
+                }
+            }
+
+            pub fn opcode(&self) -> u16 {
+                match self { $(Request::$name(_) => $op,)* }
+            }
+
+            pub fn name(&self) -> &'static str {
+                match self { $(Request::$name(_) => stringify!($name),)* }
+            }
+
+            pub fn encode_body(&self, out: &mut Vec<u8>) {
+                match self { $(Request::$name(m) => m.encode(out),)* }
+            }
+        }
+
+        /// Every opcode with its name, for docs and metrics.
+        pub const OPCODES: &[(u16, &str)] = &[$(($op, stringify!($name)),)*];
+
+        /// Decodes a response body for `opcode` just far enough to check it is well formed.
+        pub fn validate_response(opcode: u16, body: &[u8]) -> Result<(), DecodeError> {
+            match opcode {
+                $($op => Result::<$reply, ErrorCode>::from_bytes(body).map(|_| ()),)*
+                other => Err(DecodeError::Invalid { what: "opcode", got: other as u64 }),
+            }
+        }
+    };
+}
+
+messages! {
+    // Liveness and segments.
+    1 Ping { client_id: Uuid } -> PingResponse;
+    2 MountSegment { client_id: Uuid, segment: Segment } -> ();
+    3 ReMountSegment { client_id: Uuid, segments: Vec<Segment>, held: Vec<HeldObject> } -> ();
+    4 UnmountSegment { client_id: Uuid, segment_id: Uuid } -> ();
+    5 GracefulUnmountSegment { client_id: Uuid, segment_id: Uuid, grace_ms: u64 } -> ();
+    6 ServiceReady {} -> String;
+    // Single-object operations.
+    10 PutStart { client_id: Uuid, key: String, size: u64, config: ReplicateConfig }
+        -> Vec<ReplicaDescriptor>;
+    11 PutEnd { client_id: Uuid, key: String } -> ();
+    12 PutRevoke { client_id: Uuid, key: String } -> ();
+    13 UpsertStart { client_id: Uuid, key: String, size: u64, config: ReplicateConfig }
+        -> Vec<ReplicaDescriptor>;
+    14 UpsertEnd { client_id: Uuid, key: String } -> ();
+    15 UpsertRevoke { client_id: Uuid, key: String } -> ();
+    16 GetReplicaList { key: String } -> ReplicaList;
+    17 ExistKey { key: String } -> bool;
+    18 Remove { key: String, force: bool } -> ();
+    19 RemoveByRegex { pattern: String, force: bool } -> u64;
+    20 RemoveAll { force: bool } -> u64;
+    // Batch forms: one status (and value) per key.
+    30 BatchPutStart { client_id: Uuid, keys: Vec<String>, sizes: Vec<u64>, config: ReplicateConfig }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
+    31 BatchPutEnd { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
+    32 BatchPutRevoke { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
+    33 BatchUpsertStart { client_id: Uuid, keys: Vec<String>, sizes: Vec<u64>, config: ReplicateConfig }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
+    34 BatchUpsertEnd { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
+    35 BatchUpsertRevoke { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
+    36 BatchGetReplicaList { keys: Vec<String> } -> Vec<Result<ReplicaList, ErrorCode>>;
+    37 BatchExistKey { keys: Vec<String> } -> Vec<Result<bool, ErrorCode>>;
+    38 BatchRemove { keys: Vec<String>, force: bool } -> Vec<ItemStatus>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trips_through_opcode() {
+        let req = PutStart {
+            client_id: Uuid::from_parts(1, 2),
+            key: "k".into(),
+            size: 4096,
+            config: ReplicateConfig::default(),
+        };
+        let body = req.to_bytes();
+        let decoded = Request::decode(PutStart::OP, &body).unwrap();
+        assert_eq!(decoded, Request::PutStart(req));
+        assert_eq!(decoded.name(), "PutStart");
+        assert!(Request::decode(999, &body).is_err());
+        assert!(Request::decode(PutEnd::OP, &body).is_err());
+    }
+
+    #[test]
+    fn opcodes_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for (op, name) in OPCODES {
+            assert!(seen.insert(*op), "opcode {op} ({name}) used twice");
+        }
+    }
+
+    #[test]
+    fn results_encode_status_then_value() {
+        let ok: Result<u64, ErrorCode> = Ok(7);
+        assert_eq!(ok.to_bytes(), [0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0]);
+        let err: Result<u64, ErrorCode> = Err(ErrorCode::ObjectNotFound);
+        assert_eq!(err.to_bytes(), (-704i32).to_le_bytes());
+        assert_eq!(
+            Result::<u64, ErrorCode>::from_bytes(&err.to_bytes()).unwrap(),
+            err
+        );
+        // An undefined status number is a decode error, not a silent success.
+        assert!(Result::<u64, ErrorCode>::from_bytes(&(-3i32).to_le_bytes()).is_err());
+    }
+}

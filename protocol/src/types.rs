@@ -1,0 +1,319 @@
+//! Value types of the object store: ids, replication settings, replicas and segments.
+
+use crate::{wire_enum, wire_struct};
+
+/// A 128-bit id (client ids, segment ids). Upstream uses `pair<u64,u64>`; its string form is
+/// `"first-second"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Uuid {
+    pub hi: u64,
+    pub lo: u64,
+}
+wire_struct!(Uuid { hi: u64, lo: u64 });
+
+impl Uuid {
+    pub const NIL: Uuid = Uuid { hi: 0, lo: 0 };
+
+    /// A random id from the operating system's generator (`getrandom`-free: `/dev/urandom`
+    /// would be an I/O dependency, so the caller passes the entropy).
+    pub fn from_parts(hi: u64, lo: u64) -> Uuid {
+        Uuid { hi, lo }
+    }
+}
+
+impl std::fmt::Display for Uuid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.hi, self.lo)
+    }
+}
+
+impl std::str::FromStr for Uuid {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let (a, b) = s.split_once('-').ok_or(())?;
+        Ok(Uuid {
+            hi: a.parse().map_err(|_| ())?,
+            lo: b.parse().map_err(|_| ())?,
+        })
+    }
+}
+
+/// Soft-pin request carried by a put (`replica.h` `SoftPinAction`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SoftPinAction {
+    /// Keep whatever soft-pin state the object has (none for a new object).
+    #[default]
+    Preserve = 0,
+    /// Soft-pin for `soft_pin_ttl_ms` (or the master's default TTL).
+    Enable = 1,
+    /// Clear the soft pin.
+    Disable = 2,
+}
+wire_enum!(SoftPinAction { Preserve = 0, Enable = 1, Disable = 2 });
+
+impl SoftPinAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            SoftPinAction::Preserve => "PRESERVE",
+            SoftPinAction::Enable => "ENABLE",
+            SoftPinAction::Disable => "DISABLE",
+        }
+    }
+}
+
+/// Tag carried with an object (`types.h` `ObjectDataType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ObjectDataType {
+    #[default]
+    Unknown = 0,
+    Kvcache = 1,
+    Tensor = 2,
+    Weight = 3,
+    Sample = 4,
+    Activation = 5,
+    Gradient = 6,
+    OptimizerState = 7,
+    Metadata = 8,
+    General = 9,
+}
+wire_enum!(ObjectDataType {
+    Unknown = 0, Kvcache = 1, Tensor = 2, Weight = 3, Sample = 4, Activation = 5, Gradient = 6,
+    OptimizerState = 7, Metadata = 8, General = 9,
+});
+
+impl ObjectDataType {
+    pub const ALL: [ObjectDataType; 10] = [
+        ObjectDataType::Unknown,
+        ObjectDataType::Kvcache,
+        ObjectDataType::Tensor,
+        ObjectDataType::Weight,
+        ObjectDataType::Sample,
+        ObjectDataType::Activation,
+        ObjectDataType::Gradient,
+        ObjectDataType::OptimizerState,
+        ObjectDataType::Metadata,
+        ObjectDataType::General,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjectDataType::Unknown => "UNKNOWN",
+            ObjectDataType::Kvcache => "KVCACHE",
+            ObjectDataType::Tensor => "TENSOR",
+            ObjectDataType::Weight => "WEIGHT",
+            ObjectDataType::Sample => "SAMPLE",
+            ObjectDataType::Activation => "ACTIVATION",
+            ObjectDataType::Gradient => "GRADIENT",
+            ObjectDataType::OptimizerState => "OPTIMIZER_STATE",
+            ObjectDataType::Metadata => "METADATA",
+            ObjectDataType::General => "GENERAL",
+        }
+    }
+}
+
+/// State of one replica (`replica.h` `ReplicaStatus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplicaStatus {
+    #[default]
+    Undefined = 0,
+    Initialized = 1,
+    Processing = 2,
+    Complete = 3,
+    Removed = 4,
+    Failed = 5,
+}
+wire_enum!(ReplicaStatus {
+    Undefined = 0, Initialized = 1, Processing = 2, Complete = 3, Removed = 4, Failed = 5,
+});
+
+/// Answer to a client's ping (`types.h` `ClientStatus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientStatus {
+    #[default]
+    Undefined = 0,
+    Ok = 1,
+    /// The master does not know this client (it restarted, or the client expired): re-mount.
+    NeedRemount = 2,
+}
+wire_enum!(ClientStatus { Undefined = 0, Ok = 1, NeedRemount = 2 });
+
+/// How a put wants its object replicated (`replica.h` `ReplicateConfig`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicateConfig {
+    /// Number of memory replicas, each on a distinct segment.
+    pub replica_num: u32,
+    pub soft_pin_action: SoftPinAction,
+    /// Only legal with `Enable`.
+    pub soft_pin_ttl_ms: Option<u64>,
+    pub with_hard_pin: bool,
+    /// Segment names tried first.
+    pub preferred_segments: Vec<String>,
+    /// Deprecated single preferred segment: when non-empty it is used instead of
+    /// `preferred_segments`.
+    pub preferred_segment: String,
+    pub prefer_alloc_in_same_node: bool,
+    pub data_type: ObjectDataType,
+}
+wire_struct!(ReplicateConfig {
+    replica_num: u32,
+    soft_pin_action: SoftPinAction,
+    soft_pin_ttl_ms: Option<u64>,
+    with_hard_pin: bool,
+    preferred_segments: Vec<String>,
+    preferred_segment: String,
+    prefer_alloc_in_same_node: bool,
+    data_type: ObjectDataType,
+});
+
+impl Default for ReplicateConfig {
+    fn default() -> Self {
+        ReplicateConfig {
+            replica_num: 1,
+            soft_pin_action: SoftPinAction::Preserve,
+            soft_pin_ttl_ms: None,
+            with_hard_pin: false,
+            preferred_segments: Vec::new(),
+            preferred_segment: String::new(),
+            prefer_alloc_in_same_node: false,
+            data_type: ObjectDataType::Unknown,
+        }
+    }
+}
+
+impl ReplicateConfig {
+    /// The preferred segments in the order the allocator tries them.
+    pub fn preferred(&self) -> Vec<&str> {
+        if !self.preferred_segment.is_empty() {
+            return vec![self.preferred_segment.as_str()];
+        }
+        let mut out: Vec<&str> = Vec::new();
+        for s in &self.preferred_segments {
+            if !out.contains(&s.as_str()) {
+                out.push(s);
+            }
+        }
+        out
+    }
+}
+
+/// Where one memory replica of an object lives: a contiguous range in a mounted segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaDescriptor {
+    pub status: ReplicaStatus,
+    /// The segment (and so the storage process) holding it.
+    pub segment_name: String,
+    /// Transfer-engine endpoint of that segment (`host:port` of its data plane).
+    pub transport_endpoint: String,
+    /// Absolute address of the first byte in the segment owner's address space.
+    pub buffer_address: u64,
+    pub size: u64,
+}
+wire_struct!(ReplicaDescriptor {
+    status: ReplicaStatus,
+    segment_name: String,
+    transport_endpoint: String,
+    buffer_address: u64,
+    size: u64,
+});
+
+/// A memory segment contributed by a client or storage node (`types.h` `Segment`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub id: Uuid,
+    /// Unique name; for store clients it is their `host:port`.
+    pub name: String,
+    /// Address of the first byte in the owner's address space.
+    pub base: u64,
+    pub size: u64,
+    /// Transfer-engine endpoint readers and writers connect to.
+    pub te_endpoint: String,
+    pub protocol: String,
+    /// Host identity, so that replicas can be spread over distinct hosts.
+    pub host_id: String,
+}
+wire_struct!(Segment {
+    id: Uuid,
+    name: String,
+    base: u64,
+    size: u64,
+    te_endpoint: String,
+    protocol: String,
+    host_id: String,
+});
+
+/// Reply to `GetReplicaList`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaList {
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// The read lease granted with this answer.
+    pub lease_ttl_ms: u64,
+}
+wire_struct!(ReplicaList { replicas: Vec<ReplicaDescriptor>, lease_ttl_ms: u64 });
+
+/// Reply to `Ping`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PingResponse {
+    pub view_version: i64,
+    pub status: ClientStatus,
+}
+wire_struct!(PingResponse {
+    view_version: i64,
+    status: ClientStatus
+});
+
+/// An object a storage process reports holding, used to rebuild the index after a master
+/// restart or failover.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldObject {
+    pub key: String,
+    pub size: u64,
+    pub segment_name: String,
+    pub buffer_address: u64,
+    pub with_hard_pin: bool,
+}
+wire_struct!(HeldObject {
+    key: String,
+    size: u64,
+    segment_name: String,
+    buffer_address: u64,
+    with_hard_pin: bool,
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Wire;
+
+    #[test]
+    fn config_round_trips() {
+        let c = ReplicateConfig {
+            replica_num: 3,
+            soft_pin_action: SoftPinAction::Enable,
+            soft_pin_ttl_ms: Some(1234),
+            with_hard_pin: true,
+            preferred_segments: vec!["a:1".into(), "b:2".into(), "a:1".into()],
+            preferred_segment: String::new(),
+            prefer_alloc_in_same_node: false,
+            data_type: ObjectDataType::Kvcache,
+        };
+        assert_eq!(ReplicateConfig::from_bytes(&c.to_bytes()).unwrap(), c);
+        assert_eq!(c.preferred(), vec!["a:1", "b:2"]);
+        let single = ReplicateConfig {
+            preferred_segment: "z:9".into(),
+            ..c
+        };
+        assert_eq!(single.preferred(), vec!["z:9"]);
+    }
+
+    #[test]
+    fn uuid_string_form() {
+        let u = Uuid::from_parts(7, 9);
+        assert_eq!(u.to_string(), "7-9");
+        assert_eq!("7-9".parse::<Uuid>(), Ok(u));
+        assert!("x".parse::<Uuid>().is_err());
+    }
+}
