@@ -3,3 +3,22 @@
 //! Owns hugepage segments, the registration table of local buffers, the TCP transport and the
 //! transfer engine, and the thread-per-core storage-node runtime. It never depends on the
 //! control plane; the two meet only through `protocol` types. (Built out by issue 3.)
+//!
+//! Layout:
+//! - [`mem`]: [`mem::Segment`] (hugepage mappings), [`mem::Registry`] (the registration
+//!   table every remote access is checked against), [`mem::SlabAllocator`] (size-class
+//!   allocation of local buffers and staging space);
+//! - [`transport`]: the one-sided TCP protocol ([`transport::header`]), its server and its
+//!   multi-lane client;
+//! - [`error`]: the transfer-engine error codes with upstream's numbers;
+//! - [`limits`]: every named maximum of this crate.
+//!
+//! Invariant kept by the whole crate: a remote request touches memory only after the range was
+//! found inside one registered buffer, and bytes from the network never cause a panic.
+
+pub mod error;
+pub mod limits;
+pub mod mem;
+pub mod transport;
+
+pub use error::TeError;

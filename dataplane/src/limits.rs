@@ -1,0 +1,52 @@
+//! Named maxima and sizes of the data plane. Every pool, buffer and decoder bound lives here;
+//! relationships between them are asserted at compile time.
+
+use std::time::Duration;
+
+/// Size of a 2 MiB huge page (`MAP_HUGETLB` default size on x86-64 and aarch64).
+pub const HUGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// Largest payload one data-plane request may carry. A header announcing more is malformed:
+/// the server refuses it without reading further. Larger transfers are split by the caller.
+pub const REQUEST_PAYLOAD_MAX_BYTES: u64 = 1 << 30;
+
+/// Chunk used to drain and discard the payload of a rejected WRITE.
+pub const DRAIN_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Connections one server accepts at once; further connections are closed on accept.
+pub const SERVER_CONNECTIONS_MAX: usize = 1024;
+
+/// Largest number of lanes (connections) a client keeps per peer (upstream's
+/// `MC_TCP_LANES_PER_PEER` maximum).
+pub const CLIENT_LANES_MAX: usize = 16;
+/// Default lanes per peer (upstream's `MC_TCP_LANES_PER_PEER` default).
+pub const CLIENT_LANES_DEFAULT: usize = 4;
+
+/// Largest number of requests in one batch submission (upstream's per-peer queue limit).
+pub const BATCH_REQUESTS_MAX: usize = 1024;
+
+/// Socket send and receive buffer size asked of the kernel (it may clamp to `wmem_max`).
+pub const SOCKET_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// Default bound on one blocking socket operation (upstream's `MC_TCP_STATUS_TIMEOUT_SEC`).
+pub const IO_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Default bound on establishing one connection.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// Bytes of one slab: the unit the slab allocator hands to a size class. One huge page, so a
+/// slab never straddles two huge pages of a segment.
+pub const SLAB_BYTES: usize = HUGE_PAGE_BYTES;
+/// Smallest slab size class.
+pub const SLAB_CLASS_MIN_BYTES: usize = 256;
+/// Number of size classes: powers of two from `SLAB_CLASS_MIN_BYTES` to `SLAB_BYTES`.
+pub const SLAB_CLASS_COUNT: usize =
+    (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
+
+const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
+const _: () = assert!(SLAB_BYTES.is_power_of_two() && SLAB_CLASS_MIN_BYTES.is_power_of_two());
+const _: () = assert!(SLAB_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
+const _: () = assert!(SLAB_CLASS_MIN_BYTES <= SLAB_BYTES);
+const _: () = assert!(SLAB_CLASS_COUNT <= u8::MAX as usize);
+const _: () = assert!(CLIENT_LANES_DEFAULT <= CLIENT_LANES_MAX);
+const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES <= isize::MAX as u64);
+const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= REQUEST_PAYLOAD_MAX_BYTES);

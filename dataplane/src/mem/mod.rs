@@ -1,0 +1,16 @@
+//! Local memory of the data plane.
+//!
+//! - [`Segment`]: one anonymous mapping (2 MiB `MAP_HUGETLB` pages, transparent hugepages, or
+//!   plain pages), sized to a whole number of its pages and unmapped on drop.
+//! - [`Registry`]: the table of registered buffers. A remote access is served only when its
+//!   whole range lies inside one registered buffer.
+//! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
+//!   buffers and staging space.
+
+pub mod registry;
+pub mod segment;
+pub mod slab;
+
+pub use registry::Registry;
+pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
+pub use slab::{SlabAllocator, SlabBlock, SlabError};

@@ -1,0 +1,373 @@
+//! Segments: the memory a storage node offers to remote readers and writers.
+//!
+//! A [`Segment`] is one private anonymous mapping whose length is the requested size rounded
+//! up to a whole number of its pages. Which pages it got is recorded in [`SegmentKind`]:
+//!
+//! - [`SegmentKind::HugeTlb`]: 2 MiB pages from the reserved pool (`MAP_HUGETLB`), used only
+//!   when hugepages are wanted ([`HugepagePolicy`], `MC_STORE_USE_HUGEPAGE`) and the pool has
+//!   enough free pages; the kernel reserves them at `mmap` time, so a later fault cannot fail.
+//! - [`SegmentKind::Thp`]: ordinary anonymous memory advised with `MADV_HUGEPAGE`, so the
+//!   kernel backs it with transparent hugepages where it can.
+//! - [`SegmentKind::Plain`]: ordinary pages (THP disabled or the advice refused).
+//!
+//! Invariants: `ptr` is page aligned and `ptr..ptr+len` is mapped readable and writable for
+//! the whole life of the value; nothing else unmaps it; `Drop` unmaps exactly that range.
+//! The segment hands out raw pointers only: it is shared memory that remote peers write, so
+//! no `&[u8]` to it is ever created by this crate.
+
+use std::io;
+use std::ptr::NonNull;
+
+use crate::limits::HUGE_PAGE_BYTES;
+
+/// Which kind of pages back a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentKind {
+    /// Explicit 2 MiB pages from the hugetlb pool (`MAP_HUGETLB`).
+    HugeTlb,
+    /// Anonymous memory advised with `MADV_HUGEPAGE` (transparent hugepages).
+    Thp,
+    /// Anonymous memory with base pages only.
+    Plain,
+}
+
+impl SegmentKind {
+    /// Short lowercase name for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SegmentKind::HugeTlb => "hugetlb",
+            SegmentKind::Thp => "thp",
+            SegmentKind::Plain => "plain",
+        }
+    }
+}
+
+/// Whether to ask for pages from the hugetlb pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugepagePolicy {
+    /// Use `MAP_HUGETLB` when enough pages are free, else fall back to THP.
+    Prefer,
+    /// Never use `MAP_HUGETLB`.
+    Never,
+}
+
+impl HugepagePolicy {
+    /// `Prefer` when `MC_STORE_USE_HUGEPAGE` is set to a true value (`1`, `true`, `yes`,
+    /// `on`, any case), else `Never`.
+    pub fn from_env() -> HugepagePolicy {
+        Self::from_value(std::env::var("MC_STORE_USE_HUGEPAGE").ok().as_deref())
+    }
+
+    fn from_value(value: Option<&str>) -> HugepagePolicy {
+        match value.map(|v| v.trim().to_ascii_lowercase()) {
+            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => HugepagePolicy::Prefer,
+            _ => HugepagePolicy::Never,
+        }
+    }
+}
+
+/// How to create a segment.
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentOptions {
+    /// Whether to try the hugetlb pool first.
+    pub hugepages: HugepagePolicy,
+    /// Fault every page in at creation (`MADV_POPULATE_WRITE`, else touching each page) so
+    /// that the first remote requests do not stall on page faults.
+    pub prefault: bool,
+}
+
+impl Default for SegmentOptions {
+    fn default() -> Self {
+        SegmentOptions {
+            hugepages: HugepagePolicy::from_env(),
+            prefault: false,
+        }
+    }
+}
+
+/// One anonymous memory mapping; see the module docs for its invariants.
+#[derive(Debug)]
+pub struct Segment {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: SegmentKind,
+    page_bytes: usize,
+}
+
+// SAFETY: a Segment owns its mapping exclusively and exposes it only through raw pointers;
+// moving it to another thread or sharing `&Segment` between threads cannot create a data race
+// by itself (every access through the pointers is the accessor's own unsafe contract).
+unsafe impl Send for Segment {}
+// SAFETY: see `Send`: `&Segment` only offers `addr`, `len`, `kind` and raw pointers.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Maps at least `len_bytes` bytes (rounded up to the page size of the kind obtained).
+    ///
+    /// Errors: `InvalidInput` for `len_bytes == 0` or a size that overflows when rounded;
+    /// the `mmap` error when even plain anonymous memory cannot be mapped.
+    pub fn new(len_bytes: usize, options: SegmentOptions) -> io::Result<Segment> {
+        if len_bytes == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "segment of 0 bytes",
+            ));
+        }
+        let mut segment = None;
+        if options.hugepages == HugepagePolicy::Prefer {
+            let len = round_up(len_bytes, HUGE_PAGE_BYTES)?;
+            if free_hugetlb_bytes() >= len as u64 {
+                segment = map_hugetlb(len).ok();
+            }
+        }
+        let mut segment = match segment {
+            Some(s) => s,
+            None => map_anonymous(round_up(len_bytes, base_page_bytes())?)?,
+        };
+        if options.prefault {
+            segment.prefault();
+        }
+        Ok(segment)
+    }
+
+    /// Start address of the mapping.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Raw pointer to the first byte. Reads and writes through it are the caller's contract.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Mapped length in bytes: the requested size rounded up to `page_bytes()`.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a segment has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Which kind of pages back the segment.
+    pub fn kind(&self) -> SegmentKind {
+        self.kind
+    }
+
+    /// The page size the length was rounded to.
+    pub fn page_bytes(&self) -> usize {
+        self.page_bytes
+    }
+
+    /// Faults every page in, writably. Uses `MADV_POPULATE_WRITE` (Linux 5.14) and falls
+    /// back to writing one zero byte per page, which is harmless: fresh anonymous memory
+    /// is already zero, and the caller runs this before the segment is registered.
+    pub fn prefault(&mut self) {
+        // SAFETY: ptr..ptr+len is our own live mapping (struct invariant).
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+        let step = base_page_bytes().min(self.page_bytes);
+        for offset in (0..self.len).step_by(step) {
+            // SAFETY: offset < len, so the byte is inside our writable mapping; `&mut self`
+            // means nobody else holds a reference to it.
+            unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(offset), 0) };
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe exactly the mapping created in `new`, unmapped only here.
+        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        debug_assert_eq!(rc, 0, "munmap of a segment failed");
+    }
+}
+
+fn round_up(len: usize, page: usize) -> io::Result<usize> {
+    debug_assert!(page.is_power_of_two());
+    len.checked_add(page - 1)
+        .map(|v| v & !(page - 1))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "segment size overflows"))
+}
+
+/// The base page size (`sysconf(_SC_PAGESIZE)`, 4 KiB if it cannot be read).
+pub fn base_page_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 && (v as usize).is_power_of_two() {
+        v as usize
+    } else {
+        4096
+    }
+}
+
+/// Free bytes in the 2 MiB hugetlb pool (`HugePages_Free` x `Hugepagesize` from
+/// `/proc/meminfo`); 0 when it cannot be read or the default huge page is not 2 MiB.
+pub fn free_hugetlb_bytes() -> u64 {
+    let Ok(text) = std::fs::read_to_string("/proc/meminfo") else {
+        return 0;
+    };
+    parse_free_hugetlb_bytes(&text)
+}
+
+fn parse_free_hugetlb_bytes(meminfo: &str) -> u64 {
+    let field = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].split_whitespace().next()?.parse().ok()
+    };
+    match (field("HugePages_Free:"), field("Hugepagesize:")) {
+        (Some(free), Some(kib)) if kib * 1024 == HUGE_PAGE_BYTES as u64 => {
+            free.saturating_mul(HUGE_PAGE_BYTES as u64)
+        }
+        _ => 0,
+    }
+}
+
+fn mmap_anon(len: usize, extra_flags: libc::c_int) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh private anonymous mapping at a kernel-chosen address aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+fn map_hugetlb(len: usize) -> io::Result<Segment> {
+    let ptr = mmap_anon(len, libc::MAP_HUGETLB)?;
+    Ok(Segment {
+        ptr,
+        len,
+        kind: SegmentKind::HugeTlb,
+        page_bytes: HUGE_PAGE_BYTES,
+    })
+}
+
+fn map_anonymous(len: usize) -> io::Result<Segment> {
+    let ptr = mmap_anon(len, 0)?;
+    // SAFETY: ptr..ptr+len is the mapping just created; the advice changes no contents.
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+    let kind = if rc == 0 && thp_enabled() {
+        SegmentKind::Thp
+    } else {
+        SegmentKind::Plain
+    };
+    Ok(Segment {
+        ptr,
+        len,
+        kind,
+        page_bytes: base_page_bytes(),
+    })
+}
+
+/// False when `/sys/kernel/mm/transparent_hugepage/enabled` selects `[never]`.
+fn thp_enabled() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| !s.contains("[never]"))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(hugepages: HugepagePolicy, prefault: bool) -> SegmentOptions {
+        SegmentOptions {
+            hugepages,
+            prefault,
+        }
+    }
+
+    #[test]
+    fn rounds_to_the_page_and_is_writable() {
+        let page = base_page_bytes();
+        let seg = Segment::new(page + 1, opts(HugepagePolicy::Never, false)).unwrap();
+        assert_eq!(seg.len(), 2 * page);
+        assert_eq!(seg.addr() % page, 0);
+        assert_ne!(seg.kind(), SegmentKind::HugeTlb);
+        // SAFETY: inside the live mapping; no references to it exist.
+        unsafe {
+            seg.as_ptr().add(seg.len() - 1).write(7);
+            assert_eq!(seg.as_ptr().add(seg.len() - 1).read(), 7);
+            assert_eq!(seg.as_ptr().read(), 0);
+        }
+    }
+
+    #[test]
+    fn zero_size_is_refused() {
+        let err = Segment::new(0, opts(HugepagePolicy::Never, false)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(
+            round_up(usize::MAX - 10, 4096).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
+    fn prefault_keeps_memory_zero() {
+        let mut seg =
+            Segment::new(3 * HUGE_PAGE_BYTES, opts(HugepagePolicy::Never, false)).unwrap();
+        seg.prefault();
+        for off in (0..seg.len()).step_by(4096) {
+            // SAFETY: inside the live mapping.
+            assert_eq!(unsafe { seg.as_ptr().add(off).read() }, 0);
+        }
+    }
+
+    #[test]
+    fn hugetlb_preference_falls_back_or_uses_the_pool() {
+        // Works on machines with and without a reserved pool: with enough free pages the
+        // segment is HugeTlb and 2 MiB rounded, otherwise it falls back to THP or plain.
+        let seg = Segment::new(1, opts(HugepagePolicy::Prefer, true)).unwrap();
+        match seg.kind() {
+            SegmentKind::HugeTlb => assert_eq!(seg.len(), HUGE_PAGE_BYTES),
+            _ => assert_eq!(seg.len(), base_page_bytes()),
+        }
+        println!(
+            "segment kind with hugepages preferred: {}",
+            seg.kind().as_str()
+        );
+    }
+
+    #[test]
+    fn env_policy_values() {
+        assert_eq!(
+            HugepagePolicy::from_value(Some("1")),
+            HugepagePolicy::Prefer
+        );
+        assert_eq!(
+            HugepagePolicy::from_value(Some(" TRUE ")),
+            HugepagePolicy::Prefer
+        );
+        assert_eq!(HugepagePolicy::from_value(Some("0")), HugepagePolicy::Never);
+        assert_eq!(HugepagePolicy::from_value(Some("")), HugepagePolicy::Never);
+        assert_eq!(HugepagePolicy::from_value(None), HugepagePolicy::Never);
+    }
+
+    #[test]
+    fn meminfo_parsing() {
+        let text = "MemTotal: 1 kB\nHugePages_Total:      8\nHugePages_Free:       3\n\
+                    Hugepagesize:       2048 kB\n";
+        assert_eq!(parse_free_hugetlb_bytes(text), 3 * HUGE_PAGE_BYTES as u64);
+        let gig = "HugePages_Free: 3\nHugepagesize: 1048576 kB\n";
+        assert_eq!(parse_free_hugetlb_bytes(gig), 0);
+        assert_eq!(parse_free_hugetlb_bytes("garbage"), 0);
+    }
+}

@@ -1,0 +1,17 @@
+//! The one-sided TCP transport.
+//!
+//! - [`header`]: the fixed little-endian request and response headers (byte diagrams there
+//!   and in `docs/protocol.md`, section "Data-plane TCP frames").
+//! - [`server`]: serves READ and WRITE against a [`server::ServedMemory`] table; the blocking
+//!   thread-per-connection path, which is also the fallback when io_uring is refused.
+//! - [`client`]: N lanes per peer, batched submissions with a status per request.
+//! - [`uring`]: whether io_uring may be used (`MC_DISABLE_IO_URING`, kernel refusal).
+//!
+//! Invariants: a request touches memory only after its whole range was found inside one
+//! registered buffer; a malformed or truncated frame affects only its own connection.
+
+pub mod client;
+pub mod header;
+pub(crate) mod rawio;
+pub mod server;
+pub mod uring;

@@ -1,0 +1,133 @@
+//! Blocking socket I/O on raw pointers, and socket tuning.
+//!
+//! Registered memory is written by remote peers while other threads may read it, so the
+//! server never forms `&[u8]`/`&mut [u8]` over it: payloads go between the socket and the
+//! memory through `recv`/`send` on raw pointers. Every call retries `EINTR`; a receive
+//! timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO`) surfaces as `io::ErrorKind::TimedOut`; end of stream
+//! before the range is complete is `io::ErrorKind::UnexpectedEof`.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use crate::limits::SOCKET_BUFFER_BYTES;
+
+fn map_timeout(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => io::Error::new(io::ErrorKind::TimedOut, e),
+        _ => e,
+    }
+}
+
+/// Receives exactly `len` bytes into `ptr..ptr+len`.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for writes for the duration of the call, and no reference to
+/// that memory may be live in Rust code (concurrent raw-pointer access is the caller's
+/// protocol-level concern).
+pub(crate) unsafe fn recv_exact_raw(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: ptr+done..ptr+len lies within the range the caller vouched for.
+        let n = unsafe { libc::recv(fd, ptr.add(done).cast(), len - done, 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        } else {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(map_timeout(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends all of `ptr..ptr+len`. `more` sets `MSG_MORE`, so that a header and the payload that
+/// follows it leave in one segment.
+///
+/// # Safety
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn send_all_raw(
+    fd: RawFd,
+    ptr: *const u8,
+    len: usize,
+    more: bool,
+) -> io::Result<()> {
+    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: ptr+done..ptr+len lies within the range the caller vouched for.
+        let n = unsafe { libc::send(fd, ptr.add(done).cast(), len - done, flags) };
+        if n >= 0 {
+            done += n as usize;
+        } else {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(map_timeout(e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends all of `buf` (a safe wrapper of [`send_all_raw`]).
+pub(crate) fn send_all(fd: RawFd, buf: &[u8], more: bool) -> io::Result<()> {
+    // SAFETY: `buf` is a live slice, readable for its whole length during the call.
+    unsafe { send_all_raw(fd, buf.as_ptr(), buf.len(), more) }
+}
+
+/// Reads until `buf` is full or the peer closes; returns the number of bytes read (less than
+/// `buf.len()` only at end of stream).
+pub(crate) fn read_full(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match stream.read(&mut buf[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(map_timeout(e)),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads exactly `buf.len()` bytes; end of stream first is `UnexpectedEof`.
+pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
+    if read_full(stream, buf)? < buf.len() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+fn set_int_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: `value` is a live c_int and the length passed is its size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Asks for large send and receive buffers. Best effort: the kernel clamps to its maxima and
+/// a refusal only costs throughput. On a listener the sizes are inherited by accepted sockets.
+pub(crate) fn set_buffer_sizes(fd: RawFd) {
+    let bytes = SOCKET_BUFFER_BYTES as libc::c_int;
+    set_int_opt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, bytes);
+    set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes);
+}
+
+/// `TCP_NODELAY`, large buffers and blocking-operation timeouts for a connected socket.
+pub(crate) fn tune_stream(stream: &TcpStream, io_timeout: Duration) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    set_buffer_sizes(stream.as_raw_fd());
+    stream.set_read_timeout(Some(io_timeout))?;
+    stream.set_write_timeout(Some(io_timeout))?;
+    Ok(())
+}

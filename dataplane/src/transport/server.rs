@@ -1,0 +1,407 @@
+//! The TCP data-plane server: blocking, one thread per connection.
+//!
+//! This is the portable path, used when io_uring is refused (EPERM/ENOSYS) or disabled with
+//! `MC_DISABLE_IO_URING=1`. It serves the frames of [`super::header`] against a
+//! [`ServedMemory`] table:
+//!
+//! - WRITE: the range is checked; the payload is received straight into the target range
+//!   (no staging copy); then an OK response. A refused WRITE's payload is read into a small
+//!   scratch buffer and discarded, memory untouched, and the connection goes on.
+//! - READ: the range is checked; an OK response header then the bytes straight from memory;
+//!   or an error response with no payload.
+//! - A header that does not decode (bad magic, version, opcode, flags, oversized length)
+//!   gets an `ERR_INVALID_ARGUMENT` response and the connection is closed: its framing can no
+//!   longer be trusted. A truncated header or payload, a timeout or a reset closes only that
+//!   connection.
+//!
+//! Requests on a connection are served in order and responses carry the request id, so a
+//! client may keep many requests in flight per connection (pipelining) and must match
+//! responses by id (the io_uring shard will complete out of order).
+//!
+//! Invariants: memory is touched only inside a range that [`Registry::check`] accepted, and
+//! the table's read lock is held from that check until the payload I/O ends, so
+//! [`ServedMemory::unregister`] returns only once no request is using the buffer any more.
+//! The cost: an unregister waits for in-flight payloads (each bounded by the I/O timeout).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::header::{
+    Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
+use super::rawio;
+use crate::limits::{DRAIN_CHUNK_BYTES, IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX};
+use crate::mem::{Registry, Segment};
+use crate::TeError;
+
+/// Pause after a failed `accept` before trying again.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// The memory a server exposes: a [`Registry`] whose every range is live, writable memory.
+#[derive(Debug, Default)]
+pub struct ServedMemory {
+    inner: RwLock<Served>,
+}
+
+#[derive(Debug, Default)]
+struct Served {
+    registry: Registry,
+    /// Segments registered through `register_segment`, kept mapped while registered.
+    segments: HashMap<u64, Arc<Segment>>,
+}
+
+impl ServedMemory {
+    /// An empty table, shareable between a server and its owner.
+    pub fn new() -> Arc<ServedMemory> {
+        Arc::new(ServedMemory::default())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Served> {
+        // A panic while holding the lock cannot leave a BTreeMap half-updated in a way that
+        // breaks its invariants for us, so a poisoned lock is still usable.
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Served> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Exposes `[addr, addr + len)` to remote READ and WRITE.
+    ///
+    /// # Safety
+    /// Until [`ServedMemory::unregister`] of `addr` returns, the range must stay mapped,
+    /// readable and writable, and the caller must accept that remote peers read and write it
+    /// at any time (no Rust reference to it may assume exclusive or stable contents).
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), TeError> {
+        self.write().registry.register(addr, len)
+    }
+
+    /// Exposes a whole segment, keeping it mapped until it is unregistered.
+    pub fn register_segment(&self, segment: Arc<Segment>) -> Result<(), TeError> {
+        let addr = segment.addr() as u64;
+        let mut served = self.write();
+        served.registry.register(addr, segment.len() as u64)?;
+        served.segments.insert(addr, segment);
+        Ok(())
+    }
+
+    /// Withdraws the buffer starting at `addr`; returns its length. Waits until no request
+    /// is using any registered memory (see the module invariants).
+    pub fn unregister(&self, addr: u64) -> Result<u64, TeError> {
+        let mut served = self.write();
+        let len = served.registry.unregister(addr)?;
+        served.segments.remove(&addr);
+        Ok(len)
+    }
+
+    /// True when `[addr, addr + len)` lies inside one registered buffer.
+    pub fn check(&self, addr: u64, len: u64) -> bool {
+        self.read().registry.check(addr, len)
+    }
+
+    /// A copy of the table, e.g. to describe the segment's buffers in metadata.
+    pub fn snapshot(&self) -> Registry {
+        self.read().registry.clone()
+    }
+}
+
+/// Server settings.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerConfig {
+    /// Bound on one blocking socket operation; a peer silent for longer is dropped.
+    pub io_timeout: Duration,
+    /// Connections served at once; more are closed on accept.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            io_timeout: IO_TIMEOUT_DEFAULT,
+            max_connections: SERVER_CONNECTIONS_MAX,
+        }
+    }
+}
+
+/// Counters of one server, readable while it runs.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub requests_ok: AtomicU64,
+    pub requests_rejected: AtomicU64,
+    pub frames_malformed: AtomicU64,
+    pub connections_aborted: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Shared {
+    memory: Arc<ServedMemory>,
+    config: ServerConfig,
+    stats: ServerStats,
+    stop: AtomicBool,
+    /// Live connections by id, to shut them down when the server stops.
+    connections: Mutex<HashMap<u64, TcpStream>>,
+}
+
+/// A running server. Dropping it stops accepting, closes every connection and joins its
+/// threads.
+pub struct TcpServer {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept_thread: Option<JoinHandle<Vec<JoinHandle<()>>>>,
+}
+
+impl TcpServer {
+    /// Binds `addr` (port 0 picks a free port) and starts serving `memory`.
+    pub fn bind(
+        addr: SocketAddr,
+        memory: Arc<ServedMemory>,
+        config: ServerConfig,
+    ) -> io::Result<TcpServer> {
+        if config.io_timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "io_timeout must be > 0",
+            ));
+        }
+        let listener = TcpListener::bind(addr)?;
+        rawio::set_buffer_sizes(listener.as_raw_fd());
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            memory,
+            config,
+            stats: ServerStats::default(),
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(HashMap::new()),
+        });
+        let accept_shared = Arc::clone(&shared);
+        let accept_thread = std::thread::Builder::new()
+            .name(format!("dp-accept-{}", local_addr.port()))
+            .spawn(move || accept_loop(listener, accept_shared))?;
+        Ok(TcpServer {
+            local_addr,
+            shared,
+            accept_thread: Some(accept_thread),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Number of connections being served now.
+    pub fn connection_count(&self) -> usize {
+        self.shared
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept; failure means the listener is already gone.
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+        let handles = self
+            .accept_thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        for stream in self
+            .shared
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let mut handles: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 0u64;
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::SeqCst) {
+            return handles;
+        }
+        let Ok((stream, _peer)) = accepted else {
+            // EMFILE/ENFILE/ENOBUFS persist for a while: back off instead of spinning.
+            std::thread::sleep(ACCEPT_ERROR_BACKOFF);
+            continue;
+        };
+        handles.retain(|h| !h.is_finished());
+        let id = next_id;
+        next_id += 1;
+        {
+            let mut conns = shared.connections.lock().unwrap_or_else(|e| e.into_inner());
+            let registered = conns.len() < shared.config.max_connections
+                && rawio::tune_stream(&stream, shared.config.io_timeout).is_ok()
+                && stream.try_clone().map(|c| conns.insert(id, c)).is_ok();
+            if !registered {
+                bump(&shared.stats.connections_refused);
+                continue;
+            }
+        }
+        bump(&shared.stats.connections_accepted);
+        let conn_shared = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("dp-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&stream, &conn_shared);
+                let _ = stream.shutdown(Shutdown::Both);
+                conn_shared
+                    .connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(_) => {
+                bump(&shared.stats.connections_refused);
+                shared
+                    .connections
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            }
+        }
+    }
+}
+
+/// How serving one request ended.
+enum Served1 {
+    /// The connection can carry the next request.
+    Continue,
+    /// The connection must close (bad framing, I/O error, peer gone).
+    Close,
+}
+
+fn serve_connection(stream: &TcpStream, shared: &Shared) {
+    let mut raw = [0u8; REQUEST_HEADER_BYTES];
+    loop {
+        match rawio::read_full(stream, &mut raw) {
+            Ok(0) => return, // clean close between requests
+            Ok(n) if n == REQUEST_HEADER_BYTES => {}
+            Ok(_) | Err(_) => {
+                bump(&shared.stats.connections_aborted);
+                return;
+            }
+        }
+        let outcome = match RequestHeader::decode(&raw) {
+            Ok(req) => serve_request(stream, shared, &req),
+            Err(_) => {
+                bump(&shared.stats.frames_malformed);
+                let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
+                let _ = respond(stream, id, TeError::InvalidArgument.code(), 0, false);
+                Served1::Close
+            }
+        };
+        if let Served1::Close = outcome {
+            if !shared.stop.load(Ordering::Relaxed) {
+                bump(&shared.stats.connections_aborted);
+            }
+            return;
+        }
+    }
+}
+
+fn respond(stream: &TcpStream, id: u64, status: i32, len: u64, more: bool) -> io::Result<()> {
+    let header = ResponseHeader {
+        status,
+        request_id: id,
+        len,
+    }
+    .encode();
+    debug_assert_eq!(header.len(), RESPONSE_HEADER_BYTES);
+    rawio::send_all(stream.as_raw_fd(), &header, more)
+}
+
+/// The status a request's range earns: OK only for a non-empty range in one buffer.
+fn range_status(registry: &Registry, req: &RequestHeader) -> Result<(), TeError> {
+    if req.len == 0 {
+        return Err(TeError::InvalidArgument);
+    }
+    if !registry.check(req.addr, req.len) || usize::try_from(req.addr).is_err() {
+        return Err(TeError::AddressNotRegistered);
+    }
+    Ok(())
+}
+
+fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Served1 {
+    let fd = stream.as_raw_fd();
+    let served = shared.memory.read();
+    let verdict = range_status(&served.registry, req);
+    let io_result = match (req.opcode, verdict) {
+        (Opcode::Write, Ok(())) => {
+            // SAFETY: the range lies inside one registered buffer (checked above, and the read
+            // guard `served` keeps it registered until this I/O ends); registration's contract
+            // makes it live, writable memory that no Rust reference claims exclusively.
+            let r = unsafe { rawio::recv_exact_raw(fd, req.addr as *mut u8, req.len as usize) };
+            drop(served);
+            r.and_then(|()| respond(stream, req.request_id, 0, 0, false))
+        }
+        (Opcode::Read, Ok(())) => {
+            let r = respond(stream, req.request_id, 0, req.len, true).and_then(|()| {
+                // SAFETY: as for WRITE; the range is live and readable while `served` lives.
+                unsafe { rawio::send_all_raw(fd, req.addr as *const u8, req.len as usize, false) }
+            });
+            drop(served);
+            r
+        }
+        (opcode, Err(code)) => {
+            drop(served);
+            bump(&shared.stats.requests_rejected);
+            let drained = match opcode {
+                Opcode::Write => drain(stream, req.len),
+                Opcode::Read => Ok(()),
+            };
+            drained.and_then(|()| respond(stream, req.request_id, code.code(), 0, false))
+        }
+    };
+    match io_result {
+        Ok(()) => {
+            if verdict.is_ok() {
+                bump(&shared.stats.requests_ok);
+            }
+            Served1::Continue
+        }
+        Err(_) => Served1::Close,
+    }
+}
+
+/// Reads and discards `len` payload bytes of a refused WRITE.
+fn drain(stream: &TcpStream, len: u64) -> io::Result<()> {
+    let mut scratch = [0u8; DRAIN_CHUNK_BYTES];
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(DRAIN_CHUNK_BYTES as u64) as usize;
+        rawio::read_exact(stream, &mut scratch[..chunk])?;
+        left -= chunk as u64;
+    }
+    Ok(())
+}
