@@ -1,1 +1,0 @@
-//! Flags and config files (placeholder).

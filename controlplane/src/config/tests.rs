@@ -1,0 +1,684 @@
+//! Table-driven tests of the whole flag pipeline: syntax, values, files, precedence, errors.
+
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+fn run(args: &[&str]) -> (MasterConfig, Vec<String>) {
+    match MasterConfig::from_args(argv(args)) {
+        Ok(ParsedArgs::Run(config, warnings)) => (config, warnings),
+        other => panic!("{args:?}: expected Run, got {other:?}"),
+    }
+}
+
+fn error(args: &[&str]) -> String {
+    match MasterConfig::from_args(argv(args)) {
+        Err(e) => e.to_string(),
+        Ok(other) => panic!("{args:?}: expected an error, got {other:?}"),
+    }
+}
+
+/// A file under the temp dir, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &str) -> TempFile {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("mooncake-config-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        TempFile(path)
+    }
+
+    fn arg(&self, flag: &str) -> String {
+        format!("--{flag}={}", self.0.display())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[test]
+fn no_arguments_gives_upstream_defaults() {
+    let (config, warnings) = run(&[]);
+    assert_eq!(config, MasterConfig::default());
+    assert!(warnings.is_empty());
+    assert_eq!(config.rpc_listen_port(), 50051);
+    assert_eq!(config.service, ServiceConfig::default());
+    assert_eq!(config.cluster_id(), "mooncake_cluster");
+    assert_eq!(config.metrics_port, 9003);
+    assert_eq!(config.http_metadata_server_port, 8080);
+    assert!(!config.enable_http_metadata_server);
+}
+
+#[test]
+fn accepted_syntax() {
+    type Check = fn(&MasterConfig) -> bool;
+    let cases: &[(&[&str], Check)] = &[
+        (&["--port=1234"], |c| c.port == 1234),
+        (&["--port", "1234"], |c| c.port == 1234),
+        (&["-port=1234"], |c| c.port == 1234),
+        (&["-port", "1234"], |c| c.port == 1234),
+        (&["--port=1", "--port=2"], |c| c.port == 2),
+        (&["--rpc_port=7000"], |c| {
+            c.rpc_listen_port() == 7000 && c.port == 50051
+        }),
+        (&["--port=7001"], |c| c.rpc_listen_port() == 7001),
+        (&["--port=0"], |c| c.rpc_listen_port() == 0),
+        (&["--enable_http_metadata_server"], |c| {
+            c.enable_http_metadata_server
+        }),
+        (&["--enable_http_metadata_server=true"], |c| {
+            c.enable_http_metadata_server
+        }),
+        (&["--enable_http_metadata_server=1"], |c| {
+            c.enable_http_metadata_server
+        }),
+        (&["--enable_http_metadata_server=yes"], |c| {
+            c.enable_http_metadata_server
+        }),
+        (&["--enable_http_metadata_server", "true"], |c| {
+            c.enable_http_metadata_server
+        }),
+        (&["--enable_http_metadata_server", "no"], |c| {
+            !c.enable_http_metadata_server
+        }),
+        (&["--noenable_metric_reporting"], |c| {
+            !c.enable_metric_reporting
+        }),
+        (&["-noenable_metric_reporting"], |c| {
+            !c.enable_metric_reporting
+        }),
+        (&["--enable_metric_reporting=0"], |c| {
+            !c.enable_metric_reporting
+        }),
+        (&["--enable_metric_reporting=false"], |c| {
+            !c.enable_metric_reporting
+        }),
+        (&["--noallow_evict_soft_pinned_objects"], |c| {
+            !c.service.allow_evict_soft_pinned_objects
+        }),
+        (&["--default_kv_lease_ttl=500"], |c| {
+            c.service.default_kv_lease_ttl_ms == 500
+        }),
+        (&["--default_kv_lease_ttl", "2s"], |c| {
+            c.service.default_kv_lease_ttl_ms == 2000
+        }),
+        (&["--default_kv_lease_ttl=0"], |c| {
+            c.service.default_kv_lease_ttl_ms == 0
+        }),
+        (&["--default_kv_soft_pin_ttl=5m"], |c| {
+            c.service.default_kv_soft_pin_ttl_ms == 300_000
+        }),
+        (&["--max_kv_soft_pin_ttl=48h"], |c| {
+            c.service.max_kv_soft_pin_ttl_ms == 172_800_000
+        }),
+        (&["--default_kv_soft_pin_ttl=250ms"], |c| {
+            c.service.default_kv_soft_pin_ttl_ms == 250
+        }),
+        (&["--eviction_ratio=0.2"], |c| {
+            c.service.eviction_ratio == 0.2
+        }),
+        (&["--eviction_high_watermark_ratio=1"], |c| {
+            c.service.eviction_high_watermark_ratio == 1.0
+        }),
+        (&["--eviction_ratio=0"], |c| c.service.eviction_ratio == 0.0),
+        (&["--client_ttl=60"], |c| c.service.client_ttl_s == 60),
+        (&["--allocation_strategy=free_ratio_first"], |c| {
+            c.service.allocation_strategy == AllocationStrategy::FreeRatioFirst
+        }),
+        (&["--allocation_strategy", "random"], |c| {
+            c.service.allocation_strategy == AllocationStrategy::Random
+        }),
+        (
+            &[
+                "--put_start_discard_timeout_sec=5",
+                "--put_start_release_timeout_sec=5",
+            ],
+            |c| {
+                c.service.put_start_discard_timeout_s == 5
+                    && c.service.put_start_release_timeout_s == 5
+            },
+        ),
+        (&["--cluster_id=ci_test_cluster"], |c| {
+            c.cluster_id() == "ci_test_cluster"
+        }),
+        (&["--cluster_id="], |c| c.cluster_id().is_empty()),
+        (&["--metrics_host=::"], |c| c.metrics_host == "::"),
+        (&["--metrics_port", "0"], |c| c.metrics_port == 0),
+        (
+            &[
+                "--http_metadata_server_host=127.0.0.1",
+                "--http_metadata_server_port=18080",
+            ],
+            |c| c.http_metadata_server_host == "127.0.0.1" && c.http_metadata_server_port == 18080,
+        ),
+        (&["--rpc_address=10.0.0.1"], |c| c.rpc_address == "10.0.0.1"),
+        (&["--rpc_thread_num=3"], |c| c.rpc_threads() == 3),
+        (&["--rpc_thread_num=0", "--max_threads=1"], |c| {
+            c.rpc_threads() == 1
+        }),
+        (
+            &["--enable_ha", "--etcd_endpoints=http://127.0.0.1:2379"],
+            |c| c.enable_ha && c.ha_connstring() == Some("http://127.0.0.1:2379"),
+        ),
+        (
+            &[
+                "--enable_ha",
+                "--ha_backend_type=redis",
+                "--ha_backend_connstring=redis://x",
+            ],
+            |c| c.ha_connstring() == Some("redis://x"),
+        ),
+        (&["--port", "50051", "--"], |c| c.port == 50051),
+    ];
+    for (args, check) in cases {
+        let (config, warnings) = run(args);
+        assert!(check(&config), "{args:?} gave {config:?}");
+        assert!(warnings.is_empty(), "{args:?} warned {warnings:?}");
+    }
+}
+
+#[test]
+fn upstream_ci_invocation() {
+    let (config, warnings) = run(&[
+        "--default_kv_lease_ttl=500",
+        "--eviction_high_watermark_ratio=0.95",
+        "--cluster_id=ci_test_cluster",
+        "--port",
+        "50051",
+        "--enable_http_metadata_server=true",
+    ]);
+    assert!(warnings.is_empty());
+    assert_eq!(config.service.default_kv_lease_ttl_ms, 500);
+    assert_eq!(config.service.eviction_high_watermark_ratio, 0.95);
+    assert_eq!(config.cluster_id(), "ci_test_cluster");
+    assert_eq!(config.port, 50051);
+    assert!(config.enable_http_metadata_server);
+}
+
+#[test]
+fn rejected_values_name_flag_expectation_and_input() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--eviction_ratio=1.5"],
+            &["--eviction_ratio", "[0, 1]", "\"1.5\""],
+        ),
+        (
+            &["--eviction_ratio=-0.1"],
+            &["--eviction_ratio", "[0, 1]", "\"-0.1\""],
+        ),
+        (
+            &["--eviction_high_watermark_ratio=abc"],
+            &["--eviction_high_watermark_ratio", "\"abc\""],
+        ),
+        (&["--port=65536"], &["--port", "0..=65535", "\"65536\""]),
+        (&["--port=-1"], &["--port", "\"-1\""]),
+        (&["--metrics_port=http"], &["--metrics_port", "\"http\""]),
+        (&["--rpc_port=99999"], &["--rpc_port"]),
+        (
+            &["--http_metadata_server_port=1e3"],
+            &["--http_metadata_server_port"],
+        ),
+        (
+            &["--default_kv_lease_ttl=10d"],
+            &["--default_kv_lease_ttl", "ms|s|m|h", "\"10d\""],
+        ),
+        (
+            &["--default_kv_lease_ttl=-5"],
+            &["--default_kv_lease_ttl", "\"-5\""],
+        ),
+        (
+            &["--default_kv_soft_pin_ttl=0"],
+            &["--default_kv_soft_pin_ttl", "greater than 0"],
+        ),
+        (
+            &["--max_kv_soft_pin_ttl=0s"],
+            &["--max_kv_soft_pin_ttl", "greater than 0"],
+        ),
+        (
+            &["--default_kv_soft_pin_ttl=2h", "--max_kv_soft_pin_ttl=1h"],
+            &[
+                "--default_kv_soft_pin_ttl",
+                "--max_kv_soft_pin_ttl",
+                "7200000",
+            ],
+        ),
+        (&["--client_ttl=0"], &["--client_ttl", "\"0\""]),
+        (&["--client_ttl=-3"], &["--client_ttl", "\"-3\""]),
+        (&["--client_ttl=ten"], &["--client_ttl", "\"ten\""]),
+        (
+            &["--put_start_discard_timeout_sec=0"],
+            &["--put_start_discard_timeout_sec"],
+        ),
+        (
+            &[
+                "--put_start_discard_timeout_sec=60",
+                "--put_start_release_timeout_sec=30",
+            ],
+            &[
+                "--put_start_release_timeout_sec",
+                "--put_start_discard_timeout_sec",
+            ],
+        ),
+        (
+            &["--allocation_strategy=cxl"],
+            &["unsupported", "--allocation_strategy", "cxl"],
+        ),
+        (
+            &["--allocation_strategy=local_first"],
+            &["unsupported", "local_first"],
+        ),
+        (
+            &["--allocation_strategy=ssd_free_ratio_first"],
+            &["unsupported"],
+        ),
+        (
+            &["--allocation_strategy=fastest"],
+            &[
+                "--allocation_strategy",
+                "random or free_ratio_first",
+                "\"fastest\"",
+            ],
+        ),
+        (
+            &["--enable_metric_reporting=maybe"],
+            &["--enable_metric_reporting", "boolean", "\"maybe\""],
+        ),
+        (&["--max_threads=0"], &["--max_threads", "1..=1024"]),
+        (
+            &["--rpc_thread_num=5000"],
+            &["--rpc_thread_num", "0..=1024"],
+        ),
+        (&["--metrics_host="], &["--metrics_host", "address"]),
+        (&["--enable_ha"], &["--enable_ha", "--etcd_endpoints"]),
+        (
+            &["--enable_ha", "--ha_backend_type=redis"],
+            &["--ha_backend_connstring", "redis"],
+        ),
+        // Flags accepted for compatibility are still type-checked.
+        (
+            &["--enable_offload=sometimes"],
+            &["--enable_offload", "boolean"],
+        ),
+        (&["--enable_ha"], &["invalid flag combination"]),
+        (
+            &["--offload_cap_ratio=x"],
+            &["--offload_cap_ratio", "a number"],
+        ),
+        (&["--v=loud"], &["--v", "integer"]),
+        (
+            &["--promotion_queue_limit=-1"],
+            &["--promotion_queue_limit", "non-negative"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let message = error(args);
+        for needle in *needles {
+            assert!(
+                message.contains(needle),
+                "{args:?}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn syntax_errors() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--eviction_ration=0.1"],
+            &[
+                "unknown flag --eviction_ration",
+                "did you mean --eviction_ratio?",
+            ],
+        ),
+        (&["--portt=1"], &["--portt", "--port?"]),
+        (&["--rpc-port=1"], &["--rpc-port", "--rpc_port"]),
+        (&["--metric_port", "1"], &["--metrics_port"]),
+        (&["--zzzzzzzzzzzzzzzzzzzzzzzz"], &["unknown flag", "--help"]),
+        (&["--port"], &["--port needs a value"]),
+        (&["--cluster_id"], &["--cluster_id needs a value"]),
+        (&["--flagfile"], &["--flagfile needs a value"]),
+        (&["--noport"], &["--port is not a boolean"]),
+        (&["--noenable_ha=true"], &["--noenable_ha takes no value"]),
+        (&["50051"], &["unexpected argument \"50051\""]),
+        (&["--port=1", "extra"], &["unexpected argument \"extra\""]),
+        (&["--", "x"], &["unexpected argument \"x\""]),
+        (&["--"], &[]),
+        (&["-"], &["unexpected argument \"-\""]),
+        (
+            &["--config_path=/nonexistent/mooncake.json"],
+            &["/nonexistent/mooncake.json", "cannot read"],
+        ),
+        (&["--flagfile=/nonexistent/flags"], &["/nonexistent/flags"]),
+    ];
+    for (args, needles) in cases {
+        if needles.is_empty() {
+            run(args);
+            continue;
+        }
+        let message = error(args);
+        for needle in *needles {
+            assert!(
+                message.contains(needle),
+                "{args:?}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn compat_flags_warn_only_when_set_away_from_default() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--enable_offload"], &["enable_offload"]),
+        (&["--log_dir=/tmp/logs"], &["log_dir"]),
+        (
+            &[
+                "--v=2",
+                "--logtostderr",
+                "--alsologtostderr",
+                "--minloglevel=1",
+            ],
+            &["v", "logtostderr", "alsologtostderr", "minloglevel"],
+        ),
+        (
+            &["--memory_allocator=cachelib", "--rpc_interface=eth0"],
+            &["memory_allocator", "rpc_interface"],
+        ),
+        (&["--nof_eviction_ratio", "0.3"], &["nof_eviction_ratio"]),
+        (&["--noenable_disk_eviction"], &["enable_disk_eviction"]),
+        (
+            &[
+                "--enable_offload=false",
+                "--rpc_enable_tcp_no_delay=1",
+                "--v=0",
+            ],
+            &[],
+        ),
+        (
+            &[
+                "--memory_allocator=offset",
+                "--nof_eviction_high_watermark_ratio=0.9",
+            ],
+            &[],
+        ),
+    ];
+    for (args, flagged) in cases {
+        let (config, warnings) = run(args);
+        assert_eq!(config, MasterConfig::default(), "{args:?}");
+        let expected: Vec<String> = flagged
+            .iter()
+            .map(|f| format!("flag --{f} is accepted for compatibility but not supported"))
+            .collect();
+        let mut sorted = expected.clone();
+        sorted.sort();
+        let mut got = warnings.clone();
+        got.sort();
+        assert_eq!(got, sorted, "{args:?}");
+    }
+}
+
+#[test]
+fn help_and_version() {
+    for flag in ["--help", "-help", "--helpfull", "-h"] {
+        match MasterConfig::from_args(argv(&["--port=1", flag])) {
+            Ok(ParsedArgs::Help(text)) => {
+                assert!(text.contains("--default_kv_lease_ttl (duration; default: \"10000\")"));
+                assert!(text.contains("--enable_http_metadata_server (bool; default: \"false\")"));
+                assert!(text.contains("--log_dir"));
+            }
+            other => panic!("{flag}: {other:?}"),
+        }
+    }
+    match MasterConfig::from_args(argv(&["--version"])) {
+        Ok(ParsedArgs::Version(text)) => {
+            assert_eq!(
+                text,
+                format!(
+                    "mooncake_master (mooncake-rs) {}",
+                    env!("CARGO_PKG_VERSION")
+                )
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn json_config_file_and_command_line_precedence() {
+    let file = TempFile::new(
+        "master.json",
+        r#"{
+            "rpc_port": 50052,
+            "metrics_port": 9100,
+            "default_kv_lease_ttl": 2000,
+            "default_kv_soft_pin_ttl": "10m",
+            "eviction_ratio": 0.1,
+            "eviction_high_watermark_ratio": 1.0,
+            "client_live_ttl_sec": 60,
+            "enable_http_metadata_server": true,
+            "http_metadata_server_host": "127.0.0.1",
+            "cluster_id": "from_file",
+            "rpc_interface": "",
+            "allocation_strategy": "free_ratio_first",
+            "etcd_endpoints": null
+        }"#,
+    );
+    let (config, warnings) = run(&[&file.arg("config_path")]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.config_path.as_deref(), Some(file.0.as_path()));
+    assert_eq!(config.rpc_listen_port(), 50052);
+    assert_eq!(config.metrics_port, 9100);
+    assert_eq!(config.service.default_kv_lease_ttl_ms, 2000);
+    assert_eq!(config.service.default_kv_soft_pin_ttl_ms, 600_000);
+    assert_eq!(config.service.eviction_ratio, 0.1);
+    assert_eq!(config.service.eviction_high_watermark_ratio, 1.0);
+    assert_eq!(config.service.client_ttl_s, 60);
+    assert!(config.enable_http_metadata_server);
+    assert_eq!(config.http_metadata_server_host, "127.0.0.1");
+    assert_eq!(config.cluster_id(), "from_file");
+    assert_eq!(
+        config.service.allocation_strategy,
+        AllocationStrategy::FreeRatioFirst
+    );
+
+    // Explicit command-line flags win over the file, before or after --config_path.
+    let (config, _) = run(&[
+        "--rpc_port=6000",
+        &file.arg("config_path"),
+        "--client_ttl",
+        "5",
+        "--noenable_http_metadata_server",
+    ]);
+    assert_eq!(config.rpc_listen_port(), 6000);
+    assert_eq!(config.service.client_ttl_s, 5);
+    assert!(!config.enable_http_metadata_server);
+    assert_eq!(config.metrics_port, 9100, "file values not overridden stay");
+}
+
+#[test]
+fn yaml_config_file() {
+    let file = TempFile::new(
+        "master.yml",
+        "# comment\nrpc_port: 50053\nrpc_address: 0.0.0.0\neviction_ratio: 0.2\n\
+         default_kv_lease_ttl: 1s\nenable_ha: false\nmemory_allocator: offset\n",
+    );
+    let (config, warnings) = run(&[&file.arg("config_path")]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.rpc_port, 50053);
+    assert_eq!(config.service.eviction_ratio, 0.2);
+    assert_eq!(config.service.default_kv_lease_ttl_ms, 1000);
+}
+
+#[test]
+fn config_format_detected_from_content_without_extension() {
+    let json = TempFile::new("master.conf", r#"  {"metrics_port": 9200}"#);
+    assert_eq!(run(&[&json.arg("config_path")]).0.metrics_port, 9200);
+    let yaml = TempFile::new("master.conf", "metrics_port: 9300\n");
+    assert_eq!(run(&[&yaml.arg("config_path")]).0.metrics_port, 9300);
+}
+
+#[test]
+fn config_file_warnings_and_errors() {
+    // Ok(needles in the warnings) or Err(needles in the error).
+    type Expect = Result<&'static [&'static str], &'static [&'static str]>;
+    let cases: &[(&str, &str, Expect)] = &[
+        // Unknown keys and compat keys set away from default warn; upstream configs keep loading.
+        (
+            "a.json",
+            r#"{"tenant_eviction_high_watermark_ratio": 0.9}"#,
+            Ok(&["tenant_eviction_high_watermark_ratio", "ignored"]),
+        ),
+        (
+            "a.json",
+            r#"{"evicton_ratio": 0.2}"#,
+            Ok(&["did you mean eviction_ratio?"]),
+        ),
+        (
+            "a.json",
+            r#"{"enable_offload": true}"#,
+            Ok(&["flag --enable_offload is accepted for compatibility but not supported"]),
+        ),
+        (
+            "a.json",
+            r#"{"config_path": "other.json"}"#,
+            Ok(&["config_path"]),
+        ),
+        ("a.yaml", "", Ok(&[])),
+        // Errors name the file and what was wrong.
+        (
+            "a.json",
+            r#"{"eviction_ratio": 2}"#,
+            Err(&["a.json", "--eviction_ratio", "[0, 1]", "\"2\""]),
+        ),
+        (
+            "a.json",
+            r#"{"rpc_port": "x"}"#,
+            Err(&["--rpc_port", "\"x\""]),
+        ),
+        (
+            "a.json",
+            r#"{"rpc_port": [1, 2]}"#,
+            Err(&["a.json", "rpc_port", "list or mapping"]),
+        ),
+        (
+            "a.json",
+            r#"{"rpc_port": 1,"#,
+            Err(&["a.json", "invalid JSON"]),
+        ),
+        ("a.json", r#"[1, 2]"#, Err(&["a.json", "JSON object"])),
+        ("a.yaml", "rpc_port: [1\n", Err(&["a.yaml", "invalid YAML"])),
+        ("a.yaml", "- 1\n- 2\n", Err(&["a.yaml", "YAML mapping"])),
+        (
+            "a.json",
+            r#"{"enable_offload": "perhaps"}"#,
+            Err(&["--enable_offload", "boolean"]),
+        ),
+        (
+            "a.json",
+            r#"{"allocation_strategy": "cxl"}"#,
+            Err(&["unsupported", "cxl"]),
+        ),
+    ];
+    for (name, contents, expect) in cases {
+        let file = TempFile::new(name, contents);
+        let args = [file.arg("config_path")];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match expect {
+            Ok(needles) => {
+                let (_, warnings) = run(&args);
+                let joined = warnings.join("\n");
+                if needles.is_empty() {
+                    assert!(warnings.is_empty(), "{contents}: {warnings:?}");
+                }
+                for needle in *needles {
+                    assert!(
+                        joined.contains(needle),
+                        "{contents}: {joined:?} lacks {needle:?}"
+                    );
+                }
+            }
+            Err(needles) => {
+                let message = error(&args);
+                for needle in *needles {
+                    assert!(
+                        message.contains(needle),
+                        "{contents}: {message:?} lacks {needle:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn upstream_sample_configs_load() {
+    // Abridged from upstream mooncake-store/conf/master.{json,yaml}.
+    let json = TempFile::new(
+        "master.json",
+        r#"{"enable_metric_reporting": true, "metrics_port": 9003, "rpc_port": 50051,
+            "rpc_thread_num": 16, "rpc_address": "0.0.0.0", "rpc_interface": "",
+            "rpc_conn_timeout_seconds": 0, "rpc_enable_tcp_no_delay": true,
+            "default_kv_lease_ttl": 10000, "default_kv_soft_pin_ttl": 1800000,
+            "max_kv_soft_pin_ttl": 86400000, "allow_evict_soft_pinned_objects": true,
+            "eviction_ratio": 0.1, "eviction_high_watermark_ratio": 1.0,
+            "dynamic_replication_mode": "off", "enable_ha": false, "enable_oplog": false,
+            "etcd_endpoints": "http://localhost:2379", "root_fs_dir": "",
+            "cluster_id": "mooncake_cluster", "memory_allocator": "offset",
+            "client_live_ttl_sec": 60, "enable_http_metadata_server": false,
+            "http_metadata_server_host": "0.0.0.0", "http_metadata_server_port": 8080,
+            "kv_events_tenant_id": "default", "kv_events_queue_capacity": 65536}"#,
+    );
+    let (config, warnings) = run(&[&json.arg("config_path")]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.service.client_ttl_s, 60);
+    assert_eq!(config.rpc_thread_num, 16);
+
+    let yaml = TempFile::new(
+        "master.yaml",
+        "enable_metric_reporting: true\nmetrics_port: 9003\nrpc_port: 50051\n\
+         rpc_address: \"0.0.0.0\"\neviction_ratio: 0.1\neviction_high_watermark_ratio: 1.0\n\
+         dynamic_replication_mode: \"off\"\nclient_active_ttl_sec: 60\n\
+         client_suspicion_ttl_sec: 60\nhttp_metadata_server_port: 8080\n",
+    );
+    let (config, warnings) = run(&[&yaml.arg("config_path")]);
+    assert_eq!(config.service.client_ttl_s, 60);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("client_suspicion_ttl_sec"));
+}
+
+#[test]
+fn flagfile_lines_are_command_line_flags() {
+    let inner = TempFile::new("inner.flags", "--metrics_port=9500\n");
+    let outer = TempFile::new(
+        "outer.flags",
+        &format!(
+            "# master flags\n--port=40000\n\n--cluster_id mine\n\
+             --enable_http_metadata_server\n{}\n",
+            inner.arg("flagfile")
+        ),
+    );
+    let (config, _) = run(&[&outer.arg("flagfile"), "--port=40001"]);
+    assert_eq!(config.port, 40001, "later command-line flags win");
+    assert_eq!(config.cluster_id(), "mine");
+    assert!(config.enable_http_metadata_server);
+    assert_eq!(config.metrics_port, 9500);
+
+    let looping = TempFile::new("loop.flags", "");
+    std::fs::write(&looping.0, looping.arg("flagfile")).unwrap();
+    let message = error(&[&looping.arg("flagfile")]);
+    assert!(message.contains("nested"), "{message}");
+}

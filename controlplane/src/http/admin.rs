@@ -1,0 +1,473 @@
+//! The admin and metrics HTTP server on `--metrics_port`, a read-only window on the master
+//! through [`AdminView`] (upstream `master_admin_service.cpp`).
+//!
+//! Routes (all `GET`):
+//! - `/metrics`: Prometheus text, `Content-Type: text/plain; version=0.0.4`;
+//! - `/metrics/summary`: one line, `role=leader, ha_state=disabled, service_ready=true,
+//!   master={keys=N, allocated_bytes=N, capacity_bytes=N, clients=N}`;
+//! - `/health`: `{"status":"ok","role":"leader","ha_state":"disabled","service_ready":true}`;
+//! - `/role` → `leader`, `/ha_status` → `disabled`, `/leader` → `{"present":false}`;
+//! - `/query_key?key=K`: 200 `{"success":true,"data":[{buffer_address, size,
+//!   transport_endpoint, segment_name, status}]}` or 404
+//!   `{"success":false,"error_code":N,"error_message":"NAME"}`;
+//! - `/get_all_keys`, `/get_all_segments`: one name per line, each line ending in `\n`;
+//! - `/get_segments_detail`: `{"total_segments":N,"segments":[...]}` (fields below);
+//! - `/query_segment?segment=S`: `S\nUsed(bytes): U\nCapacity(bytes) : C\n`, 404 when unknown.
+//!
+//! Anything else is 404. Until HA lands the master is always the leader with its service
+//! ready, so the role and HA fields are constants here.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use protocol::ReplicaStatus;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::view::{AdminView, SegmentDetail};
+
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+const JSON: &str = "application/json; charset=utf-8";
+const ROLE: &str = "leader";
+const HA_STATE: &str = "disabled";
+
+type View = Arc<dyn AdminView>;
+
+/// The routes of the admin server over `view`.
+pub fn admin_router(view: View) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/metrics/summary", get(metrics_summary))
+        .route("/health", get(health))
+        .route("/role", get(|| async { ROLE }))
+        .route("/ha_status", get(|| async { HA_STATE }))
+        .route(
+            "/leader",
+            get(|| async { json_response(StatusCode::OK, json!({"present": false})) }),
+        )
+        .route("/query_key", get(query_key))
+        .route("/get_all_keys", get(all_keys))
+        .route("/get_all_segments", get(all_segments))
+        .route("/get_segments_detail", get(segments_detail))
+        .route("/query_segment", get(query_segment))
+        .with_state(view)
+}
+
+/// Serves the admin routes on `listener` until `shutdown` resolves.
+pub async fn serve_admin(
+    listener: TcpListener,
+    view: View,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    super::serve(listener, admin_router(view), shutdown).await
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, [(header::CONTENT_TYPE, JSON)], body.to_string()).into_response()
+}
+
+fn text_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, PROMETHEUS_TEXT)], body).into_response()
+}
+
+async fn metrics(State(view): State<View>) -> Response {
+    text_response(StatusCode::OK, view.render_metrics())
+}
+
+async fn metrics_summary(State(view): State<View>) -> Response {
+    let text = view.render_metrics();
+    let value = |name: &str| metric_value(&text, name).unwrap_or_else(|| "0".to_string());
+    let summary = format!(
+        "role={ROLE}, ha_state={HA_STATE}, service_ready=true, master={{keys={}, \
+         allocated_bytes={}, capacity_bytes={}, clients={}}}",
+        value("master_key_count"),
+        value("master_allocated_bytes"),
+        value("master_total_capacity_bytes"),
+        value("master_active_clients"),
+    );
+    text_response(StatusCode::OK, summary)
+}
+
+/// The value of the first unlabelled sample of `name` in Prometheus text.
+fn metric_value(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let mut parts = line.split_whitespace();
+            (parts.next()? == name).then(|| parts.next().map(str::to_string))?
+        })
+}
+
+async fn health() -> Response {
+    json_response(
+        StatusCode::OK,
+        json!({"status": "ok", "role": ROLE, "ha_state": HA_STATE, "service_ready": true}),
+    )
+}
+
+#[derive(Deserialize)]
+struct KeyQuery {
+    #[serde(default)]
+    key: String,
+}
+
+async fn query_key(
+    State(view): State<View>,
+    query: Result<Query<KeyQuery>, QueryRejection>,
+) -> Response {
+    let key = query.map(|Query(q)| q.key).unwrap_or_default();
+    match view.query_key(&key) {
+        Ok(replicas) => {
+            let data: Vec<_> = replicas
+                .iter()
+                .map(|r| {
+                    json!({
+                        "buffer_address": r.buffer_address,
+                        "size": r.size,
+                        "transport_endpoint": r.transport_endpoint,
+                        "segment_name": r.segment_name,
+                        "status": replica_status_name(r.status),
+                    })
+                })
+                .collect();
+            json_response(StatusCode::OK, json!({"success": true, "data": data}))
+        }
+        Err(code) => json_response(
+            StatusCode::NOT_FOUND,
+            json!({"success": false, "error_code": code.code(), "error_message": code.name()}),
+        ),
+    }
+}
+
+/// Upstream's spelling of a replica status.
+fn replica_status_name(status: ReplicaStatus) -> &'static str {
+    match status {
+        ReplicaStatus::Undefined => "UNDEFINED",
+        ReplicaStatus::Initialized => "INITIALIZED",
+        ReplicaStatus::Processing => "PROCESSING",
+        ReplicaStatus::Complete => "COMPLETE",
+        ReplicaStatus::Removed => "REMOVED",
+        ReplicaStatus::Failed => "FAILED",
+    }
+}
+
+fn lines(items: Vec<String>) -> String {
+    let mut body = String::with_capacity(items.iter().map(|s| s.len() + 1).sum());
+    for item in items {
+        body.push_str(&item);
+        body.push('\n');
+    }
+    body
+}
+
+async fn all_keys(State(view): State<View>) -> Response {
+    text_response(StatusCode::OK, lines(view.all_keys()))
+}
+
+async fn all_segments(State(view): State<View>) -> Response {
+    text_response(StatusCode::OK, lines(view.all_segments()))
+}
+
+async fn segments_detail(State(view): State<View>) -> Response {
+    let segments: Vec<_> = view.segments_detail().iter().map(segment_json).collect();
+    json_response(
+        StatusCode::OK,
+        json!({"total_segments": segments.len(), "segments": segments}),
+    )
+}
+
+fn segment_json(s: &SegmentDetail) -> serde_json::Value {
+    let usage_percent = if s.allocator_capacity_bytes > 0 {
+        s.allocator_used_bytes as f64 / s.allocator_capacity_bytes as f64 * 100.0
+    } else {
+        0.0
+    };
+    json!({
+        "segment_name": s.segment_name,
+        "segment_id": s.segment_id,
+        "client_id": s.client_id,
+        "base_address": format!("{:#x}", s.base_address),
+        "size_bytes": s.size_bytes,
+        "size_human": size_human(s.size_bytes),
+        "te_endpoint": s.te_endpoint,
+        "protocol": s.protocol,
+        "status": s.status,
+        "allocator_used_bytes": s.allocator_used_bytes,
+        "allocator_capacity_bytes": s.allocator_capacity_bytes,
+        "allocator_usage_percent": usage_percent,
+    })
+}
+
+/// Size in GiB as upstream's `ostream << double` prints it (`%g`: six significant digits,
+/// scientific below 1e-4 and from 1e6).
+fn size_human(bytes: u64) -> String {
+    format!("{} GiB", format_g(bytes as f64 / (1u64 << 30) as f64))
+}
+
+/// C's `%g` with the default precision of 6.
+fn format_g(value: f64) -> String {
+    const PRECISION: i32 = 6;
+    if value == 0.0 || !value.is_finite() {
+        return format!("{value}");
+    }
+    let trim = |text: String| -> String {
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text
+        }
+    };
+    let scientific = format!("{:.*e}", (PRECISION - 1) as usize, value);
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if !(-4..PRECISION).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa.to_string()), exponent.abs())
+    } else {
+        let decimals = (PRECISION - 1 - exponent).max(0) as usize;
+        trim(format!("{value:.decimals$}"))
+    }
+}
+
+#[derive(Deserialize)]
+struct SegmentQuery {
+    #[serde(default)]
+    segment: String,
+}
+
+async fn query_segment(
+    State(view): State<View>,
+    query: Result<Query<SegmentQuery>, QueryRejection>,
+) -> Response {
+    let name = query.map(|Query(q)| q.segment).unwrap_or_default();
+    let found = view
+        .segments_detail()
+        .into_iter()
+        .find(|s| s.segment_name == name);
+    match found {
+        Some(s) => text_response(
+            StatusCode::OK,
+            format!(
+                "{name}\nUsed(bytes): {}\nCapacity(bytes) : {}\n",
+                s.allocator_used_bytes, s.allocator_capacity_bytes
+            ),
+        ),
+        None => text_response(
+            StatusCode::NOT_FOUND,
+            format!("Failed to query segment: no segment named \"{name}\"\n"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::test_client::{request, spawn};
+    use protocol::{ErrorCode, ReplicaDescriptor};
+
+    /// A fixed master: one key on one segment.
+    struct FakeView;
+
+    impl AdminView for FakeView {
+        fn query_key(&self, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+            match key {
+                "mooncake/k:1" => Ok(vec![ReplicaDescriptor {
+                    status: ReplicaStatus::Complete,
+                    segment_name: "127.0.0.1:12345".into(),
+                    transport_endpoint: "127.0.0.1:12346".into(),
+                    buffer_address: 0x7f00_0000_1000,
+                    size: 4096,
+                }]),
+                "" => Err(ErrorCode::InvalidKey),
+                _ => Err(ErrorCode::ObjectNotFound),
+            }
+        }
+
+        fn all_keys(&self) -> Vec<String> {
+            vec!["mooncake/k:1".into(), "k2".into()]
+        }
+
+        fn all_segments(&self) -> Vec<String> {
+            vec!["127.0.0.1:12345".into()]
+        }
+
+        fn segments_detail(&self) -> Vec<SegmentDetail> {
+            vec![SegmentDetail {
+                segment_name: "127.0.0.1:12345".into(),
+                segment_id: "0000000000000001-0000000000000002".into(),
+                client_id: "0000000000000003-0000000000000004".into(),
+                base_address: 0x7f00_0000_0000,
+                size_bytes: 1 << 30,
+                te_endpoint: "127.0.0.1:12346".into(),
+                protocol: "tcp".into(),
+                status: "OK".into(),
+                allocator_used_bytes: 1 << 28,
+                allocator_capacity_bytes: 1 << 30,
+            }]
+        }
+
+        fn render_metrics(&self) -> String {
+            "# HELP master_key_count Keys\n# TYPE master_key_count gauge\nmaster_key_count 2\n\
+             master_allocated_bytes 4096\nmaster_total_capacity_bytes 1073741824\n"
+                .into()
+        }
+    }
+
+    async fn server() -> std::net::SocketAddr {
+        spawn(admin_router(Arc::new(FakeView))).await
+    }
+
+    async fn get_json(addr: std::net::SocketAddr, path: &str) -> (u16, serde_json::Value) {
+        let response = request(addr, "GET", path, b"").await;
+        assert_eq!(response.header("content-type"), Some(JSON), "{path}");
+        (
+            response.status,
+            serde_json::from_slice(&response.body).expect("JSON body"),
+        )
+    }
+
+    #[tokio::test]
+    async fn text_endpoints() {
+        let addr = server().await;
+        let cases: &[(&str, u16, &str)] = &[
+            ("/role", 200, "leader"),
+            ("/ha_status", 200, "disabled"),
+            ("/get_all_keys", 200, "mooncake/k:1\nk2\n"),
+            ("/get_all_segments", 200, "127.0.0.1:12345\n"),
+            (
+                "/query_segment?segment=127.0.0.1%3A12345",
+                200,
+                "127.0.0.1:12345\nUsed(bytes): 268435456\nCapacity(bytes) : 1073741824\n",
+            ),
+            (
+                "/metrics/summary",
+                200,
+                "role=leader, ha_state=disabled, service_ready=true, master={keys=2, \
+                 allocated_bytes=4096, capacity_bytes=1073741824, clients=0}",
+            ),
+        ];
+        for &(path, status, body) in cases {
+            let response = request(addr, "GET", path, b"").await;
+            assert_eq!(
+                (response.status, response.text().as_str()),
+                (status, body),
+                "{path}"
+            );
+        }
+        let missing = request(addr, "GET", "/query_segment?segment=nope", b"").await;
+        assert_eq!(missing.status, 404);
+        assert!(missing.text().contains("nope"));
+        assert_eq!(
+            request(addr, "GET", "/query_segment", b"").await.status,
+            404
+        );
+        assert_eq!(
+            request(addr, "GET", "/no_such_route", b"").await.status,
+            404
+        );
+        assert_eq!(request(addr, "GET", "/", b"").await.status, 404);
+    }
+
+    #[tokio::test]
+    async fn metrics_is_prometheus_text() {
+        let addr = server().await;
+        let response = request(addr, "GET", "/metrics", b"").await;
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            response.header("content-type"),
+            Some("text/plain; version=0.0.4")
+        );
+        assert_eq!(response.text(), FakeView.render_metrics());
+    }
+
+    #[tokio::test]
+    async fn json_endpoints() {
+        let addr = server().await;
+        let (status, body) = get_json(addr, "/health").await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            body,
+            json!({"status": "ok", "role": "leader", "ha_state": "disabled", "service_ready": true})
+        );
+        assert_eq!(
+            get_json(addr, "/leader").await,
+            (200, json!({"present": false}))
+        );
+
+        let (status, body) = get_json(addr, "/query_key?key=mooncake%2Fk%3A1").await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            body,
+            json!({"success": true, "data": [{
+                "buffer_address": 0x7f00_0000_1000u64,
+                "size": 4096,
+                "transport_endpoint": "127.0.0.1:12346",
+                "segment_name": "127.0.0.1:12345",
+                "status": "COMPLETE",
+            }]})
+        );
+        let (status, body) = get_json(addr, "/query_key?key=absent").await;
+        assert_eq!(status, 404);
+        assert_eq!(
+            body,
+            json!({"success": false, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"})
+        );
+        let (status, body) = get_json(addr, "/query_key").await;
+        assert_eq!(status, 404);
+        assert_eq!(body["error_message"], "INVALID_KEY");
+
+        let (status, body) = get_json(addr, "/get_segments_detail").await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            body,
+            json!({"total_segments": 1, "segments": [{
+                "segment_name": "127.0.0.1:12345",
+                "segment_id": "0000000000000001-0000000000000002",
+                "client_id": "0000000000000003-0000000000000004",
+                "base_address": "0x7f0000000000",
+                "size_bytes": 1u64 << 30,
+                "size_human": "1 GiB",
+                "te_endpoint": "127.0.0.1:12346",
+                "protocol": "tcp",
+                "status": "OK",
+                "allocator_used_bytes": 1u64 << 28,
+                "allocator_capacity_bytes": 1u64 << 30,
+                "allocator_usage_percent": 25.0,
+            }]})
+        );
+    }
+
+    #[test]
+    fn size_human_matches_ostream_formatting() {
+        let cases = [
+            (0, "0 GiB"),
+            (1 << 30, "1 GiB"),
+            (1 << 29, "0.5 GiB"),
+            (3 << 30, "3 GiB"),
+            (1536 << 20, "1.5 GiB"),
+            (1 << 20, "0.000976562 GiB"),
+            (1 << 10, "9.53674e-07 GiB"),
+            (100 << 30, "100 GiB"),
+            (1_000_000_000, "0.931323 GiB"),
+            (1 << 50, "1.04858e+06 GiB"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(size_human(bytes), want, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn metric_value_finds_unlabelled_samples() {
+        let text = "# HELP a x\na{l=\"1\"} 5\na 7\nab 9\n";
+        assert_eq!(metric_value(text, "a").as_deref(), Some("7"));
+        assert_eq!(metric_value(text, "ab").as_deref(), Some("9"));
+        assert_eq!(metric_value(text, "c"), None);
+    }
+}
