@@ -1,1 +1,188 @@
-//! Shared helpers for integration tests (placeholder).
+//! Helpers for the multi-process integration tests in `tests/tests/`: find the built
+//! binaries, pick free loopback ports, start a real `mooncake_master` and stop it, and speak
+//! plain HTTP/1.1 to it.
+//!
+//! The binaries must be built first (`cargo build --workspace --bins`, which
+//! `scripts/test.sh` does); a missing binary fails the test with that instruction.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary in the same target directory as the running test.
+pub fn bin_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test-binary> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} not found: build the binaries first with `cargo build --workspace --bins`",
+        p.display()
+    );
+    p
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts connections on `127.0.0.1:port`.
+pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A running `mooncake_master` on loopback, killed when dropped.
+pub struct Master {
+    pub child: Child,
+    pub rpc_port: u16,
+    pub metrics_port: u16,
+    pub http_metadata_port: u16,
+}
+
+impl Master {
+    /// Starts the master with the embedded HTTP metadata server and `extra` flags.
+    pub fn start(extra: &[&str]) -> Master {
+        let rpc_port = free_port();
+        let metrics_port = free_port();
+        let http_metadata_port = free_port();
+        let mut args = vec![
+            format!("--rpc_port={rpc_port}"),
+            "--rpc_address=127.0.0.1".to_string(),
+            format!("--metrics_port={metrics_port}"),
+            "--metrics_host=127.0.0.1".to_string(),
+            "--enable_http_metadata_server=true".to_string(),
+            "--http_metadata_server_host=127.0.0.1".to_string(),
+            format!("--http_metadata_server_port={http_metadata_port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(bin_path("mooncake_master"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn mooncake_master");
+        let m = Master {
+            child,
+            rpc_port,
+            metrics_port,
+            http_metadata_port,
+        };
+        assert!(
+            wait_for_port(rpc_port, Duration::from_secs(10)),
+            "master RPC port never opened"
+        );
+        assert!(
+            wait_for_port(metrics_port, Duration::from_secs(10)),
+            "admin port never opened"
+        );
+        m
+    }
+
+    pub fn rpc_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc_port)
+    }
+
+    /// Sends a signal and waits for the exit status (at most `timeout`).
+    pub fn signal_and_wait(&mut self, sig: i32, timeout: Duration) -> Option<ExitStatus> {
+        // SAFETY: kill(2) on a child pid we own; no memory is touched.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP answer: status code and body.
+#[derive(Debug)]
+pub struct HttpReply {
+    pub status: u16,
+    pub headers: String,
+    pub body: Vec<u8>,
+}
+
+impl HttpReply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`, read to the end.
+pub fn http(method: &str, port: u16, path: &str, body: &[u8]) -> HttpReply {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("http header end");
+    let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    HttpReply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}

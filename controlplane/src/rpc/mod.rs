@@ -1,1 +1,123 @@
-//! (placeholder, filled in by issue 2 work)
+//! The control-RPC server: frames from `protocol::frame` over TCP, answered by the service.
+//!
+//! One tokio task per connection. Each read may bring many frames (clients pipeline); the
+//! task decodes every complete frame in the buffer, runs them through the service in order
+//! and writes all answers with one write. So a connection's answers come back in request order,
+//! and the cost of a syscall is shared by every request that arrived with it.
+//!
+//! A frame with a bad header (length, version, kind) closes the connection: the byte stream
+//! can no longer be trusted to be in step. A well-framed request whose body does not decode
+//! gets an `INVALID_PARAMS` answer and the connection stays open.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use protocol::frame::{self, Kind};
+use protocol::message::Request;
+use protocol::wire::Wire;
+use protocol::ErrorCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+
+use crate::service::MasterService;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Most connections served at once; more are accepted and closed at once.
+pub const MAX_CONNECTIONS: usize = 16 * 1024;
+
+/// Serves connections from `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    service: Arc<MasterService>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let live = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => {
+                let (sock, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        warn!("accept failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = live.clone().try_acquire_owned() else {
+                    warn!("refusing {peer}: {MAX_CONNECTIONS} connections already open");
+                    continue;
+                };
+                let svc = service.clone();
+                tokio::spawn(async move {
+                    if let Err(why) = serve_conn(sock, svc).await {
+                        debug!("connection from {peer} closed: {why}");
+                    }
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+async fn serve_conn(mut sock: TcpStream, service: Arc<MasterService>) -> Result<(), String> {
+    sock.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    loop {
+        if inbuf.capacity() - inbuf.len() < READ_CHUNK_BYTES / 4 {
+            inbuf.reserve(READ_CHUNK_BYTES);
+        }
+        let n = sock.read_buf(&mut inbuf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let used = answer_frames(&inbuf, &service, &mut out)?;
+        inbuf.drain(..used);
+        if !out.is_empty() {
+            sock.write_all(&out).await.map_err(|e| e.to_string())?;
+            out.clear();
+            if out.capacity() > 8 * READ_CHUNK_BYTES {
+                out.shrink_to(READ_CHUNK_BYTES);
+            }
+        }
+    }
+}
+
+/// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed.
+/// The service is locked once for all of them (no I/O happens here).
+pub fn answer_frames(
+    buf: &[u8],
+    service: &MasterService,
+    out: &mut Vec<u8>,
+) -> Result<usize, String> {
+    let mut used = 0;
+    let mut batch = None;
+    while let Some((f, len)) = frame::split_frame(&buf[used..]).map_err(|e| e.to_string())? {
+        if f.header.kind != Kind::Request {
+            return Err("client sent a response frame".into());
+        }
+        let opcode = f.header.opcode;
+        let req = Request::decode(opcode, f.body);
+        let b = batch.get_or_insert_with(|| service.batch());
+        frame::encode_with(
+            out,
+            Kind::Response,
+            opcode,
+            f.header.request_id,
+            |o| match req {
+                Ok(req) => b.handle(req, o),
+                Err(e) => {
+                    debug!("undecodable request (opcode {opcode}): {e}");
+                    ErrorCode::InvalidParams.encode(o);
+                }
+            },
+        )
+        .map_err(|e| format!("answer too large: {e}"))?;
+        used += len;
+    }
+    Ok(used)
+}

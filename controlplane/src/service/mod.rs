@@ -1,7 +1,47 @@
 //! The master's state machine: objects, replicas, leases, pins, segments, clients, eviction.
 //!
-//! (Skeleton: the helper implementing issue 2's service replaces this body; see
-//! `ServiceConfig` for the knobs it must honour.)
+//! [`MasterService`] is the whole master minus its sockets. The RPC layer hands it decoded
+//! requests and gets back encoded replies ([`MasterService::handle`], or a [`Batch`] to run
+//! every frame of one socket read under one lock acquisition); a timer calls
+//! [`MasterService::tick`]; the admin HTTP server reads it through [`crate::view::AdminView`].
+//!
+//! Shape: one `parking_lot::Mutex` over `State`; every operation is a short, I/O-free
+//! critical section (hash lookups and allocator updates). Counters are atomics outside the
+//! lock. Time comes from a [`Clock`], so tests drive leases, timeouts and expiry by hand.
+//!
+//! Files: `object.rs` (objects, puts, reads, removes), `placement.rs` (which segments get
+//! replicas), `segments.rs` (segments, clients, liveness), `evict.rs` (eviction and the
+//! probe-lease rule), `dispatch.rs` (requests to reply bytes), `metrics.rs` (counters and
+//! Prometheus text), `admin.rs` (the admin view).
+//!
+//! Invariants of `State` beyond those of each file:
+//! - `zombies` holds spans owned by no object (buffers of discarded puts, or of replaced
+//!   values a reader may still hold); each is freed at `release_at_ms` or with its segment;
+//! - every span allocated in a segment belongs to exactly one replica or one zombie.
+
+mod admin;
+mod dispatch;
+mod evict;
+pub mod metrics;
+mod object;
+mod placement;
+mod segments;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+use protocol::message::Request;
+use protocol::Uuid;
+
+use crate::alloc::Span;
+use crate::clock::Clock;
+pub use dispatch::VERSION;
+pub use metrics::{BatchOp, Metrics, Op};
+use object::Object;
+use segments::{Client, SegRef, Segments};
 
 /// Allocation strategy (`--allocation_strategy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,5 +93,224 @@ impl Default for ServiceConfig {
             put_start_release_timeout_s: 600,
             cluster_id: "mooncake_cluster".to_string(),
         }
+    }
+}
+
+impl ServiceConfig {
+    pub(crate) fn discard_timeout_ms(&self) -> u64 {
+        self.put_start_discard_timeout_s.saturating_mul(1000)
+    }
+
+    pub(crate) fn release_timeout_ms(&self) -> u64 {
+        self.put_start_release_timeout_s.saturating_mul(1000)
+    }
+}
+
+/// Interval between scans for in-flight puts whose writer went quiet, milliseconds.
+const STALE_PUT_SCAN_INTERVAL_MS: u64 = 1000;
+
+/// A span owned by no object, freed at `release_at_ms`.
+pub(crate) struct Zombie {
+    pub seg: SegRef,
+    pub span: Span,
+    pub release_at_ms: u64,
+}
+
+/// Everything behind the service lock.
+pub(crate) struct State {
+    pub cfg: ServiceConfig,
+    pub objects: HashMap<String, Object>,
+    pub segs: Segments,
+    pub clients: HashMap<Uuid, Client>,
+    pub zombies: Vec<Zombie>,
+    /// A put failed for lack of space: the next tick evicts even below the watermark.
+    pub need_eviction: bool,
+    /// Bumped whenever an object becomes evictable by completing (see `evict.rs`).
+    pub evict_epoch: u64,
+    /// After a pass that found nothing: skip passes while the epoch is this and the clock
+    /// is before this.
+    pub evict_blocked: Option<(u64, u64)>,
+    /// In-flight puts by start second (`put_start_ms / 1000`), so `tick` scans for stale
+    /// puts only when one may be stale. Exact after each scan; between scans a count may be
+    /// too high (an in-flight object dropped with its segment), which costs one extra scan,
+    /// never too low.
+    pub inflight: BTreeMap<u64, u64>,
+    pub next_stale_scan_ms: u64,
+    pub rng: u64,
+    /// Answered in `Ping` (the HA view; 0 without HA).
+    pub view_version: i64,
+}
+
+impl State {
+    fn new(cfg: ServiceConfig, seed: u64) -> Self {
+        State {
+            cfg,
+            objects: HashMap::new(),
+            segs: Segments::default(),
+            clients: HashMap::new(),
+            zombies: Vec::new(),
+            need_eviction: false,
+            evict_epoch: 0,
+            evict_blocked: None,
+            inflight: BTreeMap::new(),
+            next_stale_scan_ms: 0,
+            rng: seed | 1,
+            view_version: 0,
+        }
+    }
+
+    pub(crate) fn note_inflight(&mut self, put_start_ms: u64) {
+        *self.inflight.entry(put_start_ms / 1000).or_insert(0) += 1;
+    }
+
+    pub(crate) fn done_inflight(&mut self, put_start_ms: u64) {
+        let b = put_start_ms / 1000;
+        if let Some(n) = self.inflight.get_mut(&b) {
+            *n -= 1;
+            if *n == 0 {
+                self.inflight.remove(&b);
+            }
+        }
+    }
+
+    /// Whether the oldest in-flight put may have passed the discard timeout.
+    fn maybe_stale_put(&self, now: u64) -> bool {
+        let timeout_ms = self.cfg.discard_timeout_ms();
+        self.inflight
+            .first_key_value()
+            .is_some_and(|(&b, _)| (b * 1000).saturating_add(timeout_ms) <= now)
+    }
+
+    /// Frees parked buffers whose time has come.
+    fn release_zombies(&mut self, m: &Metrics, now: u64) {
+        let State { zombies, segs, .. } = self;
+        zombies.retain(|z| {
+            if z.release_at_ms > now {
+                return true;
+            }
+            segs.free_span(z.seg, z.span);
+            Metrics::inc(&m.put_start_releases);
+            false
+        });
+    }
+}
+
+/// The master service. `Send + Sync`; share it behind an `Arc`.
+pub struct MasterService {
+    state: Mutex<State>,
+    metrics: Metrics,
+    clock: Arc<dyn Clock>,
+}
+
+/// The service locked for a run of requests (see [`MasterService::batch`]).
+pub struct Batch<'a> {
+    state: MutexGuard<'a, State>,
+    metrics: &'a Metrics,
+    now: u64,
+}
+
+impl Batch<'_> {
+    /// Executes one request and appends its encoded `Result<Reply, ErrorCode>` to `out`.
+    #[inline]
+    pub fn handle(&mut self, req: Request, out: &mut Vec<u8>) {
+        dispatch::dispatch(&mut self.state, self.metrics, self.now, req, out);
+    }
+}
+
+impl MasterService {
+    pub fn new(cfg: ServiceConfig, clock: Arc<dyn Clock>) -> Self {
+        Self::with_seed(cfg, clock, rand::random())
+    }
+
+    /// Like [`Self::new`] with a fixed seed for the placement walk (deterministic tests).
+    pub fn with_seed(cfg: ServiceConfig, clock: Arc<dyn Clock>, seed: u64) -> Self {
+        MasterService {
+            state: Mutex::new(State::new(cfg, seed)),
+            metrics: Metrics::default(),
+            clock,
+        }
+    }
+
+    /// Executes one request and appends the encoded `Result<R::Reply, ErrorCode>` (an `i32`
+    /// status, then the reply when it is 0) to `out`. Never panics on client input.
+    pub fn handle(&self, req: Request, out: &mut Vec<u8>) {
+        self.batch().handle(req, out);
+    }
+
+    /// Locks the service once for many requests, e.g. every frame of one socket read:
+    ///
+    /// ```ignore
+    /// let mut b = service.batch();
+    /// for (req, id) in frames { write_header(out, id); b.handle(req, out); patch_len(out); }
+    /// drop(b); // before any I/O
+    /// ```
+    ///
+    /// Requests see the clock as read once when the batch was taken. Do no I/O and nothing
+    /// slow while a `Batch` lives: every other connection waits on the lock.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            now: self.clock.now_ms(),
+            state: self.state.lock(),
+            metrics: &self.metrics,
+        }
+    }
+
+    /// Runs `reqs` under one lock acquisition; after each reply is appended to `out`,
+    /// `done(out, reply_start)` is called (the reply is `out[reply_start..]`), so the caller
+    /// can frame it or record its end.
+    pub fn handle_many(
+        &self,
+        reqs: impl IntoIterator<Item = Request>,
+        out: &mut Vec<u8>,
+        mut done: impl FnMut(&mut Vec<u8>, usize),
+    ) {
+        let mut b = self.batch();
+        for req in reqs {
+            let start = out.len();
+            b.handle(req, out);
+            done(out, start);
+        }
+    }
+
+    /// Periodic work; call every 10-100 ms. Expires silent clients, unmounts drained
+    /// segments, discards stale in-flight puts, frees parked buffers whose time has come and
+    /// evicts when over the high watermark or after a put failed for space.
+    pub fn tick(&self) {
+        let now = self.clock.now_ms();
+        let m = &self.metrics;
+        let mut st = self.state.lock();
+        let expired = st.expire_clients(now);
+        Metrics::add(&m.expired_clients, expired as u64);
+        st.finish_drains(now);
+        if now >= st.next_stale_scan_ms && st.maybe_stale_put(now) {
+            st.discard_stale_puts(m, now);
+            st.next_stale_scan_ms = now + STALE_PUT_SCAN_INTERVAL_MS;
+        }
+        st.release_zombies(m, now);
+        st.maybe_evict(m, now);
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The gauges of the metrics page, read under the lock.
+    pub fn gauges(&self) -> metrics::Gauges {
+        let st = self.state.lock();
+        let now = self.clock.now_ms();
+        let (used, cap) = st.usage();
+        metrics::Gauges {
+            key_count: st.objects.len() as u64,
+            allocated_bytes: used,
+            total_capacity_bytes: cap,
+            active_clients: st.clients.len() as u64,
+            soft_pin_key_count: st.objects.values().filter(|o| o.soft_pinned(now)).count() as u64,
+            segments: st.segs.len() as u64,
+        }
+    }
+
+    /// Sets the view version answered in `Ping` (HA leadership term).
+    pub fn set_view_version(&self, v: i64) {
+        self.state.lock().view_version = v;
     }
 }

@@ -1,0 +1,313 @@
+//! A blocking, pipelined client of the master's control RPC.
+//!
+//! One TCP connection per `MasterClient`. Callers from any thread encode their requests into
+//! frames with fresh request ids and write them under a write lock; a reader thread decodes
+//! answers and wakes the caller waiting for that id. So N threads, or one thread with a batch of
+//! N requests ([`MasterClient::call_many`]), keep N requests in flight on one connection.
+//!
+//! Invariants: every request id is registered in `pending` before its frame is written, and
+//! removed exactly once (by the reader on an answer, or by the caller on timeout or when the
+//! connection dies). A broken connection fails every pending call with `Closed` and is replaced
+//! by a new one on the next call.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use protocol::frame::{self, Kind, HEADER_BYTES};
+use protocol::message::Rpc;
+use protocol::wire::{DecodeError, Wire};
+use protocol::ErrorCode;
+
+/// Default time a call waits for its answer (`MC_RPC_TIMEOUT_MS` overrides it).
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time to establish the connection (`MC_RPC_CONNECT_TIMEOUT_MS` overrides it).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Bytes the reader asks the socket for at once.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to master {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connection to master lost: {0}")]
+    Closed(String),
+    #[error("master did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("malformed answer from master: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("request too large to send")]
+    TooLarge,
+}
+
+impl ClientError {
+    /// The store error code a Python caller sees for this failure.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Timeout(_) => ErrorCode::RpcTimeout,
+            ClientError::TooLarge => ErrorCode::InvalidParams,
+            _ => ErrorCode::RpcFail,
+        }
+    }
+}
+
+/// Where one call's answers go.
+struct Waiter {
+    slots: Mutex<WaiterSlots>,
+    ready: Condvar,
+}
+
+struct WaiterSlots {
+    answers: Vec<Option<Vec<u8>>>,
+    missing: usize,
+    failed: Option<String>,
+}
+
+struct Conn {
+    writer: Mutex<TcpStream>,
+    pending: Mutex<HashMap<u64, (Arc<Waiter>, usize)>>,
+    dead: AtomicBool,
+}
+
+impl Conn {
+    fn fail_all(&self, why: &str) {
+        self.dead.store(true, Ordering::SeqCst);
+        let pending: Vec<_> = self.pending.lock().drain().map(|(_, v)| v).collect();
+        for (w, _) in pending {
+            let mut s = w.slots.lock();
+            s.failed.get_or_insert_with(|| why.to_string());
+            w.ready.notify_all();
+        }
+    }
+}
+
+/// A thread-safe client of one master.
+pub struct MasterClient {
+    addrs: Vec<SocketAddr>,
+    addr_text: String,
+    conn: Mutex<Option<Arc<Conn>>>,
+    next_id: AtomicU64,
+    timeout: Duration,
+    connect_timeout: Duration,
+}
+
+fn env_ms(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+impl MasterClient {
+    /// A client of the master at `addr` (`host:port`). Connects lazily on the first call, and
+    /// again after a connection is lost.
+    pub fn new(addr: &str) -> Result<MasterClient, ClientError> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| ClientError::Connect {
+                addr: addr.to_string(),
+                source: e,
+            })?
+            .collect();
+        Ok(MasterClient {
+            addrs,
+            addr_text: addr.to_string(),
+            conn: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            timeout: env_ms("MC_RPC_TIMEOUT_MS").unwrap_or(DEFAULT_RPC_TIMEOUT),
+            connect_timeout: env_ms("MC_RPC_CONNECT_TIMEOUT_MS").unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        })
+    }
+
+    /// Connects now, so that a bad address is reported at set-up rather than on first use.
+    pub fn connect(&self) -> Result<(), ClientError> {
+        self.connection().map(|_| ())
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    fn connection(&self) -> Result<Arc<Conn>, ClientError> {
+        let mut guard = self.conn.lock();
+        if let Some(c) = guard.as_ref() {
+            if !c.dead.load(Ordering::SeqCst) {
+                return Ok(c.clone());
+            }
+        }
+        let mut last_err = None;
+        for a in &self.addrs {
+            match TcpStream::connect_timeout(a, self.connect_timeout) {
+                Ok(stream) => {
+                    let conn = spawn_reader(stream).map_err(|e| ClientError::Connect {
+                        addr: self.addr_text.clone(),
+                        source: e,
+                    })?;
+                    *guard = Some(conn.clone());
+                    return Ok(conn);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(ClientError::Connect {
+            addr: self.addr_text.clone(),
+            source: last_err.unwrap_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "address resolved to nothing")
+            }),
+        })
+    }
+
+    /// One call: sends `req` and waits for its answer.
+    pub fn call<R: Rpc>(&self, req: &R) -> Result<Result<R::Reply, ErrorCode>, ClientError> {
+        let mut out = self.call_many(std::slice::from_ref(req))?;
+        Ok(out.pop().expect("call_many returns one answer per request"))
+    }
+
+    /// Sends every request in one write and waits for all answers (pipelining).
+    pub fn call_many<R: Rpc>(
+        &self,
+        reqs: &[R],
+    ) -> Result<Vec<Result<R::Reply, ErrorCode>>, ClientError> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let conn = self.connection()?;
+        let waiter = Arc::new(Waiter {
+            slots: Mutex::new(WaiterSlots {
+                answers: vec![None; reqs.len()],
+                missing: reqs.len(),
+                failed: None,
+            }),
+            ready: Condvar::new(),
+        });
+        let first_id = self.next_id.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        let mut buf = Vec::with_capacity(reqs.len() * 64);
+        for (i, r) in reqs.iter().enumerate() {
+            frame::encode_with(&mut buf, Kind::Request, R::OP, first_id + i as u64, |b| {
+                r.encode(b)
+            })
+            .map_err(|_| ClientError::TooLarge)?;
+        }
+        {
+            let mut p = conn.pending.lock();
+            for i in 0..reqs.len() {
+                p.insert(first_id + i as u64, (waiter.clone(), i));
+            }
+        }
+        let write_result = conn.writer.lock().write_all(&buf);
+        if let Err(e) = write_result {
+            conn.fail_all(&format!("write failed: {e}"));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut slots = waiter.slots.lock();
+        while slots.missing > 0 && slots.failed.is_none() {
+            if waiter.ready.wait_until(&mut slots, deadline).timed_out() {
+                break;
+            }
+        }
+        if slots.missing > 0 {
+            // Unregister what is still pending so a late answer is dropped by the reader.
+            let mut p = conn.pending.lock();
+            for i in 0..reqs.len() {
+                p.remove(&(first_id + i as u64));
+            }
+            if let Some(why) = slots.failed.take() {
+                return Err(ClientError::Closed(why));
+            }
+            return Err(ClientError::Timeout(self.timeout));
+        }
+        let answers = std::mem::take(&mut slots.answers);
+        drop(slots);
+        answers
+            .into_iter()
+            .map(|a| {
+                let body = a.expect("missing == 0 means every slot is filled");
+                Result::<R::Reply, ErrorCode>::from_bytes(&body).map_err(ClientError::from)
+            })
+            .collect()
+    }
+}
+
+impl Drop for MasterClient {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.lock().take() {
+            // Shutting the socket down ends the reader thread.
+            let _ = c.writer.lock().shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn spawn_reader(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
+    stream.set_nodelay(true)?;
+    let reader = stream.try_clone()?;
+    let conn = Arc::new(Conn {
+        writer: Mutex::new(stream),
+        pending: Mutex::new(HashMap::new()),
+        dead: AtomicBool::new(false),
+    });
+    let c = conn.clone();
+    std::thread::Builder::new()
+        .name("mc-master-rx".into())
+        .spawn(move || {
+            let why = read_loop(reader, &c);
+            c.fail_all(&why);
+        })?;
+    Ok(conn)
+}
+
+/// Reads answers until the connection ends; returns why it ended.
+fn read_loop(mut sock: TcpStream, conn: &Conn) -> String {
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+    loop {
+        let n = match sock.read(&mut chunk) {
+            Ok(0) => return "master closed the connection".into(),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return format!("read failed: {e}"),
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let mut used = 0;
+        loop {
+            match frame::split_frame(&buf[used..]) {
+                Ok(Some((f, len))) => {
+                    if f.header.kind != Kind::Response {
+                        return "master sent a request frame".into();
+                    }
+                    deliver(conn, f.header.request_id, f.body);
+                    used += len;
+                }
+                Ok(None) => break,
+                Err(e) => return format!("bad frame from master: {e}"),
+            }
+        }
+        buf.drain(..used);
+        if buf.capacity() > 4 * READ_CHUNK_BYTES && buf.len() < HEADER_BYTES {
+            buf.shrink_to(READ_CHUNK_BYTES);
+        }
+    }
+}
+
+fn deliver(conn: &Conn, id: u64, body: &[u8]) {
+    let Some((w, i)) = conn.pending.lock().remove(&id) else {
+        return; // the caller gave up (timeout); drop the late answer
+    };
+    let mut s = w.slots.lock();
+    if s.answers[i].is_none() {
+        s.answers[i] = Some(body.to_vec());
+        s.missing -= 1;
+        if s.missing == 0 {
+            w.ready.notify_all();
+        }
+    }
+}

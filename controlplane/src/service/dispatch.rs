@@ -1,0 +1,332 @@
+//! From a decoded [`Request`] to the encoded `Result<Reply, ErrorCode>` bytes.
+//!
+//! Replies are written straight into the caller's buffer in the wire format of
+//! `protocol::message` (an `i32` status, then the value when the status is 0), without
+//! building the reply structs: replica descriptors are encoded from the object and segment
+//! tables as they are. Tests decode every reply with the protocol types to hold this to the
+//! format.
+
+use protocol::message::Request;
+use protocol::wire::Wire;
+use protocol::{ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid};
+
+use super::metrics::{BatchOp, Metrics, Op};
+use super::object::Object;
+use super::segments::Segments;
+use super::State;
+
+/// What `ServiceReady` answers.
+pub const VERSION: &str = concat!("mooncake-rs ", env!("CARGO_PKG_VERSION"));
+
+/// Writes an OK status, lets `f` append the value, and on error replaces both with the error
+/// code. Returns whether `f` succeeded.
+#[inline]
+fn reply(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>) -> Result<(), ErrorCode>) -> bool {
+    let pos = out.len();
+    out.extend_from_slice(&0i32.to_le_bytes());
+    match f(out) {
+        Ok(()) => true,
+        Err(e) => {
+            out.truncate(pos);
+            e.encode(out);
+            false
+        }
+    }
+}
+
+/// A `Result<(), ErrorCode>`.
+#[inline]
+fn status(out: &mut Vec<u8>, r: Result<(), ErrorCode>) -> bool {
+    r.encode(out);
+    r.is_ok()
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    (s.len() as u32).encode(out);
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones.
+pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, readable: bool) {
+    let count_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut n = 0u32;
+    for r in &obj.replicas {
+        if readable && r.status != ReplicaStatus::Complete {
+            continue;
+        }
+        let Some(seg) = segs.get(r.seg) else {
+            continue;
+        };
+        r.status.encode(out);
+        put_str(out, &seg.name);
+        put_str(out, &seg.te_endpoint);
+        r.span.addr.encode(out);
+        obj.size.encode(out);
+        n += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+}
+
+pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut Vec<u8>) {
+    match req {
+        Request::Ping(r) => {
+            let status = if st.ping(now, r.client_id) {
+                ClientStatus::Ok
+            } else {
+                ClientStatus::NeedRemount
+            };
+            let resp = PingResponse {
+                view_version: st.view_version,
+                status,
+            };
+            m.op(Op::Ping, true);
+            Ok::<_, ErrorCode>(resp).encode(out);
+        }
+        Request::MountSegment(r) => {
+            let res = st.mount(now, r.client_id, r.segment).map(|_| ());
+            m.op(Op::MountSegment, status(out, res));
+        }
+        Request::ReMountSegment(r) => {
+            let res = st.remount(now, r.client_id, r.segments, r.held);
+            m.op(Op::RemountSegment, status(out, res));
+        }
+        Request::UnmountSegment(r) => {
+            let res = st.unmount(r.client_id, r.segment_id);
+            m.op(Op::UnmountSegment, status(out, res));
+        }
+        Request::GracefulUnmountSegment(r) => {
+            let res = st.graceful_unmount(now, r.client_id, r.segment_id, r.grace_ms);
+            m.op(Op::GracefulUnmountSegment, status(out, res));
+        }
+        Request::ServiceReady(_) => {
+            0i32.encode(out);
+            put_str(out, VERSION);
+            m.op(Op::ServiceReady, true);
+        }
+        Request::PutStart(r) => {
+            let ok = put_start(
+                st,
+                m,
+                now,
+                r.client_id,
+                r.key,
+                r.size,
+                &r.config,
+                false,
+                out,
+            );
+            m.op(Op::PutStart, ok);
+        }
+        Request::UpsertStart(r) => {
+            let ok = put_start(st, m, now, r.client_id, r.key, r.size, &r.config, true, out);
+            m.op(Op::UpsertStart, ok);
+        }
+        Request::PutEnd(r) => {
+            let res = st.put_end(now, r.client_id, &r.key);
+            m.op(Op::PutEnd, status(out, res));
+        }
+        Request::UpsertEnd(r) => {
+            let res = st.put_end(now, r.client_id, &r.key);
+            m.op(Op::UpsertEnd, status(out, res));
+        }
+        Request::PutRevoke(r) => {
+            let res = st.put_revoke(r.client_id, &r.key);
+            m.op(Op::PutRevoke, status(out, res));
+        }
+        Request::UpsertRevoke(r) => {
+            let res = st.put_revoke(r.client_id, &r.key);
+            m.op(Op::UpsertRevoke, status(out, res));
+        }
+        Request::GetReplicaList(r) => {
+            let ok = get_replica_list(st, now, &r.key, out);
+            m.op(Op::GetReplicaList, ok);
+        }
+        Request::ExistKey(r) => {
+            let exists = st.exist(now, &r.key);
+            m.op(Op::ExistKey, exists.is_ok());
+            exists.encode(out);
+        }
+        Request::Remove(r) => {
+            let res = st.remove(now, &r.key, r.force);
+            m.op(Op::Remove, status(out, res));
+        }
+        Request::RemoveByRegex(r) => {
+            let ok = reply(out, |o| {
+                let re = regex::Regex::new(&r.pattern).map_err(|_| ErrorCode::InvalidParams)?;
+                st.remove_where(now, r.force, |k| re.is_match(k)).encode(o);
+                Ok(())
+            });
+            m.op(Op::RemoveByRegex, ok);
+        }
+        Request::RemoveAll(r) => {
+            let n = st.remove_where(now, r.force, |_| true);
+            Ok::<u64, ErrorCode>(n).encode(out);
+            m.op(Op::RemoveAll, true);
+        }
+        Request::BatchPutStart(r) => {
+            batch_put_start(
+                st,
+                m,
+                now,
+                r.client_id,
+                r.keys,
+                r.sizes,
+                &r.config,
+                false,
+                out,
+            );
+        }
+        Request::BatchUpsertStart(r) => {
+            batch_put_start(
+                st,
+                m,
+                now,
+                r.client_id,
+                r.keys,
+                r.sizes,
+                &r.config,
+                true,
+                out,
+            );
+        }
+        Request::BatchPutEnd(r) => {
+            batch_status(m, BatchOp::PutEnd, &r.keys, out, |k| {
+                st.put_end(now, r.client_id, k)
+            });
+        }
+        Request::BatchUpsertEnd(r) => {
+            batch_status(m, BatchOp::UpsertEnd, &r.keys, out, |k| {
+                st.put_end(now, r.client_id, k)
+            });
+        }
+        Request::BatchPutRevoke(r) => {
+            batch_status(m, BatchOp::PutRevoke, &r.keys, out, |k| {
+                st.put_revoke(r.client_id, k)
+            });
+        }
+        Request::BatchUpsertRevoke(r) => {
+            batch_status(m, BatchOp::UpsertRevoke, &r.keys, out, |k| {
+                st.put_revoke(r.client_id, k)
+            });
+        }
+        Request::BatchRemove(r) => {
+            batch_status(m, BatchOp::Remove, &r.keys, out, |k| {
+                st.remove(now, k, r.force)
+            });
+        }
+        Request::BatchGetReplicaList(r) => {
+            0i32.encode(out);
+            (r.keys.len() as u32).encode(out);
+            let mut failed = 0;
+            for k in &r.keys {
+                failed += !get_replica_list(st, now, k, out) as u64;
+            }
+            m.batch(BatchOp::GetReplicaList, r.keys.len() as u64, failed);
+        }
+        Request::BatchExistKey(r) => {
+            out.reserve(8 + 5 * r.keys.len());
+            0i32.encode(out);
+            (r.keys.len() as u32).encode(out);
+            for k in &r.keys {
+                // ExistKey cannot fail: a missing or unready key is `false`.
+                let e = st.exist(now, k).unwrap_or(false);
+                out.extend_from_slice(&[0, 0, 0, 0, e as u8]);
+            }
+            m.batch(BatchOp::ExistKey, r.keys.len() as u64, 0);
+        }
+    }
+}
+
+/// PutStart / UpsertStart. `prefer_alloc_in_same_node` is refused on the single form as
+/// upstream's `Put` refuses it.
+#[allow(clippy::too_many_arguments)]
+fn put_start(
+    st: &mut State,
+    m: &Metrics,
+    now: u64,
+    client: Uuid,
+    key: String,
+    size: u64,
+    cfg: &ReplicateConfig,
+    upsert: bool,
+    out: &mut Vec<u8>,
+) -> bool {
+    reply(out, |o| {
+        if cfg.prefer_alloc_in_same_node {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
+        encode_replicas(o, obj, segs, false);
+        Ok(())
+    })
+}
+
+fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> bool {
+    let ttl = st.cfg.default_kv_lease_ttl_ms;
+    reply(out, |o| {
+        let (obj, segs) = st.read(now, key, true)?;
+        encode_replicas(o, obj, segs, true);
+        ttl.encode(o);
+        Ok(())
+    })
+}
+
+/// Batch PutStart / UpsertStart: one `Result<Vec<ReplicaDescriptor>>` per key. Mismatched
+/// `keys`/`sizes` lengths, or `prefer_alloc_in_same_node` with more than one replica, fail
+/// every item with `INVALID_PARAMS`.
+#[allow(clippy::too_many_arguments)]
+fn batch_put_start(
+    st: &mut State,
+    m: &Metrics,
+    now: u64,
+    client: Uuid,
+    keys: Vec<String>,
+    sizes: Vec<u64>,
+    cfg: &ReplicateConfig,
+    upsert: bool,
+    out: &mut Vec<u8>,
+) {
+    let op = if upsert {
+        BatchOp::UpsertStart
+    } else {
+        BatchOp::PutStart
+    };
+    let n = keys.len();
+    0i32.encode(out);
+    (n as u32).encode(out);
+    let mut failed = 0u64;
+    if keys.len() != sizes.len() || (cfg.prefer_alloc_in_same_node && cfg.replica_num != 1) {
+        for _ in 0..n {
+            ErrorCode::InvalidParams.encode(out);
+        }
+        m.batch(op, n as u64, n as u64);
+        return;
+    }
+    for (key, size) in keys.into_iter().zip(sizes) {
+        let ok = reply(out, |o| {
+            let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
+            encode_replicas(o, obj, segs, false);
+            Ok(())
+        });
+        failed += !ok as u64;
+    }
+    m.batch(op, n as u64, failed);
+}
+
+/// A batch whose items are `Result<(), ErrorCode>`.
+fn batch_status(
+    m: &Metrics,
+    op: BatchOp,
+    keys: &[String],
+    out: &mut Vec<u8>,
+    mut f: impl FnMut(&str) -> Result<(), ErrorCode>,
+) {
+    0i32.encode(out);
+    (keys.len() as u32).encode(out);
+    let mut failed = 0u64;
+    for k in keys {
+        failed += !status(out, f(k)) as u64;
+    }
+    m.batch(op, keys.len() as u64, failed);
+}

@@ -1,0 +1,190 @@
+//! Eviction: freeing memory by dropping the least recently read objects.
+//!
+//! **Trigger.** A pass runs from `tick` when `used / capacity > eviction_high_watermark_ratio`
+//! or a put failed for lack of space (`need_eviction`), and synchronously inside a put whose
+//! allocation failed (that put then retries once). `eviction_ratio == 0` disables eviction.
+//!
+//! **Amount.** `target = max(eviction_ratio, used_ratio - high_watermark + eviction_ratio)`;
+//! a pass frees at least `target × capacity` bytes (and at least what the failed put needs),
+//! or everything evictable if that is less. Upstream counts objects (`ceil(#evictable ×
+//! target)`); counting bytes is the same for uniform objects and right for mixed sizes.
+//!
+//! **Candidates.** An object is evictable when it is not hard-pinned, every replica is
+//! COMPLETE, and its *read* lease has expired. Candidates go oldest `last_read_ms` first
+//! (approximate LRU; ties broken arbitrarily). Soft-pinned objects (pin deadline in the
+//! future) come only after every other candidate, and only with
+//! `allow_evict_soft_pinned_objects`.
+//!
+//! **The probe rule (upstream issue #2187).** Only `GetReplicaList` (a real read) grants the
+//! read lease that protects an object from eviction, and only it refreshes `last_read_ms`.
+//! `ExistKey`/`BatchExistKey` grant a separate *probe lease*, which blocks a non-forced
+//! `Remove` (answering `OBJECT_HAS_LEASE`, for compatibility with callers that expect it)
+//! but neither protects the object from eviction nor makes it look recently used. Upstream
+//! renewed the read lease on every probe, so a cache probed more often than the lease TTL
+//! could never evict anything (`Success/Attempts=0/649` in the issue) while every put failed.
+//!
+//! **Futile passes.** A pass that finds nothing to evict remembers why: the earliest time a
+//! lease or soft pin that blocked a candidate expires, and the index epoch (bumped whenever
+//! an object becomes COMPLETE). Until one of them moves, further passes are skipped, so a
+//! full, fully-leased store costs one scan, not one scan per failed put or per tick.
+
+use super::metrics::Metrics;
+use super::object::SoftPin;
+use super::State;
+
+/// Sorts candidates `(last_read_ms, bytes)` oldest first and finds where `need` bytes are
+/// covered: everything read before `.0`, plus `.1` of the objects read exactly at `.0`.
+/// Returns the cut and the bytes still needed after taking the whole list if it falls short.
+fn cutoff(cands: &mut [(u64, u64)], need: u64) -> (Option<(u64, u64)>, u64) {
+    cands.sort_unstable_by_key(|c| c.0);
+    let mut got = 0u64;
+    let mut cut = None;
+    let mut ties = 0;
+    for &(t, bytes) in cands.iter() {
+        if got >= need {
+            break;
+        }
+        if cut.map(|(c, _)| c) == Some(t) {
+            ties += 1;
+        } else {
+            ties = 1;
+        }
+        cut = Some((t, 0));
+        got += bytes;
+    }
+    (cut.map(|(t, _)| (t, ties)), need.saturating_sub(got))
+}
+
+/// Whether `last_read` falls under a cut, consuming a tie slot when it sits on it.
+fn take(cut: &mut Option<(u64, u64)>, last_read: u64) -> bool {
+    match cut {
+        Some((t, _)) if last_read < *t => true,
+        Some((t, ties)) if last_read == *t && *ties > 0 => {
+            *ties -= 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+impl State {
+    /// Used and total bytes over mounted segments.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        self.segs.iter().fold((0, 0), |(u, c), s| {
+            (u + s.alloc.used_bytes(), c + s.alloc.capacity())
+        })
+    }
+
+    /// Runs a pass if the watermark is crossed or a put asked for one.
+    pub(crate) fn maybe_evict(&mut self, m: &Metrics, now: u64) {
+        let (used, cap) = self.usage();
+        let over = cap > 0 && used as f64 > self.cfg.eviction_high_watermark_ratio * cap as f64;
+        if over || self.need_eviction {
+            self.evict(m, now, 0);
+        }
+    }
+
+    /// One eviction pass freeing at least `min_bytes` (see module docs). Returns bytes freed.
+    pub(crate) fn evict(&mut self, m: &Metrics, now: u64, min_bytes: u64) -> u64 {
+        let ratio = self.cfg.eviction_ratio;
+        if ratio <= 0.0 {
+            self.need_eviction = false;
+            return 0;
+        }
+        if let Some((epoch, retry_at)) = self.evict_blocked {
+            if epoch == self.evict_epoch && now < retry_at {
+                return 0;
+            }
+        }
+        let (used, cap) = self.usage();
+        if cap == 0 {
+            return 0;
+        }
+        Metrics::inc(&m.eviction_attempts);
+        let used_ratio = used as f64 / cap as f64;
+        let target = ratio.max(used_ratio - self.cfg.eviction_high_watermark_ratio + ratio);
+        let need = ((target * cap as f64).ceil() as u64).max(min_bytes).max(1);
+        let allow_pinned = self.cfg.allow_evict_soft_pinned_objects;
+
+        let mut plain: Vec<(u64, u64)> = Vec::new();
+        let mut pinned: Vec<(u64, u64)> = Vec::new();
+        let mut retry_at = u64::MAX;
+        for obj in self.objects.values() {
+            if obj.hard_pin || !obj.is_complete() {
+                continue;
+            }
+            if obj.read_lease_until > now {
+                retry_at = retry_at.min(obj.read_lease_until);
+                continue;
+            }
+            let bytes = obj.replicas.iter().map(|r| r.span.len).sum();
+            if obj.soft_pinned(now) {
+                if allow_pinned {
+                    pinned.push((obj.last_read_ms, bytes));
+                } else if let SoftPin::Until(t) = obj.soft_pin {
+                    retry_at = retry_at.min(t);
+                }
+                continue;
+            }
+            plain.push((obj.last_read_ms, bytes));
+        }
+        let (mut cut_plain, short) = cutoff(&mut plain, need);
+        let mut cut_pinned = None;
+        if short > 0 && allow_pinned {
+            cut_pinned = cutoff(&mut pinned, short).0;
+        }
+
+        let State { objects, segs, .. } = self;
+        let (mut keys, mut freed) = (0u64, 0u64);
+        objects.retain(|_, obj| {
+            // The same eligibility as the scan above (nothing changed in between).
+            if obj.hard_pin || !obj.is_complete() || obj.read_lease_until > now {
+                return true;
+            }
+            let evict = if obj.soft_pinned(now) {
+                allow_pinned && take(&mut cut_pinned, obj.last_read_ms)
+            } else {
+                take(&mut cut_plain, obj.last_read_ms)
+            };
+            if !evict {
+                return true;
+            }
+            for r in &obj.replicas {
+                freed += r.span.len;
+                segs.free_span(r.seg, r.span);
+            }
+            keys += 1;
+            false
+        });
+
+        self.need_eviction = false;
+        if keys == 0 {
+            self.evict_blocked = Some((self.evict_epoch, retry_at));
+        } else {
+            self.evict_blocked = None;
+            Metrics::inc(&m.eviction_successes);
+            Metrics::add(&m.evicted_keys, keys);
+            Metrics::add(&m.evicted_bytes, freed);
+        }
+        freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cutoff_covers_need_with_ties() {
+        let mut c = vec![(5, 10), (1, 10), (5, 10), (3, 10), (5, 10)];
+        assert_eq!(cutoff(&mut c, 25), (Some((5, 1)), 0));
+        assert_eq!(cutoff(&mut c, 35), (Some((5, 2)), 0));
+        assert_eq!(cutoff(&mut c, 100), (Some((5, 3)), 50));
+        assert_eq!(cutoff(&mut [], 1), (None, 1));
+        let mut cut = Some((5, 1));
+        assert!(take(&mut cut, 1));
+        assert!(take(&mut cut, 5));
+        assert!(!take(&mut cut, 5), "only one tie slot");
+        assert!(!take(&mut cut, 6));
+    }
+}

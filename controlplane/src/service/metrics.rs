@@ -1,0 +1,349 @@
+//! Master metrics: relaxed atomic counters (updated without the state lock) and their
+//! Prometheus text rendering (exposition format 0.0.4) under upstream's names.
+//!
+//! Every single operation has `master_<op>_requests_total` and `master_<op>_failures_total`
+//! (a failure is any non-OK status). Every batch operation also has `_items_total`,
+//! `_failed_items_total` and `_partial_successes_total`; a batch counts as a failure when
+//! every item failed and as a partial success when some did.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Single operations, in `OP_NAMES` order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutStart,
+    PutEnd,
+    PutRevoke,
+    UpsertStart,
+    UpsertEnd,
+    UpsertRevoke,
+    GetReplicaList,
+    ExistKey,
+    Remove,
+    RemoveByRegex,
+    RemoveAll,
+    MountSegment,
+    RemountSegment,
+    UnmountSegment,
+    GracefulUnmountSegment,
+    Ping,
+    ServiceReady,
+}
+
+const OP_NAMES: [(&str, &str); 17] = [
+    ("put_start", "PutStart"),
+    ("put_end", "PutEnd"),
+    ("put_revoke", "PutRevoke"),
+    ("upsert_start", "UpsertStart"),
+    ("upsert_end", "UpsertEnd"),
+    ("upsert_revoke", "UpsertRevoke"),
+    ("get_replica_list", "GetReplicaList"),
+    ("exist_key", "ExistKey"),
+    ("remove", "Remove"),
+    ("remove_by_regex", "RemoveByRegex"),
+    ("remove_all", "RemoveAll"),
+    ("mount_segment", "MountSegment"),
+    ("remount_segment", "RemountSegment"),
+    ("unmount_segment", "UnmountSegment"),
+    ("graceful_unmount_segment", "GracefulUnmountSegment"),
+    ("ping", "Ping"),
+    ("service_ready", "ServiceReady"),
+];
+
+/// Batch operations, in `BATCH_NAMES` order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    PutStart,
+    PutEnd,
+    PutRevoke,
+    UpsertStart,
+    UpsertEnd,
+    UpsertRevoke,
+    GetReplicaList,
+    ExistKey,
+    Remove,
+}
+
+const BATCH_NAMES: [(&str, &str); 9] = [
+    ("batch_put_start", "BatchPutStart"),
+    ("batch_put_end", "BatchPutEnd"),
+    ("batch_put_revoke", "BatchPutRevoke"),
+    ("batch_upsert_start", "BatchUpsertStart"),
+    ("batch_upsert_end", "BatchUpsertEnd"),
+    ("batch_upsert_revoke", "BatchUpsertRevoke"),
+    ("batch_get_replica_list", "BatchGetReplicaList"),
+    ("batch_exist_key", "BatchExistKey"),
+    ("batch_remove", "BatchRemove"),
+];
+
+#[derive(Default)]
+pub struct OpCounters {
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+#[derive(Default)]
+pub struct BatchCounters {
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub partial_successes: AtomicU64,
+    pub items: AtomicU64,
+    pub failed_items: AtomicU64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub ops: [OpCounters; 17],
+    pub batches: [BatchCounters; 9],
+    pub evicted_keys: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub eviction_attempts: AtomicU64,
+    pub eviction_successes: AtomicU64,
+    pub put_start_alloc_failures: AtomicU64,
+    pub put_start_partial_allocations: AtomicU64,
+    pub put_start_discards: AtomicU64,
+    pub put_start_releases: AtomicU64,
+    pub expired_clients: AtomicU64,
+}
+
+/// Values read under the state lock for one rendering.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    pub key_count: u64,
+    pub allocated_bytes: u64,
+    pub total_capacity_bytes: u64,
+    pub active_clients: u64,
+    pub soft_pin_key_count: u64,
+    pub segments: u64,
+}
+
+impl Metrics {
+    #[inline]
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn op(&self, op: Op, ok: bool) {
+        let c = &self.ops[op as usize];
+        Self::inc(&c.requests);
+        if !ok {
+            Self::inc(&c.failures);
+        }
+    }
+
+    #[inline]
+    pub fn batch(&self, op: BatchOp, items: u64, failed: u64) {
+        let c = &self.batches[op as usize];
+        Self::inc(&c.requests);
+        Self::add(&c.items, items);
+        Self::add(&c.failed_items, failed);
+        if failed > 0 && failed == items {
+            Self::inc(&c.failures);
+        } else if failed > 0 {
+            Self::inc(&c.partial_successes);
+        }
+    }
+
+    /// `(requests, failures)` of a single operation.
+    pub fn op_counts(&self, op: Op) -> (u64, u64) {
+        let c = &self.ops[op as usize];
+        (Self::get(&c.requests), Self::get(&c.failures))
+    }
+
+    /// `(requests, failures, items, failed_items)` of a batch operation.
+    pub fn batch_counts(&self, op: BatchOp) -> (u64, u64, u64, u64) {
+        let c = &self.batches[op as usize];
+        (
+            Self::get(&c.requests),
+            Self::get(&c.failures),
+            Self::get(&c.items),
+            Self::get(&c.failed_items),
+        )
+    }
+
+    /// The Prometheus text of every metric.
+    pub fn render(&self, g: &Gauges) -> String {
+        let mut s = String::with_capacity(16 * 1024);
+        let gauges: [(&str, &str, u64); 6] = [
+            (
+                "master_key_count",
+                "Total number of keys managed by the master",
+                g.key_count,
+            ),
+            (
+                "master_allocated_bytes",
+                "Total memory bytes currently allocated across all segments",
+                g.allocated_bytes,
+            ),
+            (
+                "master_total_capacity_bytes",
+                "Total memory capacity across all mounted segments",
+                g.total_capacity_bytes,
+            ),
+            (
+                "master_active_clients",
+                "Total number of active clients",
+                g.active_clients,
+            ),
+            (
+                "master_soft_pin_key_count",
+                "Total number of soft-pinned keys managed by the master",
+                g.soft_pin_key_count,
+            ),
+            (
+                "master_segment_count",
+                "Number of mounted segments",
+                g.segments,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            metric(&mut s, name, help, "gauge", v);
+        }
+        let counters: [(&str, &str, &AtomicU64); 9] = [
+            (
+                "master_evicted_key_count",
+                "Total number of keys evicted",
+                &self.evicted_keys,
+            ),
+            (
+                "master_evicted_size_bytes",
+                "Total bytes freed by eviction",
+                &self.evicted_bytes,
+            ),
+            (
+                "master_attempted_evictions_total",
+                "Eviction passes run",
+                &self.eviction_attempts,
+            ),
+            (
+                "master_successful_evictions_total",
+                "Eviction passes that evicted at least one object",
+                &self.eviction_successes,
+            ),
+            (
+                "master_put_start_alloc_failures_total",
+                "Total number of PutStart failures caused by replica allocation failure",
+                &self.put_start_alloc_failures,
+            ),
+            (
+                "master_put_start_partial_allocations_total",
+                "PutStarts that got fewer replicas than requested",
+                &self.put_start_partial_allocations,
+            ),
+            (
+                "master_put_start_discard_cnt",
+                "In-flight puts discarded after put_start_discard_timeout",
+                &self.put_start_discards,
+            ),
+            (
+                "master_put_start_release_cnt",
+                "Buffers of discarded puts released after put_start_release_timeout",
+                &self.put_start_releases,
+            ),
+            (
+                "master_expired_clients_total",
+                "Clients expired for missing pings within client_ttl",
+                &self.expired_clients,
+            ),
+        ];
+        for (name, help, v) in counters {
+            metric(&mut s, name, help, "counter", Self::get(v));
+        }
+        for ((short, long), c) in OP_NAMES.iter().zip(&self.ops) {
+            let parts = [
+                ("requests", "received", &c.requests),
+                ("failures", "failed", &c.failures),
+            ];
+            for (suffix, what, v) in parts {
+                let name = format!("master_{short}_{suffix}_total");
+                let help = format!("Total number of {what} {long} requests");
+                metric(&mut s, &name, &help, "counter", Self::get(v));
+            }
+        }
+        for ((short, long), c) in BATCH_NAMES.iter().zip(&self.batches) {
+            let parts = [
+                ("requests", "received requests", &c.requests),
+                ("failures", "requests with every item failed", &c.failures),
+                (
+                    "partial_successes",
+                    "requests with some items failed",
+                    &c.partial_successes,
+                ),
+                ("items", "items processed", &c.items),
+                ("failed_items", "failed items", &c.failed_items),
+            ];
+            for (suffix, what, v) in parts {
+                let name = format!("master_{short}_{suffix}_total");
+                let help = format!("{long}: total number of {what}");
+                metric(&mut s, &name, &help, "counter", Self::get(v));
+            }
+        }
+        s
+    }
+}
+
+fn metric(s: &mut String, name: &str, help: &str, kind: &str, v: u64) {
+    // Writing to a String cannot fail.
+    let _ = write!(
+        s,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_enum_order() {
+        assert_eq!(OP_NAMES[Op::ServiceReady as usize].1, "ServiceReady");
+        assert_eq!(OP_NAMES[Op::ExistKey as usize].0, "exist_key");
+        assert_eq!(BATCH_NAMES[BatchOp::Remove as usize].1, "BatchRemove");
+        assert_eq!(BATCH_NAMES[BatchOp::ExistKey as usize].0, "batch_exist_key");
+    }
+
+    #[test]
+    fn render_is_valid_exposition_text() {
+        let m = Metrics::default();
+        m.op(Op::PutStart, false);
+        m.batch(BatchOp::ExistKey, 10, 0);
+        m.batch(BatchOp::PutEnd, 2, 1);
+        let text = m.render(&Gauges {
+            key_count: 3,
+            ..Default::default()
+        });
+        let re = regex::Regex::new(r"^[a-z_]+ \d+$").unwrap();
+        let mut names = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(kind == "gauge" || kind == "counter");
+                assert!(names.insert(name.to_string()), "duplicate {name}");
+            } else if !line.starts_with("# HELP ") {
+                assert!(re.is_match(line), "bad sample line {line:?}");
+            }
+        }
+        for want in [
+            "master_key_count 3",
+            "master_put_start_requests_total 1",
+            "master_put_start_failures_total 1",
+            "master_batch_exist_key_items_total 10",
+            "master_batch_put_end_partial_successes_total 1",
+            "master_ping_requests_total 0",
+            "master_remove_all_failures_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == want), "missing {want}");
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Object metadata and the object operations: put, upsert, read, probe, remove.
+//!
+//! An object is a key with one or more replicas, each a [`Span`] of one segment holding the
+//! whole value. Lifecycle of the replicas (all replicas of an object share one state):
+//!
+//! ```text
+//!   PutStart/UpsertStart ──▶ PROCESSING ──PutEnd──▶ COMPLETE ──Remove/evict/unmount──▶ gone
+//!                              │    ▲                   │
+//!                   PutRevoke, │    └──UpsertStart──────┘ (same size: in place)
+//!          discard (stale) ──▶ gone (buffers freed, or parked until nobody can write them)
+//! ```
+//!
+//! Invariants:
+//! - an object in the index has at least one replica, and at most one per segment;
+//! - every replica's span is allocated in its segment's allocator, or the segment is gone
+//!   and the replica is being dropped with it (see `segments.rs`);
+//! - buffers a writer or reader may still touch are never handed out again before their
+//!   deadline: they are parked in `State::zombies` instead of freed.
+//!
+//! Leases. `read_lease_until` is granted by `GetReplicaList`: it blocks a non-forced remove
+//! *and* eviction. `probe_lease_until` is granted by `ExistKey`: it blocks a non-forced
+//! remove only (see `evict.rs` for why).
+
+use std::collections::hash_map::Entry;
+
+use protocol::limits::KEY_MAX_BYTES;
+use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid};
+
+use super::metrics::Metrics;
+use super::segments::{SegRef, Segments};
+use super::State;
+use crate::alloc::Span;
+
+pub(crate) struct Replica {
+    pub seg: SegRef,
+    pub span: Span,
+    pub status: ReplicaStatus,
+}
+
+/// Soft-pin state of an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SoftPin {
+    None,
+    /// Requested; the clock starts when the object becomes readable.
+    Pending {
+        ttl_ms: u64,
+    },
+    /// Pinned until this time.
+    Until(u64),
+}
+
+pub(crate) struct Object {
+    pub size: u64,
+    /// The client whose put is in flight or completed last.
+    pub writer: Uuid,
+    pub put_start_ms: u64,
+    pub replicas: Vec<Replica>,
+    pub read_lease_until: u64,
+    pub probe_lease_until: u64,
+    /// Last `GetReplicaList` (or completion): the recency eviction orders by.
+    pub last_read_ms: u64,
+    pub soft_pin: SoftPin,
+    pub hard_pin: bool,
+}
+
+impl Object {
+    pub fn is_complete(&self) -> bool {
+        self.replicas
+            .iter()
+            .all(|r| r.status == ReplicaStatus::Complete)
+    }
+
+    pub fn has_complete(&self) -> bool {
+        self.replicas
+            .iter()
+            .any(|r| r.status == ReplicaStatus::Complete)
+    }
+
+    pub fn all_processing(&self) -> bool {
+        self.replicas
+            .iter()
+            .all(|r| r.status == ReplicaStatus::Processing)
+    }
+
+    /// Any lease that blocks a non-forced remove.
+    pub fn remove_blocked(&self, now: u64) -> bool {
+        self.read_lease_until > now || self.probe_lease_until > now
+    }
+
+    pub fn soft_pinned(&self, now: u64) -> bool {
+        match self.soft_pin {
+            SoftPin::None => false,
+            SoftPin::Pending { .. } => true,
+            SoftPin::Until(t) => t > now,
+        }
+    }
+}
+
+/// An object with the segment table, to encode its replicas.
+pub(crate) type Found<'a> = (&'a Object, &'a Segments);
+
+/// Why a key is refused before anything is looked up.
+pub(crate) fn check_key(key: &str) -> Result<(), ErrorCode> {
+    if key.is_empty() || key.len() > KEY_MAX_BYTES {
+        return Err(ErrorCode::InvalidParams);
+    }
+    Ok(())
+}
+
+/// The soft-pin a put asks for, given the object's current one (`ResolveSoftPinRequest`).
+pub(crate) fn resolve_soft_pin(
+    cfg: &ReplicateConfig,
+    current: SoftPin,
+    default_ttl_ms: u64,
+    max_ttl_ms: u64,
+) -> Result<SoftPin, ErrorCode> {
+    match (cfg.soft_pin_action, cfg.soft_pin_ttl_ms) {
+        (SoftPinAction::Preserve, None) => Ok(current),
+        (SoftPinAction::Disable, None) => Ok(SoftPin::None),
+        (SoftPinAction::Preserve | SoftPinAction::Disable, Some(_)) => {
+            Err(ErrorCode::InvalidParams)
+        }
+        (SoftPinAction::Enable, ttl) => {
+            let ttl_ms = ttl.unwrap_or(default_ttl_ms);
+            if ttl_ms > max_ttl_ms {
+                Err(ErrorCode::InvalidParams)
+            } else if ttl_ms == 0 {
+                Ok(SoftPin::None)
+            } else {
+                Ok(SoftPin::Pending { ttl_ms })
+            }
+        }
+    }
+}
+
+/// Checks of a put's parameters that do not depend on the index.
+pub(crate) fn check_put(cfg: &ReplicateConfig, size: u64) -> Result<(), ErrorCode> {
+    if size == 0 || cfg.replica_num == 0 {
+        return Err(ErrorCode::InvalidParams);
+    }
+    Ok(())
+}
+
+impl State {
+    /// PutStart (or UpsertStart when `upsert`). On success the object holds PROCESSING
+    /// replicas the caller encodes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn put_start(
+        &mut self,
+        m: &Metrics,
+        now: u64,
+        client: Uuid,
+        key: String,
+        size: u64,
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<Found<'_>, ErrorCode> {
+        check_key(&key)?;
+        check_put(cfg, size)?;
+        let mut pin_now = SoftPin::None;
+        if let Some(obj) = self.objects.get_mut(&key) {
+            pin_now = obj.soft_pin;
+            if upsert {
+                if obj.size == size {
+                    // Reuse the buffers in place (preempting any put in flight): readers of
+                    // the old value will see it replaced.
+                    obj.soft_pin = resolve_soft_pin(
+                        cfg,
+                        obj.soft_pin,
+                        self.cfg.default_kv_soft_pin_ttl_ms,
+                        self.cfg.max_kv_soft_pin_ttl_ms,
+                    )?;
+                    let was_inflight = obj.all_processing().then_some(obj.put_start_ms);
+                    obj.writer = client;
+                    obj.put_start_ms = now;
+                    obj.hard_pin = cfg.with_hard_pin;
+                    for r in &mut obj.replicas {
+                        r.status = ReplicaStatus::Processing;
+                    }
+                    if let Some(t) = was_inflight {
+                        self.done_inflight(t);
+                    }
+                    self.note_inflight(now);
+                    let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
+                    return Ok((obj, &self.segs));
+                }
+                // Validate before dropping anything.
+                resolve_soft_pin(cfg, pin_now, 0, self.cfg.max_kv_soft_pin_ttl_ms)?;
+                // Different size: the old buffers go, new ones come.
+                self.drop_object(m, now, &key);
+            } else if obj.has_complete()
+                || now
+                    < obj
+                        .put_start_ms
+                        .saturating_add(self.cfg.discard_timeout_ms())
+            {
+                return Err(ErrorCode::ObjectAlreadyExists);
+            } else {
+                self.discard_put(m, &key);
+            }
+        }
+        let soft_pin = resolve_soft_pin(
+            cfg,
+            pin_now,
+            self.cfg.default_kv_soft_pin_ttl_ms,
+            self.cfg.max_kv_soft_pin_ttl_ms,
+        )?;
+        let replicas = self.place(m, now, size, cfg)?;
+        self.note_inflight(now);
+        let obj = Object {
+            size,
+            writer: client,
+            put_start_ms: now,
+            replicas,
+            read_lease_until: 0,
+            probe_lease_until: 0,
+            last_read_ms: now,
+            soft_pin,
+            hard_pin: cfg.with_hard_pin,
+        };
+        let obj: &Object = match self.objects.entry(key) {
+            Entry::Vacant(v) => v.insert(obj),
+            Entry::Occupied(mut o) => {
+                o.insert(obj);
+                o.into_mut()
+            }
+        };
+        Ok((obj, &self.segs))
+    }
+
+    /// Forgets an in-flight put whose writer went quiet; its buffers stay parked until
+    /// `put_start_release_timeout` after its start, since the writer may still be writing.
+    pub(crate) fn discard_put(&mut self, m: &Metrics, key: &str) {
+        let Some(obj) = self.objects.remove(key) else {
+            return;
+        };
+        self.done_inflight(obj.put_start_ms);
+        let release_at = obj
+            .put_start_ms
+            .saturating_add(self.cfg.release_timeout_ms());
+        for r in obj.replicas {
+            self.zombies.push(super::Zombie {
+                seg: r.seg,
+                span: r.span,
+                release_at_ms: release_at,
+            });
+        }
+        Metrics::inc(&m.put_start_discards);
+    }
+
+    /// Removes an object whatever its state (upsert of another size, forced paths): buffers
+    /// a reader or writer may still touch are parked, the rest freed.
+    fn drop_object(&mut self, m: &Metrics, now: u64, key: &str) {
+        let Some(obj) = self.objects.get(key) else {
+            return;
+        };
+        if obj.all_processing() {
+            // Another writer may be mid-transfer into these buffers.
+            self.discard_put(m, key);
+            return;
+        }
+        let hold_until = obj.read_lease_until;
+        let Some(obj) = self.objects.remove(key) else {
+            return;
+        };
+        for r in obj.replicas {
+            if hold_until > now {
+                self.zombies.push(super::Zombie {
+                    seg: r.seg,
+                    span: r.span,
+                    release_at_ms: hold_until,
+                });
+            } else {
+                self.segs.free_span(r.seg, r.span);
+            }
+        }
+    }
+
+    /// Erases an object and frees its buffers at once.
+    pub(crate) fn erase(&mut self, key: &str) -> Option<Object> {
+        let obj = self.objects.remove(key)?;
+        for r in &obj.replicas {
+            self.segs.free_span(r.seg, r.span);
+        }
+        Some(obj)
+    }
+
+    pub(crate) fn put_end(&mut self, now: u64, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
+        if obj.writer != client {
+            return Err(ErrorCode::IllegalClient);
+        }
+        let mut changed = false;
+        for r in &mut obj.replicas {
+            if r.status == ReplicaStatus::Processing {
+                r.status = ReplicaStatus::Complete;
+                changed = true;
+            }
+        }
+        if changed {
+            let started = obj.put_start_ms;
+            // No lease after a put: a fresh object may be removed at once.
+            obj.read_lease_until = now;
+            obj.last_read_ms = now;
+            if let SoftPin::Pending { ttl_ms } = obj.soft_pin {
+                obj.soft_pin = SoftPin::Until(now.saturating_add(ttl_ms));
+            }
+            self.evict_epoch += 1;
+            self.done_inflight(started);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn put_revoke(&mut self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        if obj.writer != client {
+            return Err(ErrorCode::IllegalClient);
+        }
+        if !obj.all_processing() {
+            return Err(ErrorCode::InvalidWrite);
+        }
+        let started = obj.put_start_ms;
+        self.erase(key);
+        self.done_inflight(started);
+        Ok(())
+    }
+
+    /// GetReplicaList (and the admin's lease-free query when `lease` is false): the object
+    /// if it has a COMPLETE replica. A leased read extends the read lease and refreshes
+    /// recency.
+    pub(crate) fn read(
+        &mut self,
+        now: u64,
+        key: &str,
+        lease: bool,
+    ) -> Result<Found<'_>, ErrorCode> {
+        let ttl = self.cfg.default_kv_lease_ttl_ms;
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
+        if !obj.has_complete() {
+            return Err(ErrorCode::ReplicaIsNotReady);
+        }
+        if lease {
+            obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
+            obj.last_read_ms = now;
+        }
+        Ok((obj, &self.segs))
+    }
+
+    /// ExistKey: true iff readable; grants a probe lease (blocks remove, not eviction) and
+    /// leaves recency alone.
+    pub(crate) fn exist(&mut self, now: u64, key: &str) -> Result<bool, ErrorCode> {
+        let ttl = self.cfg.default_kv_lease_ttl_ms;
+        match self.objects.get_mut(key) {
+            Some(obj) if obj.has_complete() => {
+                obj.probe_lease_until = obj.probe_lease_until.max(now.saturating_add(ttl));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn removable(obj: &Object, now: u64, force: bool) -> Result<(), ErrorCode> {
+        if !force && obj.remove_blocked(now) {
+            return Err(ErrorCode::ObjectHasLease);
+        }
+        if !obj.is_complete() {
+            return Err(ErrorCode::ReplicaIsNotReady);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<(), ErrorCode> {
+        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        Self::removable(obj, now, force)?;
+        self.erase(key);
+        Ok(())
+    }
+
+    /// Removes every removable object whose key the predicate accepts; returns the count.
+    pub(crate) fn remove_where(
+        &mut self,
+        now: u64,
+        force: bool,
+        mut pick: impl FnMut(&str) -> bool,
+    ) -> u64 {
+        let State { objects, segs, .. } = self;
+        let mut n = 0;
+        objects.retain(|k, obj| {
+            if !pick(k) || Self::removable(obj, now, force).is_err() {
+                return true;
+            }
+            for r in &obj.replicas {
+                segs.free_span(r.seg, r.span);
+            }
+            n += 1;
+            false
+        });
+        n
+    }
+
+    /// Discards in-flight puts older than the discard timeout (a writer that died mid-put)
+    /// and recounts the rest into `inflight`.
+    pub(crate) fn discard_stale_puts(&mut self, m: &Metrics, now: u64) {
+        let timeout_ms = self.cfg.discard_timeout_ms();
+        let release_ms = self.cfg.release_timeout_ms();
+        let State {
+            objects,
+            zombies,
+            inflight,
+            ..
+        } = self;
+        inflight.clear();
+        objects.retain(|_, obj| {
+            if !obj.all_processing() {
+                return true;
+            }
+            if now < obj.put_start_ms.saturating_add(timeout_ms) {
+                *inflight.entry(obj.put_start_ms / 1000).or_insert(0) += 1;
+                return true;
+            }
+            for r in &obj.replicas {
+                zombies.push(super::Zombie {
+                    seg: r.seg,
+                    span: r.span,
+                    release_at_ms: obj.put_start_ms.saturating_add(release_ms),
+                });
+            }
+            Metrics::inc(&m.put_start_discards);
+            false
+        });
+    }
+}

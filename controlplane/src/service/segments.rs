@@ -1,0 +1,381 @@
+//! Segments and clients: mount, re-mount, unmount, graceful drain, ping and expiry.
+//!
+//! A segment is a range of some process's memory that the master hands out. Segments live
+//! in slots addressed by [`SegRef`] (index + generation), so a reference to an unmounted
+//! segment can never reach a later segment that reused its slot.
+//!
+//! Invariants:
+//! - names and ids are unique among mounted segments (`by_name`, `by_id` index the slots);
+//! - a mounted segment's owner is a registered client, listed in that client's `segments`;
+//! - unmounting a segment drops, in the same call, every replica and parked buffer in it;
+//!   objects left without a replica leave the index;
+//! - a draining segment (graceful unmount) gets no new allocation and stays readable until
+//!   its deadline, when `tick` unmounts it.
+
+use std::collections::HashMap;
+
+use protocol::{ErrorCode, HeldObject, ReplicaStatus, Segment, Uuid};
+
+use super::object::{check_key, Object, Replica, SoftPin};
+use super::State;
+use crate::alloc::{SegmentAllocator, Span};
+
+/// A segment slot and the generation it had when referenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegRef {
+    pub idx: u32,
+    pub gen: u32,
+}
+
+pub(crate) struct Seg {
+    pub id: Uuid,
+    pub name: String,
+    pub client: Uuid,
+    pub base: u64,
+    pub size: u64,
+    pub te_endpoint: String,
+    pub protocol: String,
+    pub host_id: String,
+    pub alloc: SegmentAllocator,
+    /// Set by a graceful unmount: no new allocation, unmounted at this time.
+    pub draining_until: Option<u64>,
+}
+
+struct Slot {
+    gen: u32,
+    seg: Option<Seg>,
+}
+
+#[derive(Default)]
+pub(crate) struct Segments {
+    slots: Vec<Slot>,
+    spare: Vec<u32>,
+    by_name: HashMap<String, u32>,
+    by_id: HashMap<Uuid, u32>,
+    /// Mounted slot indices, for placement walks.
+    pub live: Vec<u32>,
+}
+
+impl Segments {
+    pub fn get(&self, r: SegRef) -> Option<&Seg> {
+        let slot = self.slots.get(r.idx as usize)?;
+        (slot.gen == r.gen).then_some(slot.seg.as_ref()).flatten()
+    }
+
+    pub fn get_mut(&mut self, r: SegRef) -> Option<&mut Seg> {
+        let slot = self.slots.get_mut(r.idx as usize)?;
+        if slot.gen != r.gen {
+            return None;
+        }
+        slot.seg.as_mut()
+    }
+
+    /// The reference of a mounted slot index.
+    pub fn at(&self, idx: u32) -> SegRef {
+        SegRef {
+            idx,
+            gen: self.slots[idx as usize].gen,
+        }
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<SegRef> {
+        self.by_name.get(name).map(|&i| self.at(i))
+    }
+
+    pub fn by_id(&self, id: &Uuid) -> Option<SegRef> {
+        self.by_id.get(id).map(|&i| self.at(i))
+    }
+
+    /// Frees a span of a segment; a span of an unmounted segment is simply forgotten.
+    pub fn free_span(&mut self, r: SegRef, span: Span) {
+        if let Some(seg) = self.get_mut(r) {
+            let ok = seg.alloc.free(span);
+            debug_assert!(ok, "freeing a span not allocated: {span:?}");
+        }
+    }
+
+    fn insert(&mut self, seg: Seg) -> SegRef {
+        let idx = match self.spare.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { gen: 0, seg: None });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_name.insert(seg.name.clone(), idx);
+        self.by_id.insert(seg.id, idx);
+        self.slots[idx as usize].seg = Some(seg);
+        self.live.push(idx);
+        self.at(idx)
+    }
+
+    fn remove(&mut self, r: SegRef) -> Option<Seg> {
+        let slot = self.slots.get_mut(r.idx as usize)?;
+        if slot.gen != r.gen {
+            return None;
+        }
+        let seg = slot.seg.take()?;
+        slot.gen = slot.gen.wrapping_add(1);
+        self.spare.push(r.idx);
+        self.by_name.remove(&seg.name);
+        self.by_id.remove(&seg.id);
+        self.live.retain(|&i| i != r.idx);
+        Some(seg)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Seg> {
+        self.live
+            .iter()
+            .filter_map(|&i| self.slots[i as usize].seg.as_ref())
+    }
+
+    /// Mounted segments with their slot index.
+    pub fn iter_indexed(&self) -> impl Iterator<Item = (u32, &Seg)> {
+        self.live
+            .iter()
+            .filter_map(|&i| Some((i, self.slots[i as usize].seg.as_ref()?)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+}
+
+pub(crate) struct Client {
+    pub last_seen_ms: u64,
+    pub segments: Vec<SegRef>,
+}
+
+impl State {
+    fn touch_client(&mut self, now: u64, client: Uuid) -> &mut Client {
+        let c = self.clients.entry(client).or_insert(Client {
+            last_seen_ms: now,
+            segments: Vec::new(),
+        });
+        c.last_seen_ms = now;
+        c
+    }
+
+    /// Known client: refresh and answer `true`; unknown: `false` (it must re-mount).
+    pub(crate) fn ping(&mut self, now: u64, client: Uuid) -> bool {
+        match self.clients.get_mut(&client) {
+            Some(c) => {
+                c.last_seen_ms = now;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn mount(
+        &mut self,
+        now: u64,
+        client: Uuid,
+        s: Segment,
+    ) -> Result<SegRef, ErrorCode> {
+        if s.size == 0 || s.name.is_empty() {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if let Some(r) = self.segs.by_id(&s.id) {
+            let seg = self.segs.get(r).ok_or(ErrorCode::InternalError)?;
+            if seg.name != s.name || seg.client != client {
+                return Err(ErrorCode::SegmentAlreadyExists);
+            }
+            self.touch_client(now, client);
+            return Ok(r);
+        }
+        if self.segs.by_name(&s.name).is_some() {
+            return Err(ErrorCode::SegmentAlreadyExists);
+        }
+        let alloc = SegmentAllocator::new(s.base, s.size).ok_or(ErrorCode::InvalidParams)?;
+        let r = self.segs.insert(Seg {
+            id: s.id,
+            name: s.name,
+            client,
+            base: s.base,
+            size: s.size,
+            te_endpoint: s.te_endpoint,
+            protocol: s.protocol,
+            host_id: s.host_id,
+            alloc,
+            draining_until: None,
+        });
+        self.touch_client(now, client).segments.push(r);
+        Ok(r)
+    }
+
+    /// Registers the client, mounts its segments and re-inserts the objects it holds, so an
+    /// index lost with a master restart is rebuilt. Held objects that clash with the index
+    /// (another size, an in-flight put, a range already in use) are skipped. Returns the
+    /// first mount error after trying everything.
+    pub(crate) fn remount(
+        &mut self,
+        now: u64,
+        client: Uuid,
+        segments: Vec<Segment>,
+        held: Vec<HeldObject>,
+    ) -> Result<(), ErrorCode> {
+        self.touch_client(now, client);
+        let mut first_err = None;
+        for s in segments {
+            if let Err(e) = self.mount(now, client, s) {
+                first_err.get_or_insert(e);
+            }
+        }
+        for h in held {
+            self.reinsert(now, client, h);
+        }
+        self.evict_epoch += 1;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn reinsert(&mut self, now: u64, client: Uuid, h: HeldObject) -> bool {
+        if check_key(&h.key).is_err() || h.size == 0 {
+            return false;
+        }
+        let Some(r) = self.segs.by_name(&h.segment_name) else {
+            return false;
+        };
+        let State { objects, segs, .. } = self;
+        let Some(seg) = segs.get_mut(r) else {
+            return false;
+        };
+        if seg.client != client {
+            return false;
+        }
+        if let Some(obj) = objects.get(&h.key) {
+            let fits =
+                obj.size == h.size && obj.is_complete() && obj.replicas.iter().all(|x| x.seg != r);
+            if !fits {
+                return false;
+            }
+        }
+        let Some(span) = seg.alloc.reserve(h.buffer_address, h.size) else {
+            return false;
+        };
+        let replica = Replica {
+            seg: r,
+            span,
+            status: ReplicaStatus::Complete,
+        };
+        match objects.get_mut(&h.key) {
+            Some(obj) => {
+                obj.hard_pin |= h.with_hard_pin;
+                obj.replicas.push(replica);
+            }
+            None => {
+                objects.insert(
+                    h.key,
+                    Object {
+                        size: h.size,
+                        writer: client,
+                        put_start_ms: now,
+                        replicas: vec![replica],
+                        read_lease_until: now,
+                        probe_lease_until: 0,
+                        last_read_ms: now,
+                        soft_pin: SoftPin::None,
+                        hard_pin: h.with_hard_pin,
+                    },
+                );
+            }
+        }
+        true
+    }
+
+    /// Unmount requested by the segment's owner.
+    pub(crate) fn unmount(&mut self, client: Uuid, segment_id: Uuid) -> Result<(), ErrorCode> {
+        let r = self
+            .segs
+            .by_id(&segment_id)
+            .ok_or(ErrorCode::SegmentNotFound)?;
+        let seg = self.segs.get(r).ok_or(ErrorCode::InternalError)?;
+        if seg.client != client {
+            return Err(ErrorCode::InvalidParams);
+        }
+        self.unmount_ref(r);
+        Ok(())
+    }
+
+    /// Stops allocation in the segment; it stays readable for `grace_ms`, then `tick`
+    /// unmounts it (at once when `grace_ms` is 0).
+    pub(crate) fn graceful_unmount(
+        &mut self,
+        now: u64,
+        client: Uuid,
+        segment_id: Uuid,
+        grace_ms: u64,
+    ) -> Result<(), ErrorCode> {
+        let r = self
+            .segs
+            .by_id(&segment_id)
+            .ok_or(ErrorCode::SegmentNotFound)?;
+        let seg = self.segs.get_mut(r).ok_or(ErrorCode::InternalError)?;
+        if seg.client != client {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if grace_ms == 0 {
+            self.unmount_ref(r);
+            return Ok(());
+        }
+        let deadline = now.saturating_add(grace_ms);
+        seg.draining_until = Some(seg.draining_until.map_or(deadline, |d| d.min(deadline)));
+        Ok(())
+    }
+
+    /// Drops a segment with every replica and parked buffer in it.
+    pub(crate) fn unmount_ref(&mut self, r: SegRef) {
+        let Some(seg) = self.segs.remove(r) else {
+            return;
+        };
+        if let Some(c) = self.clients.get_mut(&seg.client) {
+            c.segments.retain(|&x| x != r);
+        }
+        self.zombies.retain(|z| z.seg != r);
+        if seg.alloc.used_bytes() == 0 {
+            return;
+        }
+        self.objects.retain(|_, obj| {
+            obj.replicas.retain(|x| x.seg != r);
+            !obj.replicas.is_empty()
+        });
+    }
+
+    /// Expires clients silent for `client_ttl`, unmounting their segments.
+    pub(crate) fn expire_clients(&mut self, now: u64) -> usize {
+        let ttl_ms = self.cfg.client_ttl_s.saturating_mul(1000);
+        let dead: Vec<Uuid> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.last_seen_ms.saturating_add(ttl_ms) <= now)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &dead {
+            if let Some(c) = self.clients.remove(id) {
+                for r in c.segments {
+                    self.unmount_ref(r);
+                }
+            }
+        }
+        dead.len()
+    }
+
+    /// Unmounts draining segments past their deadline.
+    pub(crate) fn finish_drains(&mut self, now: u64) {
+        let due: Vec<SegRef> = self
+            .segs
+            .live
+            .iter()
+            .map(|&i| self.segs.at(i))
+            .filter(|&r| {
+                self.segs
+                    .get(r)
+                    .and_then(|s| s.draining_until)
+                    .is_some_and(|d| d <= now)
+            })
+            .collect();
+        for r in due {
+            self.unmount_ref(r);
+        }
+    }
+}

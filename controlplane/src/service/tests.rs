@@ -1,0 +1,1515 @@
+//! State-machine tests through the public surface: requests in, reply bytes decoded with the
+//! protocol types (so the hand-written encoders are held to the wire format), the clock moved
+//! by hand.
+
+use std::sync::Arc;
+
+use protocol::message::*;
+use protocol::wire::Wire;
+use protocol::*;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::view::AdminView;
+
+const MIB: u64 = 1 << 20;
+const C1: Uuid = Uuid { hi: 1, lo: 1 };
+const C2: Uuid = Uuid { hi: 2, lo: 2 };
+
+struct T {
+    svc: MasterService,
+    clock: Arc<ManualClock>,
+}
+
+/// Clients never expire unless a test asks (see `liveness_cfg`).
+fn cfg() -> ServiceConfig {
+    ServiceConfig {
+        default_kv_lease_ttl_ms: 500,
+        client_ttl_s: 1 << 30,
+        ..ServiceConfig::default()
+    }
+}
+
+fn liveness_cfg() -> ServiceConfig {
+    ServiceConfig {
+        client_ttl_s: 10,
+        ..cfg()
+    }
+}
+
+impl T {
+    fn new() -> T {
+        Self::with(cfg())
+    }
+
+    fn with(cfg: ServiceConfig) -> T {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let svc = MasterService::with_seed(cfg, clock.clone(), 7);
+        T { svc, clock }
+    }
+
+    fn call<R: Rpc>(&self, wrap: fn(R) -> Request, req: R) -> Result<R::Reply, ErrorCode> {
+        let mut out = Vec::new();
+        self.svc.handle(wrap(req), &mut out);
+        Result::<R::Reply, ErrorCode>::from_bytes(&out).expect("reply decodes exactly")
+    }
+
+    fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+    }
+
+    fn mount_on(&self, client: Uuid, n: u64, name: &str, size: u64, host: &str) -> Uuid {
+        let id = Uuid::from_parts(100, n);
+        let seg = Segment {
+            id,
+            name: name.into(),
+            base: n << 40,
+            size,
+            te_endpoint: format!("{name}-te"),
+            protocol: "tcp".into(),
+            host_id: host.into(),
+        };
+        let r = self.call(
+            Request::MountSegment,
+            MountSegment {
+                client_id: client,
+                segment: seg,
+            },
+        );
+        assert_eq!(r, Ok(()));
+        id
+    }
+
+    fn mount(&self, n: u64, size: u64) -> Uuid {
+        self.mount_on(C1, n, &format!("seg{n}"), size, &format!("host{n}"))
+    }
+
+    fn start_with(
+        &self,
+        client: Uuid,
+        key: &str,
+        size: u64,
+        config: ReplicateConfig,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        self.call(
+            Request::PutStart,
+            PutStart {
+                client_id: client,
+                key: key.into(),
+                size,
+                config,
+            },
+        )
+    }
+
+    fn start(&self, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        self.start_with(C1, key, size, ReplicateConfig::default())
+    }
+
+    fn end(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+        self.call(
+            Request::PutEnd,
+            PutEnd {
+                client_id: client,
+                key: key.into(),
+            },
+        )
+    }
+
+    fn revoke(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+        self.call(
+            Request::PutRevoke,
+            PutRevoke {
+                client_id: client,
+                key: key.into(),
+            },
+        )
+    }
+
+    fn put(&self, key: &str, size: u64) -> Vec<ReplicaDescriptor> {
+        let d = self.start(key, size).expect("put start");
+        self.end(C1, key).expect("put end");
+        d
+    }
+
+    fn put_cfg(&self, key: &str, size: u64, config: ReplicateConfig) {
+        self.start_with(C1, key, size, config).expect("put start");
+        self.end(C1, key).expect("put end");
+    }
+
+    fn get(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
+        self.call(Request::GetReplicaList, GetReplicaList { key: key.into() })
+    }
+
+    fn exist(&self, key: &str) -> bool {
+        self.call(Request::ExistKey, ExistKey { key: key.into() })
+            .unwrap()
+    }
+
+    fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
+        self.call(
+            Request::Remove,
+            Remove {
+                key: key.into(),
+                force,
+            },
+        )
+    }
+
+    fn used(&self) -> u64 {
+        self.svc.gauges().allocated_bytes
+    }
+}
+
+// ---- Readiness, ping, mount ------------------------------------------------------------
+
+#[test]
+fn service_ready_reports_version() {
+    let t = T::new();
+    let v = t.call(Request::ServiceReady, ServiceReady {}).unwrap();
+    assert!(v.starts_with("mooncake-rs "), "{v}");
+    assert_eq!(v, VERSION);
+}
+
+#[test]
+fn ping_unknown_client_needs_remount_until_remounted() {
+    let t = T::with(liveness_cfg());
+    let ping = || {
+        t.call(Request::Ping, Ping { client_id: C2 })
+            .unwrap()
+            .status
+    };
+    assert_eq!(ping(), ClientStatus::NeedRemount);
+    // A pure reader re-mounts an empty list, which registers it.
+    let r = t.call(
+        Request::ReMountSegment,
+        ReMountSegment {
+            client_id: C2,
+            segments: vec![],
+            held: vec![],
+        },
+    );
+    assert_eq!(r, Ok(()));
+    assert_eq!(ping(), ClientStatus::Ok);
+    // Pings keep it alive past the TTL...
+    for _ in 0..15 {
+        t.advance(1000);
+        t.svc.tick();
+        assert_eq!(ping(), ClientStatus::Ok);
+    }
+    // ...silence expires it.
+    t.advance(10_000);
+    t.svc.tick();
+    assert_eq!(ping(), ClientStatus::NeedRemount);
+    assert_eq!(Metrics::get(&t.svc.metrics().expired_clients), 1);
+}
+
+#[test]
+fn mount_is_idempotent_and_names_are_unique() {
+    let t = T::new();
+    let id = t.mount(1, 64 * MIB);
+    let seg = |id: Uuid, name: &str, size: u64| Segment {
+        id,
+        name: name.into(),
+        base: 1 << 40,
+        size,
+        te_endpoint: "e".into(),
+        protocol: "tcp".into(),
+        host_id: String::new(),
+    };
+    let mount = |client: Uuid, s: Segment| {
+        t.call(
+            Request::MountSegment,
+            MountSegment {
+                client_id: client,
+                segment: s,
+            },
+        )
+    };
+    assert_eq!(mount(C1, seg(id, "seg1", 64 * MIB)), Ok(()));
+    assert_eq!(
+        mount(C1, seg(Uuid::from_parts(9, 9), "seg1", MIB)),
+        Err(ErrorCode::SegmentAlreadyExists)
+    );
+    assert_eq!(
+        mount(C1, seg(id, "other", MIB)),
+        Err(ErrorCode::SegmentAlreadyExists)
+    );
+    assert_eq!(
+        mount(C2, seg(id, "seg1", MIB)),
+        Err(ErrorCode::SegmentAlreadyExists)
+    );
+    assert_eq!(
+        mount(C1, seg(Uuid::from_parts(9, 9), "z", 0)),
+        Err(ErrorCode::InvalidParams)
+    );
+    let mut overflow = seg(Uuid::from_parts(9, 8), "y", MIB);
+    overflow.base = u64::MAX - 10;
+    assert_eq!(mount(C1, overflow), Err(ErrorCode::InvalidParams));
+    assert_eq!(t.svc.all_segments(), vec!["seg1".to_string()]);
+    assert_eq!(t.svc.metrics().op_counts(Op::MountSegment), (7, 5));
+}
+
+// ---- Put lifecycle ---------------------------------------------------------------------
+
+#[test]
+fn put_start_validates_parameters() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let bad = |key: &str, size: u64, c: ReplicateConfig| {
+        assert_eq!(
+            t.start_with(C1, key, size, c),
+            Err(ErrorCode::InvalidParams),
+            "{key:?} {size}"
+        );
+    };
+    let d = ReplicateConfig::default;
+    bad("", 10, d());
+    bad(&"k".repeat(limits::KEY_MAX_BYTES + 1), 10, d());
+    bad("k", 0, d());
+    bad(
+        "k",
+        10,
+        ReplicateConfig {
+            replica_num: 0,
+            ..d()
+        },
+    );
+    bad(
+        "k",
+        10,
+        ReplicateConfig {
+            prefer_alloc_in_same_node: true,
+            ..d()
+        },
+    );
+    for action in [SoftPinAction::Preserve, SoftPinAction::Disable] {
+        bad(
+            "k",
+            10,
+            ReplicateConfig {
+                soft_pin_action: action,
+                soft_pin_ttl_ms: Some(1000),
+                ..d()
+            },
+        );
+    }
+    bad(
+        "k",
+        10,
+        ReplicateConfig {
+            soft_pin_action: SoftPinAction::Enable,
+            soft_pin_ttl_ms: Some(cfg().max_kv_soft_pin_ttl_ms + 1),
+            ..d()
+        },
+    );
+    // The longest legal key is fine.
+    assert!(t.start(&"k".repeat(limits::KEY_MAX_BYTES), 10).is_ok());
+    assert_eq!(t.svc.metrics().op_counts(Op::PutStart), (9, 8));
+}
+
+#[test]
+fn put_lifecycle_processing_then_complete() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let d = t.start("k", 5000).unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].status, ReplicaStatus::Processing);
+    assert_eq!(d[0].segment_name, "seg1");
+    assert_eq!(d[0].transport_endpoint, "seg1-te");
+    assert_eq!(d[0].size, 5000);
+    assert!(d[0].buffer_address >= 1 << 40);
+    assert_eq!(t.get("k"), Err(ErrorCode::ReplicaIsNotReady));
+    assert!(!t.exist("k"));
+    assert_eq!(t.svc.query_key("k"), Err(ErrorCode::ReplicaIsNotReady));
+    t.end(C1, "k").unwrap();
+    let l = t.get("k").unwrap();
+    assert_eq!(l.lease_ttl_ms, 500);
+    assert_eq!(l.replicas.len(), 1);
+    assert_eq!(l.replicas[0].status, ReplicaStatus::Complete);
+    assert_eq!(l.replicas[0].buffer_address, d[0].buffer_address);
+    assert!(t.exist("k"));
+    assert_eq!(t.get("nope"), Err(ErrorCode::ObjectNotFound));
+    assert!(!t.exist("nope"));
+    assert_eq!(t.end(C1, "k"), Ok(()), "a repeated PutEnd is harmless");
+}
+
+#[test]
+fn put_end_sets_no_lease() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("k", 100);
+    assert_eq!(t.remove("k", false), Ok(()));
+    assert_eq!(t.used(), 0);
+}
+
+#[test]
+fn first_writer_wins_and_stale_puts_are_discarded() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let first = t
+        .start_with(C1, "k", 8192, ReplicateConfig::default())
+        .unwrap();
+    assert_eq!(
+        t.start_with(C2, "k", 8192, ReplicateConfig::default()),
+        Err(ErrorCode::ObjectAlreadyExists)
+    );
+    t.advance(29_999);
+    assert_eq!(
+        t.start_with(C2, "k", 8192, ReplicateConfig::default()),
+        Err(ErrorCode::ObjectAlreadyExists)
+    );
+    t.advance(1);
+    // The first put is 30 s old: discarded, but its buffer is kept for the old writer.
+    let second = t
+        .start_with(C2, "k", 8192, ReplicateConfig::default())
+        .unwrap();
+    assert_ne!(first[0].buffer_address, second[0].buffer_address);
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_discards), 1);
+    assert_eq!(t.used(), 2 * 8192);
+    assert_eq!(t.end(C1, "k"), Err(ErrorCode::IllegalClient));
+    t.end(C2, "k").unwrap();
+    assert_eq!(
+        t.start_with(C1, "k", 8192, ReplicateConfig::default()),
+        Err(ErrorCode::ObjectAlreadyExists)
+    );
+    // The discarded buffer goes back 600 s after its put started.
+    t.advance(569_999);
+    t.svc.tick();
+    assert_eq!(t.used(), 2 * 8192);
+    t.advance(1);
+    t.svc.tick();
+    assert_eq!(t.used(), 8192);
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_releases), 1);
+}
+
+#[test]
+fn tick_discards_abandoned_puts_and_later_frees_them() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.start("abandoned", 4096).unwrap();
+    t.put("done", 4096);
+    t.advance(29_000);
+    t.svc.tick();
+    assert!(t.svc.all_keys().contains(&"abandoned".to_string()));
+    t.advance(2_000);
+    t.svc.tick();
+    assert_eq!(t.svc.all_keys(), vec!["done".to_string()]);
+    assert_eq!(t.end(C1, "abandoned"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(t.used(), 8192, "buffer parked, not freed");
+    t.advance(600_000);
+    t.svc.tick();
+    assert_eq!(t.used(), 4096);
+}
+
+#[test]
+fn put_end_and_revoke_errors() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    assert_eq!(t.end(C1, "k"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(t.revoke(C1, "k"), Err(ErrorCode::ObjectNotFound));
+    t.start("k", 100).unwrap();
+    assert_eq!(t.end(C2, "k"), Err(ErrorCode::IllegalClient));
+    assert_eq!(t.revoke(C2, "k"), Err(ErrorCode::IllegalClient));
+    assert_eq!(t.revoke(C1, "k"), Ok(()));
+    assert_eq!(t.used(), 0);
+    assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
+    t.put("k", 100);
+    assert_eq!(t.revoke(C1, "k"), Err(ErrorCode::InvalidWrite));
+    assert!(t.exist("k"));
+    assert_eq!(t.svc.metrics().op_counts(Op::PutRevoke), (4, 3));
+}
+
+// ---- Placement -------------------------------------------------------------------------
+
+#[test]
+fn replicas_on_distinct_segments_partial_allowed() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.mount(2, 64 * MIB);
+    let three = ReplicateConfig {
+        replica_num: 3,
+        ..Default::default()
+    };
+    let d = t.start_with(C1, "k", 1000, three).unwrap();
+    assert_eq!(d.len(), 2);
+    assert_ne!(d[0].segment_name, d[1].segment_name);
+    assert_eq!(
+        Metrics::get(&t.svc.metrics().put_start_partial_allocations),
+        1
+    );
+}
+
+#[test]
+fn replicas_prefer_distinct_hosts() {
+    for seed in 0..20 {
+        let clock = Arc::new(ManualClock::new(1000));
+        let t = T {
+            svc: MasterService::with_seed(cfg(), clock.clone(), seed),
+            clock,
+        };
+        t.mount_on(C1, 1, "a1", 64 * MIB, "A");
+        t.mount_on(C1, 2, "a2", 64 * MIB, "A");
+        t.mount_on(C1, 3, "b1", 64 * MIB, "B");
+        let two = ReplicateConfig {
+            replica_num: 2,
+            ..Default::default()
+        };
+        let d = t.start_with(C1, "k", 1000, two).unwrap();
+        let names: Vec<&str> = d.iter().map(|r| r.segment_name.as_str()).collect();
+        assert!(names.contains(&"b1"), "seed {seed}: {names:?}");
+        // Three replicas need the second walk: all three segments.
+        let three = ReplicateConfig {
+            replica_num: 3,
+            ..Default::default()
+        };
+        assert_eq!(t.start_with(C1, "k3", 1000, three).unwrap().len(), 3);
+    }
+}
+
+#[test]
+fn preferred_segments_come_first() {
+    let t = T::new();
+    for n in 1..=4 {
+        t.mount(n, 64 * MIB);
+    }
+    for i in 0..10 {
+        let c = ReplicateConfig {
+            preferred_segments: vec!["seg3".into()],
+            ..Default::default()
+        };
+        let d = t.start_with(C1, &format!("k{i}"), 100, c).unwrap();
+        assert_eq!(d[0].segment_name, "seg3");
+        let c = ReplicateConfig {
+            preferred_segment: "seg2".into(),
+            preferred_segments: vec!["seg3".into()],
+            ..Default::default()
+        };
+        let d = t.start_with(C1, &format!("j{i}"), 100, c).unwrap();
+        assert_eq!(d[0].segment_name, "seg2");
+    }
+}
+
+#[test]
+fn free_ratio_first_picks_the_emptiest_segment() {
+    let t = T::with(ServiceConfig {
+        allocation_strategy: AllocationStrategy::FreeRatioFirst,
+        ..cfg()
+    });
+    t.mount(1, 64 * MIB);
+    t.mount(2, 64 * MIB);
+    let d = t.start("a", 10 * MIB).unwrap();
+    let other = if d[0].segment_name == "seg1" {
+        "seg2"
+    } else {
+        "seg1"
+    };
+    for i in 0..5 {
+        let d = t.start(&format!("b{i}"), MIB + 1).unwrap();
+        assert_eq!(d[0].segment_name, other);
+    }
+}
+
+#[test]
+fn random_strategy_spreads_over_segments() {
+    let t = T::new();
+    for n in 1..=4 {
+        t.mount(n, 64 * MIB);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..64 {
+        seen.insert(
+            t.start(&format!("k{i}"), 100).unwrap()[0]
+                .segment_name
+                .clone(),
+        );
+    }
+    assert_eq!(seen.len(), 4);
+}
+
+#[test]
+fn no_segment_or_too_big_is_no_available_handle() {
+    let t = T::new();
+    assert_eq!(t.start("k", 100), Err(ErrorCode::NoAvailableHandle));
+    t.mount(1, 16 * MIB);
+    assert_eq!(t.start("k", 17 * MIB), Err(ErrorCode::NoAvailableHandle));
+    // Too big for any segment: no futile eviction pass.
+    assert_eq!(Metrics::get(&t.svc.metrics().eviction_attempts), 0);
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_alloc_failures), 2);
+}
+
+// ---- Reads, leases, removal --------------------------------------------------------------
+
+#[test]
+fn remove_rules() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    assert_eq!(t.remove("k", false), Err(ErrorCode::ObjectNotFound));
+    t.put("k", 100);
+    t.get("k").unwrap();
+    assert_eq!(t.remove("k", false), Err(ErrorCode::ObjectHasLease));
+    t.advance(499);
+    assert_eq!(t.remove("k", false), Err(ErrorCode::ObjectHasLease));
+    t.advance(1);
+    assert_eq!(t.remove("k", false), Ok(()));
+
+    t.put("k", 100);
+    t.get("k").unwrap();
+    assert_eq!(t.remove("k", true), Ok(()), "force ignores the lease");
+
+    // An ExistKey probe lease also blocks a non-forced remove.
+    t.put("p", 100);
+    assert!(t.exist("p"));
+    assert_eq!(t.remove("p", false), Err(ErrorCode::ObjectHasLease));
+    t.advance(500);
+    assert_eq!(t.remove("p", false), Ok(()));
+
+    t.start("w", 100).unwrap();
+    assert_eq!(t.remove("w", false), Err(ErrorCode::ReplicaIsNotReady));
+    assert_eq!(t.remove("w", true), Err(ErrorCode::ReplicaIsNotReady));
+    assert_eq!(t.svc.all_keys(), vec!["w".to_string()]);
+}
+
+#[test]
+fn read_lease_extends_but_never_shrinks() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("k", 100);
+    t.get("k").unwrap();
+    t.advance(400);
+    t.get("k").unwrap();
+    t.advance(400);
+    assert_eq!(t.remove("k", false), Err(ErrorCode::ObjectHasLease));
+    t.advance(100);
+    assert_eq!(t.remove("k", false), Ok(()));
+}
+
+#[test]
+fn remove_by_regex_and_remove_all() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    for k in ["abc", "xbz", "qqq", "leased", "in-flight-b"] {
+        if k == "in-flight-b" {
+            t.start(k, 100).unwrap();
+        } else {
+            t.put(k, 100);
+        }
+    }
+    t.get("leased").unwrap();
+    let by_regex = |p: &str, force: bool| {
+        t.call(
+            Request::RemoveByRegex,
+            RemoveByRegex {
+                pattern: p.into(),
+                force,
+            },
+        )
+    };
+    assert_eq!(by_regex("(", false), Err(ErrorCode::InvalidParams));
+    // Substring search: "b" matches anywhere; the in-flight key is skipped.
+    assert_eq!(by_regex("b", false), Ok(2));
+    assert_eq!(by_regex("^lea", false), Ok(0), "leased is skipped");
+    assert_eq!(by_regex("^lea", true), Ok(1));
+    let all = |force| t.call(Request::RemoveAll, RemoveAll { force });
+    assert_eq!(all(false), Ok(1));
+    assert_eq!(all(true), Ok(0));
+    assert_eq!(t.svc.all_keys(), vec!["in-flight-b".to_string()]);
+    assert_eq!(t.used(), 112);
+    assert_eq!(t.svc.metrics().op_counts(Op::RemoveByRegex), (4, 1));
+}
+
+// ---- Batches -----------------------------------------------------------------------------
+
+#[test]
+fn batch_operations_answer_per_item() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("old", 100);
+    let keys: Vec<String> = ["a", "old", "", "b"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let r = t
+        .call(
+            Request::BatchPutStart,
+            BatchPutStart {
+                client_id: C1,
+                keys: keys.clone(),
+                sizes: vec![10, 10, 10, 0],
+                config: ReplicateConfig::default(),
+            },
+        )
+        .unwrap();
+    let codes: Vec<i32> = r
+        .iter()
+        .map(|x| x.as_ref().err().map_or(0, |e| e.code()))
+        .collect();
+    assert_eq!(codes, vec![0, -705, -600, -600]);
+    assert_eq!(r[0].as_ref().unwrap()[0].size, 10);
+    let r = t
+        .call(
+            Request::BatchPutEnd,
+            BatchPutEnd {
+                client_id: C1,
+                keys: vec!["a".into(), "zzz".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Ok(()), Err(ErrorCode::ObjectNotFound)]);
+    let r = t
+        .call(
+            Request::BatchExistKey,
+            BatchExistKey {
+                keys: vec!["a".into(), "zzz".into(), "old".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Ok(true), Ok(false), Ok(true)]);
+    let r = t
+        .call(
+            Request::BatchGetReplicaList,
+            BatchGetReplicaList {
+                keys: vec!["a".into(), "zzz".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r[0].as_ref().unwrap().replicas.len(), 1);
+    assert_eq!(r[1], Err(ErrorCode::ObjectNotFound));
+    let r = t
+        .call(
+            Request::BatchRemove,
+            BatchRemove {
+                keys: vec!["a".into(), "old".into(), "zzz".into()],
+                force: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![
+            Err(ErrorCode::ObjectHasLease),
+            Err(ErrorCode::ObjectHasLease),
+            Err(ErrorCode::ObjectNotFound)
+        ]
+    );
+    let r = t
+        .call(
+            Request::BatchRemove,
+            BatchRemove {
+                keys: vec!["a".into(), "old".into()],
+                force: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Ok(()), Ok(())]);
+    let m = t.svc.metrics();
+    assert_eq!(m.batch_counts(BatchOp::PutStart), (1, 0, 4, 3));
+    assert_eq!(m.batch_counts(BatchOp::ExistKey), (1, 0, 3, 0));
+    assert_eq!(m.batch_counts(BatchOp::Remove), (2, 1, 5, 3));
+}
+
+#[test]
+fn batch_put_start_length_mismatch_fails_every_item() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let r = t
+        .call(
+            Request::BatchPutStart,
+            BatchPutStart {
+                client_id: C1,
+                keys: vec!["a".into(), "b".into()],
+                sizes: vec![10],
+                config: ReplicateConfig::default(),
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Err(ErrorCode::InvalidParams); 2]);
+    assert_eq!(t.svc.all_keys().len(), 0);
+    // prefer_alloc_in_same_node is allowed in batches with one replica only.
+    let batch = |replica_num| {
+        t.call(
+            Request::BatchPutStart,
+            BatchPutStart {
+                client_id: C1,
+                keys: vec![format!("x{replica_num}")],
+                sizes: vec![10],
+                config: ReplicateConfig {
+                    replica_num,
+                    prefer_alloc_in_same_node: true,
+                    ..Default::default()
+                },
+            },
+        )
+        .unwrap()
+    };
+    assert!(batch(1)[0].is_ok());
+    assert_eq!(batch(2), vec![Err(ErrorCode::InvalidParams)]);
+}
+
+#[test]
+fn batch_upsert_and_revoke_forms() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let r = t
+        .call(
+            Request::BatchUpsertStart,
+            BatchUpsertStart {
+                client_id: C1,
+                keys: vec!["a".into(), "b".into()],
+                sizes: vec![10, 20],
+                config: ReplicateConfig::default(),
+            },
+        )
+        .unwrap();
+    assert!(r.iter().all(|x| x.is_ok()));
+    let r = t
+        .call(
+            Request::BatchUpsertEnd,
+            BatchUpsertEnd {
+                client_id: C1,
+                keys: vec!["a".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    let r = t
+        .call(
+            Request::BatchUpsertRevoke,
+            BatchUpsertRevoke {
+                client_id: C1,
+                keys: vec!["a".into(), "b".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Err(ErrorCode::InvalidWrite), Ok(())]);
+    let r = t
+        .call(
+            Request::BatchPutRevoke,
+            BatchPutRevoke {
+                client_id: C1,
+                keys: vec!["b".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(r, vec![Err(ErrorCode::ObjectNotFound)]);
+}
+
+// ---- Upsert ------------------------------------------------------------------------------
+
+fn upsert(t: &T, client: Uuid, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+    t.call(
+        Request::UpsertStart,
+        UpsertStart {
+            client_id: client,
+            key: key.into(),
+            size,
+            config: ReplicateConfig::default(),
+        },
+    )
+}
+
+#[test]
+fn upsert_reuses_same_size_and_reallocates_other_sizes() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    // Absent: like a put.
+    let a = upsert(&t, C1, "k", 4096).unwrap();
+    assert_eq!(
+        t.call(
+            Request::UpsertEnd,
+            UpsertEnd {
+                client_id: C1,
+                key: "k".into()
+            }
+        ),
+        Ok(())
+    );
+    // Same size: same buffer, back to PROCESSING, by the new writer.
+    let b = upsert(&t, C2, "k", 4096).unwrap();
+    assert_eq!(a[0].buffer_address, b[0].buffer_address);
+    assert_eq!(b[0].status, ReplicaStatus::Processing);
+    assert_eq!(t.get("k"), Err(ErrorCode::ReplicaIsNotReady));
+    assert_eq!(t.end(C1, "k"), Err(ErrorCode::IllegalClient));
+    t.end(C2, "k").unwrap();
+    // Another size: old buffer freed, new one allocated.
+    let c = upsert(&t, C1, "k", 3 * MIB).unwrap();
+    assert_eq!(c[0].size, 3 * MIB);
+    assert_eq!(t.used(), 3 * MIB);
+    t.end(C1, "k").unwrap();
+    assert_eq!(t.get("k").unwrap().replicas[0].size, 3 * MIB);
+}
+
+#[test]
+fn upsert_preempts_an_in_flight_put_at_once() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.start_with(C2, "k", 8192, ReplicateConfig::default())
+        .unwrap();
+    // No 30 s wait, unlike PutStart.
+    let d = upsert(&t, C1, "k", 100).unwrap();
+    assert_eq!(d[0].size, 100);
+    assert_eq!(t.end(C2, "k"), Err(ErrorCode::IllegalClient));
+    t.end(C1, "k").unwrap();
+    // The preempted writer's buffer stays parked until the release timeout.
+    assert_eq!(t.used(), 8192 + 112);
+    t.advance(600_000);
+    t.svc.tick();
+    assert_eq!(t.used(), 112);
+}
+
+#[test]
+fn upsert_of_a_leased_object_parks_old_buffers_until_the_lease_ends() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("k", 4096);
+    t.get("k").unwrap();
+    upsert(&t, C1, "k", 8192).unwrap();
+    assert_eq!(t.used(), 4096 + 8192);
+    t.advance(500);
+    t.svc.tick();
+    assert_eq!(t.used(), 8192);
+}
+
+// ---- Soft and hard pins, eviction ----------------------------------------------------------
+
+fn evict_cfg() -> ServiceConfig {
+    ServiceConfig {
+        default_kv_lease_ttl_ms: 500,
+        eviction_high_watermark_ratio: 0.9,
+        eviction_ratio: 0.1,
+        ..cfg()
+    }
+}
+
+/// Puts `n` objects of 1 MiB into a 64 MiB segment.
+fn fill(t: &T, prefix: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let k = format!("{prefix}{i}");
+            t.put(&k, MIB);
+            t.advance(1);
+            k
+        })
+        .collect()
+}
+
+#[test]
+fn watermark_eviction_frees_oldest_reads_first() {
+    let t = T::with(evict_cfg());
+    t.mount(1, 64 * MIB);
+    let keys = fill(&t, "k", 57);
+    t.svc.tick();
+    assert_eq!(t.svc.all_keys().len(), 57, "57/64 is below the watermark");
+    // Touch the ten oldest by reading them, let the leases lapse, then go over.
+    for k in &keys[..10] {
+        t.get(k).unwrap();
+    }
+    t.advance(1000);
+    fill(&t, "over", 2);
+    t.svc.tick();
+    // 59/64 used: target = max(0.1, 0.921875 - 0.9 + 0.1) of 64 MiB = 7.8 MiB -> 8 objects.
+    let left = t.svc.all_keys();
+    assert_eq!(left.len(), 59 - 8);
+    for k in &keys[..10] {
+        assert!(left.contains(k), "{k} was read recently");
+    }
+    for k in &keys[10..18] {
+        assert!(!left.contains(k), "{k} is among the least recently read");
+    }
+    assert!(left.contains(&keys[18]));
+    let m = t.svc.metrics();
+    assert_eq!(Metrics::get(&m.evicted_keys), 8);
+    assert_eq!(Metrics::get(&m.evicted_bytes), 8 * MIB);
+    assert_eq!(Metrics::get(&m.eviction_successes), 1);
+    t.svc.tick();
+    assert_eq!(
+        Metrics::get(&m.eviction_attempts),
+        1,
+        "below the watermark again"
+    );
+}
+
+/// Upstream issue #2187: probes must not starve eviction.
+#[test]
+fn exist_key_probes_do_not_block_eviction() {
+    let t = T::with(evict_cfg());
+    t.mount(1, 64 * MIB);
+    let keys = fill(&t, "k", 62);
+    for _second in 0..5 {
+        for k in &keys {
+            t.exist(k);
+        }
+        t.advance(1000);
+        t.svc.tick();
+    }
+    let (used, cap) = (t.used(), 64 * MIB);
+    assert!(
+        (used as f64) <= 0.9 * cap as f64,
+        "eviction must free space under probing: {used} of {cap}"
+    );
+    assert!(Metrics::get(&t.svc.metrics().evicted_keys) > 0);
+}
+
+/// The contrast: real reads (GetReplicaList) within the lease do protect objects.
+#[test]
+fn read_leases_block_eviction_and_futile_passes_are_not_repeated() {
+    let t = T::with(evict_cfg());
+    t.mount(1, 64 * MIB);
+    let keys = fill(&t, "k", 62);
+    for k in &keys {
+        t.get(k).unwrap();
+    }
+    t.svc.tick();
+    assert_eq!(t.svc.all_keys().len(), 62);
+    let m = t.svc.metrics();
+    assert_eq!(Metrics::get(&m.eviction_attempts), 1);
+    for _ in 0..10 {
+        t.advance(10);
+        t.svc.tick();
+    }
+    assert_eq!(
+        Metrics::get(&m.eviction_attempts),
+        1,
+        "nothing changed: no new scan"
+    );
+    t.advance(500);
+    t.svc.tick();
+    assert!(
+        t.svc.all_keys().len() < 62,
+        "leases lapsed: eviction proceeds"
+    );
+    assert_eq!(Metrics::get(&m.eviction_attempts), 2);
+}
+
+#[test]
+fn failed_allocation_evicts_synchronously_and_retries() {
+    let t = T::with(evict_cfg());
+    t.mount(1, 64 * MIB);
+    fill(&t, "k", 64);
+    assert_eq!(t.used(), 64 * MIB);
+    // No tick ran: the put itself evicts and succeeds.
+    t.put("new", MIB);
+    assert!(t.exist("new"));
+    assert!(!t.exist("k0"));
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_alloc_failures), 0);
+}
+
+#[test]
+fn hard_pinned_objects_are_never_evicted() {
+    let t = T::with(evict_cfg());
+    t.mount(1, 64 * MIB);
+    let pin = ReplicateConfig {
+        with_hard_pin: true,
+        ..Default::default()
+    };
+    for i in 0..64 {
+        t.put_cfg(&format!("h{i}"), MIB, pin.clone());
+    }
+    t.svc.tick();
+    assert_eq!(t.svc.all_keys().len(), 64);
+    assert_eq!(t.start("new", MIB), Err(ErrorCode::NoAvailableHandle));
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_alloc_failures), 1);
+    // Hard pin does not stop removal.
+    assert_eq!(t.remove("h0", false), Ok(()));
+}
+
+#[test]
+fn soft_pinned_objects_go_last_and_only_if_allowed() {
+    let soft = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(60_000),
+        ..Default::default()
+    };
+    for allow in [true, false] {
+        let t = T::with(ServiceConfig {
+            allow_evict_soft_pinned_objects: allow,
+            ..evict_cfg()
+        });
+        t.mount(1, 64 * MIB);
+        // Soft-pinned objects are the oldest, yet plain ones go first.
+        for i in 0..56 {
+            t.put_cfg(&format!("s{i}"), MIB, soft.clone());
+        }
+        t.advance(10);
+        fill(&t, "p", 6);
+        assert_eq!(t.svc.gauges().soft_pin_key_count, 56);
+        t.svc.tick();
+        let left = t.svc.all_keys();
+        // 62 MiB: target 0.16875 * 64 MiB = 10.8 MiB -> 6 plain + 5 pinned (if allowed).
+        assert!(left.iter().all(|k| k.starts_with('s')), "{allow}");
+        let pinned_left = left.len();
+        assert_eq!(pinned_left, if allow { 56 - 5 } else { 56 });
+        if !allow {
+            // The pin lapses after 60 s: the objects become ordinary and evictable.
+            t.advance(60_000);
+            fill(&t, "t", 3);
+            t.svc.tick();
+            let left = t.svc.all_keys();
+            assert_eq!(left.len(), 59 - 8);
+            assert_eq!(left.iter().filter(|k| k.starts_with('s')).count(), 56 - 8);
+            assert_eq!(t.svc.gauges().soft_pin_key_count, 0);
+        }
+    }
+}
+
+#[test]
+fn soft_pin_ttl_zero_is_ordinary_and_default_ttl_applies() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let enable = |ttl| ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: ttl,
+        ..Default::default()
+    };
+    t.put_cfg("zero", 100, enable(Some(0)));
+    t.put_cfg("dflt", 100, enable(None));
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(cfg().default_kv_soft_pin_ttl_ms);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 0);
+}
+
+#[test]
+fn eviction_ratio_zero_disables_eviction() {
+    let t = T::with(ServiceConfig {
+        eviction_ratio: 0.0,
+        ..evict_cfg()
+    });
+    t.mount(1, 64 * MIB);
+    fill(&t, "k", 64);
+    t.svc.tick();
+    assert_eq!(t.start("new", MIB), Err(ErrorCode::NoAvailableHandle));
+    assert_eq!(t.svc.all_keys().len(), 64);
+}
+
+// ---- Segments and clients ------------------------------------------------------------------
+
+#[test]
+fn unmount_drops_replicas_and_orphaned_objects() {
+    let t = T::new();
+    let s1 = t.mount(1, 64 * MIB);
+    t.mount(2, 64 * MIB);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    t.put_cfg("both", 100, two);
+    let only1 = ReplicateConfig {
+        preferred_segments: vec!["seg1".into()],
+        ..Default::default()
+    };
+    t.put_cfg("only1", 100, only1);
+    let unmount = |client, id| {
+        t.call(
+            Request::UnmountSegment,
+            UnmountSegment {
+                client_id: client,
+                segment_id: id,
+            },
+        )
+    };
+    assert_eq!(unmount(C2, s1), Err(ErrorCode::InvalidParams));
+    assert_eq!(unmount(C1, s1), Ok(()));
+    assert_eq!(unmount(C1, s1), Err(ErrorCode::SegmentNotFound));
+    assert_eq!(t.get("only1"), Err(ErrorCode::ObjectNotFound));
+    let l = t.get("both").unwrap();
+    assert_eq!(l.replicas.len(), 1);
+    assert_eq!(l.replicas[0].segment_name, "seg2");
+    assert_eq!(t.svc.all_segments(), vec!["seg2".to_string()]);
+    // The name is free again.
+    t.mount(1, 64 * MIB);
+}
+
+#[test]
+fn graceful_unmount_stops_allocation_then_unmounts() {
+    let t = T::new();
+    let s1 = t.mount(1, 64 * MIB);
+    t.put("k", 100);
+    let r = t.call(
+        Request::GracefulUnmountSegment,
+        GracefulUnmountSegment {
+            client_id: C1,
+            segment_id: s1,
+            grace_ms: 5000,
+        },
+    );
+    assert_eq!(r, Ok(()));
+    assert_eq!(t.start("new", 100), Err(ErrorCode::NoAvailableHandle));
+    assert!(t.get("k").is_ok(), "readable while draining");
+    let d = t.svc.segments_detail();
+    assert_eq!(d[0].status, "DRAINING");
+    t.advance(4999);
+    t.svc.tick();
+    assert!(t.get("k").is_ok());
+    t.advance(1);
+    t.svc.tick();
+    assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
+    assert!(t.svc.all_segments().is_empty());
+}
+
+#[test]
+fn expired_client_loses_its_segments_and_objects() {
+    let t = T::with(liveness_cfg());
+    t.mount(1, 64 * MIB);
+    t.mount_on(C2, 2, "other", 64 * MIB, "h2");
+    let to_other = ReplicateConfig {
+        preferred_segments: vec!["other".into()],
+        ..Default::default()
+    };
+    t.put("mine", 100);
+    t.put_cfg("theirs", 100, to_other);
+    t.advance(9_000);
+    t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
+    t.advance(1_000);
+    t.svc.tick();
+    assert_eq!(t.svc.all_segments(), vec!["seg1".to_string()]);
+    assert!(t.exist("mine"));
+    assert!(!t.exist("theirs"));
+    assert_eq!(t.svc.gauges().active_clients, 1);
+}
+
+#[test]
+fn remount_rebuilds_the_index_after_a_restart() {
+    let t = T::new();
+    let s1 = t.mount(1, 64 * MIB);
+    let a = t.put("a", 5000);
+    let b = t.put("b", 3 * MIB);
+    // A new master knows nothing; the storage client re-mounts with what it holds.
+    let t2 = T::new();
+    let seg = Segment {
+        id: s1,
+        name: "seg1".into(),
+        base: 1 << 40,
+        size: 64 * MIB,
+        te_endpoint: "seg1-te".into(),
+        protocol: "tcp".into(),
+        host_id: "host1".into(),
+    };
+    let held = |key: &str, d: &ReplicaDescriptor, seg: &str| HeldObject {
+        key: key.into(),
+        size: d.size,
+        segment_name: seg.into(),
+        buffer_address: d.buffer_address,
+        with_hard_pin: false,
+    };
+    let r = t2.call(
+        Request::ReMountSegment,
+        ReMountSegment {
+            client_id: C1,
+            segments: vec![seg],
+            held: vec![
+                held("a", &a[0], "seg1"),
+                held("b", &b[0], "seg1"),
+                held("c", &a[0], "seg1"),    // overlaps a: skipped
+                held("d", &a[0], "nowhere"), // unknown segment: skipped
+            ],
+        },
+    );
+    assert_eq!(r, Ok(()));
+    let mut keys = t2.svc.all_keys();
+    keys.sort();
+    assert_eq!(keys, vec!["a".to_string(), "b".to_string()]);
+    let l = t2.get("a").unwrap();
+    assert_eq!(l.replicas[0].buffer_address, a[0].buffer_address);
+    assert_eq!(l.replicas[0].status, ReplicaStatus::Complete);
+    assert_eq!(
+        t2.call(Request::Ping, Ping { client_id: C1 })
+            .unwrap()
+            .status,
+        ClientStatus::Ok
+    );
+    // New puts avoid the re-inserted ranges.
+    for i in 0..20 {
+        let d = t2.start(&format!("n{i}"), 5000).unwrap();
+        let (s, e) = (d[0].buffer_address, d[0].buffer_address + 5000);
+        for old in [&a[0], &b[0]] {
+            assert!(e <= old.buffer_address || old.buffer_address + old.size <= s);
+        }
+    }
+    // A repeated re-mount is harmless.
+    let r = t2.call(
+        Request::ReMountSegment,
+        ReMountSegment {
+            client_id: C1,
+            segments: vec![],
+            held: vec![held("a", &a[0], "seg1")],
+        },
+    );
+    assert_eq!(r, Ok(()));
+    assert_eq!(t2.get("a").unwrap().replicas.len(), 1);
+}
+
+// ---- Admin view, metrics, batching -----------------------------------------------------------
+
+#[test]
+fn admin_view_reads_without_leasing() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("k", 100);
+    let d = t.svc.query_key("k").unwrap();
+    assert_eq!(d[0].segment_name, "seg1");
+    assert_eq!(t.svc.query_key("zz"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(t.remove("k", false), Ok(()), "query_key granted no lease");
+    let detail = &t.svc.segments_detail()[0];
+    assert_eq!(detail.segment_name, "seg1");
+    assert_eq!(detail.client_id, "1-1");
+    assert_eq!(detail.status, "OK");
+    assert_eq!(detail.allocator_capacity_bytes, 64 * MIB);
+    t.put("k", 100);
+    let text = t.svc.render_metrics();
+    for want in [
+        "master_key_count 1",
+        "master_allocated_bytes 112",
+        "master_total_capacity_bytes 67108864",
+        "master_active_clients 1",
+        "master_put_start_requests_total 2",
+        "master_remove_requests_total 1",
+        "master_exist_key_failures_total 0",
+        "# TYPE master_evicted_key_count counter",
+    ] {
+        assert!(text.lines().any(|l| l == want), "missing {want:?}");
+    }
+}
+
+#[test]
+fn handle_many_answers_in_order_under_one_lock() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let reqs = vec![
+        Request::PutStart(PutStart {
+            client_id: C1,
+            key: "k".into(),
+            size: 10,
+            config: ReplicateConfig::default(),
+        }),
+        Request::PutEnd(PutEnd {
+            client_id: C1,
+            key: "k".into(),
+        }),
+        Request::ExistKey(ExistKey { key: "k".into() }),
+        Request::ExistKey(ExistKey { key: "no".into() }),
+    ];
+    let mut out = Vec::new();
+    let mut bounds = Vec::new();
+    t.svc
+        .handle_many(reqs, &mut out, |o, start| bounds.push((start, o.len())));
+    assert_eq!(bounds.len(), 4);
+    let body = |i: usize| &out[bounds[i].0..bounds[i].1];
+    assert!(
+        Result::<Vec<ReplicaDescriptor>, ErrorCode>::from_bytes(body(0))
+            .unwrap()
+            .is_ok()
+    );
+    assert_eq!(
+        Result::<(), ErrorCode>::from_bytes(body(1)).unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        Result::<bool, ErrorCode>::from_bytes(body(2)).unwrap(),
+        Ok(true)
+    );
+    assert_eq!(
+        Result::<bool, ErrorCode>::from_bytes(body(3)).unwrap(),
+        Ok(false)
+    );
+    // Every reply validates against the protocol's own table.
+    let ops = [10u16, 11, 17, 17];
+    for (i, op) in ops.iter().enumerate() {
+        validate_response(*op, body(i)).unwrap();
+    }
+}
+
+#[test]
+fn random_requests_never_panic_and_always_decode() {
+    use rand::{Rng, SeedableRng};
+    let t = T::with(evict_cfg());
+    t.mount(1, 16 * MIB);
+    t.mount(2, 16 * MIB);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let keys: Vec<String> = (0..40).map(|i| format!("key{i}")).collect();
+    let key = |rng: &mut rand::rngs::StdRng| keys[rng.gen_range(0..keys.len())].clone();
+    for step in 0..20_000 {
+        let client = if rng.gen_bool(0.8) { C1 } else { C2 };
+        let size = [1u64, 100, 5000, MIB, 3 * MIB][rng.gen_range(0..5)];
+        let config = ReplicateConfig {
+            replica_num: rng.gen_range(0..3),
+            with_hard_pin: rng.gen_bool(0.05),
+            ..Default::default()
+        };
+        let req = match rng.gen_range(0..12) {
+            0 => Request::PutStart(PutStart {
+                client_id: client,
+                key: key(&mut rng),
+                size,
+                config,
+            }),
+            1 | 2 => Request::PutEnd(PutEnd {
+                client_id: client,
+                key: key(&mut rng),
+            }),
+            3 => Request::PutRevoke(PutRevoke {
+                client_id: client,
+                key: key(&mut rng),
+            }),
+            4 => Request::UpsertStart(UpsertStart {
+                client_id: client,
+                key: key(&mut rng),
+                size,
+                config,
+            }),
+            5 => Request::GetReplicaList(GetReplicaList { key: key(&mut rng) }),
+            6 => Request::ExistKey(ExistKey { key: key(&mut rng) }),
+            7 => Request::Remove(Remove {
+                key: key(&mut rng),
+                force: rng.gen_bool(0.5),
+            }),
+            8 => Request::BatchPutStart(BatchPutStart {
+                client_id: client,
+                keys: vec![key(&mut rng), key(&mut rng)],
+                sizes: vec![size, size],
+                config,
+            }),
+            9 => Request::RemoveByRegex(RemoveByRegex {
+                pattern: "key1.*".into(),
+                force: false,
+            }),
+            10 => Request::BatchExistKey(BatchExistKey {
+                keys: vec![key(&mut rng), key(&mut rng)],
+            }),
+            _ => Request::Ping(Ping { client_id: client }),
+        };
+        let op = req.opcode();
+        let mut out = Vec::new();
+        t.svc.handle(req, &mut out);
+        validate_response(op, &out).unwrap_or_else(|e| panic!("step {step} op {op}: {e}"));
+        t.advance(rng.gen_range(0..200));
+        if step % 10 == 0 {
+            t.svc.tick();
+        }
+        if step % 1000 == 0 {
+            t.call(
+                Request::ReMountSegment,
+                ReMountSegment {
+                    client_id: C1,
+                    segments: vec![],
+                    held: vec![],
+                },
+            )
+            .unwrap();
+        }
+    }
+    // Whatever happened, accounting holds: used bytes are exactly what objects and parked
+    // buffers own.
+    let st = t.svc.state.lock();
+    let owned: u64 = st
+        .objects
+        .values()
+        .flat_map(|o| o.replicas.iter().map(|r| r.span.len))
+        .sum::<u64>()
+        + st.zombies.iter().map(|z| z.span.len).sum::<u64>();
+    assert_eq!(st.usage().0, owned);
+    for o in st.objects.values() {
+        assert!(!o.replicas.is_empty());
+        let mut segs: Vec<u32> = o.replicas.iter().map(|r| r.seg.idx).collect();
+        segs.sort();
+        segs.dedup();
+        assert_eq!(segs.len(), o.replicas.len(), "one replica per segment");
+    }
+    // The in-flight index may overcount, never undercount.
+    let mut actual = std::collections::BTreeMap::new();
+    for o in st.objects.values().filter(|o| o.all_processing()) {
+        *actual.entry(o.put_start_ms / 1000).or_insert(0u64) += 1;
+    }
+    for (b, n) in actual {
+        assert!(st.inflight.get(&b).copied().unwrap_or(0) >= n, "bucket {b}");
+    }
+}
+
+#[test]
+fn in_flight_index_tracks_puts() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.start("a", 100).unwrap();
+    t.start("b", 100).unwrap();
+    assert_eq!(t.svc.state.lock().inflight.values().sum::<u64>(), 2);
+    t.end(C1, "a").unwrap();
+    t.revoke(C1, "b").unwrap();
+    assert!(t.svc.state.lock().inflight.is_empty());
+    upsert(&t, C1, "a", 100).unwrap();
+    upsert(&t, C2, "a", 100).unwrap();
+    assert_eq!(t.svc.state.lock().inflight.values().sum::<u64>(), 1);
+}
+
+/// Throughput smoke check of the hot paths (not a benchmark; see `bench/`):
+/// `cargo test --release -p mooncake-controlplane --lib perf_smoke -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn perf_smoke() {
+    let t = T::new();
+    for n in 1..=4 {
+        t.mount(n, 1 << 34);
+    }
+    let keys: Vec<String> = (0..100_000).map(|i| format!("kv-block-{i:012}")).collect();
+    let mut out = Vec::with_capacity(1 << 20);
+    let start = std::time::Instant::now();
+    for k in &keys {
+        out.clear();
+        t.svc.handle(
+            Request::PutStart(PutStart {
+                client_id: C1,
+                key: k.clone(),
+                size: 256 * 1024,
+                config: ReplicateConfig::default(),
+            }),
+            &mut out,
+        );
+        out.clear();
+        t.svc.handle(
+            Request::PutEnd(PutEnd {
+                client_id: C1,
+                key: k.clone(),
+            }),
+            &mut out,
+        );
+    }
+    let dt = start.elapsed();
+    println!(
+        "put start+end: {:.0} ops/s",
+        2.0 * keys.len() as f64 / dt.as_secs_f64()
+    );
+    let start = std::time::Instant::now();
+    let mut b = t.svc.batch();
+    for k in &keys {
+        out.clear();
+        b.handle(
+            Request::GetReplicaList(GetReplicaList { key: k.clone() }),
+            &mut out,
+        );
+    }
+    drop(b);
+    let dt = start.elapsed();
+    println!(
+        "get_replica_list: {:.0} ops/s",
+        keys.len() as f64 / dt.as_secs_f64()
+    );
+    let batch: Vec<String> = keys[..1000].to_vec();
+    let start = std::time::Instant::now();
+    let rounds = 1000;
+    for _ in 0..rounds {
+        out.clear();
+        t.svc.handle(
+            Request::BatchExistKey(BatchExistKey {
+                keys: batch.clone(),
+            }),
+            &mut out,
+        );
+    }
+    let dt = start.elapsed();
+    println!(
+        "batch exist (incl. cloning the keys): {:.0} items/s",
+        (rounds * batch.len()) as f64 / dt.as_secs_f64()
+    );
+    t.advance(1000);
+    let start = std::time::Instant::now();
+    t.svc.tick();
+    println!("tick over {} objects: {:?}", keys.len(), start.elapsed());
+}

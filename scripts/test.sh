@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: format and lint checks, unit tests, multi-process integration
+# tests against the real binaries on 127.0.0.1, and a bounded fuzzing run of every decoder.
+# Ends with a summary line per step and exits non-zero if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+export CARGO_TERM_COLOR=never
+results=()
+failed=0
+
+step() {
+  local name=$1
+  shift
+  echo
+  echo "=== ${name}: $* ==="
+  local t0=$SECONDS
+  if "$@"; then
+    results+=("PASS  ${name} ($((SECONDS - t0)) s)")
+  else
+    results+=("FAIL  ${name} ($((SECONDS - t0)) s)")
+    failed=1
+  fi
+}
+
+SETUP_FUZZ=1 bash scripts/setup.sh || exit 1
+
+step fmt cargo fmt --all -- --check
+step clippy cargo clippy --workspace --all-targets -- -D warnings
+step build cargo build --workspace --bins
+if cargo nextest --version >/dev/null 2>&1; then
+  step tests cargo nextest run --workspace --no-fail-fast
+else
+  step tests cargo test --workspace --no-fail-fast
+fi
+step doctests cargo test --workspace --doc
+step fuzz bash scripts/fuzz.sh "$FUZZ_SECONDS"
+
+echo
+echo "=== summary ==="
+printf '%s\n' "${results[@]}"
+exit $failed
