@@ -30,6 +30,9 @@ mod segments;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+
+/// The hash map of the index: foldhash, seeded per process.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -119,9 +122,9 @@ pub(crate) struct Zombie {
 /// Everything behind the service lock.
 pub(crate) struct State {
     pub cfg: ServiceConfig,
-    pub objects: HashMap<String, Object>,
+    pub objects: FastMap<String, Object>,
     pub segs: Segments,
-    pub clients: HashMap<Uuid, Client>,
+    pub clients: FastMap<Uuid, Client>,
     pub zombies: Vec<Zombie>,
     /// A put failed for lack of space: the next tick evicts even below the watermark.
     pub need_eviction: bool,
@@ -145,9 +148,9 @@ impl State {
     fn new(cfg: ServiceConfig, seed: u64) -> Self {
         State {
             cfg,
-            objects: HashMap::new(),
+            objects: FastMap::default(),
             segs: Segments::default(),
-            clients: HashMap::new(),
+            clients: FastMap::default(),
             zombies: Vec::new(),
             need_eviction: false,
             evict_epoch: 0,

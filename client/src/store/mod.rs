@@ -1,0 +1,510 @@
+//! The store client: `MooncakeDistributedStore` in Rust.
+//!
+//! A [`Store`] is a master client, an optional segment of this process's memory that it
+//! contributes to the pool (mounted at the master and served by a data-plane server), a pool
+//! of data-plane clients to other segments, and a table of caller buffers registered for the
+//! zero-copy calls. Every method is blocking and takes `&self`: many threads may use one store.
+//!
+//! A put asks the master where its replicas go (`PutStart`), writes the bytes to each replica
+//! itself, then commits (`PutEnd`) or, if any write failed, revokes (`PutRevoke`). A get asks
+//! for the replica list (granting a read lease), prefers a replica in its own segment (memcpy),
+//! and falls back to the next replica when a transfer fails. `OBJECT_ALREADY_EXISTS` from the
+//! master means another writer got there first: upstream reports that as success, and so do we.
+//!
+//! Invariants: caller addresses used by the zero-copy calls are checked against the registered
+//! buffers before any byte moves; a failed put never leaves a half-written object readable.
+
+mod budget;
+mod peers;
+mod setup;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dataplane::mem::Registry;
+use parking_lot::{Mutex, RwLock};
+use protocol::message::*;
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
+
+pub use budget::LocalBudget;
+pub use setup::StoreConfig;
+
+use crate::master::MasterClient;
+use peers::Peers;
+
+/// A ready store client. Dropping it is [`Store::close`].
+pub struct Store {
+    name: String,
+    client_id: Uuid,
+    master: Arc<MasterClient>,
+    peers: Peers,
+    budget: LocalBudget,
+    buffers: RwLock<Registry>,
+    own: Option<setup::OwnSegmentState>,
+    pinger: Mutex<Option<setup::Pinger>>,
+    closed: AtomicBool,
+}
+
+/// Maps a master-client failure to the code Python sees.
+fn rpc<T>(r: Result<Result<T, ErrorCode>, crate::ClientError>) -> Result<T, ErrorCode> {
+    r.map_err(|e| e.code())?
+}
+
+impl Store {
+    /// The `host:port` this client is known by (its segment's name).
+    pub fn hostname(&self) -> &str {
+        &self.name
+    }
+
+    pub fn client_id(&self) -> Uuid {
+        self.client_id
+    }
+
+    /// 0 healthy, 1 closed, 2 master unreachable (upstream's `HealthCheckStatus`).
+    pub fn health(&self) -> i32 {
+        if self.closed.load(Ordering::SeqCst) {
+            return 1;
+        }
+        match self.master.call(&ServiceReady {}) {
+            Ok(Ok(_)) => 0,
+            _ => 2,
+        }
+    }
+
+    /// Unmounts this client's segment (objects held only there are gone) and stops serving it.
+    /// Idempotent.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(p) = self.pinger.lock().take() {
+            p.stop();
+        }
+        if let Some(own) = &self.own {
+            let _ = self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: own.segment_id,
+            });
+            own.stop_serving();
+        }
+    }
+
+    fn check_open(&self) -> Result<(), ErrorCode> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        Ok(())
+    }
+
+    // ---- puts ---------------------------------------------------------------------------
+
+    /// Puts the concatenation of `parts` under `key` (first writer wins; an existing key is
+    /// success and stays unchanged). With `upsert`, overwrites instead.
+    pub fn put_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<(), ErrorCode> {
+        self.check_open()?;
+        if cfg.prefer_alloc_in_same_node {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let key = key.to_string();
+        let id = self.client_id;
+        let started = if upsert {
+            self.master.call(&UpsertStart {
+                client_id: id,
+                key: key.clone(),
+                size,
+                config: cfg.clone(),
+            })
+        } else {
+            self.master.call(&PutStart {
+                client_id: id,
+                key: key.clone(),
+                size,
+                config: cfg.clone(),
+            })
+        };
+        let replicas = match rpc(started) {
+            Err(ErrorCode::ObjectAlreadyExists) if !upsert => return Ok(()),
+            other => other?,
+        };
+        let written = replicas.iter().try_for_each(|r| self.peers.write(r, parts));
+        self.finish_put(key, upsert, written)
+    }
+
+    fn finish_put(
+        &self,
+        key: String,
+        upsert: bool,
+        written: Result<(), ErrorCode>,
+    ) -> Result<(), ErrorCode> {
+        let id = self.client_id;
+        match written {
+            Ok(()) if upsert => rpc(self.master.call(&UpsertEnd { client_id: id, key })),
+            Ok(()) => rpc(self.master.call(&PutEnd { client_id: id, key })),
+            Err(e) => {
+                let _ = if upsert {
+                    self.master
+                        .call(&UpsertRevoke { client_id: id, key })
+                        .map(|_| ())
+                } else {
+                    self.master
+                        .call(&PutRevoke { client_id: id, key })
+                        .map(|_| ())
+                };
+                Err(e)
+            }
+        }
+    }
+
+    /// `put` / `upsert` of one byte string, bounded by the local buffer.
+    pub fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<(), ErrorCode> {
+        let _r = self.budget.reserve(value.len() as u64)?;
+        self.put_parts(key, &[value], cfg, upsert)
+    }
+
+    /// Batch put of many objects, each the concatenation of its parts: one master round trip
+    /// to start, transfers, one to commit and one to revoke failures.
+    pub fn put_many(
+        &self,
+        keys: &[String],
+        values: &[Vec<&[u8]>],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<Result<(), ErrorCode>> {
+        if keys.len() != values.len() || self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); keys.len().max(values.len())];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let id = self.client_id;
+        let sizes: Vec<u64> = values
+            .iter()
+            .map(|v| v.iter().map(|p| p.len() as u64).sum())
+            .collect();
+        let started = if upsert {
+            self.master.call(&BatchUpsertStart {
+                client_id: id,
+                keys: keys.to_vec(),
+                sizes,
+                config: cfg.clone(),
+            })
+        } else {
+            self.master.call(&BatchPutStart {
+                client_id: id,
+                keys: keys.to_vec(),
+                sizes,
+                config: cfg.clone(),
+            })
+        };
+        let started = match rpc(started) {
+            Ok(s) if s.len() == keys.len() => s,
+            Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(keys.len());
+        let (mut commit, mut revoke) = (Vec::new(), Vec::new());
+        for (i, s) in started.into_iter().enumerate() {
+            match s {
+                Err(ErrorCode::ObjectAlreadyExists) if !upsert => results.push(Ok(())),
+                Err(e) => results.push(Err(e)),
+                Ok(replicas) => match replicas
+                    .iter()
+                    .try_for_each(|r| self.peers.write(r, &values[i]))
+                {
+                    Ok(()) => {
+                        commit.push(i);
+                        results.push(Ok(()));
+                    }
+                    Err(e) => {
+                        revoke.push(i);
+                        results.push(Err(e));
+                    }
+                },
+            }
+        }
+        let pick = |idx: &[usize]| idx.iter().map(|&i| keys[i].clone()).collect::<Vec<_>>();
+        if !commit.is_empty() {
+            let ended = if upsert {
+                self.master.call(&BatchUpsertEnd {
+                    client_id: id,
+                    keys: pick(&commit),
+                })
+            } else {
+                self.master.call(&BatchPutEnd {
+                    client_id: id,
+                    keys: pick(&commit),
+                })
+            };
+            match rpc(ended) {
+                Ok(per) => {
+                    for (&i, r) in commit.iter().zip(per) {
+                        results[i] = r;
+                    }
+                }
+                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e)),
+            }
+        }
+        if !revoke.is_empty() {
+            let _ = if upsert {
+                self.master
+                    .call(&BatchUpsertRevoke {
+                        client_id: id,
+                        keys: pick(&revoke),
+                    })
+                    .map(|_| ())
+            } else {
+                self.master
+                    .call(&BatchPutRevoke {
+                        client_id: id,
+                        keys: pick(&revoke),
+                    })
+                    .map(|_| ())
+            };
+        }
+        results
+    }
+
+    // ---- gets ---------------------------------------------------------------------------
+
+    /// The replica list of `key` (grants a read lease).
+    pub fn replicas(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
+        self.check_open()?;
+        rpc(self.master.call(&GetReplicaList {
+            key: key.to_string(),
+        }))
+    }
+
+    pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<ReplicaList, ErrorCode>> {
+        if self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        match rpc(self.master.call(&BatchGetReplicaList {
+            keys: keys.to_vec(),
+        })) {
+            Ok(v) if v.len() == keys.len() => v,
+            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
+            Err(e) => vec![Err(e); keys.len()],
+        }
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
+    /// replica first and then the others; fails with `LEASE_EXPIRED` if the read outlived the
+    /// lease it was granted under.
+    pub fn read_from(
+        &self,
+        list: &ReplicaList,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), ErrorCode> {
+        let t0 = Instant::now();
+        let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().collect();
+        order.sort_by_key(|r| !self.own_endpoint_is(&r.transport_endpoint));
+        let mut last = ErrorCode::InvalidReplica;
+        for r in order {
+            match self.peers.read(r, offset, dst) {
+                Ok(()) => {
+                    if list.lease_ttl_ms > 0 && t0.elapsed().as_millis() as u64 > list.lease_ttl_ms
+                    {
+                        return Err(ErrorCode::LeaseExpired);
+                    }
+                    return Ok(());
+                }
+                Err(ErrorCode::InvalidParams) => return Err(ErrorCode::InvalidParams),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn own_endpoint_is(&self, ep: &str) -> bool {
+        self.own.as_ref().is_some_and(|o| o.endpoint == ep)
+    }
+
+    /// The object's bytes (bounded by the local buffer).
+    pub fn get(&self, key: &str) -> Result<Vec<u8>, ErrorCode> {
+        let list = self.replicas(key)?;
+        let size = list
+            .replicas
+            .first()
+            .map(|r| r.size)
+            .ok_or(ErrorCode::InvalidReplica)?;
+        let _r = self.budget.reserve(size)?;
+        let mut out = vec![0u8; size as usize];
+        self.read_from(&list, 0, &mut out)?;
+        Ok(out)
+    }
+
+    pub fn get_size(&self, key: &str) -> Result<u64, ErrorCode> {
+        let list = self.replicas(key)?;
+        list.replicas
+            .first()
+            .map(|r| r.size)
+            .ok_or(ErrorCode::InvalidReplica)
+    }
+
+    // ---- metadata -------------------------------------------------------------------------
+
+    pub fn is_exist(&self, key: &str) -> Result<bool, ErrorCode> {
+        self.check_open()?;
+        rpc(self.master.call(&ExistKey {
+            key: key.to_string(),
+        }))
+    }
+
+    pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, ErrorCode>> {
+        if self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        match rpc(self.master.call(&BatchExistKey {
+            keys: keys.to_vec(),
+        })) {
+            Ok(v) if v.len() == keys.len() => v,
+            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
+            Err(e) => vec![Err(e); keys.len()],
+        }
+    }
+
+    pub fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
+        self.check_open()?;
+        rpc(self.master.call(&Remove {
+            key: key.to_string(),
+            force,
+        }))
+    }
+
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
+        self.check_open()?;
+        rpc(self.master.call(&RemoveByRegex {
+            pattern: pattern.to_string(),
+            force,
+        }))
+    }
+
+    pub fn remove_all(&self, force: bool) -> Result<u64, ErrorCode> {
+        self.check_open()?;
+        rpc(self.master.call(&RemoveAll { force }))
+    }
+
+    pub fn batch_remove(&self, keys: &[String], force: bool) -> Vec<Result<(), ErrorCode>> {
+        if self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        match rpc(self.master.call(&BatchRemove {
+            keys: keys.to_vec(),
+            force,
+        })) {
+            Ok(v) if v.len() == keys.len() => v,
+            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
+            Err(e) => vec![Err(e); keys.len()],
+        }
+    }
+
+    // ---- zero copy --------------------------------------------------------------------------
+
+    /// Registers `[addr, addr + len)` of caller memory for the zero-copy calls. Registering the
+    /// same buffer again is a no-op; overlapping another buffer is `INVALID_PARAMS`.
+    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<(), ErrorCode> {
+        let mut b = self.buffers.write();
+        if b.find(addr) == Some((addr, len)) {
+            return Ok(());
+        }
+        b.register(addr, len).map_err(|_| ErrorCode::InvalidParams)
+    }
+
+    pub fn unregister_buffer(&self, addr: u64) -> Result<(), ErrorCode> {
+        self.buffers
+            .write()
+            .unregister(addr)
+            .map(|_| ())
+            .map_err(|_| ErrorCode::InvalidParams)
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one registered buffer (or our own segment).
+    pub fn is_registered(&self, addr: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        self.buffers.read().check(addr, len)
+    }
+
+    /// A view of registered caller memory, or `INVALID_PARAMS` for an unregistered range.
+    ///
+    /// # Safety
+    /// The caller (Python, via `register_buffer`) promised the registered memory stays valid
+    /// until it is unregistered; the range check is what we can verify.
+    pub fn caller_slice(&self, addr: u64, len: u64) -> Result<&'static [u8], ErrorCode> {
+        if !self.is_registered(addr, len) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: [addr, addr + len) lies inside a buffer the caller registered and promised
+        // to keep valid while registered.
+        Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
+    }
+
+    /// Mutable twin of [`Self::caller_slice`].
+    #[allow(clippy::mut_from_ref)]
+    pub fn caller_slice_mut(&self, addr: u64, len: u64) -> Result<&'static mut [u8], ErrorCode> {
+        if !self.is_registered(addr, len) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as `caller_slice`; the caller owns the memory and gives us exclusive use of
+        // the range for the duration of the call.
+        Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
+    }
+
+    /// `get_into`: reads the whole object into registered memory; returns its size.
+    pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
+        let list = self.replicas(key)?;
+        let size = list
+            .replicas
+            .first()
+            .map(|r| r.size)
+            .ok_or(ErrorCode::InvalidReplica)?;
+        if size > len {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let dst = self.caller_slice_mut(addr, size)?;
+        self.read_from(&list, 0, dst)?;
+        Ok(size)
+    }
+
+    /// The local-buffer budget, for callers that stage (tensors, `get_buffer`).
+    pub fn budget(&self) -> &LocalBudget {
+        &self.budget
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -1,0 +1,272 @@
+//! Bringing a store client up: naming, the own segment, mounting, and the liveness pinger.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dataplane::mem::{Registry, Segment, SegmentOptions};
+use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use parking_lot::{Mutex, RwLock};
+use protocol::message::{MountSegment, Ping, ReMountSegment};
+use protocol::{ClientStatus, ErrorCode, Segment as SegmentDesc, Uuid};
+
+use super::peers::{OwnSegment, Peers};
+use super::{LocalBudget, Store};
+use crate::master::MasterClient;
+
+/// Ports tried for a client that gives no port (upstream's `MC_STORE_CLIENT_MIN/MAX_PORT`).
+const CLIENT_PORT_MIN: u16 = 12300;
+const CLIENT_PORT_MAX: u16 = 14300;
+/// Attempts at finding a free port (upstream's `MC_STORE_CLIENT_SETUP_RETRIES`).
+const CLIENT_PORT_ATTEMPTS: usize = 20;
+/// How often the client tells the master it is alive.
+pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `setup(...)` arguments.
+#[derive(Clone, Debug, Default)]
+pub struct StoreConfig {
+    pub local_hostname: String,
+    pub metadata_server: String,
+    pub global_segment_size: u64,
+    pub local_buffer_size: u64,
+    pub protocol: String,
+    pub rdma_devices: String,
+    pub master_server_addr: String,
+}
+
+/// The segment this client contributes, and the server that serves it.
+pub struct OwnSegmentState {
+    pub segment_id: Uuid,
+    pub endpoint: String,
+    pub desc: SegmentDesc,
+    server: Mutex<Option<TcpServer>>,
+    _segment: Arc<Segment>,
+}
+
+impl OwnSegmentState {
+    pub fn stop_serving(&self) {
+        self.server.lock().take();
+    }
+}
+
+pub struct Pinger {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Pinger {
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.thread().unpark();
+        let _ = self.thread.join();
+    }
+}
+
+/// A random id from the process's hash seeds (no extra dependency needed for 128 bits).
+pub fn random_uuid() -> Uuid {
+    use std::hash::{BuildHasher, Hasher};
+    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
+    a.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    a.write_u32(std::process::id());
+    let hi = a.finish();
+    let mut b = std::collections::hash_map::RandomState::new().build_hasher();
+    b.write_u64(hi);
+    Uuid::from_parts(hi, b.finish())
+}
+
+fn split_host_port(s: &str) -> (String, Option<u16>) {
+    if let Some(rest) = s.strip_prefix('[') {
+        if let Some((h, p)) = rest.split_once("]:") {
+            return (h.to_string(), p.parse().ok());
+        }
+        return (rest.trim_end_matches(']').to_string(), None);
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => match p.parse() {
+            Ok(port) => (h.to_string(), Some(port)),
+            Err(_) => (s.to_string(), None),
+        },
+        _ => (s.to_string(), None),
+    }
+}
+
+fn resolve_ip(host: &str) -> Result<IpAddr, ErrorCode> {
+    if let Ok(ip) = std::env::var("MC_TCP_BIND_ADDRESS")
+        .unwrap_or_default()
+        .parse()
+    {
+        return Ok(ip);
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or(ErrorCode::InvalidParams)
+}
+
+/// Binds the data-plane server: on `port` if given, else on a free port in upstream's range.
+fn bind_server(
+    ip: IpAddr,
+    port: Option<u16>,
+    memory: Arc<ServedMemory>,
+) -> Result<TcpServer, ErrorCode> {
+    let cfg = ServerConfig::default();
+    let candidates: Vec<u16> = match port {
+        Some(p) => vec![p, 0],
+        None => {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            let start = h.finish();
+            let span = (CLIENT_PORT_MAX - CLIENT_PORT_MIN + 1) as u64;
+            (0..CLIENT_PORT_ATTEMPTS as u64)
+                .map(|i| CLIENT_PORT_MIN + ((start.wrapping_add(i * 7919)) % span) as u16)
+                .collect()
+        }
+    };
+    for p in candidates {
+        // Probe first so a busy port is skipped quickly.
+        if p != 0 && TcpListener::bind((ip, p)).is_err() {
+            continue;
+        }
+        if let Ok(s) = TcpServer::bind(SocketAddr::new(ip, p), memory.clone(), cfg) {
+            return Ok(s);
+        }
+    }
+    Err(ErrorCode::InvalidParams)
+}
+
+impl Store {
+    /// Connects to the master, maps and mounts this client's segment, starts pinging.
+    pub fn setup(cfg: StoreConfig) -> Result<Store, ErrorCode> {
+        if cfg.local_hostname.is_empty() || cfg.master_server_addr.is_empty() {
+            return Err(ErrorCode::InvalidParams);
+        }
+        if cfg.protocol != "tcp" && !cfg.protocol.is_empty() && cfg.protocol != "rdma" {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let master = Arc::new(MasterClient::new(&cfg.master_server_addr).map_err(|e| e.code())?);
+        master.connect().map_err(|e| e.code())?;
+        let client_id = random_uuid();
+        let (host, port) = split_host_port(&cfg.local_hostname);
+        let ip = resolve_ip(&host)?;
+        let memory = ServedMemory::new();
+        let server = bind_server(ip, port, memory.clone())?;
+        let data_port = server.local_addr().port();
+        let name = match port {
+            Some(_) => cfg.local_hostname.clone(),
+            None => format!("{host}:{data_port}"),
+        };
+        let endpoint = SocketAddr::new(ip, data_port).to_string();
+        let own = if cfg.global_segment_size > 0 {
+            let options = SegmentOptions::default();
+            let seg = Arc::new(
+                Segment::new(cfg.global_segment_size as usize, options)
+                    .map_err(|_| ErrorCode::InvalidParams)?,
+            );
+            memory
+                .register_segment(seg.clone())
+                .map_err(|_| ErrorCode::InternalError)?;
+            let desc = SegmentDesc {
+                id: random_uuid(),
+                name: name.clone(),
+                base: seg.addr() as u64,
+                size: seg.len() as u64,
+                te_endpoint: endpoint.clone(),
+                protocol: "tcp".into(),
+                host_id: ip.to_string(),
+            };
+            super::rpc(master.call(&MountSegment {
+                client_id,
+                segment: desc.clone(),
+            }))?;
+            Some(OwnSegmentState {
+                segment_id: desc.id,
+                endpoint: endpoint.clone(),
+                desc,
+                server: Mutex::new(Some(server)),
+                _segment: seg,
+            })
+        } else {
+            drop(server);
+            None
+        };
+        let own_seg = own.as_ref().map(|o| OwnSegment {
+            base: o.desc.base,
+            len: o.desc.size,
+        });
+        let pinger = start_pinger(
+            master.clone(),
+            client_id,
+            own.as_ref().map(|o| o.desc.clone()),
+        );
+        Ok(Store {
+            name,
+            client_id,
+            master,
+            peers: Peers::new(own.as_ref().map(|o| o.endpoint.clone()), own_seg),
+            budget: LocalBudget::new(cfg.local_buffer_size),
+            buffers: RwLock::new(Registry::new()),
+            own,
+            pinger: Mutex::new(Some(pinger)),
+            closed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Pings every second; when the master does not know us (it restarted, or we were expired),
+/// re-mounts our segment.
+fn start_pinger(master: Arc<MasterClient>, client_id: Uuid, seg: Option<SegmentDesc>) -> Pinger {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("mc-store-ping".into())
+        .spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                if let Ok(Ok(p)) = master.call(&Ping { client_id }) {
+                    if p.status == ClientStatus::NeedRemount {
+                        let segments = seg.iter().cloned().collect();
+                        let r = master.call(&ReMountSegment {
+                            client_id,
+                            segments,
+                            held: Vec::new(),
+                        });
+                        tracing::info!("master asked for a re-mount: {:?}", r.map(|x| x.is_ok()));
+                    }
+                }
+                std::thread::park_timeout(PING_INTERVAL);
+            }
+        })
+        .expect("spawn pinger thread");
+    Pinger { stop, thread }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_splitting() {
+        assert_eq!(split_host_port("localhost"), ("localhost".into(), None));
+        assert_eq!(
+            split_host_port("127.0.0.1:12345"),
+            ("127.0.0.1".into(), Some(12345))
+        );
+        assert_eq!(split_host_port("[::1]:5"), ("::1".into(), Some(5)));
+        assert_eq!(split_host_port("::1"), ("::1".into(), None));
+        assert_eq!(split_host_port("h:notaport"), ("h:notaport".into(), None));
+    }
+
+    #[test]
+    fn uuids_differ() {
+        assert_ne!(random_uuid(), random_uuid());
+    }
+}

@@ -1,0 +1,170 @@
+//! The Rust store client against the real master binary: two clients in this process, each
+//! contributing a segment served over real loopback sockets.
+
+use client::{Store, StoreConfig};
+use mooncake_tests::Master;
+use protocol::{ErrorCode, ReplicateConfig};
+
+fn store(m: &Master, seg_mib: u64, buf_mib: u64) -> Store {
+    Store::setup(StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: format!("http://127.0.0.1:{}/metadata", m.http_metadata_port),
+        global_segment_size: seg_mib << 20,
+        local_buffer_size: buf_mib << 20,
+        protocol: "tcp".into(),
+        rdma_devices: String::new(),
+        master_server_addr: m.rpc_addr(),
+    })
+    .expect("setup")
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn put_on_one_client_get_on_another() {
+    let m = Master::start(&["--default_kv_lease_ttl=200"]);
+    let a = store(&m, 64, 32);
+    let b = store(&m, 64, 32);
+    let port = |s: &Store| {
+        s.hostname()
+            .rsplit_once(':')
+            .unwrap()
+            .1
+            .parse::<u16>()
+            .unwrap()
+    };
+    assert!((12300..=14300).contains(&port(&a)), "{}", a.hostname());
+    assert_ne!(a.hostname(), b.hostname());
+
+    let cfg = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    for (i, len) in [1usize, 4096, 100_000, 3 << 20].into_iter().enumerate() {
+        let key = format!("obj-{i}");
+        let v = pattern(i as u8, len);
+        a.put(&key, &v, &cfg, false).unwrap();
+        assert_eq!(b.get(&key).unwrap(), v, "{key}");
+        assert_eq!(a.get(&key).unwrap(), v, "{key}");
+        assert_eq!(b.get_size(&key), Ok(len as u64));
+        let list = b.replicas(&key).unwrap();
+        let names: std::collections::HashSet<_> =
+            list.replicas.iter().map(|r| &r.segment_name).collect();
+        assert_eq!(names.len(), 2, "replicas must sit on distinct segments");
+    }
+    // First writer wins: a second put succeeds but does not overwrite; upsert does.
+    a.put("obj-0", b"zz", &cfg, false).unwrap();
+    assert_eq!(b.get("obj-0").unwrap(), pattern(0, 1));
+    a.put("obj-0", b"new!", &cfg, true).unwrap();
+    assert_eq!(b.get("obj-0").unwrap(), b"new!");
+
+    assert_eq!(b.get("missing"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(b.is_exist("obj-1"), Ok(true));
+    assert_eq!(b.remove("obj-1", false), Err(ErrorCode::ObjectHasLease));
+    std::thread::sleep(std::time::Duration::from_millis(250));
+    assert_eq!(b.remove("obj-1", false), Ok(()));
+    assert_eq!(b.is_exist("obj-1"), Ok(false));
+}
+
+#[test]
+fn data_survives_the_writers_close_only_with_a_second_replica() {
+    let m = Master::start(&[]);
+    let a = store(&m, 32, 16);
+    let b = store(&m, 32, 16);
+    let one = ReplicateConfig {
+        replica_num: 1,
+        preferred_segment: a.hostname().into(),
+        ..Default::default()
+    };
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    a.put("only-on-a", b"solo", &one, false).unwrap();
+    a.put("on-both", b"duo", &two, false).unwrap();
+    a.close();
+    a.close(); // idempotent
+    assert_eq!(b.get("on-both").unwrap(), b"duo");
+    assert!(b.get("only-on-a").is_err());
+    assert_eq!(b.is_exist("only-on-a"), Ok(false));
+}
+
+#[test]
+fn local_buffer_bounds_the_copying_calls() {
+    let m = Master::start(&[]);
+    let s = store(&m, 16, 0);
+    assert_eq!(
+        s.put("k", b"value", &ReplicateConfig::default(), false),
+        Err(ErrorCode::InvalidParams)
+    );
+    assert_eq!(s.is_exist("k"), Ok(false));
+    let big = store(&m, 16, 1);
+    assert_eq!(
+        big.put(
+            "k2",
+            &vec![7u8; 2 << 20],
+            &ReplicateConfig::default(),
+            false
+        ),
+        Err(ErrorCode::InvalidParams)
+    );
+}
+
+#[test]
+fn zero_copy_calls_only_touch_registered_memory() {
+    let m = Master::start(&[]);
+    let s = store(&m, 16, 4);
+    let src = pattern(3, 8192);
+    let mut dst = vec![0u8; 8192];
+    let (sp, dp) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+    // Unregistered memory is refused before any byte moves.
+    let cfg = ReplicateConfig::default();
+    assert_eq!(
+        s.caller_slice(sp, 8192).err(),
+        Some(ErrorCode::InvalidParams)
+    );
+    s.register_buffer(sp, 8192).unwrap();
+    s.register_buffer(dp, 8192).unwrap();
+    s.register_buffer(sp, 8192).unwrap(); // same buffer again: fine
+    assert_eq!(
+        s.register_buffer(sp + 10, 10),
+        Err(ErrorCode::InvalidParams)
+    );
+    s.put_parts("zc", &[s.caller_slice(sp, 8192).unwrap()], &cfg, false)
+        .unwrap();
+    assert_eq!(s.get_into("zc", dp, 100), Err(ErrorCode::InvalidParams)); // too small
+    assert_eq!(s.get_into("zc", dp, 8192), Ok(8192));
+    assert_eq!(dst, src);
+    s.unregister_buffer(dp).unwrap();
+    assert_eq!(s.get_into("zc", dp, 8192), Err(ErrorCode::InvalidParams));
+    assert_eq!(s.unregister_buffer(dp), Err(ErrorCode::InvalidParams));
+}
+
+#[test]
+fn batches_report_per_key() {
+    let m = Master::start(&[]);
+    let s = store(&m, 32, 16);
+    let keys: Vec<String> = (0..20).map(|i| format!("bk{i}")).collect();
+    let vals: Vec<Vec<u8>> = (0..20).map(|i| pattern(i as u8, 1000 + i)).collect();
+    let parts: Vec<Vec<&[u8]>> = vals.iter().map(|v| vec![v.as_slice()]).collect();
+    let r = s.put_many(&keys, &parts, &ReplicateConfig::default(), false);
+    assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
+    let mut probe = keys.clone();
+    probe.push("nope".into());
+    let ex = s.batch_is_exist(&probe);
+    assert!(ex[..20].iter().all(|x| *x == Ok(true)));
+    assert_eq!(ex[20], Ok(false));
+    for (k, v) in keys.iter().zip(&vals) {
+        assert_eq!(&s.get(k).unwrap(), v);
+    }
+    assert!(s
+        .put_many(&keys[..2], &parts[..1], &ReplicateConfig::default(), false)
+        .iter()
+        .all(|x| *x == Err(ErrorCode::InvalidParams)));
+    assert_eq!(s.remove_by_regex("^bk1", true), Ok(11));
+    assert_eq!(s.remove_all(true), Ok(9));
+}
