@@ -12,9 +12,11 @@
 //! - [`config`]: flags (`--flag=value`, `--flag value`, config files) and their validation;
 //! - [`rpc`]: the tokio server speaking the control frames of `protocol`;
 //! - [`http`]: the HTTP metadata server and the admin/metrics server;
-//! - [`clock`]: time enters through a trait so tests can move it by hand.
+//! - [`clock`]: time enters through a trait so tests can move it by hand;
+//! - [`cli`]: the `mooncake_master` program as a function (binary and Python entry point).
 
 pub mod alloc;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod http;

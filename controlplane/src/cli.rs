@@ -1,0 +1,186 @@
+//! The `mooncake_master` program as a library function, so that the binary and the Python
+//! console script (`mooncake_master` from `pip install`) run the same code.
+//!
+//! Parses upstream's flags, starts the RPC server, the admin/metrics server and (with
+//! `--enable_http_metadata_server`) the HTTP metadata server, runs the service's periodic work,
+//! and returns 0 on SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::SystemClock;
+use crate::config::{MasterConfig, ParsedArgs};
+use crate::http::{admin, metadata};
+use crate::rpc;
+use crate::service::MasterService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+/// How often the service's periodic work (liveness, stale puts, eviction) runs.
+const TICK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Runs the master with `args` (without the program name); returns the process exit code.
+pub fn master_main(args: Vec<String>) -> i32 {
+    let cfg = match MasterConfig::from_args(args) {
+        Ok(ParsedArgs::Run(cfg, warnings)) => {
+            init_logging();
+            for w in warnings {
+                warn!("{w}");
+            }
+            cfg
+        }
+        Ok(ParsedArgs::Help(text)) | Ok(ParsedArgs::Version(text)) => {
+            println!("{text}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("mooncake_master: {e}");
+            eprintln!("Try --help for the list of flags.");
+            return 2;
+        }
+    };
+    if cfg.enable_ha {
+        eprintln!("mooncake_master: --enable_ha is not available yet in this build");
+        return 2;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.rpc_threads().max(1))
+        .thread_name("mc-master")
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cfg)) {
+        Ok(()) => 0,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("mooncake_master: {e}");
+            1
+        }
+    }
+}
+
+/// `MC_LOG_LEVEL` (0 info, 1 warning, 2 error, or a name) or `RUST_LOG` picks the level.
+fn init_logging() {
+    let level = match std::env::var("MC_LOG_LEVEL").ok().as_deref().map(str::trim) {
+        Some("0") => "info",
+        Some("1") => "warn",
+        Some("2") | Some("3") => "error",
+        Some(other) if !other.is_empty() => other,
+        _ => "info",
+    }
+    .to_string();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}
+
+async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot bind {what} on {addr}: {e}"))
+}
+
+async fn run(cfg: MasterConfig) -> Result<(), String> {
+    let service = Arc::new(MasterService::new(
+        cfg.service.clone(),
+        Arc::new(SystemClock::new()),
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let rpc_listener = bind(&cfg.rpc_address, cfg.rpc_listen_port(), "RPC").await?;
+    let rpc_addr: SocketAddr = rpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let admin_listener = bind(&cfg.metrics_host, cfg.metrics_port, "admin/metrics").await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    if cfg.enable_http_metadata_server {
+        let l = bind(
+            &cfg.http_metadata_server_host,
+            cfg.http_metadata_server_port,
+            "HTTP metadata",
+        )
+        .await?;
+        info!(
+            "HTTP metadata server on http://{}/metadata",
+            l.local_addr().map_err(|e| e.to_string())?
+        );
+        let store = Arc::new(metadata::MetadataStore::new());
+        let stop = stopped();
+        tasks.spawn(async move {
+            if let Err(e) = metadata::serve_metadata(l, store, stop).await {
+                error!("HTTP metadata server: {e}");
+            }
+        });
+    }
+    info!(
+        "admin/metrics on http://{}",
+        admin_listener.local_addr().map_err(|e| e.to_string())?
+    );
+    let view: Arc<dyn crate::view::AdminView> = service.clone();
+    let stop = stopped();
+    tasks.spawn(async move {
+        if let Err(e) = admin::serve_admin(admin_listener, view, stop).await {
+            error!("admin server: {e}");
+        }
+    });
+    let svc = service.clone();
+    let stop_tick = stopped();
+    tasks.spawn(async move {
+        tokio::pin!(stop_tick);
+        let mut every = tokio::time::interval(TICK_INTERVAL);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop_tick => return,
+                _ = every.tick() => {
+                    let s = svc.clone();
+                    // The pass may take a while under heavy eviction: keep it off the I/O workers.
+                    let _ = tokio::task::spawn_blocking(move || s.tick()).await;
+                }
+            }
+        }
+    });
+    let svc = service.clone();
+    tasks.spawn(rpc::serve(rpc_listener, svc, stopped()));
+    info!(
+        "mooncake_master {} serving RPC on {rpc_addr} (cluster {})",
+        env!("CARGO_PKG_VERSION"),
+        cfg.cluster_id()
+    );
+
+    wait_for_signal().await;
+    info!("shutting down");
+    let _ = stop_tx.send(true);
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
+        warn!("some tasks did not stop within 5 s");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
