@@ -6,6 +6,7 @@ use protocol::{ErrorCode, ReplicaDescriptor};
 
 use super::dispatch::encode_replicas;
 use super::MasterService;
+use crate::alloc::Fragmentation;
 use crate::view::{AdminView, SegmentDetail};
 
 impl AdminView for MasterService {
@@ -55,6 +56,83 @@ impl AdminView for MasterService {
 
     fn render_metrics(&self) -> String {
         let g = self.gauges();
-        self.metrics.render(&g)
+        let mut text = self.metrics.render(&g);
+        let frag: Vec<(String, Fragmentation)> = {
+            let st = self.state.lock();
+            st.segs
+                .iter()
+                .map(|s| (s.name.clone(), s.alloc.fragmentation()))
+                .collect()
+        };
+        render_fragmentation(&mut text, &frag);
+        text
+    }
+}
+
+/// Per-segment allocator fragmentation, so operators can see when free space splinters.
+fn render_fragmentation(out: &mut String, segs: &[(String, Fragmentation)]) {
+    use std::fmt::Write;
+    let gauges: [(&str, &str, fn(&Fragmentation) -> f64); 3] = [
+        (
+            "mooncake_segment_fragmentation_ratio",
+            "1 - largest free extent / free extent bytes (0: one free extent)",
+            |f| f.ratio(),
+        ),
+        (
+            "mooncake_segment_largest_free_extent_bytes",
+            "Largest object that surely fits outside the slabs",
+            |f| f.largest_free_extent_bytes as f64,
+        ),
+        (
+            "mooncake_segment_free_extents",
+            "Number of free extents",
+            |f| f.free_extents as f64,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (seg, f) in segs {
+            let _ = writeln!(
+                out,
+                "{name}{{segment=\"{}\"}} {}",
+                escape_label(seg),
+                value(f)
+            );
+        }
+    }
+}
+
+/// Escapes a Prometheus label value (backslash, quote, newline).
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragmentation_gauges_are_labelled_per_segment() {
+        let f = Fragmentation {
+            free_bytes: 100,
+            extent_free_bytes: 100,
+            largest_free_extent_bytes: 25,
+            free_extents: 3,
+            slabs: 0,
+            slab_bytes: 0,
+            slab_used_bytes: 0,
+        };
+        let mut out = String::new();
+        render_fragmentation(&mut out, &[("h:1\"x".to_string(), f)]);
+        assert!(
+            out.contains("mooncake_segment_fragmentation_ratio{segment=\"h:1\\\"x\"} 0.75"),
+            "{out}"
+        );
+        assert!(
+            out.contains("mooncake_segment_free_extents{segment=\"h:1\\\"x\"} 3"),
+            "{out}"
+        );
     }
 }
