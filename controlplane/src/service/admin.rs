@@ -69,10 +69,13 @@ impl AdminView for MasterService {
     }
 }
 
+/// A gauge: metric name, help text, how to read it from a segment's fragmentation.
+type Gauge = (&'static str, &'static str, fn(&Fragmentation) -> f64);
+
 /// Per-segment allocator fragmentation, so operators can see when free space splinters.
 fn render_fragmentation(out: &mut String, segs: &[(String, Fragmentation)]) {
     use std::fmt::Write;
-    let gauges: [(&str, &str, fn(&Fragmentation) -> f64); 3] = [
+    let gauges: [Gauge; 3] = [
         (
             "mooncake_segment_fragmentation_ratio",
             "1 - largest free extent / free extent bytes (0: one free extent)",
