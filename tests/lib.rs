@@ -186,3 +186,139 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
         b = &b[eol + 2 + size + 2..];
     }
 }
+
+impl Master {
+    /// Starts the master on given ports (to restart it where its clients expect it).
+    pub fn start_on(
+        rpc_port: u16,
+        metrics_port: u16,
+        http_metadata_port: u16,
+        extra: &[&str],
+    ) -> Master {
+        let mut args = vec![
+            format!("--rpc_port={rpc_port}"),
+            "--rpc_address=127.0.0.1".to_string(),
+            format!("--metrics_port={metrics_port}"),
+            "--metrics_host=127.0.0.1".to_string(),
+            "--enable_http_metadata_server=true".to_string(),
+            "--http_metadata_server_host=127.0.0.1".to_string(),
+            format!("--http_metadata_server_port={http_metadata_port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(bin_path("mooncake_master"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn mooncake_master");
+        let m = Master {
+            child,
+            rpc_port,
+            metrics_port,
+            http_metadata_port,
+        };
+        assert!(
+            wait_for_port(rpc_port, Duration::from_secs(10)),
+            "master RPC port never opened"
+        );
+        m
+    }
+}
+
+/// One segment a storage node reported mounting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSegment {
+    pub name: String,
+    pub te_endpoint: String,
+    pub base: u64,
+    pub size: u64,
+}
+
+/// A running `mooncake_client` storage node, killed when dropped.
+pub struct Node {
+    pub child: Child,
+    pub port: u16,
+    /// The segments it mounted, shard by shard (from its start-up lines).
+    pub segments: Vec<NodeSegment>,
+}
+
+impl Node {
+    /// Starts a node on 127.0.0.1 against `master` (its RPC and HTTP metadata) with `extra`
+    /// flags, and waits until it printed `mooncake_client ready`.
+    pub fn start(master: &Master, extra: &[&str]) -> Node {
+        use std::io::BufRead;
+        let port = free_port();
+        let mut args = vec![
+            "--host=127.0.0.1".to_string(),
+            format!("--port={port}"),
+            format!("--master_server_address={}", master.rpc_addr()),
+            format!(
+                "--metadata_server=http://127.0.0.1:{}/metadata",
+                master.http_metadata_port
+            ),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut child = Command::new(bin_path("mooncake_client"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn mooncake_client");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut segments = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .expect("mooncake_client never printed `ready`");
+            if line.trim() == "mooncake_client ready" {
+                break;
+            }
+            // shard <i> segment <name> te_endpoint <ep> base <0x..> size <n>
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.len() == 10 && w[0] == "shard" {
+                segments.push(NodeSegment {
+                    name: w[3].to_string(),
+                    te_endpoint: w[5].to_string(),
+                    base: u64::from_str_radix(w[7].trim_start_matches("0x"), 16).expect("base"),
+                    size: w[9].parse().expect("size"),
+                });
+            }
+        }
+        Node {
+            child,
+            port,
+            segments,
+        }
+    }
+
+    /// Sends a signal and waits for the exit status (at most `timeout`).
+    pub fn signal_and_wait(&mut self, sig: i32, timeout: Duration) -> Option<ExitStatus> {
+        // SAFETY: kill(2) on a child pid we own; no memory is touched.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -5,9 +5,15 @@
 //!   and waits for its answers, which one reader thread hands back by request id.
 //! - [`store::Store`]: `MooncakeDistributedStore` in Rust: puts and gets that ask the master
 //!   where, then move the bytes themselves over the data plane.
+//! - [`node`]: the storage node behind the `mooncake_client` binary: N shards, each with its
+//!   own segment and data port, mounted at the master as separate segments.
 
 pub mod master;
+pub mod node;
 pub mod store;
 
+/// The data plane this client is built on, re-exported so that integration tests and tools
+/// holding only this crate reach the same `TcpClient` and memory types.
+pub use dataplane;
 pub use master::{ClientError, MasterClient};
 pub use store::{Store, StoreConfig};

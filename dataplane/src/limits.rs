@@ -33,6 +33,32 @@ pub const IO_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default bound on establishing one connection.
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
+/// An io_uring shard's event-loop iteration whose work (not its wait) takes longer than this
+/// counts as a stall.
+pub const LOOP_STALL_THRESHOLD: Duration = Duration::from_millis(1);
+/// Longest an io_uring shard sleeps in the kernel before checking I/O timeouts.
+pub const SHARD_TICK: Duration = Duration::from_millis(50);
+/// Submission-queue entries of a shard's ring; the completion queue has twice as many.
+/// Every operation has at most one entry queued, so this bounds nothing but batching.
+pub const SHARD_RING_ENTRIES: u32 = 1024;
+/// Responses a shard coalesces into one `sendmsg` (two iovecs each, below `UIO_MAXIOV`).
+pub const SEND_BATCH_RESPONSES_MAX: usize = 64;
+/// Bytes a shard puts into one `sendmsg` (the completion's result is an `i32`).
+pub const SEND_BATCH_BYTES_MAX: u64 = REQUEST_PAYLOAD_MAX_BYTES + RESPONSE_HEADER_BYTES_U64;
+/// Responses queued on one connection before the shard stops reading its requests until
+/// the peer reads some (backpressure against a slow reader).
+pub const CONN_RESPONSES_QUEUED_MAX: usize = 1024;
+/// Largest single receive of WRITE payload: progress is seen (for the I/O timeout) at least
+/// this often.
+pub const PAYLOAD_RECV_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+/// Longest a stopping shard waits for its in-flight operations to complete.
+pub const SHARD_STOP_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// READ responses whose batch carries at least this many payload bytes go out with
+/// `IORING_OP_SENDMSG_ZC` (`u64::MAX`: never). See `bench/README.md` for the measurement.
+pub const SEND_ZC_MIN_BYTES_DEFAULT: u64 = u64::MAX;
+
+const RESPONSE_HEADER_BYTES_U64: u64 = 24;
+
 /// Bytes of one slab: the unit the slab allocator hands to a size class. One huge page, so a
 /// slab never straddles two huge pages of a segment.
 pub const SLAB_BYTES: usize = HUGE_PAGE_BYTES;
@@ -50,3 +76,9 @@ const _: () = assert!(SLAB_CLASS_COUNT <= u8::MAX as usize);
 const _: () = assert!(CLIENT_LANES_DEFAULT <= CLIENT_LANES_MAX);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES <= isize::MAX as u64);
 const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= REQUEST_PAYLOAD_MAX_BYTES);
+const _: () = assert!(SEND_BATCH_RESPONSES_MAX * 2 <= 1024); // UIO_MAXIOV
+const _: () = assert!(SEND_BATCH_BYTES_MAX <= i32::MAX as u64);
+const _: () = assert!(PAYLOAD_RECV_CHUNK_BYTES <= u32::MAX as u64);
+const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= u32::MAX as u64);
+const _: () = assert!(SHARD_RING_ENTRIES.is_power_of_two());
+const _: () = assert!(CONN_RESPONSES_QUEUED_MAX >= SEND_BATCH_RESPONSES_MAX);

@@ -2,6 +2,7 @@
 //! connections. Each must fail only its own request or connection and change no memory
 //! outside the target range.
 
+#[macro_use]
 mod common;
 
 use std::io::{Read, Write};
@@ -9,13 +10,12 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{pattern, Fixture};
+use common::{pattern, Backend, Fixture};
 use dataplane::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use dataplane::transport::client::TcpClient;
 use dataplane::transport::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
-use dataplane::transport::server::{ServerConfig, TcpServer};
 
 const SEGMENT_BYTES: usize = 1 << 20;
 
@@ -71,9 +71,8 @@ fn register(f: &Fixture, offset: usize, len: usize) {
     };
 }
 
-#[test]
-fn tcp_write_outside_registered_memory_is_refused_and_neighbours_unchanged() {
-    let f = Fixture::unregistered(SEGMENT_BYTES);
+fn tcp_write_outside_registered_memory_is_refused_and_neighbours_unchanged(backend: Backend) {
+    let f = Fixture::unregistered(backend, SEGMENT_BYTES);
     register(&f, 4096, 4096);
     register(&f, 8192, 4096); // adjacent but separate buffer
     let client = f.client(1);
@@ -98,9 +97,8 @@ fn tcp_write_outside_registered_memory_is_refused_and_neighbours_unchanged() {
     );
 }
 
-#[test]
-fn tcp_read_outside_registered_memory_is_refused() {
-    let f = Fixture::unregistered(SEGMENT_BYTES);
+fn tcp_read_outside_registered_memory_is_refused(backend: Backend) {
+    let f = Fixture::unregistered(backend, SEGMENT_BYTES);
     register(&f, 4096, 4096);
     let client = f.client(1);
     let mut buf = vec![0u8; 100];
@@ -117,9 +115,8 @@ fn tcp_read_outside_registered_memory_is_refused() {
     assert_eq!(buf, (4096..4196).map(pattern).collect::<Vec<_>>());
 }
 
-#[test]
-fn tcp_unregistered_buffer_is_refused_afterwards() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_unregistered_buffer_is_refused_afterwards(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(1);
     client.write(f.base(), &[9u8; 10]).unwrap();
     assert_eq!(f.memory.unregister(f.base()).unwrap(), SEGMENT_BYTES as u64);
@@ -128,9 +125,8 @@ fn tcp_unregistered_buffer_is_refused_afterwards() {
     assert_eq!(f.memory.unregister(f.base()).unwrap_err().code(), -3);
 }
 
-#[test]
-fn tcp_truncated_header_only_closes_its_connection() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_truncated_header_only_closes_its_connection(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let keep = f.client(1);
     let mut s = raw_connect(&f);
     let header = RequestHeader {
@@ -149,9 +145,8 @@ fn tcp_truncated_header_only_closes_its_connection() {
     f.assert_pattern_outside_all(&[(100, 5), (200, 1)]);
 }
 
-#[test]
-fn tcp_disconnect_mid_payload_changes_nothing_outside_the_target() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_disconnect_mid_payload_changes_nothing_outside_the_target(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let target = (65536usize, 256 * 1024usize);
     let mut s = raw_connect(&f);
     let header = RequestHeader {
@@ -178,9 +173,8 @@ fn tcp_disconnect_mid_payload_changes_nothing_outside_the_target() {
     );
 }
 
-#[test]
-fn tcp_stalled_connection_does_not_block_others() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_stalled_connection_does_not_block_others(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let mut s = raw_connect(&f);
     let header = RequestHeader {
         opcode: Opcode::Write,
@@ -195,9 +189,8 @@ fn tcp_stalled_connection_does_not_block_others() {
     drop(s);
 }
 
-#[test]
-fn tcp_malformed_headers_get_an_error_and_a_close() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_malformed_headers_get_an_error_and_a_close(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let good = RequestHeader {
         opcode: Opcode::Read,
         request_id: 42,
@@ -239,9 +232,8 @@ fn tcp_malformed_headers_get_an_error_and_a_close() {
     f.assert_pattern_outside(0, 5);
 }
 
-#[test]
-fn tcp_zero_length_on_the_wire_is_invalid_argument_and_keeps_the_connection() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_zero_length_on_the_wire_is_invalid_argument_and_keeps_the_connection(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let mut s = raw_connect(&f);
     let zero = RequestHeader {
         opcode: Opcode::Write,
@@ -278,20 +270,20 @@ fn tcp_client_connect_to_a_closed_port_fails_with_socket_error() {
     assert_eq!(err.code(), -102);
 }
 
-#[test]
-fn tcp_client_reconnects_a_lane_the_server_dropped() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_client_reconnects_a_lane_the_server_dropped(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(1);
     client.write(f.base(), &[1, 2, 3]).unwrap();
     let common::Fixture {
         server,
         memory,
         segment,
+        ..
     } = f;
     let addr = server.local_addr();
     drop(server);
     // A new server on the same port (std listeners set SO_REUSEADDR) serving the same memory.
-    let server = TcpServer::bind(addr, memory, ServerConfig::default()).unwrap();
+    let server = common::start(backend, addr, memory);
     assert!(
         client.write(segment.addr() as u64, &[4, 5, 6]).is_err(),
         "old lane is dead"
@@ -303,9 +295,8 @@ fn tcp_client_reconnects_a_lane_the_server_dropped() {
     drop(server);
 }
 
-#[test]
-fn tcp_server_drop_closes_open_connections() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_server_drop_closes_open_connections(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(2);
     client.write(f.base(), &[1, 2, 3]).unwrap();
     let mut idle = raw_connect(&f);
@@ -323,3 +314,16 @@ fn tcp_server_drop_closes_open_connections() {
     assert_closed_by_server(&mut idle);
     assert!(client.write(0, &[1]).is_err());
 }
+
+both_backends!(
+    tcp_write_outside_registered_memory_is_refused_and_neighbours_unchanged,
+    tcp_read_outside_registered_memory_is_refused,
+    tcp_unregistered_buffer_is_refused_afterwards,
+    tcp_truncated_header_only_closes_its_connection,
+    tcp_disconnect_mid_payload_changes_nothing_outside_the_target,
+    tcp_stalled_connection_does_not_block_others,
+    tcp_malformed_headers_get_an_error_and_a_close,
+    tcp_zero_length_on_the_wire_is_invalid_argument_and_keeps_the_connection,
+    tcp_client_reconnects_a_lane_the_server_dropped,
+    tcp_server_drop_closes_open_connections,
+);

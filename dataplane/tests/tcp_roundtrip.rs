@@ -1,9 +1,10 @@
 //! Loopback round trips through the TCP data plane: every byte checked, batches with many
 //! requests in flight, concurrent clients.
 
+#[macro_use]
 mod common;
 
-use common::{pattern, Fixture};
+use common::{pattern, Backend, Fixture};
 use dataplane::transport::client::TransferOp;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -15,9 +16,8 @@ fn rng() -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
 }
 
-#[test]
-fn tcp_random_sizes_round_trip_every_byte() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_random_sizes_round_trip_every_byte(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(2);
     let mut rng = rng();
     let mut sizes = vec![
@@ -49,9 +49,8 @@ fn tcp_random_sizes_round_trip_every_byte() {
     }
 }
 
-#[test]
-fn tcp_read_sees_the_served_pattern() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_read_sees_the_served_pattern(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(1);
     let mut buf = vec![0u8; 3 << 20];
     client.read(f.base() + 12345, &mut buf).unwrap();
@@ -60,9 +59,8 @@ fn tcp_read_sees_the_served_pattern() {
     }
 }
 
-#[test]
-fn tcp_batch_with_many_requests_in_flight() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_batch_with_many_requests_in_flight(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let client = f.client(4);
     let mut rng = rng();
     // 512 disjoint slots of 32 KiB, each written with random bytes of a random length.
@@ -98,9 +96,8 @@ fn tcp_batch_with_many_requests_in_flight() {
     assert_eq!(backs, datas);
 }
 
-#[test]
-fn tcp_batch_reports_a_status_per_request() {
-    let f = Fixture::registered(1 << 20);
+fn tcp_batch_reports_a_status_per_request(backend: Backend) {
+    let f = Fixture::registered(backend, 1 << 20);
     let client = f.client(3);
     let data = vec![0xABu8; 1000];
     let mut sink = vec![0u8; 1000];
@@ -143,9 +140,8 @@ fn tcp_batch_reports_a_status_per_request() {
     f.assert_pattern_outside_all(&[(0, 1000), (5000, 1000)]);
 }
 
-#[test]
-fn tcp_concurrent_clients_and_threads() {
-    let f = Fixture::registered(SEGMENT_BYTES);
+fn tcp_concurrent_clients_and_threads(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
     let shared_client = f.client(4);
     let region = SEGMENT_BYTES / 8;
     std::thread::scope(|s| {
@@ -170,9 +166,8 @@ fn tcp_concurrent_clients_and_threads() {
     });
 }
 
-#[test]
-fn tcp_zero_length_requests_complete_without_io() {
-    let f = Fixture::registered(1 << 20);
+fn tcp_zero_length_requests_complete_without_io(backend: Backend) {
+    let f = Fixture::registered(backend, 1 << 20);
     let client = f.client(1);
     // Address 1 is not registered, yet a zero-length request succeeds (upstream semantics).
     client.write(1, &[]).unwrap();
@@ -185,3 +180,12 @@ fn tcp_zero_length_requests_complete_without_io() {
         0
     );
 }
+
+both_backends!(
+    tcp_random_sizes_round_trip_every_byte,
+    tcp_read_sees_the_served_pattern,
+    tcp_batch_with_many_requests_in_flight,
+    tcp_batch_reports_a_status_per_request,
+    tcp_concurrent_clients_and_threads,
+    tcp_zero_length_requests_complete_without_io,
+);

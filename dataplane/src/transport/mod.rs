@@ -6,12 +6,18 @@
 //!   thread-per-connection path, which is also the fallback when io_uring is refused.
 //! - [`client`]: N lanes per peer, batched submissions with a status per request.
 //! - [`uring`]: whether io_uring may be used (`MC_DISABLE_IO_URING`, kernel refusal).
+//! - [`uring_server`]: the io_uring shard server (one pinned thread, one ring).
+//! - [`backend`]: [`serve`] picks the io_uring shard or the blocking fallback.
 //!
 //! Invariants: a request touches memory only after its whole range was found inside one
 //! registered buffer; a malformed or truncated frame affects only its own connection.
 
+pub mod backend;
 pub mod client;
 pub mod header;
 pub(crate) mod rawio;
 pub mod server;
 pub mod uring;
+pub mod uring_server;
+
+pub use backend::{serve, Server};

@@ -22,13 +22,20 @@
 //! the table's read lock is held from that check until the payload I/O ends, so
 //! [`ServedMemory::unregister`] returns only once no request is using the buffer any more.
 //! The cost: an unregister waits for in-flight payloads (each bounded by the I/O timeout).
+//!
+//! io_uring shards do not take the table's lock per request: each keeps its own copy of the
+//! [`Registry`] tagged with the table's *generation* (bumped by every change) and refreshes
+//! it when the generation moves. For the same unregister guarantee a shard publishes, in a
+//! [`MemoryGate`], the oldest generation any of its in-flight operations was checked
+//! against; [`ServedMemory::unregister`] bumps the generation and then waits until every
+//! gate shows no operation checked against an older one.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -47,7 +54,29 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 #[derive(Debug, Default)]
 pub struct ServedMemory {
     inner: RwLock<Served>,
+    /// Bumped (under the write lock) by every change of the table.
+    generation: AtomicU64,
+    /// Gates of the io_uring shards serving this table; see the module docs.
+    gates: Mutex<Vec<Weak<MemoryGate>>>,
 }
+
+/// What one io_uring shard publishes about the registration generations it still uses.
+#[derive(Debug)]
+pub(crate) struct MemoryGate {
+    /// The oldest generation an in-flight memory operation of the shard was checked against,
+    /// or `u64::MAX` when none is in flight.
+    oldest_in_use: AtomicU64,
+}
+
+impl MemoryGate {
+    /// Publishes the oldest generation in use (`u64::MAX`: none).
+    pub(crate) fn publish(&self, oldest: u64) {
+        self.oldest_in_use.store(oldest, Ordering::SeqCst);
+    }
+}
+
+/// Pause between two looks at the gates while an unregister waits.
+const GATE_POLL_INTERVAL: Duration = Duration::from_micros(200);
 
 #[derive(Debug, Default)]
 struct Served {
@@ -79,7 +108,10 @@ impl ServedMemory {
     /// readable and writable, and the caller must accept that remote peers read and write it
     /// at any time (no Rust reference to it may assume exclusive or stable contents).
     pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), TeError> {
-        self.write().registry.register(addr, len)
+        let mut served = self.write();
+        served.registry.register(addr, len)?;
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Exposes a whole segment, keeping it mapped until it is unregistered.
@@ -88,16 +120,70 @@ impl ServedMemory {
         let mut served = self.write();
         served.registry.register(addr, segment.len() as u64)?;
         served.segments.insert(addr, segment);
+        self.generation.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     /// Withdraws the buffer starting at `addr`; returns its length. Waits until no request
     /// is using any registered memory (see the module invariants).
     pub fn unregister(&self, addr: u64) -> Result<u64, TeError> {
-        let mut served = self.write();
-        let len = served.registry.unregister(addr)?;
-        served.segments.remove(&addr);
+        let (len, segment, generation) = {
+            let mut served = self.write();
+            let len = served.registry.unregister(addr)?;
+            let segment = served.segments.remove(&addr);
+            (
+                len,
+                segment,
+                self.generation.fetch_add(1, Ordering::SeqCst) + 1,
+            )
+        };
+        // Outside the lock: a shard may need the read lock to refresh its copy before its
+        // older operations can finish.
+        self.wait_for_gates(generation);
+        drop(segment);
         Ok(len)
+    }
+
+    /// Waits until no shard has an operation in flight that was checked against a
+    /// generation older than `generation`.
+    fn wait_for_gates(&self, generation: u64) {
+        loop {
+            let busy = {
+                let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+                gates.retain(|g| g.strong_count() > 0);
+                gates
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .any(|g| g.oldest_in_use.load(Ordering::SeqCst) < generation)
+            };
+            if !busy {
+                return;
+            }
+            std::thread::sleep(GATE_POLL_INTERVAL);
+        }
+    }
+
+    /// The current generation of the table (bumped by every change).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// A copy of the table and the generation it belongs to, taken atomically.
+    pub(crate) fn snapshot_with_generation(&self) -> (u64, Registry) {
+        let served = self.read();
+        (self.generation(), served.registry.clone())
+    }
+
+    /// A new gate for one shard, consulted by every later unregister.
+    pub(crate) fn attach_gate(&self) -> Arc<MemoryGate> {
+        let gate = Arc::new(MemoryGate {
+            oldest_in_use: AtomicU64::new(u64::MAX),
+        });
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&gate));
+        gate
     }
 
     /// True when `[addr, addr + len)` lies inside one registered buffer.
@@ -138,6 +224,12 @@ pub struct ServerStats {
     pub requests_rejected: AtomicU64,
     pub frames_malformed: AtomicU64,
     pub connections_aborted: AtomicU64,
+    /// Event-loop iterations (io_uring shards only; 0 on the blocking path).
+    pub loop_iterations: AtomicU64,
+    /// Event-loop iterations whose work took longer than `limits::LOOP_STALL_THRESHOLD`.
+    pub loop_stalls: AtomicU64,
+    /// Longest event-loop iteration seen, in microseconds.
+    pub loop_stall_max_us: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {

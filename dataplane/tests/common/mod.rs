@@ -1,4 +1,5 @@
-//! Shared fixtures of the loopback transport tests: a served segment with a known pattern.
+//! Shared fixtures of the loopback transport tests: a served segment with a known pattern,
+//! served by either backend.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -8,10 +9,74 @@ use std::time::Duration;
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::transport::client::{ClientConfig, TcpClient};
 use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use dataplane::transport::uring;
+use dataplane::transport::uring_server::UringServer;
+use dataplane::transport::Server;
+
+/// Which server a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Blocking,
+    Uring,
+}
+
+/// Why `backend` cannot run here (`None`: it can).
+pub fn unavailable(backend: Backend) -> Option<String> {
+    match backend {
+        Backend::Blocking => None,
+        Backend::Uring => {
+            let status = uring::probe();
+            (!status.is_available()).then(|| status.to_string())
+        }
+    }
+}
+
+/// Generates, for each `fn name(backend: Backend)`, a module `name` with the tests
+/// `blocking` and `uring`; the latter prints why and passes when io_uring is unavailable.
+#[allow(unused_macros)]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn blocking() {
+                    super::$name($crate::common::Backend::Blocking)
+                }
+
+                #[test]
+                fn uring() {
+                    if let Some(why) = $crate::common::unavailable($crate::common::Backend::Uring) {
+                        println!("skipped: {why}");
+                        return;
+                    }
+                    super::$name($crate::common::Backend::Uring)
+                }
+            }
+        )*
+    };
+}
+
+/// Starts a server of `backend` on `addr`.
+pub fn start(backend: Backend, addr: SocketAddr, memory: Arc<ServedMemory>) -> Server {
+    let config = ServerConfig {
+        io_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    match backend {
+        Backend::Blocking => Server::Blocking {
+            server: TcpServer::bind(addr, memory, config).expect("bind"),
+            reason: "chosen by the test".into(),
+        },
+        Backend::Uring => {
+            Server::Uring(UringServer::bind(addr, memory, config, None).expect("uring bind"))
+        }
+    }
+}
 
 /// Fields drop in declaration order: the server stops before the memory it serves goes.
 pub struct Fixture {
-    pub server: TcpServer,
+    pub server: Server,
+    pub backend: Backend,
     pub memory: Arc<ServedMemory>,
     pub segment: Arc<Segment>,
 }
@@ -23,7 +88,7 @@ pub fn pattern(offset: usize) -> u8 {
 
 impl Fixture {
     /// A segment of `len` bytes filled with `pattern`, NOT registered, and a server on it.
-    pub fn unregistered(len: usize) -> Fixture {
+    pub fn unregistered(backend: Backend, len: usize) -> Fixture {
         let options = SegmentOptions {
             hugepages: HugepagePolicy::Never,
             prefault: false,
@@ -34,22 +99,25 @@ impl Fixture {
             unsafe { segment.as_ptr().add(off).write(pattern(off)) };
         }
         let memory = ServedMemory::new();
-        let config = ServerConfig {
-            io_timeout: Duration::from_secs(5),
-            ..Default::default()
-        };
-        let server =
-            TcpServer::bind("127.0.0.1:0".parse().unwrap(), memory.clone(), config).expect("bind");
+        let server = start(backend, "127.0.0.1:0".parse().unwrap(), memory.clone());
+        assert_eq!(
+            server.backend(),
+            match backend {
+                Backend::Blocking => "blocking",
+                Backend::Uring => "io_uring",
+            }
+        );
         Fixture {
             server,
+            backend,
             memory,
             segment,
         }
     }
 
     /// A segment of `len` bytes, fully registered, filled with `pattern`.
-    pub fn registered(len: usize) -> Fixture {
-        let f = Fixture::unregistered(len);
+    pub fn registered(backend: Backend, len: usize) -> Fixture {
+        let f = Fixture::unregistered(backend, len);
         f.memory
             .register_segment(f.segment.clone())
             .expect("register");

@@ -1,0 +1,603 @@
+//! The storage node (`mooncake_client`): memory contributed to the pool by a process that
+//! runs no application, served by shared-nothing shards.
+//!
+//! Each of the `--shards` shards owns one [`Segment`] (`--global_segment_size` split evenly,
+//! rounded up to the page size), one [`ServedMemory`] table holding just that segment and one
+//! data server on its own port. Each shard's segment is mounted at the master as its own
+//! segment, so a replica lives in exactly one shard and a request reaches exactly one shard:
+//!
+//! | shard | segment name | `te_endpoint` | `host_id` |
+//! |---|---|---|---|
+//! | 0 | `host:port` | `ip:data_port_0` | `ip` |
+//! | i > 0 | `host:port#i` | `ip:data_port_i` | `ip` |
+//!
+//! `host`/`port` are `--host`/`--port` (`--host=0.0.0.0` is advertised as the address that
+//! routes outwards, else 127.0.0.1); `data_port_i` is `--data_port + i`, or an ephemeral port
+//! when `--data_port=0` (the default). Store clients connect straight to the replica's
+//! `transport_endpoint` (= the segment's `te_endpoint`). When `--metadata_server` is an HTTP
+//! URL, each shard's descriptor is also published under `mooncake/ram/<segment name>`, so a
+//! transfer engine can open a shard by name; failure to publish is reported and not fatal.
+//!
+//! The node pings the master every second; `NEED_REMOUNT` (the master restarted or expired
+//! us) re-mounts every shard with `ReMountSegment` (held objects: none yet). [`Node::shutdown`]
+//! unmounts every shard and removes the descriptors.
+//!
+//! Invariants: a shard's server serves only its own segment; the segments stay mapped until
+//! the servers are dropped (the `ServedMemory` table holds them).
+
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
+use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
+use dataplane::metadata::http::HttpStore;
+use dataplane::metadata::{Keys, MetadataConn, MetadataStore};
+use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use protocol::message::{MountSegment, Ping, ReMountSegment, UnmountSegment};
+use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
+
+use crate::master::MasterClient;
+
+/// How often the node pings the master.
+pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long start-up keeps trying to reach the master.
+pub const MASTER_CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+/// Most shards one node runs.
+pub const SHARDS_MAX: usize = 256;
+
+/// The node's flags (upstream's `mooncake_client` gflags plus `--shards`/`--cores`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub host: String,
+    pub port: u16,
+    pub global_segment_size: u64,
+    pub local_buffer_size: u64,
+    pub master_server_address: String,
+    pub metadata_server: String,
+    pub protocol: String,
+    pub device_names: String,
+    pub threads: usize,
+    pub shards: usize,
+    /// First data port (shard i uses `data_port + i`); 0 picks ephemeral ports.
+    pub data_port: u16,
+    /// Fault every segment page in at start-up.
+    pub prefault: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            host: "0.0.0.0".into(),
+            port: 50052,
+            global_segment_size: 4 << 30,
+            local_buffer_size: 0,
+            master_server_address: "127.0.0.1:50051".into(),
+            metadata_server: "http://127.0.0.1:8080/metadata".into(),
+            protocol: "tcp".into(),
+            device_names: String::new(),
+            threads: 1,
+            shards: 1,
+            data_port: 0,
+            prefault: false,
+        }
+    }
+}
+
+/// Upstream flags accepted and ignored (the features behind them are not built here).
+const IGNORED_FLAGS: &[&str] = &[
+    "tenant_id",
+    "enable_offload",
+    "start_offload_rpc_server",
+    "enable_http_server",
+    "http_port",
+];
+
+/// Usage text for `--help`.
+pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store
+
+flags (--flag=value or --flag value):
+  --host=0.0.0.0                 address to bind and advertise
+  --port=50052                   port in segment names (host:port, host:port#i)
+  --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
+  --local_buffer_size=0          accepted for compatibility
+  --master_server_address=127.0.0.1:50051
+  --metadata_server=http://127.0.0.1:8080/metadata   (or P2PHANDSHAKE: publish nothing)
+  --protocol=tcp
+  --device_names=                accepted for compatibility
+  --threads=1                    accepted for compatibility
+  --shards=1 (alias --cores)     shards, each with its own segment and data port
+  --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
+  --prefault=false               fault segment pages in at start-up
+";
+
+/// Parses `"4 GB"`, `"4GB"`, `"512 mb"`, `"1.5 GiB"`, `"4096"`: binary multiples.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("size {text:?}: expected a number and a unit such as \"4 GB\""))?;
+    let mult: u64 = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        other => {
+            return Err(format!(
+                "size {text:?}: unknown unit {other:?} (B, KB, MB, GB, TB)"
+            ))
+        }
+    };
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("size {text:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "" | "1" | "true" | "yes" | "t" | "y" => Ok(true),
+        "0" | "false" | "no" | "f" | "n" => Ok(false),
+        _ => Err(format!("expected a boolean, got {v:?}")),
+    }
+}
+
+impl NodeConfig {
+    /// Parses gflags-style arguments (without the program name). `Ok(None)` for `--help`.
+    pub fn parse_args<I: IntoIterator<Item = String>>(
+        args: I,
+    ) -> Result<Option<NodeConfig>, String> {
+        let mut c = NodeConfig::default();
+        let mut shards_set = false;
+        let mut it = args.into_iter().peekable();
+        while let Some(arg) = it.next() {
+            let flag = arg
+                .strip_prefix("--")
+                .or_else(|| arg.strip_prefix('-'))
+                .ok_or_else(|| format!("unexpected argument {arg:?}"))?;
+            if matches!(flag, "help" | "h" | "helpfull") {
+                return Ok(None);
+            }
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (flag.to_string(), None),
+            };
+            if name == "prefault" || name == "noprefault" {
+                c.prefault = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "prefault",
+                };
+                continue;
+            }
+            let value = match inline {
+                Some(v) => v,
+                None => it.next().ok_or_else(|| format!("--{name} needs a value"))?,
+            };
+            let num = |v: &str| -> Result<u64, String> {
+                v.trim()
+                    .parse()
+                    .map_err(|_| format!("--{name}: expected a number, got {v:?}"))
+            };
+            match name.as_str() {
+                "host" => c.host = value,
+                "port" => c.port = num(&value)?.try_into().map_err(|_| "--port out of range")?,
+                "global_segment_size" => c.global_segment_size = parse_size(&value)?,
+                "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
+                "master_server_address" => c.master_server_address = value,
+                "metadata_server" => c.metadata_server = value,
+                "protocol" => c.protocol = value,
+                "device_names" | "device_name" => c.device_names = value,
+                "threads" => c.threads = num(&value)? as usize,
+                "shards" => {
+                    c.shards = num(&value)? as usize;
+                    shards_set = true;
+                }
+                "cores" if !shards_set => c.shards = num(&value)? as usize,
+                "cores" => {}
+                "data_port" => {
+                    c.data_port = num(&value)?
+                        .try_into()
+                        .map_err(|_| "--data_port out of range")?
+                }
+                n if IGNORED_FLAGS.contains(&n) => {}
+                n => return Err(format!("unknown flag --{n}")),
+            }
+        }
+        if c.shards == 0 || c.shards > SHARDS_MAX {
+            return Err(format!("--shards={} must be 1..={SHARDS_MAX}", c.shards));
+        }
+        if c.global_segment_size < c.shards as u64 {
+            return Err(format!(
+                "--global_segment_size={} leaves nothing for {} shards",
+                c.global_segment_size, c.shards
+            ));
+        }
+        if !matches!(
+            c.protocol.to_ascii_lowercase().as_str(),
+            "tcp" | "rdma" | ""
+        ) {
+            return Err(format!(
+                "--protocol={}: this build serves tcp only",
+                c.protocol
+            ));
+        }
+        if c.data_port != 0 && u32::from(c.data_port) + c.shards as u32 > 65536 {
+            return Err("--data_port + --shards exceeds 65535".into());
+        }
+        Ok(Some(c))
+    }
+}
+
+/// Why the node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("cannot reach the master at {addr}: {why}")]
+    Master { addr: String, why: String },
+    #[error("the master refused to mount segment {name}: {why}")]
+    Mount { name: String, why: String },
+    #[error("shard {shard}: {why}")]
+    Shard { shard: usize, why: String },
+}
+
+struct Shard {
+    /// Dropped first: stops serving before anything else goes.
+    server: TcpServer,
+    descriptor: SegmentDescriptor,
+}
+
+/// A running storage node; see the module docs.
+pub struct Node {
+    shards: Vec<Shard>,
+    client_id: Uuid,
+    master: MasterClient,
+    metadata: Option<(HttpStore, Keys)>,
+    shut_down: AtomicBool,
+}
+
+/// 16 random bytes from the kernel (clock and pid if `/dev/urandom` cannot be read).
+pub fn random_uuid() -> Uuid {
+    let mut b = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b = (t ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
+    }
+    let (hi, lo) = b.split_at(8);
+    Uuid::from_parts(
+        u64::from_le_bytes(hi.try_into().unwrap_or_default()),
+        u64::from_le_bytes(lo.try_into().unwrap_or_default()),
+    )
+}
+
+/// The address to advertise for `host`: itself when it names one interface; for an
+/// unspecified address (`0.0.0.0`) the address that routes outwards (no packet is sent),
+/// else loopback.
+fn advertised_ip(host: &str) -> Result<IpAddr, String> {
+    let ip = (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("--host={host} does not resolve: {e}"))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("--host={host} resolves to nothing"))?;
+    if !ip.is_unspecified() {
+        return Ok(ip);
+    }
+    let routed = UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|_| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified());
+    Ok(routed.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+}
+
+impl Node {
+    /// Maps, serves and mounts every shard.
+    pub fn start(cfg: &NodeConfig) -> Result<Node, NodeError> {
+        let ip = advertised_ip(&cfg.host).map_err(NodeError::Config)?;
+        let bind_ip: IpAddr = (cfg.host.as_str(), 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .map(|a| a.ip())
+            .unwrap_or(ip);
+        let master =
+            MasterClient::new(&cfg.master_server_address).map_err(|e| NodeError::Master {
+                addr: cfg.master_server_address.clone(),
+                why: e.to_string(),
+            })?;
+        let deadline = Instant::now() + MASTER_CONNECT_PATIENCE;
+        while let Err(e) = master.connect() {
+            if Instant::now() > deadline {
+                return Err(NodeError::Master {
+                    addr: cfg.master_server_address.clone(),
+                    why: e.to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let per_shard = cfg.global_segment_size.div_ceil(cfg.shards as u64) as usize;
+        let mut shards = Vec::with_capacity(cfg.shards);
+        for i in 0..cfg.shards {
+            let name = match i {
+                0 => format!("{}:{}", cfg.host_for_names(ip), cfg.port),
+                i => format!("{}:{}#{i}", cfg.host_for_names(ip), cfg.port),
+            };
+            let port = if cfg.data_port == 0 {
+                0
+            } else {
+                cfg.data_port + i as u16
+            };
+            shards.push(start_shard(
+                i,
+                &name,
+                per_shard,
+                SocketAddr::new(bind_ip, port),
+                ip,
+                cfg,
+            )?);
+        }
+        let metadata = match MetadataConn::parse(&cfg.metadata_server) {
+            Ok(MetadataConn::Http(url)) => Some((HttpStore::new(url), Keys::from_env())),
+            Ok(MetadataConn::P2p) => None,
+            Err(e) => {
+                eprintln!("mooncake_client: not publishing descriptors: {e}");
+                None
+            }
+        };
+        let node = Node {
+            shards,
+            client_id: random_uuid(),
+            master,
+            metadata,
+            shut_down: AtomicBool::new(false),
+        };
+        node.publish();
+        for s in &node.shards {
+            let mounted = node.master.call(&MountSegment {
+                client_id: node.client_id,
+                segment: s.descriptor.clone(),
+            });
+            let why = match mounted {
+                Ok(Ok(())) => continue,
+                Ok(Err(code)) => format!("{code:?}"),
+                Err(e) => e.to_string(),
+            };
+            node.shutdown();
+            return Err(NodeError::Mount {
+                name: s.descriptor.name.clone(),
+                why,
+            });
+        }
+        Ok(node)
+    }
+
+    /// The segments mounted at the master, shard by shard.
+    pub fn segments(&self) -> Vec<SegmentDescriptor> {
+        self.shards.iter().map(|s| s.descriptor.clone()).collect()
+    }
+
+    pub fn client_id(&self) -> Uuid {
+        self.client_id
+    }
+
+    fn publish(&self) {
+        let Some((store, keys)) = &self.metadata else {
+            return;
+        };
+        for s in &self.shards {
+            let d = &s.descriptor;
+            let port = s.server.local_addr().port();
+            let buffers = vec![BufferDesc {
+                addr: d.base,
+                length: d.size,
+                name: d.name.clone(),
+            }];
+            let json = SegmentDesc::tcp(&d.name, port, buffers).to_json();
+            if let Err(e) = store.put(&keys.ram(&d.name), &json) {
+                eprintln!(
+                    "mooncake_client: cannot publish the descriptor of {}: {e}",
+                    d.name
+                );
+            }
+        }
+    }
+
+    /// One ping; on `NEED_REMOUNT` re-mounts every shard. Returns what the master said.
+    pub fn ping(&self) -> Result<ClientStatus, String> {
+        let r = self
+            .master
+            .call(&Ping {
+                client_id: self.client_id,
+            })
+            .map_err(|e| e.to_string())?
+            .map_err(|code| format!("ping refused: {code:?}"))?;
+        if r.status == ClientStatus::NeedRemount {
+            let remount = ReMountSegment {
+                client_id: self.client_id,
+                segments: self.segments(),
+                held: Vec::new(),
+            };
+            self.master
+                .call(&remount)
+                .map_err(|e| e.to_string())?
+                .map_err(|code| format!("re-mount refused: {code:?}"))?;
+            eprintln!(
+                "mooncake_client: the master asked for a re-mount; {} segments re-mounted",
+                self.shards.len()
+            );
+        }
+        Ok(r.status)
+    }
+
+    /// Pings every [`PING_INTERVAL`] until `stop` is set. Failures are reported and retried.
+    pub fn run(&self, stop: &AtomicBool) {
+        let mut next = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            if Instant::now() >= next {
+                if let Err(e) = self.ping() {
+                    eprintln!("mooncake_client: ping failed: {e}");
+                }
+                next = Instant::now() + PING_INTERVAL;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Unmounts every shard at the master and removes the published descriptors. Idempotent;
+    /// the servers stop when the node is dropped.
+    pub fn shutdown(&self) {
+        if self.shut_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for s in &self.shards {
+            let r = self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: s.descriptor.id,
+            });
+            if !matches!(r, Ok(Ok(()))) {
+                eprintln!(
+                    "mooncake_client: unmount of {} failed: {r:?}",
+                    s.descriptor.name
+                );
+            }
+        }
+        if let Some((store, keys)) = &self.metadata {
+            for s in &self.shards {
+                let _ = store.remove(&keys.ram(&s.descriptor.name));
+            }
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The host used in segment names: `--host`, or the advertised address when `--host` is
+    /// unspecified (`0.0.0.0`), so names differ between machines.
+    fn host_for_names(&self, advertised: IpAddr) -> String {
+        match self.host.parse::<IpAddr>() {
+            Ok(ip) if ip.is_unspecified() => advertised.to_string(),
+            _ => self.host.clone(),
+        }
+    }
+}
+
+fn start_shard(
+    index: usize,
+    name: &str,
+    len: usize,
+    bind: SocketAddr,
+    ip: IpAddr,
+    cfg: &NodeConfig,
+) -> Result<Shard, NodeError> {
+    let fail = |why: String| NodeError::Shard { shard: index, why };
+    let options = SegmentOptions {
+        hugepages: HugepagePolicy::from_env(),
+        prefault: cfg.prefault,
+    };
+    let segment = Arc::new(
+        Segment::new(len, options).map_err(|e| fail(format!("cannot map {len} bytes: {e}")))?,
+    );
+    let memory = ServedMemory::new();
+    memory
+        .register_segment(segment.clone())
+        .map_err(|e| fail(format!("cannot register the segment: {e}")))?;
+    let server = TcpServer::bind(bind, memory, ServerConfig::default())
+        .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
+    let data_port = server.local_addr().port();
+    let descriptor = SegmentDescriptor {
+        id: random_uuid(),
+        name: name.to_string(),
+        base: segment.addr() as u64,
+        size: segment.len() as u64,
+        te_endpoint: SocketAddr::new(ip, data_port).to_string(),
+        protocol: "tcp".into(),
+        host_id: ip.to_string(),
+    };
+    Ok(Shard { server, descriptor })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Option<NodeConfig>, String> {
+        NodeConfig::parse_args(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4 GB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("4GB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("512 mb").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5 GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("2 TB").unwrap(), 2 << 40);
+        assert_eq!(parse_size("7 KB").unwrap(), 7 << 10);
+        assert_eq!(parse_size("0").unwrap(), 0);
+        for bad in ["", "GB", "4 XB", "-1 GB", "1e99 TB", "4 G B"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags() {
+        let c = args(&[
+            "--host=127.0.0.1",
+            "--port",
+            "1234",
+            "--global_segment_size=64 MB",
+            "-shards=2",
+            "--cores=8",
+            "--metadata_server",
+            "P2PHANDSHAKE",
+            "--tenant_id=x",
+            "--prefault",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(c.port, 1234);
+        assert_eq!(c.global_segment_size, 64 << 20);
+        assert_eq!(c.shards, 2, "--shards wins over --cores");
+        assert!(c.prefault);
+        assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
+        assert_eq!(args(&[]).unwrap().unwrap(), NodeConfig::default());
+        assert_eq!(args(&["--help"]).unwrap(), None);
+        for bad in [
+            &["--nope=1"][..],
+            &["--port"],
+            &["--port=70000"],
+            &["--shards=0"],
+            &["--protocol=nvlink"],
+            &["stray"],
+            &["--global_segment_size=1", "--shards=2"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn advertised_addresses() {
+        assert_eq!(
+            advertised_ip("127.0.0.1").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert!(!advertised_ip("0.0.0.0").unwrap().is_unspecified());
+        assert!(advertised_ip("no.such.host.invalid").is_err());
+    }
+}

@@ -1,0 +1,209 @@
+//! Running requests: a memcpy for the local segment, the TCP client for a peer, and the
+//! worker threads that run asynchronous batches.
+//!
+//! Every request is checked before any byte moves: its local range (`source`, `length`) must
+//! lie inside one buffer registered with this engine, else it fails with
+//! `ERR_ADDRESS_NOT_REGISTERED` (-3) and nothing is touched. For the local segment the
+//! target range is checked the same way. For a peer the target range is checked by the
+//! peer's server, which refuses it with -3 and leaves its memory untouched.
+//!
+//! The engine's transfer guard (a read lock) is held from those checks until the request's
+//! I/O ends, and `unregister_memory` takes it for writing, so once `unregister_memory`
+//! returns no request of this engine touches that buffer any more.
+//!
+//! Requests larger than [`SLICE_BYTES`] are cut into slices that the TCP client spreads over
+//! the peer's lanes; a request fails if any of its slices fails (with the first slice's
+//! code).
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use super::config::{SLICE_BYTES, WORKER_THREADS};
+use super::segments::RemoteSegment;
+use super::{Running, SegmentHandle, TransferRequest};
+use crate::limits::BATCH_REQUESTS_MAX;
+use crate::transport::client::TransferOp;
+use crate::transport::header::Opcode;
+use crate::TeError;
+
+/// Outcome of one request: `Ok` or a negative TE code.
+pub(crate) type Outcome = Result<(), i32>;
+
+const NOT_REGISTERED: i32 = TeError::AddressNotRegistered as i32;
+const INVALID: i32 = TeError::InvalidArgument as i32;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A fixed pool of threads running batch jobs in submission order.
+pub(crate) struct Workers {
+    tx: Mutex<Sender<Job>>,
+}
+
+impl Workers {
+    pub(crate) fn start() -> std::io::Result<Workers> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..WORKER_THREADS {
+            let rx = Arc::clone(&rx);
+            std::thread::Builder::new()
+                .name(format!("te-worker-{i}"))
+                .spawn(move || worker_loop(&rx))?;
+        }
+        Ok(Workers { tx: Mutex::new(tx) })
+    }
+
+    /// Queues `job`; runs it on the calling thread if the pool is gone.
+    pub(crate) fn spawn(&self, job: Job) {
+        let sent = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+        if let Err(returned) = sent {
+            (returned.0)();
+        }
+    }
+}
+
+fn worker_loop(rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        match job {
+            Ok(job) => job(),
+            Err(_) => return, // every sender is gone: the engine was dropped
+        }
+    }
+}
+
+/// `[addr, addr + len)` does not wrap and fits in `usize`.
+fn valid_range(addr: u64, len: u64) -> bool {
+    addr.checked_add(len).is_some() && usize::try_from(len).is_ok()
+}
+
+impl Running {
+    /// Runs `reqs` (all to the segment `handle`) and returns one outcome per request.
+    pub(crate) fn execute(&self, handle: SegmentHandle, reqs: &[TransferRequest]) -> Vec<Outcome> {
+        let _guard = self.guard.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Outcome> = vec![Ok(()); reqs.len()];
+        for (i, r) in reqs.iter().enumerate() {
+            if r.length == 0 {
+                continue; // upstream: zero-length requests complete without I/O
+            }
+            out[i] = if !valid_range(r.source, r.length) || !valid_range(r.target_offset, r.length)
+            {
+                Err(INVALID)
+            } else if !self.memory.check(r.source, r.length) {
+                Err(NOT_REGISTERED)
+            } else {
+                Ok(())
+            };
+        }
+        if handle == SegmentHandle::LOCAL {
+            self.run_local(reqs, &mut out);
+            return out;
+        }
+        match self.remote(handle) {
+            Ok(seg) => self.run_remote(handle, &seg, reqs, &mut out),
+            Err(e) => {
+                for (o, r) in out.iter_mut().zip(reqs) {
+                    if o.is_ok() && r.length > 0 {
+                        *o = Err(e.code().code());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn run_local(&self, reqs: &[TransferRequest], out: &mut [Outcome]) {
+        for (r, o) in reqs.iter().zip(out.iter_mut()) {
+            if o.is_err() || r.length == 0 {
+                continue;
+            }
+            if !self.memory.check(r.target_offset, r.length) {
+                *o = Err(NOT_REGISTERED);
+                continue;
+            }
+            let (src, dst) = match r.opcode {
+                Opcode::Write => (r.source, r.target_offset),
+                Opcode::Read => (r.target_offset, r.source),
+            };
+            // SAFETY: both ranges were just found inside buffers registered with this engine
+            // (checked above and in `execute`), whose registrants vouched (register_memory's
+            // contract) that they stay mapped and writable while registered; the transfer
+            // guard keeps them registered until this copy ends. `copy` allows overlap.
+            unsafe {
+                std::ptr::copy(src as *const u8, dst as *mut u8, r.length as usize);
+            }
+        }
+    }
+
+    fn run_remote(
+        &self,
+        handle: SegmentHandle,
+        seg: &RemoteSegment,
+        reqs: &[TransferRequest],
+        out: &mut [Outcome],
+    ) {
+        let client = match seg.client(self.client_config()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.segments.invalidate(handle.0);
+                for (o, r) in out.iter_mut().zip(reqs) {
+                    if o.is_ok() && r.length > 0 {
+                        *o = Err(e.code().code());
+                    }
+                }
+                return;
+            }
+        };
+        let mut ops: Vec<TransferOp<'_>> = Vec::new();
+        let mut owner: Vec<usize> = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            if out[i].is_err() || r.length == 0 {
+                continue;
+            }
+            let mut off = 0u64;
+            while off < r.length {
+                let n = SLICE_BYTES.min(r.length - off);
+                let local = (r.source + off) as *mut u8;
+                let remote_addr = r.target_offset + off;
+                ops.push(match r.opcode {
+                    // SAFETY: [source, source+length) lies inside one registered buffer
+                    // (checked in `execute`), valid while registered by register_memory's
+                    // contract, and the transfer guard keeps it registered until this
+                    // function returns; the slice lives only inside this call. The caller
+                    // must not hand one submission overlapping local READ destinations.
+                    Opcode::Read => TransferOp::Read {
+                        remote_addr,
+                        dst: unsafe { std::slice::from_raw_parts_mut(local, n as usize) },
+                    },
+                    // SAFETY: as above; the bytes are only read.
+                    Opcode::Write => TransferOp::Write {
+                        remote_addr,
+                        src: unsafe { std::slice::from_raw_parts(local, n as usize) },
+                    },
+                });
+                owner.push(i);
+                off += n;
+            }
+        }
+        let mut connection_lost = false;
+        let mut at = 0;
+        for chunk in ops.chunks_mut(BATCH_REQUESTS_MAX) {
+            let results = client.submit(chunk);
+            for (k, res) in results.into_iter().enumerate() {
+                if let Err(e) = res {
+                    let i = owner[at + k];
+                    if out[i].is_ok() {
+                        out[i] = Err(e.code());
+                    }
+                    if !matches!(e, crate::transport::client::TransferError::Refused { .. }) {
+                        connection_lost = true;
+                    }
+                }
+            }
+            at += chunk.len();
+        }
+        if connection_lost {
+            // The peer may have gone or moved: fetch its descriptor again on next use.
+            self.segments.invalidate(handle.0);
+        }
+    }
+}

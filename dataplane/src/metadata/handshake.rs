@@ -1,0 +1,415 @@
+//! Upstream's handshake channel (`SocketHandShakePlugin`): a TCP server on the engine's
+//! `rpc_port` answering descriptor requests (P2PHANDSHAKE), notifies and probes.
+//!
+//! ```text
+//! Frame (both directions)
+//!  0                         8        9
+//!  +-------------------------+--------+----------------------------+
+//!  | length (u64 LE)         | type   | JSON text (length-1 bytes) |
+//!  +-------------------------+--------+----------------------------+
+//!  length counts the type byte and the JSON, 1 ..= FRAME_MAX_BYTES
+//!  type: 0 Connection (RDMA QP exchange: refused here), 1 Metadata, 2 Notify, 3 Probe
+//! ```
+//!
+//! | type | request | reply |
+//! |---|---|---|
+//! | 1 Metadata | the requester's segment descriptor (ignored) | our segment descriptor |
+//! | 2 Notify | `{"name":..,"notify_msg":..}` | `{"name":"","notify_msg":"success"}` |
+//! | 3 Probe | anything | `{"status":"success"}` |
+//!
+//! A reply uses the request's type. A connection may carry several requests; the server
+//! drops it after [`RECV_TIMEOUT`] of silence, on a frame that does not decode (a legacy
+//! frame whose first byte is above 3, a length of 0 or above the maximum, bad JSON for a
+//! notify) or on an unsupported type.
+//!
+//! Invariants: the server never panics on network bytes; it serves at most
+//! [`CONNECTIONS_MAX`] connections at once; the notify inbox holds at most [`INBOX_MAX`]
+//! messages (more are counted and dropped).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::MetadataError;
+
+/// Largest frame length accepted (upstream's `MC_HANDSHAKE_MAX_LENGTH` default, 1 MiB).
+pub const FRAME_MAX_BYTES: u64 = 1 << 20;
+/// A silent connection is dropped after this long (upstream: 5 s).
+pub const RECV_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on connecting to a peer's handshake port (upstream: 5 s).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more are closed on accept.
+pub const CONNECTIONS_MAX: usize = 256;
+/// Notifies kept until `get_notifies` drains them.
+pub const INBOX_MAX: usize = 65536;
+
+/// Handshake request types (`HandShakeRequestType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameType {
+    Connection = 0,
+    Metadata = 1,
+    Notify = 2,
+    Probe = 3,
+}
+
+impl FrameType {
+    fn from_u8(b: u8) -> Option<FrameType> {
+        match b {
+            0 => Some(FrameType::Connection),
+            1 => Some(FrameType::Metadata),
+            2 => Some(FrameType::Notify),
+            3 => Some(FrameType::Probe),
+            _ => None,
+        }
+    }
+}
+
+/// The body of a Notify request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotifyMsg {
+    pub name: String,
+    pub notify_msg: String,
+}
+
+/// Writes one frame.
+pub fn write_frame(stream: &mut TcpStream, ty: FrameType, json: &[u8]) -> io::Result<()> {
+    let len = json.len() as u64 + 1;
+    let mut buf = Vec::with_capacity(9 + json.len());
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.push(ty as u8);
+    buf.extend_from_slice(json);
+    stream.write_all(&buf)
+}
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The stream ended cleanly before a frame began.
+    Closed,
+    Io(io::Error),
+    /// The bytes are not a frame we accept; the text says what arrived.
+    Malformed(String),
+}
+
+/// Reads one frame: its type byte and JSON text.
+pub fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>), FrameError> {
+    let mut len_raw = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        match stream.read(&mut len_raw[got..]) {
+            Ok(0) if got == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    let len = u64::from_le_bytes(len_raw);
+    if len == 0 || len > FRAME_MAX_BYTES {
+        return Err(FrameError::Malformed(format!(
+            "frame length {len}, expected 1..={FRAME_MAX_BYTES}"
+        )));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).map_err(FrameError::Io)?;
+    let ty = body[0];
+    if ty > FrameType::Probe as u8 {
+        return Err(FrameError::Malformed(format!(
+            "frame type {ty}: legacy untyped frames are not supported, expected 0..=3"
+        )));
+    }
+    body.remove(0);
+    Ok((ty, body))
+}
+
+/// What the handshake server answers with, shared with the engine that owns it.
+#[derive(Debug, Default)]
+pub struct HandshakeState {
+    /// Our segment descriptor JSON, re-set on every registration change.
+    descriptor: Mutex<Vec<u8>>,
+    inbox: Mutex<VecDeque<NotifyMsg>>,
+    notifies_dropped: AtomicU64,
+}
+
+impl HandshakeState {
+    pub fn new() -> Arc<HandshakeState> {
+        Arc::new(HandshakeState::default())
+    }
+
+    /// Replaces the descriptor served to Metadata requests.
+    pub fn set_descriptor(&self, json: Vec<u8>) {
+        *self.descriptor.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+
+    /// The descriptor served now.
+    pub fn descriptor(&self) -> Vec<u8> {
+        self.descriptor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Adds a notify to the inbox (dropped and counted when the inbox is full).
+    pub fn push_notify(&self, msg: NotifyMsg) {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        if inbox.len() >= INBOX_MAX {
+            self.notifies_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        inbox.push_back(msg);
+    }
+
+    /// Drains the inbox, oldest first.
+    pub fn drain_notifies(&self) -> Vec<NotifyMsg> {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect()
+    }
+
+    /// Notifies dropped because the inbox was full.
+    pub fn notifies_dropped(&self) -> u64 {
+        self.notifies_dropped.load(Ordering::Relaxed)
+    }
+}
+
+struct Shared {
+    state: Arc<HandshakeState>,
+    stop: AtomicBool,
+    live: AtomicUsize,
+}
+
+/// A running handshake server; dropping it stops accepting (connections in service end
+/// within [`RECV_TIMEOUT`]).
+pub struct HandshakeServer {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl HandshakeServer {
+    /// Serves `state` on `listener`.
+    pub fn start(listener: TcpListener, state: Arc<HandshakeState>) -> io::Result<Self> {
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state,
+            stop: AtomicBool::new(false),
+            live: AtomicUsize::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let accept = std::thread::Builder::new()
+            .name(format!("te-handshake-{}", local_addr.port()))
+            .spawn(move || accept_loop(listener, s))?;
+        Ok(HandshakeServer {
+            local_addr,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+impl Drop for HandshakeServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let mut wake = self.local_addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        // Wakes the blocking accept; failure means the listener is gone already.
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok((stream, _)) = accepted else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if shared.live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+            shared.live.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        let s = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("te-handshake-conn".into())
+            .spawn(move || {
+                serve(stream, &s);
+                s.live.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            shared.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn serve(mut stream: TcpStream, shared: &Shared) {
+    if stream.set_read_timeout(Some(RECV_TIMEOUT)).is_err()
+        || stream.set_write_timeout(Some(RECV_TIMEOUT)).is_err()
+    {
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let Ok((ty, body)) = read_frame(&mut stream) else {
+            return;
+        };
+        let reply = match FrameType::from_u8(ty) {
+            Some(FrameType::Metadata) => shared.state.descriptor(),
+            Some(FrameType::Notify) => match serde_json::from_slice::<NotifyMsg>(&body) {
+                Ok(msg) => {
+                    shared.state.push_notify(msg);
+                    br#"{"name":"","notify_msg":"success"}"#.to_vec()
+                }
+                Err(_) => return,
+            },
+            Some(FrameType::Probe) => br#"{"status":"success"}"#.to_vec(),
+            Some(FrameType::Connection) | None => return,
+        };
+        let ty = FrameType::from_u8(ty).unwrap_or(FrameType::Probe);
+        if write_frame(&mut stream, ty, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// Sends one request to the handshake server at `host:port` and returns the reply's JSON.
+pub fn call(peer: &str, ty: FrameType, body: &[u8]) -> Result<Vec<u8>, MetadataError> {
+    let io = |source| MetadataError::Io {
+        peer: peer.to_string(),
+        source,
+    };
+    let malformed = |why: String| MetadataError::Malformed {
+        peer: peer.to_string(),
+        why,
+    };
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+    let mut stream = None;
+    for a in peer.to_socket_addrs().map_err(io)? {
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut stream = stream.ok_or_else(|| io(last))?;
+    stream.set_read_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
+    let _ = stream.set_nodelay(true);
+    write_frame(&mut stream, ty, body).map_err(io)?;
+    match read_frame(&mut stream) {
+        Ok((t, reply)) if t == ty as u8 => Ok(reply),
+        Ok((t, _)) => Err(malformed(format!(
+            "reply of type {t} to a request of type {}",
+            ty as u8
+        ))),
+        Err(FrameError::Closed) => Err(MetadataError::Rejected {
+            peer: peer.to_string(),
+            why: "closed the connection without a reply".into(),
+        }),
+        Err(FrameError::Io(e)) => Err(io(e)),
+        Err(FrameError::Malformed(why)) => Err(malformed(why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> (HandshakeServer, Arc<HandshakeState>, String) {
+        let state = HandshakeState::new();
+        state.set_descriptor(br#"{"name":"me"}"#.to_vec());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = HandshakeServer::start(l, state.clone()).unwrap();
+        let addr = s.local_addr().to_string();
+        (s, state, addr)
+    }
+
+    #[test]
+    fn metadata_notify_probe() {
+        let (_s, state, addr) = server();
+        assert_eq!(
+            call(&addr, FrameType::Metadata, b"{}").unwrap(),
+            br#"{"name":"me"}"#
+        );
+        let n = serde_json::to_vec(&NotifyMsg {
+            name: "a".into(),
+            notify_msg: "b".into(),
+        })
+        .unwrap();
+        let reply = call(&addr, FrameType::Notify, &n).unwrap();
+        assert_eq!(reply, br#"{"name":"","notify_msg":"success"}"#);
+        assert_eq!(
+            state.drain_notifies(),
+            vec![NotifyMsg {
+                name: "a".into(),
+                notify_msg: "b".into()
+            }]
+        );
+        assert!(state.drain_notifies().is_empty());
+        assert_eq!(
+            call(&addr, FrameType::Probe, b"").unwrap(),
+            br#"{"status":"success"}"#
+        );
+    }
+
+    #[test]
+    fn bad_frames_close_only_their_connection() {
+        let (_s, _state, addr) = server();
+        // Bad notify JSON, the Connection type, an oversized and a legacy frame.
+        assert!(call(&addr, FrameType::Notify, b"{").is_err());
+        assert!(call(&addr, FrameType::Connection, b"{}").is_err());
+        for raw in [
+            (FRAME_MAX_BYTES + 1).to_le_bytes().to_vec(),
+            [&5u64.to_le_bytes()[..], b"{\"a\"}"].concat(),
+            0u64.to_le_bytes().to_vec(),
+        ] {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(&raw).unwrap();
+            let mut b = [0u8; 1];
+            assert_eq!(s.read(&mut b).unwrap_or(0), 0, "closed without reply");
+        }
+        // A truncated frame then silence: the server keeps serving others meanwhile.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&100u64.to_le_bytes()).unwrap();
+        assert!(call(&addr, FrameType::Probe, b"").is_ok());
+    }
+
+    #[test]
+    fn inbox_is_bounded() {
+        let st = HandshakeState::default();
+        for i in 0..INBOX_MAX + 3 {
+            st.push_notify(NotifyMsg {
+                name: i.to_string(),
+                notify_msg: String::new(),
+            });
+        }
+        assert_eq!(st.notifies_dropped(), 3);
+        let all = st.drain_notifies();
+        assert_eq!(all.len(), INBOX_MAX);
+        assert_eq!(all[0].name, "0");
+    }
+}

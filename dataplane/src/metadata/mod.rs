@@ -1,0 +1,253 @@
+//! Transfer-engine metadata: where segment descriptors live, what they look like, and how a
+//! peer is asked for its descriptor directly.
+//!
+//! - [`desc`]: the JSON of `mooncake/ram/<name>` ([`desc::SegmentDesc`]) and
+//!   `mooncake/rpc_meta/<name>` ([`desc::RpcMeta`]), field names as upstream writes them;
+//! - [`http`]: the HTTP metadata store (`http://host:port/metadata`, GET/PUT/DELETE with a
+//!   URL-encoded `key` query, 3 s timeout, only 200 is success) on a small HTTP/1.1 client;
+//! - [`handshake`]: upstream's handshake framing (u64 LE length, u8 type, JSON) with its
+//!   server and client, used for P2PHANDSHAKE descriptor exchange, notifies and probes.
+//!
+//! A metadata connection string is parsed by [`MetadataConn::parse`]; etcd and redis are
+//! refused with a clear error (etcd arrives with the HA issue). Keys are built by [`Keys`],
+//! which applies `MC_METADATA_CLUSTER_ID`.
+//!
+//! Invariants: nothing here panics on bytes from the network: every decode returns a
+//! [`MetadataError`]; every network call is bounded by a timeout.
+
+pub mod desc;
+pub mod handshake;
+pub mod http;
+
+use crate::TeError;
+
+/// A key-value store of metadata (the HTTP metadata server; etcd later).
+pub trait MetadataStore: Send + Sync {
+    /// The value of `key`, or `None` when the store does not hold it.
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError>;
+    /// Stores `value` (compact JSON) under `key`.
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), MetadataError>;
+    /// Removes `key`. Removing a key that is not there is not an error.
+    fn remove(&self, key: &str) -> Result<(), MetadataError>;
+}
+
+/// Why a metadata operation failed. Each variant says what was expected and what arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// The connection string names a backend this build does not have.
+    #[error("metadata backend {backend:?} is not supported: {why}")]
+    Unsupported { backend: String, why: &'static str },
+    /// The connection string does not parse.
+    #[error("bad metadata connection string {conn:?}: {why}")]
+    BadConn { conn: String, why: &'static str },
+    /// A socket operation failed (connect, send, receive, timeout).
+    #[error("metadata I/O with {peer} failed: {source}")]
+    Io {
+        peer: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server answered with a status other than 200.
+    #[error("metadata server {peer} answered {method} {key:?} with HTTP {status}: {body}")]
+    Status {
+        peer: String,
+        method: &'static str,
+        key: String,
+        status: u16,
+        body: String,
+    },
+    /// The answer is not well formed (HTTP framing, handshake framing or JSON).
+    #[error("malformed metadata answer from {peer}: {why}")]
+    Malformed { peer: String, why: String },
+    /// The peer refused a handshake request.
+    #[error("peer {peer} rejected the handshake: {why}")]
+    Rejected { peer: String, why: String },
+}
+
+impl MetadataError {
+    /// The transfer-engine code for this failure.
+    pub fn code(&self) -> TeError {
+        match self {
+            MetadataError::Unsupported { .. } => TeError::NotImplemented,
+            MetadataError::BadConn { .. } => TeError::InvalidArgument,
+            MetadataError::Io { .. } => TeError::Socket,
+            MetadataError::Status { .. } => TeError::Metadata,
+            MetadataError::Malformed { .. } => TeError::MalformedJson,
+            MetadataError::Rejected { .. } => TeError::RejectHandshake,
+        }
+    }
+}
+
+/// A parsed metadata connection string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataConn {
+    /// `P2PHANDSHAKE`: no central store; descriptors are fetched from the peer itself.
+    P2p,
+    /// `http://host:port/path`.
+    Http(http::HttpUrl),
+}
+
+impl MetadataConn {
+    /// Parses upstream's connection strings: `P2PHANDSHAKE`, `http://host:port/path`,
+    /// `etcd://h:p` or a bare `h:p` (etcd; refused until the HA issue), `redis://` (refused).
+    pub fn parse(conn: &str) -> Result<MetadataConn, MetadataError> {
+        let conn = conn.trim();
+        if conn.eq_ignore_ascii_case("P2PHANDSHAKE") {
+            return Ok(MetadataConn::P2p);
+        }
+        let unsupported = |backend: &str, why| MetadataError::Unsupported {
+            backend: backend.to_string(),
+            why,
+        };
+        match conn.split_once("://") {
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => {
+                Ok(MetadataConn::Http(http::HttpUrl::parse(conn)?))
+            }
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("etcd") => Err(unsupported(
+                "etcd",
+                "etcd metadata arrives with the HA issue; use http://host:port/metadata or \
+                 P2PHANDSHAKE",
+            )),
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Err(unsupported(
+                "https",
+                "TLS is not built in; use http://host:port/metadata",
+            )),
+            Some((scheme, _)) => Err(unsupported(
+                scheme,
+                "only http://host:port/metadata and P2PHANDSHAKE are supported",
+            )),
+            None if conn.contains(':') => Err(unsupported(
+                "etcd",
+                "a bare host:port means etcd, which arrives with the HA issue; use \
+                 http://host:port/metadata or P2PHANDSHAKE",
+            )),
+            None => Err(MetadataError::BadConn {
+                conn: conn.to_string(),
+                why: "expected P2PHANDSHAKE, http://host:port/path, etcd://host:port or host:port",
+            }),
+        }
+    }
+}
+
+/// Builds upstream's metadata keys: `mooncake/[<cluster id>/]ram/<name>` and
+/// `mooncake/[<cluster id>/]rpc_meta/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys with the cluster id of `MC_METADATA_CLUSTER_ID`, if set and non-empty.
+    pub fn from_env() -> Keys {
+        Keys::with_cluster(std::env::var("MC_METADATA_CLUSTER_ID").ok().as_deref())
+    }
+
+    /// Keys under `mooncake/<cluster>/` (or `mooncake/` for `None` or an empty id).
+    pub fn with_cluster(cluster: Option<&str>) -> Keys {
+        let prefix = match cluster.map(str::trim) {
+            Some(id) if !id.is_empty() => format!("mooncake/{id}/"),
+            _ => "mooncake/".to_string(),
+        };
+        Keys { prefix }
+    }
+
+    /// The segment descriptor key. A name containing `/` is appended to the prefix verbatim,
+    /// as upstream's `getFullMetadataKey` does.
+    pub fn ram(&self, segment_name: &str) -> String {
+        if segment_name.contains('/') {
+            format!("{}{segment_name}", self.prefix)
+        } else {
+            format!("{}ram/{segment_name}", self.prefix)
+        }
+    }
+
+    /// The handshake endpoint key.
+    pub fn rpc_meta(&self, server_name: &str) -> String {
+        format!("{}rpc_meta/{server_name}", self.prefix)
+    }
+}
+
+/// Splits `host:port` (or `[v6]:port`) into host and port.
+pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6,
+        // An unbracketed host with a colon is a bare IPv6 address, not host:port.
+        None if host.contains(':') => return None,
+        None => host,
+    };
+    if host.is_empty() {
+        return None;
+    }
+    Some((host, port.parse().ok()?))
+}
+
+/// The host part of a server or segment name: `host` of `host:port`, of `host:port#1` and of
+/// `host:anything`; the whole name when it has no colon (or is a bare IPv6 address).
+pub fn host_of(name: &str) -> &str {
+    if let Some((h, _)) = split_host_port(name) {
+        return h;
+    }
+    match name.split_once(':') {
+        Some((h, rest)) if !h.is_empty() && !rest.contains(':') => h,
+        _ => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_strings() {
+        assert_eq!(
+            MetadataConn::parse("P2PHANDSHAKE").unwrap(),
+            MetadataConn::P2p
+        );
+        match MetadataConn::parse("http://127.0.0.1:8080/metadata").unwrap() {
+            MetadataConn::Http(u) => {
+                assert_eq!((u.host.as_str(), u.port), ("127.0.0.1", 8080));
+                assert_eq!(u.path, "/metadata");
+            }
+            other => panic!("{other:?}"),
+        }
+        for etcd in ["etcd://127.0.0.1:2379", "127.0.0.1:2379"] {
+            let e = MetadataConn::parse(etcd).unwrap_err();
+            assert_eq!(e.code(), TeError::NotImplemented);
+            assert!(e.to_string().contains("HA issue"), "{e}");
+        }
+        assert_eq!(
+            MetadataConn::parse("redis://h:1").unwrap_err().code(),
+            TeError::NotImplemented
+        );
+        assert_eq!(
+            MetadataConn::parse("nonsense").unwrap_err().code(),
+            TeError::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn keys_with_and_without_cluster() {
+        let k = Keys::with_cluster(None);
+        assert_eq!(k.ram("127.0.0.1:1"), "mooncake/ram/127.0.0.1:1");
+        assert_eq!(k.rpc_meta("127.0.0.1:1"), "mooncake/rpc_meta/127.0.0.1:1");
+        assert_eq!(k.ram("nvmeof/x"), "mooncake/nvmeof/x");
+        let c = Keys::with_cluster(Some("c1"));
+        assert_eq!(c.ram("a"), "mooncake/c1/ram/a");
+        assert_eq!(Keys::with_cluster(Some("")), k);
+    }
+
+    #[test]
+    fn host_port_split() {
+        assert_eq!(split_host_port("a:1"), Some(("a", 1)));
+        assert_eq!(split_host_port("[::1]:80"), Some(("::1", 80)));
+        assert_eq!(split_host_port("a"), None);
+        assert_eq!(split_host_port(":1"), None);
+        assert_eq!(split_host_port("a:99999"), None);
+        assert_eq!(host_of("10.0.0.1:50052#1"), "10.0.0.1");
+        assert_eq!(host_of("h:1"), "h");
+        assert_eq!(host_of("h"), "h");
+        assert_eq!(host_of("::1"), "::1");
+        assert_eq!(split_host_port("::1"), None);
+    }
+}

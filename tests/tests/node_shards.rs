@@ -1,0 +1,189 @@
+//! The real `mooncake_client` storage node with 2 shards against the real `mooncake_master`:
+//! each shard's segment is mounted on its own, a data-plane client reaches a replica on the
+//! shard that holds it (and only there), the node re-mounts after a master restart, and
+//! SIGTERM unmounts everything and exits 0.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use client::dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
+use client::MasterClient;
+use mooncake_tests::{http, Master, Node};
+use protocol::message::*;
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicateConfig, Uuid};
+
+fn put_start(c: &MasterClient, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+    let config = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    c.call(&PutStart {
+        client_id: Uuid::from_parts(9, 9),
+        key: key.into(),
+        size,
+        config,
+    })
+    .unwrap()
+}
+
+fn data_client(endpoint: &str) -> TcpClient {
+    let addr: SocketAddr = endpoint.parse().expect("te_endpoint is ip:port");
+    let config = ClientConfig {
+        lanes: 1,
+        io_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    TcpClient::connect(addr, config).expect("connect to the shard's data port")
+}
+
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn node_mounts_each_shard_and_serves_its_replicas() {
+    let m = Master::start(&[]);
+    let mut node = Node::start(&m, &["--global_segment_size=64 MB", "--shards=2"]);
+    assert_eq!(node.segments.len(), 2, "{:?}", node.segments);
+    let names: BTreeSet<String> = node.segments.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            format!("127.0.0.1:{}", node.port),
+            format!("127.0.0.1:{}#1", node.port)
+        ])
+    );
+    assert_ne!(node.segments[0].te_endpoint, node.segments[1].te_endpoint);
+    assert!(node.segments.iter().all(|s| s.size == 32 << 20));
+
+    // Each shard's descriptor is published for transfer engines.
+    for s in &node.segments {
+        let r = http(
+            "GET",
+            m.http_metadata_port,
+            &format!(
+                "/metadata?key={}",
+                escape(&format!("mooncake/ram/{}", s.name))
+            ),
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            r.text().contains("\"mooncake_rs_data_port\""),
+            "{}",
+            r.text()
+        );
+    }
+
+    let c = MasterClient::new(&m.rpc_addr()).unwrap();
+    let mut seen = BTreeSet::new();
+    for (k, key) in ["k1", "k2"].iter().enumerate() {
+        let replicas = put_start(&c, key, 64 << 10).unwrap();
+        assert_eq!(replicas.len(), 2);
+        assert_ne!(
+            replicas[0].segment_name, replicas[1].segment_name,
+            "replicas on distinct shards"
+        );
+        for r in &replicas {
+            seen.insert(r.segment_name.clone());
+            let shard = node
+                .segments
+                .iter()
+                .find(|s| s.name == r.segment_name)
+                .expect("a node segment");
+            assert_eq!(r.transport_endpoint, shard.te_endpoint);
+            assert!(
+                r.buffer_address >= shard.base
+                    && r.buffer_address + r.size <= shard.base + shard.size
+            );
+            let data: Vec<u8> = (0..r.size as usize)
+                .map(|i| (i * 7 + k * 13) as u8)
+                .collect();
+            let tc = data_client(&r.transport_endpoint);
+            tc.write(r.buffer_address, &data).unwrap();
+            let mut back = vec![0u8; data.len()];
+            tc.read(r.buffer_address, &mut back).unwrap();
+            assert!(back == data, "read back from {}", r.segment_name);
+            // The other shard does not serve this address: shards share nothing.
+            let other = node
+                .segments
+                .iter()
+                .find(|s| s.name != r.segment_name)
+                .unwrap();
+            let err = data_client(&other.te_endpoint)
+                .read(r.buffer_address, &mut back)
+                .unwrap_err();
+            assert_eq!(err, TransferError::Refused { status: -3 });
+        }
+        c.call(&PutEnd {
+            client_id: Uuid::from_parts(9, 9),
+            key: key.to_string(),
+        })
+        .unwrap()
+        .unwrap();
+    }
+    assert_eq!(seen, names);
+
+    let status = node
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(10))
+        .expect("node exits on SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    // Unmounted: the objects held there are gone and nothing can be placed any more.
+    assert_eq!(
+        c.call(&GetReplicaList { key: "k1".into() }).unwrap(),
+        Err(ErrorCode::ObjectNotFound)
+    );
+    assert!(put_start(&c, "k3", 4096).is_err());
+    for s in &node.segments {
+        let r = http(
+            "GET",
+            m.http_metadata_port,
+            &format!(
+                "/metadata?key={}",
+                escape(&format!("mooncake/ram/{}", s.name))
+            ),
+            b"",
+        );
+        assert_eq!(r.status, 404, "descriptor of {} removed", s.name);
+    }
+}
+
+#[test]
+fn node_remounts_after_master_restart_and_stops_on_sigint() {
+    let mut m = Master::start(&[]);
+    let (rpc, metrics, meta) = (m.rpc_port, m.metrics_port, m.http_metadata_port);
+    let mut node = Node::start(&m, &["--global_segment_size=16MB", "--cores=2"]);
+    assert_eq!(node.segments.len(), 2);
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    drop(m);
+    let m = Master::start_on(rpc, metrics, meta, &[]);
+    let c = MasterClient::new(&m.rpc_addr()).unwrap();
+    // A fresh master knows no segments until the node's ping is answered NEED_REMOUNT.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let replicas = loop {
+        match put_start(&c, "after-restart", 4096) {
+            Ok(r) => break r,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("the node never re-mounted: {e:?}"),
+        }
+    };
+    let got: BTreeSet<String> = replicas.iter().map(|r| r.segment_name.clone()).collect();
+    let want: BTreeSet<String> = node.segments.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(got, want);
+    let status = node
+        .signal_and_wait(libc::SIGINT, Duration::from_secs(10))
+        .expect("node exits on SIGINT");
+    assert_eq!(status.code(), Some(0));
+}
