@@ -32,6 +32,7 @@
 //! (managed buffers), `exec` (running requests, worker pool).
 
 pub mod batch;
+pub mod bench;
 pub mod config;
 pub mod error;
 mod exec;
