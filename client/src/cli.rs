@@ -1,0 +1,63 @@
+//! The `mooncake_client` program as a library function, so that the binary and the Python
+//! console script (`mooncake_client` from `pip install`) run the same code.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::node::{Node, NodeConfig, USAGE};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `sigaction` is plain data, zero is a valid initial value; the handler only
+        // stores to an atomic, which is async-signal-safe; the pointers are to live locals.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The `mooncake_client` program: runs a storage node with `args` (without the program name)
+/// until SIGTERM or SIGINT; returns the exit code (0 stopped cleanly, 1 could not start, 2 bad
+/// flags). Prints one line per mounted segment, then `mooncake_client ready`.
+pub fn node_main(args: Vec<String>) -> i32 {
+    let cfg = match NodeConfig::parse_args(args) {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            print!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("mooncake_client: {e}\n\n{USAGE}");
+            return 2;
+        }
+    };
+    install_signal_handlers();
+    let node = match Node::start(&cfg) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("mooncake_client: {e}");
+            return 1;
+        }
+    };
+    for (i, s) in node.segments().iter().enumerate() {
+        println!(
+            "shard {i} segment {} te_endpoint {} base {:#x} size {}",
+            s.name, s.te_endpoint, s.base, s.size
+        );
+    }
+    println!("mooncake_client ready");
+    node.run(&STOP);
+    node.shutdown();
+    drop(node);
+    eprintln!("mooncake_client: stopped");
+    0
+}
