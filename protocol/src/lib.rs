@@ -8,7 +8,8 @@
 //! - the control RPC between clients, storage nodes and the master: [`frame`] (the
 //!   length-prefixed, versioned envelope with a request id) and [`message`] (one request and one
 //!   response type per operation, with a batch form of every object operation);
-//! - [`wire`]: the little-endian encoding those messages use.
+//! - [`wire`]: the little-endian encoding those messages use;
+//! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout.
 //!
 //! Invariant: decoding never panics and never allocates more than the input could describe.
 //! Every decoder returns [`wire::DecodeError`] on malformed input; `fuzz/` checks this.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod frame;
 pub mod limits;
 pub mod message;
+pub mod tensor;
 pub mod types;
 pub mod wire;
 

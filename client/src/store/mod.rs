@@ -27,7 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use protocol::message::*;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
 
-pub use budget::LocalBudget;
+pub use budget::{LocalBudget, Reservation};
 pub use setup::StoreConfig;
 
 use crate::master::MasterClient;
@@ -448,6 +448,12 @@ impl Store {
             return true;
         }
         self.buffers.read().check(addr, len)
+    }
+
+    /// The registered buffer `(addr, len)` containing `addr`, if any (bounds for calls such as
+    /// `get_into_ranges` that take a buffer's start address and offsets into it).
+    pub fn registered_buffer(&self, addr: u64) -> Option<(u64, u64)> {
+        self.buffers.read().find(addr)
     }
 
     /// A view of registered caller memory, or `INVALID_PARAMS` for an unregistered range.

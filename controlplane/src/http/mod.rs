@@ -3,7 +3,7 @@
 //!
 //! - [`metadata`]: the transfer-engine metadata store (`/metadata?key=K` GET/PUT/DELETE,
 //!   `/health`), embedded in the master with `--enable_http_metadata_server` and also run alone
-//!   by the `mooncake_http_metadata_server` binary;
+//!   by the `mooncake_http_metadata_server` binary ([`metadata_main`]);
 //! - [`admin`]: the admin and Prometheus metrics server on `--metrics_port`, a read-only view of
 //!   the master through [`crate::view::AdminView`].
 //!
@@ -13,6 +13,9 @@
 
 pub mod admin;
 pub mod metadata;
+mod standalone;
+
+pub use standalone::metadata_main;
 
 #[cfg(test)]
 pub(crate) mod test_client;

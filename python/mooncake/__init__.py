@@ -1,0 +1,7 @@
+"""mooncake-rs: Mooncake's distributed KV-cache store, reimplemented in Rust.
+
+`mooncake.store` is a drop-in replacement for upstream's module of the same name.
+"""
+
+# Like upstream: let other distributions contribute `mooncake.*` modules.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)

@@ -1,0 +1,317 @@
+"""Tensor methods of `MooncakeDistributedStore`, over the byte APIs and the native header codec.
+
+A tensor object is upstream's format: the 304-byte `TensorMetadata` header, then the tensor's
+C-contiguous element bytes (`protocol/src/tensor.rs` has the byte diagram). Puts send the header
+and the tensor's own memory as two parts of one object (no copy of a contiguous CPU tensor);
+gets read the object straight into a `BufferHandle` and return a tensor viewing it.
+
+`torch` is imported on first use, so `mooncake.store` imports without it.
+"""
+
+import ctypes
+
+from mooncake import _native
+
+_HEADER_BYTES = _native._tensor_metadata_size()
+_INVALID = -600
+_AXIS_TP = 1
+_MAX_DIMS = 8
+
+_torch = None
+_code_of = {}  # torch.dtype -> header dtype code
+_dtype_of = {}  # header dtype code -> torch.dtype
+
+
+def _torch_mod():
+    global _torch
+    if _torch is None:
+        import torch
+
+        for code, name, _size in _native._tensor_dtypes():
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                _code_of[dt] = code
+                _dtype_of[code] = dt
+        _torch = torch
+    return _torch
+
+
+def _contiguous_cpu(tensor):
+    """The tensor as a C-contiguous CPU tensor (no copy when it already is one)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.contiguous()
+
+
+def _memory_of(t):
+    """A buffer-protocol view of a contiguous CPU tensor's bytes, or None when empty."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return None
+    return (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
+
+
+def _prepare(tensor, global_shape=None, axes=None):
+    """(header bytes, contiguous CPU tensor); ValueError for what the format cannot hold."""
+    torch = _torch_mod()
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"unsupported tensor: expected torch.Tensor, got {type(tensor).__name__}")
+    code = _code_of.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"unsupported tensor dtype {tensor.dtype}")
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError(f"unsupported tensor: {tensor.dim()} dims (at most {_MAX_DIMS})")
+    t = _contiguous_cpu(tensor)
+    header = _native._encode_tensor_header(code, list(t.shape), global_shape, axes)
+    return header, t
+
+
+def _parts(header, t):
+    mem = _memory_of(t)
+    return (header,) if mem is None else (header, mem)
+
+
+def _from_object(buf, total=None):
+    """A tensor viewing `buf` (a writable buffer holding a tensor object), or None."""
+    torch = _torch_mod()
+    try:
+        code, _kind, _g, shape, _axes, offset, nbytes = _native._decode_tensor_header(buf, total)
+    except (ValueError, TypeError):
+        return None
+    dtype = _dtype_of.get(code)
+    if dtype is None:
+        return None
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset)
+    return flat.view(dtype).reshape(shape)
+
+
+def _serialize_tensor(tensor):
+    """Upstream helper: `(metadata: bytes[304], data_ptr, nbytes, owner)` for a tensor; the
+    owner keeps the bytes at `data_ptr` alive. ValueError for an unsupported tensor."""
+    header, t = _prepare(tensor)
+    return header, t.data_ptr(), t.numel() * t.element_size(), t
+
+
+def _deserialize_tensor(payload):
+    """Upstream helper: the tensor in a tensor object's bytes. ValueError when invalid."""
+    torch = _torch_mod()
+    view = memoryview(payload)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    t = _from_object(view)
+    if t is None:
+        raise ValueError("invalid tensor payload")
+    return t
+
+
+def _first_error(codes):
+    return next((c for c in codes if c != 0), 0)
+
+
+def _tp_shards(key, tensor, tp_size, split_dim):
+    """[(shard key, header, shard tensor)] for put_tensor_with_tp; ValueError if unsplittable."""
+    _torch_mod()
+    if not hasattr(tensor, "dim"):
+        raise ValueError("unsupported tensor")
+    ndim = tensor.dim()
+    if ndim == 0 or not -ndim <= split_dim < ndim:
+        raise ValueError(f"split_dim {split_dim} out of range for {ndim} dims")
+    split_dim %= ndim
+    extent = tensor.shape[split_dim]
+    if extent % tp_size != 0:
+        raise ValueError(f"dim {split_dim} of size {extent} does not split into {tp_size}")
+    chunk = extent // tp_size
+    global_shape = list(tensor.shape)
+    out = []
+    for rank in range(tp_size):
+        shard = tensor.narrow(split_dim, rank * chunk, chunk)
+        axes = [(_AXIS_TP, 0, rank, tp_size, split_dim, 0, chunk)]
+        header, t = _prepare(shard, global_shape, axes)
+        out.append((f"{key}_tp_{rank}", header, t))
+    return out
+
+
+class TensorMethods:
+    """The tensor half of `MooncakeDistributedStore` (upstream §1.5 "Tensor API")."""
+
+    # ---- puts -------------------------------------------------------------------------
+
+    def _put_tensor(self, key, tensor, config, upsert):
+        try:
+            header, t = _prepare(tensor)
+        except ValueError:
+            return _INVALID
+        put = self.upsert_parts if upsert else self.put_parts
+        if config is None:
+            return put(key, *_parts(header, t))
+        return put(key, *_parts(header, t), config=config)
+
+    def _batch_put_tensor(self, keys, tensors_list, config, upsert):
+        keys = list(keys)
+        tensors_list = list(tensors_list)
+        if not keys:
+            return []
+        if len(keys) != len(tensors_list):
+            return [_INVALID] * len(keys)
+        out = [0] * len(keys)
+        idx, ks, parts = [], [], []
+        for i, (k, tensor) in enumerate(zip(keys, tensors_list)):
+            try:
+                header, t = _prepare(tensor)
+            except ValueError:
+                out[i] = _INVALID
+                continue
+            idx.append(i)
+            ks.append(k)
+            parts.append(_parts(header, t))
+        if ks:
+            for i, r in zip(idx, self._put_parts_batch(ks, parts, config, upsert)):
+                out[i] = r
+        return out
+
+    def put_tensor(self, key, tensor, config=None):
+        """Upstream's `put_tensor(key, tensor)`; the optional `config` accepts the seed's
+        `put_tensor(key, tensor, config)` form (same as `pub_tensor`)."""
+        return self._put_tensor(key, tensor, config, False)
+
+    def pub_tensor(self, key, tensor, config=None):
+        return self._put_tensor(key, tensor, config, False)
+
+    def upsert_tensor(self, key, tensor):
+        return self._put_tensor(key, tensor, None, True)
+
+    def upsert_pub_tensor(self, key, tensor, config=None):
+        return self._put_tensor(key, tensor, config, True)
+
+    def batch_put_tensor(self, keys, tensors_list):
+        return self._batch_put_tensor(keys, tensors_list, None, False)
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        return self._batch_put_tensor(keys, tensors_list, config, False)
+
+    def batch_upsert_tensor(self, keys, tensors_list):
+        return self._batch_put_tensor(keys, tensors_list, None, True)
+
+    def batch_upsert_pub_tensor(self, keys, tensors_list, config=None):
+        return self._batch_put_tensor(keys, tensors_list, config, True)
+
+    # ---- gets -------------------------------------------------------------------------
+
+    def get_tensor(self, key):
+        buf = self.get_buffer(key)
+        return None if buf is None else _from_object(buf)
+
+    def batch_get_tensor(self, keys):
+        keys = list(keys)
+        if not keys:
+            return []
+        return [None if b is None else _from_object(b) for b in self.batch_get_buffer(keys)]
+
+    def _tensor_in(self, buffer_ptr, nread):
+        """The tensor object just read into registered memory, as a tensor viewing it."""
+        if nread < _HEADER_BYTES:
+            return None
+        header = self._read_registered(buffer_ptr, _HEADER_BYTES)
+        if header is None:
+            return None
+        torch = _torch_mod()
+        try:
+            code, _k, _g, shape, _a, offset, nbytes = _native._decode_tensor_header(header, nread)
+        except ValueError:
+            return None
+        dtype = _dtype_of.get(code)
+        if dtype is None:
+            return None
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        mem = (ctypes.c_ubyte * nbytes).from_address(buffer_ptr + offset)
+        return torch.frombuffer(mem, dtype=torch.uint8).view(dtype).reshape(shape)
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        """The tensor read into registered memory at `buffer_ptr` (the buffer receives
+        `[TensorMetadata][data]`), as a tensor viewing that memory; None on failure."""
+        _torch_mod()
+        n = self.get_into(key, buffer_ptr, size)
+        return self._tensor_in(buffer_ptr, n) if n > 0 else None
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not self.get_hostname() or not len(keys) == len(buffer_ptrs) == len(sizes):
+            return [_INVALID] * len(keys)
+        _torch_mod()
+        reads = self.batch_get_into(keys, buffer_ptrs, sizes)
+        return [self._tensor_in(p, n) if n > 0 else None for p, n in zip(buffer_ptrs, reads)]
+
+    # ---- tensor parallelism -------------------------------------------------------------
+
+    def _put_tensor_with_tp(self, key, tensor, config, tp_size, split_dim):
+        if tp_size <= 1:
+            return self._put_tensor(key, tensor, config, False)
+        r = self._batch_put_tensor_with_tp([key], [tensor], config, tp_size, split_dim)
+        return r[0]
+
+    def _batch_put_tensor_with_tp(self, base_keys, tensors_list, config, tp_size, split_dim):
+        base_keys, tensors_list = list(base_keys), list(tensors_list)
+        if not base_keys:
+            return []
+        if len(base_keys) != len(tensors_list):
+            return [_INVALID] * len(base_keys)
+        if tp_size <= 1:
+            return self._batch_put_tensor(base_keys, tensors_list, config, False)
+        out = [0] * len(base_keys)
+        owner, ks, parts = [], [], []
+        for i, (k, tensor) in enumerate(zip(base_keys, tensors_list)):
+            try:
+                shards = _tp_shards(k, tensor, tp_size, split_dim)
+            except ValueError:
+                out[i] = _INVALID
+                continue
+            for shard_key, header, t in shards:
+                owner.append(i)
+                ks.append(shard_key)
+                parts.append(_parts(header, t))
+        if ks:
+            for i, r in zip(owner, self._put_parts_batch(ks, parts, config, False)):
+                if out[i] == 0 and r != 0:
+                    out[i] = r
+        return out
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+        """Splits `tensor` into `tp_size` shards along `split_dim` and stores every one as
+        `f"{key}_tp_{rank}"` (`tp_rank` is ignored, as upstream)."""
+        return self._put_tensor_with_tp(key, tensor, None, tp_size, split_dim)
+
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        return self._put_tensor_with_tp(key, tensor, config, tp_size, split_dim)
+
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0):
+        return self._batch_put_tensor_with_tp(base_keys, tensors_list, None, tp_size, split_dim)
+
+    def batch_pub_tensor_with_tp(
+        self, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1, split_dim=0
+    ):
+        return self._batch_put_tensor_with_tp(base_keys, tensors_list, config, tp_size, split_dim)
+
+    @staticmethod
+    def _tp_key(key, tp_rank, tp_size):
+        return key if tp_size <= 1 else f"{key}_tp_{tp_rank}"
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        return self.get_tensor(self._tp_key(key, tp_rank, tp_size))
+
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        return self.batch_get_tensor([self._tp_key(k, tp_rank, tp_size) for k in base_keys])
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        return self.get_tensor_into(self._tp_key(key, tp_rank, tp_size), buffer_ptr, size)
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
+        keys = [self._tp_key(k, tp_rank, tp_size) for k in base_keys]
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)

@@ -1,0 +1,50 @@
+"""`mooncake.store`: the distributed object store's Python API (upstream-compatible).
+
+`MooncakeDistributedStore` is the native store class (`mooncake._native`) with the tensor
+methods of `mooncake._tensor` mixed in; it can be subclassed (e.g. by an asyncio wrapper that
+sets attributes on its instances).
+"""
+
+from mooncake import _native
+from mooncake._native import (  # noqa: F401  (re-exports)
+    BufferHandle,
+    Descriptor,
+    MemoryDescriptor,
+    ObjectDataType,
+    ReplicaDescriptor,
+    ReplicaStatus,
+    ReplicateConfig,
+    SoftPinAction,
+    _decode_tensor_header,
+    _encode_tensor_header,
+    _tensor_metadata_size,
+)
+from mooncake._tensor import TensorMethods, _deserialize_tensor, _serialize_tensor  # noqa: F401
+
+
+class MooncakeDistributedStore(TensorMethods, _native.MooncakeDistributedStore):
+    """Client of a Mooncake store: `setup(...)`, then put/get bytes, buffers and tensors."""
+
+    __module__ = "mooncake.store"
+
+
+# Enum values at module scope, as upstream exports them.
+for _name in (
+    "UNKNOWN", "KVCACHE", "TENSOR", "WEIGHT", "SAMPLE", "ACTIVATION", "GRADIENT",
+    "OPTIMIZER_STATE", "METADATA", "GENERAL",
+    "UNDEFINED", "INITIALIZED", "PROCESSING", "COMPLETE", "REMOVED", "FAILED",
+):
+    globals()[_name] = getattr(_native, _name)
+del _name
+
+__all__ = [
+    "MooncakeDistributedStore",
+    "ReplicateConfig",
+    "ReplicaDescriptor",
+    "MemoryDescriptor",
+    "Descriptor",
+    "BufferHandle",
+    "ObjectDataType",
+    "ReplicaStatus",
+    "SoftPinAction",
+]

@@ -1,0 +1,150 @@
+//! `mooncake._native`: the native half of the `mooncake` Python package.
+//!
+//! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
+//! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
+//!   (`mooncake/_tensor.py`);
+//! - `run_master`, `run_http_metadata_server`, `run_client`, `run_transfer_engine_bench`: the
+//!   console scripts' entry points, so a `pip install` brings working `mooncake_master` etc.
+//!   without separate binaries.
+//!
+//! Invariants: nothing here panics on input from Python (bad input is a negative code or a
+//! Python exception); every call that waits on the network releases the GIL.
+
+mod mempool;
+mod pybuf;
+mod ranges;
+mod setup_args;
+mod store;
+mod tensor;
+mod types;
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyType};
+
+/// `BufferHandle`: a `bytearray` subclass, so it has the buffer protocol on every Python the
+/// abi3 wheel supports (a native class can only export buffers under abi3 from 3.11 on).
+const BUFFER_HANDLE_PY: &std::ffi::CStr = cr#"
+class BufferHandle(bytearray):
+    """Bytes of one object returned by get_buffer: buffer protocol, ptr(), size(), len()."""
+
+    __slots__ = ()
+    __module__ = "mooncake.store"
+
+    def ptr(self):
+        """Address of the first byte."""
+        return _address(self)
+
+    def size(self):
+        """Size in bytes."""
+        return len(self)
+
+    def __repr__(self):
+        return f"<BufferHandle size={len(self)}>"
+"#;
+
+static BUFFER_HANDLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn buffer_handle_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    BUFFER_HANDLE
+        .get_or_try_init(py, || {
+            let m = PyModule::from_code(
+                py,
+                BUFFER_HANDLE_PY,
+                c"mooncake/_buffer_handle.py",
+                c"mooncake._buffer_handle",
+            )?;
+            m.add("_address", wrap_pyfunction!(store::_bytearray_address, &m)?)?;
+            Ok::<_, PyErr>(m.getattr("BufferHandle")?.cast_into::<PyType>()?.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
+/// A new `BufferHandle` of `len` uninitialised bytes and its memory, to fill without the GIL.
+pub(crate) fn new_buffer_handle(
+    py: Python<'_>,
+    len: usize,
+) -> PyResult<(Bound<'_, PyAny>, pybuf::Fresh)> {
+    let h = buffer_handle_type(py)?.call0()?;
+    let fresh = pybuf::grow_bytearray(h.cast::<PyByteArray>()?, len)?;
+    Ok((h, fresh))
+}
+
+/// Installs a stderr logger once, at `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` (default: warnings).
+fn init_logging() {
+    let level = std::env::var("MC_YLT_LOG_LEVEL")
+        .ok()
+        .map(|l| match l.trim().to_ascii_lowercase().as_str() {
+            "critical" => "error".to_string(),
+            other => other.to_string(),
+        })
+        .or_else(|| {
+            std::env::var("MC_LOG_LEVEL").ok().map(|l| match l.trim() {
+                "0" => "info".to_string(),
+                "1" => "warn".to_string(),
+                "2" | "3" => "error".to_string(),
+                other => other.to_ascii_lowercase(),
+            })
+        })
+        .unwrap_or_else(|| "warn".to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// `mooncake_master`: runs the master with `args` (without the program name); returns its
+/// exit code. The GIL is released for the whole run.
+#[pyfunction]
+fn run_master(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.detach(|| controlplane::cli::master_main(args))
+}
+
+/// `mooncake_http_metadata_server`: the standalone HTTP metadata server.
+#[pyfunction]
+fn run_http_metadata_server(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.detach(|| controlplane::http::metadata_main(args))
+}
+
+/// `mooncake_client`: a storage node contributing memory to the store (`client::cli`).
+#[pyfunction]
+fn run_client(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.detach(|| client::cli::node_main(args))
+}
+
+/// `transfer_engine_bench`: the transfer-engine benchmark (`dataplane::engine::bench`).
+#[pyfunction]
+fn run_transfer_engine_bench(py: Python<'_>, args: Vec<String>) -> i32 {
+    py.detach(|| dataplane::engine::bench::bench_main(args))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
+    let py = m.py();
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<types::PyReplicateConfig>()?;
+    m.add_class::<types::PyReplicaDescriptor>()?;
+    m.add_class::<types::PyMemoryDescriptor>()?;
+    m.add_class::<types::PyDescriptor>()?;
+    m.add_class::<types::PyObjectDataType>()?;
+    m.add_class::<types::PyReplicaStatus>()?;
+    m.add_class::<types::PySoftPinAction>()?;
+    m.add("BufferHandle", buffer_handle_type(py)?)?;
+    for (v, name) in types::PyObjectDataType::VARIANTS {
+        m.add(*name, *v)?;
+    }
+    for (v, name) in types::PyReplicaStatus::VARIANTS {
+        m.add(*name, *v)?;
+    }
+    m.add_function(wrap_pyfunction!(run_master, m)?)?;
+    m.add_function(wrap_pyfunction!(run_http_metadata_server, m)?)?;
+    m.add_function(wrap_pyfunction!(run_client, m)?)?;
+    m.add_function(wrap_pyfunction!(run_transfer_engine_bench, m)?)?;
+    tensor::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

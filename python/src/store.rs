@@ -1,0 +1,1108 @@
+//! `MooncakeDistributedStore`: the Python face of [`client::Store`].
+//!
+//! Every method follows upstream's names, keyword names, positional-only parameters, return
+//! conventions and quirks (reference §1.4–1.5, §9). Each one releases the GIL while it talks to
+//! the master or moves bytes. A store that is not set up (or was closed) answers with the
+//! method's failure value (`-600`, `b""`, `None`, `[]`) instead of crashing.
+//!
+//! Bytes never take a detour through a staging buffer: `put` sends straight from the caller's
+//! buffer, `get` receives straight into the `bytes` object it returns. The local-buffer size
+//! still bounds those calls (see `client::store::budget`), as upstream's staging buffer does.
+
+use std::sync::Arc;
+
+use client::store::Reservation;
+use client::Store;
+use parking_lot::{Mutex, RwLock};
+use protocol::tensor::TensorMetadata;
+use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
+
+use crate::mempool::MemPool;
+use crate::pybuf::{self, Fresh, Pinned};
+use crate::setup_args::{self, Setup};
+use crate::types::{PyReplicaDescriptor, PyReplicateConfig};
+
+type Code = Result<(), ErrorCode>;
+
+fn rc(r: Code) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.code(),
+    }
+}
+
+fn rc_i64(r: Result<u64, ErrorCode>) -> i64 {
+    match r {
+        Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        Err(e) => e.code() as i64,
+    }
+}
+
+const INVALID: i32 = ErrorCode::InvalidParams as i32;
+
+/// A replicate config argument, resolved before the GIL is released.
+struct Cfg {
+    wire: Result<ReplicateConfig, ErrorCode>,
+    group_ids: Option<usize>,
+}
+
+impl Cfg {
+    fn of(config: Option<PyRef<'_, PyReplicateConfig>>) -> Cfg {
+        match config {
+            None => Cfg {
+                wire: Ok(ReplicateConfig::default()),
+                group_ids: None,
+            },
+            Some(c) => Cfg {
+                wire: c.to_protocol(),
+                group_ids: c.group_ids.as_ref().map(Vec::len),
+            },
+        }
+    }
+
+    /// The config for a batch of `n` keys: `group_ids`, when given, must name one group per key.
+    fn for_batch(&self, n: usize) -> Result<&ReplicateConfig, ErrorCode> {
+        if self.group_ids.is_some_and(|g| g != n) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        self.wire.as_ref().map_err(|e| *e)
+    }
+
+    fn single(&self) -> Result<&ReplicateConfig, ErrorCode> {
+        self.wire.as_ref().map_err(|e| *e)
+    }
+}
+
+/// The first replica's size: the object's size.
+fn object_size(list: &ReplicaList) -> Result<u64, ErrorCode> {
+    list.replicas
+        .first()
+        .map(|r| r.size)
+        .ok_or(ErrorCode::InvalidReplica)
+}
+
+/// An object located and budgeted for reading into a fresh Python object.
+struct Located<'s> {
+    list: ReplicaList,
+    size: u64,
+    _budget: Reservation<'s>,
+}
+
+fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, ErrorCode> {
+    let list = s.replicas(key)?;
+    let size = object_size(&list)?;
+    let budget = s.budget().reserve(size)?;
+    Ok(Located {
+        list,
+        size,
+        _budget: budget,
+    })
+}
+
+fn usize_of(n: u64) -> PyResult<usize> {
+    usize::try_from(n).map_err(|_| pyo3::exceptions::PyOverflowError::new_err("object too large"))
+}
+
+/// `MooncakeDistributedStore()`; see the module docs.
+#[pyclass(
+    subclass,
+    dict,
+    module = "mooncake.store",
+    name = "MooncakeDistributedStore"
+)]
+pub struct PyStore {
+    inner: RwLock<Option<Arc<Store>>>,
+    /// Serialises `setup` / `init_all` / `close` against each other.
+    lifecycle: Mutex<()>,
+    pool: MemPool,
+}
+
+impl PyStore {
+    fn store(&self) -> Option<Arc<Store>> {
+        self.inner.read().clone()
+    }
+
+    fn do_setup(&self, py: Python<'_>, cfg: client::StoreConfig) -> i32 {
+        let _l = self.lifecycle.lock();
+        if self.inner.read().is_some() {
+            return INVALID;
+        }
+        match py.detach(|| Store::setup(cfg)) {
+            Ok(s) => {
+                self.pool.reset(s.budget().capacity());
+                *self.inner.write() = Some(Arc::new(s));
+                0
+            }
+            Err(e) => e.code(),
+        }
+    }
+
+    fn put_one(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &[Pinned],
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> i32 {
+        let Some(s) = self.store() else {
+            return INVALID;
+        };
+        let cfg = Cfg::of(config);
+        let slices: Vec<&[u8]> = parts.iter().map(Pinned::as_slice).collect();
+        let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
+        rc(py.detach(|| {
+            let cfg = cfg.single()?;
+            let _budget = s.budget().reserve(size)?;
+            s.put_parts(key, &slices, cfg, upsert)
+        }))
+    }
+
+    /// Batch put of objects given as lists of parts; one result per key.
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        keys: &[String],
+        parts: &[Vec<&[u8]>],
+        cfg: &Cfg,
+        upsert: bool,
+        budgeted: bool,
+    ) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return vec![INVALID; keys.len()];
+        };
+        if keys.len() != parts.len() {
+            return vec![INVALID; keys.len()];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
+        py.detach(|| {
+            let run = || -> Result<Vec<Code>, ErrorCode> {
+                let cfg = cfg.for_batch(keys.len())?;
+                let _budget = if budgeted {
+                    Some(s.budget().reserve(total)?)
+                } else {
+                    None
+                };
+                Ok(s.put_many(keys, parts, cfg, upsert))
+            };
+            match run() {
+                Ok(v) => v.into_iter().map(rc).collect(),
+                Err(e) => vec![e.code(); keys.len()],
+            }
+        })
+    }
+
+    /// Zero-copy batch put from registered memory.
+    fn put_from_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        if buffer_ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(s) = self.store() else {
+            return vec![INVALID; n];
+        };
+        let cfg = Cfg::of(config);
+        // Unregistered ranges fail their own key only.
+        let mut out = vec![0i32; n];
+        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            if sizes[i] == 0 {
+                continue;
+            }
+            match s.caller_slice(buffer_ptrs[i], sizes[i]) {
+                Ok(sl) => {
+                    idx.push(i);
+                    ks.push(keys[i].clone());
+                    ps.push(vec![sl]);
+                }
+                Err(e) => out[i] = e.code(),
+            }
+        }
+        if let Err(e) = cfg.for_batch(n) {
+            return vec![e.code(); n];
+        }
+        let r = self.put_many(py, &ks, &ps, &cfg, upsert, false);
+        for (i, r) in idx.into_iter().zip(r) {
+            out[i] = r;
+        }
+        out
+    }
+
+    fn get_into_many(
+        &self,
+        py: Python<'_>,
+        keys: &[String],
+        buffer_ptrs: &[u64],
+        sizes: &[u64],
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if buffer_ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID as i64; n];
+        }
+        let Some(s) = self.store() else {
+            return vec![INVALID as i64; n];
+        };
+        if n == 0 {
+            return Vec::new();
+        }
+        py.detach(|| {
+            let lists = s.batch_replicas(keys);
+            lists
+                .into_iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    rc_i64(l.and_then(|list| {
+                        let size = object_size(&list)?;
+                        if size > sizes[i] {
+                            return Err(ErrorCode::InvalidParams);
+                        }
+                        let dst = s.caller_slice_mut(buffer_ptrs[i], size)?;
+                        s.read_from(&list, 0, dst)?;
+                        Ok(size)
+                    }))
+                })
+                .collect()
+        })
+    }
+
+    fn tensor_from_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        upsert: bool,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        if buffer_ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let Some(s) = self.store() else {
+            return vec![INVALID; n];
+        };
+        let mut out = vec![0i32; n];
+        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            match tensor_object(&s, buffer_ptrs[i], sizes[i]) {
+                Ok(sl) => {
+                    idx.push(i);
+                    ks.push(keys[i].clone());
+                    ps.push(vec![sl]);
+                }
+                Err(e) => out[i] = e.code(),
+            }
+        }
+        let r = self.put_many(py, &ks, &ps, &Cfg::of(None), upsert, false);
+        for (i, r) in idx.into_iter().zip(r) {
+            out[i] = r;
+        }
+        out
+    }
+}
+
+/// Registered memory holding a valid `[TensorMetadata][data]` object.
+fn tensor_object(s: &Store, ptr: u64, size: u64) -> Result<&'static [u8], ErrorCode> {
+    let data = s.caller_slice(ptr, size)?;
+    TensorMetadata::decode(data, size).map_err(|_| ErrorCode::InvalidParams)?;
+    Ok(data)
+}
+
+fn pin_all(values: &Bound<'_, PyAny>, one_d: bool) -> PyResult<Vec<Pinned>> {
+    let mut out = Vec::new();
+    for v in values.try_iter()? {
+        let v = v?;
+        out.push(if one_d {
+            Pinned::one_d_bytes(&v)?
+        } else {
+            Pinned::bytes(&v)?
+        });
+    }
+    Ok(out)
+}
+
+fn list_of_values<'py>(values: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    if values.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(
+            "values must be a list of bytes-like objects",
+        ));
+    }
+    values
+        .try_iter()?
+        .collect::<PyResult<Vec<_>>>()
+        .and_then(|v| PyList::new(values.py(), v))
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        PyStore {
+            inner: RwLock::new(None),
+            lifecycle: Mutex::new(()),
+            pool: MemPool::default(),
+        }
+    }
+
+    // ---- lifecycle ---------------------------------------------------------------------
+
+    /// `setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+    /// protocol, rdma_devices, master_server_addr, engine=None, ...)` or `setup(dict)`.
+    #[pyo3(signature = (*args, **kwargs))]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<i32> {
+        match setup_args::parse(args, kwargs)? {
+            Setup::Reject(e) => Ok(e.code()),
+            Setup::Config(cfg) => Ok(self.do_setup(py, cfg)),
+        }
+    }
+
+    /// `init_all(protocol, device_name, mount_segment_size)`: upstream's fixed-address setup.
+    #[pyo3(signature = (protocol, device_name, mount_segment_size, /))]
+    fn init_all(
+        &self,
+        py: Python<'_>,
+        protocol: String,
+        device_name: String,
+        mount_segment_size: u64,
+    ) -> i32 {
+        self.do_setup(
+            py,
+            client::StoreConfig {
+                local_hostname: "localhost:12345".into(),
+                metadata_server: "127.0.0.1:2379".into(),
+                global_segment_size: mount_segment_size,
+                local_buffer_size: 1 << 30,
+                protocol,
+                rdma_devices: device_name,
+                master_server_addr: "127.0.0.1:50051".into(),
+            },
+        )
+    }
+
+    /// Unmounts this client's segment and drops the connection; 0, and idempotent.
+    #[pyo3(signature = (/))]
+    fn close(&self, py: Python<'_>) -> i32 {
+        let _l = self.lifecycle.lock();
+        let s = self.inner.write().take();
+        if let Some(s) = s {
+            py.detach(|| s.close());
+        }
+        self.pool.reset(0);
+        0
+    }
+
+    /// 0 healthy, 1 not set up or closed, 2 master unreachable.
+    #[pyo3(signature = (/))]
+    fn health_check(&self, py: Python<'_>) -> i32 {
+        match self.store() {
+            None => 1,
+            Some(s) => py.detach(|| s.health()),
+        }
+    }
+
+    #[pyo3(signature = (/))]
+    fn get_hostname(&self) -> String {
+        self.store()
+            .map(|s| s.hostname().to_string())
+            .unwrap_or_default()
+    }
+
+    // ---- bytes ---------------------------------------------------------------------------
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let v = Pinned::bytes(value)?;
+        Ok(self.put_one(py, key, std::slice::from_ref(&v), config, false))
+    }
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let v = Pinned::bytes(value)?;
+        Ok(self.put_one(py, key, std::slice::from_ref(&v), config, true))
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned = pin_all(parts.as_any(), true)?;
+        Ok(self.put_one(py, key, &pinned, config, false))
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned = pin_all(parts.as_any(), true)?;
+        Ok(self.put_one(py, key, &pinned, config, true))
+    }
+
+    /// One return code for the whole batch (0, or the first failure).
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_batch_impl(py, keys, values, config, false)
+    }
+
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_batch_impl(py, keys, values, config, true)
+    }
+
+    /// Internal (tensor layer): batch put where each object is the concatenation of a list
+    /// of 1-D byte buffers; one return code per key.
+    #[pyo3(signature = (keys, parts_list, config=None, upsert=false))]
+    fn _put_parts_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        parts_list: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i32>> {
+        let objects = list_of_values(parts_list)?;
+        if objects.len() != keys.len() {
+            return Ok(vec![INVALID; keys.len()]);
+        }
+        let pinned: Vec<Vec<Pinned>> = objects
+            .iter()
+            .map(|o| pin_all(&o, true))
+            .collect::<PyResult<_>>()?;
+        let parts: Vec<Vec<&[u8]>> = pinned
+            .iter()
+            .map(|ps| ps.iter().map(Pinned::as_slice).collect())
+            .collect();
+        Ok(self.put_many(py, &keys, &parts, &Cfg::of(config), upsert, true))
+    }
+
+    /// The object's bytes; `b""` on a miss or any error.
+    #[pyo3(signature = (key, /))]
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let empty = PyBytes::new(py, b"");
+        let Some(s) = self.store() else {
+            return Ok(empty);
+        };
+        let Ok(loc) = py.detach(|| locate(&s, key)) else {
+            return Ok(empty);
+        };
+        let (obj, fresh) = pybuf::new_bytes(py, usize_of(loc.size)?)?;
+        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
+            Ok(()) => Ok(obj),
+            Err(_) => Ok(empty),
+        }
+    }
+
+    /// `list[bytes]` with `b""` for misses; `[b""]` when not set up or for no keys (upstream).
+    #[pyo3(signature = (keys, /))]
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Bound<'py, PyList>> {
+        let empty = || PyBytes::new(py, b"");
+        let Some(s) = self.store() else {
+            return PyList::new(py, [empty()]);
+        };
+        if keys.is_empty() {
+            return PyList::new(py, [empty()]);
+        }
+        let objs = self.read_many(py, &s, &keys, |py, n| {
+            let (b, f) = pybuf::new_bytes(py, n)?;
+            Ok((b.into_any(), f))
+        })?;
+        PyList::new(
+            py,
+            objs.into_iter()
+                .map(|o| o.unwrap_or_else(|| empty().into_any())),
+        )
+    }
+
+    /// A `BufferHandle` (buffer protocol, `ptr()`, `size()`) or `None`.
+    #[pyo3(signature = (key, /))]
+    fn get_buffer<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(s) = self.store() else {
+            return Ok(None);
+        };
+        let Ok(loc) = py.detach(|| locate(&s, key)) else {
+            return Ok(None);
+        };
+        let (h, fresh) = crate::new_buffer_handle(py, usize_of(loc.size)?)?;
+        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
+            Ok(()) => Ok(Some(h)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    #[pyo3(signature = (keys, /))]
+    fn batch_get_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        let Some(s) = self.store() else {
+            return Ok(vec![None; keys.len()]);
+        };
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.read_many(py, &s, &keys, crate::new_buffer_handle)
+    }
+
+    #[pyo3(signature = (key, /))]
+    fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
+        match self.store() {
+            None => INVALID as i64,
+            Some(s) => rc_i64(py.detach(|| s.get_size(key))),
+        }
+    }
+
+    /// 1 exists, 0 not, negative error code.
+    #[pyo3(signature = (key, /))]
+    fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
+        match self.store() {
+            None => INVALID,
+            Some(s) => match py.detach(|| s.is_exist(key)) {
+                Ok(true) => 1,
+                Ok(false) => 0,
+                Err(e) => e.code(),
+            },
+        }
+    }
+
+    #[pyo3(signature = (keys))]
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return vec![INVALID; keys.len()];
+        };
+        py.detach(|| {
+            s.batch_is_exist(&keys)
+                .into_iter()
+                .map(|r| match r {
+                    Ok(true) => 1,
+                    Ok(false) => 0,
+                    Err(e) => e.code(),
+                })
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
+        match self.store() {
+            None => INVALID,
+            Some(s) => rc(py.detach(|| s.remove(key, force))),
+        }
+    }
+
+    /// Number of objects removed, or a negative code (`-600` for an invalid regex).
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
+        match self.store() {
+            None => INVALID as i64,
+            Some(s) => rc_i64(py.detach(|| s.remove_by_regex(regex_pattern, force))),
+        }
+    }
+
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        match self.store() {
+            None => INVALID as i64,
+            Some(s) => rc_i64(py.detach(|| s.remove_all(force))),
+        }
+    }
+
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return vec![INVALID; keys.len()];
+        };
+        py.detach(|| s.batch_remove(&keys, force).into_iter().map(rc).collect())
+    }
+
+    #[pyo3(signature = (key))]
+    fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<PyReplicaDescriptor> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        match py.detach(|| s.replicas(key)) {
+            Ok(l) => l.replicas.iter().map(PyReplicaDescriptor::from).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// `{key: [ReplicaDescriptor, ...]}` for the keys that were found.
+    #[pyo3(signature = (keys))]
+    fn batch_get_replica_desc<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let Some(s) = self.store() else {
+            return Ok(d);
+        };
+        let lists = py.detach(|| s.batch_replicas(&keys));
+        for (k, l) in keys.iter().zip(lists) {
+            if let Ok(l) = l {
+                let v: Vec<PyReplicaDescriptor> =
+                    l.replicas.iter().map(PyReplicaDescriptor::from).collect();
+                d.set_item(k, v)?;
+            }
+        }
+        Ok(d)
+    }
+
+    /// Memory from this client's pool (bounded by `local_buffer_size`, freed by `close`);
+    /// 0 on failure.
+    #[pyo3(signature = (size, /))]
+    fn alloc_from_mem_pool(&self, size: u64) -> u64 {
+        if self.store().is_none() {
+            return 0;
+        }
+        self.pool.alloc(size)
+    }
+
+    #[pyo3(signature = ())]
+    fn get_offload_rpc_read_count(&self) -> i64 {
+        0
+    }
+
+    // ---- zero copy -------------------------------------------------------------------------
+
+    #[pyo3(signature = (buffer_ptr, size))]
+    fn register_buffer(&self, buffer_ptr: u64, size: u64) -> i32 {
+        match self.store() {
+            None => INVALID,
+            Some(s) => rc(s.register_buffer(buffer_ptr, size)),
+        }
+    }
+
+    #[pyo3(signature = (buffer_ptr))]
+    fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
+        match self.store() {
+            None => INVALID,
+            Some(s) => rc(s.unregister_buffer(buffer_ptr)),
+        }
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i32 {
+        self.put_from_impl(py, key, buffer_ptr, size, config, false)
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i32 {
+        self.put_from_impl(py, key, buffer_ptr, size, config, true)
+    }
+
+    /// Stores metadata bytes followed by data bytes. Upstream's quirks: 0 without storing
+    /// for `size == 0`; -1 when not set up or with `prefer_alloc_in_same_node`; and the
+    /// *negated* (positive) error code when the put fails.
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: u64,
+        metadata_buffer_ptr: u64,
+        size: u64,
+        metadata_size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i32 {
+        if size == 0 {
+            return 0;
+        }
+        let Some(s) = self.store() else {
+            return -1;
+        };
+        let cfg = Cfg::of(config);
+        if cfg.wire.as_ref().is_ok_and(|c| c.prefer_alloc_in_same_node) {
+            return -1;
+        }
+        let r = py.detach(|| {
+            let meta = s.caller_slice(metadata_buffer_ptr, metadata_size)?;
+            let data = s.caller_slice(buffer_ptr, size)?;
+            s.put_parts(key, &[meta, data], cfg.single()?, false)
+        });
+        -rc(r)
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        self.put_from_many(py, keys, buffer_ptrs, sizes, config, true)
+    }
+
+    /// Each object is the concatenation of its buffers.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let mut cfg = Cfg::of(config);
+        // This call is the one that honours `prefer_alloc_in_same_node` upstream; our
+        // allocator already prefers the writer's own segment, so the flag is dropped here.
+        if let Ok(c) = cfg.wire.as_mut() {
+            c.prefer_alloc_in_same_node = false;
+        }
+        let mut out = vec![0i32; n];
+        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let parts: Result<Vec<&'static [u8]>, ErrorCode> =
+                if all_buffer_ptrs[i].len() != all_sizes[i].len() {
+                    Err(ErrorCode::InvalidParams)
+                } else {
+                    all_buffer_ptrs[i]
+                        .iter()
+                        .zip(&all_sizes[i])
+                        .map(|(&p, &l)| s.caller_slice(p, l))
+                        .collect()
+                };
+            match parts {
+                Ok(p) => {
+                    idx.push(i);
+                    ks.push(keys[i].clone());
+                    ps.push(p);
+                }
+                Err(e) => out[i] = e.code(),
+            }
+        }
+        let r = self.put_many(py, &ks, &ps, &cfg, false, false);
+        for (i, r) in idx.into_iter().zip(r) {
+            out[i] = r;
+        }
+        out
+    }
+
+    /// Bytes read, or a negative code (`-704` miss, `-600` too small / unregistered).
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: u64, size: u64) -> i64 {
+        match self.store() {
+            None => INVALID as i64,
+            Some(s) => rc_i64(py.detach(|| s.get_into(key, buffer_ptr, size))),
+        }
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i64> {
+        self.get_into_many(py, &keys, &buffer_ptrs, &sizes)
+    }
+
+    /// Scatters each object into its buffers in order; bytes read per key or a negative code.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> Vec<i64> {
+        let _ = prefer_alloc_in_same_node;
+        let n = keys.len();
+        let Some(s) = self.store() else {
+            return vec![INVALID as i64; n];
+        };
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![INVALID as i64; n];
+        }
+        if n == 0 {
+            return Vec::new();
+        }
+        py.detach(|| {
+            let lists = s.batch_replicas(&keys);
+            lists
+                .into_iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    rc_i64(l.and_then(|list| {
+                        let size = object_size(&list)?;
+                        let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
+                        if ptrs.len() != lens.len() || lens.iter().sum::<u64>() < size {
+                            return Err(ErrorCode::InvalidParams);
+                        }
+                        let mut at = 0u64;
+                        for (&p, &l) in ptrs.iter().zip(lens) {
+                            if at >= size {
+                                break;
+                            }
+                            let take = l.min(size - at);
+                            let dst = s.caller_slice_mut(p, take)?;
+                            s.read_from(&list, at, dst)?;
+                            at += take;
+                        }
+                        Ok(size)
+                    }))
+                })
+                .collect()
+        })
+    }
+
+    /// Ranged reads: `result[b][k][f]` is the bytes read for fragment `f` of key `k` into
+    /// buffer `b`, or a negative code. A key's fragments fail together when its offset and size
+    /// lists disagree in length; a missing key fails only its own fragments.
+    #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<u64>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<u64>>>,
+        all_src_offsets: Vec<Vec<Vec<u64>>>,
+        all_sizes: Vec<Vec<Vec<u64>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let s = self.store();
+        py.detach(|| {
+            crate::ranges::get_into_ranges(
+                s.as_deref(),
+                &buffer_ptrs,
+                &all_keys,
+                &all_dst_offsets,
+                &all_src_offsets,
+                &all_sizes,
+            )
+        })
+    }
+
+    // ---- tensors from registered memory ------------------------------------------------------
+
+    /// Stores registered memory that already holds `[TensorMetadata][data]` (validated).
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn put_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
+        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
+        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_put_tensor_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i32> {
+        self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_upsert_tensor_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i32> {
+        self.tensor_from_many(py, keys, buffer_ptrs, sizes, true)
+    }
+
+    /// Internal (tensor layer): a copy of `size` bytes of registered memory at `buffer_ptr`,
+    /// or `None` when the range is not registered.
+    #[pyo3(signature = (buffer_ptr, size))]
+    fn _read_registered<'py>(
+        &self,
+        py: Python<'py>,
+        buffer_ptr: u64,
+        size: u64,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let s = self.store()?;
+        let sl = s.caller_slice(buffer_ptr, size).ok()?;
+        Some(PyBytes::new(py, sl))
+    }
+}
+
+impl PyStore {
+    fn put_batch_impl(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        let values = list_of_values(values)?;
+        if values.len() != keys.len() {
+            return Ok(INVALID);
+        }
+        let pinned = pin_all(values.as_any(), false)?;
+        let parts: Vec<Vec<&[u8]>> = pinned.iter().map(|p| vec![p.as_slice()]).collect();
+        let r = self.put_many(py, &keys, &parts, &Cfg::of(config), upsert, true);
+        Ok(r.into_iter().find(|c| *c != 0).unwrap_or(0))
+    }
+
+    fn put_from_impl(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> i32 {
+        if size == 0 {
+            return if self.store().is_some() { 0 } else { INVALID };
+        }
+        let Some(s) = self.store() else {
+            return INVALID;
+        };
+        let cfg = Cfg::of(config);
+        rc(py.detach(|| {
+            let data = s.caller_slice(buffer_ptr, size)?;
+            s.put_parts(key, &[data], cfg.single()?, upsert)
+        }))
+    }
+
+    /// Reads many objects into fresh Python objects made by `make`; `None` for failures.
+    fn read_many<'py, F>(
+        &self,
+        py: Python<'py>,
+        s: &Store,
+        keys: &[String],
+        make: F,
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>>
+    where
+        F: Fn(Python<'py>, usize) -> PyResult<(Bound<'py, PyAny>, Fresh)>,
+    {
+        let lists = py.detach(|| s.batch_replicas(keys));
+        let mut objs: Vec<Option<(Bound<'py, PyAny>, Fresh)>> = Vec::with_capacity(keys.len());
+        let mut plans: Vec<Option<(ReplicaList, Fresh)>> = Vec::with_capacity(keys.len());
+        for l in lists {
+            match l.and_then(|l| object_size(&l).map(|n| (l, n))) {
+                Ok((l, n)) => {
+                    let (o, f) = make(py, usize_of(n)?)?;
+                    objs.push(Some((o, f)));
+                    plans.push(Some((l, f)));
+                }
+                Err(_) => {
+                    objs.push(None);
+                    plans.push(None);
+                }
+            }
+        }
+        let ok: Vec<bool> = py.detach(|| {
+            plans
+                .iter()
+                .map(|p| match p {
+                    None => false,
+                    Some((list, fresh)) => {
+                        let size = fresh.slice().len() as u64;
+                        s.budget()
+                            .reserve(size)
+                            .and_then(|_b| s.read_from(list, 0, fresh.slice()))
+                            .is_ok()
+                    }
+                })
+                .collect()
+        });
+        Ok(objs
+            .into_iter()
+            .zip(ok)
+            .map(|(o, ok)| o.filter(|_| ok).map(|(o, _)| o))
+            .collect())
+    }
+}
+
+/// `BufferHandle.ptr()` helper.
+#[pyfunction]
+pub fn _bytearray_address(obj: &Bound<'_, PyByteArray>) -> u64 {
+    pybuf::bytearray_address(obj)
+}
