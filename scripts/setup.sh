@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs what building and testing mooncake-rs needs on a fresh Debian machine with Rust and
-# Python 3: Debian packages (when root), Rust components and cargo tools, and .venv/ at the
-# repo root. Idempotent: a second run only checks.
+# Installs what building, testing and running mooncake-rs needs on a fresh Debian machine with
+# Rust and Python 3: Debian packages (when root), Rust components, cargo-fuzz (SETUP_FUZZ=1),
+# and .venv/ at the repo root with the `mooncake` package and its console scripts
+# (mooncake_master, mooncake_client, mooncake_http_metadata_server, transfer_engine_bench).
+# WITH_TORCH=1 also installs torch (CPU use; from PyPI) for the tensor tests.
+# Idempotent: a second run only checks and rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(ca-certificates curl pkg-config build-essential)
+APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv)
 
 log() { echo "[setup] $*"; }
 
@@ -38,4 +41,11 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-log "ok"
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" "maturin>=1.5,<2" pytest numpy
+if [ "${WITH_TORCH:-0}" = 1 ]; then
+  .venv/bin/python -c "import torch" 2>/dev/null || { log "pip install torch"; "${PIP[@]}" torch; }
+fi
+log "building and installing the mooncake package (release)"
+PATH="$PWD/.venv/bin:$PATH" "${PIP[@]}" --no-build-isolation ./python
+log "ok: $(.venv/bin/python -c 'import mooncake.store as s; print(s.__name__)') and console scripts in .venv/bin"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: format and lint checks, unit tests, multi-process integration
-# tests against the real binaries on 127.0.0.1, and a bounded fuzzing run of every decoder.
+# Runs the whole test suite: format and lint checks, unit and property tests, multi-process
+# integration tests against the real binaries on 127.0.0.1, the Python suite through the
+# installed package (with torch from PyPI), and a bounded fuzzing run of every decoder.
 # Ends with a summary line per step and exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ step() {
   fi
 }
 
-SETUP_FUZZ=1 bash scripts/setup.sh || exit 1
+SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} bash scripts/setup.sh || exit 1
 
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
@@ -35,6 +36,7 @@ else
   step tests cargo test --workspace --no-fail-fast
 fi
 step doctests cargo test --workspace --doc
+step pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
 step fuzz bash scripts/fuzz.sh "$FUZZ_SECONDS"
 
 echo
