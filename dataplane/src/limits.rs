@@ -22,6 +22,11 @@ pub const CLIENT_LANES_MAX: usize = 16;
 /// Default lanes per peer (upstream's `MC_TCP_LANES_PER_PEER` default).
 pub const CLIENT_LANES_DEFAULT: usize = 4;
 
+/// Requests one client lane keeps in flight (sent, response not yet received). Bounds the
+/// responses a server queues for one connection and the `iovec`s of one `sendmsg` (two per
+/// request).
+pub const CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX: usize = 64;
+
 /// Largest number of requests in one batch submission (upstream's per-peer queue limit).
 pub const BATCH_REQUESTS_MAX: usize = 1024;
 
@@ -74,6 +79,9 @@ const _: () = assert!(SLAB_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
 const _: () = assert!(SLAB_CLASS_MIN_BYTES <= SLAB_BYTES);
 const _: () = assert!(SLAB_CLASS_COUNT <= u8::MAX as usize);
 const _: () = assert!(CLIENT_LANES_DEFAULT <= CLIENT_LANES_MAX);
+const _: () = assert!(CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX >= 1);
+const _: () = assert!(CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX * 2 <= 1024); // UIO_MAXIOV
+const _: () = assert!(CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX <= CONN_RESPONSES_QUEUED_MAX);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES <= isize::MAX as u64);
 const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= REQUEST_PAYLOAD_MAX_BYTES);
 const _: () = assert!(SEND_BATCH_RESPONSES_MAX * 2 <= 1024); // UIO_MAXIOV

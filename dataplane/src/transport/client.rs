@@ -1,34 +1,52 @@
-//! The TCP data-plane client: N lanes (connections) to one peer, batched one-sided READ and
-//! WRITE with a status per request.
+//! The TCP data-plane client: N lanes (persistent connections) to one peer, batched
+//! one-sided READ and WRITE with a status per request.
 //!
-//! A batch is spread round-robin over the lanes. On a lane every request is sent without
-//! waiting (pipelining) by one thread while another receives the responses, matched by
-//! request id, and lands READ payloads straight in the caller's buffers; sending and receiving
-//! run concurrently so that neither side's socket buffers can fill up and deadlock the
-//! exchange. A single request runs inline on the calling thread. Requests of one batch are
-//! not ordered with respect to each other (they may run on different lanes), as upstream's.
+//! The calling thread drives the I/O itself; there are no helper threads and no handoffs.
+//! [`TcpClient::submit`]:
+//!
+//! 1. locks the lanes it can get without waiting (as many as the batch can use), or, when
+//!    every lane is busy, waits for one; a lane that is not connected is connected now;
+//! 2. spreads the requests over those lanes, least loaded (in bytes) first;
+//! 3. runs a small event loop over the lanes' sockets: each lane sends request headers and
+//!    WRITE payloads with one gathering `sendmsg` per step, keeping at most
+//!    [`CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX`] requests in flight, and receives response
+//!    headers and READ payloads straight into the caller's buffers, matching responses by
+//!    request id (an io_uring shard may answer out of order). Sockets stay in blocking mode
+//!    with `SO_RCVTIMEO`/`SO_SNDTIMEO` = the I/O timeout; the loop passes `MSG_DONTWAIT` and
+//!    waits in `poll(2)` when a lane has both directions pending or several lanes run.
+//!
+//! With one lane and nothing else in flight a call is: one blocking `sendmsg` (header and
+//! WRITE payload), one or two blocking `recv`s (response header, READ payload), unlock.
+//! Sending and receiving are interleaved whenever both are pending, so neither side's
+//! socket buffers can fill up and deadlock the exchange.
+//!
+//! Requests of one batch are not ordered with respect to each other (they may run on
+//! different lanes), as upstream's.
 //!
 //! Invariants:
-//! - the caller's buffers are touched only during the call (scoped threads join before it
-//!   returns), so a timeout can never leave a late write into a freed buffer;
-//! - a lane whose stream failed or went out of frame (I/O error, timeout, unexpected
-//!   response) is closed and reconnected on next use; its unanswered requests fail;
-//! - lanes are locked in ascending index order, so concurrent batches cannot deadlock;
+//! - the caller's buffers are touched only during the call, so a timeout can never leave a
+//!   late write into a freed buffer;
+//! - a lane whose stream failed or went out of frame (I/O error, no progress for the I/O
+//!   timeout, unexpected response) is shut down, its unanswered requests fail, and it is
+//!   reconnected on its next use; other lanes of the batch carry on;
+//! - a thread blocks on a lane's lock only while it holds no other lane, so concurrent
+//!   batches cannot deadlock;
 //! - zero-length requests complete at once without I/O (upstream's behaviour).
 
-use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
-use super::header::{Opcode, RequestHeader, ResponseHeader, RESPONSE_HEADER_BYTES};
+use super::header::{
+    Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
 use super::rawio;
 use crate::limits::{
-    BATCH_REQUESTS_MAX, CLIENT_LANES_DEFAULT, CLIENT_LANES_MAX, CONNECT_TIMEOUT_DEFAULT,
-    IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
+    BATCH_REQUESTS_MAX, CLIENT_LANES_DEFAULT, CLIENT_LANES_MAX, CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX,
+    CONNECT_TIMEOUT_DEFAULT, IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
 };
 use crate::TeError;
 
@@ -124,33 +142,18 @@ impl TransferError {
 /// Result of one request.
 pub type TransferResult = Result<(), TransferError>;
 
-/// A client of one peer's data-plane server.
+/// One lane: a persistent connection, `None` until (re)connected.
+type LaneSlot = Option<TcpStream>;
+
+/// A client of one peer's data-plane server. Shareable between threads: each lane is behind
+/// its own lock, and a batch uses the lanes it could lock.
 #[derive(Debug)]
 pub struct TcpClient {
     peer: SocketAddr,
     config: ClientConfig,
-    lanes: Vec<Mutex<Option<TcpStream>>>,
+    lanes: Vec<Mutex<LaneSlot>>,
     next_lane: AtomicUsize,
     next_id: AtomicU64,
-}
-
-/// A request as the sending half sees it.
-struct SendItem<'a> {
-    header: RequestHeader,
-    src: Option<&'a [u8]>,
-}
-
-/// A request as the receiving half sees it.
-struct RecvItem<'a> {
-    index: usize,
-    len: u64,
-    dst: Option<&'a mut [u8]>,
-}
-
-#[derive(Default)]
-struct LaneWork<'a> {
-    sends: Vec<SendItem<'a>>,
-    recvs: HashMap<u64, RecvItem<'a>>,
 }
 
 impl TcpClient {
@@ -208,9 +211,42 @@ impl TcpClient {
             results.iter_mut().for_each(|r| *r = Err(e.clone()));
             return results;
         }
-        let mut work: Vec<LaneWork<'_>> =
-            (0..self.lanes.len()).map(|_| LaneWork::default()).collect();
-        let mut lane = self.next_lane.fetch_add(1, Ordering::Relaxed);
+        let mut reqs = self.prepare(ops, &mut results);
+        if reqs.is_empty() {
+            return results;
+        }
+        let mut lanes = match self.acquire(reqs.len()) {
+            Ok(lanes) => lanes,
+            Err(e) => {
+                for req in &reqs {
+                    results[req.index] = Err(e.clone());
+                }
+                return results;
+            }
+        };
+        assign(&mut lanes, &mut reqs);
+        let mut batch = Batch {
+            reqs,
+            results: &mut results,
+            io_timeout: self.config.io_timeout,
+        };
+        batch.run(&mut lanes);
+        results
+    }
+
+    /// Turns the ops that need the wire into requests with consecutive ids; settles the
+    /// others (zero length: done; too long: refused) in `results`.
+    fn prepare<'a>(
+        &self,
+        ops: &'a mut [TransferOp<'_>],
+        results: &mut [TransferResult],
+    ) -> Vec<Req<'a>> {
+        let wire = ops
+            .iter()
+            .filter(|op| op.len() != 0 && op.len() as u64 <= REQUEST_PAYLOAD_MAX_BYTES)
+            .count();
+        let base_id = self.next_id.fetch_add(wire as u64, Ordering::Relaxed);
+        let mut reqs = Vec::with_capacity(wire);
         for (index, op) in ops.iter_mut().enumerate() {
             let len = op.len();
             if len == 0 {
@@ -223,101 +259,69 @@ impl TcpClient {
                 });
                 continue;
             }
-            let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let (opcode, remote_addr, src, dst) = match op {
+            let (opcode, addr, src, dst): (_, _, &[u8], _) = match op {
                 TransferOp::Read { remote_addr, dst } => {
-                    (Opcode::Read, *remote_addr, None, Some(&mut **dst))
+                    (Opcode::Read, *remote_addr, &[], Some(&mut **dst))
                 }
-                TransferOp::Write { remote_addr, src } => {
-                    (Opcode::Write, *remote_addr, Some(*src), None)
-                }
+                TransferOp::Write { remote_addr, src } => (Opcode::Write, *remote_addr, *src, None),
             };
             let header = RequestHeader {
                 opcode,
-                request_id,
-                addr: remote_addr,
+                request_id: base_id + reqs.len() as u64,
+                addr,
                 len: len as u64,
-            };
-            let w = &mut work[lane % self.lanes.len()];
-            w.sends.push(SendItem { header, src });
-            w.recvs.insert(
-                request_id,
-                RecvItem {
-                    index,
-                    len: len as u64,
-                    dst,
-                },
-            );
-            // Overwritten by the lane's outcome; stays only if that outcome is lost.
-            results[index] = Err(TransferError::Connection {
-                kind: io::ErrorKind::Other,
-                message: "request did not complete".into(),
+            }
+            .encode();
+            reqs.push(Req {
+                index,
+                id: base_id + reqs.len() as u64,
+                header,
+                src,
+                dst,
+                lane: 0,
+                state: ReqState::Queued,
             });
-            lane += 1;
         }
-        self.run(work, &mut results);
-        results
+        reqs
     }
 
-    fn run(&self, work: Vec<LaneWork<'_>>, results: &mut [TransferResult]) {
-        // Lock the lanes that have work, in ascending order.
-        let mut jobs = Vec::new();
-        for (i, w) in work.into_iter().enumerate() {
-            if w.sends.is_empty() {
-                continue;
+    /// Locks up to `want` lanes without waiting, starting at a rotating index; if every lane
+    /// is busy, waits for one. Connects lanes that are down; lanes that fail to connect are
+    /// released, and if none is left the last connect error is returned.
+    fn acquire(&self, want: usize) -> Result<Vec<Lane<'_>>, TransferError> {
+        let n = self.lanes.len();
+        let start = self.next_lane.fetch_add(1, Ordering::Relaxed) % n;
+        let mut guards = Vec::with_capacity(want.min(n));
+        for k in 0..n {
+            if guards.len() == want {
+                break;
             }
-            let mut guard = lock(&self.lanes[i]);
-            if let Err(e) = self.ensure_connected(&mut guard) {
-                for item in w.recvs.values() {
-                    results[item.index] = Err(e.clone());
-                }
-                continue;
+            let slot = (start + k) % n;
+            match self.lanes[slot].try_lock() {
+                Ok(g) => guards.push(g),
+                Err(TryLockError::Poisoned(e)) => guards.push(unpoison(e.into_inner())),
+                Err(TryLockError::WouldBlock) => {}
             }
-            jobs.push((guard, w));
         }
-        let single = jobs.len() == 1 && jobs[0].1.sends.len() == 1;
-        let outcomes: Vec<(Vec<(usize, TransferResult)>, bool)> = if single {
-            jobs.iter_mut()
-                .map(|(guard, w)| {
-                    let stream = guard.as_ref().expect("connected above");
-                    run_lane_inline(stream, std::mem::take(w))
-                })
-                .collect()
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = jobs
-                    .iter_mut()
-                    .map(|(guard, w)| {
-                        let stream: &TcpStream = guard.as_ref().expect("connected above");
-                        let LaneWork { sends, recvs } = std::mem::take(w);
-                        let sender = s.spawn(move || send_requests(stream, &sends));
-                        let receiver = s.spawn(move || receive_responses(stream, recvs));
-                        (sender, receiver)
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|(sender, receiver)| {
-                        let sent_ok = sender.join().map(|r| r.is_ok()).unwrap_or(false);
-                        let (res, healthy) = receiver.join().unwrap_or_default();
-                        (res, healthy && sent_ok)
-                    })
-                    .collect()
-            })
-        };
-        for ((guard, _), (res, healthy)) in jobs.iter_mut().zip(outcomes) {
-            for (index, r) in res {
-                results[index] = r;
+        if guards.is_empty() {
+            // Holding no lane, so waiting here cannot deadlock with another batch.
+            guards.push(lock(&self.lanes[start]));
+        }
+        let mut lanes = Vec::with_capacity(guards.len());
+        let mut last_error = None;
+        for mut guard in guards {
+            match self.ensure_connected(&mut guard) {
+                Ok(()) => lanes.push(Lane::new(guard)),
+                Err(e) => last_error = Some(e),
             }
-            if !healthy {
-                if let Some(stream) = guard.take() {
-                    let _ = stream.shutdown(Shutdown::Both);
-                }
-            }
+        }
+        match (lanes.is_empty(), last_error) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(lanes),
         }
     }
 
-    fn ensure_connected(&self, slot: &mut Option<TcpStream>) -> Result<(), TransferError> {
+    fn ensure_connected(&self, slot: &mut LaneSlot) -> Result<(), TransferError> {
         if slot.is_some() {
             return Ok(());
         }
@@ -330,107 +334,432 @@ impl TcpClient {
     }
 }
 
-fn lock(m: &Mutex<Option<TcpStream>>) -> MutexGuard<'_, Option<TcpStream>> {
-    // A panic while a lane was held leaves at worst a stream out of frame; drop it.
-    m.lock().unwrap_or_else(|e| {
-        let mut g = e.into_inner();
-        *g = None;
-        g
-    })
+fn lock(m: &Mutex<LaneSlot>) -> MutexGuard<'_, LaneSlot> {
+    m.lock().unwrap_or_else(|e| unpoison(e.into_inner()))
 }
 
-fn run_lane_inline(stream: &TcpStream, work: LaneWork<'_>) -> (Vec<(usize, TransferResult)>, bool) {
-    if let Err(e) = send_requests(stream, &work.sends) {
-        let err = TransferError::from_io(&e);
-        return (
-            work.recvs
-                .values()
-                .map(|r| (r.index, Err(err.clone())))
-                .collect(),
-            false,
-        );
+/// A panic while a lane was held leaves at worst a stream out of frame; drop it.
+fn unpoison(mut guard: MutexGuard<'_, LaneSlot>) -> MutexGuard<'_, LaneSlot> {
+    *guard = None;
+    guard
+}
+
+/// Spreads the requests over the lanes, each to the lane with the fewest bytes so far.
+fn assign(lanes: &mut [Lane<'_>], reqs: &mut [Req<'_>]) {
+    let mut load = vec![0usize; lanes.len()];
+    for (r, req) in reqs.iter_mut().enumerate() {
+        let lane = (0..lanes.len()).min_by_key(|&l| load[l]).unwrap_or(0);
+        load[lane] += req.wire_len();
+        req.lane = lane;
+        lanes[lane].queue.push(r);
     }
-    receive_responses(stream, work.recvs)
 }
 
-/// Sends every request of a lane. On failure shuts the stream down so the receiving half
-/// stops waiting for responses that will never come.
-fn send_requests(stream: &TcpStream, sends: &[SendItem<'_>]) -> io::Result<()> {
-    let fd = stream.as_raw_fd();
-    let result = sends.iter().try_for_each(|item| {
-        rawio::send_all(fd, &item.header.encode(), item.src.is_some())?;
-        match item.src {
-            Some(src) => rawio::send_all(fd, src, false),
-            None => Ok(()),
+/// Where a request is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReqState {
+    /// Its header is not fully sent yet.
+    Queued,
+    /// Its header is out; its response is not complete.
+    Awaiting,
+    /// Its result is in the batch's results.
+    Done,
+}
+
+/// One request of the running batch.
+struct Req<'a> {
+    /// Position in the caller's ops (and results).
+    index: usize,
+    id: u64,
+    header: [u8; REQUEST_HEADER_BYTES],
+    /// WRITE payload; empty for a READ.
+    src: &'a [u8],
+    /// READ target; `None` for a WRITE.
+    dst: Option<&'a mut [u8]>,
+    /// Index of its lane in the batch's lanes.
+    lane: usize,
+    state: ReqState,
+}
+
+impl Req<'_> {
+    /// Bytes of its request frame.
+    fn frame_len(&self) -> usize {
+        REQUEST_HEADER_BYTES + self.src.len()
+    }
+
+    /// Bytes it moves over the wire in both directions (for load balancing).
+    fn wire_len(&self) -> usize {
+        self.frame_len() + RESPONSE_HEADER_BYTES + self.dst.as_ref().map_or(0, |d| d.len())
+    }
+}
+
+/// What a lane's receive side is doing.
+#[derive(Clone, Copy, Debug)]
+enum RecvPhase {
+    /// `filled` bytes of the next response header are in `Lane::header`.
+    Header { filled: usize },
+    /// `done` bytes of request `req`'s READ payload are in its `dst`.
+    Payload { req: usize, done: usize },
+}
+
+/// A locked lane taking part in a batch.
+struct Lane<'c> {
+    guard: MutexGuard<'c, LaneSlot>,
+    fd: RawFd,
+    /// The requests assigned to it, in sending order (indices into the batch's requests).
+    queue: Vec<usize>,
+    /// `queue[..sent]` are fully sent; `offset` bytes of `queue[sent]`'s frame are.
+    sent: usize,
+    offset: usize,
+    /// Requests whose header is out and whose response is not complete.
+    awaiting: usize,
+    /// Responses completed.
+    answered: usize,
+    recv: RecvPhase,
+    header: [u8; RESPONSE_HEADER_BYTES],
+    /// Set by a send that could not take everything: wait for `POLLOUT` before the next.
+    send_blocked: bool,
+    last_progress: Instant,
+    failed: bool,
+}
+
+impl<'c> Lane<'c> {
+    /// A lane over a connected slot.
+    fn new(guard: MutexGuard<'c, LaneSlot>) -> Lane<'c> {
+        // Callers connect the slot first; a missing stream gets fd -1, whose every call fails
+        // with EBADF and so fails the lane's requests cleanly.
+        let fd = guard.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        Lane {
+            guard,
+            fd,
+            queue: Vec::new(),
+            sent: 0,
+            offset: 0,
+            awaiting: 0,
+            answered: 0,
+            recv: RecvPhase::Header { filled: 0 },
+            header: [0; RESPONSE_HEADER_BYTES],
+            send_blocked: false,
+            last_progress: Instant::now(),
+            failed: false,
         }
-    });
-    if result.is_err() {
-        let _ = stream.shutdown(Shutdown::Both);
     }
-    result
-}
 
-/// Receives the responses of a lane, matched by request id. Returns each request's result
-/// and whether the stream is still in frame.
-fn receive_responses(
-    stream: &TcpStream,
-    mut recvs: HashMap<u64, RecvItem<'_>>,
-) -> (Vec<(usize, TransferResult)>, bool) {
-    let mut done = Vec::with_capacity(recvs.len());
-    let mut failure = None;
-    while !recvs.is_empty() {
-        match receive_one(stream, &mut recvs) {
-            Ok((index, result)) => done.push((index, result)),
-            Err(e) => {
-                failure = Some(e);
-                break;
+    fn finished(&self) -> bool {
+        self.failed || self.answered == self.queue.len()
+    }
+
+    /// End of the in-flight window in `queue`.
+    fn window_end(&self) -> usize {
+        (self.answered + CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX).min(self.queue.len())
+    }
+
+    fn can_send(&self) -> bool {
+        !self.failed && self.sent < self.window_end()
+    }
+
+    /// True when a blocking send cannot deadlock: nothing is in flight and exactly one frame
+    /// is left, so the peer has nothing to send us until that frame is complete.
+    fn may_block_on_send(&self) -> bool {
+        self.awaiting == 0 && self.offset == 0 && self.sent + 1 == self.window_end()
+    }
+
+    /// One `sendmsg` of the unsent part of the window. Returns whether bytes moved.
+    fn send(&mut self, reqs: &mut [Req<'_>], blocking: bool) -> Result<bool, TransferError> {
+        let end = self.window_end();
+        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(2 * (end - self.sent));
+        let mut skip = self.offset;
+        for &r in &self.queue[self.sent..end] {
+            for part in [&reqs[r].header[..], reqs[r].src] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                } else {
+                    iov.push(IoSlice::new(&part[skip..]));
+                    skip = 0;
+                }
+            }
+        }
+        let wanted: usize = iov.iter().map(|v| v.len()).sum();
+        let flags = if blocking { 0 } else { libc::MSG_DONTWAIT };
+        let n = match rawio::sendmsg(self.fd, &iov, flags) {
+            Ok(n) => n,
+            Err(e) if !blocking && e.kind() == io::ErrorKind::WouldBlock => {
+                self.send_blocked = true;
+                return Ok(false);
+            }
+            Err(e) => return Err(TransferError::from_io(&e)),
+        };
+        self.send_blocked = n < wanted;
+        self.advance(reqs, n);
+        Ok(n > 0)
+    }
+
+    /// Accounts `n` bytes sent.
+    fn advance(&mut self, reqs: &mut [Req<'_>], mut n: usize) {
+        if n > 0 {
+            self.last_progress = Instant::now();
+        }
+        while n > 0 && self.sent < self.queue.len() {
+            let req = &mut reqs[self.queue[self.sent]];
+            let before = self.offset;
+            let step = (req.frame_len() - before).min(n);
+            self.offset += step;
+            n -= step;
+            if before < REQUEST_HEADER_BYTES && self.offset >= REQUEST_HEADER_BYTES {
+                req.state = ReqState::Awaiting;
+                self.awaiting += 1;
+            }
+            if self.offset == req.frame_len() {
+                self.sent += 1;
+                self.offset = 0;
             }
         }
     }
-    let healthy = failure.is_none();
-    if let Some(err) = failure {
-        let _ = stream.shutdown(Shutdown::Both);
-        done.extend(recvs.values().map(|r| (r.index, Err(err.clone()))));
-    }
-    (done, healthy)
-}
 
-fn receive_one(
-    stream: &TcpStream,
-    recvs: &mut HashMap<u64, RecvItem<'_>>,
-) -> Result<(usize, TransferResult), TransferError> {
-    let mut raw = [0u8; RESPONSE_HEADER_BYTES];
-    rawio::read_exact(stream, &mut raw).map_err(|e| TransferError::from_io(&e))?;
-    let resp = ResponseHeader::decode(&raw).map_err(|e| TransferError::Protocol(e.to_string()))?;
-    let Some(item) = recvs.remove(&resp.request_id) else {
-        return Err(TransferError::Protocol(format!(
-            "response for unknown request id {}",
-            resp.request_id
-        )));
-    };
-    if resp.status != 0 {
-        if resp.len != 0 {
+    /// Receives responses. Nonblocking: until the socket has nothing more or nothing is
+    /// awaited. Blocking: until nothing is awaited, or a response completed and the window
+    /// lets more requests out. Returns whether bytes moved.
+    fn receive(
+        &mut self,
+        lane: usize,
+        reqs: &mut [Req<'_>],
+        results: &mut [TransferResult],
+        blocking: bool,
+    ) -> Result<bool, TransferError> {
+        let flags = if blocking {
+            libc::MSG_WAITALL
+        } else {
+            libc::MSG_DONTWAIT
+        };
+        let mut progress = false;
+        while self.awaiting > 0 {
+            if blocking && progress && self.can_send() {
+                break;
+            }
+            let buf: &mut [u8] = match self.recv {
+                RecvPhase::Header { filled } => &mut self.header[filled..],
+                RecvPhase::Payload { req, done } => match reqs[req].dst.as_deref_mut() {
+                    Some(dst) => &mut dst[done..],
+                    None => &mut [],
+                },
+            };
+            let n = match rawio::recv(self.fd, buf, flags) {
+                Ok(0) => {
+                    return Err(TransferError::Connection {
+                        kind: io::ErrorKind::UnexpectedEof,
+                        message: "the peer closed the connection with requests in flight".into(),
+                    })
+                }
+                Ok(n) => n,
+                Err(e) if !blocking && e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(TransferError::from_io(&e)),
+            };
+            progress = true;
+            self.last_progress = Instant::now();
+            match self.recv {
+                RecvPhase::Header { filled } if filled + n < RESPONSE_HEADER_BYTES => {
+                    self.recv = RecvPhase::Header { filled: filled + n };
+                }
+                RecvPhase::Header { .. } => {
+                    self.recv = RecvPhase::Header { filled: 0 };
+                    self.on_header(lane, reqs, results)?;
+                }
+                RecvPhase::Payload { req, done } => {
+                    let done = done + n;
+                    if done == reqs[req].dst.as_ref().map_or(0, |d| d.len()) {
+                        self.recv = RecvPhase::Header { filled: 0 };
+                        self.complete(&mut reqs[req], results, Ok(()));
+                    } else {
+                        self.recv = RecvPhase::Payload { req, done };
+                    }
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// A complete response header: match it to an awaiting request of this lane.
+    fn on_header(
+        &mut self,
+        lane: usize,
+        reqs: &mut [Req<'_>],
+        results: &mut [TransferResult],
+    ) -> Result<(), TransferError> {
+        let resp = ResponseHeader::decode(&self.header)
+            .map_err(|e| TransferError::Protocol(e.to_string()))?;
+        let r = resp
+            .request_id
+            .checked_sub(reqs.first().map_or(0, |q| q.id))
+            .and_then(|k| usize::try_from(k).ok())
+            .filter(|&k| k < reqs.len() && reqs[k].lane == lane)
+            .filter(|&k| reqs[k].state == ReqState::Awaiting)
+            .ok_or_else(|| {
+                TransferError::Protocol(format!(
+                    "response for request id {}, which is not awaiting an answer here",
+                    resp.request_id
+                ))
+            })?;
+        let req = &mut reqs[r];
+        if resp.status != 0 {
+            if resp.len != 0 {
+                return Err(TransferError::Protocol(format!(
+                    "error response {} carries {} payload bytes, expected 0",
+                    resp.status, resp.len
+                )));
+            }
+            let refused = Err(TransferError::Refused {
+                status: resp.status,
+            });
+            self.complete(req, results, refused);
+            return Ok(());
+        }
+        let expected = req.dst.as_ref().map_or(0, |d| d.len() as u64);
+        if resp.len != expected {
             return Err(TransferError::Protocol(format!(
-                "error response {} carries {} payload bytes, expected 0",
-                resp.status, resp.len
+                "response to request {} carries {} payload bytes, expected {expected}",
+                resp.request_id, resp.len
             )));
         }
-        return Ok((
-            item.index,
-            Err(TransferError::Refused {
-                status: resp.status,
-            }),
-        ));
+        if expected == 0 {
+            self.complete(req, results, Ok(()));
+        } else {
+            self.recv = RecvPhase::Payload { req: r, done: 0 };
+        }
+        Ok(())
     }
-    let expected = if item.dst.is_some() { item.len } else { 0 };
-    if resp.len != expected {
-        return Err(TransferError::Protocol(format!(
-            "response to request {} carries {} payload bytes, expected {expected}",
-            resp.request_id, resp.len
-        )));
+
+    fn complete(&mut self, req: &mut Req<'_>, results: &mut [TransferResult], r: TransferResult) {
+        req.state = ReqState::Done;
+        results[req.index] = r;
+        self.awaiting -= 1;
+        self.answered += 1;
     }
-    if let Some(dst) = item.dst {
-        rawio::read_exact(stream, dst).map_err(|e| TransferError::from_io(&e))?;
+
+    /// Fails every unanswered request of the lane with `e` and shuts the connection down;
+    /// the slot reconnects on its next use.
+    fn fail(&mut self, reqs: &mut [Req<'_>], results: &mut [TransferResult], e: &TransferError) {
+        for &r in &self.queue {
+            let req = &mut reqs[r];
+            if req.state != ReqState::Done {
+                req.state = ReqState::Done;
+                results[req.index] = Err(e.clone());
+            }
+        }
+        self.failed = true;
+        if let Some(stream) = self.guard.take() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
     }
-    Ok((item.index, Ok(())))
+
+    /// The `poll` events this lane waits for.
+    fn poll_events(&self) -> libc::c_short {
+        let mut events = 0;
+        if self.awaiting > 0 {
+            events |= libc::POLLIN;
+        }
+        if self.can_send() && self.send_blocked {
+            events |= libc::POLLOUT;
+        }
+        events
+    }
+}
+
+/// A batch running on its locked lanes.
+struct Batch<'a, 'r> {
+    reqs: Vec<Req<'a>>,
+    results: &'r mut [TransferResult],
+    io_timeout: Duration,
+}
+
+impl Batch<'_, '_> {
+    /// Drives every lane until each has all its requests answered or has failed.
+    fn run(&mut self, lanes: &mut [Lane<'_>]) {
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(lanes.len());
+        let mut polled: Vec<usize> = Vec::with_capacity(lanes.len());
+        loop {
+            let live = lanes.iter().filter(|l| !l.finished()).count();
+            if live == 0 {
+                return;
+            }
+            for i in 0..lanes.len() {
+                if lanes[i].can_send() && !lanes[i].send_blocked {
+                    let blocking = live == 1 && lanes[i].may_block_on_send();
+                    let r = lanes[i].send(&mut self.reqs, blocking);
+                    self.settle(lanes, i, r);
+                }
+            }
+            if live == 1 {
+                // One lane: with nothing to send, wait for responses in the kernel.
+                if let Some(i) = lanes.iter().position(|l| !l.finished() && !l.can_send()) {
+                    let r = lanes[i].receive(i, &mut self.reqs, self.results, true);
+                    self.settle(lanes, i, r);
+                    continue;
+                }
+            }
+            fds.clear();
+            polled.clear();
+            let mut wait = self.io_timeout;
+            let now = Instant::now();
+            for (i, lane) in lanes.iter().enumerate() {
+                let events = lane.poll_events();
+                if lane.finished() || events == 0 {
+                    continue;
+                }
+                let idle = now.saturating_duration_since(lane.last_progress);
+                wait = wait.min(self.io_timeout.saturating_sub(idle));
+                fds.push(libc::pollfd {
+                    fd: lane.fd,
+                    events,
+                    revents: 0,
+                });
+                polled.push(i);
+            }
+            if fds.is_empty() {
+                continue;
+            }
+            if let Err(e) = rawio::poll(&mut fds, wait) {
+                let e = TransferError::from_io(&e);
+                for &i in &polled {
+                    lanes[i].fail(&mut self.reqs, self.results, &e);
+                }
+                return;
+            }
+            for (k, &i) in polled.iter().enumerate() {
+                let revents = fds[k].revents;
+                if revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0 {
+                    lanes[i].send_blocked = false;
+                }
+                if revents & libc::POLLNVAL != 0 {
+                    let e = TransferError::Connection {
+                        kind: io::ErrorKind::Other,
+                        message: "the lane's socket is not open".into(),
+                    };
+                    lanes[i].fail(&mut self.reqs, self.results, &e);
+                } else if revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0 {
+                    let r = lanes[i].receive(i, &mut self.reqs, self.results, false);
+                    self.settle(lanes, i, r);
+                }
+            }
+            self.expire(lanes);
+        }
+    }
+
+    /// Fails lane `i` if `r` is an error.
+    fn settle(&mut self, lanes: &mut [Lane<'_>], i: usize, r: Result<bool, TransferError>) {
+        if let Err(e) = r {
+            lanes[i].fail(&mut self.reqs, self.results, &e);
+        }
+    }
+
+    /// Fails the lanes that made no progress for the I/O timeout.
+    fn expire(&mut self, lanes: &mut [Lane<'_>]) {
+        let now = Instant::now();
+        for lane in lanes.iter_mut() {
+            if !lane.finished()
+                && now.saturating_duration_since(lane.last_progress) >= self.io_timeout
+            {
+                lane.fail(&mut self.reqs, self.results, &TransferError::Timeout);
+            }
+        }
+    }
 }

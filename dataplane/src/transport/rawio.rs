@@ -5,8 +5,13 @@
 //! memory through `recv`/`send` on raw pointers. Every call retries `EINTR`; a receive
 //! timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO`) surfaces as `io::ErrorKind::TimedOut`; end of stream
 //! before the range is complete is `io::ErrorKind::UnexpectedEof`.
+//!
+//! The client's event loop uses the single-call primitives [`sendmsg`], [`recv`] and
+//! [`poll`]: they retry `EINTR` only and return every other error unmapped, so that with
+//! `MSG_DONTWAIT` a `WouldBlock` means "not ready" and without it "the socket timeout
+//! expired".
 
-use std::io::{self, Read};
+use std::io::{self, IoSlice, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
@@ -100,6 +105,61 @@ pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
+}
+
+/// One `sendmsg` of `bufs` (gathered, in order) with `flags | MSG_NOSIGNAL`; returns the
+/// bytes sent, possibly fewer than asked. Retries `EINTR`; other errors unmapped.
+pub(crate) fn sendmsg(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix; the kernel only reads them.
+    msg.msg_iov = bufs.as_ptr().cast_mut().cast::<libc::iovec>();
+    msg.msg_iovlen = bufs.len() as _;
+    loop {
+        // SAFETY: `msg` points at `bufs.len()` iovecs, each describing a live slice borrowed
+        // for the duration of the call; sendmsg only reads them.
+        let n = unsafe { libc::sendmsg(fd, &msg, flags | libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One `recv` into `buf` with `flags`; `Ok(0)` for a non-empty `buf` is end of stream.
+/// Retries `EINTR`; other errors unmapped.
+pub(crate) fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is a live, exclusively borrowed slice, writable for its whole length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `poll(2)` on `fds` for at most `timeout` (rounded up to a millisecond, capped at
+/// `i32::MAX` ms); returns the number of descriptors with events. `EINTR` returns `Ok(0)`:
+/// callers loop and re-check their deadlines anyway.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<usize> {
+    let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a live, exclusively borrowed slice of `fds.len()` pollfd structs.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::Interrupted {
+        return Ok(0);
+    }
+    Err(e)
 }
 
 fn set_int_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
