@@ -229,6 +229,8 @@ impl Master {
 pub struct NodeSegment {
     pub name: String,
     pub te_endpoint: String,
+    /// `io_uring` or `blocking`.
+    pub backend: String,
     pub base: u64,
     pub size: u64,
 }
@@ -245,6 +247,11 @@ impl Node {
     /// Starts a node on 127.0.0.1 against `master` (its RPC and HTTP metadata) with `extra`
     /// flags, and waits until it printed `mooncake_client ready`.
     pub fn start(master: &Master, extra: &[&str]) -> Node {
+        Node::start_with_env(master, extra, &[])
+    }
+
+    /// [`Node::start`] with extra environment variables for the node process.
+    pub fn start_with_env(master: &Master, extra: &[&str], env: &[(&str, &str)]) -> Node {
         use std::io::BufRead;
         let port = free_port();
         let mut args = vec![
@@ -259,6 +266,7 @@ impl Node {
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(bin_path("mooncake_client"))
             .args(&args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -283,14 +291,15 @@ impl Node {
             if line.trim() == "mooncake_client ready" {
                 break;
             }
-            // shard <i> segment <name> te_endpoint <ep> base <0x..> size <n>
+            // shard <i> segment <name> te_endpoint <ep> base <0x..> size <n> backend <b> [(why)]
             let w: Vec<&str> = line.split_whitespace().collect();
-            if w.len() == 10 && w[0] == "shard" {
+            if w.len() >= 12 && w[0] == "shard" {
                 segments.push(NodeSegment {
                     name: w[3].to_string(),
                     te_endpoint: w[5].to_string(),
                     base: u64::from_str_radix(w[7].trim_start_matches("0x"), 16).expect("base"),
                     size: w[9].parse().expect("size"),
+                    backend: w[11].to_string(),
                 });
             }
         }

@@ -48,9 +48,10 @@ pub fn node_main(args: Vec<String>) -> i32 {
             return 1;
         }
     };
-    for (i, s) in node.segments().iter().enumerate() {
+    for (i, (s, (backend, why))) in node.segments().iter().zip(node.backends()).enumerate() {
+        let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
         println!(
-            "shard {i} segment {} te_endpoint {} base {:#x} size {}",
+            "shard {i} segment {} te_endpoint {} base {:#x} size {} backend {backend}{why}",
             s.name, s.te_endpoint, s.base, s.size
         );
     }

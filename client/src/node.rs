@@ -35,7 +35,8 @@ use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::http::HttpStore;
 use dataplane::metadata::{Keys, MetadataConn, MetadataStore};
-use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use dataplane::transport::server::{ServedMemory, ServerConfig};
+use dataplane::transport::{serve, Server};
 use protocol::message::{MountSegment, Ping, ReMountSegment, UnmountSegment};
 use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
 
@@ -250,8 +251,9 @@ pub enum NodeError {
 }
 
 struct Shard {
-    /// Dropped first: stops serving before anything else goes.
-    server: TcpServer,
+    /// Dropped first: stops serving before anything else goes. An io_uring shard pinned to
+    /// its core, or the blocking fallback when io_uring is refused (the reason is logged).
+    server: Server,
     descriptor: SegmentDescriptor,
 }
 
@@ -396,6 +398,19 @@ impl Node {
         self.client_id
     }
 
+    /// Each shard's server backend (`io_uring` or `blocking`) and why it fell back, if it did.
+    pub fn backends(&self) -> Vec<(&'static str, Option<String>)> {
+        self.shards
+            .iter()
+            .map(|s| {
+                (
+                    s.server.backend(),
+                    s.server.fallback_reason().map(str::to_string),
+                )
+            })
+            .collect()
+    }
+
     fn publish(&self) {
         let Some((store, keys)) = &self.metadata else {
             return;
@@ -516,7 +531,8 @@ fn start_shard(
     memory
         .register_segment(segment.clone())
         .map_err(|e| fail(format!("cannot register the segment: {e}")))?;
-    let server = TcpServer::bind(bind, memory, ServerConfig::default())
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let server = serve(bind, memory, ServerConfig::default(), Some(index % cores))
         .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
     let data_port = server.local_addr().port();
     let descriptor = SegmentDescriptor {

@@ -53,6 +53,17 @@ fn node_mounts_each_shard_and_serves_its_replicas() {
     let m = Master::start(&[]);
     let mut node = Node::start(&m, &["--global_segment_size=64 MB", "--shards=2"]);
     assert_eq!(node.segments.len(), 2, "{:?}", node.segments);
+    // Each shard is an io_uring shard where the kernel allows it (and the environment does
+    // not disable it), else the blocking fallback.
+    let expected = match client::dataplane::transport::uring::probe() {
+        client::dataplane::transport::uring::UringStatus::Available => "io_uring",
+        _ => "blocking",
+    };
+    assert!(
+        node.segments.iter().all(|s| s.backend == expected),
+        "{:?}",
+        node.segments
+    );
     let names: BTreeSet<String> = node.segments.iter().map(|s| s.name.clone()).collect();
     assert_eq!(
         names,
@@ -186,4 +197,24 @@ fn node_remounts_after_master_restart_and_stops_on_sigint() {
         .signal_and_wait(libc::SIGINT, Duration::from_secs(10))
         .expect("node exits on SIGINT");
     assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn node_falls_back_to_the_blocking_server_when_io_uring_is_disabled() {
+    let m = Master::start(&[]);
+    let node = Node::start_with_env(
+        &m,
+        &["--global_segment_size=16 MB", "--shards=1"],
+        &[("MC_DISABLE_IO_URING", "1")],
+    );
+    assert_eq!(node.segments.len(), 1);
+    assert_eq!(node.segments[0].backend, "blocking", "{:?}", node.segments);
+    // The fallback serves the same protocol: a write and a read of the segment round-trip.
+    let seg = &node.segments[0];
+    let c = data_client(&seg.te_endpoint);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    c.write(seg.base + 4096, &data).expect("write");
+    let mut back = vec![0u8; data.len()];
+    c.read(seg.base + 4096, &mut back).expect("read");
+    assert_eq!(back, data);
 }
