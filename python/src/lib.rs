@@ -1,6 +1,7 @@
 //! `mooncake._native`: the native half of the `mooncake` Python package.
 //!
 //! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
+//! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
 //! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
 //!   (`mooncake/_tensor.py`);
 //! - `run_master`, `run_http_metadata_server`, `run_client`, `run_transfer_engine_bench`: the
@@ -10,6 +11,7 @@
 //! Invariants: nothing here panics on input from Python (bad input is a negative code or a
 //! Python exception); every call that waits on the network releases the GIL.
 
+mod engine;
 mod mempool;
 mod pybuf;
 mod ranges;
@@ -145,6 +147,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_client, m)?)?;
     m.add_function(wrap_pyfunction!(run_transfer_engine_bench, m)?)?;
     tensor::register(m)?;
+    engine::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

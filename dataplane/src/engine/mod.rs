@@ -282,6 +282,37 @@ impl TransferEngine {
         }
     }
 
+    /// Copies `data` to `addr` in this process. The whole range must lie inside one buffer
+    /// registered with (or allocated by) this engine, else `-3` and nothing is written (upstream's
+    /// Python `write_bytes_to_buffer` is an unchecked memcpy). Unregistration waits for the copy.
+    pub fn write_local(&self, addr: u64, data: &[u8]) -> Result<(), EngineError> {
+        let run = self.running()?;
+        let _guard = run.guard.read().unwrap_or_else(|e| e.into_inner());
+        run.check_local(addr, data.len())?;
+        if !data.is_empty() {
+            // SAFETY: `[addr, addr + len)` lies inside one registered buffer (just checked),
+            // which register_memory's contract keeps mapped and writable while registered; the
+            // transfer guard keeps it registered until the copy ends. `copy` allows overlap.
+            unsafe { std::ptr::copy(data.as_ptr(), addr as *mut u8, data.len()) };
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from `addr` in this process into `out`; the range is checked as
+    /// in [`TransferEngine::write_local`] (`-3` and `out` untouched when it is not registered).
+    pub fn read_local(&self, addr: u64, out: &mut [u8]) -> Result<(), EngineError> {
+        let run = self.running()?;
+        let _guard = run.guard.read().unwrap_or_else(|e| e.into_inner());
+        run.check_local(addr, out.len())?;
+        if !out.is_empty() {
+            // SAFETY: as in `write_local`: the source range is registered, hence mapped and
+            // readable, until the guard drops; `out` is an exclusive borrow, so the two ranges
+            // may overlap only if the caller registered `out` itself, which `copy` tolerates.
+            unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        }
+        Ok(())
+    }
+
     /// Opens (and caches) segment `name`. The engine's own name gives
     /// [`SegmentHandle::LOCAL`]. An unknown peer is `ERR_METADATA` (-200).
     pub fn open_segment(&self, name: &str) -> Result<SegmentHandle, EngineError> {
@@ -680,6 +711,27 @@ impl Running {
         self.hs_state.set_descriptor(json.clone());
         if let Directory::Store(store) = &self.directory {
             store.put(&self.keys.ram(&self.name), &json)?;
+        }
+        Ok(())
+    }
+
+    /// `[addr, addr + len)` lies inside one buffer registered with this engine (`-3` if not,
+    /// `-1` if it wraps). Callers hold the transfer guard while they use the range.
+    fn check_local(&self, addr: u64, len: usize) -> Result<(), EngineError> {
+        let len64 = len as u64;
+        if addr.checked_add(len64).is_none() {
+            return Err(EngineError::new(
+                TeError::InvalidArgument,
+                format!("{len} bytes at {addr:#x} wrap the address space"),
+            ));
+        }
+        if len > 0 && !self.memory.check(addr, len64) {
+            return Err(EngineError::new(
+                TeError::AddressNotRegistered,
+                format!(
+                    "{len} bytes at {addr:#x} are not inside memory registered with this engine"
+                ),
+            ));
         }
         Ok(())
     }
