@@ -40,13 +40,37 @@ pub fn node_main(args: Vec<String>) -> i32 {
             return 2;
         }
     };
+    init_logging();
     install_signal_handlers();
     let node = match Node::start(&cfg) {
-        Ok(n) => n,
+        Ok(n) => std::sync::Arc::new(n),
         Err(e) => {
             eprintln!("mooncake_client: {e}");
             return 1;
         }
+    };
+    let _metrics = if cfg.metrics_port != 0 {
+        let n = node.clone();
+        let render: crate::node_metrics::Render = std::sync::Arc::new(move || n.render_metrics());
+        let bind = std::net::SocketAddr::new(
+            cfg.host
+                .parse()
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+            cfg.metrics_port,
+        );
+        match crate::node_metrics::MetricsServer::start(bind, render) {
+            Ok(m) => {
+                println!("metrics http://{}/metrics", m.local_addr());
+                Some(m)
+            }
+            Err(e) => {
+                eprintln!("mooncake_client: cannot serve metrics on {bind}: {e}");
+                node.shutdown();
+                return 1;
+            }
+        }
+    } else {
+        None
     };
     for (i, (s, (backend, why))) in node.segments().iter().zip(node.backends()).enumerate() {
         let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
@@ -58,7 +82,26 @@ pub fn node_main(args: Vec<String>) -> i32 {
     println!("mooncake_client ready");
     node.run(&STOP);
     node.shutdown();
-    drop(node);
     eprintln!("mooncake_client: stopped");
     0
+}
+
+/// `MC_LOG_LEVEL` (0 info, 1 warning, 2 error, or a name) or `RUST_LOG` picks the level; logs go
+/// to stderr so stdout keeps the machine-readable start-up lines.
+fn init_logging() {
+    let level = match std::env::var("MC_LOG_LEVEL").ok().as_deref().map(str::trim) {
+        Some("0") => "info",
+        Some("1") => "warn",
+        Some("2") | Some("3") => "error",
+        Some(other) if !other.is_empty() => other,
+        _ => "info",
+    }
+    .to_string();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
+use dataplane::mem::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::http::HttpStore;
 use dataplane::metadata::{Keys, MetadataConn, MetadataStore};
@@ -64,6 +64,8 @@ pub struct NodeConfig {
     pub shards: usize,
     /// First data port (shard i uses `data_port + i`); 0 picks ephemeral ports.
     pub data_port: u16,
+    /// `/metrics` and `/health` port (0: off).
+    pub metrics_port: u16,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
 }
@@ -82,6 +84,7 @@ impl Default for NodeConfig {
             threads: 1,
             shards: 1,
             data_port: 0,
+            metrics_port: 0,
             prefault: false,
         }
     }
@@ -111,6 +114,7 @@ flags (--flag=value or --flag value):
   --threads=1                    accepted for compatibility
   --shards=1 (alias --cores)     shards, each with its own segment and data port
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
+  --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --prefault=false               fault segment pages in at start-up
 ";
 
@@ -203,6 +207,11 @@ impl NodeConfig {
                 }
                 "cores" if !shards_set => c.shards = num(&value)? as usize,
                 "cores" => {}
+                "metrics_port" => {
+                    c.metrics_port = num(&value)?
+                        .try_into()
+                        .map_err(|_| "--metrics_port out of range")?
+                }
                 "data_port" => {
                     c.data_port = num(&value)?
                         .try_into()
@@ -255,7 +264,12 @@ struct Shard {
     /// its core, or the blocking fallback when io_uring is refused (the reason is logged).
     server: Server,
     descriptor: SegmentDescriptor,
+    /// What memory the segment got (hugetlb, thp, plain): logged and exported.
+    kind: SegmentKind,
 }
+
+/// A per-shard server counter: metric name and how to read it.
+type StatCounter = (&'static str, fn(&dataplane::transport::server::ServerStats) -> u64);
 
 /// A running storage node; see the module docs.
 pub struct Node {
@@ -396,6 +410,82 @@ impl Node {
 
     pub fn client_id(&self) -> Uuid {
         self.client_id
+    }
+
+    /// Prometheus text of the node: per shard, its memory kind, server backend (and why it fell
+    /// back), request and connection counters, and the event-loop stall detector.
+    pub fn render_metrics(&self) -> String {
+        use std::fmt::Write;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# TYPE mooncake_node_shards gauge\nmooncake_node_shards {}",
+            self.shards.len()
+        );
+        let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
+        let _ = writeln!(out, "# TYPE mooncake_node_segment_memory_kind gauge");
+        let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
+        for (i, sh) in self.shards.iter().enumerate() {
+            let seg = crate::node_metrics::label(&sh.descriptor.name);
+            let _ = writeln!(
+                out,
+                "mooncake_node_segment_bytes{{shard=\"{i}\",segment=\"{seg}\"}} {}",
+                sh.descriptor.size
+            );
+            let _ = writeln!(
+                out,
+                "mooncake_node_segment_memory_kind{{shard=\"{i}\",kind=\"{}\"}} 1",
+                sh.kind.as_str()
+            );
+            let why = sh
+                .server
+                .fallback_reason()
+                .map(crate::node_metrics::label)
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "mooncake_node_io_backend{{shard=\"{i}\",backend=\"{}\",fallback_reason=\"{why}\"}} 1",
+                sh.server.backend()
+            );
+        }
+        let counters: [StatCounter; 9] = [
+            ("connections_accepted_total", |s| {
+                s.connections_accepted.load(Relaxed)
+            }),
+            ("connections_refused_total", |s| {
+                s.connections_refused.load(Relaxed)
+            }),
+            ("connections_aborted_total", |s| {
+                s.connections_aborted.load(Relaxed)
+            }),
+            ("requests_ok_total", |s| s.requests_ok.load(Relaxed)),
+            ("requests_rejected_total", |s| {
+                s.requests_rejected.load(Relaxed)
+            }),
+            ("frames_malformed_total", |s| {
+                s.frames_malformed.load(Relaxed)
+            }),
+            ("loop_iterations_total", |s| s.loop_iterations.load(Relaxed)),
+            ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
+            ("loop_stall_max_us", |s| s.loop_stall_max_us.load(Relaxed)),
+        ];
+        for (name, read) in counters {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(out, "# TYPE mooncake_node_{name} {kind}");
+            for (i, sh) in self.shards.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "mooncake_node_{name}{{shard=\"{i}\"}} {}",
+                    read(sh.server.stats())
+                );
+            }
+        }
+        out
     }
 
     /// Each shard's server backend (`io_uring` or `blocking`) and why it fell back, if it did.
@@ -544,7 +634,18 @@ fn start_shard(
         protocol: "tcp".into(),
         host_id: ip.to_string(),
     };
-    Ok(Shard { server, descriptor })
+    tracing::info!(
+        "shard {index}: {} segment of {len} bytes at {:#x}, {} server on {}",
+        segment.kind().as_str(),
+        segment.addr(),
+        server.backend(),
+        server.local_addr()
+    );
+    Ok(Shard {
+        server,
+        descriptor,
+        kind: segment.kind(),
+    })
 }
 
 #[cfg(test)]

@@ -218,3 +218,40 @@ fn node_falls_back_to_the_blocking_server_when_io_uring_is_disabled() {
     c.read(seg.base + 4096, &mut back).expect("read");
     assert_eq!(back, data);
 }
+
+#[test]
+fn node_exports_memory_kind_backend_and_counters_on_metrics_port() {
+    let m = Master::start(&[]);
+    let port = mooncake_tests::free_port();
+    let node = Node::start(
+        &m,
+        &[
+            "--global_segment_size=16 MB",
+            "--shards=2",
+            &format!("--metrics_port={port}"),
+        ],
+    );
+    let seg = &node.segments[1];
+    data_client(&seg.te_endpoint)
+        .write(seg.base, b"hello")
+        .expect("write");
+    let text = http("GET", port, "/metrics", b"").text();
+    for shard in ["0", "1"] {
+        let kind = format!("mooncake_node_segment_memory_kind{{shard=\"{shard}\",kind=");
+        assert!(text.contains(&kind), "{kind} missing:\n{text}");
+        let backend = format!(
+            "mooncake_node_io_backend{{shard=\"{shard}\",backend=\"{}\"",
+            node.segments[0].backend
+        );
+        assert!(text.contains(&backend), "{backend} missing:\n{text}");
+    }
+    assert!(
+        text.contains("mooncake_node_requests_ok_total{shard=\"1\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mooncake_node_loop_stalls_total{shard=\"0\"}"),
+        "{text}"
+    );
+    assert_eq!(http("GET", port, "/health", b"").status, 200);
+}
