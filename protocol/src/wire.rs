@@ -72,6 +72,20 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
+    /// A borrowed string with the checks of `String::decode` (length bound, UTF-8), for hot
+    /// paths that look keys up without allocating them.
+    pub fn str_ref(&mut self) -> Result<&'a str, DecodeError> {
+        let n = u32::decode(self)? as usize;
+        if n > STRING_MAX_BYTES {
+            return Err(DecodeError::TooLong {
+                what: "string",
+                len: n,
+                max: STRING_MAX_BYTES,
+            });
+        }
+        std::str::from_utf8(self.take(n)?).map_err(|_| DecodeError::Utf8)
+    }
+
     /// Fails unless every byte was consumed.
     pub fn finish(self) -> Result<(), DecodeError> {
         match self.remaining() {
@@ -287,6 +301,20 @@ mod tests {
             <(u64, (String, Vec<Option<i32>>))>::from_bytes(&v.to_bytes()).unwrap(),
             v
         );
+    }
+
+    #[test]
+    fn borrowed_strings_decode_like_owned_ones() {
+        for bytes in [
+            "ключ".to_string().to_bytes(),
+            vec![2, 0, 0, 0, 0xff, 0xfe],
+            vec![9, 0, 0, 0, b'a'],
+            vec![1, 0],
+        ] {
+            let owned = String::decode(&mut Reader::new(&bytes));
+            let borrowed = Reader::new(&bytes).str_ref().map(str::to_owned);
+            assert_eq!(owned, borrowed, "{bytes:?}");
+        }
     }
 
     #[test]

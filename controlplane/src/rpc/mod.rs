@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use protocol::frame::{self, Kind};
-use protocol::message::Request;
 use protocol::wire::Wire;
 use protocol::ErrorCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -101,21 +100,13 @@ pub fn answer_frames(
             return Err("client sent a response frame".into());
         }
         let opcode = f.header.opcode;
-        let req = Request::decode(opcode, f.body);
         let b = batch.get_or_insert_with(|| service.batch());
-        frame::encode_with(
-            out,
-            Kind::Response,
-            opcode,
-            f.header.request_id,
-            |o| match req {
-                Ok(req) => b.handle(req, o),
-                Err(e) => {
-                    debug!("undecodable request (opcode {opcode}): {e}");
-                    ErrorCode::InvalidParams.encode(o);
-                }
-            },
-        )
+        frame::encode_with(out, Kind::Response, opcode, f.header.request_id, |o| {
+            if let Err(e) = b.handle_frame(opcode, f.body, o) {
+                debug!("undecodable request (opcode {opcode}): {e}");
+                ErrorCode::InvalidParams.encode(o);
+            }
+        })
         .map_err(|e| format!("answer too large: {e}"))?;
         used += len;
     }

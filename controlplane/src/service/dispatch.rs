@@ -330,3 +330,55 @@ fn batch_status(
     }
     m.batch(op, keys.len() as u64, failed);
 }
+
+/// `BatchExistKey` straight from its frame body (keys borrowed, not allocated). Decodes exactly
+/// as `BatchExistKey::from_bytes` would; on a decode error nothing is appended to `out`.
+pub(crate) fn batch_exist_borrowed(
+    st: &mut State,
+    m: &Metrics,
+    now: u64,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), protocol::wire::DecodeError> {
+    let mut r = protocol::wire::Reader::new(body);
+    let n = r.count("vec", <String as Wire>::MIN_BYTES)?;
+    let start = out.len();
+    out.reserve(8 + 5 * n);
+    0i32.encode(out);
+    (n as u32).encode(out);
+    for _ in 0..n {
+        let key = match r.str_ref() {
+            Ok(k) => k,
+            Err(e) => {
+                out.truncate(start);
+                return Err(e);
+            }
+        };
+        // ExistKey cannot fail: a missing or unready key is `false`.
+        let e = st.exist(now, key).unwrap_or(false);
+        out.extend_from_slice(&[0, 0, 0, 0, e as u8]);
+    }
+    if let Err(e) = r.finish() {
+        out.truncate(start);
+        return Err(e);
+    }
+    m.batch(BatchOp::ExistKey, n as u64, 0);
+    Ok(())
+}
+
+/// `ExistKey` straight from its frame body (the key borrowed, not allocated).
+pub(crate) fn exist_borrowed(
+    st: &mut State,
+    m: &Metrics,
+    now: u64,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), protocol::wire::DecodeError> {
+    let mut r = protocol::wire::Reader::new(body);
+    let key = r.str_ref()?;
+    r.finish()?;
+    let exists = st.exist(now, key);
+    m.op(Op::ExistKey, exists.is_ok());
+    exists.encode(out);
+    Ok(())
+}

@@ -218,6 +218,30 @@ impl Batch<'_> {
     pub fn handle(&mut self, req: Request, out: &mut Vec<u8>) {
         dispatch::dispatch(&mut self.state, self.metrics, self.now, req, out);
     }
+
+    /// Executes the request in a frame body: like decoding it and calling [`Batch::handle`],
+    /// but existence probes (the hottest calls) look their keys up without allocating them.
+    /// A body that does not decode is an error and nothing is appended.
+    pub fn handle_frame(
+        &mut self,
+        opcode: u16,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), protocol::wire::DecodeError> {
+        use protocol::message::{BatchExistKey, ExistKey, Rpc};
+        match opcode {
+            BatchExistKey::OP => {
+                dispatch::batch_exist_borrowed(&mut self.state, self.metrics, self.now, body, out)
+            }
+            ExistKey::OP => {
+                dispatch::exist_borrowed(&mut self.state, self.metrics, self.now, body, out)
+            }
+            _ => {
+                self.handle(Request::decode(opcode, body)?, out);
+                Ok(())
+            }
+        }
+    }
 }
 
 impl MasterService {

@@ -1513,3 +1513,55 @@ fn perf_smoke() {
     t.svc.tick();
     println!("tick over {} objects: {:?}", keys.len(), start.elapsed());
 }
+
+/// The allocation-free paths for existence probes answer byte for byte what decoding the
+/// request and dispatching it answers, for well-formed and malformed bodies alike.
+#[test]
+fn borrowed_exist_paths_match_the_decoding_path() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put("a", 100);
+    t.put("bb", 100);
+    t.start("pending", 100).unwrap();
+    let keys: Vec<String> = ["a", "bb", "pending", "missing", ""]
+        .map(String::from)
+        .to_vec();
+    let mut bodies = vec![
+        BatchExistKey { keys: keys.clone() }.to_bytes(),
+        BatchExistKey { keys: Vec::new() }.to_bytes(),
+    ];
+    let good = bodies[0].clone();
+    bodies.push(good[..good.len() - 1].to_vec()); // truncated
+    let mut trailing = good.clone();
+    trailing.push(0); // a trailing byte
+    bodies.push(trailing);
+    bodies.push(vec![0xff, 0xff, 0xff, 0xff]); // a huge count
+    bodies.push(vec![1, 0, 0, 0, 2, 0, 0, 0, 0xff, 0xfe]); // invalid UTF-8
+    for body in &bodies {
+        let mut fast = Vec::new();
+        let fast_res = t
+            .svc
+            .batch()
+            .handle_frame(BatchExistKey::OP, body, &mut fast);
+        let mut slow = Vec::new();
+        let slow_res = Request::decode(BatchExistKey::OP, body).map(|r| t.svc.handle(r, &mut slow));
+        assert_eq!(fast_res.is_ok(), slow_res.is_ok(), "{body:?}");
+        assert_eq!(fast, slow, "{body:?}");
+    }
+    for k in &keys {
+        let body = ExistKey { key: k.clone() }.to_bytes();
+        let (mut fast, mut slow) = (Vec::new(), Vec::new());
+        t.svc
+            .batch()
+            .handle_frame(ExistKey::OP, &body, &mut fast)
+            .unwrap();
+        t.svc
+            .handle(Request::decode(ExistKey::OP, &body).unwrap(), &mut slow);
+        assert_eq!(fast, slow, "{k}");
+    }
+    assert!(t
+        .svc
+        .batch()
+        .handle_frame(ExistKey::OP, &[1, 0], &mut Vec::new())
+        .is_err());
+}
