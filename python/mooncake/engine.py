@@ -6,8 +6,9 @@ method docs for the return conventions (0 / negative codes, batch id 0 on a fail
 submission, `transfer_check_status` 1/0/-1/-2).
 
 This build has the TCP transport only: protocol "rdma" runs over TCP, and every `SUPPORT_*`
-flag is False. Metadata: `http://host:port/metadata` or `P2PHANDSHAKE`; etcd (`etcd://h:p` or a
-bare `h:p`) makes `initialize` return -1 with the reason logged.
+flag is False. Metadata: `http://host:port/metadata`, `P2PHANDSHAKE`, or etcd (`etcd://h:p`,
+several endpoints separated by `,` or `;`, or a bare `h:p`); keys are prefixed with
+`mooncake/<MC_METADATA_CLUSTER_ID>/` when that is set.
 
 `get_engine()` returns an `InnerTransferEngine`; `MooncakeDistributedStore.setup(...,
 engine=inner)` accepts it and ignores it (the store runs its own data plane).

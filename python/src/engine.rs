@@ -333,6 +333,8 @@ impl PyTransferEngine {
     // ---- lifecycle ---------------------------------------------------------------------
 
     /// `initialize(local_hostname, metadata_server, protocol, device_name)`: 0 / -1.
+    /// `metadata_server`: `P2PHANDSHAKE`, `http://host:port/metadata`, or etcd as
+    /// `etcd://host:port[,host:port]` or a bare `host:port` (the seed's `"127.0.0.1:2379"`).
     #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name, /))]
     fn initialize(
         &self,

@@ -45,24 +45,38 @@ def test_module_surface():
     assert (n.name, n.msg) == ("c", "d")
 
 
+def _dead_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_initialize_variants(caplog):
     e = TransferEngine()
     assert e.get_rpc_port() == 0
-    # etcd (bare host:port or etcd://) is not in this build: -1, reason logged.
-    assert e.initialize("127.0.0.1:12345", "127.0.0.1:2379", "tcp", "") == -1
-    assert e.initialize("127.0.0.1:12345", "etcd://127.0.0.1:2379", "tcp", "") == -1
-    assert e.initialize_ext("127.0.0.1:12345", "127.0.0.1:2379", "tcp", "", "etcd") == -1
+    # etcd (bare host:port or etcd://) with no etcd listening: -1, reason logged (a live
+    # etcd: test_engine_etcd.py).
+    dead = f"127.0.0.1:{_dead_port()}"
+    assert e.initialize("127.0.0.1:12345", dead, "tcp", "") == -1
+    assert e.initialize("127.0.0.1:12345", f"etcd://{dead}", "tcp", "") == -1
+    assert e.initialize_ext("127.0.0.1:12345", dead, "tcp", "", "etcd") == -1
+    assert e.initialize("127.0.0.1:12345", "redis://127.0.0.1:6379", "tcp", "") == -1
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0  # rdma runs TCP
     assert 15000 <= e.get_rpc_port() <= 17000
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1  # already initialized
 
 
 def test_bad_metadata_reason_is_logged():
+    dead = f"127.0.0.1:{_dead_port()}"
     code = ("from mooncake.engine import TransferEngine\n"
-            "print(TransferEngine().initialize('127.0.0.1:1', '127.0.0.1:2379', 'tcp', ''))\n")
+            f"print(TransferEngine().initialize('127.0.0.1:1', '{dead}', 'tcp', ''))\n"
+            "print(TransferEngine().initialize('127.0.0.1:1', 'redis://h:1', 'tcp', ''))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.stdout.strip() == "-1"
-    assert "etcd" in r.stderr and "P2PHANDSHAKE" in r.stderr, r.stderr
+    assert r.stdout.split() == ["-1", "-1"]
+    assert "etcd" in r.stderr and dead in r.stderr, r.stderr
+    assert "redis" in r.stderr and "P2PHANDSHAKE" in r.stderr, r.stderr
 
 
 def test_mc_force_tcp_makes_any_protocol_tcp():

@@ -3,8 +3,9 @@
 //! `transfer_engine.h`) so that `mooncake.engine` and the store client can wrap it.
 //!
 //! Lifecycle: [`TransferEngine::new`] then [`TransferEngine::initialize`] with a server name,
-//! a metadata connection string (`http://host:port/metadata` or `P2PHANDSHAKE`), a protocol
-//! (`tcp`) and a device filter (ignored). Initialisation
+//! a metadata connection string (`http://host:port/metadata`; `etcd://host:port[,host:port]`
+//! or a bare `host:port` for etcd; `P2PHANDSHAKE`), a protocol (`tcp`) and a device filter
+//! (ignored). Initialisation
 //!
 //! 1. binds the handshake server on the rpc port (random in `[MC_MIN_RPC_PORT,
 //!    MC_MAX_RPC_PORT]` unless set) and the data server ([`TcpServer`]) on an ephemeral port;
@@ -52,8 +53,7 @@ use crate::limits::CONNECT_TIMEOUT_DEFAULT;
 use crate::mem::{Segment, SegmentOptions};
 use crate::metadata::desc::{BufferDesc, SegmentDesc};
 use crate::metadata::handshake::{self, FrameType, HandshakeServer, HandshakeState, NotifyMsg};
-use crate::metadata::http::HttpStore;
-use crate::metadata::{host_of, split_host_port, Keys, MetadataConn};
+use crate::metadata::{host_of, split_host_port, Keys, MetadataBackend};
 use crate::transport::client::ClientConfig;
 use crate::transport::header::Opcode;
 use crate::transport::server::{ServedMemory, ServerConfig, TcpServer};
@@ -595,7 +595,7 @@ impl Running {
         local_server_name: &str,
         metadata_conn: &str,
     ) -> Result<Running, EngineError> {
-        let conn = MetadataConn::parse(metadata_conn)?;
+        let conn = MetadataBackend::parse(metadata_conn)?;
         let name_in = local_server_name.trim();
         let host = host_of(name_in).to_string();
         let name_port = split_host_port(name_in).map(|(_, p)| p);
@@ -630,12 +630,9 @@ impl Running {
             .local_addr()
             .map_err(|e| EngineError::new(TeError::Socket, e.to_string()))?
             .port();
-        let (name, directory) = match conn {
-            MetadataConn::P2p => (format!("{host}:{rpc_port}"), Directory::P2p),
-            MetadataConn::Http(url) => (
-                name_in.to_string(),
-                Directory::Store(Box::new(HttpStore::new(url))),
-            ),
+        let (name, directory) = match conn.open() {
+            None => (format!("{host}:{rpc_port}"), Directory::P2p),
+            Some(store) => (name_in.to_string(), Directory::Store(store)),
         };
         let memory = ServedMemory::new();
         let server_config = ServerConfig {

@@ -12,6 +12,10 @@
 //! is "no such key", a DELETE answered 404 is "already gone". The key is escaped as
 //! `curl_easy_escape` does: every byte but `A-Z a-z 0-9 - . _ ~` becomes `%XX`.
 //!
+//! [`exchange`] is the client itself (one request, one connection); the etcd store
+//! (`super::etcd`) sends its gateway calls through it too, so there is one HTTP client.
+//! [`decode_response`] is its parser, fuzzed by `fuzz/fuzz_targets/metadata_http.rs`.
+//!
 //! Why not a library: the protocol needs four lines of HTTP; a client crate would bring an
 //! async runtime or TLS stack into the data plane for nothing.
 //!
@@ -82,10 +86,10 @@ pub struct HttpStore {
 }
 
 /// A parsed HTTP response.
-#[derive(Debug)]
-struct Response {
-    status: u16,
-    body: Vec<u8>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub body: Vec<u8>,
 }
 
 impl HttpStore {
@@ -99,65 +103,8 @@ impl HttpStore {
         key: &str,
         body: &[u8],
     ) -> Result<Response, MetadataError> {
-        let peer = self.url.authority();
-        let io = |source| MetadataError::Io {
-            peer: peer.clone(),
-            source,
-        };
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
-        let addrs: Vec<_> = (self.url.host.as_str(), self.url.port)
-            .to_socket_addrs()
-            .map_err(io)?
-            .collect();
-        let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-        let mut stream = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let mut stream = stream.ok_or_else(|| io(last))?;
-        stream.set_nodelay(true).map_err(io)?;
-        let head = format!(
-            "{method} {}?key={} HTTP/1.1\r\nHost: {peer}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n",
-            self.url.path,
-            url_escape(key),
-            body.len()
-        );
-        set_deadline(&stream, deadline).map_err(io)?;
-        stream.write_all(head.as_bytes()).map_err(io)?;
-        stream.write_all(body).map_err(io)?;
-        let mut raw = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            set_deadline(&stream, deadline).map_err(io)?;
-            match stream.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => raw.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io(e)),
-            }
-            if raw.len() > RESPONSE_MAX_BYTES {
-                return Err(MetadataError::Malformed {
-                    peer,
-                    why: format!("response larger than {RESPONSE_MAX_BYTES} bytes"),
-                });
-            }
-            // Stop early once a Content-Length framed response is complete.
-            if let Ok(Some(r)) = parse_response(&raw) {
-                return Ok(r);
-            }
-        }
-        match parse_response(&raw) {
-            Ok(Some(r)) => Ok(r),
-            Ok(None) => parse_until_eof(&raw).map_err(|why| MetadataError::Malformed { peer, why }),
-            Err(why) => Err(MetadataError::Malformed { peer, why }),
-        }
+        let target = format!("{}?key={}", self.url.path, url_escape(key));
+        exchange(&self.url.host, self.url.port, method, &target, body)
     }
 
     fn status_error(&self, method: &'static str, key: &str, r: &Response) -> MetadataError {
@@ -168,6 +115,78 @@ impl HttpStore {
             status: r.status,
             body: String::from_utf8_lossy(&r.body).chars().take(200).collect(),
         }
+    }
+}
+
+/// One HTTP/1.1 exchange with `host:port`: `method target` with a JSON `body`, on a new
+/// connection closed afterwards, within [`CONNECT_TIMEOUT`] and [`REQUEST_TIMEOUT`]. Shared
+/// by the HTTP metadata store and the etcd gateway store (`super::etcd`).
+pub fn exchange(
+    host: &str,
+    port: u16,
+    method: &str,
+    target: &str,
+    body: &[u8],
+) -> Result<Response, MetadataError> {
+    let peer = format!("{host}:{port}");
+    let io = |source| MetadataError::Io {
+        peer: peer.clone(),
+        source,
+    };
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(io)?.collect();
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    let mut stream = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut stream = stream.ok_or_else(|| io(last))?;
+    stream.set_nodelay(true).map_err(io)?;
+    let head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: {peer}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    set_deadline(&stream, deadline).map_err(io)?;
+    stream.write_all(head.as_bytes()).map_err(io)?;
+    stream.write_all(body).map_err(io)?;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        set_deadline(&stream, deadline).map_err(io)?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        }
+        if raw.len() > RESPONSE_MAX_BYTES {
+            return Err(MetadataError::Malformed {
+                peer,
+                why: format!("response larger than {RESPONSE_MAX_BYTES} bytes"),
+            });
+        }
+        // Stop early once a Content-Length framed response is complete.
+        if let Ok(Some(r)) = parse_response(&raw) {
+            return Ok(r);
+        }
+    }
+    decode_response(&raw).map_err(|why| MetadataError::Malformed { peer, why })
+}
+
+/// Decodes a whole response as read up to the end of the stream: framed by
+/// `Content-Length`, chunked, or running to the end. Never panics (fuzzed by
+/// `fuzz/fuzz_targets/metadata_http.rs`).
+pub fn decode_response(raw: &[u8]) -> Result<Response, String> {
+    match parse_response(raw)? {
+        Some(r) => Ok(r),
+        None => parse_until_eof(raw),
     }
 }
 
@@ -280,16 +299,26 @@ fn parse_response(raw: &[u8]) -> Result<Option<Response>, String> {
 
 /// A response without length framing: the body runs to end of stream.
 fn parse_until_eof(raw: &[u8]) -> Result<Response, String> {
-    match parse_head(raw)? {
-        Some((status, _, at)) => Ok(Response {
-            status,
-            body: raw[at..].to_vec(),
-        }),
-        None => Err(format!(
+    let Some((status, head, at)) = parse_head(raw)? else {
+        return Err(format!(
             "connection closed after {} bytes, before the end of the headers",
             raw.len()
-        )),
+        ));
+    };
+    // A framed body that the stream cut short is truncated, not complete.
+    if let Some(v) = header(&head, "content-length") {
+        return Err(format!(
+            "connection closed after {} of {v} body bytes",
+            raw.len() - at
+        ));
     }
+    if header(&head, "transfer-encoding").is_some() {
+        return Err("connection closed inside a chunked body".into());
+    }
+    Ok(Response {
+        status,
+        body: raw[at..].to_vec(),
+    })
 }
 
 /// Decodes a chunked body; `None` when incomplete.
@@ -307,12 +336,12 @@ fn dechunk(mut b: &[u8]) -> Result<Option<Vec<u8>>, String> {
             return Ok(Some(out));
         }
         let start = eol + 2;
+        if size > RESPONSE_MAX_BYTES.saturating_sub(out.len()) {
+            return Err("chunked body too large".into());
+        }
         let Some(end) = start.checked_add(size).filter(|e| e + 2 <= b.len()) else {
             return Ok(None);
         };
-        if out.len() + size > RESPONSE_MAX_BYTES {
-            return Err("chunked body too large".into());
-        }
         out.extend_from_slice(&b[start..end]);
         b = &b[end + 2..];
     }
@@ -374,6 +403,23 @@ mod tests {
         assert_eq!(
             parse_until_eof(b"HTTP/1.0 200 OK\r\n\r\nxyz").unwrap().body,
             b"xyz"
+        );
+        // Cut short: an error, not a shorter body.
+        assert!(decode_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nhi").is_err());
+        assert!(decode_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n"
+        )
+        .is_err());
+        assert!(decode_response(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n"
+        )
+        .is_err());
+        assert_eq!(
+            decode_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi").unwrap(),
+            Response {
+                status: 200,
+                body: b"hi".to_vec()
+            }
         );
     }
 }

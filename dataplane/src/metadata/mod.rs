@@ -5,23 +5,28 @@
 //!   `mooncake/rpc_meta/<name>` ([`desc::RpcMeta`]), field names as upstream writes them;
 //! - [`http`]: the HTTP metadata store (`http://host:port/metadata`, GET/PUT/DELETE with a
 //!   URL-encoded `key` query, 3 s timeout, only 200 is success) on a small HTTP/1.1 client;
+//! - [`etcd`]: the etcd metadata store (`etcd://h1:p1,h2:p2` or a bare `h:p`) over etcd v3's
+//!   JSON gateway, on the same HTTP client; [`base64`] encodes its keys and values;
 //! - [`handshake`]: upstream's handshake framing (u64 LE length, u8 type, JSON) with its
 //!   server and client, used for P2PHANDSHAKE descriptor exchange, notifies and probes.
 //!
-//! A metadata connection string is parsed by [`MetadataConn::parse`]; etcd and redis are
-//! refused with a clear error (etcd arrives with the HA issue). Keys are built by [`Keys`],
-//! which applies `MC_METADATA_CLUSTER_ID`.
+//! A metadata connection string is parsed by [`MetadataBackend::parse`] (P2PHANDSHAKE, HTTP,
+//! etcd; redis and https are refused with a clear error). [`MetadataConn`] is the older
+//! parse for callers that handle only HTTP and P2PHANDSHAKE: it refuses etcd. Keys are built
+//! by [`Keys`], which applies `MC_METADATA_CLUSTER_ID`.
 //!
 //! Invariants: nothing here panics on bytes from the network: every decode returns a
 //! [`MetadataError`]; every network call is bounded by a timeout.
 
+pub mod base64;
 pub mod desc;
+pub mod etcd;
 pub mod handshake;
 pub mod http;
 
 use crate::TeError;
 
-/// A key-value store of metadata (the HTTP metadata server; etcd later).
+/// A key-value store of metadata (the HTTP metadata server or etcd).
 pub trait MetadataStore: Send + Sync {
     /// The value of `key`, or `None` when the store does not hold it.
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError>;
@@ -78,7 +83,65 @@ impl MetadataError {
     }
 }
 
-/// A parsed metadata connection string.
+/// A parsed metadata connection string, every backend this build has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataBackend {
+    /// `P2PHANDSHAKE`: no central store; descriptors are fetched from the peer itself.
+    P2p,
+    /// `http://host:port/path`.
+    Http(http::HttpUrl),
+    /// `etcd://h1:p1[,h2:p2...]` or a bare `h1:p1[,h2:p2...]` (`;` also separates).
+    Etcd(Vec<etcd::Endpoint>),
+}
+
+impl MetadataBackend {
+    /// Parses upstream's connection strings: `P2PHANDSHAKE`, `http://host:port/path`,
+    /// `etcd://h:p[,h:p...]` or a bare `h:p[,h:p...]` (etcd); `redis://` and `https://` are
+    /// refused.
+    pub fn parse(conn: &str) -> Result<MetadataBackend, MetadataError> {
+        let conn = conn.trim();
+        if conn.eq_ignore_ascii_case("P2PHANDSHAKE") {
+            return Ok(MetadataBackend::P2p);
+        }
+        let unsupported = |backend: &str, why| MetadataError::Unsupported {
+            backend: backend.to_string(),
+            why,
+        };
+        match conn.split_once("://") {
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => {
+                Ok(MetadataBackend::Http(http::HttpUrl::parse(conn)?))
+            }
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("etcd") => {
+                Ok(MetadataBackend::Etcd(etcd::parse_endpoints(rest)?))
+            }
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Err(unsupported(
+                "https",
+                "TLS is not built in; use http://host:port/metadata",
+            )),
+            Some((scheme, _)) => Err(unsupported(
+                scheme,
+                "only http://host:port/metadata, etcd://host:port and P2PHANDSHAKE are supported",
+            )),
+            None if conn.contains(':') => Ok(MetadataBackend::Etcd(etcd::parse_endpoints(conn)?)),
+            None => Err(MetadataError::BadConn {
+                conn: conn.to_string(),
+                why: "expected P2PHANDSHAKE, http://host:port/path, etcd://host:port or host:port",
+            }),
+        }
+    }
+
+    /// The store of this backend; `None` for P2PHANDSHAKE.
+    pub fn open(&self) -> Option<Box<dyn MetadataStore>> {
+        match self {
+            MetadataBackend::P2p => None,
+            MetadataBackend::Http(url) => Some(Box::new(http::HttpStore::new(url.clone()))),
+            MetadataBackend::Etcd(eps) => Some(Box::new(etcd::EtcdStore::new(eps.clone()))),
+        }
+    }
+}
+
+/// A parsed metadata connection string for callers that handle HTTP and P2PHANDSHAKE only
+/// (the storage node). New code uses [`MetadataBackend`], which also has etcd.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetadataConn {
     /// `P2PHANDSHAKE`: no central store; descriptors are fetched from the peer itself.
@@ -88,42 +151,15 @@ pub enum MetadataConn {
 }
 
 impl MetadataConn {
-    /// Parses upstream's connection strings: `P2PHANDSHAKE`, `http://host:port/path`,
-    /// `etcd://h:p` or a bare `h:p` (etcd; refused until the HA issue), `redis://` (refused).
+    /// As [`MetadataBackend::parse`], but etcd is refused: these callers have no etcd path.
     pub fn parse(conn: &str) -> Result<MetadataConn, MetadataError> {
-        let conn = conn.trim();
-        if conn.eq_ignore_ascii_case("P2PHANDSHAKE") {
-            return Ok(MetadataConn::P2p);
-        }
-        let unsupported = |backend: &str, why| MetadataError::Unsupported {
-            backend: backend.to_string(),
-            why,
-        };
-        match conn.split_once("://") {
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") => {
-                Ok(MetadataConn::Http(http::HttpUrl::parse(conn)?))
-            }
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("etcd") => Err(unsupported(
-                "etcd",
-                "etcd metadata arrives with the HA issue; use http://host:port/metadata or \
-                 P2PHANDSHAKE",
-            )),
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => Err(unsupported(
-                "https",
-                "TLS is not built in; use http://host:port/metadata",
-            )),
-            Some((scheme, _)) => Err(unsupported(
-                scheme,
-                "only http://host:port/metadata and P2PHANDSHAKE are supported",
-            )),
-            None if conn.contains(':') => Err(unsupported(
-                "etcd",
-                "a bare host:port means etcd, which arrives with the HA issue; use \
-                 http://host:port/metadata or P2PHANDSHAKE",
-            )),
-            None => Err(MetadataError::BadConn {
-                conn: conn.to_string(),
-                why: "expected P2PHANDSHAKE, http://host:port/path, etcd://host:port or host:port",
+        match MetadataBackend::parse(conn)? {
+            MetadataBackend::P2p => Ok(MetadataConn::P2p),
+            MetadataBackend::Http(url) => Ok(MetadataConn::Http(url)),
+            MetadataBackend::Etcd(_) => Err(MetadataError::Unsupported {
+                backend: "etcd".into(),
+                why: "this caller publishes to http://host:port/metadata or P2PHANDSHAKE only \
+                      (the transfer engine accepts etcd)",
             }),
         }
     }
@@ -211,11 +247,37 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        for etcd in ["etcd://127.0.0.1:2379", "127.0.0.1:2379"] {
-            let e = MetadataConn::parse(etcd).unwrap_err();
+        let local = |port| etcd::Endpoint {
+            host: "127.0.0.1".into(),
+            port,
+        };
+        for conn in [
+            "etcd://127.0.0.1:2379",
+            "127.0.0.1:2379",
+            "ETCD://127.0.0.1:2379/",
+        ] {
+            assert_eq!(
+                MetadataBackend::parse(conn).unwrap(),
+                MetadataBackend::Etcd(vec![local(2379)]),
+                "{conn}"
+            );
+            let e = MetadataConn::parse(conn).unwrap_err();
             assert_eq!(e.code(), TeError::NotImplemented);
-            assert!(e.to_string().contains("HA issue"), "{e}");
+            assert!(e.to_string().contains("etcd"), "{e}");
         }
+        assert_eq!(
+            MetadataBackend::parse("etcd://127.0.0.1:1,127.0.0.1:2;127.0.0.1:3").unwrap(),
+            MetadataBackend::Etcd(vec![local(1), local(2), local(3)])
+        );
+        assert_eq!(
+            MetadataBackend::parse("etcd://").unwrap_err().code(),
+            TeError::InvalidArgument
+        );
+        assert!(MetadataBackend::parse("P2PHANDSHAKE")
+            .unwrap()
+            .open()
+            .is_none());
+        assert!(MetadataBackend::parse("h:1").unwrap().open().is_some());
         assert_eq!(
             MetadataConn::parse("redis://h:1").unwrap_err().code(),
             TeError::NotImplemented
