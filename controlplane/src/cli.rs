@@ -18,6 +18,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+/// How often `--enable_metric_reporting` logs a one-line summary of the store.
+const METRIC_REPORT_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the service's periodic work (liveness, stale puts, eviction) runs.
 const TICK_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -156,6 +158,33 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
     });
     let svc = service.clone();
     tasks.spawn(rpc::serve(rpc_listener, svc, stopped()));
+    if cfg.enable_metric_reporting {
+        let svc = service.clone();
+        let stop = stopped();
+        tasks.spawn(async move {
+            tokio::pin!(stop);
+            let mut every = tokio::time::interval(METRIC_REPORT_INTERVAL);
+            every.tick().await; // the first tick fires at once; report after one interval
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = every.tick() => {
+                        let g = svc.gauges();
+                        info!(
+                            "keys={} allocated={}B capacity={}B ({:.1}%) clients={} segments={} soft_pinned={}",
+                            g.key_count,
+                            g.allocated_bytes,
+                            g.total_capacity_bytes,
+                            100.0 * g.allocated_bytes as f64 / g.total_capacity_bytes.max(1) as f64,
+                            g.active_clients,
+                            g.segments,
+                            g.soft_pin_key_count
+                        );
+                    }
+                }
+            }
+        });
+    }
     info!(
         "mooncake_master {} serving RPC on {rpc_addr} (cluster {})",
         env!("CARGO_PKG_VERSION"),
