@@ -12,6 +12,7 @@ pub mod cli;
 pub mod master;
 pub mod node;
 pub mod node_metrics;
+pub mod recovery;
 pub mod store;
 
 /// The data plane this client is built on, re-exported so that integration tests and tools

@@ -1,14 +1,21 @@
 //! A blocking, pipelined client of the master's control RPC.
 //!
 //! One TCP connection per `MasterClient`. Callers from any thread encode their requests into
-//! frames with fresh request ids and write them under a write lock; a reader thread decodes
-//! answers and wakes the caller waiting for that id. So N threads, or one thread with a batch of
-//! N requests ([`MasterClient::call_many`]), keep N requests in flight on one connection.
+//! frames with fresh request ids and write them under a write lock. There is no reader thread:
+//! a waiting caller that finds the socket's read side free becomes the *leader*, reads answers
+//! itself and hands each to the caller waiting for its id; the others (*followers*) sleep until
+//! their answers arrive or the leader, done with its own, wakes one of them to take over. A
+//! lone caller therefore wakes up straight from the socket, one context switch fewer per call
+//! than with a reader thread (measured: the switch was a third of `is_exist`'s cost). N threads,
+//! or one thread with a batch of N requests ([`MasterClient::call_many`]), still keep N
+//! requests in flight on one connection.
 //!
 //! Invariants: every request id is registered in `pending` before its frame is written, and
-//! removed exactly once (by the reader on an answer, or by the caller on timeout or when the
-//! connection dies). A broken connection fails every pending call with `Closed` and is replaced
-//! by a new one on the next call.
+//! removed exactly once (by the leader on an answer, or by the caller on timeout or when the
+//! connection dies). At most one thread reads the socket at a time (the `reader` lock). A
+//! follower never sleeps longer than [`FOLLOWER_RECHECK`] without re-checking whether the read
+//! side is free, so a lost hand-over costs at most that. A broken connection fails every
+//! pending call with `Closed` and is replaced by a new one on the next call.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -27,8 +34,12 @@ use protocol::ErrorCode;
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time to establish the connection (`MC_RPC_CONNECT_TIMEOUT_MS` overrides it).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Bytes the reader asks the socket for at once.
+/// Bytes the leader asks the socket for at once.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Longest a leader blocks in one `read` before re-checking its deadline.
+const LEAD_READ_SLICE: Duration = Duration::from_millis(50);
+/// Longest a follower sleeps before checking again whether it can lead.
+const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -68,15 +79,40 @@ struct WaiterSlots {
     answers: Vec<Option<Vec<u8>>>,
     missing: usize,
     failed: Option<String>,
+    /// Set by a leader stepping down: the read side is free, try to lead.
+    lead: bool,
+}
+
+/// The read side of the connection, owned by the current leader.
+struct ReadSide {
+    sock: TcpStream,
+    buf: Vec<u8>,
+    chunk: Vec<u8>,
 }
 
 struct Conn {
     writer: Mutex<TcpStream>,
+    reader: Mutex<ReadSide>,
     pending: Mutex<HashMap<u64, (Arc<Waiter>, usize)>>,
     dead: AtomicBool,
 }
 
 impl Conn {
+    /// Wakes one caller other than `me` that still waits for answers, so that it takes over
+    /// reading.
+    fn hand_over(&self, me: &Arc<Waiter>) {
+        let next = self
+            .pending
+            .lock()
+            .values()
+            .find(|(w, _)| !Arc::ptr_eq(w, me))
+            .map(|(w, _)| w.clone());
+        if let Some(w) = next {
+            w.slots.lock().lead = true;
+            w.ready.notify_all();
+        }
+    }
+
     fn fail_all(&self, why: &str) {
         self.dead.store(true, Ordering::SeqCst);
         let pending: Vec<_> = self.pending.lock().drain().map(|(_, v)| v).collect();
@@ -187,6 +223,7 @@ impl MasterClient {
                 answers: vec![None; reqs.len()],
                 missing: reqs.len(),
                 failed: None,
+                lead: false,
             }),
             ready: Condvar::new(),
         });
@@ -211,12 +248,27 @@ impl MasterClient {
         let deadline = Instant::now() + self.timeout;
         let mut slots = waiter.slots.lock();
         while slots.missing > 0 && slots.failed.is_none() {
-            if waiter.ready.wait_until(&mut slots, deadline).timed_out() {
+            if Instant::now() >= deadline {
                 break;
             }
+            slots.lead = false;
+            drop(slots);
+            if let Some(mut side) = conn.reader.try_lock() {
+                lead(&conn, &mut side, &waiter, deadline);
+                drop(side);
+                conn.hand_over(&waiter);
+                slots = waiter.slots.lock();
+                continue;
+            }
+            slots = waiter.slots.lock();
+            if slots.missing == 0 || slots.failed.is_some() || slots.lead {
+                continue;
+            }
+            let wake = deadline.min(Instant::now() + FOLLOWER_RECHECK);
+            waiter.ready.wait_until(&mut slots, wake);
         }
         if slots.missing > 0 {
-            // Unregister what is still pending so a late answer is dropped by the reader.
+            // Unregister what is still pending so a late answer is dropped by the leader.
             let mut p = conn.pending.lock();
             for i in 0..reqs.len() {
                 p.remove(&(first_id + i as u64));
@@ -241,7 +293,6 @@ impl MasterClient {
 impl Drop for MasterClient {
     fn drop(&mut self) {
         if let Some(c) = self.conn.lock().take() {
-            // Shutting the socket down ends the reader thread.
             let _ = c.writer.lock().shutdown(std::net::Shutdown::Both);
         }
     }
@@ -250,52 +301,81 @@ impl Drop for MasterClient {
 fn spawn_reader(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
     stream.set_nodelay(true)?;
     let reader = stream.try_clone()?;
-    let conn = Arc::new(Conn {
+    reader.set_read_timeout(Some(LEAD_READ_SLICE))?;
+    Ok(Arc::new(Conn {
         writer: Mutex::new(stream),
+        reader: Mutex::new(ReadSide {
+            sock: reader,
+            buf: Vec::with_capacity(READ_CHUNK_BYTES),
+            chunk: vec![0u8; READ_CHUNK_BYTES],
+        }),
         pending: Mutex::new(HashMap::new()),
         dead: AtomicBool::new(false),
-    });
-    let c = conn.clone();
-    std::thread::Builder::new()
-        .name("mc-master-rx".into())
-        .spawn(move || {
-            let why = read_loop(reader, &c);
-            c.fail_all(&why);
-        })?;
-    Ok(conn)
+    }))
 }
 
-/// Reads answers until the connection ends; returns why it ended.
-fn read_loop(mut sock: TcpStream, conn: &Conn) -> String {
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
-    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+/// Reads and delivers answers until `me` has all of its answers, the deadline passes, or the
+/// connection fails (then every pending call fails).
+fn lead(conn: &Conn, side: &mut ReadSide, me: &Waiter, deadline: Instant) {
     loop {
-        let n = match sock.read(&mut chunk) {
-            Ok(0) => return "master closed the connection".into(),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return format!("read failed: {e}"),
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        let mut used = 0;
-        loop {
-            match frame::split_frame(&buf[used..]) {
-                Ok(Some((f, len))) => {
-                    if f.header.kind != Kind::Response {
-                        return "master sent a request frame".into();
-                    }
-                    deliver(conn, f.header.request_id, f.body);
-                    used += len;
-                }
-                Ok(None) => break,
-                Err(e) => return format!("bad frame from master: {e}"),
+        {
+            let s = me.slots.lock();
+            if s.missing == 0 || s.failed.is_some() {
+                return;
             }
         }
-        buf.drain(..used);
-        if buf.capacity() > 4 * READ_CHUNK_BYTES && buf.len() < HEADER_BYTES {
-            buf.shrink_to(READ_CHUNK_BYTES);
+        if conn.dead.load(Ordering::SeqCst) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        // The socket's read timeout is `LEAD_READ_SLICE` (set once at connect, saving a
+        // syscall per call): a blocked leader re-checks its deadline at least that often.
+        let n = match side.sock.read(&mut side.chunk) {
+            Ok(0) => return conn.fail_all("master closed the connection"),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return conn.fail_all(&format!("read failed: {e}")),
+        };
+        let ReadSide { buf, chunk, .. } = side;
+        buf.extend_from_slice(&chunk[..n]);
+        if let Err(why) = deliver_frames(conn, buf) {
+            return conn.fail_all(&why);
         }
     }
+}
+
+/// Delivers every complete frame at the start of `buf` and drops it from `buf`.
+fn deliver_frames(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), String> {
+    let mut used = 0;
+    loop {
+        match frame::split_frame(&buf[used..]) {
+            Ok(Some((f, len))) => {
+                if f.header.kind != Kind::Response {
+                    return Err("master sent a request frame".into());
+                }
+                deliver(conn, f.header.request_id, f.body);
+                used += len;
+            }
+            Ok(None) => break,
+            Err(e) => return Err(format!("bad frame from master: {e}")),
+        }
+    }
+    buf.drain(..used);
+    if buf.capacity() > 4 * READ_CHUNK_BYTES && buf.len() < HEADER_BYTES {
+        buf.shrink_to(READ_CHUNK_BYTES);
+    }
+    Ok(())
 }
 
 fn deliver(conn: &Conn, id: u64, body: &[u8]) {

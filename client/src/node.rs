@@ -14,13 +14,16 @@
 //! `host`/`port` are `--host`/`--port` (`--host=0.0.0.0` is advertised as the address that
 //! routes outwards, else 127.0.0.1); `data_port_i` is `--data_port + i`, or an ephemeral port
 //! when `--data_port=0` (the default). Store clients connect straight to the replica's
-//! `transport_endpoint` (= the segment's `te_endpoint`). When `--metadata_server` is an HTTP
+//! `transport_endpoint` (= the segment's `te_endpoint`). When `--metadata_server` is an HTTP or etcd
 //! URL, each shard's descriptor is also published under `mooncake/ram/<segment name>`, so a
 //! transfer engine can open a shard by name; failure to publish is reported and not fatal.
 //!
-//! The node pings the master every second; `NEED_REMOUNT` (the master restarted or expired
-//! us) re-mounts every shard with `ReMountSegment` (held objects: none yet). [`Node::shutdown`]
-//! unmounts every shard and removes the descriptors.
+//! Each shard's table keeps a catalog of the objects written into its segment (writers record
+//! them with `CATALOG_PUT`). The node pings the master every second, dropping the catalog
+//! entries of ranges the master says it freed; `NEED_REMOUNT` (the master restarted or
+//! expired us) re-mounts every shard with `ReMountSegment`, reporting every catalogued object
+//! so the master rebuilds its index (see [`crate::recovery`] and `docs/recovery.md`).
+//! [`Node::shutdown`] unmounts every shard and removes the descriptors.
 //!
 //! Invariants: a shard's server serves only its own segment; the segments stay mapped until
 //! the servers are dropped (the `ServedMemory` table holds them).
@@ -33,14 +36,14 @@ use std::time::{Duration, Instant};
 
 use dataplane::mem::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
-use dataplane::metadata::http::HttpStore;
-use dataplane::metadata::{Keys, MetadataConn, MetadataStore};
+use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
 use dataplane::transport::server::{ServedMemory, ServerConfig};
 use dataplane::transport::{serve, Server};
-use protocol::message::{MountSegment, Ping, ReMountSegment, UnmountSegment};
+use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
 
 use crate::master::MasterClient;
+use crate::recovery;
 
 /// How often the node pings the master.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
@@ -108,7 +111,8 @@ flags (--flag=value or --flag value):
   --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
   --local_buffer_size=0          accepted for compatibility
   --master_server_address=127.0.0.1:50051
-  --metadata_server=http://127.0.0.1:8080/metadata   (or P2PHANDSHAKE: publish nothing)
+  --metadata_server=http://127.0.0.1:8080/metadata   (or etcd://h:p, a bare h:p for etcd,
+                                 or P2PHANDSHAKE: publish nothing)
   --protocol=tcp
   --device_names=                accepted for compatibility
   --threads=1                    accepted for compatibility
@@ -266,17 +270,22 @@ struct Shard {
     descriptor: SegmentDescriptor,
     /// What memory the segment got (hugetlb, thp, plain): logged and exported.
     kind: SegmentKind,
+    /// The table the server serves; its catalog is re-reported on a re-mount.
+    memory: Arc<ServedMemory>,
 }
 
 /// A per-shard server counter: metric name and how to read it.
-type StatCounter = (&'static str, fn(&dataplane::transport::server::ServerStats) -> u64);
+type StatCounter = (
+    &'static str,
+    fn(&dataplane::transport::server::ServerStats) -> u64,
+);
 
 /// A running storage node; see the module docs.
 pub struct Node {
     shards: Vec<Shard>,
     client_id: Uuid,
     master: MasterClient,
-    metadata: Option<(HttpStore, Keys)>,
+    metadata: Option<(Box<dyn MetadataStore>, Keys)>,
     shut_down: AtomicBool,
 }
 
@@ -348,29 +357,39 @@ impl Node {
             std::thread::sleep(Duration::from_millis(200));
         }
         let per_shard = cfg.global_segment_size.div_ceil(cfg.shards as u64) as usize;
-        let mut shards = Vec::with_capacity(cfg.shards);
-        for i in 0..cfg.shards {
-            let name = match i {
-                0 => format!("{}:{}", cfg.host_for_names(ip), cfg.port),
-                i => format!("{}:{}#{i}", cfg.host_for_names(ip), cfg.port),
-            };
-            let port = if cfg.data_port == 0 {
-                0
-            } else {
-                cfg.data_port + i as u16
-            };
-            shards.push(start_shard(
-                i,
-                &name,
-                per_shard,
-                SocketAddr::new(bind_ip, port),
-                ip,
-                cfg,
-            )?);
-        }
-        let metadata = match MetadataConn::parse(&cfg.metadata_server) {
-            Ok(MetadataConn::Http(url)) => Some((HttpStore::new(url), Keys::from_env())),
-            Ok(MetadataConn::P2p) => None,
+        // Shards start in parallel, one thread each, so that prefaulting a large segment
+        // (`--prefault`) costs the time of one shard, not the sum of all of them.
+        let shards: Vec<Shard> = std::thread::scope(|scope| {
+            let starting: Vec<_> = (0..cfg.shards)
+                .map(|i| {
+                    let name = match i {
+                        0 => format!("{}:{}", cfg.host_for_names(ip), cfg.port),
+                        i => format!("{}:{}#{i}", cfg.host_for_names(ip), cfg.port),
+                    };
+                    let port = if cfg.data_port == 0 {
+                        0
+                    } else {
+                        cfg.data_port + i as u16
+                    };
+                    let bind = SocketAddr::new(bind_ip, port);
+                    scope.spawn(move || start_shard(i, &name, per_shard, bind, ip, cfg))
+                })
+                .collect();
+            starting
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(NodeError::Shard {
+                            shard: i,
+                            why: "start-up thread panicked".into(),
+                        })
+                    })
+                })
+                .collect::<Result<Vec<Shard>, NodeError>>()
+        })?;
+        let metadata = match MetadataBackend::parse(&cfg.metadata_server) {
+            Ok(backend) => backend.open().map(|store| (store, Keys::from_env())),
             Err(e) => {
                 eprintln!("mooncake_client: not publishing descriptors: {e}");
                 None
@@ -523,31 +542,32 @@ impl Node {
         }
     }
 
-    /// One ping; on `NEED_REMOUNT` re-mounts every shard. Returns what the master said.
+    /// One ping: drops catalog entries of freed ranges; on `NEED_REMOUNT` re-mounts every
+    /// shard with every object it holds. Returns what the master said.
     pub fn ping(&self) -> Result<ClientStatus, String> {
-        let r = self
-            .master
-            .call(&Ping {
-                client_id: self.client_id,
+        let served: Vec<recovery::Served<'_>> = self
+            .shards
+            .iter()
+            .map(|s| recovery::Served {
+                desc: &s.descriptor,
+                catalog: s.memory.catalog(),
             })
-            .map_err(|e| e.to_string())?
-            .map_err(|code| format!("ping refused: {code:?}"))?;
-        if r.status == ClientStatus::NeedRemount {
-            let remount = ReMountSegment {
-                client_id: self.client_id,
-                segments: self.segments(),
-                held: Vec::new(),
-            };
-            self.master
-                .call(&remount)
-                .map_err(|e| e.to_string())?
-                .map_err(|code| format!("re-mount refused: {code:?}"))?;
+            .collect();
+        let out = recovery::ping(&self.master, self.client_id, &served)?;
+        if out.status == ClientStatus::NeedRemount {
             eprintln!(
-                "mooncake_client: the master asked for a re-mount; {} segments re-mounted",
-                self.shards.len()
+                "mooncake_client: the master asked for a re-mount; {} segments re-mounted, {} \
+                 objects re-reported",
+                self.shards.len(),
+                out.reported
             );
         }
-        Ok(r.status)
+        Ok(out.status)
+    }
+
+    /// Objects in the shards' catalogs (what a re-mount would report).
+    pub fn catalogued_objects(&self) -> usize {
+        self.shards.iter().map(|s| s.memory.catalog().len()).sum()
     }
 
     /// Pings every [`PING_INTERVAL`] until `stop` is set. Failures are reported and retried.
@@ -622,8 +642,13 @@ fn start_shard(
         .register_segment(segment.clone())
         .map_err(|e| fail(format!("cannot register the segment: {e}")))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let server = serve(bind, memory, ServerConfig::default(), Some(index % cores))
-        .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
+    let server = serve(
+        bind,
+        memory.clone(),
+        ServerConfig::default(),
+        Some(index % cores),
+    )
+    .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
     let data_port = server.local_addr().port();
     let descriptor = SegmentDescriptor {
         id: random_uuid(),
@@ -645,6 +670,7 @@ fn start_shard(
         server,
         descriptor,
         kind: segment.kind(),
+        memory,
     })
 }
 

@@ -10,6 +10,13 @@ pub const HUGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
 /// the server refuses it without reading further. Larger transfers are split by the caller.
 pub const REQUEST_PAYLOAD_MAX_BYTES: u64 = 1 << 30;
 
+/// Fixed part of a `CATALOG_PUT` record (object length, flags, reserved); the key follows.
+pub const CATALOG_RECORD_HEADER_BYTES: usize = 16;
+/// Largest `CATALOG_PUT` payload: the fixed part and the longest key the master accepts. A
+/// header announcing more is malformed.
+pub const CATALOG_RECORD_MAX_BYTES: u64 =
+    (CATALOG_RECORD_HEADER_BYTES + protocol::limits::KEY_MAX_BYTES) as u64;
+
 /// Chunk used to drain and discard the payload of a rejected WRITE.
 pub const DRAIN_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -74,6 +81,8 @@ pub const SLAB_CLASS_COUNT: usize =
     (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
 
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
+const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= REQUEST_PAYLOAD_MAX_BYTES);
+const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= u32::MAX as u64);
 const _: () = assert!(SLAB_BYTES.is_power_of_two() && SLAB_CLASS_MIN_BYTES.is_power_of_two());
 const _: () = assert!(SLAB_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
 const _: () = assert!(SLAB_CLASS_MIN_BYTES <= SLAB_BYTES);

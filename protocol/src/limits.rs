@@ -9,6 +9,15 @@ pub const KEY_MAX_BYTES: usize = 64 * 1024;
 pub const BATCH_MAX_ITEMS: usize = 1 << 20;
 /// Largest decoded string (segment names, endpoints, patterns).
 pub const STRING_MAX_BYTES: usize = 1024 * 1024;
+/// Most freed ranges one `PingResponse` carries (16 bytes each); the rest wait for the next
+/// ping.
+pub const PING_FREED_RANGES_MAX: usize = 64 * 1024;
+/// Freed ranges the master keeps per segment for its owner's next pings. Beyond it the
+/// oldest are dropped: their catalog entries stay until the range is reused (see
+/// `docs/recovery.md`, "windows").
+pub const FREED_OUTBOX_MAX: usize = 1 << 20;
 
 const _: () = assert!(KEY_MAX_BYTES <= STRING_MAX_BYTES);
+const _: () = assert!(PING_FREED_RANGES_MAX * 16 < FRAME_PAYLOAD_MAX_BYTES);
+const _: () = assert!(PING_FREED_RANGES_MAX <= FREED_OUTBOX_MAX);
 const _: () = assert!(STRING_MAX_BYTES <= FRAME_PAYLOAD_MAX_BYTES);

@@ -255,14 +255,20 @@ pub struct ReplicaList {
 wire_struct!(ReplicaList { replicas: Vec<ReplicaDescriptor>, lease_ttl_ms: u64 });
 
 /// Reply to `Ping`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PingResponse {
     pub view_version: i64,
     pub status: ClientStatus,
+    /// `(addr, len)` ranges the master freed in the pinging client's segments since its last
+    /// ping (removed, evicted, revoked or discarded objects), at most
+    /// `limits::PING_FREED_RANGES_MAX`; the owner drops its catalog entries overlapping them.
+    /// See `docs/recovery.md`.
+    pub freed: Vec<(u64, u64)>,
 }
 wire_struct!(PingResponse {
     view_version: i64,
-    status: ClientStatus
+    status: ClientStatus,
+    freed: Vec<(u64, u64)>,
 });
 
 /// An object a storage process reports holding, used to rebuild the index after a master

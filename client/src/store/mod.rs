@@ -11,10 +11,34 @@
 //! and falls back to the next replica when a transfer fails. `OBJECT_ALREADY_EXISTS` from the
 //! master means another writer got there first: upstream reports that as success, and so do we.
 //!
+//! Transfers are batched (`peers`): all replicas of a put, and all keys of a batch call, go out
+//! as one submission per endpoint, large objects cut into slices that spread over the data-plane
+//! client's lanes; batches for different endpoints run in parallel.
+//!
+//! Environment (read at set-up, upstream's names):
+//! - `MC_STORE_MEMCPY` (default on): a replica in this process's own segment is read and
+//!   written with memcpy. `0`/`false` sends those transfers through our own data-plane server
+//!   over loopback instead. A replica in *another* process on the same host always goes over
+//!   loopback TCP: without shared memory between the processes there is nothing to memcpy from.
+//! - `MC_STORE_USE_HUGEPAGE`: back the own segment with 2 MiB hugetlb pages when the pool has
+//!   enough, else transparent hugepages (`dataplane::mem::SegmentOptions`).
+//! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no
+//!   progress (each blocking send/receive of a lane); a stalled transfer fails with
+//!   `TRANSFER_FAIL` and the put is revoked or the get tries the next replica.
+//! - `MC_STORE_CLUSTER_ID` (default `mooncake_cluster`): accepted and kept (`Store::cluster_id`).
+//!   Upstream uses it only to find the leader of an HA master group in etcd
+//!   (`mooncake-store/<id>/master_view`) when `master_server_addr` is `etcd://...`, which this
+//!   client does not support yet; it changes nothing else.
+//! - `MC_FORCE_TCP`: accepted; TCP is the only transport, so every protocol (`"tcp"`, `"rdma"`)
+//!   already runs over TCP. `MC_LOG_LEVEL` / `MC_YLT_LOG_LEVEL` set the log filter of the Python
+//!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
+//!   master calls (`master`).
+//!
 //! Invariants: caller addresses used by the zero-copy calls are checked against the registered
 //! buffers before any byte moves; a failed put never leaves a half-written object readable.
 
 mod budget;
+mod catalog;
 mod peers;
 mod setup;
 
@@ -28,10 +52,27 @@ use protocol::message::*;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
 
 pub use budget::{LocalBudget, Reservation};
+pub use peers::{TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::StoreConfig;
 
 use crate::master::MasterClient;
-use peers::Peers;
+use peers::{Peers, ReadItem, WriteItem};
+
+/// One object read of [`Store::read_many_from`]: `dst.len()` bytes at `offset` of the object
+/// whose replicas are `list`.
+pub struct ObjectRead<'a> {
+    pub list: &'a ReplicaList,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+}
+
+/// A read that finished after its lease ran out may have raced a remove: report it as failed.
+fn lease_check(list: &ReplicaList, t0: Instant) -> Result<(), ErrorCode> {
+    if list.lease_ttl_ms > 0 && t0.elapsed().as_millis() as u64 > list.lease_ttl_ms {
+        return Err(ErrorCode::LeaseExpired);
+    }
+    Ok(())
+}
 
 /// A ready store client. Dropping it is [`Store::close`].
 pub struct Store {
@@ -44,6 +85,8 @@ pub struct Store {
     own: Option<setup::OwnSegmentState>,
     pinger: Mutex<Option<setup::Pinger>>,
     closed: AtomicBool,
+    /// `MC_STORE_CLUSTER_ID` (see [`setup::cluster_id_from_env`]).
+    cluster_id: String,
 }
 
 /// Maps a master-client failure to the code Python sees.
@@ -59,6 +102,11 @@ impl Store {
 
     pub fn client_id(&self) -> Uuid {
         self.client_id
+    }
+
+    /// The cluster id this client was set up with (`MC_STORE_CLUSTER_ID`).
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     /// 0 healthy, 1 closed, 2 master unreachable (upstream's `HealthCheckStatus`).
@@ -134,7 +182,21 @@ impl Store {
             Err(ErrorCode::ObjectAlreadyExists) if !upsert => return Ok(()),
             other => other?,
         };
-        let written = replicas.iter().try_for_each(|r| self.peers.write(r, parts));
+        let items: Vec<WriteItem<'_>> = replicas
+            .iter()
+            .map(|replica| WriteItem {
+                replica,
+                parts,
+                key: &key,
+                hard_pin: cfg.with_hard_pin,
+            })
+            .collect();
+        let written = self
+            .peers
+            .write_many(&items)
+            .into_iter()
+            .find(Result::is_err)
+            .unwrap_or(Ok(()));
         self.finish_put(key, upsert, written)
     }
 
@@ -215,27 +277,37 @@ impl Store {
             Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
             Err(e) => return vec![Err(e); keys.len()],
         };
+        // Every replica of every started key goes out in one batched transfer.
         let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(keys.len());
-        let (mut commit, mut revoke) = (Vec::new(), Vec::new());
-        for (i, s) in started.into_iter().enumerate() {
+        let mut items: Vec<WriteItem<'_>> = Vec::new();
+        let mut owners: Vec<usize> = Vec::new();
+        let mut writing: Vec<usize> = Vec::new();
+        for (i, s) in started.iter().enumerate() {
             match s {
                 Err(ErrorCode::ObjectAlreadyExists) if !upsert => results.push(Ok(())),
-                Err(e) => results.push(Err(e)),
-                Ok(replicas) => match replicas
-                    .iter()
-                    .try_for_each(|r| self.peers.write(r, &values[i]))
-                {
-                    Ok(()) => {
-                        commit.push(i);
-                        results.push(Ok(()));
+                Err(e) => results.push(Err(*e)),
+                Ok(replicas) => {
+                    results.push(Ok(()));
+                    writing.push(i);
+                    for replica in replicas {
+                        items.push(WriteItem {
+                            replica,
+                            parts: &values[i],
+                            key: &keys[i],
+                            hard_pin: cfg.with_hard_pin,
+                        });
+                        owners.push(i);
                     }
-                    Err(e) => {
-                        revoke.push(i);
-                        results.push(Err(e));
-                    }
-                },
+                }
             }
         }
+        for (&i, r) in owners.iter().zip(self.peers.write_many(&items)) {
+            if results[i].is_ok() {
+                results[i] = r;
+            }
+        }
+        let (commit, revoke): (Vec<usize>, Vec<usize>) =
+            writing.into_iter().partition(|&i| results[i].is_ok());
         let pick = |idx: &[usize]| idx.iter().map(|&i| keys[i].clone()).collect::<Vec<_>>();
         if !commit.is_empty() {
             let ended = if upsert {
@@ -319,13 +391,7 @@ impl Store {
         let mut last = ErrorCode::InvalidReplica;
         for r in order {
             match self.peers.read(r, offset, dst) {
-                Ok(()) => {
-                    if list.lease_ttl_ms > 0 && t0.elapsed().as_millis() as u64 > list.lease_ttl_ms
-                    {
-                        return Err(ErrorCode::LeaseExpired);
-                    }
-                    return Ok(());
-                }
+                Ok(()) => return lease_check(list, t0),
                 Err(ErrorCode::InvalidParams) => return Err(ErrorCode::InvalidParams),
                 Err(e) => last = e,
             }
@@ -333,7 +399,48 @@ impl Store {
         Err(last)
     }
 
+    /// Many [`Self::read_from`]s as one batched transfer: each read goes to its preferred
+    /// replica (our own first); a read that fails there falls back to the others on its own.
+    pub fn read_many_from(&self, reads: Vec<ObjectRead<'_>>) -> Vec<Result<(), ErrorCode>> {
+        let t0 = Instant::now();
+        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(reads.len());
+        let mut items: Vec<ReadItem<'_>> = Vec::with_capacity(reads.len());
+        let mut lists: Vec<(usize, &ReplicaList)> = Vec::with_capacity(reads.len());
+        for (i, rd) in reads.into_iter().enumerate() {
+            let best = rd
+                .list
+                .replicas
+                .iter()
+                .find(|r| self.own_endpoint_is(&r.transport_endpoint))
+                .or(rd.list.replicas.first());
+            match best {
+                None => results.push(Err(ErrorCode::InvalidReplica)),
+                Some(replica) => {
+                    results.push(Ok(()));
+                    lists.push((i, rd.list));
+                    items.push(ReadItem {
+                        replica,
+                        offset: rd.offset,
+                        dst: rd.dst,
+                    });
+                }
+            }
+        }
+        let outcomes = self.peers.read_many(&mut items);
+        for (((i, list), item), r) in lists.into_iter().zip(items).zip(outcomes) {
+            results[i] = match r {
+                Ok(()) => lease_check(list, t0),
+                Err(ErrorCode::InvalidParams) => Err(ErrorCode::InvalidParams),
+                Err(_) if list.replicas.len() > 1 => self.read_from(list, item.offset, item.dst),
+                Err(e) => Err(e),
+            };
+        }
+        results
+    }
+
     fn own_endpoint_is(&self, ep: &str) -> bool {
+        // Preferring our own replica is right even when memcpy is off (`MC_STORE_MEMCPY=0`):
+        // then it is read through our own data-plane server over loopback.
         self.own.as_ref().is_some_and(|o| o.endpoint == ep)
     }
 

@@ -1,17 +1,39 @@
 //! Moving bytes between local memory and replicas.
 //!
 //! A replica in this process's own segment is copied with memcpy (after a range check against
-//! the segment); any other replica is reached through a pooled [`TcpClient`] per data-plane
-//! endpoint. Transfers of one object to several replicas run one after another per replica;
-//! each replica's parts go out as one pipelined batch.
+//! the segment) unless `MC_STORE_MEMCPY` is false; any other replica is reached through a
+//! pooled [`TcpClient`] per data-plane endpoint.
+//!
+//! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
+//! a call (all replicas of a put, all keys of a batch), group them by endpoint, cut requests
+//! larger than [`TRANSFER_SLICE_BYTES`] into slices so that one large object spreads over the
+//! client's lanes, and submit one batch per endpoint. Batches for different endpoints run on
+//! scoped threads when there is enough data to make that worthwhile, so the replicas of a put
+//! are written at the same time rather than one after another.
+//!
+//! Invariants: a transfer never touches bytes outside its replica (`offset + len <= size` is
+//! checked first) nor, for the memcpy path, outside our own mapped segment; an item's result is
+//! an error if any of its slices failed.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::Duration;
 
-use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp};
+use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
+use dataplane::transport::server::ServedMemory;
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
+
+use super::catalog::CatalogWriter;
+
+/// Requests larger than this are cut into slices of this size, so that one object uses several
+/// lanes at once (upstream's TCP transport slices at 64 KiB; larger slices cost fewer headers).
+pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
+/// Below this many bytes in total, batches for several endpoints run one after another on the
+/// calling thread (a thread spawn costs more than the transfers).
+pub const PARALLEL_ENDPOINTS_MIN_BYTES: u64 = 256 * 1024;
+/// Most requests handed to one `TcpClient::submit` (its `BATCH_REQUESTS_MAX`).
+const SUBMIT_REQUESTS_MAX: usize = dataplane::limits::BATCH_REQUESTS_MAX;
 
 /// This process's own segment, for the memcpy path.
 #[derive(Clone, Copy, Debug)]
@@ -29,29 +51,135 @@ impl OwnSegment {
     }
 }
 
+/// How the store moves bytes (from the environment; see `StoreConfig`).
+#[derive(Clone, Copy, Debug)]
+pub struct TransferSettings {
+    /// Read and write replicas in our own segment with memcpy (`MC_STORE_MEMCPY`, default on).
+    pub memcpy: bool,
+    /// No-progress bound of one transfer (`MC_TRANSFER_TIMEOUT`, seconds, default 30).
+    pub timeout: Duration,
+}
+
+impl Default for TransferSettings {
+    fn default() -> Self {
+        TransferSettings {
+            memcpy: true,
+            timeout: dataplane::limits::IO_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+impl TransferSettings {
+    /// `MC_STORE_MEMCPY` (`0`/`false`/`no`/`off` disable it) and `MC_TRANSFER_TIMEOUT`
+    /// (whole seconds, > 0; anything else keeps the default).
+    pub fn from_env() -> TransferSettings {
+        let mut s = TransferSettings::default();
+        if let Ok(v) = std::env::var("MC_STORE_MEMCPY") {
+            s.memcpy = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
+        }
+        if let Some(secs) = std::env::var("MC_TRANSFER_TIMEOUT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| *s > 0)
+        {
+            s.timeout = Duration::from_secs(secs);
+        }
+        s
+    }
+}
+
+/// One write: `parts`, concatenated, to the start of `replica`, then recorded in the replica's
+/// catalog as `key` (see `catalog.rs`).
+pub struct WriteItem<'a> {
+    pub replica: &'a ReplicaDescriptor,
+    pub parts: &'a [&'a [u8]],
+    pub key: &'a str,
+    pub hard_pin: bool,
+}
+
+/// One read: `dst.len()` bytes at `offset` of `replica`.
+pub struct ReadItem<'a> {
+    pub replica: &'a ReplicaDescriptor,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+}
+
 pub struct Peers {
     own_endpoint: Option<String>,
     own: Option<OwnSegment>,
-    clients: Mutex<HashMap<String, Arc<TcpClient>>>,
+    clients: Mutex<Vec<(String, Arc<TcpClient>)>>,
     config: ClientConfig,
+    settings: TransferSettings,
+    catalog: CatalogWriter,
+}
+
+/// Requests for one endpoint, with the item each request belongs to.
+struct Group<'a, 'b> {
+    endpoint: &'a str,
+    ops: Vec<TransferOp<'b>>,
+    owners: Vec<usize>,
+    bytes: u64,
+}
+
+impl<'a, 'b> Group<'a, 'b> {
+    fn push(&mut self, owner: usize, op: TransferOp<'b>, len: usize) {
+        self.ops.push(op);
+        self.owners.push(owner);
+        self.bytes += len as u64;
+    }
+}
+
+fn group_for<'a, 'b, 'g>(groups: &'g mut Vec<Group<'a, 'b>>, ep: &'a str) -> &'g mut Group<'a, 'b> {
+    let i = match groups.iter().position(|g| g.endpoint == ep) {
+        Some(i) => i,
+        None => {
+            groups.push(Group {
+                endpoint: ep,
+                ops: Vec::new(),
+                owners: Vec::new(),
+                bytes: 0,
+            });
+            groups.len() - 1
+        }
+    };
+    &mut groups[i]
 }
 
 impl Peers {
-    pub fn new(own_endpoint: Option<String>, own: Option<OwnSegment>) -> Peers {
+    pub fn new(
+        own_endpoint: Option<String>,
+        own: Option<OwnSegment>,
+        settings: TransferSettings,
+    ) -> Peers {
         Peers {
             own_endpoint,
             own,
-            clients: Mutex::new(HashMap::new()),
-            config: ClientConfig::default(),
+            clients: Mutex::new(Vec::new()),
+            config: ClientConfig {
+                io_timeout: settings.timeout,
+                ..ClientConfig::default()
+            },
+            settings,
+            catalog: CatalogWriter::default(),
         }
     }
 
+    /// Records memcpy'd replicas in the catalog of the table serving our own segment.
+    pub fn with_own_catalog(mut self, memory: Arc<ServedMemory>) -> Peers {
+        self.catalog = CatalogWriter::new(Some(memory));
+        self
+    }
+
+    /// Whether `r` is read and written with memcpy.
     fn is_local(&self, r: &ReplicaDescriptor) -> bool {
-        self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
+        self.settings.memcpy && self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
     }
 
     fn client(&self, endpoint: &str) -> Result<Arc<TcpClient>, ErrorCode> {
-        if let Some(c) = self.clients.lock().get(endpoint) {
+        if let Some((_, c)) = self.clients.lock().iter().find(|(e, _)| e == endpoint) {
             return Ok(c.clone());
         }
         let addr: SocketAddr = endpoint
@@ -61,49 +189,29 @@ impl Peers {
             .ok_or(ErrorCode::TransferFail)?;
         let c =
             Arc::new(TcpClient::connect(addr, self.config).map_err(|_| ErrorCode::TransferFail)?);
-        Ok(self
-            .clients
-            .lock()
-            .entry(endpoint.to_string())
-            .or_insert(c)
-            .clone())
+        let mut clients = self.clients.lock();
+        if let Some((_, c)) = clients.iter().find(|(e, _)| e == endpoint) {
+            return Ok(c.clone());
+        }
+        clients.push((endpoint.to_string(), c.clone()));
+        Ok(c)
     }
 
     fn forget(&self, endpoint: &str) {
-        self.clients.lock().remove(endpoint);
+        self.clients.lock().retain(|(e, _)| e != endpoint);
     }
 
     /// Writes `parts`, concatenated, to the start of replica `r`.
+    #[cfg(test)]
     pub fn write(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), ErrorCode> {
-        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        if total != r.size {
-            return Err(ErrorCode::InvalidParams);
-        }
-        if self.is_local(r) {
-            let own = self.own.ok_or(ErrorCode::TransferFail)?;
-            if !own.contains(r.buffer_address, total) {
-                return Err(ErrorCode::InvalidWrite);
-            }
-            let mut at = r.buffer_address;
-            for p in parts {
-                // SAFETY: [at, at + p.len()) lies inside our own mapped segment (checked above
-                // for the whole object), and `p` is a live slice that cannot overlap it mutably.
-                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), at as *mut u8, p.len()) };
-                at += p.len() as u64;
-            }
-            return Ok(());
-        }
-        let client = self.client(&r.transport_endpoint)?;
-        let mut at = r.buffer_address;
-        let mut ops: Vec<TransferOp<'_>> = Vec::with_capacity(parts.len());
-        for p in parts.iter().filter(|p| !p.is_empty()) {
-            ops.push(TransferOp::Write {
-                remote_addr: at,
-                src: p,
-            });
-            at += p.len() as u64;
-        }
-        self.finish(&r.transport_endpoint, client.submit(&mut ops))
+        self.write_many(&[WriteItem {
+            replica: r,
+            parts,
+            key: "k",
+            hard_pin: false,
+        }])
+        .pop()
+        .unwrap_or(Ok(()))
     }
 
     /// Reads `dst.len()` bytes from replica `r` at `offset`.
@@ -113,46 +221,243 @@ impl Peers {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), ErrorCode> {
-        let len = dst.len() as u64;
-        if offset.checked_add(len).is_none_or(|end| end > r.size) {
-            return Err(ErrorCode::InvalidParams);
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        let src = r.buffer_address + offset;
-        if self.is_local(r) {
-            let own = self.own.ok_or(ErrorCode::TransferFail)?;
-            if !own.contains(src, len) {
-                return Err(ErrorCode::InvalidRead);
-            }
-            // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
-            // `dst` is an exclusive borrow of caller memory, so the ranges do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
-            return Ok(());
-        }
-        let client = self.client(&r.transport_endpoint)?;
-        let mut ops = [TransferOp::Read {
-            remote_addr: src,
+        self.read_many(&mut [ReadItem {
+            replica: r,
+            offset,
             dst,
-        }];
-        self.finish(&r.transport_endpoint, client.submit(&mut ops))
+        }])
+        .pop()
+        .unwrap_or(Ok(()))
     }
 
-    fn finish(
-        &self,
-        endpoint: &str,
-        results: Vec<dataplane::transport::client::TransferResult>,
-    ) -> Result<(), ErrorCode> {
-        match results.into_iter().find_map(Result::err) {
-            None => Ok(()),
-            Some(e) => {
-                tracing::warn!("transfer with {endpoint} failed: {e}");
-                if e.code() == dataplane::TeError::Socket.code() {
-                    self.forget(endpoint);
+    /// Runs every write; one result per item, in order.
+    pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), ErrorCode>> {
+        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+        let records: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| CatalogWriter::record(it.replica, it.key, it.hard_pin))
+            .collect();
+        // Objects of several slices: recorded once every slice has landed.
+        let mut late: Vec<usize> = Vec::new();
+        let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            let r = it.replica;
+            let total: u64 = it.parts.iter().map(|p| p.len() as u64).sum();
+            if total != r.size {
+                results[i] = Err(ErrorCode::InvalidParams);
+                continue;
+            }
+            if self.is_local(r) {
+                results[i] = self.copy_in(r, it.parts);
+                if results[i].is_ok() {
+                    self.catalog.record_local(r, it.key, it.hard_pin);
                 }
-                Err(ErrorCode::TransferFail)
+                continue;
+            }
+            let g = group_for(&mut groups, &r.transport_endpoint);
+            let first_slice = g.ops.len();
+            let mut at = r.buffer_address;
+            for p in it.parts {
+                for s in p.chunks(TRANSFER_SLICE_BYTES) {
+                    g.push(
+                        i,
+                        TransferOp::Write {
+                            remote_addr: at,
+                            src: s,
+                        },
+                        s.len(),
+                    );
+                    at += s.len() as u64;
+                }
+            }
+            if self.catalog.enabled(&r.transport_endpoint) {
+                if g.ops.len() == first_slice + 1 {
+                    let record = &records[i];
+                    let op = TransferOp::CatalogPut {
+                        remote_addr: r.buffer_address,
+                        record,
+                    };
+                    g.push(i, op, record.len());
+                } else {
+                    late.push(i);
+                }
             }
         }
+        self.run_groups(groups, &mut results);
+        let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        for i in late.into_iter().filter(|&i| results[i].is_ok()) {
+            let r = items[i].replica;
+            let op = TransferOp::CatalogPut {
+                remote_addr: r.buffer_address,
+                record: &records[i],
+            };
+            group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
+        }
+        if !groups.is_empty() {
+            self.run_groups(groups, &mut results);
+        }
+        results
+    }
+
+    /// Runs every read; one result per item, in order.
+    pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), ErrorCode>> {
+        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+        let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        for (i, it) in items.iter_mut().enumerate() {
+            let r = it.replica;
+            let len = it.dst.len() as u64;
+            if it.offset.checked_add(len).is_none_or(|end| end > r.size) {
+                results[i] = Err(ErrorCode::InvalidParams);
+                continue;
+            }
+            if len == 0 {
+                continue;
+            }
+            let src = r.buffer_address + it.offset;
+            if self.is_local(r) {
+                results[i] = self.copy_out(src, &mut *it.dst);
+                continue;
+            }
+            let g = group_for(&mut groups, &r.transport_endpoint);
+            let mut at = src;
+            for d in it.dst.chunks_mut(TRANSFER_SLICE_BYTES) {
+                let n = d.len();
+                g.push(
+                    i,
+                    TransferOp::Read {
+                        remote_addr: at,
+                        dst: d,
+                    },
+                    n,
+                );
+                at += n as u64;
+            }
+        }
+        self.run_groups(groups, &mut results);
+        results
+    }
+
+    /// Submits each endpoint's batch (in parallel when several endpoints carry enough bytes)
+    /// and folds the per-request results into per-item ones.
+    fn run_groups(&self, mut groups: Vec<Group<'_, '_>>, results: &mut [Result<(), ErrorCode>]) {
+        let total: u64 = groups.iter().map(|g| g.bytes).sum();
+        let outcomes: Vec<Vec<Result<(), ErrorCode>>> =
+            if groups.len() > 1 && total >= PARALLEL_ENDPOINTS_MIN_BYTES {
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = groups
+                        .iter_mut()
+                        .map(|g| scope.spawn(move || self.run_group(g)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| vec![Err(ErrorCode::InternalError)])
+                        })
+                        .collect()
+                })
+            } else {
+                groups.iter_mut().map(|g| self.run_group(g)).collect()
+            };
+        for (g, out) in groups.iter().zip(outcomes) {
+            if out.len() != g.owners.len() {
+                // The group's thread panicked: fail all its items.
+                for &o in &g.owners {
+                    results[o] = Err(ErrorCode::InternalError);
+                }
+                continue;
+            }
+            for (&o, r) in g.owners.iter().zip(out) {
+                if results[o].is_ok() {
+                    results[o] = r;
+                }
+            }
+        }
+    }
+
+    /// One endpoint's requests, in submissions of at most `SUBMIT_REQUESTS_MAX`.
+    fn run_group(&self, g: &mut Group<'_, '_>) -> Vec<Result<(), ErrorCode>> {
+        let client = match self.client(g.endpoint) {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); g.ops.len()],
+        };
+        let mut out = Vec::with_capacity(g.ops.len());
+        let mut start = 0;
+        while start < g.ops.len() {
+            let end = CatalogWriter::chunk_end(&g.ops, start, SUBMIT_REQUESTS_MAX);
+            let chunk = &mut g.ops[start..end];
+            let rs = client.submit(chunk);
+            for (op, r) in chunk.iter().zip(rs) {
+                let r = self.catalog.settle(g.endpoint, op, r);
+                out.push(self.outcome(g.endpoint, r));
+            }
+            start = end;
+        }
+        out
+    }
+
+    fn outcome(&self, endpoint: &str, r: TransferResult) -> Result<(), ErrorCode> {
+        r.map_err(|e| {
+            tracing::warn!("transfer with {endpoint} failed: {e}");
+            if e.code() == dataplane::TeError::Socket.code() {
+                self.forget(endpoint);
+            }
+            ErrorCode::TransferFail
+        })
+    }
+
+    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), ErrorCode> {
+        let own = self.own.ok_or(ErrorCode::TransferFail)?;
+        if !own.contains(r.buffer_address, r.size) {
+            return Err(ErrorCode::InvalidWrite);
+        }
+        let mut at = r.buffer_address;
+        for p in parts {
+            // SAFETY: [at, at + p.len()) lies inside our own mapped segment (the whole object,
+            // whose size equals the parts' total, was checked above), and `p` is a live slice
+            // of caller memory that is not part of the segment range being written.
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), at as *mut u8, p.len()) };
+            at += p.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn copy_out(&self, src: u64, dst: &mut [u8]) -> Result<(), ErrorCode> {
+        let own = self.own.ok_or(ErrorCode::TransferFail)?;
+        if !own.contains(src, dst.len() as u64) {
+            return Err(ErrorCode::InvalidRead);
+        }
+        // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
+        // `dst` is an exclusive borrow of caller memory, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_from_values() {
+        let d = TransferSettings::default();
+        assert!(d.memcpy);
+        assert_eq!(d.timeout, dataplane::limits::IO_TIMEOUT_DEFAULT);
+    }
+
+    #[test]
+    fn bad_ranges_fail_before_any_io() {
+        let p = Peers::new(None, None, TransferSettings::default());
+        let r = ReplicaDescriptor {
+            status: protocol::ReplicaStatus::Complete,
+            segment_name: "s".into(),
+            transport_endpoint: "127.0.0.1:1".into(),
+            buffer_address: 4096,
+            size: 10,
+        };
+        let mut buf = [0u8; 8];
+        assert_eq!(p.read(&r, 4, &mut buf), Err(ErrorCode::InvalidParams));
+        assert_eq!(p.write(&r, &[&buf]), Err(ErrorCode::InvalidParams));
+        assert_eq!(p.read(&r, 2, &mut []), Ok(()));
     }
 }

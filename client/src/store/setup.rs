@@ -9,12 +9,13 @@ use std::time::Duration;
 use dataplane::mem::{Registry, Segment, SegmentOptions};
 use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
 use parking_lot::{Mutex, RwLock};
-use protocol::message::{MountSegment, Ping, ReMountSegment};
+use protocol::message::MountSegment;
 use protocol::{ClientStatus, ErrorCode, Segment as SegmentDesc, Uuid};
 
-use super::peers::{OwnSegment, Peers};
+use super::peers::{OwnSegment, Peers, TransferSettings};
 use super::{LocalBudget, Store};
 use crate::master::MasterClient;
+use crate::recovery;
 
 /// Ports tried for a client that gives no port (upstream's `MC_STORE_CLIENT_MIN/MAX_PORT`).
 const CLIENT_PORT_MIN: u16 = 12300;
@@ -167,6 +168,8 @@ impl Store {
         };
         let endpoint = SocketAddr::new(ip, data_port).to_string();
         let own = if cfg.global_segment_size > 0 {
+            // `MC_STORE_USE_HUGEPAGE` (read by `SegmentOptions::default`) backs the segment with
+            // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
             let options = SegmentOptions::default();
             let seg = Arc::new(
                 Segment::new(cfg.global_segment_size as usize, options)
@@ -206,13 +209,22 @@ impl Store {
         let pinger = start_pinger(
             master.clone(),
             client_id,
-            own.as_ref().map(|o| o.desc.clone()),
+            own.as_ref().map(|o| (o.desc.clone(), memory.clone())),
         );
+        let mut peers = Peers::new(
+            own.as_ref().map(|o| o.endpoint.clone()),
+            own_seg,
+            TransferSettings::from_env(),
+        );
+        if own.is_some() {
+            peers = peers.with_own_catalog(memory);
+        }
         Ok(Store {
             name,
             client_id,
             master,
-            peers: Peers::new(own.as_ref().map(|o| o.endpoint.clone()), own_seg),
+            peers,
+            cluster_id: cluster_id_from_env(),
             budget: LocalBudget::new(cfg.local_buffer_size),
             buffers: RwLock::new(Registry::new()),
             own,
@@ -222,25 +234,49 @@ impl Store {
     }
 }
 
-/// Pings every second; when the master does not know us (it restarted, or we were expired),
-/// re-mounts our segment.
-fn start_pinger(master: Arc<MasterClient>, client_id: Uuid, seg: Option<SegmentDesc>) -> Pinger {
+/// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
+pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
+
+/// `MC_STORE_CLUSTER_ID`, or upstream's default. Upstream uses it only to find the leading
+/// master of an HA deployment (etcd key `mooncake-store/<cluster_id>/master_view`) when
+/// `master_server_addr` is `etcd://...`; this client connects to one `host:port` master, so the
+/// value is accepted and reported (`Store::cluster_id`) but changes nothing else yet.
+pub fn cluster_id_from_env() -> String {
+    std::env::var("MC_STORE_CLUSTER_ID")
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_string())
+}
+
+/// Pings every second: drops our catalog's entries for ranges the master freed, and when the
+/// master does not know us (it restarted, or we were expired) re-mounts our segment with every
+/// object our catalog holds (see `crate::recovery`).
+fn start_pinger(
+    master: Arc<MasterClient>,
+    client_id: Uuid,
+    seg: Option<(SegmentDesc, Arc<ServedMemory>)>,
+) -> Pinger {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::Builder::new()
         .name("mc-store-ping".into())
         .spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                if let Ok(Ok(p)) = master.call(&Ping { client_id }) {
-                    if p.status == ClientStatus::NeedRemount {
-                        let segments = seg.iter().cloned().collect();
-                        let r = master.call(&ReMountSegment {
-                            client_id,
-                            segments,
-                            held: Vec::new(),
-                        });
-                        tracing::info!("master asked for a re-mount: {:?}", r.map(|x| x.is_ok()));
-                    }
+                let served: Vec<recovery::Served<'_>> = seg
+                    .iter()
+                    .map(|(desc, memory)| recovery::Served {
+                        desc,
+                        catalog: memory.catalog(),
+                    })
+                    .collect();
+                match recovery::ping(&master, client_id, &served) {
+                    Ok(out) if out.status == ClientStatus::NeedRemount => tracing::info!(
+                        "master asked for a re-mount: {} objects re-reported",
+                        out.reported
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("ping failed: {e}"),
                 }
                 std::thread::park_timeout(PING_INTERVAL);
             }

@@ -71,7 +71,8 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
 pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut Vec<u8>) {
     match req {
         Request::Ping(r) => {
-            let status = if st.ping(now, r.client_id) {
+            let mut freed = Vec::new();
+            let status = if st.ping(now, r.client_id, &mut freed) {
                 ClientStatus::Ok
             } else {
                 ClientStatus::NeedRemount
@@ -79,6 +80,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             let resp = PingResponse {
                 view_version: st.view_version,
                 status,
+                freed,
             };
             m.op(Op::Ping, true);
             Ok::<_, ErrorCode>(resp).encode(out);

@@ -10,7 +10,8 @@
 //! lock. Time comes from a [`Clock`], so tests drive leases, timeouts and expiry by hand.
 //!
 //! Files: `object.rs` (objects, puts, reads, removes), `placement.rs` (which segments get
-//! replicas), `segments.rs` (segments, clients, liveness), `evict.rs` (eviction and the
+//! replicas), `segments.rs` (segments, clients, liveness), `freed.rs` (ranges freed in a
+//! segment, told to its owner for its catalog, see `docs/recovery.md`), `evict.rs` (eviction and the
 //! probe-lease rule), `dispatch.rs` (requests to reply bytes), `metrics.rs` (counters and
 //! Prometheus text), `admin.rs` (the admin view).
 //!
@@ -22,6 +23,7 @@
 mod admin;
 mod dispatch;
 mod evict;
+mod freed;
 pub mod metrics;
 mod object;
 mod placement;

@@ -143,7 +143,7 @@ impl State {
         if seg.draining_until.is_some() {
             return true;
         }
-        if let Some(span) = seg.alloc.allocate(size) {
+        if let Some(span) = seg.allocate(size) {
             got.push(Replica {
                 seg: r,
                 span,

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use protocol::{ErrorCode, HeldObject, ReplicaStatus, Segment, Uuid};
 
+use super::freed::FreedOutbox;
 use super::object::{check_key, Object, Replica, SoftPin};
 use super::State;
 use crate::alloc::{SegmentAllocator, Span};
@@ -39,6 +40,17 @@ pub(crate) struct Seg {
     pub alloc: SegmentAllocator,
     /// Set by a graceful unmount: no new allocation, unmounted at this time.
     pub draining_until: Option<u64>,
+    /// Ranges freed since the owner's last ping (see `freed.rs`).
+    pub freed: FreedOutbox,
+}
+
+impl Seg {
+    /// Allocates `size` bytes, claiming the span from the freed-range outbox.
+    pub fn allocate(&mut self, size: u64) -> Option<Span> {
+        let span = self.alloc.allocate(size)?;
+        self.freed.claim(span);
+        Some(span)
+    }
 }
 
 struct Slot {
@@ -86,11 +98,15 @@ impl Segments {
         self.by_id.get(id).map(|&i| self.at(i))
     }
 
-    /// Frees a span of a segment; a span of an unmounted segment is simply forgotten.
+    /// Frees a span of a segment and queues it for the owner's catalog; a span of an
+    /// unmounted segment is simply forgotten.
     pub fn free_span(&mut self, r: SegRef, span: Span) {
         if let Some(seg) = self.get_mut(r) {
             let ok = seg.alloc.free(span);
             debug_assert!(ok, "freeing a span not allocated: {span:?}");
+            if ok {
+                seg.freed.push(span);
+            }
         }
     }
 
@@ -156,15 +172,20 @@ impl State {
         c
     }
 
-    /// Known client: refresh and answer `true`; unknown: `false` (it must re-mount).
-    pub(crate) fn ping(&mut self, now: u64, client: Uuid) -> bool {
-        match self.clients.get_mut(&client) {
-            Some(c) => {
-                c.last_seen_ms = now;
-                true
+    /// Known client: refresh, move up to `PING_FREED_RANGES_MAX` ranges freed in its
+    /// segments into `freed`, and answer `true`; unknown: `false` (it must re-mount).
+    pub(crate) fn ping(&mut self, now: u64, client: Uuid, freed: &mut Vec<(u64, u64)>) -> bool {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return false;
+        };
+        c.last_seen_ms = now;
+        for &r in &c.segments {
+            if let Some(seg) = self.segs.get_mut(r) {
+                seg.freed
+                    .drain(protocol::limits::PING_FREED_RANGES_MAX, freed);
             }
-            None => false,
         }
+        true
     }
 
     pub(crate) fn mount(
@@ -199,6 +220,7 @@ impl State {
             host_id: s.host_id,
             alloc,
             draining_until: None,
+            freed: FreedOutbox::default(),
         });
         self.touch_client(now, client).segments.push(r);
         Ok(r)
@@ -253,6 +275,7 @@ impl State {
         let Some(span) = seg.alloc.reserve(h.buffer_address, h.size) else {
             return false;
         };
+        seg.freed.claim(span);
         let replica = Replica {
             seg: r,
             span,

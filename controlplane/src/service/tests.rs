@@ -1238,6 +1238,116 @@ fn remount_rebuilds_the_index_after_a_restart() {
     assert_eq!(t2.get("a").unwrap().replicas.len(), 1);
 }
 
+#[test]
+fn remount_refuses_held_objects_that_do_not_fit() {
+    let t = T::new();
+    let s1 = t.mount_on(C1, 1, "seg1", 64 * MIB, "h1");
+    let s2 = t.mount_on(C2, 2, "seg2", 64 * MIB, "h2");
+    let seg = |id: Uuid, n: u64| Segment {
+        id,
+        name: format!("seg{n}"),
+        base: n << 40,
+        size: 64 * MIB,
+        te_endpoint: format!("seg{n}-te"),
+        protocol: "tcp".into(),
+        host_id: format!("h{n}"),
+    };
+    let held = |key: &str, size: u64, seg: &str, addr: u64| HeldObject {
+        key: key.into(),
+        size,
+        segment_name: seg.into(),
+        buffer_address: addr,
+        with_hard_pin: false,
+    };
+    let (b1, b2) = (1u64 << 40, 2u64 << 40);
+    let t2 = T::new();
+    let remount = |client: Uuid, segments: Vec<Segment>, held: Vec<HeldObject>| {
+        t2.call(
+            Request::ReMountSegment,
+            ReMountSegment {
+                client_id: client,
+                segments,
+                held,
+            },
+        )
+    };
+    let r = remount(
+        C1,
+        vec![seg(s1, 1)],
+        vec![
+            held("ok", 4096, "seg1", b1),
+            held("before", 10, "seg1", b1 - 5), // starts before the segment
+            held("past", 100, "seg1", b1 + 64 * MIB - 50), // runs past its end
+            held("wrap", 100, "seg1", u64::MAX - 10), // wraps
+            held("overlap", 10, "seg1", b1 + 4000), // overlaps "ok"
+            held("theirs", 10, "seg2", b2),     // seg2 is C2's, not mounted yet
+            held("", 10, "seg1", b1 + 8192),    // bad key
+            held("empty", 0, "seg1", b1 + 16384), // bad size
+            held("pinned", 10, "seg1", b1 + 20000),
+        ],
+    );
+    assert_eq!(r, Ok(()));
+    let mut keys = t2.svc.all_keys();
+    keys.sort();
+    assert_eq!(keys, vec!["ok".to_string(), "pinned".to_string()]);
+    assert_eq!(t2.used(), 4096 + 10);
+    // C2 re-mounts its own segment; a second replica of "ok" joins (same size), a clash of
+    // size does not, and C1 cannot report objects in C2's segment.
+    assert_eq!(
+        remount(
+            C2,
+            vec![seg(s2, 2)],
+            vec![
+                held("ok", 4096, "seg2", b2),
+                held("pinned", 11, "seg2", b2 + MIB)
+            ]
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        remount(C1, vec![], vec![held("mine?", 10, "seg2", b2 + 2 * MIB)]),
+        Ok(())
+    );
+    assert_eq!(t2.get("ok").unwrap().replicas.len(), 2);
+    assert_eq!(t2.get("pinned").unwrap().replicas.len(), 1);
+    assert_eq!(t2.get("mine?"), Err(ErrorCode::ObjectNotFound));
+}
+
+#[test]
+fn pings_report_freed_ranges_once_and_never_a_reused_one() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let ping = || t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
+    assert_eq!(ping().freed, vec![]);
+    let a = t.put("a", 3 * MIB);
+    let b = t.put("b", 3 * MIB);
+    assert_eq!(ping().freed, vec![], "nothing freed yet");
+    t.remove("a", true).unwrap();
+    let freed = ping().freed;
+    assert_eq!(freed.len(), 1);
+    let (addr, len) = freed[0];
+    assert_eq!(addr, a[0].buffer_address);
+    assert!(len >= 3 * MIB);
+    assert_eq!(ping().freed, vec![], "reported once");
+    // Freed, then reused before the owner pinged: the new object's range is not reported.
+    t.remove("b", true).unwrap();
+    let c = t.put("c", 3 * MIB);
+    let (cs, ce) = (c[0].buffer_address, c[0].buffer_address + 3 * MIB);
+    for (s, l) in ping().freed {
+        assert!(
+            s + l <= cs || ce <= s,
+            "freed ({s:#x}, {l}) overlaps c {cs:#x}..{ce:#x}"
+        );
+    }
+    let _ = b;
+    // Another client's ping gets nothing of seg1's.
+    t.remove("c", true).unwrap();
+    let other = t.call(Request::Ping, Ping { client_id: C2 }).unwrap();
+    assert_eq!(other.status, ClientStatus::NeedRemount);
+    assert!(other.freed.is_empty());
+    assert_eq!(ping().freed.len(), 1);
+}
+
 // ---- Admin view, metrics, batching -----------------------------------------------------------
 
 #[test]

@@ -85,8 +85,11 @@ impl Running {
             if r.length == 0 {
                 continue; // upstream: zero-length requests complete without I/O
             }
-            out[i] = if !valid_range(r.source, r.length) || !valid_range(r.target_offset, r.length)
+            out[i] = if !valid_range(r.source, r.length)
+                || !valid_range(r.target_offset, r.length)
+                || !matches!(r.opcode, Opcode::Read | Opcode::Write)
             {
+                // CATALOG_PUT is a store-client request, not a transfer.
                 Err(INVALID)
             } else if !self.memory.check(r.source, r.length) {
                 Err(NOT_REGISTERED)
@@ -123,6 +126,7 @@ impl Running {
             let (src, dst) = match r.opcode {
                 Opcode::Write => (r.source, r.target_offset),
                 Opcode::Read => (r.target_offset, r.source),
+                Opcode::CatalogPut => continue, // refused in `execute`
             };
             // SAFETY: both ranges were just found inside buffers registered with this engine
             // (checked above and in `execute`), whose registrants vouched (register_memory's
@@ -179,6 +183,7 @@ impl Running {
                         remote_addr,
                         src: unsafe { std::slice::from_raw_parts(local, n as usize) },
                     },
+                    Opcode::CatalogPut => break, // refused in `execute`
                 });
                 owner.push(i);
                 off += n;

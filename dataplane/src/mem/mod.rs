@@ -4,13 +4,17 @@
 //!   plain pages), sized to a whole number of its pages and unmapped on drop.
 //! - [`Registry`]: the table of registered buffers. A remote access is served only when its
 //!   whole range lies inside one registered buffer.
+//! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
+//!   served table, kept for re-reporting to a restarted master (`docs/recovery.md`).
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
 //!   buffers and staging space.
 
+pub mod catalog;
 pub mod registry;
 pub mod segment;
 pub mod slab;
 
+pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use slab::{SlabAllocator, SlabBlock, SlabError};

@@ -11,9 +11,8 @@
 //!   server and client, used for P2PHANDSHAKE descriptor exchange, notifies and probes.
 //!
 //! A metadata connection string is parsed by [`MetadataBackend::parse`] (P2PHANDSHAKE, HTTP,
-//! etcd; redis and https are refused with a clear error). [`MetadataConn`] is the older
-//! parse for callers that handle only HTTP and P2PHANDSHAKE: it refuses etcd. Keys are built
-//! by [`Keys`], which applies `MC_METADATA_CLUSTER_ID`.
+//! etcd; redis and https are refused with a clear error). Keys are built by [`Keys`], which
+//! applies `MC_METADATA_CLUSTER_ID`.
 //!
 //! Invariants: nothing here panics on bytes from the network: every decode returns a
 //! [`MetadataError`]; every network call is bounded by a timeout.
@@ -140,31 +139,6 @@ impl MetadataBackend {
     }
 }
 
-/// A parsed metadata connection string for callers that handle HTTP and P2PHANDSHAKE only
-/// (the storage node). New code uses [`MetadataBackend`], which also has etcd.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetadataConn {
-    /// `P2PHANDSHAKE`: no central store; descriptors are fetched from the peer itself.
-    P2p,
-    /// `http://host:port/path`.
-    Http(http::HttpUrl),
-}
-
-impl MetadataConn {
-    /// As [`MetadataBackend::parse`], but etcd is refused: these callers have no etcd path.
-    pub fn parse(conn: &str) -> Result<MetadataConn, MetadataError> {
-        match MetadataBackend::parse(conn)? {
-            MetadataBackend::P2p => Ok(MetadataConn::P2p),
-            MetadataBackend::Http(url) => Ok(MetadataConn::Http(url)),
-            MetadataBackend::Etcd(_) => Err(MetadataError::Unsupported {
-                backend: "etcd".into(),
-                why: "this caller publishes to http://host:port/metadata or P2PHANDSHAKE only \
-                      (the transfer engine accepts etcd)",
-            }),
-        }
-    }
-}
-
 /// Builds upstream's metadata keys: `mooncake/[<cluster id>/]ram/<name>` and
 /// `mooncake/[<cluster id>/]rpc_meta/<name>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,11 +211,11 @@ mod tests {
     #[test]
     fn conn_strings() {
         assert_eq!(
-            MetadataConn::parse("P2PHANDSHAKE").unwrap(),
-            MetadataConn::P2p
+            MetadataBackend::parse("P2PHANDSHAKE").unwrap(),
+            MetadataBackend::P2p
         );
-        match MetadataConn::parse("http://127.0.0.1:8080/metadata").unwrap() {
-            MetadataConn::Http(u) => {
+        match MetadataBackend::parse("http://127.0.0.1:8080/metadata").unwrap() {
+            MetadataBackend::Http(u) => {
                 assert_eq!((u.host.as_str(), u.port), ("127.0.0.1", 8080));
                 assert_eq!(u.path, "/metadata");
             }
@@ -261,9 +235,6 @@ mod tests {
                 MetadataBackend::Etcd(vec![local(2379)]),
                 "{conn}"
             );
-            let e = MetadataConn::parse(conn).unwrap_err();
-            assert_eq!(e.code(), TeError::NotImplemented);
-            assert!(e.to_string().contains("etcd"), "{e}");
         }
         assert_eq!(
             MetadataBackend::parse("etcd://127.0.0.1:1,127.0.0.1:2;127.0.0.1:3").unwrap(),
@@ -279,11 +250,11 @@ mod tests {
             .is_none());
         assert!(MetadataBackend::parse("h:1").unwrap().open().is_some());
         assert_eq!(
-            MetadataConn::parse("redis://h:1").unwrap_err().code(),
+            MetadataBackend::parse("redis://h:1").unwrap_err().code(),
             TeError::NotImplemented
         );
         assert_eq!(
-            MetadataConn::parse("nonsense").unwrap_err().code(),
+            MetadataBackend::parse("nonsense").unwrap_err().code(),
             TeError::InvalidArgument
         );
     }

@@ -5,6 +5,7 @@
 //! ```text
 //!   Header ──WRITE ok──▶ Payload (into the target range, under a lease) ──▶ Header
 //!     │  ──WRITE refused, len > 0──▶ Drain (into a scratch buffer) ──────────▶ Header
+//!     │  ──CATALOG_PUT, len > 0────▶ Record (into a small owned buffer) ─────▶ Header
 //!     │  ──READ / refused / len 0──▶ (response queued) ──────────────────────▶ Header
 //!     └──bad header──▶ (error queued, close after it is sent)
 //! ```
@@ -39,6 +40,14 @@ pub(crate) enum RecvState {
         lease: MemoryLease,
         header: HeaderBuf,
     },
+    /// A CATALOG_PUT's record: `done` of `req.len` bytes are in `buf` (`req.len` is at most
+    /// `CATALOG_RECORD_MAX_BYTES`, checked when the header decoded).
+    Record {
+        req: RequestHeader,
+        done: usize,
+        buf: Box<[u8]>,
+        header: HeaderBuf,
+    },
     /// A refused WRITE's payload being discarded: `done` of `req.len` bytes read.
     Drain {
         req: RequestHeader,
@@ -65,6 +74,11 @@ impl RecvState {
                 // `req.addr + done` lies inside the leased range (done < len), which
                 // MemoryView::check found addressable.
                 ((req.addr + *done) as usize as *mut u8, left)
+            }
+            RecvState::Record { done, buf, .. } => {
+                // `done < buf.len()` whenever a record receive is submitted.
+                let rest = &mut buf[*done..];
+                (rest.as_mut_ptr(), rest.len() as u64)
             }
             RecvState::Drain {
                 req, done, scratch, ..

@@ -415,6 +415,35 @@ impl Reactor {
                     self.next_header(id, header);
                 }
             }
+            RecvState::Record {
+                req,
+                done,
+                buf,
+                header,
+            } => {
+                let done = done + res as usize;
+                if done < buf.len() {
+                    let state = RecvState::Record {
+                        req,
+                        done,
+                        buf,
+                        header,
+                    };
+                    self.submit_recv(id, state);
+                } else {
+                    // Not the byte path: one short critical section per put (see mem::catalog).
+                    let response = match self.view.memory().catalog_put(req.addr, &buf) {
+                        // Counted in `requests_ok` when the response is sent.
+                        Ok(()) => Response::ok(req.request_id),
+                        Err(code) => {
+                            bump(&self.shared.stats.requests_rejected);
+                            Response::error(req.request_id, code)
+                        }
+                    };
+                    self.respond(id, response);
+                    self.next_header(id, header);
+                }
+            }
             RecvState::Drain {
                 req,
                 code,
@@ -457,6 +486,27 @@ impl Reactor {
                 return;
             }
         };
+        if req.opcode == Opcode::CatalogPut {
+            if req.len == 0 {
+                bump(&self.shared.stats.requests_rejected);
+                self.respond(
+                    id,
+                    Response::error(req.request_id, TeError::InvalidArgument),
+                );
+                self.next_header(id, buf);
+                return;
+            }
+            // `req.len <= CATALOG_RECORD_MAX_BYTES` (checked by the header decoder).
+            let record = vec![0u8; req.len as usize].into_boxed_slice();
+            let state = RecvState::Record {
+                req,
+                done: 0,
+                buf: record,
+                header: buf,
+            };
+            self.submit_recv(id, state);
+            return;
+        }
         match (req.opcode, self.view.check(&req)) {
             (Opcode::Write, Ok(lease)) => {
                 let state = RecvState::Payload {
@@ -469,6 +519,15 @@ impl Reactor {
             }
             (Opcode::Read, Ok(lease)) => {
                 self.respond(id, Response::read(req.request_id, req.addr, req.len, lease));
+                self.next_header(id, buf);
+            }
+            (Opcode::CatalogPut, Ok(lease)) => {
+                // Served above; kept so the match stays total.
+                self.view.release(lease);
+                self.respond(
+                    id,
+                    Response::error(req.request_id, TeError::InvalidArgument),
+                );
                 self.next_header(id, buf);
             }
             (Opcode::Write, Err(code)) if req.len > 0 => {

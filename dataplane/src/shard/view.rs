@@ -99,6 +99,11 @@ impl MemoryView {
         MemoryLease { generation }
     }
 
+    /// The table this view copies (for requests that are not on the byte path).
+    pub(crate) fn memory(&self) -> &ServedMemory {
+        &self.memory
+    }
+
     /// Gives a lease back once the kernel no longer touches its range.
     pub(crate) fn release(&mut self, lease: MemoryLease) {
         if let Some(n) = self.in_use.get_mut(&lease.generation) {

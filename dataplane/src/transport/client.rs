@@ -21,7 +21,10 @@
 //! socket buffers can fill up and deadlock the exchange.
 //!
 //! Requests of one batch are not ordered with respect to each other (they may run on
-//! different lanes), as upstream's.
+//! different lanes), as upstream's, with one exception: a [`TransferOp::CatalogPut`] goes on
+//! the lane of the request just before it in the batch, right after it, so the server records
+//! an object only once that request (the object's WRITE) has landed, and never if the lane
+//! broke in between.
 //!
 //! Invariants:
 //! - the caller's buffers are touched only during the call, so a timeout can never leave a
@@ -78,6 +81,9 @@ pub enum TransferOp<'a> {
     Read { remote_addr: u64, dst: &'a mut [u8] },
     /// Copy `src` to the peer's `remote_addr`.
     Write { remote_addr: u64, src: &'a [u8] },
+    /// Record the object at `remote_addr` in the peer's catalog; `record` is an encoded
+    /// [`CatalogRecord`](crate::mem::CatalogRecord). Sent on the lane of the previous op.
+    CatalogPut { remote_addr: u64, record: &'a [u8] },
 }
 
 impl TransferOp<'_> {
@@ -85,6 +91,7 @@ impl TransferOp<'_> {
         match self {
             TransferOp::Read { dst, .. } => dst.len(),
             TransferOp::Write { src, .. } => src.len(),
+            TransferOp::CatalogPut { record, .. } => record.len(),
         }
     }
 }
@@ -264,6 +271,10 @@ impl TcpClient {
                     (Opcode::Read, *remote_addr, &[], Some(&mut **dst))
                 }
                 TransferOp::Write { remote_addr, src } => (Opcode::Write, *remote_addr, *src, None),
+                TransferOp::CatalogPut {
+                    remote_addr,
+                    record,
+                } => (Opcode::CatalogPut, *remote_addr, *record, None),
             };
             let header = RequestHeader {
                 opcode,
@@ -279,6 +290,7 @@ impl TcpClient {
                 src,
                 dst,
                 lane: 0,
+                follows_previous: opcode == Opcode::CatalogPut,
                 state: ReqState::Queued,
             });
         }
@@ -344,11 +356,18 @@ fn unpoison(mut guard: MutexGuard<'_, LaneSlot>) -> MutexGuard<'_, LaneSlot> {
     guard
 }
 
-/// Spreads the requests over the lanes, each to the lane with the fewest bytes so far.
+/// Spreads the requests over the lanes, each to the lane with the fewest bytes so far, except
+/// that a request that follows the previous one goes on the previous one's lane.
 fn assign(lanes: &mut [Lane<'_>], reqs: &mut [Req<'_>]) {
     let mut load = vec![0usize; lanes.len()];
+    let mut previous: Option<usize> = None;
     for (r, req) in reqs.iter_mut().enumerate() {
-        let lane = (0..lanes.len()).min_by_key(|&l| load[l]).unwrap_or(0);
+        let least = (0..lanes.len()).min_by_key(|&l| load[l]).unwrap_or(0);
+        let lane = match previous {
+            Some(p) if req.follows_previous => p,
+            _ => least,
+        };
+        previous = Some(lane);
         load[lane] += req.wire_len();
         req.lane = lane;
         lanes[lane].queue.push(r);
@@ -378,6 +397,8 @@ struct Req<'a> {
     dst: Option<&'a mut [u8]>,
     /// Index of its lane in the batch's lanes.
     lane: usize,
+    /// Must go on the lane of the request before it (a CATALOG_PUT).
+    follows_previous: bool,
     state: ReqState,
 }
 

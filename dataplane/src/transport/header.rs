@@ -1,7 +1,8 @@
 //! Frames of the one-sided TCP data plane.
 //!
 //! A connection carries requests from the client and responses from the server. Each
-//! request is a 32-byte header, followed for a WRITE by exactly `len` payload bytes. Each
+//! request is a 32-byte header, followed for a WRITE or a CATALOG_PUT by exactly `len`
+//! payload bytes. Each
 //! response is a 24-byte header followed by exactly `len` payload bytes (the data of a
 //! successful READ; 0 otherwise). All integers are little-endian.
 //!
@@ -9,7 +10,7 @@
 //! Request header (32 bytes)
 //!  0               4       5       6               8
 //!  +---------------+-------+-------+---------------+
-//!  | magic "MCDQ"  | ver=1 | opcode| flags = 0     |   opcode: 0 READ, 1 WRITE
+//!  | magic "MCDQ"  | ver=1 | opcode| flags = 0     |   opcode: 0 READ, 1 WRITE, 2 CATALOG_PUT
 //!  +---------------+-------+-------+---------------+
 //!  8                                               16
 //!  | request_id (u64): echoed in the response      |
@@ -18,7 +19,11 @@
 //!  24                                              32
 //!  | len (u64): bytes, 1 ..= REQUEST_PAYLOAD_MAX   |
 //!  +-----------------------------------------------+
-//!  then, for WRITE only: len payload bytes
+//!  then, for WRITE and CATALOG_PUT: len payload bytes
+//!
+//! CATALOG_PUT records the object just written at `addr` in the server's catalog; its payload
+//! is a record (object length, flags, key; see `mem::catalog`), at most
+//! CATALOG_RECORD_MAX_BYTES, and the range checked is [addr, addr + object length).
 //!
 //! Response header (24 bytes)
 //!  0               4               8
@@ -34,11 +39,12 @@
 //! ```
 //!
 //! Invariants: decoding never panics; a request header that decodes has a known version and
-//! opcode, zero flags, and `len <= REQUEST_PAYLOAD_MAX_BYTES`, so a peer cannot make the
+//! opcode, zero flags, and `len <= REQUEST_PAYLOAD_MAX_BYTES` (`CATALOG_RECORD_MAX_BYTES` for
+//! a CATALOG_PUT), so a peer cannot make the
 //! receiver expect an unbounded payload. `len == 0` decodes (it is well framed) and is
 //! refused by the server with `ERR_INVALID_ARGUMENT`.
 
-use crate::limits::REQUEST_PAYLOAD_MAX_BYTES;
+use crate::limits::{CATALOG_RECORD_MAX_BYTES, REQUEST_PAYLOAD_MAX_BYTES};
 
 /// Request magic, the bytes `MCDQ` on the wire.
 pub const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"MCDQ");
@@ -59,6 +65,23 @@ pub enum Opcode {
     Read = 0,
     /// Client sends `len` bytes; the server stores them at `addr`.
     Write = 1,
+    /// Client sends a catalog record (`len` bytes); the server records the object at `addr`.
+    CatalogPut = 2,
+}
+
+impl Opcode {
+    /// Whether `len` payload bytes follow the header.
+    pub fn has_payload(self) -> bool {
+        matches!(self, Opcode::Write | Opcode::CatalogPut)
+    }
+
+    /// Largest `len` a request with this opcode may announce.
+    pub fn len_max(self) -> u64 {
+        match self {
+            Opcode::Read | Opcode::Write => REQUEST_PAYLOAD_MAX_BYTES,
+            Opcode::CatalogPut => CATALOG_RECORD_MAX_BYTES,
+        }
+    }
 }
 
 /// A decoded request header.
@@ -88,7 +111,7 @@ pub enum HeaderError {
     BadMagic { expected: u32, got: u32 },
     #[error("bad version: expected {expected}, got {got}")]
     BadVersion { expected: u8, got: u8 },
-    #[error("bad opcode: expected 0 (READ) or 1 (WRITE), got {got}")]
+    #[error("bad opcode: expected 0 (READ), 1 (WRITE) or 2 (CATALOG_PUT), got {got}")]
     BadOpcode { got: u8 },
     #[error("bad flags: expected 0, got {got:#06x}")]
     BadFlags { got: u16 },
@@ -148,6 +171,7 @@ impl RequestHeader {
         let opcode = match b[5] {
             0 => Opcode::Read,
             1 => Opcode::Write,
+            2 => Opcode::CatalogPut,
             got => return Err(HeaderError::BadOpcode { got }),
         };
         let flags = u16_at(b, 6);
@@ -155,10 +179,10 @@ impl RequestHeader {
             return Err(HeaderError::BadFlags { got: flags });
         }
         let len = u64_at(b, 24);
-        if len > REQUEST_PAYLOAD_MAX_BYTES {
+        if len > opcode.len_max() {
             return Err(HeaderError::TooLong {
                 got: len,
-                max: REQUEST_PAYLOAD_MAX_BYTES,
+                max: opcode.len_max(),
             });
         }
         Ok(RequestHeader {
@@ -276,7 +300,22 @@ mod tests {
                 got: 2
             })
         );
-        assert_eq!(with(5, 2), Err(HeaderError::BadOpcode { got: 2 }));
+        assert_eq!(with(5, 3), Err(HeaderError::BadOpcode { got: 3 }));
+        let catalog = RequestHeader {
+            opcode: Opcode::CatalogPut,
+            request_id: 1,
+            addr: 2,
+            len: CATALOG_RECORD_MAX_BYTES,
+        };
+        assert_eq!(RequestHeader::decode(&catalog.encode()), Ok(catalog));
+        let too_long = RequestHeader {
+            len: CATALOG_RECORD_MAX_BYTES + 1,
+            ..catalog
+        };
+        assert!(matches!(
+            RequestHeader::decode(&too_long.encode()),
+            Err(HeaderError::TooLong { .. })
+        ));
         assert_eq!(with(7, 1), Err(HeaderError::BadFlags { got: 0x100 }));
         assert_eq!(
             with(31, 1),

@@ -9,6 +9,10 @@
 //!   scratch buffer and discarded, memory untouched, and the connection goes on.
 //! - READ: the range is checked; an OK response header then the bytes straight from memory;
 //!   or an error response with no payload.
+//! - CATALOG_PUT: the record (at most `CATALOG_RECORD_MAX_BYTES`) is read into a small
+//!   buffer, then [`ServedMemory::catalog_put`] checks the object's range exactly as a WRITE
+//!   would and records it in the table's [`Catalog`]; OK or the refusal code, and the
+//!   connection goes on.
 //! - A header that does not decode (bad magic, version, opcode, flags, oversized length)
 //!   gets an `ERR_INVALID_ARGUMENT` response and the connection is closed: its framing can no
 //!   longer be trusted. A truncated header or payload, a timeout or a reset closes only that
@@ -44,7 +48,7 @@ use super::header::{
 };
 use super::rawio;
 use crate::limits::{DRAIN_CHUNK_BYTES, IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX};
-use crate::mem::{Registry, Segment};
+use crate::mem::{Catalog, CatalogRecord, Registry, Segment};
 use crate::TeError;
 
 /// Pause after a failed `accept` before trying again.
@@ -58,6 +62,8 @@ pub struct ServedMemory {
     generation: AtomicU64,
     /// Gates of the io_uring shards serving this table; see the module docs.
     gates: Mutex<Vec<Weak<MemoryGate>>>,
+    /// Committed objects in this table's memory (see [`crate::mem::catalog`]).
+    catalog: Catalog,
 }
 
 /// What one io_uring shard publishes about the registration generations it still uses.
@@ -131,6 +137,9 @@ impl ServedMemory {
             let mut served = self.write();
             let len = served.registry.unregister(addr)?;
             let segment = served.segments.remove(&addr);
+            // Under the write lock: no CATALOG_PUT checked against the old table can land
+            // after this.
+            self.catalog.forget(addr, len, u64::MAX);
             (
                 len,
                 segment,
@@ -194,6 +203,31 @@ impl ServedMemory {
     /// A copy of the table, e.g. to describe the segment's buffers in metadata.
     pub fn snapshot(&self) -> Registry {
         self.read().registry.clone()
+    }
+
+    /// The catalog of committed objects in this table's memory.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// Serves a CATALOG_PUT: decodes the record, checks `[addr, addr + object length)` as a
+    /// WRITE's range is checked, and records the object (replacing what overlaps it).
+    /// Errors: a bad record is `InvalidArgument`; a range outside one registered buffer is
+    /// `AddressNotRegistered`. Both server backends call this, so they agree exactly.
+    pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<(), TeError> {
+        let rec = CatalogRecord::decode(record)?;
+        let served = self.read();
+        let addressable = usize::try_from(addr)
+            .ok()
+            .and_then(|a| a.checked_add(usize::try_from(rec.len).ok()?))
+            .is_some();
+        if !addressable || !served.registry.check(addr, rec.len) {
+            return Err(TeError::AddressNotRegistered);
+        }
+        // Inserted under the read lock, so an unregister of this buffer (write lock) either
+        // comes first and refuses the range, or comes after and drops the entry.
+        self.catalog.insert(addr, rec.len, rec.key, rec.hard_pin);
+        Ok(())
     }
 }
 
@@ -449,6 +483,11 @@ fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Se
     let served = shared.memory.read();
     let verdict = range_status(&served.registry, req);
     let io_result = match (req.opcode, verdict) {
+        (Opcode::CatalogPut, _) => {
+            // Its range is the record's, not the header's: checked by `catalog_put`.
+            drop(served);
+            return serve_catalog_put(stream, shared, req);
+        }
         (Opcode::Write, Ok(())) => {
             // SAFETY: the range lies inside one registered buffer (checked above, and the read
             // guard `served` keeps it registered until this I/O ends); registration's contract
@@ -469,7 +508,7 @@ fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Se
             drop(served);
             bump(&shared.stats.requests_rejected);
             let drained = match opcode {
-                Opcode::Write => drain(stream, req.len),
+                Opcode::Write | Opcode::CatalogPut => drain(stream, req.len),
                 Opcode::Read => Ok(()),
             };
             drained.and_then(|()| respond(stream, req.request_id, code.code(), 0, false))
@@ -482,6 +521,30 @@ fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Se
             }
             Served1::Continue
         }
+        Err(_) => Served1::Close,
+    }
+}
+
+/// CATALOG_PUT: the record (bounded by the header decoder) into a small buffer, then
+/// [`ServedMemory::catalog_put`].
+fn serve_catalog_put(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Served1 {
+    // `len <= CATALOG_RECORD_MAX_BYTES` (checked when the header decoded): a small buffer.
+    let mut record = vec![0u8; req.len as usize];
+    if rawio::read_exact(stream, &mut record).is_err() {
+        return Served1::Close;
+    }
+    let status = match shared.memory.catalog_put(req.addr, &record) {
+        Ok(()) => {
+            bump(&shared.stats.requests_ok);
+            0
+        }
+        Err(code) => {
+            bump(&shared.stats.requests_rejected);
+            code.code()
+        }
+    };
+    match respond(stream, req.request_id, status, 0, false) {
+        Ok(()) => Served1::Continue,
         Err(_) => Served1::Close,
     }
 }

@@ -1,0 +1,125 @@
+//! The owner's side of index recovery (`docs/recovery.md`): keeping segment catalogs in step
+//! with the master's frees, and re-reporting every catalogued object when the master asks for
+//! a re-mount (it restarted, or expired us).
+//!
+//! Both the storage node (one catalog per shard) and a store client that contributes a
+//! segment call [`ping`] once per ping interval.
+//!
+//! Invariants: a freed-range notice drops only catalog entries that existed when the ping was
+//! sent (the catalog mark), so an object written into a reused range after that is never
+//! forgotten; a re-mount repeats every segment in each of its calls, so the held objects of a
+//! chunk are never refused for an unknown segment, and repeating a call is harmless (the
+//! master skips objects it already has).
+
+use dataplane::mem::Catalog;
+use protocol::message::{Ping, ReMountSegment};
+use protocol::{ClientStatus, HeldObject, Segment, Uuid};
+
+use crate::master::MasterClient;
+
+/// Key bytes of held objects sent in one `ReMountSegment` (the frame limit is 64 MiB).
+pub const REMOUNT_HELD_BYTES_MAX: usize = 4 << 20;
+
+/// A segment this process serves, and its catalog.
+pub struct Served<'a> {
+    pub desc: &'a Segment,
+    pub catalog: &'a Catalog,
+}
+
+/// What one [`ping`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PingOutcome {
+    pub status: ClientStatus,
+    /// Catalog entries dropped for ranges the master freed.
+    pub forgotten: usize,
+    /// Objects re-reported in a re-mount (0 when none was asked for).
+    pub reported: usize,
+}
+
+/// The catalogued objects of `s`, as the master's `HeldObject`s.
+pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
+    s.catalog
+        .entries_in(s.desc.base, s.desc.size)
+        .into_iter()
+        .map(|e| HeldObject {
+            key: e.key,
+            size: e.len,
+            segment_name: s.desc.name.clone(),
+            buffer_address: e.addr,
+            with_hard_pin: e.hard_pin,
+        })
+        .collect()
+}
+
+/// Pings the master; drops catalog entries for the ranges it freed; on `NEED_REMOUNT`
+/// re-mounts every segment with every catalogued object. Errors are described for the log.
+pub fn ping(
+    master: &MasterClient,
+    client_id: Uuid,
+    served: &[Served<'_>],
+) -> Result<PingOutcome, String> {
+    let marks: Vec<u64> = served.iter().map(|s| s.catalog.mark()).collect();
+    let r = master
+        .call(&Ping { client_id })
+        .map_err(|e| e.to_string())?
+        .map_err(|code| format!("ping refused: {code:?}"))?;
+    let mut forgotten = 0;
+    for (s, &mark) in served.iter().zip(&marks) {
+        let end = s.desc.base.saturating_add(s.desc.size);
+        for &(addr, len) in &r.freed {
+            if addr >= s.desc.base && addr < end {
+                forgotten += s.catalog.forget(addr, len, mark);
+            }
+        }
+    }
+    let mut reported = 0;
+    if r.status == ClientStatus::NeedRemount {
+        reported = remount(master, client_id, served)?;
+    }
+    Ok(PingOutcome {
+        status: r.status,
+        forgotten,
+        reported,
+    })
+}
+
+/// `ReMountSegment` with every segment and every catalogued object, in calls of at most
+/// [`REMOUNT_HELD_BYTES_MAX`] key bytes. Returns the number of objects reported.
+pub fn remount(
+    master: &MasterClient,
+    client_id: Uuid,
+    served: &[Served<'_>],
+) -> Result<usize, String> {
+    let segments: Vec<Segment> = served.iter().map(|s| s.desc.clone()).collect();
+    let held: Vec<HeldObject> = served.iter().flat_map(held_objects).collect();
+    let total = held.len();
+    let mut chunks: Vec<Vec<HeldObject>> = vec![Vec::new()];
+    let mut bytes = 0usize;
+    for h in held {
+        let cost = h.key.len() + h.segment_name.len() + 64;
+        if bytes + cost > REMOUNT_HELD_BYTES_MAX && !chunks[chunks.len() - 1].is_empty() {
+            chunks.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += cost;
+        let last = chunks.len() - 1;
+        chunks[last].push(h);
+    }
+    // Every chunk is sent even if one is refused (the master re-inserts what it can of each;
+    // a refusal names a segment it could not mount).
+    let mut first_err = None;
+    for held in chunks {
+        let r = master.call(&ReMountSegment {
+            client_id,
+            segments: segments.clone(),
+            held,
+        });
+        let err = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(code)) => format!("re-mount refused: {code:?}"),
+            Err(e) => e.to_string(),
+        };
+        first_err.get_or_insert(err);
+    }
+    first_err.map_or(Ok(total), Err)
+}

@@ -1,0 +1,150 @@
+//! Recording each written replica in its segment's catalog, so that the segment's owner can
+//! re-report it to a master that lost its index (`docs/recovery.md`).
+//!
+//! A replica in our own segment (memcpy path) goes straight into our own catalog. A remote
+//! replica gets a `CATALOG_PUT` right after its WRITE: for a one-slice object in the same
+//! batch, on the same lane (the data-plane client keeps them together), so it costs no extra
+//! round trip; for an object cut into several slices, in a second batch once every slice has
+//! landed (one extra round trip, small next to the transfer).
+//!
+//! Invariants: a catalog entry is recorded only after every byte of its replica was written;
+//! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
+//! is remembered and sent none again, logged once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dataplane::mem::CatalogRecord;
+use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
+use dataplane::transport::server::ServedMemory;
+use dataplane::TeError;
+use parking_lot::Mutex;
+use protocol::ReplicaDescriptor;
+
+static LEGACY_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// See the module docs.
+#[derive(Default)]
+pub(super) struct CatalogWriter {
+    /// The table serving our own segment (its catalog takes our memcpy'd replicas).
+    own: Option<Arc<ServedMemory>>,
+    /// Endpoints that refused `CATALOG_PUT` as an unknown request.
+    legacy: Mutex<Vec<String>>,
+}
+
+impl CatalogWriter {
+    pub fn new(own: Option<Arc<ServedMemory>>) -> CatalogWriter {
+        CatalogWriter {
+            own,
+            legacy: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The `CATALOG_PUT` payload of a replica of `key`.
+    pub fn record(r: &ReplicaDescriptor, key: &str, hard_pin: bool) -> Vec<u8> {
+        CatalogRecord {
+            len: r.size,
+            hard_pin,
+            key,
+        }
+        .encode()
+    }
+
+    /// Records a replica written with memcpy into our own segment.
+    pub fn record_local(&self, r: &ReplicaDescriptor, key: &str, hard_pin: bool) {
+        if let Some(m) = &self.own {
+            m.catalog().insert(r.buffer_address, r.size, key, hard_pin);
+        }
+    }
+
+    /// Whether `endpoint` takes `CATALOG_PUT`.
+    pub fn enabled(&self, endpoint: &str) -> bool {
+        !self.legacy.lock().iter().any(|e| e == endpoint)
+    }
+
+    /// The result of `op` as the put sees it: a `CATALOG_PUT` refused as unknown means the
+    /// peer keeps no catalog (remembered, logged once), not a failed put.
+    pub fn settle(&self, endpoint: &str, op: &TransferOp<'_>, r: TransferResult) -> TransferResult {
+        let unknown = Err(TransferError::Refused {
+            status: TeError::InvalidArgument.code(),
+        });
+        if !matches!(op, TransferOp::CatalogPut { .. }) || r != unknown {
+            return r;
+        }
+        let mut legacy = self.legacy.lock();
+        if !legacy.iter().any(|e| e == endpoint) {
+            legacy.push(endpoint.to_string());
+        }
+        if !LEGACY_LOGGED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                endpoint,
+                "the data plane at {endpoint} refused CATALOG_PUT: its objects cannot be \
+                 re-reported after a master restart"
+            );
+        }
+        Ok(())
+    }
+
+    /// End of the submission that starts at `start` and takes at most `max` ops, never
+    /// separating a `CATALOG_PUT` from the WRITE before it.
+    pub fn chunk_end(ops: &[TransferOp<'_>], start: usize, max: usize) -> usize {
+        let end = (start + max).min(ops.len());
+        match ops.get(end) {
+            Some(TransferOp::CatalogPut { .. }) if end - start > 1 => end - 1,
+            _ => end,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_keep_pairs_together() {
+        let data = [1u8; 4];
+        let rec = [0u8; 17];
+        let w = || TransferOp::Write {
+            remote_addr: 0,
+            src: &data,
+        };
+        let c = || TransferOp::CatalogPut {
+            remote_addr: 0,
+            record: &rec,
+        };
+        let ops = vec![w(), c(), w(), c(), w()];
+        assert_eq!(CatalogWriter::chunk_end(&ops, 0, 2), 2);
+        assert_eq!(
+            CatalogWriter::chunk_end(&ops, 0, 3),
+            2,
+            "w c w | c: cut before w"
+        );
+        assert_eq!(CatalogWriter::chunk_end(&ops, 2, 10), 5);
+        assert_eq!(CatalogWriter::chunk_end(&ops, 1, 1), 2);
+    }
+
+    #[test]
+    fn unknown_opcode_answers_mean_no_catalog() {
+        let w = CatalogWriter::new(None);
+        let rec = [0u8; 17];
+        let op = TransferOp::CatalogPut {
+            remote_addr: 0,
+            record: &rec,
+        };
+        let refused = Err(TransferError::Refused {
+            status: TeError::InvalidArgument.code(),
+        });
+        assert!(w.enabled("a:1"));
+        assert_eq!(w.settle("a:1", &op, refused.clone()), Ok(()));
+        assert!(!w.enabled("a:1"));
+        assert!(w.enabled("b:1"));
+        let other = Err(TransferError::Timeout);
+        assert_eq!(w.settle("b:1", &op, other.clone()), other);
+        let data = [0u8; 1];
+        let write = TransferOp::Write {
+            remote_addr: 0,
+            src: &data,
+        };
+        assert_eq!(w.settle("b:1", &write, refused.clone()), refused);
+    }
+}

@@ -1,0 +1,177 @@
+//! CATALOG_PUT on both server backends: the range is checked as a WRITE's, a bad record is
+//! refused without breaking the connection, a reused range replaces what was recorded there,
+//! and the request goes on the lane of the WRITE before it.
+
+#[macro_use]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Backend, Fixture};
+use dataplane::mem::{CatalogEntry, CatalogRecord};
+use dataplane::transport::client::{TransferError, TransferOp};
+use dataplane::transport::header::{
+    Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
+use dataplane::TeError;
+
+const SEGMENT_BYTES: usize = 4 << 20;
+
+fn record(len: u64, key: &str, hard_pin: bool) -> Vec<u8> {
+    CatalogRecord { len, hard_pin, key }.encode()
+}
+
+fn catalog_put(f: &Fixture, addr: u64, rec: &[u8]) -> Result<(), TransferError> {
+    let client = f.client(1);
+    let mut ops = [TransferOp::CatalogPut {
+        remote_addr: addr,
+        record: rec,
+    }];
+    client.submit(&mut ops).pop().unwrap()
+}
+
+fn refused(code: TeError) -> Result<(), TransferError> {
+    Err(TransferError::Refused {
+        status: code.code(),
+    })
+}
+
+fn catalog_put_validates_and_replaces(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let base = f.base();
+    let end = base + SEGMENT_BYTES as u64;
+    // Inside registered memory: recorded.
+    assert_eq!(
+        catalog_put(&f, base + 4096, &record(100, "a", false)),
+        Ok(())
+    );
+    assert_eq!(
+        catalog_put(&f, base + 8192, &record(4096, "b", true)),
+        Ok(())
+    );
+    // Outside, straddling the end, or wrapping: refused like a WRITE, nothing recorded.
+    let outside = record(10, "x", false);
+    assert_eq!(
+        catalog_put(&f, end, &outside),
+        refused(TeError::AddressNotRegistered)
+    );
+    assert_eq!(
+        catalog_put(&f, end - 5, &outside),
+        refused(TeError::AddressNotRegistered)
+    );
+    assert_eq!(
+        catalog_put(&f, u64::MAX - 3, &outside),
+        refused(TeError::AddressNotRegistered)
+    );
+    // A malformed record: refused, the connection goes on.
+    let mut bad = record(10, "x", false);
+    bad[8] = 0x80;
+    assert_eq!(
+        catalog_put(&f, base, &bad),
+        refused(TeError::InvalidArgument)
+    );
+    assert_eq!(
+        catalog_put(&f, base, &record(10, "x", false)[..16]),
+        refused(TeError::InvalidArgument),
+        "an empty key"
+    );
+    assert_eq!(f.memory.catalog().len(), 2, "only a and b");
+    // A reused range replaces everything it overlaps (the tail of "b" here).
+    assert_eq!(
+        catalog_put(&f, base + 8192 + 4000, &record(200, "c", false)),
+        Ok(())
+    );
+    let entries = f.memory.catalog().entries();
+    assert_eq!(
+        entries,
+        vec![
+            CatalogEntry {
+                addr: base + 4096,
+                len: 100,
+                key: "a".into(),
+                hard_pin: false
+            },
+            CatalogEntry {
+                addr: base + 8192 + 4000,
+                len: 200,
+                key: "c".into(),
+                hard_pin: false
+            },
+        ]
+    );
+    // Unregistering the buffer drops its entries.
+    f.memory.unregister(base).unwrap();
+    assert!(f.memory.catalog().is_empty());
+}
+
+/// A WRITE then its CATALOG_PUT in one batch over many lanes: each record lands, and only
+/// after its bytes (same lane, in order).
+fn catalog_put_follows_its_write(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let client = f.client(4);
+    let n = 64usize;
+    let data: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 1000 + i]).collect();
+    let recs: Vec<Vec<u8>> = (0..n)
+        .map(|i| record(data[i].len() as u64, &format!("k{i}"), false))
+        .collect();
+    let mut ops = Vec::new();
+    for i in 0..n {
+        let addr = f.base() + (i as u64) * 4096;
+        ops.push(TransferOp::Write {
+            remote_addr: addr,
+            src: &data[i],
+        });
+        ops.push(TransferOp::CatalogPut {
+            remote_addr: addr,
+            record: &recs[i],
+        });
+    }
+    assert!(client.submit(&mut ops).iter().all(Result::is_ok));
+    let entries = f.memory.catalog().entries();
+    assert_eq!(entries.len(), n);
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(
+            (e.key.as_str(), e.len),
+            (format!("k{i}").as_str(), 1000 + i as u64)
+        );
+    }
+}
+
+/// A header announcing a record longer than the limit is malformed: refused, then closed.
+fn oversized_record_is_malformed(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let mut s = TcpStream::connect(f.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut h = RequestHeader {
+        opcode: Opcode::CatalogPut,
+        request_id: 7,
+        addr: f.base(),
+        len: dataplane::limits::CATALOG_RECORD_MAX_BYTES,
+    }
+    .encode();
+    h[24..32].copy_from_slice(&(dataplane::limits::CATALOG_RECORD_MAX_BYTES + 1).to_le_bytes());
+    assert_eq!(h.len(), REQUEST_HEADER_BYTES);
+    s.write_all(&h).unwrap();
+    let mut raw = [0u8; RESPONSE_HEADER_BYTES];
+    s.read_exact(&mut raw).unwrap();
+    let resp = ResponseHeader::decode(&raw).unwrap();
+    assert_eq!(
+        (resp.status, resp.request_id),
+        (TeError::InvalidArgument.code(), 7)
+    );
+    let mut rest = Vec::new();
+    assert_eq!(
+        s.read_to_end(&mut rest).unwrap_or(0),
+        0,
+        "closed after the error"
+    );
+    assert!(f.memory.catalog().is_empty());
+}
+
+both_backends!(
+    catalog_put_validates_and_replaces,
+    catalog_put_follows_its_write,
+    oversized_record_is_malformed,
+);
