@@ -5,3 +5,8 @@
 
 # Like upstream: let other distributions contribute `mooncake.*` modules.
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+# Upstream's package exports exactly these two (the same class).
+from mooncake.buffer_pool import BufferPool, RegisteredBufferPool  # noqa: E402,F401
+
+__all__ = ["BufferPool", "RegisteredBufferPool"]

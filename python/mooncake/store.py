@@ -20,6 +20,12 @@ from mooncake._native import (  # noqa: F401  (re-exports)
     _tensor_metadata_size,
 )
 from mooncake._tensor import TensorMethods, _deserialize_tensor, _serialize_tensor  # noqa: F401
+from mooncake.buffer_pool import (  # noqa: F401  (upstream binds the pool in this module)
+    BufferLease,
+    BufferPool,
+    RegisteredBufferLease,
+    RegisteredBufferPool,
+)
 
 
 class MooncakeDistributedStore(TensorMethods, _native.MooncakeDistributedStore):
@@ -47,4 +53,8 @@ __all__ = [
     "ObjectDataType",
     "ReplicaStatus",
     "SoftPinAction",
+    "BufferPool",
+    "BufferLease",
+    "RegisteredBufferPool",
+    "RegisteredBufferLease",
 ]

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use client::store::Reservation;
+use client::store::{ObjectRead, Reservation};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
 use protocol::tensor::TensorMetadata;
@@ -261,21 +261,38 @@ impl PyStore {
         }
         py.detach(|| {
             let lists = s.batch_replicas(keys);
-            lists
-                .into_iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    rc_i64(l.and_then(|list| {
-                        let size = object_size(&list)?;
-                        if size > sizes[i] {
-                            return Err(ErrorCode::InvalidParams);
-                        }
-                        let dst = s.caller_slice_mut(buffer_ptrs[i], size)?;
-                        s.read_from(&list, 0, dst)?;
-                        Ok(size)
-                    }))
-                })
-                .collect()
+            // Check every key first, then move all the bytes in one batched transfer.
+            let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+            let mut reads: Vec<ObjectRead<'_>> = Vec::with_capacity(n);
+            let mut owners: Vec<usize> = Vec::with_capacity(n);
+            for (i, l) in lists.iter().enumerate() {
+                let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
+                    let size = object_size(list)?;
+                    if size > sizes[i] {
+                        return Err(ErrorCode::InvalidParams);
+                    }
+                    let dst = s.caller_slice_mut(buffer_ptrs[i], size)?;
+                    Ok((list, size, dst))
+                });
+                match planned {
+                    Ok((list, size, dst)) => {
+                        out.push(Ok(size));
+                        owners.push(i);
+                        reads.push(ObjectRead {
+                            list,
+                            offset: 0,
+                            dst,
+                        });
+                    }
+                    Err(e) => out.push(Err(e)),
+                }
+            }
+            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
+                if let Err(e) = r {
+                    out[i] = Err(e);
+                }
+            }
+            out.into_iter().map(rc_i64).collect()
         })
     }
 
@@ -708,6 +725,19 @@ impl PyStore {
         self.pool.alloc(size)
     }
 
+    /// Internal (`mooncake.buffer_pool`): this client's `local_buffer_size`, 0 when not set up.
+    #[pyo3(signature = ())]
+    fn _local_buffer_capacity(&self) -> u64 {
+        self.store().map_or(0, |s| s.budget().capacity())
+    }
+
+    /// Internal: the cluster id this client was set up with (`MC_STORE_CLUSTER_ID`), or `None`
+    /// when not set up.
+    #[pyo3(signature = ())]
+    fn _cluster_id(&self) -> Option<String> {
+        self.store().map(|s| s.cluster_id().to_string())
+    }
+
     #[pyo3(signature = ())]
     fn get_offload_rpc_read_count(&self) -> i64 {
         0
@@ -715,10 +745,14 @@ impl PyStore {
 
     // ---- zero copy -------------------------------------------------------------------------
 
+    /// 0, or `-600` when not set up or when `[buffer_ptr, buffer_ptr + size)` is not mapped
+    /// readable and writable here: a registered range is later read and written through raw
+    /// pointers, so an unmapped one would turn a bad argument into a segfault.
     #[pyo3(signature = (buffer_ptr, size))]
     fn register_buffer(&self, buffer_ptr: u64, size: u64) -> i32 {
         match self.store() {
             None => INVALID,
+            Some(_) if size > 0 && !crate::engine::mapped_rw(buffer_ptr, size) => INVALID,
             Some(s) => rc(s.register_buffer(buffer_ptr, size)),
         }
     }
@@ -907,30 +941,47 @@ impl PyStore {
         }
         py.detach(|| {
             let lists = s.batch_replicas(&keys);
-            lists
-                .into_iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    rc_i64(l.and_then(|list| {
-                        let size = object_size(&list)?;
-                        let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
-                        if ptrs.len() != lens.len() || lens.iter().sum::<u64>() < size {
-                            return Err(ErrorCode::InvalidParams);
+            let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+            let mut reads: Vec<ObjectRead<'_>> = Vec::new();
+            let mut owners: Vec<usize> = Vec::new();
+            for (i, l) in lists.iter().enumerate() {
+                let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
+                    let size = object_size(list)?;
+                    let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
+                    if ptrs.len() != lens.len() || lens.iter().sum::<u64>() < size {
+                        return Err(ErrorCode::InvalidParams);
+                    }
+                    let mut pieces = Vec::new();
+                    let mut at = 0u64;
+                    for (&p, &l) in ptrs.iter().zip(lens) {
+                        if at >= size {
+                            break;
                         }
-                        let mut at = 0u64;
-                        for (&p, &l) in ptrs.iter().zip(lens) {
-                            if at >= size {
-                                break;
-                            }
-                            let take = l.min(size - at);
-                            let dst = s.caller_slice_mut(p, take)?;
-                            s.read_from(&list, at, dst)?;
-                            at += take;
-                        }
-                        Ok(size)
-                    }))
-                })
-                .collect()
+                        let take = l.min(size - at);
+                        pieces.push(ObjectRead {
+                            list,
+                            offset: at,
+                            dst: s.caller_slice_mut(p, take)?,
+                        });
+                        at += take;
+                    }
+                    Ok((size, pieces))
+                });
+                match planned {
+                    Ok((size, pieces)) => {
+                        out.push(Ok(size));
+                        owners.extend(std::iter::repeat_n(i, pieces.len()));
+                        reads.extend(pieces);
+                    }
+                    Err(e) => out.push(Err(e)),
+                }
+            }
+            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
+                if let Err(e) = r {
+                    out[i] = Err(e);
+                }
+            }
+            out.into_iter().map(rc_i64).collect()
         })
     }
 
@@ -1079,19 +1130,31 @@ impl PyStore {
             }
         }
         let ok: Vec<bool> = py.detach(|| {
-            plans
+            let total: u64 = plans
                 .iter()
-                .map(|p| match p {
-                    None => false,
-                    Some((list, fresh)) => {
-                        let size = fresh.slice().len() as u64;
-                        s.budget()
-                            .reserve(size)
-                            .and_then(|_b| s.read_from(list, 0, fresh.slice()))
-                            .is_ok()
-                    }
-                })
-                .collect()
+                .flatten()
+                .map(|(_, f)| f.slice().len() as u64)
+                .sum();
+            let Ok(_budget) = s.budget().reserve(total) else {
+                return vec![false; plans.len()];
+            };
+            let mut ok = vec![false; plans.len()];
+            let mut owners = Vec::with_capacity(plans.len());
+            let mut reads = Vec::with_capacity(plans.len());
+            for (i, p) in plans.iter().enumerate() {
+                if let Some((list, fresh)) = p {
+                    owners.push(i);
+                    reads.push(ObjectRead {
+                        list,
+                        offset: 0,
+                        dst: fresh.slice(),
+                    });
+                }
+            }
+            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
+                ok[i] = r.is_ok();
+            }
+            ok
         });
         Ok(objs
             .into_iter()

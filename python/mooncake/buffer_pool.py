@@ -1,0 +1,340 @@
+"""`BufferPool` / `RegisteredBufferPool`: reusable buffers registered with a store.
+
+Upstream binds this pool natively (`mooncake.store.BufferPool`, with the aliases
+`RegisteredBufferPool`, `RegisteredBufferLease`, ...) and `mooncake.BufferPool is
+mooncake.RegisteredBufferPool`. Here it is plain Python on top of the store's
+`register_buffer` / `unregister_buffer`; the keyword names, defaults, size classes and
+error messages follow upstream's:
+
+* `BufferPool(store, max_bytes=0, min_size_class=65536, max_size_class=None,
+  alignment=8 MiB, block_on_exhaustion=True, default_timeout=None, max_regions=None,
+  prewarm_size=None, prewarm_count=0)`. `max_bytes=0` means "the store's
+  `local_buffer_size`" (upstream then carves leases out of that buffer); a pool with neither
+  raises `RuntimeError("max_bytes must be positive")`.
+* A request of `size` bytes gets a region of its size class: `min_size_class` up to that size,
+  the next power of two up to `alignment`, else `size` rounded up to `alignment`. Requests
+  larger than `max_size_class` get a one-off region that is unregistered on release.
+* `acquire(size, block=None, timeout=None)` (alias `buffer`) returns a `BufferLease`: `.ptr`
+  (registered address), `.size` (the requested size), `.buffer` (a writable `memoryview` of
+  `size` bytes), `release()`, and use as a context manager. When the pool is full it waits
+  (the GIL released) for a release, up to `timeout` seconds, or raises at once with
+  `block=False`.
+* `prewarm(size, count)` registers `count` regions of `size`'s class ahead of time; `close()`
+  unregisters everything (it raises while leases are active).
+
+Regions are anonymous memory mappings (page aligned; over-allocated and offset when
+`alignment` asks for more), so memory is touched only when used. `release()` refuses
+(`RuntimeError`, as upstream) while a view it handed out is still referenced; objects
+derived from a view (slices, `np.frombuffer(lease.buffer)`) are not tracked. A lease that is
+garbage-collected is released without that check. Memory safety does not depend on callers
+behaving: a mapping is never unmapped explicitly, only when the last view of it (slices
+included) is gone, so a stale view reads stale bytes at worst, never unmapped memory.
+"""
+
+import sys
+
+import ctypes
+import mmap
+import threading
+import time
+
+__all__ = [
+    "BufferPool",
+    "BufferLease",
+    "RegisteredBufferPool",
+    "RegisteredBufferLease",
+]
+
+_PAGE = mmap.PAGESIZE
+
+
+class _Region:
+    """One registered mapping: `size` usable bytes at `ptr`."""
+
+    __slots__ = ("mm", "view", "ptr", "size")
+
+    def __init__(self, size, alignment):
+        pad = alignment if alignment > _PAGE else 0
+        self.mm = mmap.mmap(-1, size + pad)
+        probe = ctypes.c_char.from_buffer(self.mm)
+        base = ctypes.addressof(probe)
+        del probe  # drop the export: only `view` below keeps one
+        skip = (-base) % alignment if pad else 0
+        self.ptr = base + skip
+        self.size = size
+        self.view = memoryview(self.mm)[skip:skip + size]
+
+    def free(self):
+        """Drops the pool's references; the mapping goes when its last view does."""
+        self.view = None
+        self.mm = None
+
+
+class BufferLease:
+    """One acquired buffer; see the module docs."""
+
+    __slots__ = ("_pool", "_region", "_size", "_views", "__weakref__")
+
+    def __init__(self, pool, region, size):
+        self._pool = pool
+        self._region = region
+        self._size = size
+        self._views = []
+
+    @property
+    def ptr(self):
+        if self._region is None:
+            raise RuntimeError("registered buffer lease is closed")
+        return self._region.ptr
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def buffer(self):
+        if self._region is None:
+            raise RuntimeError("registered buffer lease is closed")
+        v = self._region.view[: self._size]
+        self._views.append(v)
+        return v
+
+    def release(self):
+        """Returns the buffer to the pool; a no-op when already released."""
+        self._release(check_views=True)
+
+    def _release(self, check_views):
+        if self._region is None:
+            return
+        # A view is still in use when anything but our list, the loop variable and
+        # getrefcount's argument refers to it.
+        if check_views:
+            for v in self._views:
+                if sys.getrefcount(v) > 3:
+                    raise RuntimeError(
+                        "cannot release registered buffer while exported views exist")
+        self._views = []
+        region, self._region = self._region, None
+        self._pool._release(region)
+        self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __del__(self):
+        try:
+            self._release(check_views=False)
+        except Exception:  # noqa: BLE001  (never raise from a finaliser)
+            pass
+
+    def __repr__(self):
+        state = "released" if self._region is None else f"ptr={self._region.ptr:#x}"
+        return f"<BufferLease size={self._size} {state}>"
+
+
+class BufferPool:
+    """A pool of registered buffers for the zero-copy calls; see the module docs."""
+
+    def __init__(self, store, max_bytes=0, min_size_class=64 * 1024, max_size_class=None,
+                 alignment=8 * 1024 * 1024, block_on_exhaustion=True, default_timeout=None,
+                 max_regions=None, prewarm_size=None, prewarm_count=0):
+        if store is None or not _is_set_up(store):
+            raise RuntimeError("MooncakeDistributedStore is not initialized")
+        if min_size_class <= 0 or alignment <= 0:
+            raise RuntimeError("min_size_class and alignment must be positive")
+        if alignment < ctypes.sizeof(ctypes.c_void_p) or alignment & (alignment - 1):
+            raise RuntimeError("alignment must be a power of two and at least sizeof(void*)")
+        if max_bytes == 0:
+            max_bytes = _local_buffer_capacity(store)
+            if max_bytes == 0:
+                raise RuntimeError("max_bytes must be positive")
+        self._store = store
+        self._max_bytes = int(max_bytes)
+        self._min_class = int(min_size_class)
+        self._max_class = min(self._max_bytes if max_size_class is None else int(max_size_class),
+                              self._max_bytes)
+        self._alignment = int(alignment)
+        self._block = bool(block_on_exhaustion)
+        self._default_timeout = default_timeout
+        self._max_regions = max_regions
+        self._cond = threading.Condition()
+        self._free = {}  # size class -> [Region]
+        self._regions = 0
+        self._total_bytes = 0
+        self._reserved_bytes = 0
+        self._in_use = set()  # ids of leased regions
+        self._closed = False
+        if prewarm_size is not None and prewarm_count > 0:
+            self.prewarm(prewarm_size, prewarm_count)
+
+    # ---- sizing -------------------------------------------------------------------------
+
+    def _align(self, size):
+        a = self._alignment
+        return (size + a - 1) // a * a
+
+    def _class_of(self, size):
+        """`(size_class, oversize)` for a request of `size` bytes."""
+        size = max(int(size), 1)
+        if size > self._max_class:
+            return self._align(size), True
+        if size <= self._min_class:
+            return self._min_class, False
+        if size <= self._alignment:
+            p = 1
+            while p < size:
+                p <<= 1
+            return p, False
+        return self._align(size), False
+
+    def _has_capacity(self, size_class):
+        used = self._total_bytes + self._reserved_bytes
+        if size_class > self._max_bytes or used + size_class > self._max_bytes:
+            return False
+        return self._max_regions is None or self._regions < self._max_regions
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("registered buffer pool is closed")
+
+    # ---- regions ------------------------------------------------------------------------
+
+    def _new_region(self, size_class):
+        """Maps and registers a region; called with the lock held, the capacity reserved."""
+        self._reserved_bytes += size_class
+        self._regions += 1
+        ok = False
+        try:
+            region = _Region(size_class, self._alignment)
+            if self._store.register_buffer(region.ptr, size_class) != 0:
+                region.free()
+                raise RuntimeError("register_buffer failed")
+            ok = True
+            return region
+        finally:
+            self._reserved_bytes -= size_class
+            if ok:
+                self._total_bytes += size_class
+            else:
+                self._regions -= 1
+
+    def _drop_region(self, region):
+        self._store.unregister_buffer(region.ptr)
+        region.free()
+        self._regions -= 1
+        self._total_bytes -= region.size
+
+    def _release(self, region):
+        with self._cond:
+            self._in_use.discard(id(region))
+            if self._closed or region.size > self._max_class:
+                self._drop_region(region)
+            else:
+                self._free.setdefault(region.size, []).append(region)
+            self._cond.notify_all()
+
+    def _evict_one_free(self, size_class):
+        """Frees an idle region of another class to make room; True if one was freed."""
+        for cls, regions in self._free.items():
+            if cls != size_class and regions:
+                self._drop_region(regions.pop())
+                return True
+        return False
+
+    # ---- API ----------------------------------------------------------------------------
+
+    def acquire(self, size, block=None, timeout=None):
+        block = self._block if block is None else bool(block)
+        timeout = self._default_timeout if timeout is None else timeout
+        if timeout is not None and timeout < 0:
+            raise RuntimeError("timeout must be non-negative")
+        size_class, oversize = self._class_of(size)
+        if size_class > self._max_bytes:
+            raise RuntimeError("requested buffer size exceeds pool capacity")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._check_open()
+                region = None
+                if not oversize and self._free.get(size_class):
+                    region = self._free[size_class].pop()
+                else:
+                    while not self._has_capacity(size_class) and self._evict_one_free(size_class):
+                        pass
+                    if self._has_capacity(size_class):
+                        region = self._new_region(size_class)
+                if region is not None:
+                    self._in_use.add(id(region))
+                    return BufferLease(self, region, int(size))
+                if not block:
+                    raise RuntimeError("registered buffer pool is exhausted")
+                if deadline is None:
+                    self._cond.wait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RuntimeError("timed out waiting for registered buffer")
+                    self._cond.wait(left)
+
+    def buffer(self, size, block=None, timeout=None):
+        """Same as `acquire` (upstream's alias)."""
+        return self.acquire(size, block=block, timeout=timeout)
+
+    def prewarm(self, size, count):
+        size_class, oversize = self._class_of(size)
+        if oversize:
+            raise RuntimeError("cannot prewarm oversize buffers")
+        with self._cond:
+            for _ in range(int(count)):
+                self._check_open()
+                if not self._has_capacity(size_class):
+                    raise RuntimeError("registered buffer pool capacity exceeded")
+                self._free.setdefault(size_class, []).append(self._new_region(size_class))
+                self._cond.notify_all()
+
+    def close(self):
+        with self._cond:
+            if self._closed:
+                return
+            if self._in_use:
+                raise RuntimeError("cannot close registered buffer pool with active leases")
+            self._closed = True
+            for regions in self._free.values():
+                while regions:
+                    self._drop_region(regions.pop())
+            self._free.clear()
+            self._cond.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return (f"<BufferPool max_bytes={self._max_bytes} regions={self._regions} "
+                f"in_use={len(self._in_use)}{' closed' if self._closed else ''}>")
+
+
+def _is_set_up(store):
+    try:
+        return bool(store.get_hostname())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _local_buffer_capacity(store):
+    f = getattr(store, "_local_buffer_capacity", None)
+    try:
+        return int(f()) if f is not None else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+RegisteredBufferPool = BufferPool
+RegisteredBufferLease = BufferLease
