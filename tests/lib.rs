@@ -331,3 +331,46 @@ impl Drop for Node {
         let _ = self.child.wait();
     }
 }
+
+// ---- helpers of the fault-injection tests (`tests/tests/fault_*.rs`) -----------------------
+
+/// The value of an unlabelled sample `name` on the master's `/metrics` page, if present.
+pub fn master_metric(m: &Master, name: &str) -> Option<f64> {
+    let page = http("GET", m.metrics_port, "/metrics", b"").text();
+    page.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// The segment names the master lists on `/get_all_segments`.
+pub fn master_segments(m: &Master) -> Vec<String> {
+    http("GET", m.metrics_port, "/get_all_segments", b"")
+        .text()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Resident set size of process `pid` (`VmRSS` of `/proc/<pid>/status`), in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Polls `probe` every 20 ms until it holds or `timeout` passes; returns the time it took.
+pub fn wait_until(timeout: Duration, mut probe: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    loop {
+        if probe() {
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() >= timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
