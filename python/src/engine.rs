@@ -161,7 +161,8 @@ fn env_true(name: &str) -> bool {
 
 /// True when `[addr, addr + len)` is mapped readable and writable in this process, by
 /// `/proc/self/maps` (true when that file cannot be read: then nothing can be checked).
-fn mapped_rw(addr: u64, len: u64) -> bool {
+/// Also guards `MooncakeDistributedStore.register_buffer`.
+pub(crate) fn mapped_rw(addr: u64, len: u64) -> bool {
     let Some(end) = addr.checked_add(len) else {
         return false;
     };

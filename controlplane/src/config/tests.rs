@@ -682,3 +682,33 @@ fn flagfile_lines_are_command_line_flags() {
     let message = error(&[&looping.arg("flagfile")]);
     assert!(message.contains("nested"), "{message}");
 }
+
+#[test]
+fn config_text_resolves_like_a_config_path() {
+    let json = r#"{"client_live_ttl_sec": 7, "eviction_ratio": 0.1, "nope": 1}"#;
+    let Ok(ParsedArgs::Run(config, warnings)) = MasterConfig::from_config_text("m.json", json)
+    else {
+        panic!("a valid JSON config resolves");
+    };
+    assert_eq!(config.service.client_ttl_s, 7);
+    assert_eq!(config.service.eviction_ratio, 0.1);
+    assert_eq!(
+        config.config_path.as_deref(),
+        Some(std::path::Path::new("m.json"))
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    for (name, text) in [
+        ("m.yaml", "eviction_ratio: 2\n"),
+        ("m.yaml", "- a\n"),
+        ("m.json", "{"),
+        ("m.conf", "client_ttl: [1]\n"),
+    ] {
+        assert!(
+            matches!(
+                MasterConfig::from_config_text(name, text),
+                Err(ConfigError::File { .. })
+            ),
+            "{name}: {text:?}"
+        );
+    }
+}
