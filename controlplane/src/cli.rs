@@ -18,6 +18,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+/// Accept-queue depth of every listener (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 4096;
 /// How often `--enable_metric_reporting` logs a one-line summary of the store.
 const METRIC_REPORT_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the service's periodic work (liveness, stale puts, eviction) runs.
@@ -87,9 +89,23 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
     } else {
         format!("{host}:{port}")
     };
-    TcpListener::bind(&addr)
+    let fail = |e: std::io::Error| format!("cannot bind {what} on {addr}: {e}");
+    let sock_addr = tokio::net::lookup_host(&addr)
         .await
-        .map_err(|e| format!("cannot bind {what} on {addr}: {e}"))
+        .map_err(fail)?
+        .next()
+        .ok_or_else(|| format!("cannot bind {what} on {addr}: the address resolves to nothing"))?;
+    let socket = if sock_addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(fail)?;
+    socket.set_reuseaddr(true).map_err(fail)?;
+    socket.bind(sock_addr).map_err(fail)?;
+    // A deep accept queue: clients (re)connecting in a burst, e.g. every node after a master
+    // restart, must not overflow it (an overflowed SYN costs the client a 1 s retransmit).
+    socket.listen(LISTEN_BACKLOG).map_err(fail)
 }
 
 async fn run(cfg: MasterConfig) -> Result<(), String> {

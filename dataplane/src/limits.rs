@@ -20,8 +20,13 @@ pub const CATALOG_RECORD_MAX_BYTES: u64 =
 /// Chunk used to drain and discard the payload of a rejected WRITE.
 pub const DRAIN_CHUNK_BYTES: usize = 64 * 1024;
 
-/// Connections one server accepts at once; further connections are closed on accept.
-pub const SERVER_CONNECTIONS_MAX: usize = 1024;
+/// Connections one io_uring shard serves at once; further connections are closed on accept.
+/// An idle connection costs the shard one pending header receive (a few hundred bytes), so it
+/// can hold many: 10k idle peers must not lock a well-behaved client out.
+pub const SERVER_CONNECTIONS_MAX: usize = 16 * 1024;
+/// Connections the blocking fallback serves at once: it spends a thread per connection, so it
+/// stays far below the shard's limit whatever `ServerConfig::max_connections` says.
+pub const BLOCKING_CONNECTIONS_MAX: usize = 1024;
 
 /// Largest number of lanes (connections) a client keeps per peer (upstream's
 /// `MC_TCP_LANES_PER_PEER` maximum).

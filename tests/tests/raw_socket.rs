@@ -525,11 +525,10 @@ fn master_keeps_serving_with_ten_thousand_idle_connections() {
     assert!(started.elapsed() < Duration::from_secs(60));
 }
 
-/// Known gap: each data-plane shard serves at most `SERVER_CONNECTIONS_MAX` (1024)
-/// connections and closes newer ones on accept, so 1024 idle peers lock a good client out
-/// (it sees a reset). Run with `--ignored` once the server evicts idle connections.
+/// An io_uring shard holds up to `SERVER_CONNECTIONS_MAX` (16k) connections, so 10k idle peers
+/// do not lock a good client out. The blocking fallback (a thread per connection) stops at
+/// 1024, so on a machine without io_uring this test says so and does not run.
 #[test]
-#[ignore = "data plane: idle peers beyond SERVER_CONNECTIONS_MAX lock good clients out"]
 fn node_keeps_serving_with_ten_thousand_idle_connections() {
     let _one_at_a_time = IDLE_TESTS.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
@@ -537,6 +536,13 @@ fn node_keeps_serving_with_ten_thousand_idle_connections() {
     let m = Master::start(&[]);
     let node = std::cell::RefCell::new(Node::start(&m, &["--global_segment_size=64 MB"]));
     let seg = node.borrow().segments[0].clone();
+    if seg.backend != "io_uring" {
+        println!(
+            "skipped: the node runs the blocking fallback ({} connections at most)",
+            1024
+        );
+        return;
+    }
     let addr: SocketAddr = seg.te_endpoint.parse().unwrap();
     let pid = node.borrow().child.id();
     hold_idle_connections("node", addr, pid, target, || {

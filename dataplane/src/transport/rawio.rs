@@ -183,6 +183,19 @@ pub(crate) fn set_buffer_sizes(fd: RawFd) {
     set_int_opt(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes);
 }
 
+/// Accept-queue depth of data-plane listeners.
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
+/// Prepares a listener: large buffers (inherited by accepted sockets) and a deep accept queue,
+/// so a burst of connects (every client after a restart) does not overflow it: an overflowed
+/// SYN costs the connecting peer a 1 s retransmit. Best effort, like the buffer sizes.
+pub(crate) fn tune_listener(fd: RawFd) {
+    set_buffer_sizes(fd);
+    // SAFETY: listen(2) on a socket we own that is already listening; calling it again only
+    // changes the backlog (the kernel caps it at net.core.somaxconn).
+    unsafe { libc::listen(fd, LISTEN_BACKLOG) };
+}
+
 /// `TCP_NODELAY`, large buffers and blocking-operation timeouts for a connected socket.
 pub(crate) fn tune_stream(stream: &TcpStream, io_timeout: Duration) -> io::Result<()> {
     stream.set_nodelay(true)?;

@@ -47,7 +47,9 @@ use super::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 use super::rawio;
-use crate::limits::{DRAIN_CHUNK_BYTES, IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX};
+use crate::limits::{
+    BLOCKING_CONNECTIONS_MAX, DRAIN_CHUNK_BYTES, IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX,
+};
 use crate::mem::{Catalog, CatalogRecord, Registry, Segment};
 use crate::TeError;
 
@@ -236,7 +238,8 @@ impl ServedMemory {
 pub struct ServerConfig {
     /// Bound on one blocking socket operation; a peer silent for longer is dropped.
     pub io_timeout: Duration,
-    /// Connections served at once; more are closed on accept.
+    /// Connections served at once; more are closed on accept. The blocking server caps this at
+    /// `BLOCKING_CONNECTIONS_MAX` (one thread per connection).
     pub max_connections: usize,
 }
 
@@ -301,7 +304,7 @@ impl TcpServer {
             ));
         }
         let listener = TcpListener::bind(addr)?;
-        rawio::set_buffer_sizes(listener.as_raw_fd());
+        rawio::tune_listener(listener.as_raw_fd());
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             memory,
@@ -384,7 +387,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>
         next_id += 1;
         {
             let mut conns = shared.connections.lock().unwrap_or_else(|e| e.into_inner());
-            let registered = conns.len() < shared.config.max_connections
+            let cap = shared.config.max_connections.min(BLOCKING_CONNECTIONS_MAX);
+            let registered = conns.len() < cap
                 && rawio::tune_stream(&stream, shared.config.io_timeout).is_ok()
                 && stream.try_clone().map(|c| conns.insert(id, c)).is_ok();
             if !registered {

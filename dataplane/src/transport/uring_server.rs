@@ -101,7 +101,7 @@ impl UringServer {
             )));
         }
         let listener = TcpListener::bind(addr).map_err(ShardStartError::Bind)?;
-        rawio::set_buffer_sizes(listener.as_raw_fd());
+        rawio::tune_listener(listener.as_raw_fd());
         let local_addr = listener.local_addr().map_err(ShardStartError::Bind)?;
         // SAFETY: eventfd takes no pointers; the result is checked before use.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
