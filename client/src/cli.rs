@@ -41,6 +41,11 @@ pub fn node_main(args: Vec<String>) -> i32 {
         }
     };
     init_logging();
+    // Every peer holds connections to every shard: lift the soft fd limit.
+    let (before, after) = tuning::raise_nofile_limit();
+    if after > before {
+        tracing::info!("open-file limit raised from {before} to {after}");
+    }
     install_signal_handlers();
     let node = match Node::start(&cfg) {
         Ok(n) => std::sync::Arc::new(n),

@@ -45,6 +45,11 @@ pub fn master_main(args: Vec<String>) -> i32 {
             return 2;
         }
     };
+    // Many clients and storage nodes each hold a connection: lift the soft fd limit.
+    let (before, after) = tuning::raise_nofile_limit();
+    if after > before {
+        info!("open-file limit raised from {before} to {after}");
+    }
     if cfg.enable_ha {
         eprintln!("mooncake_master: --enable_ha is not available yet in this build");
         return 2;

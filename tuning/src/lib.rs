@@ -1,0 +1,218 @@
+//! Host checks and tuning for mooncake-rs.
+//!
+//! Modelled on Seastar's `perftune.py`: read what the host offers, say what a storage node or
+//! master would want, and (without `--dry-run`) change what a root process may change. The
+//! processes themselves call [`raise_nofile_limit`] at start-up so that many clients and
+//! storage nodes can connect at once.
+//!
+//! Everything here reads `/proc` and `/sys` or calls `getrlimit`/`setrlimit`; nothing panics on
+//! a host that lacks a file (a container, an old kernel): the check reports "unknown".
+
+use std::path::Path;
+
+/// File descriptors a server process asks for (the hard limit caps it).
+pub const NOFILE_WANTED: u64 = 1 << 20;
+/// Accept-queue depth the servers request (`listen(2)` backlog); `net.core.somaxconn` caps it.
+pub const SOMAXCONN_WANTED: u64 = 4096;
+
+/// Raises the soft `RLIMIT_NOFILE` towards [`NOFILE_WANTED`] (never above the hard limit).
+/// Returns `(before, after)`. Best effort: a refusal leaves the limit as it was.
+pub fn raise_nofile_limit() -> (u64, u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the one struct passed and nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return (0, 0);
+    }
+    let before = lim.rlim_cur;
+    let want = NOFILE_WANTED.min(lim.rlim_max);
+    if want > before {
+        let new = libc::rlimit {
+            rlim_cur: want,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the one struct passed and nothing else.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+            return (before, want);
+        }
+    }
+    (before, before)
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub name: &'static str,
+    /// What the host has now (`unknown` when it cannot be read).
+    pub current: String,
+    /// What we would like, in words.
+    pub wanted: String,
+    pub ok: bool,
+    /// A `/proc/sys` or `/sys` file and the value to write there to fix it (root only).
+    pub fix: Option<(String, String)>,
+}
+
+/// Free and total 2 MiB hugepages from `/proc/meminfo` text.
+pub fn parse_hugepages(meminfo: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    Some((field("HugePages_Free:")?, field("HugePages_Total:")?))
+}
+
+/// The selected mode in a `/sys/kernel/mm/transparent_hugepage/enabled` line, e.g.
+/// `always [madvise] never` -> `madvise`.
+pub fn parse_thp_mode(text: &str) -> Option<String> {
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(text[start..end].to_string())
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Checks the host for a storage node that wants `hugepages` reserved 2 MiB pages.
+pub fn checks(hugepages: u64) -> Vec<Check> {
+    let mut out = Vec::new();
+    let meminfo = read("/proc/meminfo").unwrap_or_default();
+    let (free, total) = parse_hugepages(&meminfo).unwrap_or((0, 0));
+    out.push(Check {
+        name: "hugepages (2 MiB) reserved",
+        current: format!("{total} total, {free} free"),
+        wanted: format!("at least {hugepages} (MC_STORE_USE_HUGEPAGE=1 uses them)"),
+        ok: total >= hugepages,
+        fix: (total < hugepages).then(|| {
+            (
+                "/proc/sys/vm/nr_hugepages".to_string(),
+                hugepages.to_string(),
+            )
+        }),
+    });
+    let thp = read("/sys/kernel/mm/transparent_hugepage/enabled").and_then(|t| parse_thp_mode(&t));
+    out.push(Check {
+        name: "transparent hugepages",
+        current: thp.clone().unwrap_or_else(|| "unknown".into()),
+        wanted: "madvise or always (segments ask with MADV_HUGEPAGE)".into(),
+        ok: matches!(thp.as_deref(), Some("madvise") | Some("always")),
+        fix: (thp.as_deref() == Some("never")).then(|| {
+            (
+                "/sys/kernel/mm/transparent_hugepage/enabled".to_string(),
+                "madvise".to_string(),
+            )
+        }),
+    });
+    let somax = read("/proc/sys/net/core/somaxconn").and_then(|v| v.parse::<u64>().ok());
+    out.push(Check {
+        name: "net.core.somaxconn",
+        current: somax.map_or("unknown".into(), |v| v.to_string()),
+        wanted: format!("at least {SOMAXCONN_WANTED} (accept-queue depth of the servers)"),
+        ok: somax.is_some_and(|v| v >= SOMAXCONN_WANTED),
+        fix: somax.filter(|v| *v < SOMAXCONN_WANTED).map(|_| {
+            (
+                "/proc/sys/net/core/somaxconn".to_string(),
+                SOMAXCONN_WANTED.to_string(),
+            )
+        }),
+    });
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the one struct passed and nothing else.
+    let have = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    out.push(Check {
+        name: "open files (RLIMIT_NOFILE hard)",
+        current: if have {
+            lim.rlim_max.to_string()
+        } else {
+            "unknown".into()
+        },
+        wanted: "at least 65536 (servers raise their soft limit to it at start-up)".into(),
+        ok: have && lim.rlim_max >= 65536,
+        fix: None,
+    });
+    // SAFETY: getrlimit writes the one struct passed and nothing else.
+    let have = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0;
+    out.push(Check {
+        name: "locked memory (RLIMIT_MEMLOCK)",
+        current: if !have {
+            "unknown".into()
+        } else if lim.rlim_cur == libc::RLIM_INFINITY {
+            "unlimited".into()
+        } else {
+            format!("{} bytes", lim.rlim_cur)
+        },
+        wanted: "unlimited for RDMA registration (not needed for TCP)".into(),
+        ok: have && lim.rlim_cur == libc::RLIM_INFINITY,
+        fix: None,
+    });
+    let uring = read("/proc/sys/kernel/io_uring_disabled");
+    out.push(Check {
+        name: "io_uring",
+        current: match uring.as_deref() {
+            None | Some("0") => "allowed".into(),
+            Some(v) => format!("kernel.io_uring_disabled={v}"),
+        },
+        wanted: "allowed (else shards fall back to the blocking server)".into(),
+        ok: matches!(uring.as_deref(), None | Some("0")),
+        fix: None,
+    });
+    out
+}
+
+/// Writes each fix; returns one line per attempt.
+pub fn apply(checks: &[Check]) -> Vec<String> {
+    checks
+        .iter()
+        .filter_map(|c| c.fix.as_ref())
+        .map(
+            |(path, value)| match std::fs::write(Path::new(path), value) {
+                Ok(()) => format!("wrote {value} to {path}"),
+                Err(e) => format!("could not write {value} to {path}: {e}"),
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_meminfo_and_thp() {
+        let m = "MemTotal: 1 kB\nHugePages_Total:      16\nHugePages_Free:        9\n";
+        assert_eq!(parse_hugepages(m), Some((9, 16)));
+        assert_eq!(parse_hugepages("MemTotal: 1 kB\n"), None);
+        assert_eq!(
+            parse_thp_mode("always [madvise] never").as_deref(),
+            Some("madvise")
+        );
+        assert_eq!(parse_thp_mode("garbage"), None);
+    }
+
+    #[test]
+    fn checks_run_on_this_host_and_fixes_name_real_files() {
+        let c = checks(1 << 40);
+        assert!(c.len() >= 5);
+        let huge = &c[0];
+        assert!(!huge.ok, "nobody reserves 2^40 hugepages");
+        assert_eq!(
+            huge.fix.as_ref().map(|f| f.0.as_str()),
+            Some("/proc/sys/vm/nr_hugepages")
+        );
+    }
+
+    #[test]
+    fn nofile_limit_is_raised_or_left() {
+        let (before, after) = raise_nofile_limit();
+        assert!(after >= before);
+    }
+}
