@@ -41,6 +41,8 @@ run_pair() { # impl target_cmd initiator_cmd_prefix -> prints throughput for eac
     done
   done
   kill -TERM $tpid 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 $tpid 2>/dev/null || break; sleep 0.1; done
+  kill -KILL $tpid 2>/dev/null || true # upstream's target does not always stop on SIGTERM
   wait $tpid 2>/dev/null || true
 }
 
