@@ -564,7 +564,13 @@ impl<'c> Lane<'c> {
                     None => &mut [],
                 },
             };
-            let n = match rawio::recv(self.fd, buf, flags) {
+            let spin = blocking && matches!(self.recv, RecvPhase::Header { filled: 0 });
+            let got = if spin {
+                recv_spinning(self.fd, buf, flags)
+            } else {
+                rawio::recv(self.fd, buf, flags)
+            };
+            let n = match got {
                 Ok(0) => {
                     return Err(TransferError::Connection {
                         kind: io::ErrorKind::UnexpectedEof,
@@ -783,4 +789,42 @@ impl Batch<'_, '_> {
             }
         }
     }
+}
+
+/// How long a caller waiting for a response polls the socket before sleeping in `recv`
+/// (`MC_TCP_BUSY_POLL_US`, default 50 µs; 0 turns it off). A loopback or LAN answer usually
+/// arrives within that, and a sleeping caller pays a wake-up (20-40 µs on these VMs) per
+/// request; past it the caller sleeps, so a slow peer costs no more than this much CPU.
+fn busy_poll() -> std::time::Duration {
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let us = *US.get_or_init(|| {
+        std::env::var("MC_TCP_BUSY_POLL_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(BUSY_POLL_DEFAULT_US)
+    });
+    std::time::Duration::from_micros(us)
+}
+
+/// Default of [`busy_poll`].
+const BUSY_POLL_DEFAULT_US: u64 = 50;
+
+/// `recv` with `flags` (blocking), after polling with `MSG_DONTWAIT` for up to [`busy_poll`].
+fn recv_spinning(fd: std::os::fd::RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    let budget = busy_poll();
+    if !budget.is_zero() {
+        let until = Instant::now() + budget;
+        loop {
+            match rawio::recv(fd, buf, libc::MSG_DONTWAIT) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                other => return other,
+            }
+        }
+    }
+    rawio::recv(fd, buf, flags)
 }
