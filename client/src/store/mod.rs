@@ -350,6 +350,27 @@ impl Store {
         results
     }
 
+    /// One batch call to the master with a result per key: every key `INVALID_PARAMS` when the
+    /// store is closed, `[]` for no keys, and every key the call's error (`RPC_FAIL` for an
+    /// answer of the wrong length) when the call itself fails.
+    fn per_key<R, T>(&self, n: usize, req: impl FnOnce() -> R) -> Vec<Result<T, ErrorCode>>
+    where
+        R: protocol::message::Rpc<Reply = Vec<Result<T, ErrorCode>>>,
+        T: Clone,
+    {
+        if self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); n];
+        }
+        if n == 0 {
+            return Vec::new();
+        }
+        match rpc(self.master.call(&req())) {
+            Ok(v) if v.len() == n => v,
+            Ok(_) => vec![Err(ErrorCode::RpcFail); n],
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
     // ---- gets ---------------------------------------------------------------------------
 
     /// The replica list of `key` (grants a read lease).
@@ -361,19 +382,9 @@ impl Store {
     }
 
     pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<ReplicaList, ErrorCode>> {
-        if self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); keys.len()];
-        }
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        match rpc(self.master.call(&BatchGetReplicaList {
+        self.per_key(keys.len(), || BatchGetReplicaList {
             keys: keys.to_vec(),
-        })) {
-            Ok(v) if v.len() == keys.len() => v,
-            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => vec![Err(e); keys.len()],
-        }
+        })
     }
 
     /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
@@ -476,19 +487,9 @@ impl Store {
     }
 
     pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, ErrorCode>> {
-        if self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); keys.len()];
-        }
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        match rpc(self.master.call(&BatchExistKey {
+        self.per_key(keys.len(), || BatchExistKey {
             keys: keys.to_vec(),
-        })) {
-            Ok(v) if v.len() == keys.len() => v,
-            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => vec![Err(e); keys.len()],
-        }
+        })
     }
 
     pub fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
@@ -513,20 +514,10 @@ impl Store {
     }
 
     pub fn batch_remove(&self, keys: &[String], force: bool) -> Vec<Result<(), ErrorCode>> {
-        if self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); keys.len()];
-        }
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        match rpc(self.master.call(&BatchRemove {
+        self.per_key(keys.len(), || BatchRemove {
             keys: keys.to_vec(),
             force,
-        })) {
-            Ok(v) if v.len() == keys.len() => v,
-            Ok(_) => vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => vec![Err(e); keys.len()],
-        }
+        })
     }
 
     // ---- zero copy --------------------------------------------------------------------------
