@@ -14,6 +14,7 @@ use crate::config::{MasterConfig, ParsedArgs};
 use crate::http::{admin, metadata};
 use crate::rpc;
 use crate::service::MasterService;
+use crate::signals::Signals;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -114,6 +115,9 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
 }
 
 async fn run(cfg: MasterConfig) -> Result<(), String> {
+    // Handlers first: a SIGTERM that arrives once the ports are open must shut down cleanly,
+    // not kill the process with the default action.
+    let signals = Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let service = Arc::new(MasterService::new(
         cfg.service.clone(),
         Arc::new(SystemClock::new()),
@@ -212,7 +216,7 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         cfg.cluster_id()
     );
 
-    wait_for_signal().await;
+    signals.wait().await;
     info!("shutting down");
     let _ = stop_tx.send(true);
     let drain = async { while tasks.join_next().await.is_some() {} };
@@ -223,14 +227,4 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         warn!("some tasks did not stop within 5 s");
     }
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -22,4 +22,5 @@ pub mod config;
 pub mod http;
 pub mod rpc;
 pub mod service;
+pub mod signals;
 pub mod view;

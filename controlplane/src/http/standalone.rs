@@ -92,31 +92,9 @@ fn parse_level(raw: &str) -> Result<tracing::Level, String> {
     }
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-async fn termination() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = terminate.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = interrupt.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
-    }
-}
-
 async fn run(options: Options) -> Result<(), String> {
+    let signals = crate::signals::Signals::install()
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let listener = TcpListener::bind((options.host.as_str(), options.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", options.host, options.port))?;
@@ -132,7 +110,7 @@ async fn run(options: Options) -> Result<(), String> {
             let _ = stopped.wait_for(|&s| s).await;
         },
     ));
-    termination().await;
+    signals.wait().await;
     tracing::info!("signal received, shutting down");
     let _ = stop.send(true);
     match tokio::time::timeout(DRAIN_TIMEOUT, server).await {
