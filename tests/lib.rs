@@ -28,8 +28,26 @@ pub fn bin_path(name: &str) -> PathBuf {
     p
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, drawn from 20000-31999: below the kernel's
+/// ephemeral range (32768+), so that the source ports of the many connections parallel tests
+/// open cannot take it between this check and the server's bind. Each process starts at a
+/// different point of the range.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let _ = NEXT.compare_exchange(u32::MAX, seed % SPAN, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..SPAN {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -58,41 +76,17 @@ pub struct Master {
 }
 
 impl Master {
-    /// Starts the master with the embedded HTTP metadata server and `extra` flags.
+    /// Starts the master with the embedded HTTP metadata server and `extra` flags on free
+    /// ports. If another process took a port in between (the master exits with a bind error),
+    /// it tries again with new ports.
     pub fn start(extra: &[&str]) -> Master {
-        let rpc_port = free_port();
-        let metrics_port = free_port();
-        let http_metadata_port = free_port();
-        let mut args = vec![
-            format!("--rpc_port={rpc_port}"),
-            "--rpc_address=127.0.0.1".to_string(),
-            format!("--metrics_port={metrics_port}"),
-            "--metrics_host=127.0.0.1".to_string(),
-            "--enable_http_metadata_server=true".to_string(),
-            "--http_metadata_server_host=127.0.0.1".to_string(),
-            format!("--http_metadata_server_port={http_metadata_port}"),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(bin_path("mooncake_master"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn mooncake_master");
-        let m = Master {
-            child,
-            rpc_port,
-            metrics_port,
-            http_metadata_port,
-        };
-        assert!(
-            wait_for_port(rpc_port, Duration::from_secs(10)),
-            "master RPC port never opened"
-        );
-        assert!(
-            wait_for_port(metrics_port, Duration::from_secs(10)),
-            "admin port never opened"
-        );
-        m
+        for _ in 0..5 {
+            let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
+            if let Some(m) = Master::try_start_on(rpc, metrics, meta, extra) {
+                return m;
+            }
+        }
+        panic!("mooncake_master did not start on five sets of free ports");
     }
 
     pub fn rpc_addr(&self) -> String {
@@ -195,6 +189,18 @@ impl Master {
         http_metadata_port: u16,
         extra: &[&str],
     ) -> Master {
+        Master::try_start_on(rpc_port, metrics_port, http_metadata_port, extra)
+            .expect("mooncake_master exited before opening its ports")
+    }
+
+    /// Starts the master on the given ports; `None` if it exits before they open (a port was
+    /// taken). Panics if it neither exits nor opens them within 10 s.
+    fn try_start_on(
+        rpc_port: u16,
+        metrics_port: u16,
+        http_metadata_port: u16,
+        extra: &[&str],
+    ) -> Option<Master> {
         let mut args = vec![
             format!("--rpc_port={rpc_port}"),
             "--rpc_address=127.0.0.1".to_string(),
@@ -210,17 +216,24 @@ impl Master {
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn mooncake_master");
-        let m = Master {
+        let mut m = Master {
             child,
             rpc_port,
             metrics_port,
             http_metadata_port,
         };
-        assert!(
-            wait_for_port(rpc_port, Duration::from_secs(10)),
-            "master RPC port never opened"
-        );
-        m
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(_)) = m.child.try_wait() {
+                return None;
+            }
+            let open = |p| TcpStream::connect(("127.0.0.1", p)).is_ok();
+            if open(rpc_port) && open(metrics_port) {
+                return Some(m);
+            }
+            assert!(Instant::now() < deadline, "master ports never opened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
