@@ -55,18 +55,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Waits until something accepts connections on `127.0.0.1:port`.
-pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// A running `mooncake_master` on loopback, killed when dropped.
 pub struct Master {
     pub child: Child,

@@ -22,11 +22,23 @@ use hdrhistogram::Histogram;
 use crate::engine::TransferEngine;
 use crate::transport::header::Opcode;
 
-fn latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+/// A latency histogram in microseconds, 1 µs to 60 s, 3 significant digits (shared with the
+/// benchmarks in `bench/`).
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_MAX_US, 3).expect("valid histogram bounds")
 }
 
-fn summary(h: &Histogram<u64>) -> String {
+/// Largest latency a histogram holds; longer ones are recorded as this.
+const LATENCY_MAX_US: u64 = 60_000_000;
+
+/// Records `d` in microseconds, clamped into the histogram's range.
+pub fn record(h: &mut Histogram<u64>, d: Duration) {
+    let us = (d.as_micros() as u64).clamp(1, LATENCY_MAX_US);
+    h.record(us).expect("value within bounds");
+}
+
+/// `p50=.. p99=.. max=..` in microseconds.
+pub fn summary(h: &Histogram<u64>) -> String {
     format!(
         "p50={}us p99={}us max={}us n={}",
         h.value_at_quantile(0.50),
@@ -240,8 +252,7 @@ fn initiator(f: &HashMap<String, String>) -> Result<(), String> {
                     let t0 = Instant::now();
                     e.transfer_sync_batch(&segment, &items, op)
                         .map_err(|e| format!("transfer: {e}"))?;
-                    h.record((t0.elapsed().as_micros() as u64).clamp(1, 60_000_000))
-                        .expect("value within bounds");
+                    record(&mut h, t0.elapsed());
                     batches.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(h)
