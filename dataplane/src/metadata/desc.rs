@@ -186,4 +186,21 @@ mod tests {
         assert_eq!(&t[4..5], "-");
         assert_eq!(&t[19..20], ".");
     }
+
+    /// Found by the `segment_desc` fuzz target: a descriptor given as a JSON array with a
+    /// 150-digit number for `protocol` must decode to the same value after re-encoding.
+    #[test]
+    fn huge_numbers_round_trip_exactly() {
+        let input: &[u8] = &[
+            9, 91, 91, 93, 44, 52, 44, 34, 58, 50, 50, 34, 44, 91, 91, 93, 44, 9, 50, 48, 48, 48,
+            48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50,
+            50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50,
+            50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50,
+            50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 50, 48, 48, 48, 48,
+            48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 48, 52, 44, 34, 58, 52, 34, 44,
+            50, 93, 93,
+        ];
+        let d = SegmentDesc::from_json(input).expect("decodes");
+        assert_eq!(SegmentDesc::from_json(&d.to_json()).expect("re-decodes"), d);
+    }
 }
