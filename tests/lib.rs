@@ -119,26 +119,27 @@ impl HttpReply {
 
 /// One HTTP/1.1 request with `Connection: close`, read to the end.
 pub fn http(method: &str, port: u16, path: &str, body: &[u8]) -> HttpReply {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect http");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    try_http(method, port, path, body).expect("HTTP exchange with 127.0.0.1")
+}
+
+/// [`http`], or `None` when the connection or the exchange fails.
+pub fn try_http(method: &str, port: u16, path: &str, body: &[u8]) -> Option<HttpReply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("http header end");
+    s.read_to_end(&mut raw).ok()?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let headers = String::from_utf8_lossy(&raw[..split]).into_owned();
     let status = headers
         .split_whitespace()
         .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
+        .and_then(|s| s.parse().ok())?;
     let mut body = raw[split + 4..].to_vec();
     if headers
         .to_ascii_lowercase()
@@ -146,11 +147,11 @@ pub fn http(method: &str, port: u16, path: &str, body: &[u8]) -> HttpReply {
     {
         body = dechunk(&body);
     }
-    HttpReply {
+    Some(HttpReply {
         status,
         headers,
         body,
-    }
+    })
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
@@ -253,16 +254,25 @@ impl Node {
 
     /// [`Node::start`] with extra environment variables for the node process.
     pub fn start_with_env(master: &Master, extra: &[&str], env: &[(&str, &str)]) -> Node {
+        let metadata = format!("http://127.0.0.1:{}/metadata", master.http_metadata_port);
+        Node::start_at(&master.rpc_addr(), &metadata, extra, env)
+    }
+
+    /// Starts a node on 127.0.0.1 with the given master address (`host:port` or
+    /// `etcd://...`) and metadata server, and waits until it printed `mooncake_client ready`.
+    pub fn start_at(
+        master_addr: &str,
+        metadata: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Node {
         use std::io::BufRead;
         let port = free_port();
         let mut args = vec![
             "--host=127.0.0.1".to_string(),
             format!("--port={port}"),
-            format!("--master_server_address={}", master.rpc_addr()),
-            format!(
-                "--metadata_server=http://127.0.0.1:{}/metadata",
-                master.http_metadata_port
-            ),
+            format!("--master_server_address={master_addr}"),
+            format!("--metadata_server={metadata}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(bin_path("mooncake_client"))
@@ -373,5 +383,105 @@ pub fn wait_until(timeout: Duration, mut probe: impl FnMut() -> bool) -> Option<
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A throwaway single-member etcd (Debian's `etcd-server`, `/usr/bin/etcd`) on 127.0.0.1,
+/// killed and its data removed when dropped. [`Etcd::stop`] and [`Etcd::restart`] take it
+/// down and bring it back on the same ports with the same data.
+pub struct Etcd {
+    child: Option<Child>,
+    pub port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+}
+
+/// Where Debian's `etcd-server` puts the binary.
+pub const ETCD_BIN: &str = "/usr/bin/etcd";
+
+impl Etcd {
+    /// Starts etcd and waits until it answers `/health`; `None` (with the reason printed) when
+    /// the binary is missing.
+    pub fn start() -> Option<Etcd> {
+        if !std::path::Path::new(ETCD_BIN).exists() {
+            eprintln!("SKIP: {ETCD_BIN} not found (install Debian's etcd-server)");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "mooncake-etcd-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let mut e = Etcd {
+            child: None,
+            port: free_port(),
+            peer_port: free_port(),
+            dir,
+        };
+        e.restart();
+        Some(e)
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills etcd (SIGKILL): its clients see connections refused.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// (Re)starts etcd on the same ports and data directory and waits until it is healthy.
+    pub fn restart(&mut self) {
+        self.stop();
+        let client_url = format!("http://127.0.0.1:{}", self.port);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(std::env::temp_dir().join(format!("mooncake-etcd-{}.log", self.port)))
+            .expect("etcd log file");
+        let child = Command::new(ETCD_BIN)
+            .args([
+                "--data-dir",
+                &self.dir.join("data").to_string_lossy(),
+                "--name",
+                "default",
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &format!("default={peer_url}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd");
+        self.child = Some(child);
+        let healthy = wait_until(Duration::from_secs(30), || {
+            try_http("GET", self.port, "/health", b"").is_some_and(|r| r.status == 200)
+        });
+        assert!(
+            healthy.is_some(),
+            "etcd on {} never became healthy",
+            self.addr()
+        );
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -16,6 +16,14 @@
 //! follower never sleeps longer than [`FOLLOWER_RECHECK`] without re-checking whether the read
 //! side is free, so a lost hand-over costs at most that. A broken connection fails every
 //! pending call with `Closed` and is replaced by a new one on the next call.
+//!
+//! Following an HA leader (`docs/ha.md`): with `etcd://h1:p1;h2:p2` as the address, the client
+//! reads the leader's RPC address from etcd's key `mooncake-store/<cluster_id>/master_view`
+//! (cluster from `MC_STORE_CLUSTER_ID`, default `mooncake_cluster`) through etcd's JSON
+//! gateway each time it (re)connects, waiting up to the call timeout for a leader to appear.
+//! A call whose connection dies, or that a master answers with `UNAVAILABLE_IN_CURRENT_STATUS`
+//! (a standby, or a leader that cannot prove its lease), is sent once more after looking the
+//! leader up again; the second answer is final.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -24,6 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::metadata::etcd::{parse_endpoints, EtcdStore};
+use dataplane::metadata::MetadataStore;
 use parking_lot::{Condvar, Mutex};
 use protocol::frame::{self, Kind, HEADER_BYTES};
 use protocol::message::Rpc;
@@ -40,6 +50,14 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 const LEAD_READ_SLICE: Duration = Duration::from_millis(50);
 /// Longest a follower sleeps before checking again whether it can lead.
 const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
+/// How often a client without a reachable leader looks at etcd again.
+const LEADER_POLL: Duration = Duration::from_millis(50);
+/// How long etcd may fail to answer before a client stops waiting for a leader.
+const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
+/// Longest a connect to a published leader may take before the leader is looked up again.
+const LEADER_CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
+/// The cluster of a store when `MC_STORE_CLUSTER_ID` is unset (upstream's default).
+pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -124,9 +142,17 @@ impl Conn {
     }
 }
 
-/// A thread-safe client of one master.
+/// Where the master is.
+enum Target {
+    /// A fixed address (`host:port`).
+    Fixed(Vec<SocketAddr>),
+    /// Whoever leads the cluster, as published in etcd under `key`.
+    Leader { etcd: EtcdStore, key: String },
+}
+
+/// A thread-safe client of one master, or of the HA leader of a cluster.
 pub struct MasterClient {
-    addrs: Vec<SocketAddr>,
+    target: Target,
     addr_text: String,
     conn: Mutex<Option<Arc<Conn>>>,
     next_id: AtomicU64,
@@ -144,18 +170,42 @@ fn env_ms(name: &str) -> Option<Duration> {
 }
 
 impl MasterClient {
-    /// A client of the master at `addr` (`host:port`). Connects lazily on the first call, and
-    /// again after a connection is lost.
+    /// A client of the master at `addr` (`host:port`), or of the HA leader found through
+    /// etcd (`etcd://h1:p1;h2:p2`, cluster from `MC_STORE_CLUSTER_ID`). Connects lazily on
+    /// the first call, and again after a connection is lost.
     pub fn new(addr: &str) -> Result<MasterClient, ClientError> {
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| ClientError::Connect {
-                addr: addr.to_string(),
-                source: e,
-            })?
-            .collect();
+        let cluster = std::env::var("MC_STORE_CLUSTER_ID")
+            .ok()
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_string());
+        Self::new_in_cluster(addr, &cluster)
+    }
+
+    /// Like [`Self::new`], following the leader of `cluster_id` for an `etcd://` address.
+    pub fn new_in_cluster(addr: &str, cluster_id: &str) -> Result<MasterClient, ClientError> {
+        let bad = |why: String| ClientError::Connect {
+            addr: addr.to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+        };
+        let target = if let Some(list) = addr.trim().strip_prefix("etcd://") {
+            let endpoints = parse_endpoints(list).map_err(|e| bad(e.to_string()))?;
+            Target::Leader {
+                etcd: EtcdStore::new(endpoints),
+                key: format!("mooncake-store/{cluster_id}/master_view"),
+            }
+        } else {
+            let addrs: Vec<SocketAddr> = addr
+                .to_socket_addrs()
+                .map_err(|e| ClientError::Connect {
+                    addr: addr.to_string(),
+                    source: e,
+                })?
+                .collect();
+            Target::Fixed(addrs)
+        };
         Ok(MasterClient {
-            addrs,
+            target,
             addr_text: addr.to_string(),
             conn: Mutex::new(None),
             next_id: AtomicU64::new(1),
@@ -174,6 +224,11 @@ impl MasterClient {
         self
     }
 
+    /// Whether this client follows an HA leader through etcd.
+    pub fn follows_leader(&self) -> bool {
+        matches!(self.target, Target::Leader { .. })
+    }
+
     fn connection(&self) -> Result<Arc<Conn>, ClientError> {
         let mut guard = self.conn.lock();
         if let Some(c) = guard.as_ref() {
@@ -181,8 +236,16 @@ impl MasterClient {
                 return Ok(c.clone());
             }
         }
+        let addrs = match &self.target {
+            Target::Fixed(addrs) => addrs,
+            Target::Leader { etcd, key } => {
+                let conn = self.connect_to_leader(etcd, key)?;
+                *guard = Some(conn.clone());
+                return Ok(conn);
+            }
+        };
         let mut last_err = None;
-        for a in &self.addrs {
+        for a in addrs {
             match TcpStream::connect_timeout(a, self.connect_timeout) {
                 Ok(stream) => {
                     let conn = spawn_reader(stream).map_err(|e| ClientError::Connect {
@@ -203,13 +266,78 @@ impl MasterClient {
         })
     }
 
+    /// Looks the leader up in etcd and connects to it, polling until one answers or the call
+    /// timeout passes.
+    fn connect_to_leader(&self, etcd: &EtcdStore, key: &str) -> Result<Arc<Conn>, ClientError> {
+        let deadline = Instant::now() + self.timeout;
+        // etcd itself failing for this long ends the wait: no leader can be elected meanwhile.
+        let mut etcd_failing_since: Option<Instant> = None;
+        let mut why;
+        loop {
+            let looked_up = etcd.get(key);
+            if let Err(e) = &looked_up {
+                let since = *etcd_failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= ETCD_DOWN_GIVE_UP {
+                    why = format!("etcd: {e}");
+                    break;
+                }
+            } else {
+                etcd_failing_since = None;
+            }
+            why = match looked_up {
+                Ok(Some(value)) => {
+                    let leader = String::from_utf8_lossy(&value).trim().to_string();
+                    match leader.to_socket_addrs().map(|mut a| a.next()) {
+                        Ok(Some(a)) => {
+                            match TcpStream::connect_timeout(
+                                &a,
+                                self.connect_timeout.min(LEADER_CONNECT_TIMEOUT),
+                            ) {
+                                Ok(stream) => {
+                                    return spawn_reader(stream).map_err(|e| ClientError::Connect {
+                                        addr: leader.clone(),
+                                        source: e,
+                                    })
+                                }
+                                Err(e) => format!("leader {leader} does not answer: {e}"),
+                            }
+                        }
+                        _ => format!("etcd names an unusable leader address {leader:?}"),
+                    }
+                }
+                Ok(None) => format!("no leader published at {key}"),
+                Err(e) => format!("etcd: {e}"),
+            };
+            if Instant::now() + LEADER_POLL >= deadline {
+                break;
+            }
+            std::thread::sleep(LEADER_POLL);
+        }
+        Err(ClientError::Connect {
+            addr: self.addr_text.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::NotConnected, why),
+        })
+    }
+
+    /// Drops the current connection (if it is still `conn`), so the next call reconnects.
+    fn forget(&self, conn: &Arc<Conn>) {
+        let mut guard = self.conn.lock();
+        if guard.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            let _ = conn.writer.lock().shutdown(std::net::Shutdown::Both);
+            conn.fail_all("leaving a master that may not serve");
+            *guard = None;
+        }
+    }
+
     /// One call: sends `req` and waits for its answer.
     pub fn call<R: Rpc>(&self, req: &R) -> Result<Result<R::Reply, ErrorCode>, ClientError> {
         let mut out = self.call_many(std::slice::from_ref(req))?;
         Ok(out.pop().expect("call_many returns one answer per request"))
     }
 
-    /// Sends every request in one write and waits for all answers (pipelining).
+    /// Sends every request in one write and waits for all answers (pipelining). Following a
+    /// leader, a call that lost its connection or reached a master that may not serve is sent
+    /// once more to the leader looked up again.
     pub fn call_many<R: Rpc>(
         &self,
         reqs: &[R],
@@ -218,6 +346,34 @@ impl MasterClient {
             return Ok(Vec::new());
         }
         let conn = self.connection()?;
+        let first = self.call_many_on(&conn, reqs);
+        if !self.follows_leader() {
+            return first;
+        }
+        let again = match &first {
+            Err(ClientError::Closed(_)) => true,
+            Ok(answers) => answers
+                .iter()
+                .any(|a| matches!(a, Err(ErrorCode::UnavailableInCurrentStatus))),
+            Err(_) => false,
+        };
+        if !again {
+            return first;
+        }
+        self.forget(&conn);
+        match self.connection() {
+            Ok(conn) => self.call_many_on(&conn, reqs),
+            // No leader to be found (etcd down, or none elected in time): the first answer
+            // (a retryable code, or the lost connection) says more than "cannot connect".
+            Err(_) => first,
+        }
+    }
+
+    fn call_many_on<R: Rpc>(
+        &self,
+        conn: &Arc<Conn>,
+        reqs: &[R],
+    ) -> Result<Vec<Result<R::Reply, ErrorCode>>, ClientError> {
         let waiter = Arc::new(Waiter {
             slots: Mutex::new(WaiterSlots {
                 answers: vec![None; reqs.len()],
@@ -254,7 +410,7 @@ impl MasterClient {
             slots.lead = false;
             drop(slots);
             if let Some(mut side) = conn.reader.try_lock() {
-                lead(&conn, &mut side, &waiter, deadline);
+                lead(conn, &mut side, &waiter, deadline);
                 drop(side);
                 conn.hand_over(&waiter);
                 slots = waiter.slots.lock();

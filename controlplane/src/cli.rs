@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::clock::SystemClock;
 use crate::config::{MasterConfig, ParsedArgs};
+use crate::ha::{self, HaConfig, HaState};
 use crate::http::{admin, metadata};
 use crate::rpc;
 use crate::service::MasterService;
@@ -50,10 +51,6 @@ pub fn master_main(args: Vec<String>) -> i32 {
     let (before, after) = tuning::raise_nofile_limit();
     if after > before {
         info!("open-file limit raised from {before} to {after}");
-    }
-    if cfg.enable_ha {
-        eprintln!("mooncake_master: --enable_ha is not available yet in this build");
-        return 2;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.rpc_threads().max(1))
@@ -130,10 +127,43 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         }
     };
 
+    let ha_endpoints = if cfg.enable_ha {
+        let conn = cfg.ha_connstring().unwrap_or_default();
+        Some(ha::parse_endpoints(conn).map_err(|e| format!("--ha_backend_connstring: {e}"))?)
+    } else {
+        None
+    };
+    let mut tasks = tokio::task::JoinSet::new();
     let rpc_listener = bind(&cfg.rpc_address, cfg.rpc_listen_port(), "RPC").await?;
     let rpc_addr: SocketAddr = rpc_listener.local_addr().map_err(|e| e.to_string())?;
+    // In HA mode the published address must be one clients can reach.
+    let ha = match ha_endpoints {
+        Some(endpoints) => {
+            if rpc_addr.ip().is_unspecified() {
+                return Err(format!(
+                    "--enable_ha needs --rpc_address set to an address clients can reach \
+                     (it is {}, which cannot be published as the leader's address)",
+                    cfg.rpc_address
+                ));
+            }
+            let ha_cfg = HaConfig {
+                endpoints,
+                cluster_id: cfg.cluster_id().to_string(),
+                advertise: rpc_addr.to_string(),
+                lease_ttl_s: cfg.ha_lease_ttl_s,
+            };
+            info!(
+                "HA: campaigning for cluster {} in etcd {:?} (lease {} s); standby until elected",
+                ha_cfg.cluster_id, ha_cfg.endpoints, ha_cfg.lease_ttl_s
+            );
+            let state = Arc::new(HaState::new(ha_cfg.advertise.clone()));
+            let (st, svc, stop) = (state.clone(), service.clone(), stopped());
+            tasks.spawn(async move { ha::run(ha_cfg, st, svc, stop).await });
+            Some(state)
+        }
+        None => None,
+    };
     let admin_listener = bind(&cfg.metrics_host, cfg.metrics_port, "admin/metrics").await?;
-    let mut tasks = tokio::task::JoinSet::new();
     if cfg.enable_http_metadata_server {
         let l = bind(
             &cfg.http_metadata_server_host,
@@ -159,13 +189,15 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
     );
     let view: Arc<dyn crate::view::AdminView> = service.clone();
     let stop = stopped();
+    let admin_ha = ha.clone();
     tasks.spawn(async move {
-        if let Err(e) = admin::serve_admin(admin_listener, view, stop).await {
+        if let Err(e) = admin::serve_admin(admin_listener, view, admin_ha, stop).await {
             error!("admin server: {e}");
         }
     });
     let svc = service.clone();
     let stop_tick = stopped();
+    let tick_gate = ha.clone();
     tasks.spawn(async move {
         tokio::pin!(stop_tick);
         let mut every = tokio::time::interval(TICK_INTERVAL);
@@ -174,6 +206,11 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
             tokio::select! {
                 _ = &mut stop_tick => return,
                 _ = every.tick() => {
+                    // A master that may not serve refuses pings: its liveness pass would
+                    // expire clients for that. Its state is reset or refreshed when it serves.
+                    if tick_gate.as_ref().is_some_and(|g| !g.may_serve()) {
+                        continue;
+                    }
                     let s = svc.clone();
                     // The pass may take a while under heavy eviction: keep it off the I/O workers.
                     let _ = tokio::task::spawn_blocking(move || s.tick()).await;
@@ -182,9 +219,10 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         }
     });
     let svc = service.clone();
-    tasks.spawn(rpc::serve(rpc_listener, svc, stopped()));
+    tasks.spawn(rpc::serve(rpc_listener, svc, ha.clone(), stopped()));
     if cfg.enable_metric_reporting {
         let svc = service.clone();
+        let report_gate = ha.clone();
         let stop = stopped();
         tasks.spawn(async move {
             tokio::pin!(stop);
@@ -194,6 +232,9 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
                 tokio::select! {
                     _ = &mut stop => return,
                     _ = every.tick() => {
+                        if report_gate.as_ref().is_some_and(|g| !g.may_serve()) {
+                            continue;
+                        }
                         let g = svc.gauges();
                         info!(
                             "keys={} allocated={}B capacity={}B ({:.1}%) clients={} segments={} soft_pinned={}",

@@ -10,6 +10,7 @@
 //!   master, plus the eviction and liveness passes;
 //! - [`alloc`]: per-segment allocators (slab classes for uniform KV blocks, extents for the rest);
 //! - [`config`]: flags (`--flag=value`, `--flag value`, config files) and their validation;
+//! - [`ha`]: leader election in etcd under a lease, and the "may this master serve" gate;
 //! - [`rpc`]: the tokio server speaking the control frames of `protocol`;
 //! - [`http`]: the HTTP metadata server and the admin/metrics server;
 //! - [`clock`]: time enters through a trait so tests can move it by hand;
@@ -19,6 +20,7 @@ pub mod alloc;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod ha;
 pub mod http;
 pub mod rpc;
 pub mod service;

@@ -253,6 +253,12 @@ pub const FLAGS: &[FlagSpec] = &[
         "HA backend connection string (for etcd, falls back to etcd_endpoints)",
     ),
     honoured("ha_backend_type", Str, "etcd", "HA backend type"),
+    honoured(
+        "ha_lease_ttl_sec",
+        Int64,
+        "2",
+        "TTL of the leader's etcd lease, seconds (2..=60): bounds failover time after a crash",
+    ),
     // Upstream master flags this reimplementation does not act on.
     compat("nof_eviction_ratio", Double, "0.05"),
     compat("nof_eviction_high_watermark_ratio", Double, "0.90"),

@@ -77,6 +77,8 @@ pub struct MasterConfig {
     pub ha_backend_connstring: String,
     /// `--ha_backend_type`.
     pub ha_backend_type: String,
+    /// `--ha_lease_ttl_sec` (ours; upstream hard-codes 5 s): the leader's etcd lease.
+    pub ha_lease_ttl_s: i64,
     /// The knobs of the object service, including `cluster_id`.
     pub service: ServiceConfig,
 }
@@ -100,6 +102,7 @@ impl Default for MasterConfig {
             etcd_endpoints: String::new(),
             ha_backend_connstring: String::new(),
             ha_backend_type: "etcd".to_string(),
+            ha_lease_ttl_s: 2,
             service: ServiceConfig::default(),
         }
     }
@@ -323,8 +326,17 @@ fn resolve(values: &Values) -> Result<MasterConfig, ConfigError> {
         etcd_endpoints: values.string("etcd_endpoints"),
         ha_backend_connstring: values.string("ha_backend_connstring"),
         ha_backend_type: values.string("ha_backend_type"),
+        ha_lease_ttl_s: values.get("ha_lease_ttl_sec", |raw| {
+            value::parse_in_range(raw, 2, 60, "an integer number of seconds in 2..=60")
+        })?,
         service,
     };
+    if config.enable_ha && config.ha_backend_type != "etcd" {
+        return Err(ConfigError::Conflict(format!(
+            "--ha_backend_type=\"{}\" is not supported: this build elects its leader in etcd",
+            config.ha_backend_type
+        )));
+    }
     if config.enable_ha && config.ha_connstring().is_none() {
         return Err(ConfigError::Conflict(format!(
             "--enable_ha needs --ha_backend_connstring{} (ha_backend_type is \"{}\")",

@@ -177,10 +177,10 @@ fn accepted_syntax() {
         (
             &[
                 "--enable_ha",
-                "--ha_backend_type=redis",
-                "--ha_backend_connstring=redis://x",
+                "--ha_backend_connstring=127.0.0.1:2379;127.0.0.1:2381",
+                "--ha_lease_ttl_sec=5",
             ],
-            |c| c.ha_connstring() == Some("redis://x"),
+            |c| c.ha_connstring() == Some("127.0.0.1:2379;127.0.0.1:2381") && c.ha_lease_ttl_s == 5,
         ),
         (&["--port", "50051", "--"], |c| c.port == 50051),
     ];
@@ -306,8 +306,9 @@ fn rejected_values_name_flag_expectation_and_input() {
         (&["--enable_ha"], &["--enable_ha", "--etcd_endpoints"]),
         (
             &["--enable_ha", "--ha_backend_type=redis"],
-            &["--ha_backend_connstring", "redis"],
+            &["--ha_backend_type", "redis", "not supported"],
         ),
+        (&["--ha_lease_ttl_sec=1"], &["--ha_lease_ttl_sec", "2..=60"]),
         // Flags accepted for compatibility are still type-checked.
         (
             &["--enable_offload=sometimes"],

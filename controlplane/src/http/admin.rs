@@ -5,8 +5,12 @@
 //! - `/metrics`: Prometheus text, `Content-Type: text/plain; version=0.0.4`;
 //! - `/metrics/summary`: one line, `role=leader, ha_state=disabled, service_ready=true,
 //!   master={keys=N, allocated_bytes=N, capacity_bytes=N, clients=N}`;
-//! - `/health`: `{"status":"ok","role":"leader","ha_state":"disabled","service_ready":true}`;
-//! - `/role` → `leader`, `/ha_status` → `disabled`, `/leader` → `{"present":false}`;
+//! - `/health`: `{"status":"ok","role":"leader","ha_state":"disabled","service_ready":true}`,
+//!   in HA mode also `leader_address`, `view_version` and `etcd_reachable`;
+//! - `/role` → `leader` | `standby`; `/ha_status` → `disabled` | `leading` | `standby` |
+//!   `lease_unproven` (a leader that cannot prove its etcd lease and does not serve);
+//! - `/leader` → `{"present":false}` without HA, else `{"present":bool,
+//!   "leader_address":"host:port","view_version":N}` as last read from etcd;
 //! - `/query_key?key=K`: 200 `{"success":true,"data":[{buffer_address, size,
 //!   transport_endpoint, segment_name, status}]}` or 404
 //!   `{"success":false,"error_code":N,"error_message":"NAME"}`;
@@ -14,13 +18,16 @@
 //! - `/get_segments_detail`: `{"total_segments":N,"segments":[...]}` (fields below);
 //! - `/query_segment?segment=S`: `S\nUsed(bytes): U\nCapacity(bytes) : C\n`, 404 when unknown.
 //!
-//! Anything else is 404. Until HA lands the master is always the leader with its service
-//! ready, so the role and HA fields are constants here.
+//! Anything else is 404. Without HA the master is always the leader with its service ready.
+//! In HA mode the data routes (`/query_key`, `/get_all_*`, `/get_segments_detail`,
+//! `/query_segment`) answer 503 `{"success":false,"error_code":-1010,...}` while this master
+//! may not serve: a standby's index is empty or stale, and says nothing about the cluster.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
+use axum::extract::FromRef;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +38,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpListener;
 
+use crate::ha::HaState;
 use crate::view::{AdminView, SegmentDetail};
 
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
@@ -39,34 +47,121 @@ const ROLE: &str = "leader";
 const HA_STATE: &str = "disabled";
 
 type View = Arc<dyn AdminView>;
+type Ha = Option<Arc<HaState>>;
 
-/// The routes of the admin server over `view`.
+/// What the handlers see: the master's view and, in HA mode, its role.
+#[derive(Clone)]
+struct Admin {
+    view: View,
+    ha: Ha,
+}
+
+impl FromRef<Admin> for View {
+    fn from_ref(a: &Admin) -> View {
+        a.view.clone()
+    }
+}
+
+impl FromRef<Admin> for Ha {
+    fn from_ref(a: &Admin) -> Ha {
+        a.ha.clone()
+    }
+}
+
+/// The routes of the admin server over `view` (a master without HA).
 pub fn admin_router(view: View) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/metrics/summary", get(metrics_summary))
-        .route("/health", get(health))
-        .route("/role", get(|| async { ROLE }))
-        .route("/ha_status", get(|| async { HA_STATE }))
-        .route(
-            "/leader",
-            get(|| async { json_response(StatusCode::OK, json!({"present": false})) }),
-        )
+    admin_router_ha(view, None)
+}
+
+/// The routes of the admin server over `view`, reporting the HA role in `ha`.
+pub fn admin_router_ha(view: View, ha: Ha) -> Router {
+    let data = Router::new()
         .route("/query_key", get(query_key))
         .route("/get_all_keys", get(all_keys))
         .route("/get_all_segments", get(all_segments))
         .route("/get_segments_detail", get(segments_detail))
         .route("/query_segment", get(query_segment))
-        .with_state(view)
+        .route_layer(axum::middleware::from_fn_with_state(
+            ha.clone(),
+            require_serving,
+        ));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/metrics/summary", get(metrics_summary))
+        .route("/health", get(health))
+        .route("/role", get(role))
+        .route("/ha_status", get(ha_status))
+        .route("/leader", get(leader))
+        .merge(data)
+        .with_state(Admin { view, ha })
 }
 
 /// Serves the admin routes on `listener` until `shutdown` resolves.
 pub async fn serve_admin(
     listener: TcpListener,
     view: View,
+    ha: Ha,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    super::serve(listener, admin_router(view), shutdown).await
+    super::serve(listener, admin_router_ha(view, ha), shutdown).await
+}
+
+async fn require_serving(
+    State(ha): State<Ha>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match ha {
+        Some(h) if !h.may_serve() => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({
+                "success": false,
+                "error_code": protocol::ErrorCode::UnavailableInCurrentStatus.code(),
+                "error_message": "UNAVAILABLE_IN_CURRENT_STATUS: this master is not the serving leader",
+                "leader_address": h.status().leader_address,
+            }),
+        ),
+        _ => next.run(req).await,
+    }
+}
+
+/// (role, ha_state, service_ready) of this master.
+fn role_of(ha: &Ha) -> (&'static str, &'static str, bool) {
+    match ha {
+        None => (ROLE, HA_STATE, true),
+        Some(h) => {
+            let st = h.status();
+            let state = match (st.role, st.serving) {
+                ("leader", true) => "leading",
+                ("leader", false) => "lease_unproven",
+                _ => "standby",
+            };
+            (st.role, state, st.serving)
+        }
+    }
+}
+
+async fn role(State(ha): State<Ha>) -> &'static str {
+    role_of(&ha).0
+}
+
+async fn ha_status(State(ha): State<Ha>) -> &'static str {
+    role_of(&ha).1
+}
+
+async fn leader(State(ha): State<Ha>) -> Response {
+    let body = match ha {
+        None => json!({"present": false}),
+        Some(h) => {
+            let st = h.status();
+            json!({
+                "present": st.leader_address.is_some(),
+                "leader_address": st.leader_address,
+                "view_version": st.view_version,
+            })
+        }
+    };
+    json_response(StatusCode::OK, body)
 }
 
 fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
@@ -81,11 +176,12 @@ async fn metrics(State(view): State<View>) -> Response {
     text_response(StatusCode::OK, view.render_metrics())
 }
 
-async fn metrics_summary(State(view): State<View>) -> Response {
+async fn metrics_summary(State(view): State<View>, State(ha): State<Ha>) -> Response {
     let text = view.render_metrics();
     let value = |name: &str| metric_value(&text, name).unwrap_or_else(|| "0".to_string());
+    let (role, ha_state, ready) = role_of(&ha);
     let summary = format!(
-        "role={ROLE}, ha_state={HA_STATE}, service_ready=true, master={{keys={}, \
+        "role={role}, ha_state={ha_state}, service_ready={ready}, master={{keys={}, \
          allocated_bytes={}, capacity_bytes={}, clients={}}}",
         value("master_key_count"),
         value("master_allocated_bytes"),
@@ -105,11 +201,17 @@ fn metric_value(text: &str, name: &str) -> Option<String> {
         })
 }
 
-async fn health() -> Response {
-    json_response(
-        StatusCode::OK,
-        json!({"status": "ok", "role": ROLE, "ha_state": HA_STATE, "service_ready": true}),
-    )
+async fn health(State(ha): State<Ha>) -> Response {
+    let (role, ha_state, ready) = role_of(&ha);
+    let mut body =
+        json!({"status": "ok", "role": role, "ha_state": ha_state, "service_ready": ready});
+    if let Some(h) = &ha {
+        let st = h.status();
+        body["leader_address"] = json!(st.leader_address);
+        body["view_version"] = json!(st.view_version);
+        body["etcd_reachable"] = json!(st.etcd_reachable);
+    }
+    json_response(StatusCode::OK, body)
 }
 
 #[derive(Deserialize)]

@@ -8,6 +8,10 @@
 //! A frame with a bad header (length, version, kind) closes the connection: the byte stream
 //! can no longer be trusted to be in step. A well-framed request whose body does not decode
 //! gets an `INVALID_PARAMS` answer and the connection stays open.
+//!
+//! In HA mode a master that may not serve (a standby, or a leader that cannot prove its etcd
+//! lease, see [`crate::ha`]) answers every request with `UNAVAILABLE_IN_CURRENT_STATUS`
+//! without looking at it; the check is one atomic load and a clock read per socket read.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,6 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
+use crate::ha::HaState;
 use crate::service::MasterService;
 
 /// Bytes asked of the socket per read.
@@ -26,10 +31,12 @@ const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Most connections served at once; more are accepted and closed at once.
 pub const MAX_CONNECTIONS: usize = 16 * 1024;
 
-/// Serves connections from `listener` until `shutdown` completes.
+/// Serves connections from `listener` until `shutdown` completes. With `gate`, requests are
+/// answered only while [`HaState::may_serve`].
 pub async fn serve(
     listener: TcpListener,
     service: Arc<MasterService>,
+    gate: Option<Arc<HaState>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let live = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -51,8 +58,9 @@ pub async fn serve(
                     continue;
                 };
                 let svc = service.clone();
+                let gate = gate.clone();
                 tokio::spawn(async move {
-                    if let Err(why) = serve_conn(sock, svc).await {
+                    if let Err(why) = serve_conn(sock, svc, gate).await {
                         debug!("connection from {peer} closed: {why}");
                     }
                     drop(permit);
@@ -62,7 +70,11 @@ pub async fn serve(
     }
 }
 
-async fn serve_conn(mut sock: TcpStream, service: Arc<MasterService>) -> Result<(), String> {
+async fn serve_conn(
+    mut sock: TcpStream,
+    service: Arc<MasterService>,
+    gate: Option<Arc<HaState>>,
+) -> Result<(), String> {
     sock.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -74,7 +86,11 @@ async fn serve_conn(mut sock: TcpStream, service: Arc<MasterService>) -> Result<
         if n == 0 {
             return Ok(());
         }
-        let used = answer_frames(&inbuf, &service, &mut out)?;
+        let used = if gate.as_ref().is_none_or(|g| g.may_serve()) {
+            answer_frames(&inbuf, &service, &mut out)?
+        } else {
+            refuse_frames(&inbuf, &mut out)?
+        };
         inbuf.drain(..used);
         if !out.is_empty() {
             sock.write_all(&out).await.map_err(|e| e.to_string())?;
@@ -84,6 +100,27 @@ async fn serve_conn(mut sock: TcpStream, service: Arc<MasterService>) -> Result<
             }
         }
     }
+}
+
+/// Answers every complete frame at the start of `buf` with `UNAVAILABLE_IN_CURRENT_STATUS`
+/// (this master may not serve); returns the bytes consumed.
+pub fn refuse_frames(buf: &[u8], out: &mut Vec<u8>) -> Result<usize, String> {
+    let mut used = 0;
+    while let Some((f, len)) = frame::split_frame(&buf[used..]).map_err(|e| e.to_string())? {
+        if f.header.kind != Kind::Request {
+            return Err("client sent a response frame".into());
+        }
+        frame::encode_with(
+            out,
+            Kind::Response,
+            f.header.opcode,
+            f.header.request_id,
+            |o| ErrorCode::UnavailableInCurrentStatus.encode(o),
+        )
+        .map_err(|e| format!("answer too large: {e}"))?;
+        used += len;
+    }
+    Ok(used)
 }
 
 /// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed.

@@ -342,4 +342,25 @@ impl MasterService {
     pub fn set_view_version(&self, v: i64) {
         self.state.lock().view_version = v;
     }
+
+    /// Forgets every object, segment and client, keeping the configuration and the metric
+    /// counters, and starts term `view_version`. Called when this master becomes the HA leader:
+    /// whatever it knew from an earlier term may be stale, and the owners re-report what they
+    /// hold (`docs/ha.md`).
+    pub fn reset(&self, view_version: i64) {
+        let mut st = self.state.lock();
+        let cfg = st.cfg.clone();
+        *st = State::new(cfg, rand::random());
+        st.view_version = view_version;
+    }
+
+    /// Marks every known client as seen now. Called when a leader that could not prove its
+    /// lease for a while (its clients' pings were refused meanwhile) proves it again, so that
+    /// the refusal does not expire them.
+    pub fn touch_all_clients(&self) {
+        let now = self.clock.now_ms();
+        for c in self.state.lock().clients.values_mut() {
+            c.last_seen_ms = now;
+        }
+    }
 }

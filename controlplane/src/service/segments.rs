@@ -258,6 +258,9 @@ impl State {
         let Some(r) = self.segs.by_name(&h.segment_name) else {
             return false;
         };
+        // Conservative restart: a reader may hold a lease granted by the previous master (or
+        // leader); the re-reported object keeps the longest such lease could have run.
+        let lease_until = now.saturating_add(self.cfg.default_kv_lease_ttl_ms);
         let State { objects, segs, .. } = self;
         let Some(seg) = segs.get_mut(r) else {
             return false;
@@ -294,7 +297,7 @@ impl State {
                         writer: client,
                         put_start_ms: now,
                         replicas: vec![replica],
-                        read_lease_until: now,
+                        read_lease_until: lease_until,
                         probe_lease_until: 0,
                         last_read_ms: now,
                         soft_pin: SoftPin::None,

@@ -1,0 +1,474 @@
+//! High availability: leader election in etcd under a lease (`docs/ha.md`).
+//!
+//! Every master of a cluster runs [`run`]. It grants itself an etcd lease of
+//! `--ha_lease_ttl_sec` and tries to create the key `mooncake-store/<cluster_id>/master_view`
+//! with its RPC address as the value, attached to that lease, in one transaction that succeeds
+//! only if the key does not exist. The winner is the leader; its term (the `view_version`) is
+//! the etcd revision of that transaction. The losers are standbys: they poll the key and
+//! campaign again as soon as it disappears (the leader's lease lapsed or was revoked).
+//!
+//! The leader keeps its lease alive and serves only while it can *prove* the lease: after each
+//! keep-alive answered with TTL `t`, it may serve until `sent + t - SAFETY_MARGIN`, where
+//! `sent` is when the keep-alive left (etcd extended the lease no earlier than that, so the
+//! lease outlives the serving window). A standby can only win after etcd expired or revoked the
+//! lease, i.e. after the old leader's window closed: **no two masters serve at once**, whatever
+//! the network does, as long as clocks advance at about the same rate.
+//!
+//! Serving is checked by the RPC layer on every socket read ([`HaState::may_serve`]); a master
+//! that may not serve answers every request with `UNAVAILABLE_IN_CURRENT_STATUS` (-1010), the
+//! "not leader" code clients follow. On winning, the leader forgets everything it knew
+//! ([`MasterService::reset`]): its index is rebuilt from the owners' re-reports. A leader whose
+//! lease proof lapsed (etcd unreachable) but whose lease survived resumes with its index when
+//! etcd answers again; one whose lease expired campaigns from scratch.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use crate::service::MasterService;
+
+/// Time cut from the end of each proven lease window, for clock-rate differences and for the
+/// request a worker is executing when the window closes.
+pub const SAFETY_MARGIN: Duration = Duration::from_millis(300);
+/// How often a standby looks at the leader key.
+pub const STANDBY_POLL: Duration = Duration::from_millis(100);
+/// Bound of every single etcd call.
+pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Pause before retrying after etcd could not be reached.
+pub const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// The etcd key naming the leader of `cluster_id` (upstream's layout).
+pub fn master_view_key(cluster_id: &str) -> String {
+    format!("mooncake-store/{cluster_id}/master_view")
+}
+
+/// etcd endpoints from a connection string: `etcd://h1:p1;h2:p2`, `h1:p1,h2:p2`, with or
+/// without `http://` on each. Each comes back as `http://host:port` (port 2379 when omitted).
+pub fn parse_endpoints(conn: &str) -> Result<Vec<String>, String> {
+    let rest = conn.trim();
+    let rest = rest.strip_prefix("etcd://").unwrap_or(rest);
+    let mut out = Vec::new();
+    for part in rest
+        .split([';', ','])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let hostport = part
+            .strip_prefix("http://")
+            .unwrap_or(part)
+            .trim_end_matches('/');
+        if hostport.is_empty() || hostport.contains('/') || hostport.starts_with("https:") {
+            return Err(format!(
+                "bad etcd endpoint {part:?} (expected host:port or http://host:port)"
+            ));
+        }
+        let has_port = match hostport.rsplit_once(':') {
+            Some((h, p)) => !h.is_empty() && p.parse::<u16>().is_ok() && !h.ends_with(':'),
+            None => false,
+        };
+        if has_port {
+            out.push(format!("http://{hostport}"));
+        } else {
+            out.push(format!("http://{hostport}:2379"));
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("no etcd endpoint in {conn:?}"));
+    }
+    Ok(out)
+}
+
+/// What [`run`] needs.
+#[derive(Clone, Debug)]
+pub struct HaConfig {
+    /// `http://host:port` of each etcd member.
+    pub endpoints: Vec<String>,
+    pub cluster_id: String,
+    /// The address clients reach this master's RPC at (`host:port`), published when leader.
+    pub advertise: String,
+    pub lease_ttl_s: i64,
+}
+
+const STANDBY: u8 = 0;
+const LEADER: u8 = 1;
+
+/// This master's role, shared by the election task, the RPC layer and the admin server.
+pub struct HaState {
+    epoch: Instant,
+    role: AtomicU8,
+    /// Milliseconds since `epoch` until which the leader may serve; 0 when it may not.
+    serve_until_ms: AtomicU64,
+    view_version: AtomicI64,
+    etcd_reachable: AtomicBool,
+    leader: Mutex<Option<String>>,
+    advertise: String,
+    /// Times this master won an election (for logs, metrics and tests).
+    terms_won: AtomicU64,
+}
+
+/// A snapshot of [`HaState`] for `/health`, `/role` and `/leader`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HaStatus {
+    /// `leader` or `standby`.
+    pub role: &'static str,
+    /// Whether this master answers requests now (a leader that can prove its lease).
+    pub serving: bool,
+    /// The leader's RPC address as last read from etcd (this master's own when leader).
+    pub leader_address: Option<String>,
+    /// The leader's term (etcd revision of its election), 0 before any is known.
+    pub view_version: i64,
+    pub etcd_reachable: bool,
+    pub terms_won: u64,
+}
+
+impl HaState {
+    pub fn new(advertise: String) -> Self {
+        HaState {
+            epoch: Instant::now(),
+            role: AtomicU8::new(STANDBY),
+            serve_until_ms: AtomicU64::new(0),
+            view_version: AtomicI64::new(0),
+            etcd_reachable: AtomicBool::new(false),
+            leader: Mutex::new(None),
+            advertise,
+            terms_won: AtomicU64::new(0),
+        }
+    }
+
+    fn ms_at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Whether this master may answer requests now: it is the leader and its lease is proven.
+    #[inline]
+    pub fn may_serve(&self) -> bool {
+        self.role.load(Ordering::Acquire) == LEADER
+            && self.ms_at(Instant::now()) < self.serve_until_ms.load(Ordering::Acquire)
+    }
+
+    pub fn status(&self) -> HaStatus {
+        let leader = self.role.load(Ordering::Acquire) == LEADER;
+        HaStatus {
+            role: if leader { "leader" } else { "standby" },
+            serving: self.may_serve(),
+            leader_address: self.leader.lock().clone(),
+            view_version: self.view_version.load(Ordering::Acquire),
+            etcd_reachable: self.etcd_reachable.load(Ordering::Acquire),
+            terms_won: self.terms_won.load(Ordering::Acquire),
+        }
+    }
+
+    /// Extends the serving window to `sent + ttl - SAFETY_MARGIN`; returns whether the window
+    /// had closed before (serving resumes after a gap).
+    fn prove(&self, sent: Instant, ttl: Duration) -> bool {
+        let until = self.ms_at(sent + ttl.saturating_sub(SAFETY_MARGIN));
+        let before = self.serve_until_ms.swap(until, Ordering::AcqRel);
+        before <= self.ms_at(Instant::now())
+    }
+
+    fn become_leader(&self, view_version: i64) {
+        self.view_version.store(view_version, Ordering::Release);
+        *self.leader.lock() = Some(self.advertise.clone());
+        self.terms_won.fetch_add(1, Ordering::AcqRel);
+        self.role.store(LEADER, Ordering::Release);
+    }
+
+    fn step_down(&self) {
+        self.serve_until_ms.store(0, Ordering::Release);
+        self.role.store(STANDBY, Ordering::Release);
+    }
+
+    fn saw_leader(&self, leader: Option<String>, view_version: i64) {
+        *self.leader.lock() = leader;
+        if view_version > 0 {
+            self.view_version.store(view_version, Ordering::Release);
+        }
+    }
+
+    fn reachable(&self, yes: bool) {
+        self.etcd_reachable.store(yes, Ordering::Release);
+    }
+}
+
+async fn bounded<T>(
+    what: &str,
+    f: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(ETCD_CALL_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("etcd {what}: {e}")),
+        Err(_) => Err(format!(
+            "etcd {what}: no answer within {ETCD_CALL_TIMEOUT:?}"
+        )),
+    }
+}
+
+/// How a term of leadership ended.
+enum TermEnd {
+    /// The lease expired or the key was taken: campaign again.
+    Lost(String),
+    /// Shutting down.
+    Stopped,
+}
+
+/// Campaigns, leads and follows until `stop` completes. On stop, a leader revokes its lease so
+/// that a standby takes over at once rather than after the TTL.
+pub async fn run(
+    cfg: HaConfig,
+    state: Arc<HaState>,
+    service: Arc<MasterService>,
+    stop: impl Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let key = master_view_key(&cfg.cluster_id);
+    let ttl = Duration::from_secs(cfg.lease_ttl_s as u64);
+    let mut logged_unreachable = false;
+    loop {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(ETCD_CALL_TIMEOUT)
+            .with_timeout(ETCD_CALL_TIMEOUT);
+        let connected = tokio::select! {
+            _ = &mut stop => return,
+            c = tokio::time::timeout(
+                ETCD_CALL_TIMEOUT * 2,
+                Client::connect(cfg.endpoints.clone(), Some(options)),
+            ) => c,
+        };
+        let mut client = match connected {
+            Ok(Ok(c)) => c,
+            other => {
+                state.reachable(false);
+                if !logged_unreachable {
+                    let why = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_string(),
+                    };
+                    warn!(
+                        "HA: cannot reach etcd at {:?}: {why}; retrying",
+                        cfg.endpoints
+                    );
+                    logged_unreachable = true;
+                }
+                tokio::select! {
+                    _ = &mut stop => return,
+                    _ = tokio::time::sleep(RETRY_PAUSE) => continue,
+                }
+            }
+        };
+        logged_unreachable = false;
+        let end = tokio::select! {
+            _ = &mut stop => TermEnd::Stopped,
+            e = campaign_and_lead(&cfg, &key, ttl, &mut client, &state, &service) => e,
+        };
+        match end {
+            TermEnd::Stopped => {
+                if state.status().role == "leader" {
+                    state.step_down();
+                    let _ = bounded("delete", client.delete(key.clone(), None)).await;
+                    info!("HA: stepped down (shutting down); leader key released");
+                }
+                return;
+            }
+            TermEnd::Lost(why) => {
+                if state.status().role == "leader" {
+                    warn!("HA: leadership lost: {why}");
+                }
+                state.step_down();
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// One round: campaign; if elected, lead until the term ends; if not, wait for the key to
+/// disappear. Returns why the round ended (never `Stopped`).
+async fn campaign_and_lead(
+    cfg: &HaConfig,
+    key: &str,
+    ttl: Duration,
+    client: &mut Client,
+    state: &HaState,
+    service: &MasterService,
+) -> TermEnd {
+    loop {
+        // Taken before the grant: etcd starts the lease's TTL after this instant.
+        let sent = Instant::now();
+        let lease = match bounded("lease grant", client.lease_grant(cfg.lease_ttl_s, None)).await {
+            Ok(l) => l.id(),
+            Err(e) => {
+                state.reachable(false);
+                return TermEnd::Lost(e);
+            }
+        };
+        state.reachable(true);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                cfg.advertise.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let answer = match bounded("campaign", client.txn(txn)).await {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+                return TermEnd::Lost(e);
+            }
+        };
+        if answer.succeeded() {
+            let term = answer.header().map_or(0, |h| h.revision());
+            service.reset(term);
+            state.become_leader(term);
+            state.prove(sent, ttl);
+            info!(
+                "HA: elected leader of cluster {} at {} (view_version {term})",
+                cfg.cluster_id, cfg.advertise
+            );
+            return lead(client, lease, ttl, state, service).await;
+        }
+        // Lost the race: note who leads, give the lease back, wait for the key to go.
+        let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+        if let Some(etcd_client::TxnOpResponse::Get(g)) = answer.op_responses().into_iter().next() {
+            if let Some(kv) = g.kvs().first() {
+                let leader = kv.value_str().ok().map(str::to_string);
+                state.saw_leader(leader, kv.create_revision());
+            }
+        }
+        loop {
+            tokio::time::sleep(STANDBY_POLL).await;
+            match bounded("get", client.get(key, None)).await {
+                Ok(g) => {
+                    state.reachable(true);
+                    match g.kvs().first() {
+                        Some(kv) => {
+                            let leader = kv.value_str().ok().map(str::to_string);
+                            state.saw_leader(leader, kv.create_revision());
+                        }
+                        None => {
+                            state.saw_leader(None, 0);
+                            break; // vacant: campaign
+                        }
+                    }
+                }
+                Err(e) => {
+                    state.reachable(false);
+                    return TermEnd::Lost(e);
+                }
+            }
+        }
+    }
+}
+
+/// Keeps the lease alive every TTL/4 and extends the serving window with each answer. Ends
+/// when etcd says the lease is gone.
+async fn lead(
+    client: &mut Client,
+    lease: i64,
+    ttl: Duration,
+    state: &HaState,
+    service: &MasterService,
+) -> TermEnd {
+    let every = ttl / 4;
+    let mut stream = None;
+    // One warning per outage, not one per retry.
+    let mut warned = false;
+    loop {
+        if stream.is_none() {
+            match bounded("lease keep-alive", client.lease_keep_alive(lease)).await {
+                Ok(s) => stream = Some(s),
+                Err(e) => {
+                    state.reachable(false);
+                    if !warned {
+                        warn!("HA: {e}; serving only while the last proof lasts, then not until etcd answers");
+                        warned = true;
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            }
+        }
+        let (keeper, answers) = stream.as_mut().expect("set above");
+        let sent = Instant::now();
+        let exchange = async {
+            keeper.keep_alive().await?;
+            answers.message().await
+        };
+        match tokio::time::timeout(ETCD_CALL_TIMEOUT, exchange).await {
+            Ok(Ok(Some(a))) if a.ttl() > 0 => {
+                state.reachable(true);
+                warned = false;
+                let granted = Duration::from_secs(a.ttl() as u64);
+                if state.prove(sent, granted) {
+                    // Pings were refused while the proof had lapsed: do not expire their
+                    // senders for that.
+                    service.touch_all_clients();
+                    info!("HA: lease proven again; serving");
+                }
+            }
+            Ok(Ok(Some(_))) => return TermEnd::Lost("etcd says the lease expired".into()),
+            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                state.reachable(false);
+                stream = None; // rebuild the keep-alive stream on the next round
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_take_upstream_forms() {
+        assert_eq!(
+            parse_endpoints("etcd://127.0.0.1:2379;10.0.0.2:2381").unwrap(),
+            ["http://127.0.0.1:2379", "http://10.0.0.2:2381"]
+        );
+        assert_eq!(
+            parse_endpoints("http://a:1, b").unwrap(),
+            ["http://a:1", "http://b:2379"]
+        );
+        assert!(parse_endpoints("etcd://").is_err());
+        assert!(parse_endpoints("https://a:1").is_err());
+        assert!(parse_endpoints("a:1/x").is_err());
+    }
+
+    #[test]
+    fn serving_needs_leadership_and_a_proven_lease() {
+        let s = HaState::new("h:1".into());
+        assert!(!s.may_serve());
+        s.become_leader(7);
+        assert!(!s.may_serve(), "elected but no lease proven yet");
+        assert!(s.prove(Instant::now(), Duration::from_secs(2)));
+        assert!(s.may_serve());
+        assert!(!s.prove(Instant::now(), Duration::from_secs(2)), "no gap");
+        // A proof older than its TTL proves nothing.
+        s.prove(
+            Instant::now() - Duration::from_secs(5),
+            Duration::from_secs(2),
+        );
+        assert!(!s.may_serve());
+        s.prove(Instant::now(), Duration::from_secs(2));
+        s.step_down();
+        assert!(!s.may_serve());
+        let st = s.status();
+        assert_eq!((st.role, st.view_version, st.terms_won), ("standby", 7, 1));
+    }
+
+    #[test]
+    fn key_layout_is_upstreams() {
+        assert_eq!(
+            master_view_key("mooncake_cluster"),
+            "mooncake-store/mooncake_cluster/master_view"
+        );
+    }
+}
