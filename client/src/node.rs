@@ -71,6 +71,10 @@ pub struct NodeConfig {
     pub metrics_port: u16,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
+    /// `--cluster_id` (default `MC_STORE_CLUSTER_ID`, else `mooncake_cluster`): which HA
+    /// leader an `etcd://` master address follows, and the namespace of published descriptors
+    /// (see [`dataplane::metadata::Keys::for_store`]).
+    pub cluster_id: String,
 }
 
 impl Default for NodeConfig {
@@ -89,6 +93,7 @@ impl Default for NodeConfig {
             data_port: 0,
             metrics_port: 0,
             prefault: false,
+            cluster_id: crate::store::cluster_id_from_env(),
         }
     }
 }
@@ -110,7 +115,9 @@ flags (--flag=value or --flag value):
   --port=50052                   port in segment names (host:port, host:port#i)
   --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
   --local_buffer_size=0          accepted for compatibility
-  --master_server_address=127.0.0.1:50051
+  --master_server_address=127.0.0.1:50051   (or etcd://h1:p1;h2:p2: follow the HA leader)
+  --cluster_id=mooncake_cluster  HA cluster to follow and descriptor namespace
+                                 (default: MC_STORE_CLUSTER_ID, else mooncake_cluster)
   --metadata_server=http://127.0.0.1:8080/metadata   (or etcd://h:p, a bare h:p for etcd,
                                  or P2PHANDSHAKE: publish nothing)
   --protocol=tcp
@@ -202,6 +209,10 @@ impl NodeConfig {
                 "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
                 "master_server_address" => c.master_server_address = value,
                 "metadata_server" => c.metadata_server = value,
+                "cluster_id" if value.trim().is_empty() => {
+                    return Err("--cluster_id must not be empty".into())
+                }
+                "cluster_id" => c.cluster_id = value.trim().to_string(),
                 "protocol" => c.protocol = value,
                 "device_names" | "device_name" => c.device_names = value,
                 "threads" => c.threads = num(&value)? as usize,
@@ -341,8 +352,8 @@ impl Node {
             .and_then(|mut a| a.next())
             .map(|a| a.ip())
             .unwrap_or(ip);
-        let master =
-            MasterClient::new(&cfg.master_server_address).map_err(|e| NodeError::Master {
+        let master = MasterClient::new_in_cluster(&cfg.master_server_address, &cfg.cluster_id)
+            .map_err(|e| NodeError::Master {
                 addr: cfg.master_server_address.clone(),
                 why: e.to_string(),
             })?;
@@ -389,7 +400,9 @@ impl Node {
                 .collect::<Result<Vec<Shard>, NodeError>>()
         })?;
         let metadata = match MetadataBackend::parse(&cfg.metadata_server) {
-            Ok(backend) => backend.open().map(|store| (store, Keys::from_env())),
+            Ok(backend) => backend
+                .open()
+                .map(|store| (store, Keys::for_store(&cfg.cluster_id))),
             Err(e) => {
                 eprintln!("mooncake_client: not publishing descriptors: {e}");
                 None
@@ -719,6 +732,10 @@ mod tests {
         assert_eq!(c.shards, 2, "--shards wins over --cores");
         assert!(c.prefault);
         assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
+        assert_eq!(
+            args(&["--cluster_id=prod-a"]).unwrap().unwrap().cluster_id,
+            "prod-a"
+        );
         assert_eq!(args(&[]).unwrap().unwrap(), NodeConfig::default());
         assert_eq!(args(&["--help"]).unwrap(), None);
         for bad in [
@@ -729,6 +746,7 @@ mod tests {
             &["--protocol=nvlink"],
             &["stray"],
             &["--global_segment_size=1", "--shards=2"],
+            &["--cluster_id="],
         ] {
             assert!(args(bad).is_err(), "{bad:?}");
         }

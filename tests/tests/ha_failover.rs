@@ -9,7 +9,10 @@
 //!   client already holds keep working, no master serves metadata without a proven lease
 //!   (clients get `UNAVAILABLE_IN_CURRENT_STATUS`), and service resumes on its own.
 //!
-//! Both skip (pass, printing why) when Debian's etcd-server is not installed.
+//! - `two_clusters_share_one_etcd`: two HA clusters in one etcd elect a leader each, keep
+//!   their storage nodes, objects and transfer-engine descriptors apart.
+//!
+//! All skip (pass, printing why) when Debian's etcd-server is not installed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -315,4 +318,83 @@ fn etcd_stopped_briefly() {
         "every object put before the outage reads back"
     );
     assert!(serving(&masters).is_some());
+}
+
+#[test]
+fn two_clusters_share_one_etcd() {
+    let Some(etcd) = Etcd::start() else { return };
+    let addr = format!("etcd://{}", etcd.addr());
+    let mut clusters = Vec::new();
+    for name in ["tenant_a", "tenant_b"] {
+        let master = start_master(&ha_flags(&etcd, name));
+        let ms = [master];
+        wait_until(Duration::from_secs(10), || serving(&ms).is_some())
+            .expect("each cluster elects its own leader");
+        let [master] = ms;
+        let node = Node::start_at(
+            &addr,
+            &addr,
+            &[
+                "--shards=1",
+                "--global_segment_size=64 MB",
+                &format!("--cluster_id={name}"),
+            ],
+            &[],
+        );
+        clusters.push((name, master, node));
+    }
+    for (name, master, node) in &clusters {
+        let segments = mooncake_tests::master_segments(master);
+        assert_eq!(
+            segments,
+            vec![node.segments[0].name.clone()],
+            "{name}'s leader knows its own node only"
+        );
+        let leader = try_http("GET", master.metrics_port, "/leader", b"").expect("/leader");
+        assert!(
+            leader.text().contains(&master.rpc_addr()),
+            "{}",
+            leader.text()
+        );
+    }
+    // Each node published its transfer-engine descriptor under its cluster's namespace.
+    for (name, _, node) in &clusters {
+        let key = format!("mooncake/{name}/ram/{}", node.segments[0].name);
+        let body = format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes()));
+        let found = wait_until(Duration::from_secs(5), || {
+            try_http("POST", etcd.port, "/v3/kv/range", body.as_bytes())
+                .is_some_and(|r| r.text().contains("\"kvs\""))
+        });
+        assert!(found.is_some(), "descriptor {key} is in etcd");
+    }
+    // A store of each cluster sees only its own objects.
+    let a = store_for(&etcd, "tenant_a");
+    let cfg = ReplicateConfig::default();
+    assert_eq!(a.put("shared-name", &value(7), &cfg, false), Ok(()));
+    let b = store_for(&etcd, "tenant_b");
+    assert_eq!(b.is_exist("shared-name"), Ok(false));
+    assert_eq!(b.put("shared-name", &value(8), &cfg, false), Ok(()));
+    assert_eq!(a.get("shared-name"), Ok(value(7)));
+    assert_eq!(b.get("shared-name"), Ok(value(8)));
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

@@ -25,10 +25,9 @@
 //! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no
 //!   progress (each blocking send/receive of a lane); a stalled transfer fails with
 //!   `TRANSFER_FAIL` and the put is revoked or the get tries the next replica.
-//! - `MC_STORE_CLUSTER_ID` (default `mooncake_cluster`): accepted and kept (`Store::cluster_id`).
-//!   Upstream uses it only to find the leader of an HA master group in etcd
-//!   (`mooncake-store/<id>/master_view`) when `master_server_addr` is `etcd://...`, which this
-//!   client does not support yet; it changes nothing else.
+//! - `MC_STORE_CLUSTER_ID` (default `mooncake_cluster`): the HA cluster whose leader an
+//!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
+//!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
 //! - `MC_FORCE_TCP`: accepted; TCP is the only transport, so every protocol (`"tcp"`, `"rdma"`)
 //!   already runs over TCP. `MC_LOG_LEVEL` / `MC_YLT_LOG_LEVEL` set the log filter of the Python
 //!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
@@ -53,7 +52,7 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid}
 
 pub use budget::{LocalBudget, Reservation};
 pub use peers::{TransferSettings, TRANSFER_SLICE_BYTES};
-pub use setup::StoreConfig;
+pub use setup::{cluster_id_from_env, StoreConfig};
 
 use crate::master::MasterClient;
 use peers::{Peers, ReadItem, WriteItem};

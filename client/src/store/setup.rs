@@ -237,10 +237,9 @@ impl Store {
 /// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
 pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 
-/// `MC_STORE_CLUSTER_ID`, or upstream's default. Upstream uses it only to find the leading
-/// master of an HA deployment (etcd key `mooncake-store/<cluster_id>/master_view`) when
-/// `master_server_addr` is `etcd://...`; this client connects to one `host:port` master, so the
-/// value is accepted and reported (`Store::cluster_id`) but changes nothing else yet.
+/// `MC_STORE_CLUSTER_ID`, or upstream's default: the HA cluster whose leader an `etcd://`
+/// `master_server_addr` follows (etcd key `mooncake-store/<cluster_id>/master_view`, see
+/// `crate::master`), reported by `Store::cluster_id`.
 pub fn cluster_id_from_env() -> String {
     std::env::var("MC_STORE_CLUSTER_ID")
         .ok()

@@ -152,6 +152,19 @@ impl Keys {
         Keys::with_cluster(std::env::var("MC_METADATA_CLUSTER_ID").ok().as_deref())
     }
 
+    /// The keys a store process (storage node, store client) publishes under:
+    /// `MC_METADATA_CLUSTER_ID` when set; else its store cluster (`--cluster_id` /
+    /// `MC_STORE_CLUSTER_ID`) unless that is upstream's default `mooncake_cluster`, so that two
+    /// clusters sharing one etcd do not overwrite each other's descriptors while a default
+    /// deployment keeps upstream's key layout.
+    pub fn for_store(store_cluster: &str) -> Keys {
+        match std::env::var("MC_METADATA_CLUSTER_ID") {
+            Ok(id) if !id.trim().is_empty() => Keys::with_cluster(Some(&id)),
+            _ if store_cluster.trim() == "mooncake_cluster" => Keys::with_cluster(None),
+            _ => Keys::with_cluster(Some(store_cluster)),
+        }
+    }
+
     /// Keys under `mooncake/<cluster>/` (or `mooncake/` for `None` or an empty id).
     pub fn with_cluster(cluster: Option<&str>) -> Keys {
         let prefix = match cluster.map(str::trim) {
@@ -207,6 +220,16 @@ pub fn host_of(name: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_keys_are_namespaced_by_a_non_default_cluster() {
+        std::env::remove_var("MC_METADATA_CLUSTER_ID");
+        assert_eq!(Keys::for_store("mooncake_cluster").prefix, "mooncake/");
+        assert_eq!(Keys::for_store("prod-a").prefix, "mooncake/prod-a/");
+        std::env::set_var("MC_METADATA_CLUSTER_ID", "te");
+        assert_eq!(Keys::for_store("prod-a").prefix, "mooncake/te/");
+        std::env::remove_var("MC_METADATA_CLUSTER_ID");
+    }
 
     #[test]
     fn conn_strings() {
