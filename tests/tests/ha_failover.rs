@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use client::master::MasterClient;
 use client::{Store, StoreConfig};
 use mooncake_tests::{try_http, wait_until, Etcd, Master, Node};
+use protocol::message::ExistKey;
 use protocol::{ErrorCode, ReplicateConfig};
 
 const KILLS: usize = 3;
@@ -95,6 +97,18 @@ fn leader_killed_repeatedly_loses_no_acknowledged_object() {
     let mut masters: Vec<Master> = (0..3).map(|_| start_master(&flags)).collect();
     wait_until(Duration::from_secs(10), || serving(&masters).is_some())
         .expect("one of three masters is elected");
+    // A standby, asked directly, refuses with the "not leader" code, never an answer.
+    let leader = serving(&masters).unwrap();
+    let standby = &masters[(leader + 1) % masters.len()];
+    let direct = MasterClient::new(&standby.rpc_addr()).expect("standby address");
+    assert_eq!(
+        direct
+            .call(&ExistKey {
+                key: "anything".into()
+            })
+            .expect("the standby answers"),
+        Err(ErrorCode::UnavailableInCurrentStatus)
+    );
 
     let master_addr = format!("etcd://{}", etcd.addr());
     let metadata = format!("etcd://{}", etcd.addr());

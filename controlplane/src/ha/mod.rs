@@ -165,20 +165,20 @@ impl HaState {
 
     /// Extends the serving window to `sent + ttl - SAFETY_MARGIN`; returns whether the window
     /// had closed before (serving resumes after a gap).
-    fn prove(&self, sent: Instant, ttl: Duration) -> bool {
+    pub(crate) fn prove(&self, sent: Instant, ttl: Duration) -> bool {
         let until = self.ms_at(sent + ttl.saturating_sub(SAFETY_MARGIN));
         let before = self.serve_until_ms.swap(until, Ordering::AcqRel);
         before <= self.ms_at(Instant::now())
     }
 
-    fn become_leader(&self, view_version: i64) {
+    pub(crate) fn become_leader(&self, view_version: i64) {
         self.view_version.store(view_version, Ordering::Release);
         *self.leader.lock() = Some(self.advertise.clone());
         self.terms_won.fetch_add(1, Ordering::AcqRel);
         self.role.store(LEADER, Ordering::Release);
     }
 
-    fn step_down(&self) {
+    pub(crate) fn step_down(&self) {
         self.serve_until_ms.store(0, Ordering::Release);
         self.role.store(STANDBY, Ordering::Release);
     }

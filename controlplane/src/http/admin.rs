@@ -436,6 +436,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn ha_roles_and_a_standby_refuses_data_routes() {
+        let ha = Arc::new(HaState::new("127.0.0.1:50051".into()));
+        let addr = spawn(admin_router_ha(Arc::new(FakeView), Some(ha.clone()))).await;
+        let text = |path: &'static str| async move {
+            let r = request(addr, "GET", path, b"").await;
+            (r.status, r.text())
+        };
+        assert_eq!(text("/role").await, (200, "standby".into()));
+        assert_eq!(text("/ha_status").await, (200, "standby".into()));
+        let (status, body) = get_json(addr, "/query_key?key=k2").await;
+        assert_eq!(status, 503);
+        assert_eq!(body["error_code"], -1010);
+        assert_eq!(request(addr, "GET", "/get_all_keys", b"").await.status, 503);
+        let (_, health) = get_json(addr, "/health").await;
+        assert_eq!(health["service_ready"], false);
+        assert_eq!(health["role"], "standby");
+
+        ha.become_leader(42);
+        assert_eq!(text("/ha_status").await, (200, "lease_unproven".into()));
+        ha.prove(std::time::Instant::now(), std::time::Duration::from_secs(5));
+        assert_eq!(text("/role").await, (200, "leader".into()));
+        assert_eq!(text("/ha_status").await, (200, "leading".into()));
+        assert_eq!(request(addr, "GET", "/get_all_keys", b"").await.status, 200);
+        let (_, leader) = get_json(addr, "/leader").await;
+        assert_eq!(leader["present"], true);
+        assert_eq!(leader["leader_address"], "127.0.0.1:50051");
+        assert_eq!(leader["view_version"], 42);
+        let (_, health) = get_json(addr, "/health").await;
+        assert_eq!(health["service_ready"], true);
+        assert_eq!(health["view_version"], 42);
+    }
+
+    #[tokio::test]
     async fn text_endpoints() {
         let addr = server().await;
         let cases: &[(&str, u16, &str)] = &[
