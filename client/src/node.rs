@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::mem::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
+use dataplane::mem::{HugepagePolicy, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
 use dataplane::transport::server::{ServedMemory, ServerConfig};
@@ -283,6 +283,8 @@ struct Shard {
     kind: SegmentKind,
     /// The table the server serves; its catalog is re-reported on a re-mount.
     memory: Arc<ServedMemory>,
+    /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
+    _shm: Option<dataplane::mem::ShmExport>,
 }
 
 /// A per-shard server counter: metric name and how to read it.
@@ -648,7 +650,8 @@ fn start_shard(
         prefault: cfg.prefault,
     };
     let segment = Arc::new(
-        Segment::new(len, options).map_err(|e| fail(format!("cannot map {len} bytes: {e}")))?,
+        dataplane::mem::shm::serving_segment(len, options)
+            .map_err(|e| fail(format!("cannot map {len} bytes: {e}")))?,
     );
     let memory = ServedMemory::new();
     memory
@@ -672,10 +675,16 @@ fn start_shard(
         protocol: "tcp".into(),
         host_id: ip.to_string(),
     };
+    let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment);
     tracing::info!(
-        "shard {index}: {} segment of {len} bytes at {:#x}, {} server on {}",
+        "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
         segment.kind().as_str(),
         segment.addr(),
+        if shm.is_some() {
+            " (shared with same-host clients)"
+        } else {
+            ""
+        },
         server.backend(),
         server.local_addr()
     );
@@ -684,6 +693,7 @@ fn start_shard(
         descriptor,
         kind: segment.kind(),
         memory,
+        _shm: shm,
     })
 }
 

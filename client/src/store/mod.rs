@@ -51,7 +51,7 @@ use protocol::message::*;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
 
 pub use budget::{LocalBudget, Reservation};
-pub use peers::{TransferSettings, TRANSFER_SLICE_BYTES};
+pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::{cluster_id_from_env, StoreConfig};
 
 use crate::master::MasterClient;
@@ -603,6 +603,12 @@ impl Store {
     /// The local-buffer budget, for callers that stage (tensors, `get_buffer`).
     pub fn budget(&self) -> &LocalBudget {
         &self.budget
+    }
+
+    /// Bytes this client moved so far with memcpy in its own segment, with memcpy in a
+    /// same-host segment, and over TCP.
+    pub fn path_counts(&self) -> PathCounts {
+        self.peers.path_counts()
     }
 }
 

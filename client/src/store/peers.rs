@@ -1,8 +1,11 @@
 //! Moving bytes between local memory and replicas.
 //!
 //! A replica in this process's own segment is copied with memcpy (after a range check against
-//! the segment) unless `MC_STORE_MEMCPY` is false; any other replica is reached through a
-//! pooled [`TcpClient`] per data-plane endpoint.
+//! the segment) unless `MC_STORE_MEMCPY` is false. A replica in a segment another process on
+//! this host shares (`dataplane::mem::shm`: storage nodes and store clients offer their
+//! segments' memfds) is mapped once and copied with memcpy too, unless `MC_STORE_SHM` is
+//! false; a write there is then recorded in the owner's catalog with a CATALOG_PUT over TCP.
+//! Any other replica is reached through a pooled [`TcpClient`] per data-plane endpoint.
 //!
 //! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
 //! a call (all replicas of a put, all keys of a batch), group them by endpoint, cut requests
@@ -15,10 +18,13 @@
 //! checked first) nor, for the memcpy path, outside our own mapped segment; an item's result is
 //! an error if any of its slices failed.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use dataplane::mem::ShmMapping;
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
 use dataplane::transport::server::ServedMemory;
 use parking_lot::Mutex;
@@ -32,6 +38,10 @@ pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
 /// Below this many bytes in total, batches for several endpoints run one after another on the
 /// calling thread (a thread spawn costs more than the transfers).
 pub const PARALLEL_ENDPOINTS_MIN_BYTES: u64 = 256 * 1024;
+/// How often a mapped same-host segment is checked for its exporter's departure.
+const SHM_RECHECK: Duration = Duration::from_secs(1);
+/// How long an endpoint found not to be shared on this host is not asked again.
+const SHM_ABSENT_RECHECK: Duration = Duration::from_secs(5);
 /// Most requests handed to one `TcpClient::submit` (its `BATCH_REQUESTS_MAX`).
 const SUBMIT_REQUESTS_MAX: usize = dataplane::limits::BATCH_REQUESTS_MAX;
 
@@ -56,6 +66,9 @@ impl OwnSegment {
 pub struct TransferSettings {
     /// Read and write replicas in our own segment with memcpy (`MC_STORE_MEMCPY`, default on).
     pub memcpy: bool,
+    /// Map segments other processes on this host share, and memcpy their replicas
+    /// (`MC_STORE_SHM`, default on; off when `memcpy` is).
+    pub shm: bool,
     /// No-progress bound of one transfer (`MC_TRANSFER_TIMEOUT`, seconds, default 30).
     pub timeout: Duration,
 }
@@ -64,6 +77,7 @@ impl Default for TransferSettings {
     fn default() -> Self {
         TransferSettings {
             memcpy: true,
+            shm: true,
             timeout: dataplane::limits::IO_TIMEOUT_DEFAULT,
         }
     }
@@ -80,6 +94,7 @@ impl TransferSettings {
                 "0" | "false" | "no" | "off"
             );
         }
+        s.shm = s.memcpy && dataplane::mem::shm::shm_enabled();
         if let Some(secs) = std::env::var("MC_TRANSFER_TIMEOUT")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
@@ -114,6 +129,30 @@ pub struct Peers {
     config: ClientConfig,
     settings: TransferSettings,
     catalog: CatalogWriter,
+    /// Same-host segments by endpoint: mapped (and when last checked), or found not shared.
+    shared: Mutex<HashMap<String, SharedState>>,
+    stats: PathStats,
+}
+
+enum SharedState {
+    Mapped(Arc<ShmMapping>, Instant),
+    Absent(Instant),
+}
+
+/// Bytes moved by each path, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct PathStats {
+    pub own_memcpy_bytes: AtomicU64,
+    pub shm_memcpy_bytes: AtomicU64,
+    pub tcp_bytes: AtomicU64,
+}
+
+/// A snapshot of [`PathStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathCounts {
+    pub own_memcpy_bytes: u64,
+    pub shm_memcpy_bytes: u64,
+    pub tcp_bytes: u64,
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
@@ -164,7 +203,56 @@ impl Peers {
             },
             settings,
             catalog: CatalogWriter::default(),
+            shared: Mutex::new(HashMap::new()),
+            stats: PathStats::default(),
         }
+    }
+
+    /// Bytes moved so far by each path.
+    pub fn path_counts(&self) -> PathCounts {
+        PathCounts {
+            own_memcpy_bytes: self.stats.own_memcpy_bytes.load(Ordering::Relaxed),
+            shm_memcpy_bytes: self.stats.shm_memcpy_bytes.load(Ordering::Relaxed),
+            tcp_bytes: self.stats.tcp_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The same-host mapping of `endpoint`'s segment, if another process here shares it.
+    fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
+        if !self.settings.shm {
+            return None;
+        }
+        let now = Instant::now();
+        {
+            let mut shared = self.shared.lock();
+            match shared.get_mut(endpoint) {
+                Some(SharedState::Mapped(m, checked)) => {
+                    if now.duration_since(*checked) < SHM_RECHECK || m.exporter_alive() {
+                        *checked = now;
+                        return Some(m.clone());
+                    }
+                    // The exporter is gone: let its memory go, and look again below.
+                    shared.remove(endpoint);
+                }
+                Some(SharedState::Absent(since))
+                    if now.duration_since(*since) < SHM_ABSENT_RECHECK =>
+                {
+                    return None
+                }
+                _ => {}
+            }
+        }
+        let state = match ShmMapping::import(endpoint) {
+            Ok(Some(m)) => SharedState::Mapped(Arc::new(m), now),
+            Ok(None) | Err(_) => SharedState::Absent(now),
+        };
+        let mut shared = self.shared.lock();
+        let mapped = match &state {
+            SharedState::Mapped(m, _) => Some(m.clone()),
+            SharedState::Absent(_) => None,
+        };
+        shared.insert(endpoint.to_string(), state);
+        mapped
     }
 
     /// Records memcpy'd replicas in the catalog of the table serving our own segment.
@@ -254,6 +342,28 @@ impl Peers {
                 }
                 continue;
             }
+            if let Some(m) = self.shared_segment(&r.transport_endpoint) {
+                if let Some(p) = m.translate(r.buffer_address, r.size) {
+                    let mut at = p;
+                    for part in it.parts {
+                        // SAFETY: the whole object [buffer_address, + size) lies in the mapping
+                        // (checked), the parts add up to `size` (checked above), and the parts
+                        // are caller memory outside the owner's segment.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                            at = at.add(part.len());
+                        }
+                    }
+                    self.stats
+                        .shm_memcpy_bytes
+                        .fetch_add(r.size, Ordering::Relaxed);
+                    // The owner's catalog still learns of the object, over TCP.
+                    if self.catalog.enabled(&r.transport_endpoint) {
+                        late.push(i);
+                    }
+                    continue;
+                }
+            }
             let g = group_for(&mut groups, &r.transport_endpoint);
             let first_slice = g.ops.len();
             let mut at = r.buffer_address;
@@ -318,6 +428,18 @@ impl Peers {
                 results[i] = self.copy_out(src, &mut *it.dst);
                 continue;
             }
+            if let Some(m) = self.shared_segment(&r.transport_endpoint) {
+                if let Some(p) = m.translate(src, len) {
+                    // SAFETY: `translate` checked [src, src + len) lies in the mapping of the
+                    // owner's segment, which `m` keeps mapped; `dst` is caller memory outside
+                    // it. Concurrent writers of other objects touch other ranges.
+                    unsafe { std::ptr::copy_nonoverlapping(p, it.dst.as_mut_ptr(), len as usize) };
+                    self.stats
+                        .shm_memcpy_bytes
+                        .fetch_add(len, Ordering::Relaxed);
+                    continue;
+                }
+            }
             let g = group_for(&mut groups, &r.transport_endpoint);
             let mut at = src;
             for d in it.dst.chunks_mut(TRANSFER_SLICE_BYTES) {
@@ -381,6 +503,7 @@ impl Peers {
             Ok(c) => c,
             Err(e) => return vec![Err(e); g.ops.len()],
         };
+        self.stats.tcp_bytes.fetch_add(g.bytes, Ordering::Relaxed);
         let mut out = Vec::with_capacity(g.ops.len());
         let mut start = 0;
         while start < g.ops.len() {
@@ -419,6 +542,9 @@ impl Peers {
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), at as *mut u8, p.len()) };
             at += p.len() as u64;
         }
+        self.stats
+            .own_memcpy_bytes
+            .fetch_add(r.size, Ordering::Relaxed);
         Ok(())
     }
 
@@ -430,6 +556,9 @@ impl Peers {
         // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
         // `dst` is an exclusive borrow of caller memory, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        self.stats
+            .own_memcpy_bytes
+            .fetch_add(dst.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 }

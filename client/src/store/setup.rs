@@ -43,11 +43,14 @@ pub struct OwnSegmentState {
     pub endpoint: String,
     pub desc: SegmentDesc,
     server: Mutex<Option<TcpServer>>,
+    /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
+    shm: Mutex<Option<dataplane::mem::ShmExport>>,
     _segment: Arc<Segment>,
 }
 
 impl OwnSegmentState {
     pub fn stop_serving(&self) {
+        self.shm.lock().take();
         self.server.lock().take();
     }
 }
@@ -172,7 +175,7 @@ impl Store {
             // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
             let options = SegmentOptions::default();
             let seg = Arc::new(
-                Segment::new(cfg.global_segment_size as usize, options)
+                dataplane::mem::shm::serving_segment(cfg.global_segment_size as usize, options)
                     .map_err(|_| ErrorCode::InvalidParams)?,
             );
             memory
@@ -196,6 +199,7 @@ impl Store {
                 endpoint: endpoint.clone(),
                 desc,
                 server: Mutex::new(Some(server)),
+                shm: Mutex::new(dataplane::mem::shm::export_segment(&endpoint, &seg)),
                 _segment: seg,
             })
         } else {

@@ -2,6 +2,8 @@
 //!
 //! - [`Segment`]: one anonymous mapping (2 MiB `MAP_HUGETLB` pages, transparent hugepages, or
 //!   plain pages), sized to a whole number of its pages and unmapped on drop.
+//!   [`Segment::new_shared`] backs one with a memfd instead, which [`shm`] offers to other
+//!   processes on the same host so that they read and write it with memcpy.
 //! - [`Registry`]: the table of registered buffers. A remote access is served only when its
 //!   whole range lies inside one registered buffer.
 //! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
@@ -14,10 +16,12 @@ pub mod catalog;
 pub mod owned_slab;
 pub mod registry;
 pub mod segment;
+pub mod shm;
 pub mod slab;
 
 pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
 pub use owned_slab::{OwnedSlab, RemoteFree};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
+pub use shm::{ShmExport, ShmMapping};
 pub use slab::{SlabAllocator, SlabBlock, SlabError};

@@ -10,6 +10,11 @@
 //!   kernel backs it with transparent hugepages where it can.
 //! - [`SegmentKind::Plain`]: ordinary pages (THP disabled or the advice refused).
 //!
+//! A segment made by [`Segment::new_shared`] is instead a shared mapping of a memfd (hugetlb
+//! pages when wanted and available), whose descriptor [`Segment::shared_fd`] can be handed to
+//! another process on the same host so that it maps the same pages (`mem::shm`). Shared
+//! memory gets transparent hugepages only where `shmem_enabled` allows them.
+//!
 //! Invariants: `ptr` is page aligned and `ptr..ptr+len` is mapped readable and writable for
 //! the whole life of the value; nothing else unmaps it; `Drop` unmaps exactly that range.
 //! The segment hands out raw pointers only: it is shared memory that remote peers write, so
@@ -85,13 +90,15 @@ impl Default for SegmentOptions {
     }
 }
 
-/// One anonymous memory mapping; see the module docs for its invariants.
+/// One memory mapping; see the module docs for its invariants.
 #[derive(Debug)]
 pub struct Segment {
     ptr: NonNull<u8>,
     len: usize,
     kind: SegmentKind,
     page_bytes: usize,
+    /// The memfd behind a shared segment.
+    fd: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: a Segment owns its mapping exclusively and exposes it only through raw pointers;
@@ -128,6 +135,40 @@ impl Segment {
             segment.prefault();
         }
         Ok(segment)
+    }
+
+    /// Like [`Self::new`], but backed by a memfd mapped shared, so that the pages can be
+    /// mapped by another process too (see `mem::shm`). Falls back to [`Self::new`]'s private
+    /// memory if the memfd cannot be made or mapped; [`Self::shared_fd`] tells which it got.
+    pub fn new_shared(len_bytes: usize, options: SegmentOptions) -> io::Result<Segment> {
+        if len_bytes == 0 {
+            return Self::new(len_bytes, options);
+        }
+        let mut segment = None;
+        if options.hugepages == HugepagePolicy::Prefer {
+            let len = round_up(len_bytes, HUGE_PAGE_BYTES)?;
+            if free_hugetlb_bytes() >= len as u64 {
+                segment = map_memfd(len, true).ok();
+            }
+        }
+        if segment.is_none() {
+            segment = map_memfd(round_up(len_bytes, base_page_bytes())?, false).ok();
+        }
+        match segment {
+            Some(mut s) => {
+                if options.prefault {
+                    s.prefault();
+                }
+                Ok(s)
+            }
+            None => Self::new(len_bytes, options),
+        }
+    }
+
+    /// The memfd of a shared segment (`None` for private memory).
+    pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Start address of the mapping.
@@ -257,7 +298,71 @@ fn map_hugetlb(len: usize) -> io::Result<Segment> {
         len,
         kind: SegmentKind::HugeTlb,
         page_bytes: HUGE_PAGE_BYTES,
+        fd: None,
     })
+}
+
+/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
+/// at `mmap`, so a later fault cannot fail).
+fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"mooncake-segment".as_ptr(), flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate on our own descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh shared mapping of our own memfd at a kernel-chosen address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+    let (kind, page_bytes) = if huge {
+        (SegmentKind::HugeTlb, HUGE_PAGE_BYTES)
+    } else {
+        // SAFETY: ptr..ptr+len is the mapping just created; the advice changes no contents.
+        let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        let thp = rc == 0 && shmem_thp_enabled();
+        (
+            if thp {
+                SegmentKind::Thp
+            } else {
+                SegmentKind::Plain
+            },
+            base_page_bytes(),
+        )
+    };
+    Ok(Segment {
+        ptr,
+        len,
+        kind,
+        page_bytes,
+        fd: Some(fd),
+    })
+}
+
+/// Whether shared memory advised with `MADV_HUGEPAGE` may get transparent hugepages
+/// (`/sys/kernel/mm/transparent_hugepage/shmem_enabled` is not `never` or `deny`).
+fn shmem_thp_enabled() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .map(|s| !s.contains("[never]") && !s.contains("[deny]"))
+        .unwrap_or(false)
 }
 
 fn map_anonymous(len: usize) -> io::Result<Segment> {
@@ -274,6 +379,7 @@ fn map_anonymous(len: usize) -> io::Result<Segment> {
         len,
         kind,
         page_bytes: base_page_bytes(),
+        fd: None,
     })
 }
 
