@@ -18,8 +18,11 @@
 //! Environment (read at set-up, upstream's names):
 //! - `MC_STORE_MEMCPY` (default on): a replica in this process's own segment is read and
 //!   written with memcpy. `0`/`false` sends those transfers through our own data-plane server
-//!   over loopback instead. A replica in *another* process on the same host always goes over
-//!   loopback TCP: without shared memory between the processes there is nothing to memcpy from.
+//!   over loopback instead (and turns `MC_STORE_SHM` off).
+//! - `MC_STORE_SHM` (default on; ours): segments are memfd-backed and offered to processes on
+//!   the same host, and a replica in *another* process on this host (a storage node, another
+//!   client) is read and written with memcpy through that shared mapping
+//!   (`dataplane::mem::shm`); `0`/`false` sends those over loopback TCP.
 //! - `MC_STORE_USE_HUGEPAGE`: back the own segment with 2 MiB hugetlb pages when the pool has
 //!   enough, else transparent hugepages (`dataplane::mem::SegmentOptions`).
 //! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no
