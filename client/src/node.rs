@@ -650,7 +650,7 @@ fn start_shard(
         prefault: cfg.prefault,
     };
     let segment = Arc::new(
-        dataplane::mem::shm::serving_segment(len, options)
+        dataplane::mem::shm::serving_segment(len, options, dataplane::mem::shm::Owner::Node)
             .map_err(|e| fail(format!("cannot map {len} bytes: {e}")))?,
     );
     let memory = ServedMemory::new();

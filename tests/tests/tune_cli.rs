@@ -15,6 +15,7 @@ fn dry_run_reports_every_check_and_changes_nothing() {
     for check in [
         "hugepages (2 MiB) reserved",
         "transparent hugepages",
+        "shared-memory transparent hugepages",
         "net.core.somaxconn",
         "io_uring",
     ] {

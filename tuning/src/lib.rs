@@ -109,6 +109,26 @@ pub fn checks(hugepages: u64) -> Vec<Check> {
             )
         }),
     });
+    let shmem =
+        read("/sys/kernel/mm/transparent_hugepage/shmem_enabled").and_then(|t| parse_thp_mode(&t));
+    out.push(Check {
+        name: "shared-memory transparent hugepages",
+        current: shmem.clone().unwrap_or_else(|| "unknown".into()),
+        wanted: "advise, always or within_size (same-host shared segments ask with \
+                 MADV_HUGEPAGE; without it they use 4 KiB pages and a client keeps its own \
+                 segment private)"
+            .into(),
+        ok: matches!(
+            shmem.as_deref(),
+            Some("advise") | Some("always") | Some("within_size")
+        ),
+        fix: matches!(shmem.as_deref(), Some("never")).then(|| {
+            (
+                "/sys/kernel/mm/transparent_hugepage/shmem_enabled".to_string(),
+                "advise".to_string(),
+            )
+        }),
+    });
     let somax = read("/proc/sys/net/core/somaxconn").and_then(|v| v.parse::<u64>().ok());
     out.push(Check {
         name: "net.core.somaxconn",

@@ -19,10 +19,12 @@
 //! - `MC_STORE_MEMCPY` (default on): a replica in this process's own segment is read and
 //!   written with memcpy. `0`/`false` sends those transfers through our own data-plane server
 //!   over loopback instead (and turns `MC_STORE_SHM` off).
-//! - `MC_STORE_SHM` (default on; ours): segments are memfd-backed and offered to processes on
-//!   the same host, and a replica in *another* process on this host (a storage node, another
-//!   client) is read and written with memcpy through that shared mapping
-//!   (`dataplane::mem::shm`); `0`/`false` sends those over loopback TCP.
+//! - `MC_STORE_SHM` (default on; ours): a replica in *another* process on this host that
+//!   shares its segment is read and written with memcpy through a mapping of that segment
+//!   (`dataplane::mem::shm`); `0`/`false` sends those over loopback TCP. Storage nodes always
+//!   share their segments; a client shares its own only when shared memory gets hugepages
+//!   (hugetlb, or `shmem_enabled` not `never`; `mooncake_tune` checks it), since it reads
+//!   its own segment itself and 4 KiB pages would slow that down.
 //! - `MC_STORE_USE_HUGEPAGE`: back the own segment with 2 MiB hugetlb pages when the pool has
 //!   enough, else transparent hugepages (`dataplane::mem::SegmentOptions`).
 //! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no

@@ -175,8 +175,12 @@ impl Store {
             // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
             let options = SegmentOptions::default();
             let seg = Arc::new(
-                dataplane::mem::shm::serving_segment(cfg.global_segment_size as usize, options)
-                    .map_err(|_| ErrorCode::InvalidParams)?,
+                dataplane::mem::shm::serving_segment(
+                    cfg.global_segment_size as usize,
+                    options,
+                    dataplane::mem::shm::Owner::Client,
+                )
+                .map_err(|_| ErrorCode::InvalidParams)?,
             );
             memory
                 .register_segment(seg.clone())

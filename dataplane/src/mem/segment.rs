@@ -359,7 +359,7 @@ fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
 
 /// Whether shared memory advised with `MADV_HUGEPAGE` may get transparent hugepages
 /// (`/sys/kernel/mm/transparent_hugepage/shmem_enabled` is not `never` or `deny`).
-fn shmem_thp_enabled() -> bool {
+pub fn shmem_thp_enabled() -> bool {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         .map(|s| !s.contains("[never]") && !s.contains("[deny]"))
         .unwrap_or(false)

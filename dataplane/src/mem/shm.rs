@@ -69,12 +69,34 @@ pub fn shm_enabled() -> bool {
     !off("MC_STORE_SHM") && !off("MC_STORE_MEMCPY")
 }
 
-/// A segment for serving: shared (memfd) when [`shm_enabled`], else private.
+/// Who serves a segment, which decides whether sharing it is worth its cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A storage node: every access to its segment comes from another process, so it is
+    /// always shared (when [`shm_enabled`]).
+    Node,
+    /// A store client's own segment: it reads it itself with memcpy, fastest on hugepages. It
+    /// is shared only when shared memory gets hugepages too (hugetlb pages wanted and free, or
+    /// `shmem_enabled` allows transparent hugepages); otherwise it stays private anonymous
+    /// memory with transparent hugepages, and same-host peers reach it over TCP.
+    Client,
+}
+
+/// A segment for serving by `owner`: shared (memfd) or private; see [`Owner`].
 pub fn serving_segment(
     len: usize,
     options: crate::mem::SegmentOptions,
+    owner: Owner,
 ) -> io::Result<crate::mem::Segment> {
-    if shm_enabled() {
+    use crate::mem::segment::{free_hugetlb_bytes, shmem_thp_enabled};
+    let huge_shared = options.hugepages == crate::mem::HugepagePolicy::Prefer
+        && free_hugetlb_bytes() >= len as u64;
+    let share = shm_enabled()
+        && match owner {
+            Owner::Node => true,
+            Owner::Client => huge_shared || shmem_thp_enabled(),
+        };
+    if share {
         crate::mem::Segment::new_shared(len, options)
     } else {
         crate::mem::Segment::new(len, options)
