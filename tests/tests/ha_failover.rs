@@ -412,3 +412,37 @@ fn base64(bytes: &[u8]) -> String {
     }
     out
 }
+
+#[test]
+fn a_leader_whose_key_is_deleted_steps_down() {
+    let Some(etcd) = Etcd::start() else { return };
+    let cluster = "ha_key_deleted";
+    let flags = ha_flags(&etcd, cluster);
+    let masters: Vec<Master> = (0..2).map(|_| start_master(&flags)).collect();
+    wait_until(Duration::from_secs(10), || serving(&masters).is_some())
+        .expect("one of two masters is elected");
+    let view = |m: &Master| {
+        try_http("GET", m.metrics_port, "/leader", b"")
+            .map(|r| r.text())
+            .unwrap_or_default()
+    };
+    let before = view(&masters[serving(&masters).unwrap()]);
+    let key = format!("mooncake-store/{cluster}/master_view");
+    let body = format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes()));
+    let deleted =
+        try_http("POST", etcd.port, "/v3/kv/deleterange", body.as_bytes()).expect("etcd answers");
+    assert!(
+        deleted.text().contains("\"deleted\":\"1\""),
+        "{}",
+        deleted.text()
+    );
+    // A new term starts (possibly on the same master); never two serving at once (`serving`
+    // asserts that on every sample).
+    let new_term = wait_until(Duration::from_secs(10), || {
+        serving(&masters).is_some_and(|i| view(&masters[i]) != before)
+    });
+    assert!(
+        new_term.is_some(),
+        "a new term starts after the key vanished: {before}"
+    );
+}

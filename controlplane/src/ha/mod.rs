@@ -109,6 +109,8 @@ pub struct HaState {
     advertise: String,
     /// Times this master won an election (for logs, metrics and tests).
     terms_won: AtomicU64,
+    /// The lease of the current term (0 when not leader).
+    lease: AtomicI64,
 }
 
 /// A snapshot of [`HaState`] for `/health`, `/role` and `/leader`.
@@ -137,6 +139,7 @@ impl HaState {
             leader: Mutex::new(None),
             advertise,
             terms_won: AtomicU64::new(0),
+            lease: AtomicI64::new(0),
         }
     }
 
@@ -269,8 +272,11 @@ pub async fn run(
             TermEnd::Stopped => {
                 if state.status().role == "leader" {
                     state.step_down();
-                    let _ = bounded("delete", client.delete(key.clone(), None)).await;
-                    info!("HA: stepped down (shutting down); leader key released");
+                    // Revoking the lease removes the key with it, and tells the standbys the
+                    // old window is over (they find no live lease).
+                    let lease = state.lease.swap(0, Ordering::AcqRel);
+                    let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+                    info!("HA: stepped down (shutting down); leader lease revoked");
                 }
                 return;
             }
@@ -324,20 +330,23 @@ async fn campaign_and_lead(
         if answer.succeeded() {
             let term = answer.header().map_or(0, |h| h.revision());
             service.reset(term);
+            state.lease.store(lease, Ordering::Release);
             state.become_leader(term);
             state.prove(sent, ttl);
             info!(
                 "HA: elected leader of cluster {} at {} (view_version {term})",
                 cfg.cluster_id, cfg.advertise
             );
-            return lead(client, lease, ttl, state, service).await;
+            return lead(client, key, lease, ttl, state, service).await;
         }
         // Lost the race: note who leads, give the lease back, wait for the key to go.
         let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+        let mut leader_lease = 0;
         if let Some(etcd_client::TxnOpResponse::Get(g)) = answer.op_responses().into_iter().next() {
             if let Some(kv) = g.kvs().first() {
                 let leader = kv.value_str().ok().map(str::to_string);
                 state.saw_leader(leader, kv.create_revision());
+                leader_lease = kv.lease();
             }
         }
         loop {
@@ -349,6 +358,7 @@ async fn campaign_and_lead(
                         Some(kv) => {
                             let leader = kv.value_str().ok().map(str::to_string);
                             state.saw_leader(leader, kv.create_revision());
+                            leader_lease = kv.lease();
                         }
                         None => {
                             state.saw_leader(None, 0);
@@ -362,6 +372,21 @@ async fn campaign_and_lead(
                 }
             }
         }
+        // The key is gone. Normally its lease expired (the leader died or lost etcd) or was
+        // revoked (it shut down), and the old leader's window has closed. If the lease still
+        // lives (the key was deleted by hand), the old leader may still be serving: end its
+        // lease and wait out a full window before campaigning.
+        if leader_lease != 0 {
+            let left = bounded("lease ttl", client.lease_time_to_live(leader_lease, None)).await;
+            if left.is_ok_and(|t| t.ttl() > 0) {
+                warn!(
+                    "HA: the leader key vanished while its lease lives; revoking the lease and \
+                     waiting {ttl:?} before campaigning"
+                );
+                let _ = bounded("lease revoke", client.lease_revoke(leader_lease)).await;
+                tokio::time::sleep(ttl).await;
+            }
+        }
     }
 }
 
@@ -369,6 +394,7 @@ async fn campaign_and_lead(
 /// when etcd says the lease is gone.
 async fn lead(
     client: &mut Client,
+    key: &str,
     lease: i64,
     ttl: Duration,
     state: &HaState,
@@ -404,6 +430,21 @@ async fn lead(
                 state.reachable(true);
                 warned = false;
                 let granted = Duration::from_secs(a.ttl() as u64);
+                // The key must still be ours: someone deleting it by hand would let a standby
+                // win while our lease lives. Checked every round, so that window is at most
+                // one round plus a standby poll.
+                match bounded("get", client.get(key, None)).await {
+                    Ok(g) if g.kvs().first().is_some_and(|kv| kv.lease() == lease) => {}
+                    Ok(_) => {
+                        state.step_down();
+                        let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+                        return TermEnd::Lost("the leader key no longer names this master".into());
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        continue; // unproven: the window closes on its own
+                    }
+                }
                 if state.prove(sent, granted) {
                     // Pings were refused while the proof had lapsed: do not expire their
                     // senders for that.
