@@ -5,8 +5,9 @@
 //!   segment, and only the catalog records go over TCP; the bytes read back are the ones
 //!   written, and a second client on TCP only (`MC_STORE_SHM=0`) reads them too (so the node's
 //!   own server sees what the memcpy wrote);
-//! - when the node dies, the client notices within a second, unmaps its segment (the memory is
-//!   not held) and reads fail with `TRANSFER_FAIL` instead of returning bytes of a dead node.
+//! - when the node dies, the client notices on its next access (the kernel closed the node's
+//!   end of the offer socket), unmaps its segment (the memory is not held) and reads fail with
+//!   `TRANSFER_FAIL` instead of returning bytes of a dead node.
 
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ fn same_host_replicas_move_by_memcpy_and_a_dead_owner_is_let_go() {
 
     node.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
         .expect("node killed");
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(50));
     // The replica list may still name the dead node (until --client_ttl); the read must not
     // come from its memory.
     match s.get("shm/3") {

@@ -38,8 +38,6 @@ pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
 /// Below this many bytes in total, batches for several endpoints run one after another on the
 /// calling thread (a thread spawn costs more than the transfers).
 pub const PARALLEL_ENDPOINTS_MIN_BYTES: u64 = 256 * 1024;
-/// How often a mapped same-host segment is checked for its exporter's departure.
-const SHM_RECHECK: Duration = Duration::from_secs(1);
 /// How long an endpoint found not to be shared on this host is not asked again.
 const SHM_ABSENT_RECHECK: Duration = Duration::from_secs(5);
 /// Most requests handed to one `TcpClient::submit` (its `BATCH_REQUESTS_MAX`).
@@ -135,7 +133,8 @@ pub struct Peers {
 }
 
 enum SharedState {
-    Mapped(Arc<ShmMapping>, Instant),
+    Mapped(Arc<ShmMapping>),
+    /// Not shared on this host, as found at that instant.
     Absent(Instant),
 }
 
@@ -217,7 +216,25 @@ impl Peers {
         }
     }
 
-    /// The same-host mapping of `endpoint`'s segment, if another process here shares it.
+    /// The same-host mappings of a call's endpoints, each looked up (and its exporter's
+    /// liveness checked) once per call.
+    fn shared_for_call<'e>(
+        &self,
+        cache: &mut Vec<(&'e str, Option<Arc<ShmMapping>>)>,
+        endpoint: &'e str,
+    ) -> Option<Arc<ShmMapping>> {
+        if let Some((_, m)) = cache.iter().find(|(e, _)| *e == endpoint) {
+            return m.clone();
+        }
+        let m = self.shared_segment(endpoint);
+        cache.push((endpoint, m.clone()));
+        m
+    }
+
+    /// The same-host mapping of `endpoint`'s segment, if another process here shares it and
+    /// is alive. Liveness is checked on every lookup (one non-blocking syscall): a dead
+    /// exporter's end of the socket is closed by the kernel as it exits, before any process
+    /// can serve the same endpoint again, so a mapping is never used for its successor.
     fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
         if !self.settings.shm {
             return None;
@@ -226,9 +243,8 @@ impl Peers {
         {
             let mut shared = self.shared.lock();
             match shared.get_mut(endpoint) {
-                Some(SharedState::Mapped(m, checked)) => {
-                    if now.duration_since(*checked) < SHM_RECHECK || m.exporter_alive() {
-                        *checked = now;
+                Some(SharedState::Mapped(m)) => {
+                    if m.exporter_alive() {
                         return Some(m.clone());
                     }
                     // The exporter is gone: let its memory go, and look again below.
@@ -243,12 +259,12 @@ impl Peers {
             }
         }
         let state = match ShmMapping::import(endpoint) {
-            Ok(Some(m)) => SharedState::Mapped(Arc::new(m), now),
+            Ok(Some(m)) => SharedState::Mapped(Arc::new(m)),
             Ok(None) | Err(_) => SharedState::Absent(now),
         };
         let mut shared = self.shared.lock();
         let mapped = match &state {
-            SharedState::Mapped(m, _) => Some(m.clone()),
+            SharedState::Mapped(m) => Some(m.clone()),
             SharedState::Absent(_) => None,
         };
         shared.insert(endpoint.to_string(), state);
@@ -321,6 +337,7 @@ impl Peers {
     /// Runs every write; one result per item, in order.
     pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), ErrorCode>> {
         let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+        let mut shared = Vec::new();
         let records: Vec<Vec<u8>> = items
             .iter()
             .map(|it| CatalogWriter::record(it.replica, it.key, it.hard_pin))
@@ -342,7 +359,7 @@ impl Peers {
                 }
                 continue;
             }
-            if let Some(m) = self.shared_segment(&r.transport_endpoint) {
+            if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 if let Some(p) = m.translate(r.buffer_address, r.size) {
                     let mut at = p;
                     for part in it.parts {
@@ -413,6 +430,7 @@ impl Peers {
     pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), ErrorCode>> {
         let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        let mut shared = Vec::new();
         for (i, it) in items.iter_mut().enumerate() {
             let r = it.replica;
             let len = it.dst.len() as u64;
@@ -428,7 +446,7 @@ impl Peers {
                 results[i] = self.copy_out(src, &mut *it.dst);
                 continue;
             }
-            if let Some(m) = self.shared_segment(&r.transport_endpoint) {
+            if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 if let Some(p) = m.translate(src, len) {
                     // SAFETY: `translate` checked [src, src + len) lies in the mapping of the
                     // owner's segment, which `m` keeps mapped; `dst` is caller memory outside
