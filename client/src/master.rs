@@ -185,7 +185,9 @@ impl MasterClient {
         for a in &self.addrs {
             match TcpStream::connect_timeout(a, self.connect_timeout) {
                 Ok(stream) => {
-                    let conn = spawn_reader(stream).map_err(|e| ClientError::Connect {
+                    let conn = crate::auth::handshake(&stream, self.connect_timeout)
+                        .and_then(|()| spawn_reader(stream))
+                        .map_err(|e| ClientError::Connect {
                         addr: self.addr_text.clone(),
                         source: e,
                     })?;

@@ -71,6 +71,9 @@ pub struct NodeConfig {
     pub metrics_port: u16,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
+    /// `--auth_token_file`: the cluster secret's file (`None`: `MC_AUTH_TOKEN` /
+    /// `MC_AUTH_TOKEN_FILE` decide; see `protocol::auth`).
+    pub auth_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeConfig {
@@ -89,6 +92,7 @@ impl Default for NodeConfig {
             data_port: 0,
             metrics_port: 0,
             prefault: false,
+            auth_token_file: None,
         }
     }
 }
@@ -120,6 +124,8 @@ flags (--flag=value or --flag value):
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --prefault=false               fault segment pages in at start-up
+  --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
+                                 MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
 ";
 
 /// Parses `"4 GB"`, `"4GB"`, `"512 mb"`, `"1.5 GiB"`, `"4096"`: binary multiples.
@@ -202,6 +208,8 @@ impl NodeConfig {
                 "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
                 "master_server_address" => c.master_server_address = value,
                 "metadata_server" => c.metadata_server = value,
+                "auth_token_file" if value.trim().is_empty() => c.auth_token_file = None,
+                "auth_token_file" => c.auth_token_file = Some(value.into()),
                 "protocol" => c.protocol = value,
                 "device_names" | "device_name" => c.device_names = value,
                 "threads" => c.threads = num(&value)? as usize,

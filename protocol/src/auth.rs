@@ -69,6 +69,7 @@ pub const ENV_TOKEN: &str = "MC_AUTH_TOKEN";
 pub const ENV_TOKEN_FILE: &str = "MC_AUTH_TOKEN_FILE";
 
 const CLIENT_LABEL: &[u8] = b"mooncake-rs auth v1 client";
+const HTTP_LABEL: &[u8] = b"mooncake-rs auth v1 http";
 const SERVER_LABEL: &[u8] = b"mooncake-rs auth v1 server";
 
 /// What a handshake frame says.
@@ -282,6 +283,49 @@ impl Token {
         self.mac(label, nonce_c, nonce_s)
             .verify_truncated_left(got)
             .is_ok()
+    }
+}
+
+impl Token {
+    /// The bearer credential of the HTTP endpoints that change state:
+    /// `hex(HMAC-SHA256(secret, "mooncake-rs auth v1 http"))`, 64 lowercase hex digits.
+    /// Derived rather than the secret itself, so that a request seen on the wire (HTTP is
+    /// not encrypted) does not give away the secret of the TCP handshakes.
+    pub fn http_bearer(&self) -> String {
+        let mac = self.mac(HTTP_LABEL, b"", b"").finalize().into_bytes();
+        mac.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether an `Authorization` header value is `Bearer <http_bearer>` (the hex compared
+    /// in constant time after decoding).
+    pub fn check_authorization(&self, header: Option<&[u8]>) -> bool {
+        let Some(h) = header else {
+            return false;
+        };
+        let Some(hex) = h.strip_prefix(b"Bearer ") else {
+            return false;
+        };
+        let hex = hex.trim_ascii();
+        if hex.len() != 64 {
+            return false;
+        }
+        let mut got = [0u8; 32];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            let (Some(hi), Some(lo)) = (hex_digit(pair[0]), hex_digit(pair[1])) else {
+                return false;
+            };
+            got[i] = hi << 4 | lo;
+        }
+        self.mac(HTTP_LABEL, b"", b"").verify_slice(&got).is_ok()
+    }
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
     }
 }
 
@@ -623,6 +667,24 @@ mod tests {
         assert_eq!(hs.on_frame(&[0u8; FRAME_BYTES]), ServerStep::NotHandshake);
         assert_eq!(hs.on_frame(b"MCDQ"), ServerStep::NotHandshake);
         assert!(!hs.is_done());
+    }
+
+    #[test]
+    fn http_bearer_is_derived_and_checked() {
+        let t = leak("s3cret");
+        let b = t.http_bearer();
+        assert_eq!(b.len(), 64);
+        assert!(!b.contains("s3cret"));
+        assert!(t.check_authorization(Some(format!("Bearer {b}").as_bytes())));
+        assert!(t.check_authorization(Some(format!("Bearer {}", b.to_uppercase()).as_bytes())));
+        assert!(!t.check_authorization(None));
+        assert!(!t.check_authorization(Some(b"Bearer s3cret")));
+        assert!(!t.check_authorization(Some(b.as_bytes())));
+        let other = leak("other").http_bearer();
+        assert!(!t.check_authorization(Some(format!("Bearer {other}").as_bytes())));
+        let mut broken = format!("Bearer {b}").into_bytes();
+        broken[10] = b'z';
+        assert!(!t.check_authorization(Some(&broken)));
     }
 
     #[test]
