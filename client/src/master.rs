@@ -188,9 +188,9 @@ impl MasterClient {
                     let conn = crate::auth::handshake(&stream, self.connect_timeout)
                         .and_then(|()| spawn_reader(stream))
                         .map_err(|e| ClientError::Connect {
-                        addr: self.addr_text.clone(),
-                        source: e,
-                    })?;
+                            addr: self.addr_text.clone(),
+                            source: e,
+                        })?;
                     *guard = Some(conn.clone());
                     return Ok(conn);
                 }

@@ -42,7 +42,7 @@ use dataplane::transport::{serve, Server};
 use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
 
-use crate::master::MasterClient;
+use crate::master::{ClientError, MasterClient};
 use crate::recovery;
 
 /// How often the node pings the master.
@@ -356,7 +356,10 @@ impl Node {
             })?;
         let deadline = Instant::now() + MASTER_CONNECT_PATIENCE;
         while let Err(e) = master.connect() {
-            if Instant::now() > deadline {
+            // A refused secret will not be accepted by trying again.
+            let refused = matches!(&e, ClientError::Connect { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied);
+            if refused || Instant::now() > deadline {
                 return Err(NodeError::Master {
                     addr: cfg.master_server_address.clone(),
                     why: e.to_string(),

@@ -179,7 +179,9 @@ pub enum AuthError {
     #[error("cluster secret: {0}")]
     Config(String),
     /// The peer refused our proof: it has a different secret.
-    #[error("the peer refused our proof of the cluster secret (is the token the same on both sides?)")]
+    #[error(
+        "the peer refused our proof of the cluster secret (is the token the same on both sides?)"
+    )]
     Refused,
     /// The peer's proof was wrong: it does not know the secret (an impostor, or a different
     /// secret).
@@ -692,7 +694,10 @@ mod tests {
         assert!(matches!(Token::new(b" \n"), Err(AuthError::Config(m)) if m.contains("empty")));
         assert!(Token::new(&vec![b'a'; TOKEN_MAX_BYTES + 1]).is_err());
         let missing = Token::from_file(Path::new("/nonexistent/token")).unwrap_err();
-        assert!(missing.to_string().contains("/nonexistent/token"), "{missing}");
+        assert!(
+            missing.to_string().contains("/nonexistent/token"),
+            "{missing}"
+        );
         assert!(format!("{:?}", leak("hidden")).contains("redacted"));
         assert!(!format!("{:?}", leak("hidden")).contains("hidden"));
     }

@@ -145,9 +145,7 @@ pub fn metadata_router_with_auth(
 /// `None` when the request may change state, else the 401 to send.
 fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
     let token = shared.auth?;
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
+    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     if token.check_authorization(given) {
         return None;
     }

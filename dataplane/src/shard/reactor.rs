@@ -324,7 +324,9 @@ impl Reactor {
         }
         rawio::set_buffer_sizes(stream.as_raw_fd());
         bump(&stats.connections_accepted);
-        let id = self.conns.insert(Conn::new(stream, self.config.server.auth));
+        let id = self
+            .conns
+            .insert(Conn::new(stream, self.config.server.auth));
         self.shared.live_connections.fetch_add(1, Ordering::Relaxed);
         let buf: HeaderBuf = Box::new([0u8; REQUEST_HEADER_BYTES]);
         self.submit_recv(id, RecvState::Header { buf, filled: 0 });

@@ -47,12 +47,12 @@ use super::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 use super::rawio;
-use protocol::auth::{self, AuthError, Token};
 use crate::limits::{
     BATCH_REQUESTS_MAX, CLIENT_LANES_DEFAULT, CLIENT_LANES_MAX, CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX,
     CONNECT_TIMEOUT_DEFAULT, IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
 };
 use crate::TeError;
+use protocol::auth::{self, AuthError, Token};
 
 /// Client settings.
 #[derive(Clone, Copy, Debug)]

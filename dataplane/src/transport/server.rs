@@ -47,12 +47,12 @@ use super::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
 use super::rawio;
-use protocol::auth::{self, ServerRefusal, Token};
 use crate::limits::{
     BLOCKING_CONNECTIONS_MAX, DRAIN_CHUNK_BYTES, IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX,
 };
 use crate::mem::{Catalog, CatalogRecord, Registry, Segment};
 use crate::TeError;
+use protocol::auth::{self, ServerRefusal, Token};
 
 /// Pause after a failed `accept` before trying again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
