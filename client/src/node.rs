@@ -479,7 +479,7 @@ impl Node {
                 sh.server.backend()
             );
         }
-        let counters: [StatCounter; 9] = [
+        let counters: [StatCounter; 10] = [
             ("connections_accepted_total", |s| {
                 s.connections_accepted.load(Relaxed)
             }),
@@ -495,6 +495,9 @@ impl Node {
             }),
             ("frames_malformed_total", |s| {
                 s.frames_malformed.load(Relaxed)
+            }),
+            ("connections_unauthenticated_total", |s| {
+                s.connections_unauthenticated.load(Relaxed)
             }),
             ("loop_iterations_total", |s| s.loop_iterations.load(Relaxed)),
             ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
