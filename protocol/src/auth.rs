@@ -357,9 +357,12 @@ pub fn process_token() -> Result<Option<&'static Token>, AuthError> {
     init_process(None)
 }
 
-/// [`process_token`] for settings' defaults: `None` when there is no secret. A broken
-/// configuration cannot reach here unnoticed where the entry point checked it; where it
-/// did not, the error is logged by the caller that checks and the default is no secret.
+/// [`process_token`] for the defaults of server and client settings: `None` when there is
+/// no secret *or the setting is broken*. Every entry point (`mooncake_master`,
+/// `mooncake_client`, `mooncake_http_metadata_server`, `Store::setup`,
+/// `TransferEngine::initialize`) calls [`process_token`] or [`init_process`] first and refuses
+/// to start on an error, so a broken setting never gets as far as these defaults there; code
+/// that builds servers directly should do the same.
 pub fn process_token_or_none() -> Option<&'static Token> {
     process_token().ok().flatten()
 }

@@ -60,8 +60,9 @@ def test_store_with_the_secret_works_and_without_it_does_not(tmp_path):
         # No secret, or another one: the master refuses the client.
         out, _ = run(m)
         assert out["setup"] != "0"
-        out, _ = run(m, MC_AUTH_TOKEN="not-the-secret")
+        out, err = run(m, MC_AUTH_TOKEN="not-the-secret")
         assert out["setup"] != "0"
+        assert "refused our proof" in err, err
         # Both variables set: a configuration error, not a silent pick.
         out, err = run(m, MC_AUTH_TOKEN=SECRET, MC_AUTH_TOKEN_FILE=str(token_file))
         assert out["setup"] != "0"

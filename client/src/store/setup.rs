@@ -161,7 +161,11 @@ impl Store {
             return Err(ErrorCode::InvalidParams);
         }
         let master = Arc::new(MasterClient::new(&cfg.master_server_addr).map_err(|e| e.code())?);
-        master.connect().map_err(|e| e.code())?;
+        master.connect().map_err(|e| {
+            // Say why (e.g. a refused cluster secret): the caller only sees the code.
+            tracing::error!("{e}");
+            e.code()
+        })?;
         let client_id = random_uuid();
         let (host, port) = split_host_port(&cfg.local_hostname);
         let ip = resolve_ip(&host)?;

@@ -138,7 +138,8 @@ async fn authenticate(sock: &mut TcpStream, token: &'static Token) -> Result<(),
                 let _ = sock.write_all(&r).await;
                 return Err(format!("authentication failed: {why}"));
             }
-            ServerStep::NotHandshake => unreachable!("the magic was checked"),
+            // The magic was checked above; refuse rather than trust that.
+            ServerStep::NotHandshake => return Err("not a handshake frame".into()),
         }
     }
 }
