@@ -333,3 +333,36 @@ fn a_node_with_another_secret_cannot_join() {
     assert!(err.contains("refused our proof"), "{err}");
     assert!(master_segments(&master).is_empty());
 }
+
+#[test]
+fn the_master_drops_a_peer_that_does_not_authenticate() {
+    let file = TokenFile::new("silent", SECRET);
+    let master = Master::start(&[&file.flag()]);
+    // One peer says nothing, one stops after half a HELLO: both are closed by the master's
+    // handshake timeout (10 s), and neither holds the master up for others meanwhile.
+    let mut quiet = TcpStream::connect(master.rpc_addr()).unwrap();
+    let mut half = TcpStream::connect(master.rpc_addr()).unwrap();
+    half.write_all(&auth::MAGIC).unwrap();
+    let mut s = TcpStream::connect(master.rpc_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    auth::client_handshake(&mut s, leak(SECRET)).expect("others are served meanwhile");
+    let started = Instant::now();
+    for peer in [&mut quiet, &mut half] {
+        peer.set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        let mut b = [0u8; 64];
+        loop {
+            match peer.read(&mut b) {
+                Ok(0) => break,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                other => panic!("expected the master to close, got {other:?}"),
+            }
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+}
