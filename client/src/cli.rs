@@ -41,6 +41,15 @@ pub fn node_main(args: Vec<String>) -> i32 {
         }
     };
     init_logging();
+    // The cluster secret, before any port opens: a bad setting must stop the start.
+    match protocol::auth::init_process(cfg.auth_token_file.as_deref()) {
+        Ok(Some(_)) => tracing::info!("cluster secret set: peers must authenticate"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("mooncake_client: {e}");
+            return 2;
+        }
+    }
     // Every peer holds connections to every shard: lift the soft fd limit.
     let (before, after) = tuning::raise_nofile_limit();
     if after > before {

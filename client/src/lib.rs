@@ -8,6 +8,7 @@
 //! - [`node`]: the storage node behind the `mooncake_client` binary: N shards, each with its
 //!   own segment and data port, mounted at the master as separate segments.
 
+pub mod auth;
 pub mod cli;
 pub mod master;
 pub mod node;

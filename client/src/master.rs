@@ -248,10 +248,12 @@ impl MasterClient {
         for a in addrs {
             match TcpStream::connect_timeout(a, self.connect_timeout) {
                 Ok(stream) => {
-                    let conn = spawn_reader(stream).map_err(|e| ClientError::Connect {
-                        addr: self.addr_text.clone(),
-                        source: e,
-                    })?;
+                    let conn = crate::auth::handshake(&stream, self.connect_timeout)
+                        .and_then(|()| spawn_reader(stream))
+                        .map_err(|e| ClientError::Connect {
+                            addr: self.addr_text.clone(),
+                            source: e,
+                        })?;
                     *guard = Some(conn.clone());
                     return Ok(conn);
                 }
@@ -294,10 +296,12 @@ impl MasterClient {
                                 self.connect_timeout.min(LEADER_CONNECT_TIMEOUT),
                             ) {
                                 Ok(stream) => {
-                                    return spawn_reader(stream).map_err(|e| ClientError::Connect {
-                                        addr: leader.clone(),
-                                        source: e,
-                                    })
+                                    return crate::auth::handshake(&stream, self.connect_timeout)
+                                        .and_then(|()| spawn_reader(stream))
+                                        .map_err(|e| ClientError::Connect {
+                                            addr: leader.clone(),
+                                            source: e,
+                                        });
                                 }
                                 Err(e) => format!("leader {leader} does not answer: {e}"),
                             }

@@ -42,7 +42,7 @@ use dataplane::transport::{serve, Server};
 use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
 
-use crate::master::MasterClient;
+use crate::master::{ClientError, MasterClient};
 use crate::recovery;
 
 /// How often the node pings the master.
@@ -75,6 +75,9 @@ pub struct NodeConfig {
     /// leader an `etcd://` master address follows, and the namespace of published descriptors
     /// (see [`dataplane::metadata::Keys::for_store`]).
     pub cluster_id: String,
+    /// `--auth_token_file`: the cluster secret's file (`None`: `MC_AUTH_TOKEN` /
+    /// `MC_AUTH_TOKEN_FILE` decide; see `protocol::auth`).
+    pub auth_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeConfig {
@@ -94,6 +97,7 @@ impl Default for NodeConfig {
             metrics_port: 0,
             prefault: false,
             cluster_id: crate::store::cluster_id_from_env(),
+            auth_token_file: None,
         }
     }
 }
@@ -127,6 +131,8 @@ flags (--flag=value or --flag value):
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --prefault=false               fault segment pages in at start-up
+  --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
+                                 MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
 ";
 
 /// Parses `"4 GB"`, `"4GB"`, `"512 mb"`, `"1.5 GiB"`, `"4096"`: binary multiples.
@@ -213,6 +219,8 @@ impl NodeConfig {
                     return Err("--cluster_id must not be empty".into())
                 }
                 "cluster_id" => c.cluster_id = value.trim().to_string(),
+                "auth_token_file" if value.trim().is_empty() => c.auth_token_file = None,
+                "auth_token_file" => c.auth_token_file = Some(value.into()),
                 "protocol" => c.protocol = value,
                 "device_names" | "device_name" => c.device_names = value,
                 "threads" => c.threads = num(&value)? as usize,
@@ -361,7 +369,10 @@ impl Node {
             })?;
         let deadline = Instant::now() + MASTER_CONNECT_PATIENCE;
         while let Err(e) = master.connect() {
-            if Instant::now() > deadline {
+            // A refused secret will not be accepted by trying again.
+            let refused = matches!(&e, ClientError::Connect { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied);
+            if refused || Instant::now() > deadline {
                 return Err(NodeError::Master {
                     addr: cfg.master_server_address.clone(),
                     why: e.to_string(),
@@ -483,7 +494,7 @@ impl Node {
                 sh.server.backend()
             );
         }
-        let counters: [StatCounter; 9] = [
+        let counters: [StatCounter; 10] = [
             ("connections_accepted_total", |s| {
                 s.connections_accepted.load(Relaxed)
             }),
@@ -499,6 +510,9 @@ impl Node {
             }),
             ("frames_malformed_total", |s| {
                 s.frames_malformed.load(Relaxed)
+            }),
+            ("connections_unauthenticated_total", |s| {
+                s.connections_unauthenticated.load(Relaxed)
             }),
             ("loop_iterations_total", |s| s.loop_iterations.load(Relaxed)),
             ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),

@@ -52,6 +52,16 @@ pub fn master_main(args: Vec<String>) -> i32 {
     if after > before {
         info!("open-file limit raised from {before} to {after}");
     }
+    // The cluster secret, before anything listens: a flag that names an empty or unreadable
+    // file must stop the start, not leave the master open.
+    match protocol::auth::init_process(cfg.auth_token_file.as_deref()) {
+        Ok(Some(_)) => info!("cluster secret set: peers must authenticate"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("mooncake_master: {e}");
+            return 2;
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.rpc_threads().max(1))
         .thread_name("mc-master")

@@ -1,6 +1,6 @@
 //! Wire formats, identifiers and error codes shared by every mooncake-rs process.
 //!
-//! This crate owns no I/O. It defines:
+//! This crate owns no sockets or threads. It defines:
 //! - [`ErrorCode`]: the store error codes with the numbers upstream Mooncake returns to Python,
 //!   so that a code seen by a user means the same thing in both implementations;
 //! - the value types of the object store ([`ReplicateConfig`], [`ReplicaDescriptor`],
@@ -9,12 +9,15 @@
 //!   length-prefixed, versioned envelope with a request id) and [`message`] (one request and one
 //!   response type per operation, with a batch form of every object operation);
 //! - [`wire`]: the little-endian encoding those messages use;
-//! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout.
+//! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
+//! - [`auth`]: the optional cluster secret and the once-per-connection handshake that proves
+//!   it (HMAC-SHA256 challenge-response; blocking helpers over `Read + Write`).
 //!
 //! Invariant: decoding never panics and never allocates more than the input could describe.
 //! Every decoder returns [`wire::DecodeError`] on malformed input; `fuzz/` checks this.
 //! Byte diagrams of every frame live in `docs/protocol.md`.
 
+pub mod auth;
 pub mod error;
 pub mod frame;
 pub mod limits;

@@ -157,8 +157,18 @@ impl Store {
         if cfg.protocol != "tcp" && !cfg.protocol.is_empty() && cfg.protocol != "rdma" {
             return Err(ErrorCode::InvalidParams);
         }
+        // The cluster secret (MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE): a broken setting fails the
+        // setup rather than leaving this client's segment open to anyone.
+        if let Err(e) = protocol::auth::process_token() {
+            tracing::error!("{e}");
+            return Err(ErrorCode::InvalidParams);
+        }
         let master = Arc::new(MasterClient::new(&cfg.master_server_addr).map_err(|e| e.code())?);
-        master.connect().map_err(|e| e.code())?;
+        master.connect().map_err(|e| {
+            // Say why (e.g. a refused cluster secret): the caller only sees the code.
+            tracing::error!("{e}");
+            e.code()
+        })?;
         let client_id = random_uuid();
         let (host, port) = split_host_port(&cfg.local_hostname);
         let ip = resolve_ip(&host)?;

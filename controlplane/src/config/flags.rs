@@ -169,6 +169,12 @@ pub const FLAGS: &[FlagSpec] = &[
         "Host for HTTP metadata server to bind to",
     ),
     honoured(
+        "auth_token_file",
+        Str,
+        "",
+        "File holding the cluster secret; when set, RPC peers and metadata writers must prove it (env MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE otherwise)",
+    ),
+    honoured(
         "cluster_id",
         Str,
         "mooncake_cluster",

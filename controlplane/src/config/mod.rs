@@ -69,6 +69,9 @@ pub struct MasterConfig {
     pub http_metadata_server_port: u16,
     /// `--http_metadata_server_host`.
     pub http_metadata_server_host: String,
+    /// `--auth_token_file`: the cluster secret's file (`None`: the environment decides, see
+    /// `protocol::auth`).
+    pub auth_token_file: Option<std::path::PathBuf>,
     /// `--enable_ha` (kept for the HA work; validated: needs a connection string).
     pub enable_ha: bool,
     /// `--etcd_endpoints`, semicolon-separated.
@@ -98,6 +101,7 @@ impl Default for MasterConfig {
             enable_http_metadata_server: false,
             http_metadata_server_port: 8080,
             http_metadata_server_host: "0.0.0.0".to_string(),
+            auth_token_file: None,
             enable_ha: false,
             etcd_endpoints: String::new(),
             ha_backend_connstring: String::new(),
@@ -322,6 +326,9 @@ fn resolve(values: &Values) -> Result<MasterConfig, ConfigError> {
             .get("enable_http_metadata_server", value::parse_bool)?,
         http_metadata_server_port: values.get("http_metadata_server_port", value::parse_port)?,
         http_metadata_server_host: values.host("http_metadata_server_host")?,
+        auth_token_file: Some(values.string("auth_token_file"))
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from),
         enable_ha: values.get("enable_ha", value::parse_bool)?,
         etcd_endpoints: values.string("etcd_endpoints"),
         ha_backend_connstring: values.string("ha_backend_connstring"),

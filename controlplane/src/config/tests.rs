@@ -166,6 +166,10 @@ fn accepted_syntax() {
             |c| c.http_metadata_server_host == "127.0.0.1" && c.http_metadata_server_port == 18080,
         ),
         (&["--rpc_address=10.0.0.1"], |c| c.rpc_address == "10.0.0.1"),
+        (&["--auth_token_file=/etc/mc/token"], |c| {
+            c.auth_token_file.as_deref() == Some(std::path::Path::new("/etc/mc/token"))
+        }),
+        (&["--auth_token_file="], |c| c.auth_token_file.is_none()),
         (&["--rpc_thread_num=3"], |c| c.rpc_threads() == 3),
         (&["--rpc_thread_num=0", "--max_threads=1"], |c| {
             c.rpc_threads() == 1

@@ -13,6 +13,10 @@
 //!   [`MAX_KEY_BYTES`] → 400; a body larger than [`MAX_BODY_BYTES`] → 413;
 //! - `GET /health` → 200 `OK`.
 //!
+//! With a cluster secret (`protocol::auth`), `PUT` and `DELETE` (the requests that change
+//! state) need `Authorization: Bearer <Token::http_bearer>`; without it they get 401 and
+//! change nothing. `GET` stays open.
+//!
 //! Keys are percent-decoded from the query string (the transfer engine escapes them with
 //! `curl_easy_escape`), so the store holds `mooncake/ram/host:port`, and the master can remove
 //! entries in-process through [`MetadataStore`] when a client times out.
@@ -23,11 +27,12 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use parking_lot::RwLock;
+use protocol::auth::{self, Token};
 use tokio::net::TcpListener;
 
 /// Largest value accepted by `PUT` (a segment descriptor is a few KiB).
@@ -109,8 +114,24 @@ impl MetadataStore {
     }
 }
 
-/// The routes of the metadata server over `store`.
+/// What the handlers share: the store and the secret writers must prove (`None`: none).
+#[derive(Clone)]
+struct Shared {
+    store: Arc<MetadataStore>,
+    auth: Option<&'static Token>,
+}
+
+/// The routes of the metadata server over `store`, with this process's cluster secret
+/// (`protocol::auth::process_token`) guarding `PUT` and `DELETE` when one is configured.
 pub fn metadata_router(store: Arc<MetadataStore>) -> Router {
+    metadata_router_with_auth(store, auth::process_token_or_none())
+}
+
+/// [`metadata_router`] with an explicit secret (`None`: writes are open).
+pub fn metadata_router_with_auth(
+    store: Arc<MetadataStore>,
+    auth: Option<&'static Token>,
+) -> Router {
     Router::new()
         .route(
             "/metadata",
@@ -118,7 +139,24 @@ pub fn metadata_router(store: Arc<MetadataStore>) -> Router {
         )
         .route("/health", get(|| async { "OK" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(store)
+        .with_state(Shared { store, auth })
+}
+
+/// `None` when the request may change state, else the 401 to send.
+fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
+    let token = shared.auth?;
+    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if token.check_authorization(given) {
+        return None;
+    }
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "cluster secret required: Authorization: Bearer <derived token>, see docs/security.md",
+        )
+            .into_response(),
+    )
 }
 
 /// Serves the metadata protocol on `listener` until `shutdown` resolves.
@@ -151,7 +189,8 @@ fn key_of(params: Params) -> Result<String, (StatusCode, String)> {
     Ok(key)
 }
 
-async fn get_metadata(State(store): State<Arc<MetadataStore>>, params: Params) -> Response {
+async fn get_metadata(State(shared): State<Shared>, params: Params) -> Response {
+    let store = shared.store;
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),
@@ -163,10 +202,15 @@ async fn get_metadata(State(store): State<Arc<MetadataStore>>, params: Params) -
 }
 
 async fn put_metadata(
-    State(store): State<Arc<MetadataStore>>,
+    State(shared): State<Shared>,
+    headers: HeaderMap,
     params: Params,
     body: Bytes,
 ) -> Response {
+    if let Some(refusal) = unauthorized(&shared, &headers) {
+        return refusal;
+    }
+    let store = shared.store;
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),
@@ -182,7 +226,15 @@ async fn put_metadata(
     }
 }
 
-async fn delete_metadata(State(store): State<Arc<MetadataStore>>, params: Params) -> Response {
+async fn delete_metadata(
+    State(shared): State<Shared>,
+    headers: HeaderMap,
+    params: Params,
+) -> Response {
+    if let Some(refusal) = unauthorized(&shared, &headers) {
+        return refusal;
+    }
+    let store = shared.store;
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),

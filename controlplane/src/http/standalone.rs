@@ -22,6 +22,8 @@ const USAGE: &str =
 
 Serves the Mooncake transfer-engine metadata protocol:
   GET|PUT|DELETE /metadata?key=KEY, GET /health
+With MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE set, PUT and DELETE need the cluster's bearer
+(see docs/security.md).
 
 Options:
   --port PORT         port to listen on (default 8080; 0 = any free port)
@@ -144,6 +146,12 @@ pub fn metadata_main(args: Vec<String>) -> i32 {
             return 2;
         }
     };
+    // The cluster secret (MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE) guards PUT and DELETE: a broken
+    // setting must stop the start, not leave the writes open.
+    if let Err(e) = protocol::auth::process_token() {
+        eprintln!("mooncake_http_metadata_server: {e}");
+        return 2;
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_max_level(options.log_level)

@@ -12,10 +12,18 @@
 //! In HA mode a master that may not serve (a standby, or a leader that cannot prove its etcd
 //! lease, see [`crate::ha`]) answers every request with `UNAVAILABLE_IN_CURRENT_STATUS`
 //! without looking at it; the check is one atomic load and a clock read per socket read.
+//!
+//! With a cluster secret ([`protocol::auth`]) a connection starts with the handshake: the
+//! first 16 bytes are either the start of a HELLO (magic `MCAU`) or a frame header. A peer
+//! that sends a request first gets one answer to it, `ILLEGAL_CLIENT`, and the connection is
+//! closed; a peer that fails the handshake gets REFUSE and is closed; a peer silent for
+//! [`HANDSHAKE_TIMEOUT`] is closed. Only after the handshake are frames read, so an
+//! unauthenticated peer never reaches the service and holds at most 32 bytes of buffer.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use protocol::auth::{self, ServerHandshake, ServerStep, Token};
 use protocol::frame::{self, Kind};
 use protocol::wire::Wire;
 use protocol::ErrorCode;
@@ -30,13 +38,34 @@ use crate::service::MasterService;
 const READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Most connections served at once; more are accepted and closed at once.
 pub const MAX_CONNECTIONS: usize = 16 * 1024;
+/// Longest a new connection may take to complete the authentication handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Serves connections from `listener` until `shutdown` completes. With `gate`, requests are
+/// Serves connections from `listener` until `shutdown` completes, with this process's
+/// cluster secret ([`auth::process_token`]) if one is configured. With `gate`, requests are
 /// answered only while [`HaState::may_serve`].
 pub async fn serve(
     listener: TcpListener,
     service: Arc<MasterService>,
     gate: Option<Arc<HaState>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_with_auth(
+        listener,
+        service,
+        gate,
+        auth::process_token_or_none(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] with an explicit secret (`None`: no handshake).
+pub async fn serve_with_auth(
+    listener: TcpListener,
+    service: Arc<MasterService>,
+    gate: Option<Arc<HaState>>,
+    token: Option<&'static Token>,
     shutdown: impl Future<Output = ()>,
 ) {
     let live = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -60,7 +89,7 @@ pub async fn serve(
                 let svc = service.clone();
                 let gate = gate.clone();
                 tokio::spawn(async move {
-                    if let Err(why) = serve_conn(sock, svc, gate).await {
+                    if let Err(why) = serve_conn(sock, svc, gate, token).await {
                         debug!("connection from {peer} closed: {why}");
                     }
                     drop(permit);
@@ -74,8 +103,14 @@ async fn serve_conn(
     mut sock: TcpStream,
     service: Arc<MasterService>,
     gate: Option<Arc<HaState>>,
+    token: Option<&'static Token>,
 ) -> Result<(), String> {
     sock.set_nodelay(true).map_err(|e| e.to_string())?;
+    if let Some(token) = token {
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, authenticate(&mut sock, token))
+            .await
+            .map_err(|_| format!("no authentication within {HANDSHAKE_TIMEOUT:?}"))??;
+    }
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut out: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     loop {
@@ -122,6 +157,72 @@ pub fn refuse_frames(buf: &[u8], out: &mut Vec<u8>) -> Result<usize, String> {
     }
     Ok(used)
 }
+
+/// Runs the server side of the handshake; `Err` when the peer must be dropped (after the
+/// refusal it is owed has been sent).
+async fn authenticate(sock: &mut TcpStream, token: &'static Token) -> Result<(), String> {
+    let mut hs = ServerHandshake::new(token);
+    loop {
+        let mut b = [0u8; auth::FRAME_BYTES];
+        let head = &mut b[..frame::HEADER_BYTES];
+        sock.read_exact(head).await.map_err(|e| e.to_string())?;
+        if !auth::is_handshake(head) {
+            refuse_request(sock, head).await;
+            return Err("request before authentication; refused".into());
+        }
+        sock.read_exact(&mut b[frame::HEADER_BYTES..])
+            .await
+            .map_err(|e| e.to_string())?;
+        match hs.on_frame(&b) {
+            ServerStep::Reply(r) => sock.write_all(&r).await.map_err(|e| e.to_string())?,
+            ServerStep::Accept(r) => return sock.write_all(&r).await.map_err(|e| e.to_string()),
+            ServerStep::Refuse(r, why) => {
+                let _ = sock.write_all(&r).await;
+                return Err(format!("authentication failed: {why}"));
+            }
+            // The magic was checked above; refuse rather than trust that.
+            ServerStep::NotHandshake => return Err("not a handshake frame".into()),
+        }
+    }
+}
+
+/// Answers the request whose header is `head` with `ILLEGAL_CLIENT`, when it is a well-formed
+/// request header; sends nothing otherwise.
+async fn refuse_request(sock: &mut TcpStream, head: &[u8]) {
+    let Some(h) = head.first_chunk::<{ frame::HEADER_BYTES }>() else {
+        return;
+    };
+    let Ok(h) = frame::Header::parse(h) else {
+        return;
+    };
+    if h.kind != Kind::Request {
+        return;
+    }
+    let mut out = Vec::with_capacity(frame::HEADER_BYTES + 4);
+    let encoded = frame::encode_with(&mut out, Kind::Response, h.opcode, h.request_id, |o| {
+        ErrorCode::IllegalClient.encode(o)
+    });
+    if encoded.is_ok() && sock.write_all(&out).await.is_ok() {
+        let _ = sock.shutdown().await;
+        // Read (and drop) what the peer still sends for a moment, so closing with unread
+        // bytes does not reset the connection before the peer has read its answer.
+        let mut sink = [0u8; 4096];
+        let mut left = REFUSAL_LINGER_BYTES;
+        let linger = async {
+            while left > 0 {
+                match sock.read(&mut sink).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REFUSAL_LINGER, linger).await;
+    }
+}
+
+/// How long, and for how many bytes, a refused peer is read after its answer.
+const REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const REFUSAL_LINGER_BYTES: usize = 1 << 20;
 
 /// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed.
 /// The service is locked once for all of them (no I/O happens here).

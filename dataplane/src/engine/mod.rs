@@ -162,6 +162,10 @@ impl TransferEngine {
                 format!("protocol {protocol:?}: this build supports tcp only"),
             ));
         }
+        // The cluster secret (MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE): a broken setting must fail
+        // here, not leave the data port open to anyone.
+        protocol::auth::process_token()
+            .map_err(|e| EngineError::new(TeError::InvalidArgument, e.to_string()))?;
         let running = Running::start(self.options.clone(), local_server_name, metadata_conn)?;
         // Set under init_lock after the check above, so this cannot fail.
         let _ = self.running.set(Arc::new(running));
@@ -698,6 +702,7 @@ impl Running {
             lanes: self.options.lanes,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             io_timeout: self.options.transfer_timeout,
+            ..Default::default()
         }
     }
 

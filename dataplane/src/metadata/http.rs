@@ -104,7 +104,19 @@ impl HttpStore {
         body: &[u8],
     ) -> Result<Response, MetadataError> {
         let target = format!("{}?key={}", self.url.path, url_escape(key));
-        exchange(&self.url.host, self.url.port, method, &target, body)
+        // With a cluster secret, writes prove it (the server checks PUT and DELETE).
+        let authorization = match protocol::auth::process_token_or_none() {
+            Some(t) => format!("Authorization: Bearer {}\r\n", t.http_bearer()),
+            None => String::new(),
+        };
+        exchange_with(
+            &self.url.host,
+            self.url.port,
+            method,
+            &target,
+            body,
+            &authorization,
+        )
     }
 
     fn status_error(&self, method: &'static str, key: &str, r: &Response) -> MetadataError {
@@ -128,6 +140,18 @@ pub fn exchange(
     target: &str,
     body: &[u8],
 ) -> Result<Response, MetadataError> {
+    exchange_with(host, port, method, target, body, "")
+}
+
+/// [`exchange`] with extra header lines (each ending in `\r\n`).
+pub fn exchange_with(
+    host: &str,
+    port: u16,
+    method: &str,
+    target: &str,
+    body: &[u8],
+    extra_headers: &str,
+) -> Result<Response, MetadataError> {
     let peer = format!("{host}:{port}");
     let io = |source| MetadataError::Io {
         peer: peer.clone(),
@@ -150,7 +174,7 @@ pub fn exchange(
     stream.set_nodelay(true).map_err(io)?;
     let head = format!(
         "{method} {target} HTTP/1.1\r\nHost: {peer}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
+         Content-Length: {}\r\nConnection: close\r\n{extra_headers}\r\n",
         body.len()
     );
     set_deadline(&stream, deadline).map_err(io)?;

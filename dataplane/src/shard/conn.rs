@@ -10,6 +10,11 @@
 //!     └──bad header──▶ (error queued, close after it is sent)
 //! ```
 //!
+//! With a cluster secret, the first 32-byte frames of a connection are handshake frames
+//! (`protocol::auth`, the same size as a request header): they are received into the same
+//! header buffer and answered by the connection's [`ServerHandshake`] until it accepts;
+//! a request header before that is answered `ERR_REJECT_HANDSHAKE` and the connection closes.
+//!
 //! The state travels inside the `Recv` operation while the kernel works on it and comes
 //! back with the completion; the connection keeps only what is not in flight.
 
@@ -19,6 +24,7 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 use io_uring::{opcode, squeue, types};
+use protocol::auth::{ServerHandshake, Token};
 
 use crate::limits::PAYLOAD_RECV_CHUNK_BYTES;
 use crate::shard::send::Response;
@@ -134,10 +140,13 @@ pub(crate) struct Conn {
     pub(crate) last_progress: Instant,
     /// Drain scratch kept between refused WRITEs.
     pub(crate) spare_scratch: Option<Box<[u8]>>,
+    /// The handshake still to complete before requests are served (`None`: authenticated,
+    /// or no secret configured).
+    pub(crate) auth: Option<Box<ServerHandshake>>,
 }
 
 impl Conn {
-    pub(crate) fn new(stream: TcpStream) -> Conn {
+    pub(crate) fn new(stream: TcpStream, auth: Option<&'static Token>) -> Conn {
         Conn {
             stream,
             phase: ConnPhase::Open,
@@ -148,6 +157,7 @@ impl Conn {
             queue: VecDeque::new(),
             last_progress: Instant::now(),
             spare_scratch: None,
+            auth: auth.map(|t| Box::new(ServerHandshake::new(t))),
         }
     }
 
@@ -156,7 +166,8 @@ impl Conn {
     }
 
     /// True when silence from the peer should count against the I/O timeout.
+    /// A connection still authenticating is always busy: a silent stranger is timed out.
     pub(crate) fn busy(&self) -> bool {
-        self.recv_mid_frame || self.send_in_flight
+        self.recv_mid_frame || self.send_in_flight || self.auth.is_some()
     }
 }

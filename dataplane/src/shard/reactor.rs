@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use protocol::auth::ServerStep;
 
 use crate::limits::{
     CONN_RESPONSES_QUEUED_MAX, DRAIN_CHUNK_BYTES, REQUEST_PAYLOAD_MAX_BYTES, SHARD_RING_ENTRIES,
@@ -323,7 +324,9 @@ impl Reactor {
         }
         rawio::set_buffer_sizes(stream.as_raw_fd());
         bump(&stats.connections_accepted);
-        let id = self.conns.insert(Conn::new(stream));
+        let id = self
+            .conns
+            .insert(Conn::new(stream, self.config.server.auth));
         self.shared.live_connections.fetch_add(1, Ordering::Relaxed);
         let buf: HeaderBuf = Box::new([0u8; REQUEST_HEADER_BYTES]);
         self.submit_recv(id, RecvState::Header { buf, filled: 0 });
@@ -473,6 +476,11 @@ impl Reactor {
     }
 
     fn on_header(&mut self, id: usize, buf: HeaderBuf) {
+        if let Some(hs) = self.conns.get_mut(id).and_then(|c| c.auth.as_mut()) {
+            let step = hs.on_frame(&buf[..]);
+            self.on_handshake_frame(id, buf, step);
+            return;
+        }
         let stats = &self.shared.stats;
         let req = match RequestHeader::decode(&buf[..]) {
             Ok(req) => req,
@@ -553,6 +561,38 @@ impl Reactor {
                 self.next_header(id, buf);
             }
         }
+    }
+
+    /// Answers a frame received before the connection authenticated.
+    fn on_handshake_frame(&mut self, id: usize, buf: HeaderBuf, step: ServerStep) {
+        let refusal = match step {
+            ServerStep::Reply(frame) => {
+                self.respond(id, Response::handshake(frame));
+                self.next_header(id, buf);
+                return;
+            }
+            ServerStep::Accept(frame) => {
+                if let Some(c) = self.conns.get_mut(id) {
+                    c.auth = None;
+                }
+                self.respond(id, Response::handshake(frame));
+                self.next_header(id, buf);
+                return;
+            }
+            ServerStep::Refuse(frame, why) => {
+                tracing::debug!(error = %why, "data-plane peer failed authentication");
+                Response::handshake(frame)
+            }
+            ServerStep::NotHandshake => {
+                let rid = RequestHeader::salvage_request_id(&buf[..]).unwrap_or(u64::MAX);
+                Response::error(rid, TeError::RejectHandshake)
+            }
+        };
+        bump(&self.shared.stats.connections_unauthenticated);
+        if let Some(c) = self.conns.get_mut(id) {
+            c.phase = ConnPhase::CloseAfterSend;
+        }
+        self.respond(id, refusal);
     }
 
     /// Queues a response and starts a send if none is in flight.

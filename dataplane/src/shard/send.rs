@@ -9,14 +9,26 @@
 
 use std::collections::VecDeque;
 
+use protocol::auth;
+
 use crate::limits::{SEND_BATCH_BYTES_MAX, SEND_BATCH_RESPONSES_MAX};
 use crate::shard::view::MemoryLease;
 use crate::transport::header::{ResponseHeader, RESPONSE_HEADER_BYTES};
 use crate::TeError;
 
+/// Room for the bytes a response starts with: a response header, or a whole handshake frame.
+const HEAD_SLOT_BYTES: usize = if auth::FRAME_BYTES > RESPONSE_HEADER_BYTES {
+    auth::FRAME_BYTES
+} else {
+    RESPONSE_HEADER_BYTES
+};
+
 /// One response waiting to be sent.
 pub(crate) struct Response {
-    header: [u8; RESPONSE_HEADER_BYTES],
+    header: [u8; HEAD_SLOT_BYTES],
+    /// Bytes of `header` sent: [`RESPONSE_HEADER_BYTES`], or [`auth::FRAME_BYTES`] for a
+    /// handshake frame.
+    header_len: usize,
     /// For a READ that succeeded: `(addr, len)` of the checked range and its lease.
     payload: Option<(u64, u64, MemoryLease)>,
     /// Counts as a served request once sent.
@@ -41,11 +53,23 @@ impl Response {
             len: 0,
         }
         .encode();
+        Response::with_head(&header, None, ok)
+    }
+
+    fn with_head(head: &[u8], payload: Option<(u64, u64, MemoryLease)>, ok: bool) -> Response {
+        let mut header = [0u8; HEAD_SLOT_BYTES];
+        header[..head.len()].copy_from_slice(head);
         Response {
             header,
-            payload: None,
+            header_len: head.len(),
+            payload,
             ok,
         }
+    }
+
+    /// A handshake frame (CHALLENGE, ACCEPT or REFUSE); not a served request.
+    pub(crate) fn handshake(frame: [u8; auth::FRAME_BYTES]) -> Response {
+        Response::with_head(&frame, None, false)
     }
 
     /// An OK READ response carrying `[addr, addr + len)`.
@@ -56,11 +80,7 @@ impl Response {
             len,
         }
         .encode();
-        Response {
-            header,
-            payload: Some((addr, len, lease)),
-            ok: true,
-        }
+        Response::with_head(&header, Some((addr, len, lease)), true)
     }
 
     /// The lease this response holds, if any (to release when it is dropped unsent).
@@ -69,7 +89,7 @@ impl Response {
     }
 
     fn wire_bytes(&self) -> u64 {
-        RESPONSE_HEADER_BYTES as u64 + self.payload.as_ref().map_or(0, |p| p.1)
+        self.header_len as u64 + self.payload.as_ref().map_or(0, |p| p.1)
     }
 }
 
@@ -85,7 +105,7 @@ pub(crate) enum SendStage {
 
 /// Responses laid out for one `sendmsg`; see the module docs.
 pub(crate) struct SendBatch {
-    headers: Vec<[u8; RESPONSE_HEADER_BYTES]>,
+    headers: Vec<[u8; HEAD_SLOT_BYTES]>,
     iov: Vec<libc::iovec>,
     msg: libc::msghdr,
     leases: Vec<MemoryLease>,
@@ -137,7 +157,7 @@ impl SendBatch {
             let header_ptr = batch.headers[i].as_mut_ptr();
             batch.iov.push(libc::iovec {
                 iov_base: header_ptr.cast(),
-                iov_len: RESPONSE_HEADER_BYTES,
+                iov_len: r.header_len,
             });
             batch.ok_count += u64::from(r.ok);
             if let Some((addr, len, lease)) = r.payload {

@@ -52,10 +52,14 @@ use crate::limits::{
     CONNECT_TIMEOUT_DEFAULT, IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
 };
 use crate::TeError;
+use protocol::auth::{self, AuthError, Token};
 
 /// Client settings.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientConfig {
+    /// The cluster secret each lane proves when it connects, and that the server must prove
+    /// back (see `protocol::auth`); `None`: no handshake. Defaults to this process's secret.
+    pub auth: Option<&'static Token>,
     /// Connections to the peer, 1 ..= `CLIENT_LANES_MAX`.
     pub lanes: usize,
     /// Bound on establishing one connection.
@@ -67,6 +71,7 @@ pub struct ClientConfig {
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
+            auth: auth::process_token_or_none(),
             lanes: CLIENT_LANES_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             io_timeout: IO_TIMEOUT_DEFAULT,
@@ -341,6 +346,17 @@ impl TcpClient {
             .map_err(|e| TransferError::from_io(&e))?;
         rawio::tune_stream(&stream, self.config.io_timeout)
             .map_err(|e| TransferError::from_io(&e))?;
+        if let Some(token) = self.config.auth {
+            // Once per connection, bounded by the socket timeouts just set.
+            let mut s = &stream;
+            auth::client_handshake(&mut s, token).map_err(|e| TransferError::Connection {
+                kind: match &e {
+                    AuthError::Io { kind, .. } => *kind,
+                    _ => io::ErrorKind::PermissionDenied,
+                },
+                message: format!("{e} (peer {})", self.peer),
+            })?;
+        }
         *slot = Some(stream);
         Ok(())
     }

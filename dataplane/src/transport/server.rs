@@ -52,6 +52,7 @@ use crate::limits::{
 };
 use crate::mem::{Catalog, CatalogRecord, Registry, Segment};
 use crate::TeError;
+use protocol::auth::{self, ServerRefusal, Token};
 
 /// Pause after a failed `accept` before trying again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
@@ -236,6 +237,9 @@ impl ServedMemory {
 /// Server settings.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerConfig {
+    /// The cluster secret every connection must prove before its first request (see
+    /// `protocol::auth`); `None`: no handshake. Defaults to this process's secret.
+    pub auth: Option<&'static Token>,
     /// Bound on one blocking socket operation; a peer silent for longer is dropped.
     pub io_timeout: Duration,
     /// Connections served at once; more are closed on accept. The blocking server caps this at
@@ -246,6 +250,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
+            auth: auth::process_token_or_none(),
             io_timeout: IO_TIMEOUT_DEFAULT,
             max_connections: SERVER_CONNECTIONS_MAX,
         }
@@ -261,6 +266,9 @@ pub struct ServerStats {
     pub requests_rejected: AtomicU64,
     pub frames_malformed: AtomicU64,
     pub connections_aborted: AtomicU64,
+    /// Connections closed because the peer did not prove the cluster secret (wrong proof,
+    /// or a request before the handshake).
+    pub connections_unauthenticated: AtomicU64,
     /// Event-loop iterations (io_uring shards only; 0 on the blocking path).
     pub loop_iterations: AtomicU64,
     /// Event-loop iterations whose work took longer than `limits::LOOP_STALL_THRESHOLD`.
@@ -432,6 +440,11 @@ enum Served1 {
 }
 
 fn serve_connection(stream: &TcpStream, shared: &Shared) {
+    if let Some(token) = shared.config.auth {
+        if !authenticate(stream, shared, token) {
+            return;
+        }
+    }
     let mut raw = [0u8; REQUEST_HEADER_BYTES];
     loop {
         match rawio::read_full(stream, &mut raw) {
@@ -459,6 +472,49 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
         }
     }
 }
+
+/// The handshake on a new connection; false when the connection must close (a peer that
+/// sent a request first has had its `ERR_REJECT_HANDSHAKE` answer).
+fn authenticate(stream: &TcpStream, shared: &Shared, token: &'static Token) -> bool {
+    let mut s = stream;
+    match auth::server_handshake(&mut s, token) {
+        Ok(()) => true,
+        Err(ServerRefusal::NotHandshake(raw)) => {
+            bump(&shared.stats.connections_unauthenticated);
+            let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
+            if respond(stream, id, TeError::RejectHandshake.code(), 0, false).is_ok() {
+                linger(stream);
+            }
+            false
+        }
+        Err(ServerRefusal::Failed(why)) => {
+            tracing::debug!(error = %why, "data-plane peer failed authentication");
+            bump(&shared.stats.connections_unauthenticated);
+            false
+        }
+    }
+}
+
+/// After a refusal: stop sending, then read and drop what the peer still sends for a moment
+/// (bounded), so that closing with unread bytes does not reset the connection before the
+/// peer has read its answer.
+fn linger(stream: &TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(REFUSAL_LINGER));
+    let mut sink = [0u8; DRAIN_CHUNK_BYTES];
+    let mut left = REFUSAL_LINGER_BYTES;
+    let mut s = stream;
+    while left > 0 {
+        match std::io::Read::read(&mut s, &mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// How long, and for how many bytes, a refused peer is read after its answer.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+const REFUSAL_LINGER_BYTES: usize = 1 << 20;
 
 fn respond(stream: &TcpStream, id: u64, status: i32, len: u64, more: bool) -> io::Result<()> {
     let header = ResponseHeader {
