@@ -857,6 +857,40 @@ fn upsert_preempts_an_in_flight_put_at_once() {
     assert_eq!(t.used(), 112);
 }
 
+/// Found by the concurrency soak (python/tests/test_soak.py): a same-size upsert used to
+/// reuse the buffers of a put in flight; once the upsert completed, a remove freed them and
+/// another key got them while the preempted writer was still writing there.
+#[test]
+fn same_size_upsert_of_an_in_flight_put_takes_new_buffers() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let first = t
+        .start_with(C2, "k", 8192, ReplicateConfig::default())
+        .unwrap();
+    let d = upsert(&t, C1, "k", 8192).unwrap();
+    assert_ne!(d[0].buffer_address, first[0].buffer_address);
+    t.end(C1, "k").unwrap();
+    assert_eq!(t.remove("k", false), Ok(()));
+    // The preempted writer's buffer is still parked: a new key cannot get it.
+    let other = t.put("other", 8192);
+    assert_ne!(other[0].buffer_address, first[0].buffer_address);
+    assert_eq!(t.end(C2, "k"), Err(ErrorCode::ObjectNotFound));
+}
+
+#[test]
+fn same_size_upsert_of_a_leased_object_does_not_write_under_the_reader() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let old = t.put("k", 4096);
+    t.get("k").unwrap();
+    let d = upsert(&t, C1, "k", 4096).unwrap();
+    assert_ne!(d[0].buffer_address, old[0].buffer_address);
+    assert_eq!(t.used(), 2 * 4096);
+    t.advance(500);
+    t.svc.tick();
+    assert_eq!(t.used(), 4096);
+}
+
 #[test]
 fn upsert_of_a_leased_object_parks_old_buffers_until_the_lease_ends() {
     let t = T::new();
