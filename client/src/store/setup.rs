@@ -230,6 +230,7 @@ impl Store {
             own,
             pinger: Mutex::new(Some(pinger)),
             closed: AtomicBool::new(false),
+            writing: Default::default(),
         })
     }
 }
