@@ -390,6 +390,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
                 let start = Instant::now();
                 let errors = body(n);
                 let took = start.elapsed();
+                let failed = !errors.is_empty();
                 calls.lock().unwrap().push(Call {
                     loop_name: name,
                     start,
@@ -397,7 +398,9 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
                     errors,
                 });
                 n += 1;
-                if name != "big get far" {
+                // The large reads go back to back while they succeed, so one is always on
+                // the wire when the link goes down.
+                if name != "big get far" || failed {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
@@ -448,6 +451,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
     std::thread::sleep(Duration::from_millis(1500));
     let t_cut = Instant::now();
     net.link(false);
+    let t_down = Instant::now();
     let to_quarantine = wait_until(Duration::from_secs(15), || quarantined() == 1.0)
         .expect("the master never quarantined the unreachable node");
     // Puts during the quarantine, no preference: all must succeed, none on the far node.
@@ -575,25 +579,28 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
             since_cut(c)
         );
     }
-    // The large batch in flight when the link went down failed with TRANSFER_FAIL.
+    // A large batch on the wire when the link was down (the loop runs them back to back, so
+    // one started before `ip link set down` returned or within 0.5 s of it) failed with
+    // TRANSFER_FAIL; one started just before the cut may also have completed from what was
+    // already buffered.
     let big_in_flight: Vec<&Call> = calls
         .iter()
-        .filter(|c| c.loop_name == "big get far" && c.start < t_cut && c.start + c.took > t_cut)
+        .filter(|c| {
+            c.loop_name == "big get far"
+                && c.start < t_down + Duration::from_millis(500)
+                && c.start + c.took > t_down
+        })
         .collect();
-    if net.shaped {
-        assert_eq!(
-            big_in_flight.len(),
-            1,
-            "no large batch in flight at the cut"
-        );
-    }
+    assert!(
+        big_in_flight.iter().any(|c| !c.errors.is_empty()),
+        "no large batch was in flight when the link went down"
+    );
     for c in &big_in_flight {
         assert!(
-            !c.errors.is_empty()
-                && c.errors
-                    .iter()
-                    .all(|e| matches!(e, ErrorCode::TransferFail | ErrorCode::LeaseExpired)),
-            "the batch in flight at the cut ended with {:?}",
+            c.errors
+                .iter()
+                .all(|e| matches!(e, ErrorCode::TransferFail | ErrorCode::LeaseExpired)),
+            "a batch in flight at the cut ended with {:?}",
             c.errors
         );
     }
