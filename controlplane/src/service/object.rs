@@ -165,9 +165,16 @@ impl State {
                 // put is in flight (its writer may still be writing when this upsert has
                 // completed, and then a remove or eviction could hand the buffers to another
                 // key under that late write), nor while a reader holds a lease (it would read
-                // a mix of both values). Otherwise the old buffers are parked (`drop_object`)
-                // and new ones allocated, as for a new size.
-                let idle = obj.is_complete() && obj.read_lease_until <= now;
+                // a mix of both values), nor in a segment closed to new allocations (draining,
+                // or quarantined: the write would most likely fail). Otherwise the old buffers
+                // are parked (`drop_object`) and new ones allocated, as for a new size.
+                let segs = &self.segs;
+                let idle = obj.is_complete()
+                    && obj.read_lease_until <= now
+                    && obj
+                        .replicas
+                        .iter()
+                        .all(|r| segs.get(r.seg).is_some_and(|s| s.writable()));
                 if obj.size == size && idle {
                     obj.soft_pin = resolve_soft_pin(
                         cfg,

@@ -1820,6 +1820,36 @@ fn a_stalled_master_does_not_quarantine_everyone() {
 }
 
 #[test]
+fn readers_get_quarantined_replicas_last_and_upserts_move_off_them() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.mount_on(C2, 2, "seg2", 64 * MIB, "host2");
+    let two = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec!["seg1".into(), "seg2".into()],
+        ..ReplicateConfig::default()
+    };
+    t.put_cfg("k", 4096, two);
+    t.put_cfg("u", 4096, on("seg1"));
+    let names = |key: &str| -> Vec<String> {
+        t.get(key)
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| r.segment_name)
+            .collect()
+    };
+    assert_eq!(names("k"), ["seg1", "seg2"]);
+    t.run_pinging(3500, &[C2]);
+    assert_eq!(t.quarantined(), 1);
+    assert_eq!(names("k"), ["seg2", "seg1"]);
+    // An upsert of the same size does not rewrite in place on the quarantined segment.
+    t.advance(600);
+    let d = upsert(&t, C2, "u", 4096).unwrap();
+    assert_eq!(d[0].segment_name, "seg2");
+}
+
+#[test]
 fn a_client_remounting_while_quarantined_keeps_the_invariant() {
     let t = T::with(liveness_cfg());
     t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
