@@ -81,8 +81,8 @@ pub struct ServiceConfig {
     pub put_start_release_timeout_s: u64,
     /// `--cluster_id`.
     pub cluster_id: String,
-    /// Silence after which a client's segments are quarantined (no new allocation, replicas
-    /// kept) until it pings again, milliseconds; see `segments.rs`. Clients ping every
+    /// `--quarantine_grace`: silence after which a client's segments are quarantined (no new
+    /// allocation, replicas kept) until it pings again, milliseconds; see `segments.rs`. Clients ping every
     /// second, so the default is three missed pings. At or above `client_ttl` it never
     /// triggers before expiry.
     pub quarantine_grace_ms: u64,
