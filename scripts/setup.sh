@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server protobuf-compiler)
+APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server protobuf-compiler iproute2)
 
 log() { echo "[setup] $*"; }
 

@@ -43,6 +43,7 @@
 
 mod budget;
 mod catalog;
+mod keylock;
 mod peers;
 mod setup;
 
@@ -91,6 +92,8 @@ pub struct Store {
     closed: AtomicBool,
     /// `MC_STORE_CLUSTER_ID` (see [`setup::cluster_id_from_env`]).
     cluster_id: String,
+    /// Keys being written by some thread of this store (see `keylock.rs`).
+    writing: keylock::KeyLocks,
 }
 
 /// Maps a master-client failure to the code Python sees.
@@ -165,6 +168,7 @@ impl Store {
             return Err(ErrorCode::InvalidParams);
         }
         let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let _writing = self.writing.lock([key]);
         let key = key.to_string();
         let id = self.client_id;
         let started = if upsert {
@@ -256,6 +260,7 @@ impl Store {
         if keys.is_empty() {
             return Vec::new();
         }
+        let _writing = self.writing.lock(keys.iter().map(String::as_str));
         let id = self.client_id;
         let sizes: Vec<u64> = values
             .iter()

@@ -14,12 +14,20 @@
 //! scoped threads when there is enough data to make that worthwhile, so the replicas of a put
 //! are written at the same time rather than one after another.
 //!
+//! A failed endpoint is not redialed by every call: after a connect failure, or a socket error
+//! (reset, timeout) on an established connection, the endpoint is *down* for a back-off that
+//! starts at [`REDIAL_BACKOFF_MIN`] and doubles with every consecutive failure up to
+//! [`REDIAL_BACKOFF_MAX`]; calls in that window fail at once with `TRANSFER_FAIL`, and after it
+//! one caller at a time dials again (the others wait for its outcome). A successful connect
+//! clears the back-off. So an unreachable node costs each call at most one connect timeout,
+//! and the node at most one dial per back-off, however many threads use the store.
+//!
 //! Invariants: a transfer never touches bytes outside its replica (`offset + len <= size` is
 //! checked first) nor, for the memcpy path, outside our own mapped segment; an item's result is
 //! an error if any of its slices failed.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +48,11 @@ pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
 pub const PARALLEL_ENDPOINTS_MIN_BYTES: u64 = 256 * 1024;
 /// How long an endpoint found not to be shared on this host is not asked again.
 const SHM_ABSENT_RECHECK: Duration = Duration::from_secs(5);
+/// First back-off after an endpoint failed; doubled per consecutive failure.
+pub const REDIAL_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest back-off: how late, at worst, a store notices that an endpoint is back.
+pub const REDIAL_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
 /// Most requests handed to one `TcpClient::submit` (its `BATCH_REQUESTS_MAX`).
 const SUBMIT_REQUESTS_MAX: usize = dataplane::limits::BATCH_REQUESTS_MAX;
 
@@ -120,10 +133,19 @@ pub struct ReadItem<'a> {
     pub dst: &'a mut [u8],
 }
 
+/// An endpoint that failed: no dial before `until`.
+struct Down {
+    until: Instant,
+    backoff: Duration,
+}
+
 pub struct Peers {
     own_endpoint: Option<String>,
     own: Option<OwnSegment>,
     clients: Mutex<Vec<(String, Arc<TcpClient>)>>,
+    /// Endpoints in back-off, and per endpoint the lock one dialer holds.
+    down: Mutex<HashMap<String, Down>>,
+    dialing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     config: ClientConfig,
     settings: TransferSettings,
     catalog: CatalogWriter,
@@ -196,8 +218,14 @@ impl Peers {
             own_endpoint,
             own,
             clients: Mutex::new(Vec::new()),
+            down: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
             config: ClientConfig {
                 io_timeout: settings.timeout,
+                // A dial is bounded by the transfer timeout too, when that is shorter.
+                connect_timeout: settings
+                    .timeout
+                    .min(dataplane::limits::CONNECT_TIMEOUT_DEFAULT),
                 ..ClientConfig::default()
             },
             settings,
@@ -282,27 +310,85 @@ impl Peers {
         self.settings.memcpy && self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
     }
 
+    fn pooled(&self, endpoint: &str) -> Option<Arc<TcpClient>> {
+        let clients = self.clients.lock();
+        clients
+            .iter()
+            .find(|(e, _)| e == endpoint)
+            .map(|(_, c)| c.clone())
+    }
+
+    fn in_backoff(&self, endpoint: &str) -> bool {
+        self.down
+            .lock()
+            .get(endpoint)
+            .is_some_and(|d| Instant::now() < d.until)
+    }
+
     fn client(&self, endpoint: &str) -> Result<Arc<TcpClient>, ErrorCode> {
-        if let Some((_, c)) = self.clients.lock().iter().find(|(e, _)| e == endpoint) {
-            return Ok(c.clone());
+        if let Some(c) = self.pooled(endpoint) {
+            return Ok(c);
         }
-        let addr: SocketAddr = endpoint
+        if self.in_backoff(endpoint) {
+            return Err(ErrorCode::TransferFail);
+        }
+        // One dialer per endpoint; the others wait and take its outcome.
+        let gate = self
+            .dialing
+            .lock()
+            .entry(endpoint.to_string())
+            .or_default()
+            .clone();
+        let _dialer = gate.lock();
+        if let Some(c) = self.pooled(endpoint) {
+            return Ok(c);
+        }
+        if self.in_backoff(endpoint) {
+            return Err(ErrorCode::TransferFail);
+        }
+        let connected = endpoint
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or(ErrorCode::TransferFail)?;
-        let c =
-            Arc::new(TcpClient::connect(addr, self.config).map_err(|_| ErrorCode::TransferFail)?);
-        let mut clients = self.clients.lock();
-        if let Some((_, c)) = clients.iter().find(|(e, _)| e == endpoint) {
-            return Ok(c.clone());
-        }
-        clients.push((endpoint.to_string(), c.clone()));
+            .ok_or(ErrorCode::TransferFail)
+            .and_then(|addr| {
+                TcpClient::connect(addr, self.config).map_err(|e| {
+                    tracing::warn!("connecting to {endpoint} failed: {e}");
+                    ErrorCode::TransferFail
+                })
+            });
+        let c = match connected {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                self.mark_down(endpoint);
+                return Err(e);
+            }
+        };
+        self.down.lock().remove(endpoint);
+        self.clients.lock().push((endpoint.to_string(), c.clone()));
         Ok(c)
     }
 
+    /// Starts or lengthens the endpoint's back-off.
+    fn mark_down(&self, endpoint: &str) {
+        let now = Instant::now();
+        let mut down = self.down.lock();
+        let d = down.entry(endpoint.to_string()).or_insert(Down {
+            until: now,
+            backoff: Duration::ZERO,
+        });
+        // Failures of calls that were already in flight together count once.
+        if now < d.until {
+            return;
+        }
+        d.backoff = (d.backoff * 2).clamp(REDIAL_BACKOFF_MIN, REDIAL_BACKOFF_MAX);
+        d.until = now + d.backoff;
+    }
+
+    /// Drops the pooled client after a socket error and backs off before dialing again.
     fn forget(&self, endpoint: &str) {
         self.clients.lock().retain(|(e, _)| e != endpoint);
+        self.mark_down(endpoint);
     }
 
     /// Writes `parts`, concatenated, to the start of replica `r`.

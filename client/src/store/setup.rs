@@ -248,6 +248,7 @@ impl Store {
             own,
             pinger: Mutex::new(Some(pinger)),
             closed: AtomicBool::new(false),
+            writing: Default::default(),
         })
     }
 }

@@ -223,6 +223,13 @@ pub const FLAGS: &[FlagSpec] = &[
         "Seconds a client stays alive after its last heartbeat (config key: client_live_ttl_sec)",
     ),
     honoured(
+        "quarantine_grace",
+        Duration,
+        "3000",
+        "Silence after which a client's segments take no new allocation until it pings again; \
+         its replicas are kept (raw milliseconds or ms|s|m|h suffix; not an upstream flag)",
+    ),
+    honoured(
         "allocation_strategy",
         Str,
         "random",

@@ -379,6 +379,7 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         put_start_discard_timeout_s: values.seconds("put_start_discard_timeout_sec")?,
         put_start_release_timeout_s: values.seconds("put_start_release_timeout_sec")?,
         cluster_id: values.string("cluster_id"),
+        quarantine_grace_ms: positive_duration("quarantine_grace")?,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {
         return Err(ConfigError::Conflict(format!(

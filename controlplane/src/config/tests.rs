@@ -136,6 +136,9 @@ fn accepted_syntax() {
         }),
         (&["--eviction_ratio=0"], |c| c.service.eviction_ratio == 0.0),
         (&["--client_ttl=60"], |c| c.service.client_ttl_s == 60),
+        (&["--quarantine_grace=5s"], |c| {
+            c.service.quarantine_grace_ms == 5000
+        }),
         (&["--allocation_strategy=free_ratio_first"], |c| {
             c.service.allocation_strategy == AllocationStrategy::FreeRatioFirst
         }),
@@ -263,6 +266,7 @@ fn rejected_values_name_flag_expectation_and_input() {
         (&["--client_ttl=0"], &["--client_ttl", "\"0\""]),
         (&["--client_ttl=-3"], &["--client_ttl", "\"-3\""]),
         (&["--client_ttl=ten"], &["--client_ttl", "\"ten\""]),
+        (&["--quarantine_grace=0"], &["--quarantine_grace"]),
         (
             &["--put_start_discard_timeout_sec=0"],
             &["--put_start_discard_timeout_sec"],

@@ -46,12 +46,18 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones.
+/// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones. Replicas in
+/// quarantined segments come last, so a reader tries the reachable ones first.
 pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, readable: bool) {
     let count_at = out.len();
     out.extend_from_slice(&[0; 4]);
     let mut n = 0u32;
-    for r in &obj.replicas {
+    let quarantined_last = [false, true].into_iter().flat_map(|q| {
+        obj.replicas
+            .iter()
+            .filter(move |r| segs.get(r.seg).is_some_and(|s| s.quarantined == q))
+    });
+    for r in quarantined_last {
         if readable && r.status != ReplicaStatus::Complete {
             continue;
         }

@@ -105,6 +105,8 @@ pub struct Metrics {
     pub put_start_discards: AtomicU64,
     pub put_start_releases: AtomicU64,
     pub expired_clients: AtomicU64,
+    pub quarantined_clients: AtomicU64,
+    pub unquarantined_clients: AtomicU64,
 }
 
 /// Values read under the state lock for one rendering.
@@ -116,6 +118,7 @@ pub struct Gauges {
     pub active_clients: u64,
     pub soft_pin_key_count: u64,
     pub segments: u64,
+    pub quarantined_segments: u64,
 }
 
 impl Metrics {
@@ -175,7 +178,7 @@ impl Metrics {
     /// The Prometheus text of every metric.
     pub fn render(&self, g: &Gauges) -> String {
         let mut s = String::with_capacity(16 * 1024);
-        let gauges: [(&str, &str, u64); 6] = [
+        let gauges: [(&str, &str, u64); 7] = [
             (
                 "master_key_count",
                 "Total number of keys managed by the master",
@@ -206,11 +209,16 @@ impl Metrics {
                 "Number of mounted segments",
                 g.segments,
             ),
+            (
+                "master_quarantined_segments",
+                "Mounted segments taking no new allocation because their owner stopped pinging",
+                g.quarantined_segments,
+            ),
         ];
         for (name, help, v) in gauges {
             metric(&mut s, name, help, "gauge", v);
         }
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 11] = [
             (
                 "master_evicted_key_count",
                 "Total number of keys evicted",
@@ -255,6 +263,16 @@ impl Metrics {
                 "master_expired_clients_total",
                 "Clients expired for missing pings within client_ttl",
                 &self.expired_clients,
+            ),
+            (
+                "master_client_quarantines_total",
+                "Times a client's segments were quarantined for missing pings",
+                &self.quarantined_clients,
+            ),
+            (
+                "master_client_unquarantines_total",
+                "Times a quarantine was lifted because the client pinged again",
+                &self.unquarantined_clients,
             ),
         ];
         for (name, help, v) in counters {

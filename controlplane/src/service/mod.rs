@@ -81,6 +81,11 @@ pub struct ServiceConfig {
     pub put_start_release_timeout_s: u64,
     /// `--cluster_id`.
     pub cluster_id: String,
+    /// `--quarantine_grace`: silence after which a client's segments are quarantined (no new
+    /// allocation, replicas kept) until it pings again, milliseconds; see `segments.rs`. Clients ping every
+    /// second, so the default is three missed pings. At or above `client_ttl` it never
+    /// triggers before expiry.
+    pub quarantine_grace_ms: u64,
 }
 
 impl Default for ServiceConfig {
@@ -97,6 +102,7 @@ impl Default for ServiceConfig {
             put_start_discard_timeout_s: 30,
             put_start_release_timeout_s: 600,
             cluster_id: "mooncake_cluster".to_string(),
+            quarantine_grace_ms: QUARANTINE_GRACE_DEFAULT_MS,
         }
     }
 }
@@ -110,6 +116,13 @@ impl ServiceConfig {
         self.put_start_release_timeout_s.saturating_mul(1000)
     }
 }
+
+/// Default of [`ServiceConfig::quarantine_grace_ms`]: three ping intervals.
+pub const QUARANTINE_GRACE_DEFAULT_MS: u64 = 3000;
+
+/// A gap between two ticks longer than this means the master itself stalled: client silence
+/// is then counted from the end of the stall (see `State::update_quarantine`).
+const TICK_STALL_MS: u64 = 1000;
 
 /// Interval between scans for in-flight puts whose writer went quiet, milliseconds.
 const STALE_PUT_SCAN_INTERVAL_MS: u64 = 1000;
@@ -144,6 +157,10 @@ pub(crate) struct State {
     pub rng: u64,
     /// Answered in `Ping` (the HA view; 0 without HA).
     pub view_version: i64,
+    /// Time of the previous tick, and the end of the last stall of the master (a tick gap
+    /// over `TICK_STALL_MS`): client silence counts from there at the earliest.
+    pub last_tick_ms: u64,
+    pub liveness_from_ms: u64,
 }
 
 impl State {
@@ -161,6 +178,8 @@ impl State {
             next_stale_scan_ms: 0,
             rng: seed | 1,
             view_version: 0,
+            last_tick_ms: 0,
+            liveness_from_ms: 0,
         }
     }
 
@@ -301,15 +320,23 @@ impl MasterService {
         }
     }
 
-    /// Periodic work; call every 10-100 ms. Expires silent clients, unmounts drained
+    /// Periodic work; call every 10-100 ms. Expires silent clients, quarantines the segments
+    /// of clients silent for `quarantine_grace_ms` (and lifts it when they ping), unmounts drained
     /// segments, discards stale in-flight puts, frees parked buffers whose time has come and
     /// evicts when over the high watermark or after a put failed for space.
     pub fn tick(&self) {
         let now = self.clock.now_ms();
         let m = &self.metrics;
         let mut st = self.state.lock();
+        if st.last_tick_ms != 0 && now.saturating_sub(st.last_tick_ms) > TICK_STALL_MS {
+            st.liveness_from_ms = now;
+        }
+        st.last_tick_ms = now;
         let expired = st.expire_clients(now);
         Metrics::add(&m.expired_clients, expired as u64);
+        let (entered, lifted) = st.update_quarantine(now);
+        Metrics::add(&m.quarantined_clients, entered as u64);
+        Metrics::add(&m.unquarantined_clients, lifted as u64);
         st.finish_drains(now);
         if now >= st.next_stale_scan_ms && st.maybe_stale_put(now) {
             st.discard_stale_puts(m, now);
@@ -335,6 +362,7 @@ impl MasterService {
             active_clients: st.clients.len() as u64,
             soft_pin_key_count: st.objects.values().filter(|o| o.soft_pinned(now)).count() as u64,
             segments: st.segs.len() as u64,
+            quarantined_segments: st.quarantined_segments() as u64,
         }
     }
 

@@ -6,7 +6,7 @@
 //! ```text
 //!   PutStart/UpsertStart ──▶ PROCESSING ──PutEnd──▶ COMPLETE ──Remove/evict/unmount──▶ gone
 //!                              │    ▲                   │
-//!                   PutRevoke, │    └──UpsertStart──────┘ (same size: in place)
+//!                   PutRevoke, │    └──UpsertStart──────┘ (same size, no lease: in place)
 //!          discard (stale) ──▶ gone (buffers freed, or parked until nobody can write them)
 //! ```
 //!
@@ -161,24 +161,32 @@ impl State {
         if let Some(obj) = self.objects.get_mut(&key) {
             pin_now = obj.soft_pin;
             if upsert {
-                if obj.size == size {
-                    // Reuse the buffers in place (preempting any put in flight): readers of
-                    // the old value will see it replaced.
+                // Reuse the buffers in place only when nobody may touch them: not while a
+                // put is in flight (its writer may still be writing when this upsert has
+                // completed, and then a remove or eviction could hand the buffers to another
+                // key under that late write), nor while a reader holds a lease (it would read
+                // a mix of both values), nor in a segment closed to new allocations (draining,
+                // or quarantined: the write would most likely fail). Otherwise the old buffers
+                // are parked (`drop_object`) and new ones allocated, as for a new size.
+                let segs = &self.segs;
+                let idle = obj.is_complete()
+                    && obj.read_lease_until <= now
+                    && obj
+                        .replicas
+                        .iter()
+                        .all(|r| segs.get(r.seg).is_some_and(|s| s.writable()));
+                if obj.size == size && idle {
                     obj.soft_pin = resolve_soft_pin(
                         cfg,
                         obj.soft_pin,
                         self.cfg.default_kv_soft_pin_ttl_ms,
                         self.cfg.max_kv_soft_pin_ttl_ms,
                     )?;
-                    let was_inflight = obj.all_processing().then_some(obj.put_start_ms);
                     obj.writer = client;
                     obj.put_start_ms = now;
                     obj.hard_pin = cfg.with_hard_pin;
                     for r in &mut obj.replicas {
                         r.status = ReplicaStatus::Processing;
-                    }
-                    if let Some(t) = was_inflight {
-                        self.done_inflight(t);
                     }
                     self.note_inflight(now);
                     let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
@@ -186,7 +194,7 @@ impl State {
                 }
                 // Validate before dropping anything.
                 resolve_soft_pin(cfg, pin_now, 0, self.cfg.max_kv_soft_pin_ttl_ms)?;
-                // Different size: the old buffers go, new ones come.
+                // Different size, or busy buffers: the old buffers go, new ones come.
                 self.drop_object(m, now, &key);
             } else if obj.has_complete()
                 || now

@@ -5,7 +5,9 @@
 //! `FreeRatioFirst` goes from the emptiest segment (by free ratio) to the fullest. Replicas go
 //! to distinct hosts when enough hosts have room: a first walk skips segments whose
 //! `host_id` already holds a replica, a second walk (only if the first skipped any) fills up.
-//! Draining segments are never chosen.
+//! Draining and quarantined segments (see `segments.rs`) are never chosen, not even when
+//! preferred: a quarantined segment's owner stopped pinging, so a put there would most likely
+//! fail in the transfer; when nothing else has room the put gets `NO_AVAILABLE_HANDLE`.
 //!
 //! Fewer replicas than asked is a success (as upstream, with a partial-allocation metric);
 //! none is `NO_AVAILABLE_HANDLE`, after one synchronous eviction pass and retry.
@@ -48,9 +50,7 @@ impl State {
 
     /// Whether evicting could ever make room: some writable segment is big enough.
     fn some_segment_could_hold(&self, size: u64) -> bool {
-        self.segs
-            .iter()
-            .any(|s| s.draining_until.is_none() && s.size >= size)
+        self.segs.iter().any(|s| s.writable() && s.size >= size)
     }
 
     fn try_place(&mut self, size: u64, want: usize, cfg: &ReplicateConfig) -> Vec<Replica> {
@@ -112,7 +112,7 @@ impl State {
         got
     }
 
-    /// Tries one buffer in `r` unless it is draining or already used. With `distinct_hosts`,
+    /// Tries one buffer in `r` unless it is draining, quarantined or already used. With `distinct_hosts`,
     /// a segment on a host that already has a replica is skipped: returns `false` then.
     fn try_segment(
         &mut self,
@@ -140,7 +140,7 @@ impl State {
         let Some(seg) = segs.get_mut(r) else {
             return true;
         };
-        if seg.draining_until.is_some() {
+        if !seg.writable() {
             return true;
         }
         if let Some(span) = seg.allocate(size) {

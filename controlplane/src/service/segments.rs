@@ -10,7 +10,11 @@
 //! - unmounting a segment drops, in the same call, every replica and parked buffer in it;
 //!   objects left without a replica leave the index;
 //! - a draining segment (graceful unmount) gets no new allocation and stays readable until
-//!   its deadline, when `tick` unmounts it.
+//!   its deadline, when `tick` unmounts it;
+//! - a quarantined segment (its owner missed pings for `quarantine_grace_ms`) gets no new
+//!   allocation but keeps its replicas, which stay listed; `tick` lifts the quarantine once
+//!   the owner pings again, and `client_ttl` expiry still unmounts it. `Seg::quarantined`
+//!   always equals its owner's `Client::quarantined`.
 
 use std::collections::HashMap;
 
@@ -40,11 +44,18 @@ pub(crate) struct Seg {
     pub alloc: SegmentAllocator,
     /// Set by a graceful unmount: no new allocation, unmounted at this time.
     pub draining_until: Option<u64>,
+    /// The owner stopped pinging: no new allocation until it pings again.
+    pub quarantined: bool,
     /// Ranges freed since the owner's last ping (see `freed.rs`).
     pub freed: FreedOutbox,
 }
 
 impl Seg {
+    /// Whether placement may allocate here.
+    pub fn writable(&self) -> bool {
+        self.draining_until.is_none() && !self.quarantined
+    }
+
     /// Allocates `size` bytes, claiming the span from the freed-range outbox.
     pub fn allocate(&mut self, size: u64) -> Option<Span> {
         let span = self.alloc.allocate(size)?;
@@ -160,6 +171,8 @@ impl Segments {
 pub(crate) struct Client {
     pub last_seen_ms: u64,
     pub segments: Vec<SegRef>,
+    /// Silent for more than `quarantine_grace_ms`: its segments take no new allocation.
+    pub quarantined: bool,
 }
 
 impl State {
@@ -167,6 +180,7 @@ impl State {
         let c = self.clients.entry(client).or_insert(Client {
             last_seen_ms: now,
             segments: Vec::new(),
+            quarantined: false,
         });
         c.last_seen_ms = now;
         c
@@ -220,9 +234,17 @@ impl State {
             host_id: s.host_id,
             alloc,
             draining_until: None,
+            quarantined: false,
             freed: FreedOutbox::default(),
         });
-        self.touch_client(now, client).segments.push(r);
+        let c = self.touch_client(now, client);
+        c.segments.push(r);
+        if c.quarantined {
+            // Keep the invariant; the next tick lifts the quarantine of the whole client.
+            if let Some(seg) = self.segs.get_mut(r) {
+                seg.quarantined = true;
+            }
+        }
         Ok(r)
     }
 
@@ -384,6 +406,41 @@ impl State {
             }
         }
         dead.len()
+    }
+
+    /// Quarantines the segments of clients silent for more than `quarantine_grace_ms` and
+    /// lifts the quarantine of those heard from since. Silence is counted from the later of
+    /// the last ping and `liveness_from_ms` (the end of a stall of the master itself, so that
+    /// a master that was not running does not blame every client). Returns (clients
+    /// quarantined, clients lifted) by this call.
+    pub(crate) fn update_quarantine(&mut self, now: u64) -> (usize, usize) {
+        let grace = self.cfg.quarantine_grace_ms;
+        let from = self.liveness_from_ms;
+        let (mut entered, mut lifted) = (0, 0);
+        let State { clients, segs, .. } = self;
+        for c in clients.values_mut() {
+            let silent = now.saturating_sub(c.last_seen_ms.max(from)) > grace;
+            if silent == c.quarantined || (c.segments.is_empty() && !c.quarantined) {
+                continue;
+            }
+            c.quarantined = silent;
+            if silent {
+                entered += 1;
+            } else {
+                lifted += 1;
+            }
+            for &r in &c.segments {
+                if let Some(seg) = segs.get_mut(r) {
+                    seg.quarantined = silent;
+                }
+            }
+        }
+        (entered, lifted)
+    }
+
+    /// Mounted segments in quarantine.
+    pub(crate) fn quarantined_segments(&self) -> usize {
+        self.segs.iter().filter(|s| s.quarantined).count()
     }
 
     /// Unmounts draining segments past their deadline.

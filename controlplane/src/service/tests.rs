@@ -857,6 +857,40 @@ fn upsert_preempts_an_in_flight_put_at_once() {
     assert_eq!(t.used(), 112);
 }
 
+/// Found by the concurrency soak (python/tests/test_soak.py): a same-size upsert used to
+/// reuse the buffers of a put in flight; once the upsert completed, a remove freed them and
+/// another key got them while the preempted writer was still writing there.
+#[test]
+fn same_size_upsert_of_an_in_flight_put_takes_new_buffers() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let first = t
+        .start_with(C2, "k", 8192, ReplicateConfig::default())
+        .unwrap();
+    let d = upsert(&t, C1, "k", 8192).unwrap();
+    assert_ne!(d[0].buffer_address, first[0].buffer_address);
+    t.end(C1, "k").unwrap();
+    assert_eq!(t.remove("k", false), Ok(()));
+    // The preempted writer's buffer is still parked: a new key cannot get it.
+    let other = t.put("other", 8192);
+    assert_ne!(other[0].buffer_address, first[0].buffer_address);
+    assert_eq!(t.end(C2, "k"), Err(ErrorCode::ObjectNotFound));
+}
+
+#[test]
+fn same_size_upsert_of_a_leased_object_does_not_write_under_the_reader() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let old = t.put("k", 4096);
+    t.get("k").unwrap();
+    let d = upsert(&t, C1, "k", 4096).unwrap();
+    assert_ne!(d[0].buffer_address, old[0].buffer_address);
+    assert_eq!(t.used(), 2 * 4096);
+    t.advance(500);
+    t.svc.tick();
+    assert_eq!(t.used(), 4096);
+}
+
 #[test]
 fn upsert_of_a_leased_object_parks_old_buffers_until_the_lease_ends() {
     let t = T::new();
@@ -1674,4 +1708,158 @@ fn borrowed_exist_paths_match_the_decoding_path() {
         .batch()
         .handle_frame(ExistKey::OP, &[1, 0], &mut Vec::new())
         .is_err());
+}
+
+// ---- Quarantine of silent clients --------------------------------------------------------
+
+impl T {
+    fn ping(&self, client: Uuid) -> ClientStatus {
+        self.call(Request::Ping, Ping { client_id: client })
+            .unwrap()
+            .status
+    }
+
+    /// Advances `ms` in ticks of 100 ms, pinging as `pinging` each second.
+    fn run_pinging(&self, ms: u64, pinging: &[Uuid]) {
+        for step in 1..=ms / 100 {
+            self.advance(100);
+            if step % 10 == 0 {
+                for &c in pinging {
+                    assert_eq!(self.ping(c), ClientStatus::Ok);
+                }
+            }
+            self.svc.tick();
+        }
+    }
+
+    fn quarantined(&self) -> u64 {
+        self.svc.gauges().quarantined_segments
+    }
+}
+
+fn on(seg: &str) -> ReplicateConfig {
+    ReplicateConfig {
+        preferred_segment: seg.into(),
+        ..ReplicateConfig::default()
+    }
+}
+
+#[test]
+fn a_silent_client_is_quarantined_then_lifted_when_it_pings() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.mount_on(C2, 2, "seg2", 64 * MIB, "host2");
+    t.put_cfg("before", 4096, on("seg1"));
+    let m = t.svc.metrics();
+
+    // Three missed pings of C1 are tolerated...
+    t.run_pinging(3000, &[C2]);
+    assert_eq!(t.quarantined(), 0);
+    // ...the next tick after that quarantines seg1.
+    t.run_pinging(200, &[C2]);
+    assert_eq!(t.quarantined(), 1);
+    assert_eq!(Metrics::get(&m.quarantined_clients), 1);
+    assert!(t
+        .svc
+        .render_metrics()
+        .lines()
+        .any(|l| l == "master_quarantined_segments 1"));
+
+    // No new replica goes there, not even when asked for...
+    for i in 0..20 {
+        let d = t
+            .start_with(C2, &format!("k{i}"), 4096, on("seg1"))
+            .unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].segment_name, "seg2");
+        t.end(C2, &format!("k{i}")).unwrap();
+    }
+    // ...but what it holds stays listed.
+    assert_eq!(t.get("before").unwrap().replicas[0].segment_name, "seg1");
+
+    // C1 pings again: the next tick lifts the quarantine.
+    assert_eq!(t.ping(C1), ClientStatus::Ok);
+    t.run_pinging(100, &[]);
+    assert_eq!(t.quarantined(), 0);
+    assert_eq!(Metrics::get(&m.unquarantined_clients), 1);
+    let d = t.start_with(C2, "after", 4096, on("seg1")).unwrap();
+    assert_eq!(d[0].segment_name, "seg1");
+}
+
+#[test]
+fn quarantine_leaves_no_room_then_expiry_unmounts() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.put("held", 4096);
+    t.run_pinging(3500, &[]);
+    assert_eq!(t.quarantined(), 1);
+    assert_eq!(t.start("k", 4096), Err(ErrorCode::NoAvailableHandle));
+    assert!(t.get("held").is_ok());
+    // client_ttl (10 s) still expires it, with its segment and replicas.
+    t.run_pinging(7000, &[]);
+    assert_eq!(t.svc.gauges().segments, 0);
+    assert_eq!(t.quarantined(), 0);
+    assert_eq!(t.get("held"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(Metrics::get(&t.svc.metrics().expired_clients), 1);
+}
+
+#[test]
+fn a_stalled_master_does_not_quarantine_everyone() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.svc.tick();
+    // The master did not run for 5 s (no tick, no ping handled): nobody is blamed.
+    t.advance(5000);
+    t.svc.tick();
+    assert_eq!(t.quarantined(), 0);
+    t.run_pinging(3000, &[]);
+    assert_eq!(t.quarantined(), 0);
+    // Silence after the stall still counts.
+    t.run_pinging(200, &[]);
+    assert_eq!(t.quarantined(), 1);
+}
+
+#[test]
+fn readers_get_quarantined_replicas_last_and_upserts_move_off_them() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.mount_on(C2, 2, "seg2", 64 * MIB, "host2");
+    let two = ReplicateConfig {
+        replica_num: 2,
+        preferred_segments: vec!["seg1".into(), "seg2".into()],
+        ..ReplicateConfig::default()
+    };
+    t.put_cfg("k", 4096, two);
+    t.put_cfg("u", 4096, on("seg1"));
+    let names = |key: &str| -> Vec<String> {
+        t.get(key)
+            .unwrap()
+            .replicas
+            .into_iter()
+            .map(|r| r.segment_name)
+            .collect()
+    };
+    assert_eq!(names("k"), ["seg1", "seg2"]);
+    t.run_pinging(3500, &[C2]);
+    assert_eq!(t.quarantined(), 1);
+    assert_eq!(names("k"), ["seg2", "seg1"]);
+    // An upsert of the same size does not rewrite in place on the quarantined segment.
+    t.advance(600);
+    let d = upsert(&t, C2, "u", 4096).unwrap();
+    assert_eq!(d[0].segment_name, "seg2");
+}
+
+#[test]
+fn a_client_remounting_while_quarantined_keeps_the_invariant() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.run_pinging(3500, &[]);
+    assert_eq!(t.quarantined(), 1);
+    // A new segment of the quarantined client joins its quarantine until the next tick...
+    t.mount_on(C1, 2, "seg2", 64 * MIB, "host2");
+    assert_eq!(t.quarantined(), 2);
+    // ...which lifts it: the mount was heard from the client.
+    t.svc.tick();
+    assert_eq!(t.quarantined(), 0);
+    t.put("k", 4096);
 }
