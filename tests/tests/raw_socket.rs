@@ -77,7 +77,11 @@ fn send_and_watch(addr: SocketAddr, bytes: &[u8], half_close: bool) -> Verdict {
         match s.read(&mut buf) {
             Ok(0) => return Verdict::Closed(got),
             Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
             Err(_) => return Verdict::Closed(got),
         }
     }

@@ -270,7 +270,11 @@ fn peer_alive(fd: RawFd) -> bool {
     if n > 0 {
         return true;
     }
-    n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+    n < 0
+        && matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        )
 }
 
 const CMSG_SPACE_ONE_FD: usize = 24; // CMSG_SPACE(sizeof(int)) on 64-bit Linux
@@ -331,11 +335,18 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
     // SAFETY: taking the address of a union field of our own buffer.
     msg.msg_control = unsafe { cbuf.bytes.as_mut_ptr() }.cast();
     msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
-    // SAFETY: msg describes buffers we own; MSG_CMSG_CLOEXEC marks a received fd close-on-exec.
-    let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: msg describes buffers we own; MSG_CMSG_CLOEXEC marks a received fd
+        // close-on-exec.
+        let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     // Take ownership of any descriptor first, so that an error below still closes it.
     let mut fd = None;
     // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR stay inside.
