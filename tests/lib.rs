@@ -254,8 +254,7 @@ impl Node {
 
     /// [`Node::start`] with extra environment variables for the node process.
     pub fn start_with_env(master: &Master, extra: &[&str], env: &[(&str, &str)]) -> Node {
-        let metadata = format!("http://127.0.0.1:{}/metadata", master.http_metadata_port);
-        Node::start_at(&master.rpc_addr(), &metadata, extra, env)
+        Node::start_at(&master.rpc_addr(), &master.metadata_url(), extra, env)
     }
 
     /// Starts a node on 127.0.0.1 with the given master address (`host:port` or
@@ -483,5 +482,31 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A store client on 127.0.0.1 that contributes no segment (every replica lives on storage
+/// nodes), with a `local_buffer` staging buffer, against the master at `master_addr`
+/// (`host:port` or `etcd://...`) and the transfer-engine metadata at `metadata`.
+pub fn remote_store(
+    master_addr: &str,
+    metadata: &str,
+    local_buffer: u64,
+) -> Result<client::Store, protocol::ErrorCode> {
+    client::Store::setup(client::StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: metadata.to_string(),
+        global_segment_size: 0,
+        local_buffer_size: local_buffer,
+        protocol: "tcp".into(),
+        rdma_devices: String::new(),
+        master_server_addr: master_addr.to_string(),
+    })
+}
+
+impl Master {
+    /// The HTTP metadata URL of this master's embedded metadata server.
+    pub fn metadata_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metadata", self.http_metadata_port)
     }
 }

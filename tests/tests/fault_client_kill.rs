@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use client::{MasterClient, Store, StoreConfig};
+use client::MasterClient;
 use mooncake_tests::{master_metric, wait_until, Master, Node};
 use protocol::message::{GetReplicaList, PutStart};
 use protocol::{ErrorCode, ReplicateConfig, Uuid};
@@ -41,16 +41,8 @@ fn killed_writer_leaves_nothing_readable_and_its_space_returns() {
     let ttl = format!("--client_ttl={CLIENT_TTL_S}");
     let m = Master::start(&[&discard, &release, &ttl]);
     let _node = Node::start(&m, &["--global_segment_size=64 MB"]);
-    let store = Store::setup(StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: format!("http://127.0.0.1:{}/metadata", m.http_metadata_port),
-        global_segment_size: 0,
-        local_buffer_size: 32 << 20,
-        protocol: "tcp".into(),
-        rdma_devices: String::new(),
-        master_server_addr: m.rpc_addr(),
-    })
-    .expect("setup");
+    let store =
+        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 32 << 20).expect("setup");
     let raw = MasterClient::new(&m.rpc_addr()).unwrap();
     let before = allocated(&m);
 

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use client::{Store, StoreConfig};
 use mooncake_tests::{master_metric, rss_bytes, Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
@@ -60,16 +59,7 @@ fn puts_keep_succeeding_through_eviction() {
     let node = Node::start(&m, &["--global_segment_size=64 MB"]);
     let node_pid = node.child.id();
     let store = Arc::new(
-        Store::setup(StoreConfig {
-            local_hostname: "127.0.0.1".into(),
-            metadata_server: format!("http://127.0.0.1:{}/metadata", m.http_metadata_port),
-            global_segment_size: 0,
-            local_buffer_size: 16 << 20,
-            protocol: "tcp".into(),
-            rdma_devices: String::new(),
-            master_server_addr: m.rpc_addr(),
-        })
-        .expect("setup"),
+        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 16 << 20).expect("setup"),
     );
     let rss_start = rss_bytes(node_pid).expect("node RSS");
 

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use client::{Store, StoreConfig};
 use mooncake_tests::{master_segments, wait_until, Master, Node};
 use protocol::ReplicateConfig;
 
@@ -90,16 +89,7 @@ fn replicas_survive_a_node_killed_mid_workload() {
         .map(|_| Node::start(&m, &["--global_segment_size=128 MB"]))
         .collect();
     let store = Arc::new(
-        Store::setup(StoreConfig {
-            local_hostname: "127.0.0.1".into(),
-            metadata_server: format!("http://127.0.0.1:{}/metadata", m.http_metadata_port),
-            global_segment_size: 0,
-            local_buffer_size: 64 << 20,
-            protocol: "tcp".into(),
-            rdma_devices: String::new(),
-            master_server_addr: m.rpc_addr(),
-        })
-        .expect("setup"),
+        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 64 << 20).expect("setup"),
     );
     let dead_segments: HashSet<String> = nodes[0].segments.iter().map(|s| s.name.clone()).collect();
     assert!(!dead_segments.is_empty());

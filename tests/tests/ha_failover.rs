@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::master::MasterClient;
-use client::{Store, StoreConfig};
+use client::Store;
 use mooncake_tests::{try_http, wait_until, Etcd, Master, Node};
 use protocol::message::ExistKey;
 use protocol::{ErrorCode, ReplicateConfig};
@@ -73,15 +73,11 @@ fn value(i: usize) -> Vec<u8> {
 
 fn store_for(etcd: &Etcd, cluster: &str) -> Store {
     std::env::set_var("MC_STORE_CLUSTER_ID", cluster);
-    Store::setup(StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: format!("etcd://{}", etcd.addr()),
-        global_segment_size: 0,
-        local_buffer_size: 64 << 20,
-        protocol: "tcp".into(),
-        rdma_devices: String::new(),
-        master_server_addr: format!("etcd://{}", etcd.addr()),
-    })
+    mooncake_tests::remote_store(
+        &format!("etcd://{}", etcd.addr()),
+        &format!("etcd://{}", etcd.addr()),
+        64 << 20,
+    )
     .expect("store setup through etcd://")
 }
 
@@ -374,7 +370,10 @@ fn two_clusters_share_one_etcd() {
     // Each node published its transfer-engine descriptor under its cluster's namespace.
     for (name, _, node) in &clusters {
         let key = format!("mooncake/{name}/ram/{}", node.segments[0].name);
-        let body = format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes()));
+        let body = format!(
+            r#"{{"key":"{}"}}"#,
+            client::dataplane::metadata::base64::encode(key.as_bytes())
+        );
         let found = wait_until(Duration::from_secs(5), || {
             try_http("POST", etcd.port, "/v3/kv/range", body.as_bytes())
                 .is_some_and(|r| r.text().contains("\"kvs\""))
@@ -392,27 +391,6 @@ fn two_clusters_share_one_etcd() {
     assert_eq!(b.get("shared-name"), Ok(value(8)));
 }
 
-fn base64(bytes: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn a_leader_whose_key_is_deleted_steps_down() {
     let Some(etcd) = Etcd::start() else { return };
@@ -428,7 +406,10 @@ fn a_leader_whose_key_is_deleted_steps_down() {
     };
     let before = view(&masters[serving(&masters).unwrap()]);
     let key = format!("mooncake-store/{cluster}/master_view");
-    let body = format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes()));
+    let body = format!(
+        r#"{{"key":"{}"}}"#,
+        client::dataplane::metadata::base64::encode(key.as_bytes())
+    );
     let deleted =
         try_http("POST", etcd.port, "/v3/kv/deleterange", body.as_bytes()).expect("etcd answers");
     assert!(

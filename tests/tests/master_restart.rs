@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use client::{Store, StoreConfig};
 use mooncake_tests::{Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
@@ -53,15 +52,11 @@ fn objects_survive_a_master_restart() {
     );
     let _a = Node::start(&master, &["--shards=2", "--global_segment_size=256 MB"]);
     let _b = Node::start(&master, &["--shards=1", "--global_segment_size=128 MB"]);
-    let store = Store::setup(StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: format!("http://127.0.0.1:{http}/metadata"),
-        global_segment_size: 0,
-        local_buffer_size: 64 << 20,
-        protocol: "tcp".into(),
-        rdma_devices: String::new(),
-        master_server_addr: master.rpc_addr(),
-    })
+    let store = mooncake_tests::remote_store(
+        &master.rpc_addr(),
+        &format!("http://127.0.0.1:{http}/metadata"),
+        64 << 20,
+    )
     .expect("setup");
 
     let one = ReplicateConfig::default();

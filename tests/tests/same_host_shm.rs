@@ -11,21 +11,12 @@
 
 use std::time::Duration;
 
-use client::{Store, StoreConfig};
+use client::Store;
 use mooncake_tests::{Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
 fn store(m: &Master) -> Store {
-    Store::setup(StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: format!("http://127.0.0.1:{}/metadata", m.http_metadata_port),
-        global_segment_size: 0,
-        local_buffer_size: 64 << 20,
-        protocol: "tcp".into(),
-        rdma_devices: String::new(),
-        master_server_addr: m.rpc_addr(),
-    })
-    .expect("setup")
+    mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 64 << 20).expect("setup")
 }
 
 fn value(i: usize) -> Vec<u8> {

@@ -302,23 +302,12 @@ fn map_hugetlb(len: usize) -> io::Result<Segment> {
     })
 }
 
-/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
-/// at `mmap`, so a later fault cannot fail).
-fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
-    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-    let raw = unsafe { libc::memfd_create(c"mooncake-segment".as_ptr(), flags) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ftruncate on our own descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh shared mapping of our own memfd at a kernel-chosen address.
+/// Maps the first `len` bytes of `fd` shared, readable and writable, at a kernel-chosen
+/// address (used for our own memfd and for one received from a same-host exporter).
+pub(crate) fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of a descriptor we hold, at a kernel-chosen address; it
+    // aliases no Rust object.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -332,7 +321,26 @@ fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
+/// at `mmap`, so a later fault cannot fail).
+fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+    // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"mooncake-segment".as_ptr(), flags) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate on our own descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let ptr = mmap_shared(fd.as_fd(), len)?;
     let (kind, page_bytes) = if huge {
         (SegmentKind::HugeTlb, HUGE_PAGE_BYTES)
     } else {

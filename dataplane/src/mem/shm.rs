@@ -32,7 +32,7 @@
 //! offer never panics on any bytes (fuzzed by `fuzz/fuzz_targets/shm_offer.rs`).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::ptr::NonNull;
@@ -426,21 +426,7 @@ impl ShmMapping {
                 "offered memfd is smaller than the segment",
             ));
         }
-        // SAFETY: a fresh shared mapping of a memfd we hold, at a kernel-chosen address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap null"))?;
+        let ptr = crate::mem::segment::mmap_shared(fd.as_fd(), len)?;
         drop(fd); // the mapping keeps the memory
         Ok(Some(ShmMapping { ptr, offer, conn }))
     }
