@@ -5,6 +5,8 @@
 //! `/usr/bin/etcd` missing is a failure, not a skip: `scripts/setup.sh` installs it (CI
 //! runs it).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,13 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{rng, Buf};
 use dataplane::engine::{EngineOptions, TransferEngine};
-use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::metadata::etcd::{parse_endpoints, EtcdStore};
 use dataplane::metadata::{http, MetadataStore};
 use dataplane::transport::header::Opcode;
 use dataplane::TeError;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, RngCore};
 
 const ETCD_BIN: &str = "/usr/bin/etcd";
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -155,51 +157,6 @@ fn engine(conn: &str, name: &str, cluster: Option<&str>) -> TransferEngine {
     e.initialize(name, conn, "tcp", "")
         .unwrap_or_else(|err| panic!("initialize {name} with {conn}: {err}"));
     e
-}
-
-/// A mapped buffer that engines may register, inspected by raw copies between transfers.
-struct Buf {
-    seg: Segment,
-    len: usize,
-}
-
-impl Buf {
-    fn new(len: usize, fill: u8) -> Buf {
-        let opts = SegmentOptions {
-            hugepages: HugepagePolicy::Never,
-            prefault: false,
-        };
-        let seg = Segment::new(len, opts).unwrap();
-        // SAFETY: inside the fresh mapping; nothing else uses it yet.
-        unsafe { std::ptr::write_bytes(seg.as_ptr(), fill, len) };
-        Buf { seg, len }
-    }
-    fn addr(&self) -> u64 {
-        self.seg.addr() as u64
-    }
-    fn bytes(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.len];
-        // SAFETY: inside the live mapping; the tests copy only between transfers.
-        unsafe { std::ptr::copy_nonoverlapping(self.seg.as_ptr(), v.as_mut_ptr(), self.len) };
-        v
-    }
-    fn fill(&self, at: usize, data: &[u8]) {
-        assert!(at + data.len() <= self.len);
-        // SAFETY: inside the live mapping (checked above); no transfer is running.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.seg.as_ptr().add(at), data.len())
-        };
-    }
-    fn register(&self, e: &TransferEngine) {
-        // SAFETY: the mapping lives until the Buf drops, which the tests do after the engines.
-        unsafe { e.register_memory(self.addr(), self.len as u64, "cpu:0") }.unwrap();
-    }
-}
-
-fn rng() -> rand::rngs::StdRng {
-    let seed = rand::thread_rng().gen();
-    println!("seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 #[test]

@@ -2,19 +2,21 @@
 //! one written here on std::net: the master's lives in the control plane, which the data plane
 //! must not depend on). Every byte is checked.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{rng, Buf};
 use dataplane::engine::{
     EngineOptions, SegmentHandle, TransferEngine, TransferRequest, TransferStatus,
 };
-use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::transport::header::Opcode;
 use dataplane::TeError;
-use rand::{Rng, RngCore, SeedableRng};
+use rand::{Rng, RngCore};
 
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
@@ -143,47 +145,6 @@ fn engine(meta: &MetaServer, name: &str) -> TransferEngine {
     let e = TransferEngine::with_options(options());
     e.initialize(name, &meta.url(), "tcp", "").unwrap();
     e
-}
-
-/// A mapped buffer that engines may register. Rust never holds a reference into it: it is
-/// filled and inspected through raw copies ([`Buf::bytes`]) between transfers.
-struct Buf {
-    seg: Segment,
-    len: usize,
-}
-
-impl Buf {
-    fn new(len: usize, fill: u8) -> Buf {
-        let opts = SegmentOptions {
-            hugepages: HugepagePolicy::Never,
-            prefault: false,
-        };
-        let seg = Segment::new(len, opts).unwrap();
-        // SAFETY: inside the fresh mapping; nothing else uses it yet.
-        unsafe { std::ptr::write_bytes(seg.as_ptr(), fill, len) };
-        Buf { seg, len }
-    }
-    fn addr(&self) -> u64 {
-        self.seg.addr() as u64
-    }
-    /// A copy of the contents (call only while no transfer touches the buffer).
-    fn bytes(&self) -> Vec<u8> {
-        let mut v = vec![0u8; self.len];
-        // SAFETY: inside the live mapping; the tests copy only between transfers.
-        unsafe { std::ptr::copy_nonoverlapping(self.seg.as_ptr(), v.as_mut_ptr(), self.len) };
-        v
-    }
-    fn register(&self, e: &TransferEngine) {
-        // SAFETY: the mapping lives until the Buf drops, which the tests do after the engines
-        // (or after unregistering).
-        unsafe { e.register_memory(self.addr(), self.len as u64, "cpu:0") }.unwrap();
-    }
-}
-
-fn rng() -> rand::rngs::StdRng {
-    let seed = rand::thread_rng().gen();
-    println!("seed {seed}");
-    rand::rngs::StdRng::seed_from_u64(seed)
 }
 
 fn name(tag: u32) -> String {

@@ -168,3 +168,58 @@ impl Fixture {
         }
     }
 }
+
+/// A mapped buffer that transfer engines may register. Rust never holds a reference into it:
+/// it is filled and inspected through raw copies between transfers.
+pub struct Buf {
+    seg: Segment,
+    len: usize,
+}
+
+impl Buf {
+    pub fn new(len: usize, fill: u8) -> Buf {
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Never,
+            prefault: false,
+        };
+        let seg = Segment::new(len, opts).unwrap();
+        // SAFETY: inside the fresh mapping; nothing else uses it yet.
+        unsafe { std::ptr::write_bytes(seg.as_ptr(), fill, len) };
+        Buf { seg, len }
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.seg.addr() as u64
+    }
+
+    /// A copy of the contents (call only while no transfer touches the buffer).
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        // SAFETY: inside the live mapping; the tests copy only between transfers.
+        unsafe { std::ptr::copy_nonoverlapping(self.seg.as_ptr(), v.as_mut_ptr(), self.len) };
+        v
+    }
+
+    /// Writes `data` at `at` (call only while no transfer touches the buffer).
+    pub fn fill(&self, at: usize, data: &[u8]) {
+        assert!(at + data.len() <= self.len);
+        // SAFETY: inside the live mapping (checked above); no transfer is running.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.seg.as_ptr().add(at), data.len())
+        };
+    }
+
+    pub fn register(&self, e: &dataplane::engine::TransferEngine) {
+        // SAFETY: the mapping lives until the Buf drops, which the tests do after the engines
+        // (or after unregistering).
+        unsafe { e.register_memory(self.addr(), self.len as u64, "cpu:0") }.unwrap();
+    }
+}
+
+/// A random generator whose seed is printed, so a failing run can be replayed.
+pub fn rng() -> rand::rngs::StdRng {
+    use rand::{Rng, SeedableRng};
+    let seed = rand::thread_rng().gen();
+    println!("seed {seed}");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
