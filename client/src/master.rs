@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use dataplane::metadata::etcd::{parse_endpoints, EtcdStore};
 use dataplane::metadata::MetadataStore;
+use dataplane::transport::connect_first;
 use parking_lot::{Condvar, Mutex};
 use protocol::frame::{self, Kind, HEADER_BYTES};
 use protocol::message::Rpc;
@@ -244,28 +245,26 @@ impl MasterClient {
                 return Ok(conn);
             }
         };
-        let mut last_err = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(a, self.connect_timeout) {
-                Ok(stream) => {
-                    let conn = crate::auth::handshake(&stream, self.connect_timeout)
-                        .and_then(|()| spawn_reader(stream))
-                        .map_err(|e| ClientError::Connect {
-                            addr: self.addr_text.clone(),
-                            source: e,
-                        })?;
-                    *guard = Some(conn.clone());
-                    return Ok(conn);
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(ClientError::Connect {
-            addr: self.addr_text.clone(),
-            source: last_err.unwrap_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::NotFound, "address resolved to nothing")
-            }),
-        })
+        let conn = self
+            .open(addrs.iter().copied(), self.connect_timeout)
+            .map_err(|e| ClientError::Connect {
+                addr: self.addr_text.clone(),
+                source: e,
+            })?;
+        *guard = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Connects to the first of `addrs` that answers, proves the cluster secret (when one is
+    /// set) and starts the connection's read side.
+    fn open(
+        &self,
+        addrs: impl IntoIterator<Item = SocketAddr>,
+        timeout: Duration,
+    ) -> std::io::Result<Arc<Conn>> {
+        let stream = connect_first(addrs, timeout)?;
+        crate::auth::handshake(&stream, self.connect_timeout)?;
+        spawn_reader(stream)
     }
 
     /// Looks the leader up in etcd and connects to it, polling until one answers or the call
@@ -291,10 +290,8 @@ impl MasterClient {
                     let leader = String::from_utf8_lossy(&value).trim().to_string();
                     match leader.to_socket_addrs().map(|mut a| a.next()) {
                         Ok(Some(a)) => {
-                            match TcpStream::connect_timeout(
-                                &a,
-                                self.connect_timeout.min(LEADER_CONNECT_TIMEOUT),
-                            ) {
+                            let timeout = self.connect_timeout.min(LEADER_CONNECT_TIMEOUT);
+                            match connect_first([a], timeout) {
                                 Ok(stream) => {
                                     return crate::auth::handshake(&stream, self.connect_timeout)
                                         .and_then(|()| spawn_reader(stream))

@@ -37,6 +37,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::MetadataError;
+use crate::transport::connect_first;
 
 /// Largest frame length accepted (upstream's `MC_HANDSHAKE_MAX_LENGTH` default, 1 MiB).
 pub const FRAME_MAX_BYTES: u64 = 1 << 20;
@@ -303,18 +304,8 @@ pub fn call(peer: &str, ty: FrameType, body: &[u8]) -> Result<Vec<u8>, MetadataE
         peer: peer.to_string(),
         why,
     };
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
-    let mut stream = None;
-    for a in peer.to_socket_addrs().map_err(io)? {
-        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut stream = stream.ok_or_else(|| io(last))?;
+    let addrs = peer.to_socket_addrs().map_err(io)?;
+    let mut stream = connect_first(addrs, CONNECT_TIMEOUT).map_err(io)?;
     stream.set_read_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
     let _ = stream.set_nodelay(true);

@@ -27,6 +27,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::{MetadataError, MetadataStore};
+use crate::transport::connect_first;
 
 /// Bound on establishing the connection (upstream: 1.5 s).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -158,19 +159,8 @@ pub fn exchange_with(
         source,
     };
     let deadline = Instant::now() + REQUEST_TIMEOUT;
-    let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(io)?.collect();
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut stream = stream.ok_or_else(|| io(last))?;
+    let addrs = (host, port).to_socket_addrs().map_err(io)?;
+    let mut stream = connect_first(addrs, CONNECT_TIMEOUT).map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     let head = format!(
         "{method} {target} HTTP/1.1\r\nHost: {peer}\r\nContent-Type: application/json\r\n\

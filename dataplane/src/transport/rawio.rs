@@ -18,6 +18,22 @@ use std::time::Duration;
 
 use crate::limits::SOCKET_BUFFER_BYTES;
 
+/// Connects to the first of `addrs` that answers within `timeout` each; the last error when
+/// none does (`NotFound` when there is no address at all).
+pub fn connect_first(
+    addrs: impl IntoIterator<Item = std::net::SocketAddr>,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "address resolved to nothing");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 fn map_timeout(e: io::Error) -> io::Error {
     match e.kind() {
         io::ErrorKind::WouldBlock => io::Error::new(io::ErrorKind::TimedOut, e),
