@@ -285,22 +285,34 @@ union CmsgBuf {
     bytes: [u8; CMSG_SPACE_ONE_FD],
 }
 
+impl Default for CmsgBuf {
+    fn default() -> Self {
+        CmsgBuf {
+            bytes: [0u8; CMSG_SPACE_ONE_FD],
+        }
+    }
+}
+
+/// A message header over one buffer (`iov`) with room for one descriptor (`cbuf`); both must
+/// outlive every use of the header.
+fn one_fd_msghdr(iov: &mut libc::iovec, cbuf: &mut CmsgBuf) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: taking the address of a union field of our own buffer.
+    msg.msg_control = unsafe { cbuf.bytes.as_mut_ptr() }.cast();
+    msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
+    msg
+}
+
 fn send_with_fd(conn: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
         iov_len: bytes.len(),
     };
-    let mut cbuf = CmsgBuf {
-        bytes: [0u8; CMSG_SPACE_ONE_FD],
-    };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    // SAFETY: taking the address of a union field of our own buffer.
-    msg.msg_control = unsafe { cbuf.bytes.as_mut_ptr() }.cast();
-    // SAFETY: CMSG_SPACE is a pure computation.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as _;
+    let mut cbuf = CmsgBuf::default();
+    let msg = one_fd_msghdr(&mut iov, &mut cbuf);
     // SAFETY: msg_control points at a buffer of msg_controllen bytes, so the first header
     // and its data (one int) lie inside it.
     unsafe {
@@ -325,16 +337,8 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
         iov_base: bytes.as_mut_ptr().cast(),
         iov_len: bytes.len(),
     };
-    let mut cbuf = CmsgBuf {
-        bytes: [0u8; CMSG_SPACE_ONE_FD],
-    };
-    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    // SAFETY: taking the address of a union field of our own buffer.
-    msg.msg_control = unsafe { cbuf.bytes.as_mut_ptr() }.cast();
-    msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
+    let mut cbuf = CmsgBuf::default();
+    let mut msg = one_fd_msghdr(&mut iov, &mut cbuf);
     let n = loop {
         // SAFETY: msg describes buffers we own; MSG_CMSG_CLOEXEC marks a received fd
         // close-on-exec.
@@ -465,6 +469,13 @@ impl Drop for ShmMapping {
 mod tests {
     use super::*;
     use crate::mem::{HugepagePolicy, Segment, SegmentOptions};
+
+    #[test]
+    fn the_control_buffer_fits_one_descriptor() {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        assert_eq!(space, CMSG_SPACE_ONE_FD);
+    }
 
     #[test]
     fn offers_round_trip_and_bad_ones_are_refused() {
