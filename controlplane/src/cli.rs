@@ -218,7 +218,7 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
                 _ = every.tick() => {
                     // A master that may not serve refuses pings: its liveness pass would
                     // expire clients for that. Its state is reset or refreshed when it serves.
-                    if tick_gate.as_ref().is_some_and(|g| !g.may_serve()) {
+                    if !ha::serving(&tick_gate) {
                         continue;
                     }
                     let s = svc.clone();
@@ -242,7 +242,7 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
                 tokio::select! {
                     _ = &mut stop => return,
                     _ = every.tick() => {
-                        if report_gate.as_ref().is_some_and(|g| !g.may_serve()) {
+                        if !ha::serving(&report_gate) {
                             continue;
                         }
                         let g = svc.gauges();

@@ -42,6 +42,12 @@ pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Pause before retrying after etcd could not be reached.
 pub const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// Whether a master with HA state `gate` (`None`: no HA) may answer requests and run its
+/// periodic work now.
+pub fn serving(gate: &Option<Arc<HaState>>) -> bool {
+    gate.as_ref().is_none_or(|g| g.may_serve())
+}
+
 /// The etcd key naming the leader of `cluster_id` (upstream's layout).
 pub fn master_view_key(cluster_id: &str) -> String {
     format!("mooncake-store/{cluster_id}/master_view")
@@ -150,12 +156,16 @@ impl HaState {
     /// Whether this master may answer requests now: it is the leader and its lease is proven.
     #[inline]
     pub fn may_serve(&self) -> bool {
+        self.is_leader() && self.ms_at(Instant::now()) < self.serve_until_ms.load(Ordering::Acquire)
+    }
+
+    /// Whether this master won the current term (it may still be unable to prove its lease).
+    pub fn is_leader(&self) -> bool {
         self.role.load(Ordering::Acquire) == LEADER
-            && self.ms_at(Instant::now()) < self.serve_until_ms.load(Ordering::Acquire)
     }
 
     pub fn status(&self) -> HaStatus {
-        let leader = self.role.load(Ordering::Acquire) == LEADER;
+        let leader = self.is_leader();
         HaStatus {
             role: if leader { "leader" } else { "standby" },
             serving: self.may_serve(),
@@ -270,7 +280,7 @@ pub async fn run(
         };
         match end {
             TermEnd::Stopped => {
-                if state.status().role == "leader" {
+                if state.is_leader() {
                     state.step_down();
                     // Revoking the lease removes the key with it, and tells the standbys the
                     // old window is over (they find no live lease).
@@ -281,7 +291,7 @@ pub async fn run(
                 return;
             }
             TermEnd::Lost(why) => {
-                if state.status().role == "leader" {
+                if state.is_leader() {
                     warn!("HA: leadership lost: {why}");
                 }
                 state.step_down();

@@ -124,7 +124,7 @@ async fn serve_conn(
         if n == 0 {
             return Ok(());
         }
-        let used = if gate.as_ref().is_none_or(|g| g.may_serve()) {
+        let used = if crate::ha::serving(&gate) {
             answer_frames(&inbuf, &service, &mut out)?
         } else {
             refuse_frames(&inbuf, &mut out)?
