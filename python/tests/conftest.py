@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -87,14 +88,49 @@ class Master:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
+
+
+def stop_process(proc):
+    """SIGTERM, then SIGKILL after 10 s; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+class Node:
+    """A storage node (the installed `mooncake_client`) on 127.0.0.1, serving `segment` bytes
+    in `shards` shards for `master`; ready when constructed."""
+
+    def __init__(self, master, segment, shards=1):
+        args = console_script("mooncake_client") + [
+            "--host=127.0.0.1",
+            f"--port={free_port()}",
+            f"--global_segment_size={segment}",
+            f"--shards={shards}",
+            f"--master_server_address={master.addr}",
+            f"--metadata_server={master.metadata}",
+        ]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     text=True)
+        deadline = time.monotonic() + 30
+        for line in self.proc.stdout:
+            if line.strip() == "mooncake_client ready":
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            raise RuntimeError("mooncake_client exited before `ready`")
+        # Keep draining its stdout so it never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    def stop(self):
+        return stop_process(self.proc)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import MIB, Master, console_script, free_port
+from conftest import MIB, Master, Node
 from soak_worker import EXPECTED, Stats, run_threads
 
 SECONDS = float(os.environ.get("MC_SOAK_SECONDS", "60"))
@@ -53,41 +53,6 @@ def rss_bound(start):
     return 64 * MIB + start // 4
 
 
-class NodeProc:
-    def __init__(self, master):
-        port = free_port()
-        args = console_script("mooncake_client") + [
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--global_segment_size={NODE_SEGMENT}",
-            "--shards=2",
-            f"--master_server_address={master.addr}",
-            f"--metadata_server={master.metadata}",
-        ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     text=True)
-        deadline = time.monotonic() + 30
-        for line in self.proc.stdout:
-            if line.strip() == "mooncake_client ready":
-                break
-            if time.monotonic() > deadline:
-                break
-        else:
-            raise RuntimeError("mooncake_client exited before `ready`")
-        # Keep draining its stdout so it never blocks on a full pipe.
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 def test_concurrency_soak():
     from mooncake.store import MooncakeDistributedStore
 
@@ -96,7 +61,7 @@ def test_concurrency_soak():
     workers = []
     store = None
     try:
-        node = NodeProc(master)
+        node = Node(master, NODE_SEGMENT, shards=2)
         store = MooncakeDistributedStore()
         assert store.setup("127.0.0.1", master.metadata, 0, 128 * MIB, "tcp", "",
                            master.addr) == 0

@@ -82,17 +82,11 @@ def test_transfer_timeout_bounds_a_stalled_transfer(monkeypatch, shm):
     import signal
     import time
 
-    from conftest import console_script, free_port, make_store
+    from conftest import Node, make_store
 
     m = Master()
-    node = subprocess.Popen(
-        console_script("mooncake_client") + [
-            "--host=127.0.0.1", f"--port={free_port()}", "--global_segment_size=67108864",
-            f"--master_server_address={m.addr}", f"--metadata_server={m.metadata}",
-        ],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    node = Node(m, 64 * 1024 * 1024).proc
     try:
-        assert "ready" in node.stdout.readline() or "ready" in node.stdout.readline()
         monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "1")
         monkeypatch.setenv("MC_STORE_SHM", shm)
         s = make_store(m, segment=0, local_buffer=16 << 20)
