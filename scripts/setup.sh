@@ -8,7 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server protobuf-compiler iproute2)
+# protobuf-compiler and libprotobuf-dev: the etcd-client crate's build runs protoc on etcd's
+# .proto files, which import the well-known types (google/protobuf/*.proto); those live in
+# libprotobuf-dev, which --no-install-recommends does not bring in with protoc.
+APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server
+  protobuf-compiler libprotobuf-dev iproute2)
 
 log() { echo "[setup] $*"; }
 
@@ -23,7 +27,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
   else
-    log "missing Debian packages (run as root to install): ${missing[*]}"
+    echo "[setup] error: missing Debian package(s): ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
   fi
 fi
 
