@@ -37,10 +37,10 @@ mirror=$(
     # deb822 stanzas: "URIs:" lines whose stanza lists the suite.
     cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v s="$suite" '
       /^URIs:/ { uri = $2 }
-      /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) print uri }'
+      /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) print uri }' || true
     # one-line sources: "deb [opts] URI suite components".
     cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-      awk -v s="$suite" '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i == s) print $(i - 1) }'
+      awk -v s="$suite" '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i == s) print $(i - 1) }' || true
   } | head -n 1
 )
 [ -n "$mirror" ] || die "no apt source for suite '$suite' in /etc/apt"
@@ -83,6 +83,18 @@ rm -f "$root/etc/apt/sources.list"
 cp -a /etc/apt/sources.list.d/. "$root/etc/apt/sources.list.d/" 2>/dev/null || true
 [ -f /etc/apt/sources.list ] && cp /etc/apt/sources.list "$root/etc/apt/sources.list"
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# This machine's network and trust settings (not the project's dependencies): apt options, a
+# local certificate authority (picked up when setup installs ca-certificates), pip's config.
+cp -a /etc/apt/apt.conf.d/. "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+passenv=()
+while IFS= read -r name; do
+  passenv+=("$name=${!name}")
+done < <(compgen -e | grep -E '^(PIP_|SSL_CERT_|REQUESTS_CA_BUNDLE$|CURL_CA_BUNDLE$|CARGO_HTTP_|CARGO_NET_|CARGO_REGISTR|RUSTUP_AUTO_INSTALL$|https?_proxy$|HTTPS?_PROXY$|no_proxy$|NO_PROXY$)' || true)
 
 bind /proc "$root/proc"
 bind /sys "$root/sys" ro
@@ -99,10 +111,30 @@ log "cloning $(git rev-parse --short HEAD) into the root"
 rm -rf "$root/src"
 git clone -q --no-local "$repo" "$root/src"
 
+in_root() {
+  chroot "$root" /usr/bin/env -i \
+    HOME=/root PATH=/opt/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo TERM=dumb LANG=C.UTF-8 \
+    RPC_PORT="${RPC_PORT:-50151}" META_PORT="${META_PORT:-8180}" ADMIN_PORT="${ADMIN_PORT:-9103}" \
+    "${passenv[@]}" "$@"
+}
+
+# Not root and packages missing: setup must stop at once, with one line naming them.
+if in_root /bin/bash -c 'dpkg-query -W libprotobuf-dev >/dev/null 2>&1'; then
+  log "the root already has libprotobuf-dev: skipping the non-root check"
+else
+  log "scripts/setup.sh as a non-root user, packages missing: must stop naming them"
+  set +e
+  out=$(in_root setpriv --reuid=65534 --regid=65534 --clear-groups /bin/bash -c 'cd /src && bash scripts/setup.sh' 2>&1)
+  rc=$?
+  set -e
+  echo "$out" | sed 's/^/    /'
+  [ "$rc" -ne 0 ] || die "non-root setup with missing packages exited 0"
+  echo "$out" | grep -q 'error: missing Debian package(s): .*libprotobuf-dev' ||
+    die "non-root setup did not name the missing packages"
+  [ "$(echo "$out" | wc -l)" -eq 1 ] || die "non-root setup said more than one line before stopping"
+fi
+
 log "bash scripts/demo.sh (README command 1) inside the root"
-chroot "$root" /usr/bin/env -i \
-  HOME=/root PATH=/opt/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  RUSTUP_HOME=/opt/rustup CARGO_HOME=/root/.cargo TERM=dumb LANG=C.UTF-8 \
-  RPC_PORT="${RPC_PORT:-50151}" META_PORT="${META_PORT:-8180}" ADMIN_PORT="${ADMIN_PORT:-9103}" \
-  /bin/bash -c 'cd /src && bash scripts/demo.sh'
+in_root /bin/bash -c 'cd /src && bash scripts/demo.sh'
 log "ok: README command 1 works in a clean $suite root ($((SECONDS - t0)) s)"

@@ -15,21 +15,33 @@ APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-
   protobuf-compiler libprotobuf-dev iproute2)
 
 log() { echo "[setup] $*"; }
+die() {
+  echo "[setup] error: $*" >&2
+  exit 1
+}
 
+command -v cargo >/dev/null 2>&1 || die "no cargo on PATH: install Rust first (rustup)"
+command -v python3 >/dev/null 2>&1 || die "no python3 on PATH: install Python 3 first"
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    log "apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-  else
-    echo "[setup] error: missing Debian package(s): ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
-    exit 1
+  [ "$(id -u)" = 0 ] ||
+    die "missing Debian package(s): ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})"
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  aptlog=$(mktemp)
+  if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"; } >"$aptlog" 2>&1; then
+    tail -n 30 "$aptlog" >&2
+    die "apt-get could not install: ${missing[*]} (full log: $aptlog)"
   fi
+  rm -f "$aptlog"
+  still=()
+  for p in "${missing[@]}"; do installed "$p" || still+=("$p"); done
+  [ ${#still[@]} -eq 0 ] || die "still missing after apt-get install: ${still[*]}"
 fi
 
 if command -v rustup >/dev/null 2>&1; then
