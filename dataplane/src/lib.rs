@@ -12,6 +12,8 @@
 //!   multi-lane client;
 //! - [`shard`]: the io_uring thread-per-core runtime behind
 //!   [`transport::uring_server::UringServer`];
+//! - [`collective`]: the same-host collectives and point-to-point channels behind
+//!   `mooncake.pg` (shared segments, phase protocol, reduction kernels);
 //! - [`engine`]: the transfer engine (segments, batches, notifies) that `mooncake.engine`
 //!   and the store client wrap;
 //! - [`metadata`]: segment descriptors, the HTTP metadata store and the handshake channel;
@@ -21,6 +23,7 @@
 //! Invariant kept by the whole crate: a remote request touches memory only after the range was
 //! found inside one registered buffer, and bytes from the network never cause a panic.
 
+pub mod collective;
 pub mod engine;
 pub mod error;
 pub mod limits;

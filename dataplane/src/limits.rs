@@ -104,3 +104,23 @@ const _: () = assert!(PAYLOAD_RECV_CHUNK_BYTES <= u32::MAX as u64);
 const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= u32::MAX as u64);
 const _: () = assert!(SHARD_RING_ENTRIES.is_power_of_two());
 const _: () = assert!(CONN_RESPONSES_QUEUED_MAX >= SEND_BATCH_RESPONSES_MAX);
+
+/// Largest process group `collective` serves (upstream's `MOONCAKE_PG_MAX_RANKS`): membership
+/// masks are one `u64`.
+pub const PG_MAX_RANKS: usize = 64;
+/// Bytes of one collective slot; every rank's segment has two (double buffering), so one
+/// phase of a collective moves at most this much per rank.
+pub const PG_COLL_SLOT_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of one point-to-point slot (two per ordered pair of ranks), before the slot header.
+pub const PG_P2P_SLOT_BYTES: usize = 1024 * 1024;
+/// Granule every collective chunk and sub-range is a multiple of: a cache line, and a
+/// multiple of every element size, so chunk boundaries never split an element.
+pub const PG_CHUNK_ALIGN_BYTES: usize = 64;
+/// Segment header: the counters and per-slot descriptors (see `collective::seg`).
+pub const PG_HEADER_BYTES: usize = 64 * 1024;
+
+const _: () = assert!(PG_MAX_RANKS <= 64);
+const _: () = assert!(PG_COLL_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
+const _: () = assert!(PG_COLL_SLOT_BYTES / PG_MAX_RANKS >= PG_CHUNK_ALIGN_BYTES);
+const _: () = assert!(PG_P2P_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
+const _: () = assert!(PG_HEADER_BYTES >= 512 + 2 * 64 * PG_MAX_RANKS + 2 * 64 * PG_MAX_RANKS);

@@ -2,6 +2,7 @@
 //!
 //! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
 //! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
+//! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`dataplane::collective`);
 //! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
 //!   (`mooncake/_tensor.py`);
 //! - `run_master`, `run_http_metadata_server`, `run_client`, `run_transfer_engine_bench`: the
@@ -13,6 +14,7 @@
 
 mod engine;
 mod mempool;
+mod pg;
 mod pybuf;
 mod ranges;
 mod setup_args;
@@ -148,6 +150,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_transfer_engine_bench, m)?)?;
     tensor::register(m)?;
     engine::register(m)?;
+    pg::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,120 @@
+"""Mooncake PG against Gloo, side by side in one run, on one host.
+
+    .venv/bin/python bench/python/pg_bench.py [--worlds 2,4] [--backends mooncake-cpu,gloo]
+        [--small-iters 2000] [--large-iters 10]
+
+For each group size and backend it spawns the ranks on 127.0.0.1 and times, on rank 0:
+all_reduce of 4 KiB (per-op latency: p50 and p99 over --small-iters ops), all_reduce of
+64 MiB, all_gather_into_tensor with a 64 MiB output, and all_to_all_single of 64 MiB per rank
+(each op's time: median and p99 over --large-iters ops). float32 throughout; each timed op
+is preceded by warm-up ops. Prints one table (times in microseconds / milliseconds) and the
+Mooncake/Gloo speed-up per row.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+MIB = 1 << 20
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def worker(backend, rank, world, port, small_iters, large_iters):
+    import torch
+    import torch.distributed as dist
+
+    if backend.startswith("mooncake"):
+        from mooncake import pg  # noqa: F401  (registers the backends)
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    res = {}
+
+    def timed(fn, iters, warm):
+        for _ in range(warm):
+            fn()
+        dist.barrier()
+        out = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    small = torch.ones(1024)  # 4 KiB
+    res["all_reduce 4 KiB"] = timed(lambda: dist.all_reduce(small), small_iters, 100)
+    big = torch.ones(64 * MIB // 4)
+    res["all_reduce 64 MiB"] = timed(lambda: dist.all_reduce(big), large_iters, 2)
+    out = torch.empty(64 * MIB // 4)
+    inp = torch.ones(64 * MIB // 4 // world)
+    res["all_gather 64 MiB"] = timed(lambda: dist.all_gather_into_tensor(out, inp), large_iters, 2)
+    a2a_in = torch.ones(64 * MIB // 4)
+    a2a_out = torch.empty(64 * MIB // 4)
+    res["all_to_all 64 MiB"] = timed(lambda: dist.all_to_all_single(a2a_out, a2a_in),
+                                     large_iters, 2)
+    dist.barrier()
+    if rank == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+    dist.destroy_process_group()
+
+
+def run(backend, world, small_iters, large_iters):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "--worker", backend, str(r), str(world), str(port),
+         str(small_iters), str(large_iters)], stdout=subprocess.PIPE, text=True)
+        for r in range(world)]
+    outs = [p.communicate()[0] for p in procs]
+    for p in procs:
+        if p.returncode != 0:
+            raise SystemExit(f"{backend} x{world}: a rank failed")
+    line = [x for x in outs[0].splitlines() if x.startswith("RESULT ")][0]
+    return json.loads(line[len("RESULT "):])
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        b, r, w, port, si, li = sys.argv[2:8]
+        worker(b, int(r), int(w), int(port), int(si), int(li))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--backends", default="mooncake-cpu,gloo")
+    ap.add_argument("--small-iters", type=int, default=2000)
+    ap.add_argument("--large-iters", type=int, default=10)
+    a = ap.parse_args()
+    backends = a.backends.split(",")
+    print(f"host: {os.cpu_count()} CPUs; float32; times on rank 0")
+    hdr = f"{'ranks':>5} {'op':<18}" + "".join(
+        f" {b + ' p50':>18} {b + ' p99':>18}" for b in backends) + "  speed-up (p50)"
+    print(hdr)
+    for world in [int(x) for x in a.worlds.split(",")]:
+        results = {b: run(b, world, a.small_iters, a.large_iters) for b in backends}
+        for op in results[backends[0]]:
+            small = "4 KiB" in op
+            unit, scale = ("us", 1e6) if small else ("ms", 1e3)
+            row = f"{world:>5} {op:<18}"
+            p50s = []
+            for b in backends:
+                xs = results[b][op]
+                p50 = statistics.median(xs) * scale
+                p50s.append(p50)
+                row += f" {p50:>15.1f} {unit} {pct(xs, 99) * scale:>15.1f} {unit}"
+            if len(p50s) == 2:
+                row += f"  {p50s[1] / p50s[0]:.2f}x"
+            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,554 @@
+//! The collectives as phase sequences over the ranks' collective slots (see the module docs
+//! of [`super`] for the protocol and its invariants).
+//!
+//! | op | phases (S = slot bytes, n = ranks) | each phase |
+//! |---|---|---|
+//! | all_reduce ≤ 64 KiB | 1 | post input; fold every contributor's slot into the buffer |
+//! | all_reduce | 2 per S-byte chunk | post input; fold own 1/n section into the other slot and post it; copy every section |
+//! | broadcast | per S-byte chunk | root posts; the others copy |
+//! | all_gather / gather | per S-byte chunk | post input; copy each contributor's slot (gather: root only) |
+//! | all_to_all / scatter | per S/n-byte sub-range | post n pieces; copy own piece from each (scatter: from root) |
+//! | reduce_scatter | per S/n-byte sub-range | post n pieces; fold own piece of each |
+//! | reduce | per S-byte chunk | post input; root folds |
+//! | barrier | 1 | nothing to move |
+//!
+//! Addresses in a [`CollOp`] come from the Python layer, which keeps the tensors alive until
+//! the op's completion fires ([`super::Comm::submit`] is `unsafe` for that reason).
+
+use super::reduce::{self, DType, ReduceOp};
+use super::seg::{load, store, Desc};
+use super::{wait_until, Outcome, Shared};
+use crate::limits::{PG_CHUNK_ALIGN_BYTES, PG_COLL_SLOT_BYTES};
+
+/// All-reduces up to this size run in one phase (every rank folds everything).
+const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
+
+/// A collective, with raw addresses of contiguous CPU buffers.
+#[derive(Clone, Debug)]
+pub enum CollOp {
+    AllReduce {
+        buf: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        buf: usize,
+        bytes: usize,
+        dtype: DType,
+        root: usize,
+    },
+    /// `outs[r]` receives rank `r`'s `bytes` bytes.
+    AllGather {
+        input: usize,
+        bytes: usize,
+        dtype: DType,
+        outs: Vec<usize>,
+    },
+    /// `ins[j]` goes to rank `j`; `outs[r]` receives rank `r`'s piece; `bytes` per piece.
+    AllToAll {
+        ins: Vec<usize>,
+        outs: Vec<usize>,
+        bytes: usize,
+        dtype: DType,
+    },
+    /// `ins[j]` is the piece reduced into rank `j`'s `out`.
+    ReduceScatter {
+        ins: Vec<usize>,
+        out: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+    },
+    Reduce {
+        buf: usize,
+        bytes: usize,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    },
+    /// `outs` is read only at the root.
+    Gather {
+        input: usize,
+        bytes: usize,
+        dtype: DType,
+        outs: Vec<usize>,
+        root: usize,
+    },
+    /// `ins` is read only at the root.
+    Scatter {
+        ins: Vec<usize>,
+        out: usize,
+        bytes: usize,
+        dtype: DType,
+        root: usize,
+    },
+    Barrier,
+}
+
+impl CollOp {
+    fn desc(&self) -> Desc {
+        let d = |kind: u32, dtype: DType, op: u32, root: usize, bytes: usize| Desc {
+            kind,
+            dtype: dtype as u32,
+            op,
+            root: root as u32,
+            bytes: bytes as u64,
+        };
+        match *self {
+            CollOp::AllReduce {
+                bytes, dtype, op, ..
+            } => d(1, dtype, op as u32, 0, bytes),
+            CollOp::Broadcast {
+                bytes, dtype, root, ..
+            } => d(2, dtype, 0, root, bytes),
+            CollOp::AllGather { bytes, dtype, .. } => d(3, dtype, 0, 0, bytes),
+            CollOp::AllToAll { bytes, dtype, .. } => d(4, dtype, 0, 0, bytes),
+            CollOp::ReduceScatter {
+                bytes, dtype, op, ..
+            } => d(5, dtype, op as u32, 0, bytes),
+            CollOp::Reduce {
+                bytes,
+                dtype,
+                op,
+                root,
+                ..
+            } => d(6, dtype, op as u32, root, bytes),
+            CollOp::Gather {
+                bytes, dtype, root, ..
+            } => d(7, dtype, 0, root, bytes),
+            CollOp::Scatter {
+                bytes, dtype, root, ..
+            } => d(8, dtype, 0, root, bytes),
+            CollOp::Barrier => d(9, DType::Uint8, 0, 0, 0),
+        }
+    }
+}
+
+fn describe(d: &Desc) -> String {
+    const KINDS: [&str; 10] = [
+        "?",
+        "all_reduce",
+        "broadcast",
+        "all_gather",
+        "all_to_all",
+        "reduce_scatter",
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+    ];
+    let kind = KINDS.get(d.kind as usize).copied().unwrap_or("?");
+    let dtype = DType::from_code(d.dtype).map_or("?".to_string(), |t| format!("{t:?}"));
+    let mut s = format!("{kind} of {} bytes of {dtype}", d.bytes);
+    if matches!(d.kind, 1 | 5 | 6) {
+        let op = ReduceOp::from_code(d.op).map_or("?".to_string(), |o| format!("{o:?}"));
+        s += &format!(" op {op}");
+    }
+    if matches!(d.kind, 2 | 6 | 7 | 8) {
+        s += &format!(" root {}", d.root);
+    }
+    s
+}
+
+/// Copies `len` bytes (`memmove`: user buffers may alias each other).
+///
+/// # Safety
+/// Both ranges must be valid for `len` bytes.
+unsafe fn mv(src: *const u8, dst: *mut u8, len: usize) {
+    if len > 0 && src != dst.cast_const() {
+        // SAFETY: forwarded to the caller.
+        unsafe { std::ptr::copy(src, dst, len) };
+    }
+}
+
+/// `dst = fold(op, srcs...)` in the order given, then the AVG division.
+///
+/// # Safety
+/// Every source and `dst` must be valid for `len` bytes; `dst` must not overlap a source.
+unsafe fn fold_into(dt: DType, op: ReduceOp, srcs: &[*const u8], dst: *mut u8, len: usize) {
+    let Some((first, rest)) = srcs.split_first() else {
+        return;
+    };
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        mv(*first, dst, len);
+        for s in rest {
+            reduce::fold(dt, op, dst, *s, len);
+        }
+        if op == ReduceOp::Avg {
+            reduce::divide(dt, dst, len, srcs.len());
+        }
+    }
+}
+
+/// Executes collectives for one communicator, one after another. Holds the phase counter.
+pub struct Runner<'a> {
+    sh: &'a Shared,
+    seq: u64,
+    active: u64,
+    failed: u64,
+}
+
+impl<'a> Runner<'a> {
+    pub(super) fn new(sh: &'a Shared) -> Runner<'a> {
+        Runner {
+            sh,
+            seq: 0,
+            active: 0,
+            failed: 0,
+        }
+    }
+
+    fn bit(r: usize) -> u64 {
+        1u64 << r
+    }
+
+    /// Ranks taking part in the current phase (active, not failed), this one included.
+    fn live(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.sh.ranks).filter(|&r| (self.active & !self.failed) & Self::bit(r) != 0)
+    }
+
+    fn peers(&self) -> Vec<usize> {
+        self.live().filter(|&r| r != self.sh.rank).collect()
+    }
+
+    fn slot(&self, r: usize, seq: u64) -> *mut u8 {
+        self.sh.seg(r).coll_slot((seq & 1) as usize)
+    }
+
+    /// One phase: waits until the slot may be reused, lets `write` fill it, publishes, and
+    /// waits for every live peer's publication. With `check`, compares the peers' descriptors.
+    fn phase(
+        &mut self,
+        desc: Desc,
+        check: bool,
+        write: impl FnOnce(&Self, *mut u8),
+    ) -> Result<u64, String> {
+        let s = self.seq + 1;
+        let own = &self.sh.own;
+        if s >= 3 {
+            for p in self.peers() {
+                let seg = self.sh.seg(p);
+                // A peer that died is skipped; the phase wait below marks it failed.
+                wait_until(|| load(seg.done()) >= s - 2, || seg.owner_alive(), None, p);
+            }
+        }
+        write(self, own.coll_slot((s & 1) as usize));
+        own.set_desc((s & 1) as usize, desc);
+        store(own.posted(), s);
+        self.seq = s;
+        for p in self.peers() {
+            let seg = self.sh.seg(p);
+            if !wait_until(|| load(seg.posted()) >= s, || seg.owner_alive(), None, p) {
+                self.failed |= Self::bit(p);
+            }
+        }
+        if check {
+            for p in self.peers() {
+                let theirs = self.sh.seg(p).desc((s & 1) as usize);
+                if theirs != desc {
+                    store(own.done(), s);
+                    return Err(format!(
+                        "mismatched collective: rank {p} called {}, rank {} called {}",
+                        describe(&theirs),
+                        self.sh.rank,
+                        describe(&desc)
+                    ));
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    fn finish(&self, s: u64) {
+        store(self.sh.own.done(), s);
+    }
+
+    /// Runs one op to its outcome.
+    pub fn execute(&mut self, op: CollOp) -> Outcome {
+        self.active = self.sh.active();
+        self.failed = 0;
+        let me = self.sh.rank;
+        let error = if self.active & Self::bit(me) == 0 {
+            Some("rank is not active in this group".to_string())
+        } else {
+            self.run(&op).err()
+        };
+        Outcome {
+            failed: self.failed,
+            error,
+        }
+    }
+
+    fn check_root(&self, root: usize) -> Result<(), String> {
+        if root >= self.sh.ranks || self.active & Self::bit(root) == 0 {
+            return Err(format!(
+                "root rank {root} is not an active rank of this group of {}",
+                self.sh.ranks
+            ));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, op: &CollOp) -> Result<(), String> {
+        let desc = op.desc();
+        let me = self.sh.rank;
+        let piece =
+            (PG_COLL_SLOT_BYTES / self.sh.ranks) / PG_CHUNK_ALIGN_BYTES * PG_CHUNK_ALIGN_BYTES;
+        match op {
+            CollOp::AllReduce {
+                buf,
+                bytes,
+                dtype,
+                op,
+            } => {
+                reduce::check_reducible(*dtype, *op)?;
+                self.all_reduce(desc, *buf as *mut u8, *bytes, *dtype, *op)
+            }
+            CollOp::Broadcast {
+                buf, bytes, root, ..
+            } => {
+                self.check_root(*root)?;
+                let buf = *buf as *mut u8;
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                    if w {
+                        if me == *root {
+                            // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
+                            unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
+                        }
+                    } else if me != *root && r.failed & Self::bit(*root) == 0 {
+                        // SAFETY: as above; the root's slot holds `len` published bytes.
+                        unsafe { mv(r.slot(*root, r.seq), buf.add(off), len) };
+                    }
+                })
+            }
+            CollOp::AllGather {
+                input, bytes, outs, ..
+            }
+            | CollOp::Gather {
+                input, bytes, outs, ..
+            } => {
+                let root = match op {
+                    CollOp::Gather { root, .. } => {
+                        self.check_root(*root)?;
+                        Some(*root)
+                    }
+                    _ => None,
+                };
+                let input = *input as *const u8;
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                    if w {
+                        // SAFETY: `input` holds `bytes` bytes.
+                        unsafe { mv(input.add(off), r.slot(me, r.seq + 1), len) };
+                    } else if root.is_none_or(|x| x == me) {
+                        for src in r.live().collect::<Vec<_>>() {
+                            // SAFETY: `outs[src]` holds `bytes` bytes; the slot `len`.
+                            unsafe { mv(r.slot(src, r.seq), (outs[src] as *mut u8).add(off), len) };
+                        }
+                    }
+                })
+            }
+            CollOp::AllToAll {
+                ins, outs, bytes, ..
+            } => self.pieces(desc, ins, None, outs, 0, *bytes),
+            CollOp::Scatter {
+                ins,
+                out,
+                bytes,
+                root,
+                ..
+            } => {
+                self.check_root(*root)?;
+                self.pieces(desc, ins, Some(*root), &[], *out, *bytes)
+            }
+            CollOp::ReduceScatter {
+                ins,
+                out,
+                bytes,
+                dtype,
+                op: rop,
+            } => {
+                reduce::check_reducible(*dtype, *rop)?;
+                let out = *out as *mut u8;
+                self.chunked(desc, *bytes, piece, |r, off, len, w| {
+                    if w {
+                        let slot = r.slot(me, r.seq + 1);
+                        for (j, src) in ins.iter().enumerate() {
+                            // SAFETY: each piece holds `bytes` bytes; the slot n pieces.
+                            unsafe { mv((*src as *const u8).add(off), slot.add(j * piece), len) };
+                        }
+                    } else {
+                        let srcs: Vec<*const u8> = r
+                            .live()
+                            .map(|x| r.slot(x, r.seq).wrapping_add(me * piece).cast_const())
+                            .collect();
+                        // SAFETY: `out` holds `bytes` bytes, disjoint from the slots.
+                        unsafe { fold_into(*dtype, *rop, &srcs, out.add(off), len) };
+                    }
+                })
+            }
+            CollOp::Reduce {
+                buf,
+                bytes,
+                dtype,
+                op: rop,
+                root,
+            } => {
+                reduce::check_reducible(*dtype, *rop)?;
+                self.check_root(*root)?;
+                let buf = *buf as *mut u8;
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                    if w {
+                        // SAFETY: `buf` holds `bytes` bytes.
+                        unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
+                    } else if me == *root {
+                        let srcs: Vec<*const u8> =
+                            r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
+                        // SAFETY: as above; the slots hold `len` published bytes each.
+                        unsafe { fold_into(*dtype, *rop, &srcs, buf.add(off), len) };
+                    }
+                })
+            }
+            CollOp::Barrier => self.chunked(desc, 0, PG_COLL_SLOT_BYTES, |_, _, _, _| {}),
+        }
+    }
+
+    /// all_to_all (`root` `None`: every rank posts `ins`, `outs[r]` gets rank `r`'s piece)
+    /// and scatter (only `root` posts `ins`; `out` gets this rank's piece).
+    fn pieces(
+        &mut self,
+        desc: Desc,
+        ins: &[usize],
+        root: Option<usize>,
+        outs: &[usize],
+        out: usize,
+        bytes: usize,
+    ) -> Result<(), String> {
+        let me = self.sh.rank;
+        let piece =
+            (PG_COLL_SLOT_BYTES / self.sh.ranks) / PG_CHUNK_ALIGN_BYTES * PG_CHUNK_ALIGN_BYTES;
+        self.chunked(desc, bytes, piece, |r, off, len, w| {
+            if w {
+                if root.is_none_or(|x| x == me) {
+                    let slot = r.slot(me, r.seq + 1);
+                    for (j, src) in ins.iter().enumerate() {
+                        // SAFETY: each piece holds `bytes` bytes; the slot holds n pieces.
+                        unsafe { mv((*src as *const u8).add(off), slot.add(j * piece), len) };
+                    }
+                }
+                return;
+            }
+            let from: Vec<usize> = match root {
+                None => r.live().collect(),
+                Some(x) if r.failed & Self::bit(x) == 0 => vec![x],
+                Some(_) => Vec::new(),
+            };
+            for src in from {
+                let dst = if root.is_some() { out } else { outs[src] };
+                // SAFETY: the source slot holds piece `me` of `len` published bytes; `dst`
+                // holds `bytes` bytes.
+                unsafe {
+                    mv(
+                        r.slot(src, r.seq).add(me * piece),
+                        (dst as *mut u8).add(off),
+                        len,
+                    )
+                };
+            }
+        })
+    }
+
+    /// Runs `max(1, ceil(bytes / step))` one-phase rounds over `[off, off + len)` ranges:
+    /// `f(self, off, len, true)` fills the slot of the coming phase, `f(self, off, len, false)`
+    /// reads after it.
+    fn chunked(
+        &mut self,
+        desc: Desc,
+        bytes: usize,
+        step: usize,
+        mut f: impl FnMut(&Self, usize, usize, bool),
+    ) -> Result<(), String> {
+        let mut off = 0;
+        let mut first = true;
+        loop {
+            let len = step.min(bytes - off);
+            let s = self.phase(desc, first, |r, _| f(r, off, len, true))?;
+            first = false;
+            f(self, off, len, false);
+            self.finish(s);
+            off += len;
+            if off >= bytes {
+                return Ok(());
+            }
+        }
+    }
+
+    fn all_reduce(
+        &mut self,
+        desc: Desc,
+        buf: *mut u8,
+        bytes: usize,
+        dt: DType,
+        op: ReduceOp,
+    ) -> Result<(), String> {
+        if bytes <= SMALL_ALL_REDUCE_BYTES {
+            return self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, |r, _, len, w| {
+                if w {
+                    // SAFETY: `buf` holds `bytes` bytes.
+                    unsafe { mv(buf, r.slot(r.sh.rank, r.seq + 1), len) };
+                } else {
+                    let srcs: Vec<*const u8> =
+                        r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
+                    // SAFETY: the slots hold `len` published bytes; `buf` is disjoint.
+                    unsafe { fold_into(dt, op, &srcs, buf, len) };
+                }
+            });
+        }
+        let (n, me, e) = (self.sh.ranks, self.sh.rank, dt.size());
+        let mut off = 0;
+        let mut first = true;
+        while off < bytes {
+            let len = PG_COLL_SLOT_BYTES.min(bytes - off);
+            // SAFETY: `buf` holds `bytes` bytes.
+            let chunk = unsafe { buf.add(off) };
+            // SAFETY: `chunk` holds `len` bytes; the slot at least that.
+            let sa = self.phase(desc, first, |_, slot| unsafe { mv(chunk, slot, len) })?;
+            first = false;
+            let contrib: Vec<usize> = self.live().collect();
+            let sec = (len / e).div_ceil(n) * e;
+            let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
+            let srcs_at = |r: &Self, lo: usize| -> Vec<*const u8> {
+                contrib
+                    .iter()
+                    // SAFETY: `lo` is inside the slot.
+                    .map(|&x| unsafe { r.slot(x, sa).add(lo).cast_const() })
+                    .collect()
+            };
+            let (lo, hi) = section(me);
+            let sb = self.phase(desc, false, |r, slot| {
+                // SAFETY: the phase-A slots hold `len` bytes; the own phase-B slot is disjoint.
+                unsafe { fold_into(dt, op, &srcs_at(r, lo), slot, hi - lo) }
+            })?;
+            let posted: Vec<usize> = self.live().collect();
+            for r in 0..n {
+                let (lo, hi) = section(r);
+                if lo == hi {
+                    continue;
+                }
+                // SAFETY: `chunk` holds `len` bytes; section bounds are inside it.
+                unsafe {
+                    if posted.contains(&r) {
+                        mv(self.slot(r, sb), chunk.add(lo), hi - lo);
+                    } else {
+                        // The section's owner is inactive or died: fold it here.
+                        fold_into(dt, op, &srcs_at(self, lo), chunk.add(lo), hi - lo);
+                    }
+                }
+            }
+            self.finish(sb);
+            off += len;
+        }
+        Ok(())
+    }
+}

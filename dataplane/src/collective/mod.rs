@@ -1,0 +1,354 @@
+//! Collectives and point-to-point messages among the ranks of a process group on one host:
+//! the native data path of `mooncake.pg`.
+//!
+//! Every rank owns one shared segment ([`seg`]) that every other rank maps. A collective is a
+//! fixed sequence of *phases*; in a phase each rank writes its part into its own collective
+//! slot, publishes the phase number, waits for the peers' numbers and then reads (memcpy or
+//! fold) straight out of their slots ([`coll`]). Point-to-point messages go through one
+//! double-buffered channel per ordered pair of ranks ([`p2p`]). Reductions run in Rust
+//! ([`reduce`]); Python hands over tensor addresses and never loops over elements.
+//!
+//! Invariants:
+//! - the number of phases of an op depends only on its arguments and the group size, never on
+//!   who is alive, so ranks stay in step after a failure; the first phase carries a
+//!   descriptor of the call, and a rank that sees a peer's descriptor differ from its own fails
+//!   the op (every rank sees every descriptor, so all fail it);
+//! - a rank writes collective slot `s % 2` for phase `s` only after every live active peer has
+//!   finished reading phase `s - 2`;
+//! - a peer is *failed* for an op when its process is dead (its segment lock is gone, see
+//!   [`seg`]) and it had not published the phase waited for; failed peers are excluded from
+//!   the rest of the op, and (with auto-deactivation) from the active set afterwards;
+//! - reductions fold contributors in ascending rank order, so every rank gets bit-identical
+//!   floating-point results.
+
+pub mod coll;
+pub mod p2p;
+pub mod reduce;
+pub mod seg;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub use coll::CollOp;
+pub use reduce::{DType, ReduceOp};
+pub use seg::Segment;
+
+/// Collective timeout (µs): a live peer that has been silent this long is reported in the log
+/// (it is still waited for, as upstream does). Process-wide, read on every wait.
+pub static COLLECTIVE_TIMEOUT_US: AtomicU64 = AtomicU64::new(10_000_000);
+/// Point-to-point timeout (µs): a send or receive that makes no progress this long fails.
+pub static P2P_TIMEOUT_US: AtomicU64 = AtomicU64::new(10_000_000);
+/// Fault reconciliation window (µs). Death is observed directly here (the segment lock), so
+/// no window is waited out; kept for the API and reported by `docs/pg.md`.
+pub static RECONCILIATION_WINDOW_US: AtomicU64 = AtomicU64::new(30_000_000);
+
+/// How an operation ended.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Ranks this rank saw fail during the op (bit `r` = rank `r`).
+    pub failed: u64,
+    /// Why the op failed as a whole (bad arguments, mismatched calls), if it did.
+    pub error: Option<String>,
+}
+
+/// A one-shot completion an op's caller waits on.
+#[derive(Default)]
+pub struct Completion {
+    state: Mutex<Option<Outcome>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    fn complete(&self, o: Outcome) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        *g = Some(o);
+        self.cv.notify_all();
+    }
+
+    /// The outcome, if the op has ended.
+    pub fn poll(&self) -> Option<Outcome> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits for the outcome (`None` waits forever); `None` if the time ran out.
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<Outcome> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        while g.is_none() {
+            match deadline {
+                None => g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    g = self
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+        g.clone()
+    }
+}
+
+/// State shared by a communicator's two worker threads and its owner.
+pub struct Shared {
+    /// This rank.
+    pub rank: usize,
+    /// Group size (slots; never changes).
+    pub ranks: usize,
+    own: Segment,
+    peers: Vec<Option<Segment>>,
+    active: AtomicU64,
+    epoch: AtomicU64,
+    failures_seen: AtomicU64,
+    auto_deactivate: bool,
+    /// `(address, elements)` of the caller's int32 `active_ranks` tensor, rewritten on every
+    /// change of the active set.
+    mirror: Mutex<Option<(usize, usize)>>,
+}
+
+impl Shared {
+    fn seg(&self, r: usize) -> &Segment {
+        if r == self.rank {
+            &self.own
+        } else {
+            self.peers[r]
+                .as_ref()
+                .expect("every peer segment is mapped at start")
+        }
+    }
+
+    /// Whether rank `r`'s process is alive (always true for this rank).
+    pub fn alive(&self, r: usize) -> bool {
+        r == self.rank || self.seg(r).owner_alive()
+    }
+
+    /// Current active set (bit `r` = rank `r`).
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Epoch: +1 per change of the active set.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Records failures seen by an op and, with auto-deactivation, drops them from the set.
+    fn note_failures(&self, failed: u64) {
+        if failed == 0 {
+            return;
+        }
+        self.failures_seen.fetch_or(failed, Ordering::AcqRel);
+        if self.auto_deactivate {
+            let now = self.active() & !failed;
+            self.set_active(now);
+        }
+    }
+
+    /// Replaces the active set, bumps the epoch if it changed and rewrites the mirror.
+    pub fn set_active(&self, mask: u64) {
+        let g = self.mirror.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.active.swap(mask, Ordering::AcqRel);
+        if old != mask {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Some((addr, len)) = *g {
+            let p = addr as *mut i32;
+            for i in 0..len {
+                let v = i32::from(i < 64 && mask >> i & 1 == 1);
+                // SAFETY: the owner registered `len` int32 elements at `addr` and keeps that
+                // tensor alive while the communicator lives (`Comm::set_mirror`).
+                unsafe { p.add(i).write_volatile(v) };
+            }
+        }
+    }
+
+    /// Failures seen since the last call, cleared.
+    pub fn take_failures(&self) -> u64 {
+        self.failures_seen.swap(0, Ordering::AcqRel)
+    }
+}
+
+enum Job {
+    Coll(CollOp, Arc<Completion>),
+}
+
+/// A communicator: this rank's view of one process group, with a collective worker thread
+/// (ops run one after another, in issue order) and a point-to-point thread (all pending sends
+/// and receives progress together, FIFO per peer and direction).
+pub struct Comm {
+    shared: Arc<Shared>,
+    coll_tx: mpsc::Sender<Job>,
+    p2p_tx: mpsc::Sender<p2p::P2pOp>,
+}
+
+impl Comm {
+    /// Starts a communicator over this rank's segment `own` and the peers' segments
+    /// (`peers[rank]` is `None`). All ranks start active.
+    pub fn start(
+        own: Segment,
+        rank: usize,
+        peers: Vec<Option<Segment>>,
+        auto_deactivate: bool,
+    ) -> std::io::Result<Comm> {
+        let ranks = peers.len();
+        let all = if ranks == 64 {
+            u64::MAX
+        } else {
+            (1u64 << ranks) - 1
+        };
+        let shared = Arc::new(Shared {
+            rank,
+            ranks,
+            own,
+            peers,
+            active: AtomicU64::new(all),
+            epoch: AtomicU64::new(0),
+            failures_seen: AtomicU64::new(0),
+            auto_deactivate,
+            mirror: Mutex::new(None),
+        });
+        let (coll_tx, coll_rx) = mpsc::channel::<Job>();
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("mc-pg-coll-{rank}"))
+            .spawn(move || {
+                let mut run = coll::Runner::new(&sh);
+                while let Ok(Job::Coll(op, done)) = coll_rx.recv() {
+                    let o = run.execute(op);
+                    sh.note_failures(o.failed);
+                    done.complete(o);
+                }
+            })?;
+        let (p2p_tx, p2p_rx) = mpsc::channel();
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("mc-pg-p2p-{rank}"))
+            .spawn(move || p2p::run(&sh, p2p_rx))?;
+        Ok(Comm {
+            shared,
+            coll_tx,
+            p2p_tx,
+        })
+    }
+
+    /// The state shared with the workers.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Registers the caller's `active_ranks` mirror (int32, `len` elements) and writes the
+    /// current set into it.
+    ///
+    /// # Safety
+    /// `addr` must stay valid for `len` int32 writes until the communicator is dropped or the
+    /// mirror replaced.
+    pub unsafe fn set_mirror(&self, addr: usize, len: usize) {
+        *self.shared.mirror.lock().unwrap_or_else(|e| e.into_inner()) = Some((addr, len));
+        self.shared.set_active(self.shared.active());
+    }
+
+    /// Queues a collective.
+    ///
+    /// # Safety
+    /// Every address in `op` must stay valid (and not be touched by the caller) for the
+    /// bytes the op moves until the returned completion has an outcome.
+    pub unsafe fn submit(&self, op: CollOp) -> Arc<Completion> {
+        let done = Arc::new(Completion::default());
+        if self.coll_tx.send(Job::Coll(op, done.clone())).is_err() {
+            done.complete(Outcome {
+                failed: 0,
+                error: Some("the collective worker has stopped".into()),
+            });
+        }
+        done
+    }
+
+    /// Queues a send (`send = true`) or receive of `bytes` bytes at `addr` to/from `peer`.
+    ///
+    /// # Safety
+    /// As [`Comm::submit`].
+    pub unsafe fn p2p(
+        &self,
+        send: bool,
+        peer: usize,
+        addr: usize,
+        bytes: usize,
+    ) -> Arc<Completion> {
+        let done = Arc::new(Completion::default());
+        if peer >= self.shared.ranks || peer == self.shared.rank {
+            done.complete(Outcome {
+                failed: 0,
+                error: Some(format!(
+                    "peer rank {peer} is not another rank of this group of {}",
+                    self.shared.ranks
+                )),
+            });
+            return done;
+        }
+        let op = p2p::P2pOp::new(send, peer, addr, bytes, done.clone());
+        if self.p2p_tx.send(op).is_err() {
+            done.complete(Outcome {
+                failed: 0,
+                error: Some("the point-to-point worker has stopped".into()),
+            });
+        }
+        done
+    }
+}
+
+/// Waits until `cond` holds, spinning briefly, then yielding, then sleeping; every
+/// millisecond of waiting it asks `alive` and gives up (returning `cond()` one last time) when
+/// that says no, or when `give_up_us` (if any) has passed. `who` names the peer for the log.
+pub(crate) fn wait_until(
+    cond: impl Fn() -> bool,
+    alive: impl Fn() -> bool,
+    give_up_us: Option<u64>,
+    who: usize,
+) -> bool {
+    let start = std::time::Instant::now();
+    let mut next_probe = start + Duration::from_millis(1);
+    let mut warned = false;
+    let mut i = 0u32;
+    loop {
+        if cond() {
+            return true;
+        }
+        i = i.saturating_add(1);
+        if i < 200 {
+            std::hint::spin_loop();
+            continue;
+        }
+        if i < 2000 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(if i < 4000 { 20 } else { 200 }));
+        }
+        if i.is_multiple_of(16) || i >= 2000 {
+            let now = std::time::Instant::now();
+            if now >= next_probe {
+                next_probe = now + Duration::from_millis(1);
+                if !alive() {
+                    return cond();
+                }
+                let waited_us = (now - start).as_micros() as u64;
+                if give_up_us.is_some_and(|g| waited_us > g) {
+                    return cond();
+                }
+                if !warned && waited_us > COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed) {
+                    warned = true;
+                    tracing::warn!(
+                        "mooncake.pg: rank {who} is alive but has not answered for {} ms",
+                        waited_us / 1000
+                    );
+                }
+            }
+        }
+    }
+}

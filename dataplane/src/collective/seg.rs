@@ -1,0 +1,317 @@
+//! One rank's shared segment: a `/dev/shm` file every rank of the group maps.
+//!
+//! ```text
+//! offset                      field (each counter alone on a 64-byte line)
+//! 0                           magic "MCPGSEG1" (u64) | pid (u32) | ranks (u32) | rank (u32)
+//! 64                          posted (u64): last collective phase this rank wrote and published
+//! 128                         done   (u64): last collective phase this rank finished reading
+//! 192, 256                    desc[2]: descriptor of the op in collective slot 0 / 1
+//! 512 + 64*p                  sent[p]  (u64): chunks this rank published on its channel to p
+//! 512 + 64*64 + 64*p          acked[p] (u64): chunks from p this rank has consumed
+//! PG_HEADER_BYTES             collective slot 0, then slot 1 (PG_COLL_SLOT_BYTES each)
+//! then for each peer p        channel to p: 2 x (64-byte chunk header | PG_P2P_SLOT_BYTES)
+//!                             chunk header: message length (u64) | chunk length (u64)
+//! ```
+//!
+//! Only the owner writes its segment; peers only read it.
+//! A counter is stored with `Release` after the bytes it publishes and loaded with `Acquire`
+//! before they are read, which is what orders the plain memcpy traffic between processes.
+//!
+//! Liveness: the owner holds an exclusive `flock` on its file for its whole life; the kernel
+//! drops it when the process dies (before it becomes a zombie), so a peer that can take a
+//! shared lock on its own descriptor of the file knows the owner is gone. No pid reuse, no
+//! heartbeat thread.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
+const POSTED_OFF: usize = 64;
+const DONE_OFF: usize = 128;
+const DESC_OFF: usize = 192;
+const SENT_OFF: usize = 512;
+const ACKED_OFF: usize = SENT_OFF + 64 * PG_MAX_RANKS;
+/// Bytes of a point-to-point chunk header.
+pub const CHUNK_HEADER_BYTES: usize = 64;
+const CHANNEL_SLOT_STRIDE: usize = CHUNK_HEADER_BYTES + PG_P2P_SLOT_BYTES;
+
+const _: () = assert!(ACKED_OFF + 64 * PG_MAX_RANKS <= PG_HEADER_BYTES);
+const _: () = assert!(DESC_OFF + 2 * 64 <= SENT_OFF);
+
+/// What a rank says it is doing in a collective phase; peers compare it with their own on
+/// the first phase of each op, so mismatched calls fail on every rank instead of hanging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Desc {
+    /// Op kind (`CollKind` as u32).
+    pub kind: u32,
+    /// Datatype code.
+    pub dtype: u32,
+    /// Reduce op code, or 0.
+    pub op: u32,
+    /// Root rank, or 0.
+    pub root: u32,
+    /// Bytes per rank (per piece for the list forms).
+    pub bytes: u64,
+}
+
+/// A mapped segment, own or a peer's.
+pub struct Segment {
+    base: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+    ranks: usize,
+}
+
+// SAFETY: the mapping is shared memory that lives as long as `Segment`; all cross-thread
+// access goes through atomics or through the phase protocol described in the module docs.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+/// Bytes of the segment of a group of `ranks`.
+pub fn segment_bytes(ranks: usize) -> usize {
+    PG_HEADER_BYTES + 2 * PG_COLL_SLOT_BYTES + ranks * 2 * CHANNEL_SLOT_STRIDE
+}
+
+fn cpath(path: &str) -> io::Result<CString> {
+    CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
+}
+
+fn map(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+impl Segment {
+    /// Creates this rank's segment at `path` (which must not exist), locks it and writes the
+    /// header.
+    pub fn create(path: &str, ranks: usize, rank: usize) -> io::Result<Segment> {
+        if ranks == 0 || ranks > PG_MAX_RANKS || rank >= ranks {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("rank {rank} of {ranks}: need 0 <= rank < ranks <= {PG_MAX_RANKS}"),
+            ));
+        }
+        let c = cpath(path)?;
+        // SAFETY: `c` is a valid C string; the flags create a new private file.
+        let raw = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = segment_bytes(ranks);
+        // SAFETY: plain syscalls on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0
+            || unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
+        {
+            let e = io::Error::last_os_error();
+            // SAFETY: `c` is valid; removing the file we created.
+            unsafe { libc::unlink(c.as_ptr()) };
+            return Err(e);
+        }
+        let base = map(&fd, len)?;
+        let seg = Segment {
+            base,
+            len,
+            fd,
+            ranks,
+        };
+        // SAFETY: the header is inside the fresh mapping and nobody else has it yet.
+        unsafe {
+            let h = seg.base.as_ptr();
+            h.cast::<u64>().write(MAGIC);
+            h.add(8).cast::<u32>().write(std::process::id());
+            h.add(12).cast::<u32>().write(ranks as u32);
+            h.add(16).cast::<u32>().write(rank as u32);
+        }
+        Ok(seg)
+    }
+
+    /// Maps a peer's segment and checks that it belongs to a group of `ranks` as rank `rank`.
+    pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Segment> {
+        let c = cpath(path)?;
+        // SAFETY: `c` is a valid C string.
+        let raw = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = segment_bytes(ranks);
+        // SAFETY: `st` is plain data filled by fstat on our descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if st.st_size as usize != len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{path}: {} bytes, a group of {ranks} needs {len}",
+                    st.st_size
+                ),
+            ));
+        }
+        let seg = Segment {
+            base: map(&fd, len)?,
+            len,
+            fd,
+            ranks,
+        };
+        // SAFETY: the header lies inside the mapping.
+        let (magic, n, r) = unsafe {
+            let h = seg.base.as_ptr();
+            (
+                h.cast::<u64>().read_volatile(),
+                h.add(12).cast::<u32>().read_volatile(),
+                h.add(16).cast::<u32>().read_volatile(),
+            )
+        };
+        if magic != MAGIC || n as usize != ranks || r as usize != rank {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{path}: not rank {rank} of a {ranks}-rank group (rank {r} of {n})"),
+            ));
+        }
+        Ok(seg)
+    }
+
+    /// The pid written by the owner.
+    pub fn owner_pid(&self) -> u32 {
+        // SAFETY: inside the header.
+        unsafe { self.base.as_ptr().add(8).cast::<u32>().read_volatile() }
+    }
+
+    /// Whether the owner still holds its lock, i.e. its process is alive. Only for peers'
+    /// segments: on the owner's own descriptor the probe would convert its exclusive lock.
+    pub fn owner_alive(&self) -> bool {
+        // SAFETY: plain flock on our descriptor.
+        let r = unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        if r == 0 {
+            // The owner is gone; drop the lock this probe just took.
+            // SAFETY: as above.
+            unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_UN) };
+            return false;
+        }
+        true
+    }
+
+    fn atomic(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= PG_HEADER_BYTES && off.is_multiple_of(8));
+        // SAFETY: `off` is an aligned offset inside the header, which lives as long as self;
+        // every access to it is atomic.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Last collective phase published.
+    pub fn posted(&self) -> &AtomicU64 {
+        self.atomic(POSTED_OFF)
+    }
+
+    /// Last collective phase fully read.
+    pub fn done(&self) -> &AtomicU64 {
+        self.atomic(DONE_OFF)
+    }
+
+    /// Chunks published to peer `p`.
+    pub fn sent(&self, p: usize) -> &AtomicU64 {
+        self.atomic(SENT_OFF + 64 * p)
+    }
+
+    /// Chunks consumed from peer `p`.
+    pub fn acked(&self, p: usize) -> &AtomicU64 {
+        self.atomic(ACKED_OFF + 64 * p)
+    }
+
+    /// Writes the descriptor of collective slot `slot` (before publishing the phase).
+    pub fn set_desc(&self, slot: usize, d: Desc) {
+        // SAFETY: inside the header; only the owner writes it, readers read it after the
+        // Release store of `posted` that follows.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(DESC_OFF + 64 * (slot & 1))
+                .cast::<Desc>()
+                .write_volatile(d)
+        }
+    }
+
+    /// Reads the descriptor of collective slot `slot`.
+    pub fn desc(&self, slot: usize) -> Desc {
+        // SAFETY: inside the header.
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(DESC_OFF + 64 * (slot & 1))
+                .cast::<Desc>()
+                .read_volatile()
+        }
+    }
+
+    /// Start of collective slot `slot` (0 or 1), `PG_COLL_SLOT_BYTES` long.
+    pub fn coll_slot(&self, slot: usize) -> *mut u8 {
+        // SAFETY: the offset is inside the mapping (see `segment_bytes`).
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(PG_HEADER_BYTES + (slot & 1) * PG_COLL_SLOT_BYTES)
+        }
+    }
+
+    /// Chunk header and data of slot `slot` of the channel to peer `p`.
+    pub fn channel_slot(&self, p: usize, slot: usize) -> (*mut u64, *mut u8) {
+        assert!(p < self.ranks, "channel to rank {p} of {}", self.ranks);
+        let off =
+            PG_HEADER_BYTES + 2 * PG_COLL_SLOT_BYTES + (p * 2 + (slot & 1)) * CHANNEL_SLOT_STRIDE;
+        debug_assert!(off + CHANNEL_SLOT_STRIDE <= self.len);
+        // SAFETY: inside the mapping (asserted above).
+        unsafe {
+            let h = self.base.as_ptr().add(off);
+            (h.cast::<u64>(), h.add(CHUNK_HEADER_BYTES))
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; no reference into it outlives self.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Loads with `Acquire`.
+pub fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Acquire)
+}
+
+/// Stores with `Release`.
+pub fn store(a: &AtomicU64, v: u64) {
+    a.store(v, Ordering::Release)
+}

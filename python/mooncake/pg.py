@@ -1,0 +1,927 @@
+"""Mooncake PG: a fault-tolerant ``torch.distributed`` backend on CPU tensors.
+
+``from mooncake import pg`` registers the backends ``"mooncake-cpu"`` and ``"mooncake"`` with
+torch. Both run here on CPU tensors; ``"mooncake"`` (upstream's CUDA variant) refuses CUDA
+tensors with a clear error, since this build has no GPU data path.
+
+The group is a Python subclass of ``torch.distributed.ProcessGroup``; every operation checks
+its arguments here, then hands tensor addresses and sizes to the native data path
+(``mooncake._native.PgComm``, Rust ``dataplane::collective``): same-host ranks exchange bytes
+by memcpy through shared-memory segments and reduce in Rust. Python never loops over
+elements. Work objects are returned at once; ``wait()`` blocks without the GIL.
+
+Fault tolerance follows upstream: ``active_ranks`` is a live int32 tensor; a rank whose
+process dies during a collective is excluded from it, the survivors' op completes,
+``active_ranks[dead]`` becomes 0 (with ``auto_deactivate_on_failure``), and
+``get_failed_ranks_hint(work)`` / ``get_local_success(work)`` say what happened.
+``wait()`` does not raise for a failed peer. See ``docs/pg.md`` for what differs from upstream.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+import socket
+import threading
+import uuid
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from mooncake import _native
+
+__all__ = [
+    "MooncakeBackendOptions",
+    "ProposalStatus",
+    "ProposeViewUpdateResponse",
+    "SyncAfterFailureResponse",
+    "SyncAfterFailureStatus",
+    "ViewUpdateStatus",
+    "activate_ranks",
+    "createMooncakeBackend",
+    "createMooncakeCpuBackend",
+    "deactivate_ranks",
+    "extend_group_size_to",
+    "get_active_ranks",
+    "get_current_epoch",
+    "get_failed_ranks_hint",
+    "get_local_success",
+    "get_num_synced_ranks",
+    "get_peer_state",
+    "join_group",
+    "recover_ranks",
+    "set_collective_timeout_us",
+    "set_device_filter",
+    "set_fault_reconciliation_window_us",
+    "set_host_ip",
+    "set_p2p_timeout_us",
+    "set_transfer_engine",
+    "sync_after_failure",
+]
+
+MAX_RANKS = 64  # upstream's MOONCAKE_PG_MAX_RANKS
+
+_DTYPE_CODES = {
+    torch.int8: 0,
+    torch.uint8: 1,
+    torch.int16: 2,
+    torch.uint16: 3,
+    torch.int32: 4,
+    torch.uint32: 5,
+    torch.int64: 6,
+    torch.uint64: 7,
+    torch.float16: 8,
+    torch.float32: 9,
+    torch.float64: 10,
+    torch.bfloat16: 11,
+    torch.bool: 12,
+}
+for _code, _name in enumerate(
+    ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"], 13
+):
+    if hasattr(torch, _name):
+        _DTYPE_CODES[getattr(torch, _name)] = _code
+
+_OP_CODES = {
+    ReduceOp.RedOpType.SUM: 0,
+    ReduceOp.RedOpType.AVG: 1,
+    ReduceOp.RedOpType.PRODUCT: 2,
+    ReduceOp.RedOpType.MIN: 3,
+    ReduceOp.RedOpType.MAX: 4,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# process-wide settings
+
+
+class _Settings:
+    host_ip = "127.0.0.1"
+    device_filter: list = []
+    transfer_engine = None
+    initialized = False
+
+
+def set_host_ip(host, /):
+    """Host IP the data path advertises. Must precede the first group."""
+    if not isinstance(host, str):
+        raise TypeError("set_host_ip(host: str)")
+    if _Settings.initialized and host != _Settings.host_ip:
+        raise RuntimeError("set_host_ip must be called before the first Mooncake PG is created")
+    _Settings.host_ip = host
+
+
+def set_device_filter(filters, /):
+    """NIC whitelist (sorted, deduplicated). Fixed after the first group; unused on one host."""
+    new = sorted(set(str(f) for f in filters))
+    if _Settings.initialized and new != _Settings.device_filter:
+        raise RuntimeError(
+            "set_device_filter must be called before the first Mooncake PG is created"
+        )
+    _Settings.device_filter = new
+
+
+def set_transfer_engine(engine):
+    """Accepted for upstream compatibility (before the first group); same-host groups do not
+    use a transfer engine."""
+    if _Settings.initialized:
+        raise RuntimeError(
+            "set_transfer_engine must be called before the first Mooncake PG is created"
+        )
+    _Settings.transfer_engine = engine
+
+
+def _set_timeout(which, us):
+    if isinstance(us, bool) or not isinstance(us, int):
+        raise TypeError(f"timeout must be an int number of microseconds, got {us!r}")
+    _native.pg_set_timeout_us(which, us)
+
+
+def set_collective_timeout_us(us):
+    """How long a collective waits on a live, silent peer before saying so in the log
+    (default 10 s). A dead peer is detected within about a millisecond regardless."""
+    _set_timeout("collective", us)
+
+
+def set_p2p_timeout_us(us):
+    """A send or receive that makes no progress this long fails (default 10 s)."""
+    _set_timeout("p2p", us)
+
+
+def set_fault_reconciliation_window_us(us):
+    """Upstream's reconciliation window (default 30 s). Accepted and validated; failures are
+    observed directly here, so no window has to pass (docs/pg.md)."""
+    _set_timeout("window", us)
+
+
+# --------------------------------------------------------------------------------------------
+# options and response types
+
+
+class MooncakeBackendOptions:
+    """Options of a Mooncake PG (upstream's overloads, tensor forms first):
+
+    ``MooncakeBackendOptions(active_ranks[, is_extension[, max_group_size]])`` and
+    ``MooncakeBackendOptions(max_group_size[, is_extension[, auto_deactivate_on_failure,
+    auto_sync_on_failure]])``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        names_t = ["active_ranks", "is_extension", "max_group_size"]
+        names_i = [
+            "max_group_size",
+            "is_extension",
+            "auto_deactivate_on_failure",
+            "auto_sync_on_failure",
+        ]
+        first = args[0] if args else kwargs.get("active_ranks", kwargs.get("max_group_size"))
+        tensor_form = isinstance(first, torch.Tensor)
+        names = names_t if tensor_form else names_i
+        if len(args) > len(names):
+            raise TypeError(self._usage())
+        vals = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names or k in vals:
+                raise TypeError(self._usage())
+            vals[k] = v
+        if not tensor_form and len(vals) == 3:
+            raise TypeError(self._usage())  # upstream has no 3-argument int form
+        self._active_ranks = vals.get("active_ranks")
+        self._is_extension = vals.get("is_extension", False)
+        mgs = vals.get("max_group_size", -1)
+        self._auto_deactivate = vals.get("auto_deactivate_on_failure", True)
+        self._auto_sync = vals.get("auto_sync_on_failure", True)
+        for name, v in (
+            ("is_extension", self._is_extension),
+            ("auto_deactivate_on_failure", self._auto_deactivate),
+            ("auto_sync_on_failure", self._auto_sync),
+        ):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool\n" + self._usage())
+        if isinstance(mgs, bool) or not isinstance(mgs, int):
+            raise TypeError("max_group_size must be an int\n" + self._usage())
+        self._max_group_size = mgs if mgs > 0 else -1
+        if "active_ranks" in names and "active_ranks" not in vals:
+            raise TypeError(self._usage())
+        if "max_group_size" not in vals and not tensor_form:
+            raise TypeError(self._usage())
+        t = self._active_ranks
+        if t is not None:
+            if t.dtype != torch.int32:
+                raise RuntimeError(f"active_ranks must be an int32 tensor, got {t.dtype}")
+            if not t.is_contiguous():
+                raise RuntimeError("active_ranks must be contiguous")
+            if t.device.type not in ("cpu", "cuda"):
+                raise RuntimeError(f"active_ranks must be on CPU or CUDA, got {t.device}")
+            if self._max_group_size > 0 and t.numel() < self._max_group_size:
+                raise RuntimeError(
+                    f"active_ranks has {t.numel()} elements, max_group_size is "
+                    f"{self._max_group_size}"
+                )
+        if self._auto_sync and not self._auto_deactivate:
+            raise RuntimeError("auto_sync_on_failure requires auto_deactivate_on_failure=true")
+
+    @staticmethod
+    def _usage():
+        return (
+            "MooncakeBackendOptions(): incompatible constructor arguments. Supported forms:\n"
+            "  (active_ranks: Tensor)\n"
+            "  (active_ranks: Tensor, is_extension: bool)\n"
+            "  (active_ranks: Tensor, is_extension: bool, max_group_size: int)\n"
+            "  (max_group_size: int)\n"
+            "  (max_group_size: int, is_extension: bool)\n"
+            "  (max_group_size: int, is_extension: bool, auto_deactivate_on_failure: bool, "
+            "auto_sync_on_failure: bool)"
+        )
+
+
+class SyncAfterFailureStatus(enum.IntEnum):
+    Reconciled = 0
+    NoPending = 1
+    Rejected = 2
+
+
+class ProposalStatus(enum.IntEnum):
+    Rejected = 0
+    Applied = 1
+    AppliedWithDroppedRanks = 2
+
+
+ViewUpdateStatus = ProposalStatus
+
+
+class SyncAfterFailureResponse:
+    """Answer of :func:`sync_after_failure`."""
+
+    __slots__ = ("_status", "_reason")
+
+    def __init__(self, status, reject_reason=""):
+        self._status, self._reason = status, reject_reason
+
+    status = property(lambda self: self._status)
+    reject_reason = property(lambda self: self._reason)
+
+    def __repr__(self):
+        return f"SyncAfterFailureResponse(status={self._status!r})"
+
+
+class ProposeViewUpdateResponse:
+    """Answer of :func:`activate_ranks` / :func:`deactivate_ranks`."""
+
+    __slots__ = ("_status", "_epoch", "_dropped", "_reason")
+
+    def __init__(self, status, new_epoch, dropped_ranks=(), reject_reason=""):
+        self._status, self._epoch = status, new_epoch
+        self._dropped, self._reason = list(dropped_ranks), reject_reason
+
+    status = property(lambda self: self._status)
+    new_epoch = property(lambda self: self._epoch)
+    dropped_ranks = property(lambda self: list(self._dropped))
+    reject_reason = property(lambda self: self._reason)
+
+    def __repr__(self):
+        return f"ProposeViewUpdateResponse(status={self._status!r}, new_epoch={self._epoch})"
+
+
+# --------------------------------------------------------------------------------------------
+# work objects
+
+
+class _MooncakeWork(dist._Work):
+    """The handle of one op. ``wait()`` blocks (collectives ignore its timeout, as upstream;
+    point-to-point ops honour it), runs the copy-backs once, and raises ``RuntimeError``
+    only when the op failed as a whole (bad arguments, mismatched calls), never for a failed
+    peer."""
+
+    def __init__(self, pg, native, what, keep, copy_back=(), p2p=False):
+        super().__init__()
+        self._pg = pg
+        self._native = native
+        self._what = what
+        self._keep = keep  # tensors the native op reads or writes: alive until it ends
+        self._copy_back = list(copy_back)
+        self._p2p = p2p
+        self._finished = False
+        self._lock = threading.Lock()
+        self._future = None
+
+    def _finish(self):
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            err = self._native.error()
+            if err is None and not (self._p2p and self._native.failed()):
+                for dst, src in self._copy_back:
+                    dst.copy_(src)
+            self._keep = None
+            self._pg._after_op(self._native.failed())
+
+    def _raise_if_failed(self):
+        err = self._native.error()
+        if err is not None:
+            raise RuntimeError(f"Mooncake PG {self._what} failed: {err}")
+
+    def wait(self, timeout=None):
+        t = None
+        if self._p2p and timeout is not None:
+            secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+            t = secs if secs > 0 else None
+        if not self._native.wait(t):
+            return False
+        self._finish()
+        self._raise_if_failed()
+        return True
+
+    def is_completed(self):
+        if not self._native.poll():
+            return False
+        self._finish()
+        return True
+
+    def is_success(self):
+        return (
+            self.is_completed() and self._native.error() is None and self._native.failed() == 0
+        )
+
+    def exception(self):
+        err = self._native.error() if self._native.poll() else None
+        return RuntimeError(err) if err else None
+
+    def get_future(self):
+        if self._future is None:
+            fut = torch.futures.Future()
+            self._future = fut
+
+            def waiter():
+                try:
+                    self.wait()
+                    fut.set_result(self._keep_result)
+                except Exception as e:  # noqa: BLE001 - handed to the future
+                    fut.set_exception(e)
+
+            threading.Thread(target=waiter, daemon=True).start()
+        return self._future
+
+    @property
+    def _keep_result(self):
+        return [t for t, _ in self._copy_back] or None
+
+
+def _failed_mask(work):
+    return work._native.failed() if isinstance(work, _MooncakeWork) else None
+
+
+def get_failed_ranks_hint(work):
+    """int32 CPU tensor ``[max_group_size]``: 1 where this rank saw that peer fail in ``work``
+    (``None`` for a work object that is not Mooncake's)."""
+    mask = _failed_mask(work)
+    if mask is None:
+        return None
+    n = work._pg._max_group_size
+    return torch.tensor([(mask >> i) & 1 for i in range(n)], dtype=torch.int32)
+
+
+def get_local_success(work):
+    """True iff every peer this rank exchanged with in ``work`` succeeded (and, for point-to-
+    point ops, the op has completed)."""
+    mask = _failed_mask(work)
+    if mask is None:
+        return False
+    if work._p2p and not work._native.poll():
+        return False
+    return mask == 0
+
+
+# --------------------------------------------------------------------------------------------
+# the process group
+
+
+def _host_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+class MooncakeProcessGroup(dist.ProcessGroup):
+    """One group's Mooncake PG. Created by torch through the registered creators."""
+
+    def __init__(self, dist_backend_opts, options, backend_name):
+        rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+        super().__init__(rank, size)
+        if options is None:
+            env = os.environ
+            auto_deact = env.get("MOONCAKE_PG_AUTO_DEACTIVATE_ON_FAILURE", "1").lower() not in (
+                "0", "false", "no", "off")
+            auto_sync = env.get("MOONCAKE_PG_AUTO_SYNC_ON_FAILURE", "1").lower() not in (
+                "0", "false", "no", "off")
+            options = MooncakeBackendOptions(-1, False, auto_deact, auto_sync and auto_deact)
+        if not isinstance(options, MooncakeBackendOptions):
+            raise TypeError(f"pg_options must be MooncakeBackendOptions, got {type(options)}")
+        mgs = options._max_group_size if options._max_group_size > 0 else size
+        if not size <= mgs <= MAX_RANKS:
+            raise RuntimeError(f"max_group_size must be in [group_size, {MAX_RANKS}]")
+        if options._is_extension:
+            raise RuntimeError(
+                "is_extension=True (joining an existing group) is not supported by mooncake-rs "
+                "yet; see docs/pg.md"
+            )
+        active = options._active_ranks
+        if active is None:
+            active = torch.zeros(mgs, dtype=torch.int32)
+        elif active.device.type != "cpu":
+            raise RuntimeError(
+                f"mooncake-rs's Mooncake PG runs on CPU; active_ranks is on {active.device}. "
+                "Pass a CPU int32 tensor."
+            )
+        elif active.numel() < mgs:
+            raise RuntimeError(
+                f"active_ranks has {active.numel()} elements, max_group_size is {mgs}"
+            )
+        self._backend_name = backend_name
+        self._rank, self._size, self._max_group_size = rank, size, mgs
+        self._active_ranks = active
+        self._auto_sync = options._auto_sync
+        self._failures_pending = 0
+        self._comm = self._connect(dist_backend_opts.store, rank, size, options._auto_deactivate)
+        self._comm.set_mirror(active.data_ptr(), mgs)
+        # torch finds some ops' backend by device (batch_isend_irecv asks it whether it
+        # coalesces): register a shim that forwards to this group, as upstream does.
+        self._shim = _Shim(rank, size, self)
+        for dev in ("cpu",):
+            self._register_backend(
+                torch.device(dev), dist.ProcessGroup.BackendType.CUSTOM, self._shim)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        _Settings.initialized = True
+
+    def _connect(self, store, rank, size, auto_deactivate):
+        path = f"/dev/shm/mooncake-pg-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        comm = _native.PgComm(path, rank, size)
+        try:
+            me = _host_id()
+            store.set(f"mooncake_pg/seg/{rank}", f"{me}\n{path}")
+            keys = [f"mooncake_pg/seg/{r}" for r in range(size)]
+            store.wait(keys)
+            paths = []
+            for r, k in enumerate(keys):
+                host, p = store.get(k).decode().split("\n", 1)
+                if host != me:
+                    raise RuntimeError(
+                        f"rank {r} runs on another host ({host.split('/')[0]}): mooncake-rs's "
+                        "Mooncake PG connects ranks of one host only (docs/pg.md)"
+                    )
+                paths.append(p)
+            comm.connect(paths, auto_deactivate)
+            store.set(f"mooncake_pg/ready/{rank}", "1")
+            store.wait([f"mooncake_pg/ready/{r}" for r in range(size)])
+        finally:
+            # Every rank has mapped it (or the group failed): the name is no longer needed.
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return comm
+
+    # -- torch surface ---------------------------------------------------------------------
+
+    def getBackendName(self):
+        return "mooncake"
+
+    def size(self):
+        return self._size
+
+    def __repr__(self):
+        return f"MooncakeProcessGroup(rank={self._rank}, size={self._size})"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _after_op(self, failed):
+        if failed:
+            self._failures_pending |= failed
+
+    def _check(self, t, what="tensor"):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise RuntimeError(
+                f"mooncake-rs's Mooncake PG runs on CPU tensors; {what} is on {t.device}. "
+                "Move it to the CPU (this build has no GPU data path)."
+            )
+        code = _DTYPE_CODES.get(t.dtype)
+        if code is None:
+            raise RuntimeError(f"Unsupported Mooncake PG datatype: {t.dtype}")
+        return code
+
+    @staticmethod
+    def _one(tensors, what="tensor list"):
+        if len(tensors) != 1:
+            raise RuntimeError(
+                f"Expecting one tensor only but got {'multiple' if tensors else 'none'} "
+                f"({what} of length {len(tensors)})."
+            )
+        return tensors[0]
+
+    @staticmethod
+    def _contig(t, copy_back, write=True):
+        if t.is_contiguous():
+            return t
+        c = t.contiguous()
+        if write:
+            copy_back.append((t, c))
+        return c
+
+    @staticmethod
+    def _op(opts):
+        op = opts.reduceOp
+        key = getattr(op, "op", op)
+        code = _OP_CODES.get(key)
+        if code is None:
+            raise RuntimeError(f"Unsupported Mooncake PG op: {op}")
+        return code
+
+    def _same(self, ref, others, what):
+        for t in others:
+            self._check(t, what)
+            if t.dtype != ref.dtype or t.numel() != ref.numel():
+                raise RuntimeError(
+                    f"{what}: every tensor must have the input's dtype and numel "
+                    f"({ref.dtype}, {ref.numel()}), got ({t.dtype}, {t.numel()})"
+                )
+
+    def _list(self, ts, what):
+        if len(ts) != self._size:
+            raise RuntimeError(
+                f"{what} has {len(ts)} tensors; it must have one per rank ({self._size})"
+            )
+
+    def _work(self, native, what, keep, copy_back=(), p2p=False):
+        return _MooncakeWork(self, native, what, keep, copy_back, p2p)
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        t = self._one(tensors)
+        code, op = self._check(t), self._op(opts)
+        cb = []
+        c = self._contig(t, cb)
+        n = self._comm.all_reduce(c.data_ptr(), c.numel() * c.element_size(), code, op)
+        return self._work(n, "all_reduce", [t, c], cb)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        t = self._one(tensors)
+        code = self._check(t)
+        cb = []
+        c = self._contig(t, cb)
+        root = opts.rootRank + opts.rootTensor
+        n = self._comm.broadcast(c.data_ptr(), c.numel() * c.element_size(), code, root)
+        return self._work(n, "broadcast", [t, c], cb)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = self._one(input_tensors, "input list")
+        outs = self._one(output_tensors, "output list")
+        code = self._check(t)
+        self._list(outs, "all_gather's output list")
+        self._same(t, outs, "all_gather's output list")
+        cb = []
+        cin = self._contig(t, cb, write=False)
+        couts = [self._contig(o, cb) for o in outs]
+        n = self._comm.all_gather(
+            cin.data_ptr(), cin.numel() * cin.element_size(), code,
+            [o.data_ptr() for o in couts])
+        return self._work(n, "all_gather", [t, cin, outs, couts], cb)
+
+    def all_gather_single(self, output, input, opts=None):
+        code = self._check(input)
+        self._check(output, "output")
+        if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
+            raise RuntimeError(
+                f"all_gather_into_tensor: output must hold {self._size} x {input.numel()} "
+                f"{input.dtype} elements, got {output.numel()} {output.dtype}"
+            )
+        cb = []
+        cin = self._contig(input, cb, write=False)
+        cout = self._contig(output, cb)
+        b = cin.numel() * cin.element_size()
+        base = cout.data_ptr()
+        n = self._comm.all_gather(cin.data_ptr(), b, code, [base + r * b for r in range(self._size)])
+        return self._work(n, "all_gather_into_tensor", [input, output, cin, cout], cb)
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        code, op = self._check(output, "output"), self._op(opts)
+        self._check(input, "input")
+        if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
+            raise RuntimeError(
+                f"reduce_scatter_tensor: input must hold {self._size} x {output.numel()} "
+                f"{output.dtype} elements, got {input.numel()} {input.dtype}"
+            )
+        cb = []
+        cin = self._contig(input, cb, write=False)
+        cout = self._contig(output, cb)
+        b = cout.numel() * cout.element_size()
+        base = cin.data_ptr()
+        n = self._comm.reduce_scatter(
+            [base + r * b for r in range(self._size)], cout.data_ptr(), b, code, op)
+        return self._work(n, "reduce_scatter_tensor", [input, output, cin, cout], cb)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        out = self._one(output_tensors, "output list")
+        ins = self._one(input_tensors, "input list")
+        code, op = self._check(out, "output"), self._op(opts)
+        self._list(ins, "reduce_scatter's input list")
+        self._same(out, ins, "reduce_scatter's input list")
+        cb = []
+        cout = self._contig(out, cb)
+        cins = [self._contig(i, cb, write=False) for i in ins]
+        n = self._comm.reduce_scatter(
+            [i.data_ptr() for i in cins], cout.data_ptr(),
+            cout.numel() * cout.element_size(), code, op)
+        return self._work(n, "reduce_scatter", [out, ins, cout, cins], cb)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        self._list(output_tensors, "all_to_all's output list")
+        self._list(input_tensors, "all_to_all's input list")
+        ref = input_tensors[0]
+        code = self._check(ref, "input")
+        self._same(ref, input_tensors, "all_to_all's input list")
+        self._same(ref, output_tensors, "all_to_all's output list")
+        cb = []
+        cins = [self._contig(i, cb, write=False) for i in input_tensors]
+        couts = [self._contig(o, cb) for o in output_tensors]
+        n = self._comm.all_to_all(
+            [i.data_ptr() for i in cins], [o.data_ptr() for o in couts],
+            ref.numel() * ref.element_size(), code)
+        return self._work(n, "all_to_all", [input_tensors, output_tensors, cins, couts], cb)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        code = self._check(input, "input")
+        self._check(output, "output")
+        if output_split_sizes or input_split_sizes:
+            sizes = set(output_split_sizes or []) | set(input_split_sizes or [])
+            if len(sizes) > 1:
+                raise RuntimeError(
+                    "all_to_all_single: Mooncake PG supports equal splits only, got "
+                    f"output {list(output_split_sizes)} input {list(input_split_sizes)}"
+                )
+        if (output.dtype != input.dtype or output.numel() != input.numel()
+                or input.numel() % self._size or input.dim() == 0):
+            raise RuntimeError(
+                "all_to_all_single: input and output must have the same dtype and numel, "
+                f"divisible by the group size {self._size}"
+            )
+        cb = []
+        cin = self._contig(input, cb, write=False)
+        cout = self._contig(output, cb)
+        b = cin.numel() * cin.element_size() // self._size
+        n = self._comm.all_to_all(
+            [cin.data_ptr() + r * b for r in range(self._size)],
+            [cout.data_ptr() + r * b for r in range(self._size)], b, code)
+        return self._work(n, "all_to_all_single", [input, output, cin, cout], cb)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return self._work(self._comm.barrier(), "barrier", [])
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        t = self._one(tensors)
+        code, op = self._check(t), self._op(opts)
+        cb = []
+        c = self._contig(t, cb)
+        root = opts.rootRank + opts.rootTensor
+        # Only the root's tensor is written.
+        n = self._comm.reduce(c.data_ptr(), c.numel() * c.element_size(), code, op, root)
+        return self._work(n, "reduce", [t, c], cb if self._rank == root else [])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        t = self._one(input_tensors, "input list")
+        code = self._check(t)
+        root = opts.rootRank
+        outs = []
+        if self._rank == root:
+            outs = self._one(output_tensors, "output list")
+            self._list(outs, "gather_list")
+            self._same(t, outs, "gather_list")
+        cb = []
+        cin = self._contig(t, cb, write=False)
+        couts = [self._contig(o, cb) for o in outs]
+        n = self._comm.gather(
+            cin.data_ptr(), cin.numel() * cin.element_size(), code,
+            [o.data_ptr() for o in couts], root)
+        return self._work(n, "gather", [t, cin, outs, couts], cb)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        out = self._one(output_tensors, "output list")
+        code = self._check(out)
+        root = opts.rootRank
+        ins = []
+        if self._rank == root:
+            ins = self._one(input_tensors, "input list")
+            self._list(ins, "scatter_list")
+            self._same(out, ins, "scatter_list")
+        cb = []
+        cout = self._contig(out, cb)
+        cins = [self._contig(i, cb, write=False) for i in ins]
+        n = self._comm.scatter(
+            [i.data_ptr() for i in cins], cout.data_ptr(),
+            cout.numel() * cout.element_size(), code, root)
+        return self._work(n, "scatter", [out, ins, cout, cins], cb)
+
+    # -- point to point --------------------------------------------------------------------
+
+    def _p2p(self, tensors, peer, is_send):
+        t = self._one(tensors)
+        self._check(t)
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise RuntimeError(
+                f"peer rank {peer} is not another rank of this group of {self._size}"
+            )
+        cb = []
+        c = self._contig(t, cb, write=not is_send)
+        n = self._comm.p2p(is_send, peer, c.data_ptr(), c.numel() * c.element_size())
+        return self._work(n, "send" if is_send else "recv", [t, c], cb, p2p=True)
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._p2p(tensors, dstRank, True)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._p2p(tensors, srcRank, False)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("Mooncake PG does not support recv from any source")
+
+
+_FORWARDED = (
+    "allreduce", "broadcast", "allgather", "all_gather_single", "_allgather_base",
+    "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base", "alltoall",
+    "all_to_all_single", "alltoall_base", "barrier", "reduce", "gather", "scatter", "send",
+    "recv", "recv_anysource",
+)
+
+
+class _Shim(torch._C._distributed_c10d.Backend):
+    """The device backend of a :class:`MooncakeProcessGroup`: forwards every op to it."""
+
+    def __init__(self, rank, size, owner):
+        super().__init__(rank, size)
+        self._owner = owner
+
+    def getBackendName(self):
+        return "mooncake"
+
+    @property
+    def supports_coalescing(self):
+        return False
+
+
+def _forward(name):
+    def f(self, *args, **kwargs):
+        return getattr(self._owner, name)(*args, **kwargs)
+
+    f.__name__ = name
+    return f
+
+
+for _name in _FORWARDED:
+    setattr(_Shim, _name, _forward(_name))
+
+
+# --------------------------------------------------------------------------------------------
+# creators and registration
+
+
+def createMooncakeCpuBackend(dist_backend_opts, backend_options):
+    """Creator of ``"mooncake-cpu"``."""
+    return MooncakeProcessGroup(dist_backend_opts, backend_options, "mooncake-cpu")
+
+
+def createMooncakeBackend(dist_backend_opts, backend_options):
+    """Creator of ``"mooncake"``: CPU tensors here (this build has no GPU data path)."""
+    return MooncakeProcessGroup(dist_backend_opts, backend_options, "mooncake")
+
+
+def _register():
+    have = set(dist.Backend.backend_list)
+    if "mooncake-cpu" not in have:
+        dist.Backend.register_backend(
+            "mooncake-cpu", createMooncakeCpuBackend, extended_api=True, devices=["cpu"])
+    if "mooncake" not in have:
+        dist.Backend.register_backend(
+            "mooncake", createMooncakeBackend, extended_api=True, devices=["cpu", "cuda"])
+
+
+_register()
+
+
+# --------------------------------------------------------------------------------------------
+# module functions on a group
+
+
+def _pg(backend):
+    if isinstance(backend, MooncakeProcessGroup):
+        return backend
+    if backend is None or backend is dist.GroupMember.WORLD:
+        backend = dist.distributed_c10d._get_default_group()
+    if isinstance(backend, MooncakeProcessGroup):
+        return backend
+    raise RuntimeError(f"not a Mooncake PG: {backend!r}")
+
+
+def get_active_ranks(backend):
+    """The group's live ``active_ranks`` int32 tensor (length ``max_group_size``)."""
+    return _pg(backend)._active_ranks
+
+
+def get_num_synced_ranks(backend):
+    """Ranks that could be activated now: alive in-group slots."""
+    pg = _pg(backend)
+    return sum(1 for r in range(pg._size) if pg._comm.alive(r))
+
+
+def extend_group_size_to(backend, size):
+    """Deprecated no-op (upstream warns too)."""
+    warnings.warn("extend_group_size_to is deprecated and does nothing", stacklevel=2)
+
+
+def get_peer_state(backend, ranks):
+    """Local readiness of each rank: alive and active (no communication)."""
+    pg = _pg(backend)
+    out = []
+    mask = pg._comm.active()
+    for r in ranks:
+        if not 0 <= r < pg._max_group_size:
+            raise RuntimeError(f"rank {r} out of [0, {pg._max_group_size})")
+        out.append(r < pg._size and bool(mask >> r & 1) and pg._comm.alive(r))
+    return out
+
+
+def get_current_epoch(backend):
+    """Epoch of the group's view: 0 at start, +1 per change of the active set."""
+    return _pg(backend)._comm.epoch()
+
+
+def sync_after_failure(backend):
+    """Failures are applied to the local view when they are seen, so this answers at once:
+    ``Reconciled`` if failures were seen since the last call, else ``NoPending``."""
+    pg = _pg(backend)
+    seen = pg._comm.take_failures() | pg._failures_pending
+    pg._failures_pending = 0
+    status = SyncAfterFailureStatus.Reconciled if seen else SyncAfterFailureStatus.NoPending
+    return SyncAfterFailureResponse(status)
+
+
+def _propose(backend, ranks, activate):
+    pg = _pg(backend)
+    ranks = list(ranks)
+    for r in ranks:
+        if not 0 <= r < pg._max_group_size or r >= pg._size:
+            return ProposeViewUpdateResponse(
+                ProposalStatus.Rejected, pg._comm.epoch(), (), f"rank {r} is not a member")
+    mask = pg._comm.active()
+    want = mask
+    for r in ranks:
+        want = want | (1 << r) if activate else want & ~(1 << r)
+    if want == mask:
+        return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
+    return ProposeViewUpdateResponse(
+        ProposalStatus.Rejected, pg._comm.epoch(), (),
+        "membership changes (activate/recover/deactivate/join) are not implemented by "
+        "mooncake-rs yet; see docs/pg.md")
+
+
+def activate_ranks(backend, ranks):
+    """Proposes activating ``ranks``. ``Applied`` when they are all active already."""
+    return _propose(backend, ranks, True)
+
+
+recover_ranks = activate_ranks
+
+
+def deactivate_ranks(backend, ranks):
+    """Proposes deactivating ``ranks``. ``Applied`` when none of them is active."""
+    return _propose(backend, ranks, False)
+
+
+def join_group(backend):
+    """Joining an existing group (extension, in-place rejoin) is not implemented yet."""
+    pg = _pg(backend)
+    if pg._comm.active() >> pg._rank & 1:
+        return None
+    raise RuntimeError(
+        "join_group: rejoining a group is not implemented by mooncake-rs yet; see docs/pg.md")

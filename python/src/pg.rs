@@ -1,0 +1,362 @@
+//! The native half of `mooncake.pg`: a thin face of [`dataplane::collective`].
+//!
+//! `mooncake/pg.py` owns everything torch-shaped (the `ProcessGroup` subclass, options,
+//! argument checks, contiguous copies) and hands this module tensor addresses, byte counts
+//! and dtype/op codes. Every op returns a [`PyPgWork`] at once; waiting releases the GIL.
+//!
+//! Invariant: addresses passed here come from tensors that `pg.py` keeps referenced by the
+//! Python work object until the op has completed, which is the contract of
+//! [`Comm::submit`] / [`Comm::p2p`]. Bad codes, ranks and list lengths are Python exceptions.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dataplane::collective::{
+    seg::Segment, CollOp, Comm, Completion, DType, ReduceOp, COLLECTIVE_TIMEOUT_US, P2P_TIMEOUT_US,
+    RECONCILIATION_WINDOW_US,
+};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+fn dtype(code: u32) -> PyResult<DType> {
+    DType::from_code(code)
+        .ok_or_else(|| PyValueError::new_err(format!("unsupported Mooncake PG datatype {code}")))
+}
+
+fn rop(code: u32) -> PyResult<ReduceOp> {
+    ReduceOp::from_code(code)
+        .ok_or_else(|| PyValueError::new_err(format!("unsupported Mooncake PG op {code}")))
+}
+
+/// The outcome of one op, waitable without the GIL.
+#[pyclass(module = "mooncake._native", name = "PgWork", frozen)]
+pub struct PyPgWork {
+    done: Arc<Completion>,
+}
+
+#[pymethods]
+impl PyPgWork {
+    /// Waits for the op (`timeout_s` `None` = forever); True once it has ended.
+    #[pyo3(signature = (timeout_s=None))]
+    fn wait(&self, py: Python<'_>, timeout_s: Option<f64>) -> bool {
+        let t = timeout_s
+            .filter(|t| *t > 0.0)
+            .map(|t| Duration::from_secs_f64(t.min(1.0e9)));
+        let done = self.done.clone();
+        py.detach(move || done.wait(t)).is_some()
+    }
+
+    /// Whether the op has ended.
+    fn poll(&self) -> bool {
+        self.done.poll().is_some()
+    }
+
+    /// Failed ranks seen by the op (bit mask), 0 while running.
+    fn failed(&self) -> u64 {
+        self.done.poll().map_or(0, |o| o.failed)
+    }
+
+    /// Why the op failed as a whole, if it did.
+    fn error(&self) -> Option<String> {
+        self.done.poll().and_then(|o| o.error)
+    }
+}
+
+/// One rank's communicator: created with its segment, connected once every rank's segment
+/// path is known.
+#[pyclass(module = "mooncake._native", name = "PgComm", frozen)]
+pub struct PyPgComm {
+    rank: usize,
+    ranks: usize,
+    own: Mutex<Option<Segment>>,
+    comm: Mutex<Option<Arc<Comm>>>,
+}
+
+impl PyPgComm {
+    fn comm(&self) -> PyResult<Arc<Comm>> {
+        self.comm
+            .lock()
+            .clone()
+            .ok_or_else(|| PyRuntimeError::new_err("the Mooncake PG communicator is not connected"))
+    }
+
+    fn work(done: Arc<Completion>) -> PyPgWork {
+        PyPgWork { done }
+    }
+
+    fn check_list(&self, what: &str, v: &[usize]) -> PyResult<()> {
+        if v.len() != self.ranks {
+            return Err(PyValueError::new_err(format!(
+                "{what} has {} tensors, the group has {} ranks",
+                v.len(),
+                self.ranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, what: &str, r: usize) -> PyResult<()> {
+        if r >= self.ranks {
+            return Err(PyValueError::new_err(format!(
+                "{what} rank {r} is outside this group of {} ranks",
+                self.ranks
+            )));
+        }
+        Ok(())
+    }
+
+    fn submit(&self, op: CollOp) -> PyResult<PyPgWork> {
+        let comm = self.comm()?;
+        // SAFETY: pg.py keeps every tensor behind these addresses referenced by the Python
+        // work object until the completion fires (module invariant).
+        Ok(Self::work(unsafe { comm.submit(op) }))
+    }
+}
+
+#[pymethods]
+impl PyPgComm {
+    /// Creates this rank's segment at `path`.
+    #[new]
+    fn new(path: &str, rank: usize, ranks: usize) -> PyResult<Self> {
+        let seg = Segment::create(path, ranks, rank)
+            .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG segment {path}: {e}")))?;
+        Ok(PyPgComm {
+            rank,
+            ranks,
+            own: Mutex::new(Some(seg)),
+            comm: Mutex::new(None),
+        })
+    }
+
+    /// Maps every peer's segment (`paths[r]` for rank `r`) and starts the workers.
+    fn connect(&self, paths: Vec<String>, auto_deactivate: bool) -> PyResult<()> {
+        if paths.len() != self.ranks {
+            return Err(PyValueError::new_err("one segment path per rank is needed"));
+        }
+        let mut peers = Vec::with_capacity(self.ranks);
+        for (r, p) in paths.iter().enumerate() {
+            if r == self.rank {
+                peers.push(None);
+                continue;
+            }
+            let seg = Segment::open(p, self.ranks, r).map_err(|e| {
+                PyRuntimeError::new_err(format!("Mooncake PG: mapping rank {r}'s segment: {e}"))
+            })?;
+            peers.push(Some(seg));
+        }
+        let own = self
+            .own
+            .lock()
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
+        let comm = Comm::start(own, self.rank, peers, auto_deactivate)
+            .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG workers: {e}")))?;
+        *self.comm.lock() = Some(Arc::new(comm));
+        Ok(())
+    }
+
+    /// Mirrors the active set into `len` int32 elements at `addr` (the options' tensor,
+    /// which pg.py keeps alive as long as this communicator).
+    fn set_mirror(&self, addr: usize, len: usize) -> PyResult<()> {
+        let comm = self.comm()?;
+        // SAFETY: see the doc comment; pg.py holds the tensor for the communicator's life.
+        unsafe { comm.set_mirror(addr, len) };
+        Ok(())
+    }
+
+    fn active(&self) -> PyResult<u64> {
+        Ok(self.comm()?.shared().active())
+    }
+
+    fn set_active(&self, mask: u64) -> PyResult<()> {
+        self.comm()?.shared().set_active(mask);
+        Ok(())
+    }
+
+    fn epoch(&self) -> PyResult<u64> {
+        Ok(self.comm()?.shared().epoch())
+    }
+
+    fn alive(&self, rank: usize) -> PyResult<bool> {
+        self.check_rank("peer", rank)?;
+        Ok(self.comm()?.shared().alive(rank))
+    }
+
+    fn take_failures(&self) -> PyResult<u64> {
+        Ok(self.comm()?.shared().take_failures())
+    }
+
+    fn all_reduce(&self, buf: usize, bytes: usize, dt: u32, op: u32) -> PyResult<PyPgWork> {
+        self.submit(CollOp::AllReduce {
+            buf,
+            bytes,
+            dtype: dtype(dt)?,
+            op: rop(op)?,
+        })
+    }
+
+    fn broadcast(&self, buf: usize, bytes: usize, dt: u32, root: usize) -> PyResult<PyPgWork> {
+        self.check_rank("root", root)?;
+        self.submit(CollOp::Broadcast {
+            buf,
+            bytes,
+            dtype: dtype(dt)?,
+            root,
+        })
+    }
+
+    fn all_gather(
+        &self,
+        input: usize,
+        bytes: usize,
+        dt: u32,
+        outs: Vec<usize>,
+    ) -> PyResult<PyPgWork> {
+        self.check_list("the output list", &outs)?;
+        self.submit(CollOp::AllGather {
+            input,
+            bytes,
+            dtype: dtype(dt)?,
+            outs,
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        ins: Vec<usize>,
+        outs: Vec<usize>,
+        bytes: usize,
+        dt: u32,
+    ) -> PyResult<PyPgWork> {
+        self.check_list("the input list", &ins)?;
+        self.check_list("the output list", &outs)?;
+        self.submit(CollOp::AllToAll {
+            ins,
+            outs,
+            bytes,
+            dtype: dtype(dt)?,
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        ins: Vec<usize>,
+        out: usize,
+        bytes: usize,
+        dt: u32,
+        op: u32,
+    ) -> PyResult<PyPgWork> {
+        self.check_list("the input", &ins)?;
+        self.submit(CollOp::ReduceScatter {
+            ins,
+            out,
+            bytes,
+            dtype: dtype(dt)?,
+            op: rop(op)?,
+        })
+    }
+
+    fn reduce(
+        &self,
+        buf: usize,
+        bytes: usize,
+        dt: u32,
+        op: u32,
+        root: usize,
+    ) -> PyResult<PyPgWork> {
+        self.check_rank("root", root)?;
+        self.submit(CollOp::Reduce {
+            buf,
+            bytes,
+            dtype: dtype(dt)?,
+            op: rop(op)?,
+            root,
+        })
+    }
+
+    fn gather(
+        &self,
+        input: usize,
+        bytes: usize,
+        dt: u32,
+        outs: Vec<usize>,
+        root: usize,
+    ) -> PyResult<PyPgWork> {
+        self.check_rank("root", root)?;
+        if self.rank == root {
+            self.check_list("the gather list", &outs)?;
+        }
+        self.submit(CollOp::Gather {
+            input,
+            bytes,
+            dtype: dtype(dt)?,
+            outs,
+            root,
+        })
+    }
+
+    fn scatter(
+        &self,
+        ins: Vec<usize>,
+        out: usize,
+        bytes: usize,
+        dt: u32,
+        root: usize,
+    ) -> PyResult<PyPgWork> {
+        self.check_rank("root", root)?;
+        if self.rank == root {
+            self.check_list("the scatter list", &ins)?;
+        }
+        self.submit(CollOp::Scatter {
+            ins,
+            out,
+            bytes,
+            dtype: dtype(dt)?,
+            root,
+        })
+    }
+
+    fn barrier(&self) -> PyResult<PyPgWork> {
+        self.submit(CollOp::Barrier)
+    }
+
+    /// Queues a send (`is_send`) or receive of `bytes` bytes at `addr` with `peer`.
+    fn p2p(&self, is_send: bool, peer: usize, addr: usize, bytes: usize) -> PyResult<PyPgWork> {
+        self.check_rank("peer", peer)?;
+        if peer == self.rank {
+            return Err(PyValueError::new_err(
+                "a rank cannot send to or receive from itself",
+            ));
+        }
+        let comm = self.comm()?;
+        // SAFETY: as in `submit`.
+        Ok(Self::work(unsafe { comm.p2p(is_send, peer, addr, bytes) }))
+    }
+}
+
+/// Sets one of the process-wide timeouts (`which`: "collective", "p2p", "window").
+#[pyfunction]
+fn pg_set_timeout_us(which: &str, us: i64) -> PyResult<()> {
+    if us < 0 {
+        return Err(PyValueError::new_err(format!(
+            "{which} timeout must be >= 0 microseconds, got {us}"
+        )));
+    }
+    let cell = match which {
+        "collective" => &COLLECTIVE_TIMEOUT_US,
+        "p2p" => &P2P_TIMEOUT_US,
+        "window" => &RECONCILIATION_WINDOW_US,
+        _ => return Err(PyValueError::new_err(format!("unknown timeout {which}"))),
+    };
+    cell.store(us as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPgComm>()?;
+    m.add_class::<PyPgWork>()?;
+    m.add_function(wrap_pyfunction!(pg_set_timeout_us, m)?)?;
+    Ok(())
+}
