@@ -400,6 +400,16 @@ def get_local_success(work):
 # the process group
 
 
+def _overlap(xs, ys):
+    """Whether any tensor of ``xs`` shares bytes with one of ``ys``."""
+    rx = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in xs]
+    for t in ys:
+        a, b = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        if any(a < hi and lo < b for lo, hi in rx):
+            return True
+    return False
+
+
 def _host_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -478,8 +488,13 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                     )
                 paths.append(p)
             comm.connect(paths, auto_deactivate)
-            store.set(f"mooncake_pg/ready/{rank}", "1")
-            store.wait([f"mooncake_pg/ready/{r}" for r in range(size)])
+            # Single-copy reads of peers' tensors (process_vm_readv) only if every rank can
+            # read every peer: the same decision everywhere.
+            cma = os.environ.get("MC_PG_CMA", "1").lower() not in ("0", "false", "no", "off")
+            store.set(f"mooncake_pg/ready/{rank}", "1" if cma and comm.cma_probe() else "0")
+            ready = [f"mooncake_pg/ready/{r}" for r in range(size)]
+            store.wait(ready)
+            comm.set_cma(all(store.get(k) == b"1" for k in ready))
         finally:
             # Every rank has mapped it (or the group failed): the name is no longer needed.
             try:
@@ -661,6 +676,8 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cins = [self._contig(i, cb, write=False) for i in input_tensors]
         couts = [self._contig(o, cb) for o in output_tensors]
+        if _overlap(cins, couts):
+            cins = [i.clone() for i in cins]  # peers read inputs while outputs are written
         n = self._comm.all_to_all(
             [i.data_ptr() for i in cins], [o.data_ptr() for o in couts],
             ref.numel() * ref.element_size(), code)
@@ -685,6 +702,8 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cin = self._contig(input, cb, write=False)
         cout = self._contig(output, cb)
+        if _overlap([cin], [cout]):
+            cin = cin.clone()
         b = cin.numel() * cin.element_size() // self._size
         n = self._comm.all_to_all(
             [cin.data_ptr() + r * b for r in range(self._size)],

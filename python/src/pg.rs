@@ -184,6 +184,17 @@ impl PyPgComm {
         Ok(self.comm()?.shared().alive(rank))
     }
 
+    /// Whether this rank can read every peer's memory directly.
+    fn cma_probe(&self) -> PyResult<bool> {
+        Ok(self.comm()?.shared().cma_probe())
+    }
+
+    /// Turns the direct-read path on (same value on every rank, before the first op).
+    fn set_cma(&self, on: bool) -> PyResult<()> {
+        self.comm()?.shared().set_cma(on);
+        Ok(())
+    }
+
     fn take_failures(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().take_failures())
     }

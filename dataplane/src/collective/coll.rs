@@ -22,6 +22,9 @@ use crate::limits::{PG_CHUNK_ALIGN_BYTES, PG_COLL_SLOT_BYTES};
 
 /// All-reduces up to this size run in one phase (every rank folds everything).
 const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
+/// all_gather / all_to_all pieces from this size on are read straight out of the peers'
+/// tensors when the group has [`super::cma`] (two phases, one copy).
+const CMA_MIN_BYTES: usize = 64 * 1024;
 
 /// A collective, with raw addresses of contiguous CPU buffers.
 #[derive(Clone, Debug)]
@@ -325,6 +328,21 @@ impl<'a> Runner<'a> {
             }
             CollOp::AllGather {
                 input, bytes, outs, ..
+            } if self.sh.cma() && *bytes >= CMA_MIN_BYTES => {
+                let ptrs = [*input];
+                self.cma_exchange(desc, &ptrs, *bytes, |_, r, remote| {
+                    (remote[0] as usize, outs[r] as *mut u8)
+                })
+            }
+            CollOp::AllToAll {
+                ins, outs, bytes, ..
+            } if self.sh.cma() && *bytes >= CMA_MIN_BYTES => {
+                self.cma_exchange(desc, ins, *bytes, |me, r, remote| {
+                    (remote[me] as usize, outs[r] as *mut u8)
+                })
+            }
+            CollOp::AllGather {
+                input, bytes, outs, ..
             }
             | CollOp::Gather {
                 input, bytes, outs, ..
@@ -457,6 +475,47 @@ impl<'a> Runner<'a> {
                 };
             }
         })
+    }
+
+    /// The single-copy exchange: publish `ptrs` (this rank's tensor addresses), then for
+    /// every live rank `r` (this one included) copy `bytes` bytes from the address
+    /// `pick(me, r, r's published addresses)` chooses into the local destination it names,
+    /// then a second phase so that no rank leaves (and lets its tensors change) while a peer
+    /// still reads them. A peer whose memory cannot be read (it died) is marked failed.
+    fn cma_exchange(
+        &mut self,
+        desc: Desc,
+        ptrs: &[usize],
+        bytes: usize,
+        pick: impl Fn(usize, usize, &[u64]) -> (usize, *mut u8),
+    ) -> Result<(), String> {
+        let me = self.sh.rank;
+        let s = self.phase(desc, true, |_, slot| {
+            for (i, p) in ptrs.iter().enumerate() {
+                // SAFETY: the slot holds far more than PG_MAX_RANKS addresses; aligned.
+                unsafe { slot.cast::<u64>().add(i).write(*p as u64) };
+            }
+        })?;
+        for r in self.live().collect::<Vec<_>>() {
+            // SAFETY: rank `r` published `ptrs.len()` addresses at the start of its slot.
+            let remote: &[u64] =
+                unsafe { std::slice::from_raw_parts(self.slot(r, s).cast::<u64>(), ptrs.len()) };
+            let (src, dst) = pick(me, r, remote);
+            if r == me {
+                // SAFETY: both are this rank's tensors of `bytes` bytes.
+                unsafe { mv(src as *const u8, dst, bytes) };
+                continue;
+            }
+            let pid = self.sh.seg(r).owner_pid();
+            // SAFETY: `dst` is this rank's output of `bytes` bytes; the remote range is
+            // rank r's tensor, alive until the phase below (module invariant of `cma`).
+            if unsafe { super::cma::read(pid, src, dst, bytes) }.is_err() {
+                self.failed |= Self::bit(r);
+            }
+        }
+        let s2 = self.phase(desc, false, |_, _| {})?;
+        self.finish(s2);
+        Ok(())
     }
 
     /// Runs `max(1, ceil(bytes / step))` one-phase rounds over `[off, off + len)` ranges:

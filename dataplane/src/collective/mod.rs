@@ -21,12 +21,13 @@
 //! - reductions fold contributors in ascending rank order, so every rank gets bit-identical
 //!   floating-point results.
 
+pub mod cma;
 pub mod coll;
 pub mod p2p;
 pub mod reduce;
 pub mod seg;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -108,6 +109,8 @@ pub struct Shared {
     epoch: AtomicU64,
     failures_seen: AtomicU64,
     auto_deactivate: bool,
+    /// Whether the group reads peers' tensors directly ([`cma`]); the same on every rank.
+    cma: AtomicBool,
     /// `(address, elements)` of the caller's int32 `active_ranks` tensor, rewritten on every
     /// change of the active set.
     mirror: Mutex<Option<(usize, usize)>>,
@@ -169,6 +172,24 @@ impl Shared {
         }
     }
 
+    /// Whether this rank can read every peer's memory directly ([`cma::probe`]).
+    pub fn cma_probe(&self) -> bool {
+        (0..self.ranks).filter(|&r| r != self.rank).all(|r| {
+            let seg = self.seg(r);
+            cma::probe(seg.owner_pid(), seg.owner_base() as usize, Segment::magic())
+        })
+    }
+
+    /// Turns the direct-read path on or off; every rank must pass the same value before the
+    /// first op (`mooncake.pg` agrees on it through the store).
+    pub fn set_cma(&self, on: bool) {
+        self.cma.store(on, Ordering::Release);
+    }
+
+    fn cma(&self) -> bool {
+        self.cma.load(Ordering::Acquire)
+    }
+
     /// Failures seen since the last call, cleared.
     pub fn take_failures(&self) -> u64 {
         self.failures_seen.swap(0, Ordering::AcqRel)
@@ -212,6 +233,7 @@ impl Comm {
             epoch: AtomicU64::new(0),
             failures_seen: AtomicU64::new(0),
             auto_deactivate,
+            cma: AtomicBool::new(false),
             mirror: Mutex::new(None),
         });
         let (coll_tx, coll_rx) = mpsc::channel::<Job>();

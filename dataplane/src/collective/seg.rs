@@ -3,6 +3,7 @@
 //! ```text
 //! offset                      field (each counter alone on a 64-byte line)
 //! 0                           magic "MCPGSEG1" (u64) | pid (u32) | ranks (u32) | rank (u32)
+//! 24                          base (u64): the owner's address of this mapping (CMA probe)
 //! 64                          posted (u64): last collective phase this rank wrote and published
 //! 128                         done   (u64): last collective phase this rank finished reading
 //! 192, 256                    desc[2]: descriptor of the op in collective slot 0 / 1
@@ -149,6 +150,7 @@ impl Segment {
             h.add(8).cast::<u32>().write(std::process::id());
             h.add(12).cast::<u32>().write(ranks as u32);
             h.add(16).cast::<u32>().write(rank as u32);
+            h.add(24).cast::<u64>().write(h as u64);
         }
         Ok(seg)
     }
@@ -207,6 +209,17 @@ impl Segment {
     pub fn owner_pid(&self) -> u32 {
         // SAFETY: inside the header.
         unsafe { self.base.as_ptr().add(8).cast::<u32>().read_volatile() }
+    }
+
+    /// The owner's address of the segment (where the magic lives in its address space).
+    pub fn owner_base(&self) -> u64 {
+        // SAFETY: inside the header.
+        unsafe { self.base.as_ptr().add(24).cast::<u64>().read_volatile() }
+    }
+
+    /// Magic every segment starts with.
+    pub fn magic() -> u64 {
+        MAGIC
     }
 
     /// Whether the owner still holds its lock, i.e. its process is alive. Only for peers'
