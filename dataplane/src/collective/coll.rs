@@ -307,6 +307,9 @@ impl<'a> Runner<'a> {
                 op,
             } => {
                 reduce::check_reducible(*dtype, *op)?;
+                if self.sh.cma() && *bytes > SMALL_ALL_REDUCE_BYTES {
+                    return self.cma_all_reduce(desc, *buf as *mut u8, *bytes, *dtype, *op);
+                }
                 self.all_reduce(desc, *buf as *mut u8, *bytes, *dtype, *op)
             }
             CollOp::Broadcast {
@@ -541,6 +544,146 @@ impl<'a> Runner<'a> {
                 return Ok(());
             }
         }
+    }
+
+    /// Reads `[off, off + len)` of every rank in `from` (rank, pid, address; this rank's own
+    /// buffer directly) and folds them in that order into `dst`. A rank whose memory cannot
+    /// be read is left out and returned in the failed mask.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes and not overlap this rank's buffer range read.
+    unsafe fn cma_fold(
+        &self,
+        from: &[(usize, u32, usize)],
+        off: usize,
+        len: usize,
+        dt: DType,
+        op: ReduceOp,
+        dst: *mut u8,
+    ) -> u64 {
+        const PIECE: usize = 256 * 1024;
+        let mut failed = 0u64;
+        let mut tmp = vec![0u64; PIECE / 8];
+        let t = tmp.as_mut_ptr().cast::<u8>();
+        let mut p = 0;
+        while p < len {
+            let l = PIECE.min(len - p);
+            let mut count = 0;
+            for &(r, pid, addr) in from {
+                if failed & Self::bit(r) != 0 {
+                    continue;
+                }
+                // SAFETY: `p < len`, inside `dst`.
+                let target = if count == 0 { unsafe { dst.add(p) } } else { t };
+                let ok = if r == self.sh.rank {
+                    // SAFETY: own buffer, `off + p + l` is inside it.
+                    unsafe { mv((addr + off + p) as *const u8, target, l) };
+                    true
+                } else {
+                    // SAFETY: `target` holds `l` bytes; the remote range is alive (phases).
+                    unsafe { super::cma::read(pid, addr + off + p, target, l) }.is_ok()
+                };
+                if !ok {
+                    failed |= Self::bit(r);
+                    continue;
+                }
+                if count > 0 {
+                    // SAFETY: `dst + p` and `tmp` hold `l` bytes each, disjoint.
+                    unsafe { reduce::fold(dt, op, dst.add(p), t, l) };
+                }
+                count += 1;
+            }
+            if op == ReduceOp::Avg {
+                // SAFETY: `dst + p` holds `l` bytes.
+                unsafe { reduce::divide(dt, dst.add(p), l, count) };
+            }
+            p += l;
+        }
+        failed
+    }
+
+    /// all_reduce by direct reads: publish the buffer's address; each rank folds its 1/n
+    /// section out of every buffer into its own; then copies every other section from its
+    /// owner's buffer. Sections nobody owns (inactive or dead owner) are folded by every
+    /// rank into a side buffer first and written only after an extra phase, so that no rank
+    /// reads a section another has already overwritten. A last phase keeps every buffer
+    /// alive until all readers are done.
+    fn cma_all_reduce(
+        &mut self,
+        desc: Desc,
+        buf: *mut u8,
+        bytes: usize,
+        dt: DType,
+        op: ReduceOp,
+    ) -> Result<(), String> {
+        let (n, me, e) = (self.sh.ranks, self.sh.rank, dt.size());
+        let sa = self.phase(desc, true, |_, slot| {
+            // SAFETY: the slot is far larger than 8 bytes and aligned.
+            unsafe { slot.cast::<u64>().write(buf as u64) }
+        })?;
+        let from: Vec<(usize, u32, usize)> = self
+            .live()
+            .map(|r| {
+                // SAFETY: rank r published one address at the start of its slot.
+                let addr = unsafe { self.slot(r, sa).cast::<u64>().read() } as usize;
+                (r, self.sh.seg(r).owner_pid(), addr)
+            })
+            .collect();
+        self.finish(sa); // the addresses are read; the slots carry nothing else
+        let sec = (bytes / e).div_ceil(n) * e;
+        let section = |r: usize| ((r * sec).min(bytes), ((r + 1) * sec).min(bytes));
+        let (lo, hi) = section(me);
+        // The own section is folded in place, so this rank's input goes first (it is the
+        // first thing overwritten); only this rank computes the section, so the order does
+        // not have to match anyone else's.
+        let mut own_first = from.clone();
+        own_first.sort_by_key(|&(r, _, _)| r != me);
+        // SAFETY: the own section is written only by this rank and read by the others only
+        // after the phase below.
+        self.failed |= unsafe { self.cma_fold(&own_first, lo, hi - lo, dt, op, buf.add(lo)) };
+        let sb = self.phase(desc, false, |_, _| {})?;
+        self.finish(sb);
+        let owners: Vec<usize> = self.live().collect();
+        let orphans: Vec<usize> = (0..n)
+            .filter(|r| !owners.contains(r) && section(*r).0 < section(*r).1)
+            .collect();
+        let mut side: Vec<(usize, Vec<u64>)> = Vec::new();
+        for &r in &orphans {
+            let (lo, hi) = section(r);
+            let mut v = vec![0u64; (hi - lo).div_ceil(8)];
+            let live: Vec<(usize, u32, usize)> = from
+                .iter()
+                .copied()
+                .filter(|(x, _, _)| owners.contains(x))
+                .collect();
+            // SAFETY: `v` holds `hi - lo` bytes and is not part of any buffer.
+            self.failed |=
+                unsafe { self.cma_fold(&live, lo, hi - lo, dt, op, v.as_mut_ptr().cast()) };
+            side.push((r, v));
+        }
+        if !side.is_empty() {
+            let s = self.phase(desc, false, |_, _| {})?;
+            self.finish(s);
+        }
+        for &(r, pid, addr) in &from {
+            if r == me || !owners.contains(&r) {
+                continue;
+            }
+            let (lo, hi) = section(r);
+            // SAFETY: `buf + lo` holds `hi - lo` bytes; rank r's section is final (it
+            // posted phase sb) and alive until the last phase.
+            if unsafe { super::cma::read(pid, addr + lo, buf.add(lo), hi - lo) }.is_err() {
+                self.failed |= Self::bit(r);
+            }
+        }
+        for (r, v) in side {
+            let (lo, hi) = section(r);
+            // SAFETY: `v` holds `hi - lo` bytes; `buf + lo` too.
+            unsafe { mv(v.as_ptr().cast(), buf.add(lo), hi - lo) };
+        }
+        let s = self.phase(desc, false, |_, _| {})?;
+        self.finish(s);
+        Ok(())
     }
 
     fn all_reduce(
