@@ -303,6 +303,9 @@ def scenario_bad_input():
                  "unsupported dtype")
     expect_error(lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR), ["op"],
                  "unsupported op")
+    # a tensor off the CPU (CUDA in real use; "meta" here, there is no GPU) is refused
+    expect_error(lambda: dist.all_reduce(torch.ones(3, device="meta")), ["runs on CPU"],
+                 "non-CPU tensor")
     expect_error(lambda: pg.MooncakeBackendOptions(torch.ones(WORLD)), ["int32"],
                  "options: float tensor")
     expect_error(lambda: pg.MooncakeBackendOptions(4, False, False, True),
