@@ -933,7 +933,15 @@ recover_ranks = activate_ranks
 
 
 def deactivate_ranks(backend, ranks):
-    """Proposes deactivating ``ranks``. ``Applied`` when none of them is active."""
+    """Proposes deactivating ``ranks``. ``Applied`` when none of them is active, and for a
+    graceful leave (``ranks == [own rank]``): this rank's collectives then fail ("not
+    active"), and the others drop it from their next collective without counting it as a
+    failure. Deactivating other ranks is not implemented (``Rejected``)."""
+    pg = _pg(backend)
+    ranks = list(ranks)
+    if ranks and all(r == pg._rank for r in ranks) and pg._comm.active() >> pg._rank & 1:
+        pg._comm.leave()
+        return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
     return _propose(backend, ranks, False)
 
 

@@ -195,6 +195,12 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// Leaves the group gracefully (see `Shared::leave`).
+    fn leave(&self) -> PyResult<()> {
+        self.comm()?.shared().leave();
+        Ok(())
+    }
+
     fn take_failures(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().take_failures())
     }

@@ -404,7 +404,36 @@ def scenario_sigkill():
     # No destroy_process_group: the dead rank cannot take part in shutdown; main() exits.
 
 
-SCENARIOS = {"ops": scenario_ops, "bad_input": scenario_bad_input, "sigkill": scenario_sigkill}
+def scenario_leave():
+    """The last rank leaves gracefully (deactivate_ranks([self])); the others go on."""
+    active = torch.zeros(WORLD, dtype=torch.int32)
+    init(pg.MooncakeBackendOptions(active))
+    g = dist.group.WORLD
+    leaver = WORLD - 1
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    same(t, torch.full((10,), float(WORLD)), "all_reduce before the leave")
+    if RANK == leaver:
+        r = pg.deactivate_ranks(g, [RANK])
+        check(r.status == pg.ProposalStatus.Applied, f"leave applied: {r.status}")
+        check(active[RANK].item() == 0, "own slot inactive after leaving")
+        expect_error(lambda: dist.all_reduce(torch.ones(3)), ["not active"], "collective after leave")
+        time.sleep(1.0)  # stay alive: the others must not need the process to be gone
+        return
+    for n in (10, 3_000_000):
+        t = torch.ones(n)
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        same(t, torch.full((n,), float(WORLD - 1)), f"survivors' all_reduce n={n}")
+        check(pg.get_local_success(w), "a graceful leave is not a failure")
+    check(active.tolist() == [int(r != leaver) for r in range(WORLD)], f"active {active.tolist()}")
+    r = pg.deactivate_ranks(g, [1 - RANK])  # the other survivor
+    check(r.status == pg.ProposalStatus.Rejected and "not implemented" in r.reject_reason,
+          "deactivating another rank is refused with a reason")
+    dist.barrier()
+
+
+SCENARIOS = {"leave": scenario_leave, "ops": scenario_ops, "bad_input": scenario_bad_input, "sigkill": scenario_sigkill}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()

@@ -90,3 +90,7 @@ def report_kill_to_done(outs):
         took = stamp(out, "DONE_AT") - killed
         print(f"rank {r}: all_reduce completed {took * 1000:.1f} ms after the SIGKILL")
         assert took < 1.5  # collective timeout 0.5 s + window 0.5 s + scheduling slack
+
+
+def test_pg_graceful_leave():
+    run_group("leave", 3, timeout=120)

@@ -191,6 +191,8 @@ pub struct Runner<'a> {
     seq: u64,
     active: u64,
     failed: u64,
+    /// Peers that left the group gracefully (`deactivate_ranks([self])`) during this op.
+    left: u64,
 }
 
 impl<'a> Runner<'a> {
@@ -200,6 +202,7 @@ impl<'a> Runner<'a> {
             seq: 0,
             active: 0,
             failed: 0,
+            left: 0,
         }
     }
 
@@ -207,9 +210,14 @@ impl<'a> Runner<'a> {
         1u64 << r
     }
 
-    /// Ranks taking part in the current phase (active, not failed), this one included.
+    /// Ranks out of the current op: failed or left.
+    fn gone(&self) -> u64 {
+        self.failed | self.left
+    }
+
+    /// Ranks taking part in the current phase (active, not gone), this one included.
     fn live(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.sh.ranks).filter(|&r| (self.active & !self.failed) & Self::bit(r) != 0)
+        (0..self.sh.ranks).filter(|&r| (self.active & !self.gone()) & Self::bit(r) != 0)
     }
 
     fn peers(&self) -> Vec<usize> {
@@ -234,7 +242,12 @@ impl<'a> Runner<'a> {
             for p in self.peers() {
                 let seg = self.sh.seg(p);
                 // A peer that died is skipped; the phase wait below marks it failed.
-                wait_until(|| load(seg.done()) >= s - 2, || seg.owner_alive(), None, p);
+                wait_until(
+                    || load(seg.done()) >= s - 2,
+                    || seg.owner_alive() && !seg.has_left(),
+                    None,
+                    p,
+                );
             }
         }
         write(self, own.coll_slot((s & 1) as usize));
@@ -243,8 +256,13 @@ impl<'a> Runner<'a> {
         self.seq = s;
         for p in self.peers() {
             let seg = self.sh.seg(p);
-            if !wait_until(|| load(seg.posted()) >= s, || seg.owner_alive(), None, p) {
-                self.failed |= Self::bit(p);
+            let here = || seg.owner_alive() && !seg.has_left();
+            if !wait_until(|| load(seg.posted()) >= s, here, None, p) {
+                if seg.has_left() {
+                    self.left |= Self::bit(p);
+                } else {
+                    self.failed |= Self::bit(p);
+                }
             }
         }
         if check {
@@ -272,6 +290,7 @@ impl<'a> Runner<'a> {
     pub fn execute(&mut self, op: CollOp) -> Outcome {
         self.active = self.sh.active();
         self.failed = 0;
+        self.left = 0;
         let me = self.sh.rank;
         let error = if self.active & Self::bit(me) == 0 {
             Some("rank is not active in this group".to_string())
@@ -280,6 +299,7 @@ impl<'a> Runner<'a> {
         };
         Outcome {
             failed: self.failed,
+            left: self.left,
             error,
         }
     }
@@ -323,7 +343,7 @@ impl<'a> Runner<'a> {
                             // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
                             unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
                         }
-                    } else if me != *root && r.failed & Self::bit(*root) == 0 {
+                    } else if me != *root && r.gone() & Self::bit(*root) == 0 {
                         // SAFETY: as above; the root's slot holds `len` published bytes.
                         unsafe { mv(r.slot(*root, r.seq), buf.add(off), len) };
                     }
@@ -462,7 +482,7 @@ impl<'a> Runner<'a> {
             }
             let from: Vec<usize> = match root {
                 None => r.live().collect(),
-                Some(x) if r.failed & Self::bit(x) == 0 => vec![x],
+                Some(x) if r.gone() & Self::bit(x) == 0 => vec![x],
                 Some(_) => Vec::new(),
             };
             for src in from {

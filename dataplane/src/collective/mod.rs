@@ -50,6 +50,8 @@ pub static RECONCILIATION_WINDOW_US: AtomicU64 = AtomicU64::new(30_000_000);
 pub struct Outcome {
     /// Ranks this rank saw fail during the op (bit `r` = rank `r`).
     pub failed: u64,
+    /// Ranks that left the group gracefully before taking part (not failures).
+    pub left: u64,
     /// Why the op failed as a whole (bad arguments, mismatched calls), if it did.
     pub error: Option<String>,
 }
@@ -190,6 +192,13 @@ impl Shared {
         self.cma.load(Ordering::Acquire)
     }
 
+    /// Leaves the group gracefully: this rank's collectives fail from now on ("not active")
+    /// and peers exclude it from their next op without counting it as a failure.
+    pub fn leave(&self) {
+        self.own.set_left();
+        self.set_active(self.active() & !(1u64 << self.rank));
+    }
+
     /// Failures seen since the last call, cleared.
     pub fn take_failures(&self) -> u64 {
         self.failures_seen.swap(0, Ordering::AcqRel)
@@ -245,6 +254,9 @@ impl Comm {
                 while let Ok(Job::Coll(op, done)) = coll_rx.recv() {
                     let o = run.execute(op);
                     sh.note_failures(o.failed);
+                    if o.left != 0 {
+                        sh.set_active(sh.active() & !o.left);
+                    }
                     done.complete(o);
                 }
             })?;
@@ -285,8 +297,8 @@ impl Comm {
         let done = Arc::new(Completion::default());
         if self.coll_tx.send(Job::Coll(op, done.clone())).is_err() {
             done.complete(Outcome {
-                failed: 0,
                 error: Some("the collective worker has stopped".into()),
+                ..Outcome::default()
             });
         }
         done
@@ -306,6 +318,7 @@ impl Comm {
         let done = Arc::new(Completion::default());
         if peer >= self.shared.ranks || peer == self.shared.rank {
             done.complete(Outcome {
+                left: 0,
                 failed: 0,
                 error: Some(format!(
                     "peer rank {peer} is not another rank of this group of {}",
@@ -317,8 +330,8 @@ impl Comm {
         let op = p2p::P2pOp::new(send, peer, addr, bytes, done.clone());
         if self.p2p_tx.send(op).is_err() {
             done.complete(Outcome {
-                failed: 0,
                 error: Some("the point-to-point worker has stopped".into()),
+                ..Outcome::default()
             });
         }
         done

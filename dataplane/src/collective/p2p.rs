@@ -189,8 +189,8 @@ pub(super) fn run(sh: &Shared, rx: Receiver<P2pOp>) {
                 let op = q.pop_front().expect("front exists");
                 pending -= 1;
                 op.done.complete(Outcome {
-                    failed: 0,
                     error: op.error,
+                    ..Outcome::default()
                 });
                 if let Some(next) = q.front_mut() {
                     // Its timeout runs from when it reaches the head of its queue.
@@ -242,7 +242,7 @@ fn fail_stuck(sh: &Shared, queues: &mut [VecDeque<P2pOp>], now: Instant) -> usiz
         }
         op.done.complete(Outcome {
             failed,
-            error: None,
+            ..Outcome::default()
         });
     }
     ended

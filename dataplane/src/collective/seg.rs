@@ -7,6 +7,7 @@
 //! 64                          posted (u64): last collective phase this rank wrote and published
 //! 128                         done   (u64): last collective phase this rank finished reading
 //! 192, 256                    desc[2]: descriptor of the op in collective slot 0 / 1
+//! 320                         left (u64): 1 once the owner has left the group gracefully
 //! 512 + 64*p                  sent[p]  (u64): chunks this rank published on its channel to p
 //! 512 + 64*64 + 64*p          acked[p] (u64): chunks from p this rank has consumed
 //! PG_HEADER_BYTES             collective slot 0, then slot 1 (PG_COLL_SLOT_BYTES each)
@@ -35,6 +36,7 @@ const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
 const DONE_OFF: usize = 128;
 const DESC_OFF: usize = 192;
+const LEFT_OFF: usize = 320;
 const SENT_OFF: usize = 512;
 const ACKED_OFF: usize = SENT_OFF + 64 * PG_MAX_RANKS;
 /// Bytes of a point-to-point chunk header.
@@ -251,6 +253,16 @@ impl Segment {
     /// Last collective phase fully read.
     pub fn done(&self) -> &AtomicU64 {
         self.atomic(DONE_OFF)
+    }
+
+    /// Whether the owner has left the group (`deactivate_ranks([self])`).
+    pub fn has_left(&self) -> bool {
+        load(self.atomic(LEFT_OFF)) != 0
+    }
+
+    /// Marks the owner as gone from the group; peers stop waiting for it.
+    pub fn set_left(&self) {
+        store(self.atomic(LEFT_OFF), 1)
     }
 
     /// Chunks published to peer `p`.
