@@ -12,6 +12,11 @@
 //! | reduce | per S-byte chunk | post input; root folds |
 //! | barrier | 1 | nothing to move |
 //!
+//! With direct reads ([`super::cma`], agreed by the whole group): all_reduce above 64 KiB
+//! takes 3 phases (publish addresses; fold own section from every buffer into its own;
+//! copy the other sections from their owners; +1 when a section has no live owner), and
+//! all_gather / all_to_all pieces from 64 KiB take 2 (publish addresses; read; done).
+//!
 //! Addresses in a [`CollOp`] come from the Python layer, which keeps the tensors alive until
 //! the op's completion fires ([`super::Comm::submit`] is `unsafe` for that reason).
 
