@@ -75,6 +75,8 @@ struct Op {
     start: Instant,
     end: Instant,
     acked: bool,
+    /// The error code when not acknowledged.
+    error: i32,
 }
 
 /// The bytes of write `id` to key `key`: `id` and `key` first, so a read says which write it
@@ -150,6 +152,7 @@ fn worker(
                 start,
                 end,
                 acked: r.is_ok(),
+                error: r.err().map_or(0, |e| e.code()),
             });
         }
         if r.is_err() {
@@ -309,10 +312,19 @@ fn hot_keys_keep_their_last_acknowledged_write_across_failovers() {
             .filter(|o| o.acked && (o.effect == Effect::Gone) == gone)
             .count()
     };
+    let mut failed: std::collections::BTreeMap<(&str, i32), usize> = Default::default();
+    for o in ops.iter().filter(|o| !o.acked) {
+        let kind = if o.effect == Effect::Gone {
+            "remove"
+        } else {
+            "upsert"
+        };
+        *failed.entry((kind, o.error)).or_default() += 1;
+    }
     println!(
         "ha_versions figures: seed {seed}, {kills} failovers, {} upserts and {} removes \
-         acknowledged, {} failed, {checked} key reads checked after failovers ({KEYS} keys), \
-         {} wrong",
+         acknowledged, {} failed {failed:?}, {checked} key reads checked after failovers \
+         ({KEYS} keys), {} wrong",
         acked(false),
         acked(true),
         ops.iter().filter(|o| !o.acked).count(),
