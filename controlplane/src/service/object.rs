@@ -159,6 +159,9 @@ impl State {
     ) -> Result<Found<'_>, ErrorCode> {
         check_key(&key)?;
         check_put(cfg, size)?;
+        // Taken first (a refused put leaves a gap, which is harmless: versions only need to
+        // grow), so that both the in-place and the new-buffer path use it.
+        let version = self.next_version();
         let mut pin_now = SoftPin::None;
         if let Some(obj) = self.objects.get_mut(&key) {
             pin_now = obj.soft_pin;
@@ -187,11 +190,7 @@ impl State {
                     obj.writer = client;
                     obj.put_start_ms = now;
                     obj.hard_pin = cfg.with_hard_pin;
-                    self.seq += 1;
-                    obj.version = Version {
-                        term: self.term,
-                        seq: self.seq,
-                    };
+                    obj.version = version;
                     for r in &mut obj.replicas {
                         r.status = ReplicaStatus::Processing;
                     }
@@ -222,7 +221,6 @@ impl State {
         )?;
         let replicas = self.place(m, now, size, cfg)?;
         self.note_inflight(now);
-        let version = self.next_version();
         let obj = Object {
             size,
             version,

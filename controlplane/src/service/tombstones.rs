@@ -20,8 +20,10 @@ use protocol::Version;
 use super::FastMap;
 
 /// Tombstones the master keeps. The owners keep their own (`CATALOG_TOMBSTONES_MAX` each),
-/// which are what carries a removal across a failover; these cover re-reports within a term.
-pub const TOMBSTONES_MAX: usize = 1 << 20;
+/// which are what carries a removal across a failover; these only cover owners re-mounting
+/// late within a term, so recent history is enough. Each costs the key twice plus about 100
+/// bytes: with 64-byte keys, about 15 MiB at most.
+pub const TOMBSTONES_MAX: usize = 1 << 16;
 
 #[derive(Default)]
 pub(crate) struct Tombstones {
