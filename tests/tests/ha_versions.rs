@@ -14,7 +14,9 @@
 //!   it ended (the later one is ordered after it by every master, and versions only grow);
 //! - the final value must be the effect (a value, or nothing for a remove) of an operation
 //!   that is not superseded. Failed operations count too: a write whose acknowledgement was
-//!   lost in a failover may have taken effect, and nothing says it did not.
+//!   lost in a failover may have taken effect, and nothing says it did not; only removes the
+//!   master refused (`OBJECT_HAS_LEASE`, `REPLICA_IS_NOT_READY`) are known to have done nothing
+//!   and are left out.
 //!
 //! Bounded: `MC_HA_KILLS` kills (default 4), at most `OPS_MAX` operations, every wait capped.
 //! Seeded: `MC_HA_SEED` (default 20); the seed is printed first and in every failure message.
@@ -145,7 +147,13 @@ fn worker(
             (None, store.is_exist(&name).map(|_| ()))
         };
         let end = Instant::now();
-        if let Some(effect) = effect {
+        // A remove the serving master refused for a lease or an in-flight put changed
+        // nothing: it is not a possible outcome.
+        let refused = matches!(
+            r,
+            Err(ErrorCode::ObjectHasLease | ErrorCode::ReplicaIsNotReady)
+        ) && effect == Some(Effect::Gone);
+        if let (Some(effect), false) = (effect, refused) {
             log.lock().unwrap().push(Op {
                 key,
                 effect,
