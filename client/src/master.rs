@@ -21,9 +21,12 @@
 //! reads the leader's RPC address from etcd's key `mooncake-store/<cluster_id>/master_view`
 //! (cluster from `MC_STORE_CLUSTER_ID`, default `mooncake_cluster`) through etcd's JSON
 //! gateway each time it (re)connects, waiting up to the call timeout for a leader to appear.
-//! A call whose connection dies, or that a master answers with `UNAVAILABLE_IN_CURRENT_STATUS`
-//! (a standby, or a leader that cannot prove its lease), is sent once more after looking the
-//! leader up again; the second answer is final.
+//! A call whose connection dies is sent once more after looking the leader up again; the
+//! second answer is final. A call a master answers with `UNAVAILABLE_IN_CURRENT_STATUS` (a
+//! standby, a leader that cannot prove its lease, or a new leader's recovery fence while the
+//! owners re-report, `docs/ha.md`) was not executed: it is sent again, to the leader looked up
+//! again, every [`UNAVAILABLE_RETRY`] until the call timeout, or until no leader can be
+//! looked up (etcd down), when the last answer is returned.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -53,6 +56,8 @@ const LEAD_READ_SLICE: Duration = Duration::from_millis(50);
 const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
 /// How often a client without a reachable leader looks at etcd again.
 const LEADER_POLL: Duration = Duration::from_millis(50);
+/// Pause between two tries of a call a master answered `UNAVAILABLE_IN_CURRENT_STATUS`.
+pub const UNAVAILABLE_RETRY: Duration = Duration::from_millis(100);
 /// How long etcd may fail to answer before a client stops waiting for a leader.
 const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
 /// Longest a connect to a published leader may take before the leader is looked up again.
@@ -353,20 +358,33 @@ impl MasterClient {
         }
         let again = match &first {
             Err(ClientError::Closed(_)) => true,
-            Ok(answers) => answers
-                .iter()
-                .any(|a| matches!(a, Err(ErrorCode::UnavailableInCurrentStatus))),
+            Ok(answers) => unavailable(answers),
             Err(_) => false,
         };
         if !again {
             return first;
         }
-        self.forget(&conn);
-        match self.connection() {
-            Ok(conn) => self.call_many_on(&conn, reqs),
-            // No leader to be found (etcd down, or none elected in time): the first answer
-            // (a retryable code, or the lost connection) says more than "cannot connect".
-            Err(_) => first,
+        let started = Instant::now();
+        let mut conn = conn;
+        let mut last = first;
+        loop {
+            self.forget(&conn);
+            conn = match self.connection() {
+                Ok(c) => c,
+                // No leader to be found (etcd down, or none elected in time): the last answer
+                // (a retryable code, or the lost connection) says more than "cannot connect".
+                Err(_) => return last,
+            };
+            let next = self.call_many_on(&conn, reqs);
+            // A leader that answers "not now" (its recovery fence after an election, or a
+            // lease it cannot prove) is asked again until the call timeout: the request was
+            // not executed. A second lost connection is final.
+            let retry = matches!(&next, Ok(a) if unavailable(a));
+            if !retry || started.elapsed() + UNAVAILABLE_RETRY >= self.timeout {
+                return next;
+            }
+            std::thread::sleep(UNAVAILABLE_RETRY);
+            last = next;
         }
     }
 
@@ -592,4 +610,11 @@ fn deliver(conn: &Conn, id: u64, body: &[u8]) {
             w.ready.notify_all();
         }
     }
+}
+
+/// Whether a master answered "not now" (`UNAVAILABLE_IN_CURRENT_STATUS`) to any request.
+fn unavailable<T>(answers: &[Result<T, ErrorCode>]) -> bool {
+    answers
+        .iter()
+        .any(|a| matches!(a, Err(ErrorCode::UnavailableInCurrentStatus)))
 }

@@ -36,9 +36,11 @@ pub struct PingOutcome {
     pub reported: usize,
 }
 
-/// The catalogued objects of `s`, as the master's `HeldObject`s.
+/// The catalogued objects of `s`, as the master's `HeldObject`s, then its tombstones (size
+/// 0: the key was removed at that version; `docs/ha.md`).
 pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
-    s.catalog
+    let objects = s
+        .catalog
         .entries_in(s.desc.base, s.desc.size)
         .into_iter()
         .map(|e| HeldObject {
@@ -47,8 +49,21 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
             segment_name: s.desc.name.clone(),
             buffer_address: e.addr,
             with_hard_pin: e.hard_pin,
-        })
-        .collect()
+            version: e.version,
+        });
+    let tombstones = s
+        .catalog
+        .tombstones()
+        .into_iter()
+        .map(|(key, version)| HeldObject {
+            key,
+            size: 0,
+            segment_name: s.desc.name.clone(),
+            buffer_address: 0,
+            with_hard_pin: false,
+            version,
+        });
+    objects.chain(tombstones).collect()
 }
 
 /// Pings the master; drops catalog entries for the ranges it freed; on `NEED_REMOUNT`

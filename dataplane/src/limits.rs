@@ -12,10 +12,17 @@ pub const REQUEST_PAYLOAD_MAX_BYTES: u64 = 1 << 30;
 
 /// Fixed part of a `CATALOG_PUT` record (object length, flags, reserved); the key follows.
 pub const CATALOG_RECORD_HEADER_BYTES: usize = 16;
-/// Largest `CATALOG_PUT` payload: the fixed part and the longest key the master accepts. A
-/// header announcing more is malformed.
-pub const CATALOG_RECORD_MAX_BYTES: u64 =
-    (CATALOG_RECORD_HEADER_BYTES + protocol::limits::KEY_MAX_BYTES) as u64;
+/// The version (term u64, seq u64) a record carries after its fixed part when its
+/// `VERSIONED` flag is set.
+pub const CATALOG_RECORD_VERSION_BYTES: usize = 16;
+/// Largest `CATALOG_PUT` payload: the fixed part, a version and the longest key the master
+/// accepts. A header announcing more is malformed.
+pub const CATALOG_RECORD_MAX_BYTES: u64 = (CATALOG_RECORD_HEADER_BYTES
+    + CATALOG_RECORD_VERSION_BYTES
+    + protocol::limits::KEY_MAX_BYTES) as u64;
+/// Tombstones (removed keys with the version removed) one catalog keeps; beyond it the oldest
+/// version is dropped (`docs/ha.md`, "windows").
+pub const CATALOG_TOMBSTONES_MAX: usize = 1 << 16;
 
 /// Chunk used to drain and discard the payload of a rejected WRITE.
 pub const DRAIN_CHUNK_BYTES: usize = 64 * 1024;

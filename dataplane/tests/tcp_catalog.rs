@@ -20,7 +20,14 @@ use dataplane::TeError;
 const SEGMENT_BYTES: usize = 4 << 20;
 
 fn record(len: u64, key: &str, hard_pin: bool) -> Vec<u8> {
-    CatalogRecord { len, hard_pin, key }.encode()
+    CatalogRecord {
+        len,
+        hard_pin,
+        key,
+        version: protocol::Version::ZERO,
+        tombstone: false,
+    }
+    .encode()
 }
 
 fn catalog_put(f: &Fixture, addr: u64, rec: &[u8]) -> Result<(), TransferError> {
@@ -91,13 +98,15 @@ fn catalog_put_validates_and_replaces(backend: Backend) {
                 addr: base + 4096,
                 len: 100,
                 key: "a".into(),
-                hard_pin: false
+                hard_pin: false,
+                version: protocol::Version::ZERO,
             },
             CatalogEntry {
                 addr: base + 8192 + 4000,
                 len: 200,
                 key: "c".into(),
-                hard_pin: false
+                hard_pin: false,
+                version: protocol::Version::ZERO,
             },
         ]
     );

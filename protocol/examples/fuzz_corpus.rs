@@ -40,6 +40,13 @@ fn main() {
         segment_name: seg.name.clone(),
         buffer_address: 1 << 40,
         with_hard_pin: false,
+        version: Version { term: 5, seq: 9 },
+    };
+    let tombstone = HeldObject {
+        key: "gone".into(),
+        size: 0,
+        buffer_address: 0,
+        ..held.clone()
     };
     let frames = vec![
         frame(&Ping { client_id: id }),
@@ -50,7 +57,7 @@ fn main() {
         frame(&ReMountSegment {
             client_id: id,
             segments: vec![seg],
-            held: vec![held],
+            held: vec![held, tombstone],
         }),
         frame(&UnmountSegment {
             client_id: id,

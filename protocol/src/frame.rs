@@ -16,7 +16,7 @@
 use crate::limits::FRAME_PAYLOAD_MAX_BYTES;
 
 /// Protocol version carried in every frame.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes before the body.
 pub const HEADER_BYTES: usize = 16;
 /// Bytes of the header counted by `len`.
@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(
             out,
             [
-                15, 0, 0, 0, 1, 1, 2, 1, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, b'x',
+                15, 0, 0, 0, 2, 1, 2, 1, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, b'x',
                 b'y', b'z'
             ]
         );

@@ -136,7 +136,7 @@ messages! {
     15 UpsertRevoke { client_id: Uuid, key: String } -> ();
     16 GetReplicaList { key: String } -> ReplicaList;
     17 ExistKey { key: String } -> bool;
-    18 Remove { key: String, force: bool } -> ();
+    18 Remove { key: String, force: bool } -> Vec<ReplicaDescriptor>;
     19 RemoveByRegex { pattern: String, force: bool } -> u64;
     20 RemoveAll { force: bool } -> u64;
     // Batch forms: one status (and value) per key.
@@ -150,7 +150,8 @@ messages! {
     35 BatchUpsertRevoke { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
     36 BatchGetReplicaList { keys: Vec<String> } -> Vec<Result<ReplicaList, ErrorCode>>;
     37 BatchExistKey { keys: Vec<String> } -> Vec<Result<bool, ErrorCode>>;
-    38 BatchRemove { keys: Vec<String>, force: bool } -> Vec<ItemStatus>;
+    38 BatchRemove { keys: Vec<String>, force: bool }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
 }
 
 #[cfg(test)]

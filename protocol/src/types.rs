@@ -200,6 +200,34 @@ impl ReplicateConfig {
     }
 }
 
+/// The version of one write of a key: the master's term (the HA election's etcd revision, or
+/// the start time in ms of a master without HA) and a counter within the term. Versions of one
+/// cluster are totally ordered (`term`, then `seq`), and every put or upsert the master starts
+/// gets a version above every earlier one, across failovers. Owners keep it in their catalog
+/// so that a new leader rebuilding its index keeps the newest write of each key
+/// (`docs/ha.md`, "versions").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version {
+    pub term: u64,
+    pub seq: u64,
+}
+wire_struct!(Version {
+    term: u64,
+    seq: u64
+});
+
+impl Version {
+    /// The version of an entry written without one (a writer that predates versions): older
+    /// than every versioned write.
+    pub const ZERO: Version = Version { term: 0, seq: 0 };
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.term, self.seq)
+    }
+}
+
 /// Where one memory replica of an object lives: a contiguous range in a mounted segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaDescriptor {
@@ -211,6 +239,9 @@ pub struct ReplicaDescriptor {
     /// Absolute address of the first byte in the segment owner's address space.
     pub buffer_address: u64,
     pub size: u64,
+    /// The version of the write these bytes belong to (the writer records it in the owner's
+    /// catalog; a remove's answer names the version removed).
+    pub version: Version,
 }
 wire_struct!(ReplicaDescriptor {
     status: ReplicaStatus,
@@ -218,6 +249,7 @@ wire_struct!(ReplicaDescriptor {
     transport_endpoint: String,
     buffer_address: u64,
     size: u64,
+    version: Version,
 });
 
 /// A memory segment contributed by a client or storage node (`types.h` `Segment`).
@@ -272,7 +304,8 @@ wire_struct!(PingResponse {
 });
 
 /// An object a storage process reports holding, used to rebuild the index after a master
-/// restart or failover.
+/// restart or failover. `size == 0` reports a *tombstone*: `key` was removed at `version`
+/// (`buffer_address` is then 0), so no older version of it may come back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldObject {
     pub key: String,
@@ -280,6 +313,7 @@ pub struct HeldObject {
     pub segment_name: String,
     pub buffer_address: u64,
     pub with_hard_pin: bool,
+    pub version: Version,
 }
 wire_struct!(HeldObject {
     key: String,
@@ -287,6 +321,7 @@ wire_struct!(HeldObject {
     segment_name: String,
     buffer_address: u64,
     with_hard_pin: bool,
+    version: Version,
 });
 
 #[cfg(test)]

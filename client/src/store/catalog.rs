@@ -40,12 +40,26 @@ impl CatalogWriter {
         }
     }
 
-    /// The `CATALOG_PUT` payload of a replica of `key`.
+    /// The `CATALOG_PUT` payload of a replica of `key` (its version is the descriptor's).
     pub fn record(r: &ReplicaDescriptor, key: &str, hard_pin: bool) -> Vec<u8> {
         CatalogRecord {
             len: r.size,
             hard_pin,
             key,
+            version: r.version,
+            tombstone: false,
+        }
+        .encode()
+    }
+
+    /// The `CATALOG_PUT` payload burying a removed replica of `key` (`docs/ha.md`).
+    pub fn tombstone(r: &ReplicaDescriptor, key: &str) -> Vec<u8> {
+        CatalogRecord {
+            len: r.size,
+            hard_pin: false,
+            key,
+            version: r.version,
+            tombstone: true,
         }
         .encode()
     }
@@ -53,7 +67,15 @@ impl CatalogWriter {
     /// Records a replica written with memcpy into our own segment.
     pub fn record_local(&self, r: &ReplicaDescriptor, key: &str, hard_pin: bool) {
         if let Some(m) = &self.own {
-            m.catalog().insert(r.buffer_address, r.size, key, hard_pin);
+            m.catalog()
+                .insert(r.buffer_address, r.size, key, hard_pin, r.version);
+        }
+    }
+
+    /// Buries a removed replica that lies in our own segment.
+    pub fn bury_local(&self, r: &ReplicaDescriptor, key: &str) {
+        if let Some(m) = &self.own {
+            m.catalog().bury(r.buffer_address, r.size, key, r.version);
         }
     }
 

@@ -501,12 +501,38 @@ impl Store {
         })
     }
 
+    /// Removes `key`. The master answers with the replicas it freed; each is buried in its
+    /// owner's catalog (a tombstone with the removed version) before this returns, so that a
+    /// later leader rebuilding its index from the owners does not bring the key back
+    /// (`docs/ha.md`, "versions and tombstones").
     pub fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
         self.check_open()?;
-        rpc(self.master.call(&Remove {
+        let freed = rpc(self.master.call(&Remove {
             key: key.to_string(),
             force,
-        }))
+        }))?;
+        let items: Vec<(&ReplicaDescriptor, &str)> = freed.iter().map(|r| (r, key)).collect();
+        self.bury(&items);
+        Ok(())
+    }
+
+    /// Buries removed replicas (see [`Store::remove`]). An owner that cannot be reached is
+    /// logged, not reported: the remove itself happened; only a failover before that owner
+    /// learns of it through its pings could bring the key back (`docs/ha.md`, "windows").
+    fn bury(&self, items: &[(&ReplicaDescriptor, &str)]) {
+        if items.is_empty() {
+            return;
+        }
+        for (r, (replica, key)) in self.peers.bury_many(items).iter().zip(items) {
+            if let Err(e) = r {
+                tracing::warn!(
+                    key,
+                    segment = %replica.segment_name,
+                    "removed {key} but could not bury it in {}'s catalog: {e:?}",
+                    replica.segment_name
+                );
+            }
+        }
     }
 
     pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
@@ -522,11 +548,20 @@ impl Store {
         rpc(self.master.call(&RemoveAll { force }))
     }
 
+    /// Removes every key, burying what each frees as [`Store::remove`] does.
     pub fn batch_remove(&self, keys: &[String], force: bool) -> Vec<Result<(), ErrorCode>> {
-        self.per_key(keys.len(), || BatchRemove {
+        let answers = self.per_key(keys.len(), || BatchRemove {
             keys: keys.to_vec(),
             force,
-        })
+        });
+        let items: Vec<(&ReplicaDescriptor, &str)> = answers
+            .iter()
+            .zip(keys)
+            .filter_map(|(a, k)| Some(a.as_ref().ok()?.iter().map(move |r| (r, k.as_str()))))
+            .flatten()
+            .collect();
+        self.bury(&items);
+        answers.into_iter().map(|a| a.map(|_| ())).collect()
     }
 
     // ---- zero copy --------------------------------------------------------------------------

@@ -512,6 +512,37 @@ impl Peers {
         results
     }
 
+    /// Buries removed replicas in their owners' catalogs (a tombstone `CATALOG_PUT` each, or
+    /// our own catalog directly), so that no later leader re-inserts what was removed
+    /// (`docs/ha.md`). One result per item, in order; an owner that keeps no catalog counts
+    /// as done.
+    pub fn bury_many(&self, items: &[(&ReplicaDescriptor, &str)]) -> Vec<Result<(), ErrorCode>> {
+        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+        let records: Vec<Vec<u8>> = items
+            .iter()
+            .map(|(r, key)| CatalogWriter::tombstone(r, key))
+            .collect();
+        let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        for (i, (r, key)) in items.iter().enumerate() {
+            if self.is_local(r) {
+                self.catalog.bury_local(r, key);
+                continue;
+            }
+            if !self.catalog.enabled(&r.transport_endpoint) {
+                continue;
+            }
+            let op = TransferOp::CatalogPut {
+                remote_addr: r.buffer_address,
+                record: &records[i],
+            };
+            group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
+        }
+        if !groups.is_empty() {
+            self.run_groups(groups, &mut results);
+        }
+        results
+    }
+
     /// Runs every read; one result per item, in order.
     pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), ErrorCode>> {
         let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
@@ -687,6 +718,7 @@ mod tests {
             transport_endpoint: "127.0.0.1:1".into(),
             buffer_address: 4096,
             size: 10,
+            version: protocol::Version::ZERO,
         };
         let mut buf = [0u8; 8];
         assert_eq!(p.read(&r, 4, &mut buf), Err(ErrorCode::InvalidParams));

@@ -386,6 +386,7 @@ mod tests {
                     transport_endpoint: "127.0.0.1:12346".into(),
                     buffer_address: 0x7f00_0000_1000,
                     size: 4096,
+                    version: protocol::Version::ZERO,
                 }]),
                 "" => Err(ErrorCode::InvalidKey),
                 _ => Err(ErrorCode::ObjectNotFound),

@@ -69,6 +69,7 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
         put_str(out, &seg.te_endpoint);
         r.span.addr.encode(out);
         obj.size.encode(out);
+        obj.version.encode(out);
         n += 1;
     }
     out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
@@ -156,21 +157,21 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             exists.encode(out);
         }
         Request::Remove(r) => {
-            let res = st.remove(now, &r.key, r.force);
-            m.op(Op::Remove, status(out, res));
+            let ok = remove(st, now, &r.key, r.force, out);
+            m.op(Op::Remove, ok);
         }
         Request::RemoveByRegex(r) => {
             let ok = reply(out, |o| {
                 let re = regex::Regex::new(&r.pattern).map_err(|_| ErrorCode::InvalidParams)?;
-                st.remove_where(now, r.force, |k| re.is_match(k)).encode(o);
+                st.remove_where(now, r.force, |k| re.is_match(k))?.encode(o);
                 Ok(())
             });
             m.op(Op::RemoveByRegex, ok);
         }
         Request::RemoveAll(r) => {
             let n = st.remove_where(now, r.force, |_| true);
-            Ok::<u64, ErrorCode>(n).encode(out);
-            m.op(Op::RemoveAll, true);
+            m.op(Op::RemoveAll, n.is_ok());
+            n.encode(out);
         }
         Request::BatchPutStart(r) => {
             batch_put_start(
@@ -219,9 +220,13 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             });
         }
         Request::BatchRemove(r) => {
-            batch_status(m, BatchOp::Remove, &r.keys, out, |k| {
-                st.remove(now, k, r.force)
-            });
+            0i32.encode(out);
+            (r.keys.len() as u32).encode(out);
+            let mut failed = 0;
+            for k in &r.keys {
+                failed += !remove(st, now, k, r.force, out) as u64;
+            }
+            m.batch(BatchOp::Remove, r.keys.len() as u64, failed);
         }
         Request::BatchGetReplicaList(r) => {
             0i32.encode(out);
@@ -236,12 +241,11 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             out.reserve(8 + 5 * r.keys.len());
             0i32.encode(out);
             (r.keys.len() as u32).encode(out);
+            let mut failed = 0;
             for k in &r.keys {
-                // ExistKey cannot fail: a missing or unready key is `false`.
-                let e = st.exist(now, k).unwrap_or(false);
-                out.extend_from_slice(&[0, 0, 0, 0, e as u8]);
+                failed += !exist_item(st, now, k, out) as u64;
             }
-            m.batch(BatchOp::ExistKey, r.keys.len() as u64, 0);
+            m.batch(BatchOp::ExistKey, r.keys.len() as u64, failed);
         }
     }
 }
@@ -268,6 +272,30 @@ fn put_start(
         encode_replicas(o, obj, segs, false);
         Ok(())
     })
+}
+
+/// Remove: the freed replicas (with the removed version), for the remover to bury.
+fn remove(st: &mut State, now: u64, key: &str, force: bool, out: &mut Vec<u8>) -> bool {
+    reply(out, |o| {
+        let obj = st.remove(now, key, force)?;
+        encode_replicas(o, &obj, &st.segs, false);
+        Ok(())
+    })
+}
+
+/// One item of a batch existence probe: a missing or unready key is `false`; the only error
+/// is the recovery fence after an election.
+fn exist_item(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> bool {
+    match st.exist(now, key) {
+        Ok(e) => {
+            out.extend_from_slice(&[0, 0, 0, 0, e as u8]);
+            true
+        }
+        Err(e) => {
+            e.encode(out);
+            false
+        }
+    }
 }
 
 fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> bool {
@@ -354,6 +382,7 @@ pub(crate) fn batch_exist_borrowed(
     out.reserve(8 + 5 * n);
     0i32.encode(out);
     (n as u32).encode(out);
+    let mut failed = 0;
     for _ in 0..n {
         let key = match r.str_ref() {
             Ok(k) => k,
@@ -362,15 +391,13 @@ pub(crate) fn batch_exist_borrowed(
                 return Err(e);
             }
         };
-        // ExistKey cannot fail: a missing or unready key is `false`.
-        let e = st.exist(now, key).unwrap_or(false);
-        out.extend_from_slice(&[0, 0, 0, 0, e as u8]);
+        failed += !exist_item(st, now, key, out) as u64;
     }
     if let Err(e) = r.finish() {
         out.truncate(start);
         return Err(e);
     }
-    m.batch(BatchOp::ExistKey, n as u64, 0);
+    m.batch(BatchOp::ExistKey, n as u64, failed);
     Ok(())
 }
 

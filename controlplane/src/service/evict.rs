@@ -134,9 +134,14 @@ impl State {
             cut_pinned = cutoff(&mut pinned, short).0;
         }
 
-        let State { objects, segs, .. } = self;
+        let State {
+            objects,
+            segs,
+            tombstones,
+            ..
+        } = self;
         let (mut keys, mut freed) = (0u64, 0u64);
-        objects.retain(|_, obj| {
+        objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
             if obj.hard_pin || !obj.is_complete() || obj.read_lease_until > now {
                 return true;
@@ -153,6 +158,7 @@ impl State {
                 freed += r.span.len;
                 segs.free_span(r.seg, r.span);
             }
+            tombstones.add(k, obj.version);
             keys += 1;
             false
         });

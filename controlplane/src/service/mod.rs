@@ -30,6 +30,7 @@ mod placement;
 mod segments;
 #[cfg(test)]
 mod tests;
+mod tombstones;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -39,7 +40,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 use protocol::message::Request;
-use protocol::Uuid;
+use protocol::{Uuid, Version};
 
 use crate::alloc::Span;
 use crate::clock::Clock;
@@ -124,6 +125,12 @@ pub const QUARANTINE_GRACE_DEFAULT_MS: u64 = 3000;
 /// is then counted from the end of the stall (see `State::update_quarantine`).
 const TICK_STALL_MS: u64 = 1000;
 
+/// After winning an HA term, how long the new leader answers reads (`GetReplicaList`,
+/// `ExistKey`) and removes with `UNAVAILABLE_IN_CURRENT_STATUS` while the owners re-report:
+/// two ping intervals, so that every live owner has re-mounted and the newest version of each
+/// key (or its tombstone) is in the index before anyone reads or removes (`docs/ha.md`).
+pub const RECOVERY_FENCE_MS: u64 = 2000;
+
 /// Interval between scans for in-flight puts whose writer went quiet, milliseconds.
 const STALE_PUT_SCAN_INTERVAL_MS: u64 = 1000;
 
@@ -157,6 +164,15 @@ pub(crate) struct State {
     pub rng: u64,
     /// Answered in `Ping` (the HA view; 0 without HA).
     pub view_version: i64,
+    /// The term of the versions this master hands out (see `tombstones.rs`) and the last
+    /// sequence number handed out in it.
+    pub term: u64,
+    pub seq: u64,
+    /// Keys that left the index, with the version they left at.
+    pub tombstones: tombstones::Tombstones,
+    /// Reads and removes answer `UNAVAILABLE_IN_CURRENT_STATUS` before this time (the
+    /// owners' re-reports after an HA election, [`RECOVERY_FENCE_MS`]); 0 without HA.
+    pub fence_until_ms: u64,
     /// Time of the previous tick, and the end of the last stall of the master (a tick gap
     /// over `TICK_STALL_MS`): client silence counts from there at the earliest.
     pub last_tick_ms: u64,
@@ -178,9 +194,30 @@ impl State {
             next_stale_scan_ms: 0,
             rng: seed | 1,
             view_version: 0,
+            term: start_term(),
+            seq: 0,
+            tombstones: tombstones::Tombstones::default(),
+            fence_until_ms: 0,
             last_tick_ms: 0,
             liveness_from_ms: 0,
         }
+    }
+
+    /// The version of a write starting now.
+    pub(crate) fn next_version(&mut self) -> Version {
+        self.seq += 1;
+        Version {
+            term: self.term,
+            seq: self.seq,
+        }
+    }
+
+    /// Whether reads and removes must wait for the owners' re-reports.
+    pub(crate) fn fenced(&self, now: u64) -> Result<(), protocol::ErrorCode> {
+        if now < self.fence_until_ms {
+            return Err(protocol::ErrorCode::UnavailableInCurrentStatus);
+        }
+        Ok(())
     }
 
     pub(crate) fn note_inflight(&mut self, put_start_ms: u64) {
@@ -217,6 +254,15 @@ impl State {
             false
         });
     }
+}
+
+/// The term of a master without HA: its start time in ms since the epoch, so that a
+/// restarted master's versions are above those of the one before it (as long as the wall
+/// clock did not go back by more than the restart took).
+fn start_term() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
 }
 
 /// The master service. `Send + Sync`; share it behind an `Arc`.
@@ -375,11 +421,17 @@ impl MasterService {
     /// counters, and starts term `view_version`. Called when this master becomes the HA leader:
     /// whatever it knew from an earlier term may be stale, and the owners re-report what they
     /// hold (`docs/ha.md`).
+    ///
+    /// The term's versions take the term itself (an etcd revision, above every earlier
+    /// term's), and reads and removes wait [`RECOVERY_FENCE_MS`] for the re-reports.
     pub fn reset(&self, view_version: i64) {
+        let now = self.clock.now_ms();
         let mut st = self.state.lock();
         let cfg = st.cfg.clone();
         *st = State::new(cfg, rand::random());
         st.view_version = view_version;
+        st.term = view_version.max(1) as u64;
+        st.fence_until_ms = now.saturating_add(RECOVERY_FENCE_MS);
     }
 
     /// Marks every known client as seen now. Called when a leader that could not prove its

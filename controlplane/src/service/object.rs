@@ -24,7 +24,7 @@
 use std::collections::hash_map::Entry;
 
 use protocol::limits::KEY_MAX_BYTES;
-use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid};
+use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid, Version};
 
 use super::metrics::Metrics;
 use super::segments::{SegRef, Segments};
@@ -51,6 +51,8 @@ pub(crate) enum SoftPin {
 
 pub(crate) struct Object {
     pub size: u64,
+    /// The version of the write these replicas hold (`tombstones.rs`).
+    pub version: Version,
     /// The client whose put is in flight or completed last.
     pub writer: Uuid,
     pub put_start_ms: u64,
@@ -157,6 +159,9 @@ impl State {
     ) -> Result<Found<'_>, ErrorCode> {
         check_key(&key)?;
         check_put(cfg, size)?;
+        // Taken first (a refused put leaves a gap, which is harmless: versions only need to
+        // grow), so that both the in-place and the new-buffer path use it.
+        let version = self.next_version();
         let mut pin_now = SoftPin::None;
         if let Some(obj) = self.objects.get_mut(&key) {
             pin_now = obj.soft_pin;
@@ -185,6 +190,7 @@ impl State {
                     obj.writer = client;
                     obj.put_start_ms = now;
                     obj.hard_pin = cfg.with_hard_pin;
+                    obj.version = version;
                     for r in &mut obj.replicas {
                         r.status = ReplicaStatus::Processing;
                     }
@@ -217,6 +223,7 @@ impl State {
         self.note_inflight(now);
         let obj = Object {
             size,
+            version,
             writer: client,
             put_start_ms: now,
             replicas,
@@ -242,6 +249,7 @@ impl State {
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
+        self.tombstones.add(key, obj.version);
         self.done_inflight(obj.put_start_ms);
         let release_at = obj
             .put_start_ms
@@ -271,6 +279,7 @@ impl State {
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
+        self.tombstones.add(key, obj.version);
         for r in obj.replicas {
             if hold_until > now {
                 self.zombies.push(super::Zombie {
@@ -284,9 +293,10 @@ impl State {
         }
     }
 
-    /// Erases an object and frees its buffers at once.
+    /// Erases an object and frees its buffers at once, leaving a tombstone.
     pub(crate) fn erase(&mut self, key: &str) -> Option<Object> {
         let obj = self.objects.remove(key)?;
+        self.tombstones.add(key, obj.version);
         for r in &obj.replicas {
             self.segs.free_span(r.seg, r.span);
         }
@@ -342,6 +352,7 @@ impl State {
         key: &str,
         lease: bool,
     ) -> Result<Found<'_>, ErrorCode> {
+        self.fenced(now)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
         if !obj.has_complete() {
@@ -357,6 +368,7 @@ impl State {
     /// ExistKey: true iff readable; grants a probe lease (blocks remove, not eviction) and
     /// leaves recency alone.
     pub(crate) fn exist(&mut self, now: u64, key: &str) -> Result<bool, ErrorCode> {
+        self.fenced(now)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         match self.objects.get_mut(key) {
             Some(obj) if obj.has_complete() => {
@@ -377,11 +389,13 @@ impl State {
         Ok(())
     }
 
-    pub(crate) fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<(), ErrorCode> {
+    /// Removes an object; returns it (its replicas' spans are freed, their segments still
+    /// mounted) so that the caller can tell the remover what to bury (`docs/ha.md`).
+    pub(crate) fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<Object, ErrorCode> {
+        self.fenced(now)?;
         let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
         Self::removable(obj, now, force)?;
-        self.erase(key);
-        Ok(())
+        self.erase(key).ok_or(ErrorCode::InternalError)
     }
 
     /// Removes every removable object whose key the predicate accepts; returns the count.
@@ -390,20 +404,27 @@ impl State {
         now: u64,
         force: bool,
         mut pick: impl FnMut(&str) -> bool,
-    ) -> u64 {
-        let State { objects, segs, .. } = self;
+    ) -> Result<u64, ErrorCode> {
+        self.fenced(now)?;
+        let State {
+            objects,
+            segs,
+            tombstones,
+            ..
+        } = self;
         let mut n = 0;
         objects.retain(|k, obj| {
             if !pick(k) || Self::removable(obj, now, force).is_err() {
                 return true;
             }
+            tombstones.add(k, obj.version);
             for r in &obj.replicas {
                 segs.free_span(r.seg, r.span);
             }
             n += 1;
             false
         });
-        n
+        Ok(n)
     }
 
     /// Discards in-flight puts older than the discard timeout (a writer that died mid-put)
@@ -415,10 +436,11 @@ impl State {
             objects,
             zombies,
             inflight,
+            tombstones,
             ..
         } = self;
         inflight.clear();
-        objects.retain(|_, obj| {
+        objects.retain(|k, obj| {
             if !obj.all_processing() {
                 return true;
             }
@@ -433,6 +455,7 @@ impl State {
                     release_at_ms: obj.put_start_ms.saturating_add(release_ms),
                 });
             }
+            tombstones.add(k, obj.version);
             Metrics::inc(&m.put_start_discards);
             false
         });

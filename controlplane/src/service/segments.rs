@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use protocol::{ErrorCode, HeldObject, ReplicaStatus, Segment, Uuid};
+use protocol::{ErrorCode, HeldObject, ReplicaStatus, Segment, Uuid, Version};
 
 use super::freed::FreedOutbox;
 use super::object::{check_key, Object, Replica, SoftPin};
@@ -273,13 +273,41 @@ impl State {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Re-inserts one held object (or learns one tombstone, `size == 0`). The newest version
+    /// of a key wins (`docs/ha.md`, "versions and tombstones"): a held object older than the
+    /// key's object or tombstone is refused and its range told to the owner as freed, so its
+    /// catalog entry goes; a newer one replaces the key's object.
     fn reinsert(&mut self, now: u64, client: Uuid, h: HeldObject) -> bool {
-        if check_key(&h.key).is_err() || h.size == 0 {
+        if check_key(&h.key).is_err() {
             return false;
         }
         let Some(r) = self.segs.by_name(&h.segment_name) else {
             return false;
         };
+        if self.segs.get(r).is_none_or(|seg| seg.client != client) {
+            return false;
+        }
+        if h.size == 0 {
+            self.learn_tombstone(&h.key, h.version);
+            return true;
+        }
+        if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version) {
+            self.release_stale(r, h.buffer_address, h.size);
+            return false;
+        }
+        if let Some(obj) = self.objects.get(&h.key) {
+            if obj.version > h.version {
+                self.release_stale(r, h.buffer_address, h.size);
+                return false;
+            }
+            if obj.version < h.version {
+                if obj.all_processing() {
+                    // A put of this term is in flight; it will settle the key.
+                    return false;
+                }
+                self.erase(&h.key);
+            }
+        }
         // Conservative restart: a reader may hold a lease granted by the previous master (or
         // leader); the re-reported object keeps the longest such lease could have run.
         let lease_until = now.saturating_add(self.cfg.default_kv_lease_ttl_ms);
@@ -287,9 +315,6 @@ impl State {
         let Some(seg) = segs.get_mut(r) else {
             return false;
         };
-        if seg.client != client {
-            return false;
-        }
         if let Some(obj) = objects.get(&h.key) {
             let fits =
                 obj.size == h.size && obj.is_complete() && obj.replicas.iter().all(|x| x.seg != r);
@@ -316,6 +341,7 @@ impl State {
                     h.key,
                     Object {
                         size: h.size,
+                        version: h.version,
                         writer: client,
                         put_start_ms: now,
                         replicas: vec![replica],
@@ -329,6 +355,32 @@ impl State {
             }
         }
         true
+    }
+
+    /// A re-reported tombstone: the key was removed at `version`. An object of that version
+    /// or older leaves the index (its spans are freed and told to their owners).
+    fn learn_tombstone(&mut self, key: &str, version: Version) {
+        if let Some(obj) = self.objects.get(key) {
+            if obj.version <= version && !obj.all_processing() {
+                self.erase(key);
+            }
+        }
+        self.tombstones.add(key, version);
+    }
+
+    /// Tells the owner of segment `r` that `[addr, addr + len)` holds nothing live (a stale
+    /// version it re-reported), through the freed outbox, when no live allocation overlaps
+    /// the range; otherwise its entry lingers until the range is reused.
+    fn release_stale(&mut self, r: SegRef, addr: u64, len: u64) {
+        let Some(seg) = self.segs.get_mut(r) else {
+            return;
+        };
+        if let Some(span) = seg.alloc.reserve(addr, len) {
+            seg.freed.claim(span);
+            if seg.alloc.free(span) {
+                seg.freed.push(span);
+            }
+        }
     }
 
     /// Unmount requested by the segment's owner.

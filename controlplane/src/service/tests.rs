@@ -154,6 +154,7 @@ impl T {
                 force,
             },
         )
+        .map(|_| ())
     }
 
     fn used(&self) -> u64 {
@@ -701,7 +702,12 @@ fn batch_operations_answer_per_item() {
             },
         )
         .unwrap();
-    assert_eq!(r, vec![Ok(()), Ok(())]);
+    // Each answer names the freed replica, for the remover to bury.
+    assert_eq!(r.len(), 2);
+    assert!(
+        r.iter().all(|x| x.as_ref().is_ok_and(|v| v.len() == 1)),
+        "{r:?}"
+    );
     let m = t.svc.metrics();
     assert_eq!(m.batch_counts(BatchOp::PutStart), (1, 0, 4, 3));
     assert_eq!(m.batch_counts(BatchOp::ExistKey), (1, 0, 3, 0));
@@ -1224,6 +1230,7 @@ fn remount_rebuilds_the_index_after_a_restart() {
         segment_name: seg.into(),
         buffer_address: d.buffer_address,
         with_hard_pin: false,
+        version: d.version,
     };
     let r = t2.call(
         Request::ReMountSegment,
@@ -1292,6 +1299,7 @@ fn remount_refuses_held_objects_that_do_not_fit() {
         segment_name: seg.into(),
         buffer_address: addr,
         with_hard_pin: false,
+        version: protocol::Version::ZERO,
     };
     let (b1, b2) = (1u64 << 40, 2u64 << 40);
     let t2 = T::new();
@@ -1862,4 +1870,175 @@ fn a_client_remounting_while_quarantined_keeps_the_invariant() {
     t.svc.tick();
     assert_eq!(t.quarantined(), 0);
     t.put("k", 4096);
+}
+
+/// Two owners' segments for the version tests: seg1 (C1) and seg2 (C2), 64 MiB each.
+fn version_segments() -> (Segment, Segment) {
+    let seg = |n: u64, name: &str| Segment {
+        id: Uuid::from_parts(100, n),
+        name: name.into(),
+        base: n << 40,
+        size: 64 * MIB,
+        te_endpoint: format!("{name}-te"),
+        protocol: "tcp".into(),
+        host_id: format!("h{n}"),
+    };
+    (seg(1, "seg1"), seg(2, "seg2"))
+}
+
+fn held_at(key: &str, size: u64, seg: &Segment, off: u64, version: Version) -> HeldObject {
+    HeldObject {
+        key: key.into(),
+        size,
+        segment_name: seg.name.clone(),
+        buffer_address: seg.base + off,
+        with_hard_pin: false,
+        version,
+    }
+}
+
+fn remount_held(t: &T, client: Uuid, seg: &Segment, held: Vec<HeldObject>) {
+    let r = t.call(
+        Request::ReMountSegment,
+        ReMountSegment {
+            client_id: client,
+            segments: vec![seg.clone()],
+            held,
+        },
+    );
+    assert_eq!(r, Ok(()));
+}
+
+fn freed_of(t: &T, client: Uuid) -> Vec<(u64, u64)> {
+    t.call(Request::Ping, Ping { client_id: client })
+        .unwrap()
+        .freed
+}
+
+#[test]
+fn writes_get_growing_versions_and_removes_name_them() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let a = t.put("a", 4096);
+    let b = t.put("b", 4096);
+    assert!(a[0].version.term > 0);
+    assert!(b[0].version > a[0].version);
+    // An upsert, in place or not, is a newer write.
+    let up = t
+        .call(
+            Request::UpsertStart,
+            UpsertStart {
+                client_id: C1,
+                key: "a".into(),
+                size: 4096,
+                config: ReplicateConfig::default(),
+            },
+        )
+        .unwrap();
+    assert!(up[0].version > b[0].version);
+    t.end(C1, "a").unwrap();
+    let gone = t
+        .call(
+            Request::Remove,
+            Remove {
+                key: "a".into(),
+                force: false,
+            },
+        )
+        .unwrap();
+    let named = |d: &[ReplicaDescriptor]| -> Vec<(u64, Version)> {
+        d.iter().map(|r| (r.buffer_address, r.version)).collect()
+    };
+    assert_eq!(
+        named(&gone),
+        named(&up),
+        "the remove names the replicas and version it freed"
+    );
+}
+
+#[test]
+fn remount_keeps_the_newest_version_of_each_key() {
+    let (s1, s2) = version_segments();
+    let v = |seq| Version { term: 5, seq };
+    for old_first in [true, false] {
+        let t = T::new();
+        let old = (C1, &s1, vec![held_at("k", 4096, &s1, 0, v(1))]);
+        let new = (C2, &s2, vec![held_at("k", 8192, &s2, 0, v(2))]);
+        let order = if old_first { [old, new] } else { [new, old] };
+        for (client, seg, held) in order {
+            remount_held(&t, client, seg, held);
+        }
+        let l = t.get("k").unwrap();
+        assert_eq!(l.replicas.len(), 1, "old first: {old_first}");
+        assert_eq!(l.replicas[0].segment_name, "seg2");
+        assert_eq!(l.replicas[0].version, v(2));
+        // The stale range is told to its owner, which drops its catalog entry.
+        assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
+        assert_eq!(t.used(), 8192);
+    }
+    // The same version from two owners: two replicas of one object.
+    let t = T::new();
+    remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(3))]);
+    remount_held(&t, C2, &s2, vec![held_at("k", 4096, &s2, 0, v(3))]);
+    assert_eq!(t.get("k").unwrap().replicas.len(), 2);
+}
+
+#[test]
+fn re_reported_tombstones_keep_removed_keys_removed() {
+    let (s1, s2) = version_segments();
+    let v = |seq| Version { term: 5, seq };
+    let tomb = |key: &str, seg: &Segment, version| HeldObject {
+        size: 0,
+        buffer_address: 0,
+        ..held_at(key, 1, seg, 0, version)
+    };
+    let t = T::new();
+    // seg1 still holds k@1 (its owner never heard of the free); seg2's owner buried k@2.
+    remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(1))]);
+    remount_held(&t, C2, &s2, vec![tomb("k", &s2, v(2))]);
+    assert_eq!(t.get("k").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
+    assert_eq!(t.used(), 0);
+    // An older version reported after the tombstone is refused too; a newer one is a new
+    // write and stays.
+    remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(1))]);
+    assert_eq!(t.get("k").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
+    remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(3))]);
+    assert_eq!(t.get("k").unwrap().replicas[0].version, v(3));
+    // A key removed in this term: a late re-report of it does not bring it back.
+    remount_held(&t, C2, &s2, vec![held_at("r", 4096, &s2, 0, v(4))]);
+    t.remove("r", true).unwrap();
+    freed_of(&t, C2);
+    remount_held(&t, C2, &s2, vec![held_at("r", 4096, &s2, 0, v(4))]);
+    assert_eq!(t.get("r").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+}
+
+#[test]
+fn a_new_term_fences_reads_and_removes_while_owners_re_report() {
+    let t = T::new();
+    t.svc.reset(41);
+    t.mount(1, 64 * MIB);
+    // Writes go on: their versions are above every earlier term's.
+    let d = t.put("k", 4096);
+    assert_eq!(d[0].version, Version { term: 41, seq: 1 });
+    let unavailable = Err(ErrorCode::UnavailableInCurrentStatus);
+    assert_eq!(t.get("k").map(|_| ()), unavailable);
+    assert_eq!(
+        t.call(Request::ExistKey, ExistKey { key: "k".into() }),
+        unavailable.map(|()| false)
+    );
+    assert_eq!(t.remove("k", true), unavailable);
+    let batch = t
+        .call(
+            Request::BatchExistKey,
+            BatchExistKey {
+                keys: vec!["k".into()],
+            },
+        )
+        .unwrap();
+    assert_eq!(batch, vec![Err(ErrorCode::UnavailableInCurrentStatus)]);
+    t.advance(RECOVERY_FENCE_MS);
+    assert!(t.exist("k"));
+    assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
 }

@@ -12,11 +12,21 @@
 //!
 //! ```text
 //!  0                               8               12              16
-//!  +-------------------------------+---------------+---------------+------------------+
-//!  | object_len (u64)              | flags (u32)   | reserved = 0  | key (UTF-8, rest)|
-//!  +-------------------------------+---------------+---------------+------------------+
-//!  flags: bit 0 = hard pin; every other bit 0.   key: 1 ..= KEY_MAX_BYTES bytes
+//!  +-------------------------------+---------------+---------------+
+//!  | object_len (u64)              | flags (u32)   | reserved = 0  |
+//!  +-------------------------------+---------------+---------------+
+//!  16 (only when flags bit 1)      24              32
+//!  +-------------------------------+-------------------------------+------------------+
+//!  | version.term (u64)            | version.seq (u64)             | key (UTF-8, rest)|
+//!  +-------------------------------+-------------------------------+------------------+
+//!  flags: bit 0 = hard pin; bit 1 = VERSIONED (the version follows the fixed part);
+//!         bit 2 = TOMBSTONE (needs bit 1, not bit 0): `key` was removed at `version`, drop
+//!         its entry in `[addr, addr + object_len)` and remember the removal.
+//!         Every other bit 0.   key: 1 ..= KEY_MAX_BYTES bytes
 //! ```
+//!
+//! A record without a version (a writer that predates versions) is version 0.0, older than
+//! every versioned write.
 //!
 //! Invariants:
 //! - entries never overlap: an insert first removes every entry overlapping its range, so a
@@ -25,21 +35,34 @@
 //! - every entry lies inside memory that was registered when it was inserted; unregistering
 //!   a buffer drops the entries inside it;
 //! - each entry carries the catalog's insertion sequence number, so a removal notice that
-//!   was decided before the entry existed (see [`Catalog::forget`]) cannot drop it.
+//!   was decided before the entry existed (see [`Catalog::forget`]) cannot drop it;
+//! - each entry carries the master's version of its write, and the catalog keeps at most
+//!   [`CATALOG_TOMBSTONES_MAX`] tombstones (key -> version removed). A tombstone only ever
+//!   drops entries of its own key at or below its version, so it never hides a newer write,
+//!   of that key or of another key that reused the range.
 //!
 //! Locking: one small mutex. It is not on the byte path: a put touches it once (one insert),
 //! not per byte, and the owner touches it once per ping (freed ranges) and once per re-mount
 //! (snapshot). "Nothing on the data path takes a lock" is about READ and WRITE payloads, which
 //! never look at the catalog.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use crate::limits::{CATALOG_RECORD_HEADER_BYTES, CATALOG_RECORD_MAX_BYTES};
+use protocol::Version;
+
+use crate::limits::{
+    CATALOG_RECORD_HEADER_BYTES, CATALOG_RECORD_MAX_BYTES, CATALOG_RECORD_VERSION_BYTES,
+    CATALOG_TOMBSTONES_MAX,
+};
 use crate::TeError;
 
 /// `flags` bit of a record: the object is hard-pinned (never evicted).
 pub const CATALOG_FLAG_HARD_PIN: u32 = 1;
+/// `flags` bit of a record: a version follows the fixed part.
+pub const CATALOG_FLAG_VERSIONED: u32 = 2;
+/// `flags` bit of a record: a tombstone (the key was removed at the record's version).
+pub const CATALOG_FLAG_TOMBSTONE: u32 = 4;
 
 /// One committed object of the catalog.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +71,7 @@ pub struct CatalogEntry {
     pub len: u64,
     pub key: String,
     pub hard_pin: bool,
+    pub version: Version,
 }
 
 /// A decoded `CATALOG_PUT` payload.
@@ -56,50 +80,82 @@ pub struct CatalogRecord<'a> {
     pub len: u64,
     pub hard_pin: bool,
     pub key: &'a str,
+    pub version: Version,
+    /// The key was removed at `version`: drop its entry, remember the removal.
+    pub tombstone: bool,
 }
 
 impl CatalogRecord<'_> {
-    /// The wire form (see the module docs).
+    /// The wire form (see the module docs); always versioned.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(CATALOG_RECORD_HEADER_BYTES + self.key.len());
+        let mut out = Vec::with_capacity(
+            CATALOG_RECORD_HEADER_BYTES + CATALOG_RECORD_VERSION_BYTES + self.key.len(),
+        );
         out.extend_from_slice(&self.len.to_le_bytes());
-        let flags = if self.hard_pin {
-            CATALOG_FLAG_HARD_PIN
-        } else {
-            0
-        };
+        let mut flags = CATALOG_FLAG_VERSIONED;
+        if self.hard_pin {
+            flags |= CATALOG_FLAG_HARD_PIN;
+        }
+        if self.tombstone {
+            flags |= CATALOG_FLAG_TOMBSTONE;
+        }
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.version.term.to_le_bytes());
+        out.extend_from_slice(&self.version.seq.to_le_bytes());
         out.extend_from_slice(self.key.as_bytes());
         out
     }
 
-    /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part, longer
-    /// than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a reserved field not 0, an empty key,
+    /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part (and the
+    /// version when flagged), longer than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a
+    /// tombstone without a version or with a hard pin, a reserved field not 0, an empty key,
     /// a key that is not UTF-8, or an object length of 0.
     pub fn decode(b: &[u8]) -> Result<CatalogRecord<'_>, TeError> {
         if b.len() <= CATALOG_RECORD_HEADER_BYTES || b.len() as u64 > CATALOG_RECORD_MAX_BYTES {
             return Err(TeError::InvalidArgument);
         }
-        let (fixed, key) = b.split_at(CATALOG_RECORD_HEADER_BYTES);
-        let mut len = [0u8; 8];
-        len.copy_from_slice(&fixed[0..8]);
+        let (fixed, rest) = b.split_at(CATALOG_RECORD_HEADER_BYTES);
+        let u64_at = |s: &[u8], at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&s[at..at + 8]);
+            u64::from_le_bytes(x)
+        };
         let mut flags = [0u8; 4];
         flags.copy_from_slice(&fixed[8..12]);
         let flags = u32::from_le_bytes(flags);
         let reserved = &fixed[12..16];
-        if flags & !CATALOG_FLAG_HARD_PIN != 0 || reserved != [0; 4] {
+        let known = CATALOG_FLAG_HARD_PIN | CATALOG_FLAG_VERSIONED | CATALOG_FLAG_TOMBSTONE;
+        let versioned = flags & CATALOG_FLAG_VERSIONED != 0;
+        let tombstone = flags & CATALOG_FLAG_TOMBSTONE != 0;
+        let hard_pin = flags & CATALOG_FLAG_HARD_PIN != 0;
+        if flags & !known != 0 || reserved != [0; 4] || (tombstone && (!versioned || hard_pin)) {
             return Err(TeError::InvalidArgument);
         }
-        let len = u64::from_le_bytes(len);
+        let (version, key) = if versioned {
+            if rest.len() <= CATALOG_RECORD_VERSION_BYTES {
+                return Err(TeError::InvalidArgument);
+            }
+            let (v, key) = rest.split_at(CATALOG_RECORD_VERSION_BYTES);
+            let version = Version {
+                term: u64_at(v, 0),
+                seq: u64_at(v, 8),
+            };
+            (version, key)
+        } else {
+            (Version::ZERO, rest)
+        };
+        let len = u64_at(fixed, 0);
         let key = std::str::from_utf8(key).map_err(|_| TeError::InvalidArgument)?;
         if len == 0 {
             return Err(TeError::InvalidArgument);
         }
         Ok(CatalogRecord {
             len,
-            hard_pin: flags & CATALOG_FLAG_HARD_PIN != 0,
+            hard_pin,
             key,
+            version,
+            tombstone,
         })
     }
 }
@@ -109,6 +165,7 @@ struct Entry {
     len: u64,
     key: Box<str>,
     hard_pin: bool,
+    version: Version,
     /// Insertion sequence number (see [`Catalog::mark`]).
     seq: u64,
 }
@@ -118,31 +175,67 @@ struct Inner {
     by_addr: BTreeMap<u64, Entry>,
     /// Sequence number of the last insert.
     seq: u64,
+    /// Removed keys: key -> the version removed, and the same ordered by version (to drop
+    /// the oldest beyond [`CATALOG_TOMBSTONES_MAX`]).
+    tombstones: HashMap<Box<str>, Version>,
+    tombstones_by_version: BTreeSet<(Version, Box<str>)>,
 }
 
 impl Inner {
     /// Removes the entries overlapping `[addr, addr + len)` whose sequence number is at most
     /// `upto`; returns how many.
     fn remove_overlapping(&mut self, addr: u64, len: u64, upto: u64) -> usize {
+        self.remove_overlapping_where(addr, len, |e| e.seq <= upto)
+    }
+
+    /// Removes the entries overlapping `[addr, addr + len)` that `doomed` accepts.
+    fn remove_overlapping_where(
+        &mut self,
+        addr: u64,
+        len: u64,
+        doomed: impl Fn(&Entry) -> bool,
+    ) -> usize {
         let end = addr.saturating_add(len);
-        let mut doomed: Vec<u64> = Vec::new();
+        let mut hit: Vec<u64> = Vec::new();
         // Entries never overlap, so only the last one starting before `addr` can reach into
         // the range; every entry starting inside it overlaps it.
         if let Some((&a, e)) = self.by_addr.range(..addr).next_back() {
-            if a.saturating_add(e.len) > addr && e.seq <= upto {
-                doomed.push(a);
+            if a.saturating_add(e.len) > addr && doomed(e) {
+                hit.push(a);
             }
         }
-        doomed.extend(
+        hit.extend(
             self.by_addr
                 .range(addr..end)
-                .filter(|(_, e)| e.seq <= upto)
+                .filter(|(_, e)| doomed(e))
                 .map(|(&a, _)| a),
         );
-        for a in &doomed {
+        for a in &hit {
             self.by_addr.remove(a);
         }
-        doomed.len()
+        hit.len()
+    }
+
+    fn drop_tombstone(&mut self, key: &str) {
+        if let Some((k, v)) = self.tombstones.remove_entry(key) {
+            self.tombstones_by_version.remove(&(v, k));
+        }
+    }
+
+    /// Remembers that `key` was removed at `version` (the newer removal wins).
+    fn add_tombstone(&mut self, key: &str, version: Version) {
+        if self.tombstones.get(key).is_some_and(|&v| v >= version) {
+            return;
+        }
+        self.drop_tombstone(key);
+        self.tombstones.insert(key.into(), version);
+        self.tombstones_by_version.insert((version, key.into()));
+        while self.tombstones.len() > CATALOG_TOMBSTONES_MAX {
+            let Some((_, k)) = self.tombstones_by_version.pop_first() else {
+                break;
+            };
+            self.tombstones.remove(&k);
+        }
     }
 }
 
@@ -163,12 +256,16 @@ impl Catalog {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that `key` (`len` bytes) is committed at `addr`, replacing every entry that
-    /// overlaps `[addr, addr + len)`. The caller has checked the range against registered
-    /// memory.
-    pub fn insert(&self, addr: u64, len: u64, key: &str, hard_pin: bool) {
+    /// Records that version `version` of `key` (`len` bytes) is committed at `addr`,
+    /// replacing every entry that overlaps `[addr, addr + len)` (the master allocated the
+    /// range anew, so what was there is gone), and forgetting an older tombstone of `key`.
+    /// The caller has checked the range against registered memory.
+    pub fn insert(&self, addr: u64, len: u64, key: &str, hard_pin: bool, version: Version) {
         let mut inner = self.lock();
         inner.remove_overlapping(addr, len, u64::MAX);
+        if inner.tombstones.get(key).is_some_and(|&v| v < version) {
+            inner.drop_tombstone(key);
+        }
         inner.seq += 1;
         let seq = inner.seq;
         inner.by_addr.insert(
@@ -177,9 +274,40 @@ impl Catalog {
                 len,
                 key: key.into(),
                 hard_pin,
+                version,
                 seq,
             },
         );
+    }
+
+    /// Applies a record: an object is inserted, a tombstone buried.
+    pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) {
+        if rec.tombstone {
+            self.bury(addr, rec.len, rec.key, rec.version);
+        } else {
+            self.insert(addr, rec.len, rec.key, rec.hard_pin, rec.version);
+        }
+    }
+
+    /// Records that `key` was removed at `version`: drops its entries overlapping
+    /// `[addr, addr + len)` whose version is at most `version` (an entry of another key, or
+    /// a newer one of this key, is a later write into the reused range and stays), and keeps
+    /// a tombstone so that the removal is re-reported. Returns how many entries went.
+    pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
+        let mut inner = self.lock();
+        let n =
+            inner.remove_overlapping_where(addr, len, |e| &*e.key == key && e.version <= version);
+        inner.add_tombstone(key, version);
+        n
+    }
+
+    /// Every tombstone: (key, version removed), in no particular order.
+    pub fn tombstones(&self) -> Vec<(String, Version)> {
+        self.lock()
+            .tombstones
+            .iter()
+            .map(|(k, &v)| (k.to_string(), v))
+            .collect()
     }
 
     /// The sequence number of the last insert so far. Take it before asking the master which
@@ -206,6 +334,7 @@ impl Catalog {
                 len: e.len,
                 key: e.key.to_string(),
                 hard_pin: e.hard_pin,
+                version: e.version,
             })
             .collect()
     }
@@ -228,6 +357,12 @@ impl Catalog {
 mod tests {
     use super::*;
 
+    const V0: Version = Version::ZERO;
+
+    fn v(term: u64, seq: u64) -> Version {
+        Version { term, seq }
+    }
+
     fn keys(c: &Catalog) -> Vec<(u64, String)> {
         c.entries().into_iter().map(|e| (e.addr, e.key)).collect()
     }
@@ -238,19 +373,38 @@ mod tests {
             len: 4096,
             hard_pin: true,
             key: "k/1",
+            version: v(7, 9),
+            tombstone: false,
         };
         let b = r.encode();
-        assert_eq!(b.len(), 16 + 3);
+        assert_eq!(b.len(), 16 + 16 + 3);
         assert_eq!(&b[0..8], &4096u64.to_le_bytes());
-        assert_eq!(&b[8..12], &1u32.to_le_bytes());
+        assert_eq!(&b[8..12], &3u32.to_le_bytes());
+        assert_eq!(&b[16..24], &7u64.to_le_bytes());
+        assert_eq!(&b[24..32], &9u64.to_le_bytes());
         assert_eq!(CatalogRecord::decode(&b), Ok(r));
+        // A record of a writer that predates versions: version 0.0.
+        let mut legacy = b[..16].to_vec();
+        legacy[8] = 1;
+        legacy.extend_from_slice(b"k/1");
+        let old = CatalogRecord::decode(&legacy).unwrap();
+        assert_eq!((old.version, old.key, old.hard_pin), (V0, "k/1", true));
+        let tomb = CatalogRecord {
+            hard_pin: false,
+            tombstone: true,
+            ..r
+        };
+        assert_eq!(CatalogRecord::decode(&tomb.encode()), Ok(tomb));
         let bad = |f: &dyn Fn(&mut Vec<u8>)| {
             let mut x = b.clone();
             f(&mut x);
             CatalogRecord::decode(&x).is_err()
         };
-        assert!(bad(&|x| x.truncate(16)), "empty key");
-        assert!(bad(&|x| x[8] = 2), "unknown flag");
+        assert!(bad(&|x| x.truncate(32)), "empty key");
+        assert!(bad(&|x| x.truncate(20)), "short version");
+        assert!(bad(&|x| x[8] = 8 | 2), "unknown flag");
+        assert!(bad(&|x| x[8] = 4 | 2 | 1), "pinned tombstone");
+        assert!(bad(&|x| x[8] = 4), "tombstone without a version");
         assert!(bad(&|x| x[13] = 1), "reserved");
         assert!(bad(&|x| x[0..8].fill(0)), "zero length");
         assert!(bad(&|x| x.push(0xff)), "not UTF-8");
@@ -259,6 +413,8 @@ mod tests {
             len: 1,
             hard_pin: false,
             key: &huge,
+            version: V0,
+            tombstone: false,
         };
         assert!(CatalogRecord::decode(&long.encode()).is_err());
         let max = "k".repeat(protocol::limits::KEY_MAX_BYTES);
@@ -266,6 +422,8 @@ mod tests {
             len: 1,
             hard_pin: false,
             key: &max,
+            version: v(u64::MAX, u64::MAX),
+            tombstone: false,
         };
         assert_eq!(CatalogRecord::decode(&ok.encode()), Ok(ok));
     }
@@ -273,23 +431,23 @@ mod tests {
     #[test]
     fn inserts_replace_what_they_overlap() {
         let c = Catalog::new();
-        c.insert(100, 50, "a", false);
-        c.insert(200, 50, "b", false);
-        c.insert(300, 50, "c", true);
+        c.insert(100, 50, "a", false, V0);
+        c.insert(200, 50, "b", false, V0);
+        c.insert(300, 50, "c", true, V0);
         // Overlaps the tail of a and the head of b.
-        c.insert(140, 70, "d", false);
+        c.insert(140, 70, "d", false, V0);
         assert_eq!(
             keys(&c),
             vec![(140, "d".into()), (300, "c".into())],
             "a and b replaced"
         );
         // Same start, same range: replaced.
-        c.insert(300, 50, "e", false);
+        c.insert(300, 50, "e", false, V0);
         assert_eq!(c.entries()[1].key, "e");
         assert!(!c.entries()[1].hard_pin);
         // Adjacent ranges do not overlap.
-        c.insert(350, 10, "f", false);
-        c.insert(130, 10, "g", false);
+        c.insert(350, 10, "f", false, V0);
+        c.insert(130, 10, "g", false, V0);
         assert_eq!(c.len(), 4);
         assert_eq!(c.entries_in(135, 200).len(), 2, "starts inside [135, 335)");
     }
@@ -297,13 +455,50 @@ mod tests {
     #[test]
     fn forget_respects_the_mark() {
         let c = Catalog::new();
-        c.insert(0, 10, "old", false);
+        c.insert(0, 10, "old", false, V0);
         let mark = c.mark();
         // The range was freed and reused by a new put after the mark was taken.
-        c.insert(20, 10, "new", false);
+        c.insert(20, 10, "new", false, V0);
         assert_eq!(c.forget(0, 30, mark), 1);
         assert_eq!(keys(&c), vec![(20, "new".into())]);
         assert_eq!(c.forget(25, 1, u64::MAX), 1);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn tombstones_drop_only_older_entries_of_their_key() {
+        let c = Catalog::new();
+        c.insert(0, 10, "k", false, v(1, 5));
+        c.insert(10, 10, "other", false, v(1, 6));
+        // Removal of k at 1.5 drops k, not the neighbour it overlaps.
+        assert_eq!(c.bury(0, 20, "k", v(1, 5)), 1);
+        assert_eq!(keys(&c), vec![(10, "other".into())]);
+        assert_eq!(c.tombstones(), vec![("k".to_string(), v(1, 5))]);
+        // A newer k in the range survives an older removal notice.
+        c.insert(0, 10, "k", false, v(2, 1));
+        assert!(
+            c.tombstones().is_empty(),
+            "a newer write supersedes the tombstone"
+        );
+        assert_eq!(c.bury(0, 10, "k", v(1, 9)), 0);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.tombstones(), vec![("k".to_string(), v(1, 9))]);
+        // The newer removal wins; an older one changes nothing.
+        c.bury(0, 10, "k", v(2, 1));
+        c.bury(0, 10, "k", v(1, 1));
+        assert_eq!(c.tombstones(), vec![("k".to_string(), v(2, 1))]);
+        assert_eq!(keys(&c), vec![(10, "other".into())]);
+    }
+
+    #[test]
+    fn tombstones_are_bounded_oldest_first() {
+        let c = Catalog::new();
+        for i in 0..CATALOG_TOMBSTONES_MAX as u64 + 2 {
+            c.bury(0, 1, &format!("k{i}"), v(1, i));
+        }
+        let t = c.tombstones();
+        assert_eq!(t.len(), CATALOG_TOMBSTONES_MAX);
+        assert!(!t.iter().any(|(k, _)| k == "k0" || k == "k1"));
+        assert!(t.iter().any(|(k, _)| k == "k2"));
     }
 }

@@ -229,7 +229,7 @@ impl ServedMemory {
         }
         // Inserted under the read lock, so an unregister of this buffer (write lock) either
         // comes first and refuses the range, or comes after and drops the entry.
-        self.catalog.insert(addr, rec.len, rec.key, rec.hard_pin);
+        self.catalog.apply(addr, &rec);
         Ok(())
     }
 }
