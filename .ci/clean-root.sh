@@ -50,6 +50,8 @@ cargo_bin=$(dirname "$(command -v cargo)")
 [ -d "$rustup_home/toolchains" ] || die "no Rust toolchain under $rustup_home"
 
 root=${CLEAN_ROOT:-$(mktemp -d /var/tmp/mooncake-clean-root.XXXXXX)}
+# mktemp makes the folder 0700; as the root's "/" it must let the unprivileged user in.
+chmod 0755 "$root"
 mounted=()
 cleanup() {
   local i
