@@ -26,11 +26,12 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
+use crate::mem::segment::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
@@ -86,24 +87,6 @@ fn cpath(path: &str) -> io::Result<CString> {
     CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
 
-fn map(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
-}
-
 impl Segment {
     /// Creates this rank's segment at `path` (which must not exist), locks it and writes the
     /// header.
@@ -138,7 +121,7 @@ impl Segment {
             unsafe { libc::unlink(c.as_ptr()) };
             return Err(e);
         }
-        let base = map(&fd, len)?;
+        let base = mmap_shared(fd.as_fd(), len)?;
         let seg = Segment {
             base,
             len,
@@ -184,7 +167,7 @@ impl Segment {
             ));
         }
         let seg = Segment {
-            base: map(&fd, len)?,
+            base: mmap_shared(fd.as_fd(), len)?,
             len,
             fd,
             ranks,

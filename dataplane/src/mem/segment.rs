@@ -303,7 +303,8 @@ fn map_hugetlb(len: usize) -> io::Result<Segment> {
 }
 
 /// Maps the first `len` bytes of `fd` shared, readable and writable, at a kernel-chosen
-/// address (used for our own memfd and for one received from a same-host exporter).
+/// address (used for our own memfd, for one received from a same-host exporter, and for the
+/// `mooncake.pg` ranks' segments in `collective::seg`).
 pub(crate) fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh shared mapping of a descriptor we hold, at a kernel-chosen address; it
