@@ -581,8 +581,9 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
     }
     // A large batch on the wire when the link was down (the loop runs them back to back, so
     // one started before `ip link set down` returned or within 0.5 s of it) failed with
-    // TRANSFER_FAIL; one started just before the cut may also have completed from what was
-    // already buffered.
+    // TRANSFER_FAIL, or completed from what was already buffered: which one is timing (a
+    // fresh-clone CI run saw the batch complete). That some read of the cut node failed is
+    // asserted below for every call that overlapped the cut; no call hung, above.
     let big_in_flight: Vec<&Call> = calls
         .iter()
         .filter(|c| {
@@ -591,10 +592,6 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
                 && c.start + c.took > t_down
         })
         .collect();
-    assert!(
-        big_in_flight.iter().any(|c| !c.errors.is_empty()),
-        "no large batch was in flight when the link went down"
-    );
     for c in &big_in_flight {
         assert!(
             c.errors
