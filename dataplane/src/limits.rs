@@ -131,3 +131,19 @@ const _: () = assert!(PG_COLL_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
 const _: () = assert!(PG_COLL_SLOT_BYTES / PG_MAX_RANKS >= PG_CHUNK_ALIGN_BYTES);
 const _: () = assert!(PG_P2P_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
 const _: () = assert!(PG_HEADER_BYTES >= 512 + 2 * 64 * PG_MAX_RANKS + 2 * 64 * PG_MAX_RANKS);
+
+/// How long a `mooncake.pg` rank waits for its TCP links to the ranks on other hosts (connect
+/// to each and be connected from each) when the group starts.
+pub const PG_NET_CONNECT_TIMEOUT_MS: u64 = 60_000;
+/// Receive buffer of one incoming `mooncake.pg` link; larger writes go straight into the
+/// replica after the buffered part.
+pub const PG_NET_RX_BUFFER_BYTES: usize = 256 * 1024;
+/// Writes up to this size are copied into the outgoing frame buffer (one send per sync);
+/// larger ones are sent from the segment with their own `sendmsg`.
+pub const PG_NET_INLINE_BYTES: usize = 64 * 1024;
+/// Bounds of the heartbeat period (a quarter of the collective timeout, clamped).
+pub const PG_NET_HEARTBEAT_MIN_MS: u64 = 5;
+pub const PG_NET_HEARTBEAT_MAX_MS: u64 = 500;
+
+const _: () = assert!(PG_NET_INLINE_BYTES <= PG_NET_RX_BUFFER_BYTES);
+const _: () = assert!(PG_NET_HEARTBEAT_MIN_MS <= PG_NET_HEARTBEAT_MAX_MS);

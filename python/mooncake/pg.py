@@ -7,7 +7,8 @@ tensors with a clear error, since this build has no GPU data path.
 The group is a Python subclass of ``torch.distributed.ProcessGroup``; every operation checks
 its arguments here, then hands tensor addresses and sizes to the native data path
 (``mooncake._native.PgComm``, Rust ``dataplane::collective``): same-host ranks exchange bytes
-by memcpy through shared-memory segments and reduce in Rust. Python never loops over
+by memcpy through shared-memory segments, ranks on other hosts push them over TCP, and
+reductions run in Rust. Python never loops over
 elements. Work objects are returned at once; ``wait()`` blocks without the GIL.
 
 Fault tolerance follows upstream: ``active_ranks`` is a live int32 tensor; a rank whose
@@ -106,7 +107,8 @@ class _Settings:
 
 
 def set_host_ip(host, /):
-    """Host IP the data path advertises. Must precede the first group."""
+    """Address this rank listens on and advertises to ranks on other hosts (default
+    127.0.0.1). Must precede the first group."""
     if not isinstance(host, str):
         raise TypeError("set_host_ip(host: str)")
     if _Settings.initialized and host != _Settings.host_ip:
@@ -411,6 +413,11 @@ def _overlap(xs, ys):
 
 
 def _host_id():
+    """Ranks with equal host ids share memory; others are linked over TCP. ``MC_PG_HOST_ID``
+    overrides it (tests run "other hosts" on one machine that way)."""
+    forced = os.environ.get("MC_PG_HOST_ID")
+    if forced:
+        return forced
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -475,19 +482,18 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         comm = _native.PgComm(path, rank, size)
         try:
             me = _host_id()
-            store.set(f"mooncake_pg/seg/{rank}", f"{me}\n{path}")
+            ip = _Settings.host_ip
+            endpoint = f"[{ip}]:{comm.listen(ip)}" if ":" in ip else f"{ip}:{comm.listen(ip)}"
+            store.set(f"mooncake_pg/seg/{rank}", f"{me}\n{endpoint}\n{path}")
             keys = [f"mooncake_pg/seg/{r}" for r in range(size)]
             store.wait(keys)
-            paths = []
-            for r, k in enumerate(keys):
-                host, p = store.get(k).decode().split("\n", 1)
-                if host != me:
-                    raise RuntimeError(
-                        f"rank {r} runs on another host ({host.split('/')[0]}): mooncake-rs's "
-                        "Mooncake PG connects ranks of one host only (docs/pg.md)"
-                    )
-                paths.append(p)
-            comm.connect(paths, auto_deactivate)
+            paths, endpoints = [], []
+            for k in keys:
+                host, ep, p = store.get(k).decode().split("\n", 2)
+                # Same host: memcpy through the peer's segment; other host: TCP (docs/pg.md).
+                paths.append(p if host == me else "")
+                endpoints.append("" if host == me else ep)
+            comm.connect(paths, auto_deactivate, endpoints)
             # Single-copy reads of peers' tensors (process_vm_readv) only if every rank can
             # read every peer: the same decision everywhere.
             cma = os.environ.get("MC_PG_CMA", "1").lower() not in ("0", "false", "no", "off")

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dataplane::collective::{
-    seg::Segment, CollOp, Comm, Completion, DType, ReduceOp, COLLECTIVE_TIMEOUT_US, P2P_TIMEOUT_US,
-    RECONCILIATION_WINDOW_US,
+    net::Net, seg::Segment, CollOp, Comm, Completion, DType, ReduceOp, COLLECTIVE_TIMEOUT_US,
+    P2P_TIMEOUT_US, RECONCILIATION_WINDOW_US,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use std::net::TcpListener;
 
 fn dtype(code: u32) -> PyResult<DType> {
     DType::from_code(code)
@@ -72,6 +73,8 @@ pub struct PyPgComm {
     ranks: usize,
     own: Mutex<Option<Segment>>,
     comm: Mutex<Option<Arc<Comm>>>,
+    /// Where the ranks on other hosts connect (see `listen`).
+    listener: Mutex<Option<TcpListener>>,
 }
 
 impl PyPgComm {
@@ -127,18 +130,58 @@ impl PyPgComm {
             ranks,
             own: Mutex::new(Some(seg)),
             comm: Mutex::new(None),
+            listener: Mutex::new(None),
         })
     }
 
-    /// Maps every peer's segment (`paths[r]` for rank `r`) and starts the workers.
-    fn connect(&self, paths: Vec<String>, auto_deactivate: bool) -> PyResult<()> {
+    /// Listens for the ranks on other hosts on `host` (an ephemeral port); returns the port.
+    fn listen(&self, host: &str) -> PyResult<u16> {
+        let l = TcpListener::bind((host, 0)).map_err(|e| {
+            PyRuntimeError::new_err(format!("Mooncake PG: listening on {host}: {e}"))
+        })?;
+        let port = l
+            .local_addr()
+            .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG: {e}")))?
+            .port();
+        *self.listener.lock() = Some(l);
+        Ok(port)
+    }
+
+    /// Maps every same-host peer's segment (`paths[r]` for rank `r`), links to the ranks on
+    /// other hosts (`endpoints[r]` = `host:port` non-empty; `paths[r]` unused) and starts
+    /// the workers. Releases the GIL while it connects.
+    #[pyo3(signature = (paths, auto_deactivate, endpoints=None))]
+    fn connect(
+        &self,
+        py: Python<'_>,
+        paths: Vec<String>,
+        auto_deactivate: bool,
+        endpoints: Option<Vec<String>>,
+    ) -> PyResult<()> {
         if paths.len() != self.ranks {
             return Err(PyValueError::new_err("one segment path per rank is needed"));
         }
+        let endpoints = endpoints.unwrap_or_else(|| vec![String::new(); self.ranks]);
+        if endpoints.len() != self.ranks {
+            return Err(PyValueError::new_err(
+                "one endpoint (or \"\") per rank is needed",
+            ));
+        }
         let mut peers = Vec::with_capacity(self.ranks);
+        let mut remotes = Vec::new();
+        let mut replicas = Vec::new();
         for (r, p) in paths.iter().enumerate() {
             if r == self.rank {
                 peers.push(None);
+                continue;
+            }
+            if !endpoints[r].is_empty() {
+                let (mine, rx) = Segment::replica(self.ranks, r).map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake PG: replica of rank {r}: {e}"))
+                })?;
+                peers.push(Some(mine));
+                replicas.push((r, rx));
+                remotes.push((r, endpoints[r].clone()));
                 continue;
             }
             let seg = Segment::open(p, self.ranks, r).map_err(|e| {
@@ -146,12 +189,27 @@ impl PyPgComm {
             })?;
             peers.push(Some(seg));
         }
+        let net = if remotes.is_empty() {
+            None
+        } else {
+            let l = self.listener.lock().take().ok_or_else(|| {
+                PyRuntimeError::new_err("Mooncake PG: ranks on other hosts need listen() first")
+            })?;
+            let (me, n) = (self.rank, self.ranks);
+            let net = py
+                .detach(move || Net::establish(l, me, n, &remotes, replicas))
+                .map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake PG: linking to other hosts: {e}"))
+                })?;
+            Some(net)
+        };
+        *self.listener.lock() = None;
         let own = self
             .own
             .lock()
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
-        let comm = Comm::start(own, self.rank, peers, auto_deactivate)
+        let comm = Comm::start_with_net(own, self.rank, peers, net, auto_deactivate)
             .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG workers: {e}")))?;
         *self.comm.lock() = Some(Arc::new(comm));
         Ok(())

@@ -198,6 +198,9 @@ pub struct Runner<'a> {
     failed: u64,
     /// Peers that left the group gracefully (`deactivate_ranks([self])`) during this op.
     left: u64,
+    /// What the coming phase writes into the own slot, `(stride, bytes)` as
+    /// [`super::seg::Segment::set_extent`]: tells [`super::net`] which bytes to push.
+    extent: (usize, usize),
 }
 
 impl<'a> Runner<'a> {
@@ -208,6 +211,7 @@ impl<'a> Runner<'a> {
             active: 0,
             failed: 0,
             left: 0,
+            extent: (0, 0),
         }
     }
 
@@ -257,7 +261,9 @@ impl<'a> Runner<'a> {
         }
         write(self, own.coll_slot((s & 1) as usize));
         own.set_desc((s & 1) as usize, desc);
+        own.set_extent((s & 1) as usize, self.extent.0, self.extent.1);
         store(own.posted(), s);
+        self.sh.publish();
         self.seq = s;
         for p in self.peers() {
             let seg = self.sh.seg(p);
@@ -275,6 +281,7 @@ impl<'a> Runner<'a> {
                 let theirs = self.sh.seg(p).desc((s & 1) as usize);
                 if theirs != desc {
                     store(own.done(), s);
+                    self.sh.publish();
                     return Err(format!(
                         "mismatched collective: rank {p} called {}, rank {} called {}",
                         describe(&theirs),
@@ -289,6 +296,7 @@ impl<'a> Runner<'a> {
 
     fn finish(&self, s: u64) {
         store(self.sh.own.done(), s);
+        self.sh.publish();
     }
 
     /// Runs one op to its outcome.
@@ -296,6 +304,7 @@ impl<'a> Runner<'a> {
         self.active = self.sh.active();
         self.failed = 0;
         self.left = 0;
+        self.extent = (0, 0);
         let me = self.sh.rank;
         let error = if self.active & Self::bit(me) == 0 {
             Some("rank is not active in this group".to_string())
@@ -560,6 +569,8 @@ impl<'a> Runner<'a> {
         let mut first = true;
         loop {
             let len = step.min(bytes - off);
+            // A step below a slot is the pieces layout: one piece per rank at `r * step`.
+            self.extent = (if step < PG_COLL_SLOT_BYTES { step } else { 0 }, len);
             let s = self.phase(desc, first, |r, _| f(r, off, len, true))?;
             first = false;
             f(self, off, len, false);
@@ -739,6 +750,7 @@ impl<'a> Runner<'a> {
             let len = PG_COLL_SLOT_BYTES.min(bytes - off);
             // SAFETY: `buf` holds `bytes` bytes.
             let chunk = unsafe { buf.add(off) };
+            self.extent = (0, len);
             // SAFETY: `chunk` holds `len` bytes; the slot at least that.
             let sa = self.phase(desc, first, |_, slot| unsafe { mv(chunk, slot, len) })?;
             first = false;
@@ -753,6 +765,7 @@ impl<'a> Runner<'a> {
                     .collect()
             };
             let (lo, hi) = section(me);
+            self.extent = (0, hi - lo);
             let sb = self.phase(desc, false, |r, slot| {
                 // SAFETY: the phase-A slots hold `len` bytes; the own phase-B slot is disjoint.
                 unsafe { fold_into(dt, op, &srcs_at(r, lo), slot, hi - lo) }

@@ -8,6 +8,10 @@
 //! double-buffered channel per ordered pair of ranks ([`p2p`]). Reductions run in Rust
 //! ([`reduce`]); Python hands over tensor addresses and never loops over elements.
 //!
+//! A rank on another host is a *replica* segment kept up to date by [`net`]: every rank
+//! pushes its own segment's changes to its remote peers over TCP ([`Shared::publish`], called
+//! after each counter store), so the algorithms above read remote and local peers alike.
+//!
 //! Invariants:
 //! - the number of phases of an op depends only on its arguments and the group size, never on
 //!   who is alive, so ranks stay in step after a failure; the first phase carries a
@@ -23,6 +27,7 @@
 
 pub mod cma;
 pub mod coll;
+pub mod net;
 pub mod p2p;
 pub mod reduce;
 pub mod seg;
@@ -116,6 +121,8 @@ pub struct Shared {
     /// `(address, elements)` of the caller's int32 `active_ranks` tensor, rewritten on every
     /// change of the active set.
     mirror: Mutex<Option<(usize, usize)>>,
+    /// Links to the ranks on other hosts, if any.
+    net: Option<net::Net>,
 }
 
 impl Shared {
@@ -174,18 +181,29 @@ impl Shared {
         }
     }
 
-    /// Whether this rank can read every peer's memory directly ([`cma::probe`]).
+    /// Whether this rank can read every peer's memory directly ([`cma::probe`]); never with
+    /// a peer on another host.
     pub fn cma_probe(&self) -> bool {
         (0..self.ranks).filter(|&r| r != self.rank).all(|r| {
             let seg = self.seg(r);
-            cma::probe(seg.owner_pid(), seg.owner_base() as usize, Segment::magic())
+            !seg.is_remote()
+                && cma::probe(seg.owner_pid(), seg.owner_base() as usize, Segment::magic())
         })
     }
 
     /// Turns the direct-read path on or off; every rank must pass the same value before the
-    /// first op (`mooncake.pg` agrees on it through the store).
+    /// first op (`mooncake.pg` agrees on it through the store). Stays off when a peer is on
+    /// another host: those algorithms pull from every peer, and a remote one can only push.
     pub fn set_cma(&self, on: bool) {
-        self.cma.store(on, Ordering::Release);
+        self.cma.store(on && self.net.is_none(), Ordering::Release);
+    }
+
+    /// Pushes this rank's segment changes to its peers on other hosts (no-op without any).
+    /// Called after every store of an own counter (`posted`, `done`, `left`, `sent`, `acked`).
+    pub(crate) fn publish(&self) {
+        if let Some(n) = &self.net {
+            n.publish(&self.own);
+        }
     }
 
     fn cma(&self) -> bool {
@@ -196,6 +214,7 @@ impl Shared {
     /// and peers exclude it from their next op without counting it as a failure.
     pub fn leave(&self) {
         self.own.set_left();
+        self.publish();
         self.set_active(self.active() & !(1u64 << self.rank));
     }
 
@@ -227,6 +246,18 @@ impl Comm {
         peers: Vec<Option<Segment>>,
         auto_deactivate: bool,
     ) -> std::io::Result<Comm> {
+        Self::start_with_net(own, rank, peers, None, auto_deactivate)
+    }
+
+    /// As [`Comm::start`], with `net` linking this rank to the peers whose `peers` entries
+    /// are replicas ([`Segment::replica`]).
+    pub fn start_with_net(
+        own: Segment,
+        rank: usize,
+        peers: Vec<Option<Segment>>,
+        net: Option<net::Net>,
+        auto_deactivate: bool,
+    ) -> std::io::Result<Comm> {
         let ranks = peers.len();
         let all = if ranks == 64 {
             u64::MAX
@@ -244,6 +275,7 @@ impl Comm {
             auto_deactivate,
             cma: AtomicBool::new(false),
             mirror: Mutex::new(None),
+            net,
         });
         let (coll_tx, coll_rx) = mpsc::channel::<Job>();
         let sh = shared.clone();

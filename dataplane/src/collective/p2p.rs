@@ -93,6 +93,7 @@ fn step(sh: &Shared, ch: &mut Channels, op: &mut P2pOp) -> bool {
                 hdr.add(1).write_volatile(len as u64);
             }
             store(sh.own.sent(p), k);
+            sh.publish();
             ch.sent[p] = k;
         } else {
             let k = ch.acked[p] + 1;
@@ -123,6 +124,7 @@ fn step(sh: &Shared, ch: &mut Channels, op: &mut P2pOp) -> bool {
                 }
             }
             store(sh.own.acked(p), k);
+            sh.publish();
             ch.acked[p] = k;
         }
         op.chunks += 1;

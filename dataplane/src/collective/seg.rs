@@ -8,6 +8,9 @@
 //! 128                         done   (u64): last collective phase this rank finished reading
 //! 192, 256                    desc[2]: descriptor of the op in collective slot 0 / 1
 //! 320                         left (u64): 1 once the owner has left the group gracefully
+//! 384, 448                    extent[2]: stride (u64) | bytes (u64) the owner wrote in
+//!                             collective slot 0 / 1 for its last phase there (stride 0: one
+//!                             range at the start; else one range per rank r at r * stride)
 //! 512 + 64*p                  sent[p]  (u64): chunks this rank published on its channel to p
 //! 512 + 64*64 + 64*p          acked[p] (u64): chunks from p this rank has consumed
 //! PG_HEADER_BYTES             collective slot 0, then slot 1 (PG_COLL_SLOT_BYTES each)
@@ -23,12 +26,19 @@
 //! drops it when the process dies (before it becomes a zombie), so a peer that can take a
 //! shared lock on its own descriptor of the file knows the owner is gone. No pid reuse, no
 //! heartbeat thread.
+//!
+//! A *replica* ([`Segment::replica`]) stands for a rank on another host: a private memfd laid
+//! out like that rank's segment, written only by the receive thread of [`super::net`] as the
+//! owner's pushes arrive, and read by the collectives exactly like a mapped peer segment. Its
+//! liveness is a flag the network layer clears (connection lost, heartbeat missed) instead of
+//! the lock.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
 use crate::mem::segment::mmap_shared;
@@ -38,6 +48,7 @@ const POSTED_OFF: usize = 64;
 const DONE_OFF: usize = 128;
 const DESC_OFF: usize = 192;
 const LEFT_OFF: usize = 320;
+const EXTENT_OFF: usize = 384;
 const SENT_OFF: usize = 512;
 const ACKED_OFF: usize = SENT_OFF + 64 * PG_MAX_RANKS;
 /// Bytes of a point-to-point chunk header.
@@ -45,7 +56,8 @@ pub const CHUNK_HEADER_BYTES: usize = 64;
 const CHANNEL_SLOT_STRIDE: usize = CHUNK_HEADER_BYTES + PG_P2P_SLOT_BYTES;
 
 const _: () = assert!(ACKED_OFF + 64 * PG_MAX_RANKS <= PG_HEADER_BYTES);
-const _: () = assert!(DESC_OFF + 2 * 64 <= SENT_OFF);
+const _: () = assert!(DESC_OFF + 2 * 64 <= LEFT_OFF);
+const _: () = assert!(LEFT_OFF < EXTENT_OFF && EXTENT_OFF + 2 * 64 <= SENT_OFF);
 
 /// What a rank says it is doing in a collective phase; peers compare it with their own on
 /// the first phase of each op, so mismatched calls fail on every rank instead of hanging.
@@ -70,6 +82,8 @@ pub struct Segment {
     len: usize,
     fd: OwnedFd,
     ranks: usize,
+    /// For a replica: whether the remote owner is alive (cleared by the network layer).
+    remote: Option<Arc<AtomicBool>>,
 }
 
 // SAFETY: the mapping is shared memory that lives as long as `Segment`; all cross-thread
@@ -127,6 +141,7 @@ impl Segment {
             len,
             fd,
             ranks,
+            remote: None,
         };
         // SAFETY: the header is inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -171,6 +186,7 @@ impl Segment {
             len,
             fd,
             ranks,
+            remote: None,
         };
         // SAFETY: the header lies inside the mapping.
         let (magic, n, r) = unsafe {
@@ -188,6 +204,99 @@ impl Segment {
             ));
         }
         Ok(seg)
+    }
+
+    /// A replica of remote rank `rank`'s segment: two mappings of one fresh memfd (the first
+    /// for the collectives, the second for the receive thread that applies the owner's
+    /// pushes) sharing one liveness flag. The header says pid 0 and base 0, so a direct-read
+    /// probe of it fails.
+    pub fn replica(ranks: usize, rank: usize) -> io::Result<(Segment, Segment)> {
+        if ranks == 0 || ranks > PG_MAX_RANKS || rank >= ranks {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("rank {rank} of {ranks}: need 0 <= rank < ranks <= {PG_MAX_RANKS}"),
+            ));
+        }
+        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"mooncake-pg-replica".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = segment_bytes(ranks);
+        // SAFETY: ftruncate on our own descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let alive = Arc::new(AtomicBool::new(true));
+        let fd2 = fd.try_clone()?;
+        let a = Segment {
+            base: mmap_shared(fd.as_fd(), len)?,
+            len,
+            fd,
+            ranks,
+            remote: Some(alive.clone()),
+        };
+        let b = Segment {
+            base: mmap_shared(fd2.as_fd(), len)?,
+            len,
+            fd: fd2,
+            ranks,
+            remote: Some(alive),
+        };
+        // SAFETY: the header is inside the fresh mapping; nobody reads it yet.
+        unsafe {
+            let h = a.base.as_ptr();
+            h.cast::<u64>().write(MAGIC);
+            h.add(12).cast::<u32>().write(ranks as u32);
+            h.add(16).cast::<u32>().write(rank as u32);
+        }
+        Ok((a, b))
+    }
+
+    /// Whether this is a replica of a rank on another host.
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Marks a replica's owner dead (no-op for a mapped segment).
+    pub(crate) fn mark_dead(&self) {
+        if let Some(a) = &self.remote {
+            a.store(false, Ordering::Release);
+        }
+    }
+
+    /// A replica's liveness flag.
+    pub(crate) fn remote_flag(&self) -> Option<&Arc<AtomicBool>> {
+        self.remote.as_ref()
+    }
+
+    /// The `left` counter (0 or 1).
+    pub(crate) fn left_counter(&self) -> &AtomicU64 {
+        self.atomic(LEFT_OFF)
+    }
+
+    /// Bytes of the mapping.
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.len
+    }
+
+    /// Start of the mapping.
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// Offset of `p` (a pointer into this mapping) from its start.
+    pub(crate) fn offset_of(&self, p: *const u8) -> usize {
+        let off = (p as usize).wrapping_sub(self.base.as_ptr() as usize);
+        debug_assert!(off <= self.len);
+        off
+    }
+
+    /// The counter at header offset `off`, if `off` is an aligned header offset.
+    pub(crate) fn counter_at(&self, off: usize) -> Option<&AtomicU64> {
+        (off + 8 <= PG_HEADER_BYTES && off.is_multiple_of(8)).then(|| self.atomic(off))
     }
 
     /// The pid written by the owner.
@@ -210,6 +319,9 @@ impl Segment {
     /// Whether the owner still holds its lock, i.e. its process is alive. Only for peers'
     /// segments: on the owner's own descriptor the probe would convert its exclusive lock.
     pub fn owner_alive(&self) -> bool {
+        if let Some(a) = &self.remote {
+            return a.load(Ordering::Acquire);
+        }
         // SAFETY: plain flock on our descriptor.
         let r = unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
         if r == 0 {
@@ -281,6 +393,30 @@ impl Segment {
                 .cast::<Desc>()
                 .read_volatile()
         }
+    }
+
+    /// Records what the owner wrote in collective slot `slot` for the coming phase (read by
+    /// [`super::net`] to push only those bytes): `stride` 0 means `bytes` at the start, else
+    /// `bytes` at `r * stride` for every rank `r`.
+    pub fn set_extent(&self, slot: usize, stride: usize, bytes: usize) {
+        let off = EXTENT_OFF + 64 * (slot & 1);
+        self.atomic(off).store(stride as u64, Ordering::Relaxed);
+        self.atomic(off + 8).store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The extent of collective slot `slot` (see [`Segment::set_extent`]).
+    pub fn extent(&self, slot: usize) -> (usize, usize) {
+        let off = EXTENT_OFF + 64 * (slot & 1);
+        (
+            self.atomic(off).load(Ordering::Relaxed) as usize,
+            self.atomic(off + 8).load(Ordering::Relaxed) as usize,
+        )
+    }
+
+    /// Where the descriptor of collective slot `slot` lives.
+    pub(crate) fn desc_ptr(&self, slot: usize) -> *const u8 {
+        // SAFETY: inside the header.
+        unsafe { self.base.as_ptr().add(DESC_OFF + 64 * (slot & 1)) }
     }
 
     /// Start of collective slot `slot` (0 or 1), `PG_COLL_SLOT_BYTES` long.

@@ -1,0 +1,699 @@
+//! Ranks on other hosts: each rank keeps a *replica* of every remote rank's segment
+//! ([`Segment::replica`]) and every rank *pushes* its own segment's changes to its remote
+//! peers over TCP, so the collectives and point-to-point code read a remote peer exactly as a
+//! mapped same-host one, and every rank only ever polls its own memory.
+//!
+//! Topology: one TCP connection per ordered pair of ranks on different hosts. The writer
+//! connects to the reader's listener and only sends; the reader's receive thread applies the
+//! frames to the replica in order. Frames (little-endian, 24-byte header):
+//!
+//! ```text
+//! hello (once, writer -> reader):  magic "MCPGNET1" u64 | ranks u32 | from u32 | to u32 | 0 u32
+//! frame:  0       4          8               16
+//!         | kind u32 | 0 u32 | offset u64    | n u64 |  then n payload bytes for WRITE
+//!         kind 1 WRITE:     copy the n bytes at `offset` of the replica
+//!         kind 2 STORE:     store n (u64, Release) into the header counter at `offset`
+//!         kind 3 HEARTBEAT: nothing (liveness only)
+//! ```
+//!
+//! What is pushed ([`Link::sync`]), in this order on one connection, so that a STORE of a
+//! counter always follows the bytes it publishes (the same Release/Acquire pairing as shared
+//! memory, with the receive thread's store standing in for the owner's):
+//! - per collective phase `s` not yet pushed: the slot bytes the reader will read (the
+//!   extent the owner recorded, only the reader's piece for the pieces layouts, nothing when
+//!   the reader never reads this rank's slot in that op), the slot's descriptor, `posted = s`;
+//! - `done`, `left`, and for the reader `q` only: every point-to-point chunk published on the
+//!   channel to `q` (header and data) then `sent[q]`, and `acked[q]`.
+//!
+//! A sync runs synchronously on the thread that stored a counter (the collective or the
+//! point-to-point worker, through [`super::Shared::publish`]), under the link's lock. Why
+//! pushes cannot overwrite bytes a reader still uses: the owner reuses slot `s % 2` only
+//! after the reader's `done >= s - 2`, which the reader can only have stored after it saw
+//! phase `s - 2`, i.e. after that push completed; a phase is never pushed twice.
+//!
+//! Liveness: a link's peer is dead when its incoming connection ends (EOF, reset, a
+//! malformed frame), when nothing (data or heartbeat) arrived for the collective timeout, or
+//! when a push to it fails or makes no progress for that long. Death clears the replica's
+//! flag, which is what [`Segment::owner_alive`] reports: the collectives treat it like a lost
+//! segment lock. A heartbeat thread sends a HEARTBEAT on every link idle for a quarter of the
+//! collective timeout (clamped to [`PG_NET_HEARTBEAT_MIN_MS`, `PG_NET_HEARTBEAT_MAX_MS`]).
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES};
+use super::COLLECTIVE_TIMEOUT_US;
+use crate::limits::{
+    PG_COLL_SLOT_BYTES, PG_NET_CONNECT_TIMEOUT_MS, PG_NET_HEARTBEAT_MAX_MS,
+    PG_NET_HEARTBEAT_MIN_MS, PG_NET_INLINE_BYTES, PG_NET_RX_BUFFER_BYTES, PG_P2P_SLOT_BYTES,
+};
+
+const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCPGNET1");
+const FRAME_BYTES: usize = 24;
+const KIND_WRITE: u32 = 1;
+const KIND_STORE: u32 = 2;
+const KIND_HEARTBEAT: u32 = 3;
+/// How often a blocked send or receive wakes to check liveness and the stop flag.
+const POLL: Duration = Duration::from_millis(20);
+
+fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
+    let mut h = [0u8; FRAME_BYTES];
+    h[0..4].copy_from_slice(&kind.to_le_bytes());
+    h[8..16].copy_from_slice(&offset.to_le_bytes());
+    h[16..24].copy_from_slice(&n.to_le_bytes());
+    h
+}
+
+/// Liveness timeout: the collective timeout (process-wide, read on every check).
+fn dead_after() -> Duration {
+    Duration::from_micros(COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed).max(1_000))
+}
+
+fn heartbeat_every() -> Duration {
+    let ms = (dead_after().as_millis() as u64 / 4)
+        .clamp(PG_NET_HEARTBEAT_MIN_MS, PG_NET_HEARTBEAT_MAX_MS);
+    Duration::from_millis(ms)
+}
+
+/// Whether rank `reader` reads rank `writer`'s collective slot in a phase described by `d`.
+fn reads_slot(d: &Desc, writer: usize, reader: usize) -> bool {
+    let root = d.root as usize;
+    match d.kind {
+        2 | 8 => writer == root, // broadcast, scatter: everyone reads the root's slot only
+        6 | 7 => reader == root, // reduce, gather: only the root reads
+        _ => true,
+    }
+}
+
+/// Sends `parts` completely (`sendmsg`, no SIGPIPE), giving up when `alive` goes false or no
+/// byte moved for the liveness timeout.
+fn send_all(sock: &TcpStream, parts: &[(*const u8, usize)], alive: &AtomicBool) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| p.1 > 0)
+        .map(|&(p, l)| libc::iovec {
+            iov_base: p as *mut libc::c_void,
+            iov_len: l,
+        })
+        .collect();
+    let mut first = 0;
+    let mut last_progress = Instant::now();
+    while first < iov.len() {
+        // SAFETY: plain data, zeroed is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[first..].as_mut_ptr();
+        msg.msg_iovlen = (iov.len() - first).min(1024) as _;
+        // SAFETY: the iovecs describe memory the caller keeps valid for the call (own
+        // segment ranges and local buffers); the socket is ours.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    if !alive.load(Ordering::Acquire) {
+                        return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer is dead"));
+                    }
+                    if last_progress.elapsed() > dead_after() {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "send stalled"));
+                    }
+                    continue;
+                }
+                _ => return Err(e),
+            }
+        }
+        last_progress = Instant::now();
+        let mut n = n as usize;
+        while first < iov.len() && n >= iov[first].iov_len {
+            n -= iov[first].iov_len;
+            first += 1;
+        }
+        if n > 0 {
+            let v = &mut iov[first];
+            // SAFETY: `n` is less than this iovec's length, so the result stays inside it.
+            v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
+            v.iov_len -= n;
+        }
+    }
+    Ok(())
+}
+
+/// The sending half of the connection to one remote rank, and what has been pushed to it.
+struct Link {
+    peer: usize,
+    sock: TcpStream,
+    alive: Arc<AtomicBool>,
+    posted: u64,
+    done: u64,
+    left: u64,
+    sent: u64,
+    acked: u64,
+    out: Vec<u8>,
+    last_send: Instant,
+}
+
+impl Link {
+    fn flush(&mut self, big: Option<(*const u8, usize)>) -> io::Result<()> {
+        let mut parts = vec![(self.out.as_ptr(), self.out.len())];
+        parts.extend(big);
+        let r = send_all(&self.sock, &parts, &self.alive);
+        self.out.clear();
+        self.last_send = Instant::now();
+        r
+    }
+
+    /// Queues a WRITE of `len` bytes at `src` (inside `own`) to the same offset.
+    fn write(&mut self, own: &Segment, src: *const u8, len: usize) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let off = own.offset_of(src);
+        self.out
+            .extend_from_slice(&frame(KIND_WRITE, off as u64, len as u64));
+        if len <= PG_NET_INLINE_BYTES {
+            // SAFETY: `src..src+len` lies inside `own`, which the owner does not rewrite
+            // before this push completes (module docs).
+            self.out
+                .extend_from_slice(unsafe { std::slice::from_raw_parts(src, len) });
+            return Ok(());
+        }
+        self.flush(Some((src, len)))
+    }
+
+    fn store(&mut self, own: &Segment, counter: &std::sync::atomic::AtomicU64, v: u64) {
+        let off = own.offset_of((counter as *const std::sync::atomic::AtomicU64).cast());
+        self.out
+            .extend_from_slice(&frame(KIND_STORE, off as u64, v));
+    }
+
+    /// Pushes every change of `own` (this rank `me`'s segment) the peer has not seen yet.
+    fn sync(&mut self, own: &Segment, me: usize) -> io::Result<()> {
+        let q = self.peer;
+        let posted = load(own.posted());
+        while self.posted < posted {
+            let s = self.posted + 1;
+            let slot = (s & 1) as usize;
+            let desc = own.desc(slot);
+            if reads_slot(&desc, me, q) {
+                let base = own.coll_slot(slot);
+                let (stride, bytes) = own.extent(slot);
+                let (off, len) = if stride == 0 {
+                    (0, bytes.min(PG_COLL_SLOT_BYTES))
+                } else {
+                    let off = (q * stride).min(PG_COLL_SLOT_BYTES);
+                    (off, bytes.min(PG_COLL_SLOT_BYTES - off))
+                };
+                // SAFETY: `off + len` is at most the slot size.
+                self.write(own, unsafe { base.add(off) }, len)?;
+            }
+            self.write(own, own.desc_ptr(slot), std::mem::size_of::<Desc>())?;
+            self.store(own, own.posted(), s);
+            self.posted = s;
+        }
+        let done = load(own.done());
+        if done != self.done {
+            self.store(own, own.done(), done);
+            self.done = done;
+        }
+        let left = load(own.left_counter());
+        if left != self.left {
+            self.store(own, own.left_counter(), left);
+            self.left = left;
+        }
+        let sent = load(own.sent(q));
+        while self.sent < sent {
+            let k = self.sent + 1;
+            let (hdr, data) = own.channel_slot(q, (k & 1) as usize);
+            // SAFETY: the chunk header is two u64 inside the segment, written before `sent`.
+            let len = unsafe { hdr.add(1).read_volatile() } as usize;
+            debug_assert_eq!(data as usize - hdr as usize, CHUNK_HEADER_BYTES);
+            let bytes = CHUNK_HEADER_BYTES + len.min(PG_P2P_SLOT_BYTES);
+            self.write(own, hdr.cast_const().cast(), bytes)?;
+            self.store(own, own.sent(q), k);
+            self.sent = k;
+        }
+        let acked = load(own.acked(q));
+        if acked != self.acked {
+            self.store(own, own.acked(q), acked);
+            self.acked = acked;
+        }
+        if !self.out.is_empty() {
+            self.flush(None)?;
+        }
+        Ok(())
+    }
+}
+
+/// This rank's links to the ranks on other hosts.
+pub struct Net {
+    me: usize,
+    links: Arc<Vec<Option<Mutex<Link>>>>,
+    /// Read halves (clones), shut down on drop to end the receive threads.
+    inbound: Vec<TcpStream>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Net {
+    /// Connects rank `me` of `ranks` to every remote rank `r` listed in `remotes` (its
+    /// advertised `host:port`) and accepts their connections on `listener`. `replicas[r]` is
+    /// the receive side of rank `r`'s replica ([`Segment::replica`]).
+    pub fn establish(
+        listener: TcpListener,
+        me: usize,
+        ranks: usize,
+        remotes: &[(usize, String)],
+        replicas: Vec<(usize, Segment)>,
+    ) -> io::Result<Net> {
+        let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
+        let mut links: Vec<Option<Mutex<Link>>> = (0..ranks).map(|_| None).collect();
+        let mut alive_of: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
+        for (r, seg) in &replicas {
+            if let Some(a) = seg.remote_flag() {
+                alive_of.insert(*r, a.clone());
+            }
+        }
+        for (r, addr) in remotes {
+            let sock = connect_until(addr, deadline).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("connecting to rank {r} at {addr}: {e} (is pg.set_host_ip right?)"),
+                )
+            })?;
+            sock.set_nodelay(true)?;
+            let mut hello = [0u8; FRAME_BYTES];
+            hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+            hello[8..12].copy_from_slice(&(ranks as u32).to_le_bytes());
+            hello[12..16].copy_from_slice(&(me as u32).to_le_bytes());
+            hello[16..20].copy_from_slice(&(*r as u32).to_le_bytes());
+            (&sock).write_all(&hello)?;
+            sock.set_write_timeout(Some(POLL))?;
+            let alive = alive_of.get(r).cloned().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("no replica for rank {r}"),
+                )
+            })?;
+            links[*r] = Some(Mutex::new(Link {
+                peer: *r,
+                sock,
+                alive,
+                posted: 0,
+                done: 0,
+                left: 0,
+                sent: 0,
+                acked: 0,
+                out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
+                last_send: Instant::now(),
+            }));
+        }
+        let mut incoming = accept_all(&listener, me, ranks, remotes, deadline)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut inbound = Vec::new();
+        for (r, seg) in replicas {
+            let sock = incoming.remove(&r).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("rank {r} is not remote"),
+                )
+            })?;
+            inbound.push(sock.try_clone()?);
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("mc-pg-rx-{me}-{r}"))
+                .spawn(move || receive(sock, seg, r, &stop))?;
+        }
+        let links = Arc::new(links);
+        let (l, s) = (links.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(format!("mc-pg-hb-{me}"))
+            .spawn(move || heartbeat(&l, &s))?;
+        Ok(Net {
+            me,
+            links,
+            inbound,
+            stop,
+        })
+    }
+
+    /// Pushes this rank's new segment state to every live remote peer; a failed push marks
+    /// that peer dead.
+    pub fn publish(&self, own: &Segment) {
+        for l in self.links.iter().flatten() {
+            let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+            if !l.alive.load(Ordering::Acquire) {
+                continue;
+            }
+            if let Err(e) = l.sync(own, self.me) {
+                tracing::warn!(
+                    "mooncake.pg: push to rank {} failed ({e}): marked dead",
+                    l.peer
+                );
+                l.alive.store(false, Ordering::Release);
+                let _ = l.sock.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for s in &self.inbound {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for l in self.links.iter().flatten() {
+            let l = l.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = l.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    loop {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Accepts one connection from every remote rank, checking its hello.
+fn accept_all(
+    listener: &TcpListener,
+    me: usize,
+    ranks: usize,
+    remotes: &[(usize, String)],
+    deadline: Instant,
+) -> io::Result<HashMap<usize, TcpStream>> {
+    listener.set_nonblocking(true)?;
+    let mut got: HashMap<usize, TcpStream> = HashMap::new();
+    while got.len() < remotes.len() {
+        let (mut sock, from) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = remotes
+                        .iter()
+                        .map(|x| x.0)
+                        .filter(|r| !got.contains_key(r))
+                        .collect();
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("ranks {missing:?} never connected"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        sock.set_nonblocking(false)?;
+        sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut h = [0u8; FRAME_BYTES];
+        if sock.read_exact(&mut h).is_err() {
+            tracing::warn!("mooncake.pg: dropped a connection from {from} without a hello");
+            continue;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) as usize;
+        let magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+        let (n, r, to) = (u32_at(8), u32_at(12), u32_at(16));
+        let expected = remotes.iter().any(|x| x.0 == r) && !got.contains_key(&r);
+        if magic != HELLO_MAGIC || n != ranks || to != me || !expected {
+            tracing::warn!(
+                "mooncake.pg: dropped a connection from {from}: hello for rank {to} of {n} \
+                 from rank {r}, this is rank {me} of {ranks}"
+            );
+            continue;
+        }
+        got.insert(r, sock);
+    }
+    Ok(got)
+}
+
+/// Receive side of one link: applies rank `peer`'s frames to its replica until the
+/// connection ends, a frame is malformed, nothing arrives for the liveness timeout, or the
+/// communicator stops; then marks the peer dead.
+fn receive(sock: TcpStream, seg: Segment, peer: usize, stop: &AtomicBool) {
+    let mut rx = Rx {
+        sock,
+        buf: vec![0u8; PG_NET_RX_BUFFER_BYTES],
+        lo: 0,
+        hi: 0,
+        last_rx: Instant::now(),
+    };
+    let why = rx.sock.set_read_timeout(Some(POLL)).and_then(|_| loop {
+        if let Err(e) = rx.frame(&seg, stop) {
+            break Err::<(), io::Error>(e);
+        }
+    });
+    seg.mark_dead();
+    if !stop.load(Ordering::Acquire) {
+        match why {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                tracing::info!("mooncake.pg: rank {peer} closed its link: marked dead")
+            }
+            Err(e) => tracing::warn!("mooncake.pg: link from rank {peer}: {e}: marked dead"),
+            Ok(()) => {}
+        }
+    }
+}
+
+struct Rx {
+    sock: TcpStream,
+    buf: Vec<u8>,
+    lo: usize,
+    hi: usize,
+    last_rx: Instant,
+}
+
+impl Rx {
+    /// Reads at most `cap` bytes into `dst`; errors on EOF, the liveness timeout or stop.
+    fn read_some(&mut self, dst: *mut u8, cap: usize, stop: &AtomicBool) -> io::Result<usize> {
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return Err(io::Error::other("stopped"));
+            }
+            // SAFETY: `dst` is valid for `cap` bytes of writes (callers: the receive buffer,
+            // or a replica range checked against the mapping).
+            let n = unsafe { libc::recv(self.sock.as_raw_fd(), dst.cast(), cap, 0) };
+            if n > 0 {
+                self.last_rx = Instant::now();
+                return Ok(n as usize);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed",
+                ));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    if self.last_rx.elapsed() > dead_after() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("nothing received for {} ms", dead_after().as_millis()),
+                        ));
+                    }
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Makes at least `n` bytes (n <= buffer size) available at `buf[lo..]`.
+    fn need(&mut self, n: usize, stop: &AtomicBool) -> io::Result<()> {
+        if self.hi - self.lo >= n {
+            return Ok(());
+        }
+        if self.lo > 0 {
+            self.buf.copy_within(self.lo..self.hi, 0);
+            self.hi -= self.lo;
+            self.lo = 0;
+        }
+        while self.hi < n {
+            let cap = self.buf.len() - self.hi;
+            // SAFETY: `hi < len`, so `buf[hi..]` is `cap` writable bytes.
+            let p = unsafe { self.buf.as_mut_ptr().add(self.hi) };
+            self.hi += self.read_some(p, cap, stop)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one frame to `seg`.
+    fn frame(&mut self, seg: &Segment, stop: &AtomicBool) -> io::Result<()> {
+        self.need(FRAME_BYTES, stop)?;
+        let h = &self.buf[self.lo..self.lo + FRAME_BYTES];
+        let kind = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+        let off = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+        let n = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        self.lo += FRAME_BYTES;
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        match kind {
+            KIND_HEARTBEAT => Ok(()),
+            KIND_STORE => {
+                let c = usize::try_from(off)
+                    .ok()
+                    .and_then(|o| seg.counter_at(o))
+                    .ok_or_else(|| bad(format!("STORE at offset {off}: not a header counter")))?;
+                c.store(n, Ordering::Release);
+                Ok(())
+            }
+            KIND_WRITE => {
+                let len = seg.len_bytes();
+                let (o, l) = (off as usize, n as usize);
+                if off > len as u64 || n > (len as u64) - off {
+                    return Err(bad(format!(
+                        "WRITE of {n} bytes at {off}: the segment has {len}"
+                    )));
+                }
+                // SAFETY: `o + l <= len` (checked above): inside the replica mapping.
+                let dst = unsafe { seg.base_ptr().add(o) };
+                let have = (self.hi - self.lo).min(l);
+                // SAFETY: `have` bytes are buffered at `lo`; `dst` holds `l >= have` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.lo), dst, have) };
+                self.lo += have;
+                let mut done = have;
+                while done < l {
+                    // SAFETY: `dst + done .. dst + l` is inside the replica.
+                    done += self.read_some(unsafe { dst.add(done) }, l - done, stop)?;
+                }
+                Ok(())
+            }
+            k => Err(bad(format!("unknown frame kind {k}"))),
+        }
+    }
+}
+
+/// Sends a HEARTBEAT on every live link idle for the heartbeat period, until `stop`.
+fn heartbeat(links: &[Option<Mutex<Link>>], stop: &AtomicBool) {
+    while !stop.load(Ordering::Acquire) {
+        let every = heartbeat_every();
+        std::thread::sleep(every.min(Duration::from_millis(50)));
+        for l in links.iter().flatten() {
+            // A link busy with a push is not idle.
+            let Ok(mut l) = l.try_lock() else { continue };
+            if !l.alive.load(Ordering::Acquire) || l.last_send.elapsed() < every {
+                continue;
+            }
+            l.out.extend_from_slice(&frame(KIND_HEARTBEAT, 0, 0));
+            if l.flush(None).is_err() {
+                tracing::warn!(
+                    "mooncake.pg: heartbeat to rank {} failed: marked dead",
+                    l.peer
+                );
+                l.alive.store(false, Ordering::Release);
+                let _ = l.sock.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::{CollOp, Comm, DType, ReduceOp};
+
+    /// Two communicators in this process that see each other as on other hosts.
+    fn pair() -> (Comm, Comm) {
+        let seg = |r: usize| {
+            let path = format!(
+                "/dev/shm/mc-pg-net-test-{}-{r}-{:?}",
+                std::process::id(),
+                Instant::now()
+            );
+            let s = Segment::create(&path, 2, r).expect("segment");
+            std::fs::remove_file(&path).expect("unlink");
+            s
+        };
+        let (l0, l1) = (
+            TcpListener::bind("127.0.0.1:0").expect("bind"),
+            TcpListener::bind("127.0.0.1:0").expect("bind"),
+        );
+        let (e0, e1) = (
+            l0.local_addr().expect("addr").to_string(),
+            l1.local_addr().expect("addr").to_string(),
+        );
+        let (of1, rx1) = Segment::replica(2, 1).expect("replica");
+        let (of0, rx0) = Segment::replica(2, 0).expect("replica");
+        let t = std::thread::spawn(move || Net::establish(l1, 1, 2, &[(0, e0)], vec![(0, rx0)]));
+        let n0 = Net::establish(l0, 0, 2, &[(1, e1)], vec![(1, rx1)]).expect("net 0");
+        let n1 = t.join().expect("thread").expect("net 1");
+        let c0 =
+            Comm::start_with_net(seg(0), 0, vec![None, Some(of1)], Some(n0), true).expect("c0");
+        let c1 =
+            Comm::start_with_net(seg(1), 1, vec![Some(of0), None], Some(n1), true).expect("c1");
+        (c0, c1)
+    }
+
+    fn all_reduce(c: &Comm, v: &mut [f32]) -> crate::collective::Outcome {
+        let op = CollOp::AllReduce {
+            buf: v.as_mut_ptr() as usize,
+            bytes: v.len() * 4,
+            dtype: DType::Float32,
+            op: ReduceOp::Sum,
+        };
+        // SAFETY: `v` outlives the wait below.
+        unsafe { c.submit(op) }.wait(None).expect("no timeout")
+    }
+
+    #[test]
+    fn collectives_and_p2p_over_tcp_then_death() {
+        let (c0, c1) = pair();
+        assert!(
+            !c0.shared().cma_probe(),
+            "no direct reads with a remote peer"
+        );
+        for n in [1usize, 1000, 1_300_001] {
+            let (o, v, o1, v1) = std::thread::scope(|sc| {
+                let t = sc.spawn(|| {
+                    let mut v: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+                    (all_reduce(&c1, &mut v), v)
+                });
+                let mut v: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 2.0).collect();
+                let o = all_reduce(&c0, &mut v);
+                let (o1, v1) = t.join().expect("rank 1");
+                (o, v, o1, v1)
+            });
+            assert!(o.error.is_none() && o1.error.is_none() && o.failed == 0);
+            for (i, (a, b)) in v.iter().zip(&v1).enumerate() {
+                let want = (i % 7) as f32 + (i % 5) as f32 * 2.0;
+                assert!(*a == want && *b == want, "n={n} i={i}: {a} {b} want {want}");
+            }
+        }
+        // a 3 MB message: several chunks, acks come back over TCP
+        let src: Vec<u8> = (0..3_000_000).map(|i| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        // SAFETY: both buffers outlive the waits.
+        let (s, r) = unsafe {
+            (
+                c0.p2p(true, 1, src.as_ptr() as usize, src.len()),
+                c1.p2p(false, 0, dst.as_mut_ptr() as usize, dst.len()),
+            )
+        };
+        assert!(s.wait(None).expect("send").error.is_none());
+        assert!(r.wait(None).expect("recv").error.is_none());
+        assert!(src == dst);
+        // rank 1 goes away: rank 0's next collective completes and names it
+        drop(c1);
+        let mut v = vec![1.0f32; 10];
+        let o = all_reduce(&c0, &mut v);
+        assert_eq!(o.failed, 0b10);
+        assert_eq!(v, vec![1.0f32; 10]);
+        assert_eq!(c0.shared().active(), 0b01);
+    }
+}
