@@ -3,12 +3,16 @@
     .venv/bin/python bench/python/pg_bench.py [--worlds 2,4] [--backends mooncake-cpu,gloo]
         [--small-iters 2000] [--large-iters 10]
 
+Backend ``mooncake-tcp`` is ``mooncake-cpu`` with every rank given its own host id
+(``MC_PG_HOST_ID``), so all bytes go over the TCP links (loopback) instead of shared memory:
+``--backends mooncake-cpu,mooncake-tcp,gloo`` puts the three side by side.
+
 For each group size and backend it spawns the ranks on 127.0.0.1 and times, on rank 0:
 all_reduce of 4 KiB (per-op latency: p50 and p99 over --small-iters ops), all_reduce of
 64 MiB, all_gather_into_tensor with a 64 MiB output, and all_to_all_single of 64 MiB per rank
 (each op's time: median and p99 over --large-iters ops). float32 throughout; each timed op
 is preceded by warm-up ops. Prints one table (times in microseconds / milliseconds) and the
-Mooncake/Gloo speed-up per row.
+speed-up of each backend over the last one (Gloo by default) per row.
 """
 
 import argparse
@@ -32,6 +36,9 @@ def worker(backend, rank, world, port, small_iters, large_iters):
     import torch
     import torch.distributed as dist
 
+    if backend == "mooncake-tcp":
+        os.environ["MC_PG_HOST_ID"] = f"bench-host-{rank}"  # every rank "on its own host"
+        backend = "mooncake-cpu"
     if backend.startswith("mooncake"):
         from mooncake import pg  # noqa: F401  (registers the backends)
     torch.set_num_threads(1)
@@ -111,8 +118,8 @@ def main():
                 p50 = statistics.median(xs) * scale
                 p50s.append(p50)
                 row += f" {p50:>15.1f} {unit} {pct(xs, 99) * scale:>15.1f} {unit}"
-            if len(p50s) == 2:
-                row += f"  {p50s[1] / p50s[0]:.2f}x"
+            if len(p50s) >= 2:
+                row += "  " + " ".join(f"{p50s[-1] / x:.2f}x" for x in p50s[:-1])
             print(row, flush=True)
 
 

@@ -1,5 +1,5 @@
-//! Collectives and point-to-point messages among the ranks of a process group on one host:
-//! the native data path of `mooncake.pg`.
+//! Collectives and point-to-point messages among the ranks of a process group: the native
+//! data path of `mooncake.pg` (shared memory on one host, TCP pushes between hosts).
 //!
 //! Every rank owns one shared segment ([`seg`]) that every other rank maps. A collective is a
 //! fixed sequence of *phases*; in a phase each rank writes its part into its own collective
