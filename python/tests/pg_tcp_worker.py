@@ -90,7 +90,41 @@ def scenario_tcp_ops():
     dist.destroy_process_group()
 
 
+def scenario_sigstop():
+    """The last rank stops (SIGSTOP): its sockets stay open, only its heartbeats cease. The
+    others' all_reduce completes once the collective timeout (2 s) has passed without a frame
+    from it, and names it. The test SIGKILLs the stopped rank afterwards."""
+    import signal
+    import time
+
+    rank, world = pg_worker.RANK, pg_worker.WORLD
+    pg.set_collective_timeout_us(2_000_000)
+    active = torch.zeros(world, dtype=torch.int32)
+    pg_worker.init(pg.MooncakeBackendOptions(active))
+    victim = world - 1
+    t = torch.ones(100)
+    dist.all_reduce(t)
+    same(t, torch.full((100,), float(world)), "all_reduce before the stop")
+    if rank == victim:
+        time.sleep(0.3)
+        print(f"STOP_AT {time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)
+    t = torch.full((100,), float(rank + 1))
+    start = time.monotonic()
+    w = dist.all_reduce(t, async_op=True)
+    check(w.wait() is True, "wait does not raise for a silent peer")
+    took = time.monotonic() - start
+    print(f"TOOK {took:.3f}", flush=True)
+    check(1.5 < took < 2.0 + 3.0, f"completed after the heartbeat timeout ({took:.3f}s)")
+    hint = pg.get_failed_ranks_hint(w)
+    check(hint.tolist() == [int(r == victim) for r in range(world)], f"hint {hint.tolist()}")
+    same(t, torch.full((100,), float(sum(range(1, world)))), "sum excludes the silent rank")
+    check(active.tolist() == [int(r != victim) for r in range(world)], f"active {active.tolist()}")
+
+
 pg_worker.SCENARIOS["tcp_ops"] = scenario_tcp_ops
+pg_worker.SCENARIOS["sigstop"] = scenario_sigstop
 
 if __name__ == "__main__":
     pg_worker.SCENARIOS[pg_worker.SCENARIO]()

@@ -80,5 +80,25 @@ def test_pg_tcp_sigkill_remote_rank():
         assert took < 1.5
 
 
+def test_pg_tcp_silent_remote_rank_missed_heartbeats():
+    """A remote rank stopped with SIGSTOP keeps its connections open; the survivor marks it
+    dead once no frame (data or heartbeat) has come for the collective timeout (2 s)."""
+    port = free_port()
+    e = dict(os.environ, PG_HOST_IDS="a,b")
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, "sigstop", str(r), "2", str(port)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+        for r in range(2)
+    ]
+    try:
+        out, _ = procs[0].communicate(timeout=90)
+    finally:
+        procs[1].kill()
+        procs[1].communicate()
+        procs[0].kill()
+    assert procs[0].returncode == 0 and "OK sigstop" in out, out[-4000:]
+    print(out.strip().splitlines()[-2])
+
+
 def _stamp(out, key):
     return float([x for x in out.splitlines() if x.startswith(key)][0].split()[1])
