@@ -62,6 +62,9 @@ def one_of_each(dtype, n):
     dist.reduce_scatter_tensor(out, full, op=dist.ReduceOp.SUM)
     want = sum(inp(r + 100 * rank, n, torch.int64) for r in range(world))
     same(out, want.to(dtype), f"reduce_scatter_tensor {dtype} n={n}")
+    outs = torch.zeros(n, dtype=dtype)
+    dist.reduce_scatter(outs, [inp(rank + 100 * j, n, dtype) for j in range(world)])
+    same(outs, want.to(dtype), f"reduce_scatter (list) {dtype} n={n}")
 
 
 def scenario_tcp_ops():
