@@ -60,8 +60,9 @@ def test_pg_tcp_every_op_two_hosts():
 
 
 def test_pg_tcp_mixed_group():
-    """Ranks 0 and 1 on host a share memory; rank 2 on host b links to both over TCP."""
-    run_group("tcp_ops", "a,a,b", timeout=150)
+    """Ranks 0 and 1 on host a share memory; rank 2 on host b links to both over TCP. Every
+    op at one-chunk sizes (the multi-chunk sizes run in the two-host test)."""
+    run_group("tcp_ops", "a,a,b", timeout=150, env={"PG_TCP_LIGHT": "1"})
 
 
 def test_pg_tcp_bad_input():
