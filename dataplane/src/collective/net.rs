@@ -69,9 +69,11 @@ fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
     h
 }
 
-/// Liveness timeout: the collective timeout (process-wide, read on every check).
+/// Liveness timeout: the collective timeout (process-wide, read on every check), but at
+/// least four shortest heartbeat periods, so a tiny timeout cannot outrun the heartbeats.
 fn dead_after() -> Duration {
-    Duration::from_micros(COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed).max(1_000))
+    let floor_us = 4 * PG_NET_HEARTBEAT_MIN_MS * 1000;
+    Duration::from_micros(COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed).max(floor_us))
 }
 
 fn heartbeat_every() -> Duration {
