@@ -698,4 +698,41 @@ mod tests {
         assert_eq!(v, vec![1.0f32; 10]);
         assert_eq!(c0.shared().active(), 0b01);
     }
+
+    /// A malformed frame ends the link and marks the peer dead; it never writes outside the
+    /// replica nor panics. Well-formed frames before it are applied.
+    #[test]
+    fn bad_frames_end_the_link() {
+        let len = crate::collective::seg::segment_bytes(2) as u64;
+        let bad: [(u32, u64, u64); 5] = [
+            (KIND_WRITE, len - 4, 8),  // runs past the end
+            (KIND_WRITE, u64::MAX, 1), // offset overflow
+            (KIND_STORE, 68, 1),       // unaligned counter
+            (KIND_STORE, len, 1),      // outside the header
+            (9, 0, 0),                 // unknown kind
+        ];
+        for (kind, off, n) in bad {
+            let (mine, rx) = Segment::replica(2, 1).expect("replica");
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let mut w = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+            let (sock, _) = l.accept().expect("accept");
+            let stop = Arc::new(AtomicBool::new(false));
+            let st = stop.clone();
+            let t = std::thread::spawn(move || receive(sock, rx, 1, &st));
+            // a good STORE of `posted` (offset 64) first, then the bad frame
+            w.write_all(&frame(KIND_STORE, 64, 7)).expect("send");
+            w.write_all(&frame(kind, off, n)).expect("send");
+            let _ = w.write_all(&[0u8; 8]);
+            t.join().expect("receiver returns");
+            assert!(
+                !mine.owner_alive(),
+                "kind {kind} off {off} n {n}: peer marked dead"
+            );
+            assert_eq!(
+                load(mine.posted()),
+                7,
+                "the good frame before it was applied"
+            );
+        }
+    }
 }
