@@ -8,10 +8,13 @@
 
 use protocol::message::Request;
 use protocol::wire::Wire;
-use protocol::{ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid};
+use protocol::{
+    ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid, Version,
+};
 
 use super::metrics::{BatchOp, Metrics, Op};
-use super::object::Object;
+use super::object::{check_key, Object};
+use super::removals::{Pick, Removal};
 use super::segments::Segments;
 use super::State;
 
@@ -163,15 +166,30 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
         Request::RemoveByRegex(r) => {
             let ok = reply(out, |o| {
                 let re = regex::Regex::new(&r.pattern).map_err(|_| ErrorCode::InvalidParams)?;
-                st.remove_where(now, r.force, |k| re.is_match(k))?.encode(o);
+                let pattern = r.pattern.clone();
+                st.remove_where(
+                    now,
+                    r.force,
+                    |k| re.is_match(k),
+                    |kept| Pick::Regex { pattern, kept },
+                )?
+                .encode(o);
                 Ok(())
             });
             m.op(Op::RemoveByRegex, ok);
         }
         Request::RemoveAll(r) => {
-            let n = st.remove_where(now, r.force, |_| true);
+            let n = st.remove_where(now, r.force, |_| true, |kept| Pick::All { kept });
             m.op(Op::RemoveAll, n.is_ok());
             n.encode(out);
+        }
+        Request::KeepRemoved(r) => {
+            let ok = reply(out, |o| {
+                keep_removed(st, r.keys, r.versions)?;
+                ().encode(o);
+                Ok(())
+            });
+            m.op(Op::KeepRemoved, ok);
         }
         Request::BatchPutStart(r) => {
             batch_put_start(
@@ -415,5 +433,42 @@ pub(crate) fn exist_borrowed(
     let exists = st.exist(now, key);
     m.op(Op::ExistKey, exists.is_ok());
     exists.encode(out);
+    Ok(())
+}
+
+/// Keys removed earlier that their remover could not bury in an owner's catalog: kept as
+/// tombstones, and under HA stored in etcd before the answer goes out (`removals.rs`).
+fn keep_removed(
+    st: &mut State,
+    keys: Vec<String>,
+    versions: Vec<Version>,
+) -> Result<(), ErrorCode> {
+    if keys.len() != versions.len() || keys.len() > protocol::limits::BATCH_MAX_ITEMS {
+        return Err(ErrorCode::InvalidParams);
+    }
+    for k in &keys {
+        check_key(k)?;
+    }
+    let at = st.next_version();
+    let removal = Removal {
+        term: at.term,
+        seq: at.seq,
+        pick: Pick::Keys {
+            keys: keys
+                .into_iter()
+                .zip(versions)
+                .map(|(k, v)| (k, v.term, v.seq))
+                .collect(),
+        },
+    };
+    let State {
+        removals,
+        tombstones,
+        ..
+    } = st;
+    removals.learn(&removal, tombstones);
+    if st.durable_on {
+        st.durable.push(removal);
+    }
     Ok(())
 }

@@ -23,6 +23,7 @@ pub enum Op {
     Remove,
     RemoveByRegex,
     RemoveAll,
+    KeepRemoved,
     MountSegment,
     RemountSegment,
     UnmountSegment,
@@ -31,7 +32,7 @@ pub enum Op {
     ServiceReady,
 }
 
-const OP_NAMES: [(&str, &str); 17] = [
+const OP_NAMES: [(&str, &str); 18] = [
     ("put_start", "PutStart"),
     ("put_end", "PutEnd"),
     ("put_revoke", "PutRevoke"),
@@ -43,6 +44,7 @@ const OP_NAMES: [(&str, &str); 17] = [
     ("remove", "Remove"),
     ("remove_by_regex", "RemoveByRegex"),
     ("remove_all", "RemoveAll"),
+    ("keep_removed", "KeepRemoved"),
     ("mount_segment", "MountSegment"),
     ("remount_segment", "RemountSegment"),
     ("unmount_segment", "UnmountSegment"),
@@ -94,8 +96,8 @@ pub struct BatchCounters {
 
 #[derive(Default)]
 pub struct Metrics {
-    pub ops: [OpCounters; 17],
-    pub batches: [BatchCounters; 9],
+    pub ops: [OpCounters; OP_NAMES.len()],
+    pub batches: [BatchCounters; BATCH_NAMES.len()],
     pub evicted_keys: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub eviction_attempts: AtomicU64,

@@ -27,6 +27,7 @@ use protocol::limits::KEY_MAX_BYTES;
 use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid, Version};
 
 use super::metrics::Metrics;
+use super::removals::{Pick, Removal};
 use super::segments::{SegRef, Segments};
 use super::State;
 use crate::alloc::Span;
@@ -398,12 +399,15 @@ impl State {
         self.erase(key).ok_or(ErrorCode::InternalError)
     }
 
-    /// Removes every removable object whose key the predicate accepts; returns the count.
+    /// Removes every removable object whose key the predicate accepts; returns the count
+    /// and the matching keys it had to keep (a read lease, a put in flight). Under HA the
+    /// removal is queued for etcd as a pattern record (`removals.rs`) described by `pick`.
     pub(crate) fn remove_where(
         &mut self,
         now: u64,
         force: bool,
         mut pick: impl FnMut(&str) -> bool,
+        record: impl FnOnce(Vec<String>) -> Pick,
     ) -> Result<u64, ErrorCode> {
         self.fenced(now)?;
         let State {
@@ -413,8 +417,13 @@ impl State {
             ..
         } = self;
         let mut n = 0;
+        let mut kept = Vec::new();
         objects.retain(|k, obj| {
-            if !pick(k) || Self::removable(obj, now, force).is_err() {
+            if !pick(k) {
+                return true;
+            }
+            if Self::removable(obj, now, force).is_err() {
+                kept.push(k.clone());
                 return true;
             }
             tombstones.add(k, obj.version);
@@ -424,6 +433,21 @@ impl State {
             n += 1;
             false
         });
+        let at = self.next_version();
+        let removal = Removal {
+            term: at.term,
+            seq: at.seq,
+            pick: record(kept),
+        };
+        let State {
+            removals,
+            tombstones,
+            ..
+        } = self;
+        removals.learn(&removal, tombstones);
+        if self.durable_on {
+            self.durable.push(removal);
+        }
         Ok(n)
     }
 
