@@ -135,11 +135,11 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.op(Op::UpsertStart, ok);
         }
         Request::PutEnd(r) => {
-            let res = st.put_end(now, r.client_id, &r.key);
+            let res = st.put_end(m, now, r.client_id, &r.key);
             m.op(Op::PutEnd, status(out, res));
         }
         Request::UpsertEnd(r) => {
-            let res = st.put_end(now, r.client_id, &r.key);
+            let res = st.put_end(m, now, r.client_id, &r.key);
             m.op(Op::UpsertEnd, status(out, res));
         }
         Request::PutRevoke(r) => {
@@ -151,7 +151,9 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.op(Op::UpsertRevoke, status(out, res));
         }
         Request::GetReplicaList(r) => {
+            let t = std::time::Instant::now();
             let ok = get_replica_list(st, now, &r.key, out);
+            m.lookup_us.record(t.elapsed().as_micros() as u64);
             m.op(Op::GetReplicaList, ok);
         }
         Request::ExistKey(r) => {
@@ -219,12 +221,12 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
         }
         Request::BatchPutEnd(r) => {
             batch_status(m, BatchOp::PutEnd, &r.keys, out, |k| {
-                st.put_end(now, r.client_id, k)
+                st.put_end(m, now, r.client_id, k)
             });
         }
         Request::BatchUpsertEnd(r) => {
             batch_status(m, BatchOp::UpsertEnd, &r.keys, out, |k| {
-                st.put_end(now, r.client_id, k)
+                st.put_end(m, now, r.client_id, k)
             });
         }
         Request::BatchPutRevoke(r) => {
@@ -247,6 +249,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.batch(BatchOp::Remove, r.keys.len() as u64, failed);
         }
         Request::BatchGetReplicaList(r) => {
+            let t = std::time::Instant::now();
             0i32.encode(out);
             (r.keys.len() as u32).encode(out);
             let mut failed = 0;
@@ -254,6 +257,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
                 failed += !get_replica_list(st, now, k, out) as u64;
             }
             m.batch(BatchOp::GetReplicaList, r.keys.len() as u64, failed);
+            m.lookup_us.record(t.elapsed().as_micros() as u64);
         }
         Request::BatchExistKey(r) => {
             out.reserve(8 + 5 * r.keys.len());

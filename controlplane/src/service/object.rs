@@ -304,7 +304,13 @@ impl State {
         Some(obj)
     }
 
-    pub(crate) fn put_end(&mut self, now: u64, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+    pub(crate) fn put_end(
+        &mut self,
+        m: &Metrics,
+        now: u64,
+        client: Uuid,
+        key: &str,
+    ) -> Result<(), ErrorCode> {
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
         if obj.writer != client {
             return Err(ErrorCode::IllegalClient);
@@ -318,6 +324,7 @@ impl State {
         }
         if changed {
             let started = obj.put_start_ms;
+            m.put_ms.record(now.saturating_sub(started));
             // No lease after a put: a fresh object may be removed at once.
             obj.read_lease_until = now;
             obj.last_read_ms = now;
