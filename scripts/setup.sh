@@ -3,7 +3,8 @@
 # Rust and Python 3: Debian packages (when root), Rust components, cargo-fuzz (SETUP_FUZZ=1),
 # and .venv/ at the repo root with the `mooncake` package and its console scripts
 # (mooncake_master, mooncake_client, mooncake_http_metadata_server, transfer_engine_bench).
-# WITH_TORCH=1 also installs torch (CPU use; from PyPI) for the tensor tests.
+# WITH_TORCH=1 also installs torch (CPU use; from PyPI) for the tensor tests; WITH_BROWSER=1
+# headless Chromium for the status page test.
 # Idempotent: a second run only checks and rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,11 @@ cd "$(dirname "$0")/.."
 # libprotobuf-dev, which --no-install-recommends does not bring in with protoc.
 APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server
   protobuf-compiler libprotobuf-dev iproute2)
+# WITH_BROWSER=1 (the test suite): headless Chromium for the status page's browser test
+# (tests/tests/status_page.rs).
+if [ "${WITH_BROWSER:-0}" = 1 ]; then
+  APT_PACKAGES+=(chromium-headless-shell)
+fi
 
 log() { echo "[setup] $*"; }
 die() {

@@ -25,7 +25,7 @@ step() {
   fi
 }
 
-SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} bash scripts/setup.sh || exit 1
+SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} WITH_BROWSER=1 bash scripts/setup.sh || exit 1
 
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings

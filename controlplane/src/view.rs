@@ -2,6 +2,7 @@
 //! The HTTP layer depends on this trait, not on the service, so each can be tested alone.
 
 use protocol::{ErrorCode, ReplicaDescriptor};
+use serde::Serialize;
 
 /// One row of `/get_segments_detail`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +20,52 @@ pub struct SegmentDetail {
     pub allocator_capacity_bytes: u64,
 }
 
+/// The cluster at a glance, for the status page (`/status.json`, `docs/master.md`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClusterStatus {
+    pub keys: u64,
+    pub soft_pinned_keys: u64,
+    pub allocated_bytes: u64,
+    pub capacity_bytes: u64,
+    pub segments: Vec<SegmentStatus>,
+    pub clients: Vec<ClientStatus>,
+    /// Running totals (requests per operation, evictions): the page turns them into rates.
+    pub counters: Vec<(String, u64)>,
+    /// PutStart to PutEnd of puts and upserts, as the master sees them (ms).
+    pub put_ms: Percentiles,
+    /// Time the master takes to answer a replica lookup (µs).
+    pub lookup_us: Percentiles,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SegmentStatus {
+    pub name: String,
+    pub client_id: String,
+    pub te_endpoint: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// Replicas placed in this segment.
+    pub objects: u64,
+    /// `ok`, `draining` (graceful unmount) or `quarantined` (its owner stopped pinging).
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClientStatus {
+    pub client_id: String,
+    pub last_ping_ms_ago: u64,
+    pub segments: u64,
+    pub quarantined: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+}
+
 pub trait AdminView: Send + Sync + 'static {
     /// Readable replicas of a key, without granting a lease.
     fn query_key(&self, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode>;
@@ -27,4 +74,6 @@ pub trait AdminView: Send + Sync + 'static {
     fn segments_detail(&self) -> Vec<SegmentDetail>;
     /// Prometheus text exposition (version 0.0.4) of every master metric.
     fn render_metrics(&self) -> String;
+    /// The cluster at a glance (one pass over the index under the lock).
+    fn status(&self) -> ClusterStatus;
 }

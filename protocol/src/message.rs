@@ -152,6 +152,11 @@ messages! {
     37 BatchExistKey { keys: Vec<String> } -> Vec<Result<bool, ErrorCode>>;
     38 BatchRemove { keys: Vec<String>, force: bool }
         -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
+    // Durability of removals (`docs/ha.md`, "removals the owners have not heard of").
+    // Removed keys (each with the version it was removed at) that the remover could not
+    // bury in an owner's catalog: the master keeps them as tombstones, and under HA stores
+    // them in etcd before answering.
+    39 KeepRemoved { keys: Vec<String>, versions: Vec<Version> } -> ();
 }
 
 #[cfg(test)]

@@ -512,27 +512,49 @@ impl Store {
             force,
         }))?;
         let items: Vec<(&ReplicaDescriptor, &str)> = freed.iter().map(|r| (r, key)).collect();
-        self.bury(&items);
-        Ok(())
+        self.bury(&items).map_err(|(_, e)| e)
     }
 
-    /// Buries removed replicas (see [`Store::remove`]). An owner that cannot be reached is
-    /// logged, not reported: the remove itself happened; only a failover before that owner
-    /// learns of it through its pings could bring the key back (`docs/ha.md`, "windows").
-    fn bury(&self, items: &[(&ReplicaDescriptor, &str)]) {
+    /// Buries removed replicas (see [`Store::remove`]). What an owner could not take (its
+    /// data plane did not answer) is handed to the master instead, which keeps it as a
+    /// tombstone and, under HA, stores it in etcd before answering (`docs/ha.md`, "removals
+    /// the owners have not heard of"). Only if that fails too is the removal not durable: the
+    /// error names the keys concerned, and the caller reports them unacknowledged.
+    fn bury(&self, items: &[(&ReplicaDescriptor, &str)]) -> Result<(), (Vec<String>, ErrorCode)> {
         if items.is_empty() {
-            return;
+            return Ok(());
         }
+        let mut keys = Vec::new();
+        let mut versions = Vec::new();
         for (r, (replica, key)) in self.peers.bury_many(items).iter().zip(items) {
             if let Err(e) = r {
-                tracing::warn!(
+                tracing::info!(
                     key,
                     segment = %replica.segment_name,
-                    "removed {key} but could not bury it in {}'s catalog: {e:?}",
+                    "removed {key} but could not bury it in {}'s catalog ({e:?}); asking the \
+                     master to keep it removed",
                     replica.segment_name
                 );
+                keys.push(key.to_string());
+                versions.push(replica.version);
             }
         }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let kept = rpc(self.master.call(&KeepRemoved {
+            keys: keys.clone(),
+            versions,
+        }));
+        kept.map_err(|e| {
+            tracing::warn!(
+                "removed {} key(s) ({:?}...) that neither their owner nor the master could \
+                 make durable ({e:?}): reported as failed; a leader failover may bring them back",
+                keys.len(),
+                &keys[0]
+            );
+            (keys, e)
+        })
     }
 
     pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
@@ -560,8 +582,21 @@ impl Store {
             .filter_map(|(a, k)| Some(a.as_ref().ok()?.iter().map(move |r| (r, k.as_str()))))
             .flatten()
             .collect();
-        self.bury(&items);
-        answers.into_iter().map(|a| a.map(|_| ())).collect()
+        let not_durable = match self.bury(&items) {
+            Ok(()) => None,
+            Err((keys, e)) => Some((
+                keys.into_iter().collect::<std::collections::HashSet<_>>(),
+                e,
+            )),
+        };
+        answers
+            .into_iter()
+            .zip(keys)
+            .map(|(a, k)| match &not_durable {
+                Some((bad, e)) if a.is_ok() && bad.contains(k) => Err(*e),
+                _ => a.map(|_| ()),
+            })
+            .collect()
     }
 
     // ---- zero copy --------------------------------------------------------------------------

@@ -26,10 +26,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp,
+};
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
+use crate::service::removals::{Removal, RECORD_BYTES_MAX, REMOVALS_KEPT};
 use crate::service::MasterService;
 
 /// Time cut from the end of each proven lease window, for clock-rate differences and for the
@@ -117,7 +121,29 @@ pub struct HaState {
     terms_won: AtomicU64,
     /// The lease of the current term (0 when not leader).
     lease: AtomicI64,
+    /// Where the current term stores removals (`service/removals.rs`); `None` when not
+    /// leader.
+    removals: Mutex<Option<RemovalStore>>,
 }
+
+/// The leader's handle for storing removal records in etcd under its lease.
+#[derive(Clone)]
+struct RemovalStore {
+    client: Client,
+    lease: i64,
+    leader_key: String,
+    prefix: String,
+    /// Records written this term (every [`PRUNE_EVERY`]th write prunes the old ones).
+    written: Arc<AtomicU64>,
+}
+
+/// The etcd prefix of a cluster's removal records (`service/removals.rs`).
+pub fn removals_prefix(cluster_id: &str) -> String {
+    format!("mooncake-store/{cluster_id}/removals/")
+}
+
+/// How often (in records written) a leader prunes records beyond `REMOVALS_KEPT`.
+const PRUNE_EVERY: u64 = 16;
 
 /// A snapshot of [`HaState`] for `/health`, `/role` and `/leader`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +172,7 @@ impl HaState {
             advertise,
             terms_won: AtomicU64::new(0),
             lease: AtomicI64::new(0),
+            removals: Mutex::new(None),
         }
     }
 
@@ -192,6 +219,7 @@ impl HaState {
     }
 
     pub(crate) fn step_down(&self) {
+        *self.removals.lock() = None;
         self.serve_until_ms.store(0, Ordering::Release);
         self.role.store(STANDBY, Ordering::Release);
     }
@@ -201,6 +229,42 @@ impl HaState {
         if view_version > 0 {
             self.view_version.store(view_version, Ordering::Release);
         }
+    }
+
+    /// Stores `removals` in etcd under this term's lease; an answer that acknowledges them
+    /// may go out only after this returned `Ok` (`service/removals.rs`). Fails when this
+    /// master no longer leads or etcd does not answer in time.
+    pub async fn store_removals(&self, removals: &[Removal]) -> Result<(), String> {
+        let Some(s) = self.removals.lock().clone() else {
+            return Err("not the leader".into());
+        };
+        let mut client = s.client.clone();
+        for r in removals {
+            let bytes = r.encode();
+            if bytes.len() > RECORD_BYTES_MAX {
+                warn!(
+                    "HA: a removal's record is {} bytes, over {RECORD_BYTES_MAX}: not stored; \
+                     a failover before every owner pinged may bring some of its keys back",
+                    bytes.len()
+                );
+                continue;
+            }
+            let txn = Txn::new()
+                .when([Compare::lease(
+                    s.leader_key.clone(),
+                    CompareOp::Equal,
+                    s.lease,
+                )])
+                .and_then([TxnOp::put(r.etcd_key(&s.prefix), bytes, None)]);
+            let answer = bounded("store removal", client.txn(txn)).await?;
+            if !answer.succeeded() {
+                return Err("the leader key no longer names this master's lease".into());
+            }
+            if s.written.fetch_add(1, Ordering::AcqRel) % PRUNE_EVERY == PRUNE_EVERY - 1 {
+                prune_removals(&mut client, &s.prefix).await;
+            }
+        }
+        Ok(())
     }
 
     fn reachable(&self, yes: bool) {
@@ -339,13 +403,32 @@ async fn campaign_and_lead(
         };
         if answer.succeeded() {
             let term = answer.header().map_or(0, |h| h.revision());
-            service.reset(term);
+            // Removals earlier leaders acknowledged: the owners' re-reports must not undo them.
+            let prefix = removals_prefix(&cfg.cluster_id);
+            let removals = match load_removals(client, &prefix).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+                    return TermEnd::Lost(e);
+                }
+            };
+            service.reset(term, &removals);
+            *state.removals.lock() = Some(RemovalStore {
+                client: client.clone(),
+                lease,
+                leader_key: key.to_string(),
+                prefix,
+                written: Arc::default(),
+            });
             state.lease.store(lease, Ordering::Release);
             state.become_leader(term);
             state.prove(sent, ttl);
             info!(
-                "HA: elected leader of cluster {} at {} (view_version {term})",
-                cfg.cluster_id, cfg.advertise
+                "HA: elected leader of cluster {} at {} (view_version {term}, {} removal \
+                 records)",
+                cfg.cluster_id,
+                cfg.advertise,
+                removals.len()
             );
             return lead(client, key, lease, ttl, state, service).await;
         }
@@ -397,6 +480,62 @@ async fn campaign_and_lead(
                 tokio::time::sleep(ttl).await;
             }
         }
+    }
+}
+
+/// Reads the cluster's removal records, oldest first, pruning those beyond
+/// `REMOVALS_KEPT`. A record that does not decode is logged and skipped.
+async fn load_removals(client: &mut Client, prefix: &str) -> Result<Vec<Removal>, String> {
+    let answer = bounded(
+        "load removals",
+        client.get(
+            prefix,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Key, SortOrder::Ascend),
+            ),
+        ),
+    )
+    .await?;
+    let mut out = Vec::new();
+    for kv in answer.kvs() {
+        match Removal::decode(kv.value()) {
+            Ok(r) => out.push(r),
+            Err(e) => warn!(
+                "HA: skipping the removal record {:?}: {e}",
+                String::from_utf8_lossy(kv.key())
+            ),
+        }
+    }
+    if answer.kvs().len() > REMOVALS_KEPT {
+        prune_removals(client, prefix).await;
+    }
+    let skip = out.len().saturating_sub(REMOVALS_KEPT);
+    out.drain(..skip);
+    Ok(out)
+}
+
+/// Deletes the removal records beyond the newest `REMOVALS_KEPT` (best effort: a failure
+/// leaves them for the next prune).
+async fn prune_removals(client: &mut Client, prefix: &str) {
+    let keys = bounded(
+        "list removals",
+        client.get(
+            prefix,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only()
+                    .with_sort(SortTarget::Key, SortOrder::Ascend),
+            ),
+        ),
+    )
+    .await;
+    let Ok(keys) = keys else { return };
+    let old = keys.kvs().len().saturating_sub(REMOVALS_KEPT);
+    for kv in &keys.kvs()[..old] {
+        let _ = bounded("prune removal", client.delete(kv.key(), None)).await;
     }
 }
 

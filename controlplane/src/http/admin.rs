@@ -18,6 +18,10 @@
 //! - `/get_segments_detail`: `{"total_segments":N,"segments":[...]}` (fields below);
 //! - `/query_segment?segment=S`: `S\nUsed(bytes): U\nCapacity(bytes) : C\n`, 404 when unknown.
 //!
+//! - `/` and `/ui`: the status page (`status.html`, served from the binary; no build step, no
+//!   CDN), which polls `/status.json` every second: the HA role and leader, and, while this
+//!   master serves, the cluster at a glance ([`crate::view::ClusterStatus`]).
+//!
 //! Anything else is 404. Without HA the master is always the leader with its service ready.
 //! In HA mode the data routes (`/query_key`, `/get_all_*`, `/get_segments_detail`,
 //! `/query_segment`) answer 503 `{"success":false,"error_code":-1010,...}` while this master
@@ -92,6 +96,9 @@ pub fn admin_router_ha(view: View, ha: Ha) -> Router {
         .route("/role", get(role))
         .route("/ha_status", get(ha_status))
         .route("/leader", get(leader))
+        .route("/", get(status_page))
+        .route("/ui", get(status_page))
+        .route("/status.json", get(status_json))
         .merge(data)
         .with_state(Admin { view, ha })
 }
@@ -162,6 +169,46 @@ async fn leader(State(ha): State<Ha>) -> Response {
         }
     };
     json_response(StatusCode::OK, body)
+}
+
+/// The status page: static HTML and a small script that polls `/status.json`.
+const STATUS_PAGE: &str = include_str!("status.html");
+
+async fn status_page() -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        STATUS_PAGE,
+    )
+        .into_response()
+}
+
+async fn status_json(State(view): State<View>, State(ha): State<Ha>) -> Response {
+    let (_, state, serving) = role_of(&ha);
+    let ha_part = match &ha {
+        None => json!({"enabled": false, "state": state, "serving": true}),
+        Some(h) => {
+            let st = h.status();
+            json!({
+                "enabled": true,
+                "state": state,
+                "serving": serving,
+                "leader_address": st.leader_address,
+                "view_version": st.view_version,
+                "etcd_reachable": st.etcd_reachable,
+            })
+        }
+    };
+    // A standby's index is empty or stale: it shows only its role.
+    let cluster = if serving {
+        serde_json::to_value(view.status()).unwrap_or(serde_json::Value::Null)
+    } else {
+        serde_json::Value::Null
+    };
+    json_response(StatusCode::OK, json!({"ha": ha_part, "cluster": cluster}))
 }
 
 fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
@@ -416,6 +463,15 @@ mod tests {
             }]
         }
 
+        fn status(&self) -> crate::view::ClusterStatus {
+            crate::view::ClusterStatus {
+                keys: 2,
+                capacity_bytes: 1 << 30,
+                allocated_bytes: 1 << 28,
+                ..Default::default()
+            }
+        }
+
         fn render_metrics(&self) -> String {
             "# HELP master_key_count Keys\n# TYPE master_key_count gauge\nmaster_key_count 2\n\
              master_allocated_bytes 4096\nmaster_total_capacity_bytes 1073741824\n"
@@ -508,7 +564,6 @@ mod tests {
             request(addr, "GET", "/no_such_route", b"").await.status,
             404
         );
-        assert_eq!(request(addr, "GET", "/", b"").await.status, 404);
     }
 
     #[tokio::test]
@@ -521,6 +576,26 @@ mod tests {
             Some("text/plain; version=0.0.4")
         );
         assert_eq!(response.text(), FakeView.render_metrics());
+    }
+
+    #[tokio::test]
+    async fn status_page_and_its_json() {
+        let addr = server().await;
+        for path in ["/", "/ui"] {
+            let page = request(addr, "GET", path, b"").await;
+            assert_eq!(page.status, 200);
+            assert_eq!(
+                page.header("content-type"),
+                Some("text/html; charset=utf-8")
+            );
+            assert!(page.text().contains("fetch(\"status.json\""), "{path}");
+            assert!(!page.text().contains("://"), "{path}: no external resource");
+        }
+        let (status, body) = get_json(addr, "/status.json").await;
+        assert_eq!(status, 200);
+        assert_eq!(body["ha"]["enabled"], json!(false));
+        assert_eq!(body["cluster"]["keys"], json!(2));
+        assert_eq!(body["cluster"]["capacity_bytes"], json!(1u64 << 30));
     }
 
     #[tokio::test]

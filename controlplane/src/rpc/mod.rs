@@ -32,6 +32,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use crate::ha::HaState;
+use crate::service::removals::Removal;
 use crate::service::MasterService;
 
 /// Bytes asked of the socket per read.
@@ -125,7 +126,17 @@ async fn serve_conn(
             return Ok(());
         }
         let used = if crate::ha::serving(&gate) {
-            answer_frames(&inbuf, &service, &mut out)?
+            let (used, durable) = answer_frames(&inbuf, &service, &mut out)?;
+            // Removals the answers acknowledge must be in etcd first (`service/removals.rs`).
+            // If they cannot be stored, no answer goes out: the connection closes and the
+            // client sees the removal unacknowledged.
+            if let (false, Some(ha)) = (durable.is_empty(), gate.as_ref()) {
+                if let Err(e) = ha.store_removals(&durable).await {
+                    warn!("could not store a removal in etcd ({e}); closing the connection unanswered");
+                    return Err(e);
+                }
+            }
+            used
         } else {
             refuse_frames(&inbuf, &mut out)?
         };
@@ -263,13 +274,14 @@ async fn poll_read(sock: &TcpStream, inbuf: &mut Vec<u8>) -> Option<usize> {
     }
 }
 
-/// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed.
+/// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed
+/// and the removals to store in etcd before `out` may be sent (`service/removals.rs`).
 /// The service is locked once for all of them (no I/O happens here).
 pub fn answer_frames(
     buf: &[u8],
     service: &MasterService,
     out: &mut Vec<u8>,
-) -> Result<usize, String> {
+) -> Result<(usize, Vec<Removal>), String> {
     let mut used = 0;
     let mut batch = None;
     while let Some((f, len)) = frame::split_frame(&buf[used..]).map_err(|e| e.to_string())? {
@@ -287,5 +299,6 @@ pub fn answer_frames(
         .map_err(|e| format!("answer too large: {e}"))?;
         used += len;
     }
-    Ok(used)
+    let durable = batch.map(|mut b| b.take_durable()).unwrap_or_default();
+    Ok((used, durable))
 }

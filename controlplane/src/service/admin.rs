@@ -5,9 +5,12 @@ use protocol::wire::Wire;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
 use super::dispatch::encode_replicas;
-use super::MasterService;
+use super::metrics::{BatchOp, Hist, Op};
+use super::{MasterService, Metrics};
 use crate::alloc::Fragmentation;
-use crate::view::{AdminView, SegmentDetail};
+use crate::view::{
+    AdminView, ClientStatus, ClusterStatus, Percentiles, SegmentDetail, SegmentStatus,
+};
 
 impl AdminView for MasterService {
     fn query_key(&self, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
@@ -66,6 +69,92 @@ impl AdminView for MasterService {
         };
         render_fragmentation(&mut text, &frag);
         text
+    }
+    fn status(&self) -> ClusterStatus {
+        let g = self.gauges();
+        let now = self.clock.now_ms();
+        let (segments, clients) = {
+            let st = self.state.lock();
+            let mut objects = std::collections::HashMap::new();
+            for obj in st.objects.values() {
+                for r in &obj.replicas {
+                    *objects.entry(r.seg.idx).or_insert(0u64) += 1;
+                }
+            }
+            let segments: Vec<SegmentStatus> = st
+                .segs
+                .iter_indexed()
+                .map(|(r, s)| SegmentStatus {
+                    name: s.name.clone(),
+                    client_id: s.client.to_string(),
+                    te_endpoint: s.te_endpoint.clone(),
+                    capacity_bytes: s.alloc.capacity(),
+                    used_bytes: s.alloc.used_bytes(),
+                    objects: objects.get(&r).copied().unwrap_or(0),
+                    state: if s.quarantined {
+                        "quarantined"
+                    } else if s.draining_until.is_some() {
+                        "draining"
+                    } else {
+                        "ok"
+                    },
+                })
+                .collect();
+            let clients: Vec<ClientStatus> = st
+                .clients
+                .iter()
+                .map(|(id, c)| ClientStatus {
+                    client_id: id.to_string(),
+                    last_ping_ms_ago: now.saturating_sub(c.last_seen_ms),
+                    segments: c.segments.len() as u64,
+                    quarantined: c.quarantined,
+                })
+                .collect();
+            (segments, clients)
+        };
+        let m = &self.metrics;
+        let mut counters = Vec::new();
+        for (name, op) in [
+            ("put", Op::PutStart),
+            ("upsert", Op::UpsertStart),
+            ("get", Op::GetReplicaList),
+            ("exist", Op::ExistKey),
+            ("remove", Op::Remove),
+            ("ping", Op::Ping),
+        ] {
+            counters.push((name.to_string(), m.op_counts(op).0));
+        }
+        for (name, op) in [
+            ("batch_put_items", BatchOp::PutStart),
+            ("batch_upsert_items", BatchOp::UpsertStart),
+            ("batch_get_items", BatchOp::GetReplicaList),
+            ("batch_exist_items", BatchOp::ExistKey),
+            ("batch_remove_items", BatchOp::Remove),
+        ] {
+            counters.push((name.to_string(), m.batch_counts(op).2));
+        }
+        counters.push(("evicted_keys".into(), Metrics::get(&m.evicted_keys)));
+        counters.push(("evicted_bytes".into(), Metrics::get(&m.evicted_bytes)));
+        ClusterStatus {
+            keys: g.key_count,
+            soft_pinned_keys: g.soft_pin_key_count,
+            allocated_bytes: g.allocated_bytes,
+            capacity_bytes: g.total_capacity_bytes,
+            segments,
+            clients,
+            counters,
+            put_ms: percentiles(&m.put_ms),
+            lookup_us: percentiles(&m.lookup_us),
+        }
+    }
+}
+
+fn percentiles(h: &Hist) -> Percentiles {
+    Percentiles {
+        count: h.count(),
+        p50: h.quantile(0.5),
+        p90: h.quantile(0.9),
+        p99: h.quantile(0.99),
     }
 }
 

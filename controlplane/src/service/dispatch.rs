@@ -8,10 +8,13 @@
 
 use protocol::message::Request;
 use protocol::wire::Wire;
-use protocol::{ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid};
+use protocol::{
+    ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid, Version,
+};
 
 use super::metrics::{BatchOp, Metrics, Op};
-use super::object::Object;
+use super::object::{check_key, Object};
+use super::removals::{Pick, Removal};
 use super::segments::Segments;
 use super::State;
 
@@ -132,11 +135,11 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.op(Op::UpsertStart, ok);
         }
         Request::PutEnd(r) => {
-            let res = st.put_end(now, r.client_id, &r.key);
+            let res = st.put_end(m, now, r.client_id, &r.key);
             m.op(Op::PutEnd, status(out, res));
         }
         Request::UpsertEnd(r) => {
-            let res = st.put_end(now, r.client_id, &r.key);
+            let res = st.put_end(m, now, r.client_id, &r.key);
             m.op(Op::UpsertEnd, status(out, res));
         }
         Request::PutRevoke(r) => {
@@ -148,7 +151,9 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.op(Op::UpsertRevoke, status(out, res));
         }
         Request::GetReplicaList(r) => {
+            let t = std::time::Instant::now();
             let ok = get_replica_list(st, now, &r.key, out);
+            m.lookup_us.record(t.elapsed().as_micros() as u64);
             m.op(Op::GetReplicaList, ok);
         }
         Request::ExistKey(r) => {
@@ -163,15 +168,30 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
         Request::RemoveByRegex(r) => {
             let ok = reply(out, |o| {
                 let re = regex::Regex::new(&r.pattern).map_err(|_| ErrorCode::InvalidParams)?;
-                st.remove_where(now, r.force, |k| re.is_match(k))?.encode(o);
+                let pattern = r.pattern.clone();
+                st.remove_where(
+                    now,
+                    r.force,
+                    |k| re.is_match(k),
+                    |kept| Pick::Regex { pattern, kept },
+                )?
+                .encode(o);
                 Ok(())
             });
             m.op(Op::RemoveByRegex, ok);
         }
         Request::RemoveAll(r) => {
-            let n = st.remove_where(now, r.force, |_| true);
+            let n = st.remove_where(now, r.force, |_| true, |kept| Pick::All { kept });
             m.op(Op::RemoveAll, n.is_ok());
             n.encode(out);
+        }
+        Request::KeepRemoved(r) => {
+            let ok = reply(out, |o| {
+                keep_removed(st, r.keys, r.versions)?;
+                ().encode(o);
+                Ok(())
+            });
+            m.op(Op::KeepRemoved, ok);
         }
         Request::BatchPutStart(r) => {
             batch_put_start(
@@ -201,12 +221,12 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
         }
         Request::BatchPutEnd(r) => {
             batch_status(m, BatchOp::PutEnd, &r.keys, out, |k| {
-                st.put_end(now, r.client_id, k)
+                st.put_end(m, now, r.client_id, k)
             });
         }
         Request::BatchUpsertEnd(r) => {
             batch_status(m, BatchOp::UpsertEnd, &r.keys, out, |k| {
-                st.put_end(now, r.client_id, k)
+                st.put_end(m, now, r.client_id, k)
             });
         }
         Request::BatchPutRevoke(r) => {
@@ -229,6 +249,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.batch(BatchOp::Remove, r.keys.len() as u64, failed);
         }
         Request::BatchGetReplicaList(r) => {
+            let t = std::time::Instant::now();
             0i32.encode(out);
             (r.keys.len() as u32).encode(out);
             let mut failed = 0;
@@ -236,6 +257,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
                 failed += !get_replica_list(st, now, k, out) as u64;
             }
             m.batch(BatchOp::GetReplicaList, r.keys.len() as u64, failed);
+            m.lookup_us.record(t.elapsed().as_micros() as u64);
         }
         Request::BatchExistKey(r) => {
             out.reserve(8 + 5 * r.keys.len());
@@ -415,5 +437,42 @@ pub(crate) fn exist_borrowed(
     let exists = st.exist(now, key);
     m.op(Op::ExistKey, exists.is_ok());
     exists.encode(out);
+    Ok(())
+}
+
+/// Keys removed earlier that their remover could not bury in an owner's catalog: kept as
+/// tombstones, and under HA stored in etcd before the answer goes out (`removals.rs`).
+fn keep_removed(
+    st: &mut State,
+    keys: Vec<String>,
+    versions: Vec<Version>,
+) -> Result<(), ErrorCode> {
+    if keys.len() != versions.len() || keys.len() > protocol::limits::BATCH_MAX_ITEMS {
+        return Err(ErrorCode::InvalidParams);
+    }
+    for k in &keys {
+        check_key(k)?;
+    }
+    let at = st.next_version();
+    let removal = Removal {
+        term: at.term,
+        seq: at.seq,
+        pick: Pick::Keys {
+            keys: keys
+                .into_iter()
+                .zip(versions)
+                .map(|(k, v)| (k, v.term, v.seq))
+                .collect(),
+        },
+    };
+    let State {
+        removals,
+        tombstones,
+        ..
+    } = st;
+    removals.learn(&removal, tombstones);
+    if st.durable_on {
+        st.durable.push(removal);
+    }
     Ok(())
 }

@@ -23,6 +23,7 @@ pub enum Op {
     Remove,
     RemoveByRegex,
     RemoveAll,
+    KeepRemoved,
     MountSegment,
     RemountSegment,
     UnmountSegment,
@@ -31,7 +32,7 @@ pub enum Op {
     ServiceReady,
 }
 
-const OP_NAMES: [(&str, &str); 17] = [
+const OP_NAMES: [(&str, &str); 18] = [
     ("put_start", "PutStart"),
     ("put_end", "PutEnd"),
     ("put_revoke", "PutRevoke"),
@@ -43,6 +44,7 @@ const OP_NAMES: [(&str, &str); 17] = [
     ("remove", "Remove"),
     ("remove_by_regex", "RemoveByRegex"),
     ("remove_all", "RemoveAll"),
+    ("keep_removed", "KeepRemoved"),
     ("mount_segment", "MountSegment"),
     ("remount_segment", "RemountSegment"),
     ("unmount_segment", "UnmountSegment"),
@@ -92,10 +94,87 @@ pub struct BatchCounters {
     pub failed_items: AtomicU64,
 }
 
+/// Buckets of a [`Hist`]: 8 exact ones below 8, then 8 per power of two up to 2^64.
+const HIST_BUCKETS: usize = 8 + 61 * 8;
+
+/// A lock-free latency histogram with 3 bits of mantissa per power of two: a percentile is
+/// reported as the upper bound of its bucket, at most 12.5% above the true value.
+pub struct Hist {
+    buckets: [AtomicU64; HIST_BUCKETS],
+    count: AtomicU64,
+    sum: AtomicU64,
+    max: AtomicU64,
+}
+
+impl Default for Hist {
+    fn default() -> Self {
+        Hist {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Hist {
+    fn index(v: u64) -> usize {
+        if v < 8 {
+            return v as usize;
+        }
+        let e = 63 - v.leading_zeros() as usize; // >= 3
+        8 + (e - 3) * 8 + ((v >> (e - 3)) & 7) as usize
+    }
+
+    /// The largest value of bucket `i`.
+    fn upper(i: usize) -> u64 {
+        if i < 8 {
+            return i as u64;
+        }
+        let (e, m) = ((i - 8) / 8 + 3, ((i - 8) % 8) as u64);
+        ((8 + m + 1) << (e - 3))
+            .wrapping_sub(1)
+            .max((8 + m) << (e - 3))
+    }
+
+    #[inline]
+    pub fn record(&self, v: u64) {
+        self.buckets[Self::index(v)].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(v, Ordering::Relaxed);
+        self.max.fetch_max(v, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Ordering::Relaxed)
+    }
+
+    /// The value at quantile `q` (0..=1), never above the largest recorded; 0 when empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        let n = self.count();
+        if n == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            seen += b.load(Ordering::Relaxed);
+            if seen >= rank {
+                return Self::upper(i).min(self.max.load(Ordering::Relaxed));
+            }
+        }
+        self.max.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
-    pub ops: [OpCounters; 17],
-    pub batches: [BatchCounters; 9],
+    pub ops: [OpCounters; OP_NAMES.len()],
+    pub batches: [BatchCounters; BATCH_NAMES.len()],
     pub evicted_keys: AtomicU64,
     pub evicted_bytes: AtomicU64,
     pub eviction_attempts: AtomicU64,
@@ -107,6 +186,10 @@ pub struct Metrics {
     pub expired_clients: AtomicU64,
     pub quarantined_clients: AtomicU64,
     pub unquarantined_clients: AtomicU64,
+    /// PutStart to PutEnd of each put or upsert, as the master sees it (ms).
+    pub put_ms: Hist,
+    /// Time the master takes to answer a `GetReplicaList` (or a batch of them), in µs.
+    pub lookup_us: Hist,
 }
 
 /// Values read under the state lock for one rendering.
@@ -289,6 +372,26 @@ impl Metrics {
                 metric(&mut s, &name, &help, "counter", Self::get(v));
             }
         }
+        let hists: [(&str, &str, &Hist); 2] = [
+            (
+                "master_put_duration_ms",
+                "PutStart to PutEnd of puts and upserts as the master sees them, in ms",
+                &self.put_ms,
+            ),
+            (
+                "master_lookup_duration_us",
+                "Time the master takes to answer a replica lookup (one request or batch), in us",
+                &self.lookup_us,
+            ),
+        ];
+        for (name, help, h) in hists {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} summary");
+            for q in ["0.5", "0.9", "0.99"] {
+                let v = h.quantile(q.parse().expect("a literal"));
+                let _ = writeln!(s, "{name}{{quantile=\"{q}\"}} {v}");
+            }
+            let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", h.sum(), h.count());
+        }
         for ((short, long), c) in BATCH_NAMES.iter().zip(&self.batches) {
             let parts = [
                 ("requests", "received requests", &c.requests),
@@ -324,6 +427,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn histogram_quantiles_are_within_an_eighth() {
+        let h = Hist::default();
+        assert_eq!(h.quantile(0.5), 0);
+        for v in 1..=1000u64 {
+            h.record(v);
+        }
+        for (q, exact) in [(0.5, 500u64), (0.9, 900), (0.99, 990), (1.0, 1000)] {
+            let got = h.quantile(q);
+            assert!(
+                got >= exact && got <= exact + exact / 8,
+                "q{q}: {got} vs {exact}"
+            );
+        }
+        assert_eq!((h.count(), h.sum()), (1000, 500_500));
+        for v in [0u64, 7, 8, 9, 15, 16, 1 << 40, u64::MAX] {
+            let i = Hist::index(v);
+            assert!(i < HIST_BUCKETS && Hist::upper(i) >= v, "{v}");
+            assert!(i == 0 || Hist::upper(i - 1) < v, "{v}");
+        }
+    }
+
+    #[test]
     fn names_follow_enum_order() {
         assert_eq!(OP_NAMES[Op::ServiceReady as usize].1, "ServiceReady");
         assert_eq!(OP_NAMES[Op::ExistKey as usize].0, "exist_key");
@@ -341,12 +466,12 @@ mod tests {
             key_count: 3,
             ..Default::default()
         });
-        let re = regex::Regex::new(r"^[a-z_]+ \d+$").unwrap();
+        let re = regex::Regex::new(r#"^[a-z_]+(\{quantile="0\.\d+"\})? \d+$"#).unwrap();
         let mut names = std::collections::HashSet::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap();
-                assert!(kind == "gauge" || kind == "counter");
+                assert!(kind == "gauge" || kind == "counter" || kind == "summary");
                 assert!(names.insert(name.to_string()), "duplicate {name}");
             } else if !line.starts_with("# HELP ") {
                 assert!(re.is_match(line), "bad sample line {line:?}");

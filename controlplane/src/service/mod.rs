@@ -27,6 +27,7 @@ mod freed;
 pub mod metrics;
 mod object;
 mod placement;
+pub mod removals;
 mod segments;
 #[cfg(test)]
 mod tests;
@@ -170,6 +171,12 @@ pub(crate) struct State {
     pub seq: u64,
     /// Keys that left the index, with the version they left at.
     pub tombstones: tombstones::Tombstones,
+    /// Pattern removals (`removals.rs`): loaded at the election, plus this term's own.
+    pub removals: removals::Removals,
+    /// Removals to store in etcd before their answers go out (`removals.rs`); collected only
+    /// when `durable_on` (an HA leader), drained by the RPC layer after each batch.
+    pub durable: Vec<removals::Removal>,
+    pub durable_on: bool,
     /// Reads and removes answer `UNAVAILABLE_IN_CURRENT_STATUS` before this time (the
     /// owners' re-reports after an HA election, [`RECOVERY_FENCE_MS`]); 0 without HA.
     pub fence_until_ms: u64,
@@ -197,6 +204,9 @@ impl State {
             term: start_term(),
             seq: 0,
             tombstones: tombstones::Tombstones::default(),
+            removals: removals::Removals::default(),
+            durable: Vec::new(),
+            durable_on: false,
             fence_until_ms: 0,
             last_tick_ms: 0,
             liveness_from_ms: 0,
@@ -309,6 +319,12 @@ impl Batch<'_> {
             }
         }
     }
+
+    /// The removals made in this batch that must be stored in etcd before the batch's
+    /// answers go out (`removals.rs`); empty without HA.
+    pub fn take_durable(&mut self) -> Vec<removals::Removal> {
+        std::mem::take(&mut self.state.durable)
+    }
 }
 
 impl MasterService {
@@ -327,8 +343,12 @@ impl MasterService {
 
     /// Executes one request and appends the encoded `Result<R::Reply, ErrorCode>` (an `i32`
     /// status, then the reply when it is 0) to `out`. Never panics on client input.
+    /// In-process callers have no etcd to store removals in (`removals.rs`): an HA leader
+    /// is served through the RPC layer, which does.
     pub fn handle(&self, req: Request, out: &mut Vec<u8>) {
-        self.batch().handle(req, out);
+        let mut b = self.batch();
+        b.handle(req, out);
+        b.take_durable();
     }
 
     /// Locks the service once for many requests, e.g. every frame of one socket read:
@@ -364,6 +384,7 @@ impl MasterService {
             b.handle(req, out);
             done(out, start);
         }
+        b.take_durable();
     }
 
     /// Periodic work; call every 10-100 ms. Expires silent clients, quarantines the segments
@@ -424,7 +445,7 @@ impl MasterService {
     ///
     /// The term's versions take the term itself (an etcd revision, above every earlier
     /// term's), and reads and removes wait [`RECOVERY_FENCE_MS`] for the re-reports.
-    pub fn reset(&self, view_version: i64) {
+    pub fn reset(&self, view_version: i64, removals: &[removals::Removal]) {
         let now = self.clock.now_ms();
         let mut st = self.state.lock();
         let cfg = st.cfg.clone();
@@ -432,6 +453,15 @@ impl MasterService {
         st.view_version = view_version;
         st.term = view_version.max(1) as u64;
         st.fence_until_ms = now.saturating_add(RECOVERY_FENCE_MS);
+        st.durable_on = true;
+        let State {
+            removals: known,
+            tombstones,
+            ..
+        } = &mut *st;
+        for r in removals {
+            known.learn(r, tombstones);
+        }
     }
 
     /// Marks every known client as seen now. Called when a leader that could not prove its

@@ -27,6 +27,7 @@ use protocol::limits::KEY_MAX_BYTES;
 use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid, Version};
 
 use super::metrics::Metrics;
+use super::removals::{Pick, Removal};
 use super::segments::{SegRef, Segments};
 use super::State;
 use crate::alloc::Span;
@@ -303,7 +304,13 @@ impl State {
         Some(obj)
     }
 
-    pub(crate) fn put_end(&mut self, now: u64, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+    pub(crate) fn put_end(
+        &mut self,
+        m: &Metrics,
+        now: u64,
+        client: Uuid,
+        key: &str,
+    ) -> Result<(), ErrorCode> {
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
         if obj.writer != client {
             return Err(ErrorCode::IllegalClient);
@@ -317,6 +324,7 @@ impl State {
         }
         if changed {
             let started = obj.put_start_ms;
+            m.put_ms.record(now.saturating_sub(started));
             // No lease after a put: a fresh object may be removed at once.
             obj.read_lease_until = now;
             obj.last_read_ms = now;
@@ -398,12 +406,15 @@ impl State {
         self.erase(key).ok_or(ErrorCode::InternalError)
     }
 
-    /// Removes every removable object whose key the predicate accepts; returns the count.
+    /// Removes every removable object whose key the predicate accepts; returns the count
+    /// and the matching keys it had to keep (a read lease, a put in flight). Under HA the
+    /// removal is queued for etcd as a pattern record (`removals.rs`) described by `pick`.
     pub(crate) fn remove_where(
         &mut self,
         now: u64,
         force: bool,
         mut pick: impl FnMut(&str) -> bool,
+        record: impl FnOnce(Vec<String>) -> Pick,
     ) -> Result<u64, ErrorCode> {
         self.fenced(now)?;
         let State {
@@ -413,8 +424,13 @@ impl State {
             ..
         } = self;
         let mut n = 0;
+        let mut kept = Vec::new();
         objects.retain(|k, obj| {
-            if !pick(k) || Self::removable(obj, now, force).is_err() {
+            if !pick(k) {
+                return true;
+            }
+            if Self::removable(obj, now, force).is_err() {
+                kept.push(k.clone());
                 return true;
             }
             tombstones.add(k, obj.version);
@@ -424,6 +440,21 @@ impl State {
             n += 1;
             false
         });
+        let at = self.next_version();
+        let removal = Removal {
+            term: at.term,
+            seq: at.seq,
+            pick: record(kept),
+        };
+        let State {
+            removals,
+            tombstones,
+            ..
+        } = self;
+        removals.learn(&removal, tombstones);
+        if self.durable_on {
+            self.durable.push(removal);
+        }
         Ok(n)
     }
 

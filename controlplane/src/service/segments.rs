@@ -291,7 +291,9 @@ impl State {
             self.learn_tombstone(&h.key, h.version);
             return true;
         }
-        if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version) {
+        if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version)
+            || self.removals.covers(&h.key, h.version)
+        {
             self.release_stale(r, h.buffer_address, h.size);
             return false;
         }

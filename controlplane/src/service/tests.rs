@@ -2017,7 +2017,7 @@ fn re_reported_tombstones_keep_removed_keys_removed() {
 #[test]
 fn a_new_term_fences_reads_and_removes_while_owners_re_report() {
     let t = T::new();
-    t.svc.reset(41);
+    t.svc.reset(41, &[]);
     t.mount(1, 64 * MIB);
     // Writes go on: their versions are above every earlier term's.
     let d = t.put("k", 4096);
@@ -2041,4 +2041,100 @@ fn a_new_term_fences_reads_and_removes_while_owners_re_report() {
     t.advance(RECOVERY_FENCE_MS);
     assert!(t.exist("k"));
     assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
+}
+
+#[test]
+fn removals_the_owners_did_not_hear_of_reach_the_next_term() {
+    let (s1, _) = version_segments();
+    let old = |seq| Version { term: 4, seq };
+    let held = || {
+        vec![
+            held_at("a-1", 4096, &s1, 0, old(1)),
+            held_at("a-2", 4096, &s1, 4096, old(2)),
+            held_at("b-1", 4096, &s1, 8192, old(3)),
+            held_at("k", 4096, &s1, 12288, old(4)),
+        ]
+    };
+    let t = T::new();
+    t.svc.reset(5, &[]);
+    t.advance(RECOVERY_FENCE_MS);
+    remount_held(&t, C1, &s1, held());
+    t.remove("k", true).unwrap();
+    // The remover could not bury k in its owner's catalog and hands it to the master; a
+    // pattern removal takes the a-* keys. Both are for etcd (an HA leader collects them).
+    let mut out = Vec::new();
+    let records = {
+        let mut b = t.svc.batch();
+        b.handle(
+            Request::RemoveByRegex(RemoveByRegex {
+                pattern: "^a-".into(),
+                force: true,
+            }),
+            &mut out,
+        );
+        b.handle(
+            Request::KeepRemoved(KeepRemoved {
+                keys: vec!["k".into()],
+                versions: vec![old(4)],
+            }),
+            &mut out,
+        );
+        b.take_durable()
+    };
+    assert_eq!(records.len(), 2, "{records:?}");
+    let mut bad = Vec::new();
+    let mut b = t.svc.batch();
+    b.handle(
+        Request::KeepRemoved(KeepRemoved {
+            keys: vec!["k".into()],
+            versions: vec![],
+        }),
+        &mut bad,
+    );
+    assert!(
+        b.take_durable().is_empty(),
+        "a refused request stores nothing"
+    );
+    drop(b);
+    assert_eq!(
+        <Result<(), ErrorCode>>::from_bytes(&bad).unwrap(),
+        Err(ErrorCode::InvalidParams)
+    );
+
+    // The next leader knows only the records; the owner re-reports everything it holds.
+    t.svc.reset(9, &records);
+    t.advance(RECOVERY_FENCE_MS);
+    remount_held(&t, C1, &s1, held());
+    for gone in ["a-1", "a-2", "k"] {
+        assert_eq!(
+            t.get(gone).map(|_| ()),
+            Err(ErrorCode::ObjectNotFound),
+            "{gone}"
+        );
+    }
+    assert_eq!(t.get("b-1").unwrap().replicas[0].version, old(3));
+    let mut freed = freed_of(&t, C1);
+    freed.sort_unstable();
+    assert_eq!(
+        freed,
+        vec![
+            (s1.base, 4096),
+            (s1.base + 4096, 4096),
+            (s1.base + 12288, 4096)
+        ]
+    );
+    // A write after the removal with a matching name is newer than it, and stays.
+    remount_held(
+        &t,
+        C1,
+        &s1,
+        vec![held_at(
+            "a-9",
+            4096,
+            &s1,
+            16384,
+            Version { term: 5, seq: 99 },
+        )],
+    );
+    assert!(t.exist("a-9"));
 }
