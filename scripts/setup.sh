@@ -4,7 +4,8 @@
 # and .venv/ at the repo root with the `mooncake` package and its console scripts
 # (mooncake_master, mooncake_client, mooncake_http_metadata_server, transfer_engine_bench).
 # WITH_TORCH=1 also installs torch (CPU use; from PyPI) for the tensor tests; WITH_BROWSER=1
-# headless Chromium for the status page test.
+# headless Chromium for the status page test; WITH_K8S_SCHEMAS=1 kubernetes-validate (the
+# Kubernetes JSON schemas, offline) for the deployment manifests' test.
 # Idempotent: a second run only checks and rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,13 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "maturin>=1.5,<2" pytest numpy
+PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy)
+# WITH_K8S_SCHEMAS=1 (the test suite): python/tests/test_deploy_manifests.py validates
+# deploy/k8s against the schemas this package bundles.
+if [ "${WITH_K8S_SCHEMAS:-0}" = 1 ]; then
+  PIP_PACKAGES+=(kubernetes-validate)
+fi
+"${PIP[@]}" "${PIP_PACKAGES[@]}"
 if [ "${WITH_TORCH:-0}" = 1 ]; then
   .venv/bin/python -c "import torch" 2>/dev/null || { log "pip install torch"; "${PIP[@]}" torch; }
 fi

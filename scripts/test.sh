@@ -25,7 +25,7 @@ step() {
   fi
 }
 
-SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} WITH_BROWSER=1 bash scripts/setup.sh || exit 1
+SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} WITH_BROWSER=1 WITH_K8S_SCHEMAS=1 bash scripts/setup.sh || exit 1
 
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
@@ -36,7 +36,7 @@ else
   step tests cargo test --workspace --no-fail-fast
 fi
 step doctests cargo test --workspace --doc
-step pytest .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+step pytest env WITH_K8S_SCHEMAS=1 .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
 step fuzz bash scripts/fuzz.sh "$FUZZ_SECONDS"
 
 echo
