@@ -23,6 +23,7 @@
 
 pub mod cma;
 pub mod coll;
+pub mod ep;
 pub mod p2p;
 pub mod reduce;
 pub mod seg;
