@@ -1,8 +1,8 @@
 """mooncake.mooncake_ep_buffer.Buffer: dispatch/combine between spawned ranks on one host.
 
-Each test spawns WORLD ranks of ep_worker.py over a Mooncake Backend group ("mooncake");
-the ranks check every output against a reference they compute from the semantics (see
-ep_worker.py for the scenarios).
+Each test owns a group of WORLD ranks of ep_worker.py over a Mooncake Backend group
+("mooncake"); the ranks check every output against a reference they compute from the
+semantics (see ep_worker.py for the scenarios). All groups start together (module fixture).
 """
 
 import os
@@ -24,14 +24,34 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_group(scenario, world, tmp_path, timeout=90):
+# Every group starts when the first test needs one, all at once: most of a rank's time is
+# torch's import and the group's set-up, which then overlap instead of adding up.
+GROUPS = [("basic", 2), ("basic", 3), ("dead", 3), ("bad_input", 2)]
+
+
+def start_group(scenario, world, tmp):
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
-            [sys.executable, WORKER, scenario, str(r), str(world), str(port), str(tmp_path)],
+            [sys.executable, WORKER, scenario, str(r), str(world), str(port), str(tmp)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(world)
     ]
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    started = {(s, w): start_group(s, w, tmp_path_factory.mktemp(f"{s}{w}"))
+               for s, w in GROUPS}
+    yield started
+    for procs in started.values():
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def finish(groups, scenario, world, timeout=150):
+    procs = groups[(scenario, world)]
     outs = []
     deadline = time.monotonic() + timeout
     try:
@@ -48,16 +68,16 @@ def run_group(scenario, world, tmp_path, timeout=90):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ep_dispatch_combine_against_reference(world, tmp_path):
-    run_group("basic", world, tmp_path)
+def test_ep_dispatch_combine_against_reference(groups, world):
+    finish(groups, "basic", world)
 
 
-def test_ep_rank_that_never_dispatches_is_marked_after_timeout(tmp_path):
-    run_group("dead", 3, tmp_path)
+def test_ep_rank_that_never_dispatches_is_marked_after_timeout(groups):
+    finish(groups, "dead", 3)
 
 
-def test_ep_bad_input_is_refused(tmp_path):
-    run_group("bad_input", 2, tmp_path)
+def test_ep_bad_input_is_refused(groups):
+    finish(groups, "bad_input", 2)
 
 
 def test_ep_size_hint_is_upstreams_formula_and_allocates_nothing():
