@@ -3,6 +3,7 @@
 //! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
 //! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
 //! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`dataplane::collective`);
+//! - [`ep::PyEpBuffer`]: the native data path of `mooncake.mooncake_ep_buffer`;
 //! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
 //!   (`mooncake/_tensor.py`);
 //! - `run_master`, `run_http_metadata_server`, `run_client`, `run_transfer_engine_bench`: the
@@ -13,6 +14,7 @@
 //! Python exception); every call that waits on the network releases the GIL.
 
 mod engine;
+mod ep;
 mod mempool;
 mod pg;
 mod pybuf;
@@ -151,6 +153,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tensor::register(m)?;
     engine::register(m)?;
     pg::register(m)?;
+    ep::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -27,6 +27,7 @@
 
 pub mod cma;
 pub mod coll;
+pub mod ep;
 pub mod net;
 pub mod p2p;
 pub mod reduce;

@@ -1,0 +1,234 @@
+//! The native half of `mooncake.mooncake_ep_buffer`: a thin face of
+//! [`dataplane::collective::ep`].
+//!
+//! `mooncake/mooncake_ep_buffer.py` owns everything torch-shaped (argument checks, output
+//! allocation, events, hooks, the bootstrap over the process group) and hands this module
+//! tensor addresses and shapes. Every call runs on the caller's thread with the GIL released.
+//!
+//! Invariant: the addresses come from CPU tensors whose dtype, shape and contiguity the
+//! Python layer has checked against the shape passed alongside, and which it keeps
+//! referenced until the call returns; that is the contract of the `unsafe` runtime calls.
+//! Bad shapes, indices and protocol mismatches are Python exceptions, never a crash.
+
+use std::sync::Arc;
+
+use dataplane::collective::ep::{dispatch::DispatchOut, size_hint, EpRuntime, EpSegment, Shape};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+fn shape(ranks: usize, tokens_max: usize, hidden: usize, experts: usize) -> Shape {
+    Shape {
+        tokens_max,
+        hidden,
+        experts,
+        ranks,
+    }
+}
+
+fn err(e: String) -> PyErr {
+    PyRuntimeError::new_err(format!("Mooncake EP: {e}"))
+}
+
+/// One rank's EP buffer: created with its segment, connected once every rank's path is known.
+#[pyclass(module = "mooncake._native", name = "EpBuffer", frozen)]
+pub struct PyEpBuffer {
+    rank: usize,
+    ranks: usize,
+    own: Mutex<Option<EpSegment>>,
+    rt: Mutex<Option<Arc<EpRuntime>>>,
+}
+
+impl PyEpBuffer {
+    fn rt(&self) -> PyResult<Arc<EpRuntime>> {
+        self.rt
+            .lock()
+            .clone()
+            .ok_or_else(|| PyRuntimeError::new_err("the Mooncake EP buffer is not connected"))
+    }
+}
+
+#[pymethods]
+impl PyEpBuffer {
+    /// Creates this rank's buffer at `path` with `data_bytes` bytes of data area.
+    #[new]
+    fn new(path: &str, rank: usize, ranks: usize, data_bytes: usize) -> PyResult<Self> {
+        let seg = EpSegment::create(path, ranks, rank, data_bytes)
+            .map_err(|e| PyRuntimeError::new_err(format!("Mooncake EP buffer {path}: {e}")))?;
+        Ok(PyEpBuffer {
+            rank,
+            ranks,
+            own: Mutex::new(Some(seg)),
+            rt: Mutex::new(None),
+        })
+    }
+
+    /// Maps every peer's buffer (`paths[r]` for rank `r`).
+    fn connect(&self, paths: Vec<String>) -> PyResult<()> {
+        if paths.len() != self.ranks {
+            return Err(PyValueError::new_err(
+                "one EP buffer path per rank is needed",
+            ));
+        }
+        let mut peers = Vec::with_capacity(self.ranks);
+        for (r, p) in paths.iter().enumerate() {
+            if r == self.rank {
+                peers.push(None);
+                continue;
+            }
+            let seg = EpSegment::open(p, self.ranks, r).map_err(|e| {
+                PyRuntimeError::new_err(format!("Mooncake EP: mapping rank {r}'s buffer: {e}"))
+            })?;
+            peers.push(Some(seg));
+        }
+        let own = self
+            .own
+            .lock()
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
+        *self.rt.lock() = Some(Arc::new(EpRuntime::new(own, self.rank, peers)));
+        Ok(())
+    }
+
+    /// Bytes a call of this shape needs in every rank's buffer.
+    #[staticmethod]
+    fn need_bytes(
+        ranks: usize,
+        tokens_max: usize,
+        hidden: usize,
+        experts: usize,
+    ) -> PyResult<usize> {
+        let s = shape(ranks, tokens_max, hidden, experts);
+        s.check().map_err(PyValueError::new_err)?;
+        Ok(s.need_bytes())
+    }
+
+    /// Sends this rank's tokens; returns `(call, mask)`.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_send(
+        &self,
+        py: Python<'_>,
+        x: usize,
+        tokens: usize,
+        topk: usize,
+        k: usize,
+        tokens_max: usize,
+        hidden: usize,
+        experts: usize,
+        fp8: bool,
+        mask: u64,
+        timeout_us: i64,
+    ) -> PyResult<(u64, u64)> {
+        let rt = self.rt()?;
+        let s = shape(self.ranks, tokens_max, hidden, experts);
+        // SAFETY: module invariant: x is [tokens, hidden] bf16 and topk [tokens, k] int64,
+        // contiguous CPU tensors mooncake_ep_buffer.py holds during the call.
+        py.detach(|| unsafe { rt.dispatch_send(x, tokens, topk, k, s, fp8, mask, timeout_us) })
+            .map_err(err)
+    }
+
+    /// Receives dispatch call `call` into the given tensors; returns the mask.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_recv(
+        &self,
+        py: Python<'_>,
+        call: u64,
+        recv_x: usize,
+        scales: usize,
+        count: usize,
+        src_info: usize,
+        layout: usize,
+        tokens_max: usize,
+        hidden: usize,
+        experts: usize,
+        fp8: bool,
+        mask: u64,
+        timeout_us: i64,
+    ) -> PyResult<u64> {
+        let rt = self.rt()?;
+        let s = shape(self.ranks, tokens_max, hidden, experts);
+        let out = DispatchOut {
+            recv_x,
+            scales,
+            count,
+            src_info,
+            layout,
+        };
+        // SAFETY: module invariant: the outputs were allocated by mooncake_ep_buffer.py with
+        // the shapes DispatchOut documents for this shape and are held during the call.
+        py.detach(|| unsafe { rt.dispatch_recv(call, out, s, fp8, mask, timeout_us) })
+            .map_err(err)
+    }
+
+    /// Sends expert outputs back; returns `(call, mask)`.
+    #[allow(clippy::too_many_arguments)]
+    fn combine_send(
+        &self,
+        py: Python<'_>,
+        x: usize,
+        src_info: usize,
+        layout: usize,
+        topk: usize,
+        tokens: usize,
+        k: usize,
+        tokens_max: usize,
+        hidden: usize,
+        experts: usize,
+        mask: u64,
+        timeout_us: i64,
+    ) -> PyResult<(u64, u64)> {
+        let rt = self.rt()?;
+        let s = shape(self.ranks, tokens_max, hidden, experts);
+        // SAFETY: module invariant: x [L, N, H] bf16, src_info [L, N] int32, layout [L, R]
+        // int64, topk [tokens, k] int64, all checked and held by the caller.
+        py.detach(|| unsafe {
+            rt.combine_send(x, src_info, layout, topk, tokens, k, s, mask, timeout_us)
+        })
+        .map_err(err)
+    }
+
+    /// Receives combine call `call` and reduces into `out`; returns the mask.
+    #[allow(clippy::too_many_arguments)]
+    fn combine_recv(
+        &self,
+        py: Python<'_>,
+        call: u64,
+        topk: usize,
+        weights: usize,
+        tokens: usize,
+        k: usize,
+        out: usize,
+        tokens_max: usize,
+        hidden: usize,
+        experts: usize,
+        mask: u64,
+        timeout_us: i64,
+    ) -> PyResult<u64> {
+        let rt = self.rt()?;
+        let s = shape(self.ranks, tokens_max, hidden, experts);
+        // SAFETY: module invariant: topk [tokens, k] int64, weights [tokens, k] float32 and
+        // out [tokens, H] bf16, checked and held by the caller.
+        py.detach(|| unsafe {
+            rt.combine_recv(call, topk, weights, tokens, k, out, s, mask, timeout_us)
+        })
+        .map_err(err)
+    }
+}
+
+/// Upstream's `get_ep_buffer_size_hint` (the group size is unused, as upstream).
+#[pyfunction]
+fn ep_size_hint(
+    num_max_dispatch_tokens_per_rank: u64,
+    hidden: u64,
+    _num_ranks: u64,
+    num_experts: u64,
+) -> PyResult<u64> {
+    size_hint(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        .ok_or_else(|| PyValueError::new_err("EP buffer size overflows 64 bits"))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEpBuffer>()?;
+    m.add_function(wrap_pyfunction!(ep_size_hint, m)?)?;
+    Ok(())
+}
