@@ -13,9 +13,63 @@ upstream answers when it cannot do them, with the reason logged (never a silent 
   here; the call fails with -1, upstream's code for a real client it cannot reach.
 """
 
+import enum
 import logging
 
 log = logging.getLogger("mooncake.store")
+
+
+class TaskType(enum.IntEnum):
+    """Kind of a replica task (upstream's values)."""
+
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+    __str__ = enum.Enum.__str__
+
+
+class TaskStatus(enum.IntEnum):
+    """State of a replica task (upstream's values)."""
+
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 3
+    FAILED = 2
+
+    __str__ = enum.Enum.__str__
+
+
+class QueryTaskResponse:
+    """What `query_task` returns for a known task (upstream's read-only fields). Never built
+    here, since no task is ever created; kept so code that imports or isinstance-checks it
+    works."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, id, type, status, created_at_ms_epoch, last_updated_at_ms_epoch,
+                 assigned_client, message=""):
+        object.__setattr__(self, "_fields", dict(
+            id=id, type=TaskType(type), status=TaskStatus(status),
+            created_at_ms_epoch=created_at_ms_epoch,
+            last_updated_at_ms_epoch=last_updated_at_ms_epoch,
+            assigned_client=assigned_client, message=message))
+
+    def __getattr__(self, name):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"QueryTaskResponse.{name} is read-only")
+
+    def __repr__(self):
+        f = self._fields
+        return (f"QueryTaskResponse(id={f['id'][0]}-{f['id'][1]}, type={int(f['type'])}, "
+                f"status={int(f['status'])}, created_at={f['created_at_ms_epoch']}, "
+                f"last_updated_at={f['last_updated_at_ms_epoch']}, "
+                f"assigned_client={f['assigned_client'][0]}-{f['assigned_client'][1]}, "
+                f"message=\"{f['message']}\")")
 
 _INVALID = -600
 _NOT_FOUND = -704

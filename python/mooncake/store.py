@@ -20,7 +20,7 @@ from mooncake._native import (  # noqa: F401  (re-exports)
     _encode_tensor_header,
     _tensor_metadata_size,
 )
-from mooncake._cluster_ops import ClusterOps
+from mooncake._cluster_ops import ClusterOps, QueryTaskResponse, TaskStatus, TaskType  # noqa: F401
 from mooncake._parallel import (  # noqa: F401  (re-exports)
     ParallelAxis,
     ParallelMethods,
@@ -57,6 +57,11 @@ for _name in (
 ):
     globals()[_name] = getattr(_native, _name)
 del _name
+# Task enum values at module scope, as upstream exports them. Upstream's module-level
+# PROCESSING and FAILED end up TaskStatus's (exported last); ours stay ReplicaStatus's, as
+# this package has always exported them.
+PENDING, SUCCESS = TaskStatus.PENDING, TaskStatus.SUCCESS
+REPLICA_COPY, REPLICA_MOVE = TaskType.REPLICA_COPY, TaskType.REPLICA_MOVE
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -75,4 +80,7 @@ __all__ = [
     "ParallelAxis",
     "TensorParallelism",
     "ReadTarget",
+    "QueryTaskResponse",
+    "TaskStatus",
+    "TaskType",
 ]

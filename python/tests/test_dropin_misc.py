@@ -118,3 +118,16 @@ def test_unsupported_setup_options_are_refused(master, kw):
     assert s.setup(*args, enable_ssd_offload=False, tenant_id="default",
                    enable_client_http_server=False) == 0
     s.close()
+
+
+def test_task_types_exported_as_upstream():
+    import mooncake.store as m
+
+    assert [(k, int(v)) for k, v in m.TaskStatus.__members__.items()] == \
+        [("PENDING", 0), ("PROCESSING", 1), ("SUCCESS", 3), ("FAILED", 2)]
+    assert (int(m.TaskType.REPLICA_COPY), int(m.TaskType.REPLICA_MOVE)) == (0, 1)
+    assert str(m.PENDING) == "TaskStatus.PENDING" and m.REPLICA_MOVE == 1
+    r = m.QueryTaskResponse((1, 2), 1, 3, 5, 6, (3, 4))
+    assert (r.type, r.status, r.message) == (m.TaskType.REPLICA_MOVE, m.TaskStatus.SUCCESS, "")
+    with pytest.raises(AttributeError):
+        r.message = "x"
