@@ -44,6 +44,16 @@ fn in_object(offset: u64, len: u64, size: u64) -> bool {
     offset.checked_add(len).is_some_and(|end| end <= size)
 }
 
+/// A zeroed staging buffer of `size` bytes, or `None` when this process cannot allocate it
+/// (an allocation failure must not abort the process that asked).
+fn staging(size: u64) -> Option<Vec<u8>> {
+    let n = usize::try_from(size).ok()?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0);
+    Some(v)
+}
+
 /// The per-key lists of a ranged call must agree in length.
 fn shapes_agree(n: usize, a: &[Vec<u64>], b: &[Vec<u64>], c: &[Vec<u64>]) -> bool {
     a.len() == n && b.len() == n && c.len() == n
@@ -84,25 +94,38 @@ impl Store {
             Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
             Err(e) => return vec![Err(e); keys.len()],
         };
-        let mut puts = self.sessions.puts.lock();
-        keys.iter()
-            .zip(sizes)
-            .zip(started)
-            .map(|((k, &size), s)| {
-                let replicas = s?;
-                let staged =
-                    vec![0u8; usize::try_from(size).map_err(|_| ErrorCode::InvalidParams)?];
-                puts.insert(
-                    k.clone(),
-                    PutSession {
-                        replicas,
-                        hard_pin: cfg.with_hard_pin,
-                        staged,
-                    },
-                );
-                Ok(())
-            })
-            .collect()
+        let mut unstaged: Vec<String> = Vec::new();
+        let results = {
+            let mut puts = self.sessions.puts.lock();
+            keys.iter()
+                .zip(sizes)
+                .zip(started)
+                .map(|((k, &size), s)| {
+                    let replicas = s?;
+                    let Some(staged) = staging(size) else {
+                        tracing::error!("put session {k}: cannot stage {size} bytes");
+                        unstaged.push(k.clone());
+                        return Err(ErrorCode::InvalidParams);
+                    };
+                    puts.insert(
+                        k.clone(),
+                        PutSession {
+                            replicas,
+                            hard_pin: cfg.with_hard_pin,
+                            staged,
+                        },
+                    );
+                    Ok(())
+                })
+                .collect()
+        };
+        if !unstaged.is_empty() {
+            let _ = self.master.call(&BatchPutRevoke {
+                client_id: self.client_id,
+                keys: unstaged,
+            });
+        }
+        results
     }
 
     /// `batch_put_from_multi_buffer_ranges`: copies `sizes[i][j]` bytes at `ptrs[i][j]` to
@@ -338,6 +361,12 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_refuses_what_cannot_be_allocated() {
+        assert_eq!(staging(16).map(|v| v.len()), Some(16));
+        assert!(staging(u64::MAX).is_none());
+    }
 
     #[test]
     fn ranges_inside_objects_only() {
