@@ -1,6 +1,7 @@
 """Unified parallel tensor IO (`*_tensor_with_parallelism*`), `put_tensor_with_tp_from` and
 the safetensors export/import. Every expected key, size, header field and tensor is what
-upstream's 0.3.13.post1 wheel produced for the same calls against its own master."""
+upstream's 0.3.13.post1 wheel produced for the same calls against its own master (this file
+passes unchanged on that wheel, with `safetensors` installed there)."""
 
 import ctypes
 import struct
