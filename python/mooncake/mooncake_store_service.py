@@ -21,7 +21,7 @@ else the `MOONCAKE_*` environment, then `-Dfield=value` overrides), retrying for
 | POST   | /api/reconfigure         | {"mode": "decode", "path", "size", ...} or {"mode": "prefill"} | {"status", "mode", ...} |
 
 Errors are {"error": message} with 400 (bad request), 404 (missing key) or 500 (the store
-call failed), as upstream's service answers. The segment endpoints call the store's segment
+call failed), and an unknown path is a plain-text 404, as upstream's service answers. The segment endpoints call the store's segment
 methods, which this build does not offer (python/README.md): they answer 500 with the store's
 return code. Upstream serves with aiohttp; this one uses the standard library's threaded HTTP
 server, so the package needs no extra dependency.
@@ -191,7 +191,7 @@ class MooncakeStoreService:
             if m == method and found:
                 break
         else:
-            return self._send(req, 404, {"error": "Not found"})
+            return self._send(req, 404, b"404: Not Found", "text/plain; charset=utf-8")
         started = time.perf_counter()
         try:
             args = {k: unquote(v) for k, v in found.groupdict().items()}
@@ -222,11 +222,11 @@ class MooncakeStoreService:
         return data
 
     @staticmethod
-    def _send(req, status, body):
+    def _send(req, status, body, kind=None):
         if isinstance(body, (bytes, bytearray)):
-            raw, kind = bytes(body), "application/octet-stream"
+            raw, kind = bytes(body), kind or "application/octet-stream"
         else:
-            raw, kind = json.dumps(body).encode(), "application/json"
+            raw, kind = json.dumps(body).encode(), "application/json; charset=utf-8"
         req.send_response(status)
         req.send_header("Content-Type", kind)
         req.send_header("Content-Length", str(len(raw)))
@@ -351,7 +351,7 @@ class MooncakeStoreService:
                                  "failed_segment_ids": failed}
                 self.mounted_segment_ids, self.current_mode = [], "prefill"
                 return 200, {"status": "success", "mode": "prefill"}
-        return 400, {"error": "Invalid mode, must be 'prefill' or 'decode'"}
+        return 400, {"error": "Invalid mode. Use 'decode' or 'prefill'"}
 
 
 def parse_arguments(argv=None):
