@@ -38,8 +38,12 @@
 //!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!
-//! Invariants: caller addresses used by the zero-copy calls are checked against the registered
-//! buffers before any byte moves; a failed put never leaves a half-written object readable.
+//! Put and get *sessions* (`session`) reserve objects or cache replica lists across several
+//! ranged calls (upstream's `batch_{put,get}_session_*`).
+//!
+//! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
+//! inside one registered buffer, or outside every registered buffer and mapped with the needed
+//! permissions (`mapped`); a failed put never leaves a half-written object readable.
 
 mod budget;
 mod catalog;
