@@ -9,8 +9,11 @@ gets read the object straight into a `BufferHandle` and return a tensor viewing 
 """
 
 import ctypes
+import logging
 
 from mooncake import _native
+
+_log = logging.getLogger("mooncake.store")
 
 _HEADER_BYTES = _native._tensor_metadata_size()
 _INVALID = -600
@@ -234,6 +237,17 @@ class TensorMethods:
         mem = (ctypes.c_ubyte * nbytes).from_address(buffer_ptr + offset)
         return torch.frombuffer(mem, dtype=torch.uint8).view(dtype).reshape(shape)
 
+    def _tensor_copy_at(self, buffer_ptr, size):
+        """A tensor copied from the tensor object in caller memory (registered or mapped) at
+        `buffer_ptr`; None when the range is neither or holds no valid tensor object."""
+        raw = self._read_registered(buffer_ptr, size) if size >= _HEADER_BYTES else None
+        if raw is None:
+            return None
+        try:
+            return _deserialize_tensor(raw)
+        except ValueError:
+            return None
+
     def get_tensor_into(self, key, buffer_ptr, size):
         """The tensor read into registered memory at `buffer_ptr` (the buffer receives
         `[TensorMetadata][data]`), as a tensor viewing that memory; None on failure."""
@@ -315,3 +329,39 @@ class TensorMethods:
     def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
         keys = [self._tp_key(k, tp_rank, tp_size) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+
+    def batch_put_tensor_with_tp_from(
+        self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1, split_dim=0
+    ):
+        """Each buffer holds a whole tensor object (`[TensorMetadata][data]`); stores its
+        `tp_size` shards as `f"{key}_tp_{rank}"` (`tp_rank` ignored, as upstream)."""
+        base_keys, buffer_ptrs, sizes = list(base_keys), list(buffer_ptrs), list(sizes)
+        if not len(base_keys) == len(buffer_ptrs) == len(sizes):
+            _log.error("batch_put_tensor_with_tp_from: keys, buffer_ptrs and sizes differ")
+            return [_INVALID] * len(base_keys)
+        if not base_keys:
+            return []
+        if tp_size <= 1:
+            return self.batch_put_tensor_from(base_keys, buffer_ptrs, sizes)
+        tensors = [self._tensor_copy_at(p, n) for p, n in zip(buffer_ptrs, sizes)]
+        out = self._batch_put_tensor_with_tp(
+            base_keys, [object() if t is None else t for t in tensors], None, tp_size, split_dim
+        )
+        return [_INVALID if t is None else r for t, r in zip(tensors, out)]
+
+    def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        return self.batch_put_tensor_with_tp_from(
+            [key], [buffer_ptr], [size], tp_rank, tp_size, split_dim
+        )[0]
+
+    # ---- CUDA ---------------------------------------------------------------------------
+
+    def get_tensor_into_cuda(self, key, tensor):
+        """-600: this build has no CUDA (upstream serves this only to CUDA dummy clients)."""
+        _log.error("get_tensor_into_cuda(%s): no CUDA in this build", key)
+        return _INVALID
+
+    def batch_get_tensor_into_cuda(self, keys, tensors_list):
+        keys = list(keys)
+        _log.error("batch_get_tensor_into_cuda: no CUDA in this build")
+        return [_INVALID] * len(keys)

@@ -1,8 +1,9 @@
 """`mooncake.store`: the distributed object store's Python API (upstream-compatible).
 
-`MooncakeDistributedStore` is the native store class (`mooncake._native`) with the tensor
-methods of `mooncake._tensor` mixed in; it can be subclassed (e.g. by an asyncio wrapper that
-sets attributes on its instances).
+`MooncakeDistributedStore` is the native store class (`mooncake._native`) with Python mixins:
+the tensor methods (`_tensor`), unified parallel tensor IO (`_parallel`), safetensors export and
+import (`_safetensors`) and the segment / task / dummy-client methods (`_cluster_ops`). It can
+be subclassed (e.g. by an asyncio wrapper that sets attributes on its instances).
 """
 
 from mooncake import _native
@@ -19,6 +20,14 @@ from mooncake._native import (  # noqa: F401  (re-exports)
     _encode_tensor_header,
     _tensor_metadata_size,
 )
+from mooncake._cluster_ops import ClusterOps, QueryTaskResponse, TaskStatus, TaskType  # noqa: F401
+from mooncake._parallel import (  # noqa: F401  (re-exports)
+    ParallelAxis,
+    ParallelMethods,
+    ReadTarget,
+    TensorParallelism,
+)
+from mooncake._safetensors import SafetensorMethods
 from mooncake._tensor import TensorMethods, _deserialize_tensor, _serialize_tensor  # noqa: F401
 from mooncake.buffer_pool import (  # noqa: F401  (upstream binds the pool in this module)
     BufferLease,
@@ -28,7 +37,13 @@ from mooncake.buffer_pool import (  # noqa: F401  (upstream binds the pool in th
 )
 
 
-class MooncakeDistributedStore(TensorMethods, _native.MooncakeDistributedStore):
+class MooncakeDistributedStore(
+    TensorMethods,
+    ParallelMethods,
+    SafetensorMethods,
+    ClusterOps,
+    _native.MooncakeDistributedStore,
+):
     """Client of a Mooncake store: `setup(...)`, then put/get bytes, buffers and tensors."""
 
     __module__ = "mooncake.store"
@@ -42,6 +57,11 @@ for _name in (
 ):
     globals()[_name] = getattr(_native, _name)
 del _name
+# Task enum values at module scope, as upstream exports them. Upstream's module-level
+# PROCESSING and FAILED end up TaskStatus's (exported last); ours stay ReplicaStatus's, as
+# this package has always exported them.
+PENDING, SUCCESS = TaskStatus.PENDING, TaskStatus.SUCCESS
+REPLICA_COPY, REPLICA_MOVE = TaskType.REPLICA_COPY, TaskType.REPLICA_MOVE
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -57,4 +77,10 @@ __all__ = [
     "BufferLease",
     "RegisteredBufferPool",
     "RegisteredBufferLease",
+    "ParallelAxis",
+    "TensorParallelism",
+    "ReadTarget",
+    "QueryTaskResponse",
+    "TaskStatus",
+    "TaskType",
 ]

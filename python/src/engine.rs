@@ -160,39 +160,10 @@ fn env_true(name: &str) -> bool {
 }
 
 /// True when `[addr, addr + len)` is mapped readable and writable in this process, by
-/// `/proc/self/maps` (true when that file cannot be read: then nothing can be checked).
-/// Also guards `MooncakeDistributedStore.register_buffer`.
+/// `/proc/self/maps` (`client::store::mapped`; an empty range counts only at a mapped
+/// address). Also guards `MooncakeDistributedStore.register_buffer`.
 pub(crate) fn mapped_rw(addr: u64, len: u64) -> bool {
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return true;
-    };
-    let mut at = addr;
-    for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms)) = (it.next(), it.next()) else {
-            continue;
-        };
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            continue;
-        };
-        if hi <= at {
-            continue;
-        }
-        if lo > at || !perms.starts_with("rw") {
-            return false;
-        }
-        at = hi;
-        if at >= end {
-            return true;
-        }
-    }
-    at >= end
+    client::store::mapped::is_mapped(addr, len.max(1), true)
 }
 
 /// `TransferEngine()`; see the module docs.

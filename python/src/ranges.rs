@@ -10,6 +10,24 @@ use protocol::ErrorCode;
 
 const INVALID: i64 = ErrorCode::InvalidParams as i64;
 
+/// Upstream's answer for calls whose lists do not line up (observed on its 0.3.13 wheel): the
+/// failure takes the shape of the *destination offsets*. A whole call that does not line up
+/// gets one entry per buffer, each with one list per key of `all_dst_offsets[b]` as long as
+/// that key's offsets (`[[-600]]` for a buffer with no offsets); a buffer whose keys do not
+/// line up gets one list per key, as long as its offsets (1 where there are none).
+fn failed_buffer(dsts: Option<&Vec<Vec<u64>>>) -> Vec<Vec<i64>> {
+    match dsts {
+        Some(d) => d.iter().map(|f| vec![INVALID; f.len()]).collect(),
+        None => vec![vec![INVALID]],
+    }
+}
+
+fn failed_keys(nkeys: usize, dsts: &[Vec<u64>]) -> Vec<Vec<i64>> {
+    (0..nkeys)
+        .map(|k| vec![INVALID; dsts.get(k).map_or(1, Vec::len)])
+        .collect()
+}
+
 pub fn get_into_ranges(
     s: Option<&Store>,
     buffer_ptrs: &[u64],
@@ -18,19 +36,22 @@ pub fn get_into_ranges(
     all_src_offsets: &[Vec<Vec<u64>>],
     all_sizes: &[Vec<Vec<u64>>],
 ) -> Vec<Vec<Vec<i64>>> {
-    let failed = |sizes: &[Vec<u64>], code: i64| -> Vec<Vec<i64>> {
-        sizes.iter().map(|f| vec![code; f.len()]).collect()
-    };
     let nb = buffer_ptrs.len();
+    let all_failed = || -> Vec<Vec<Vec<i64>>> {
+        (0..nb)
+            .map(|b| failed_buffer(all_dst_offsets.get(b)))
+            .collect()
+    };
     let Some(s) = s else {
-        return all_sizes.iter().map(|k| failed(k, INVALID)).collect();
+        return all_failed();
     };
     if all_keys.len() != nb
         || all_dst_offsets.len() != nb
         || all_src_offsets.len() != nb
         || all_sizes.len() != nb
     {
-        return all_sizes.iter().map(|k| failed(k, INVALID)).collect();
+        tracing::error!("get_into_ranges: top-level size mismatch");
+        return all_failed();
     }
     // One replica-list round trip for every key of every buffer.
     let flat: Vec<String> = all_keys.iter().flatten().cloned().collect();
@@ -45,7 +66,7 @@ pub fn get_into_ranges(
         );
         let lists_b: Vec<_> = lists.by_ref().take(keys.len()).collect();
         if dsts.len() != keys.len() || srcs.len() != keys.len() || sizes.len() != keys.len() {
-            out.push(failed(sizes, INVALID));
+            out.push(failed_keys(keys.len(), dsts));
             continue;
         }
         let bounds = s.registered_buffer(buffer_ptrs[b]);
@@ -53,7 +74,7 @@ pub fn get_into_ranges(
         for (k, list) in lists_b.into_iter().enumerate() {
             let (d, sr, sz) = (&dsts[k], &srcs[k], &sizes[k]);
             if d.len() != sz.len() || sr.len() != sz.len() {
-                per_key.push(vec![INVALID; sz.len()]);
+                per_key.push(vec![INVALID; d.len()]);
                 continue;
             }
             let list = match list {

@@ -103,8 +103,8 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             })
         })
     };
-    // Optional arguments are type-checked like pybind11 would, then accepted and ignored
-    // (no SSD offload or client HTTP server in this build; `engine` is not needed).
+    // Optional arguments are type-checked like pybind11 would; `engine` is not needed, and
+    // what this build cannot do (see `unsupported`) is refused, never accepted and dropped.
     for (i, check) in [
         (8usize, "bool"),
         (9, "str"),
@@ -125,6 +125,19 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
                 )));
             }
         }
+    }
+    let flag = |i: usize| {
+        bound[i]
+            .as_ref()
+            .is_some_and(|v| v.is_truthy().unwrap_or(true))
+    };
+    if let Some(e) = unsupported(
+        flag(8),
+        &s(9)?,
+        bound[10].as_ref().map(|_| s(10)).transpose()?,
+        flag(11),
+    ) {
+        return Ok(Setup::Reject(e));
     }
     Ok(Setup::Config(StoreConfig {
         local_hostname: s(0)?,
@@ -161,6 +174,18 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
     else {
         return Setup::Reject(ErrorCode::InvalidParams);
     };
+    let on = |k: &str| {
+        m.get(k)
+            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
+    };
+    if let Some(e) = unsupported(
+        on("enable_ssd_offload"),
+        &get("ssd_offload_path", ""),
+        m.get("tenant_id").cloned(),
+        on("enable_client_http_server"),
+    ) {
+        return Setup::Reject(e);
+    }
     if (global != 0 && global < MIN_SIZE_BYTES)
         || (local != 0 && !(MIN_SIZE_BYTES..=MAX_LOCAL_BUFFER_BYTES).contains(&local))
     {
@@ -175,6 +200,29 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
         rdma_devices: get("rdma_devices", ""),
         master_server_addr: get("master_server_addr", "127.0.0.1:50051"),
     })
+}
+
+/// Setup options this build has no implementation for: the SSD offload tier, tenants other
+/// than `"default"` (the master keeps one key space) and the client HTTP server. Asking for
+/// one fails the setup with `INVALID_PARAMS` and a logged reason, so nobody runs believing
+/// they have it.
+fn unsupported(
+    ssd_offload: bool,
+    ssd_path: &str,
+    tenant_id: Option<String>,
+    client_http: bool,
+) -> Option<ErrorCode> {
+    let why = if ssd_offload || !ssd_path.is_empty() {
+        "SSD offload (enable_ssd_offload / ssd_offload_path) is not supported by this build"
+    } else if tenant_id.as_deref().is_some_and(|t| t != "default") {
+        "tenant_id other than \"default\" is not supported: the master keeps one key space"
+    } else if client_http {
+        "the client HTTP server (enable_client_http_server) is not supported by this build"
+    } else {
+        return None;
+    };
+    tracing::error!("setup refused: {why}");
+    Some(ErrorCode::InvalidParams)
 }
 
 /// `"16777216"`, `"16MB"`, `"16 mb"`, `"1.5GB"`, `"4 GiB"`, `"512K"`: binary multiples.

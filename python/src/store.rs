@@ -1011,6 +1011,112 @@ impl PyStore {
         })
     }
 
+    // ---- sessions (`client::store::session`) ---------------------------------------------------
+    // Upstream's convention when not set up: `[]` (and -1 for `batch_get_session_end`).
+
+    /// Reserves the objects without moving bytes; 0 or a negative code per key.
+    #[pyo3(signature = (keys, sizes, config=None))]
+    fn batch_put_session_start(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        let cfg = Cfg::of(config);
+        py.detach(|| match cfg.for_batch(keys.len()) {
+            Ok(c) => s
+                .put_session_start(&keys, &sizes, c)
+                .into_iter()
+                .map(rc)
+                .collect(),
+            Err(e) => vec![e.code(); keys.len()],
+        })
+    }
+
+    /// Fills byte ranges of objects in a put session; bytes copied per key or a negative code.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, all_dst_offsets))]
+    fn batch_put_from_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        all_dst_offsets: Vec<Vec<u64>>,
+    ) -> Vec<i64> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        py.detach(|| {
+            s.put_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_dst_offsets)
+                .into_iter()
+                .map(rc_i64)
+                .collect()
+        })
+    }
+
+    /// Writes and commits the objects of a put session; 0 or a negative code per key.
+    #[pyo3(signature = (keys))]
+    fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        py.detach(|| s.put_session_end(&keys).into_iter().map(rc).collect())
+    }
+
+    #[pyo3(signature = (keys))]
+    fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        py.detach(|| s.put_session_revoke(&keys).into_iter().map(rc).collect())
+    }
+
+    /// Caches the replica lists of `keys`; 0 or a negative code (`-704` miss) per key.
+    #[pyo3(signature = (keys))]
+    fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        py.detach(|| s.get_session_start(&keys).into_iter().map(rc).collect())
+    }
+
+    /// Ranged reads of objects in a get session; bytes read per key or a negative code.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, all_src_offsets))]
+    fn batch_get_into_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        all_src_offsets: Vec<Vec<u64>>,
+    ) -> Vec<i64> {
+        let Some(s) = self.store() else {
+            return Vec::new();
+        };
+        py.detach(|| {
+            s.get_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_src_offsets)
+                .into_iter()
+                .map(rc_i64)
+                .collect()
+        })
+    }
+
+    /// Drops the cached replica lists; 0 (-1 when not set up, as upstream).
+    #[pyo3(signature = (keys))]
+    fn batch_get_session_end(&self, keys: Vec<String>) -> i32 {
+        match self.store() {
+            None => -1,
+            Some(s) => {
+                s.get_session_end(&keys);
+                0
+            }
+        }
+    }
+
     // ---- tensors from registered memory ------------------------------------------------------
 
     /// Stores registered memory that already holds `[TensorMetadata][data]` (validated).
@@ -1046,8 +1152,22 @@ impl PyStore {
         self.tensor_from_many(py, keys, buffer_ptrs, sizes, true)
     }
 
-    /// Internal (tensor layer): a copy of `size` bytes of registered memory at `buffer_ptr`,
-    /// or `None` when the range is not registered.
+    /// Internal (parallel reads): copies `data` to caller memory at `buffer_ptr` (registered,
+    /// or mapped writable); its length, or -600 for a range that is neither.
+    #[pyo3(signature = (buffer_ptr, data))]
+    fn _write_caller(&self, py: Python<'_>, buffer_ptr: u64, data: &[u8]) -> i64 {
+        let Some(s) = self.store() else {
+            return INVALID as i64;
+        };
+        rc_i64(py.detach(|| {
+            let dst = s.caller_slice_mut(buffer_ptr, data.len() as u64)?;
+            dst.copy_from_slice(data);
+            Ok(data.len() as u64)
+        }))
+    }
+
+    /// Internal (tensor layer): a copy of `size` bytes of caller memory at `buffer_ptr`, or
+    /// `None` when the range is neither registered nor mapped.
     #[pyo3(signature = (buffer_ptr, size))]
     fn _read_registered<'py>(
         &self,

@@ -333,25 +333,29 @@ def test_zero_copy_operations(store):
     assert store.remove(key) == 0
 
 
-def test_unregistered_memory_is_refused_not_touched(store):
+def test_unmapped_memory_is_refused_mapped_memory_is_used(store):
     buf = (ctypes.c_ubyte * 4096)()
     ptr = ctypes.addressof(buf)
     assert store.put("unreg_src", b"z" * 4096) == 0
-    # Never registered: refused before any byte moves.
-    assert store.get_into("unreg_src", ptr, 4096) == -600
-    assert bytes(buf) == b"\0" * 4096
-    assert store.put_from("unreg", ptr, 4096) == -600
-    assert store.put_from("unreg", 8, 4096) == -600  # a wild address: no crash
+    # Never registered but mapped: used, as upstream over TCP does (LMCache relies on it).
+    assert store.get_into("unreg_src", ptr, 4096) == 4096
+    assert bytes(buf) == b"z" * 4096
+    assert store.put_from("unreg", ptr, 4096) == 0
+    assert store.get("unreg") == b"z" * 4096
+    assert store.batch_get_into(["unreg_src"], [ptr], [4096]) == [4096]
+    # Unmapped (wild) addresses: refused before any byte moves, no crash.
+    assert store.put_from("unreg_w", 8, 4096) == -600
     assert store.get_into("unreg_src", 8, 4096) == -600
     assert store.batch_put_from(["u1"], [16], [10]) == [-600]
     assert store.batch_get_into(["unreg_src"], [16], [4096]) == [-600]
     assert store.put_tensor_from("unreg_t", 8, 400) == -600
-    # Registered, but the range runs past the end.
+    # Registered, but the range runs past the end: the registration stated the bounds.
     assert store.register_buffer(ptr, 4096) == 0
-    assert store.put_from("unreg", ptr + 100, 4096) == -600
+    assert store.put_from("unreg2", ptr + 100, 4096) == -600
     assert store.put_from("zero", ptr, 0) == 0  # size 0 stores nothing
     assert store.is_exist("zero") == 0
     assert store.unregister_buffer(ptr) == 0
+    lease_wait()
 
 
 def test_get_into_ranges(store):

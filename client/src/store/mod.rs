@@ -38,13 +38,19 @@
 //!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!
-//! Invariants: caller addresses used by the zero-copy calls are checked against the registered
-//! buffers before any byte moves; a failed put never leaves a half-written object readable.
+//! Put and get *sessions* (`session`) reserve objects or cache replica lists across several
+//! ranged calls (upstream's `batch_{put,get}_session_*`).
+//!
+//! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
+//! inside one registered buffer, or outside every registered buffer and mapped with the needed
+//! permissions (`mapped`); a failed put never leaves a half-written object readable.
 
 mod budget;
 mod catalog;
 mod keylock;
+pub mod mapped;
 mod peers;
+mod session;
 mod setup;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,6 +100,8 @@ pub struct Store {
     cluster_id: String,
     /// Keys being written by some thread of this store (see `keylock.rs`).
     writing: keylock::KeyLocks,
+    /// Open put and get sessions (`session.rs`).
+    sessions: session::Sessions,
 }
 
 /// Maps a master-client failure to the code Python sees.
@@ -633,34 +641,58 @@ impl Store {
         self.buffers.read().find(addr)
     }
 
-    /// A view of registered caller memory, or `INVALID_PARAMS` for an unregistered range.
+    /// Whether caller memory `[addr, addr + len)` may be used: it lies inside one registered
+    /// buffer, or (as upstream over TCP, which copies from any address) it starts outside
+    /// every registered buffer and is mapped (readable, and writable with `write`) right now.
+    /// A range that starts in a registered buffer and runs past its end is refused: the
+    /// registration stated the buffer's bounds.
+    fn caller_ok(&self, addr: u64, len: u64, write: bool) -> bool {
+        if len == 0 {
+            return true;
+        }
+        {
+            let b = self.buffers.read();
+            if b.check(addr, len) {
+                return true;
+            }
+            if b.find(addr).is_some() {
+                return false;
+            }
+        }
+        mapped::is_mapped(addr, len, write)
+    }
+
+    /// A view of caller memory (see `caller_ok`); `INVALID_PARAMS` for anything else, so an
+    /// unmapped address is an error code instead of a segfault.
     ///
     /// # Safety
-    /// The caller (Python, via `register_buffer`) promised the registered memory stays valid
-    /// until it is unregistered; the range check is what we can verify.
+    /// The caller (Python, via `register_buffer`) promised registered memory stays valid until
+    /// it is unregistered, and memory it passes unregistered stays valid for the call; the
+    /// range checks are what we can verify.
     pub fn caller_slice(&self, addr: u64, len: u64) -> Result<&'static [u8], ErrorCode> {
-        if !self.is_registered(addr, len) {
+        if !self.caller_ok(addr, len, false) {
             return Err(ErrorCode::InvalidParams);
         }
         if len == 0 {
             return Ok(&[]);
         }
         // SAFETY: [addr, addr + len) lies inside a buffer the caller registered and promised
-        // to keep valid while registered.
+        // to keep valid while registered, or is mapped readable and the caller keeps it so for
+        // the call.
         Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
     }
 
     /// Mutable twin of [`Self::caller_slice`].
     #[allow(clippy::mut_from_ref)]
     pub fn caller_slice_mut(&self, addr: u64, len: u64) -> Result<&'static mut [u8], ErrorCode> {
-        if !self.is_registered(addr, len) {
+        if !self.caller_ok(addr, len, true) {
             return Err(ErrorCode::InvalidParams);
         }
         if len == 0 {
             return Ok(&mut []);
         }
-        // SAFETY: as `caller_slice`; the caller owns the memory and gives us exclusive use of
-        // the range for the duration of the call.
+        // SAFETY: as `caller_slice` (registered, or mapped writable); the caller owns the
+        // memory and gives us exclusive use of the range for the duration of the call.
         Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
     }
 

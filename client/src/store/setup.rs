@@ -249,6 +249,7 @@ impl Store {
             pinger: Mutex::new(Some(pinger)),
             closed: AtomicBool::new(false),
             writing: Default::default(),
+            sessions: Default::default(),
         })
     }
 }

@@ -1,0 +1,378 @@
+//! Put and get sessions: upstream's `batch_{put,get}_session_*` and the ranged multi-buffer
+//! calls that run inside them.
+//!
+//! A *put session* reserves objects at the master (`BatchPutStart`) without moving a byte;
+//! `put_ranges` then fills byte ranges of each object from caller memory, in any order and in
+//! as many calls as the caller likes; `put_session_end` writes every replica and commits
+//! (`BatchPutEnd`), `put_session_revoke` gives the reservation back (`BatchPutRevoke`).
+//! The ranges land in a staging copy of the object held by this client: a replica is written
+//! once, whole, at the end, so its owner's catalog records it exactly as for a plain put and a
+//! half-filled object is never readable. The staging copy costs one memcpy per byte and
+//! `size` bytes of heap per open session; upstream writes the ranges straight to the replicas.
+//!
+//! A *get session* caches each key's replica list (granting a read lease once);
+//! `get_ranges` reads byte ranges of the cached objects into caller memory without asking the
+//! master again; `get_session_end` drops the cache.
+//!
+//! Invariants: a key has at most one open put session per store; every range is checked
+//! against the object's size before any byte moves.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+use protocol::message::{BatchPutEnd, BatchPutRevoke, BatchPutStart};
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig};
+
+use super::peers::WriteItem;
+use super::{rpc, ObjectRead, Store};
+
+/// One object reserved by a put session.
+struct PutSession {
+    replicas: Vec<ReplicaDescriptor>,
+    hard_pin: bool,
+    staged: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(super) struct Sessions {
+    puts: Mutex<HashMap<String, PutSession>>,
+    gets: Mutex<HashMap<String, ReplicaList>>,
+}
+
+/// `true` when `[offset, offset + len)` lies inside an object of `size` bytes.
+fn in_object(offset: u64, len: u64, size: u64) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= size)
+}
+
+/// A zeroed staging buffer of `size` bytes, or `None` when this process cannot allocate it
+/// (an allocation failure must not abort the process that asked).
+fn staging(size: u64) -> Option<Vec<u8>> {
+    let n = usize::try_from(size).ok()?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0);
+    Some(v)
+}
+
+/// The per-key lists of a ranged call must agree in length.
+fn shapes_agree(n: usize, a: &[Vec<u64>], b: &[Vec<u64>], c: &[Vec<u64>]) -> bool {
+    a.len() == n && b.len() == n && c.len() == n
+}
+
+impl Store {
+    /// `batch_put_session_start`: reserves `keys[i]` of `sizes[i]` bytes; one result per key
+    /// (`OBJECT_ALREADY_EXISTS` for a key that exists, as upstream: a session cannot be a no-op).
+    pub fn put_session_start(
+        &self,
+        keys: &[String],
+        sizes: &[u64],
+        cfg: &ReplicateConfig,
+    ) -> Vec<Result<(), ErrorCode>> {
+        if keys.len() != sizes.len() || self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+        }
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        if cfg.prefer_alloc_in_same_node {
+            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+        }
+        {
+            let puts = self.sessions.puts.lock();
+            if keys.iter().any(|k| puts.contains_key(k)) {
+                return vec![Err(ErrorCode::InvalidParams); keys.len()];
+            }
+        }
+        let started = rpc(self.master.call(&BatchPutStart {
+            client_id: self.client_id,
+            keys: keys.to_vec(),
+            sizes: sizes.to_vec(),
+            config: cfg.clone(),
+        }));
+        let started = match started {
+            Ok(s) if s.len() == keys.len() => s,
+            Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        let mut unstaged: Vec<String> = Vec::new();
+        let results = {
+            let mut puts = self.sessions.puts.lock();
+            keys.iter()
+                .zip(sizes)
+                .zip(started)
+                .map(|((k, &size), s)| {
+                    let replicas = s?;
+                    let Some(staged) = staging(size) else {
+                        tracing::error!("put session {k}: cannot stage {size} bytes");
+                        unstaged.push(k.clone());
+                        return Err(ErrorCode::InvalidParams);
+                    };
+                    puts.insert(
+                        k.clone(),
+                        PutSession {
+                            replicas,
+                            hard_pin: cfg.with_hard_pin,
+                            staged,
+                        },
+                    );
+                    Ok(())
+                })
+                .collect()
+        };
+        if !unstaged.is_empty() {
+            let _ = self.master.call(&BatchPutRevoke {
+                client_id: self.client_id,
+                keys: unstaged,
+            });
+        }
+        results
+    }
+
+    /// `batch_put_from_multi_buffer_ranges`: copies `sizes[i][j]` bytes at `ptrs[i][j]` to
+    /// offset `dst_offsets[i][j]` of key `i`'s reserved object; bytes copied per key, or
+    /// `INVALID_PARAMS` (no session, ranges outside the object, unmapped memory, lists of
+    /// different lengths). A key's ranges are all checked before any is copied.
+    pub fn put_ranges(
+        &self,
+        keys: &[String],
+        ptrs: &[Vec<u64>],
+        sizes: &[Vec<u64>],
+        dst_offsets: &[Vec<u64>],
+    ) -> Vec<Result<u64, ErrorCode>> {
+        let n = keys.len();
+        if !shapes_agree(n, ptrs, sizes, dst_offsets) || self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); n];
+        }
+        let mut puts = self.sessions.puts.lock();
+        (0..n)
+            .map(|i| {
+                let s = puts.get_mut(&keys[i]).ok_or(ErrorCode::InvalidParams)?;
+                let (p, l, o) = (&ptrs[i], &sizes[i], &dst_offsets[i]);
+                if p.len() != l.len() || p.len() != o.len() {
+                    return Err(ErrorCode::InvalidParams);
+                }
+                let size = s.staged.len() as u64;
+                let srcs = p
+                    .iter()
+                    .zip(l)
+                    .zip(o)
+                    .map(|((&ptr, &len), &off)| {
+                        if !in_object(off, len, size) {
+                            return Err(ErrorCode::InvalidParams);
+                        }
+                        Ok((self.caller_slice(ptr, len)?, off as usize))
+                    })
+                    .collect::<Result<Vec<_>, ErrorCode>>()?;
+                let mut total = 0u64;
+                for (src, off) in srcs {
+                    s.staged[off..off + src.len()].copy_from_slice(src);
+                    total += src.len() as u64;
+                }
+                Ok(total)
+            })
+            .collect()
+    }
+
+    /// `batch_put_session_end`: writes each session's object to its replicas and commits it;
+    /// `INVALID_PARAMS` for a key without a session. A failed write revokes that key.
+    pub fn put_session_end(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+        let taken = self.take_put_sessions(keys);
+        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(keys.len());
+        let mut items: Vec<WriteItem<'_>> = Vec::new();
+        let mut owners: Vec<usize> = Vec::new();
+        let parts: Vec<Option<[&[u8]; 1]>> = taken
+            .iter()
+            .map(|t| t.as_ref().map(|s| [s.staged.as_slice()]))
+            .collect();
+        for (i, t) in taken.iter().enumerate() {
+            match (t, &parts[i]) {
+                (Some(s), Some(p)) => {
+                    results.push(Ok(()));
+                    for replica in &s.replicas {
+                        items.push(WriteItem {
+                            replica,
+                            parts: p,
+                            key: &keys[i],
+                            hard_pin: s.hard_pin,
+                        });
+                        owners.push(i);
+                    }
+                }
+                _ => results.push(Err(ErrorCode::InvalidParams)),
+            }
+        }
+        for (&i, r) in owners.iter().zip(self.peers.write_many(&items)) {
+            if results[i].is_ok() {
+                results[i] = r;
+            }
+        }
+        let pick = |ok: bool| -> Vec<usize> {
+            (0..keys.len())
+                .filter(|&i| taken[i].is_some() && results[i].is_ok() == ok)
+                .collect()
+        };
+        let (commit, revoke) = (pick(true), pick(false));
+        let names = |idx: &[usize]| idx.iter().map(|&i| keys[i].clone()).collect::<Vec<_>>();
+        if !commit.is_empty() {
+            let ended = rpc(self.master.call(&BatchPutEnd {
+                client_id: self.client_id,
+                keys: names(&commit),
+            }));
+            match ended {
+                Ok(per) => commit.iter().zip(per).for_each(|(&i, r)| results[i] = r),
+                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e)),
+            }
+        }
+        if !revoke.is_empty() {
+            let _ = self.master.call(&BatchPutRevoke {
+                client_id: self.client_id,
+                keys: names(&revoke),
+            });
+        }
+        results
+    }
+
+    /// `batch_put_session_revoke`: gives the reservations back; `INVALID_PARAMS` for a key
+    /// without a session.
+    pub fn put_session_revoke(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+        let taken = self.take_put_sessions(keys);
+        let open: Vec<String> = keys
+            .iter()
+            .zip(&taken)
+            .filter(|(_, t)| t.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut answers = if open.is_empty() {
+            Vec::new()
+        } else {
+            match rpc(self.master.call(&BatchPutRevoke {
+                client_id: self.client_id,
+                keys: open.clone(),
+            })) {
+                Ok(v) if v.len() == open.len() => v,
+                Ok(_) => vec![Err(ErrorCode::RpcFail); open.len()],
+                Err(e) => vec![Err(e); open.len()],
+            }
+        }
+        .into_iter();
+        taken
+            .iter()
+            .map(|t| match t {
+                Some(_) => answers.next().unwrap_or(Err(ErrorCode::RpcFail)),
+                None => Err(ErrorCode::InvalidParams),
+            })
+            .collect()
+    }
+
+    fn take_put_sessions(&self, keys: &[String]) -> Vec<Option<PutSession>> {
+        let mut puts = self.sessions.puts.lock();
+        keys.iter().map(|k| puts.remove(k)).collect()
+    }
+
+    /// `batch_get_session_start`: asks for every key's replica list once and caches it; one
+    /// result per key (`OBJECT_NOT_FOUND` for a miss).
+    pub fn get_session_start(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+        let lists = self.batch_replicas(keys);
+        let mut gets = self.sessions.gets.lock();
+        keys.iter()
+            .zip(lists)
+            .map(|(k, l)| {
+                let l = l?;
+                if l.replicas.is_empty() {
+                    return Err(ErrorCode::InvalidReplica);
+                }
+                gets.insert(k.clone(), l);
+                Ok(())
+            })
+            .collect()
+    }
+
+    /// `batch_get_into_multi_buffer_ranges`: reads `sizes[i][j]` bytes at `src_offsets[i][j]`
+    /// of key `i` (which must be in a get session) into `ptrs[i][j]`; bytes read per key, or a
+    /// negative code (`INVALID_PARAMS` without a session or for a range outside the object).
+    pub fn get_ranges(
+        &self,
+        keys: &[String],
+        ptrs: &[Vec<u64>],
+        sizes: &[Vec<u64>],
+        src_offsets: &[Vec<u64>],
+    ) -> Vec<Result<u64, ErrorCode>> {
+        let n = keys.len();
+        if !shapes_agree(n, ptrs, sizes, src_offsets) || self.check_open().is_err() {
+            return vec![Err(ErrorCode::InvalidParams); n];
+        }
+        let lists: Vec<Option<ReplicaList>> = {
+            let gets = self.sessions.gets.lock();
+            keys.iter().map(|k| gets.get(k).cloned()).collect()
+        };
+        let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+        let mut reads: Vec<ObjectRead<'_>> = Vec::new();
+        let mut owners: Vec<usize> = Vec::new();
+        for i in 0..n {
+            let planned = (|| {
+                let list = lists[i].as_ref().ok_or(ErrorCode::InvalidParams)?;
+                let size = list.replicas.first().map(|r| r.size).unwrap_or(0);
+                let (p, l, o) = (&ptrs[i], &sizes[i], &src_offsets[i]);
+                if p.len() != l.len() || p.len() != o.len() {
+                    return Err(ErrorCode::InvalidParams);
+                }
+                let mut pieces = Vec::with_capacity(p.len());
+                for ((&ptr, &len), &off) in p.iter().zip(l).zip(o) {
+                    if !in_object(off, len, size) {
+                        return Err(ErrorCode::InvalidParams);
+                    }
+                    let dst = self.caller_slice_mut(ptr, len)?;
+                    pieces.push(ObjectRead {
+                        list,
+                        offset: off,
+                        dst,
+                    });
+                }
+                Ok(pieces)
+            })();
+            match planned {
+                Ok(pieces) => {
+                    out.push(Ok(pieces.iter().map(|r| r.dst.len() as u64).sum()));
+                    for piece in pieces.into_iter().filter(|r| !r.dst.is_empty()) {
+                        owners.push(i);
+                        reads.push(piece);
+                    }
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        for (i, r) in owners.into_iter().zip(self.read_many_from(reads)) {
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+        out
+    }
+
+    /// `batch_get_session_end`: drops the cached replica lists of `keys`.
+    pub fn get_session_end(&self, keys: &[String]) {
+        let mut gets = self.sessions.gets.lock();
+        for k in keys {
+            gets.remove(k);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_refuses_what_cannot_be_allocated() {
+        assert_eq!(staging(16).map(|v| v.len()), Some(16));
+        assert!(staging(u64::MAX).is_none());
+    }
+
+    #[test]
+    fn ranges_inside_objects_only() {
+        assert!(in_object(0, 10, 10));
+        assert!(in_object(10, 0, 10));
+        assert!(!in_object(5, 6, 10));
+        assert!(!in_object(u64::MAX, 2, 10));
+    }
+}

@@ -1,0 +1,133 @@
+"""Drop-in details checked against upstream's 0.3.13.post1 wheel (the expected values are what
+it returned for the same calls): `get_into_ranges` failure shapes, the segment / task /
+replica-clear / dummy-client methods, and the setup options this build refuses."""
+
+import ctypes
+
+import pytest
+
+from conftest import MIB, lease_wait
+
+INVALID = -600
+
+
+@pytest.fixture
+def registered(store):
+    n = 1 << 20
+    buf = (ctypes.c_ubyte * n)()
+    p = ctypes.addressof(buf)
+    assert store.register_buffer(p, n) == 0
+    yield buf, p
+    assert store.unregister_buffer(p) == 0
+
+
+def test_get_into_ranges_failures_take_the_shape_of_the_offsets(store, registered):
+    _buf, p = registered
+    assert store.put("gr_r1", bytes(range(100))) == 0
+    assert store.put("gr_r2", bytes(range(50))) == 0
+    g = store.get_into_ranges
+    assert g([p], [["gr_r1", "gr_r2"]], [[[0, 10], [20]]], [[[0, 5], [1]]], [[[5, 5], [3]]]) \
+        == [[[5, 5], [3]]]
+    # One key's lists disagree: that key fails, as long as its destination offsets.
+    assert g([p], [["gr_r1", "gr_r2"]], [[[0], [20]]], [[[0, 5], [1]]], [[[5, 5], [3]]]) \
+        == [[[-600], [3]]]
+    assert g([p], [["gr_r1", "gr_r2"]], [[[0, 10], [20]]], [[[0], [1]]], [[[5, 5], [3]]]) \
+        == [[[-600, -600], [3]]]
+    assert g([p], [["gr_r1"]], [[[0, 3]]], [[[0]]], [[[5, 1, 1]]]) == [[[-600, -600]]]
+    # A buffer's key list disagrees: one list per key.
+    assert g([p], [["gr_r1"]], [[[0, 10], [20]]], [[[0, 5], [1]]], [[[5, 5], [3]]]) \
+        == [[[-600, -600]]]
+    assert g([p], [["gr_r1", "gr_r2"]], [[[0]]], [[[0], [0]]], [[[5], [5]]]) \
+        == [[[-600], [-600]]]
+    # The whole call disagrees: one entry per buffer.
+    assert g([p, p], [["gr_r1"]], [[[0]]], [[[0]]], [[[5]]]) == [[[-600]], [[-600]]]
+    assert g([p, p], [["gr_r1", "gr_r2"]], [[[0, 1, 2], [20]]], [[[0, 5], [1]]],
+             [[[5, 5], [3]]]) == [[[-600, -600, -600], [-600]], [[-600]]]
+    assert g([p], [["gr_r1"]], [[[0]]], [[[0]]], []) == [[[-600]]]
+    # Per fragment: a missing key, source and destination overflows, an empty fragment.
+    assert g([p], [["gr_zz", "gr_r2"]], [[[0], [20]]], [[[0], [1]]], [[[5], [3]]]) \
+        == [[[-704], [3]]]
+    assert g([p], [["gr_r2"]], [[[0, 10]]], [[[45, 0]]], [[[10, 5]]]) == [[[-600, 5]]]
+    assert g([p], [["gr_r2"]], [[[(1 << 20) - 2, 10]]], [[[0, 0]]], [[[5, 5]]]) \
+        == [[[-600, 5]]]
+    assert g([p], [["gr_r2"]], [[[0]]], [[[0]]], [[[0]]]) == [[[0]]]
+    assert g([], [], [], [], []) == []
+    lease_wait()
+
+
+def test_segment_methods(store):
+    assert store.mount_segment("/nonexistent", 1 << 20) == {"ret": -1, "segment_ids": []}
+    # Upstream allocates and mounts; here a client serves one segment: refused, logged.
+    assert store.allocate_and_mount_segment(16 << 20) == \
+        {"ret": -1, "segment_ids": [], "allocated_size": 0}
+    assert store.unmount_segment(["nope"]) == -1
+    assert store.unmount_segment([]) == 0
+    assert store.unmount_and_free_segment([]) == 0
+    assert store.unmount_local_disk_segment() == 0
+
+
+def test_task_methods(store):
+    assert store.create_copy_task("tk_missing", ["x"]) == ((0, 0), -704)
+    assert store.query_task((0, 0)) == (None, -1400)
+    assert store.query_task((1, 2)) == (None, -1400)
+    assert store.put("tk_b", b"x") == 0
+    # Upstream queues the task; our master has no task queue: NOT_SUPPORTED, logged.
+    assert store.create_copy_task("tk_b", [store.get_hostname()]) == ((0, 0), -1012)
+    assert store.create_move_task("tk_b", store.get_hostname(), "nowhere") == ((0, 0), -1012)
+
+
+def test_replica_clear_and_dummy(store):
+    assert store.batch_replica_clear([]) == []
+    assert store.batch_replica_clear(["rc_a"], "nosuchseg") == []
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(64 * MIB, 16 * MIB, "127.0.0.1:50999") == -1
+    assert s.health_check() == 1
+
+
+def test_before_setup():
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.allocate_and_mount_segment(1 << 20) == \
+        {"ret": -1, "segment_ids": [], "allocated_size": 0}
+    assert s.mount_segment("/tmp/x", 1 << 20) == {"ret": -1, "segment_ids": []}
+    assert s.unmount_segment(["a"]) == -1
+    assert s.batch_replica_clear(["k"]) == []
+    assert s.save_tensor_to_safetensor("k") == INVALID
+
+
+@pytest.mark.parametrize("kw", [
+    {"enable_ssd_offload": True},
+    {"ssd_offload_path": "/tmp/offload"},
+    {"tenant_id": "tenant-a"},
+    {"enable_client_http_server": True},
+])
+def test_unsupported_setup_options_are_refused(master, kw):
+    """Accepting these and dropping them would leave a caller believing it has an SSD tier,
+    a separate key space or a health endpoint: refused with INVALID_PARAMS instead."""
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    args = ("localhost", master.metadata, 16 * MIB, 16 * MIB, "tcp", "", master.addr)
+    assert s.setup(*args, **kw) == INVALID
+    cfg = {"local_hostname": "localhost", "metadata_server": master.metadata,
+           "master_server_addr": master.addr, **{k: str(v) for k, v in kw.items()}}
+    assert s.setup(cfg) == INVALID
+    assert s.setup(*args, enable_ssd_offload=False, tenant_id="default",
+                   enable_client_http_server=False) == 0
+    s.close()
+
+
+def test_task_types_exported_as_upstream():
+    import mooncake.store as m
+
+    assert [(k, int(v)) for k, v in m.TaskStatus.__members__.items()] == \
+        [("PENDING", 0), ("PROCESSING", 1), ("SUCCESS", 3), ("FAILED", 2)]
+    assert (int(m.TaskType.REPLICA_COPY), int(m.TaskType.REPLICA_MOVE)) == (0, 1)
+    assert str(m.PENDING) == "TaskStatus.PENDING" and m.REPLICA_MOVE == 1
+    r = m.QueryTaskResponse((1, 2), 1, 3, 5, 6, (3, 4))
+    assert (r.type, r.status, r.message) == (m.TaskType.REPLICA_MOVE, m.TaskStatus.SUCCESS, "")
+    with pytest.raises(AttributeError):
+        r.message = "x"
