@@ -187,6 +187,40 @@ def scenario_decider_dies():
     check(pg.get_local_success(w), "no failure seen once rank 0 is out of the view")
 
 
+def scenario_no_ack():
+    """A stopped member cannot acknowledge: the proposal is Rejected naming it. When the
+    stopped member is killed while the next proposal waits, it is dropped from the view:
+    AppliedWithDroppedRanks with dropped_ranks == [2]."""
+    import threading
+
+    active = torch.ones(WORLD, dtype=torch.int32)
+    init(pg.MooncakeBackendOptions(active))
+    g = dist.group.WORLD
+    pids = [torch.zeros(1, dtype=torch.int64) for _ in range(WORLD)]
+    dist.all_gather(pids, torch.tensor([os.getpid()], dtype=torch.int64))
+    if RANK == 2:
+        time.sleep(120)  # stopped, then killed by rank 0
+        return
+    if RANK == 1:
+        wait_for(lambda: active[1].item() == 0, "rank 1 deactivated", timeout=60)
+        expect_error(lambda: dist.all_reduce(torch.ones(3)), ["not active"], "evicted collective")
+        return
+    victim = int(pids[2].item())
+    os.kill(victim, signal.SIGSTOP)
+    r = pg.deactivate_ranks(g, [1])
+    check(r.status == pg.ProposalStatus.Rejected and "rank 2 did not acknowledge" in r.reject_reason,
+          f"stopped member: {r.status} {r.reject_reason!r}")
+    check(active.tolist() == [1, 1, 1], "nothing changed")
+    threading.Timer(1.0, lambda: os.kill(victim, signal.SIGKILL)).start()
+    r = pg.deactivate_ranks(g, [1])
+    check(r.status == pg.ProposalStatus.AppliedWithDroppedRanks and r.dropped_ranks == [2],
+          f"killed while deciding: {r.status} {r.dropped_ranks} {r.reject_reason!r}")
+    wait_for(lambda: active.tolist() == [1, 0, 0], "only rank 0 left")
+    t = torch.full((4,), 3.0)
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full((4,), 3.0)), "all_reduce alone")
+
+
 def scenario_bad_input():
     active = torch.ones(WORLD, dtype=torch.int32)
     init(pg.MooncakeBackendOptions(active))
@@ -217,6 +251,7 @@ SCENARIOS = {
     "evict_rejoin": scenario_evict_rejoin,
     "decider_dies": scenario_decider_dies,
     "bad_input": scenario_bad_input,
+    "no_ack": scenario_no_ack,
 }
 
 if __name__ == "__main__":

@@ -89,3 +89,9 @@ def test_membership_decider_dies():
 def test_membership_bad_input(world):
     """Out-of-range ranks, joining when active, emptying the group: clear errors, no hang."""
     run_group("bad_input", world)
+
+
+def test_membership_unacknowledged_and_dropped():
+    """A SIGSTOPped member makes a proposal Rejected (it cannot acknowledge); killed while the
+    next one waits, it is dropped: AppliedWithDroppedRanks, dropped_ranks == [2]."""
+    run_group("no_ack", 3, expect_dead=(2,))
