@@ -444,11 +444,6 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         mgs = options._max_group_size if options._max_group_size > 0 else size
         if not size <= mgs <= MAX_RANKS:
             raise RuntimeError(f"max_group_size must be in [group_size, {MAX_RANKS}]")
-        if options._is_extension:
-            raise RuntimeError(
-                "is_extension=True (joining an existing group) is not supported by mooncake-rs "
-                "yet; see docs/pg.md"
-            )
         active = options._active_ranks
         if active is None:
             active = torch.zeros(mgs, dtype=torch.int32)
@@ -466,7 +461,13 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         self._active_ranks = active
         self._auto_sync = options._auto_sync
         self._failures_pending = 0
-        self._comm = self._connect(dist_backend_opts.store, rank, size, options._auto_deactivate)
+        if options._is_extension:  # a new process for a rank of an existing group
+            self._comm = _pg_membership.connect_extension(
+                dist_backend_opts.store, rank, size, options._auto_deactivate)
+        else:
+            self._comm = self._connect(
+                dist_backend_opts.store, rank, size, options._auto_deactivate)
+            _pg_membership.publish(dist_backend_opts.store, rank, self._comm)
         self._comm.set_mirror(active.data_ptr(), mgs)
         # torch finds some ops' backend by device (batch_isend_irecv asks it whether it
         # coalesces): register a shim that forwards to this group, as upstream does.
@@ -494,6 +495,8 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 paths.append(p if host == me else "")
                 endpoints.append("" if host == me else ep)
             comm.connect(paths, auto_deactivate, endpoints)
+            # Membership changes are same-host only (docs/pg.md).
+            self._cross_host = any(endpoints)
             # Single-copy reads of peers' tensors (process_vm_readv) only if every rank can
             # read every peer: the same decision everywhere.
             cma = os.environ.get("MC_PG_CMA", "1").lower() not in ("0", "false", "no", "off")
@@ -873,27 +876,9 @@ def get_active_ranks(backend):
     return _pg(backend)._active_ranks
 
 
-def get_num_synced_ranks(backend):
-    """Ranks that could be activated now: alive in-group slots."""
-    pg = _pg(backend)
-    return sum(1 for r in range(pg._size) if pg._comm.alive(r))
-
-
 def extend_group_size_to(backend, size):
     """Deprecated no-op (upstream warns too)."""
     warnings.warn("extend_group_size_to is deprecated and does nothing", stacklevel=2)
-
-
-def get_peer_state(backend, ranks):
-    """Local readiness of each rank: alive and active (no communication)."""
-    pg = _pg(backend)
-    out = []
-    mask = pg._comm.active()
-    for r in ranks:
-        if not 0 <= r < pg._max_group_size:
-            raise RuntimeError(f"rank {r} out of [0, {pg._max_group_size})")
-        out.append(r < pg._size and bool(mask >> r & 1) and pg._comm.alive(r))
-    return out
 
 
 def get_current_epoch(backend):
@@ -911,50 +896,13 @@ def sync_after_failure(backend):
     return SyncAfterFailureResponse(status)
 
 
-def _propose(backend, ranks, activate):
-    pg = _pg(backend)
-    ranks = list(ranks)
-    for r in ranks:
-        if not 0 <= r < pg._max_group_size or r >= pg._size:
-            return ProposeViewUpdateResponse(
-                ProposalStatus.Rejected, pg._comm.epoch(), (), f"rank {r} is not a member")
-    mask = pg._comm.active()
-    want = mask
-    for r in ranks:
-        want = want | (1 << r) if activate else want & ~(1 << r)
-    if want == mask:
-        return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
-    return ProposeViewUpdateResponse(
-        ProposalStatus.Rejected, pg._comm.epoch(), (),
-        "membership changes (activate/recover/deactivate/join) are not implemented by "
-        "mooncake-rs yet; see docs/pg.md")
-
-
-def activate_ranks(backend, ranks):
-    """Proposes activating ``ranks``. ``Applied`` when they are all active already."""
-    return _propose(backend, ranks, True)
-
-
-recover_ranks = activate_ranks
-
-
-def deactivate_ranks(backend, ranks):
-    """Proposes deactivating ``ranks``. ``Applied`` when none of them is active, and for a
-    graceful leave (``ranks == [own rank]``): this rank's collectives then fail ("not
-    active"), and the others drop it from their next collective without counting it as a
-    failure. Deactivating other ranks is not implemented (``Rejected``)."""
-    pg = _pg(backend)
-    ranks = list(ranks)
-    if ranks and all(r == pg._rank for r in ranks) and pg._comm.active() >> pg._rank & 1:
-        pg._comm.leave()
-        return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
-    return _propose(backend, ranks, False)
-
-
-def join_group(backend):
-    """Joining an existing group (extension, in-place rejoin) is not implemented yet."""
-    pg = _pg(backend)
-    if pg._comm.active() >> pg._rank & 1:
-        return None
-    raise RuntimeError(
-        "join_group: rejoining a group is not implemented by mooncake-rs yet; see docs/pg.md")
+# Membership calls live in _pg_membership (imported last: it uses the names above).
+from mooncake import _pg_membership  # noqa: E402
+from mooncake._pg_membership import (  # noqa: E402
+    activate_ranks,
+    deactivate_ranks,
+    get_num_synced_ranks,
+    get_peer_state,
+    join_group,
+    recover_ranks,
+)

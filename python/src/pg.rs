@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dataplane::collective::{
-    net::Net, seg::Segment, CollOp, Comm, Completion, DType, ReduceOp, COLLECTIVE_TIMEOUT_US,
-    P2P_TIMEOUT_US, RECONCILIATION_WINDOW_US,
+    membership, net::Net, seg::Segment, CollOp, Comm, Completion, DType, ReduceOp,
+    COLLECTIVE_TIMEOUT_US, P2P_TIMEOUT_US, RECONCILIATION_WINDOW_US,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -213,6 +213,103 @@ impl PyPgComm {
             .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG workers: {e}")))?;
         *self.comm.lock() = Some(Arc::new(comm));
         Ok(())
+    }
+
+    /// Joins an existing group as a new process for this rank (`is_extension`): maps every
+    /// live member's segment (`paths[r]`, `None` for this rank or a member that is gone),
+    /// starts in the group's newest view with only this rank active (isolated until
+    /// `join`), and announces its own segment in the members' mailboxes.
+    fn connect_extension(&self, paths: Vec<Option<String>>, auto_deactivate: bool) -> PyResult<()> {
+        if paths.len() != self.ranks {
+            return Err(PyValueError::new_err("one segment path per rank is needed"));
+        }
+        let mut peers = Vec::with_capacity(self.ranks);
+        for (r, p) in paths.iter().enumerate() {
+            if r == self.rank {
+                peers.push(None);
+                continue;
+            }
+            let seg = match p.as_deref().map(|p| Segment::open(p, self.ranks, r)) {
+                Some(Ok(seg)) if seg.owner_alive() => seg,
+                _ => Segment::tombstone(self.ranks, r).map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake PG: placeholder segment: {e}"))
+                })?,
+            };
+            peers.push(Some(seg));
+        }
+        let view = {
+            let live: Vec<&Segment> = peers.iter().flatten().collect();
+            membership::newest_view(&live)
+        };
+        let all = if self.ranks == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.ranks) - 1
+        };
+        let view = view.unwrap_or_else(|| membership::View::initial(all));
+        let own = self
+            .own
+            .lock()
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
+        let comm = Comm::start_with(
+            own,
+            self.rank,
+            peers,
+            None,
+            auto_deactivate,
+            1u64 << self.rank,
+            Some(view),
+        )
+        .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG workers: {e}")))?;
+        membership::announce(comm.shared());
+        *self.comm.lock() = Some(Arc::new(comm));
+        Ok(())
+    }
+
+    /// `(pid, fd)` of this rank's segment: `/proc/<pid>/fd/<fd>` reopens it.
+    fn proc_path(&self) -> PyResult<(u32, i32)> {
+        let comm = self.comm()?;
+        Ok((std::process::id(), comm.shared().own_fd()))
+    }
+
+    /// Proposes activating (`activate`) or deactivating the ranks in `mask`; returns
+    /// `(status, view id, dropped mask, reason)`.
+    fn propose(
+        &self,
+        py: Python<'_>,
+        activate: bool,
+        mask: u64,
+        timeout_s: f64,
+    ) -> PyResult<(u64, u64, u64, String)> {
+        let comm = self.comm()?;
+        let kind = if activate {
+            membership::KIND_ACTIVATE
+        } else {
+            membership::KIND_DEACTIVATE
+        };
+        let t = Duration::from_secs_f64(timeout_s.clamp(0.0, 1.0e6));
+        let a = py.detach(move || membership::propose(comm.shared(), kind, mask, t));
+        Ok((a.status, a.vid, a.dropped, a.reason))
+    }
+
+    /// Blocks until a view activates this rank (`join_group`).
+    fn join(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        let comm = self.comm()?;
+        let t = Duration::from_secs_f64(timeout_s.clamp(0.0, 1.0e6));
+        py.detach(move || membership::join(comm.shared(), t))
+            .map_err(PyRuntimeError::new_err)
+    }
+
+    /// Whether `rank` is alive and active in the newest view or waiting in `join_group`.
+    fn peer_ready(&self, rank: usize) -> PyResult<bool> {
+        self.check_rank("peer", rank)?;
+        Ok(membership::peer_ready(self.comm()?.shared(), rank))
+    }
+
+    /// Id of the newest committed view seen here.
+    fn view_id(&self) -> PyResult<u64> {
+        Ok(self.comm()?.shared().member.latest_vid())
     }
 
     /// Mirrors the active set into `len` int32 elements at `addr` (the options' tensor,

@@ -339,6 +339,14 @@ def scenario_bad_input():
     t = torch.full((4,), float(RANK))
     dist.all_reduce(t)
     same(t, torch.full((4,), float(sum(range(WORLD)))), "collectives work after bad input")
+    if os.environ.get("PG_HOST_IDS"):
+        # Ranks on several hosts: membership changes are refused with the reason, redundant
+        # ones still answer Applied (docs/pg.md).
+        r = pg.deactivate_ranks(dist.group.WORLD, [(RANK + 1) % WORLD])
+        check(r.status == pg.ProposalStatus.Rejected and "across hosts" in r.reject_reason,
+              f"cross-host deactivate refused: {r.status} {r.reject_reason!r}")
+        r = pg.recover_ranks(dist.group.WORLD, list(range(WORLD)))
+        check(r.status == pg.ProposalStatus.Applied, f"redundant recover: {r.status}")
     dist.destroy_process_group()
 
 
@@ -427,9 +435,8 @@ def scenario_leave():
         same(t, torch.full((n,), float(WORLD - 1)), f"survivors' all_reduce n={n}")
         check(pg.get_local_success(w), "a graceful leave is not a failure")
     check(active.tolist() == [int(r != leaver) for r in range(WORLD)], f"active {active.tolist()}")
-    r = pg.deactivate_ranks(g, [1 - RANK])  # the other survivor
-    check(r.status == pg.ProposalStatus.Rejected and "not implemented" in r.reject_reason,
-          "deactivating another rank is refused with a reason")
+    r = pg.deactivate_ranks(g, [leaver])  # already out: nothing to change
+    check(r.status == pg.ProposalStatus.Applied, f"deactivating the leaver again: {r.status}")
     dist.barrier()
 
 

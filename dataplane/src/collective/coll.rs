@@ -201,6 +201,13 @@ pub struct Runner<'a> {
     /// What the coming phase writes into the own slot, `(stride, bytes)` as
     /// [`super::seg::Segment::set_extent`]: tells [`super::net`] which bytes to push.
     extent: (usize, usize),
+    /// Adopted view ([`super::membership`]) and its phase base: phases restart at `base`.
+    vid: u64,
+    base: u64,
+    /// Last phase and participants of the previous view: the first two phases of a view
+    /// wait until those peers are done reading this rank's slots.
+    prev_last: u64,
+    prev_set: u64,
 }
 
 impl<'a> Runner<'a> {
@@ -212,6 +219,10 @@ impl<'a> Runner<'a> {
             failed: 0,
             left: 0,
             extent: (0, 0),
+            vid: 0,
+            base: 0,
+            prev_last: 0,
+            prev_set: 0,
         }
     }
 
@@ -247,7 +258,21 @@ impl<'a> Runner<'a> {
     ) -> Result<u64, String> {
         let s = self.seq + 1;
         let own = &self.sh.own;
-        if s >= 3 {
+        if s < self.base + 3 {
+            let prev: Vec<usize> = (0..self.sh.ranks)
+                .filter(|&p| p != self.sh.rank && self.prev_set & Self::bit(p) != 0)
+                .collect();
+            for p in prev {
+                let seg = self.sh.seg(p);
+                let want = self.prev_last.min(s.saturating_sub(2));
+                wait_until(
+                    || load(seg.done()) >= want,
+                    || seg.owner_alive() && !seg.has_left(),
+                    None,
+                    p,
+                );
+            }
+        } else {
             for p in self.peers() {
                 let seg = self.sh.seg(p);
                 // A peer that died is skipped; the phase wait below marks it failed.
@@ -301,6 +326,15 @@ impl<'a> Runner<'a> {
 
     /// Runs one op to its outcome.
     pub fn execute(&mut self, op: CollOp) -> Outcome {
+        let (vid, base) = self.sh.member.view_base();
+        if vid != self.vid {
+            // A new view starts here on every member: restart the phases at its base.
+            self.prev_set = self.active & !self.gone();
+            self.prev_last = self.seq;
+            self.seq = base;
+            self.base = base;
+            self.vid = vid;
+        }
         self.active = self.sh.active();
         self.failed = 0;
         self.left = 0;

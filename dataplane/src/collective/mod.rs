@@ -28,6 +28,7 @@
 pub mod cma;
 pub mod coll;
 pub mod ep;
+pub mod membership;
 pub mod net;
 pub mod p2p;
 pub mod reduce;
@@ -35,7 +36,7 @@ pub mod seg;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
 pub use coll::CollOp;
@@ -111,8 +112,10 @@ pub struct Shared {
     pub rank: usize,
     /// Group size (slots; never changes).
     pub ranks: usize,
-    own: Segment,
-    peers: Vec<Option<Segment>>,
+    own: Arc<Segment>,
+    /// Every rank's segment (this rank's too); a slot is replaced when a new process takes
+    /// the rank over ([`membership`]), only by the collective thread between ops.
+    segs: Vec<RwLock<Arc<Segment>>>,
     active: AtomicU64,
     epoch: AtomicU64,
     failures_seen: AtomicU64,
@@ -124,17 +127,16 @@ pub struct Shared {
     mirror: Mutex<Option<(usize, usize)>>,
     /// Links to the ranks on other hosts, if any.
     net: Option<net::Net>,
+    /// Views, proposals and joins ([`membership`]).
+    pub member: membership::State,
 }
 
 impl Shared {
-    fn seg(&self, r: usize) -> &Segment {
-        if r == self.rank {
-            &self.own
-        } else {
-            self.peers[r]
-                .as_ref()
-                .expect("every peer segment is mapped at start")
-        }
+    fn seg(&self, r: usize) -> Arc<Segment> {
+        self.segs[r]
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether rank `r`'s process is alive (always true for this rank).
@@ -185,11 +187,13 @@ impl Shared {
     /// Whether this rank can read every peer's memory directly ([`cma::probe`]); never with
     /// a peer on another host.
     pub fn cma_probe(&self) -> bool {
-        (0..self.ranks).filter(|&r| r != self.rank).all(|r| {
-            let seg = self.seg(r);
-            !seg.is_remote()
-                && cma::probe(seg.owner_pid(), seg.owner_base() as usize, Segment::magic())
-        })
+        (0..self.ranks)
+            .filter(|&r| r != self.rank && self.alive(r))
+            .all(|r| {
+                let seg = self.seg(r);
+                !seg.is_remote()
+                    && cma::probe(seg.owner_pid(), seg.owner_base() as usize, Segment::magic())
+            })
     }
 
     /// Turns the direct-read path on or off; every rank must pass the same value before the
@@ -217,6 +221,11 @@ impl Shared {
         self.own.set_left();
         self.publish();
         self.set_active(self.active() & !(1u64 << self.rank));
+    }
+
+    /// Descriptor number of this rank's segment file.
+    pub fn own_fd(&self) -> i32 {
+        self.own.raw_fd()
     }
 
     /// Failures seen since the last call, cleared.
@@ -265,18 +274,43 @@ impl Comm {
         } else {
             (1u64 << ranks) - 1
         };
+        Self::start_with(own, rank, peers, net, auto_deactivate, all, None)
+    }
+
+    /// As [`Comm::start_with_net`], with the initial active set `active` and, for a process
+    /// joining an existing group, the group's latest view ([`membership::View`]). Membership
+    /// changes are same-host only: a joining process has no `net`.
+    pub fn start_with(
+        own: Segment,
+        rank: usize,
+        peers: Vec<Option<Segment>>,
+        net: Option<net::Net>,
+        auto_deactivate: bool,
+        active: u64,
+        joining: Option<membership::View>,
+    ) -> std::io::Result<Comm> {
+        let ranks = peers.len();
+        let own = Arc::new(own);
+        let segs = peers
+            .into_iter()
+            .map(|p| RwLock::new(p.map_or_else(|| own.clone(), Arc::new)))
+            .collect();
         let shared = Arc::new(Shared {
             rank,
             ranks,
             own,
-            peers,
-            active: AtomicU64::new(all),
+            segs,
+            active: AtomicU64::new(active),
             epoch: AtomicU64::new(0),
             failures_seen: AtomicU64::new(0),
             auto_deactivate,
             cma: AtomicBool::new(false),
             mirror: Mutex::new(None),
             net,
+            member: membership::State::new(
+                joining.unwrap_or(membership::View::initial(active)),
+                joining.is_some(),
+            ),
         });
         let (coll_tx, coll_rx) = mpsc::channel::<Job>();
         let sh = shared.clone();
@@ -285,7 +319,9 @@ impl Comm {
             .spawn(move || {
                 let mut run = coll::Runner::new(&sh);
                 while let Ok(Job::Coll(op, done)) = coll_rx.recv() {
+                    membership::begin_op(&sh);
                     let o = run.execute(op);
+                    membership::end_op(&sh);
                     sh.note_failures(o.failed);
                     if o.left != 0 {
                         sh.set_active(sh.active() & !o.left);
@@ -298,6 +334,7 @@ impl Comm {
         std::thread::Builder::new()
             .name(format!("mc-pg-p2p-{rank}"))
             .spawn(move || p2p::run(&sh, p2p_rx))?;
+        membership::spawn(&shared)?;
         Ok(Comm {
             shared,
             coll_tx,
@@ -368,6 +405,12 @@ impl Comm {
             });
         }
         done
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        membership::close(&self.shared);
     }
 }
 

@@ -179,6 +179,12 @@ pub(super) fn run(sh: &Shared, rx: Receiver<P2pOp>) {
                 }
             }
         }
+        let reset = sh.member.take_p2p_reset();
+        for r in (0..n).filter(|&r| reset >> r & 1 == 1) {
+            // A new process holds slot r: its channels start from zero.
+            ch.sent[r] = 0;
+            ch.acked[r] = 0;
+        }
         let mut progressed = false;
         for q in queues.iter_mut() {
             while let Some(op) = q.front_mut() {

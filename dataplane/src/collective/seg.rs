@@ -13,12 +13,15 @@
 //!                             range at the start; else one range per rank r at r * stride)
 //! 512 + 64*p                  sent[p]  (u64): chunks this rank published on its channel to p
 //! 512 + 64*64 + 64*p          acked[p] (u64): chunks from p this rank has consumed
+//! MEMBER_OFF                  membership words (layout in [`super::membership`])
 //! PG_HEADER_BYTES             collective slot 0, then slot 1 (PG_COLL_SLOT_BYTES each)
 //! then for each peer p        channel to p: 2 x (64-byte chunk header | PG_P2P_SLOT_BYTES)
 //!                             chunk header: message length (u64) | chunk length (u64)
 //! ```
 //!
-//! Only the owner writes its segment; peers only read it.
+//! Only the owner writes its segment; peers only read it. One exception: a process joining
+//! the group writes its own mailbox word in the membership area of every member
+//! ([`super::membership`]).
 //! A counter is stored with `Release` after the bytes it publishes and loaded with `Acquire`
 //! before they are read, which is what orders the plain memcpy traffic between processes.
 //!
@@ -55,7 +58,13 @@ const ACKED_OFF: usize = SENT_OFF + 64 * PG_MAX_RANKS;
 pub const CHUNK_HEADER_BYTES: usize = 64;
 const CHANNEL_SLOT_STRIDE: usize = CHUNK_HEADER_BYTES + PG_P2P_SLOT_BYTES;
 
-const _: () = assert!(ACKED_OFF + 64 * PG_MAX_RANKS <= PG_HEADER_BYTES);
+/// Start of the membership area, `MEMBER_WORDS` u64 words ([`super::membership`]).
+const MEMBER_OFF: usize = 16 * 1024;
+/// Words in the membership area.
+pub const MEMBER_WORDS: usize = 1024;
+
+const _: () = assert!(ACKED_OFF + 64 * PG_MAX_RANKS <= MEMBER_OFF);
+const _: () = assert!(MEMBER_OFF + 8 * MEMBER_WORDS <= PG_HEADER_BYTES);
 const _: () = assert!(DESC_OFF + 2 * 64 <= LEFT_OFF);
 const _: () = assert!(LEFT_OFF < EXTENT_OFF && EXTENT_OFF + 2 * 64 <= SENT_OFF);
 
@@ -297,6 +306,51 @@ impl Segment {
     /// The counter at header offset `off`, if `off` is an aligned header offset.
     pub(crate) fn counter_at(&self, off: usize) -> Option<&AtomicU64> {
         (off + 8 <= PG_HEADER_BYTES && off.is_multiple_of(8)).then(|| self.atomic(off))
+    }
+
+    /// A stand-in for a rank whose segment cannot be mapped (its process is gone): an
+    /// anonymous mapping with a valid header that nobody locks, so it reads as dead.
+    pub fn tombstone(ranks: usize, rank: usize) -> io::Result<Segment> {
+        // SAFETY: a valid NUL-terminated name; the result is checked.
+        let raw =
+            unsafe { libc::memfd_create(c"mooncake-pg-tombstone".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = segment_bytes(ranks);
+        // SAFETY: plain syscall on our descriptor.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seg = Segment {
+            base: mmap_shared(fd.as_fd(), len)?,
+            len,
+            fd,
+            ranks,
+            remote: None,
+        };
+        // SAFETY: the header is inside the fresh, private mapping.
+        unsafe {
+            let h = seg.base.as_ptr();
+            h.cast::<u64>().write(MAGIC);
+            h.add(12).cast::<u32>().write(ranks as u32);
+            h.add(16).cast::<u32>().write(rank as u32);
+        }
+        Ok(seg)
+    }
+
+    /// The descriptor number of this mapping's file in this process (`/proc/<pid>/fd/<n>`
+    /// reopens it after the name is gone).
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Membership word `i` ([`super::membership`] owns the layout).
+    pub fn member_word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < MEMBER_WORDS, "membership word {i} of {MEMBER_WORDS}");
+        self.atomic(MEMBER_OFF + 8 * i)
     }
 
     /// The pid written by the owner.

@@ -1,0 +1,97 @@
+"""mooncake.pg membership: deactivation, in-place rejoin, replacement processes, a dying
+decider and bad input, with multi-process groups on 127.0.0.1.
+
+Each test spawns ranks of pg_membership_worker.py; results are checked against values the
+processes compute themselves (see the worker for the scenarios).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+WORKER = os.path.join(os.path.dirname(__file__), "pg_membership_worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(scenario, rank, world, port):
+    return subprocess.Popen(
+        [sys.executable, WORKER, scenario, str(rank), str(world), str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(procs, timeout, expect_dead=()):
+    """Waits for every (name, process); fails on a hang or a failed check."""
+    deadline = time.monotonic() + timeout
+    outs = {}
+    try:
+        for name, p in procs:
+            outs[name], _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for _, p in procs:
+            p.kill()
+        for name, p in procs:
+            out = p.communicate()[0]
+            print(f"--- {name}:\n{out[-3000:]}")
+        pytest.fail(f"hung (> {timeout}s)")
+    for name, p in procs:
+        if name in expect_dead:
+            assert p.returncode == -9, f"{name} should have been SIGKILLed:\n{outs[name]}"
+            continue
+        assert p.returncode == 0 and "OK " in outs[name], f"{name} failed:\n{outs[name][-4000:]}"
+    return outs
+
+
+def run_group(scenario, world, timeout=120, expect_dead=()):
+    port = free_port()
+    procs = [(r, spawn(scenario, r, world, port)) for r in range(world)]
+    return finish(procs, timeout, expect_dead)
+
+
+def test_membership_replacement_process():
+    """Rank 2 is SIGKILLed, a new process joins as rank 2 with is_extension=True, both
+    survivors call recover_ranks (each gets Applied) and later collectives include it."""
+    world, port = 3, free_port()
+    procs = [(r, spawn("replace", r, world, port)) for r in range(world)]
+    victim = procs[2][1]
+    try:
+        victim.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        for _, p in procs:
+            p.kill()
+        pytest.fail("rank 2 did not reach its SIGKILL")
+    joiner = spawn("replace_joiner", 2, world, port)
+    finish(procs + [("joiner", joiner)], 150, expect_dead=(2,))
+
+
+def test_membership_deactivate_and_rejoin_in_place():
+    """One survivor deactivates a live rank (the others learn it without a call), the rank
+    rejoins in place with join_group and every survivor activates it."""
+    run_group("evict_rejoin", 3)
+
+
+def test_membership_decider_dies():
+    """The decider (rank 0) is SIGKILLed; the next lowest live rank decides from then on."""
+    run_group("decider_dies", 4, expect_dead=(0,))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_membership_bad_input(world):
+    """Out-of-range ranks, joining when active, emptying the group: clear errors, no hang."""
+    run_group("bad_input", world)
+
+
+def test_membership_unacknowledged_and_dropped():
+    """A SIGSTOPped member makes a proposal Rejected (it cannot acknowledge); killed while the
+    next one waits, it is dropped: AppliedWithDroppedRanks, dropped_ranks == [2]."""
+    run_group("no_ack", 3, expect_dead=(2,))
