@@ -24,7 +24,7 @@
 //! and C again.
 //!
 //! Needs root, `ip netns` (iproute2) and bridge support, and Debian's etcd-server; otherwise it
-//! prints why and passes without running. Takes ~30 s. Logs of etcd, the masters and the nodes
+//! prints why and passes without running. Takes ~15 s. Logs of etcd, the masters and the nodes
 //! are kept under `/tmp/mooncake-netns-<pid>/` when the test fails.
 
 use std::io::{BufRead, Read, Write};
