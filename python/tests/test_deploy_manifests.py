@@ -60,7 +60,8 @@ def test_manifests_match_the_kubernetes_schemas():
                 kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:
                 where = "/".join(str(p) for p in e.path)
-                pytest.fail(f"{path.name}: {doc['kind']}/{doc['metadata']['name']}: {where}: {e.message}")
+                name = f"{doc['kind']}/{doc['metadata']['name']}"
+                pytest.fail(f"{path.name}: {name}: {where}: {e.message}")
             kinds.add(doc["kind"])
     # What docs/deploy.md promises is there.
     assert {"StatefulSet", "DaemonSet", "Service"} <= kinds, kinds
