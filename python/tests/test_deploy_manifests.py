@@ -60,7 +60,8 @@ def test_manifests_match_the_kubernetes_schemas():
                 kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as e:
                 where = "/".join(str(p) for p in e.path)
-                pytest.fail(f"{path.name}: {doc['kind']}/{doc['metadata']['name']}: {where}: {e.message}")
+                name = f"{doc['kind']}/{doc['metadata']['name']}"
+                pytest.fail(f"{path.name}: {name}: {where}: {e.message}")
             kinds.add(doc["kind"])
     # What docs/deploy.md promises is there.
     assert {"StatefulSet", "DaemonSet", "Service"} <= kinds, kinds
@@ -138,16 +139,23 @@ def commands_in_manifest(path):
 
 
 def commands_in_guide():
-    """Command lines inside the guide's code blocks (continuations joined)."""
+    """Command lines inside the guide's sh/bash code blocks (continuations joined)."""
     out = []
-    blocks = re.findall(r"```(?:sh|bash|console)?\n(.*?)```", GUIDE.read_text(), re.S)
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            if any(b in line for b in BINARIES):
-                try:
-                    out.append(shlex.split(line, comments=True))
-                except ValueError:
-                    continue
+    lang = None  # inside a fence: its language; outside: None
+    block = []
+    for line in GUIDE.read_text().splitlines():
+        if line.startswith("```"):
+            if lang is None:
+                lang = line[3:].strip()
+                block = []
+                continue
+            if lang in ("sh", "bash"):
+                for cmd in "\n".join(block).replace("\\\n", " ").splitlines():
+                    if any(b in cmd for b in BINARIES):
+                        out.append(shlex.split(cmd, comments=True))
+            lang = None
+        elif lang is not None:
+            block.append(line)
     return out
 
 

@@ -1,0 +1,655 @@
+//! A multi-host cluster on one machine: every "host" is a network namespace with its own
+//! address, and all traffic between them crosses real (virtual) interfaces.
+//!
+//! ```text
+//!               namespace mcs<pid>: bridge br0 (its own netns, so the host's firewall and
+//!               bridge-netfilter rules never see the traffic)
+//!      ┌──────────────┬───────────────┼───────────────┬──────────────┐
+//!   host .1        A  .2           B  .3           C  .4          D  .5      (10.233.N.0/24)
+//!   (this test:    etcd,           storage node    storage node   store client (a thread of
+//!    observes)     3 masters (HA)                                 this test, moved into D)
+//! ```
+//!
+//! Each namespace has one veth into the bridge; the test process reaches the masters' admin
+//! ports through a veth of its own (`.1`). `N` is derived from the pid (skipping a /24 the host
+//! already uses).
+//!
+//! Checked, with `replica_num = 2`: a put from D lands one replica on B and one on C, and reads
+//! back exactly. B's link goes down (its bridge port): every key still reads back from C's
+//! replica; the master quarantines, then expires B (`--client_ttl=4`), and puts keep working,
+//! on C alone. B's link comes back: B's node re-registers with the leader (its segment is
+//! listed again) and re-reports what it holds, so the keys written before the cut have two
+//! replicas again. Then the leader master is SIGKILLed: a standby takes over, both nodes
+//! re-mount on it, every key written so far reads back exactly from D, and new puts land on B
+//! and C again.
+//!
+//! Needs root, `ip netns` (iproute2) and bridge support, and Debian's etcd-server; otherwise it
+//! prints why and passes without running. Takes ~15 s. Logs of etcd, the masters and the nodes
+//! are kept under `/tmp/mooncake-netns-<pid>/` when the test fails.
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Sender};
+use std::time::{Duration, Instant};
+
+use client::{Store, StoreConfig};
+use mooncake_tests::{bin_path, wait_until, ETCD_BIN};
+use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
+
+/// Roles and their last address byte; the host (this test) is `.1`.
+const HOSTS: [(char, u8); 4] = [('a', 2), ('b', 3), ('c', 4), ('d', 5)];
+const MASTERS: usize = 3;
+const MASTER_RPC_PORT: u16 = 50051;
+const MASTER_ADMIN_PORT: u16 = 9003;
+const NODE_PORT: u16 = 50052;
+/// Seconds without a ping after which the masters expire a client (and its segments).
+const CLIENT_TTL_S: u64 = 4;
+/// `MC_TRANSFER_TIMEOUT` of the store client (seconds): a read from the cut host gives up
+/// after this and goes to the other replica.
+const TRANSFER_TIMEOUT_S: u64 = 2;
+const VALUE: usize = 64 << 10;
+const KEYS: usize = 12;
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The namespaces, the bridge and the veths; all deleted on drop, whatever happened.
+struct Net {
+    pid: u32,
+    /// `10.233.N`: the /24 of this run.
+    net: String,
+    switch: String,
+    made: Vec<String>,
+}
+
+impl Net {
+    fn ns(&self, role: char) -> String {
+        format!("mc{role}{}", self.pid)
+    }
+
+    fn addr(&self, role: char) -> String {
+        let last = HOSTS.iter().find(|h| h.0 == role).expect("known role").1;
+        format!("{}.{last}", self.net)
+    }
+
+    /// The bridge port (in the switch namespace) of `role`'s link.
+    fn port(&self, role: char) -> String {
+        format!("p{role}{}", self.pid)
+    }
+
+    fn create() -> Result<Net, String> {
+        let pid = std::process::id();
+        let used = Command::new("ip")
+            .args(["-o", "-4", "addr"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let n = (0..254)
+            .map(|i| (pid + i) % 254 + 1)
+            .find(|n| !used.contains(&format!("10.233.{n}.")))
+            .ok_or("every 10.233.N.0/24 is in use")?;
+        let mut net = Net {
+            pid,
+            net: format!("10.233.{n}"),
+            switch: format!("mcs{pid}"),
+            made: Vec::new(),
+        };
+        let sw = net.switch.clone();
+        ip(&["netns", "add", &sw])?;
+        net.made.push(sw.clone());
+        ip(&["-n", &sw, "link", "set", "lo", "up"])?;
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for (role, _) in HOSTS {
+            let ns = net.ns(role);
+            ip(&["netns", "add", &ns])?;
+            net.made.push(ns.clone());
+            let (port, eth) = (net.port(role), format!("e{role}{pid}"));
+            ip(&[
+                "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", &eth, "netns", &ns,
+            ])?;
+            ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &sw, "link", "set", &port, "up"])?;
+            let cidr = format!("{}/24", net.addr(role));
+            ip(&["-n", &ns, "addr", "add", &cidr, "dev", &eth])?;
+            ip(&["-n", &ns, "link", "set", &eth, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        // The test's own port on the bridge.
+        let (host_if, port) = (format!("mch{pid}"), format!("ph{pid}"));
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &port, "netns", &sw,
+        ])?;
+        ip(&["-n", &sw, "link", "set", &port, "master", "br0"])?;
+        ip(&["-n", &sw, "link", "set", &port, "up"])?;
+        ip(&["addr", "add", &format!("{}.1/24", net.net), "dev", &host_if])?;
+        ip(&["link", "set", &host_if, "up"])?;
+        Ok(net)
+    }
+
+    /// Takes `role`'s link up or down (its bridge port: the host is cut off from every other).
+    fn link(&self, role: char, up: bool) {
+        let port = self.port(role);
+        ip(&[
+            "-n",
+            &self.switch,
+            "link",
+            "set",
+            &port,
+            if up { "up" } else { "down" },
+        ])
+        .expect("toggle a bridge port");
+    }
+
+    /// A command run inside `role`'s namespace.
+    fn command(&self, role: char, program: &std::path::Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(role)]).arg(program);
+        c
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its veths and their peers.
+        let _ = ip(&["link", "del", &format!("mch{}", self.pid)]);
+        for ns in self.made.iter().rev() {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// Processes started in the namespaces, killed on drop; their logs go to `dir`, which is
+/// removed unless the test is failing.
+struct Procs {
+    dir: PathBuf,
+    etcd: Option<Child>,
+    masters: Vec<Option<Child>>,
+    nodes: Vec<Child>,
+}
+
+impl Procs {
+    fn log(&self, name: &str) -> Stdio {
+        std::fs::File::create(self.dir.join(format!("{name}.log")))
+            .expect("log file")
+            .into()
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        let all = self
+            .etcd
+            .iter_mut()
+            .chain(self.masters.iter_mut().flatten())
+            .chain(self.nodes.iter_mut());
+        for c in all {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("netns_cluster: logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// One HTTP GET to `addr` (from the host side of the bridge): status and body.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let sa = addr.parse().ok()?;
+    let mut s = TcpStream::connect_timeout(&sa, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// Work for the client thread.
+type Job = Box<dyn FnOnce(&Store) + Send>;
+
+/// The store client, living on a thread that moved itself into namespace D before setting
+/// the store up: its sockets, and those of every thread the store spawns, are D's.
+struct RemoteClient {
+    jobs: Option<Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RemoteClient {
+    fn start(ns: &str, cfg: StoreConfig) -> RemoteClient {
+        let path = format!("/var/run/netns/{ns}");
+        let (jobs, rx) = channel::<Job>();
+        let (ready_tx, ready_rx) = channel();
+        let thread = std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).expect("open the namespace");
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns(2) on a descriptor we own; it changes this thread's network
+            // namespace only (a thread may switch its network namespace freely).
+            let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns into {path}");
+            let store = Store::setup(cfg);
+            let store = match store {
+                Ok(s) => {
+                    ready_tx.send(Ok(())).unwrap();
+                    s
+                }
+                Err(e) => {
+                    ready_tx.send(Err(e)).unwrap();
+                    return;
+                }
+            };
+            for job in rx {
+                job(&store);
+            }
+            store.close();
+        });
+        ready_rx
+            .recv()
+            .expect("client thread died")
+            .expect("store setup in namespace D");
+        RemoteClient {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    fn call<R: Send + 'static>(&self, f: impl FnOnce(&Store) -> R + Send + 'static) -> R {
+        let (tx, rx) = channel();
+        let job = Box::new(move |s: &Store| {
+            let _ = tx.send(f(s));
+        });
+        self.jobs
+            .as_ref()
+            .unwrap()
+            .send(job)
+            .expect("client thread");
+        rx.recv().expect("client thread died")
+    }
+
+    fn put(&self, key: &str) -> Result<(), ErrorCode> {
+        let key = key.to_string();
+        self.call(move |s| {
+            let cfg = ReplicateConfig {
+                replica_num: 2,
+                ..ReplicateConfig::default()
+            };
+            s.put(&key, &value(&key), &cfg, false)
+        })
+    }
+
+    /// Reads `key` and checks its bytes.
+    fn get(&self, key: &str) -> Result<(), String> {
+        let key = key.to_string();
+        self.call(move |s| match s.get(&key) {
+            Ok(v) if v == value(&key) => Ok(()),
+            Ok(v) => Err(format!("{key}: {} wrong bytes", v.len())),
+            Err(e) => Err(format!("{key}: {e:?}")),
+        })
+    }
+
+    fn replicas(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
+        let key = key.to_string();
+        self.call(move |s| s.replicas(&key))
+    }
+
+    /// The segments holding `key`'s replicas, sorted.
+    fn segments(&self, key: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .replicas(key)
+            .map(|l| l.replicas.into_iter().map(|r| r.segment_name).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for RemoteClient {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn value(key: &str) -> Vec<u8> {
+    let seed = key
+        .bytes()
+        .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
+    (0..VALUE)
+        .map(|i| seed.wrapping_add((i % 251) as u8))
+        .collect()
+}
+
+/// Starts a process in `role`'s namespace with its output in `<dir>/<name>.log`.
+fn spawn_in(
+    net: &Net,
+    procs: &Procs,
+    role: char,
+    name: &str,
+    program: &str,
+    args: &[String],
+) -> Child {
+    let path = if program.starts_with('/') {
+        PathBuf::from(program)
+    } else {
+        bin_path(program)
+    };
+    net.command(role, &path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(procs.log(&format!("{name}.out")))
+        .stderr(procs.log(name))
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {name}: {e}"))
+}
+
+/// Starts a storage node in `role`'s namespace and waits for its `ready` line; returns the
+/// process and its segment name.
+fn start_node(net: &Net, procs: &Procs, role: char, etcd: &str) -> (Child, String) {
+    let args = [
+        format!("--host={}", net.addr(role)),
+        format!("--port={NODE_PORT}"),
+        format!("--master_server_address=etcd://{etcd}"),
+        format!("--metadata_server=etcd://{etcd}"),
+        "--global_segment_size=64 MB".to_string(),
+        "--shards=1".to_string(),
+    ];
+    let mut child = net
+        .command(role, &bin_path("mooncake_client"))
+        .args(&args)
+        // Pings give up quickly, so one stuck on the cut link does not delay the next.
+        .env("MC_RPC_TIMEOUT_MS", "1500")
+        .env("MC_RPC_CONNECT_TIMEOUT_MS", "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(procs.log(&format!("node-{role}")))
+        .spawn()
+        .expect("spawn mooncake_client");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            // Keep reading after the test stopped listening, so the node never blocks.
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut segment = String::new();
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("node {role} never printed `ready`"));
+        if line.trim() == "mooncake_client ready" {
+            break;
+        }
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() >= 4 && w[0] == "shard" {
+            segment = w[3].to_string();
+        }
+    }
+    assert!(!segment.is_empty(), "node {role} printed no segment");
+    (child, segment)
+}
+
+/// Index of the master that answers `/role` with `leader`.
+fn leader(net: &Net, alive: &[bool]) -> Option<usize> {
+    (0..MASTERS).filter(|&i| alive[i]).find(|&i| {
+        get(&admin(net, i), "/role").is_some_and(|(s, b)| s == 200 && b.trim() == "leader")
+    })
+}
+
+fn admin(net: &Net, i: usize) -> String {
+    format!("{}:{}", net.addr('a'), MASTER_ADMIN_PORT + 10 * i as u16)
+}
+
+/// The segments the master `i` lists.
+fn segments_of(net: &Net, i: usize) -> Vec<String> {
+    get(&admin(net, i), "/get_all_segments")
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, b)| {
+            b.lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED netns_cluster: needs root (ip netns, veth, bridge)");
+        return;
+    }
+    if !std::path::Path::new(ETCD_BIN).exists() {
+        println!("SKIPPED netns_cluster: {ETCD_BIN} not found (install Debian's etcd-server)");
+        return;
+    }
+    let net = match Net::create() {
+        Ok(n) => n,
+        Err(e) => {
+            println!("SKIPPED netns_cluster: cannot set up the namespaces: {e}");
+            return;
+        }
+    };
+    let t0 = Instant::now();
+    // Read by `Store::setup`; set before any thread of this test binary starts.
+    std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
+    let dir = std::env::temp_dir().join(format!("mooncake-netns-{}", net.pid));
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let mut procs = Procs {
+        dir,
+        etcd: None,
+        masters: Vec::new(),
+        nodes: Vec::new(),
+    };
+
+    // Host A: etcd and three masters.
+    let a = net.addr('a');
+    let etcd = format!("{a}:2379");
+    let client_url = format!("http://{etcd}");
+    let data = procs.dir.join("etcd-data").to_string_lossy().into_owned();
+    let etcd_args: Vec<String> = [
+        "--data-dir",
+        &data,
+        "--name",
+        "default",
+        "--listen-client-urls",
+        &client_url,
+        "--advertise-client-urls",
+        &client_url,
+        "--listen-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-cluster",
+        "default=http://127.0.0.1:2380",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    procs.etcd = Some(spawn_in(&net, &procs, 'a', "etcd", ETCD_BIN, &etcd_args));
+    wait_until(Duration::from_secs(30), || {
+        get(&etcd, "/health").is_some_and(|(s, _)| s == 200)
+    })
+    .expect("etcd in namespace A never became healthy");
+    for i in 0..MASTERS {
+        let args = vec![
+            "--enable_ha=true".to_string(),
+            format!("--etcd_endpoints={etcd}"),
+            format!("--rpc_address={a}"),
+            format!("--rpc_port={}", MASTER_RPC_PORT + 10 * i as u16),
+            format!("--metrics_host={a}"),
+            format!("--metrics_port={}", MASTER_ADMIN_PORT + 10 * i as u16),
+            "--ha_lease_ttl_sec=2".to_string(),
+            format!("--client_ttl={CLIENT_TTL_S}"),
+            "--quarantine_grace=1500ms".to_string(),
+        ];
+        let name = format!("master-{i}");
+        let m = spawn_in(&net, &procs, 'a', &name, "mooncake_master", &args);
+        procs.masters.push(Some(m));
+    }
+    let mut alive = [true; MASTERS];
+    let mut lead = None;
+    wait_until(Duration::from_secs(15), || {
+        lead = leader(&net, &alive);
+        lead.is_some()
+    })
+    .expect("no master became leader");
+    let first_leader = lead.unwrap();
+
+    // Hosts B and C: one storage node each.
+    let (node_b, seg_b) = start_node(&net, &procs, 'b', &etcd);
+    procs.nodes.push(node_b);
+    let (node_c, seg_c) = start_node(&net, &procs, 'c', &etcd);
+    procs.nodes.push(node_c);
+    let both = {
+        let mut v = vec![seg_b.clone(), seg_c.clone()];
+        v.sort();
+        v
+    };
+    wait_until(Duration::from_secs(10), || {
+        let mut s = segments_of(&net, first_leader);
+        s.sort();
+        s == both
+    })
+    .expect("the leader never listed both nodes' segments");
+
+    // Host D: the store client.
+    let d = RemoteClient::start(
+        &net.ns('d'),
+        StoreConfig {
+            local_hostname: net.addr('d'),
+            metadata_server: format!("etcd://{etcd}"),
+            global_segment_size: 0,
+            local_buffer_size: 16 << 20,
+            protocol: "tcp".into(),
+            rdma_devices: String::new(),
+            master_server_addr: format!("etcd://{etcd}"),
+        },
+    );
+    let t_up = t0.elapsed();
+
+    // Puts from D land on both node hosts and read back.
+    let before: Vec<String> = (0..KEYS).map(|i| format!("before/{i}")).collect();
+    for k in &before {
+        d.put(k).unwrap_or_else(|e| panic!("put {k}: {e:?}"));
+        assert_eq!(d.segments(k), both, "{k} not on one segment per node host");
+        d.get(k).expect("get across hosts");
+    }
+
+    // Cut host B.
+    let t_cut = Instant::now();
+    net.link('b', false);
+    for k in &before {
+        d.get(k)
+            .unwrap_or_else(|e| panic!("get with host B cut off: {e}"));
+    }
+    let reads_during_cut = t_cut.elapsed();
+    wait_until(Duration::from_secs(CLIENT_TTL_S + 10), || {
+        segments_of(&net, first_leader) == [seg_c.clone()]
+    })
+    .expect("the leader never dropped the cut node's segment");
+    let expired = t_cut.elapsed();
+    let during: Vec<String> = (0..KEYS).map(|i| format!("during/{i}")).collect();
+    for k in &during {
+        d.put(k)
+            .unwrap_or_else(|e| panic!("put {k} with host B cut off: {e:?}"));
+        assert_eq!(
+            d.segments(k),
+            std::slice::from_ref(&seg_c),
+            "{k} placed off host C"
+        );
+    }
+    for k in before.iter().chain(&during) {
+        d.get(k)
+            .unwrap_or_else(|e| panic!("get with B expired: {e}"));
+    }
+
+    // Host B comes back: its node re-registers and re-reports what it holds.
+    let t_back = Instant::now();
+    net.link('b', true);
+    let rejoined = wait_until(Duration::from_secs(15), || {
+        let mut s = segments_of(&net, first_leader);
+        s.sort();
+        s == both
+    })
+    .expect("host B's node never re-registered after its link came back");
+    let rereported = wait_until(Duration::from_secs(10), || {
+        before.iter().all(|k| d.segments(k) == both)
+    })
+    .expect("keys written before the cut never had their replica on B back");
+
+    // Kill the leader: a standby takes over, the nodes re-mount, D follows.
+    let t_kill = Instant::now();
+    if let Some(mut m) = procs.masters[first_leader].take() {
+        let _ = m.kill();
+        let _ = m.wait();
+    }
+    alive[first_leader] = false;
+    let mut next = None;
+    wait_until(Duration::from_secs(15), || {
+        next = leader(&net, &alive);
+        next.is_some()
+    })
+    .expect("no standby took over");
+    let new_leader = next.unwrap();
+    let failover = t_kill.elapsed();
+    wait_until(Duration::from_secs(10), || {
+        let mut s = segments_of(&net, new_leader);
+        s.sort();
+        s == both
+    })
+    .expect("the nodes never re-mounted on the new leader");
+    for k in before.iter().chain(&during) {
+        d.get(k)
+            .unwrap_or_else(|e| panic!("get after the leader kill: {e}"));
+    }
+    let after: Vec<String> = (0..KEYS).map(|i| format!("after/{i}")).collect();
+    for k in &after {
+        d.put(k)
+            .unwrap_or_else(|e| panic!("put {k} after the leader kill: {e:?}"));
+        assert_eq!(d.segments(k), both, "{k} not on both node hosts");
+        d.get(k).expect("get after the leader kill");
+    }
+    let recovered = t_kill.elapsed();
+    println!(
+        "netns cluster ({}.0/24): up in {t_up:?}; with B cut, {KEYS} reads took \
+         {reads_during_cut:?}, B expired {expired:?} after the cut; B re-registered \
+         {rejoined:?} after its link came back, its replicas re-reported {rereported:?} later \
+         (link up {:?} ago); leader {first_leader} killed, master {new_leader} leads after \
+         {failover:?}, all reads and new puts done {recovered:?} after the kill; total {:?}",
+        net.net,
+        t_back.elapsed(),
+        t0.elapsed()
+    );
+    drop(d);
+    drop(procs);
+    drop(net);
+}
