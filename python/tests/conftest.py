@@ -107,7 +107,7 @@ class Node:
     """A storage node (the installed `mooncake_client`) on 127.0.0.1, serving `segment` bytes
     in `shards` shards for `master`; ready when constructed."""
 
-    def __init__(self, master, segment, shards=1):
+    def __init__(self, master, segment, shards=1, extra=()):
         args = console_script("mooncake_client") + [
             "--host=127.0.0.1",
             f"--port={free_port()}",
@@ -115,6 +115,7 @@ class Node:
             f"--shards={shards}",
             f"--master_server_address={master.addr}",
             f"--metadata_server={master.metadata}",
+            *extra,
         ]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      text=True)
