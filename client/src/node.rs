@@ -671,13 +671,9 @@ fn start_shard(
     memory
         .register_segment(segment.clone())
         .map_err(|e| fail(format!("cannot register the segment: {e}")))?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let server = serve(
-        bind,
-        memory.clone(),
-        ServerConfig::default(),
-        Some(index % cores),
-    )
+    // Shard i on the i-th core the node may run on (its affinity mask, e.g. systemd's
+    // CPUAffinity= or a Kubernetes cpuset), wrapping around.
+    let server = serve(bind, memory.clone(), ServerConfig::default(), Some(index))
     .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
     let data_port = server.local_addr().port();
     let descriptor = SegmentDescriptor {

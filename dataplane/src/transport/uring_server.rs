@@ -26,7 +26,10 @@ use crate::shard::reactor::{build_ring, Reactor, ReactorConfig, ShardShared};
 /// Shard placement and transport knobs beyond [`ServerConfig`].
 #[derive(Clone, Copy, Debug)]
 pub struct ShardOptions {
-    /// Core to pin the shard's thread to (`None`: not pinned).
+    /// Which of the cores this process may run on (its affinity mask, in order; wraps
+    /// around) to pin the shard's thread to (`None`: not pinned). An index into the allowed
+    /// set, not a CPU number, so that `CPUAffinity=2-5` or a CPU manager's cpuset gets one
+    /// shard per allowed core.
     pub core: Option<usize>,
     /// READ batches with at least this many payload bytes are sent with
     /// `IORING_OP_SENDMSG_ZC`; `u64::MAX` never uses it.
@@ -209,11 +212,12 @@ impl Drop for UringServer {
     }
 }
 
-/// Pins the calling thread to `core`; false when the core does not exist or pinning failed.
-fn pin_to_core(core: usize) -> bool {
-    core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.id == core)
-        .is_some_and(core_affinity::set_for_current)
+/// Pins the calling thread to the `nth` core of the process's affinity mask (modulo its
+/// size); false when the mask cannot be read or pinning failed.
+fn pin_to_core(nth: usize) -> bool {
+    let allowed = core_affinity::get_core_ids().unwrap_or_default();
+    if allowed.is_empty() {
+        return false;
+    }
+    core_affinity::set_for_current(allowed[nth % allowed.len()])
 }
