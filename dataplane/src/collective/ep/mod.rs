@@ -465,9 +465,61 @@ mod tests {
 
     #[test]
     fn dispatch_and_combine_between_two_ranks() {
-        let rts = group(2, &SHAPE, "roundtrip");
+        roundtrips(&group(2, &SHAPE, "roundtrip"));
+    }
+
+    /// Two runtimes in this process that see each other as on other hosts (TCP links).
+    fn tcp_group(tag: &str) -> Vec<EpRuntime> {
+        let bytes = SHAPE.need_bytes();
+        let own: Vec<Arc<EpSegment>> = (0..2)
+            .map(|r| {
+                let p = format!("/dev/shm/mc-ep-test-{}-{tag}-{r}", std::process::id());
+                let s = EpSegment::create(&p, 2, r, bytes).unwrap();
+                std::fs::remove_file(&p).unwrap();
+                Arc::new(s)
+            })
+            .collect();
+        let ls: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let eps: Vec<String> = ls
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let nets: Vec<_> = ls
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let remote = [net::Remote {
+                    rank: 1 - r,
+                    endpoint: eps[1 - r].clone(),
+                    data_bytes: bytes,
+                }];
+                let o = own[r].clone();
+                std::thread::spawn(move || net::EpNet::establish(l, o, r, 2, &remote).unwrap())
+            })
+            .collect();
+        nets.into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let (n, mut p) = t.join().unwrap();
+                let (q, peer) = p.remove(0);
+                let mut peers: Vec<Option<Box<dyn EpPeer>>> = vec![None, None];
+                peers[q] = Some(Box::new(peer));
+                EpRuntime::with_peers(own[r].clone(), r, peers, Some(n))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dispatch_and_combine_over_tcp() {
+        roundtrips(&tcp_group("tcp"));
+    }
+
+    /// Three rounds of dispatch and combine on every runtime of `rts` (two ranks).
+    fn roundtrips(rts: &[EpRuntime]) {
         std::thread::scope(|sc| {
-            for rt in &rts {
+            for rt in rts {
                 sc.spawn(move || {
                     let r = rt.rank();
                     let (t, h, lo) = (SHAPE.tokens_max, SHAPE.hidden, SHAPE.local());
