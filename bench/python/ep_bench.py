@@ -1,5 +1,5 @@
 """Mooncake EP dispatch+combine against the same operation in plain torch over Gloo
-all_to_all, side by side in one run, on one host.
+all_to_all, side by side in one run, on one host; also Mooncake EP over its TCP links.
 
     .venv/bin/python bench/python/ep_bench.py [--ranks 2] [--tokens 128] [--hidden 2048]
         [--experts 32] [--topk 8] [--iters 200] [--warmup 20]
@@ -11,7 +11,9 @@ identity "expert" (the received rows are the expert outputs; for the fp8 row a r
 tensor), and one combine with random weights. The baseline does the same in torch ops over Gloo: ``all_to_all_single`` of the
 per-expert counts, of the rows and of the token indices, scatter into ``[L, N, H]``; for
 combine one ``all_to_all_single`` of the rows back and an ``index_add_`` with the weights.
-Both produce the same outputs (checked once before timing). Per iteration a barrier on the
+The "TCP" row is a second EP ``Buffer`` whose ranks claim different host ids, so every pair
+writes over the cross-host TCP links (loopback here) instead of shared memory.
+All produce the same outputs (checked once before timing). Per iteration a barrier on the
 Gloo group precedes the timed section; times on rank 0; tokens/s = ranks * tokens / p50.
 """
 
@@ -95,7 +97,7 @@ def worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
 
-    from mooncake import pg
+    from mooncake import mooncake_ep_buffer, pg
     from mooncake.mooncake_ep_buffer import Buffer
 
     torch.set_num_threads(1)
@@ -105,6 +107,11 @@ def worker(rank, world, port, a):
     gloo = dist.new_group(backend="gloo")
     T, H, E, K = a.tokens, a.hidden, a.experts, a.topk
     buf = Buffer(dist.group.WORLD, Buffer.get_ep_buffer_size_hint(T, H, world, E))
+    # every rank on its own "host": the EP buffer links its ranks over TCP
+    same_host = mooncake_ep_buffer._host_id
+    mooncake_ep_buffer._host_id = lambda: f"ep-bench-host-{rank}"
+    buf_tcp = Buffer(dist.group.WORLD, Buffer.get_ep_buffer_size_hint(T, H, world, E))
+    mooncake_ep_buffer._host_id = same_host
     base = TorchEP(gloo, rank, world, T, H, E)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(T, H, generator=g).to(torch.bfloat16)
@@ -113,7 +120,7 @@ def worker(rank, world, port, a):
 
     y_fp8 = torch.zeros(E // world, world * T, H, dtype=torch.bfloat16)
 
-    def mooncake(fp8):
+    def mooncake(fp8, buf=buf):
         recv_x, count, handle, _, _ = buf.dispatch(x, topk, active, T, E, 10_000_000,
                                                    use_fp8=fp8)
         # identity expert; for fp8 a ready bf16 output (dequantising [L, N, H] in torch
@@ -129,11 +136,14 @@ def worker(rank, world, port, a):
     (mo, mc), (bo, bc) = mooncake(False), baseline()
     assert torch.equal(mc, bc), "recv_count differs"
     assert torch.allclose(mo.float(), bo.float(), rtol=2e-2, atol=2e-2), "combine differs"
+    to, tc = mooncake(False, buf_tcp)
+    assert torch.equal(tc, mc) and torch.equal(to, mo), "TCP path differs"
 
     res = {}
     for name, fn in (("mooncake EP bf16", lambda: mooncake(False)),
                      ("torch+gloo bf16", baseline),
-                     ("mooncake EP fp8", lambda: mooncake(True))):
+                     ("mooncake EP fp8", lambda: mooncake(True)),
+                     ("mooncake EP TCP", lambda: mooncake(False, buf_tcp))):
         for _ in range(a.warmup):
             fn()
         xs = []

@@ -1,13 +1,14 @@
 """Mooncake EP on CPU: expert-parallel ``dispatch`` / ``combine`` between the ranks of a group.
 
 ``Buffer(group, num_ep_buffer_bytes)`` gives each rank a shared-memory EP buffer that every
-other rank of the group maps. ``dispatch`` sends each token's row to the rank of every expert
+other rank of the group on the same host maps (ranks on other hosts write it through a TCP
+link). ``dispatch`` sends each token's row to the rank of every expert
 it is routed to, by writing it straight into that rank's buffer (one-sided writes; counters in
 the buffer header say when a source has finished); ``combine`` writes the expert outputs back
 into the tokens' source ranks and sums them there with the routing weights. The copying,
 fp8 quantisation and the weighted sum run in Rust (``mooncake._native.EpBuffer``,
 ``dataplane::collective::ep``); Python checks arguments and allocates outputs and never loops
-over tokens. Ranks must share one host; see ``docs/ep.md`` for the design and for what differs
+over tokens. See ``docs/ep.md`` for the design and for what differs
 from upstream (which runs the same API on GPUs over RDMA/NVLink).
 """
 
@@ -75,6 +76,11 @@ class EventOverlap:
 
 
 def _host_id():
+    """Ranks with equal host ids share memory; others are linked over TCP. ``MC_PG_HOST_ID``
+    overrides it, as for ``mooncake.pg`` (tests run "other hosts" on one machine that way)."""
+    forced = os.environ.get("MC_PG_HOST_ID")
+    if forced:
+        return forced
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -83,6 +89,15 @@ def _host_id():
     import socket
 
     return f"{socket.gethostname()}/{boot}"
+
+
+def _host_ip():
+    """The address this rank's EP listener binds and advertises: ``pg.set_host_ip``'s."""
+    try:
+        from mooncake import pg
+    except ImportError:
+        return "127.0.0.1"
+    return pg._Settings.host_ip
 
 
 def _is_mooncake_group(group):
@@ -98,8 +113,8 @@ def _is_mooncake_group(group):
 
 
 class Buffer:
-    """A rank's EP buffer in ``group`` (any torch process group whose ranks share a host; the
-    Mooncake Backend for ``active_ranks`` from the group)."""
+    """A rank's EP buffer in ``group`` (any torch process group; the Mooncake Backend for
+    ``active_ranks`` from the group)."""
 
     def __init__(self, group: dist.ProcessGroup, num_ep_buffer_bytes: int = 0,
                  disable_p2p: bool = False):
@@ -128,29 +143,29 @@ class Buffer:
     # -- bootstrap ---------------------------------------------------------------------------
 
     def connect(self, is_update: bool = False) -> None:
-        """Creates a fresh EP buffer, exchanges its name with every rank of the group (one
-        ``all_gather`` and one ``barrier``, the same on every rank) and maps the peers'."""
+        """Creates a fresh EP buffer, exchanges its host id, name, TCP endpoint and size with
+        every rank of the group (one ``all_gather`` and one ``barrier``, the same on every
+        rank), maps the buffers of peers on this host and links to the others over TCP."""
         path = f"/dev/shm/mooncake-ep-{os.getpid()}-{uuid.uuid4().hex[:16]}"
-        rt = _native.EpBuffer(path, self.rank, self.group_size, self.num_ep_buffer_bytes)
+        rt = _native.EpBuffer(path, self.rank, self.group_size, self.num_ep_buffer_bytes,
+                              _host_ip())
         try:
             me = _host_id()
-            info = f"{me}\n{path}".encode()
+            info = f"{me}\n{rt.endpoint}\n{self.num_ep_buffer_bytes}\n{path}".encode()
             if len(info) > _PATH_BYTES:
                 raise RuntimeError(f"EP buffer name too long: {info!r}")
             t = torch.zeros(_PATH_BYTES, dtype=torch.uint8)
             t[: len(info)] = torch.frombuffer(bytearray(info), dtype=torch.uint8)
             got = [torch.empty_like(t) for _ in range(self.group_size)]
             dist.all_gather(got, t, group=self.group)
-            paths = []
-            for r, g in enumerate(got):
-                host, p = bytes(g.tolist()).rstrip(b"\0").decode().split("\n", 1)
-                if host != me:
-                    raise RuntimeError(
-                        f"rank {r} runs on another host ({host.split('/')[0]}): mooncake-rs's "
-                        "Mooncake EP connects ranks of one host only (cross-host dispatch is "
-                        "not implemented yet; see docs/ep.md)")
+            hosts, endpoints, sizes, paths = [], [], [], []
+            for g in got:
+                host, ep, size, p = bytes(g.tolist()).rstrip(b"\0").decode().split("\n", 3)
+                hosts.append(host)
+                endpoints.append(ep)
+                sizes.append(int(size))
                 paths.append(p)
-            rt.connect(paths)
+            rt.connect(paths, hosts, endpoints, sizes)
             dist.barrier(group=self.group)
         finally:
             try:

@@ -12,7 +12,12 @@
 
 use std::sync::Arc;
 
-use dataplane::collective::ep::{dispatch::DispatchOut, size_hint, EpRuntime, EpSegment, Shape};
+use std::net::TcpListener;
+
+use dataplane::collective::ep::net::{EpNet, Remote};
+use dataplane::collective::ep::{
+    dispatch::DispatchOut, size_hint, EpPeer, EpRuntime, EpSegment, LocalPeer, Shape,
+};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -30,12 +35,16 @@ fn err(e: String) -> PyErr {
     PyRuntimeError::new_err(format!("Mooncake EP: {e}"))
 }
 
-/// One rank's EP buffer: created with its segment, connected once every rank's path is known.
+/// One rank's EP buffer: created with its segment and a TCP listener, connected once every
+/// rank's host, path and endpoint are known.
 #[pyclass(module = "mooncake._native", name = "EpBuffer", frozen)]
 pub struct PyEpBuffer {
     rank: usize,
     ranks: usize,
     own: Mutex<Option<EpSegment>>,
+    listener: Mutex<Option<TcpListener>>,
+    endpoint: String,
+    remote_ranks: Mutex<Vec<usize>>,
     rt: Mutex<Option<Arc<EpRuntime>>>,
 }
 
@@ -50,43 +59,111 @@ impl PyEpBuffer {
 
 #[pymethods]
 impl PyEpBuffer {
-    /// Creates this rank's buffer at `path` with `data_bytes` bytes of data area.
+    /// Creates this rank's buffer at `path` with `data_bytes` bytes of data area, and a TCP
+    /// listener on `host_ip` (an ephemeral port) for peers on other hosts.
     #[new]
-    fn new(path: &str, rank: usize, ranks: usize, data_bytes: usize) -> PyResult<Self> {
+    #[pyo3(signature = (path, rank, ranks, data_bytes, host_ip = "127.0.0.1"))]
+    fn new(
+        path: &str,
+        rank: usize,
+        ranks: usize,
+        data_bytes: usize,
+        host_ip: &str,
+    ) -> PyResult<Self> {
         let seg = EpSegment::create(path, ranks, rank, data_bytes)
             .map_err(|e| PyRuntimeError::new_err(format!("Mooncake EP buffer {path}: {e}")))?;
+        let listener = TcpListener::bind((host_ip, 0))
+            .and_then(|l| l.local_addr().map(|a| (l, a)))
+            .map_err(|e| {
+                PyRuntimeError::new_err(format!("Mooncake EP: listening on {host_ip}: {e}"))
+            })?;
         Ok(PyEpBuffer {
             rank,
             ranks,
             own: Mutex::new(Some(seg)),
+            listener: Mutex::new(Some(listener.0)),
+            endpoint: listener.1.to_string(),
+            remote_ranks: Mutex::new(Vec::new()),
             rt: Mutex::new(None),
         })
     }
 
-    /// Maps every peer's buffer (`paths[r]` for rank `r`).
-    fn connect(&self, paths: Vec<String>) -> PyResult<()> {
-        if paths.len() != self.ranks {
+    /// `ip:port` peers on other hosts connect to.
+    #[getter]
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// The ranks this buffer reaches over TCP (another host id), ascending.
+    #[getter]
+    fn remote_ranks(&self) -> Vec<usize> {
+        self.remote_ranks.lock().clone()
+    }
+
+    /// Connects to every peer: `hosts[r]` equal to this rank's maps `paths[r]`, another host
+    /// is linked over TCP to `endpoints[r]` (whose data area has `sizes[r]` bytes).
+    fn connect(
+        &self,
+        py: Python<'_>,
+        paths: Vec<String>,
+        hosts: Vec<String>,
+        endpoints: Vec<String>,
+        sizes: Vec<usize>,
+    ) -> PyResult<()> {
+        let n = self.ranks;
+        if paths.len() != n || hosts.len() != n || endpoints.len() != n || sizes.len() != n {
             return Err(PyValueError::new_err(
-                "one EP buffer path per rank is needed",
+                "one EP buffer path, host, endpoint and size per rank is needed",
             ));
         }
-        let mut peers = Vec::with_capacity(self.ranks);
+        let mut peers: Vec<Option<Box<dyn EpPeer>>> = Vec::with_capacity(n);
+        let mut remotes = Vec::new();
         for (r, p) in paths.iter().enumerate() {
             if r == self.rank {
                 peers.push(None);
                 continue;
             }
+            if hosts[r] != hosts[self.rank] {
+                peers.push(None);
+                remotes.push(Remote {
+                    rank: r,
+                    endpoint: endpoints[r].clone(),
+                    data_bytes: sizes[r],
+                });
+                continue;
+            }
             let seg = EpSegment::open(p, self.ranks, r).map_err(|e| {
                 PyRuntimeError::new_err(format!("Mooncake EP: mapping rank {r}'s buffer: {e}"))
             })?;
-            peers.push(Some(seg));
+            peers.push(Some(Box::new(LocalPeer::new(seg))));
         }
-        let own = self
-            .own
+        let own = Arc::new(
+            self.own
+                .lock()
+                .take()
+                .ok_or_else(|| PyRuntimeError::new_err("already connected"))?,
+        );
+        let listener = self
+            .listener
             .lock()
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
-        *self.rt.lock() = Some(Arc::new(EpRuntime::new(own, self.rank, peers)));
+        let net = if remotes.is_empty() {
+            None
+        } else {
+            let (rank, o) = (self.rank, own.clone());
+            let (net, remote_peers) = py
+                .detach(|| EpNet::establish(listener, o, rank, n, &remotes))
+                .map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake EP: linking to other hosts: {e}"))
+                })?;
+            for (r, p) in remote_peers {
+                peers[r] = Some(Box::new(p));
+            }
+            *self.remote_ranks.lock() = remotes.iter().map(|r| r.rank).collect();
+            Some(net)
+        };
+        *self.rt.lock() = Some(Arc::new(EpRuntime::with_peers(own, self.rank, peers, net)));
         Ok(())
     }
 

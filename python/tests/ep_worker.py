@@ -1,4 +1,5 @@
-"""One rank of a Mooncake EP test group (spawned by test_ep.py; not collected by pytest).
+"""One rank of a Mooncake EP test group (spawned by test_ep.py and test_ep_tcp.py; not
+collected by pytest).
 
 usage: ep_worker.py SCENARIO RANK WORLD PORT TMPDIR
 
@@ -11,6 +12,7 @@ raises; the last line on stdout is "OK <scenario> <checks>" on success.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -165,7 +167,13 @@ def outputs_for(recv_x, count):
 def new_buffer():
     size = Buffer.get_ep_buffer_size_hint(T, H, WORLD, E)
     check(size == 16 * E + 4 * E * T * (32 + 2 * H), "size hint formula")
-    return Buffer(group=dist.group.WORLD, num_ep_buffer_bytes=size)
+    buf = Buffer(group=dist.group.WORLD, num_ep_buffer_bytes=size)
+    hosts = os.environ.get("EP_HOSTS")  # test_ep_tcp: the host of each rank, e.g. "aab"
+    if hosts:
+        want = [r for r, h in enumerate(hosts) if h != hosts[RANK]]
+        check(buf.runtime.remote_ranks == want,
+              f"linked over TCP to {buf.runtime.remote_ranks}, want {want}")
+    return buf
 
 
 def one_round(buf, rnd, active, what, timeout_us=5_000_000, **kw):
@@ -265,6 +273,8 @@ def scenario_dead():
                 break
             time.sleep(0.05)
         print(f"OK {SCENARIO} {CHECKS}", flush=True)
+        if os.environ.get("EP_VICTIM_SIGKILL") == "1":  # test_ep_tcp: no orderly exit
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(0)
     active = torch.ones(WORLD, dtype=torch.int32)
     x, topk, w = inputs(RANK, 20)
@@ -297,7 +307,7 @@ def scenario_dead():
 
 def scenario_bad_input():
     """Bad arguments are refused with a clear error before anything is sent; the buffer works
-    afterwards. A group whose ranks claim different hosts is refused on every rank."""
+    afterwards. A group whose ranks claim different hosts links them over TCP."""
     init()
     buf = new_buffer()
     active = torch.ones(WORLD, dtype=torch.int32)
@@ -344,11 +354,10 @@ def scenario_bad_input():
     out, _, _ = c(y, topk, w, active, 5_000_000, handle)
     check_combine(out, expected_combine(31, [1] * WORLD), "combine after bad input")
 
-    # cross-host groups are refused (this rank pretends to be elsewhere)
+    # a rank on another host is linked over TCP (this rank pretends to be elsewhere)
     if RANK == 1:
         mooncake_ep_buffer._host_id = lambda: "elsewhere/boot"
-    expect_error(lambda: new_buffer(), ["another host", "one host"], "cross-host group",
-                 kinds=(RuntimeError,))
+    one_round(new_buffer(), 32, active, "cross-host buffer")
     dist.barrier()
 
 

@@ -1,4 +1,5 @@
-"""mooncake.mooncake_ep_buffer.Buffer: dispatch/combine between spawned ranks on one host.
+"""mooncake.mooncake_ep_buffer.Buffer: dispatch/combine between spawned ranks on one host
+(shared memory; test_ep_tcp.py runs the same scenarios across "hosts").
 
 Each test owns a group of WORLD ranks of ep_worker.py over a Mooncake Backend group
 ("mooncake"); the ranks check every output against a reference they compute from the

@@ -54,14 +54,14 @@ use crate::limits::{
 };
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCPGNET1");
-const FRAME_BYTES: usize = 24;
+pub(crate) const FRAME_BYTES: usize = 24;
 const KIND_WRITE: u32 = 1;
 const KIND_STORE: u32 = 2;
-const KIND_HEARTBEAT: u32 = 3;
+pub(crate) const KIND_HEARTBEAT: u32 = 3;
 /// How often a blocked send or receive wakes to check liveness and the stop flag.
-const POLL: Duration = Duration::from_millis(20);
+pub(crate) const POLL: Duration = Duration::from_millis(20);
 
-fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
+pub(crate) fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
     let mut h = [0u8; FRAME_BYTES];
     h[0..4].copy_from_slice(&kind.to_le_bytes());
     h[8..16].copy_from_slice(&offset.to_le_bytes());
@@ -71,12 +71,12 @@ fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
 
 /// Liveness timeout: the collective timeout (process-wide, read on every check), but at
 /// least four shortest heartbeat periods, so a tiny timeout cannot outrun the heartbeats.
-fn dead_after() -> Duration {
+pub(crate) fn dead_after() -> Duration {
     let floor_us = 4 * PG_NET_HEARTBEAT_MIN_MS * 1000;
     Duration::from_micros(COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed).max(floor_us))
 }
 
-fn heartbeat_every() -> Duration {
+pub(crate) fn heartbeat_every() -> Duration {
     let ms = (dead_after().as_millis() as u64 / 4)
         .clamp(PG_NET_HEARTBEAT_MIN_MS, PG_NET_HEARTBEAT_MAX_MS);
     Duration::from_millis(ms)
@@ -94,7 +94,11 @@ fn reads_slot(d: &Desc, writer: usize, reader: usize) -> bool {
 
 /// Sends `parts` completely (`sendmsg`, no SIGPIPE), giving up when `alive` goes false or no
 /// byte moved for the liveness timeout.
-fn send_all(sock: &TcpStream, parts: &[(*const u8, usize)], alive: &AtomicBool) -> io::Result<()> {
+pub(crate) fn send_all(
+    sock: &TcpStream,
+    parts: &[(*const u8, usize)],
+    alive: &AtomicBool,
+) -> io::Result<()> {
     let mut iov: Vec<libc::iovec> = parts
         .iter()
         .filter(|p| p.1 > 0)
@@ -313,7 +317,7 @@ impl Net {
                 last_send: Instant::now(),
             }));
         }
-        let mut incoming = accept_all(&listener, me, ranks, remotes, deadline)?;
+        let mut incoming = accept_all(HELLO_MAGIC, &listener, me, ranks, remotes, deadline)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut inbound = Vec::new();
         for (r, seg) in replicas {
@@ -375,7 +379,7 @@ impl Drop for Net {
     }
 }
 
-fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
+pub(crate) fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     loop {
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
@@ -393,7 +397,8 @@ fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
 }
 
 /// Accepts one connection from every remote rank, checking its hello.
-fn accept_all(
+pub(crate) fn accept_all(
+    magic: u64,
     listener: &TcpListener,
     me: usize,
     ranks: usize,
@@ -430,10 +435,10 @@ fn accept_all(
             continue;
         }
         let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) as usize;
-        let magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+        let got_magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
         let (n, r, to) = (u32_at(8), u32_at(12), u32_at(16));
         let expected = remotes.iter().any(|x| x.0 == r) && !got.contains_key(&r);
-        if magic != HELLO_MAGIC || n != ranks || to != me || !expected {
+        if got_magic != magic || n != ranks || to != me || !expected {
             tracing::warn!(
                 "mooncake.pg: dropped a connection from {from}: hello for rank {to} of {n} \
                  from rank {r}, this is rank {me} of {ranks}"
@@ -473,17 +478,22 @@ fn receive(sock: TcpStream, seg: Segment, peer: usize, stop: &AtomicBool) {
     }
 }
 
-struct Rx {
-    sock: TcpStream,
-    buf: Vec<u8>,
-    lo: usize,
-    hi: usize,
-    last_rx: Instant,
+pub(crate) struct Rx {
+    pub(crate) sock: TcpStream,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) lo: usize,
+    pub(crate) hi: usize,
+    pub(crate) last_rx: Instant,
 }
 
 impl Rx {
     /// Reads at most `cap` bytes into `dst`; errors on EOF, the liveness timeout or stop.
-    fn read_some(&mut self, dst: *mut u8, cap: usize, stop: &AtomicBool) -> io::Result<usize> {
+    pub(crate) fn read_some(
+        &mut self,
+        dst: *mut u8,
+        cap: usize,
+        stop: &AtomicBool,
+    ) -> io::Result<usize> {
         loop {
             if stop.load(Ordering::Acquire) {
                 return Err(io::Error::other("stopped"));
@@ -518,7 +528,7 @@ impl Rx {
     }
 
     /// Makes at least `n` bytes (n <= buffer size) available at `buf[lo..]`.
-    fn need(&mut self, n: usize, stop: &AtomicBool) -> io::Result<()> {
+    pub(crate) fn need(&mut self, n: usize, stop: &AtomicBool) -> io::Result<()> {
         if self.hi - self.lo >= n {
             return Ok(());
         }
@@ -532,6 +542,28 @@ impl Rx {
             // SAFETY: `hi < len`, so `buf[hi..]` is `cap` writable bytes.
             let p = unsafe { self.buf.as_mut_ptr().add(self.hi) };
             self.hi += self.read_some(p, cap, stop)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the next `l` payload bytes (first the buffered ones) into `dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for `l` bytes of writes that nobody else accesses meanwhile.
+    pub(crate) unsafe fn read_into(
+        &mut self,
+        dst: *mut u8,
+        l: usize,
+        stop: &AtomicBool,
+    ) -> io::Result<()> {
+        let have = (self.hi - self.lo).min(l);
+        // SAFETY: `have` bytes are buffered at `lo`; `dst` holds `l >= have` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.lo), dst, have) };
+        self.lo += have;
+        let mut done = have;
+        while done < l {
+            // SAFETY: `dst + done .. dst + l` is inside the caller's range.
+            done += self.read_some(unsafe { dst.add(done) }, l - done, stop)?;
         }
         Ok(())
     }
@@ -565,16 +597,8 @@ impl Rx {
                 }
                 // SAFETY: `o + l <= len` (checked above): inside the replica mapping.
                 let dst = unsafe { seg.base_ptr().add(o) };
-                let have = (self.hi - self.lo).min(l);
-                // SAFETY: `have` bytes are buffered at `lo`; `dst` holds `l >= have` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(self.buf.as_ptr().add(self.lo), dst, have) };
-                self.lo += have;
-                let mut done = have;
-                while done < l {
-                    // SAFETY: `dst + done .. dst + l` is inside the replica.
-                    done += self.read_some(unsafe { dst.add(done) }, l - done, stop)?;
-                }
-                Ok(())
+                // SAFETY: `dst` is valid for `l` bytes of writes (inside the replica).
+                unsafe { self.read_into(dst, l, stop) }
             }
             k => Err(bad(format!("unknown frame kind {k}"))),
         }

@@ -27,12 +27,14 @@
 //!   different shapes fail with a message instead of reading misplaced bytes; every write is
 //!   bounds-checked against the target buffer's size;
 //! - the runtime never reads a peer's memory, only writes it ([`EpPeer`]): the same-host
-//!   peer is a mapped file, a remote peer would be a transport implementing the same trait.
+//!   peer is a mapped file ([`LocalPeer`]), a peer on another host a TCP link whose receive
+//!   thread applies the writes to the peer's own buffer ([`net::RemotePeer`]).
 
 pub mod combine;
 pub mod dispatch;
 pub mod fp8;
 pub mod layout;
+pub mod net;
 pub mod seg;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +58,7 @@ const _: () = assert!(EP_MAX_TOKENS_PER_RANK * EP_MAX_RANKS <= i32::MAX as usize
 
 /// Where a rank's writes to a peer go. The runtime only ever *writes* a peer (data, then a
 /// counter with release semantics) and asks whether its process is alive; it never reads a
-/// peer's memory. Same host: [`LocalPeer`]; a cross-host transport would implement this.
+/// peer's memory. Same host: [`LocalPeer`]; another host: [`net::RemotePeer`].
 pub trait EpPeer: Send + Sync {
     /// Bytes of the peer's data area.
     fn data_bytes(&self) -> usize;
@@ -77,6 +79,16 @@ pub trait EpPeer: Send + Sync {
 pub struct LocalPeer {
     seg: Arc<EpSegment>,
     is_self: bool,
+}
+
+impl LocalPeer {
+    /// A writer into `seg`, a peer's buffer mapped here.
+    pub fn new(seg: EpSegment) -> Self {
+        LocalPeer {
+            seg: Arc::new(seg),
+            is_self: false,
+        }
+    }
 }
 
 impl EpPeer for LocalPeer {
@@ -224,22 +236,35 @@ pub struct EpRuntime {
     combine_seq: AtomicU64,
     /// Calls run one at a time (a hook may run on another thread than its dispatch).
     lock: Mutex<()>,
+    /// The TCP links to peers on other hosts (closed when the runtime is dropped).
+    _net: Option<net::EpNet>,
 }
 
 impl EpRuntime {
     /// A runtime over this rank's buffer `own` and every peer's (`peers[rank]` is `None`).
     pub fn new(own: EpSegment, rank: usize, peers: Vec<Option<EpSegment>>) -> Self {
-        let own = Arc::new(own);
+        let peers = peers
+            .into_iter()
+            .map(|p| p.map(|seg| Box::new(LocalPeer::new(seg)) as Box<dyn EpPeer>))
+            .collect();
+        Self::with_peers(Arc::new(own), rank, peers, None)
+    }
+
+    /// A runtime over this rank's buffer `own` and a writer per peer (`peers[rank]` and any
+    /// other `None` write into `own`), keeping `net` (the TCP links of remote peers) alive.
+    pub fn with_peers(
+        own: Arc<EpSegment>,
+        rank: usize,
+        peers: Vec<Option<Box<dyn EpPeer>>>,
+        net: Option<net::EpNet>,
+    ) -> Self {
         let ranks = peers.len();
         let peers = peers
             .into_iter()
             .enumerate()
             .map(|(r, p)| -> Box<dyn EpPeer> {
                 match p {
-                    Some(seg) if r != rank => Box::new(LocalPeer {
-                        seg: Arc::new(seg),
-                        is_self: false,
-                    }),
+                    Some(p) if r != rank => p,
                     _ => Box::new(LocalPeer {
                         seg: own.clone(),
                         is_self: true,
@@ -255,6 +280,7 @@ impl EpRuntime {
             dispatch_seq: AtomicU64::new(0),
             combine_seq: AtomicU64::new(0),
             lock: Mutex::new(()),
+            _net: net,
         }
     }
 
@@ -439,9 +465,61 @@ mod tests {
 
     #[test]
     fn dispatch_and_combine_between_two_ranks() {
-        let rts = group(2, &SHAPE, "roundtrip");
+        roundtrips(&group(2, &SHAPE, "roundtrip"));
+    }
+
+    /// Two runtimes in this process that see each other as on other hosts (TCP links).
+    fn tcp_group(tag: &str) -> Vec<EpRuntime> {
+        let bytes = SHAPE.need_bytes();
+        let own: Vec<Arc<EpSegment>> = (0..2)
+            .map(|r| {
+                let p = format!("/dev/shm/mc-ep-test-{}-{tag}-{r}", std::process::id());
+                let s = EpSegment::create(&p, 2, r, bytes).unwrap();
+                std::fs::remove_file(&p).unwrap();
+                Arc::new(s)
+            })
+            .collect();
+        let ls: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let eps: Vec<String> = ls
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let nets: Vec<_> = ls
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let remote = [net::Remote {
+                    rank: 1 - r,
+                    endpoint: eps[1 - r].clone(),
+                    data_bytes: bytes,
+                }];
+                let o = own[r].clone();
+                std::thread::spawn(move || net::EpNet::establish(l, o, r, 2, &remote).unwrap())
+            })
+            .collect();
+        nets.into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let (n, mut p) = t.join().unwrap();
+                let (q, peer) = p.remove(0);
+                let mut peers: Vec<Option<Box<dyn EpPeer>>> = vec![None, None];
+                peers[q] = Some(Box::new(peer));
+                EpRuntime::with_peers(own[r].clone(), r, peers, Some(n))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dispatch_and_combine_over_tcp() {
+        roundtrips(&tcp_group("tcp"));
+    }
+
+    /// Three rounds of dispatch and combine on every runtime of `rts` (two ranks).
+    fn roundtrips(rts: &[EpRuntime]) {
         std::thread::scope(|sc| {
-            for rt in &rts {
+            for rt in rts {
                 sc.spawn(move || {
                     let r = rt.rank();
                     let (t, h, lo) = (SHAPE.tokens_max, SHAPE.hidden, SHAPE.local());
