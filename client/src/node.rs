@@ -674,7 +674,7 @@ fn start_shard(
     // Shard i on the i-th core the node may run on (its affinity mask, e.g. systemd's
     // CPUAffinity= or a Kubernetes cpuset), wrapping around.
     let server = serve(bind, memory.clone(), ServerConfig::default(), Some(index))
-    .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
+        .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
     let data_port = server.local_addr().port();
     let descriptor = SegmentDescriptor {
         id: random_uuid(),
