@@ -335,18 +335,22 @@ def phase_stream(_a):
 # ---- orchestration ------------------------------------------------------------------------
 
 
-def run_phase(py, phase, env, logdir, extra=()):
-    args = [py, str(Path(__file__).resolve()), "phase", phase, *extra]
+def run_phase(py, phase, env, logdir, extra=(), script=None, echo=False):
+    """Runs one phase in a fresh client process; its stderr goes to a log file, or to ours
+    with `echo` (progress lines)."""
+    args = [py, str(script or Path(__file__).resolve()), "phase", phase, *extra]
     with open(logdir / f"{phase}.stderr", "ab") as err:
-        p = subprocess.run(args, stdout=subprocess.PIPE, stderr=err, env=env, timeout=600)
+        p = subprocess.run(args, stdout=subprocess.PIPE, stderr=None if echo else err, env=env,
+                           timeout=600)
     for line in p.stdout.decode(errors="replace").splitlines()[::-1]:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return {"error": f"phase {phase} exited {p.returncode}; see {logdir}/{phase}.stderr"}
 
 
-def run_impl(label, py, logdir):
-    """Master + storage node of the implementation behind `py`, then both phases."""
+def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=False):
+    """Master + storage node of the implementation behind `py`, then `phases` of `script`
+    (default: this file's remote and local phases), each in a fresh client process."""
     bindir = Path(py).parent
     env = dict(os.environ)
     env.setdefault("MC_LOG_LEVEL", "2")
@@ -384,8 +388,8 @@ def run_impl(label, py, logdir):
                                           stdin=subprocess.DEVNULL))
         where = ["--master", f"127.0.0.1:{rpc}", "--metadata", metadata]
         res = {"commands": {"master": " ".join(master_cmd), "node": " ".join(node_cmd)}}
-        res["remote"] = run_phase(py, "remote", env, logdir, where)
-        res["local"] = run_phase(py, "local", env, logdir, where)
+        for ph in phases:
+            res[ph] = run_phase(py, ph, env, logdir, where, script, echo)
         return res
     finally:
         for p in reversed(procs):
