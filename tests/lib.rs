@@ -28,6 +28,23 @@ pub fn bin_path(name: &str) -> PathBuf {
     p
 }
 
+/// Runs `ip ARGS` (iproute2); the error names the command and its stderr.
+pub fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// A loopback port nobody listens on right now, drawn from 20000-31999: below the kernel's
 /// ephemeral range (32768+), so that the source ports of the many connections parallel tests
 /// open cannot take it between this check and the server's bind. Each process starts at a

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use client::store::ObjectRead;
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, free_port, http, master_metric, wait_until, Master};
+use mooncake_tests::{bin_path, free_port, http, ip, master_metric, wait_until, Master};
 use protocol::{ErrorCode, ReplicateConfig};
 
 /// `MC_TRANSFER_TIMEOUT` of the store (seconds).
@@ -43,22 +43,6 @@ const TIMEOUTS_PER_CALL: u32 = 2;
 const VALUE: usize = 256 << 10;
 const KEYS_BEFORE: usize = 16;
 const BATCH: usize = 4;
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// The namespace and veth pair; deleted on drop, whatever happened.
 struct Netns {

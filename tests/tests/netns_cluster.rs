@@ -35,7 +35,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, wait_until, ETCD_BIN};
+use mooncake_tests::{bin_path, ip, wait_until, ETCD_BIN};
 use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
 
 /// Roles and their last address byte; the host (this test) is `.1`.
@@ -51,22 +51,6 @@ const CLIENT_TTL_S: u64 = 4;
 const TRANSFER_TIMEOUT_S: u64 = 2;
 const VALUE: usize = 64 << 10;
 const KEYS: usize = 12;
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// The namespaces, the bridge and the veths; all deleted on drop, whatever happened.
 struct Net {

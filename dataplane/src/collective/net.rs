@@ -454,13 +454,7 @@ pub(crate) fn accept_all(
 /// connection ends, a frame is malformed, nothing arrives for the liveness timeout, or the
 /// communicator stops; then marks the peer dead.
 fn receive(sock: TcpStream, seg: Segment, peer: usize, stop: &AtomicBool) {
-    let mut rx = Rx {
-        sock,
-        buf: vec![0u8; PG_NET_RX_BUFFER_BYTES],
-        lo: 0,
-        hi: 0,
-        last_rx: Instant::now(),
-    };
+    let mut rx = Rx::new(sock);
     let why = rx.sock.set_read_timeout(Some(POLL)).and_then(|_| loop {
         if let Err(e) = rx.frame(&seg, stop) {
             break Err::<(), io::Error>(e);
@@ -487,6 +481,17 @@ pub(crate) struct Rx {
 }
 
 impl Rx {
+    /// A reader of `sock` with an empty receive buffer, last heard from now.
+    pub(crate) fn new(sock: TcpStream) -> Rx {
+        Rx {
+            sock,
+            buf: vec![0u8; PG_NET_RX_BUFFER_BYTES],
+            lo: 0,
+            hi: 0,
+            last_rx: Instant::now(),
+        }
+    }
+
     /// Reads at most `cap` bytes into `dst`; errors on EOF, the liveness timeout or stop.
     pub(crate) fn read_some(
         &mut self,

@@ -49,7 +49,7 @@ use crate::collective::net::{
     accept_all, connect_until, frame, heartbeat_every, send_all, Rx, FRAME_BYTES, KIND_HEARTBEAT,
     POLL,
 };
-use crate::limits::{PG_NET_CONNECT_TIMEOUT_MS, PG_NET_INLINE_BYTES, PG_NET_RX_BUFFER_BYTES};
+use crate::limits::{PG_NET_CONNECT_TIMEOUT_MS, PG_NET_INLINE_BYTES};
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCEPNET1");
 const KIND_WRITE: u32 = 1;
@@ -291,13 +291,7 @@ impl Drop for EpNet {
 /// connection ends, a frame is malformed, nothing arrives for the liveness timeout, or the
 /// net stops; then marks the peer dead.
 fn receive(sock: TcpStream, own: &EpSegment, peer: usize, alive: &AtomicBool, stop: &AtomicBool) {
-    let mut rx = Rx {
-        sock,
-        buf: vec![0u8; PG_NET_RX_BUFFER_BYTES],
-        lo: 0,
-        hi: 0,
-        last_rx: Instant::now(),
-    };
+    let mut rx = Rx::new(sock);
     let why = rx.sock.set_read_timeout(Some(POLL)).and_then(|_| loop {
         if let Err(e) = apply(&mut rx, own, peer, stop) {
             break Err::<(), io::Error>(e);
