@@ -2,7 +2,8 @@
 //!
 //! - [`master::MasterClient`]: a blocking, thread-safe, pipelined client of the master's control
 //!   RPC. Many threads may call it at once; each call writes its frames under a short write lock
-//!   and waits for its answers, which one reader thread hands back by request id.
+//!   and waits for its answers; whichever waiting caller holds the read side reads the socket
+//!   and hands each answer to its caller by request id (no reader thread).
 //! - [`store::Store`]: `MooncakeDistributedStore` in Rust: puts and gets that ask the master
 //!   where, then move the bytes themselves over the data plane.
 //! - [`node`]: the storage node behind the `mooncake_client` binary: N shards, each with its

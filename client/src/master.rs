@@ -269,7 +269,7 @@ impl MasterClient {
     ) -> std::io::Result<Arc<Conn>> {
         let stream = connect_first(addrs, timeout)?;
         crate::auth::handshake(&stream, self.connect_timeout)?;
-        spawn_reader(stream)
+        open_conn(stream)
     }
 
     /// Looks the leader up in etcd and connects to it, polling until one answers or the call
@@ -299,7 +299,7 @@ impl MasterClient {
                             match connect_first([a], timeout) {
                                 Ok(stream) => {
                                     return crate::auth::handshake(&stream, self.connect_timeout)
-                                        .and_then(|()| spawn_reader(stream))
+                                        .and_then(|()| open_conn(stream))
                                         .map_err(|e| ClientError::Connect {
                                             addr: leader.clone(),
                                             source: e,
@@ -473,7 +473,7 @@ impl Drop for MasterClient {
     }
 }
 
-fn spawn_reader(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
+fn open_conn(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
     stream.set_nodelay(true)?;
     let reader = stream.try_clone()?;
     reader.set_read_timeout(Some(LEAD_READ_SLICE))?;

@@ -14,8 +14,8 @@ wire_struct!(Uuid { hi: u64, lo: u64 });
 impl Uuid {
     pub const NIL: Uuid = Uuid { hi: 0, lo: 0 };
 
-    /// A random id from the operating system's generator (`getrandom`-free: `/dev/urandom`
-    /// would be an I/O dependency, so the caller passes the entropy).
+    /// An id from two halves the caller chose. This crate does no I/O, so it has no entropy
+    /// source of its own: callers that want a random id pass random halves.
     pub fn from_parts(hi: u64, lo: u64) -> Uuid {
         Uuid { hi, lo }
     }

@@ -1,7 +1,7 @@
 //! `mooncake.engine`: the Python face of [`dataplane::engine::TransferEngine`].
 //!
 //! Names, positional-only parameters, keyword names and return conventions follow upstream's
-//! `transfer_engine_py.cpp` (reference §2.3, §3, §9.1, §9.12):
+//! `transfer_engine_py.cpp` (upstream behaviour as written in `docs/` and `python/README.md`):
 //!
 //! - most calls return `0` or a negative code (`-1` where upstream collapses failures; the
 //!   transfer-engine code where upstream passes it through: `register_memory` `-7` on overlap,

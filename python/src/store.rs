@@ -1,8 +1,8 @@
 //! `MooncakeDistributedStore`: the Python face of [`client::Store`].
 //!
 //! Every method follows upstream's names, keyword names, positional-only parameters, return
-//! conventions and quirks (reference §1.4–1.5, §9). Each one releases the GIL while it talks to
-//! the master or moves bytes. A store that is not set up (or was closed) answers with the
+//! conventions and quirks (listed in `python/README.md`). Each one releases the GIL while it
+//! talks to the master or moves bytes. A store that is not set up (or was closed) answers with the
 //! method's failure value (`-600`, `b""`, `None`, `[]`) instead of crashing.
 //!
 //! Bytes never take a detour through a staging buffer: `put` sends straight from the caller's
@@ -864,8 +864,10 @@ impl PyStore {
             return vec![INVALID; n];
         }
         let mut cfg = Cfg::of(config);
-        // This call is the one that honours `prefer_alloc_in_same_node` upstream; our
-        // allocator already prefers the writer's own segment, so the flag is dropped here.
+        // This call is the one that honours `prefer_alloc_in_same_node` upstream. Our
+        // allocator does not know the writer (`State::place` chooses by free space and
+        // strategy only), and the master refuses the flag on the single-key forms, so it is
+        // dropped here rather than refused: the put still succeeds, placed as any other.
         if let Ok(c) = cfg.wire.as_mut() {
             c.prefer_alloc_in_same_node = false;
         }

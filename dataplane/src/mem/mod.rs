@@ -9,18 +9,15 @@
 //! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
 //!   served table, kept for re-reporting to a restarted master (`docs/recovery.md`).
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
-//!   buffers and staging space; [`OwnedSlab`] is one owned by a shard that other threads
-//!   free into through a channel ([`RemoteFree`]), so only the owner touches its lists.
+//!   buffers and staging space.
 
 pub mod catalog;
-pub mod owned_slab;
 pub mod registry;
 pub mod segment;
 pub mod shm;
 pub mod slab;
 
 pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
-pub use owned_slab::{OwnedSlab, RemoteFree};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use shm::{ShmExport, ShmMapping};

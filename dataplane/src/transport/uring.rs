@@ -6,8 +6,9 @@
 //! `io_uring_setup` system call; `MC_DISABLE_IO_URING=1` forces the fallback so that tests
 //! and operators can exercise it. The answer says why, for the log line and the metric.
 //!
-//! (The io_uring shard itself, with buffers owned by each operation until its completion,
-//! is the next step of issue 3; until it lands every server runs the blocking path.)
+//! When the probe succeeds the node runs the io_uring shards (`crate::shard`), whose
+//! buffers are owned by each operation until its completion; when it fails, every server
+//! runs the blocking path (`super::server`).
 
 use std::fmt;
 
