@@ -364,7 +364,11 @@ impl Reactor {
         let Some(c) = self.conns.get_mut(id) else {
             return false;
         };
-        c.ops = c.ops.saturating_sub(1);
+        assert!(
+            c.ops > 0,
+            "an operation completed that was not counted in flight"
+        );
+        c.ops -= 1;
         c.last_progress = Instant::now();
         if c.phase == ConnPhase::Closing || stopping {
             self.reap(id);

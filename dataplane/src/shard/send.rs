@@ -187,7 +187,12 @@ impl SendBatch {
 
     /// Accounts `sent` bytes; returns true when everything has been sent.
     pub(crate) fn advance(&mut self, sent: u64) -> bool {
-        let mut left = sent.min(self.remaining);
+        assert!(
+            sent <= self.remaining,
+            "the kernel reported {sent} bytes sent of {} submitted",
+            self.remaining
+        );
+        let mut left = sent;
         self.remaining -= left;
         while left > 0 && self.first < self.iov.len() {
             let v = &mut self.iov[self.first];
@@ -201,6 +206,7 @@ impl SendBatch {
                 self.first += 1;
             }
         }
+        assert_eq!(left, 0, "the iovecs describe fewer bytes than `remaining`");
         self.point_msg();
         self.remaining == 0
     }

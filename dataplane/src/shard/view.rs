@@ -106,11 +106,14 @@ impl MemoryView {
 
     /// Gives a lease back once the kernel no longer touches its range.
     pub(crate) fn release(&mut self, lease: MemoryLease) {
-        if let Some(n) = self.in_use.get_mut(&lease.generation) {
-            *n -= 1;
-            if *n == 0 {
-                self.in_use.remove(&lease.generation);
-            }
+        let n = self
+            .in_use
+            .get_mut(&lease.generation)
+            .expect("a lease is released once, after it was acquired");
+        assert!(*n > 0);
+        *n -= 1;
+        if *n == 0 {
+            self.in_use.remove(&lease.generation);
         }
         self.publish();
     }

@@ -672,6 +672,11 @@ impl<'c> Lane<'c> {
     }
 
     fn complete(&mut self, req: &mut Req<'_>, results: &mut [TransferResult], r: TransferResult) {
+        assert!(req.state != ReqState::Done, "a request is answered once");
+        assert!(
+            self.awaiting > 0,
+            "an answer arrived with no request awaiting it"
+        );
         req.state = ReqState::Done;
         results[req.index] = r;
         self.awaiting -= 1;
