@@ -63,7 +63,7 @@ const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
 /// Longest a connect to a published leader may take before the leader is looked up again.
 const LEADER_CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// The cluster of a store when `MC_STORE_CLUSTER_ID` is unset (upstream's default).
-pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
+pub use protocol::DEFAULT_CLUSTER_ID;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -534,13 +534,8 @@ fn lead(conn: &Conn, side: &mut ReadSide, me: &Waiter, deadline: Instant) {
 /// (`MC_RPC_BUSY_POLL_US`, default 50 µs; 0 turns it off). The master usually answers within
 /// that, and a sleeping caller pays a wake-up per call (20-40 µs on these VMs).
 fn busy_poll() -> Duration {
-    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    Duration::from_micros(*US.get_or_init(|| {
-        std::env::var("MC_RPC_BUSY_POLL_US")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(50)
-    }))
+    static BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| protocol::env::micros("MC_RPC_BUSY_POLL_US", 50))
 }
 
 /// `read`, after polling the socket with `MSG_DONTWAIT` for up to [`busy_poll`].

@@ -28,7 +28,6 @@
 //! Invariants: a shard's server serves only its own segment; the segments stay mapped until
 //! the servers are dropped (the `ServedMemory` table holds them).
 
-use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -135,41 +134,14 @@ flags (--flag=value or --flag value):
                                  MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
 ";
 
-/// Parses `"4 GB"`, `"4GB"`, `"512 mb"`, `"1.5 GiB"`, `"4096"`: binary multiples.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = (t[..split].trim(), t[split..].trim());
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("size {text:?}: expected a number and a unit such as \"4 GB\""))?;
-    let mult: u64 = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        "T" | "TB" | "TIB" => 1 << 40,
-        other => {
-            return Err(format!(
-                "size {text:?}: unknown unit {other:?} (B, KB, MB, GB, TB)"
-            ))
-        }
-    };
-    let bytes = value * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("size {text:?} is out of range"));
-    }
-    Ok(bytes as u64)
-}
+pub use protocol::env::parse_size;
 
+/// A gflags boolean: the words of [`protocol::env::parse_flag_bool`], or nothing (`--flag`).
 fn parse_bool(v: &str) -> Result<bool, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "" | "1" | "true" | "yes" | "t" | "y" => Ok(true),
-        "0" | "false" | "no" | "f" | "n" => Ok(false),
-        _ => Err(format!("expected a boolean, got {v:?}")),
+    if v.trim().is_empty() {
+        return Ok(true);
     }
+    protocol::env::parse_flag_bool(v).ok_or_else(|| format!("expected a boolean, got {v:?}"))
 }
 
 impl NodeConfig {
@@ -310,26 +282,6 @@ pub struct Node {
     shut_down: AtomicBool,
 }
 
-/// 16 random bytes from the kernel (clock and pid if `/dev/urandom` cannot be read).
-pub fn random_uuid() -> Uuid {
-    let mut b = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        b = (t ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
-    }
-    let (hi, lo) = b.split_at(8);
-    Uuid::from_parts(
-        u64::from_le_bytes(hi.try_into().unwrap_or_default()),
-        u64::from_le_bytes(lo.try_into().unwrap_or_default()),
-    )
-}
-
 /// The address to advertise for `host`: itself when it names one interface; for an
 /// unspecified address (`0.0.0.0`) the address that routes outwards (no packet is sent),
 /// else loopback.
@@ -423,7 +375,7 @@ impl Node {
         };
         let node = Node {
             shards,
-            client_id: random_uuid(),
+            client_id: Uuid::random(),
             master,
             metadata,
             shut_down: AtomicBool::new(false),
@@ -677,7 +629,7 @@ fn start_shard(
         .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
     let data_port = server.local_addr().port();
     let descriptor = SegmentDescriptor {
-        id: random_uuid(),
+        id: Uuid::random(),
         name: name.to_string(),
         base: segment.addr() as u64,
         size: segment.len() as u64,

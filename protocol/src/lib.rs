@@ -10,6 +10,8 @@
 //!   response type per operation, with a batch form of every object operation);
 //! - [`wire`]: the little-endian encoding those messages use;
 //! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
+//! - [`env`]: the one reading of boolean, size and microsecond values from flags and the
+//!   environment;
 //! - [`auth`]: the optional cluster secret and the once-per-connection handshake that proves
 //!   it (HMAC-SHA256 challenge-response; blocking helpers over `Read + Write`).
 //!
@@ -18,6 +20,7 @@
 //! Byte diagrams of every frame live in `docs/protocol.md`.
 
 pub mod auth;
+pub mod env;
 pub mod error;
 pub mod frame;
 pub mod limits;
@@ -27,4 +30,8 @@ pub mod types;
 pub mod wire;
 
 pub use error::ErrorCode;
+
+/// The cluster id used when none is configured (`MC_STORE_CLUSTER_ID`, `--cluster_id`), as
+/// upstream: it names the etcd keys of the HA leader and the metadata of the default cluster.
+pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 pub use types::*;

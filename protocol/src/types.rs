@@ -19,6 +19,32 @@ impl Uuid {
     pub fn from_parts(hi: u64, lo: u64) -> Uuid {
         Uuid { hi, lo }
     }
+
+    /// 128 random bits from the operating system (`getrandom`); if that fails (it does not on
+    /// Linux past early boot) the clock, the pid and the std hasher's random keys.
+    pub fn random() -> Uuid {
+        let mut b = [0u8; 16];
+        if getrandom::getrandom(&mut b).is_err() {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+            );
+            h.write_u32(std::process::id());
+            let hi = h.finish();
+            h.write_u64(hi);
+            b[..8].copy_from_slice(&hi.to_le_bytes());
+            b[8..].copy_from_slice(&h.finish().to_le_bytes());
+        }
+        let (hi, lo) = b.split_at(8);
+        Uuid {
+            hi: u64::from_le_bytes(hi.try_into().expect("8 bytes")),
+            lo: u64::from_le_bytes(lo.try_into().expect("8 bytes")),
+        }
+    }
 }
 
 impl std::fmt::Display for Uuid {

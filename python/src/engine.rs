@@ -151,12 +151,7 @@ fn rc_code(what: &str, r: Result<(), EngineError>) -> i32 {
 }
 
 fn env_true(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
+    protocol::env::flag(name, false)
 }
 
 /// True when `[addr, addr + len)` is mapped readable and writable in this process, by

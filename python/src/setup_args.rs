@@ -225,30 +225,8 @@ fn unsupported(
     Some(ErrorCode::InvalidParams)
 }
 
-/// `"16777216"`, `"16MB"`, `"16 mb"`, `"1.5GB"`, `"4 GiB"`, `"512K"`: binary multiples.
-/// Percentages and anything else are refused.
+/// `"16777216"`, `"16MB"`, `"16 mb"`, `"1.5GB"`, `"4 GiB"`, `"512K"`: binary multiples
+/// ([`protocol::env::parse_size`]). Percentages and anything else are refused.
 pub fn parse_size(raw: &str) -> Option<u64> {
-    let s = raw.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
-    let shift = match unit.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    if num.is_empty() {
-        return None;
-    }
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(1u64 << shift);
-    }
-    let f: f64 = num.parse().ok()?;
-    let bytes = f * (1u64 << shift) as f64;
-    (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
+    protocol::env::parse_size(raw).ok()
 }

@@ -95,16 +95,11 @@ impl Default for TransferSettings {
 }
 
 impl TransferSettings {
-    /// `MC_STORE_MEMCPY` (`0`/`false`/`no`/`off` disable it) and `MC_TRANSFER_TIMEOUT`
+    /// `MC_STORE_MEMCPY` (a word of [`protocol::env::FALSE_WORDS`] disables it) and `MC_TRANSFER_TIMEOUT`
     /// (whole seconds, > 0; anything else keeps the default).
     pub fn from_env() -> TransferSettings {
         let mut s = TransferSettings::default();
-        if let Ok(v) = std::env::var("MC_STORE_MEMCPY") {
-            s.memcpy = !matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "false" | "no" | "off"
-            );
-        }
+        s.memcpy = protocol::env::flag("MC_STORE_MEMCPY", true);
         s.shm = s.memcpy && dataplane::mem::shm::shm_enabled();
         if let Some(secs) = std::env::var("MC_TRANSFER_TIMEOUT")
             .ok()

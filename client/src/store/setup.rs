@@ -68,23 +68,6 @@ impl Pinger {
     }
 }
 
-/// A random id from the process's hash seeds (no extra dependency needed for 128 bits).
-pub fn random_uuid() -> Uuid {
-    use std::hash::{BuildHasher, Hasher};
-    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
-    a.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    a.write_u32(std::process::id());
-    let hi = a.finish();
-    let mut b = std::collections::hash_map::RandomState::new().build_hasher();
-    b.write_u64(hi);
-    Uuid::from_parts(hi, b.finish())
-}
-
 fn split_host_port(s: &str) -> (String, Option<u16>) {
     if let Some(rest) = s.strip_prefix('[') {
         if let Some((h, p)) = rest.split_once("]:") {
@@ -169,7 +152,7 @@ impl Store {
             tracing::error!("{e}");
             e.code()
         })?;
-        let client_id = random_uuid();
+        let client_id = Uuid::random();
         let (host, port) = split_host_port(&cfg.local_hostname);
         let ip = resolve_ip(&host)?;
         let memory = ServedMemory::new();
@@ -196,7 +179,7 @@ impl Store {
                 .register_segment(seg.clone())
                 .map_err(|_| ErrorCode::InternalError)?;
             let desc = SegmentDesc {
-                id: random_uuid(),
+                id: Uuid::random(),
                 name: name.clone(),
                 base: seg.addr() as u64,
                 size: seg.len() as u64,
@@ -255,7 +238,7 @@ impl Store {
 }
 
 /// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
-pub const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
+pub use protocol::DEFAULT_CLUSTER_ID;
 
 /// `MC_STORE_CLUSTER_ID`, or upstream's default: the HA cluster whose leader an `etcd://`
 /// `master_server_addr` follows (etcd key `mooncake-store/<cluster_id>/master_view`, see
@@ -322,6 +305,6 @@ mod tests {
 
     #[test]
     fn uuids_differ() {
-        assert_ne!(random_uuid(), random_uuid());
+        assert_ne!(Uuid::random(), Uuid::random());
     }
 }

@@ -177,7 +177,7 @@ pub const FLAGS: &[FlagSpec] = &[
     honoured(
         "cluster_id",
         Str,
-        "mooncake_cluster",
+        protocol::DEFAULT_CLUSTER_ID,
         "Cluster ID for the master service",
     ),
     honoured(

@@ -9,13 +9,9 @@ use super::flags::FlagKind;
 /// `u64` nanoseconds downstream; a year is plenty for a TTL).
 pub const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
 
-/// gflags' boolean spellings, case-insensitive.
+/// gflags' boolean spellings, case-insensitive ([`protocol::env::parse_flag_bool`]).
 pub fn parse_bool(raw: &str) -> Result<bool, &'static str> {
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "true" | "t" | "yes" | "y" | "1" => Ok(true),
-        "false" | "f" | "no" | "n" | "0" => Ok(false),
-        _ => Err("a boolean (true/false, 1/0, yes/no)"),
-    }
+    protocol::env::parse_flag_bool(raw).ok_or("a boolean (true/false, 1/0, yes/no)")
 }
 
 /// Whether `raw` spells a boolean (so `--flag true` may consume the next argument).

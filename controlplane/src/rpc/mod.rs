@@ -244,13 +244,8 @@ const REFUSAL_LINGER_BYTES: usize = 1 << 20;
 /// worker's epoll wake-up (several µs on these VMs). Between tries the task yields, so other
 /// connections on the same worker are not held up.
 fn busy_poll() -> std::time::Duration {
-    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    std::time::Duration::from_micros(*US.get_or_init(|| {
-        std::env::var("MC_MASTER_BUSY_POLL_US")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(20)
-    }))
+    static BUDGET: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| protocol::env::micros("MC_MASTER_BUSY_POLL_US", 20))
 }
 
 /// Tries non-blocking reads for up to [`busy_poll`]; `Some(n)` when one returned (0: closed),

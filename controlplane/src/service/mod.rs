@@ -103,7 +103,7 @@ impl Default for ServiceConfig {
             allocation_strategy: AllocationStrategy::Random,
             put_start_discard_timeout_s: 30,
             put_start_release_timeout_s: 600,
-            cluster_id: "mooncake_cluster".to_string(),
+            cluster_id: protocol::DEFAULT_CLUSTER_ID.to_string(),
             quarantine_grace_ms: QUARANTINE_GRACE_DEFAULT_MS,
         }
     }

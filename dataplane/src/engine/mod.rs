@@ -554,19 +554,6 @@ impl Drop for TransferEngine {
     }
 }
 
-/// A small xorshift generator seeded from the clock and the pid: only for picking ports.
-fn random_u64() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    let mut x = nanos ^ ((std::process::id() as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    x
-}
-
 /// Binds the handshake listener: a given port, or a random one in `range`.
 fn bind_rpc(ip: IpAddr, port: u16, range: (u16, u16)) -> Result<TcpListener, EngineError> {
     let fail = |what: String| EngineError::new(TeError::Socket, what);
@@ -575,7 +562,7 @@ fn bind_rpc(ip: IpAddr, port: u16, range: (u16, u16)) -> Result<TcpListener, Eng
             .map_err(|e| fail(format!("cannot bind the rpc port {ip}:{port}: {e}")));
     }
     let span = u64::from(range.1 - range.0) + 1;
-    let mut seed = random_u64();
+    let mut seed = protocol::Uuid::random().lo | 1; // xorshift needs a non-zero state
     for _ in 0..config::RPC_PORT_ATTEMPTS {
         seed ^= seed << 13;
         seed ^= seed >> 7;

@@ -57,15 +57,15 @@ pub enum HugepagePolicy {
 }
 
 impl HugepagePolicy {
-    /// `Prefer` when `MC_STORE_USE_HUGEPAGE` is set to a true value (`1`, `true`, `yes`,
-    /// `on`, any case), else `Never`.
+    /// `Prefer` when `MC_STORE_USE_HUGEPAGE` is set to a true value
+    /// ([`protocol::env::TRUE_WORDS`]), else `Never`.
     pub fn from_env() -> HugepagePolicy {
         Self::from_value(std::env::var("MC_STORE_USE_HUGEPAGE").ok().as_deref())
     }
 
     fn from_value(value: Option<&str>) -> HugepagePolicy {
-        match value.map(|v| v.trim().to_ascii_lowercase()) {
-            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => HugepagePolicy::Prefer,
+        match value.and_then(protocol::env::parse_bool) {
+            Some(true) => HugepagePolicy::Prefer,
             _ => HugepagePolicy::Never,
         }
     }

@@ -55,18 +55,10 @@ const OFFER_TIMEOUT: Duration = Duration::from_secs(1);
 const ACCEPT_POLL_MS: i32 = 200;
 
 /// Whether segments are shared with same-host processes and same-host replicas are moved
-/// with memcpy: `MC_STORE_SHM` (default on; `0`, `false`, `no`, `off` turn it off). Also off
+/// with memcpy: `MC_STORE_SHM` (default on; a false word of [`protocol::env::FALSE_WORDS`] turns it off). Also off
 /// when `MC_STORE_MEMCPY` is off.
 pub fn shm_enabled() -> bool {
-    let off = |name: &str| {
-        std::env::var(name).is_ok_and(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "false" | "no" | "off"
-            )
-        })
-    };
-    !off("MC_STORE_SHM") && !off("MC_STORE_MEMCPY")
+    protocol::env::flag("MC_STORE_SHM", true) && protocol::env::flag("MC_STORE_MEMCPY", true)
 }
 
 /// Who serves a segment, which decides whether sharing it is worth its cost.

@@ -160,7 +160,7 @@ impl Keys {
     pub fn for_store(store_cluster: &str) -> Keys {
         match std::env::var("MC_METADATA_CLUSTER_ID") {
             Ok(id) if !id.trim().is_empty() => Keys::with_cluster(Some(&id)),
-            _ if store_cluster.trim() == "mooncake_cluster" => Keys::with_cluster(None),
+            _ if store_cluster.trim() == protocol::DEFAULT_CLUSTER_ID => Keys::with_cluster(None),
             _ => Keys::with_cluster(Some(store_cluster)),
         }
     }

@@ -817,14 +817,8 @@ impl Batch<'_, '_> {
 /// arrives within that, and a sleeping caller pays a wake-up (20-40 µs on these VMs) per
 /// request; past it the caller sleeps, so a slow peer costs no more than this much CPU.
 fn busy_poll() -> std::time::Duration {
-    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let us = *US.get_or_init(|| {
-        std::env::var("MC_TCP_BUSY_POLL_US")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(BUSY_POLL_DEFAULT_US)
-    });
-    std::time::Duration::from_micros(us)
+    static BUDGET: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| protocol::env::micros("MC_TCP_BUSY_POLL_US", BUSY_POLL_DEFAULT_US))
 }
 
 /// Default of [`busy_poll`].

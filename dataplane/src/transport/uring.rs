@@ -49,18 +49,13 @@ impl fmt::Display for UringStatus {
     }
 }
 
-/// True when `MC_DISABLE_IO_URING` holds a true value (`1`, `true`, `yes`, `on`).
+/// True when `MC_DISABLE_IO_URING` holds a true value ([`protocol::env::TRUE_WORDS`]).
 pub fn disabled_by_env() -> bool {
     env_value_is_true(std::env::var("MC_DISABLE_IO_URING").ok().as_deref())
 }
 
 fn env_value_is_true(value: Option<&str>) -> bool {
-    value.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on"
-        )
-    })
+    value.and_then(protocol::env::parse_bool).unwrap_or(false)
 }
 
 /// Decides the I/O path: the environment first, then a real `io_uring_setup`.
