@@ -178,11 +178,17 @@ impl Wire for bool {
     }
 }
 
+/// Encodes `s` as a [`String`] is encoded (u32 length, then the bytes), for encoders that
+/// hold a borrowed string.
+pub fn encode_str(s: &str, out: &mut Vec<u8>) {
+    (s.len() as u32).encode(out);
+    out.extend_from_slice(s.as_bytes());
+}
+
 impl Wire for String {
     const MIN_BYTES: usize = 4;
     fn encode(&self, out: &mut Vec<u8>) {
-        (self.len() as u32).encode(out);
-        out.extend_from_slice(self.as_bytes());
+        encode_str(self, out);
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let n = u32::decode(r)? as usize;

@@ -7,9 +7,10 @@
 //! format.
 
 use protocol::message::Request;
-use protocol::wire::Wire;
+use protocol::wire::{encode_str, Wire};
 use protocol::{
-    ClientStatus, ErrorCode, PingResponse, ReplicaStatus, ReplicateConfig, Uuid, Version,
+    ClientStatus, ErrorCode, PingResponse, ReplicaDescriptorRef, ReplicaStatus, ReplicateConfig,
+    Uuid, Version,
 };
 
 use super::metrics::{BatchOp, Metrics, Op};
@@ -44,11 +45,6 @@ fn status(out: &mut Vec<u8>, r: Result<(), ErrorCode>) -> bool {
     r.is_ok()
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    (s.len() as u32).encode(out);
-    out.extend_from_slice(s.as_bytes());
-}
-
 /// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones. Replicas in
 /// quarantined segments come last, so a reader tries the reachable ones first.
 pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, readable: bool) {
@@ -67,12 +63,15 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
         let Some(seg) = segs.get(r.seg) else {
             continue;
         };
-        r.status.encode(out);
-        put_str(out, &seg.name);
-        put_str(out, &seg.te_endpoint);
-        r.span.addr.encode(out);
-        obj.size.encode(out);
-        obj.version.encode(out);
+        ReplicaDescriptorRef {
+            status: r.status,
+            segment_name: &seg.name,
+            transport_endpoint: &seg.te_endpoint,
+            buffer_address: r.span.addr,
+            size: obj.size,
+            version: obj.version,
+        }
+        .encode(out);
         n += 1;
     }
     out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
@@ -113,7 +112,7 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
         }
         Request::ServiceReady(_) => {
             0i32.encode(out);
-            put_str(out, VERSION);
+            encode_str(VERSION, out);
             m.op(Op::ServiceReady, true);
         }
         Request::PutStart(r) => {
