@@ -100,17 +100,10 @@ pub fn node_main(args: Vec<String>) -> i32 {
     0
 }
 
-/// `MC_LOG_LEVEL` (0 info, 1 warning, 2 error, or a name) or `RUST_LOG` picks the level; logs go
+/// [`protocol::env::log_level`] (default info), or `RUST_LOG`, picks the level; logs go
 /// to stderr so stdout keeps the machine-readable start-up lines.
 fn init_logging() {
-    let level = match std::env::var("MC_LOG_LEVEL").ok().as_deref().map(str::trim) {
-        Some("0") => "info",
-        Some("1") => "warn",
-        Some("2") | Some("3") => "error",
-        Some(other) if !other.is_empty() => other,
-        _ => "info",
-    }
-    .to_string();
+    let level = protocol::env::log_level("info");
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let _ = tracing_subscriber::fmt()

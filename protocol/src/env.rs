@@ -52,6 +52,32 @@ pub fn micros(name: &str, default: u64) -> std::time::Duration {
     std::time::Duration::from_micros(us)
 }
 
+/// The log filter the environment asks for, as upstream's variables spell it:
+/// `MC_YLT_LOG_LEVEL` (a level name; `critical` is `error`), else `MC_LOG_LEVEL` (`0` info,
+/// `1` warn, `2`/`3` error, or a level name or filter), else `default`. Every program and the
+/// Python module set up their logger with this (`RUST_LOG`, where a program honours it,
+/// overrides it).
+pub fn log_level(default: &str) -> String {
+    let named = |v: &str| match v.trim().to_ascii_lowercase().as_str() {
+        "" => None,
+        "critical" => Some("error".to_string()),
+        other => Some(other.to_string()),
+    };
+    if let Some(l) = std::env::var("MC_YLT_LOG_LEVEL")
+        .ok()
+        .and_then(|v| named(&v))
+    {
+        return l;
+    }
+    match std::env::var("MC_LOG_LEVEL").ok().as_deref().map(str::trim) {
+        Some("0") => "info".to_string(),
+        Some("1") => "warn".to_string(),
+        Some("2") | Some("3") => "error".to_string(),
+        Some(other) => named(other).unwrap_or_else(|| default.to_string()),
+        None => default.to_string(),
+    }
+}
+
 /// A size: `"16777216"`, `"16MB"`, `"16 mb"`, `"1.5GB"`, `"4 GiB"`, `"512K"`. Units are binary
 /// multiples (`KB` = `KiB` = 1024), as upstream reads them. Whole numbers are exact; a fraction
 /// is rounded down to a byte. Percentages, negative numbers and unknown units are refused.

@@ -78,21 +78,7 @@ pub(crate) fn new_buffer_handle(
 
 /// Installs a stderr logger once, at `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` (default: warnings).
 fn init_logging() {
-    let level = std::env::var("MC_YLT_LOG_LEVEL")
-        .ok()
-        .map(|l| match l.trim().to_ascii_lowercase().as_str() {
-            "critical" => "error".to_string(),
-            other => other.to_string(),
-        })
-        .or_else(|| {
-            std::env::var("MC_LOG_LEVEL").ok().map(|l| match l.trim() {
-                "0" => "info".to_string(),
-                "1" => "warn".to_string(),
-                "2" | "3" => "error".to_string(),
-                other => other.to_ascii_lowercase(),
-            })
-        })
-        .unwrap_or_else(|| "warn".to_string());
+    let level = protocol::env::log_level("warn");
     let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
