@@ -33,10 +33,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
-use dataplane::transport::server::{ServedMemory, ServerConfig};
 use dataplane::transport::{serve, Server};
 use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
@@ -270,7 +270,7 @@ struct Shard {
 /// A per-shard server counter: metric name and how to read it.
 type StatCounter = (
     &'static str,
-    fn(&dataplane::transport::server::ServerStats) -> u64,
+    fn(&dataplane::mem::served::ServerStats) -> u64,
 );
 
 /// A running storage node; see the module docs.

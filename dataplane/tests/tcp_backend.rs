@@ -1,7 +1,7 @@
 //! `transport::serve` picks io_uring or the blocking fallback. One test per binary: it sets
 //! `MC_DISABLE_IO_URING`, which the process's other threads would otherwise race with.
 
-use dataplane::transport::server::{ServedMemory, ServerConfig};
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::transport::{serve, uring};
 
 #[test]

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{pattern, Backend, Fixture};
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, RESPONSE_HEADER_BYTES};
-use dataplane::transport::server::{ServedMemory, ServerConfig};
 use dataplane::transport::uring_server::UringServer;
 use rand::{Rng, RngCore, SeedableRng};
 

@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp};
-use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use dataplane::transport::server::TcpServer;
 use dataplane::transport::uring;
 use dataplane::transport::uring_server::{ShardOptions, UringServer};
 use hdrhistogram::Histogram;

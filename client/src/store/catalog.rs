@@ -14,9 +14,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use dataplane::mem::served::ServedMemory;
 use dataplane::mem::CatalogRecord;
 use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
-use dataplane::transport::server::ServedMemory;
 use dataplane::TeError;
 use parking_lot::Mutex;
 use protocol::ReplicaDescriptor;

@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::served::ServedMemory;
 use dataplane::mem::ShmMapping;
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
-use dataplane::transport::server::ServedMemory;
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 

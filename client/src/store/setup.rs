@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{Registry, Segment, SegmentOptions};
-use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use dataplane::transport::server::TcpServer;
 use parking_lot::{Mutex, RwLock};
 use protocol::message::MountSegment;
 use protocol::{ClientStatus, ErrorCode, Segment as SegmentDesc, Uuid};

@@ -50,13 +50,14 @@ pub use config::EngineOptions;
 pub use error::EngineError;
 
 use crate::limits::CONNECT_TIMEOUT_DEFAULT;
+use crate::mem::served::{ServedMemory, ServerConfig};
 use crate::mem::{Segment, SegmentOptions};
 use crate::metadata::desc::{BufferDesc, SegmentDesc};
 use crate::metadata::handshake::{self, FrameType, HandshakeServer, HandshakeState, NotifyMsg};
 use crate::metadata::{host_of, split_host_port, Keys, MetadataBackend};
 use crate::transport::client::ClientConfig;
 use crate::transport::header::Opcode;
-use crate::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use crate::transport::server::TcpServer;
 use crate::TeError;
 use batch::BatchTable;
 use exec::Workers;

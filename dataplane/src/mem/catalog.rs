@@ -2,7 +2,7 @@
 //!
 //! The data plane never interprets keys on the byte path, yet after a master restart the
 //! master's index is empty and only the processes that own the bytes can say what they hold.
-//! So every served table ([`ServedMemory`](crate::transport::server::ServedMemory)) keeps a
+//! So every served table ([`ServedMemory`](crate::mem::served::ServedMemory)) keeps a
 //! catalog, `start address -> (key, length, hard_pin)`, that the writer of an object fills
 //! as part of its put (the `CATALOG_PUT` request, after the replica's WRITE on the same
 //! connection) and the owner reports back with `ReMountSegment` when the master asks for a

@@ -8,12 +8,16 @@
 //!   whole range lies inside one registered buffer.
 //! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
 //!   served table, kept for re-reporting to a restarted master (`docs/recovery.md`).
+//! - [`served`]: [`served::ServedMemory`], the registered memory a process serves (with its
+//!   catalog and the gates of the io_uring shards), and the settings and counters of the
+//!   servers serving it.
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
 //!   buffers and staging space.
 
 pub mod catalog;
 pub mod registry;
 pub mod segment;
+pub mod served;
 pub mod shm;
 pub mod slab;
 

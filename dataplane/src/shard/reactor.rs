@@ -33,6 +33,7 @@ use crate::limits::{
     CONN_RESPONSES_QUEUED_MAX, DRAIN_CHUNK_BYTES, REQUEST_PAYLOAD_MAX_BYTES, SHARD_RING_ENTRIES,
     SHARD_STOP_DRAIN_TIMEOUT, SHARD_TICK,
 };
+use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
 use crate::shard::conn::{Conn, ConnPhase, HeaderBuf, RecvState};
 use crate::shard::op::{Op, Slab, UNTRACKED};
 use crate::shard::send::{Response, SendBatch, SendStage};
@@ -40,7 +41,6 @@ use crate::shard::stall::StallDetector;
 use crate::shard::view::{MemoryLease, MemoryView};
 use crate::transport::header::{Opcode, RequestHeader, REQUEST_HEADER_BYTES};
 use crate::transport::rawio;
-use crate::transport::server::{ServedMemory, ServerConfig, ServerStats};
 use crate::TeError;
 
 /// Pause before re-arming an accept that failed (EMFILE and friends persist for a while).

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::limits::LOOP_STALL_THRESHOLD;
-use crate::transport::server::ServerStats;
+use crate::mem::served::ServerStats;
 
 /// Per-shard state of the detector.
 #[derive(Debug, Default)]

@@ -20,9 +20,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::mem::served::{MemoryGate, ServedMemory};
 use crate::mem::Registry;
 use crate::transport::header::RequestHeader;
-use crate::transport::server::{MemoryGate, ServedMemory};
 use crate::TeError;
 
 /// Permission to touch a checked range until it is released. Not `Clone`: one per operation.

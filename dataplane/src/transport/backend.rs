@@ -12,9 +12,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::server::{ServedMemory, ServerConfig, ServerStats, TcpServer};
+use super::server::TcpServer;
 use super::uring;
 use super::uring_server::{ShardStartError, UringServer};
+use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
 
 /// A running data-plane server of either kind. Dropping it stops it and joins its threads.
 pub enum Server {

@@ -2,8 +2,8 @@
 //!
 //! - [`header`]: the fixed little-endian request and response headers (byte diagrams there
 //!   and in `docs/protocol.md`, section "Data-plane TCP frames").
-//! - [`server`]: serves READ and WRITE against a [`server::ServedMemory`] table; the blocking
-//!   thread-per-connection path, which is also the fallback when io_uring is refused.
+//! - [`server`]: serves READ and WRITE against a [`crate::mem::served::ServedMemory`] table
+//!   with the blocking thread-per-connection path, the fallback when io_uring is refused.
 //! - [`client`]: N lanes per peer, batched submissions with a status per request.
 //! - [`uring`]: whether io_uring may be used (`MC_DISABLE_IO_URING`, kernel refusal).
 //! - [`uring_server`]: the io_uring shard server (one pinned thread, one ring).

@@ -19,8 +19,8 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use super::rawio;
-use super::server::{ServedMemory, ServerConfig, ServerStats};
 use crate::limits::SEND_ZC_MIN_BYTES_DEFAULT;
+use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
 use crate::shard::reactor::{build_ring, Reactor, ReactorConfig, ShardShared};
 
 /// Shard placement and transport knobs beyond [`ServerConfig`].

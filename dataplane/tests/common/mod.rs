@@ -6,9 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
 use dataplane::transport::client::{ClientConfig, TcpClient};
-use dataplane::transport::server::{ServedMemory, ServerConfig, TcpServer};
+use dataplane::transport::server::TcpServer;
 use dataplane::transport::uring;
 use dataplane::transport::uring_server::UringServer;
 use dataplane::transport::Server;
