@@ -1886,7 +1886,34 @@ class MooncakeBundleTransfer:
                 self.remove_bundle(stage_ref)
 
     def cleanup_dataproto_append(self, previous: Any, appended: Any) -> None:
-        raise _unsupported("cleanup_dataproto_append")
+        """Delete what an append wrote (for an append that was never published), leaving
+        every object the previous ref still uses."""
+        previous = _as_dataproto_ref(previous)
+        appended = _as_dataproto_ref(appended)
+        bundles = self._bundles
+        for stage, stage_ref in appended.stage_refs.items():
+            before = previous.stage_refs.get(stage)
+            if before is None:
+                self.remove_bundle(stage_ref)
+                continue
+            if stage_ref.manifest_key == before.manifest_key:
+                continue
+            is_exist = getattr(self.store, "is_exist", None)
+            if callable(is_exist) and is_exist(stage_ref.manifest_key) == 0:
+                continue
+            manifest = bundles.resolve(stage_ref)
+            kept = {loc.member for loc in previous.field_index.values() if loc.stage == stage}
+            for name, enc in previous.encoded_non_tensor.items():
+                if previous.field_index[name].stage == stage:
+                    kept.update(enc["payload_members"].values())
+            fresh = [spec for name, spec in manifest["buffers"].items() if name not in kept]
+            owners = {bundles.object_id_of(spec["key"]) for spec in fresh}
+            doomed = [c["key"] for c in manifest["meta"]["chunks"]]
+            doomed += [c["key"] for spec in fresh for c in spec["chunks"]]
+            doomed += [k for k in manifest.get("cleanup_keys", [])
+                       if bundles.object_id_of(k) in owners]
+            _remove_keys(self.store, doomed, strict=True)
+            _remove_keys(self.store, [stage_ref.manifest_key], strict=True)
 
     # -- internals -----------------------------------------------------------------------------
 
