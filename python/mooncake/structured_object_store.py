@@ -17,6 +17,7 @@ other given the same reference. Everything is built on the public methods of
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import struct
@@ -565,7 +566,107 @@ def _status_ok(status: Any, op: str, key: str) -> None:
 
 
 def _write(fn: Any, *args: Any, config: Any = None) -> Any:
+    config = _single_group(config)
     return fn(*args) if config is None else fn(*args, config=config)
+
+
+_CONFIG_FIELDS = (
+    "data_type", "group_ids", "nof_replica_num", "prefer_alloc_in_same_node",
+    "preferred_nof_segments", "preferred_segment", "preferred_segments", "replica_num",
+    "with_hard_pin", "with_soft_pin",
+)
+
+
+def _copy_config(config: Any) -> Any:
+    try:
+        return copy.copy(config)
+    except TypeError:
+        pass
+    try:
+        clone = type(config)()
+    except Exception as error:
+        raise TypeError(
+            "structured object store config must be copyable or default-constructible"
+        ) from error
+    for name in _CONFIG_FIELDS:
+        if not hasattr(config, name):
+            continue
+        try:
+            value = getattr(config, name)
+        except Exception:
+            continue
+        try:
+            setattr(clone, name, list(value) if isinstance(value, list) else value)
+        except Exception as error:
+            raise TypeError(
+                f"structured object store config field {name!r} is not writable"
+            ) from error
+    return clone
+
+
+def _single_group(config: Any) -> Any:
+    """The config to write one key with: one logical group id at most."""
+    if config is None:
+        return None
+    groups = getattr(config, "group_ids", None)
+    if groups is None:
+        return config
+    as_str = isinstance(groups, str)
+    groups = [groups] if as_str else list(groups)
+    if not groups:
+        clone = _copy_config(config)
+        clone.group_ids = None
+        return clone
+    if len(groups) != 1:
+        raise ValueError(
+            "structured object store config.group_ids must contain exactly one logical "
+            "group id; it is expanded across internal Mooncake keys")
+    if not as_str:
+        return config
+    clone = _copy_config(config)
+    clone.group_ids = groups
+    return clone
+
+
+def _storage_group(config: Any) -> str | None:
+    """The storage group a new DataProto's keys are written under."""
+    raw = getattr(config, "group_ids", None)
+    if raw is None:
+        group = None
+    elif isinstance(raw, str):
+        group = raw
+    else:
+        try:
+            groups = list(raw)
+        except TypeError as error:
+            raise ValueError(
+                "structured object store config.group_ids must contain strings") from error
+        if len(groups) > 1:
+            raise ValueError(
+                "structured object store config.group_ids must contain exactly one logical "
+                "group id; it is expanded across internal Mooncake keys")
+        group = groups[0] if groups else None
+    if group is None:
+        return f"structured-{uuid.uuid4().hex}"
+    if not isinstance(group, str):
+        raise ValueError("structured object store config.group_ids must contain strings")
+    return group or None
+
+
+def _grouped(config: Any, group: str | None) -> Any:
+    if group is None:
+        return config
+    current = getattr(_single_group(config), "group_ids", None)
+    if current and current[0] and current[0] != group:
+        raise ValueError("config.group_ids conflicts with the DataProto storage group")
+    if config is None:
+        from mooncake.store import ReplicateConfig
+
+        clone = ReplicateConfig()
+    else:
+        clone = _copy_config(config)
+    clone.group_ids = [group]
+    return clone
 
 
 def _remove_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
@@ -638,10 +739,10 @@ class _Bundles:
         }
 
     def _put_tensor(self, key: str, tensor: Any, config: Any, written: list) -> dict[str, Any]:
-        put_tensor = getattr(self.store, "put_tensor", None)
-        if config is None and callable(put_tensor):
+        put_tensor = getattr(self.store, "put_tensor" if config is None else "pub_tensor", None)
+        if callable(put_tensor):
             header = _tensor_codec._HEADER_BYTES
-            _status_ok(put_tensor(key, tensor), "put_tensor", key)
+            _status_ok(_write(put_tensor, key, tensor, config=config), "put_tensor", key)
             written.append(key)
             total = header + int(tensor.nbytes)
             return {
@@ -1956,7 +2057,7 @@ class MooncakeBundleTransfer:
                     ref.namespace, ref.partition, ref.global_indexes,
                     dict(ref.encoded_non_tensor), ref._storage_group_id)
             return MooncakeDataProtoRef(rows, {}, {}, dict(meta_info), namespace, partition,
-                                        None, {}, f"structured-{uuid.uuid4().hex}")
+                                        None, {}, _storage_group(config))
         if ref is not None:
             clash = sorted(set(ref.field_index) & set(locations))
             if clash and not overwrite:
@@ -1968,7 +2069,8 @@ class MooncakeBundleTransfer:
                     raise ValueError(
                         f"DataProto overwrite for stage {stage!r} must include existing "
                         f"fields: {dangling}")
-        group = ref._storage_group_id if ref is not None else f"structured-{uuid.uuid4().hex}"
+        group = ref._storage_group_id if ref is not None else _storage_group(config)
+        config = _grouped(config, group)
         payload = StructuredObjectPayload(
             metadata={"layout": "dataproto_stage",
                       "dataproto": {"version": 1, "namespace": namespace,
