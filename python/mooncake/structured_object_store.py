@@ -69,8 +69,11 @@ def _unsupported(what: str) -> NotImplementedError:
 # ---------------------------------------------------------------------------------------------
 
 
+_MP_MAX_DEPTH = 128
+
+
 def _mp_pack(value: Any, out: bytearray, depth: int = 0) -> None:
-    if depth > 512:
+    if depth > _MP_MAX_DEPTH:
         raise ValueError("msgpack value nests too deeply")
     kind = type(value)
     if value is None:
@@ -121,9 +124,15 @@ def _mp_pack(value: Any, out: bytearray, depth: int = 0) -> None:
             _mp_pack(key, out, depth + 1)
             _mp_pack(item, out, depth + 1)
     else:
-        module = kind.__module__
-        name = kind.__name__ if module == "builtins" else f"{module}.{kind.__name__}"
-        raise TypeError(f"can not serialize {name!r} object")
+        raise TypeError(f"can not serialize {_type_label(kind)!r} object")
+
+
+def _type_label(kind: type) -> str:
+    """The type's C-level name, as msgpack reports it: dotted for extension types."""
+    heap = bool(kind.__flags__ & (1 << 9))
+    if heap or kind.__module__ == "builtins":
+        return kind.__name__
+    return f"{kind.__module__}.{kind.__name__}"
 
 
 def _mp_header(out: bytearray, n: int, fix: int | None, fix_limit: int, tags) -> None:
@@ -164,7 +173,7 @@ class _MpReader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
     def value(self, depth: int = 0) -> Any:
-        if depth > 512:
+        if depth > _MP_MAX_DEPTH:
             raise ValueError("msgpack data nests too deeply")
         tag = self.take(1)[0]
         if tag < 0x80:
@@ -1255,11 +1264,12 @@ def _ragged_numbers(values: Sequence[Any], dtype: Any = None):
     all_arrays = all(v is None or isinstance(v, np.ndarray) for v in values)
     n = len(values)
     nulls = np.asarray([v is None for v in values], dtype=np.bool_)
+    # np.asarray(order="C") keeps 0-d rows 0-d (np.ascontiguousarray would make them 1-d).
     if all_arrays and n:
-        arrays = [None if v is None else np.ascontiguousarray(v, dtype=dtype) for v in values]
+        arrays = [None if v is None else np.asarray(v, dtype=dtype, order="C") for v in values]
     else:
         arrays = [np.asarray([], dtype=dtype) if v is None
-                  else np.ascontiguousarray(np.asarray(v, dtype=dtype)) for v in values]
+                  else np.asarray(v, dtype=dtype, order="C") for v in values]
     real = [a for a in arrays if a is not None]
     max_ndim = max((a.ndim for a in real), default=0)
     offsets = np.zeros(n + 1, dtype=np.int64)
