@@ -67,10 +67,7 @@ def _fragment_of(handle: Mapping[str, Any], rows: int):
     if ref.batch_size != rows:
         raise ValueError(
             f"DataProto batch size {ref.batch_size!r} does not match {rows} logical keys")
-    fields = _unique_names(ref.field_index, "field names") if ref.field_index else ()
-    if not fields:
-        raise ValueError("DataProto catalog fragments cannot be empty")
-    return fragment_id, canonical, fields
+    return fragment_id, canonical, _unique_names(ref.field_index, "field names")
 
 
 class DataProtoCatalog:
