@@ -1728,34 +1728,161 @@ def _dense(value: Any) -> bool:
         isinstance(value, np.ndarray) and value.dtype != object and value.ndim > 0)
 
 
-def _flat_to_sections(data: Any) -> tuple[dict, dict, dict]:
+_SECTIONS = ("batch", "non_tensor_batch", "meta_info")
+
+
+def _declared_section(name: str, schema: FieldSchema) -> str | None:
+    section = (schema.metadata or {}).get("section")
+    if section is not None and section not in _SECTIONS:
+        raise ValueError(
+            f"FieldSchema for {name!r} metadata['section'] must be one of {sorted(_SECTIONS)}")
+    return section
+
+
+def _schema_dtype(schema: FieldSchema) -> np.dtype | None:
+    name = (schema.metadata or {}).get("dtype")
+    if name is None:
+        return None
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid FieldSchema metadata['dtype']: {name!r}") from error
+    if dtype.kind not in "biufc":
+        raise ValueError(f"FieldSchema metadata['dtype'] must be numeric or bool, got {dtype}")
+    return dtype
+
+
+def _rows_of(name: str, value: Any) -> int:
+    try:
+        return len(value)
+    except TypeError as error:
+        raise ValueError(f"flat dict row-aligned field {name!r} must be sized") from error
+
+
+def _as_column(name: str, value: Any, rows: int, schema: FieldSchema | None) -> Any:
+    if isinstance(value, np.ndarray):
+        if len(value) != rows:
+            raise ValueError(f"flat dict non_tensor_batch field {name!r} has batch size "
+                             f"{len(value)}, expected {rows}")
+        dtype = _schema_dtype(schema) if schema is not None else None
+        if (schema is not None and schema.codec == "ndarray" and dtype is not None
+                and (value.dtype != object or all(v is not None for v in value))):
+            return np.asarray(value, dtype=dtype)
+        return value
+    if _is_sequence(value):
+        if len(value) != rows:
+            raise ValueError(f"flat dict non_tensor_batch field {name!r} has batch size "
+                             f"{len(value)}, expected {rows}")
+        return _object_array(value)
+    raise TypeError(f"flat dict non_tensor_batch field {name!r} must be an ndarray or "
+                    "non-string sequence")
+
+
+def _flat_to_sections(data: Any, schemas: Mapping[str, FieldSchema] | None = None):
     if not isinstance(data, Mapping):
         raise TypeError("flat dict payload must be a mapping")
-    dense_sizes = {len(v) for v in data.values() if _dense(v)}
-    if len(dense_sizes) > 1:
+    schemas = schemas or {}
+    pinned = {n: _declared_section(n, sc) for n, sc in schemas.items()}
+    declared_rows = {_rows_of(n, data[n]) for n, sec in pinned.items()
+                     if n in data and sec in ("batch", "non_tensor_batch")}
+    if len(declared_rows) > 1:
         raise ValueError(
-            f"flat dict dense fields have ambiguous batch sizes: {sorted(dense_sizes)}")
-    if dense_sizes:
-        rows = dense_sizes.pop()
-    else:
-        sizes = {len(v) for v in data.values()
-                 if (isinstance(v, np.ndarray) and v.ndim > 0) or _is_sequence(v)}
-        if len(sizes) > 1:
+            f"flat dict fields have inconsistent batch sizes: {sorted(declared_rows)}")
+    schema_rows = declared_rows.pop() if declared_rows else 0
+    rows = schema_rows
+    if not rows:
+        skip = {n for n, sec in pinned.items() if n in data and sec == "meta_info"}
+        considered = {k: v for k, v in data.items() if k not in skip}
+        dense_sizes = {len(v) for v in considered.values() if _dense(v)}
+        if len(dense_sizes) > 1:
             raise ValueError(
-                f"flat dict fields have ambiguous batch sizes: {sorted(sizes)}; "
-                "pass FieldSchema metadata['section'] for list-valued metadata fields")
-        rows = sizes.pop() if sizes else 0
+                f"flat dict dense fields have ambiguous batch sizes: {sorted(dense_sizes)}")
+        if dense_sizes:
+            rows = dense_sizes.pop()
+        else:
+            sizes = {len(v) for v in considered.values()
+                     if (isinstance(v, np.ndarray) and v.ndim > 0) or _is_sequence(v)}
+            if len(sizes) > 1:
+                raise ValueError(
+                    f"flat dict fields have ambiguous batch sizes: {sorted(sizes)}; "
+                    "pass FieldSchema metadata['section'] for list-valued metadata fields")
+            rows = sizes.pop() if sizes else 0
     batch, non_tensor, meta = {}, {}, {}
     for key, value in data.items():
-        if rows and ((_is_tensor(value) and value.shape[:1] == (rows,)) or (
-                isinstance(value, np.ndarray) and value.dtype != object
-                and value.shape[:1] == (rows,))):
+        section = pinned.get(key)
+        if section is None:
+            if rows and ((_is_tensor(value) and value.shape[:1] == (rows,)) or (
+                    isinstance(value, np.ndarray) and value.dtype != object
+                    and value.shape[:1] == (rows,))):
+                batch[key] = value
+            elif not schema_rows and _is_sequence(value) and len(value) == rows:
+                non_tensor[key] = _as_column(key, value, rows, schemas.get(key))
+            else:
+                meta[key] = value
+        elif section == "batch":
             batch[key] = value
-        elif _is_sequence(value) and len(value) == rows:
-            non_tensor[key] = _object_array(value)
+        elif section == "non_tensor_batch":
+            non_tensor[key] = _as_column(key, value, rows, schemas[key])
         else:
             meta[key] = value
     return batch, non_tensor, meta
+
+
+def _check_pinned_sections(sections, schemas) -> None:
+    where: dict[str, set[str]] = {}
+    for section, fields in zip(_SECTIONS, sections):
+        for name in fields:
+            where.setdefault(name, set()).add(section)
+    for name, schema in (schemas or {}).items():
+        declared = _declared_section(name, schema)
+        actual = where.get(name)
+        if declared is None or not actual or declared in actual:
+            continue
+        found = ", ".join(repr(x) for x in sorted(actual))
+        raise ValueError(
+            f"FieldSchema for {name!r} declares section {declared!r}, but data contains it "
+            f"in {found}")
+
+
+def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _Encoded:
+    values = list(column)
+    if not schema.nullable and any(v is None for v in values):
+        raise ValueError(f"FieldSchema for {path!r} is not nullable")
+    codec = schema.codec
+    if codec == "auto":
+        raise _unsupported("FieldSchema codec 'auto' inside an explicit encoding")
+    if codec == "ragged_tensor_dict":
+        raise _unsupported("the ragged_tensor_dict codec")
+    if codec == "ragged_tensor":
+        payload, meta = _tensor_rows(values)
+    elif codec == "typed_ragged":
+        payload, meta = _ragged_numbers(values, _schema_dtype(schema))
+    elif codec == "ndarray":
+        dtype = _schema_dtype(schema)
+        if dtype is None:
+            raise _unsupported("FieldSchema codec 'ndarray' without metadata['dtype'] "
+                               "(upstream's fallback codec search)")
+        payload, meta = _scalar_rows(values, dtype)
+    elif codec in ("bytes_ragged", "media_bytes"):
+        payload, meta = _byte_rows(values)
+    elif codec == "media_list_ragged":
+        payload, meta = _media_lists(values)
+    elif codec == "utf8_ragged":
+        payload, meta = _byte_rows([None if v is None else v.encode("utf-8") for v in values])
+    elif codec == "msgpack_ragged":
+        try:
+            payload, meta = _byte_rows([None if v is None else _mp_packb(v) for v in values])
+        except TypeError as error:
+            raise ValueError(f"unsupported structured non-tensor field {path}: msgpack codec "
+                             "cannot encode value") from error
+        payload["data"] = bytearray(payload["data"])
+    elif codec == "json_ragged":
+        payload, meta = _byte_rows(
+            [None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+             .encode("utf-8") for v in values])
+    else:
+        raise ValueError(f"unsupported schema codec: {codec!r}")
+    return _Encoded(codec, len(values), payload, meta)
 
 
 def _row_count(batch: Mapping[str, Any], non_tensor: Mapping[str, Any]) -> int:
@@ -1925,17 +2052,15 @@ class MooncakeBundleTransfer:
             partition: str = "default", stage: str = "default", chunk_bytes=None,
             policy=None, config=None, field_schemas=None) -> MooncakeDataProtoRef:
         """Store a DataProto-like object (type='dataproto') or a flat dict of rows ('dict')."""
-        if field_schemas:
-            raise _unsupported("field_schemas (explicit FieldSchema codecs)")
         if type == "dataproto":
             sections = _split_sections(data)
         elif type == "dict":
-            sections = _flat_to_sections(data)
+            sections = _flat_to_sections(data, field_schemas)
         else:
             raise ValueError(f"unsupported Mooncake payload type: {type!r}")
         return self._put_stage(None, sections, namespace=namespace, partition=partition,
                                stage=stage, chunk_bytes=chunk_bytes, policy=policy,
-                               overwrite=False, config=config)
+                               overwrite=False, config=config, schemas=field_schemas)
 
     def put_dataproto(self, data: Any, *, namespace="default", partition="default",
                       stage="default", chunk_bytes=None, policy=None, field_schemas=None,
@@ -1948,12 +2073,11 @@ class MooncakeBundleTransfer:
                                 chunk_bytes=None, policy=None, field_schemas=None,
                                 config=None) -> MooncakeDataProtoRef:
         """Add fields (as a new stage, or merged into an existing one) and return a new ref."""
-        if field_schemas:
-            raise _unsupported("field_schemas (explicit FieldSchema codecs)")
         ref = _as_dataproto_ref(ref)
         return self._put_stage(ref, _split_sections(data), namespace=ref.namespace,
                                partition=ref.partition, stage=stage, chunk_bytes=chunk_bytes,
-                               policy=policy, overwrite=overwrite, config=config)
+                               policy=policy, overwrite=overwrite, config=config,
+                               schemas=field_schemas)
 
     def get(self, ref: Any, *, type: str = "dataproto", fields=None, batch_fields=None,
             non_tensor_fields=None, meta_info_keys=None, data_cls=None, destinations=None,
@@ -2029,8 +2153,9 @@ class MooncakeBundleTransfer:
     # -- internals -----------------------------------------------------------------------------
 
     def _put_stage(self, ref, sections, *, namespace, partition, stage, chunk_bytes, policy,
-                   overwrite, config) -> MooncakeDataProtoRef:
+                   overwrite, config, schemas=None) -> MooncakeDataProtoRef:
         batch, non_tensor, meta_info = sections
+        _check_pinned_sections(sections, schemas)
         rows = _row_count(batch, non_tensor)
         if ref is not None and rows != ref.batch_size:
             raise ValueError(
@@ -2048,8 +2173,31 @@ class MooncakeBundleTransfer:
         for name, value in non_tensor.items():
             member = f"non_tensor_batch.{name}"
             locations[name] = StructuredFieldLocation(stage, member, "non_tensor_batch")
-            if isinstance(value, np.ndarray) and value.dtype == object:
+            schema = (schemas or {}).get(name)
+            if schema is not None and _declared_section(name, schema) not in (
+                    None, "non_tensor_batch"):
+                schema = None
+            encoded = None
+            if schema is not None:
+                try:
+                    column = value
+                    if not isinstance(value, np.ndarray):
+                        if not _is_sequence(value):
+                            raise TypeError(f"non_tensor_batch field {name!r} with FieldSchema "
+                                            "must be an ndarray or non-string sequence")
+                        column = _object_array(value)
+                    if schema.codec == "auto":
+                        if not schema.nullable and any(v is None for v in column):
+                            raise ValueError(f"FieldSchema for {member!r} is not nullable")
+                    else:
+                        encoded = _encode_with_schema(member, column, schema)
+                except (TypeError, ValueError, RuntimeError, AttributeError) as error:
+                    raise type(error)(
+                        f"failed to encode non_tensor_batch field {name!r} with FieldSchema "
+                        f"codec {schema.codec!r}: {error}") from error
+            if encoded is None and isinstance(value, np.ndarray) and value.dtype == object:
                 encoded = _encode_column(member, value)
+            if encoded is not None:
                 names = {}
                 for part, part_value in encoded.payload.items():
                     members[f"{member}.{part}"] = part_value

@@ -495,6 +495,81 @@ def test_unpublished_append_cleanup_keeps_the_previous_ref(transfer, store):
     assert same(torch.arange(2.0), transfer.get(ref, type="dict")["x"])
 
 
+# -- explicit codecs (FieldSchema) -------------------------------------------------------------
+
+Z = torch.zeros(3)
+
+
+@pytest.mark.parametrize("rows, schema, expect_meta, expect_rows", [
+    # oracle: the encoded metadata and the values read back
+    ([1, 2, None], FieldSchema("ndarray", metadata={"dtype": "float32"}),
+     {"dtype": "float32", "shape": [3]}, [1.0, 2.0, None]),
+    ([[1, 2], None, [3]], FieldSchema("typed_ragged", metadata={"dtype": "int32"}),
+     {"dtype": "int32", "max_ndim": 1, "ndarray_rows": None, "row_format": "list",
+      "shape_policy": "ragged"}, [[1, 2], None, [3]]),
+    ([torch.ones(2), None, torch.zeros(1)], FieldSchema("ragged_tensor"), None,
+     [torch.ones(2), None, torch.zeros(1)]),
+    (["a", None, "c"], FieldSchema("utf8_ragged"), {}, ["a", None, "c"]),
+    ([b"a", None, b"c"], FieldSchema("bytes_ragged"), {}, [b"a", None, b"c"]),
+    ([{"a": 1}, None, [1]], FieldSchema("msgpack_ragged"), {}, [{"a": 1}, None, [1]]),
+    ([{"a": 1}, None, "s"], FieldSchema("json_ragged"), {}, [{"a": 1}, None, "s"]),
+    ([[b"a"], None, []], FieldSchema("media_list_ragged"), None, [[b"a"], None, []]),
+    (["a", None, "c"], FieldSchema("auto"), None, ["a", None, "c"]),
+])
+def test_field_schemas_pick_the_codec(transfer, rows, schema, expect_meta, expect_rows):
+    ref = transfer.put({"x": Z, "c": rows}, type="dict", field_schemas={"c": schema})
+    enc = ref.encoded_non_tensor["c"]
+    assert enc["codec"] == ("utf8_ragged" if schema.codec == "auto" else schema.codec)
+    if expect_meta is not None:
+        assert enc["metadata"] == expect_meta
+    assert same(expect_rows, transfer.get(ref, type="dict")["c"])
+
+
+def test_field_schema_sections(transfer):
+    # oracle: a pinned meta_info list stays out of the rows; a pinned column sets the rows.
+    ref = transfer.put({"x": Z, "lst": [1, 2, 3, 4], "c": ["a", "b", "c"]}, type="dict",
+                       field_schemas={"lst": FieldSchema("auto", metadata={"section": "meta_info"})})
+    assert list(ref.field_index) == ["x", "c"] and ref.meta_info == {"lst": [1, 2, 3, 4]}
+    ref = transfer.put({"c": [1, 2], "d": [1, 2, 3]}, type="dict", field_schemas={
+        "c": FieldSchema("auto", metadata={"section": "non_tensor_batch"})})
+    assert ref.batch_size == 2 and ref.meta_info == {"d": [1, 2, 3]}
+    ref = transfer.put({"x": Z, "c": np.array([1, 2, 3])}, type="dict", field_schemas={
+        "c": FieldSchema("ndarray", metadata={"dtype": "int16", "section": "non_tensor_batch"})})
+    assert ref.encoded_non_tensor["c"]["metadata"] == {"dtype": "int16", "shape": [3]}
+
+
+@pytest.mark.parametrize("data, schemas, kind, exc, message", [
+    # oracle: exception type and message
+    ({"x": Z, "c": ["a", None, "c"]}, {"c": FieldSchema("utf8_ragged", nullable=False)}, "dict",
+     ValueError, "with FieldSchema codec 'utf8_ragged': FieldSchema for 'non_tensor_batch.c' "
+     "is not nullable"),
+    ({"x": Z, "c": ["a", None, "c"]}, {"c": FieldSchema("auto", nullable=False)}, "dict",
+     ValueError, "codec 'auto': FieldSchema for 'non_tensor_batch.c' is not nullable"),
+    ({"x": Z, "c": ["a", "b", "c"]}, {"c": FieldSchema("weird")}, "dict", ValueError,
+     "unsupported schema codec: 'weird'"),
+    ({"x": Z, "c": [1, 2, 3]}, {"c": FieldSchema("auto", metadata={"section": "nope"})}, "dict",
+     ValueError, r"metadata\['section'\] must be one of \['batch', 'meta_info', "
+     r"'non_tensor_batch'\]"),
+    ({"x": Z, "c": [1, 2, 3]}, {"c": FieldSchema("ndarray", metadata={"dtype": "U3"})}, "dict",
+     ValueError, r"FieldSchema metadata\['dtype'\] must be numeric or bool, got <U3"),
+    ({"x": Z, "c": [(1,), None, [1]]}, {"c": FieldSchema("msgpack_ragged")}, "dict", ValueError,
+     "msgpack codec cannot encode value"),
+    ({"x": Z, "b": [1, 2, 3]}, {"b": FieldSchema("auto", metadata={"section": "batch"})},
+     "dict", TypeError, "batch.b must be bytes-like, got list"),
+    ({"batch": {"a": torch.zeros(2)}, "non_tensor_batch": {}},
+     {"a": FieldSchema("auto", metadata={"section": "non_tensor_batch"})}, "dataproto",
+     ValueError, "FieldSchema for 'a' declares section 'non_tensor_batch', but data contains it "
+     "in 'batch'"),
+    ({"batch": {"a": torch.zeros(2)},
+      "non_tensor_batch": {"s": np.array(["p", "q"], dtype=object)}},
+     {"s": FieldSchema("bytes_ragged")}, "dataproto", TypeError,
+     "codec 'bytes_ragged': string argument without an encoding"),
+])
+def test_field_schema_errors(transfer, data, schemas, kind, exc, message):
+    with pytest.raises(exc, match=message):
+        transfer.put(data, type=kind, field_schemas=schemas)
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 X = torch.zeros(2)
@@ -588,8 +663,11 @@ def test_missing_or_corrupt_objects_raise(transfer, store):
 def test_unsupported_calls_fail_loudly(transfer):
     ref = transfer.put({"x": X}, type="dict")
     calls = {
-        "field_schemas": lambda: transfer.put({"x": X}, type="dict",
-                                              field_schemas={"x": FieldSchema("ndarray")}),
+        "ragged_tensor_dict": lambda: transfer.put(
+            {"x": X, "c": [{"a": torch.ones(1)}, None]}, type="dict",
+            field_schemas={"c": FieldSchema("ragged_tensor_dict")}),
+        "ndarray schema without dtype": lambda: transfer.put(
+            {"x": X, "c": [1, 2]}, type="dict", field_schemas={"c": FieldSchema("ndarray")}),
         "materialize_into": lambda: transfer.materialize_into(
             transfer.read_spec(ref.stage_refs["default"]), {"batch.x": torch.empty(2)}),
         "destinations": lambda: transfer.get(ref, destinations={"x": torch.empty(2)}),
