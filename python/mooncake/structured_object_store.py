@@ -2109,7 +2109,42 @@ class MooncakeBundleTransfer:
                         data_cls=data_cls, destinations=destinations, rows=rows)
 
     def dataproto_manifest_view(self, ref: Any) -> dict[str, Any]:
-        raise _unsupported("dataproto_manifest_view")
+        """What a DataProto ref holds, per field, as its stage manifests describe it."""
+        ref = _as_dataproto_ref(ref)
+        metas = {}
+        for stage, stage_ref in ref.stage_refs.items():
+            manifest = self._bundles.resolve(stage_ref)
+            metas[stage] = _loads(self._bundles.read(manifest["meta"]), "structured metadata")
+        by_section: dict[str, dict[str, Any]] = {"batch": {}, "non_tensor_batch": {}}
+        for name, loc in ref.field_index.items():
+            specs = metas[loc.stage].get(STRUCTURED_FIELD_SPECS_KEY, {})
+            enc = ref.encoded_non_tensor.get(name)
+            if enc is None:
+                spec = dict(specs.get(loc.member, {"encoding": "bytes"}))
+            else:
+                spec = {
+                    "encoding": "structured_non_tensor",
+                    "codec": enc["codec"],
+                    "metadata": enc.get("metadata"),
+                    "payload_members": dict(enc["payload_members"]),
+                    "payload_specs": {
+                        part: dict(specs.get(member, {"encoding": "bytes"}))
+                        for part, member in enc["payload_members"].items()
+                    },
+                }
+            by_section[loc.section][name] = {"section": loc.section, "stage": loc.stage,
+                                             "member": loc.member, "spec": spec}
+        return {
+            "namespace": ref.namespace,
+            "partition": ref.partition,
+            "batch_size": ref.batch_size,
+            "batch_fields": by_section["batch"],
+            "non_tensor_fields": by_section["non_tensor_batch"],
+            "meta_info_keys": list(ref.meta_info),
+            "stages": {stage: {"manifest_key": r.manifest_key,
+                               "dataproto": metas[stage].get("dataproto", {})}
+                       for stage, r in ref.stage_refs.items()},
+        }
 
     def cleanup_dataproto(self, ref: Any) -> None:
         """Remove every stage a DataProto ref points at."""
