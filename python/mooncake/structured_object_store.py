@@ -1039,8 +1039,13 @@ def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec:
             raise RuntimeError("torch is required to read torch_tensor members")
         return bundles.read_tensor(spec)
     if encoding == "ndarray":
-        dtype = np.dtype(fspec["dtype"])
-        shape = tuple(int(d) for d in fspec["shape"])
+        dtype = _plain_dtype(fspec.get("dtype"))
+        try:
+            shape = tuple(int(d) for d in fspec["shape"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"structured member {name!r} has no valid shape") from error
+        if any(d < 0 for d in shape):
+            raise ValueError(f"structured member {name!r} has a negative dimension")
         blob = bundles.read(spec)
         expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         if len(blob) != expected:
@@ -1309,13 +1314,13 @@ def _ragged_numbers(values: Sequence[Any], dtype: Any = None):
 
 
 def _ragged_numbers_decode(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
-    dtype = np.dtype(meta.get("dtype", _TYPED_RAGGED_DEFAULT_DTYPE))
+    dtype = _plain_dtype(meta.get("dtype", _TYPED_RAGGED_DEFAULT_DTYPE))
     data = _as_array(payload["data"], dtype)
-    offsets, shapes = payload["offsets"], payload["shapes"]
+    offsets, shapes = payload["offsets"], np.asarray(payload["shapes"])
     ndims, nulls = payload["ndims"], payload["nulls"]
     _check_rows("typed_ragged", rows, offsets=offsets, nulls=nulls, ndims=ndims)
-    if len(shapes) != rows:
-        raise ValueError(f"typed_ragged shapes has {len(shapes)} rows, expected {rows}")
+    if shapes.ndim != 2 or len(shapes) != rows:
+        raise ValueError(f"typed_ragged shapes is {list(shapes.shape)}, expected {rows} rows")
     fmt = meta.get("row_format")
     flags = meta.get("ndarray_rows") or []
     out: list[Any] = []
@@ -1327,13 +1332,28 @@ def _ragged_numbers_decode(payload: Mapping[str, Any], rows: int, meta: Mapping)
         if not 0 <= begin <= end <= data.size:
             raise ValueError(f"typed_ragged offsets out of range at row {row}")
         ndim = int(ndims[row])
+        if not 0 <= ndim <= shapes.shape[1]:
+            raise ValueError(f"typed_ragged ndim {ndim} out of range at row {row}")
         shape = tuple(int(d) for d in shapes[row, :ndim])
+        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != end - begin:
+            raise ValueError(f"typed_ragged shape {list(shape)} does not hold {end - begin} "
+                             f"elements at row {row}")
         array = data[begin:end].reshape(shape)
         if fmt == "ndarray" or (fmt == "mixed" and row < len(flags) and flags[row]):
             out.append(array)
         else:
             out.append(array.tolist())
     return out
+
+
+def _plain_dtype(name: Any) -> np.dtype:
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"invalid dtype in structured metadata: {name!r}") from error
+    if dtype.hasobject:
+        raise ValueError(f"object dtype in structured metadata: {name!r}")
+    return dtype
 
 
 def _as_array(raw: Any, dtype: np.dtype) -> np.ndarray:
@@ -1424,7 +1444,10 @@ def _media_lists_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | N
             out.append(None)
             continue
         items = []
-        for i in range(int(row_offsets[row]), int(row_offsets[row + 1])):
+        first, last = int(row_offsets[row]), int(row_offsets[row + 1])
+        if not 0 <= first <= last < len(byte_offsets):
+            raise ValueError(f"media_list_ragged row offsets out of range at row {row}")
+        for i in range(first, last):
             begin, end = int(byte_offsets[i]), int(byte_offsets[i + 1])
             if not 0 <= begin <= end <= len(data):
                 raise ValueError(f"media_list_ragged offsets out of range at row {row}")
@@ -1646,6 +1669,12 @@ def _decode_recursive(meta: Mapping[str, Any], payload: Mapping[str, Any], rows:
         missing = payload.get(node.get("missing_payload"))
         mask = payload.get(node.get("row_mask_payload"))
         lengths = payload.get(node.get("lengths_payload"))
+        for part in (missing, mask, lengths):
+            if part is not None and len(part) != rows:
+                raise ValueError(f"structured_recursive node {node.get('path')!r} holds "
+                                 f"{len(part)} rows, expected {rows}")
+        if node.get("node_type") not in ("dict", "list"):
+            raise ValueError(f"unknown structured_recursive node type {node.get('node_type')!r}")
         out = []
         for r in range(rows):
             if missing is not None and bool(missing[r]):
@@ -1661,6 +1690,8 @@ def _decode_recursive(meta: Mapping[str, Any], payload: Mapping[str, Any], rows:
                 out.append(item)
             else:
                 n = int(lengths[r]) if lengths is not None else len(node["children"])
+                if not 0 <= n <= len(node["children"]):
+                    raise ValueError(f"structured_recursive list length {n} out of range")
                 item = [None] * n
                 for child in node["children"]:
                     if int(child) < n:
@@ -1677,9 +1708,15 @@ def _decode_recursive(meta: Mapping[str, Any], payload: Mapping[str, Any], rows:
 
 def _decode_column(encoded: Mapping[str, Any], payload: Mapping[str, Any], rows: int) -> list:
     codec = encoded.get("codec")
-    if codec == "structured_recursive":
-        return _decode_recursive(encoded.get("metadata") or {}, payload, rows)
-    return _decode_leaf(codec, payload, rows, encoded.get("metadata"))
+    try:
+        if codec == "structured_recursive":
+            return _decode_recursive(encoded.get("metadata") or {}, payload, rows)
+        return _decode_leaf(codec, payload, rows, encoded.get("metadata"))
+    except NotImplementedError:
+        raise
+    except (IndexError, KeyError, TypeError, OverflowError, AttributeError,
+            UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{codec} column payload is corrupt: {error!r}") from error
 
 
 def _object_array(values: Sequence[Any]) -> np.ndarray:

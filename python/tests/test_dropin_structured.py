@@ -758,3 +758,64 @@ def test_msgpack_decoder_rejects_damaged_input():
                      (b"\xa2\xff\xfe", "not UTF-8"), (b"\x91" * 200 + b"\xc0", "too deeply")]:
         with pytest.raises(ValueError, match=why):
             S._mp_unpack_all(bad)
+
+
+# -- damaged payloads --------------------------------------------------------------------------
+
+
+def test_column_decoders_reject_damaged_payloads():
+    """Every codec's decoder, fed its own payload with one member damaged, either decodes or
+    raises ValueError: never another exception, a crash or a hang."""
+    rng = random.Random(1414)
+    samples = [v for k, v in columns().items() if k not in ("x", "ids")]
+    samples.append([{"a": [{"v": np.arange(3)}, None]}, None, {"a": []}])
+    encoded = []
+    for rows in samples:
+        enc = S._encode_column("non_tensor_batch.c", S._object_array(rows))
+        payload = {}
+        for name, value in enc.payload.items():
+            if isinstance(value, np.ndarray):
+                payload[name] = value
+            else:
+                payload[name] = bytes(value)
+        meta = json.loads(json.dumps(enc.metadata))
+        encoded.append(({"codec": enc.codec, "metadata": meta}, payload, enc.rows))
+    tried = 0
+    for _ in range(4000):
+        enc, payload, rows = rng.choice(encoded)
+        damaged = dict(payload)
+        name = rng.choice(sorted(damaged))
+        value = damaged[name]
+        op = rng.randrange(4)
+        if isinstance(value, bytes):
+            blob = bytearray(value)
+            if op == 0 and blob:
+                del blob[rng.randrange(len(blob)):]
+            elif blob:
+                blob[rng.randrange(len(blob))] = rng.randrange(256)
+            else:
+                blob += b"\xc1"
+            damaged[name] = bytes(blob)
+        elif op == 0:
+            damaged[name] = value[: rng.randrange(len(value) + 1)]
+        elif op == 1 and value.size:
+            flat = value.copy().reshape(-1)
+            if flat.dtype == np.bool_:
+                pick = not flat[0]
+            elif flat.dtype.kind in "iu":
+                info = np.iinfo(flat.dtype)
+                pick = rng.choice([max(info.min, -1), 0, 1, 7, info.max])
+            else:
+                pick = rng.choice([-1.0, 0.5, 1e30, float("nan")])
+            flat[rng.randrange(flat.size)] = pick
+            damaged[name] = flat.reshape(value.shape)
+        elif op == 2:
+            damaged[name] = np.zeros(rng.randrange(6), dtype=value.dtype)
+        else:
+            rows = rng.randrange(6)
+        try:
+            S._decode_column(enc, damaged, rows)
+        except ValueError:
+            pass
+        tried += 1
+    assert tried == 4000
