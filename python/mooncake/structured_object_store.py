@@ -13,6 +13,37 @@ of the same name (release 0.3.13.post1), so a bundle written by either can be re
 other given the same reference. Everything is built on the public methods of
 ``mooncake.store.MooncakeDistributedStore`` (``put``, ``get``, ``put_tensor``, ``remove``,
 ``is_exist``). See python/README.md for what is not implemented.
+
+Stored layout (all integers little-endian; JSON is compact, ``separators=(",", ":")``)::
+
+    {prefix}/{partition}/{32 hex}/manifest    JSON {"version": 1, "layout": "bundle",
+                                               "object_id": "{partition}/{32 hex}",
+                                               "meta": SPEC, "buffers": {name: SPEC},
+                                               ["buffer_object_ids": [...],
+                                                "cleanup_keys": [...]]}   (merged stages)
+    {prefix}/{object_id}/meta                 structured metadata JSON (below)
+    {prefix}/{object_id}/buffer/{name}        one member's bytes, or past chunk_bytes
+    {prefix}/{object_id}/buffer/{name}/chunk/{i}    its consecutive pieces
+    SPEC = {"key", "bytes", "chunks": [{"key", "bytes"}], ["metadata_bytes",
+            "kind": "tensor", "dtype", "shape" (written by put_tensor/pub_tensor),
+            "format": "torch_save" (0-d tensors on stores without put_tensor)]}
+
+    metadata = {..caller's.., "layout": "structured" | "dataproto_stage",
+                ["dataproto": {"version", "namespace", "partition", "stage", "batch_size"}],
+                "__mooncake_structured_fields__": {member: FIELD}}
+    FIELD = {"encoding": "torch_tensor", "dtype", "shape", "element_size"}  304-byte
+            tensor header + data | {"encoding": "ndarray", "dtype": "<f4", "shape"} raw
+            C-order data | {"encoding": "bytes"}
+
+A DataProto stage keeps ``batch.{field}`` members as above and one member per payload part of
+each ``non_tensor_batch.{field}`` column; which parts, and how they decode, is recorded in the
+ref's ``encoded_non_tensor`` (in the handle, not on the store). Parts per codec (n rows):
+``ndarray``: data[n] + nulls bool[n]; ``utf8/bytes/msgpack/json_ragged``: data bytes +
+offsets i64[n+1] + nulls; ``typed_ragged`` / ``ragged_tensor``: flat data + offsets i64[n+1] +
+shapes i64[n, max(max_ndim, 1)] + ndims i16[n] + nulls; ``media_list_ragged``: data +
+row_offsets i64[n+1] + byte_offsets i64[items+1] + nulls; ``structured_recursive``:
+``node.{i}.missing/row_mask`` bool[n] (+ ``lengths`` i64[n] for lists) and each leaf column's
+parts as ``leaf.{j}.{part}`` plus ``leaf.{j}.missing``.
 """
 
 from __future__ import annotations
