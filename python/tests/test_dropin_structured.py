@@ -819,3 +819,27 @@ def test_column_decoders_reject_damaged_payloads():
             pass
         tried += 1
     assert tried == 4000
+
+
+def test_write_config_and_storage_group(transfer):
+    from mooncake.store import ReplicateConfig
+
+    config = ReplicateConfig()
+    config.replica_num = 1
+    ref = transfer.put_object({"a": torch.ones(2), "b": b"x"}, config=config)
+    assert same(torch.ones(2), transfer.get_object(ref)["a"])
+    config.group_ids = ["g-1"]
+    dp = transfer.put({"x": torch.ones(2), "s": ["p", "q"]}, type="dict", config=config)
+    assert export_dataproto_ref(dp)[S.STORAGE_GROUP_ID] == "g-1"
+    assert config.group_ids == ["g-1"]  # the caller's config is not modified
+    more = transfer.append_dataproto_fields(dp, {"batch": {"y": torch.zeros(2)}}, stage="s")
+    assert more._storage_group_id == "g-1"
+    assert transfer.get(more, type="dict")["s"] == ["p", "q"]
+    config.group_ids = ["g-1", "g-2"]
+    with pytest.raises(ValueError, match="exactly one logical group id"):
+        transfer.put({"x": torch.ones(2)}, type="dict", config=config)
+    config.group_ids = ["other"]
+    with pytest.raises(ValueError, match="conflicts with the DataProto storage group"):
+        transfer.append_dataproto_fields(more, {"batch": {"z": torch.zeros(2)}}, stage="s",
+                                         config=config)
+    transfer.cleanup_dataproto(more)
