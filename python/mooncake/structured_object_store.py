@@ -51,6 +51,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -187,82 +188,92 @@ def _mp_packb(value: Any) -> bytes:
     return bytes(out)
 
 
-class _MpReader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
+_MP_FIXED = {  # type byte -> (struct format, size) of fixed-width values
+    0xCA: (">f", 4), 0xCB: (">d", 8), 0xCC: (">B", 1), 0xCD: (">H", 2), 0xCE: (">I", 4),
+    0xCF: (">Q", 8), 0xD0: (">b", 1), 0xD1: (">h", 2), 0xD2: (">i", 4), 0xD3: (">q", 8),
+}
+_MP_SIZED = {  # type byte -> (kind, struct format of the length, its size)
+    0xD9: ("str", ">B", 1), 0xDA: ("str", ">H", 2), 0xDB: ("str", ">I", 4),
+    0xC4: ("bin", ">B", 1), 0xC5: ("bin", ">H", 2), 0xC6: ("bin", ">I", 4),
+    0xDC: ("array", ">H", 2), 0xDD: ("array", ">I", 4),
+    0xDE: ("map", ">H", 2), 0xDF: ("map", ">I", 4),
+}
+_MP_TRUNCATED = "msgpack data is truncated"
 
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if n < 0 or end > len(self.data):
-            raise ValueError("msgpack data is truncated")
-        chunk = self.data[self.pos:end]
-        self.pos = end
-        return chunk
 
-    def number(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def value(self, depth: int = 0) -> Any:
-        if depth > _MP_MAX_DEPTH:
-            raise ValueError("msgpack data nests too deeply")
-        tag = self.take(1)[0]
-        if tag < 0x80:
-            return tag
-        if tag >= 0xE0:
-            return tag - 0x100
-        if 0xA0 <= tag <= 0xBF:
-            return self.text(tag & 0x1F)
-        if 0x90 <= tag <= 0x9F:
-            return self.array(tag & 0x0F, depth)
-        if 0x80 <= tag <= 0x8F:
-            return self.map(tag & 0x0F, depth)
-        simple = {0xC0: None, 0xC2: False, 0xC3: True}
-        if tag in simple:
-            return simple[tag]
-        numbers = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h",
-                   0xD2: ">i", 0xD3: ">q", 0xCA: ">f", 0xCB: ">d"}
-        if tag in numbers:
-            return self.number(numbers[tag])
-        sizes = {0: ">B", 1: ">H", 2: ">I"}
-        if tag in (0xD9, 0xDA, 0xDB):
-            return self.text(self.number(sizes[tag - 0xD9]))
-        if tag in (0xC4, 0xC5, 0xC6):
-            return self.take(self.number(sizes[tag - 0xC4]))
-        if tag in (0xDC, 0xDD):
-            return self.array(self.number(sizes[tag - 0xDC + 1]), depth)
-        if tag in (0xDE, 0xDF):
-            return self.map(self.number(sizes[tag - 0xDE + 1]), depth)
+def _mp_read(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
+    """One value starting at ``pos``: (value, position after it)."""
+    if depth > _MP_MAX_DEPTH:
+        raise ValueError("msgpack data nests too deeply")
+    end = len(data)
+    if pos >= end:
+        raise ValueError(_MP_TRUNCATED)
+    tag = data[pos]
+    pos += 1
+    if tag < 0x80:
+        return tag, pos
+    if tag >= 0xE0:
+        return tag - 0x100, pos
+    if tag >= 0xA0 and tag <= 0xBF:
+        kind, n = "str", tag & 0x1F
+    elif tag >= 0x90 and tag <= 0x9F:
+        kind, n = "array", tag & 0x0F
+    elif tag >= 0x80 and tag <= 0x8F:
+        kind, n = "map", tag & 0x0F
+    elif tag == 0xC0:
+        return None, pos
+    elif tag == 0xC2:
+        return False, pos
+    elif tag == 0xC3:
+        return True, pos
+    elif tag in _MP_FIXED:
+        fmt, size = _MP_FIXED[tag]
+        if pos + size > end:
+            raise ValueError(_MP_TRUNCATED)
+        return struct.unpack_from(fmt, data, pos)[0], pos + size
+    elif tag in _MP_SIZED:
+        kind, fmt, size = _MP_SIZED[tag]
+        if pos + size > end:
+            raise ValueError(_MP_TRUNCATED)
+        n = struct.unpack_from(fmt, data, pos)[0]
+        pos += size
+    else:
         raise ValueError(f"unsupported msgpack type byte 0x{tag:02x}")
-
-    def text(self, n: int) -> str:
+    if kind == "str" or kind == "bin":
+        if pos + n > end:
+            raise ValueError(_MP_TRUNCATED)
+        raw = data[pos : pos + n]
+        if kind == "bin":
+            return raw, pos + n
         try:
-            return self.take(n).decode("utf-8")
+            return raw.decode("utf-8"), pos + n
         except UnicodeDecodeError as error:
             raise ValueError(f"msgpack str is not UTF-8: {error}") from error
-
-    def array(self, n: int, depth: int) -> list:
-        if n > len(self.data) - self.pos:
-            raise ValueError("msgpack data is truncated")
-        return [self.value(depth + 1) for _ in range(n)]
-
-    def map(self, n: int, depth: int) -> dict:
-        if 2 * n > len(self.data) - self.pos:
-            raise ValueError("msgpack data is truncated")
-        out = {}
+    # Every element takes at least one byte: a count past the data left is corrupt, and
+    # refusing it early keeps a forged count from allocating.
+    if (n if kind == "array" else 2 * n) > end - pos:
+        raise ValueError(_MP_TRUNCATED)
+    if kind == "array":
+        items = []
         for _ in range(n):
-            key = self.value(depth + 1)
-            if type(key) not in (str, bytes):
-                raise ValueError(f"{type(key).__name__} is not allowed for map key")
-            out[key] = self.value(depth + 1)
-        return out
+            item, pos = _mp_read(data, pos, depth + 1)
+            items.append(item)
+        return items, pos
+    mapping = {}
+    for _ in range(n):
+        key, pos = _mp_read(data, pos, depth + 1)
+        if type(key) is not str and type(key) is not bytes:
+            raise ValueError(f"{type(key).__name__} is not allowed for map key")
+        mapping[key], pos = _mp_read(data, pos, depth + 1)
+    return mapping, pos
 
 
 def _mp_unpack_all(data: bytes) -> list[Any]:
-    reader = _MpReader(bytes(data))
-    values = []
-    while reader.pos < len(reader.data):
-        values.append(reader.value())
+    data = bytes(data)
+    values, pos = [], 0
+    while pos < len(data):
+        value, pos = _mp_read(data, pos, 0)
+        values.append(value)
     return values
 
 
@@ -610,6 +621,21 @@ def _write(fn: Any, *args: Any, config: Any = None) -> Any:
     return fn(*args) if config is None else fn(*args, config=config)
 
 
+def _write_raw(fn: Any, *args: Any, config: Any = None) -> Any:
+    return fn(*args) if config is None else fn(*args, config=config)
+
+
+def _batch_config(config: Any, count: int) -> Any:
+    """A batch write's config: the one logical group id repeated for every key."""
+    single = _single_group(config)
+    groups = getattr(single, "group_ids", None)
+    if not groups:
+        return single
+    clone = _copy_config(single)
+    clone.group_ids = [groups[0]] * count
+    return clone
+
+
 _CONFIG_FIELDS = (
     "data_type", "group_ids", "nof_replica_num", "prefer_alloc_in_same_node",
     "preferred_nof_segments", "preferred_segment", "preferred_segments", "replica_num",
@@ -764,12 +790,17 @@ class _Bundles:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _put_bytes(self, key: str, view: memoryview, chunk: int, config: Any, written: list):
+    def _put_bytes(self, key: str, view: memoryview, chunk: int, config: Any, written: list,
+                   pending: list | None = None):
+        """Write (or, given ``pending``, queue for one batched write) a payload's chunks."""
         if len(view) == 0:
             return {"key": key, "bytes": 0, "chunks": []}
         pieces = [view[i : i + chunk] for i in range(0, len(view), chunk)]
         names = [key] if len(pieces) == 1 else [f"{key}/chunk/{i}" for i in range(len(pieces))]
         for name, piece in zip(names, pieces):
+            if pending is not None:
+                pending.append((name, piece))
+                continue
             _status_ok(_write(self.store.put, name, piece, config=config), "put", name)
             written.append(name)
         return {
@@ -816,8 +847,10 @@ class _Bundles:
         object_id = f"{partition}/{uuid.uuid4().hex}"
         base = f"{self.prefix}/{object_id}"
         written: list[str] = []
+        pending: list[tuple[str, memoryview]] = []
         try:
-            meta_spec = self._put_bytes(f"{base}/meta", meta_view, chunk, config, written)
+            meta_spec = self._put_bytes(f"{base}/meta", meta_view, chunk, config, written,
+                                        pending)
             specs: dict[str, Any] = {}
             for name, value in buffers.items():
                 _check_segment(name, "buffer name")
@@ -826,8 +859,9 @@ class _Bundles:
                     specs[name] = self._put_tensor(key, value.tensor, config, written)
                 else:
                     specs[name] = self._put_bytes(
-                        key, _byte_view(value, name), chunk, config, written
+                        key, _byte_view(value, name), chunk, config, written, pending
                     )
+            self._flush(pending, config, written)
             manifest = {
                 "version": 1,
                 "layout": "bundle",
@@ -844,6 +878,20 @@ class _Bundles:
             _remove_keys(self.store, written, strict=False)
             raise
         return RemoteBundleRef(manifest_key=manifest_key, manifest=manifest)
+
+    def _flush(self, pending: list, config: Any, written: list) -> None:
+        """Write the queued chunks: one put_batch when the store has it, else one put each."""
+        put_batch = getattr(self.store, "put_batch", None)
+        if len(pending) > 1 and callable(put_batch):
+            keys = [k for k, _ in pending]
+            written.extend(keys)  # on failure some may exist: all are cleaned up
+            batch_config = _batch_config(config, len(keys))
+            status = _write_raw(put_batch, keys, [v for _, v in pending], config=batch_config)
+            _status_ok(status, "put_batch", keys[0])
+            return
+        for key, view in pending:
+            _status_ok(_write(self.store.put, key, view, config=config), "put", key)
+            written.append(key)
 
     def put_manifest(self, meta: bytes, buffers: Mapping[str, Any], partition: str,
                      cleanup_keys: Sequence[str], config: Any = None) -> RemoteBundleRef:
@@ -988,22 +1036,38 @@ class _Bundles:
         return key
 
     def read(self, spec: Mapping[str, Any]) -> bytes:
-        parts = []
-        for chunk in spec["chunks"]:
-            blob = self.store.get(chunk["key"])
+        return self.read_many([spec])[0]
+
+    def read_many(self, specs: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """Every payload's bytes, fetched with one get_batch when the store has it."""
+        chunks = [c for spec in specs for c in spec["chunks"]]
+        get_batch = getattr(self.store, "get_batch", None)
+        if len(chunks) > 1 and callable(get_batch):
+            blobs = get_batch([c["key"] for c in chunks])
+            if len(blobs) != len(chunks):
+                raise RuntimeError(f"get_batch returned {len(blobs)} values for "
+                                   f"{len(chunks)} keys")
+        else:
+            blobs = [self.store.get(c["key"]) for c in chunks]
+        for chunk, blob in zip(chunks, blobs):
             if len(blob) != int(chunk["bytes"]):
                 raise RuntimeError(
                     f"bundle chunk {chunk['key']!r} read {len(blob)} bytes, "
                     f"expected {chunk['bytes']}"
                 )
-            parts.append(blob)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        out, at = [], 0
+        for spec in specs:
+            n = len(spec["chunks"])
+            parts = blobs[at : at + n]
+            at += n
+            out.append(b"" if not parts else parts[0] if n == 1 else b"".join(parts))
+        return out
 
-    def read_tensor(self, spec: Mapping[str, Any]) -> Any:
-        blob = self.read(spec)
+    def decode_tensor(self, spec: Mapping[str, Any], blob: bytes) -> Any:
         if spec.get("format") == "torch_save":
             return _torch.load(io.BytesIO(blob), weights_only=True)
         return _tensor_codec._deserialize_tensor(blob)
+
 
     @staticmethod
     def keys_of(manifest: Mapping[str, Any]) -> list[str]:
@@ -1059,16 +1123,17 @@ def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
     return {"encoding": "bytes"}, value
 
 
-def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec: Mapping) -> Any:
+def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec: Mapping,
+                   blob: bytes) -> Any:
     encoding = fspec.get("encoding", "bytes")
     if encoding == "bytes":
-        return bytes(bundles.read(spec))
+        return bytes(blob)
     if encoding == "torch_tensor":
         if fspec.get("nested"):
             raise _unsupported("nested (jagged) torch tensor members")
         if _torch is None:
             raise RuntimeError("torch is required to read torch_tensor members")
-        return bundles.read_tensor(spec)
+        return bundles.decode_tensor(spec, blob)
     if encoding == "ndarray":
         dtype = _plain_dtype(fspec.get("dtype"))
         try:
@@ -1077,7 +1142,6 @@ def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec:
             raise ValueError(f"structured member {name!r} has no valid shape") from error
         if any(d < 0 for d in shape):
             raise ValueError(f"structured member {name!r} has a negative dimension")
-        blob = bundles.read(spec)
         expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         if len(blob) != expected:
             raise ValueError(
@@ -1355,18 +1419,21 @@ def _ragged_numbers_decode(payload: Mapping[str, Any], rows: int, meta: Mapping)
     fmt = meta.get("row_format")
     flags = meta.get("ndarray_rows") or []
     out: list[Any] = []
+    width = shapes.shape[1]
+    offsets, ndims = np.asarray(offsets).tolist(), np.asarray(ndims).tolist()
+    nulls, shapes = np.asarray(nulls).tolist(), shapes.tolist()
     for row in range(rows):
-        if bool(nulls[row]):
+        if nulls[row]:
             out.append(None)
             continue
         begin, end = int(offsets[row]), int(offsets[row + 1])
         if not 0 <= begin <= end <= data.size:
             raise ValueError(f"typed_ragged offsets out of range at row {row}")
         ndim = int(ndims[row])
-        if not 0 <= ndim <= shapes.shape[1]:
+        if not 0 <= ndim <= width:
             raise ValueError(f"typed_ragged ndim {ndim} out of range at row {row}")
-        shape = tuple(int(d) for d in shapes[row, :ndim])
-        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != end - begin:
+        shape = tuple(int(d) for d in shapes[row][:ndim])
+        if any(d < 0 for d in shape) or math.prod(shape) != end - begin:
             raise ValueError(f"typed_ragged shape {list(shape)} does not hold {end - begin} "
                              f"elements at row {row}")
         array = data[begin:end].reshape(shape)
@@ -2094,10 +2161,11 @@ class MooncakeBundleTransfer:
         if unknown:
             raise KeyError(f"unknown bundle buffers: {unknown}")
         slices = dict(spec.member_slices)
+        blobs = self._bundles.read_many([buffers[n] for n in names])
         objects = {}
-        for name in names:
+        for name, blob in zip(names, blobs):
             value = _decode_member(name, self._bundles, buffers[name],
-                                   field_specs.get(name, {"encoding": "bytes"}))
+                                   field_specs.get(name, {"encoding": "bytes"}), blob)
             if name in slices:
                 value = _slice_member(value, slices[name])
             objects[name] = value
