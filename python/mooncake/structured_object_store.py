@@ -105,58 +105,72 @@ _MP_MAX_DEPTH = 128
 
 
 def _mp_pack(value: Any, out: bytearray, depth: int = 0) -> None:
+    # Exact types only (strict_types): most frequent first, fix-size forms inlined.
     if depth > _MP_MAX_DEPTH:
         raise ValueError("msgpack value nests too deeply")
     kind = type(value)
-    if value is None:
-        out.append(0xC0)
-    elif kind is bool:
-        out.append(0xC3 if value else 0xC2)
+    if kind is str:
+        data = value.encode("utf-8")
+        if len(data) < 32:
+            out.append(0xA0 | len(data))
+        else:
+            _mp_header(out, len(data), None, 0, (0xD9, 0xDA, 0xDB))
+        out += data
     elif kind is int:
         if 0 <= value < 0x80:
             out.append(value)
         elif -32 <= value < 0:
             out.append(value & 0xFF)
-        elif value >= 0:
-            for tag, fmt, top in ((0xCC, ">B", 0xFF), (0xCD, ">H", 0xFFFF),
-                                  (0xCE, ">I", 0xFFFFFFFF), (0xCF, ">Q", 2**64 - 1)):
-                if value <= top:
-                    out.append(tag)
-                    out += struct.pack(fmt, value)
-                    break
-            else:
-                raise OverflowError("int too big to convert")
         else:
-            for tag, fmt, low in ((0xD0, ">b", -(2**7)), (0xD1, ">h", -(2**15)),
-                                  (0xD2, ">i", -(2**31)), (0xD3, ">q", -(2**63))):
-                if value >= low:
-                    out.append(tag)
-                    out += struct.pack(fmt, value)
-                    break
-            else:
-                raise OverflowError("int too big to convert")
-    elif kind is float:
-        out.append(0xCB)
-        out += struct.pack(">d", value)
-    elif kind is str:
-        data = value.encode("utf-8")
-        _mp_header(out, len(data), 0xA0, 32, (0xD9, 0xDA, 0xDB))
-        out += data
-    elif kind in (bytes, bytearray, memoryview):
-        data = bytes(value)
-        _mp_header(out, len(data), None, 0, (0xC4, 0xC5, 0xC6))
-        out += data
-    elif kind is list:
-        _mp_header(out, len(value), 0x90, 16, (None, 0xDC, 0xDD))
-        for item in value:
-            _mp_pack(item, out, depth + 1)
+            _mp_int(value, out)
     elif kind is dict:
-        _mp_header(out, len(value), 0x80, 16, (None, 0xDE, 0xDF))
+        if len(value) < 16:
+            out.append(0x80 | len(value))
+        else:
+            _mp_header(out, len(value), None, 0, (None, 0xDE, 0xDF))
         for key, item in value.items():
             _mp_pack(key, out, depth + 1)
             _mp_pack(item, out, depth + 1)
+    elif kind is list:
+        if len(value) < 16:
+            out.append(0x90 | len(value))
+        else:
+            _mp_header(out, len(value), None, 0, (None, 0xDC, 0xDD))
+        for item in value:
+            _mp_pack(item, out, depth + 1)
+    elif kind is float:
+        out.append(0xCB)
+        out += struct.pack(">d", value)
+    elif value is None:
+        out.append(0xC0)
+    elif kind is bool:
+        out.append(0xC3 if value else 0xC2)
+    elif kind is bytes or kind is bytearray or kind is memoryview:
+        data = bytes(value)
+        _mp_header(out, len(data), None, 0, (0xC4, 0xC5, 0xC6))
+        out += data
     else:
         raise TypeError(f"can not serialize {_type_label(kind)!r} object")
+
+
+def _mp_int(value: int, out: bytearray) -> None:
+    if value >= 0:
+        forms = ((0xCC, ">B", 0xFF), (0xCD, ">H", 0xFFFF), (0xCE, ">I", 0xFFFFFFFF),
+                 (0xCF, ">Q", 2**64 - 1))
+        for tag, fmt, top in forms:
+            if value <= top:
+                out.append(tag)
+                out += struct.pack(fmt, value)
+                return
+    else:
+        forms = ((0xD0, ">b", -(2**7)), (0xD1, ">h", -(2**15)), (0xD2, ">i", -(2**31)),
+                 (0xD3, ">q", -(2**63)))
+        for tag, fmt, low in forms:
+            if value >= low:
+                out.append(tag)
+                out += struct.pack(fmt, value)
+                return
+    raise OverflowError("int too big to convert")
 
 
 def _type_label(kind: type) -> str:
