@@ -1115,6 +1115,8 @@ class _Bundles:
 def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
     if _is_tensor(value):
         if value.is_nested:
+            if value.layout != _torch.jagged:
+                raise ValueError("structured nested tensor fields require torch.jagged layout")
             raise _unsupported("nested (jagged) torch tensor members")
         tensor = value.detach()
         if tensor.device.type != "cpu":

@@ -695,13 +695,17 @@ def test_unsupported_calls_fail_loudly(transfer):
         "raw_destination": lambda: S.raw_destination(0, 1),
         "zero_copy": lambda: transfer.put_object(
             {"a": b"x"}, policy=BundleTransferPolicy(copy_mode="zero_copy")),
-        "nested tensor": lambda: transfer.put_object({"n": torch.nested.nested_tensor(
-            [torch.ones(1), torch.ones(2)], layout=torch.jagged)}),
     }
     for what, call in calls.items():
         with pytest.raises(NotImplementedError, match="not implemented in mooncake-rs"):
             call()
         assert what
+    # oracle: a strided nested tensor is refused outright (jagged ones, which upstream
+    # stores, raise NotImplementedError here; building one costs torch 10+ s, so not here).
+    with pytest.warns(UserWarning):
+        strided = torch.nested.nested_tensor([torch.ones(1), torch.ones(2)])
+    with pytest.raises(ValueError, match="require torch.jagged layout"):
+        transfer.put_object({"n": strided})
 
 
 # -- the in-tree msgpack codec -----------------------------------------------------------------
@@ -739,7 +743,7 @@ def test_msgpack_bytes_match_upstream(expr, expect):
 
 def test_msgpack_decoder_rejects_damaged_input():
     rng = random.Random(14)
-    samples = [S._mp_packb(eval(e)) for e, _ in MSGPACK_GOLDEN]
+    samples = [b for b in (S._mp_packb(eval(e)) for e, _ in MSGPACK_GOLDEN) if len(b) < 4096]
     for _ in range(3000):
         blob = bytearray(rng.choice(samples))
         op = rng.randrange(3)
