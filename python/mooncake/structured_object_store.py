@@ -1117,7 +1117,7 @@ def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
         if value.is_nested:
             if value.layout != _torch.jagged:
                 raise ValueError("structured nested tensor fields require torch.jagged layout")
-            raise _unsupported("nested (jagged) torch tensor members")
+            return _encode_jagged(value)
         tensor = value.detach()
         if tensor.device.type != "cpu":
             tensor = tensor.cpu()
@@ -1139,16 +1139,78 @@ def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
     return {"encoding": "bytes"}, value
 
 
+def _tensor_bytes(tensor: Any) -> bytes:
+    import ctypes
+
+    header, ptr, nbytes, _owner = _tensor_codec._serialize_tensor(tensor)
+    return bytes(header) + (ctypes.string_at(ptr, nbytes) if nbytes else b"")
+
+
+def _encode_jagged(value: Any) -> tuple[dict[str, Any], bytes]:
+    """A jagged nested tensor as its values, offsets and (if any) lengths tensors, each in the
+    304-byte tensor format, one after the other ("tensor_parts", as upstream writes them)."""
+    parts_of = [value.values(), value.offsets()]
+    lengths = value.lengths()
+    if lengths is not None:
+        parts_of.append(lengths)
+    spec: dict[str, Any] = {"encoding": "torch_tensor", "dtype": str(value.dtype),
+                            "nested": True, "format": "torch_save"}
+    if all(t.device.type == "cpu" for t in parts_of):
+        parts = [_tensor_bytes(t.contiguous()) for t in parts_of]
+        spec.update(format="tensor_parts", part_bytes=[len(p) for p in parts],
+                    has_lengths=lengths is not None,
+                    ragged_idx=int(getattr(value, "_ragged_idx", 1)))
+        return spec, b"".join(parts)
+    buf = io.BytesIO()
+    _torch.save(value, buf)
+    return spec, buf.getvalue()
+
+
+def _decode_jagged(blob: bytes, fspec: Mapping[str, Any]) -> Any:
+    fmt = fspec.get("format", "torch_save")
+    if fmt == "torch_save":
+        saved = _torch.load(io.BytesIO(blob), weights_only=True)
+        return _jagged_from(saved.values(), saved.offsets(), saved.lengths(),
+                            int(getattr(saved, "_ragged_idx", 1)))
+    if fmt != "tensor_parts":
+        raise ValueError(f"unsupported nested tensor payload format: {fmt}")
+    sizes = fspec.get("part_bytes")
+    count = 3 if fspec.get("has_lengths") else 2
+    if not isinstance(sizes, list) or len(sizes) != count:
+        raise ValueError("nested tensor payload has invalid part metadata")
+    tensors, at = [], 0
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError("nested tensor payload has invalid part size")
+        if at + size > len(blob):
+            raise ValueError("nested tensor payload is truncated")
+        tensors.append(_tensor_codec._deserialize_tensor(blob[at : at + size]))
+        at += size
+    if at != len(blob):
+        raise ValueError("nested tensor payload has trailing bytes")
+    return _jagged_from(tensors[0], tensors[1], tensors[2] if count == 3 else None,
+                        int(fspec.get("ragged_idx", 1)))
+
+
+def _jagged_from(values: Any, offsets: Any, lengths: Any, ragged_idx: int) -> Any:
+    seq = lengths if lengths is not None else offsets.diff()
+    low = int(seq.min().item()) if seq.numel() else 0
+    high = int(seq.max().item()) if seq.numel() else 0
+    return _torch.nested.nested_tensor_from_jagged(
+        values, offsets=offsets, lengths=lengths, jagged_dim=ragged_idx,
+        min_seqlen=low, max_seqlen=high)
+
+
 def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec: Mapping,
                    blob: bytes) -> Any:
     encoding = fspec.get("encoding", "bytes")
     if encoding == "bytes":
         return bytes(blob)
     if encoding == "torch_tensor":
-        if fspec.get("nested"):
-            raise _unsupported("nested (jagged) torch tensor members")
         if _torch is None:
             raise RuntimeError("torch is required to read torch_tensor members")
+        if fspec.get("nested"):
+            return _decode_jagged(blob, fspec)
         return bundles.decode_tensor(spec, blob)
     if encoding == "ndarray":
         dtype = _plain_dtype(fspec.get("dtype"))
