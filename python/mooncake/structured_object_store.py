@@ -1691,6 +1691,82 @@ def _tensor_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | N
     return out
 
 
+def _dict_keys(keys: Any) -> list[str]:
+    out: list[str] = []
+    for key in (keys.keys() if isinstance(keys, Mapping) else keys):
+        if not isinstance(key, str):
+            raise TypeError("ragged_tensor_dict keys must be strings")
+        if not key:
+            raise ValueError("ragged_tensor_dict keys must not be empty")
+        if "." in key or "/" in key or "\\" in key:
+            raise ValueError("ragged_tensor_dict keys must not contain '.', '/', or '\\'")
+        if key in out:
+            raise ValueError(f"ragged_tensor_dict keys contain duplicate key {key!r}")
+        out.append(key)
+    return out
+
+
+def _tensor_dict_rows(values: Sequence[Any], schema: FieldSchema) -> _Encoded:
+    """Rows of {name: tensor} (or None): one ragged_tensor column per name, ``{name}.{part}``,
+    plus ``null_mask``. Names come from ``metadata['keys']`` or, sorted, from the rows."""
+    declared = (schema.metadata or {}).get("keys")
+    keys = None if declared is None else _dict_keys(declared)
+    seen: set[str] = set()
+    for row, item in enumerate(values):
+        if item is None:
+            continue
+        if not isinstance(item, Mapping):
+            raise TypeError("ragged_tensor_dict rows must be mappings or None; "
+                            f"row {row} is {type(item).__name__}")
+        nones = sorted(k for k, v in item.items() if v is None)
+        if nones:
+            raise TypeError("ragged_tensor_dict rows cannot contain explicit None tensor "
+                            f"values; row {row} has explicit None for {nones}")
+        names = _dict_keys(item.keys())
+        if keys is None:
+            seen.update(names)
+        elif set(names) - set(keys):
+            raise ValueError(
+                "ragged_tensor_dict rows contain keys not declared in FieldSchema "
+                f"metadata['keys']; row {row} has keys not declared: "
+                f"{sorted(set(names) - set(keys))}")
+    if keys is None:
+        keys = _dict_keys(sorted(seen))
+    if keys and _torch is None:
+        raise RuntimeError("torch is required to encode ragged_tensor_dict fields")
+    payload: dict[str, Any] = {"null_mask": np.asarray([v is None for v in values], np.bool_)}
+    per_key = {}
+    for key in keys:
+        try:
+            part, meta = _tensor_rows([None if v is None else v.get(key) for v in values])
+        except (TypeError, ValueError, OverflowError, RuntimeError, RecursionError) as error:
+            raise ValueError(f"failed to encode ragged_tensor_dict key {key!r}") from error
+        for name, value in part.items():
+            payload[f"{key}.{name}"] = value
+        per_key[key] = meta
+    return _Encoded("ragged_tensor_dict", len(values), payload,
+                    {"keys": keys, "key_codecs": per_key})
+
+
+def _tensor_dict_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
+    mask = payload["null_mask"]
+    if isinstance(mask, (bytes, bytearray)):
+        mask = np.frombuffer(mask, dtype=np.bool_)
+    _check_rows("ragged_tensor_dict", rows, nulls=mask)
+    keys = meta.get("keys", [])
+    columns = {}
+    for key in keys:
+        part = {n[len(key) + 1:]: v for n, v in payload.items() if n.startswith(f"{key}.")}
+        columns[key] = _tensor_rows_decode(part, rows, meta.get("key_codecs", {}).get(key))
+    out: list[Any] = []
+    for row in range(rows):
+        if bool(mask[row]):
+            out.append(None)
+            continue
+        out.append({k: columns[k][row] for k in keys if columns[k][row] is not None})
+    return out
+
+
 def _scalar_rows(values: Sequence[Any], dtype: Any):
     dtype = np.dtype(dtype)
     fill = False if dtype == np.bool_ else 0
@@ -1764,7 +1840,7 @@ def _decode_leaf(codec: str, payload: Mapping[str, Any], rows: int, meta: Mappin
     if codec == "json_ragged":
         return [None if v is None else json.loads(v) for v in _byte_rows_decode(payload, rows)]
     if codec == "ragged_tensor_dict":
-        raise _unsupported("the ragged_tensor_dict codec")
+        return _tensor_dict_rows_decode(payload, rows, meta or {})
     raise ValueError(f"unknown structured non-tensor codec: {codec}")
 
 
@@ -2065,7 +2141,7 @@ def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _
     if codec == "auto":
         raise _unsupported("FieldSchema codec 'auto' inside an explicit encoding")
     if codec == "ragged_tensor_dict":
-        raise _unsupported("the ragged_tensor_dict codec")
+        return _tensor_dict_rows(values, schema)
     if codec == "ragged_tensor":
         payload, meta = _tensor_rows(values)
     elif codec == "typed_ragged":

@@ -581,6 +581,38 @@ def test_field_schema_sections(transfer):
     assert ref.encoded_non_tensor["c"]["metadata"] == {"dtype": "int16", "shape": [3]}
 
 
+def test_ragged_tensor_dict_schema(transfer):
+    rows = [{"a": torch.ones(2), "b": torch.zeros(1, 2, dtype=torch.int64)}, None,
+            {"a": torch.arange(3.0)}]
+    ref = transfer.put({"x": Z, "c": rows}, type="dict",
+                       field_schemas={"c": FieldSchema("ragged_tensor_dict")})
+    enc = ref.encoded_non_tensor["c"]
+    assert enc["codec"] == "ragged_tensor_dict" and enc["metadata"]["keys"] == ["a", "b"]
+    assert sorted(enc["payload_members"]) == sorted(
+        ["null_mask"] + [f"{k}.{p}" for k in "ab"
+                         for p in ("data", "offsets", "shapes", "ndims", "nulls")])
+    assert same(rows, transfer.get(ref, type="dict")["c"])
+    declared = transfer.put({"x": Z[:2], "c": [{"a": torch.ones(2)}, None]}, type="dict",
+                            field_schemas={"c": FieldSchema("ragged_tensor_dict",
+                                                            metadata={"keys": ["b", "a"]})})
+    assert declared.encoded_non_tensor["c"]["metadata"]["keys"] == ["b", "a"]
+    assert same([{"a": torch.ones(2)}, None], transfer.get(declared, type="dict")["c"])
+    # oracle: the errors upstream raised for the same rows
+    bad = [
+        ([{"a": torch.ones(2), "z": torch.ones(1)}, None], {"keys": ["a"]}, ValueError,
+         r"row 0 has keys not declared: \['z'\]"),
+        ([{"a": None}, None], {}, TypeError, r"row 0 has explicit None for \['a'\]"),
+        ([3, None], {}, TypeError, "rows must be mappings or None; row 0 is int"),
+        ([{"a.b": torch.ones(1)}, None], {}, ValueError, "keys must not contain"),
+        ([{"a": torch.ones(1)}, {"a": torch.ones(1, dtype=torch.int64)}], {}, ValueError,
+         "failed to encode ragged_tensor_dict key 'a'"),
+    ]
+    for rows, meta, exc, message in bad:
+        with pytest.raises(exc, match=message):
+            transfer.put({"x": Z[:2], "c": rows}, type="dict", field_schemas={
+                "c": FieldSchema("ragged_tensor_dict", metadata=meta)})
+
+
 @pytest.mark.parametrize("data, schemas, kind, exc, message", [
     # oracle: exception type and message
     ({"x": Z, "c": ["a", None, "c"]}, {"c": FieldSchema("utf8_ragged", nullable=False)}, "dict",
@@ -706,9 +738,6 @@ def test_missing_or_corrupt_objects_raise(transfer, store):
 def test_unsupported_calls_fail_loudly(transfer):
     ref = transfer.put({"x": X}, type="dict")
     calls = {
-        "ragged_tensor_dict": lambda: transfer.put(
-            {"x": X, "c": [{"a": torch.ones(1)}, None]}, type="dict",
-            field_schemas={"c": FieldSchema("ragged_tensor_dict")}),
         "ndarray schema without dtype": lambda: transfer.put(
             {"x": X, "c": [1, 2]}, type="dict", field_schemas={"c": FieldSchema("ndarray")}),
         "materialize_into": lambda: transfer.materialize_into(
