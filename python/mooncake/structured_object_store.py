@@ -1230,6 +1230,33 @@ def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec:
     raise ValueError(f"unsupported structured field encoding: {encoding}")
 
 
+def _check_destination(name: str, fspec: Mapping[str, Any], target: Any) -> None:
+    encoding = fspec.get("encoding", "bytes")
+    if encoding == "bytes":
+        raise ValueError(f"structured bytes member {name} does not support materialize_into")
+    if encoding == "torch_tensor":
+        raise ValueError(f"structured tensor member {name} only supports tensor_object_buffer "
+                         "or raw_destination destinations")
+    if not isinstance(target, np.ndarray):
+        raise TypeError(f"structured ndarray field {name} destination must be a numpy.ndarray "
+                        "or raw_destination")
+
+
+def _fill_destination(name: str, target: np.ndarray, value: np.ndarray) -> np.ndarray:
+    if target.dtype != value.dtype:
+        raise ValueError(f"structured ndarray field {name} destination dtype mismatch: "
+                         f"expected {value.dtype.str}, got {target.dtype.str}")
+    if tuple(target.shape) != tuple(value.shape):
+        raise ValueError(f"structured ndarray field {name} destination shape mismatch: "
+                         f"expected {tuple(value.shape)}, got {tuple(target.shape)}")
+    if not target.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"structured ndarray field {name} destination must be C-contiguous")
+    if not target.flags["WRITEABLE"]:
+        raise ValueError(f"structured ndarray field {name} destination must be writeable")
+    np.copyto(target, value)
+    return target
+
+
 def _slice_member(value: Any, sl: StructuredMemberSlice) -> Any:
     if isinstance(value, (bytes, bytearray)):
         if sl.axis != 0:
@@ -2302,6 +2329,13 @@ class MooncakeBundleTransfer:
         return StructuredObjectReadSpec(ref=ref)
 
     def materialize(self, spec: StructuredObjectReadSpec) -> StructuredObjectResult:
+        return self.materialize_into(spec, None)
+
+    def materialize_into(self, spec: StructuredObjectReadSpec,
+                         destinations: Optional[Mapping[str, Any]]) -> StructuredObjectResult:
+        """materialize(), copying ndarray members into the caller's numpy arrays given by
+        member name (each C-contiguous, writeable, of the member's dtype and read shape)."""
+        destinations = destinations or {}
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
         manifest = self._bundles.resolve(spec.ref)
@@ -2318,18 +2352,17 @@ class MooncakeBundleTransfer:
         blobs = self._bundles.read_many([buffers[n] for n in names])
         objects = {}
         for name, blob in zip(names, blobs):
-            value = _decode_member(name, self._bundles, buffers[name],
-                                   field_specs.get(name, {"encoding": "bytes"}), blob)
+            fspec = field_specs.get(name, {"encoding": "bytes"})
+            target = destinations.get(name)
+            if target is not None:
+                _check_destination(name, fspec, target)
+            value = _decode_member(name, self._bundles, buffers[name], fspec, blob)
             if name in slices:
                 value = _slice_member(value, slices[name])
+            if target is not None:
+                value = _fill_destination(name, target, value)
             objects[name] = value
         return StructuredObjectResult(metadata=metadata, objects=objects)
-
-    def materialize_into(self, spec: StructuredObjectReadSpec,
-                         destinations: Optional[Mapping[str, Any]]) -> StructuredObjectResult:
-        if destinations:
-            raise _unsupported("materialize_into with destinations (reads into caller buffers)")
-        return self.materialize(spec)
 
     @staticmethod
     def release_result(result: Any) -> None:
@@ -2374,11 +2407,10 @@ class MooncakeBundleTransfer:
             rows=None) -> Any:
         if type not in ("dataproto", "dict"):
             raise ValueError(f"unsupported Mooncake payload type: {type!r}")
-        if destinations:
-            raise _unsupported("get(destinations=...) (reads into caller buffers)")
         flat = type == "dict"
         batch, non_tensor, meta = self._read_sections(
-            ref, fields, batch_fields, non_tensor_fields, meta_info_keys, rows, flat)
+            ref, fields, batch_fields, non_tensor_fields, meta_info_keys, rows, flat,
+            destinations or {})
         if flat:
             overlap = (set(meta) & set(batch)) | (set(meta) & set(non_tensor)) | (
                 set(batch) & set(non_tensor))
@@ -2624,7 +2656,7 @@ class MooncakeBundleTransfer:
         return merged
 
     def _read_sections(self, ref, fields, batch_fields, non_tensor_fields, meta_keys, rows,
-                       flat):
+                       flat, destinations):
         ref = _as_dataproto_ref(ref)
         indices = _rows_selection(rows, ref.batch_size)
         index = ref.field_index
@@ -2662,6 +2694,7 @@ class MooncakeBundleTransfer:
                     wanted_members.append(index[name].member)
             result = self.materialize(
                 self.read_spec(ref.stage_refs[stage]).select_members(wanted_members))
+            specs = result.metadata.get(STRUCTURED_FIELD_SPECS_KEY, {})
             objs = result.objects
             for name in stage_names:
                 loc = index[name]
@@ -2676,6 +2709,11 @@ class MooncakeBundleTransfer:
                     value = objs[loc.member]
                     if indices is not None:
                         value = _take_rows(value, indices)
+                    target = destinations.get(name)
+                    if target is not None:
+                        fspec = specs.get(loc.member, {"encoding": "bytes"})
+                        _check_destination(loc.member, fspec, target)
+                        value = _fill_destination(loc.member, target, value)
                     (batch if loc.section == "batch" else non_tensor)[name] = value
         meta = dict(ref.meta_info)
         if meta_keys is not None:

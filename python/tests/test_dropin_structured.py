@@ -161,6 +161,41 @@ def test_read_spec_selects_and_slices_members(transfer):
         transfer.materialize(transfer.read_spec(ref).select_members([]))
 
 
+def test_materialize_into_numpy_destinations(transfer):
+    ref = transfer.put_object({"a": np.arange(12, dtype=np.int32).reshape(3, 4),
+                               "t": torch.ones(2), "b": b"xy"})
+    dest = np.zeros((3, 4), dtype=np.int32)
+    out = transfer.materialize_into(transfer.read_spec(ref), {"a": dest})
+    assert out.objects["a"] is dest and np.array_equal(dest, np.arange(12).reshape(3, 4))
+    part = np.zeros((1, 4), dtype=np.int32)
+    spec = transfer.read_spec(ref).select_members(["a"]).slice_member("a", 0, 1, 2)
+    assert transfer.materialize_into(spec, {"a": part}).objects["a"] is part
+    assert part.tolist() == [[4, 5, 6, 7]]
+    # oracle: the checks and messages upstream applies
+    bad = [
+        ({"a": np.zeros((3, 4), np.int64)}, ValueError, "destination dtype mismatch: "
+         "expected <i4, got <i8"),
+        ({"a": np.zeros((4, 3), np.int32)}, ValueError, "destination shape mismatch"),
+        ({"a": np.zeros((4, 3), np.int32).T}, ValueError, "must be C-contiguous"),
+        ({"a": [0] * 12}, TypeError, "destination must be a numpy.ndarray"),
+        ({"b": np.zeros(2, np.uint8)}, ValueError,
+         "structured bytes member b does not support materialize_into"),
+        ({"t": torch.empty(2)}, ValueError,
+         "only supports tensor_object_buffer or raw_destination destinations"),
+    ]
+    for destinations, exc, message in bad:
+        with pytest.raises(exc, match=message):
+            transfer.materialize_into(transfer.read_spec(ref), destinations)
+    frozen = np.zeros((3, 4), np.int32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="must be writeable"):
+        transfer.materialize_into(transfer.read_spec(ref), {"a": frozen})
+    rows = transfer.put({"m": np.arange(6.0).reshape(3, 2), "s": ["p", "q", "r"]}, type="dict")
+    target = np.empty((2, 2))
+    got = transfer.get(rows, type="dict", destinations={"m": target}, rows=[2, 0])
+    assert got["m"] is target and target.tolist() == [[4.0, 5.0], [0.0, 1.0]]
+
+
 def test_structured_payload_metadata_is_kept(transfer):
     payload = StructuredObjectPayload(metadata={"layout": "mine", "step": 3},
                                       buffers={"w": np.ones(2)})
@@ -740,9 +775,6 @@ def test_unsupported_calls_fail_loudly(transfer):
     calls = {
         "ndarray schema without dtype": lambda: transfer.put(
             {"x": X, "c": [1, 2]}, type="dict", field_schemas={"c": FieldSchema("ndarray")}),
-        "materialize_into": lambda: transfer.materialize_into(
-            transfer.read_spec(ref.stage_refs["default"]), {"batch.x": torch.empty(2)}),
-        "destinations": lambda: transfer.get(ref, destinations={"x": torch.empty(2)}),
         "tensor_object_buffer": lambda: S.tensor_object_buffer(0, 1),
         "raw_destination": lambda: S.raw_destination(0, 1),
         "zero_copy": lambda: transfer.put_object(
