@@ -1881,7 +1881,10 @@ def _encode_column(path: str, column: np.ndarray) -> _Encoded:
     return _encode_leaf(path, values, _choose_codec(values))
 
 
-def _encode_recursive(path, values, leaves, nodes) -> _Encoded:
+def _encode_recursive(path, values, leaves, nodes, explicit: bool = False) -> _Encoded:
+    """One column per leaf path plus node masks. ``explicit`` encodes each leaf as an explicit
+    FieldSchema of its inferred codec (upstream's fallback search does so), which records no
+    inference metadata and lets a rejected codec try anyway."""
     payload: dict[str, Any] = {}
     node_specs = []
     for i, node in enumerate(nodes):
@@ -1903,7 +1906,12 @@ def _encode_recursive(path, values, leaves, nodes) -> _Encoded:
         choice = leaf.choice
         if not choice.ok and all(v is None or isinstance(v, _Missing) for v in leaf.values):
             choice = _Choice(True, "json_ragged", "all rows are null or missing", "json")
-        encoded = _encode_leaf(leaf.path, plain, choice)
+        if explicit:
+            column = np.asarray(_plain_values(plain, choice.codec), dtype=object)
+            encoded = _encode_with_schema(leaf.path, column,
+                                          FieldSchema(choice.codec, metadata=choice.extra))
+        else:
+            encoded = _encode_leaf(leaf.path, plain, choice)
         members = {}
         for name, value in encoded.payload.items():
             payload[f"leaf.{i}.{name}"] = value
@@ -2160,13 +2168,67 @@ def _check_pinned_sections(sections, schemas) -> None:
             f"in {found}")
 
 
+_FALLBACK_ERRORS = (TypeError, ValueError, OverflowError, RuntimeError, RecursionError)
+
+
+def _plain(value: Any) -> Any:
+    """numpy values as Python ones, recursively (for the msgpack/json fallbacks)."""
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist()) if value.dtype == object else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _plain_values(values: Sequence[Any], codec: str) -> list[Any]:
+    if codec in ("msgpack_ragged", "json_ragged"):
+        return [_plain(v) for v in values]
+    return list(values)
+
+
+def _encode_fallback(path: str, column: np.ndarray) -> _Encoded:
+    """Upstream's search for a codec that works: a recursive split when a leaf needs it, then
+    the inferred codec, then msgpack, then JSON (numpy values made plain for the last two)."""
+    values = list(column)
+    errors: list[str] = []
+    try:
+        leaves: list[_Leaf] = []
+        nodes: list[_Node] = []
+        _split_structure(path, (), values, leaves, nodes)
+        if nodes and any(
+            (leaf.choice.codec == "typed_ragged"
+             and leaf.choice.extra.get("recursive_source") == "ndarray")
+            or leaf.choice.codec in ("ragged_tensor", "bytes_ragged", "media_bytes",
+                                     "media_list_ragged")
+            for leaf in leaves
+        ):
+            return _encode_recursive(path, values, leaves, nodes, explicit=True)
+    except _FALLBACK_ERRORS as error:
+        errors.append(f"structured_recursive: {error}")
+    choice = _choose_codec(values)
+    codecs = [choice.codec] + [c for c in ("msgpack_ragged", "json_ragged") if c != choice.codec]
+    for codec in codecs:
+        meta = dict(choice.extra) if codec == choice.codec else {}
+        candidate = np.asarray(_plain_values(values, codec), dtype=object)
+        try:
+            return _encode_with_schema(path, candidate, FieldSchema(codec, metadata=meta))
+        except _FALLBACK_ERRORS as error:
+            errors.append(f"{codec}: {error}")
+    raise ValueError(f"unable to infer a safe codec for structured non-tensor field {path!r}; "
+                     f"tried {errors}")
+
+
 def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _Encoded:
     values = list(column)
     if not schema.nullable and any(v is None for v in values):
         raise ValueError(f"FieldSchema for {path!r} is not nullable")
     codec = schema.codec
     if codec == "auto":
-        raise _unsupported("FieldSchema codec 'auto' inside an explicit encoding")
+        return _encode_fallback(path, column)
     if codec == "ragged_tensor_dict":
         return _tensor_dict_rows(values, schema)
     if codec == "ragged_tensor":
@@ -2176,8 +2238,7 @@ def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _
     elif codec == "ndarray":
         dtype = _schema_dtype(schema)
         if dtype is None:
-            raise _unsupported("FieldSchema codec 'ndarray' without metadata['dtype'] "
-                               "(upstream's fallback codec search)")
+            return _encode_fallback(path, column)
         payload, meta = _scalar_rows(values, dtype)
     elif codec in ("bytes_ragged", "media_bytes"):
         payload, meta = _byte_rows(values)

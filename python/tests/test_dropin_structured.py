@@ -603,6 +603,41 @@ def test_field_schemas_pick_the_codec(transfer, rows, schema, expect_meta, expec
     assert same(expect_rows, transfer.get(ref, type="dict")["c"])
 
 
+@pytest.mark.parametrize("rows, codec, digest", [
+    # oracle: the codec upstream's fallback search settled on for FieldSchema("ndarray") with
+    # no dtype, and sha256(json.dumps(encoded_non_tensor[field], sort_keys=True))[:12]
+    ([1, 2, 3], "ndarray", "2ed6ffe428c1"),
+    ([1.5, None, 3], "ndarray", "8d3e54ae1805"),
+    (["a", "b", None], "utf8_ragged", "5e470910c1f4"),
+    ([{"a": np.int64(1)}, {"a": 2}, None], "msgpack_ragged", "9f2370e351cb"),
+    ([{"t": torch.ones(2), "s": "x"}, {"t": torch.ones(1)}, None], "structured_recursive",
+     "7f570f966511"),
+    ([{"m": np.arange(2)}, {"m": np.arange(3)}, {}], "structured_recursive", "5b267d22968d"),
+    ([[1, 2], [3, 4], [5, 6]], "typed_ragged", "4236807ced17"),
+    ([[1, 2], [3], None], "typed_ragged", "e5c99b644afb"),
+    ([(1, "a"), (2, "b"), None], "msgpack_ragged", "9f2370e351cb"),
+    ([np.arange(2), np.arange(3), None], "typed_ragged", "4236807ced17"),
+    ([1, "a", None], "msgpack_ragged", "9f2370e351cb"),
+    ([{"k": b"x"}, {"k": None}, {}], "structured_recursive", "4f7648e21d04"),
+    ([object(), object(), None], None, "unable to infer a safe codec"),
+])
+def test_dtype_less_ndarray_schema_searches_a_codec(transfer, rows, codec, digest):
+    def put():
+        return transfer.put({"x": Z, "c": rows}, type="dict",
+                            field_schemas={"c": FieldSchema("ndarray")})
+
+    if codec is None:
+        with pytest.raises(ValueError, match=digest):
+            put()
+        return
+    ref = put()
+    enc = ref.encoded_non_tensor["c"]
+    assert enc["codec"] == codec
+    assert hashlib.sha256(json.dumps(enc, sort_keys=True).encode()).hexdigest()[:12] == digest
+    got = transfer.get(ref, type="dict")["c"]
+    assert len(got) == 3 and (got[2] is None) == (rows[2] is None)
+
+
 def test_field_schema_sections(transfer):
     # oracle: a pinned meta_info list stays out of the rows; a pinned column sets the rows.
     ref = transfer.put({"x": Z, "lst": [1, 2, 3, 4], "c": ["a", "b", "c"]}, type="dict",
@@ -772,8 +807,6 @@ def test_missing_or_corrupt_objects_raise(transfer, store):
 
 def test_unsupported_calls_fail_loudly(transfer):
     calls = {
-        "ndarray schema without dtype": lambda: transfer.put(
-            {"x": X, "c": [1, 2]}, type="dict", field_schemas={"c": FieldSchema("ndarray")}),
         "tensor_object_buffer": lambda: S.tensor_object_buffer(0, 1),
         "raw_destination": lambda: S.raw_destination(0, 1),
         "zero_copy": lambda: transfer.put_object(
