@@ -170,7 +170,7 @@ def _mp_int(value: int, out: bytearray) -> None:
                 out.append(tag)
                 out += struct.pack(fmt, value)
                 return
-    raise OverflowError("int too big to convert")
+    raise OverflowError("Integer value out of range")
 
 
 def _type_label(kind: type) -> str:

@@ -734,7 +734,7 @@ BAD_CALLS = [
     (lambda t: t.put({"x": X, "m": [object(), object()]}, type="dict"), ValueError,
      "no codec matched"),
     (lambda t: t.put({"x": X, "m": [{"a": 2**64}, {"a": 1}]}, type="dict"), OverflowError,
-     None),
+     "Integer value out of range"),
     (lambda t: t.put({"x": X, "m": [[torch.ones(1), None], []]}, type="dict"), TypeError,
      "can not serialize 'Tensor' object"),
     (lambda t: t.put({"x": X, "m": [np.ones(()), np.ones(()) * 2]}, type="dict"),
