@@ -175,6 +175,23 @@ struct Cand {
     complete: u64,
     /// Acknowledged upsert or remove: orders every later read after it.
     definite: bool,
+    /// An upsert: while it is in flight the key reads as nothing.
+    upsert: bool,
+}
+
+fn candidates(o: &Op) -> Vec<Cand> {
+    let Some(c) = candidate(o) else {
+        return Vec::new();
+    };
+    if o.kind == Kind::Upsert && o.outcome != Outcome::Ok {
+        // A failed upsert replaced the old value at its start and was revoked: nothing left.
+        let gone = Cand {
+            effect: Effect::Gone,
+            ..c
+        };
+        return vec![c, gone];
+    }
+    vec![c]
 }
 
 fn candidate(o: &Op) -> Option<Cand> {
@@ -193,6 +210,7 @@ fn candidate(o: &Op) -> Option<Cand> {
         invoke: o.invoke,
         complete: o.complete,
         definite: o.outcome == Outcome::Ok && o.kind != Kind::Put,
+        upsert: o.kind == Kind::Upsert,
     })
 }
 
@@ -203,9 +221,7 @@ pub fn check(h: &History) -> Report {
     // of their invoke times (the latest "ordered after" point a read can rely on).
     let mut cands: HashMap<&str, Vec<Cand>> = HashMap::new();
     for o in h.ops.iter().filter(|o| o.kind.writes()) {
-        if let Some(c) = candidate(o) {
-            cands.entry(&o.key).or_default().push(c);
-        }
+        cands.entry(&o.key).or_default().extend(candidates(o));
     }
     let mut fences: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
     for (k, cs) in &cands {
@@ -251,7 +267,11 @@ pub fn check(h: &History) -> Report {
             .map(|m| m.max(1));
         let live = |c: &&Cand| c.invoke < r.complete && fence.is_none_or(|f| c.complete >= f);
         let allowed: Vec<Cand> = cs.iter().filter(live).copied().collect();
-        let gone_ok = fence.is_none() || allowed.iter().any(|c| c.effect == Effect::Gone);
+        let in_flight_upsert = cs
+            .iter()
+            .any(|c| c.upsert && c.invoke < r.complete && c.complete > r.invoke);
+        let gone_ok =
+            fence.is_none() || in_flight_upsert || allowed.iter().any(|c| c.effect == Effect::Gone);
         let violation = |rule, detail: String| Violation {
             rule,
             key: r.key.clone(),
@@ -563,6 +583,31 @@ mod tests {
             get((7, 8), Outcome::Value(2)),
         ];
         assert_eq!(rules(ops, vec![]), ["stale-read"]);
+    }
+
+    #[test]
+    fn an_upsert_in_flight_may_hide_the_key() {
+        let ops = vec![
+            up(1, (1, 2)),
+            up(2, (3, 10)),
+            op(Kind::Exist, None, (4, 5), Outcome::Exists(false)),
+            get((6, 7), Outcome::NotFound),
+        ];
+        assert!(rules(ops, vec![]).is_empty());
+        // Once it is acknowledged, no longer.
+        let ops = vec![up(1, (1, 2)), up(2, (3, 4)), get((6, 7), Outcome::NotFound)];
+        assert_eq!(rules(ops, vec![]), ["lost-write"]);
+        // A failed upsert may leave nothing, until a definite write after it.
+        let failed = || op(Kind::Upsert, Some(2), (3, 4), Outcome::Err(-800));
+        let ops = vec![up(1, (1, 2)), failed(), get((6, 7), Outcome::NotFound)];
+        assert!(rules(ops, vec![]).is_empty());
+        let ops = vec![
+            up(1, (1, 2)),
+            failed(),
+            up(3, (5, 6)),
+            get((7, 8), Outcome::NotFound),
+        ];
+        assert_eq!(rules(ops, vec![]), ["lost-write"]);
     }
 
     #[test]
