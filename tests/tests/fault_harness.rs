@@ -306,10 +306,9 @@ fn randomized_faults_keep_the_history_consistent() {
     let stop = Arc::new(AtomicBool::new(false));
     let ids = Arc::new(AtomicU64::new(1));
     let mut threads = Vec::new();
-    for c in 0..CLIENTS {
+    for (c, s) in stores.iter().enumerate() {
         for t in 0..THREADS {
-            let (store, rec, stop, ids) =
-                (stores[c].clone(), rec.clone(), stop.clone(), ids.clone());
+            let (store, rec, stop, ids) = (s.clone(), rec.clone(), stop.clone(), ids.clone());
             let client = (c * THREADS + t) as u32;
             threads.push(std::thread::spawn(move || {
                 worker(&store, &rec, seed, client, &stop, &ids)
