@@ -5,6 +5,8 @@
 //! The binaries must be built first (`cargo build --workspace --bins`, which
 //! `scripts/test.sh` does); a missing binary fails the test with that instruction.
 
+pub mod checker;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

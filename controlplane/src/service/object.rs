@@ -403,7 +403,42 @@ impl State {
         self.fenced(now)?;
         let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
         Self::removable(obj, now, force)?;
-        self.erase(key).ok_or(ErrorCode::InternalError)
+        let obj = self.objects.remove(key).ok_or(ErrorCode::InternalError)?;
+        self.tombstones.add(key, obj.version);
+        // A forced remove ignores a read lease, but the reader may still be reading: its
+        // buffers are parked until the lease ends, so that no other key's put lands in them
+        // under the reader (the fault harness read another write's bytes otherwise).
+        for r in &obj.replicas {
+            Self::release_span(
+                &mut self.segs,
+                &mut self.zombies,
+                r.seg,
+                r.span,
+                obj.read_lease_until,
+                now,
+            );
+        }
+        Ok(obj)
+    }
+
+    /// Frees a span at once, or parks it until `hold_until` when a reader may still read it.
+    fn release_span(
+        segs: &mut Segments,
+        zombies: &mut Vec<super::Zombie>,
+        seg: SegRef,
+        span: Span,
+        hold_until: u64,
+        now: u64,
+    ) {
+        if hold_until > now {
+            zombies.push(super::Zombie {
+                seg,
+                span,
+                release_at_ms: hold_until,
+            });
+        } else {
+            segs.free_span(seg, span);
+        }
     }
 
     /// Removes every removable object whose key the predicate accepts; returns the count
@@ -421,6 +456,7 @@ impl State {
             objects,
             segs,
             tombstones,
+            zombies,
             ..
         } = self;
         let mut n = 0;
@@ -435,7 +471,7 @@ impl State {
             }
             tombstones.add(k, obj.version);
             for r in &obj.replicas {
-                segs.free_span(r.seg, r.span);
+                Self::release_span(segs, zombies, r.seg, r.span, obj.read_lease_until, now);
             }
             n += 1;
             false

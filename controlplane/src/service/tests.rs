@@ -615,6 +615,10 @@ fn remove_by_regex_and_remove_all() {
     assert_eq!(all(false), Ok(1));
     assert_eq!(all(true), Ok(0));
     assert_eq!(t.svc.all_keys(), vec!["in-flight-b".to_string()]);
+    // The forced remove of "leased" parked its buffers until the lease ends.
+    assert_eq!(t.used(), 224);
+    t.advance(500);
+    t.svc.tick();
     assert_eq!(t.used(), 112);
     assert_eq!(t.svc.metrics().op_counts(Op::RemoveByRegex), (4, 1));
 }
@@ -908,6 +912,40 @@ fn upsert_of_a_leased_object_parks_old_buffers_until_the_lease_ends() {
     t.advance(500);
     t.svc.tick();
     assert_eq!(t.used(), 8192);
+}
+
+/// Found by the fault harness (issue 19, seed 1, 600 s): a forced remove freed the buffers of
+/// an object a reader had just located; another key's put took them and the reader returned
+/// that put's bytes. The buffers now stay parked until the read lease ends.
+#[test]
+fn forced_remove_of_a_leased_object_parks_its_buffers_until_the_lease_ends() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let old = t.put("k", 4096);
+    t.get("k").unwrap();
+    assert_eq!(t.remove("k", true), Ok(()));
+    // Still held for the reader: a new put of the same size gets other buffers.
+    let new = t.put("other", 4096);
+    assert_ne!(
+        new[0], old[0],
+        "a new put landed in buffers a reader may still read"
+    );
+    assert_eq!(t.used(), 2 * 4096);
+    t.advance(500);
+    t.svc.tick();
+    assert_eq!(t.used(), 4096);
+    // The same through remove_all (the pattern path).
+    t.put("j", 4096);
+    t.get("j").unwrap();
+    let n = t
+        .call(Request::RemoveAll, RemoveAll { force: true })
+        .unwrap();
+    assert_eq!(n, 2);
+    // "other" freed, "j" parked for its reader.
+    assert_eq!(t.used(), 4096, "leased buffers freed at once by remove_all");
+    t.advance(500);
+    t.svc.tick();
+    assert_eq!(t.used(), 0);
 }
 
 // ---- Soft and hard pins, eviction ----------------------------------------------------------

@@ -1,0 +1,617 @@
+//! Issue 19: randomized fault schedules under a mixed workload, with the history checked
+//! mechanically (`tests/checker.rs`; rules and runs in `docs/reliability.md`, "Randomized
+//! faults").
+//!
+//! One etcd, three HA masters, two storage nodes, two store clients (`client::Store`, what the
+//! Python layer wraps) with two worker threads each doing a seeded mix of upsert, put, remove
+//! (forced or not), get and is_exist on 48 overlapping hot keys (`replica_num = 2`). Values
+//! carry their key and a unique id in their first 16 bytes and are a function of both, so a
+//! read says which write it saw and torn or foreign bytes are caught. Eight soft-pinned keys
+//! are written at the start (and again after a node restart or memory pressure).
+//!
+//! Meanwhile the main thread injects faults from a seeded schedule, one every 2-5 s, until the
+//! duration is over: a storage node SIGKILLed and a fresh one started 1-3 s later; the HA
+//! leader SIGKILLed (a fresh standby a second later; once a new leader serves, its soft-pin
+//! count is recorded); etcd SIGKILLed and restarted 1-3 s later; a client process SIGKILLed in
+//! the middle of a put (`fault_slow_writer`, on a key of its own: its half-written bytes must
+//! never be readable, which a get and a probe right after the kill check); memory pressure (large objects written until the store holds 1.25 times its
+//! capacity, so eviction runs, then removed). A thread polls every master's
+//! `master_evicted_key_count` and records when the sum moves.
+//!
+//! At the end the workers stop, a leader is awaited, and every hot key is read once more.
+//! Every call and fault goes to a JSON-lines history (`MC_FAULT_HISTORY`, default
+//! `$TMPDIR/mooncake-faults-<seed>-<pid>.jsonl`), which the checker then judges; the test
+//! fails with the first violations, the seed and the history's path.
+//!
+//! Soft pins lost in an election are a known open window (`tests/checker.rs`): printed, and
+//! failing the run only with `MC_FAULT_STRICT=1`.
+//!
+//! Settings: `MC_FAULT_SEED` (default 19), `MC_FAULT_SECONDS` (default 60, the CI run; the
+//! issue's long run is 600), `MC_FAULT_KINDS` (comma-separated subset of `node`, `leader`,
+//! `etcd`, `client`, `memory`; default all). The seed fixes the schedule (which faults, when)
+//! and each worker's choice of calls; thread interleaving is the machine's. Skips (passes,
+//! printing why) when Debian's etcd-server is not installed.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufWriter, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use client::Store;
+use mooncake_tests::checker::{check, History, Kind, Mark, Op, Outcome};
+use mooncake_tests::{bin_path, try_http, wait_until, Etcd, Master, Node};
+use protocol::{ErrorCode, ReplicateConfig, SoftPinAction};
+
+const KEYS: usize = 48;
+const PINS: usize = 8;
+const CLIENTS: usize = 2;
+const THREADS: usize = 2;
+const SEED_DEFAULT: u64 = 19;
+const SECONDS_DEFAULT: u64 = 60;
+/// Each storage node's segment: small enough that the memory-pressure fault fills it fast.
+const SEGMENT: u64 = 96 << 20;
+const FILL_OBJECT: usize = 4 << 20;
+const LEADER_BOUND: Duration = Duration::from_secs(20);
+/// After an election: the owners' re-reports (a ping interval) and the recovery fence (2 s).
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// xorshift64*, seeded.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The bytes of write `id` to hot key `key`.
+fn value(key: usize, id: u64) -> Vec<u8> {
+    let len = [4096usize, 12_288, 30_000 + (id % 977) as usize][(id % 3) as usize];
+    let mut v: Vec<u8> = (0..len)
+        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(id) as u8)
+        .collect();
+    v[..8].copy_from_slice(&id.to_le_bytes());
+    v[8..16].copy_from_slice(&(key as u64).to_le_bytes());
+    v
+}
+
+/// Which write `bytes` are, if they are exactly one write's bytes for `key`.
+fn decode(key: usize, bytes: &[u8]) -> Outcome {
+    if bytes.len() < 16 {
+        return Outcome::Foreign;
+    }
+    let id = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let k = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    if k == key as u64 && id < u64::MAX / 2 && bytes == value(key, id).as_slice() {
+        Outcome::Value(id)
+    } else {
+        Outcome::Foreign
+    }
+}
+
+/// The history being recorded: kept in memory for the checker and written line by line.
+struct Rec {
+    t0: Instant,
+    out: Mutex<BufWriter<std::fs::File>>,
+    hist: Mutex<History>,
+}
+
+impl Rec {
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+    fn op(&self, op: Op) {
+        let _ = writeln!(self.out.lock().unwrap(), "{}", op.to_json());
+        self.hist.lock().unwrap().ops.push(op);
+    }
+    fn mark(&self, m: Mark) {
+        let _ = writeln!(self.out.lock().unwrap(), "{}", m.to_json());
+        self.hist.lock().unwrap().marks.push(m);
+    }
+    fn fault(&self, what: &str) {
+        println!("{:8.2} s  {what}", self.now() as f64 / 1e9);
+        self.mark(Mark::Fault {
+            at: self.now(),
+            what: what.into(),
+        });
+    }
+}
+
+fn outcome<T>(r: &Result<T, ErrorCode>) -> Outcome {
+    match r {
+        Ok(_) => Outcome::Ok,
+        Err(ErrorCode::ObjectNotFound) => Outcome::NotFound,
+        Err(e) => Outcome::Err(e.code()),
+    }
+}
+
+/// One call on hot key `key`, recorded.
+fn call(store: &Store, rec: &Rec, client: u32, kind: Kind, key: usize, id: u64, force: bool) {
+    let name = format!("hot/{key}");
+    let cfg = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let invoke = rec.now();
+    let (value_id, out) = match kind {
+        Kind::Upsert | Kind::Put => (
+            Some(id),
+            outcome(&store.put(&name, &value(key, id), &cfg, kind == Kind::Upsert)),
+        ),
+        Kind::Remove => (None, outcome(&store.remove(&name, force))),
+        Kind::Get => (
+            None,
+            match store.get(&name) {
+                Ok(bytes) => decode(key, &bytes),
+                Err(e) => outcome::<()>(&Err(e)),
+            },
+        ),
+        Kind::Exist => (
+            None,
+            match store.is_exist(&name) {
+                Ok(b) => Outcome::Exists(b),
+                Err(e) => outcome::<()>(&Err(e)),
+            },
+        ),
+    };
+    let failed = matches!(out, Outcome::Err(_));
+    rec.op(Op {
+        client,
+        kind,
+        key: name,
+        value: value_id,
+        invoke,
+        complete: rec.now(),
+        outcome: out,
+    });
+    if failed {
+        // Not a busy loop while no leader serves.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn worker(store: &Store, rec: &Rec, seed: u64, client: u32, stop: &AtomicBool, ids: &AtomicU64) {
+    let mut rng = Rng::new(seed ^ ((u64::from(client) + 1) << 32));
+    while !stop.load(Ordering::Relaxed) {
+        let key = rng.below(KEYS as u64) as usize;
+        let dice = rng.below(100);
+        let kind = match dice {
+            0..35 => Kind::Upsert,
+            35..45 => Kind::Put,
+            45..60 => Kind::Remove,
+            60..85 => Kind::Get,
+            _ => Kind::Exist,
+        };
+        let id = ids.fetch_add(1, Ordering::Relaxed);
+        call(store, rec, client, kind, key, id, rng.below(2) == 0);
+    }
+}
+
+fn ha_status(port: u16) -> String {
+    try_http("GET", port, "/ha_status", b"")
+        .map(|r| r.text())
+        .unwrap_or_default()
+}
+
+fn leader(masters: &[Master]) -> Option<usize> {
+    (0..masters.len()).find(|&i| ha_status(masters[i].metrics_port) == "leading")
+}
+
+fn metric(port: u16, name: &str) -> Option<u64> {
+    let page = try_http("GET", port, "/metrics", b"")?.text();
+    page.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse::<f64>().ok().map(|f| f as u64))?
+    })
+}
+
+/// Writes (or rewrites) the soft-pinned keys; how many succeeded.
+fn pin(store: &Store) -> usize {
+    let cfg = ReplicateConfig {
+        replica_num: 2,
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(3_600_000),
+        ..Default::default()
+    };
+    (0..PINS)
+        .filter(|i| {
+            let name = format!("pin/{i}");
+            wait_until(Duration::from_secs(10), || {
+                store.put(&name, &value(1000 + i, 0), &cfg, true).is_ok()
+            })
+            .is_some()
+        })
+        .count()
+}
+
+#[test]
+fn randomized_faults_keep_the_history_consistent() {
+    let seed: u64 = env_or("MC_FAULT_SEED", SEED_DEFAULT);
+    let seconds: u64 = env_or("MC_FAULT_SECONDS", SECONDS_DEFAULT);
+    let kinds: String = env_or(
+        "MC_FAULT_KINDS",
+        "node,leader,etcd,client,memory".to_string(),
+    );
+    let kinds: Vec<&str> = kinds.split(',').map(str::trim).collect();
+    let path = std::env::var("MC_FAULT_HISTORY").unwrap_or_else(|_| {
+        std::env::temp_dir()
+            .join(format!(
+                "mooncake-faults-{seed}-{}.jsonl",
+                std::process::id()
+            ))
+            .to_string_lossy()
+            .into_owned()
+    });
+    println!(
+        "fault_harness: seed {seed} (MC_FAULT_SEED), {seconds} s (MC_FAULT_SECONDS), faults \
+         {kinds:?}, history {path}"
+    );
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let cluster = format!("faults{}", std::process::id());
+    let flags: Vec<String> = vec![
+        "--enable_ha=true".into(),
+        format!("--etcd_endpoints={}", etcd.addr()),
+        format!("--cluster_id={cluster}"),
+        "--default_kv_lease_ttl=500".into(),
+        "--client_ttl=4".into(),
+    ];
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut masters: Vec<Master> = (0..3).map(|_| Master::start(&args)).collect();
+    // Every master ever started, for the eviction poller: metrics port.
+    let ever: Arc<Mutex<Vec<u16>>> =
+        Arc::new(Mutex::new(masters.iter().map(|m| m.metrics_port).collect()));
+    wait_until(LEADER_BOUND, || leader(&masters).is_some())
+        .unwrap_or_else(|| panic!("seed {seed}: no master elected"));
+    let addr = format!("etcd://{}", etcd.addr());
+    let env = [("MC_STORE_CLUSTER_ID", cluster.as_str())];
+    let seg = format!("--global_segment_size={SEGMENT}");
+    let node_flags = ["--shards=1", seg.as_str()];
+    let mut nodes: Vec<Node> = (0..2)
+        .map(|_| Node::start_at(&addr, &addr, &node_flags, &env))
+        .collect();
+    std::env::set_var("MC_STORE_CLUSTER_ID", &cluster);
+    let stores: Vec<Arc<Store>> = (0..CLIENTS)
+        .map(|_| Arc::new(mooncake_tests::remote_store(&addr, &addr, 64 << 20).expect("store")))
+        .collect();
+    let pinned = pin(&stores[0]);
+    assert_eq!(pinned, PINS, "seed {seed}: soft-pinned keys not written");
+
+    let rec = Arc::new(Rec {
+        t0: Instant::now(),
+        out: Mutex::new(BufWriter::new(
+            std::fs::File::create(&path).expect("history file"),
+        )),
+        hist: Mutex::default(),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let ids = Arc::new(AtomicU64::new(1));
+    let mut threads = Vec::new();
+    for (c, s) in stores.iter().enumerate() {
+        for t in 0..THREADS {
+            let (store, rec, stop, ids) = (s.clone(), rec.clone(), stop.clone(), ids.clone());
+            let client = (c * THREADS + t) as u32;
+            threads.push(std::thread::spawn(move || {
+                worker(&store, &rec, seed, client, &stop, &ids)
+            }));
+        }
+    }
+    // Eviction poller: the sum of every master's evicted-key counter (a dead master keeps its
+    // last value).
+    let poller = {
+        let (rec, stop, ever) = (rec.clone(), stop.clone(), ever.clone());
+        std::thread::spawn(move || {
+            let mut last: BTreeMap<u16, u64> = BTreeMap::new();
+            let mut total = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let ports = ever.lock().unwrap().clone();
+                for p in ports {
+                    if let Some(v) = metric(p, "master_evicted_key_count") {
+                        let e = last.entry(p).or_default();
+                        *e = (*e).max(v);
+                    }
+                }
+                let sum: u64 = last.values().sum();
+                if sum > total {
+                    total = sum;
+                    rec.mark(Mark::Evictions {
+                        at: rec.now(),
+                        total,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+
+    let mut rng = Rng::new(seed);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut fill_id = 0usize;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2000 + rng.below(3000)));
+        if Instant::now() >= deadline {
+            break;
+        }
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        *counts.entry(kind).or_default() += 1;
+        match kind {
+            "node" => {
+                let i = rng.below(nodes.len() as u64) as usize;
+                nodes[i].signal_and_wait(libc::SIGKILL, Duration::from_secs(5));
+                rec.fault("node-kill");
+                std::thread::sleep(Duration::from_millis(1000 + rng.below(2000)));
+                nodes[i] = Node::start_at(&addr, &addr, &node_flags, &env);
+                rec.fault("node-restart");
+                pin(&stores[0]);
+            }
+            "leader" => {
+                let Some(l) = leader(&masters) else {
+                    // etcd or an election in progress: nothing to kill this time.
+                    continue;
+                };
+                masters[l].signal_and_wait(libc::SIGKILL, Duration::from_secs(5));
+                rec.fault("leader-kill");
+                masters.remove(l);
+                std::thread::sleep(Duration::from_secs(1));
+                let m = Master::start(&args);
+                ever.lock().unwrap().push(m.metrics_port);
+                masters.push(m);
+                let Some(_) = wait_until(LEADER_BOUND, || leader(&masters).is_some()) else {
+                    panic!("seed {seed}: no leader {LEADER_BOUND:?} after a leader kill");
+                };
+                rec.fault("leader-elected");
+                let at = rec.now();
+                std::thread::sleep(SETTLE);
+                if let Some(l) = leader(&masters) {
+                    if let Some(seen) = metric(masters[l].metrics_port, "master_soft_pin_key_count")
+                    {
+                        rec.mark(Mark::SoftPins {
+                            at,
+                            expected: PINS as u64,
+                            seen,
+                        });
+                    }
+                }
+            }
+            "etcd" => {
+                etcd.stop();
+                rec.fault("etcd-kill");
+                std::thread::sleep(Duration::from_millis(1000 + rng.below(2000)));
+                etcd.restart();
+                rec.fault("etcd-restart");
+            }
+            "client" => {
+                let Some(l) = leader(&masters) else { continue };
+                // A key of its own (a hot key exists most of the time, and `PutStart` of an
+                // existing key is refused): its half-written bytes must never be readable.
+                let n = counts["client"];
+                let key = format!("cli/{n}");
+                let mut child = Command::new(bin_path("fault_slow_writer"))
+                    .args([masters[l].rpc_addr(), key.clone(), (1u64 << 20).to_string()])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn fault_slow_writer");
+                let invoke = rec.now();
+                let out = child.stdout.take().expect("stdout");
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    for line in std::io::BufReader::new(out).lines() {
+                        let Ok(line) = line else { return };
+                        let _ = tx.send(line);
+                    }
+                });
+                let mid = rx
+                    .recv_timeout(Duration::from_secs(5))
+                    .is_ok_and(|l| l.starts_with("half-written"));
+                let _ = child.kill();
+                let _ = child.wait();
+                rec.fault(if mid {
+                    "client-kill"
+                } else {
+                    "client-kill (no put started)"
+                });
+                // Its put has no value id, so a read of its bytes is foreign.
+                rec.op(Op {
+                    client: 99,
+                    kind: Kind::Put,
+                    key: key.clone(),
+                    value: None,
+                    invoke,
+                    complete: rec.now(),
+                    outcome: Outcome::Err(-1),
+                });
+                for kind in [Kind::Get, Kind::Exist] {
+                    let invoke = rec.now();
+                    let outcome = match kind {
+                        Kind::Get => match stores[0].get(&key) {
+                            Ok(_) => Outcome::Foreign,
+                            Err(e) => outcome::<()>(&Err(e)),
+                        },
+                        _ => match stores[0].is_exist(&key) {
+                            Ok(b) => Outcome::Exists(b),
+                            Err(e) => outcome::<()>(&Err(e)),
+                        },
+                    };
+                    rec.op(Op {
+                        client: 98,
+                        kind,
+                        key: key.clone(),
+                        value: None,
+                        invoke,
+                        complete: rec.now(),
+                        outcome,
+                    });
+                }
+            }
+            "memory" => {
+                rec.fault("memory-pressure");
+                let cfg = ReplicateConfig {
+                    replica_num: 1,
+                    ..Default::default()
+                };
+                let n = (2 * SEGMENT as usize * 5 / 4) / FILL_OBJECT;
+                let bytes = vec![0xeeu8; FILL_OBJECT];
+                let first = fill_id;
+                for _ in 0..n {
+                    let _ = stores[1].put(&format!("fill/{fill_id}"), &bytes, &cfg, true);
+                    fill_id += 1;
+                }
+                for i in first..fill_id {
+                    let _ = stores[1].remove(&format!("fill/{i}"), true);
+                }
+                rec.fault("memory-pressure-end");
+                pin(&stores[0]);
+            }
+            other => panic!("unknown fault kind {other:?} in MC_FAULT_KINDS"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().expect("worker");
+    }
+    poller.join().expect("poller");
+
+    // Every hot key read once more, after the dust settled.
+    wait_until(LEADER_BOUND, || leader(&masters).is_some())
+        .unwrap_or_else(|| panic!("seed {seed}: no leader at the end"));
+    std::thread::sleep(SETTLE);
+    for key in 0..KEYS {
+        let ok = wait_until(Duration::from_secs(20), || {
+            call(&stores[0], &rec, 100, Kind::Get, key, 0, false);
+            !matches!(
+                rec.hist.lock().unwrap().ops.last().map(|o| &o.outcome),
+                Some(Outcome::Err(_))
+            )
+        });
+        assert!(ok.is_some(), "seed {seed}: hot/{key} never read back");
+    }
+    rec.out.lock().unwrap().flush().expect("history flush");
+
+    let hist = rec.hist.lock().unwrap().clone();
+    let report = check(&hist);
+    let mut by: BTreeMap<String, usize> = BTreeMap::new();
+    for o in &hist.ops {
+        let r = match &o.outcome {
+            Outcome::Ok => "ok".to_string(),
+            Outcome::Value(_) => "value".into(),
+            Outcome::Foreign => "FOREIGN".into(),
+            Outcome::NotFound => "not_found".into(),
+            Outcome::Exists(b) => format!("exists={b}"),
+            Outcome::Err(c) => format!("err{c}"),
+        };
+        *by.entry(format!("{:?} {r}", o.kind)).or_default() += 1;
+    }
+    let faults = hist
+        .marks
+        .iter()
+        .filter(|m| matches!(m, Mark::Fault { .. }))
+        .count();
+    let evicted = hist
+        .marks
+        .iter()
+        .filter_map(|m| match m {
+            Mark::Evictions { total, .. } => Some(*total),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    println!(
+        "fault_harness figures: seed {seed}, {seconds} s, {} operations, fault rounds \
+         {counts:?} ({faults} fault events), {} reads checked, {evicted} keys evicted, \
+         {} vanished values accepted (node killed), {} (evictions), {} violations, {} in known \
+         open windows; history {path}",
+        hist.ops.len(),
+        report.reads_checked,
+        report.lost_with_node,
+        report.lost_to_eviction,
+        report.violations.len(),
+        report.known.len()
+    );
+    println!("  outcomes: {by:?}");
+    let mut rules: BTreeMap<String, usize> = BTreeMap::new();
+    for v in &report.violations {
+        let kind = hist
+            .ops
+            .get(v.op)
+            .map_or("mark".into(), |o| format!("{:?}", o.kind));
+        *rules.entry(format!("{} {kind}", v.rule)).or_default() += 1;
+    }
+    println!("  violations by rule: {rules:?}");
+    for v in report.known.iter().take(10) {
+        println!("  KNOWN OPEN WINDOW {}: {}", v.rule, v.detail);
+    }
+    for v in report.violations.iter().take(10) {
+        let at = hist.ops.get(v.op).map_or(String::new(), |o| {
+            format!(
+                " (read {:.3}-{:.3} s)",
+                o.invoke as f64 / 1e9,
+                o.complete as f64 / 1e9
+            )
+        });
+        println!("  VIOLATION {} {}{at}: {}", v.rule, v.key, v.detail);
+    }
+    // `MC_FAULT_STRICT=1`: the known open windows fail the run too.
+    let strict = env_or("MC_FAULT_STRICT", 0u8) == 1;
+    assert!(
+        !strict || report.known.is_empty(),
+        "seed {seed}: {} known-window violations, first: {}; history {path}",
+        report.known.len(),
+        report.known.first().map_or("", |v| v.detail.as_str())
+    );
+    assert!(
+        report.ok(),
+        "seed {seed}: {} violations, first: {} {}: {}; history {path}",
+        report.violations.len(),
+        report.violations[0].rule,
+        report.violations[0].key,
+        report.violations[0].detail
+    );
+}
+
+/// Checks a recorded history again: `MC_FAULT_CHECK=<history.jsonl>`; passes (printing why)
+/// when the variable is unset.
+#[test]
+fn recheck_a_recorded_history() {
+    let Ok(path) = std::env::var("MC_FAULT_CHECK") else {
+        println!("SKIP: set MC_FAULT_CHECK=<history.jsonl> to check a recorded history");
+        return;
+    };
+    let text = std::fs::read_to_string(&path).expect("history file");
+    let hist = History::from_jsonl(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let report = check(&hist);
+    for v in &report.violations {
+        println!("VIOLATION {} {} op {}: {}", v.rule, v.key, v.op, v.detail);
+    }
+    println!(
+        "{path}: {} operations, {} reads checked, {} violations",
+        hist.ops.len(),
+        report.reads_checked,
+        report.violations.len()
+    );
+    assert!(
+        report.ok(),
+        "{path}: {} violations",
+        report.violations.len()
+    );
+}
