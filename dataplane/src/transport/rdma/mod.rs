@@ -1,0 +1,12 @@
+//! The RDMA transport: one-sided RDMA WRITE and READ over RC queue pairs.
+//!
+//! - [`verbs`]: the narrow [`verbs::Verbs`] trait every verbs call goes through, and its types;
+//! - [`ibv`]: the real implementation, libibverbs loaded with `dlopen` at run time (struct
+//!   layouts it relies on are listed there);
+//! - [`sq`]: send-queue accounting with selective signalling (pure logic);
+//!
+//! Design, runbook and the layer plan: `docs/rdma.md`.
+
+pub mod ibv;
+pub mod sq;
+pub mod verbs;
