@@ -644,7 +644,8 @@ impl Verbs for IbVerbs {
         // SAFETY: `qp` is a live ibv_qp; slot 25 is post_send (module docs), which copies the
         // chain into the send queue before returning (the vectors may drop afterwards).
         let rc = unsafe {
-            let f = std::mem::transmute::<*const c_void, PostSendFn>(op_slot(ptr(qp.0), OPS_POST_SEND));
+            let f =
+                std::mem::transmute::<*const c_void, PostSendFn>(op_slot(ptr(qp.0), OPS_POST_SEND));
             f(ptr(qp.0), base, &mut bad)
         };
         if rc == 0 {

@@ -3,10 +3,12 @@
 //! - [`verbs`]: the narrow [`verbs::Verbs`] trait every verbs call goes through, and its types;
 //! - [`ibv`]: the real implementation, libibverbs loaded with `dlopen` at run time (struct
 //!   layouts it relies on are listed there);
+//! - [`sim`]: `SimVerbs`, a software model of RC queue pairs across processes (tests);
 //! - [`sq`]: send-queue accounting with selective signalling (pure logic);
 //!
 //! Design, runbook and the layer plan: `docs/rdma.md`.
 
 pub mod ibv;
+pub mod sim;
 pub mod sq;
 pub mod verbs;
