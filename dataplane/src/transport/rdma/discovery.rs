@@ -184,6 +184,26 @@ pub fn priority_matrix(devs: &[HcaInfo]) -> BTreeMap<String, Vec<Vec<String>>> {
     m
 }
 
+/// GID table entries scanned by [`roce_v2_gid_index`].
+pub const GID_SCAN_MAX: u8 = 128;
+
+/// For RoCE: the first GID index of `dev`'s `port` whose type is `RoCE v2` and whose GID is
+/// an IPv4-mapped address (`::ffff:a.b.c.d`), as upstream's automatic choice. `None` when
+/// sysfs has no such entry (InfiniBand, or nothing configured).
+///
+/// ```text
+/// <root>/<dev>/ports/<port>/gids/<i>             "0000:0000:0000:0000:0000:ffff:0a00:0005"
+/// <root>/<dev>/ports/<port>/gid_attrs/types/<i>  "RoCE v2"
+/// ```
+pub fn roce_v2_gid_index(root: &Path, dev: &str, port: u8) -> Option<u8> {
+    let p = root.join(dev).join("ports").join(port.to_string());
+    (0..GID_SCAN_MAX).find(|i| {
+        let ty = read_trim(&p.join(format!("gid_attrs/types/{i}"))).unwrap_or_default();
+        let gid = read_trim(&p.join(format!("gids/{i}"))).unwrap_or_default();
+        ty.eq_ignore_ascii_case("RoCE v2") && gid.starts_with("0000:0000:0000:0000:0000:ffff:")
+    })
+}
+
 /// The NUMA node the page at `addr` is on (`move_pages` query), if the kernel says.
 pub fn numa_node_of(addr: u64) -> Option<u32> {
     let page = (addr & !4095) as *mut libc::c_void;
@@ -280,6 +300,25 @@ mod tests {
         assert_eq!(m["cpu:0"], vec![vec!["mlx5_0", "mlx5_2"], vec!["mlx5_1"]]);
         assert_eq!(m["cpu:1"], vec![vec!["mlx5_1", "mlx5_2"], vec!["mlx5_0"]]);
         assert_eq!(m["*"][0].len(), 3);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn roce_v2_gid_choice() {
+        let root = fake_sysfs();
+        let p = root.join("mlx5_1/ports/1");
+        std::fs::create_dir_all(p.join("gids")).unwrap();
+        std::fs::create_dir_all(p.join("gid_attrs/types")).unwrap();
+        let gid = |i: u8, g: &str, t: &str| {
+            std::fs::write(p.join(format!("gids/{i}")), g).unwrap();
+            std::fs::write(p.join(format!("gid_attrs/types/{i}")), t).unwrap();
+        };
+        gid(0, "fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1");
+        gid(1, "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2");
+        gid(2, "0000:0000:0000:0000:0000:ffff:0a00:0005", "IB/RoCE v1");
+        gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0005", "RoCE v2\n");
+        assert_eq!(roce_v2_gid_index(&root, "mlx5_1", 1), Some(3));
+        assert_eq!(roce_v2_gid_index(&root, "mlx5_0", 1), None);
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -35,7 +35,7 @@
 //! bytes of `struct ibv_port_attr`; the buffer passed is zeroed and larger.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use super::verbs::{
     Access, Completion, Cq, Ctx, Gid, Mr, Pd, PortInfo, Qp, QpCaps, QpInfo, RdmaOp, SendWr,
@@ -253,14 +253,14 @@ fn errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
-static LOADED: OnceLock<Result<&'static IbVerbs, VerbsError>> = OnceLock::new();
+static LOADED: OnceLock<Result<Arc<IbVerbs>, VerbsError>> = OnceLock::new();
 
 impl IbVerbs {
     /// Loads the library once per process (it is never unloaded). Errors name the soname
     /// and what `dlopen`/`dlsym` said.
-    pub fn load() -> Result<&'static IbVerbs, VerbsError> {
+    pub fn load() -> Result<Arc<IbVerbs>, VerbsError> {
         LOADED
-            .get_or_init(|| IbVerbs::load_from(LIBRARY).map(|v| &*Box::leak(Box::new(v))))
+            .get_or_init(|| IbVerbs::load_from(LIBRARY).map(Arc::new))
             .clone()
     }
 

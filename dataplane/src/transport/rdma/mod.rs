@@ -6,6 +6,8 @@
 //!   layouts it relies on are listed there);
 //! - [`sim`]: `SimVerbs`, a software model of RC queue pairs across processes (tests);
 //! - [`sq`]: send-queue accounting with selective signalling (pure logic);
+//! - [`transport`]: [`transport::RdmaTransport`], per-shard CQs and QPs, batched READ/WRITE,
+//!   QP error handling and device failover;
 //!
 //! Design, runbook and the layer plan: `docs/rdma.md`.
 
@@ -13,4 +15,5 @@ pub mod discovery;
 pub mod ibv;
 pub mod sim;
 pub mod sq;
+pub mod transport;
 pub mod verbs;

@@ -270,7 +270,8 @@ impl SimVerbs {
     }
 
     /// Fault injection: the next WR this model executes fails with `status` (then the QP
-    /// errors and later WRs flush, as for a real failure).
+    /// errors and later WRs flush, as for a real failure). Queued statuses apply to the
+    /// following WRs in order; `WcStatus::SUCCESS` lets one WR through unchanged.
     pub fn fail_next(&self, status: WcStatus) {
         self.lock().faults.push_back(status);
     }
@@ -344,7 +345,8 @@ impl SimVerbs {
         if state == QpState::Err {
             return WcStatus::WR_FLUSH_ERR;
         }
-        if let Some(s) = st.faults.pop_front() {
+        // An injected SUCCESS lets the WR run normally (it only counts a WR off).
+        if let Some(s) = st.faults.pop_front().filter(|s| !s.is_ok()) {
             return s;
         }
         let len = u64::from(wr.len);
