@@ -53,6 +53,12 @@ impl Gid {
     /// (`fe80:0000:...`). Anything else is an error naming the input.
     pub fn parse(text: &str) -> Result<Gid, String> {
         let parts: Vec<&str> = text.trim().split(':').collect();
+        if !parts
+            .iter()
+            .all(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(format!("GID {text:?}: expected hex digits"));
+        }
         let mut raw = [0u8; 16];
         let bad = || format!("GID {text:?}: expected 16 bytes as xx:xx:.. or 8 groups xxxx:..");
         match parts.len() {
@@ -366,6 +372,7 @@ mod tests {
         assert!(Gid::parse("fe:80").is_err());
         assert!(Gid::parse("zz:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01").is_err());
         assert!(Gid::parse("fe80:0:0:0:0:0:0:1").is_err());
+        assert!(Gid::parse("+e:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01").is_err());
         assert!(Gid::default().is_zero() && !g.is_zero());
     }
 
