@@ -350,6 +350,65 @@ impl IbVerbs {
     }
 }
 
+/// A work-request chain in libibverbs' layout: one SGE per WR, WR `i` linked to `i + 1`.
+/// The vectors are never resized after linking, so the pointers stay valid while it lives.
+struct Chain {
+    sges: Vec<Sge>,
+    wrs: Vec<SendWrC>,
+}
+
+impl Chain {
+    fn new(wrs: &[SendWr]) -> Chain {
+        let sges: Vec<Sge> = wrs
+            .iter()
+            .map(|w| Sge {
+                addr: w.local_addr,
+                length: w.len,
+                lkey: w.lkey,
+            })
+            .collect();
+        let cw: Vec<SendWrC> = wrs
+            .iter()
+            .map(|w| SendWrC {
+                wr_id: w.wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 1,
+                opcode: match w.op {
+                    RdmaOp::Write => IBV_WR_RDMA_WRITE,
+                    RdmaOp::Read => IBV_WR_RDMA_READ,
+                },
+                send_flags: if w.signaled { IBV_SEND_SIGNALED } else { 0 },
+                imm_data: 0,
+                remote_addr: w.remote_addr,
+                rkey: w.rkey,
+                _wr_rest: [0; 5],
+                _qp_type: 0,
+                _pad: 0,
+                _bind_mw: [0; 6],
+            })
+            .collect();
+        let mut c = Chain { sges, wrs: cw };
+        let n = c.wrs.len();
+        let base = c.wrs.as_mut_ptr();
+        let sg = c.sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: `i` (and `i + 1` when linked) index the two vectors of length `n`.
+            unsafe {
+                (*base.add(i)).sg_list = sg.add(i);
+                if i + 1 < n {
+                    (*base.add(i)).next = base.add(i + 1);
+                }
+            }
+        }
+        c
+    }
+
+    fn head(&mut self) -> *mut SendWrC {
+        self.wrs.as_mut_ptr()
+    }
+}
+
 fn ptr<T>(h: u64) -> *mut T {
     h as usize as *mut T
 }
@@ -601,45 +660,8 @@ impl Verbs for IbVerbs {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<Sge> = wrs
-            .iter()
-            .map(|w| Sge {
-                addr: w.local_addr,
-                length: w.len,
-                lkey: w.lkey,
-            })
-            .collect();
-        let mut chain: Vec<SendWrC> = wrs
-            .iter()
-            .map(|w| SendWrC {
-                wr_id: w.wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: 1,
-                opcode: match w.op {
-                    RdmaOp::Write => IBV_WR_RDMA_WRITE,
-                    RdmaOp::Read => IBV_WR_RDMA_READ,
-                },
-                send_flags: if w.signaled { IBV_SEND_SIGNALED } else { 0 },
-                imm_data: 0,
-                remote_addr: w.remote_addr,
-                rkey: w.rkey,
-                _wr_rest: [0; 5],
-                _qp_type: 0,
-                _pad: 0,
-                _bind_mw: [0; 6],
-            })
-            .collect();
-        let base = chain.as_mut_ptr();
-        for i in 0..chain.len() {
-            // SAFETY: `i` and `i + 1` index the two live vectors (same length).
-            unsafe {
-                (*base.add(i)).sg_list = sges.as_mut_ptr().add(i);
-                if i + 1 < wrs.len() {
-                    (*base.add(i)).next = base.add(i + 1);
-                }
-            }
-        }
+        let mut chain = Chain::new(wrs);
+        let base = chain.head();
         let mut bad: *mut SendWrC = std::ptr::null_mut();
         // SAFETY: `qp` is a live ibv_qp; slot 25 is post_send (module docs), which copies the
         // chain into the send queue before returning (the vectors may drop afterwards).
@@ -654,7 +676,7 @@ impl Verbs for IbVerbs {
         let index = if bad.is_null() {
             0
         } else {
-            // SAFETY: `bad` points into `chain` when set.
+            // SAFETY: `bad` points into `chain`'s WR vector when set.
             (unsafe { bad.offset_from(base) }).max(0) as usize
         };
         Err(VerbsError::Post { index, errno: rc })
@@ -699,6 +721,40 @@ mod tests {
     }
 
     #[test]
+    fn work_request_chain_layout() {
+        let w = |id, op, sig| SendWr {
+            wr_id: id,
+            op,
+            local_addr: 0x1000 * id,
+            len: 64,
+            lkey: 7,
+            remote_addr: 0x9000 + id,
+            rkey: 9,
+            signaled: sig,
+        };
+        let mut c = Chain::new(&[w(1, RdmaOp::Write, false), w(2, RdmaOp::Read, true)]);
+        let head = c.head();
+        // SAFETY: reading the chain just built, while it lives.
+        unsafe {
+            let a = &*head;
+            assert_eq!((a.wr_id, a.opcode, a.send_flags, a.num_sge), (1, 0, 0, 1));
+            assert_eq!((a.remote_addr, a.rkey), (0x9001, 9));
+            assert_eq!(
+                ((*a.sg_list).addr, (*a.sg_list).length, (*a.sg_list).lkey),
+                (0x1000, 64, 7)
+            );
+            let b = &*a.next;
+            assert_eq!(
+                (b.wr_id, b.opcode, b.send_flags),
+                (2, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED)
+            );
+            assert_eq!((*b.sg_list).addr, 0x2000);
+            assert!(b.next.is_null());
+        }
+        assert!(Chain::new(&[]).wrs.is_empty());
+    }
+
+    #[test]
     fn mtu_enum_values() {
         assert_eq!(mtu_enum(256), 1);
         assert_eq!(mtu_enum(1024), 3);
@@ -721,7 +777,17 @@ mod tests {
                 }
                 assert!(v.open_device("no-such-device").is_err());
             }
-            Err(e) => assert!(matches!(e, VerbsError::Unavailable(_))),
+            Err(e) => {
+                assert!(matches!(e, VerbsError::Unavailable(_)));
+                let installed = [
+                    "/usr/lib/x86_64-linux-gnu",
+                    "/usr/lib/aarch64-linux-gnu",
+                    "/usr/lib64",
+                ]
+                .iter()
+                .any(|d| std::path::Path::new(d).join(LIBRARY).exists());
+                assert!(!installed, "{LIBRARY} is installed but did not load: {e}");
+            }
         }
     }
 }
