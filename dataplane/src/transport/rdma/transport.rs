@@ -398,6 +398,25 @@ impl RdmaTransport {
             .map(|b| b.mrs[dev].lkey)
     }
 
+    /// Device indexes on the NUMA node of the local buffer holding `addr` (its registration
+    /// location `cpu:<n>`, else the node the kernel reports for the page), or every device
+    /// when none is local or the node is unknown. Never empty.
+    fn near_devices(&self, addr: u64) -> Vec<usize> {
+        let loc = lock(&self.bufs)
+            .iter()
+            .find(|b| addr >= b.addr && addr - b.addr < b.len)
+            .map(|b| b.location.clone());
+        let node = loc
+            .as_deref()
+            .and_then(|l| l.strip_prefix("cpu:"))
+            .and_then(|n| n.parse::<u32>().ok())
+            .or_else(|| super::discovery::numa_node_of(addr));
+        near_of(
+            &self.devices.iter().map(|d| d.numa_node).collect::<Vec<_>>(),
+            node,
+        )
+    }
+
     fn refuse(msg: String) -> Vec<u8> {
         ConnectBody {
             local_gid: String::new(),
@@ -594,7 +613,8 @@ impl RdmaTransport {
         let si = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         let mut shard = lock(&self.shards[si]);
         let ndev = self.devices.len();
-        let mut dev = si % ndev;
+        let near = self.near_devices(reqs[pending[0].req].local);
+        let mut dev = near[si % near.len()];
         let mut failures = 0usize;
         let deadline = Instant::now() + self.cfg.timeout;
         while !pending.is_empty() {
@@ -794,6 +814,19 @@ impl RdmaTransport {
     }
 }
 
+/// Indexes of `nodes` (each device's NUMA node) equal to `node`; all when none is or the
+/// node is unknown.
+fn near_of(nodes: &[Option<u32>], node: Option<u32>) -> Vec<usize> {
+    let near: Vec<usize> = (0..nodes.len())
+        .filter(|&i| node.is_some() && nodes[i] == node)
+        .collect();
+    if near.is_empty() {
+        (0..nodes.len()).collect()
+    } else {
+        near
+    }
+}
+
 /// Statuses that blame the request (its addresses or keys), not the path.
 fn is_access_error(s: WcStatus) -> bool {
     matches!(
@@ -907,6 +940,15 @@ mod tests {
         for (i, x) in m.iter_mut().enumerate() {
             *x = (i as u8).wrapping_mul(31).wrapping_add(seed);
         }
+    }
+
+    #[test]
+    fn devices_near_the_buffer_come_first() {
+        let nodes = [Some(0), Some(1), Some(1), None];
+        assert_eq!(near_of(&nodes, Some(1)), vec![1, 2]);
+        assert_eq!(near_of(&nodes, Some(0)), vec![0]);
+        assert_eq!(near_of(&nodes, Some(5)), vec![0, 1, 2, 3]);
+        assert_eq!(near_of(&nodes, None), vec![0, 1, 2, 3]);
     }
 
     #[test]
