@@ -13,8 +13,10 @@ cd "$(dirname "$0")/.."
 # protobuf-compiler and libprotobuf-dev: the etcd-client crate's build runs protoc on etcd's
 # .proto files, which import the well-known types (google/protobuf/*.proto); those live in
 # libprotobuf-dev, which --no-install-recommends does not bring in with protoc.
+# libibverbs1: the RDMA transport dlopens it at run time (no build dependency); installed so
+# the tests exercise loading it and listing (no) devices (docs/rdma.md).
 APT_PACKAGES=(ca-certificates curl pkg-config build-essential python3-venv etcd-server
-  protobuf-compiler libprotobuf-dev iproute2)
+  protobuf-compiler libprotobuf-dev iproute2 libibverbs1)
 # WITH_BROWSER=1 (the test suite): headless Chromium for the status page's browser test
 # (tests/tests/status_page.rs).
 if [ "${WITH_BROWSER:-0}" = 1 ]; then

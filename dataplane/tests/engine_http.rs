@@ -527,3 +527,70 @@ fn engine_http_peer_restart_is_followed() {
     drop(b);
     drop(a);
 }
+
+/// `protocol="rdma"` over the software verbs model with the HTTP metadata store: the
+/// descriptor in the store is upstream's RDMA shape (devices with GID and LID, one rkey and
+/// lkey per device per buffer, priority matrix) and transfers use it.
+#[test]
+fn engine_http_rdma_descriptor_and_transfers() {
+    let fabric = std::env::temp_dir().join(format!("mc-rdma-http-{}", std::process::id()));
+    std::env::set_var("MOONCAKE_RDMA_SIM", &fabric);
+    std::env::remove_var("MC_FORCE_TCP");
+    let meta = MetaServer::start();
+    let (na, nb) = (name(7), name(8));
+    let mk = |n: &str| {
+        let e = TransferEngine::with_options(options());
+        e.initialize(n, &meta.url(), "rdma", "").unwrap();
+        e
+    };
+    let a = mk(&na);
+    let b = mk(&nb);
+    assert_eq!(a.rdma_verbs(), Some("sim"));
+    const LEN: usize = 1 << 20;
+    let local = Buf::new(LEN, 0);
+    let remote = Buf::new(LEN, 0);
+    local.register(&a);
+    remote.register(&b);
+    let d = meta.get(&format!("mooncake/ram/{nb}")).unwrap();
+    assert_eq!(d["protocol"], "rdma");
+    let devs = d["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs[0]["name"], "sim0");
+    assert_eq!(devs[0]["gid"].as_str().unwrap().split(':').count(), 16);
+    assert_eq!(d["buffers"][0]["addr"], remote.addr());
+    assert_eq!(d["buffers"][0]["rkey"].as_array().unwrap().len(), 2);
+    assert_eq!(d["buffers"][0]["lkey"].as_array().unwrap().len(), 2);
+    assert!(d["priority_matrix"]["*"][0].as_array().unwrap().len() == 2);
+    assert_eq!(d["tcp_data_port"], b.data_port());
+
+    let mut r = rng();
+    let mut data = vec![0u8; LEN];
+    r.fill_bytes(&mut data);
+    local.fill(0, &data);
+    a.transfer_sync(&nb, local.addr(), remote.addr(), LEN as u64, Opcode::Write)
+        .unwrap();
+    assert!(remote.bytes() == data);
+    local.fill(0, &vec![0u8; LEN]);
+    a.transfer_sync(
+        &nb,
+        local.addr() + 100,
+        remote.addr() + 7,
+        5000,
+        Opcode::Read,
+    )
+    .unwrap();
+    assert!(local.bytes()[100..5100] == data[7..5007]);
+    let posted = a
+        .rdma_transport()
+        .unwrap()
+        .stats()
+        .wrs_posted
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(posted >= 17, "{posted}");
+    // Unregistration republishes without the buffer; its rkeys stop working at the peer.
+    b.unregister_memory(remote.addr()).unwrap();
+    let d = meta.get(&format!("mooncake/ram/{nb}")).unwrap();
+    assert!(d["buffers"].as_array().unwrap().is_empty());
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&fabric);
+}

@@ -5,8 +5,9 @@ absolute remote address. `TransferEngine` is the native class (`mooncake._native
 method docs for the return conventions (0 / negative codes, batch id 0 on a failed
 submission, `transfer_check_status` 1/0/-1/-2).
 
-This build has the TCP transport only: protocol "rdma" runs over TCP, and every `SUPPORT_*`
-flag is False. Metadata: `http://host:port/metadata`, `P2PHANDSHAKE`, or etcd (`etcd://h:p`,
+Protocol "tcp", or "rdma" (libibverbs loaded at run time; without a usable device
+`initialize` returns -1 unless `MC_FORCE_TCP` is set, which runs TCP: docs/rdma.md); every
+`SUPPORT_*` flag is False. Metadata: `http://host:port/metadata`, `P2PHANDSHAKE`, or etcd (`etcd://h:p`,
 several endpoints separated by `,` or `;`, or a bare `h:p`); keys are prefixed with
 `mooncake/<MC_METADATA_CLUSTER_ID>/` when that is set.
 

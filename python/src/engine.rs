@@ -334,8 +334,8 @@ impl PyTransferEngine {
         metadata_type: &str,
     ) -> i32 {
         let conn = conn_string(metadata_server, metadata_type);
-        // This build has only the TCP transport: "rdma" (and "") run TCP in the engine, and
-        // MC_FORCE_TCP makes every protocol TCP, as upstream's flag does.
+        // "rdma" runs the RDMA transport (ERR_DEVICE_NOT_FOUND without a device, see
+        // docs/rdma.md); MC_FORCE_TCP makes every protocol TCP, as upstream's flag does.
         let protocol = if env_true("MC_FORCE_TCP") {
             "tcp"
         } else {

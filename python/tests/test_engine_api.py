@@ -53,7 +53,7 @@ def _dead_port():
         return s.getsockname()[1]
 
 
-def test_initialize_variants(caplog):
+def test_initialize_variants(caplog, monkeypatch):
     e = TransferEngine()
     assert e.get_rpc_port() == 0
     # etcd (bare host:port or etcd://) with no etcd listening: -1, reason logged (a live
@@ -63,7 +63,13 @@ def test_initialize_variants(caplog):
     assert e.initialize("127.0.0.1:12345", f"etcd://{dead}", "tcp", "") == -1
     assert e.initialize_ext("127.0.0.1:12345", dead, "tcp", "", "etcd") == -1
     assert e.initialize("127.0.0.1:12345", "redis://127.0.0.1:6379", "tcp", "") == -1
-    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0  # rdma runs TCP
+    # rdma needs an RDMA device (none here: -1, ERR_DEVICE_NOT_FOUND logged) unless
+    # MC_FORCE_TCP says TCP; a real or simulated device is tested in dataplane/tests.
+    if not os.environ.get("MOONCAKE_RDMA_SIM"):
+        monkeypatch.delenv("MC_FORCE_TCP", raising=False)
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_404") == -1
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
     assert 15000 <= e.get_rpc_port() <= 17000
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1  # already initialized
 

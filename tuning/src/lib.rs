@@ -188,6 +188,87 @@ pub fn checks(hugepages: u64) -> Vec<Check> {
     out
 }
 
+/// Default sysfs root of RDMA devices.
+pub const RDMA_SYSFS_ROOT: &str = "/sys/class/infiniband";
+
+/// The RDMA topology as `protocol="rdma"` would see it (`docs/rdma.md`): one line per device
+/// (NUMA node, each port's state and link layer), then per NUMA node the devices the
+/// descriptor's priority matrix prefers there. Read from `root` (normally
+/// [`RDMA_SYSFS_ROOT`]); this crate sits below the data plane, so it reads sysfs itself
+/// rather than calling `dataplane::transport::rdma::discovery`, whose rules it mirrors.
+pub fn rdma_topology(root: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return vec![format!(
+            "rdma: no devices ({} missing: no RDMA hardware or driver; protocol=rdma needs \
+             MC_FORCE_TCP=1 here)",
+            root.display()
+        )];
+    };
+    let mut names: Vec<String> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return vec![format!("rdma: no devices under {}", root.display())];
+    }
+    let rd = |p: std::path::PathBuf| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    let mut numa: Vec<(String, Option<i64>)> = Vec::new();
+    for n in &names {
+        let d = root.join(n);
+        let node = rd(d.join("device/numa_node"))
+            .parse::<i64>()
+            .ok()
+            .filter(|v| *v >= 0);
+        let mut ports: Vec<String> = std::fs::read_dir(d.join("ports"))
+            .map(|it| {
+                it.flatten()
+                    .map(|e| {
+                        let p = e.path();
+                        format!(
+                            "port {}: {} {}",
+                            e.file_name().to_string_lossy(),
+                            rd(p.join("state")),
+                            rd(p.join("link_layer"))
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ports.sort();
+        let node_text = node.map_or("unknown".to_string(), |v| v.to_string());
+        out.push(format!(
+            "rdma {n}: numa node {node_text}; {}",
+            ports.join("; ")
+        ));
+        numa.push((n.clone(), node));
+    }
+    let mut nodes: Vec<i64> = numa.iter().filter_map(|(_, v)| *v).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    for node in nodes {
+        let (pref, other): (Vec<_>, Vec<_>) =
+            numa.iter().partition(|(_, v)| v.is_none_or(|x| x == node));
+        let list = |v: Vec<&(String, Option<i64>)>| {
+            v.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        out.push(format!(
+            "rdma priority cpu:{node}: prefer [{}] then [{}]",
+            list(pref),
+            list(other)
+        ));
+    }
+    out
+}
+
 /// Writes each fix; returns one line per attempt.
 pub fn apply(checks: &[Check]) -> Vec<String> {
     checks
@@ -228,6 +309,33 @@ mod tests {
             huge.fix.as_ref().map(|f| f.0.as_str()),
             Some("/proc/sys/vm/nr_hugepages")
         );
+    }
+
+    #[test]
+    fn rdma_topology_from_a_fake_sysfs() {
+        let root = std::env::temp_dir().join(format!("mc-tune-ib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for (n, node, state) in [("mlx5_0", "0", "4: ACTIVE"), ("mlx5_1", "1", "1: DOWN")] {
+            let d = root.join(n);
+            std::fs::create_dir_all(d.join("device")).unwrap();
+            std::fs::create_dir_all(d.join("ports/1")).unwrap();
+            std::fs::write(d.join("device/numa_node"), node).unwrap();
+            std::fs::write(d.join("ports/1/state"), state).unwrap();
+            std::fs::write(d.join("ports/1/link_layer"), "InfiniBand").unwrap();
+        }
+        let lines = rdma_topology(&root);
+        assert_eq!(
+            lines,
+            vec![
+                "rdma mlx5_0: numa node 0; port 1: 4: ACTIVE InfiniBand",
+                "rdma mlx5_1: numa node 1; port 1: 1: DOWN InfiniBand",
+                "rdma priority cpu:0: prefer [mlx5_0] then [mlx5_1]",
+                "rdma priority cpu:1: prefer [mlx5_1] then [mlx5_0]",
+            ]
+        );
+        let none = rdma_topology(&root.join("missing"));
+        assert!(none[0].contains("no devices"), "{none:?}");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! ```text
 //! mooncake_tune [--dry-run] [--hugepages N]
 //! ```
-//! Prints one line per check (ok / WANT). Without `--dry-run` it writes the fixes it knows
+//! Prints one line per check (ok / WANT), then the RDMA topology (`info rdma ...`: devices,
+//! NUMA nodes, port states, the per-node device preference; `docs/rdma.md`). Without `--dry-run` it writes the fixes it knows
 //! (reserve N 2 MiB hugepages, THP to madvise, somaxconn to 4096); with it, it prints them.
 //! Exit code 0 when every check passes (after fixes), 1 otherwise, 2 for bad arguments.
 
@@ -40,6 +41,9 @@ fn main() {
             "{mark} {:<34} now: {:<28} want: {}",
             c.name, c.current, c.wanted
         );
+    }
+    for line in tuning::rdma_topology(std::path::Path::new(tuning::RDMA_SYSFS_ROOT)) {
+        println!("info {line}");
     }
     let fixes: Vec<_> = checks.iter().filter_map(|c| c.fix.as_ref()).collect();
     if dry_run {

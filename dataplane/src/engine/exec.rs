@@ -145,6 +145,9 @@ impl Running {
         reqs: &[TransferRequest],
         out: &mut [Outcome],
     ) {
+        if self.run_rdma(handle, seg, reqs, out) {
+            return;
+        }
         let client = match seg.client(self.client_config()) {
             Ok(c) => c,
             Err(e) => {

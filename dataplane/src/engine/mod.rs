@@ -4,8 +4,9 @@
 //!
 //! Lifecycle: [`TransferEngine::new`] then [`TransferEngine::initialize`] with a server name,
 //! a metadata connection string (`http://host:port/metadata`; `etcd://host:port[,host:port]`
-//! or a bare `host:port` for etcd; `P2PHANDSHAKE`), a protocol (`tcp`) and a device filter
-//! (ignored). Initialisation
+//! or a bare `host:port` for etcd; `P2PHANDSHAKE`), a protocol (`tcp`, or `rdma`: see
+//! [`rdma`] for device choice, `MC_FORCE_TCP` and the software model) and a device list
+//! (`rdma` only). Initialisation
 //!
 //! 1. binds the handshake server on the rpc port (random in `[MC_MIN_RPC_PORT,
 //!    MC_MAX_RPC_PORT]` unless set) and the data server ([`TcpServer`]) on an ephemeral port;
@@ -30,7 +31,8 @@
 //!
 //! Sub-modules: [`config`] (limits and environment), [`error`], [`batch`] (batch table and
 //! statuses), `segments` (descriptor lookup and the cache of opened peers), `managed`
-//! (managed buffers), `exec` (running requests, worker pool).
+//! (managed buffers), `exec` (running requests, worker pool), [`rdma`] (the RDMA transport's
+//! selection and data path).
 
 pub mod batch;
 pub mod bench;
@@ -38,6 +40,7 @@ pub mod config;
 pub mod error;
 mod exec;
 mod managed;
+pub mod rdma;
 mod segments;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -52,11 +55,15 @@ pub use error::EngineError;
 use crate::limits::CONNECT_TIMEOUT_DEFAULT;
 use crate::mem::served::{ServedMemory, ServerConfig};
 use crate::mem::{Segment, SegmentOptions};
-use crate::metadata::desc::{BufferDesc, SegmentDesc};
-use crate::metadata::handshake::{self, FrameType, HandshakeServer, HandshakeState, NotifyMsg};
+use crate::metadata::desc::{timestamp_now, BufferDesc, SegmentDesc};
+use crate::metadata::handshake::{
+    self, ConnectionHandler, FrameType, HandshakeServer, HandshakeState, NotifyMsg,
+};
+use crate::metadata::rdma_desc::RdmaSegmentDesc;
 use crate::metadata::{host_of, split_host_port, Keys, MetadataBackend};
 use crate::transport::client::ClientConfig;
 use crate::transport::header::Opcode;
+use crate::transport::rdma::transport::RdmaTransport;
 use crate::transport::server::TcpServer;
 use crate::TeError;
 use batch::BatchTable;
@@ -95,6 +102,8 @@ pub(crate) struct Running {
     data_server: Mutex<Option<TcpServer>>,
     handshake: Mutex<Option<HandshakeServer>>,
     hs_state: Arc<HandshakeState>,
+    /// The RDMA transport when `protocol="rdma"` found a device (else TCP only).
+    rdma: Option<Arc<RdmaTransport>>,
     /// Registered buffers in registration order; its lock also orders publications.
     buffers: Mutex<Vec<BufferDesc>>,
     /// Held for reading by every running request, for writing by unregistration.
@@ -137,8 +146,11 @@ impl TransferEngine {
         }
     }
 
-    /// Starts the engine; see the module docs. `protocol` is `tcp` (`""` and `rdma` also run
-    /// TCP: this build has no RDMA); `device` is accepted and ignored.
+    /// Starts the engine; see the module docs. `protocol` is `tcp` (or `""`) or `rdma`;
+    /// `device` is the comma-separated RDMA device list (empty: auto-discovery).
+    ///
+    /// `rdma` without libibverbs or a usable device fails with `ERR_DEVICE_NOT_FOUND` (-6)
+    /// unless `MC_FORCE_TCP` is set, which runs TCP.
     pub fn initialize(
         &self,
         local_server_name: &str,
@@ -146,7 +158,6 @@ impl TransferEngine {
         protocol: &str,
         device: &str,
     ) -> Result<(), EngineError> {
-        let _ = device;
         let _init = lock(&self.init_lock);
         if self.running.get().is_some() {
             return Err(EngineError::new(
@@ -160,14 +171,23 @@ impl TransferEngine {
         ) {
             return Err(EngineError::new(
                 TeError::NotImplemented,
-                format!("protocol {protocol:?}: this build supports tcp only"),
+                format!("protocol {protocol:?}: this build supports tcp and rdma"),
             ));
         }
         // The cluster secret (MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE): a broken setting must fail
         // here, not leave the data port open to anyone.
         protocol::auth::process_token()
             .map_err(|e| EngineError::new(TeError::InvalidArgument, e.to_string()))?;
-        let running = Running::start(self.options.clone(), local_server_name, metadata_conn)?;
+        let rdma_device = rdma::rdma_wanted(protocol).then_some(device);
+        if protocol.trim().eq_ignore_ascii_case("rdma") && rdma_device.is_none() {
+            tracing::info!("protocol rdma: MC_FORCE_TCP is set, running TCP");
+        }
+        let running = Running::start(
+            self.options.clone(),
+            local_server_name,
+            metadata_conn,
+            rdma_device,
+        )?;
         // Set under init_lock after the check above, so this cannot fail.
         let _ = self.running.set(Arc::new(running));
         Ok(())
@@ -187,13 +207,25 @@ impl TransferEngine {
         self.running.get().map_or(0, |r| r.rpc_port)
     }
 
+    /// `libibverbs` or `sim` when the engine runs the RDMA transport, else `None` (TCP).
+    pub fn rdma_verbs(&self) -> Option<&'static str> {
+        self.running
+            .get()
+            .and_then(|r| r.rdma.as_ref().map(|t| t.verbs_kind()))
+    }
+
+    /// The RDMA transport, for its counters (`None` when running TCP).
+    pub fn rdma_transport(&self) -> Option<Arc<RdmaTransport>> {
+        self.running.get().and_then(|r| r.rdma.clone())
+    }
+
     /// The data port peers send READ/WRITE frames to (0 before initialize).
     pub fn data_port(&self) -> u16 {
         self.running.get().map_or(0, |r| r.data_port)
     }
 
     /// Registers `[addr, addr + len)` for local transfers and remote access by peers.
-    /// `location` (`"cpu:0"`, `"*"`) is accepted for compatibility and not used.
+    /// `location` (`"cpu:0"`, `"*"`) is written to the RDMA descriptor's buffer name.
     ///
     /// Errors: `-7` when it overlaps a registered buffer, `-1` for `len == 0` or a range that
     /// wraps, a metadata error when the descriptor cannot be published (then nothing stays
@@ -209,11 +241,17 @@ impl TransferEngine {
         len: u64,
         location: &str,
     ) -> Result<(), EngineError> {
-        let _ = location;
         let run = self.running()?;
         let mut bufs = lock(&run.buffers);
         // SAFETY: forwarded from this function's contract.
         unsafe { run.memory.register(addr, len) }?;
+        if let Some(t) = &run.rdma {
+            // SAFETY: forwarded from this function's contract; `unregister` deregisters it.
+            if let Err(e) = unsafe { t.register(addr, len, location) } {
+                let _ = run.memory.unregister(addr);
+                return Err(EngineError::new(TeError::Memory, e));
+            }
+        }
         bufs.push(BufferDesc {
             addr,
             length: len,
@@ -222,6 +260,9 @@ impl TransferEngine {
         if let Err(e) = run.publish(&bufs) {
             bufs.pop();
             let _ = run.memory.unregister(addr);
+            if let Some(t) = &run.rdma {
+                t.unregister(addr);
+            }
             return Err(e);
         }
         Ok(())
@@ -586,6 +627,7 @@ impl Running {
         options: EngineOptions,
         local_server_name: &str,
         metadata_conn: &str,
+        rdma_device: Option<&str>,
     ) -> Result<Running, EngineError> {
         let conn = MetadataBackend::parse(metadata_conn)?;
         let name_in = local_server_name.trim();
@@ -636,7 +678,20 @@ impl Running {
                 |e| EngineError::new(TeError::Socket, format!("cannot bind the data port: {e}")),
             )?;
         let data_port = data_server.local_addr().port();
+        let rdma = match rdma_device {
+            Some(dev) => Some(rdma::open_transport(&options, &name, dev)?),
+            None => None,
+        };
         let hs_state = HandshakeState::new();
+        if let Some(t) = &rdma {
+            let weak = Arc::downgrade(t);
+            hs_state.set_connection_handler(Some(ConnectionHandler(Arc::new(
+                move |body| match weak.upgrade() {
+                    Some(t) => t.handle_connect(body),
+                    None => b"{\"reply_msg\":\"engine shut down\"}".to_vec(),
+                },
+            ))));
+        }
         let workers = Workers::start().map_err(|e| {
             EngineError::new(TeError::Context, format!("cannot start workers: {e}"))
         })?;
@@ -656,6 +711,7 @@ impl Running {
             data_server: Mutex::new(Some(data_server)),
             handshake: Mutex::new(None),
             hs_state: hs_state.clone(),
+            rdma,
             buffers: Mutex::new(Vec::new()),
             guard: RwLock::new(()),
             segments: SegmentCache::default(),
@@ -697,7 +753,12 @@ impl Running {
     /// Publishes the descriptor with `buffers`: to the handshake server always, to the
     /// metadata store when there is one.
     fn publish(&self, buffers: &[BufferDesc]) -> Result<(), EngineError> {
-        let json = SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec()).to_json();
+        let json = match &self.rdma {
+            Some(t) => t
+                .segment_desc(&self.name, self.data_port, timestamp_now())
+                .to_json(),
+            None => SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec()).to_json(),
+        };
         self.hs_state.set_descriptor(json.clone());
         if let Directory::Store(store) = &self.directory {
             store.put(&self.keys.ram(&self.name), &json)?;
@@ -733,6 +794,9 @@ impl Running {
             EngineError::new(e, format!("no registered buffer starts at {addr:#x}"))
         })?;
         bufs.retain(|b| b.addr != addr);
+        if let Some(t) = &self.rdma {
+            t.unregister(addr);
+        }
         self.publish(&bufs)
     }
 
@@ -745,6 +809,14 @@ impl Running {
             })?;
         let mut bufs = lock(&self.buffers);
         self.memory.register_segment(seg.clone())?;
+        if let Some(t) = &self.rdma {
+            // SAFETY: the segment is mapped while `seg` lives; it is unregistered (and so
+            // deregistered here) before the managed allocator drops it.
+            if let Err(e) = unsafe { t.register(seg.addr() as u64, seg.len() as u64, "*") } {
+                let _ = self.memory.unregister(seg.addr() as u64);
+                return Err(EngineError::new(TeError::Memory, e));
+            }
+        }
         bufs.push(BufferDesc {
             addr: seg.addr() as u64,
             length: seg.len() as u64,
@@ -753,6 +825,9 @@ impl Running {
         if let Err(e) = self.publish(&bufs) {
             bufs.pop();
             let _ = self.memory.unregister(seg.addr() as u64);
+            if let Some(t) = &self.rdma {
+                t.unregister(seg.addr() as u64);
+            }
             return Err(e);
         }
         Ok(seg)
@@ -760,8 +835,18 @@ impl Running {
 
     fn fetch_segment(&self, name: &str) -> Result<RemoteSegment, EngineError> {
         let mine = self.hs_state.descriptor();
-        let (desc, host) = self.directory.fetch(&self.keys, name, &mine)?;
-        RemoteSegment::new(name, desc, &host)
+        let (desc, host, raw) = self.directory.fetch(&self.keys, name, &mine)?;
+        let rdma = if desc.protocol.as_str() == Some("rdma") {
+            Some(RdmaSegmentDesc::from_json(&raw).map_err(|e| {
+                EngineError::new(
+                    TeError::Metadata,
+                    format!("segment {name:?}: bad RDMA descriptor: {e}"),
+                )
+            })?)
+        } else {
+            None
+        };
+        RemoteSegment::new(name, desc, &host, rdma)
     }
 
     /// The cached peer of `handle`, fetched again if it was invalidated.
@@ -818,6 +903,7 @@ impl Running {
             let _ = store.remove(&self.keys.rpc_meta(&self.name));
         }
         drop(lock(&self.handshake).take());
+        self.hs_state.set_connection_handler(None);
         drop(lock(&self.data_server).take());
     }
 }

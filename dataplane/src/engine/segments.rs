@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::error::EngineError;
 use crate::metadata::desc::{RpcMeta, SegmentDesc};
 use crate::metadata::handshake::{self, FrameType};
+use crate::metadata::rdma_desc::RdmaSegmentDesc;
 use crate::metadata::{host_of, split_host_port, Keys, MetadataStore};
 use crate::transport::client::{ClientConfig, TcpClient};
 use crate::TeError;
@@ -44,7 +45,7 @@ impl Directory {
         keys: &Keys,
         name: &str,
         my_desc: &[u8],
-    ) -> Result<(SegmentDesc, String), EngineError> {
+    ) -> Result<(SegmentDesc, String, Vec<u8>), EngineError> {
         match self {
             Directory::P2p => {
                 let (host, _) = split_host_port(name)
@@ -53,7 +54,7 @@ impl Directory {
                     .map_err(|e| unknown(name, e))?;
                 let desc = SegmentDesc::from_json(&raw)
                     .map_err(|e| unknown(name, format!("bad descriptor: {e}")))?;
-                Ok((desc, host.to_string()))
+                Ok((desc, host.to_string(), raw))
             }
             Directory::Store(store) => {
                 let key = keys.ram(name);
@@ -73,7 +74,7 @@ impl Directory {
                     }
                     _ => host_of(name).to_string(),
                 };
-                Ok((desc, host))
+                Ok((desc, host, raw))
             }
         }
     }
@@ -103,18 +104,31 @@ impl Directory {
 pub(crate) struct RemoteSegment {
     pub(crate) name: String,
     pub(crate) desc: SegmentDesc,
-    pub(crate) data_addr: SocketAddr,
+    /// The TCP data endpoint (`None` for an RDMA-only peer, e.g. an upstream engine).
+    pub(crate) data_addr: Option<SocketAddr>,
+    /// The RDMA view of the descriptor, when the peer runs the RDMA transport.
+    pub(crate) rdma: Option<RdmaSegmentDesc>,
     client: Mutex<Option<Arc<TcpClient>>>,
 }
 
 impl RemoteSegment {
-    /// A peer from its descriptor; refuses descriptors of upstream engines, whose TCP wire
-    /// format this crate does not speak.
+    /// A peer from its descriptor; refuses TCP descriptors of upstream engines, whose TCP
+    /// wire format this crate does not speak (their RDMA descriptors are fine).
     pub(crate) fn new(
         name: &str,
         desc: SegmentDesc,
         host: &str,
+        rdma: Option<RdmaSegmentDesc>,
     ) -> Result<RemoteSegment, EngineError> {
+        if desc.mooncake_rs_data_port.is_none() && rdma.is_some() {
+            return Ok(RemoteSegment {
+                name: name.to_string(),
+                desc,
+                data_addr: None,
+                rdma,
+                client: Mutex::new(None),
+            });
+        }
         let port = desc.mooncake_rs_data_port.ok_or_else(|| {
             EngineError::new(
                 TeError::NotImplemented,
@@ -134,7 +148,8 @@ impl RemoteSegment {
         Ok(RemoteSegment {
             name: name.to_string(),
             desc,
-            data_addr,
+            data_addr: Some(data_addr),
+            rdma,
             client: Mutex::new(None),
         })
     }
@@ -145,10 +160,16 @@ impl RemoteSegment {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let c = TcpClient::connect(self.data_addr, config).map_err(|e| {
+        let addr = self.data_addr.ok_or_else(|| {
+            EngineError::new(
+                TeError::NotImplemented,
+                format!("segment {:?} has no TCP data port (RDMA only)", self.name),
+            )
+        })?;
+        let c = TcpClient::connect(addr, config).map_err(|e| {
             EngineError::new(
                 TeError::from_i32(e.code()).unwrap_or(TeError::Socket),
-                format!("segment {:?} at {}: {e}", self.name, self.data_addr),
+                format!("segment {:?} at {addr}: {e}", self.name),
             )
         })?;
         let c = Arc::new(c);

@@ -8,7 +8,7 @@
 //!  | length (u64 LE)         | type   | JSON text (length-1 bytes) |
 //!  +-------------------------+--------+----------------------------+
 //!  length counts the type byte and the JSON, 1 ..= FRAME_MAX_BYTES
-//!  type: 0 Connection (RDMA QP exchange: refused here), 1 Metadata, 2 Notify, 3 Probe
+//!  type: 0 Connection (RDMA QP exchange), 1 Metadata, 2 Notify, 3 Probe
 //! ```
 //!
 //! | type | request | reply |
@@ -16,6 +16,7 @@
 //! | 1 Metadata | the requester's segment descriptor (ignored) | our segment descriptor |
 //! | 2 Notify | `{"name":..,"notify_msg":..}` | `{"name":"","notify_msg":"success"}` |
 //! | 3 Probe | anything | `{"status":"success"}` |
+//! | 0 Connection | `ConnectBody` (`rdma_desc`) | the handler's reply; refused (connection dropped) when the engine runs no RDMA transport |
 //!
 //! A reply uses the request's type. A connection may carry several requests; the server
 //! drops it after [`RECV_TIMEOUT`] of silence, on a frame that does not decode (a legacy
@@ -137,11 +138,31 @@ pub struct HandshakeState {
     descriptor: Mutex<Vec<u8>>,
     inbox: Mutex<VecDeque<NotifyMsg>>,
     notifies_dropped: AtomicU64,
+    connection: Mutex<Option<ConnectionHandler>>,
+}
+
+/// Answers a `Connection` frame's body with the reply body (the RDMA transport's QP
+/// exchange).
+#[derive(Clone)]
+pub struct ConnectionHandler(pub Arc<ConnectFn>);
+
+/// The function behind a [`ConnectionHandler`]: request body in, reply body out.
+pub type ConnectFn = dyn Fn(&[u8]) -> Vec<u8> + Send + Sync;
+
+impl std::fmt::Debug for ConnectionHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectionHandler")
+    }
 }
 
 impl HandshakeState {
     pub fn new() -> Arc<HandshakeState> {
         Arc::new(HandshakeState::default())
+    }
+
+    /// Installs (or with `None` removes) the handler of `Connection` frames.
+    pub fn set_connection_handler(&self, h: Option<ConnectionHandler>) {
+        *self.connection.lock().unwrap_or_else(|e| e.into_inner()) = h;
     }
 
     /// Replaces the descriptor served to Metadata requests.
@@ -285,7 +306,19 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
                 Err(_) => return,
             },
             Some(FrameType::Probe) => br#"{"status":"success"}"#.to_vec(),
-            Some(FrameType::Connection) | None => return,
+            Some(FrameType::Connection) => {
+                let h = shared
+                    .state
+                    .connection
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                match h {
+                    Some(h) => (h.0)(&body),
+                    None => return,
+                }
+            }
+            None => return,
         };
         let ty = FrameType::from_u8(ty).unwrap_or(FrameType::Probe);
         if write_frame(&mut stream, ty, &reply).is_err() {

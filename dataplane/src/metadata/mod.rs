@@ -8,7 +8,9 @@
 //! - [`etcd`]: the etcd metadata store (`etcd://h1:p1,h2:p2` or a bare `h:p`) over etcd v3's
 //!   JSON gateway, on the same HTTP client; [`base64`] encodes its keys and values;
 //! - [`handshake`]: upstream's handshake framing (u64 LE length, u8 type, JSON) with its
-//!   server and client, used for P2PHANDSHAKE descriptor exchange, notifies and probes.
+//!   server and client, used for P2PHANDSHAKE descriptor exchange, notifies, probes and the
+//!   RDMA QP exchange;
+//! - [`rdma_desc`]: the RDMA descriptor members (devices, rkeys) and the `Connection` body.
 //!
 //! A metadata connection string is parsed by [`MetadataBackend::parse`] (P2PHANDSHAKE, HTTP,
 //! etcd; redis and https are refused with a clear error). Keys are built by [`Keys`], which
@@ -22,6 +24,7 @@ pub mod desc;
 pub mod etcd;
 pub mod handshake;
 pub mod http;
+pub mod rdma_desc;
 
 use crate::TeError;
 

@@ -8,6 +8,7 @@
 //! - [`uring`]: whether io_uring may be used (`MC_DISABLE_IO_URING`, kernel refusal).
 //! - [`uring_server`]: the io_uring shard server (one pinned thread, one ring).
 //! - [`backend`]: [`serve`] picks the io_uring shard or the blocking fallback.
+//! - [`rdma`]: the RDMA verbs transport (`docs/rdma.md`).
 //!
 //! Invariants: a request touches memory only after its whole range was found inside one
 //! registered buffer; a malformed or truncated frame affects only its own connection.
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod client;
 pub mod header;
 pub(crate) mod rawio;
+pub mod rdma;
 pub mod server;
 pub mod uring;
 pub mod uring_server;
