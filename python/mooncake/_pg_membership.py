@@ -91,7 +91,7 @@ def connect_extension(store, rank, slots, auto_deactivate, global_ranks):
                 raise RuntimeError(
                     f"rank {r} runs on another host ({host.split('/')[0]}): a process "
                     "joining with is_extension=True must be on the same host as every "
-                    "live member (docs/pg.md, Membership)"
+                    "other rank of the group (docs/pg.md, Membership)"
                 )
             paths.append(f"/proc/{pid}/fd/{fd}")
         comm.connect_extension(paths, auto_deactivate)

@@ -40,6 +40,10 @@
 //! writes `(pid, fd)` of its own segment into its mailbox word in each of them, and waits in
 //! `join_group`; members map the new segment when they adopt a view whose `inc` names it.
 //!
+//! Across hosts, a remote member's words are read from its replica (`net.rs`), which the
+//! links keep up to date in publish order ([`member_changes`]); a joining process must be on
+//! the same host as every other rank (it maps their segments).
+//!
 //! Word layout of the membership area ([`Segment::member_word`]), one owner writer each
 //! except the mailbox:
 //!

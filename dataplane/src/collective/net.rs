@@ -25,6 +25,11 @@
 //! - `done`, `left`, and for the reader `q` only: every point-to-point chunk published on the
 //!   channel to `q` (header and data) then `sent[q]`, and `acked[q]`.
 //!
+//! The membership words go as STOREs too ([`Link::sync_member`], called by the membership
+//! thread through [`super::Shared::publish_member`]): only the changed ones, in the order
+//! [`super::membership::member_changes`] gives, so a replica's reader sees a publishing word
+//! (an ack, a request or answer id, `pending`) only after the words it publishes.
+//!
 //! A sync runs synchronously on the thread that stored a counter (the collective or the
 //! point-to-point worker, through [`super::Shared::publish`]), under the link's lock. Why
 //! pushes cannot overwrite bytes a reader still uses: the owner reuses slot `s % 2` only
