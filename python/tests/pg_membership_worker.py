@@ -198,6 +198,26 @@ def scenario_subgroup_extend():
     dist.barrier()
 
 
+def scenario_remote_replace():
+    """Hosts a,b: rank 1 (host b) is SIGKILLed; rank 0 carries on alone and waits until a
+    replacement for rank 1 on host b has been refused."""
+    init(pg.MooncakeBackendOptions(torch.ones(WORLD, dtype=torch.int32)))
+    all_reduce_of(range(WORLD))
+    if RANK == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    all_reduce_of([0])
+    dist.TCPStore("127.0.0.1", PORT, is_master=False).wait(["joiner_refused"])
+    all_reduce_of([0])
+
+
+def scenario_remote_replace_joiner():
+    """A replacement for rank 1 whose group has a rank on another host: refused at init,
+    naming that rank (the links to other hosts are built at group creation only)."""
+    expect_error(lambda: init(pg.MooncakeBackendOptions(torch.zeros(WORLD, dtype=torch.int32), True)),
+                 ["rank 0 runs on another host", "is_extension"], "remote replacement")
+    dist.TCPStore("127.0.0.1", PORT, is_master=False).set("joiner_refused", "1")
+
+
 def scenario_replace_joiner():
     """The replacement process for rank 2."""
     active = torch.zeros(WORLD, dtype=torch.int32)
@@ -360,6 +380,8 @@ SCENARIOS = {
     "replace_rank0": scenario_replace_rank0,
     "replace_rank0_joiner": scenario_replace_rank0_joiner,
     "subgroup_extend": scenario_subgroup_extend,
+    "remote_replace": scenario_remote_replace,
+    "remote_replace_joiner": scenario_remote_replace_joiner,
     "evict_rejoin": scenario_evict_rejoin,
     "decider_dies": scenario_decider_dies,
     "bad_input": scenario_bad_input,

@@ -84,6 +84,22 @@ def test_membership_across_hosts_unacknowledged_and_dropped():
     run_group("no_ack", 3, expect_dead=(2,), hosts="a,b,c")
 
 
+def test_membership_across_hosts_replacement_refused():
+    """Rank 1 (host b) is SIGKILLed; a replacement process for it is refused at init with
+    the remote rank's name (not supported across hosts, docs/pg.md); rank 0 carries on."""
+    world, port = 2, free_port()
+    env = {"PG_HOST_IDS": "a,b"}
+    procs = [(r, spawn("remote_replace", r, world, port, env)) for r in range(world)]
+    try:
+        procs[1][1].wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        for _, p in procs:
+            p.kill()
+        pytest.fail("rank 1 did not reach its SIGKILL")
+    joiner = spawn("remote_replace_joiner", 1, world, port, env)
+    finish(procs + [("joiner", joiner)], 150, expect_dead=(1,))
+
+
 def test_membership_across_hosts_bad_input():
     run_group("bad_input", 3, hosts="a,b,a")
 
