@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import warnings
 
 from mooncake import _native
 from mooncake.pg import (
@@ -38,29 +39,66 @@ def publish(store, rank, comm):
     store.set(_proc_key(rank), f"{_host_id()}\n{pid}\n{fd}")
 
 
-def connect_extension(store, rank, size, auto_deactivate):
-    """Creates this process's segment and attaches it to the existing group as rank ``rank``
-    (not active until :func:`join_group` is answered by an activation)."""
+_SHAPE_KEY = "mooncake_pg/shape"
+
+
+def publish_shape(store, slots, global_ranks):
+    """Publishes the group's shape (max_group_size and the founders' global ranks in group
+    order), which a process extending the group checks it matches."""
+    store.set(_SHAPE_KEY, f"{slots}\n{','.join(str(r) for r in global_ranks)}")
+
+
+def resolve(store, rank, slots, global_ranks):
+    """How many founding ranks the existing group this extension attaches to has, or
+    ``(None, why)``. As upstream's AttachOrExtend: a group in the same torch group (store
+    prefix) with the same max_group_size whose founders' global ranks are the request's
+    (a replacement process) or a proper prefix of them with the caller in the appended part
+    (``new_group([0])`` extended by ``new_group([0, 2])``)."""
+    if not store.check([_SHAPE_KEY]):
+        return None, "no group was created under this torch group"
+    mgs, order = store.get(_SHAPE_KEY).decode().split("\n", 1)
+    order = [int(x) for x in order.split(",") if x]
+    if int(mgs) != slots:
+        return None, f"the group's max_group_size is {mgs}, this one asks for {slots}"
+    if list(global_ranks[:len(order)]) != order or len(order) > len(global_ranks):
+        return None, (f"the group's ranks {order} are not a prefix of this group's "
+                      f"{list(global_ranks)}")
+    if len(order) < len(global_ranks) and rank < len(order):
+        return None, f"rank {rank} is a founding rank of the group, not an appended one"
+    return len(order), ""
+
+
+def connect_extension(store, rank, slots, auto_deactivate, global_ranks):
+    """Creates this process's segment and attaches it to the existing group as slot ``rank``
+    (not active until :func:`join_group` is answered by an activation). If no matching
+    group exists (:func:`resolve`), the communicator runs alone and ``join_group`` raises
+    "extension target not found", as upstream's local-only communicator."""
     path = f"/dev/shm/mooncake-pg-{os.getpid()}-{uuid.uuid4().hex[:16]}"
-    comm = _native.PgComm(path, rank, size)
+    comm = _native.PgComm(path, rank, slots)
     try:
         me = _host_id()
+        founders, why = resolve(store, rank, slots, global_ranks)
+        if founders is None:
+            warnings.warn(f"mooncake.pg: extension target not found: {why}", stacklevel=3)
         paths = []
-        for r in range(size):
+        for r in range(slots):
             key = _proc_key(r)
-            if r == rank or not store.check([key]):
+            if founders is None or r == rank or not store.check([key]):
                 paths.append(None)
                 continue
             host, pid, fd = store.get(key).decode().split("\n")
             if host != me:
                 raise RuntimeError(
-                    f"rank {r} runs on another host ({host.split('/')[0]}): mooncake-rs's "
-                    "Mooncake PG connects ranks of one host only (docs/pg.md)"
+                    f"rank {r} runs on another host ({host.split('/')[0]}): a process "
+                    "joining with is_extension=True must be on the same host as every "
+                    "other rank of the group (docs/pg.md, Membership)"
                 )
             paths.append(f"/proc/{pid}/fd/{fd}")
         comm.connect_extension(paths, auto_deactivate)
-        ready = [f"mooncake_pg/ready/{r}" for r in range(size)]
-        group_cma = all(store.check([k]) and store.get(k) == b"1" for k in ready)
+        # The founders agreed on direct reads; this process must follow their decision.
+        ready = [f"mooncake_pg/ready/{r}" for r in range(founders or 0)]
+        group_cma = bool(ready) and all(store.check([k]) and store.get(k) == b"1"
+                                        for k in ready)
         if group_cma and not comm.cma_probe():
             raise RuntimeError(
                 "the group reads peers' memory directly (process_vm_readv) but this process "
@@ -83,8 +121,9 @@ def _targets(pg, ranks):
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int):
             return None, f"rank {r!r} is not an int"
-        if not 0 <= r < pg._size:
-            return None, f"rank {r} is out of range: this group has ranks 0..{pg._size - 1}"
+        if not 0 <= r < pg._max_group_size:
+            return None, (f"rank {r} is out of range: this group has ranks "
+                          f"0..{pg._max_group_size - 1}")
         mask |= 1 << r
     return mask, ""
 
@@ -96,16 +135,8 @@ def _propose(backend, ranks, activate):
         return ProposeViewUpdateResponse(ProposalStatus.Rejected, pg._comm.epoch(), (), why)
     if mask == 0:
         return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
-    if getattr(pg, "_cross_host", False):
-        active = pg._comm.active()
-        if (active & mask == mask) if activate else (active & mask == 0):
-            return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
-        return ProposeViewUpdateResponse(
-            ProposalStatus.Rejected, pg._comm.epoch(), (),
-            "membership changes across hosts are not supported: this group has ranks on "
-            "another host (docs/pg.md)")
     status, _vid, dropped, reason = pg._comm.propose(activate, mask, PROPOSAL_TIMEOUT_S)
-    dropped_ranks = [r for r in range(pg._size) if dropped >> r & 1]
+    dropped_ranks = [r for r in range(pg._max_group_size) if dropped >> r & 1]
     return ProposeViewUpdateResponse(
         ProposalStatus(status), pg._comm.epoch(), dropped_ranks, reason)
 
@@ -152,11 +183,11 @@ def get_peer_state(backend, ranks):
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < pg._max_group_size:
             raise RuntimeError(f"rank {r!r} out of [0, {pg._max_group_size})")
-        out.append(r < pg._size and pg._comm.peer_ready(r))
+        out.append(pg._comm.peer_ready(r))
     return out
 
 
 def get_num_synced_ranks(backend):
     """Ranks that are ready in the sense of :func:`get_peer_state` (this one included)."""
     pg = _pg(backend)
-    return sum(1 for r in range(pg._size) if pg._comm.peer_ready(r))
+    return sum(1 for r in range(pg._max_group_size) if pg._comm.peer_ready(r))

@@ -457,17 +457,25 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 f"active_ranks has {active.numel()} elements, max_group_size is {mgs}"
             )
         self._backend_name = backend_name
-        self._rank, self._size, self._max_group_size = rank, size, mgs
+        # The runtime group has max_group_size slots (as upstream): slots from the torch
+        # group's size on start empty and may be taken by processes that extend the group
+        # (docs/pg.md, Membership). ``size()`` grows when such a slot becomes active.
+        self._rank, self._group_size, self._max_group_size = rank, size, mgs
+        self._global_ranks = list(getattr(dist_backend_opts, "global_ranks_in_group", None)
+                                  or range(size))
         self._active_ranks = active
         self._auto_sync = options._auto_sync
         self._failures_pending = 0
-        if options._is_extension:  # a new process for a rank of an existing group
+        if options._is_extension:  # a new process joining an existing group (or slot)
             self._comm = _pg_membership.connect_extension(
-                dist_backend_opts.store, rank, size, options._auto_deactivate)
+                dist_backend_opts.store, rank, mgs, options._auto_deactivate,
+                self._global_ranks)
         else:
             self._comm = self._connect(
-                dist_backend_opts.store, rank, size, options._auto_deactivate)
+                dist_backend_opts.store, rank, size, options._auto_deactivate, mgs)
             _pg_membership.publish(dist_backend_opts.store, rank, self._comm)
+            if rank == 0:
+                _pg_membership.publish_shape(dist_backend_opts.store, mgs, self._global_ranks)
         self._comm.set_mirror(active.data_ptr(), mgs)
         # torch finds some ops' backend by device (batch_isend_irecv asks it whether it
         # coalesces): register a shim that forwards to this group, as upstream does.
@@ -478,9 +486,9 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
         _Settings.initialized = True
 
-    def _connect(self, store, rank, size, auto_deactivate):
+    def _connect(self, store, rank, size, auto_deactivate, slots):
         path = f"/dev/shm/mooncake-pg-{os.getpid()}-{uuid.uuid4().hex[:16]}"
-        comm = _native.PgComm(path, rank, size)
+        comm = _native.PgComm(path, rank, slots)
         try:
             me = _host_id()
             ip = _Settings.host_ip
@@ -494,9 +502,9 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 # Same host: memcpy through the peer's segment; other host: TCP (docs/pg.md).
                 paths.append(p if host == me else "")
                 endpoints.append("" if host == me else ep)
-            comm.connect(paths, auto_deactivate, endpoints)
-            # Membership changes are same-host only (docs/pg.md).
-            self._cross_host = any(endpoints)
+            # Slots past the torch group's size are empty until a process extends the group.
+            pad = [""] * (slots - size)
+            comm.connect(paths + pad, auto_deactivate, endpoints + pad, size)
             # Single-copy reads of peers' tensors (process_vm_readv) only if every rank can
             # read every peer: the same decision everywhere.
             cma = os.environ.get("MC_PG_CMA", "1").lower() not in ("0", "false", "no", "off")
@@ -519,6 +527,27 @@ class MooncakeProcessGroup(dist.ProcessGroup):
 
     def size(self):
         return self._size
+
+    @property
+    def _size(self):
+        """The torch group's size, or more once a process that extended the group is
+        active: highest active slot + 1. Never less than the torch group's size, so list
+        arguments always have one entry per founding rank (docs/pg.md)."""
+        g = self._group_size
+        if self._max_group_size == g:
+            return g
+        return max(g, self._comm.active().bit_length())
+
+    def _pad(self, addrs, b, keep):
+        """``addrs`` (one per rank of ``size()``) extended to one per slot: the slots past
+        it are inactive, their entries point at scratch memory kept alive with the op."""
+        missing = self._max_group_size - len(addrs)
+        if missing <= 0 or not addrs:
+            return addrs
+        scratch = torch.empty(max(b, 1) * missing, dtype=torch.uint8)
+        keep.append(scratch)
+        base = scratch.data_ptr()
+        return list(addrs) + [base + i * max(b, 1) for i in range(missing)]
 
     def __repr__(self):
         return f"MooncakeProcessGroup(rank={self._rank}, size={self._size})"
@@ -617,17 +646,18 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cin = self._contig(t, cb, write=False)
         couts = [self._contig(o, cb) for o in outs]
+        b, keep = cin.numel() * cin.element_size(), [t, cin, outs, couts]
         n = self._comm.all_gather(
-            cin.data_ptr(), cin.numel() * cin.element_size(), code,
-            [o.data_ptr() for o in couts])
-        return self._work(n, "all_gather", [t, cin, outs, couts], cb)
+            cin.data_ptr(), b, code, self._pad([o.data_ptr() for o in couts], b, keep))
+        return self._work(n, "all_gather", keep, cb)
 
     def all_gather_single(self, output, input, opts=None):
         code = self._check(input)
         self._check(output, "output")
-        if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
+        size = self._size
+        if output.dtype != input.dtype or output.numel() != input.numel() * size:
             raise RuntimeError(
-                f"all_gather_into_tensor: output must hold {self._size} x {input.numel()} "
+                f"all_gather_into_tensor: output must hold {size} x {input.numel()} "
                 f"{input.dtype} elements, got {output.numel()} {output.dtype}"
             )
         cb = []
@@ -635,8 +665,10 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cout = self._contig(output, cb)
         b = cin.numel() * cin.element_size()
         base = cout.data_ptr()
-        n = self._comm.all_gather(cin.data_ptr(), b, code, [base + r * b for r in range(self._size)])
-        return self._work(n, "all_gather_into_tensor", [input, output, cin, cout], cb)
+        keep = [input, output, cin, cout]
+        n = self._comm.all_gather(
+            cin.data_ptr(), b, code, self._pad([base + r * b for r in range(size)], b, keep))
+        return self._work(n, "all_gather_into_tensor", keep, cb)
 
     _allgather_base = all_gather_single
 
@@ -644,9 +676,10 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         code, op = self._check(output, "output"), self._op(opts)
         self._check(input, "input")
-        if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
+        size = self._size
+        if output.dtype != input.dtype or input.numel() != output.numel() * size:
             raise RuntimeError(
-                f"reduce_scatter_tensor: input must hold {self._size} x {output.numel()} "
+                f"reduce_scatter_tensor: input must hold {size} x {output.numel()} "
                 f"{output.dtype} elements, got {input.numel()} {input.dtype}"
             )
         cb = []
@@ -654,9 +687,11 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cout = self._contig(output, cb)
         b = cout.numel() * cout.element_size()
         base = cin.data_ptr()
+        keep = [input, output, cin, cout]
         n = self._comm.reduce_scatter(
-            [base + r * b for r in range(self._size)], cout.data_ptr(), b, code, op)
-        return self._work(n, "reduce_scatter_tensor", [input, output, cin, cout], cb)
+            self._pad([base + r * b for r in range(size)], b, keep), cout.data_ptr(), b, code,
+            op)
+        return self._work(n, "reduce_scatter_tensor", keep, cb)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -670,10 +705,10 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cout = self._contig(out, cb)
         cins = [self._contig(i, cb, write=False) for i in ins]
+        b, keep = cout.numel() * cout.element_size(), [out, ins, cout, cins]
         n = self._comm.reduce_scatter(
-            [i.data_ptr() for i in cins], cout.data_ptr(),
-            cout.numel() * cout.element_size(), code, op)
-        return self._work(n, "reduce_scatter", [out, ins, cout, cins], cb)
+            self._pad([i.data_ptr() for i in cins], b, keep), cout.data_ptr(), b, code, op)
+        return self._work(n, "reduce_scatter", keep, cb)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         self._list(output_tensors, "all_to_all's output list")
@@ -687,10 +722,11 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         couts = [self._contig(o, cb) for o in output_tensors]
         if _overlap(cins, couts):
             cins = [i.clone() for i in cins]  # peers read inputs while outputs are written
+        b, keep = ref.numel() * ref.element_size(), [input_tensors, output_tensors, cins, couts]
         n = self._comm.all_to_all(
-            [i.data_ptr() for i in cins], [o.data_ptr() for o in couts],
-            ref.numel() * ref.element_size(), code)
-        return self._work(n, "all_to_all", [input_tensors, output_tensors, cins, couts], cb)
+            self._pad([i.data_ptr() for i in cins], b, keep),
+            self._pad([o.data_ptr() for o in couts], b, keep), b, code)
+        return self._work(n, "all_to_all", keep, cb)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         code = self._check(input, "input")
@@ -702,22 +738,24 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                     "all_to_all_single: Mooncake PG supports equal splits only, got "
                     f"output {list(output_split_sizes)} input {list(input_split_sizes)}"
                 )
+        size = self._size
         if (output.dtype != input.dtype or output.numel() != input.numel()
-                or input.numel() % self._size or input.dim() == 0):
+                or input.numel() % size or input.dim() == 0):
             raise RuntimeError(
                 "all_to_all_single: input and output must have the same dtype and numel, "
-                f"divisible by the group size {self._size}"
+                f"divisible by the group size {size}"
             )
         cb = []
         cin = self._contig(input, cb, write=False)
         cout = self._contig(output, cb)
         if _overlap([cin], [cout]):
             cin = cin.clone()
-        b = cin.numel() * cin.element_size() // self._size
+        b = cin.numel() * cin.element_size() // size
+        keep = [input, output, cin, cout]
         n = self._comm.all_to_all(
-            [cin.data_ptr() + r * b for r in range(self._size)],
-            [cout.data_ptr() + r * b for r in range(self._size)], b, code)
-        return self._work(n, "all_to_all_single", [input, output, cin, cout], cb)
+            self._pad([cin.data_ptr() + r * b for r in range(size)], b, keep),
+            self._pad([cout.data_ptr() + r * b for r in range(size)], b, keep), b, code)
+        return self._work(n, "all_to_all_single", keep, cb)
 
     alltoall_base = all_to_all_single
 
@@ -748,10 +786,10 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cin = self._contig(t, cb, write=False)
         couts = [self._contig(o, cb) for o in outs]
+        b, keep = cin.numel() * cin.element_size(), [t, cin, outs, couts]
         n = self._comm.gather(
-            cin.data_ptr(), cin.numel() * cin.element_size(), code,
-            [o.data_ptr() for o in couts], root)
-        return self._work(n, "gather", [t, cin, outs, couts], cb)
+            cin.data_ptr(), b, code, self._pad([o.data_ptr() for o in couts], b, keep), root)
+        return self._work(n, "gather", keep, cb)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
@@ -766,17 +804,17 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         cb = []
         cout = self._contig(out, cb)
         cins = [self._contig(i, cb, write=False) for i in ins]
+        b, keep = cout.numel() * cout.element_size(), [out, ins, cout, cins]
         n = self._comm.scatter(
-            [i.data_ptr() for i in cins], cout.data_ptr(),
-            cout.numel() * cout.element_size(), code, root)
-        return self._work(n, "scatter", [out, ins, cout, cins], cb)
+            self._pad([i.data_ptr() for i in cins], b, keep), cout.data_ptr(), b, code, root)
+        return self._work(n, "scatter", keep, cb)
 
     # -- point to point --------------------------------------------------------------------
 
     def _p2p(self, tensors, peer, is_send):
         t = self._one(tensors)
         self._check(t)
-        if not 0 <= peer < self._size or peer == self._rank:
+        if not 0 <= peer < self._max_group_size or peer == self._rank:
             raise RuntimeError(
                 f"peer rank {peer} is not another rank of this group of {self._size}"
             )

@@ -149,17 +149,28 @@ impl PyPgComm {
 
     /// Maps every same-host peer's segment (`paths[r]` for rank `r`), links to the ranks on
     /// other hosts (`endpoints[r]` = `host:port` non-empty; `paths[r]` unused) and starts
-    /// the workers. Releases the GIL while it connects.
-    #[pyo3(signature = (paths, auto_deactivate, endpoints=None))]
+    /// the workers. Releases the GIL while it connects. `founders` (default: every slot) is
+    /// how many slots the group starts with: slots from `founders` on are empty, inactive
+    /// places a process may later join by extension (`max_group_size` > group size; their
+    /// `paths` entries are unused).
+    #[pyo3(signature = (paths, auto_deactivate, endpoints=None, founders=None))]
     fn connect(
         &self,
         py: Python<'_>,
         paths: Vec<String>,
         auto_deactivate: bool,
         endpoints: Option<Vec<String>>,
+        founders: Option<usize>,
     ) -> PyResult<()> {
         if paths.len() != self.ranks {
             return Err(PyValueError::new_err("one segment path per rank is needed"));
+        }
+        let founders = founders.unwrap_or(self.ranks);
+        if founders == 0 || founders > self.ranks || self.rank >= founders {
+            return Err(PyValueError::new_err(format!(
+                "founders must be in [rank + 1, {}], got {founders}",
+                self.ranks
+            )));
         }
         let endpoints = endpoints.unwrap_or_else(|| vec![String::new(); self.ranks]);
         if endpoints.len() != self.ranks {
@@ -173,6 +184,12 @@ impl PyPgComm {
         for (r, p) in paths.iter().enumerate() {
             if r == self.rank {
                 peers.push(None);
+                continue;
+            }
+            if r >= founders {
+                peers.push(Some(Segment::tombstone(self.ranks, r).map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake PG: placeholder segment: {e}"))
+                })?));
                 continue;
             }
             if !endpoints[r].is_empty() {
@@ -209,7 +226,12 @@ impl PyPgComm {
             .lock()
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("already connected"))?;
-        let comm = Comm::start_with_net(own, self.rank, peers, net, auto_deactivate)
+        let active = if founders == 64 {
+            u64::MAX
+        } else {
+            (1u64 << founders) - 1
+        };
+        let comm = Comm::start_with(own, self.rank, peers, net, auto_deactivate, active, None)
             .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG workers: {e}")))?;
         *self.comm.lock() = Some(Arc::new(comm));
         Ok(())

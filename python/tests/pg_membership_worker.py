@@ -17,6 +17,9 @@ import torch.distributed as dist
 from mooncake import pg
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if os.environ.get("PG_HOST_IDS"):
+    # "Other hosts" on one machine: ranks with different ids link over TCP (net.rs).
+    os.environ["MC_PG_HOST_ID"] = os.environ["PG_HOST_IDS"].split(",")[RANK]
 CHECKS = 0
 APPLIED = pg.ProposalStatus.Applied
 
@@ -29,6 +32,14 @@ def check(cond, what):
 
 
 def init(opts):
+    if os.environ.get("PG_TEST_EXTERNAL_STORE") == "1":
+        # The store is a server outside every rank (the test process), so rank 0 can die
+        # and be replaced.
+        store = dist.TCPStore("127.0.0.1", PORT, is_master=False,
+                              timeout=__import__("datetime").timedelta(seconds=60))
+        dist.init_process_group(
+            backend="mooncake-cpu", store=store, rank=RANK, world_size=WORLD, pg_options=opts)
+        return
     dist.init_process_group(
         backend="mooncake-cpu", init_method=f"tcp://127.0.0.1:{PORT}", rank=RANK,
         world_size=WORLD, pg_options=opts)
@@ -90,6 +101,123 @@ def scenario_replace():
     common_after_join(g)
 
 
+def scenario_replace_rank0():
+    """Rank 0 (whose process does not hold the store here) is SIGKILLed; a new process
+    takes rank 0 over and the survivors recover it. Rank 1 decides meanwhile."""
+    active = torch.ones(WORLD, dtype=torch.int32)
+    init(pg.MooncakeBackendOptions(active))
+    g = dist.group.WORLD
+    all_reduce_of(range(WORLD))
+    if RANK == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    all_reduce_of(range(1, WORLD))
+    check(active.tolist() == [0, 1, 1], f"dead rank 0 inactive: {active.tolist()}")
+    wait_for(lambda: pg.get_peer_state(g, [0]) == [True], "the replacement waits to join")
+    r = pg.recover_ranks(g, [0])
+    check(r.status == APPLIED, f"recover rank 0 applied: {r.status} {r.reject_reason}")
+    all_reduce_of(range(WORLD))
+    check(active.tolist() == [1, 1, 1], f"all active again: {active.tolist()}")
+    common_after_join(g, joined=0)
+
+
+def scenario_replace_rank0_joiner():
+    """The replacement process for rank 0."""
+    active = torch.zeros(WORLD, dtype=torch.int32)
+    init(pg.MooncakeBackendOptions(active, True))
+    g = dist.group.WORLD
+    check(active.tolist() == [1, 0, 0], f"isolated before join: {active.tolist()}")
+    t = torch.full((4,), 7.0)
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full((4,), 7.0)), "isolated all_reduce is local")
+    pg.join_group(g)
+    check(active.tolist() == [1, 1, 1], f"active after join: {active.tolist()}")
+    all_reduce_of(range(WORLD))
+    common_after_join(g, joined=0)
+
+
+def scenario_subgroup_extend():
+    """Upstream's extension of a subgroup: ranks 0 and 1 create ``new_group([0])`` with
+    max_group_size 2; rank 2 creates ``new_group([0, 2])`` with is_extension=True. Both are
+    the first new_group of their process, so torch names them alike and they resolve as one
+    group of two slots: rank 2 takes slot 1 (join_group), rank 0 activates it."""
+    T0 = time.monotonic()
+    init(pg.MooncakeBackendOptions(torch.ones(WORLD, dtype=torch.int32)))
+    if RANK < 2:
+        g = dist.new_group([0], backend="mooncake-cpu", pg_options=pg.MooncakeBackendOptions(2))
+        dist.barrier()  # rank 2 extends the subgroup only once it exists
+    else:
+        dist.barrier()
+        g = dist.new_group([0, 2], backend="mooncake-cpu",
+                           pg_options=pg.MooncakeBackendOptions(2, True))
+    if RANK == 0:
+        active = pg.get_active_ranks(g)
+        check(active.tolist() == [1, 0] and dist.get_world_size(g) == 1, "alone in [0]")
+        t = torch.full((4,), 5.0)
+        dist.all_reduce(t, group=g)
+        check(torch.equal(t, torch.full((4,), 5.0)), "all_reduce alone")
+        wait_for(lambda: pg.get_peer_state(g, [1]) == [True], "rank 2 waits in slot 1")
+        check(pg.get_num_synced_ranks(g) == 2, "two synced slots")
+        r = pg.recover_ranks(g, [1])
+        check(r.status == APPLIED, f"activate slot 1: {r.status} {r.reject_reason}")
+    elif RANK == 2:
+        active = pg.get_active_ranks(g)
+        check(active.tolist() == [0, 1], f"isolated before join: {active.tolist()}")
+        check(dist.get_world_size(g) == 2, "declared size while joining")
+        pg.join_group(g)
+        check(active.tolist() == [1, 1], f"active after join: {active.tolist()}")
+    print(f"rank {RANK}: joined at {time.monotonic() - T0:.1f}s", flush=True)
+    if RANK != 1:
+        slot = 0 if RANK == 0 else 1
+        t = torch.full((10,), float(RANK + 1))
+        dist.all_reduce(t, group=g)
+        check(torch.equal(t, torch.full((10,), 4.0)), f"all_reduce over 0, 2: {t[0].item()}")
+        check(active.tolist() == [1, 1] and dist.get_world_size(g) == 2, "two active slots")
+        big = torch.full((3_000_000,), float(RANK + 1))
+        dist.all_reduce(big, group=g)
+        check(torch.equal(big, torch.full((3_000_000,), 4.0)), "large all_reduce over 0, 2")
+        outs = [torch.zeros(1000) for _ in range(2)]
+        dist.all_gather(outs, torch.full((1000,), float(RANK)), group=g)
+        check(torch.equal(outs[0], torch.zeros(1000)) and torch.equal(outs[1], torch.full((1000,), 2.0)),
+              "all_gather over the extended group")
+        b = torch.arange(100, dtype=torch.float64) + (7 if RANK == 0 else 0)
+        dist.broadcast(b, src=0, group=g)
+        check(torch.equal(b, torch.arange(100, dtype=torch.float64) + 7), "broadcast")
+        # torch's dist.send/recv map ranks through the torch group ([0] on rank 0), which
+        # has no slot 1: rank 0 addresses it through the group object.
+        if slot == 1:
+            dist.send(torch.full((5,), 42.0), group=g, group_dst=0)
+        else:
+            got = torch.zeros(5)
+            g.recv([got], 1, 0).wait()
+            check(torch.equal(got, torch.full((5,), 42.0)), "recv from the extension")
+    if RANK == 2:
+        # A group with no founder under its torch name: runs alone, join_group says so.
+        g2 = dist.new_group([0, 2], backend="mooncake-cpu",
+                            pg_options=pg.MooncakeBackendOptions(2, True))
+        expect_error(lambda: pg.join_group(g2), ["extension target not found"], "no target")
+    dist.barrier()
+
+
+def scenario_remote_replace():
+    """Hosts a,b: rank 1 (host b) is SIGKILLed; rank 0 carries on alone and waits until a
+    replacement for rank 1 on host b has been refused."""
+    init(pg.MooncakeBackendOptions(torch.ones(WORLD, dtype=torch.int32)))
+    all_reduce_of(range(WORLD))
+    if RANK == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    all_reduce_of([0])
+    dist.TCPStore("127.0.0.1", PORT, is_master=False).wait(["joiner_refused"])
+    all_reduce_of([0])
+
+
+def scenario_remote_replace_joiner():
+    """A replacement for rank 1 whose group has a rank on another host: refused at init,
+    naming that rank (the links to other hosts are built at group creation only)."""
+    expect_error(lambda: init(pg.MooncakeBackendOptions(torch.zeros(WORLD, dtype=torch.int32), True)),
+                 ["rank 0 runs on another host", "is_extension"], "remote replacement")
+    dist.TCPStore("127.0.0.1", PORT, is_master=False).set("joiner_refused", "1")
+
+
 def scenario_replace_joiner():
     """The replacement process for rank 2."""
     active = torch.zeros(WORLD, dtype=torch.int32)
@@ -106,7 +234,7 @@ def scenario_replace_joiner():
     common_after_join(g)
 
 
-def common_after_join(g):
+def common_after_join(g, joined=2):
     """Collectives and point-to-point with the rejoined rank, large and small."""
     all_reduce_of(range(WORLD), n=3_000_000)
     t = torch.arange(1000, dtype=torch.float64) + (100 if RANK == 0 else 0)
@@ -116,11 +244,12 @@ def common_after_join(g):
     dist.all_gather(outs, torch.full((300_000,), float(RANK)))
     check(all(torch.equal(o, torch.full((300_000,), float(r))) for r, o in enumerate(outs)),
           "all_gather")
-    if RANK == 2:
-        dist.send(torch.full((5,), 42.0), dst=0)
-    elif RANK == 0:
+    other = 1 if joined == 0 else 0
+    if RANK == joined:
+        dist.send(torch.full((5,), 42.0), dst=other)
+    elif RANK == other:
         got = torch.zeros(5)
-        dist.recv(got, src=2)
+        dist.recv(got, src=joined)
         check(torch.equal(got, torch.full((5,), 42.0)), "recv from the rejoined rank")
     dist.barrier()
 
@@ -248,6 +377,11 @@ def scenario_bad_input():
 SCENARIOS = {
     "replace": scenario_replace,
     "replace_joiner": scenario_replace_joiner,
+    "replace_rank0": scenario_replace_rank0,
+    "replace_rank0_joiner": scenario_replace_rank0_joiner,
+    "subgroup_extend": scenario_subgroup_extend,
+    "remote_replace": scenario_remote_replace,
+    "remote_replace_joiner": scenario_remote_replace_joiner,
     "evict_rejoin": scenario_evict_rejoin,
     "decider_dies": scenario_decider_dies,
     "bad_input": scenario_bad_input,

@@ -40,6 +40,10 @@
 //! writes `(pid, fd)` of its own segment into its mailbox word in each of them, and waits in
 //! `join_group`; members map the new segment when they adopt a view whose `inc` names it.
 //!
+//! Across hosts, a remote member's words are read from its replica (`net.rs`), which the
+//! links keep up to date in publish order ([`member_changes`]); a joining process must be on
+//! the same host as every other rank (it maps their segments).
+//!
 //! Word layout of the membership area ([`Segment::member_word`]), one owner writer each
 //! except the mailbox:
 //!
@@ -152,6 +156,11 @@ fn write_view(seg: &Segment, v: &View) {
 
 /// Reads `seg`'s newest view; `None` if it was being rewritten on every try.
 pub fn read_view(seg: &Segment) -> Option<View> {
+    read_view_seq(seg).map(|(_, v)| v)
+}
+
+/// [`read_view`] with the (even, non-zero) sequence number it was read at.
+fn read_view_seq(seg: &Segment) -> Option<(u64, View)> {
     for _ in 0..10_000 {
         let s1 = w(seg, W_VSEQ).load(Ordering::Acquire);
         if s1 % 2 == 1 {
@@ -170,10 +179,74 @@ pub fn read_view(seg: &Segment) -> Option<View> {
         }
         fence(Ordering::Acquire);
         if w(seg, W_VSEQ).load(Ordering::Relaxed) == s1 {
-            return (s1 > 0).then_some(v);
+            return (s1 > 0).then_some((s1, v));
         }
     }
     None
+}
+
+/// The membership words of `own` that changed since `last` (what the peer's replica
+/// holds), in the order a remote peer must receive them; `last` is updated.
+///
+/// Shared memory lets a reader see every word as soon as it is stored; a replica receives
+/// STOREs in order over the link (`net.rs`), so each word that *publishes* others must
+/// arrive after them: `ack` after its op count and decider, a request's id after its kind
+/// and mask, an answer's id after its fields, the view under its seqlock (odd, fields,
+/// even), and `pending` after the view (a member that sees `pending` cleared reads the
+/// committed view next). To get that from one snapshot, the publishing word is *read*
+/// before the words it publishes (the writer stores it after them), and *sent* after.
+pub(crate) fn member_changes(own: &Segment, last: &mut [u64], out: &mut Vec<(usize, u64)>) {
+    debug_assert_eq!(last.len(), MEMBER_WORDS);
+    let pending = load(w(own, W_PENDING));
+    let view = read_view_seq(own);
+    let ack = load(w(own, W_ACK));
+    let req = load(w(own, W_REQ_ID));
+    fn push(last: &mut [u64], i: usize, v: u64, out: &mut Vec<(usize, u64)>) {
+        if last[i] != v {
+            last[i] = v;
+            out.push((i, v));
+        }
+    }
+    let mut answers = [0u64; PG_MAX_RANKS];
+    for (q, a) in answers.iter_mut().enumerate() {
+        *a = load(w(own, W_ANS + 8 * q));
+    }
+    for i in [W_OPS, W_ADOPTED, W_AWAIT, W_CLOSED] {
+        push(last, i, load(w(own, i)), out);
+    }
+    for i in W_MAIL..W_MAIL + PG_MAX_RANKS {
+        push(last, i, load(w(own, i)), out);
+    }
+    push(last, W_ACK_OPS, load(w(own, W_ACK_OPS)), out);
+    push(last, W_ACK_BY, load(w(own, W_ACK_BY)), out);
+    push(last, W_ACK, ack, out);
+    push(last, W_REQ_KIND, load(w(own, W_REQ_KIND)), out);
+    push(last, W_REQ_MASK, load(w(own, W_REQ_MASK)), out);
+    push(last, W_REQ_ID, req, out);
+    for (q, id) in answers.into_iter().enumerate() {
+        let base = W_ANS + 8 * q;
+        for i in base + 1..base + 5 {
+            push(last, i, load(w(own, i)), out);
+        }
+        push(last, base, id, out);
+    }
+    if let Some((seq, v)) = view {
+        if last[W_VSEQ] != seq {
+            // Odd first: a reader of the replica retries until the closing even store.
+            out.push((W_VSEQ, seq - 1));
+            push(last, W_VID, v.vid, out);
+            push(last, W_VMASK, v.mask, out);
+            push(last, W_VPREV, v.prev, out);
+            push(last, W_VFROM, v.from_op, out);
+            for i in 0..PG_MAX_RANKS / 2 {
+                let word = u64::from(v.inc[2 * i]) | u64::from(v.inc[2 * i + 1]) << 32;
+                push(last, W_VINC + i, word, out);
+            }
+            last[W_VSEQ] = seq;
+            out.push((W_VSEQ, seq));
+        }
+    }
+    push(last, W_PENDING, pending, out);
 }
 
 /// What the decider answered.
@@ -489,10 +562,17 @@ fn tick(sh: &Shared, dec: &mut Decider) {
             adopt_due(sh, &mut g);
         }
     }
-    let latest = m.lock().latest;
-    if decider(sh, &latest) == Some(sh.rank) {
+    let (latest, isolated) = {
+        let g = m.lock();
+        (g.latest, g.isolated)
+    };
+    // A process that has not been activated yet (a joiner) is not in any member's view:
+    // even in slot 0 it must not decide (the members pick the next live rank).
+    if !isolated && decider(sh, &latest) == Some(sh.rank) {
         dec.step(sh, &latest);
     }
+    // Whatever this round wrote reaches the peers on other hosts.
+    sh.publish_member();
 }
 
 /// Starts the membership thread; it ends once the communicator and its workers are gone.
@@ -517,6 +597,7 @@ pub(super) fn spawn(sh: &Arc<Shared>) -> io::Result<()> {
 /// Marks this rank's communicator as gone (it stops deciding and acknowledging).
 pub(super) fn close(sh: &Shared) {
     store(w(&sh.own, W_CLOSED), 1);
+    sh.publish_member();
 }
 
 /// The decider's bookkeeping: when each waiting request was first seen, and where the
@@ -621,6 +702,7 @@ fn commit(sh: &Shared, latest: &View, cur: u64, want: u64, inc: [u32; 64]) -> (u
     let me = sh.rank;
     w(&sh.own, W_PENDING).store(pv, Ordering::SeqCst);
     ack(sh, pv, me);
+    sh.publish_member();
     let deadline = Instant::now() + ACK_TIMEOUT;
     let mut dead = 0u64;
     let max_ops = loop {
@@ -641,6 +723,7 @@ fn commit(sh: &Shared, latest: &View, cur: u64, want: u64, inc: [u32; 64]) -> (u
             None => break ops,
             Some(r) if Instant::now() > deadline => {
                 w(&sh.own, W_PENDING).store(0, Ordering::SeqCst);
+                sh.publish_member();
                 let mut g = sh.member.lock();
                 if g.frozen == Some((pv, me)) {
                     g.frozen = None;
@@ -649,7 +732,12 @@ fn commit(sh: &Shared, latest: &View, cur: u64, want: u64, inc: [u32; 64]) -> (u
                 sh.member.cv.notify_all();
                 return (0, latest.vid, 0, R_NO_ACK | (r as u64) << 8);
             }
-            Some(_) => std::thread::sleep(Duration::from_micros(200)),
+            Some(_) => {
+                // Acknowledgements of remote members arrive through the links; this
+                // rank's own ack and pending went out above (a retry is a no-op).
+                sh.publish_member();
+                std::thread::sleep(Duration::from_micros(200))
+            }
         }
     };
     let want = want & !dead;
@@ -665,6 +753,7 @@ fn commit(sh: &Shared, latest: &View, cur: u64, want: u64, inc: [u32; 64]) -> (u
         write_view(&sh.own, &v);
     }
     w(&sh.own, W_PENDING).store(0, Ordering::SeqCst);
+    sh.publish_member();
     scan_views(sh);
     let status = if dead != 0 { 2 } else { 1 };
     (status, pv, dead, 0)
@@ -679,6 +768,7 @@ pub fn propose(sh: &Shared, kind: u64, targets: u64, timeout: Duration) -> Answe
     store(w(&sh.own, W_REQ_KIND), kind);
     store(w(&sh.own, W_REQ_MASK), targets);
     store(w(&sh.own, W_REQ_ID), id);
+    sh.publish_member();
     let deadline = Instant::now() + timeout;
     let me = sh.rank;
     loop {
@@ -741,6 +831,7 @@ pub fn join(sh: &Shared, timeout: Duration) -> Result<(), String> {
         return Err("no live member of this group to join (extension target not found)".into());
     }
     store(w(&sh.own, W_AWAIT), 1);
+    sh.publish_member();
     let deadline = Instant::now() + timeout;
     loop {
         scan_views(sh);
@@ -755,6 +846,7 @@ pub fn join(sh: &Shared, timeout: Duration) -> Result<(), String> {
         }
         if Instant::now() > deadline {
             store(w(&sh.own, W_AWAIT), 0);
+            sh.publish_member();
             return Err(format!(
                 "join_group: not activated within {} s (a member must call activate_ranks / \
                  recover_ranks for rank {})",
@@ -809,6 +901,59 @@ mod tests {
         v.vid = 8;
         write_view(&seg, &v);
         assert_eq!(newest_view(&[&seg]).map(|v| v.vid), Some(8));
+    }
+
+    /// The order a replica receives membership words in: every publishing word after the
+    /// words it publishes, the view under its seqlock and before `pending`; nothing twice.
+    #[test]
+    fn member_changes_order() {
+        let seg = Segment::tombstone(4, 0).expect("anonymous segment");
+        let mut last = vec![0u64; MEMBER_WORDS];
+        let mut out = Vec::new();
+        member_changes(&seg, &mut last, &mut out);
+        assert!(out.is_empty(), "nothing changed yet");
+        store(w(&seg, W_ACK_OPS), 9);
+        store(w(&seg, W_ACK_BY), 1);
+        store(w(&seg, W_ACK), 3);
+        store(w(&seg, W_REQ_KIND), KIND_ACTIVATE);
+        store(w(&seg, W_REQ_MASK), 0b100);
+        store(w(&seg, W_REQ_ID), 1);
+        write_answer_words(&seg, 2, 5);
+        let mut v = View::initial(0b111);
+        v.vid = 3;
+        write_view(&seg, &v);
+        store(w(&seg, W_PENDING), 4);
+        member_changes(&seg, &mut last, &mut out);
+        let pos = |i: usize, val: u64| {
+            out.iter()
+                .position(|&x| x == (i, val))
+                .unwrap_or_else(|| panic!("word {i} = {val} not pushed: {out:?}"))
+        };
+        assert!(pos(W_ACK_OPS, 9) < pos(W_ACK, 3) && pos(W_ACK_BY, 1) < pos(W_ACK, 3));
+        assert!(pos(W_REQ_KIND, 1) < pos(W_REQ_ID, 1) && pos(W_REQ_MASK, 4) < pos(W_REQ_ID, 1));
+        let ans = W_ANS + 8 * 2;
+        assert!(pos(ans + 1, 1) < pos(ans, 5));
+        let (odd, even) = (pos(W_VSEQ, 1), pos(W_VSEQ, 2));
+        assert!(odd < pos(W_VID, 3) && pos(W_VID, 3) < even && pos(W_VMASK, 0b111) < even);
+        assert!(even < pos(W_PENDING, 4), "the view before pending");
+        // The replica now equals the segment: a second look sends nothing.
+        out.clear();
+        member_changes(&seg, &mut last, &mut out);
+        assert!(out.is_empty(), "sent twice: {out:?}");
+        // A replica applying the frames in order reads the same view.
+        let rep = Segment::tombstone(4, 0).expect("anonymous segment");
+        let mut last = vec![0u64; MEMBER_WORDS];
+        member_changes(&seg, &mut last, &mut out);
+        for &(i, val) in &out {
+            store(w(&rep, i), val);
+        }
+        assert_eq!(read_view(&rep), Some(v));
+    }
+
+    fn write_answer_words(seg: &Segment, q: usize, id: u64) {
+        let base = W_ANS + 8 * q;
+        store(w(seg, base + 1), 1);
+        store(w(seg, base), id);
     }
 
     #[test]

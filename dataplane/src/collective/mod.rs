@@ -211,6 +211,14 @@ impl Shared {
         }
     }
 
+    /// Pushes this rank's changed membership words to its peers on other hosts (no-op
+    /// without any). Called by the membership code after it stores them.
+    pub(crate) fn publish_member(&self) {
+        if let Some(n) = &self.net {
+            n.publish_member(&self.own);
+        }
+    }
+
     fn cma(&self) -> bool {
         self.cma.load(Ordering::Acquire)
     }

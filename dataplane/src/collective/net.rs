@@ -25,6 +25,11 @@
 //! - `done`, `left`, and for the reader `q` only: every point-to-point chunk published on the
 //!   channel to `q` (header and data) then `sent[q]`, and `acked[q]`.
 //!
+//! The membership words go as STOREs too ([`Link::sync_member`], called by the membership
+//! thread through [`super::Shared::publish_member`]): only the changed ones, in the order
+//! [`super::membership::member_changes`] gives, so a replica's reader sees a publishing word
+//! (an ack, a request or answer id, `pending`) only after the words it publishes.
+//!
 //! A sync runs synchronously on the thread that stored a counter (the collective or the
 //! point-to-point worker, through [`super::Shared::publish`]), under the link's lock. Why
 //! pushes cannot overwrite bytes a reader still uses: the owner reuses slot `s % 2` only
@@ -46,7 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES};
+use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES, MEMBER_WORDS};
 use super::COLLECTIVE_TIMEOUT_US;
 use crate::limits::{
     PG_COLL_SLOT_BYTES, PG_NET_CONNECT_TIMEOUT_MS, PG_NET_HEARTBEAT_MAX_MS,
@@ -161,6 +166,10 @@ struct Link {
     acked: u64,
     out: Vec<u8>,
     last_send: Instant,
+    /// Membership words as last pushed (the replica's values).
+    member: Vec<u64>,
+    /// Scratch for [`super::membership::member_changes`].
+    changes: Vec<(usize, u64)>,
 }
 
 impl Link {
@@ -197,10 +206,32 @@ impl Link {
             .extend_from_slice(&frame(KIND_STORE, off as u64, v));
     }
 
+    /// Pushes the membership words of `own` that changed since the last push, as STOREs in
+    /// the order [`super::membership::member_changes`] gives.
+    fn sync_member(&mut self, own: &Segment) -> io::Result<()> {
+        let mut changes = std::mem::take(&mut self.changes);
+        changes.clear();
+        super::membership::member_changes(own, &mut self.member, &mut changes);
+        for &(i, v) in &changes {
+            self.store(own, own.member_word(i), v);
+        }
+        self.changes = changes;
+        if !self.out.is_empty() {
+            self.flush(None)?;
+        }
+        Ok(())
+    }
+
     /// Pushes every change of `own` (this rank `me`'s segment) the peer has not seen yet.
     fn sync(&mut self, own: &Segment, me: usize) -> io::Result<()> {
         let q = self.peer;
         let posted = load(own.posted());
+        if posted > self.posted + 2 {
+            // A new view restarted the phases far above the old ones (`vid << 40`,
+            // membership.rs); the phases in between never existed. Every store of `posted`
+            // is followed by a sync, so only the newest one is unpushed.
+            self.posted = posted - 1;
+        }
         while self.posted < posted {
             let s = self.posted + 1;
             let slot = (s & 1) as usize;
@@ -315,6 +346,8 @@ impl Net {
                 acked: 0,
                 out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
                 last_send: Instant::now(),
+                member: vec![0; MEMBER_WORDS],
+                changes: Vec::new(),
             }));
         }
         let mut incoming = accept_all(HELLO_MAGIC, &listener, me, ranks, remotes, deadline)?;
@@ -349,12 +382,21 @@ impl Net {
     /// Pushes this rank's new segment state to every live remote peer; a failed push marks
     /// that peer dead.
     pub fn publish(&self, own: &Segment) {
+        self.each_link(|l| l.sync(own, self.me));
+    }
+
+    /// Pushes this rank's changed membership words to every live remote peer.
+    pub fn publish_member(&self, own: &Segment) {
+        self.each_link(|l| l.sync_member(own));
+    }
+
+    fn each_link(&self, push: impl Fn(&mut Link) -> io::Result<()>) {
         for l in self.links.iter().flatten() {
             let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
             if !l.alive.load(Ordering::Acquire) {
                 continue;
             }
-            if let Err(e) = l.sync(own, self.me) {
+            if let Err(e) = push(&mut l) {
                 tracing::warn!(
                     "mooncake.pg: push to rank {} failed ({e}): marked dead",
                     l.peer
@@ -726,6 +768,72 @@ mod tests {
         assert_eq!(o.failed, 0b10);
         assert_eq!(v, vec![1.0f32; 10]);
         assert_eq!(c0.shared().active(), 0b01);
+    }
+
+    /// Membership across hosts: the decider (rank 0) deactivates rank 1, which learns it
+    /// through its replica without a call; rank 1 rejoins in place and is activated; the
+    /// phases restart at the new view's base and the collectives run over both again.
+    #[test]
+    fn membership_over_tcp() {
+        use crate::collective::membership::{join, propose, KIND_ACTIVATE, KIND_DEACTIVATE};
+        let (c0, c1) = pair();
+        let mut v = vec![1.0f32; 8];
+        let mut w = vec![2.0f32; 8];
+        std::thread::scope(|sc| {
+            let t = sc.spawn(|| all_reduce(&c1, &mut w));
+            all_reduce(&c0, &mut v);
+            t.join().expect("rank 1");
+        });
+        assert_eq!(v, vec![3.0f32; 8]);
+        let a = propose(c0.shared(), KIND_DEACTIVATE, 0b10, Duration::from_secs(20));
+        assert_eq!(
+            (a.status, a.vid),
+            (1, 1),
+            "deactivation applied: {}",
+            a.reason
+        );
+        let until = Instant::now() + Duration::from_secs(10);
+        while c1.shared().active() != 0b01 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            c1.shared().active(),
+            0b01,
+            "rank 1 adopted the view it was pushed"
+        );
+        let o = all_reduce(&c0, &mut v);
+        assert!(o.error.is_none() && o.failed == 0);
+        assert_eq!(v, vec![3.0f32; 8], "rank 0 alone");
+        std::thread::scope(|sc| {
+            let j = sc.spawn(|| join(c1.shared(), Duration::from_secs(20)));
+            let a = loop {
+                let a = propose(c0.shared(), KIND_ACTIVATE, 0b10, Duration::from_secs(30));
+                if a.status != 0 || Instant::now() > until + Duration::from_secs(20) {
+                    break a;
+                }
+            };
+            assert_eq!(
+                (a.status, a.vid),
+                (1, 2),
+                "activation applied: {}",
+                a.reason
+            );
+            assert_eq!(j.join().expect("joiner"), Ok(()));
+        });
+        for n in [3usize, 1_300_001] {
+            let mut v = vec![1.0f32; n];
+            let mut w = vec![2.0f32; n];
+            let (o, o1) = std::thread::scope(|sc| {
+                let t = sc.spawn(|| all_reduce(&c1, &mut w));
+                let o = all_reduce(&c0, &mut v);
+                (o, t.join().expect("rank 1"))
+            });
+            assert!(o.error.is_none() && o1.error.is_none() && o.failed == 0 && o1.failed == 0);
+            assert!(
+                v.iter().chain(&w).all(|x| *x == 3.0),
+                "n={n}: both ranks again"
+            );
+        }
     }
 
     /// A malformed frame ends the link and marks the peer dead; it never writes outside the
