@@ -9,6 +9,7 @@
 //!   length-prefixed, versioned envelope with a request id) and [`message`] (one request and one
 //!   response type per operation, with a batch form of every object operation);
 //! - [`wire`]: the little-endian encoding those messages use;
+//! - [`tenant`]: tenants' separate key spaces (the envelope and the scoped keys);
 //! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
 //! - [`auth`]: the optional cluster secret and the once-per-connection handshake that proves
 //!   it (HMAC-SHA256 challenge-response; blocking helpers over `Read + Write`).
@@ -22,6 +23,7 @@ pub mod error;
 pub mod frame;
 pub mod limits;
 pub mod message;
+pub mod tenant;
 pub mod tensor;
 pub mod types;
 pub mod wire;
