@@ -201,8 +201,8 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
 }
 
 /// Setup options this build has no implementation for: the SSD offload tier and the client
-/// HTTP server; and a `tenant_id` that cannot name a tenant (empty, NUL, over
-/// `protocol::limits::TENANT_MAX_BYTES`). Asking for one fails the setup with
+/// HTTP server; and a `tenant_id` that cannot name a tenant (NUL, over
+/// `protocol::limits::TENANT_MAX_BYTES`; empty is the default tenant, as upstream). Asking for one fails the setup with
 /// `INVALID_PARAMS` and a logged reason, so nobody runs believing they have it.
 fn unsupported(
     ssd_offload: bool,
@@ -214,9 +214,9 @@ fn unsupported(
         "SSD offload (enable_ssd_offload / ssd_offload_path) is not supported by this build"
     } else if tenant_id
         .as_deref()
-        .is_some_and(|t| !protocol::tenant::valid_tenant(t))
+        .is_some_and(|t| !t.is_empty() && !protocol::tenant::valid_tenant(t))
     {
-        "tenant_id must be 1 to 256 bytes without NUL"
+        "tenant_id must be at most 4096 bytes without NUL"
     } else if client_http {
         "the client HTTP server (enable_client_http_server) is not supported by this build"
     } else {
