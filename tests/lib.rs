@@ -520,6 +520,7 @@ pub fn remote_store(
         protocol: "tcp".into(),
         rdma_devices: String::new(),
         master_server_addr: master_addr.to_string(),
+        tenant_id: String::new(),
     })
 }
 

@@ -85,6 +85,10 @@ fn main() {
             config: cfg,
         }),
         frame(&BatchExistKey { keys: keys.clone() }),
+        frame(&Tenanted {
+            tenant: "ta".into(),
+            inner: BatchExistKey { keys: keys.clone() },
+        }),
         frame(&BatchRemove { keys, force: false }),
     ];
     for (name, bytes) in frames {

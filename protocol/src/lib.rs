@@ -9,6 +9,7 @@
 //!   length-prefixed, versioned envelope with a request id) and [`message`] (one request and one
 //!   response type per operation, with a batch form of every object operation);
 //! - [`wire`]: the little-endian encoding those messages use;
+//! - [`tenant`]: tenants' separate key spaces (the envelope and the scoped keys);
 //! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
 //! - [`env`]: the one reading of boolean, size and microsecond values from flags and the
 //!   environment;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod frame;
 pub mod limits;
 pub mod message;
+pub mod tenant;
 pub mod tensor;
 pub mod types;
 pub mod wire;

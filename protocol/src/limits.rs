@@ -5,6 +5,8 @@ pub const FRAME_PAYLOAD_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// Largest key accepted by the master. Upstream has no explicit bound; 1 MiB keys must be
 /// refused cleanly rather than crash anything.
 pub const KEY_MAX_BYTES: usize = 64 * 1024;
+/// Longest tenant name (`tenant_id`).
+pub const TENANT_MAX_BYTES: usize = 4096;
 /// Largest number of items in one batch request.
 pub const BATCH_MAX_ITEMS: usize = 1 << 20;
 /// Largest decoded string (segment names, endpoints, patterns).

@@ -11,7 +11,7 @@ use crate::wire::{DecodeError, Reader, Wire};
 use crate::wire_struct;
 
 /// An operation of the control RPC.
-pub trait Rpc: Wire {
+pub trait Rpc: Wire + Clone {
     /// The frame opcode.
     const OP: u16;
     /// Human-readable name used in logs and metrics.
@@ -80,41 +80,133 @@ macro_rules! messages {
 
         /// Any request, as a server receives it.
         #[derive(Clone, Debug, PartialEq)]
-        pub enum Request { $($name($name),)* }
+        pub enum Request { $($name($name),)* InTenant(InTenant), }
 
         impl Request {
             /// Decodes the body of a request frame with the given opcode.
             pub fn decode(opcode: u16, body: &[u8]) -> Result<Request, DecodeError> {
                 match opcode {
                     $($op => Ok(Request::$name($name::from_bytes(body)?)),)*
+                    IN_TENANT_OP => Ok(Request::InTenant(InTenant::decode_body(body)?)),
                     other => Err(DecodeError::Invalid { what: "opcode", got: other as u64 }),
                 }
             }
 
             pub fn opcode(&self) -> u16 {
-                match self { $(Request::$name(_) => $op,)* }
+                match self { $(Request::$name(_) => $op,)* Request::InTenant(_) => IN_TENANT_OP, }
             }
 
             pub fn name(&self) -> &'static str {
-                match self { $(Request::$name(_) => stringify!($name),)* }
+                match self { $(Request::$name(_) => stringify!($name),)* Request::InTenant(_) => "InTenant", }
             }
 
             pub fn encode_body(&self, out: &mut Vec<u8>) {
-                match self { $(Request::$name(m) => m.encode(out),)* }
+                match self {
+                    $(Request::$name(m) => m.encode(out),)*
+                    Request::InTenant(m) => m.encode_body(out),
+                }
             }
         }
 
         /// Every opcode with its name, for docs and metrics.
-        pub const OPCODES: &[(u16, &str)] = &[$(($op, stringify!($name)),)*];
+        pub const OPCODES: &[(u16, &str)] = &[$(($op, stringify!($name)),)* (IN_TENANT_OP, "InTenant")];
 
         /// Decodes a response body for `opcode` just far enough to check it is well formed.
         pub fn validate_response(opcode: u16, body: &[u8]) -> Result<(), DecodeError> {
             match opcode {
                 $($op => Result::<$reply, ErrorCode>::from_bytes(body).map(|_| ()),)*
+                // The answer of the inner request, whose opcode the answer does not repeat:
+                // only its status can be checked.
+                IN_TENANT_OP => ErrorCode::decode(&mut Reader::new(body)).map(|_| ()),
                 other => Err(DecodeError::Invalid { what: "opcode", got: other as u64 }),
             }
         }
     };
+}
+
+/// Opcode of the tenant envelope ([`InTenant`], [`Tenanted`]).
+pub const IN_TENANT_OP: u16 = 40;
+
+/// Whether requests with this opcode may travel in a tenant envelope: the object operations
+/// (keys, patterns, removals), not liveness or segments, which belong to no tenant.
+pub fn tenant_scoped(opcode: u16) -> bool {
+    matches!(opcode, 10..=20 | 30..=39)
+}
+
+/// A request of a named tenant (`crate::tenant`), as a server receives it. Body: the tenant
+/// (`String`), the inner request's opcode (`u16`, one of [`tenant_scoped`]), then the inner
+/// request's body. The answer is the inner request's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InTenant {
+    pub tenant: String,
+    pub inner: Box<Request>,
+}
+
+impl InTenant {
+    fn decode_body(body: &[u8]) -> Result<InTenant, DecodeError> {
+        let mut r = Reader::new(body);
+        let tenant = String::decode(&mut r)?;
+        if !crate::tenant::valid_tenant(&tenant) {
+            return Err(DecodeError::Invalid {
+                what: "tenant name",
+                got: tenant.len() as u64,
+            });
+        }
+        let op = u16::decode(&mut r)?;
+        if !tenant_scoped(op) {
+            return Err(DecodeError::Invalid {
+                what: "opcode in a tenant envelope",
+                got: op as u64,
+            });
+        }
+        let rest = r.take(r.remaining())?;
+        Ok(InTenant {
+            tenant,
+            inner: Box::new(Request::decode(op, rest)?),
+        })
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        self.tenant.encode(out);
+        self.inner.opcode().encode(out);
+        self.inner.encode_body(out);
+    }
+}
+
+/// The client's side of [`InTenant`]: a typed request of `tenant`, answered as `R` is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tenanted<R> {
+    pub tenant: String,
+    pub inner: R,
+}
+
+impl<R: Rpc> Wire for Tenanted<R> {
+    const MIN_BYTES: usize = 4 + 2 + R::MIN_BYTES;
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.tenant.encode(out);
+        R::OP.encode(out);
+        self.inner.encode(out);
+    }
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let tenant = String::decode(r)?;
+        let op = u16::decode(r)?;
+        if op != R::OP {
+            return Err(DecodeError::Invalid {
+                what: "opcode in a tenant envelope",
+                got: op as u64,
+            });
+        }
+        Ok(Tenanted {
+            tenant,
+            inner: R::decode(r)?,
+        })
+    }
+}
+
+impl<R: Rpc> Rpc for Tenanted<R> {
+    const OP: u16 = IN_TENANT_OP;
+    const NAME: &'static str = "InTenant";
+    type Reply = R::Reply;
 }
 
 messages! {
@@ -177,6 +269,48 @@ mod tests {
         assert_eq!(decoded.name(), "PutStart");
         assert!(Request::decode(999, &body).is_err());
         assert!(Request::decode(PutEnd::OP, &body).is_err());
+    }
+
+    #[test]
+    fn tenant_envelope_round_trips_and_refuses_what_it_cannot_carry() {
+        let inner = RemoveAll { force: true };
+        let t = Tenanted {
+            tenant: "ta".to_string(),
+            inner: inner.clone(),
+        };
+        let body = t.to_bytes();
+        let got = Request::decode(IN_TENANT_OP, &body).unwrap();
+        let Request::InTenant(env) = &got else {
+            panic!("not an envelope: {got:?}")
+        };
+        assert_eq!(env.tenant, "ta");
+        assert_eq!(*env.inner, Request::RemoveAll(inner));
+        let mut again = Vec::new();
+        got.encode_body(&mut again);
+        assert_eq!(again, body);
+        assert_eq!(Tenanted::<RemoveAll>::from_bytes(&body).unwrap(), t);
+        // No nesting, no liveness or segment requests, no empty or NUL tenant.
+        let nested = Tenanted {
+            tenant: "a".to_string(),
+            inner: t.clone(),
+        };
+        assert!(Request::decode(IN_TENANT_OP, &nested.to_bytes()).is_err());
+        let ping = Tenanted {
+            tenant: "a".to_string(),
+            inner: Ping {
+                client_id: Uuid::NIL,
+            },
+        };
+        assert!(Request::decode(IN_TENANT_OP, &ping.to_bytes()).is_err());
+        for bad in ["", "a\0b"] {
+            let e = Tenanted {
+                tenant: bad.to_string(),
+                inner: RemoveAll { force: false },
+            };
+            assert!(Request::decode(IN_TENANT_OP, &e.to_bytes()).is_err());
+        }
+        assert!(validate_response(IN_TENANT_OP, &0i32.to_le_bytes()).is_ok());
+        assert!(validate_response(IN_TENANT_OP, &[1]).is_err());
     }
 
     #[test]

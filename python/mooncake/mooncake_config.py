@@ -23,7 +23,7 @@ hostname, metadata server or master address with ValueError.
 | client_http_port          | client_http_port          | MOONCAKE_CLIENT_HTTP_PORT            | 9300           |
 
 `setup_store(store)` hands a config to `MooncakeDistributedStore.setup`. Note that this build
-refuses the SSD offload, a tenant other than "default" and the client HTTP server at setup
+refuses the SSD offload and the client HTTP server at setup
 (see python/README.md): a config asking for them fails there, loudly.
 """
 

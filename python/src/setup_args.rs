@@ -131,12 +131,8 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             .as_ref()
             .is_some_and(|v| v.is_truthy().unwrap_or(true))
     };
-    if let Some(e) = unsupported(
-        flag(8),
-        &s(9)?,
-        bound[10].as_ref().map(|_| s(10)).transpose()?,
-        flag(11),
-    ) {
+    let tenant_id = bound[10].as_ref().map(|_| s(10)).transpose()?;
+    if let Some(e) = unsupported(flag(8), &s(9)?, tenant_id.clone(), flag(11)) {
         return Ok(Setup::Reject(e));
     }
     Ok(Setup::Config(StoreConfig {
@@ -147,6 +143,7 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
         protocol: s(4)?,
         rdma_devices: s(5)?,
         master_server_addr: s(6)?,
+        tenant_id: tenant_id.unwrap_or_default(),
     }))
 }
 
@@ -199,13 +196,14 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
         protocol: get("protocol", "tcp"),
         rdma_devices: get("rdma_devices", ""),
         master_server_addr: get("master_server_addr", "127.0.0.1:50051"),
+        tenant_id: get("tenant_id", protocol::tenant::DEFAULT_TENANT),
     })
 }
 
-/// Setup options this build has no implementation for: the SSD offload tier, tenants other
-/// than `"default"` (the master keeps one key space) and the client HTTP server. Asking for
-/// one fails the setup with `INVALID_PARAMS` and a logged reason, so nobody runs believing
-/// they have it.
+/// Setup options this build has no implementation for: the SSD offload tier and the client
+/// HTTP server; and a `tenant_id` that cannot name a tenant (NUL, over
+/// `protocol::limits::TENANT_MAX_BYTES`; empty is the default tenant, as upstream). Asking for one fails the setup with
+/// `INVALID_PARAMS` and a logged reason, so nobody runs believing they have it.
 fn unsupported(
     ssd_offload: bool,
     ssd_path: &str,
@@ -214,8 +212,11 @@ fn unsupported(
 ) -> Option<ErrorCode> {
     let why = if ssd_offload || !ssd_path.is_empty() {
         "SSD offload (enable_ssd_offload / ssd_offload_path) is not supported by this build"
-    } else if tenant_id.as_deref().is_some_and(|t| t != "default") {
-        "tenant_id other than \"default\" is not supported: the master keeps one key space"
+    } else if tenant_id
+        .as_deref()
+        .is_some_and(|t| !t.is_empty() && !protocol::tenant::valid_tenant(t))
+    {
+        "tenant_id must be at most 4096 bytes without NUL"
     } else if client_http {
         "the client HTTP server (enable_client_http_server) is not supported by this build"
     } else {

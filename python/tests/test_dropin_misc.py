@@ -101,12 +101,13 @@ def test_before_setup():
 @pytest.mark.parametrize("kw", [
     {"enable_ssd_offload": True},
     {"ssd_offload_path": "/tmp/offload"},
-    {"tenant_id": "tenant-a"},
+    {"tenant_id": "bad\0tenant"},
     {"enable_client_http_server": True},
 ])
 def test_unsupported_setup_options_are_refused(master, kw):
     """Accepting these and dropping them would leave a caller believing it has an SSD tier,
-    a separate key space or a health endpoint: refused with INVALID_PARAMS instead."""
+    a health endpoint: refused with INVALID_PARAMS instead. A tenant name with NUL cannot
+    name a key space (upstream's master would take it; ours refuses it at setup)."""
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()

@@ -339,6 +339,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
             protocol: "tcp".into(),
             rdma_devices: String::new(),
             master_server_addr: master_addr.clone(),
+            tenant_id: String::new(),
         })
         .expect("store setup"),
     );

@@ -536,6 +536,7 @@ fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
             protocol: "tcp".into(),
             rdma_devices: String::new(),
             master_server_addr: format!("etcd://{etcd}"),
+            tenant_id: String::new(),
         },
     );
     let t_up = t0.elapsed();

@@ -14,6 +14,7 @@ fn store(m: &Master, seg_mib: u64, buf_mib: u64) -> Store {
         protocol: "tcp".into(),
         rdma_devices: String::new(),
         master_server_addr: m.rpc_addr(),
+        tenant_id: String::new(),
     })
     .expect("setup")
 }

@@ -52,9 +52,9 @@ pub mod mapped;
 mod peers;
 mod session;
 mod setup;
+mod tenant;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use dataplane::mem::Registry;
@@ -66,7 +66,6 @@ pub use budget::{LocalBudget, Reservation};
 pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::{cluster_id_from_env, StoreConfig};
 
-use crate::master::MasterClient;
 use peers::{Peers, ReadItem, WriteItem};
 
 /// One object read of [`Store::read_many_from`]: `dst.len()` bytes at `offset` of the object
@@ -89,7 +88,8 @@ fn lease_check(list: &ReplicaList, t0: Instant) -> Result<(), ErrorCode> {
 pub struct Store {
     name: String,
     client_id: Uuid,
-    master: Arc<MasterClient>,
+    /// The master, in this store's tenant (`tenant.rs`).
+    master: tenant::TenantMaster,
     peers: Peers,
     budget: LocalBudget,
     buffers: RwLock<Registry>,
@@ -198,12 +198,13 @@ impl Store {
             Err(ErrorCode::ObjectAlreadyExists) if !upsert => return Ok(()),
             other => other?,
         };
+        let catalog_key = self.master.catalog_key(&key);
         let items: Vec<WriteItem<'_>> = replicas
             .iter()
             .map(|replica| WriteItem {
                 replica,
                 parts,
-                key: &key,
+                key: &catalog_key,
                 hard_pin: cfg.with_hard_pin,
             })
             .collect();
@@ -299,6 +300,7 @@ impl Store {
         let mut items: Vec<WriteItem<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
         let mut writing: Vec<usize> = Vec::new();
+        let catalog_keys: Vec<_> = keys.iter().map(|k| self.master.catalog_key(k)).collect();
         for (i, s) in started.iter().enumerate() {
             match s {
                 Err(ErrorCode::ObjectAlreadyExists) if !upsert => results.push(Ok(())),
@@ -310,7 +312,7 @@ impl Store {
                         items.push(WriteItem {
                             replica,
                             parts: &values[i],
-                            key: &keys[i],
+                            key: catalog_keys[i].as_ref(),
                             hard_pin: cfg.with_hard_pin,
                         });
                         owners.push(i);
@@ -534,7 +536,16 @@ impl Store {
         }
         let mut keys = Vec::new();
         let mut versions = Vec::new();
-        for (r, (replica, key)) in self.peers.bury_many(items).iter().zip(items) {
+        let catalog_keys: Vec<_> = items
+            .iter()
+            .map(|(_, k)| self.master.catalog_key(k))
+            .collect();
+        let in_catalog: Vec<(&ReplicaDescriptor, &str)> = items
+            .iter()
+            .zip(&catalog_keys)
+            .map(|((r, _), k)| (*r, k.as_ref()))
+            .collect();
+        for (r, (replica, key)) in self.peers.bury_many(&in_catalog).iter().zip(items) {
             if let Err(e) = r {
                 tracing::info!(
                     key,

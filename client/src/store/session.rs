@@ -184,6 +184,7 @@ impl Store {
             .iter()
             .map(|t| t.as_ref().map(|s| [s.staged.as_slice()]))
             .collect();
+        let catalog_keys: Vec<_> = keys.iter().map(|k| self.master.catalog_key(k)).collect();
         for (i, t) in taken.iter().enumerate() {
             match (t, &parts[i]) {
                 (Some(s), Some(p)) => {
@@ -192,7 +193,7 @@ impl Store {
                         items.push(WriteItem {
                             replica,
                             parts: p,
-                            key: &keys[i],
+                            key: catalog_keys[i].as_ref(),
                             hard_pin: s.hard_pin,
                         });
                         owners.push(i);

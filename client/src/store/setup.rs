@@ -36,6 +36,9 @@ pub struct StoreConfig {
     pub protocol: String,
     pub rdma_devices: String,
     pub master_server_addr: String,
+    /// `tenant_id`: the key space this client works in (`tenant.rs`); empty or `"default"`
+    /// is the default tenant.
+    pub tenant_id: String,
 }
 
 /// The segment this client contributes, and the server that serves it.
@@ -224,7 +227,7 @@ impl Store {
         Ok(Store {
             name,
             client_id,
-            master,
+            master: super::tenant::TenantMaster::new(master, &cfg.tenant_id),
             peers,
             cluster_id: cluster_id_from_env(),
             budget: LocalBudget::new(cfg.local_buffer_size),

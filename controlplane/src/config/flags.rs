@@ -230,6 +230,13 @@ pub const FLAGS: &[FlagSpec] = &[
          its replicas are kept (raw milliseconds or ms|s|m|h suffix; not an upstream flag)",
     ),
     honoured(
+        "enable_multi_tenants",
+        Bool,
+        "false",
+        "Give each tenant_id its own key space (off: every tenant shares the default one, as \
+         upstream; tenant quotas are not implemented)",
+    ),
+    honoured(
         "allocation_strategy",
         Str,
         "random",
@@ -318,7 +325,6 @@ pub const FLAGS: &[FlagSpec] = &[
     compat("pod_namespace", Str, ""),
     compat("enable_disk_eviction", Bool, "true"),
     compat("quota_bytes", UInt64, "0"),
-    compat("enable_multi_tenants", Bool, "false"),
     compat("tenant_quota_connector_type", Str, "file"),
     compat("tenant_quota_connector_uri", Str, ""),
     compat("snapshot_backup_dir", Str, ""),

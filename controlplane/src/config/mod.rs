@@ -380,6 +380,7 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         put_start_release_timeout_s: values.seconds("put_start_release_timeout_sec")?,
         cluster_id: values.string("cluster_id"),
         quarantine_grace_ms: positive_duration("quarantine_grace")?,
+        multi_tenants: values.get("enable_multi_tenants", value::parse_bool)?,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {
         return Err(ConfigError::Conflict(format!(

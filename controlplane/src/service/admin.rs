@@ -13,7 +13,11 @@ use crate::view::{
 };
 
 impl AdminView for MasterService {
+    /// The default tenant's keys only, as upstream's views (`tenant.rs`).
     fn query_key(&self, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        if !protocol::tenant::valid_plain_key(key) {
+            return Err(ErrorCode::ObjectNotFound);
+        }
         let mut buf = Vec::new();
         {
             let mut st = self.state.lock();
@@ -26,7 +30,11 @@ impl AdminView for MasterService {
 
     fn all_keys(&self) -> Vec<String> {
         let st = self.state.lock();
-        st.objects.keys().cloned().collect()
+        st.objects
+            .keys()
+            .filter(|k| protocol::tenant::valid_plain_key(k))
+            .cloned()
+            .collect()
     }
 
     fn all_segments(&self) -> Vec<String> {

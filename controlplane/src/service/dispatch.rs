@@ -7,6 +7,7 @@
 //! format.
 
 use protocol::message::Request;
+use protocol::tenant::valid_plain_key;
 use protocol::wire::{encode_str, Wire};
 use protocol::{
     ClientStatus, ErrorCode, PingResponse, ReplicaDescriptorRef, ReplicaStatus, ReplicateConfig,
@@ -17,6 +18,7 @@ use super::metrics::{BatchOp, Metrics, Op};
 use super::object::{check_key, Object};
 use super::removals::{Pick, Removal};
 use super::segments::Segments;
+use super::tenant;
 use super::State;
 
 /// What `ServiceReady` answers.
@@ -77,8 +79,23 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
     out[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
 }
 
-pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut Vec<u8>) {
+/// Runs a request as it came off the wire: one in a tenant envelope in its tenant
+/// (`tenant.rs`), any other in the default tenant.
+pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, mut req: Request, out: &mut Vec<u8>) {
+    if let Request::InTenant(env) = req {
+        return tenant::dispatch_in_tenant(st, m, now, env, out);
+    }
+    tenant::blank_scoped(&mut req);
+    run(st, m, now, req, out)
+}
+
+/// Runs a request whose keys are the keys held (scoped for a named tenant).
+pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut Vec<u8>) {
     match req {
+        Request::InTenant(env) => {
+            // Decoding refuses nested envelopes; one built in process runs as on the wire.
+            tenant::dispatch_in_tenant(st, m, now, env, out)
+        }
         Request::Ping(r) => {
             let mut freed = Vec::new();
             let status = if st.ping(now, r.client_id, &mut freed) {
@@ -165,22 +182,11 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, req: Request, out:
             m.op(Op::Remove, ok);
         }
         Request::RemoveByRegex(r) => {
-            let ok = reply(out, |o| {
-                let re = regex::Regex::new(&r.pattern).map_err(|_| ErrorCode::InvalidParams)?;
-                let pattern = r.pattern.clone();
-                st.remove_where(
-                    now,
-                    r.force,
-                    |k| re.is_match(k),
-                    |kept| Pick::Regex { pattern, kept },
-                )?
-                .encode(o);
-                Ok(())
-            });
+            let ok = tenant::remove_by_regex(st, now, None, &r.pattern, r.force, out);
             m.op(Op::RemoveByRegex, ok);
         }
         Request::RemoveAll(r) => {
-            let n = st.remove_where(now, r.force, |_| true, |kept| Pick::All { kept });
+            let n = tenant::remove_all(st, now, None, r.force);
             m.op(Op::RemoveAll, n.is_ok());
             n.encode(out);
         }
@@ -412,6 +418,7 @@ pub(crate) fn batch_exist_borrowed(
                 return Err(e);
             }
         };
+        let key = if valid_plain_key(key) { key } else { "" };
         failed += !exist_item(st, now, key, out) as u64;
     }
     if let Err(e) = r.finish() {
@@ -433,6 +440,7 @@ pub(crate) fn exist_borrowed(
     let mut r = protocol::wire::Reader::new(body);
     let key = r.str_ref()?;
     r.finish()?;
+    let key = if valid_plain_key(key) { key } else { "" };
     let exists = st.exist(now, key);
     m.op(Op::ExistKey, exists.is_ok());
     exists.encode(out);

@@ -29,6 +29,7 @@ mod object;
 mod placement;
 pub mod removals;
 mod segments;
+mod tenant;
 #[cfg(test)]
 mod tests;
 mod tombstones;
@@ -88,6 +89,9 @@ pub struct ServiceConfig {
     /// second, so the default is three missed pings. At or above `client_ttl` it never
     /// triggers before expiry.
     pub quarantine_grace_ms: u64,
+    /// `--enable_multi_tenants`: each tenant its own key space (`tenant.rs`); off, every
+    /// tenant is the default one, as upstream.
+    pub multi_tenants: bool,
 }
 
 impl Default for ServiceConfig {
@@ -105,6 +109,7 @@ impl Default for ServiceConfig {
             put_start_release_timeout_s: 600,
             cluster_id: protocol::DEFAULT_CLUSTER_ID.to_string(),
             quarantine_grace_ms: QUARANTINE_GRACE_DEFAULT_MS,
+            multi_tenants: false,
         }
     }
 }

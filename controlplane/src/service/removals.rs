@@ -29,6 +29,7 @@ use protocol::Version;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use super::tenant::in_tenant;
 use super::tombstones::Tombstones;
 
 /// Records kept in etcd and in memory.
@@ -52,10 +53,20 @@ pub struct Removal {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Pick {
-    /// Every key but `kept` (`RemoveAll`).
-    All { kept: Vec<String> },
-    /// Every key the pattern matches but `kept` (`RemoveByRegex`).
-    Regex { pattern: String, kept: Vec<String> },
+    /// Every key of `tenant` (absent: the default one) but `kept` (`RemoveAll`).
+    All {
+        kept: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tenant: Option<String>,
+    },
+    /// Every key of `tenant` the pattern matches but `kept` (`RemoveByRegex`); the pattern is
+    /// matched against the plain key, `kept` holds held (scoped) keys.
+    Regex {
+        pattern: String,
+        kept: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tenant: Option<String>,
+    },
     /// These keys, each at the version it was removed at (a remove its remover could not
     /// bury).
     Keys { keys: Vec<(String, u64, u64)> },
@@ -97,6 +108,7 @@ impl Removal {
 
 struct Compiled {
     at: Version,
+    tenant: Option<String>,
     /// `None`: every key.
     re: Option<Regex>,
     kept: HashSet<String>,
@@ -114,7 +126,7 @@ impl Removals {
     /// goes), a `Keys` removal becomes tombstones. A pattern that does not compile is
     /// skipped (`decode` refuses such records; our own patterns compiled already).
     pub fn learn(&mut self, r: &Removal, tombstones: &mut Tombstones) {
-        let (re, kept) = match &r.pick {
+        let (re, kept, tenant) = match &r.pick {
             Pick::Keys { keys } => {
                 for (k, term, seq) in keys {
                     tombstones.add(
@@ -127,9 +139,13 @@ impl Removals {
                 }
                 return;
             }
-            Pick::All { kept } => (None, kept),
-            Pick::Regex { pattern, kept } => match Regex::new(pattern) {
-                Ok(re) => (Some(re), kept),
+            Pick::All { kept, tenant } => (None, kept, tenant),
+            Pick::Regex {
+                pattern,
+                kept,
+                tenant,
+            } => match Regex::new(pattern) {
+                Ok(re) => (Some(re), kept, tenant),
                 Err(_) => return,
             },
         };
@@ -139,6 +155,7 @@ impl Removals {
             pos,
             Compiled {
                 at,
+                tenant: tenant.clone(),
                 re,
                 kept: kept.iter().cloned().collect(),
             },
@@ -148,13 +165,16 @@ impl Removals {
         }
     }
 
-    /// Whether an entry of `key` at `version` was removed by a pattern removal.
+    /// Whether an entry of held (scoped) `key` at `version` was removed by a pattern removal
+    /// of its tenant.
     pub fn covers(&self, key: &str, version: Version) -> bool {
         // Sorted by `at`: only the records newer than the entry can cover it.
         let from = self.list.partition_point(|c| c.at <= version);
-        self.list[from..]
-            .iter()
-            .any(|c| c.re.as_ref().is_none_or(|re| re.is_match(key)) && !c.kept.contains(key))
+        self.list[from..].iter().any(|c| {
+            in_tenant(key, c.tenant.as_deref())
+                .is_some_and(|plain| c.re.as_ref().is_none_or(|re| re.is_match(plain)))
+                && !c.kept.contains(key)
+        })
     }
 
     #[cfg(test)]
@@ -182,6 +202,7 @@ mod tests {
                 pick: Pick::Regex {
                     pattern: "^a-".into(),
                     kept: vec!["a-leased".into()],
+                    tenant: None,
                 },
             },
             &mut ts,
@@ -195,13 +216,60 @@ mod tests {
             &Removal {
                 term: 7,
                 seq: 20,
-                pick: Pick::All { kept: vec![] },
+                pick: Pick::All {
+                    kept: vec![],
+                    tenant: None,
+                },
             },
             &mut ts,
         );
         assert!(rs.covers("b-1", v(19)));
         assert!(rs.covers("a-leased", v(9)), "the later removal took it");
         assert!(!rs.covers("b-1", v(21)));
+    }
+
+    #[test]
+    fn a_pattern_removal_covers_its_own_tenant_only() {
+        let mut rs = Removals::default();
+        let mut ts = Tombstones::default();
+        rs.learn(
+            &Removal {
+                term: 7,
+                seq: 10,
+                pick: Pick::Regex {
+                    pattern: "^a".into(),
+                    kept: vec![],
+                    tenant: Some("ta".into()),
+                },
+            },
+            &mut ts,
+        );
+        let scoped = protocol::tenant::scoped_key("ta", "a-1");
+        assert!(
+            rs.covers(&scoped, v(9)),
+            "the plain key matches in its tenant"
+        );
+        assert!(
+            !rs.covers("a-1", v(9)),
+            "the default tenant's key is not its"
+        );
+        assert!(!rs.covers(&protocol::tenant::scoped_key("tb", "a-1"), v(9)));
+        rs.learn(
+            &Removal {
+                term: 7,
+                seq: 20,
+                pick: Pick::All {
+                    kept: vec![],
+                    tenant: None,
+                },
+            },
+            &mut ts,
+        );
+        assert!(rs.covers("b", v(19)));
+        assert!(!rs.covers(&protocol::tenant::scoped_key("tb", "b"), v(19)));
+        // A record of a master before tenants (no `tenant` field) is the default tenant's.
+        let old = Removal::decode(br#"{"term":1,"seq":2,"pick":{"kind":"all","kept":[]}}"#);
+        assert!(matches!(old.unwrap().pick, Pick::All { tenant: None, .. }));
     }
 
     #[test]
@@ -231,7 +299,10 @@ mod tests {
                 &Removal {
                     term: 7,
                     seq: seq * 10,
-                    pick: Pick::All { kept: vec![] },
+                    pick: Pick::All {
+                        kept: vec![],
+                        tenant: None,
+                    },
                 },
                 &mut ts,
             );
@@ -248,6 +319,7 @@ mod tests {
             pick: Pick::Regex {
                 pattern: "x.*".into(),
                 kept: vec!["xa".into()],
+                tenant: None,
             },
         };
         assert_eq!(Removal::decode(&r.encode()).unwrap(), r);

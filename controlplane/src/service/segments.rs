@@ -277,7 +277,8 @@ impl State {
     /// of a key wins (`docs/ha.md`, "versions and tombstones"): a held object older than the
     /// key's object or tombstone is refused and its range told to the owner as freed, so its
     /// catalog entry goes; a newer one replaces the key's object.
-    fn reinsert(&mut self, now: u64, client: Uuid, h: HeldObject) -> bool {
+    fn reinsert(&mut self, now: u64, client: Uuid, mut h: HeldObject) -> bool {
+        h.key = super::tenant::held_key(self.cfg.multi_tenants, h.key);
         if check_key(&h.key).is_err() {
             return false;
         }
