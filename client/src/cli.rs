@@ -93,11 +93,55 @@ pub fn node_main(args: Vec<String>) -> i32 {
             s.name, s.te_endpoint, s.base, s.size
         );
     }
+    // The dummy-client service (`setup_dummy` in other processes on this host): a store client
+    // of this process, without a segment of its own, serves their puts and gets.
+    let _dummies = start_dummy_service(&cfg, &node);
     println!("mooncake_client ready");
     node.run(&STOP);
     node.shutdown();
     eprintln!("mooncake_client: stopped");
     0
+}
+
+/// Starts serving dummy clients on `@mooncake-rs-dummy/<--port>`; `None` (reason printed) when
+/// the store client cannot be set up or the name is taken: the node still serves its segments.
+fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::DummyServer> {
+    let host = node
+        .segments()
+        .first()
+        .map(|s| s.host_id.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let store = match crate::Store::setup(crate::StoreConfig {
+        local_hostname: host,
+        metadata_server: cfg.metadata_server.clone(),
+        global_segment_size: 0,
+        local_buffer_size: cfg.local_buffer_size,
+        protocol: "tcp".into(),
+        rdma_devices: String::new(),
+        master_server_addr: cfg.master_server_address.clone(),
+    }) {
+        Ok(s) => std::sync::Arc::new(s),
+        Err(e) => {
+            eprintln!("mooncake_client: not serving dummy clients: store client setup failed: {e}");
+            return None;
+        }
+    };
+    match crate::dummy::DummyServer::start(cfg.port, store) {
+        Ok(d) => {
+            println!(
+                "dummy clients @{}",
+                crate::dummy::wire::socket_name(cfg.port)
+            );
+            Some(d)
+        }
+        Err(e) => {
+            eprintln!(
+                "mooncake_client: not serving dummy clients: cannot listen on @{}: {e}",
+                crate::dummy::wire::socket_name(cfg.port)
+            );
+            None
+        }
+    }
 }
 
 /// `MC_LOG_LEVEL` (0 info, 1 warning, 2 error, or a name) or `RUST_LOG` picks the level; logs go

@@ -112,11 +112,14 @@ const IGNORED_FLAGS: &[&str] = &[
 ];
 
 /// Usage text for `--help`.
-pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store
+pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store,
+and the standalone client that dummy clients on this host (setup_dummy) put and get through
 
 flags (--flag=value or --flag value):
   --host=0.0.0.0                 address to bind and advertise
-  --port=50052                   port in segment names (host:port, host:port#i)
+  --port=50052                   port in segment names (host:port, host:port#i) and of the
+                                 dummy-client socket @mooncake-rs-dummy/<port> that
+                                 setup_dummy(..., \"host:port\") attaches to
   --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
   --local_buffer_size=0          accepted for compatibility
   --master_server_address=127.0.0.1:50051   (or etcd://h1:p1;h2:p2: follow the HA leader)
