@@ -1,9 +1,10 @@
 """Store methods whose upstream work our master and client do not offer, answered the way
 upstream answers when it cannot do them, with the reason logged (never a silent success):
 
-- extra segments (`mount_segment`, `allocate_and_mount_segment`): a client here serves one
-  segment, the one `setup` mounts; mounting more is refused (`ret = -1`, upstream's failure).
-  Unmounting answers truthfully: no extra segment exists, so `[]` is 0 and any id is -1.
+- extra segments: `allocate_and_mount_segment` mounts new memory as one more segment of this
+  client (`client::store::extra`); `unmount_segment` / `unmount_and_free_segment` unmount
+  them (the master drops the replicas held there; the memory is freed after the grace
+  period). `mount_segment` of a file path is refused (`ret = -1`, upstream's failure).
 - replica tasks (`create_copy_task`, `create_move_task`): the master has no task queue; a
   missing key is `-704` as upstream, any other key `NOT_SUPPORTED` (-1012). `query_task`
   finds no task, which is true: `(None, -1400)`.
@@ -83,7 +84,7 @@ _NO_TASK = (0, 0)
 
 
 class ClusterOps:
-    """Segment, task, replica-clear and dummy-client methods of `MooncakeDistributedStore`."""
+    """Segment, task and replica-clear methods of `MooncakeDistributedStore`."""
 
     def _ready(self, what):
         if self.get_hostname():
@@ -95,30 +96,42 @@ class ClusterOps:
 
     def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
         if self._ready("mount_segment"):
-            log.error("mount_segment(%s): this client serves only the segment setup mounted; "
-                      "extra segments are not supported", path)
+            log.error("mount_segment(%s): mounting a file or shared-memory path is not "
+                      "supported; allocate_and_mount_segment(size) mounts new memory", path)
         return {"ret": -1, "segment_ids": []}
 
     def allocate_and_mount_segment(self, size, protocol="tcp", location=""):
-        if self._ready("allocate_and_mount_segment"):
-            log.error("allocate_and_mount_segment(%d): this client serves only the segment "
-                      "setup mounted; extra segments are not supported", size)
-        return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        """Maps `size` bytes and mounts them at the master as one more segment of this client
+        (served, and re-mounted after a master failover, as the first one)."""
+        if not self._ready("allocate_and_mount_segment"):
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        if str(protocol).lower() not in ("tcp", "rdma", ""):
+            log.error("allocate_and_mount_segment: protocol %r: this build serves tcp only",
+                      protocol)
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        ret, seg_id, allocated = self._allocate_and_mount_segment(int(size))
+        if ret != 0:
+            log.error("allocate_and_mount_segment(%d) failed: %d", size, ret)
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        return {"ret": 0, "segment_ids": [seg_id], "allocated_size": allocated}
 
-    def _unmount(self, what, segment_ids):
+    def _unmount(self, what, segment_ids, grace_period_seconds):
         if not self._ready(what):
             return -1
-        ids = list(segment_ids)
-        if ids:
-            log.error("%s: invalid segment_id %s (no extra segment is mounted)", what, ids[0])
+        ids = [str(i) for i in segment_ids]
+        if not ids:
+            return 0
+        ret = self._unmount_segments(ids, float(grace_period_seconds))
+        if ret != 0:
+            log.error("%s(%s) failed: %d", what, ids, ret)
             return -1
         return 0
 
     def unmount_segment(self, segment_ids, grace_period_seconds=0):
-        return self._unmount("unmount_segment", segment_ids)
+        return self._unmount("unmount_segment", segment_ids, grace_period_seconds)
 
     def unmount_and_free_segment(self, segment_ids, grace_period_seconds=0):
-        return self._unmount("unmount_and_free_segment", segment_ids)
+        return self._unmount("unmount_and_free_segment", segment_ids, grace_period_seconds)
 
     def unmount_local_disk_segment(self, grace_period_seconds=0):
         """0: there is no local disk segment to unmount (no SSD tier here)."""
