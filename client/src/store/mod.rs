@@ -47,8 +47,8 @@
 
 mod budget;
 mod catalog;
-mod keylock;
 pub mod extra;
+mod keylock;
 pub mod mapped;
 mod peers;
 mod session;
