@@ -104,14 +104,15 @@ pub fn node_main(args: Vec<String>) -> i32 {
 }
 
 /// Starts serving dummy clients on `@mooncake-rs-dummy/<--port>`; `None` (reason printed) when
-/// the store client cannot be set up or the name is taken: the node still serves its segments.
+/// the name is taken: the node still serves its segments. The store client dummies go through
+/// is set up when the first one attaches.
 fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::DummyServer> {
     let host = node
         .segments()
         .first()
         .map(|s| s.host_id.clone())
         .unwrap_or_else(|| "127.0.0.1".into());
-    let store = match crate::Store::setup(crate::StoreConfig {
+    let store_cfg = crate::StoreConfig {
         local_hostname: host,
         metadata_server: cfg.metadata_server.clone(),
         global_segment_size: 0,
@@ -119,13 +120,12 @@ fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::Du
         protocol: "tcp".into(),
         rdma_devices: String::new(),
         master_server_addr: cfg.master_server_address.clone(),
-    }) {
-        Ok(s) => std::sync::Arc::new(s),
-        Err(e) => {
-            eprintln!("mooncake_client: not serving dummy clients: store client setup failed: {e}");
-            return None;
-        }
     };
+    let store: crate::dummy::server::StoreFactory = Box::new(move || {
+        crate::Store::setup(store_cfg.clone()).inspect_err(|e| {
+            tracing::error!("dummy clients: store client setup failed: {e}");
+        })
+    });
     match crate::dummy::DummyServer::start(cfg.port, store) {
         Ok(d) => {
             println!(

@@ -1,7 +1,7 @@
 //! The standalone client's side: serves dummy clients on [`super::wire::socket_name`].
 //!
-//! One accept thread, one thread per connected dummy. A connection starts with `Hello`: the
-//! server maps the dummy's shared region (the memfd the dummy exports through
+//! One accept thread, one thread per connected dummy. The [`Store`] is set up when the first
+//! dummy says `Hello`. A connection starts with `Hello`: the server maps the dummy's shared region (the memfd the dummy exports through
 //! `dataplane::mem::shm`), registers the mapping as a buffer of its own [`Store`] and answers
 //! `Welcome`. Every later request names ranges of that region; the server translates them into
 //! its mapping (bounds-checked: a range outside the region is `INVALID_PARAMS` for that item)
@@ -27,6 +27,27 @@ use protocol::ErrorCode;
 use super::wire::{read_frame, write_frame, Item, Range, Request, Response, WIRE_VERSION};
 use crate::Store;
 
+/// Sets up the store client dummies are served with.
+pub type StoreFactory = Box<dyn Fn() -> Result<Store, ErrorCode> + Send + Sync>;
+
+/// The store client, set up on first use and kept.
+struct LazyStore {
+    make: StoreFactory,
+    made: parking_lot::Mutex<Option<Arc<Store>>>,
+}
+
+impl LazyStore {
+    fn get(&self) -> Result<Arc<Store>, ErrorCode> {
+        let mut made = self.made.lock();
+        if let Some(s) = made.as_ref() {
+            return Ok(s.clone());
+        }
+        let s = Arc::new((self.make)()?);
+        *made = Some(s.clone());
+        Ok(s)
+    }
+}
+
 /// Most dummy clients served at once.
 pub const DUMMIES_MAX: usize = 1024;
 const ACCEPT_POLL_MS: i32 = 100;
@@ -39,9 +60,15 @@ pub struct DummyServer {
 }
 
 impl DummyServer {
-    /// Listens on the abstract socket for `port` and serves dummies with `store`. Fails if the
-    /// name is taken (another standalone client with the same `--port` on this host).
-    pub fn start(port: u16, store: Arc<Store>) -> io::Result<DummyServer> {
+    /// Listens on the abstract socket for `port` and serves dummies with the store client
+    /// `make_store` sets up when the first dummy says `Hello` (so a standalone client no dummy
+    /// uses adds no client at the master). Fails if the name is taken (another standalone
+    /// client with the same `--port` on this host).
+    pub fn start(port: u16, make_store: StoreFactory) -> io::Result<DummyServer> {
+        let store = Arc::new(LazyStore {
+            make: make_store,
+            made: parking_lot::Mutex::new(None),
+        });
         let addr = SocketAddr::from_abstract_name(super::wire::socket_name(port).as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
@@ -75,7 +102,7 @@ impl Drop for DummyServer {
 
 fn accept_loop(
     listener: UnixListener,
-    store: Arc<Store>,
+    store: Arc<LazyStore>,
     stop: Arc<AtomicBool>,
     connected: Arc<AtomicUsize>,
 ) {
@@ -196,7 +223,7 @@ fn refuse(conn: &mut UnixStream, code: ErrorCode, why: String) -> io::Result<()>
     )
 }
 
-fn serve_one(mut conn: UnixStream, store: &Store, stop: &AtomicBool) -> io::Result<()> {
+fn serve_one(mut conn: UnixStream, lazy: &LazyStore, stop: &AtomicBool) -> io::Result<()> {
     conn.set_nonblocking(false)?;
     let Some(first) = read_frame(&mut conn)? else {
         return Ok(());
@@ -224,6 +251,14 @@ fn serve_one(mut conn: UnixStream, store: &Store, stop: &AtomicBool) -> io::Resu
             )
         }
     };
+    let store = match lazy.get() {
+        Ok(s) => s,
+        Err(e) => {
+            let why = format!("this standalone client's store client cannot be set up: {e}");
+            return refuse(&mut conn, e, why);
+        }
+    };
+    let store: &Store = &store;
     let map = match ShmMapping::import(&shm_name) {
         Ok(Some(m)) => m,
         Ok(None) => {
