@@ -93,11 +93,56 @@ pub fn node_main(args: Vec<String>) -> i32 {
             s.name, s.te_endpoint, s.base, s.size
         );
     }
+    // The dummy-client service (`setup_dummy` in other processes on this host): a store client
+    // of this process, without a segment of its own, serves their puts and gets.
+    let _dummies = start_dummy_service(&cfg, &node);
     println!("mooncake_client ready");
     node.run(&STOP);
     node.shutdown();
     eprintln!("mooncake_client: stopped");
     0
+}
+
+/// Starts serving dummy clients on `@mooncake-rs-dummy/<--port>`; `None` (reason printed) when
+/// the name is taken: the node still serves its segments. The store client dummies go through
+/// is set up when the first one attaches.
+fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::DummyServer> {
+    let host = node
+        .segments()
+        .first()
+        .map(|s| s.host_id.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let store_cfg = crate::StoreConfig {
+        local_hostname: host,
+        metadata_server: cfg.metadata_server.clone(),
+        global_segment_size: 0,
+        local_buffer_size: cfg.local_buffer_size,
+        protocol: "tcp".into(),
+        rdma_devices: String::new(),
+        master_server_addr: cfg.master_server_address.clone(),
+        tenant_id: String::new(),
+    };
+    let store: crate::dummy::server::StoreFactory = Box::new(move || {
+        crate::Store::setup(store_cfg.clone()).inspect_err(|e| {
+            tracing::error!("dummy clients: store client setup failed: {e}");
+        })
+    });
+    match crate::dummy::DummyServer::start(cfg.port, store) {
+        Ok(d) => {
+            println!(
+                "dummy clients @{}",
+                crate::dummy::wire::socket_name(cfg.port)
+            );
+            Some(d)
+        }
+        Err(e) => {
+            eprintln!(
+                "mooncake_client: not serving dummy clients: cannot listen on @{}: {e}",
+                crate::dummy::wire::socket_name(cfg.port)
+            );
+            None
+        }
+    }
 }
 
 /// [`protocol::env::log_level`] (default info), or `RUST_LOG`, picks the level; logs go

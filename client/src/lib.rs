@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod dummy;
 pub mod master;
 pub mod node;
 pub mod node_metrics;

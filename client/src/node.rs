@@ -104,18 +104,20 @@ impl Default for NodeConfig {
 /// Upstream flags accepted and ignored (the features behind them are not built here).
 const IGNORED_FLAGS: &[&str] = &[
     "tenant_id",
-    "enable_offload",
     "start_offload_rpc_server",
     "enable_http_server",
     "http_port",
 ];
 
 /// Usage text for `--help`.
-pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store
+pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store,
+and the standalone client that dummy clients on this host (setup_dummy) put and get through
 
 flags (--flag=value or --flag value):
   --host=0.0.0.0                 address to bind and advertise
-  --port=50052                   port in segment names (host:port, host:port#i)
+  --port=50052                   port in segment names (host:port, host:port#i) and of the
+                                 dummy-client socket @mooncake-rs-dummy/<port> that
+                                 setup_dummy(..., \"host:port\") attaches to
   --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
   --local_buffer_size=0          accepted for compatibility
   --master_server_address=127.0.0.1:50051   (or etcd://h1:p1;h2:p2: follow the HA leader)
@@ -130,6 +132,7 @@ flags (--flag=value or --flag value):
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --prefault=false               fault segment pages in at start-up
+  --enable_offload=false         upstream's SSD offload tier: not in this build, true is refused
   --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
                                  MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
 ";
@@ -164,6 +167,21 @@ impl NodeConfig {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
                 None => (flag.to_string(), None),
             };
+            // Upstream's SSD offload tier: accepting it without one would drop what it asks for.
+            if name == "enable_offload" || name == "noenable_offload" {
+                let on = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "enable_offload",
+                };
+                if on {
+                    return Err(
+                        "--enable_offload: this build has no SSD offload tier (objects \
+                                live in memory only); drop the flag"
+                            .into(),
+                    );
+                }
+                continue;
+            }
             if name == "prefault" || name == "noprefault" {
                 c.prefault = match inline {
                     Some(v) => parse_bool(&v)?,
@@ -710,6 +728,7 @@ mod tests {
         );
         assert_eq!(args(&[]).unwrap().unwrap(), NodeConfig::default());
         assert_eq!(args(&["--help"]).unwrap(), None);
+        assert!(args(&["--enable_offload=false", "--noenable_offload"]).is_ok());
         for bad in [
             &["--nope=1"][..],
             &["--port"],
@@ -719,6 +738,8 @@ mod tests {
             &["stray"],
             &["--global_segment_size=1", "--shards=2"],
             &["--cluster_id="],
+            &["--enable_offload"],
+            &["--enable_offload=true"],
         ] {
             assert!(args(bad).is_err(), "{bad:?}");
         }

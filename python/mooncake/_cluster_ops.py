@@ -1,20 +1,25 @@
 """Store methods whose upstream work our master and client do not offer, answered the way
 upstream answers when it cannot do them, with the reason logged (never a silent success):
 
-- extra segments (`mount_segment`, `allocate_and_mount_segment`): a client here serves one
-  segment, the one `setup` mounts; mounting more is refused (`ret = -1`, upstream's failure).
-  Unmounting answers truthfully: no extra segment exists, so `[]` is 0 and any id is -1.
+- extra segments: `allocate_and_mount_segment` mounts new memory as one more segment of this
+  client (`client::store::extra`); `unmount_segment` / `unmount_and_free_segment` unmount
+  them (the master drops the replicas held there; the memory is freed after the grace
+  period). `mount_segment` of a file path is refused (`ret = -1`, upstream's failure).
 - replica tasks (`create_copy_task`, `create_move_task`): the master has no task queue; a
   missing key is `-704` as upstream, any other key `NOT_SUPPORTED` (-1012). `query_task`
   finds no task, which is true: `(None, -1400)`.
 - `batch_replica_clear`: the master has no owner-checked replica clear; nothing is cleared
   (`[]`, upstream's answer when no key qualifies).
-- `setup_dummy`: there is no standalone client serving dummy clients over shared memory
-  here; the call fails with -1, upstream's code for a real client it cannot reach.
+- `setup_dummy`: connects to a standalone `mooncake_client` on this host (`client::dummy`,
+  `docs/dummy-client.md`) and routes this instance's byte, buffer and metadata methods to it
+  (instance attributes shadow the native methods until `close`); -1 when none serves
+  `server_address`, as upstream.
 """
 
 import enum
 import logging
+
+from mooncake import _native
 
 log = logging.getLogger("mooncake.store")
 
@@ -79,7 +84,7 @@ _NO_TASK = (0, 0)
 
 
 class ClusterOps:
-    """Segment, task, replica-clear and dummy-client methods of `MooncakeDistributedStore`."""
+    """Segment, task and replica-clear methods of `MooncakeDistributedStore`."""
 
     def _ready(self, what):
         if self.get_hostname():
@@ -91,30 +96,42 @@ class ClusterOps:
 
     def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
         if self._ready("mount_segment"):
-            log.error("mount_segment(%s): this client serves only the segment setup mounted; "
-                      "extra segments are not supported", path)
+            log.error("mount_segment(%s): mounting a file or shared-memory path is not "
+                      "supported; allocate_and_mount_segment(size) mounts new memory", path)
         return {"ret": -1, "segment_ids": []}
 
     def allocate_and_mount_segment(self, size, protocol="tcp", location=""):
-        if self._ready("allocate_and_mount_segment"):
-            log.error("allocate_and_mount_segment(%d): this client serves only the segment "
-                      "setup mounted; extra segments are not supported", size)
-        return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        """Maps `size` bytes and mounts them at the master as one more segment of this client
+        (served, and re-mounted after a master failover, as the first one)."""
+        if not self._ready("allocate_and_mount_segment"):
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        if str(protocol).lower() not in ("tcp", "rdma", ""):
+            log.error("allocate_and_mount_segment: protocol %r: this build serves tcp only",
+                      protocol)
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        ret, seg_id, allocated = self._allocate_and_mount_segment(int(size))
+        if ret != 0:
+            log.error("allocate_and_mount_segment(%d) failed: %d", size, ret)
+            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
+        return {"ret": 0, "segment_ids": [seg_id], "allocated_size": allocated}
 
-    def _unmount(self, what, segment_ids):
+    def _unmount(self, what, segment_ids, grace_period_seconds):
         if not self._ready(what):
             return -1
-        ids = list(segment_ids)
-        if ids:
-            log.error("%s: invalid segment_id %s (no extra segment is mounted)", what, ids[0])
+        ids = [str(i) for i in segment_ids]
+        if not ids:
+            return 0
+        ret = self._unmount_segments(ids, float(grace_period_seconds))
+        if ret != 0:
+            log.error("%s(%s) failed: %d", what, ids, ret)
             return -1
         return 0
 
     def unmount_segment(self, segment_ids, grace_period_seconds=0):
-        return self._unmount("unmount_segment", segment_ids)
+        return self._unmount("unmount_segment", segment_ids, grace_period_seconds)
 
     def unmount_and_free_segment(self, segment_ids, grace_period_seconds=0):
-        return self._unmount("unmount_and_free_segment", segment_ids)
+        return self._unmount("unmount_and_free_segment", segment_ids, grace_period_seconds)
 
     def unmount_local_disk_segment(self, grace_period_seconds=0):
         """0: there is no local disk segment to unmount (no SSD tier here)."""
@@ -155,7 +172,67 @@ class ClusterOps:
 
     # ---- dummy clients ---------------------------------------------------------------------
 
+
+# Methods a dummy client serves itself (`_native._DummyClient`), same names and signatures.
+_DUMMY_METHODS = (
+    "get_hostname", "health_check", "put", "upsert", "put_parts", "put_batch", "upsert_batch",
+    "get", "get_batch", "get_size", "is_exist", "batch_is_exist", "remove", "batch_remove",
+    "remove_by_regex", "remove_all", "alloc_from_mem_pool", "register_buffer",
+    "unregister_buffer", "put_from", "upsert_from", "batch_put_from", "batch_upsert_from",
+    "get_into", "batch_get_into",
+)
+# Lifecycle methods a dummy client answers itself.
+_DUMMY_OWN = ("setup", "init_all", "setup_dummy", "close")
+
+
+def _not_on_dummy(name, native):
+    """A native method a dummy client does not offer: logs why, then answers as the native
+    method does for a client that is not set up (upstream's failure value)."""
+
+    def call(*args, **kwargs):
+        log.error("%s: not available on a dummy client (setup_dummy); use a client set up "
+                  "with setup()", name)
+        return native(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+class DummyOps:
+    """`setup_dummy` and the switch between a real and a dummy client."""
+
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
-        log.error("setup_dummy(%s): no standalone client serves dummy clients here; use "
-                  "setup() with a master address instead", server_address)
+        """Attach to the standalone `mooncake_client` serving `server_address` (`host:port`,
+        its `--port`) on this host: 0, or -1 when it cannot be reached (reason logged)."""
+        if ("_dummy" in self.__dict__
+                or _native.MooncakeDistributedStore.get_hostname(self)):
+            log.error("setup_dummy: client is already initialized")
+            return -1
+        dummy, code = _native._DummyClient.connect(int(mem_pool_size), int(local_buffer_size),
+                                                  str(server_address))
+        if dummy is None:
+            return -1
+        installed = {name: getattr(dummy, name) for name in _DUMMY_METHODS}
+        for name in dir(_native.MooncakeDistributedStore):
+            if name.startswith("_") or name in installed or name in _DUMMY_OWN:
+                continue
+            native = getattr(_native.MooncakeDistributedStore, name)
+            if callable(native):
+                installed[name] = _not_on_dummy(name, native.__get__(self))
+        installed["setup"] = installed["init_all"] = self._refuse_setup
+        installed["close"] = self._close_dummy
+        self.__dict__.update(installed)
+        self.__dict__["_dummy"] = (dummy, list(installed))
+        return 0
+
+    def _refuse_setup(self, *args, **kwargs):
+        log.error("setup: this client is a dummy client (setup_dummy); close() it first")
         return -1
+
+    def _close_dummy(self):
+        """Detaches from the standalone client (the shared region goes with the last
+        reference); 0, and idempotent."""
+        _, names = self.__dict__.pop("_dummy", (None, []))
+        for name in names:
+            self.__dict__.pop(name, None)
+        return 0

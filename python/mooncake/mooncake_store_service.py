@@ -22,8 +22,9 @@ else the `MOONCAKE_*` environment, then `-Dfield=value` overrides), retrying for
 
 Errors are {"error": message} with 400 (bad request), 404 (missing key) or 500 (the store
 call failed), and an unknown path is a plain-text 404, as upstream's service answers. The segment endpoints call the store's segment
-methods, which this build does not offer (python/README.md): they answer 500 with the store's
-return code. Upstream serves with aiohttp; this one uses the standard library's threaded HTTP
+methods: `/api/mount` and `/api/unmount` allocate, mount and unmount extra segments;
+`/api/mount_shm` answers 500 with the store's return code, since mounting a path is not
+offered (python/README.md). Upstream serves with aiohttp; this one uses the standard library's threaded HTTP
 server, so the package needs no extra dependency.
 """
 

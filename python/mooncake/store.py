@@ -2,7 +2,7 @@
 
 `MooncakeDistributedStore` is the native store class (`mooncake._native`) with Python mixins:
 the tensor methods (`_tensor`), unified parallel tensor IO (`_parallel`), safetensors export and
-import (`_safetensors`) and the segment / task / dummy-client methods (`_cluster_ops`). It can
+import (`_safetensors`) and the segment / task methods and `setup_dummy` (`_cluster_ops`). It can
 be subclassed (e.g. by an asyncio wrapper that sets attributes on its instances).
 """
 
@@ -20,7 +20,13 @@ from mooncake._native import (  # noqa: F401  (re-exports)
     _encode_tensor_header,
     _tensor_metadata_size,
 )
-from mooncake._cluster_ops import ClusterOps, QueryTaskResponse, TaskStatus, TaskType  # noqa: F401
+from mooncake._cluster_ops import (  # noqa: F401
+    ClusterOps,
+    DummyOps,
+    QueryTaskResponse,
+    TaskStatus,
+    TaskType,
+)
 from mooncake._parallel import (  # noqa: F401  (re-exports)
     ParallelAxis,
     ParallelMethods,
@@ -41,6 +47,7 @@ class MooncakeDistributedStore(
     TensorMethods,
     ParallelMethods,
     SafetensorMethods,
+    DummyOps,
     ClusterOps,
     _native.MooncakeDistributedStore,
 ):

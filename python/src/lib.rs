@@ -13,6 +13,7 @@
 //! Invariants: nothing here panics on input from Python (bad input is a negative code or a
 //! Python exception); every call that waits on the network releases the GIL.
 
+mod dummy;
 mod engine;
 mod ep;
 mod mempool;
@@ -118,6 +119,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
     let py = m.py();
     m.add_class::<store::PyStore>()?;
+    m.add_class::<dummy::PyDummy>()?;
     m.add_class::<types::PyReplicateConfig>()?;
     m.add_class::<types::PyReplicaDescriptor>()?;
     m.add_class::<types::PyMemoryDescriptor>()?;

@@ -173,7 +173,8 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
     };
     let on = |k: &str| {
         m.get(k)
-            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes"))
+            .and_then(|v| protocol::env::parse_bool(v))
+            .unwrap_or(false)
     };
     if let Some(e) = unsupported(
         on("enable_ssd_offload"),

@@ -726,6 +726,43 @@ impl PyStore {
         self.pool.alloc(size)
     }
 
+    /// Internal (`_cluster_ops.allocate_and_mount_segment`): `(ret, segment_id, size)`; see
+    /// `client::store::extra`.
+    #[pyo3(signature = (size, /))]
+    fn _allocate_and_mount_segment(&self, py: Python<'_>, size: u64) -> (i32, String, u64) {
+        let Some(s) = self.store() else {
+            return (-1, String::new(), 0);
+        };
+        match py.detach(|| s.allocate_and_mount_segment(size)) {
+            Ok((id, len)) => (0, id, len),
+            Err(e) => (e.code(), String::new(), 0),
+        }
+    }
+
+    /// Internal (`_cluster_ops.unmount_segment`): 0 or a code; see `client::store::extra`.
+    #[pyo3(signature = (segment_ids, grace_period_seconds, /))]
+    fn _unmount_segments(
+        &self,
+        py: Python<'_>,
+        segment_ids: Vec<String>,
+        grace_period_seconds: f64,
+    ) -> i32 {
+        let Some(s) = self.store() else {
+            return -1;
+        };
+        let grace = std::time::Duration::try_from_secs_f64(grace_period_seconds.max(0.0))
+            .unwrap_or_default();
+        rc(py.detach(|| s.unmount_segments(&segment_ids, grace)))
+    }
+
+    /// Internal: ids of the segments mounted after setup.
+    #[pyo3(signature = ())]
+    fn _extra_segment_ids(&self) -> Vec<String> {
+        self.store()
+            .map(|s| s.extra_segment_ids())
+            .unwrap_or_default()
+    }
+
     /// Internal (`mooncake.buffer_pool`): this client's `local_buffer_size`, 0 when not set up.
     #[pyo3(signature = ())]
     fn _local_buffer_capacity(&self) -> u64 {

@@ -57,10 +57,11 @@ def test_get_into_ranges_failures_take_the_shape_of_the_offsets(store, registere
 
 def test_segment_methods(store):
     assert store.mount_segment("/nonexistent", 1 << 20) == {"ret": -1, "segment_ids": []}
-    # Upstream allocates and mounts; here a client serves one segment: refused, logged.
-    assert store.allocate_and_mount_segment(16 << 20) == \
-        {"ret": -1, "segment_ids": [], "allocated_size": 0}
+    r = store.allocate_and_mount_segment(16 << 20)
+    assert r["ret"] == 0 and len(r["segment_ids"]) == 1 and r["allocated_size"] >= 16 << 20
     assert store.unmount_segment(["nope"]) == -1
+    assert store.unmount_and_free_segment(r["segment_ids"]) == 0
+    assert store.unmount_segment(r["segment_ids"]) == -1
     assert store.unmount_segment([]) == 0
     assert store.unmount_and_free_segment([]) == 0
     assert store.unmount_local_disk_segment() == 0

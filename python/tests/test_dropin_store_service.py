@@ -71,9 +71,13 @@ def test_segment_endpoints(service):
         (500, {"error": "Mount failed, ret=-1"})
     assert call(p, "POST", "/api/mount", {"size": "1"}) == \
         (400, {"error": "Invalid size, must be a positive integer"})
-    # Differs on purpose: upstream allocates and mounts (200); no extra segments here.
-    assert call(p, "POST", "/api/mount", {"size": 1 << 24}) == \
-        (500, {"error": "Allocate and mount failed, ret=-1"})
+    status, body = call(p, "POST", "/api/mount", {"size": 1 << 24})
+    assert status == 200 and body["status"] == "success" and len(body["segment_ids"]) == 1
+    assert body["allocated_size"] >= 1 << 24
+    assert call(p, "POST", "/api/unmount", {"segment_ids": body["segment_ids"]}) == \
+        (200, {"status": "success"})
+    assert call(p, "POST", "/api/unmount", {"segment_ids": body["segment_ids"]}) == \
+        (500, {"error": "Unmount and free failed, ret=-1"})
     assert call(p, "POST", "/api/unmount", {}) == (400, {"error": "Missing segment_ids"})
     assert call(p, "POST", "/api/unmount_shm", {"segment_ids": "a-b"}) == \
         (500, {"error": "Unmount failed for one or more segments", "failed_segment_ids": ["a-b"]})

@@ -47,6 +47,7 @@
 
 mod budget;
 mod catalog;
+pub mod extra;
 mod keylock;
 pub mod mapped;
 mod peers;
@@ -94,6 +95,12 @@ pub struct Store {
     budget: LocalBudget,
     buffers: RwLock<Registry>,
     own: Option<setup::OwnSegmentState>,
+    /// The client's address (extra segments are served on it).
+    ip: std::net::IpAddr,
+    /// Segments mounted after setup (`extra.rs`).
+    extra: Mutex<Vec<extra::ExtraSegment>>,
+    /// Every segment mounted now, for the pinger's re-mount.
+    mounted: extra::Mounted,
     pinger: Mutex<Option<setup::Pinger>>,
     closed: AtomicBool,
     /// `MC_STORE_CLUSTER_ID` (see [`setup::cluster_id_from_env`]).
@@ -144,6 +151,7 @@ impl Store {
         if let Some(p) = self.pinger.lock().take() {
             p.stop();
         }
+        self.unmount_all_extra();
         if let Some(own) = &self.own {
             let _ = self.master.call(&UnmountSegment {
                 client_id: self.client_id,

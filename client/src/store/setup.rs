@@ -211,11 +211,13 @@ impl Store {
             base: o.desc.base,
             len: o.desc.size,
         });
-        let pinger = start_pinger(
-            master.clone(),
-            client_id,
-            own.as_ref().map(|o| (o.desc.clone(), memory.clone())),
-        );
+        let mounted: super::extra::Mounted = Arc::new(RwLock::new(
+            own.as_ref()
+                .map(|o| (o.desc.clone(), memory.clone()))
+                .into_iter()
+                .collect(),
+        ));
+        let pinger = start_pinger(master.clone(), client_id, mounted.clone());
         let mut peers = Peers::new(
             own.as_ref().map(|o| o.endpoint.clone()),
             own_seg,
@@ -233,6 +235,9 @@ impl Store {
             budget: LocalBudget::new(cfg.local_buffer_size),
             buffers: RwLock::new(Registry::new()),
             own,
+            ip,
+            extra: Mutex::new(Vec::new()),
+            mounted,
             pinger: Mutex::new(Some(pinger)),
             closed: AtomicBool::new(false),
             writing: Default::default(),
@@ -255,13 +260,14 @@ pub fn cluster_id_from_env() -> String {
         .unwrap_or_else(|| DEFAULT_CLUSTER_ID.to_string())
 }
 
-/// Pings every second: drops our catalog's entries for ranges the master freed, and when the
-/// master does not know us (it restarted, or we were expired) re-mounts our segment with every
-/// object our catalog holds (see `crate::recovery`).
+/// Pings every second: drops our catalogs' entries for ranges the master freed, and when the
+/// master does not know us (it restarted, or we were expired) re-mounts every segment mounted
+/// now (the own one and the extra ones, `super::extra`) with every object their catalogs hold
+/// (see `crate::recovery`).
 fn start_pinger(
     master: Arc<MasterClient>,
     client_id: Uuid,
-    seg: Option<(SegmentDesc, Arc<ServedMemory>)>,
+    mounted: super::extra::Mounted,
 ) -> Pinger {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -269,6 +275,7 @@ fn start_pinger(
         .name("mc-store-ping".into())
         .spawn(move || {
             while !s.load(Ordering::SeqCst) {
+                let seg = mounted.read().clone();
                 let served: Vec<recovery::Served<'_>> = seg
                     .iter()
                     .map(|(desc, memory)| recovery::Served {

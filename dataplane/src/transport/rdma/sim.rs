@@ -210,18 +210,7 @@ pub struct SimVerbs {
 }
 
 fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    if File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_err()
-    {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
-        return t ^ std::process::id().rotate_left(16);
-    }
-    u32::from_le_bytes(b)
+    protocol::Uuid::random().lo as u32
 }
 
 fn io_err(call: &'static str, e: std::io::Error) -> VerbsError {

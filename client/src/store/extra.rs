@@ -1,0 +1,196 @@
+//! Segments a store client mounts after `setup` (`allocate_and_mount_segment`), and their
+//! unmounting (`unmount_segment`, `unmount_and_free_segment`).
+//!
+//! Each extra segment is served like a storage-node shard: its own memfd-backed [`Segment`],
+//! its own [`ServedMemory`] table (and catalog), its own data server on an ephemeral port of the
+//! client's address, and its same-host offer, mounted at the master under the name
+//! `ip:data_port` with `te_endpoint` the same. Writers reach it as any remote segment (memcpy
+//! through the offer on this host, TCP elsewhere); the pinger re-mounts it with its catalog
+//! after a master failover exactly as it does the first segment ([`Mounted`]).
+//!
+//! Unmounting tells the master first (it drops the replicas held there, as upstream's
+//! unmount), then stops serving: at once, or after `grace_period_seconds` so that reads that
+//! already hold the replica's address finish.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dataplane::mem::served::{ServedMemory, ServerConfig};
+use dataplane::mem::{Segment, SegmentOptions};
+use dataplane::transport::server::TcpServer;
+use parking_lot::RwLock;
+use protocol::message::{MountSegment, UnmountSegment};
+use protocol::{ErrorCode, Segment as SegmentDesc, Uuid};
+
+use super::{rpc, Store};
+
+/// The segments the pinger reports and re-mounts: the client's own (first, when it has one)
+/// and every extra segment mounted now.
+pub type Mounted = Arc<RwLock<Vec<(SegmentDesc, Arc<ServedMemory>)>>>;
+
+/// Most extra segments one client mounts.
+pub const EXTRA_SEGMENTS_MAX: usize = 64;
+
+/// One extra segment and what serves it.
+pub struct ExtraSegment {
+    pub desc: SegmentDesc,
+    /// Dropped first: stops serving.
+    server: TcpServer,
+    shm: Option<dataplane::mem::ShmExport>,
+    segment: Arc<Segment>,
+}
+
+impl ExtraSegment {
+    fn stop(self, grace: Duration) {
+        let ExtraSegment {
+            server,
+            shm,
+            segment,
+            ..
+        } = self;
+        let done = move || {
+            drop(shm);
+            drop(server);
+            drop(segment);
+        };
+        if grace.is_zero() {
+            done();
+        } else {
+            let _ = std::thread::Builder::new()
+                .name("mc-unmount-grace".into())
+                .spawn(move || {
+                    std::thread::sleep(grace);
+                    done();
+                });
+        }
+    }
+}
+
+impl Store {
+    /// Maps `size` bytes, serves them and mounts them at the master as a new segment of this
+    /// client: its id (`hi-lo`) and the size mapped (rounded up to the page size).
+    pub fn allocate_and_mount_segment(&self, size: u64) -> Result<(String, u64), ErrorCode> {
+        self.check_open()?;
+        if size == 0 || usize::try_from(size).is_err() {
+            return Err(ErrorCode::InvalidParams);
+        }
+        let mut extra = self.extra.lock();
+        if extra.len() >= EXTRA_SEGMENTS_MAX {
+            tracing::error!("allocate_and_mount_segment: {EXTRA_SEGMENTS_MAX} segments mounted");
+            return Err(ErrorCode::InvalidParams);
+        }
+        let seg = Arc::new(
+            dataplane::mem::shm::serving_segment(
+                size as usize,
+                SegmentOptions::default(),
+                dataplane::mem::shm::Owner::Node,
+            )
+            .map_err(|e| {
+                tracing::error!("allocate_and_mount_segment({size}): {e}");
+                ErrorCode::InvalidParams
+            })?,
+        );
+        let memory = ServedMemory::new();
+        memory
+            .register_segment(seg.clone())
+            .map_err(|_| ErrorCode::InternalError)?;
+        let server = TcpServer::bind(
+            SocketAddr::new(self.ip, 0),
+            memory.clone(),
+            ServerConfig::default(),
+        )
+        .map_err(|e| {
+            tracing::error!("allocate_and_mount_segment: cannot serve the segment: {e}");
+            ErrorCode::InternalError
+        })?;
+        let endpoint = server.local_addr().to_string();
+        let desc = SegmentDesc {
+            id: protocol::Uuid::random(),
+            name: endpoint.clone(),
+            base: seg.addr() as u64,
+            size: seg.len() as u64,
+            te_endpoint: endpoint.clone(),
+            protocol: "tcp".into(),
+            host_id: self.ip.to_string(),
+        };
+        rpc(self.master.call(&MountSegment {
+            client_id: self.client_id,
+            segment: desc.clone(),
+        }))?;
+        self.mounted.write().push((desc.clone(), memory));
+        let shm = dataplane::mem::shm::export_segment(&endpoint, &seg);
+        let id = desc.id.to_string();
+        let len = desc.size;
+        extra.push(ExtraSegment {
+            desc,
+            server,
+            shm,
+            segment: seg,
+        });
+        Ok((id, len))
+    }
+
+    /// Unmounts the extra segments `ids` (all or nothing: an id this client did not mount is
+    /// `INVALID_PARAMS` before anything changes). The master drops the replicas held there;
+    /// the memory stops being served after `grace`.
+    pub fn unmount_segments(&self, ids: &[String], grace: Duration) -> Result<(), ErrorCode> {
+        self.check_open()?;
+        let mut extra = self.extra.lock();
+        let mut wanted = Vec::with_capacity(ids.len());
+        for id in ids {
+            let uuid: Uuid = id.parse().map_err(|_| {
+                tracing::error!("unmount_segment: invalid segment_id {id:?}");
+                ErrorCode::InvalidParams
+            })?;
+            if !extra.iter().any(|e| e.desc.id == uuid) {
+                tracing::error!("unmount_segment: segment {id} is not mounted by this client");
+                return Err(ErrorCode::InvalidParams);
+            }
+            wanted.push(uuid);
+        }
+        let mut first_err = None;
+        for uuid in wanted {
+            let Some(at) = extra.iter().position(|e| e.desc.id == uuid) else {
+                continue; // named twice
+            };
+            let r = rpc(self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: uuid,
+            }));
+            match r {
+                // A master that no longer knows it (restarted, expired us) has nothing to drop.
+                Ok(_) | Err(ErrorCode::SegmentNotFound) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            }
+            self.mounted.write().retain(|(d, _)| d.id != uuid);
+            extra.remove(at).stop(grace);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Ids of the extra segments mounted now.
+    pub fn extra_segment_ids(&self) -> Vec<String> {
+        self.extra
+            .lock()
+            .iter()
+            .map(|e| e.desc.id.to_string())
+            .collect()
+    }
+
+    /// Unmounts every extra segment (close).
+    pub(super) fn unmount_all_extra(&self) {
+        let all: Vec<ExtraSegment> = self.extra.lock().drain(..).collect();
+        for e in all {
+            let _ = self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: e.desc.id,
+            });
+            self.mounted.write().retain(|(d, _)| d.id != e.desc.id);
+            e.stop(Duration::ZERO);
+        }
+    }
+}

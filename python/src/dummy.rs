@@ -1,0 +1,404 @@
+//! `_DummyClient`: what `MooncakeDistributedStore.setup_dummy` switches a store to (see
+//! `mooncake/_cluster_ops.py`). It forwards to a standalone `mooncake_client` on this host
+//! through `client::dummy` (a unix socket and a shared memory region); return values follow
+//! the store methods of the same names.
+
+use std::sync::Arc;
+
+use client::dummy::DummyClient;
+use protocol::{ErrorCode, ReplicateConfig};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::pybuf::Pinned;
+use crate::types::PyReplicateConfig;
+
+const INVALID: i32 = ErrorCode::InvalidParams as i32;
+
+fn config_of(config: Option<PyRef<'_, PyReplicateConfig>>) -> Result<ReplicateConfig, ErrorCode> {
+    match config {
+        None => Ok(ReplicateConfig::default()),
+        Some(c) => c.to_protocol(),
+    }
+}
+
+fn first_failure(codes: &[i32]) -> i32 {
+    codes.iter().copied().find(|c| *c != 0).unwrap_or(0)
+}
+
+/// A dummy client; see the module docs.
+#[pyclass(name = "_DummyClient", module = "mooncake._native", frozen)]
+pub struct PyDummy {
+    inner: Arc<DummyClient>,
+}
+
+impl PyDummy {
+    /// Caller memory `[ptr, ptr + size)`, when mapped (readable, and writable with `write`).
+    fn caller_ok(&self, ptr: u64, size: u64, write: bool) -> bool {
+        size == 0
+            || self.inner.in_region(ptr, size)
+            || client::store::mapped::is_mapped(ptr, size, write)
+    }
+
+    fn put_parts_impl(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &[&[u8]],
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> i32 {
+        let cfg = match config_of(config) {
+            Ok(c) => c,
+            Err(e) => return e.code(),
+        };
+        let d = self.inner.clone();
+        py.detach(|| d.put(key, parts, &cfg, upsert))
+    }
+
+    fn put_from_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        if ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        if ptrs
+            .iter()
+            .zip(&sizes)
+            .any(|(&p, &s)| !self.caller_ok(p, s, false))
+        {
+            return vec![INVALID; n];
+        }
+        let cfg = match config_of(config) {
+            Ok(c) => c,
+            Err(e) => return vec![e.code(); n],
+        };
+        let values: Vec<&[u8]> = ptrs
+            .iter()
+            .zip(&sizes)
+            .map(|(&p, &s)| {
+                if s == 0 {
+                    return &[][..];
+                }
+                // SAFETY: checked mapped readable above; the caller keeps the memory valid and
+                // unchanged for the call, as for the store's own `batch_put_from`.
+                unsafe { std::slice::from_raw_parts(p as *const u8, s as usize) }
+            })
+            .collect();
+        let d = self.inner.clone();
+        py.detach(|| d.put_many(&keys, &values, &cfg, upsert))
+    }
+}
+
+#[pymethods]
+impl PyDummy {
+    /// `(client, 0)` connected to the standalone client at `server_address`, or `(None, code)`
+    /// with the reason logged.
+    #[staticmethod]
+    fn connect(
+        py: Python<'_>,
+        mem_pool_size: u64,
+        local_buffer_size: u64,
+        server_address: String,
+    ) -> (Option<PyDummy>, i32) {
+        match py.detach(|| DummyClient::connect(mem_pool_size, local_buffer_size, &server_address))
+        {
+            Ok(d) => (Some(PyDummy { inner: Arc::new(d) }), 0),
+            Err((code, why)) => {
+                tracing::error!("setup_dummy({server_address}): {why}");
+                (None, code.code())
+            }
+        }
+    }
+
+    fn get_hostname(&self) -> String {
+        self.inner.hostname().to_string()
+    }
+
+    fn health_check(&self, py: Python<'_>) -> i32 {
+        let d = self.inner.clone();
+        py.detach(|| d.health())
+    }
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let v = Pinned::bytes(value)?;
+        Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, false))
+    }
+
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let v = Pinned::bytes(value)?;
+        Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, true))
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned: Vec<Pinned> = parts
+            .iter()
+            .map(|p| Pinned::one_d_bytes(p))
+            .collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        Ok(self.put_parts_impl(py, key, &slices, config, false))
+    }
+
+    /// One code for the whole batch (0, or the first failure), as the store's `put_batch`.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<Bound<'_, PyAny>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_batch_impl(py, keys, values, config, false)
+    }
+
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<Bound<'_, PyAny>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        self.put_batch_impl(py, keys, values, config, true)
+    }
+
+    /// The object's bytes; `b""` on a miss or any error.
+    #[pyo3(signature = (key, /))]
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let d = self.inner.clone();
+        let keys = [key.to_string()];
+        let r = py.detach(|| d.get_many(&keys));
+        Ok(match r.into_iter().next() {
+            Some(Ok(v)) => PyBytes::new(py, &v),
+            _ => PyBytes::new(py, b""),
+        })
+    }
+
+    /// `list[bytes]` with `b""` for misses; `[b""]` for no keys (as the store).
+    #[pyo3(signature = (keys, /))]
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Bound<'py, PyList>> {
+        if keys.is_empty() {
+            return PyList::new(py, [PyBytes::new(py, b"")]);
+        }
+        let d = self.inner.clone();
+        let r = py.detach(|| d.get_many(&keys));
+        PyList::new(
+            py,
+            r.into_iter().map(|o| match o {
+                Ok(v) => PyBytes::new(py, &v),
+                Err(_) => PyBytes::new(py, b""),
+            }),
+        )
+    }
+
+    #[pyo3(signature = (key, /))]
+    fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
+        let d = self.inner.clone();
+        py.detach(|| d.get_sizes(&[key.to_string()])[0])
+    }
+
+    #[pyo3(signature = (key, /))]
+    fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
+        let d = self.inner.clone();
+        py.detach(|| d.is_exist(&[key.to_string()])[0] as i32)
+    }
+
+    #[pyo3(signature = (keys))]
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let d = self.inner.clone();
+        py.detach(|| d.is_exist(&keys).into_iter().map(|c| c as i32).collect())
+    }
+
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
+        let d = self.inner.clone();
+        py.detach(|| d.remove(&[key.to_string()], force)[0] as i32)
+    }
+
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let d = self.inner.clone();
+        py.detach(|| {
+            d.remove(&keys, force)
+                .into_iter()
+                .map(|c| c as i32)
+                .collect()
+        })
+    }
+
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
+        let d = self.inner.clone();
+        py.detach(|| d.remove_by_regex(regex_pattern, force))
+    }
+
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        let d = self.inner.clone();
+        py.detach(|| d.remove_all(force))
+    }
+
+    /// Memory in the region shared with the standalone client (zero-copy puts and gets);
+    /// 0 when it is full.
+    #[pyo3(signature = (size, /))]
+    fn alloc_from_mem_pool(&self, size: u64) -> u64 {
+        self.inner.alloc(size)
+    }
+
+    /// 0 for mapped read-write memory (buffers outside the shared region are staged through
+    /// it), -600 otherwise.
+    #[pyo3(signature = (buffer_ptr, size))]
+    fn register_buffer(&self, buffer_ptr: u64, size: u64) -> i32 {
+        if size > 0 && !self.caller_ok(buffer_ptr, size, true) {
+            return INVALID;
+        }
+        0
+    }
+
+    #[pyo3(signature = (buffer_ptr))]
+    fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
+        let _ = buffer_ptr;
+        0
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i32 {
+        self.put_from_many(py, vec![key], vec![buffer_ptr], vec![size], config, false)[0]
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn upsert_from(
+        &self,
+        py: Python<'_>,
+        key: String,
+        buffer_ptr: u64,
+        size: u64,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> i32 {
+        self.put_from_many(py, vec![key], vec![buffer_ptr], vec![size], config, true)[0]
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_upsert_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        self.put_from_many(py, keys, buffer_ptrs, sizes, config, true)
+    }
+
+    /// Bytes read, or a negative code (`-704` miss, `-600` too small / unmapped).
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn get_into(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i64 {
+        self.batch_get_into(py, vec![key], vec![buffer_ptr], vec![size])[0]
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i64> {
+        let n = keys.len();
+        if buffer_ptrs.len() != n || sizes.len() != n {
+            return vec![i64::from(INVALID); n];
+        }
+        if buffer_ptrs
+            .iter()
+            .zip(&sizes)
+            .any(|(&p, &s)| !self.caller_ok(p, s, true))
+        {
+            return vec![i64::from(INVALID); n];
+        }
+        let reads: Vec<(String, u64, u64)> = keys
+            .into_iter()
+            .zip(buffer_ptrs)
+            .zip(sizes)
+            .map(|((k, p), s)| (k, p, s))
+            .collect();
+        let d = self.inner.clone();
+        py.detach(|| d.get_into_many(&reads))
+    }
+}
+
+impl PyDummy {
+    fn put_batch_impl(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<Bound<'_, PyAny>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        if keys.len() != values.len() {
+            return Ok(INVALID);
+        }
+        let pinned: Vec<Pinned> = values
+            .iter()
+            .map(|v| Pinned::bytes(v))
+            .collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        let cfg = match config_of(config) {
+            Ok(c) => c,
+            Err(e) => return Ok(e.code()),
+        };
+        let d = self.inner.clone();
+        let codes = py.detach(|| d.put_many(&keys, &slices, &cfg, upsert));
+        Ok(first_failure(&codes))
+    }
+}

@@ -1,0 +1,222 @@
+"""`setup_dummy`: light clients that put and get through a standalone `mooncake_client` on
+this host (a unix socket and a shared memory region, `docs/dummy-client.md`), against a real
+master and the real `mooncake_client`, as upstream's test_dummy_client and
+test_multi_dummy_clients run theirs."""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from conftest import MIB, Master, console_script, free_port, stop_process
+
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+
+class Standalone:
+    """The installed `mooncake_client` on 127.0.0.1 with `--port=port`; ready when built."""
+
+    def __init__(self, master, segment="64MB"):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        args = console_script("mooncake_client") + [
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            f"--global_segment_size={segment}",
+            f"--master_server_address={master.addr}",
+            f"--metadata_server={master.metadata}",
+        ]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     text=True)
+        self.lines = []
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+            if line.strip() == "mooncake_client ready":
+                break
+        else:
+            raise RuntimeError("mooncake_client exited before `ready`")
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    def stop(self):
+        return stop_process(self.proc)
+
+
+@pytest.fixture(scope="module")
+def own_master():
+    m = Master()
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def standalone(own_master):
+    s = Standalone(own_master)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def dummy(standalone):
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(64 * MIB, 16 * MIB, standalone.address) == 0
+    yield d
+    d.close()
+
+
+def test_standalone_client_announces_the_dummy_service(standalone):
+    assert f"dummy clients @mooncake-rs-dummy/{standalone.port}" in standalone.lines
+
+
+def test_bytes_round_trip_through_the_standalone_client(dummy, standalone):
+    assert dummy.get_hostname().startswith("127.0.0.1")
+    assert dummy.health_check() == 0
+    assert dummy.put("d/one", b"hello dummy") == 0
+    assert dummy.is_exist("d/one") == 1
+    assert dummy.get_size("d/one") == 11
+    assert dummy.get("d/one") == b"hello dummy"
+    assert dummy.is_exist("d/none") == 0
+    assert dummy.get("d/none") == b""
+    assert dummy.get_size("d/none") == -704
+    big = os.urandom(3 * MIB + 17)
+    assert dummy.put("d/big", big) == 0
+    assert dummy.get("d/big") == big
+    assert dummy.upsert("d/one", b"changed") == 0
+    assert dummy.get("d/one") == b"changed"
+    assert dummy.put_parts("d/parts", b"ab", memoryview(b"cd"), bytearray(b"ef")) == 0
+    assert dummy.get("d/parts") == b"abcdef"
+    assert dummy.put_batch(["d/b1", "d/b2"], [b"x" * 10, b"y" * 20]) == 0
+    assert dummy.get_batch(["d/b1", "d/b2", "d/none"]) == [b"x" * 10, b"y" * 20, b""]
+    assert dummy.batch_is_exist(["d/b1", "d/none"]) == [1, 0]
+    assert dummy.batch_remove(["d/b1", "d/b2"], force=True) == [0, 0]
+    assert dummy.remove("d/parts", force=True) == 0
+    assert dummy.is_exist("d/parts") == 0
+    assert dummy.remove_by_regex("^d/(one|big)$", True) == 2
+
+
+def test_zero_copy_from_the_shared_pool_and_staged_caller_buffers(dummy):
+    n = 1 * MIB
+    src = dummy.alloc_from_mem_pool(n)
+    dst = dummy.alloc_from_mem_pool(n)
+    assert src and dst and src != dst
+    data = os.urandom(n)
+    ctypes.memmove(src, data, n)
+    assert dummy.register_buffer(src, n) == 0
+    assert dummy.put_from("d/zc", src, n) == 0
+    assert dummy.get_into("d/zc", dst, n) == n
+    assert ctypes.string_at(dst, n) == data
+    # A caller buffer outside the pool: staged through the region.
+    out = bytearray(n)
+    addr = ctypes.addressof((ctypes.c_char * n).from_buffer(out))
+    assert dummy.get_into("d/zc", addr, n) == n and bytes(out) == data
+    assert dummy.get_into("d/zc", addr, n - 1) == -600
+    keys = ["d/zc1", "d/zc2"]
+    bufs = [bytearray(os.urandom(1000)), bytearray(os.urandom(2000))]
+    ptrs = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in bufs]
+    assert dummy.batch_put_from(keys, ptrs, [1000, 2000]) == [0, 0]
+    outs = [bytearray(1000), bytearray(2000)]
+    optrs = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in outs]
+    assert dummy.batch_get_into(keys + ["d/none"], optrs + [dst], [1000, 2000, n]) \
+        == [1000, 2000, -704]
+    assert outs == bufs
+    assert dummy.batch_remove(keys + ["d/zc"], force=True) == [0, 0, 0]
+    # An unmapped address is refused before anything moves.
+    assert dummy.put_from("d/bad", 8, 100) == -600
+
+
+def test_too_large_for_the_region_is_buffer_overflow(standalone):
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(0, 1 * MIB, standalone.address) == 0
+    try:
+        assert d.put("d/huge", b"z" * (2 * MIB)) == -10
+        assert d.put("d/fits", b"z" * (MIB // 2)) == 0
+        assert d.get("d/fits") == b"z" * (MIB // 2)
+        assert d.remove("d/fits", force=True) == 0
+    finally:
+        d.close()
+
+
+def test_lifecycle_and_methods_a_dummy_does_not_offer(standalone, caplog):
+    d = MooncakeDistributedStore()
+    assert d.get_hostname() == ""
+    assert d.setup_dummy(MIB, MIB, standalone.address) == 0
+    assert d.setup_dummy(MIB, MIB, standalone.address) == -1  # already a client
+    assert d.setup("localhost", "P2PHANDSHAKE", MIB, MIB, "tcp", "", "127.0.0.1:1") == -1
+    with caplog.at_level("ERROR", logger="mooncake.store"):
+        assert d.get_replica_desc("k") == []
+    assert "not available on a dummy client" in caplog.text
+    assert d.close() == 0
+    assert d.close() == 0
+    assert d.get_hostname() == "" and d.put("k", b"v") == -600
+    assert d.setup_dummy(MIB, MIB, standalone.address) == 0
+    assert d.put("d/again", b"v") == 0 and d.remove("d/again", force=True) == 0
+    d.close()
+
+
+def test_no_standalone_client_is_minus_one():
+    d = MooncakeDistributedStore()
+    t = time.monotonic()
+    assert d.setup_dummy(MIB, MIB, f"127.0.0.1:{free_port()}") == -1
+    assert d.setup_dummy(MIB, MIB, "no-port") == -1
+    assert d.setup_dummy(0, 0, "127.0.0.1:50052") == -1
+    assert time.monotonic() - t < 5
+    assert d.get_hostname() == "" and d.get("k") == b""
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from mooncake.store import MooncakeDistributedStore
+    me, other, address = sys.argv[1:4]
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(32 << 20, 8 << 20, address) == 0, "setup_dummy"
+    for i in range(20):
+        assert s.put(f"{me}/{i}", f"{me} value {i}".encode() * 100) == 0, "put"
+    deadline = time.monotonic() + 30
+    while s.is_exist(f"{other}/19") != 1:
+        assert time.monotonic() < deadline, "the other dummy never wrote"
+        time.sleep(0.05)
+    for i in range(20):
+        got = s.get(f"{other}/{i}")
+        assert got == f"{other} value {i}".encode() * 100, (i, got[:40])
+    print("ok", flush=True)
+    # Keep our keys until the other side read them too.
+    time.sleep(2)
+    s.close()
+""")
+
+
+def test_two_dummy_processes_read_each_others_keys(standalone):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, me, other, standalone.address],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for me, other in (("client1", "client2"), ("client2", "client1"))
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+def test_dummy_fails_fast_and_clearly_when_the_standalone_client_dies(own_master, caplog):
+    node = Standalone(own_master, segment="16MB")
+    d = MooncakeDistributedStore()
+    assert d.setup_dummy(MIB, MIB, node.address) == 0
+    assert d.put("d/dies", b"v") == 0
+    node.proc.send_signal(signal.SIGKILL)
+    node.proc.wait(timeout=10)
+    t = time.monotonic()
+    with caplog.at_level("ERROR"):
+        assert d.put("d/after", b"v") == -900
+        assert d.get("d/dies") == b""
+        assert d.is_exist("d/dies") == -900
+        assert d.get_size("d/dies") == -900
+        assert d.batch_is_exist(["a", "b"]) == [-900, -900]
+        assert d.health_check() == 2
+    assert time.monotonic() - t < 5
+    assert d.close() == 0
+    # Nothing serves that port any more.
+    assert d.setup_dummy(MIB, MIB, node.address) == -1
