@@ -1,7 +1,7 @@
 """Mooncake PG against Gloo, side by side in one run, on one host.
 
     .venv/bin/python bench/python/pg_bench.py [--worlds 2,4] [--backends mooncake-cpu,gloo]
-        [--small-iters 2000] [--large-iters 10]
+        [--small-iters 2000] [--large-iters 10] [--ops all|all_reduce:4,all_reduce:64,...]
 
 Backend ``mooncake-tcp`` is ``mooncake-cpu`` with every rank given its own host id
 (``MC_PG_HOST_ID``), so all bytes go over the TCP links (loopback) instead of shared memory:
@@ -12,7 +12,10 @@ all_reduce of 4 KiB (per-op latency: p50 and p99 over --small-iters ops), all_re
 64 MiB, all_gather_into_tensor with a 64 MiB output, and all_to_all_single of 64 MiB per rank
 (each op's time: median and p99 over --large-iters ops). float32 throughout; each timed op
 is preceded by warm-up ops. Prints one table (times in microseconds / milliseconds) and the
-speed-up of each backend over the last one (Gloo by default) per row.
+speed-up of each backend over the last one (Gloo by default) per row, then the CPU time one
+op costs all ranks together (process CPU time of every rank over the timed ops, divided by
+their number: what the op takes from the machine, less sensitive to other load than the
+wall-clock times), and the load average at the start and the end.
 """
 
 import argparse
@@ -32,7 +35,10 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def worker(backend, rank, world, port, small_iters, large_iters):
+OPS = ("all_reduce 4 KiB", "all_reduce 64 MiB", "all_gather 64 MiB", "all_to_all 64 MiB")
+
+
+def worker(backend, rank, world, port, small_iters, large_iters, ops):
     import torch
     import torch.distributed as dist
 
@@ -46,68 +52,97 @@ def worker(backend, rank, world, port, small_iters, large_iters):
                             world_size=world)
     res = {}
 
+    cpu = {}
+
     def timed(fn, iters, warm):
         for _ in range(warm):
             fn()
         dist.barrier()
         out = []
+        c0 = time.process_time()  # this process, all threads
         for _ in range(iters):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)
+        cpu[len(cpu)] = (time.process_time() - c0) / iters
         return out
 
-    small = torch.ones(1024)  # 4 KiB
-    res["all_reduce 4 KiB"] = timed(lambda: dist.all_reduce(small), small_iters, 100)
-    big = torch.ones(64 * MIB // 4)
-    res["all_reduce 64 MiB"] = timed(lambda: dist.all_reduce(big), large_iters, 2)
-    out = torch.empty(64 * MIB // 4)
-    inp = torch.ones(64 * MIB // 4 // world)
-    res["all_gather 64 MiB"] = timed(lambda: dist.all_gather_into_tensor(out, inp), large_iters, 2)
-    a2a_in = torch.ones(64 * MIB // 4)
-    a2a_out = torch.empty(64 * MIB // 4)
-    res["all_to_all 64 MiB"] = timed(lambda: dist.all_to_all_single(a2a_out, a2a_in),
-                                     large_iters, 2)
+    if OPS[0] in ops:
+        small = torch.ones(1024)  # 4 KiB
+        res[OPS[0]] = timed(lambda: dist.all_reduce(small), small_iters, 100)
+    if OPS[1] in ops:
+        big = torch.ones(64 * MIB // 4)
+        res[OPS[1]] = timed(lambda: dist.all_reduce(big), large_iters, 2)
+    if OPS[2] in ops:
+        out = torch.empty(64 * MIB // 4)
+        inp = torch.ones(64 * MIB // 4 // world)
+        res[OPS[2]] = timed(lambda: dist.all_gather_into_tensor(out, inp), large_iters, 2)
+    if OPS[3] in ops:
+        a2a_in = torch.ones(64 * MIB // 4)
+        a2a_out = torch.empty(64 * MIB // 4)
+        res[OPS[3]] = timed(lambda: dist.all_to_all_single(a2a_out, a2a_in), large_iters, 2)
     dist.barrier()
+    print("CPU " + json.dumps([cpu[i] for i in range(len(cpu))]), flush=True)
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)
     dist.destroy_process_group()
 
 
-def run(backend, world, small_iters, large_iters):
+def run(backend, world, small_iters, large_iters, ops):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--worker", backend, str(r), str(world), str(port),
-         str(small_iters), str(large_iters)], stdout=subprocess.PIPE, text=True)
+         str(small_iters), str(large_iters), ",".join(ops)], stdout=subprocess.PIPE, text=True)
         for r in range(world)]
     outs = [p.communicate()[0] for p in procs]
     for p in procs:
         if p.returncode != 0:
             raise SystemExit(f"{backend} x{world}: a rank failed")
     line = [x for x in outs[0].splitlines() if x.startswith("RESULT ")][0]
-    return json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT "):])
+    cpu = [0.0] * len(res)
+    for out in outs:
+        line = [x for x in out.splitlines() if x.startswith("CPU ")][0]
+        for i, c in enumerate(json.loads(line[len("CPU "):])):
+            cpu[i] += c
+    return res, dict(zip(res, cpu))
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        b, r, w, port, si, li = sys.argv[2:8]
-        worker(b, int(r), int(w), int(port), int(si), int(li))
+        b, r, w, port, si, li, ops = sys.argv[2:9]
+        worker(b, int(r), int(w), int(port), int(si), int(li), ops.split(","))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--backends", default="mooncake-cpu,gloo")
     ap.add_argument("--small-iters", type=int, default=2000)
     ap.add_argument("--large-iters", type=int, default=10)
+    ap.add_argument("--ops", default="all",
+                    help="comma-separated subset of: " + ", ".join(
+                        o.split()[0] + ":" + o.split()[1] for o in OPS)
+                    + " (e.g. all_to_all:64); default all")
     a = ap.parse_args()
+    if a.ops == "all":
+        ops = list(OPS)
+    else:
+        ops = [o for o in OPS if o.split()[0] + ":" + o.split()[1] in a.ops.split(",")]
+        if not ops:
+            raise SystemExit(f"--ops {a.ops}: no such op")
     backends = a.backends.split(",")
-    print(f"host: {os.cpu_count()} CPUs; float32; times on rank 0")
+    print(f"host: {os.cpu_count()} CPUs; float32; times on rank 0; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     hdr = f"{'ranks':>5} {'op':<18}" + "".join(
         f" {b + ' p50':>18} {b + ' p99':>18}" for b in backends) + "  speed-up (p50)"
     print(hdr)
+    cpu_rows = []
     for world in [int(x) for x in a.worlds.split(",")]:
-        results = {b: run(b, world, a.small_iters, a.large_iters) for b in backends}
+        results, cpus = {}, {}
+        for b in backends:
+            results[b], cpus[b] = run(b, world, a.small_iters, a.large_iters, ops)
+        cpu_rows.append((world, cpus))
         for op in results[backends[0]]:
             small = "4 KiB" in op
             unit, scale = ("us", 1e6) if small else ("ms", 1e3)
@@ -121,6 +156,14 @@ def main():
             if len(p50s) >= 2:
                 row += "  " + " ".join(f"{p50s[-1] / x:.2f}x" for x in p50s[:-1])
             print(row, flush=True)
+    print("CPU time per op, all ranks' processes together (all threads; time.process_time):")
+    for world, cpus in cpu_rows:
+        for op in cpus[backends[0]]:
+            small = "4 KiB" in op
+            unit, scale = ("us", 1e6) if small else ("ms", 1e3)
+            print(f"{world:>5} {op:<18}" + "".join(
+                f" {b + ' cpu':>18} {cpus[b][op] * scale:>10.1f} {unit}" for b in backends))
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

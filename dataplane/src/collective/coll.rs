@@ -21,8 +21,8 @@
 //! the op's completion fires ([`super::Comm::submit`] is `unsafe` for that reason).
 
 use super::reduce::{self, DType, ReduceOp};
-use super::seg::{load, store, Desc};
-use super::{wait_until, Outcome, Shared};
+use super::seg::Desc;
+use super::{wait_counter, Outcome, Shared};
 use crate::limits::{PG_CHUNK_ALIGN_BYTES, PG_COLL_SLOT_BYTES};
 
 /// All-reduces up to this size run in one phase (every rank folds everything).
@@ -159,6 +159,13 @@ fn describe(d: &Desc) -> String {
     s
 }
 
+/// Whether `MC_PG_PROFILE` is set (read once): the direct-read all_gather / all_to_all then
+/// print where each op's time went on stderr (see `docs/pg.md`).
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MC_PG_PROFILE").is_some_and(|v| v != "0"))
+}
+
 /// Copies `len` bytes (`memmove`: user buffers may alias each other).
 ///
 /// # Safety
@@ -265,10 +272,11 @@ impl<'a> Runner<'a> {
             for p in prev {
                 let seg = self.sh.seg(p);
                 let want = self.prev_last.min(s.saturating_sub(2));
-                wait_until(
-                    || load(seg.done()) >= want,
+                wait_counter(
+                    &seg,
+                    seg.done(),
+                    want,
                     || seg.owner_alive() && !seg.has_left(),
-                    None,
                     p,
                 );
             }
@@ -276,10 +284,11 @@ impl<'a> Runner<'a> {
             for p in self.peers() {
                 let seg = self.sh.seg(p);
                 // A peer that died is skipped; the phase wait below marks it failed.
-                wait_until(
-                    || load(seg.done()) >= s - 2,
+                wait_counter(
+                    &seg,
+                    seg.done(),
+                    s - 2,
                     || seg.owner_alive() && !seg.has_left(),
-                    None,
                     p,
                 );
             }
@@ -287,13 +296,13 @@ impl<'a> Runner<'a> {
         write(self, own.coll_slot((s & 1) as usize));
         own.set_desc((s & 1) as usize, desc);
         own.set_extent((s & 1) as usize, self.extent.0, self.extent.1);
-        store(own.posted(), s);
+        own.store_counter(own.posted(), s);
         self.sh.publish();
         self.seq = s;
         for p in self.peers() {
             let seg = self.sh.seg(p);
             let here = || seg.owner_alive() && !seg.has_left();
-            if !wait_until(|| load(seg.posted()) >= s, here, None, p) {
+            if !wait_counter(&seg, seg.posted(), s, here, p) {
                 if seg.has_left() {
                     self.left |= Self::bit(p);
                 } else {
@@ -305,7 +314,7 @@ impl<'a> Runner<'a> {
             for p in self.peers() {
                 let theirs = self.sh.seg(p).desc((s & 1) as usize);
                 if theirs != desc {
-                    store(own.done(), s);
+                    own.store_counter(own.done(), s);
                     self.sh.publish();
                     return Err(format!(
                         "mismatched collective: rank {p} called {}, rank {} called {}",
@@ -320,7 +329,7 @@ impl<'a> Runner<'a> {
     }
 
     fn finish(&self, s: u64) {
-        store(self.sh.own.done(), s);
+        self.sh.own.store_counter(self.sh.own.done(), s);
         self.sh.publish();
     }
 
@@ -561,20 +570,33 @@ impl<'a> Runner<'a> {
         pick: impl Fn(usize, usize, &[u64]) -> (usize, *mut u8),
     ) -> Result<(), String> {
         let me = self.sh.rank;
+        let t0 = std::time::Instant::now();
+        let profile = profiling();
+        let mut prof = String::new();
         let s = self.phase(desc, true, |_, slot| {
             for (i, p) in ptrs.iter().enumerate() {
                 // SAFETY: the slot holds far more than PG_MAX_RANKS addresses; aligned.
                 unsafe { slot.cast::<u64>().add(i).write(*p as u64) };
             }
         })?;
-        for r in self.live().collect::<Vec<_>>() {
+        let t1 = std::time::Instant::now();
+        // Each rank starts with the next one up, so the readers spread over the owners
+        // instead of all reading rank 0's memory, then rank 1's, at the same time.
+        let mut order: Vec<usize> = self.live().collect();
+        let at = order.iter().position(|&r| r > me).unwrap_or(0);
+        order.rotate_left(at);
+        for r in order {
             // SAFETY: rank `r` published `ptrs.len()` addresses at the start of its slot.
             let remote: &[u64] =
                 unsafe { std::slice::from_raw_parts(self.slot(r, s).cast::<u64>(), ptrs.len()) };
             let (src, dst) = pick(me, r, remote);
+            let tr = std::time::Instant::now();
             if r == me {
                 // SAFETY: both are this rank's tensors of `bytes` bytes.
                 unsafe { mv(src as *const u8, dst, bytes) };
+                if profile {
+                    prof += &format!(" own {}", tr.elapsed().as_micros());
+                }
                 continue;
             }
             let pid = self.sh.seg(r).owner_pid();
@@ -583,9 +605,25 @@ impl<'a> Runner<'a> {
             if unsafe { super::cma::read(pid, src, dst, bytes) }.is_err() {
                 self.failed |= Self::bit(r);
             }
+            if profile {
+                prof += &format!(" from {r} {}", tr.elapsed().as_micros());
+            }
         }
+        let t2 = std::time::Instant::now();
         let s2 = self.phase(desc, false, |_, _| {})?;
         self.finish(s2);
+        if profile {
+            use std::io::Write;
+            let line = format!(
+                "mooncake.pg profile: rank {me} {}: addresses {} us, reads{prof} us, readers done {} us, total {} us\n",
+                describe(&desc),
+                (t1 - t0).as_micros(),
+                t2.elapsed().as_micros(),
+                t0.elapsed().as_micros(),
+            );
+            // One write, so that the ranks' lines do not interleave.
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
         Ok(())
     }
 

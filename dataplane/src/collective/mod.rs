@@ -422,19 +422,34 @@ impl Drop for Comm {
     }
 }
 
-/// Waits until `cond` holds, spinning briefly, then yielding, then sleeping; every
-/// millisecond of waiting it asks `alive` and gives up (returning `cond()` one last time) when
-/// that says no, or when `give_up_us` (if any) has passed. `who` names the peer for the log.
-pub(crate) fn wait_until(
-    cond: impl Fn() -> bool,
+/// How long a waiter spins and yields before it parks on a local peer's counter.
+const YIELD_FOR: Duration = Duration::from_micros(200);
+
+/// Waits until peer `seg`'s `counter` (its `posted` or `done`) reaches `want`: spinning
+/// briefly, then yielding, then blocking. Every millisecond of waiting it asks `alive` and
+/// gives up (returning the condition one last time) when that says no. `who` names the peer
+/// for the log.
+///
+/// A peer on this host is waited for, past the first [`YIELD_FOR`], by parking on the counter
+/// ([`Segment::park`], woken by the owner's [`Segment::store_counter`]): with more ranks than
+/// cores, a waiter that wakes up every few microseconds to look takes the core from the rank
+/// it waits for, and a sleep step adds its length to every wait. A replica (a peer on another
+/// host, whose counters the network thread stores) is waited for as before the parking
+/// existed: 2000 rounds of spinning and yielding, then sleeps of 20 µs, later 200 µs.
+pub(crate) fn wait_counter(
+    seg: &Segment,
+    counter: &AtomicU64,
+    want: u64,
     alive: impl Fn() -> bool,
-    give_up_us: Option<u64>,
     who: usize,
 ) -> bool {
+    let cond = || seg::load(counter) >= want;
+    let parks = !seg.is_remote();
     let start = std::time::Instant::now();
     let mut next_probe = start + Duration::from_millis(1);
     let mut warned = false;
     let mut i = 0u32;
+    let mut parking = false;
     loop {
         if cond() {
             return true;
@@ -444,12 +459,20 @@ pub(crate) fn wait_until(
             std::hint::spin_loop();
             continue;
         }
-        if i < 2000 {
+        if !parking && i < 2000 && !(parks && start.elapsed() >= YIELD_FOR) {
             std::thread::yield_now();
+        } else if parks {
+            parking = true;
+            // Parked until the next liveness probe at most, so a death is noticed as fast.
+            let left = next_probe.saturating_duration_since(std::time::Instant::now());
+            let seen = seg::load(counter);
+            if seen < want {
+                seg.park(counter, seen, left.max(Duration::from_micros(50)));
+            }
         } else {
             std::thread::sleep(Duration::from_micros(if i < 4000 { 20 } else { 200 }));
         }
-        if i.is_multiple_of(16) || i >= 2000 {
+        if i.is_multiple_of(16) || i >= 2000 || parking {
             let now = std::time::Instant::now();
             if now >= next_probe {
                 next_probe = now + Duration::from_millis(1);
@@ -457,9 +480,6 @@ pub(crate) fn wait_until(
                     return cond();
                 }
                 let waited_us = (now - start).as_micros() as u64;
-                if give_up_us.is_some_and(|g| waited_us > g) {
-                    return cond();
-                }
                 if !warned && waited_us > COLLECTIVE_TIMEOUT_US.load(Ordering::Relaxed) {
                     warned = true;
                     tracing::warn!(

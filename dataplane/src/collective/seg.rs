@@ -5,6 +5,7 @@
 //! 0                           magic "MCPGSEG1" (u64) | pid (u32) | ranks (u32) | rank (u32)
 //! 24                          base (u64): the owner's address of this mapping (CMA probe)
 //! 64                          posted (u64): last collective phase this rank wrote and published
+//! 72                          waiters (u64): peers parked (futex) on this rank's posted / done
 //! 128                         done   (u64): last collective phase this rank finished reading
 //! 192, 256                    desc[2]: descriptor of the op in collective slot 0 / 1
 //! 320                         left (u64): 1 once the owner has left the group gracefully
@@ -25,6 +26,14 @@
 //! A counter is stored with `Release` after the bytes it publishes and loaded with `Acquire`
 //! before they are read, which is what orders the plain memcpy traffic between processes.
 //!
+//! Waiting: a peer that has waited a while for `posted` or `done` parks on it with a futex
+//! (on the counter's low 32 bits, shared mapping), after counting itself in `waiters`; the
+//! owner wakes the counter after a store when `waiters` is non-zero ([`Segment::store_counter`]).
+//! Parking has a 1 ms timeout, so a missed wake-up, a peer that died while parked (its count
+//! stays: the owner then pays one `futex` call per store, nothing worse) or an owner that died
+//! costs at most that; replicas are never parked on (their counters are stored by the
+//! network thread, which wakes nobody).
+//!
 //! Liveness: the owner holds an exclusive `flock` on its file for its whole life; the kernel
 //! drops it when the process dies (before it becomes a zombie), so a peer that can take a
 //! shared lock on its own descriptor of the file knows the owner is gone. No pid reuse, no
@@ -40,14 +49,16 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
 use crate::mem::segment::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
+const WAITERS_OFF: usize = POSTED_OFF + 8;
 const DONE_OFF: usize = 128;
 const DESC_OFF: usize = 192;
 const LEFT_OFF: usize = 320;
@@ -404,6 +415,61 @@ impl Segment {
         self.atomic(DONE_OFF)
     }
 
+    /// Stores `v` into `counter` (this segment's own `posted` or `done`) with `Release`, then
+    /// wakes the peers parked on it ([`Segment::park`]), if any are.
+    pub fn store_counter(&self, counter: &AtomicU64, v: u64) {
+        counter.store(v, Ordering::Release);
+        // Pairs with the waiter's SeqCst increment of `waiters` before its last look at the
+        // counter: either it sees `v`, or this load sees it counted and wakes it.
+        fence(Ordering::SeqCst);
+        if self.atomic(WAITERS_OFF).load(Ordering::Relaxed) != 0 {
+            // SAFETY: futex on the counter's low half, inside this live mapping; FUTEX_WAKE
+            // only reads the address.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    futex_word(counter),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
+    }
+
+    /// Sleeps until `counter` (a `posted` or `done` of this peer segment) no longer holds
+    /// `seen`, the owner wakes it, or `timeout` passes (also on a spurious wake-up: callers
+    /// re-check). Returns at once on a replica, whose counters nobody wakes.
+    pub fn park(&self, counter: &AtomicU64, seen: u64, timeout: Duration) {
+        if self.is_remote() {
+            return;
+        }
+        let waiters = self.atomic(WAITERS_OFF);
+        waiters.fetch_add(1, Ordering::SeqCst);
+        if counter.load(Ordering::SeqCst) == seen {
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: futex on the counter's low half, inside this live shared mapping; the
+            // kernel sleeps only while that word still equals `seen`'s low half.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    futex_word(counter),
+                    libc::FUTEX_WAIT,
+                    seen as u32,
+                    &ts as *const libc::timespec,
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
+        waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Whether the owner has left the group (`deactivate_ranks([self])`).
     pub fn has_left(&self) -> bool {
         load(self.atomic(LEFT_OFF)) != 0
@@ -504,6 +570,17 @@ impl Drop for Segment {
     }
 }
 
+/// The 32-bit futex word of a 64-bit counter: its low half (each store moves a counter by far
+/// less than 2^32, so the half changes whenever the counter does).
+fn futex_word(a: &AtomicU64) -> *const u32 {
+    let p = (a as *const AtomicU64).cast::<u32>();
+    if cfg!(target_endian = "big") {
+        p.wrapping_add(1)
+    } else {
+        p
+    }
+}
+
 /// Loads with `Acquire`.
 pub fn load(a: &AtomicU64) -> u64 {
     a.load(Ordering::Acquire)
@@ -512,4 +589,81 @@ pub fn load(a: &AtomicU64) -> u64 {
 /// Stores with `Release`.
 pub fn store(a: &AtomicU64, v: u64) {
     a.store(v, Ordering::Release)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// A segment and a second mapping of it, as a peer process would have.
+    fn pair(tag: &str) -> (Segment, Segment) {
+        let path = format!("/dev/shm/mc-pg-seg-test-{tag}-{}", std::process::id());
+        let own = Segment::create(&path, 2, 0).expect("segment");
+        let peer = Segment::open(&path, 2, 0).expect("open");
+        std::fs::remove_file(&path).expect("unlink");
+        (own, peer)
+    }
+
+    #[test]
+    fn store_counter_wakes_a_parked_peer_at_once() {
+        let (own, peer) = pair("wake");
+        let peer = Arc::new(peer);
+        let p = peer.clone();
+        let waiter = std::thread::spawn(move || {
+            let t = Instant::now();
+            while load(p.posted()) < 7 {
+                p.park(p.posted(), load(p.posted()), Duration::from_secs(20));
+            }
+            t.elapsed()
+        });
+        // Let the waiter park (it counts itself in `waiters` first).
+        let t = Instant::now();
+        while load(peer.atomic(WAITERS_OFF)) == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the waiter never parked"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        own.store_counter(own.posted(), 7);
+        let took = waiter.join().expect("waiter");
+        assert!(
+            took < Duration::from_secs(10),
+            "woken only by its timeout: {took:?}"
+        );
+        assert_eq!(
+            load(own.atomic(WAITERS_OFF)),
+            0,
+            "the waiter uncounted itself"
+        );
+    }
+
+    #[test]
+    fn park_returns_at_once_when_the_counter_moved_and_after_its_timeout() {
+        let (own, peer) = pair("stale");
+        own.store_counter(own.done(), 3);
+        let t = Instant::now();
+        peer.park(peer.done(), 2, Duration::from_secs(20));
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "parked on a moved counter"
+        );
+        let t = Instant::now();
+        peer.park(peer.done(), 3, Duration::from_millis(30));
+        assert!(
+            t.elapsed() >= Duration::from_millis(25),
+            "returned before its timeout"
+        );
+        assert_eq!(load(own.atomic(WAITERS_OFF)), 0);
+    }
+
+    #[test]
+    fn a_replica_is_never_parked_on() {
+        let (_, replica) = Segment::replica(2, 1).expect("replica");
+        let t = Instant::now();
+        replica.park(replica.posted(), 0, Duration::from_secs(20));
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
 }
