@@ -188,6 +188,9 @@ def create_shared_segment(
         raise SharedSegmentError("This mooncake build cannot HostRegister shared-segment pages")
     if not 0 <= rank_id < world_size or not 0 <= owner_rank < world_size:
         raise SharedSegmentError(f"rank {rank_id} / owner {owner_rank} not in [0, {world_size})")
+    if world_size > 1 and comm_group is None:
+        # Before anything is created: the owner would otherwise leave its file behind.
+        raise SharedSegmentError("comm_group is required when world_size > 1")
     names = sorted(blocks)
     specs = {n: _parse_block(n, blocks[n]) for n in names}
     offsets, stride, total = _build_layout(specs, names)
@@ -199,7 +202,12 @@ def create_shared_segment(
             mapping = _Mapping(path, total, create=True)
         except OSError as exc:
             error = f"cannot create {path}: {exc}"
-    _agree(error, world_size, rank_id, comm_group, "create")
+    try:
+        _agree(error, world_size, rank_id, comm_group, "create")
+    except BaseException:
+        if mapping is not None:
+            mapping.unlink()
+        raise
     raw = fp + path.encode()
     if len(raw) > _BLOB_BYTES:
         raise SharedSegmentError("shared memory path too long")
