@@ -106,7 +106,6 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     connected: Arc<AtomicUsize>,
 ) {
-    let me = current_uid();
     while !stop.load(Ordering::Acquire) {
         let mut pfd = libc::pollfd {
             fd: listener.as_raw_fd(),
@@ -121,8 +120,7 @@ fn accept_loop(
         let Ok((conn, _)) = listener.accept() else {
             continue;
         };
-        let trusted = peer_uid(&conn).is_some_and(|uid| uid == me || uid == 0);
-        if !trusted {
+        if !dataplane::mem::shm::peer_is_trusted(&conn) {
             tracing::warn!("dummy client refused: peer runs as another user");
             continue;
         }
@@ -152,31 +150,6 @@ fn accept_loop(
             connected.fetch_sub(1, Ordering::Relaxed);
         }
     }
-}
-
-fn current_uid() -> u32 {
-    // SAFETY: getuid has no preconditions.
-    unsafe { libc::getuid() }
-}
-
-fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given.
-    let rc = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some(cred.uid)
 }
 
 /// The dummy's region as mapped here, registered with the store while it lives.

@@ -195,7 +195,6 @@ impl Drop for ShmExport {
 
 fn export_loop(listener: UnixListener, fd: OwnedFd, offer: Offer, stop: Arc<AtomicBool>) {
     let mut importers: Vec<UnixStream> = Vec::new();
-    let me = current_uid();
     while !stop.load(Ordering::Acquire) {
         let mut pfd = libc::pollfd {
             fd: listener.as_raw_fd(),
@@ -211,8 +210,7 @@ fn export_loop(listener: UnixListener, fd: OwnedFd, offer: Offer, stop: Arc<Atom
             continue;
         };
         importers.retain(|c| peer_alive(c.as_raw_fd()));
-        let trusted = peer_uid(&conn).is_some_and(|uid| uid == me || uid == 0);
-        if !trusted || importers.len() >= IMPORTERS_MAX {
+        if !peer_is_trusted(&conn) || importers.len() >= IMPORTERS_MAX {
             continue; // dropped: the importer sees EOF instead of an offer and uses TCP
         }
         if send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok() {
@@ -221,9 +219,12 @@ fn export_loop(listener: UnixListener, fd: OwnedFd, offer: Offer, stop: Arc<Atom
     }
 }
 
-fn current_uid() -> u32 {
+/// True when the process at the other end of `conn` runs as this process's user or as root:
+/// the only peers a local socket that hands out memory may serve (`SO_PEERCRED`).
+pub fn peer_is_trusted(conn: &UnixStream) -> bool {
     // SAFETY: getuid has no preconditions.
-    unsafe { libc::getuid() }
+    let me = unsafe { libc::getuid() };
+    peer_uid(conn).is_some_and(|uid| uid == me || uid == 0)
 }
 
 fn peer_uid(conn: &UnixStream) -> Option<u32> {
