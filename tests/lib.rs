@@ -530,3 +530,31 @@ impl Master {
         format!("http://127.0.0.1:{}/metadata", self.http_metadata_port)
     }
 }
+
+/// xorshift64*: a small seeded generator for the randomized tests (the same seed gives the
+/// same schedule and the same calls).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// The environment variable `name` parsed as `T`, or `default` when unset or malformed (the
+/// knobs of the randomized tests: seeds, durations, counts).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use client::Store;
 use mooncake_tests::checker::{check, History, Kind, Mark, Op, Outcome};
-use mooncake_tests::{bin_path, try_http, wait_until, Etcd, Master, Node};
+use mooncake_tests::{bin_path, env_or, try_http, wait_until, Etcd, Master, Node, Rng};
 use protocol::{ErrorCode, ReplicateConfig, SoftPinAction};
 
 const KEYS: usize = 48;
@@ -56,31 +56,6 @@ const FILL_OBJECT: usize = 4 << 20;
 const LEADER_BOUND: Duration = Duration::from_secs(20);
 /// After an election: the owners' re-reports (a ping interval) and the recovery fence (2 s).
 const SETTLE: Duration = Duration::from_secs(3);
-
-/// xorshift64*, seeded.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The bytes of write `id` to hot key `key`.
 fn value(key: usize, id: u64) -> Vec<u8> {

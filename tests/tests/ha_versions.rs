@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::Store;
-use mooncake_tests::{try_http, wait_until, Etcd, Master, Node};
+use mooncake_tests::{env_or, try_http, wait_until, Etcd, Master, Node, Rng};
 use protocol::{ErrorCode, ReplicateConfig};
 
 const KEYS: usize = 60;
@@ -44,24 +44,6 @@ const LEADER_BOUND: Duration = Duration::from_secs(20);
 const SETTLE: Duration = Duration::from_secs(3);
 /// Bound on the final reads settling (no `UNAVAILABLE` or transfer errors).
 const SETTLE_BOUND: Duration = Duration::from_secs(30);
-
-/// xorshift64*: small, seeded, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What an operation would leave in its key: a write's id, or nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,13 +83,6 @@ fn ha_status(m: &Master) -> String {
 
 fn serving(masters: &[Master]) -> Option<usize> {
     (0..masters.len()).find(|&i| ha_status(&masters[i]) == "leading")
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// One worker: random operations on random hot keys until `stop`.
