@@ -105,12 +105,14 @@ def stop_process(proc):
 
 class Node:
     """A storage node (the installed `mooncake_client`) on 127.0.0.1, serving `segment` bytes
-    in `shards` shards for `master`; ready when constructed."""
+    in `shards` shards for `master`; ready when constructed. `port` (default: a free one) is
+    also the name of the dummy-client socket it serves; `lines` holds its start-up output."""
 
-    def __init__(self, master, segment, shards=1, extra=()):
+    def __init__(self, master, segment, shards=1, extra=(), port=None):
+        self.port = port or free_port()
         args = console_script("mooncake_client") + [
             "--host=127.0.0.1",
-            f"--port={free_port()}",
+            f"--port={self.port}",
             f"--global_segment_size={segment}",
             f"--shards={shards}",
             f"--master_server_address={master.addr}",
@@ -120,7 +122,9 @@ class Node:
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      text=True)
         deadline = time.monotonic() + 30
+        self.lines = []
         for line in self.proc.stdout:
+            self.lines.append(line.strip())
             if line.strip() == "mooncake_client ready":
                 break
             if time.monotonic() > deadline:

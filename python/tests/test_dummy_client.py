@@ -9,42 +9,21 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
-from conftest import MIB, Master, console_script, free_port, stop_process
+from conftest import MIB, Master, Node, free_port
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
 
-class Standalone:
-    """The installed `mooncake_client` on 127.0.0.1 with `--port=port`; ready when built."""
+class Standalone(Node):
+    """The installed `mooncake_client` on 127.0.0.1, serving dummy clients on its port."""
 
     def __init__(self, master, segment="64MB"):
-        self.port = free_port()
+        super().__init__(master, segment)
         self.address = f"127.0.0.1:{self.port}"
-        args = console_script("mooncake_client") + [
-            "--host=127.0.0.1",
-            f"--port={self.port}",
-            f"--global_segment_size={segment}",
-            f"--master_server_address={master.addr}",
-            f"--metadata_server={master.metadata}",
-        ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     text=True)
-        self.lines = []
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-            if line.strip() == "mooncake_client ready":
-                break
-        else:
-            raise RuntimeError("mooncake_client exited before `ready`")
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-
-    def stop(self):
-        return stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")
