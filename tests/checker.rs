@@ -120,7 +120,7 @@ pub enum Mark {
     /// `client-kill`, `memory-pressure`, ...) at `at`.
     Fault { at: u64, what: String },
     /// The masters' evicted-key counters (summed over every master that ever led) grew to
-    /// `total`, first seen at `at`.
+    /// `total` some time after `at` (the harness dates it at the last poll that read less).
     Evictions { at: u64, total: u64 },
     /// The leader elected at about `at` counted `seen` soft-pinned keys once settled; the
     /// harness had pinned `expected`.

@@ -297,7 +297,12 @@ fn randomized_faults_keep_the_history_consistent() {
         std::thread::spawn(move || {
             let mut last: BTreeMap<u16, u64> = BTreeMap::new();
             let mut total = 0;
+            // An eviction that this round sees happened after the previous round read the
+            // counters, so the previous round's start is when it may have happened: marking
+            // it with this round's time would flag reads of the keys it took in between.
+            let mut since = 0;
             while !stop.load(Ordering::Relaxed) {
+                let round = rec.now();
                 let ports = ever.lock().unwrap().clone();
                 for p in ports {
                     if let Some(v) = metric(p, "master_evicted_key_count") {
@@ -308,11 +313,9 @@ fn randomized_faults_keep_the_history_consistent() {
                 let sum: u64 = last.values().sum();
                 if sum > total {
                     total = sum;
-                    rec.mark(Mark::Evictions {
-                        at: rec.now(),
-                        total,
-                    });
+                    rec.mark(Mark::Evictions { at: since, total });
                 }
+                since = round;
                 std::thread::sleep(Duration::from_millis(250));
             }
         })
