@@ -77,6 +77,9 @@ pub fn free_port() -> u16 {
 /// A running `mooncake_master` on loopback, killed when dropped.
 pub struct Master {
     pub child: Child,
+    /// Where its RPC and HTTP metadata listen (127.0.0.1 unless started with
+    /// [`Master::start_host`]); metrics are always on 127.0.0.1.
+    pub host: String,
     pub rpc_port: u16,
     pub metrics_port: u16,
     pub http_metadata_port: u16,
@@ -87,9 +90,15 @@ impl Master {
     /// ports. If another process took a port in between (the master exits with a bind error),
     /// it tries again with new ports.
     pub fn start(extra: &[&str]) -> Master {
+        Master::start_host("127.0.0.1", extra)
+    }
+
+    /// [`Master::start`] with its RPC and HTTP metadata on `host` (e.g. [`Netns::host_addr`],
+    /// for nodes in a namespace to reach it).
+    pub fn start_host(host: &str, extra: &[&str]) -> Master {
         for _ in 0..5 {
             let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
-            if let Some(m) = Master::try_start_on(rpc, metrics, meta, extra) {
+            if let Some(m) = Master::try_start_on(host, rpc, metrics, meta, extra) {
                 return m;
             }
         }
@@ -97,7 +106,7 @@ impl Master {
     }
 
     pub fn rpc_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.rpc_port)
+        format!("{}:{}", self.host, self.rpc_port)
     }
 
     /// Sends a signal and waits for the exit status (at most `timeout`).
@@ -143,10 +152,21 @@ pub fn http(method: &str, port: u16, path: &str, body: &[u8]) -> HttpReply {
 
 /// [`http`], or `None` when the connection or the exchange fails.
 pub fn try_http(method: &str, port: u16, path: &str, body: &[u8]) -> Option<HttpReply> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    try_http_at("127.0.0.1", method, port, path, body)
+}
+
+/// [`try_http`] to `host` instead of 127.0.0.1.
+pub fn try_http_at(
+    host: &str,
+    method: &str,
+    port: u16,
+    path: &str,
+    body: &[u8],
+) -> Option<HttpReply> {
+    let mut s = TcpStream::connect((host, port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).ok()?;
@@ -197,13 +217,20 @@ impl Master {
         http_metadata_port: u16,
         extra: &[&str],
     ) -> Master {
-        Master::try_start_on(rpc_port, metrics_port, http_metadata_port, extra)
-            .expect("mooncake_master exited before opening its ports")
+        Master::try_start_on(
+            "127.0.0.1",
+            rpc_port,
+            metrics_port,
+            http_metadata_port,
+            extra,
+        )
+        .expect("mooncake_master exited before opening its ports")
     }
 
     /// Starts the master on the given ports; `None` if it exits before they open (a port was
     /// taken). Panics if it neither exits nor opens them within 10 s.
     fn try_start_on(
+        host: &str,
         rpc_port: u16,
         metrics_port: u16,
         http_metadata_port: u16,
@@ -211,11 +238,11 @@ impl Master {
     ) -> Option<Master> {
         let mut args = vec![
             format!("--rpc_port={rpc_port}"),
-            "--rpc_address=127.0.0.1".to_string(),
+            format!("--rpc_address={host}"),
             format!("--metrics_port={metrics_port}"),
             "--metrics_host=127.0.0.1".to_string(),
             "--enable_http_metadata_server=true".to_string(),
-            "--http_metadata_server_host=127.0.0.1".to_string(),
+            format!("--http_metadata_server_host={host}"),
             format!("--http_metadata_server_port={http_metadata_port}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
@@ -226,6 +253,7 @@ impl Master {
             .expect("spawn mooncake_master");
         let mut m = Master {
             child,
+            host: host.to_string(),
             rpc_port,
             metrics_port,
             http_metadata_port,
@@ -235,8 +263,8 @@ impl Master {
             if let Ok(Some(_)) = m.child.try_wait() {
                 return None;
             }
-            let open = |p| TcpStream::connect(("127.0.0.1", p)).is_ok();
-            if open(rpc_port) && open(metrics_port) {
+            let open = |h: &str, p| TcpStream::connect((h, p)).is_ok();
+            if open(host, rpc_port) && open("127.0.0.1", metrics_port) {
                 return Some(m);
             }
             assert!(Instant::now() < deadline, "master ports never opened");
@@ -284,16 +312,38 @@ impl Node {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Node {
+        Node::start_in(None, "127.0.0.1", master_addr, metadata, extra, env)
+    }
+
+    /// [`Node::start_at`] on `host`, inside network namespace `ns` (`ip netns exec`) when
+    /// given.
+    pub fn start_in(
+        ns: Option<&str>,
+        host: &str,
+        master_addr: &str,
+        metadata: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Node {
         use std::io::BufRead;
         let port = free_port();
         let mut args = vec![
-            "--host=127.0.0.1".to_string(),
+            format!("--host={host}"),
             format!("--port={port}"),
             format!("--master_server_address={master_addr}"),
             format!("--metadata_server={metadata}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut child = Command::new(bin_path("mooncake_client"))
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(bin_path("mooncake_client"));
+                c
+            }
+            None => Command::new(bin_path("mooncake_client")),
+        };
+        let mut child = cmd
             .args(&args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -404,11 +454,109 @@ pub fn wait_until(timeout: Duration, mut probe: impl FnMut() -> bool) -> Option<
     }
 }
 
+/// A second "host": a network namespace behind a veth pair (a private /30 of 10.231.0.0/16
+/// picked from the pid; `.1` the host end, `.2` the namespace end), deleted on drop, whatever
+/// happened. Services both sides must reach listen on [`Netns::host_addr`], which stays
+/// reachable from the host while the link is down. An `unreachable` route for the /30 (a
+/// higher metric than the veth's own) stands in for the cut link once the veth is down, so
+/// that traffic for the namespace never falls through to the default route (in some sandboxes
+/// a proxy there accepts every TCP connection). Needs root and iproute2.
+pub struct Netns {
+    /// The namespace's name, for `ip netns exec`.
+    pub ns: String,
+    host_if: String,
+    pub host_addr: String,
+    pub ns_addr: String,
+    prefix: String,
+    /// Whether the namespace's egress is shaped (tc tbf), so that a large batch read from
+    /// the far node lasts long enough to be in flight when the link goes down.
+    pub shaped: bool,
+}
+
+impl Netns {
+    /// Creates the namespace and its link (up). With `shape`, the namespace's egress is
+    /// limited to 400 Mbit/s (`tc tbf`, when available).
+    pub fn create(shape: bool) -> Result<Netns, String> {
+        let pid = std::process::id();
+        // A /30 in 10.231.0.0/16 chosen by the pid: .1 host end, .2 namespace end.
+        let block = (pid % 16_384) * 4;
+        let (b3, b4) = (block / 256, block % 256);
+        let mut n = Netns {
+            ns: format!("mcq{pid}"),
+            host_if: format!("mqh{pid}"),
+            host_addr: format!("10.231.{b3}.{}", b4 + 1),
+            ns_addr: format!("10.231.{b3}.{}", b4 + 2),
+            prefix: format!("10.231.{b3}.{b4}/30"),
+            shaped: false,
+        };
+        let peer = format!("mqn{pid}");
+        ip(&["netns", "add", &n.ns])?;
+        // From here on, drop cleans up.
+        ip(&[
+            "link", "add", &n.host_if, "type", "veth", "peer", "name", &peer,
+        ])?;
+        ip(&["link", "set", &peer, "netns", &n.ns])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", n.host_addr),
+            "dev",
+            &n.host_if,
+        ])?;
+        ip(&["link", "set", &n.host_if, "up"])?;
+        ip(&["route", "add", "unreachable", &n.prefix, "metric", "4000"])?;
+        let inside = |a: &[&str]| {
+            let mut v = vec!["netns", "exec", &n.ns, "ip"];
+            v.extend_from_slice(a);
+            ip(&v)
+        };
+        inside(&["addr", "add", &format!("{}/30", n.ns_addr), "dev", &peer])?;
+        inside(&["link", "set", &peer, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        // 400 Mbit/s out of the namespace: an 8 MiB batch read takes ~0.2 s. Optional.
+        n.shaped = shape
+            && Command::new("ip")
+                .args([
+                    "netns", "exec", &n.ns, "tc", "qdisc", "add", "dev", &peer, "root",
+                ])
+                .args([
+                    "tbf", "rate", "400mbit", "burst", "256kb", "latency", "100ms",
+                ])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        Ok(n)
+    }
+
+    /// Takes the host end of the veth down (`false`: the cut) or up again.
+    pub fn link(&self, up: bool) {
+        ip(&["link", "set", &self.host_if, if up { "up" } else { "down" }])
+            .expect("toggle the host end of the veth");
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&[
+            "route",
+            "del",
+            "unreachable",
+            &self.prefix,
+            "metric",
+            "4000",
+        ]);
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.ns]);
+    }
+}
+
 /// A throwaway single-member etcd (Debian's `etcd-server`, `/usr/bin/etcd`) on 127.0.0.1,
 /// killed and its data removed when dropped. [`Etcd::stop`] and [`Etcd::restart`] take it
 /// down and bring it back on the same ports with the same data.
 pub struct Etcd {
     child: Option<Child>,
+    /// Where it listens: 127.0.0.1 unless started with [`Etcd::start_on`].
+    pub host: String,
     pub port: u16,
     peer_port: u16,
     dir: PathBuf,
@@ -421,6 +569,11 @@ impl Etcd {
     /// Starts etcd and waits until it answers `/health`; `None` (with the reason printed) when
     /// the binary is missing.
     pub fn start() -> Option<Etcd> {
+        Etcd::start_on("127.0.0.1")
+    }
+
+    /// [`Etcd::start`] listening on `host` (e.g. [`Netns::host_addr`]).
+    pub fn start_on(host: &str) -> Option<Etcd> {
         if !std::path::Path::new(ETCD_BIN).exists() {
             eprintln!("SKIP: {ETCD_BIN} not found (install Debian's etcd-server)");
             return None;
@@ -432,6 +585,7 @@ impl Etcd {
         ));
         let mut e = Etcd {
             child: None,
+            host: host.to_string(),
             port: free_port(),
             peer_port: free_port(),
             dir,
@@ -440,9 +594,9 @@ impl Etcd {
         Some(e)
     }
 
-    /// `127.0.0.1:<client port>`.
+    /// `<host>:<client port>`.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     /// Kills etcd (SIGKILL): its clients see connections refused.
@@ -456,8 +610,8 @@ impl Etcd {
     /// (Re)starts etcd on the same ports and data directory and waits until it is healthy.
     pub fn restart(&mut self) {
         self.stop();
-        let client_url = format!("http://127.0.0.1:{}", self.port);
-        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let client_url = format!("http://{}:{}", self.host, self.port);
+        let peer_url = format!("http://{}:{}", self.host, self.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -487,7 +641,8 @@ impl Etcd {
             .expect("spawn etcd");
         self.child = Some(child);
         let healthy = wait_until(Duration::from_secs(30), || {
-            try_http("GET", self.port, "/health", b"").is_some_and(|r| r.status == 200)
+            try_http_at(&self.host, "GET", self.port, "/health", b"")
+                .is_some_and(|r| r.status == 200)
         });
         assert!(
             healthy.is_some(),
@@ -527,7 +682,7 @@ pub fn remote_store(
 impl Master {
     /// The HTTP metadata URL of this master's embedded metadata server.
     pub fn metadata_url(&self) -> String {
-        format!("http://127.0.0.1:{}/metadata", self.http_metadata_port)
+        format!("http://{}:{}/metadata", self.host, self.http_metadata_port)
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use client::store::ObjectRead;
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, free_port, http, ip, master_metric, wait_until, Master};
+use mooncake_tests::{bin_path, free_port, http, ip, master_metric, wait_until, Master, Netns};
 use protocol::{ErrorCode, ReplicateConfig};
 
 /// `MC_TRANSFER_TIMEOUT` of the store (seconds).
@@ -43,91 +43,6 @@ const TIMEOUTS_PER_CALL: u32 = 2;
 const VALUE: usize = 256 << 10;
 const KEYS_BEFORE: usize = 16;
 const BATCH: usize = 4;
-
-/// The namespace and veth pair; deleted on drop, whatever happened.
-struct Netns {
-    ns: String,
-    host_if: String,
-    host_addr: String,
-    ns_addr: String,
-    prefix: String,
-    /// Whether the namespace's egress is shaped (tc tbf), so that a large batch read from
-    /// the far node lasts long enough to be in flight when the link goes down.
-    shaped: bool,
-}
-
-impl Netns {
-    fn create() -> Result<Netns, String> {
-        let pid = std::process::id();
-        // A /30 in 10.231.0.0/16 chosen by the pid: .1 host end, .2 namespace end.
-        let block = (pid % 16_384) * 4;
-        let (b3, b4) = (block / 256, block % 256);
-        let mut n = Netns {
-            ns: format!("mcq{pid}"),
-            host_if: format!("mqh{pid}"),
-            host_addr: format!("10.231.{b3}.{}", b4 + 1),
-            ns_addr: format!("10.231.{b3}.{}", b4 + 2),
-            prefix: format!("10.231.{b3}.{b4}/30"),
-            shaped: false,
-        };
-        let peer = format!("mqn{pid}");
-        ip(&["netns", "add", &n.ns])?;
-        // From here on, drop cleans up.
-        ip(&[
-            "link", "add", &n.host_if, "type", "veth", "peer", "name", &peer,
-        ])?;
-        ip(&["link", "set", &peer, "netns", &n.ns])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/30", n.host_addr),
-            "dev",
-            &n.host_if,
-        ])?;
-        ip(&["link", "set", &n.host_if, "up"])?;
-        ip(&["route", "add", "unreachable", &n.prefix, "metric", "4000"])?;
-        let inside = |a: &[&str]| {
-            let mut v = vec!["netns", "exec", &n.ns, "ip"];
-            v.extend_from_slice(a);
-            ip(&v)
-        };
-        inside(&["addr", "add", &format!("{}/30", n.ns_addr), "dev", &peer])?;
-        inside(&["link", "set", &peer, "up"])?;
-        inside(&["link", "set", "lo", "up"])?;
-        // 400 Mbit/s out of the namespace: an 8 MiB batch read takes ~0.2 s. Optional.
-        n.shaped = Command::new("ip")
-            .args([
-                "netns", "exec", &n.ns, "tc", "qdisc", "add", "dev", &peer, "root",
-            ])
-            .args([
-                "tbf", "rate", "400mbit", "burst", "256kb", "latency", "100ms",
-            ])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        Ok(n)
-    }
-
-    fn link(&self, up: bool) {
-        ip(&["link", "set", &self.host_if, if up { "up" } else { "down" }])
-            .expect("toggle the host end of the veth");
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = ip(&[
-            "route",
-            "del",
-            "unreachable",
-            &self.prefix,
-            "metric",
-            "4000",
-        ]);
-        let _ = ip(&["link", "del", &self.host_if]);
-        let _ = ip(&["netns", "del", &self.ns]);
-    }
-}
 
 /// A node started through `ip netns exec` (or directly), killed on drop.
 struct NodeProc {
@@ -228,6 +143,7 @@ fn start_master(addr: &str) -> (Master, String, String) {
         if up.is_some() && matches!(child.try_wait(), Ok(None)) {
             let m = Master {
                 child,
+                host: addr.to_string(),
                 rpc_port: rpc,
                 metrics_port: metrics,
                 http_metadata_port: meta,
@@ -314,7 +230,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
         println!("SKIPPED fault_netns_partition: needs root (ip netns, veth)");
         return;
     }
-    let net = match Netns::create() {
+    let net = match Netns::create(true) {
         Ok(n) => n,
         Err(e) => {
             println!("SKIPPED fault_netns_partition: cannot set up a network namespace: {e}");
