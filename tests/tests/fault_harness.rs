@@ -9,8 +9,8 @@
 //! read says which write it saw and torn or foreign bytes are caught. Eight soft-pinned keys
 //! are written at the start (and again after a node restart or memory pressure).
 //!
-//! Meanwhile the main thread injects faults from a seeded schedule, one every 2-5 s, until the
-//! duration is over: a storage node SIGKILLed and a fresh one started 1-3 s later; the HA
+//! Meanwhile the main thread injects faults from a seeded schedule, one every 2-5 s (every
+//! kind once in a seeded order first, then drawn at random), until the duration is over: a storage node SIGKILLed and a fresh one started 1-3 s later; the HA
 //! leader SIGKILLed (a fresh standby a second later; once a new leader serves, its soft-pin
 //! count is recorded); etcd SIGKILLed and restarted 1-3 s later; a client process SIGKILLed in
 //! the middle of a put (`fault_slow_writer`, on a key of its own: its half-written bytes must
@@ -84,6 +84,28 @@ fn decode(key: usize, bytes: &[u8]) -> Outcome {
     }
 }
 
+/// Prints what foreign bytes are (whose write they start like) and where the key's replicas
+/// are now, for the one who has to explain the violation.
+fn explain_foreign(store: &Store, name: &str, bytes: &[u8]) {
+    let word = |i: usize| {
+        bytes
+            .get(i..i + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let replicas = store.replicas(name).map(|l| {
+        l.replicas
+            .iter()
+            .map(|r| format!("{r:?}"))
+            .collect::<Vec<_>>()
+    });
+    println!(
+        "FOREIGN {name}: {} bytes, starting like write {:?} of hot/{:?}; replicas now {replicas:?}",
+        bytes.len(),
+        word(0),
+        word(8),
+    );
+}
+
 /// The history being recorded: kept in memory for the checker and written line by line.
 struct Rec {
     t0: Instant,
@@ -137,7 +159,13 @@ fn call(store: &Store, rec: &Rec, client: u32, kind: Kind, key: usize, id: u64, 
         Kind::Get => (
             None,
             match store.get(&name) {
-                Ok(bytes) => decode(key, &bytes),
+                Ok(bytes) => {
+                    let o = decode(key, &bytes);
+                    if o == Outcome::Foreign {
+                        explain_foreign(store, &name, &bytes);
+                    }
+                    o
+                }
                 Err(e) => outcome::<()>(&Err(e)),
             },
         ),
@@ -364,12 +392,23 @@ fn randomized_faults_keep_the_history_consistent() {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut fill_id = 0usize;
+    let mut first = kinds.clone();
+    for i in (1..first.len()).rev() {
+        first.swap(i, rng.below(i as u64 + 1) as usize);
+    }
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2000 + rng.below(3000)));
         if Instant::now() >= deadline {
             break;
         }
-        let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        // The first rounds take every kind once, in a seeded order, so that even the short
+        // CI run injects each; after that the kinds are drawn at random.
+        let round: usize = counts.values().sum();
+        let kind = if round < first.len() {
+            first[round]
+        } else {
+            kinds[rng.below(kinds.len() as u64) as usize]
+        };
         *counts.entry(kind).or_default() += 1;
         match kind {
             "node" => {

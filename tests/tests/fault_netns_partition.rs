@@ -561,3 +561,87 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
     drop(m);
     drop(net);
 }
+
+/// A WRITE that timed out on a cut link must never land once the link is back: by then the
+/// master may have given its range to another object.
+///
+/// Regression test of the fault harness's first partition finding (seed 19): after a partition
+/// a key read back another write's bytes. The client had given up on a put whose payload sat
+/// unsent in its socket, closed the connection with a plain close, which keeps the unsent
+/// bytes queued, and the kernel delivered them when the link came back, into the range of a
+/// later put. Here: a put into the cut node fails and is revoked; once the link is back a put
+/// of the same size takes the freed range; the first put's retransmissions (TCP backs off
+/// 0.2 s, 0.6, 1.4, 3.0, 6.2, 12.6 s ... after the first send) would land within the 16 s the
+/// test keeps reading the second key back.
+#[test]
+fn a_write_given_up_on_a_cut_link_never_lands_later() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED fault_netns_partition: needs root (ip netns, veth)");
+        return;
+    }
+    let net = match Netns::create(false) {
+        Ok(n) => n,
+        Err(e) => {
+            println!("SKIPPED fault_netns_partition: cannot set up a network namespace: {e}");
+            return;
+        }
+    };
+    std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
+    let (m, master_addr, meta) = start_master(&net.host_addr);
+    let far = NodeProc::start(Some(&net.ns), &net.ns_addr, &master_addr, &meta);
+    let store = Store::setup(StoreConfig {
+        local_hostname: net.host_addr.clone(),
+        metadata_server: meta.clone(),
+        global_segment_size: 0,
+        local_buffer_size: 64 << 20,
+        protocol: "tcp".into(),
+        rdma_devices: String::new(),
+        master_server_addr: master_addr.clone(),
+        tenant_id: String::new(),
+    })
+    .expect("store setup");
+    let quarantined = || master_metric(&m, "master_quarantined_segments").unwrap_or(-1.0);
+    let addr_of = |k: &str| {
+        store
+            .replicas(k)
+            .ok()
+            .and_then(|l| l.replicas.first().map(|r| format!("{r:?}")))
+    };
+    // The lost write: 1 MiB, far more than the link carries before the cut is noticed.
+    const LEN: usize = 1 << 20;
+    let cfg = prefer(&far.segment);
+    store
+        .put("warm", &value_of("warm", 4096), &cfg, false)
+        .expect("a put before the cut");
+
+    net.link(false);
+    let lost = store.put("lost", &value_of("lost", LEN), &cfg, false);
+    assert!(lost.is_err(), "a put into the cut node succeeded");
+    // Long enough that the lost put's next retransmission comes well after the link is back.
+    std::thread::sleep(Duration::from_secs(5));
+    net.link(true);
+    wait_until(Duration::from_secs(15), || quarantined() == 0.0)
+        .expect("the quarantine never lifted after the link came back");
+    let mut placed = None;
+    wait_until(Duration::from_secs(10), || {
+        placed = store.put("kept", &value_of("kept", LEN), &cfg, false).ok();
+        placed.is_some()
+    })
+    .expect("no put into the node after the link came back");
+    let at = addr_of("kept");
+    println!("kept at {at:?}");
+    let deadline = Instant::now() + Duration::from_secs(16);
+    while Instant::now() < deadline {
+        let got = store.get("kept").expect("get kept");
+        assert!(
+            got == value_of("kept", LEN),
+            "the given-up write landed after the link came back: `kept` reads {:?}...",
+            String::from_utf8_lossy(&got[..16])
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(store);
+    drop(far);
+    drop(m);
+}

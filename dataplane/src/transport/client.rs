@@ -30,14 +30,15 @@
 //! - the caller's buffers are touched only during the call, so a timeout can never leave a
 //!   late write into a freed buffer;
 //! - a lane whose stream failed or went out of frame (I/O error, no progress for the I/O
-//!   timeout, unexpected response) is shut down, its unanswered requests fail, and it is
-//!   reconnected on its next use; other lanes of the batch carry on;
+//!   timeout, unexpected response) is reset (`rawio::abort`: what the kernel has not sent yet
+//!   is dropped, so a failed WRITE cannot land after the link comes back), its unanswered
+//!   requests fail, and it is reconnected on its next use; other lanes of the batch carry on;
 //! - a thread blocks on a lane's lock only while it holds no other lane, so concurrent
 //!   batches cannot deadlock;
 //! - zero-length requests complete at once without I/O (upstream's behaviour).
 
 use std::io::{self, IoSlice};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
@@ -695,7 +696,8 @@ impl<'c> Lane<'c> {
         }
         self.failed = true;
         if let Some(stream) = self.guard.take() {
-            let _ = stream.shutdown(Shutdown::Both);
+            // A reset, not a shutdown: unsent WRITE payloads must never land later.
+            rawio::abort(stream);
         }
     }
 

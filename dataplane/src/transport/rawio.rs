@@ -220,3 +220,29 @@ pub(crate) fn tune_stream(stream: &TcpStream, io_timeout: Duration) -> io::Resul
     stream.set_write_timeout(Some(io_timeout))?;
     Ok(())
 }
+
+/// Closes `stream` with a reset (`SO_LINGER` 0): the kernel drops whatever it has not sent
+/// yet instead of delivering it after the caller gave up.
+///
+/// A plain close or `shutdown` keeps the unsent bytes queued and retransmits them. For a peer
+/// cut off longer than the I/O timeout that means WRITE payloads the caller already reported
+/// as failed land when the link comes back, into ranges the master may by then have given to
+/// another object (the fault harness's partition fault found this: another key's bytes read
+/// back after a partition).
+pub(crate) fn abort(stream: TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt(2) on a socket we own, with a `linger` value of the size passed.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    drop(stream);
+}
