@@ -50,6 +50,7 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
             buffer_address: e.addr,
             with_hard_pin: e.hard_pin,
             version: e.version,
+            soft_pin_ttl_ms: e.soft_pin_ttl_ms,
         });
     let tombstones = s
         .catalog
@@ -62,6 +63,7 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
             buffer_address: 0,
             with_hard_pin: false,
             version,
+            soft_pin_ttl_ms: None,
         });
     objects.chain(tombstones).collect()
 }

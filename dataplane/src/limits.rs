@@ -15,10 +15,14 @@ pub const CATALOG_RECORD_HEADER_BYTES: usize = 16;
 /// The version (term u64, seq u64) a record carries after its fixed part when its
 /// `VERSIONED` flag is set.
 pub const CATALOG_RECORD_VERSION_BYTES: usize = 16;
-/// Largest `CATALOG_PUT` payload: the fixed part, a version and the longest key the master
-/// accepts. A header announcing more is malformed.
+/// The soft pin's ttl (u64 milliseconds) a record carries after its version when its
+/// `SOFT_PIN` flag is set.
+pub const CATALOG_RECORD_SOFT_PIN_BYTES: usize = 8;
+/// Largest `CATALOG_PUT` payload: the fixed part, a version, a soft pin's ttl and the longest
+/// key the master accepts. A header announcing more is malformed.
 pub const CATALOG_RECORD_MAX_BYTES: u64 = (CATALOG_RECORD_HEADER_BYTES
     + CATALOG_RECORD_VERSION_BYTES
+    + CATALOG_RECORD_SOFT_PIN_BYTES
     + protocol::limits::KEY_MAX_BYTES) as u64;
 /// Tombstones (removed keys with the version removed) one catalog keeps; beyond it the oldest
 /// version is dropped (`docs/ha.md`, "windows").

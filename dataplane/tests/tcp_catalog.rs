@@ -26,6 +26,20 @@ fn record(len: u64, key: &str, hard_pin: bool) -> Vec<u8> {
         key,
         version: protocol::Version::ZERO,
         tombstone: false,
+        soft_pin_ttl_ms: None,
+    }
+    .encode()
+}
+
+/// A soft-pinned record (soft pins need a version).
+fn soft_pinned(len: u64, key: &str, ttl_ms: u64) -> Vec<u8> {
+    CatalogRecord {
+        len,
+        hard_pin: false,
+        key,
+        version: protocol::Version { term: 1, seq: 1 },
+        tombstone: false,
+        soft_pin_ttl_ms: Some(ttl_ms),
     }
     .encode()
 }
@@ -51,7 +65,7 @@ fn catalog_put_validates_and_replaces(backend: Backend) {
     let end = base + SEGMENT_BYTES as u64;
     // Inside registered memory: recorded.
     assert_eq!(
-        catalog_put(&f, base + 4096, &record(100, "a", false)),
+        catalog_put(&f, base + 4096, &soft_pinned(100, "a", 600_000)),
         Ok(())
     );
     assert_eq!(
@@ -99,13 +113,15 @@ fn catalog_put_validates_and_replaces(backend: Backend) {
                 len: 100,
                 key: "a".into(),
                 hard_pin: false,
-                version: protocol::Version::ZERO,
+                soft_pin_ttl_ms: Some(600_000),
+                version: protocol::Version { term: 1, seq: 1 },
             },
             CatalogEntry {
                 addr: base + 8192 + 4000,
                 len: 200,
                 key: "c".into(),
                 hard_pin: false,
+                soft_pin_ttl_ms: None,
                 version: protocol::Version::ZERO,
             },
         ]

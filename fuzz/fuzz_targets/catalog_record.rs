@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = CatalogRecord::decode(data) {
         assert!(!r.key.is_empty() && r.key.len() <= protocol::limits::KEY_MAX_BYTES);
         assert!(r.len > 0);
-        assert!(!(r.tombstone && r.hard_pin));
+        assert!(!(r.tombstone && (r.hard_pin || r.soft_pin_ttl_ms.is_some())));
         let again = r.encode();
         assert_eq!(CatalogRecord::decode(&again), Ok(r), "round trip");
     }

@@ -41,11 +41,13 @@ fn main() {
         buffer_address: 1 << 40,
         with_hard_pin: false,
         version: Version { term: 5, seq: 9 },
+        soft_pin_ttl_ms: Some(60_000),
     };
     let tombstone = HeldObject {
         key: "gone".into(),
         size: 0,
         buffer_address: 0,
+        soft_pin_ttl_ms: None,
         ..held.clone()
     };
     let frames = vec![

@@ -365,6 +365,10 @@ pub struct HeldObject {
     pub buffer_address: u64,
     pub with_hard_pin: bool,
     pub version: Version,
+    /// The soft pin its put asked for: `Some(ttl_ms)`, `Some(0)` for the master's default
+    /// ttl, `None` unpinned. The master pins it anew for that ttl from the re-report
+    /// (`docs/ha.md`, "Soft pins after a failover").
+    pub soft_pin_ttl_ms: Option<u64>,
 }
 wire_struct!(HeldObject {
     key: String,
@@ -373,6 +377,7 @@ wire_struct!(HeldObject {
     buffer_address: u64,
     with_hard_pin: bool,
     version: Version,
+    soft_pin_ttl_ms: Option<u64>,
 });
 
 #[cfg(test)]
@@ -425,6 +430,36 @@ mod tests {
             ..c
         };
         assert_eq!(single.preferred(), vec!["z:9"]);
+    }
+
+    #[test]
+    fn held_objects_round_trip_with_their_soft_pin() {
+        let held = HeldObject {
+            key: "k".into(),
+            size: 9,
+            segment_name: "node:1".into(),
+            buffer_address: 1 << 40,
+            with_hard_pin: false,
+            version: Version { term: 5, seq: 9 },
+            soft_pin_ttl_ms: Some(60_000),
+        };
+        for h in [
+            held.clone(),
+            HeldObject {
+                soft_pin_ttl_ms: Some(0),
+                ..held.clone()
+            },
+            HeldObject {
+                soft_pin_ttl_ms: None,
+                with_hard_pin: true,
+                ..held
+            },
+        ] {
+            let b = h.to_bytes();
+            assert_eq!(HeldObject::from_bytes(&b), Ok(h.clone()));
+            // The pin is the last field: cutting it off is an error, not an unpinned object.
+            assert!(HeldObject::from_bytes(&b[..b.len() - 1]).is_err());
+        }
     }
 
     #[test]

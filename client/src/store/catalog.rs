@@ -7,6 +7,11 @@
 //! round trip; for an object cut into several slices, in a second batch once every slice has
 //! landed (one extra round trip, small next to the transfer).
 //!
+//! A record carries the object's pins as its put asked for them: the hard pin, and the soft
+//! pin of a put with `SoftPinAction::Enable` ([`soft_pin_of`]), so that a master that lost
+//! its index can pin it again from the owner's re-report (`docs/ha.md`). A put that leaves the
+//! soft pin as it was (`Preserve`) or disables it records none.
+//!
 //! Invariants: a catalog entry is recorded only after every byte of its replica was written;
 //! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
 //! is remembered and sent none again, logged once.
@@ -19,9 +24,21 @@ use dataplane::mem::CatalogRecord;
 use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
 use dataplane::TeError;
 use parking_lot::Mutex;
-use protocol::ReplicaDescriptor;
+use protocol::{ReplicaDescriptor, ReplicateConfig, SoftPinAction};
 
 static LEGACY_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// The soft pin a put with `cfg` records: `Some(ttl_ms)` (`Some(0)`: the master's default
+/// ttl) when it enables one, as the master resolves it (`ENABLE` with a ttl of 0 pins
+/// nothing); `None` otherwise.
+pub(super) fn soft_pin_of(cfg: &ReplicateConfig) -> Option<u64> {
+    match (cfg.soft_pin_action, cfg.soft_pin_ttl_ms) {
+        (SoftPinAction::Enable, None) => Some(0),
+        (SoftPinAction::Enable, Some(0)) => None,
+        (SoftPinAction::Enable, Some(ttl)) => Some(ttl),
+        (SoftPinAction::Preserve | SoftPinAction::Disable, _) => None,
+    }
+}
 
 /// See the module docs.
 #[derive(Default)]
@@ -41,15 +58,23 @@ impl CatalogWriter {
     }
 
     /// The `CATALOG_PUT` payload of a replica of `key` (its version is the descriptor's).
-    pub fn record(r: &ReplicaDescriptor, key: &str, hard_pin: bool) -> Vec<u8> {
+    pub fn record(r: &ReplicaDescriptor, key: &str, pins: (bool, Option<u64>)) -> Vec<u8> {
+        Self::object(r, key, pins).encode()
+    }
+
+    fn object<'a>(
+        r: &ReplicaDescriptor,
+        key: &'a str,
+        (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
+    ) -> CatalogRecord<'a> {
         CatalogRecord {
             len: r.size,
             hard_pin,
             key,
             version: r.version,
             tombstone: false,
+            soft_pin_ttl_ms,
         }
-        .encode()
     }
 
     /// The `CATALOG_PUT` payload burying a removed replica of `key` (`docs/ha.md`).
@@ -60,15 +85,16 @@ impl CatalogWriter {
             key,
             version: r.version,
             tombstone: true,
+            soft_pin_ttl_ms: None,
         }
         .encode()
     }
 
     /// Records a replica written with memcpy into our own segment.
-    pub fn record_local(&self, r: &ReplicaDescriptor, key: &str, hard_pin: bool) {
+    pub fn record_local(&self, r: &ReplicaDescriptor, key: &str, pins: (bool, Option<u64>)) {
         if let Some(m) = &self.own {
             m.catalog()
-                .insert(r.buffer_address, r.size, key, hard_pin, r.version);
+                .apply(r.buffer_address, &Self::object(r, key, pins));
         }
     }
 
@@ -121,6 +147,24 @@ impl CatalogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_enabled_soft_pin_is_recorded() {
+        let cfg = |soft_pin_action, soft_pin_ttl_ms| ReplicateConfig {
+            soft_pin_action,
+            soft_pin_ttl_ms,
+            ..Default::default()
+        };
+        assert_eq!(soft_pin_of(&cfg(SoftPinAction::Enable, Some(5))), Some(5));
+        assert_eq!(
+            soft_pin_of(&cfg(SoftPinAction::Enable, None)),
+            Some(0),
+            "master's default"
+        );
+        assert_eq!(soft_pin_of(&cfg(SoftPinAction::Enable, Some(0))), None);
+        assert_eq!(soft_pin_of(&cfg(SoftPinAction::Preserve, None)), None);
+        assert_eq!(soft_pin_of(&cfg(SoftPinAction::Disable, None)), None);
+    }
 
     #[test]
     fn chunks_keep_pairs_together() {

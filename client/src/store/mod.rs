@@ -214,6 +214,7 @@ impl Store {
                 parts,
                 key: &catalog_key,
                 hard_pin: cfg.with_hard_pin,
+                soft_pin_ttl_ms: catalog::soft_pin_of(cfg),
             })
             .collect();
         let written = self
@@ -322,6 +323,7 @@ impl Store {
                             parts: &values[i],
                             key: catalog_keys[i].as_ref(),
                             hard_pin: cfg.with_hard_pin,
+                            soft_pin_ttl_ms: catalog::soft_pin_of(cfg),
                         });
                         owners.push(i);
                     }

@@ -119,6 +119,14 @@ pub struct WriteItem<'a> {
     pub parts: &'a [&'a [u8]],
     pub key: &'a str,
     pub hard_pin: bool,
+    /// The soft pin recorded with it (`catalog::soft_pin_of`).
+    pub soft_pin_ttl_ms: Option<u64>,
+}
+
+impl WriteItem<'_> {
+    fn pins(&self) -> (bool, Option<u64>) {
+        (self.hard_pin, self.soft_pin_ttl_ms)
+    }
 }
 
 /// One read: `dst.len()` bytes at `offset` of `replica`.
@@ -394,6 +402,7 @@ impl Peers {
             parts,
             key: "k",
             hard_pin: false,
+            soft_pin_ttl_ms: None,
         }])
         .pop()
         .unwrap_or(Ok(()))
@@ -421,7 +430,7 @@ impl Peers {
         let mut shared = Vec::new();
         let records: Vec<Vec<u8>> = items
             .iter()
-            .map(|it| CatalogWriter::record(it.replica, it.key, it.hard_pin))
+            .map(|it| CatalogWriter::record(it.replica, it.key, it.pins()))
             .collect();
         // Objects of several slices: recorded once every slice has landed.
         let mut late: Vec<usize> = Vec::new();
@@ -436,7 +445,7 @@ impl Peers {
             if self.is_local(r) {
                 results[i] = self.copy_in(r, it.parts);
                 if results[i].is_ok() {
-                    self.catalog.record_local(r, it.key, it.hard_pin);
+                    self.catalog.record_local(r, it.key, it.pins());
                 }
                 continue;
             }

@@ -30,6 +30,7 @@ use super::{rpc, ObjectRead, Store};
 struct PutSession {
     replicas: Vec<ReplicaDescriptor>,
     hard_pin: bool,
+    soft_pin_ttl_ms: Option<u64>,
     staged: Vec<u8>,
 }
 
@@ -112,6 +113,7 @@ impl Store {
                         PutSession {
                             replicas,
                             hard_pin: cfg.with_hard_pin,
+                            soft_pin_ttl_ms: super::catalog::soft_pin_of(cfg),
                             staged,
                         },
                     );
@@ -195,6 +197,7 @@ impl Store {
                             parts: p,
                             key: catalog_keys[i].as_ref(),
                             hard_pin: s.hard_pin,
+                            soft_pin_ttl_ms: s.soft_pin_ttl_ms,
                         });
                         owners.push(i);
                     }

@@ -314,6 +314,7 @@ impl State {
         // Conservative restart: a reader may hold a lease granted by the previous master (or
         // leader); the re-reported object keeps the longest such lease could have run.
         let lease_until = now.saturating_add(self.cfg.default_kv_lease_ttl_ms);
+        let soft_pin = self.restored_soft_pin(now, h.soft_pin_ttl_ms);
         let State { objects, segs, .. } = self;
         let Some(seg) = segs.get_mut(r) else {
             return false;
@@ -337,6 +338,7 @@ impl State {
         match objects.get_mut(&h.key) {
             Some(obj) => {
                 obj.hard_pin |= h.with_hard_pin;
+                obj.soft_pin = later_soft_pin(obj.soft_pin, soft_pin);
                 obj.replicas.push(replica);
             }
             None => {
@@ -351,13 +353,34 @@ impl State {
                         read_lease_until: lease_until,
                         probe_lease_until: 0,
                         last_read_ms: now,
-                        soft_pin: SoftPin::None,
+                        soft_pin,
                         hard_pin: h.with_hard_pin,
                     },
                 );
             }
         }
         true
+    }
+
+    /// The soft pin of a re-reported object whose put asked for `ttl_ms` (`Some(0)`: the
+    /// default ttl). Conservative restart, as for read leases: the previous leader's deadline
+    /// is unknown, so the pin runs a full ttl from the re-report, which is never earlier than
+    /// the original deadline (the put completed before the re-report); a pin that had lapsed
+    /// holds once more. The ttl is capped at `max_kv_soft_pin_ttl` like a put's (a re-report
+    /// is input). `docs/ha.md`, "Soft pins after a failover".
+    fn restored_soft_pin(&self, now: u64, ttl_ms: Option<u64>) -> SoftPin {
+        let Some(ttl_ms) = ttl_ms else {
+            return SoftPin::None;
+        };
+        let ttl_ms = match ttl_ms {
+            0 => self.cfg.default_kv_soft_pin_ttl_ms,
+            t => t,
+        }
+        .min(self.cfg.max_kv_soft_pin_ttl_ms);
+        if ttl_ms == 0 {
+            return SoftPin::None;
+        }
+        SoftPin::Until(now.saturating_add(ttl_ms))
     }
 
     /// A re-reported tombstone: the key was removed at `version`. An object of that version
@@ -515,5 +538,14 @@ impl State {
         for r in due {
             self.unmount_ref(r);
         }
+    }
+}
+
+/// The longer of two soft pins of one object (replicas re-reported by several owners).
+fn later_soft_pin(a: SoftPin, b: SoftPin) -> SoftPin {
+    match (a, b) {
+        (SoftPin::Pending { .. }, _) | (_, SoftPin::None) => a,
+        (_, SoftPin::Pending { .. }) | (SoftPin::None, _) => b,
+        (SoftPin::Until(x), SoftPin::Until(y)) => SoftPin::Until(x.max(y)),
     }
 }

@@ -1269,6 +1269,7 @@ fn remount_rebuilds_the_index_after_a_restart() {
         buffer_address: d.buffer_address,
         with_hard_pin: false,
         version: d.version,
+        soft_pin_ttl_ms: None,
     };
     let r = t2.call(
         Request::ReMountSegment,
@@ -1338,6 +1339,7 @@ fn remount_refuses_held_objects_that_do_not_fit() {
         buffer_address: addr,
         with_hard_pin: false,
         version: protocol::Version::ZERO,
+        soft_pin_ttl_ms: None,
     };
     let (b1, b2) = (1u64 << 40, 2u64 << 40);
     let t2 = T::new();
@@ -1932,6 +1934,7 @@ fn held_at(key: &str, size: u64, seg: &Segment, off: u64, version: Version) -> H
         buffer_address: seg.base + off,
         with_hard_pin: false,
         version,
+        soft_pin_ttl_ms: None,
     }
 }
 
@@ -2019,6 +2022,67 @@ fn remount_keeps_the_newest_version_of_each_key() {
     remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(3))]);
     remount_held(&t, C2, &s2, vec![held_at("k", 4096, &s2, 0, v(3))]);
     assert_eq!(t.get("k").unwrap().replicas.len(), 2);
+}
+
+/// Issue 19: a soft pin survives a failover. The owners re-report the pin their puts asked for;
+/// the new leader pins the object for a full ttl from the re-report (never less than the
+/// original deadline, at most one ttl more), and eviction passes it over.
+#[test]
+fn re_reported_soft_pins_are_restored_and_block_eviction() {
+    let (s1, s2) = version_segments();
+    let t = T::with(ServiceConfig {
+        allow_evict_soft_pinned_objects: false,
+        ..evict_cfg()
+    });
+    let v = |seq| Version { term: 5, seq };
+    let pinned = |i: u64, ttl| HeldObject {
+        soft_pin_ttl_ms: Some(ttl),
+        ..held_at(&format!("s{i}"), MIB, &s1, i * MIB, v(i + 1))
+    };
+    let mut held: Vec<HeldObject> = (0..55).map(|i| pinned(i, 60_000)).collect();
+    held.push(pinned(55, 0)); // the master's default ttl
+    remount_held(&t, C1, &s1, held);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 56);
+    // The restarted read leases (500 ms) lapse; plain objects fill the segment past the
+    // watermark. The pinned ones are the oldest, yet only the plain ones may go.
+    t.advance(1000);
+    fill(&t, "p", 6);
+    t.svc.tick();
+    let left = t.svc.all_keys();
+    assert!(Metrics::get(&t.svc.metrics().evicted_keys) > 0);
+    assert!(left.iter().all(|k| k.starts_with('s')), "{left:?}");
+    assert_eq!(left.len(), 56);
+    // Pinned for a full ttl from the re-report: 1006 ms have passed.
+    t.advance(60_000 - 1006 - 1);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 56);
+    t.advance(1);
+    assert_eq!(
+        t.svc.gauges().soft_pin_key_count,
+        1,
+        "the default ttl runs on"
+    );
+
+    // A replica re-reported by a second owner: the object keeps the later deadline; a ttl
+    // above the maximum is capped like a put's.
+    let t = T::new();
+    let max = cfg().max_kv_soft_pin_ttl_ms;
+    remount_held(&t, C1, &s1, vec![held_at("k", MIB, &s1, 0, v(9))]);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 0, "re-reported unpinned");
+    let pinned2 = HeldObject {
+        soft_pin_ttl_ms: Some(u64::MAX),
+        ..held_at("k", MIB, &s2, 0, v(9))
+    };
+    remount_held(&t, C2, &s2, vec![pinned2]);
+    assert_eq!(t.get("k").unwrap().replicas.len(), 2);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(max - 1);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(1);
+    assert_eq!(
+        t.svc.gauges().soft_pin_key_count,
+        0,
+        "capped at the maximum ttl"
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! The data plane never interprets keys on the byte path, yet after a master restart the
 //! master's index is empty and only the processes that own the bytes can say what they hold.
 //! So every served table ([`ServedMemory`](crate::mem::served::ServedMemory)) keeps a
-//! catalog, `start address -> (key, length, hard_pin)`, that the writer of an object fills
+//! catalog, `start address -> (key, length, pins, version)`, that the writer of an object fills
 //! as part of its put (the `CATALOG_PUT` request, after the replica's WRITE on the same
 //! connection) and the owner reports back with `ReMountSegment` when the master asks for a
 //! re-mount. `docs/recovery.md` tells the whole story.
@@ -16,14 +16,24 @@
 //!  | object_len (u64)              | flags (u32)   | reserved = 0  |
 //!  +-------------------------------+---------------+---------------+
 //!  16 (only when flags bit 1)      24              32
-//!  +-------------------------------+-------------------------------+------------------+
-//!  | version.term (u64)            | version.seq (u64)             | key (UTF-8, rest)|
-//!  +-------------------------------+-------------------------------+------------------+
+//!  +-------------------------------+-------------------------------+
+//!  | version.term (u64)            | version.seq (u64)             |
+//!  +-------------------------------+-------------------------------+
+//!  32 (only when flags bit 3)      40
+//!  +-------------------------------+------------------+
+//!  | soft_pin_ttl_ms (u64)         | key (UTF-8, rest)|
+//!  +-------------------------------+------------------+
 //!  flags: bit 0 = hard pin; bit 1 = VERSIONED (the version follows the fixed part);
-//!         bit 2 = TOMBSTONE (needs bit 1, not bit 0): `key` was removed at `version`, drop
-//!         its entry in `[addr, addr + object_len)` and remember the removal.
+//!         bit 2 = TOMBSTONE (needs bit 1, not bit 0 or 3): `key` was removed at `version`,
+//!         drop its entry in `[addr, addr + object_len)` and remember the removal;
+//!         bit 3 = SOFT_PIN (needs bit 1, not bit 2): the put asked for a soft pin of
+//!         `soft_pin_ttl_ms` (0: the master's default ttl), which follows the version.
 //!         Every other bit 0.   key: 1 ..= KEY_MAX_BYTES bytes
 //! ```
+//!
+//! The soft pin is the one the put asked for (`SoftPinAction::Enable` and its ttl), so that a
+//! new leader can restore it from the re-report (`docs/ha.md`, "Soft pins after a
+//! failover"); the owner only stores and re-reports it.
 //!
 //! A record without a version (a writer that predates versions) is version 0.0, older than
 //! every versioned write.
@@ -52,8 +62,8 @@ use std::sync::Mutex;
 use protocol::Version;
 
 use crate::limits::{
-    CATALOG_RECORD_HEADER_BYTES, CATALOG_RECORD_MAX_BYTES, CATALOG_RECORD_VERSION_BYTES,
-    CATALOG_TOMBSTONES_MAX,
+    CATALOG_RECORD_HEADER_BYTES, CATALOG_RECORD_MAX_BYTES, CATALOG_RECORD_SOFT_PIN_BYTES,
+    CATALOG_RECORD_VERSION_BYTES, CATALOG_TOMBSTONES_MAX,
 };
 use crate::TeError;
 
@@ -63,6 +73,8 @@ pub const CATALOG_FLAG_HARD_PIN: u32 = 1;
 pub const CATALOG_FLAG_VERSIONED: u32 = 2;
 /// `flags` bit of a record: a tombstone (the key was removed at the record's version).
 pub const CATALOG_FLAG_TOMBSTONE: u32 = 4;
+/// `flags` bit of a record: soft-pinned; its ttl follows the version.
+pub const CATALOG_FLAG_SOFT_PIN: u32 = 8;
 
 /// One committed object of the catalog.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +83,8 @@ pub struct CatalogEntry {
     pub len: u64,
     pub key: String,
     pub hard_pin: bool,
+    /// The soft pin its put asked for: `Some(ttl_ms)`, `Some(0)` for the master's default.
+    pub soft_pin_ttl_ms: Option<u64>,
     pub version: Version,
 }
 
@@ -83,13 +97,18 @@ pub struct CatalogRecord<'a> {
     pub version: Version,
     /// The key was removed at `version`: drop its entry, remember the removal.
     pub tombstone: bool,
+    /// The soft pin the put asked for: `Some(ttl_ms)`, `Some(0)` for the master's default.
+    pub soft_pin_ttl_ms: Option<u64>,
 }
 
 impl CatalogRecord<'_> {
     /// The wire form (see the module docs); always versioned.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
-            CATALOG_RECORD_HEADER_BYTES + CATALOG_RECORD_VERSION_BYTES + self.key.len(),
+            CATALOG_RECORD_HEADER_BYTES
+                + CATALOG_RECORD_VERSION_BYTES
+                + CATALOG_RECORD_SOFT_PIN_BYTES
+                + self.key.len(),
         );
         out.extend_from_slice(&self.len.to_le_bytes());
         let mut flags = CATALOG_FLAG_VERSIONED;
@@ -99,17 +118,24 @@ impl CatalogRecord<'_> {
         if self.tombstone {
             flags |= CATALOG_FLAG_TOMBSTONE;
         }
+        if self.soft_pin_ttl_ms.is_some() {
+            flags |= CATALOG_FLAG_SOFT_PIN;
+        }
         out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&self.version.term.to_le_bytes());
         out.extend_from_slice(&self.version.seq.to_le_bytes());
+        if let Some(ttl) = self.soft_pin_ttl_ms {
+            out.extend_from_slice(&ttl.to_le_bytes());
+        }
         out.extend_from_slice(self.key.as_bytes());
         out
     }
 
     /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part (and the
     /// version when flagged), longer than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a
-    /// tombstone without a version or with a hard pin, a reserved field not 0, an empty key,
+    /// tombstone without a version or with a pin, a soft pin without a version (or short of
+    /// its ttl), a reserved field not 0, an empty key or one over `KEY_MAX_BYTES`,
     /// a key that is not UTF-8, or an object length of 0.
     pub fn decode(b: &[u8]) -> Result<CatalogRecord<'_>, TeError> {
         if b.len() <= CATALOG_RECORD_HEADER_BYTES || b.len() as u64 > CATALOG_RECORD_MAX_BYTES {
@@ -125,29 +151,47 @@ impl CatalogRecord<'_> {
         flags.copy_from_slice(&fixed[8..12]);
         let flags = u32::from_le_bytes(flags);
         let reserved = &fixed[12..16];
-        let known = CATALOG_FLAG_HARD_PIN | CATALOG_FLAG_VERSIONED | CATALOG_FLAG_TOMBSTONE;
+        let known = CATALOG_FLAG_HARD_PIN
+            | CATALOG_FLAG_VERSIONED
+            | CATALOG_FLAG_TOMBSTONE
+            | CATALOG_FLAG_SOFT_PIN;
         let versioned = flags & CATALOG_FLAG_VERSIONED != 0;
         let tombstone = flags & CATALOG_FLAG_TOMBSTONE != 0;
         let hard_pin = flags & CATALOG_FLAG_HARD_PIN != 0;
-        if flags & !known != 0 || reserved != [0; 4] || (tombstone && (!versioned || hard_pin)) {
+        let soft_pin = flags & CATALOG_FLAG_SOFT_PIN != 0;
+        if flags & !known != 0
+            || reserved != [0; 4]
+            || (tombstone && (!versioned || hard_pin || soft_pin))
+            || (soft_pin && !versioned)
+        {
             return Err(TeError::InvalidArgument);
         }
-        let (version, key) = if versioned {
+        let (version, rest) = if versioned {
             if rest.len() <= CATALOG_RECORD_VERSION_BYTES {
                 return Err(TeError::InvalidArgument);
             }
-            let (v, key) = rest.split_at(CATALOG_RECORD_VERSION_BYTES);
+            let (v, rest) = rest.split_at(CATALOG_RECORD_VERSION_BYTES);
             let version = Version {
                 term: u64_at(v, 0),
                 seq: u64_at(v, 8),
             };
-            (version, key)
+            (version, rest)
         } else {
             (Version::ZERO, rest)
         };
+        let (soft_pin_ttl_ms, key) = if soft_pin {
+            if rest.len() <= CATALOG_RECORD_SOFT_PIN_BYTES {
+                return Err(TeError::InvalidArgument);
+            }
+            let (t, key) = rest.split_at(CATALOG_RECORD_SOFT_PIN_BYTES);
+            (Some(u64_at(t, 0)), key)
+        } else {
+            (None, rest)
+        };
         let len = u64_at(fixed, 0);
         let key = std::str::from_utf8(key).map_err(|_| TeError::InvalidArgument)?;
-        if len == 0 {
+        // The total bound above leaves room for a ttl a record may not carry: bound the key.
+        if len == 0 || key.len() > protocol::limits::KEY_MAX_BYTES {
             return Err(TeError::InvalidArgument);
         }
         Ok(CatalogRecord {
@@ -156,6 +200,7 @@ impl CatalogRecord<'_> {
             key,
             version,
             tombstone,
+            soft_pin_ttl_ms,
         })
     }
 }
@@ -165,6 +210,7 @@ struct Entry {
     len: u64,
     key: Box<str>,
     hard_pin: bool,
+    soft_pin_ttl_ms: Option<u64>,
     version: Version,
     /// Insertion sequence number (see [`Catalog::mark`]).
     seq: u64,
@@ -259,8 +305,21 @@ impl Catalog {
     /// Records that version `version` of `key` (`len` bytes) is committed at `addr`,
     /// replacing every entry that overlaps `[addr, addr + len)` (the master allocated the
     /// range anew, so what was there is gone), and forgetting an older tombstone of `key`.
-    /// The caller has checked the range against registered memory.
+    /// The caller has checked the range against registered memory. Not soft-pinned: a pinned
+    /// object comes in through [`Catalog::apply`].
     pub fn insert(&self, addr: u64, len: u64, key: &str, hard_pin: bool, version: Version) {
+        self.insert_pinned(addr, len, key, (hard_pin, None), version);
+    }
+
+    /// [`Catalog::insert`] with the object's pins: hard, and the soft pin's ttl.
+    fn insert_pinned(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
+        version: Version,
+    ) {
         let mut inner = self.lock();
         inner.remove_overlapping(addr, len, u64::MAX);
         if inner.tombstones.get(key).is_some_and(|&v| v < version) {
@@ -274,6 +333,7 @@ impl Catalog {
                 len,
                 key: key.into(),
                 hard_pin,
+                soft_pin_ttl_ms,
                 version,
                 seq,
             },
@@ -285,7 +345,8 @@ impl Catalog {
         if rec.tombstone {
             self.bury(addr, rec.len, rec.key, rec.version);
         } else {
-            self.insert(addr, rec.len, rec.key, rec.hard_pin, rec.version);
+            let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
+            self.insert_pinned(addr, rec.len, rec.key, pins, rec.version);
         }
     }
 
@@ -334,6 +395,7 @@ impl Catalog {
                 len: e.len,
                 key: e.key.to_string(),
                 hard_pin: e.hard_pin,
+                soft_pin_ttl_ms: e.soft_pin_ttl_ms,
                 version: e.version,
             })
             .collect()
@@ -375,6 +437,7 @@ mod tests {
             key: "k/1",
             version: v(7, 9),
             tombstone: false,
+            soft_pin_ttl_ms: None,
         };
         let b = r.encode();
         assert_eq!(b.len(), 16 + 16 + 3);
@@ -392,6 +455,7 @@ mod tests {
         let tomb = CatalogRecord {
             hard_pin: false,
             tombstone: true,
+            soft_pin_ttl_ms: None,
             ..r
         };
         assert_eq!(CatalogRecord::decode(&tomb.encode()), Ok(tomb));
@@ -415,6 +479,7 @@ mod tests {
             key: &huge,
             version: V0,
             tombstone: false,
+            soft_pin_ttl_ms: None,
         };
         assert!(CatalogRecord::decode(&long.encode()).is_err());
         let max = "k".repeat(protocol::limits::KEY_MAX_BYTES);
@@ -424,8 +489,80 @@ mod tests {
             key: &max,
             version: v(u64::MAX, u64::MAX),
             tombstone: false,
+            soft_pin_ttl_ms: Some(u64::MAX),
         };
+        assert_eq!(
+            CatalogRecord::decode(&ok.encode()).map(|r| r.soft_pin_ttl_ms),
+            Ok(Some(u64::MAX)),
+            "the longest record decodes"
+        );
+        assert_eq!(ok.encode().len() as u64, CATALOG_RECORD_MAX_BYTES);
         assert_eq!(CatalogRecord::decode(&ok.encode()), Ok(ok));
+    }
+
+    #[test]
+    fn soft_pins_ride_the_record_into_the_catalog() {
+        let r = CatalogRecord {
+            len: 64,
+            hard_pin: false,
+            key: "pinned",
+            version: v(2, 3),
+            tombstone: false,
+            soft_pin_ttl_ms: Some(90_000),
+        };
+        let b = r.encode();
+        assert_eq!(b.len(), 16 + 16 + 8 + 6);
+        assert_eq!(&b[8..12], &(2u32 | 8).to_le_bytes());
+        assert_eq!(&b[32..40], &90_000u64.to_le_bytes());
+        assert_eq!(CatalogRecord::decode(&b), Ok(r));
+        let default_ttl = CatalogRecord {
+            soft_pin_ttl_ms: Some(0),
+            ..r
+        };
+        assert_eq!(
+            CatalogRecord::decode(&default_ttl.encode()),
+            Ok(default_ttl)
+        );
+        let bad = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut x = b.clone();
+            f(&mut x);
+            CatalogRecord::decode(&x).is_err()
+        };
+        assert!(bad(&|x| x.truncate(40)), "ttl but no key");
+        assert!(bad(&|x| x.truncate(36)), "short ttl");
+        assert!(bad(&|x| x[8] = 8 | 4 | 2), "pinned tombstone");
+        // Without VERSIONED the ttl would be read as a version: refused.
+        assert!(bad(&|x| x[8] = 8), "soft pin without a version");
+
+        let c = Catalog::new();
+        c.apply(0, &r);
+        c.apply(
+            100,
+            &CatalogRecord {
+                key: "plain",
+                soft_pin_ttl_ms: None,
+                ..r
+            },
+        );
+        let pins: Vec<_> = c
+            .entries()
+            .into_iter()
+            .map(|e| (e.key, e.soft_pin_ttl_ms))
+            .collect();
+        assert_eq!(
+            pins,
+            vec![("pinned".into(), Some(90_000)), ("plain".into(), None)]
+        );
+        // A rewrite of the range without a pin (an upsert with DISABLE) drops it.
+        c.apply(
+            0,
+            &CatalogRecord {
+                soft_pin_ttl_ms: None,
+                version: v(2, 4),
+                ..r
+            },
+        );
+        assert_eq!(c.entries()[0].soft_pin_ttl_ms, None);
     }
 
     #[test]
