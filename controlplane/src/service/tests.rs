@@ -2012,7 +2012,10 @@ fn remount_keeps_the_newest_version_of_each_key() {
         assert_eq!(l.replicas.len(), 1, "old first: {old_first}");
         assert_eq!(l.replicas[0].segment_name, "seg2");
         assert_eq!(l.replicas[0].version, v(2));
-        // The stale range is told to its owner, which drops its catalog entry.
+        // The stale range is told to its owner, which drops its catalog entry; when k@1 was
+        // in the index first, once the read lease a re-report starts with has ended.
+        t.advance(cfg().default_kv_lease_ttl_ms);
+        t.svc.tick();
         assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
         assert_eq!(t.used(), 8192);
     }
@@ -2037,6 +2040,10 @@ fn re_reported_tombstones_keep_removed_keys_removed() {
     remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(1))]);
     remount_held(&t, C2, &s2, vec![tomb("k", &s2, v(2))]);
     assert_eq!(t.get("k").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    // Freed once the read lease the re-report started with has ended.
+    assert!(freed_of(&t, C1).is_empty());
+    t.advance(cfg().default_kv_lease_ttl_ms);
+    t.svc.tick();
     assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
     assert_eq!(t.used(), 0);
     // An older version reported after the tombstone is refused too; a newer one is a new
@@ -2177,4 +2184,47 @@ fn removals_the_owners_did_not_hear_of_reach_the_next_term() {
         )],
     );
     assert!(t.exist("a-9"));
+}
+
+/// A late re-report (an owner slower than the recovery fence) replaces or buries an object a
+/// reader is reading: its buffers are parked until the reader's lease ends, not handed to the
+/// next put at once (`docs/reliability.md`, randomized faults, violation 2).
+#[test]
+fn a_late_re_report_parks_the_buffers_of_the_object_it_replaces() {
+    let (s1, s2) = version_segments();
+    let v = |seq| Version { term: 5, seq };
+    const SIZE: u64 = 2 * MIB; // extent-sized, so that the next put of this size reuses it
+    for tombstone in [false, true] {
+        let t = T::new();
+        t.svc.reset(9, &[]);
+        remount_held(&t, C1, &s1, vec![held_at("k", SIZE, &s1, 0, v(1))]);
+        t.advance(RECOVERY_FENCE_MS);
+        // After the fence a reader gets k@1 on seg1, with a lease...
+        let l = t.get("k").unwrap();
+        assert_eq!(l.replicas[0].buffer_address, s1.base);
+        // ...then seg2's owner re-mounts late, with k@2 or with k's tombstone at 2.
+        let late = if tombstone {
+            HeldObject {
+                size: 0,
+                buffer_address: 0,
+                ..held_at("k", 1, &s2, 0, v(2))
+            }
+        } else {
+            held_at("k", SIZE, &s2, 0, v(2))
+        };
+        remount_held(&t, C2, &s2, vec![late]);
+        // Another key's put must not get the range the reader is reading.
+        let d = t.start_with(C1, "other", SIZE, on("seg1")).unwrap();
+        assert_ne!(
+            d[0].buffer_address, s1.base,
+            "tombstone {tombstone}: k@1's buffer went to another key under its reader"
+        );
+        assert!(freed_of(&t, C1).is_empty(), "not freed while leased");
+        // Once the lease ended the range is free, and told to its owner.
+        t.advance(cfg().default_kv_lease_ttl_ms);
+        t.svc.tick();
+        assert_eq!(freed_of(&t, C1), vec![(s1.base, SIZE)]);
+        let d = t.start_with(C1, "third", SIZE, on("seg1")).unwrap();
+        assert_eq!(d[0].buffer_address, s1.base);
+    }
 }
