@@ -2228,3 +2228,53 @@ fn a_late_re_report_parks_the_buffers_of_the_object_it_replaces() {
         assert_eq!(d[0].buffer_address, s1.base);
     }
 }
+
+/// Interleavings of a new term's writes with re-reports that could make two keys share bytes
+/// (`docs/reliability.md`, violation 2): each ends with one owner per byte.
+#[test]
+fn re_reports_never_double_book_a_range_a_new_term_write_holds() {
+    let (s1, _) = version_segments();
+    let old = |seq| Version { term: 5, seq };
+    const SIZE: u64 = 2 * MIB; // extent-sized: placement takes the lowest free range
+    let t = T::new();
+    t.svc.reset(9, &[]);
+    // A re-mount cut in two calls (its held objects over REMOUNT_HELD_BYTES_MAX): the first
+    // mounts seg1 with `a`; a put placed before the second takes the range after `a`...
+    remount_held(&t, C1, &s1, vec![held_at("a", SIZE, &s1, 0, old(1))]);
+    let p = t.start_with(C2, "p", SIZE, on("seg1")).unwrap();
+    assert_eq!(p[0].buffer_address, s1.base + SIZE);
+    t.end(C2, "p").unwrap();
+    // ...which the second call reports `b` in, and an older `p`: both refused, and the range
+    // is not told freed (that would drop p's catalog entry).
+    remount_held(
+        &t,
+        C1,
+        &s1,
+        vec![
+            held_at("b", SIZE, &s1, SIZE, old(2)),
+            held_at("p", SIZE, &s1, SIZE, old(3)),
+        ],
+    );
+    t.advance(RECOVERY_FENCE_MS);
+    assert_eq!(t.get("b").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    let l = t.get("p").unwrap();
+    assert_eq!(l.replicas.len(), 1);
+    assert_eq!(l.replicas[0].buffer_address, s1.base + SIZE);
+    assert!(l.replicas[0].version.term == 9);
+    assert!(freed_of(&t, C1).is_empty());
+    // A stale version of `a` inside p's range, reported again later in the term: refused,
+    // nothing freed, and the next put does not get p's range.
+    remount_held(
+        &t,
+        C1,
+        &s1,
+        vec![held_at("a", 4096, &s1, SIZE + 4096, old(0))],
+    );
+    assert!(freed_of(&t, C1).is_empty());
+    let q = t.start_with(C2, "q", SIZE, on("seg1")).unwrap();
+    let (qa, pa) = (q[0].buffer_address, s1.base + SIZE);
+    assert!(
+        qa + SIZE <= pa || qa >= pa + SIZE,
+        "q at {qa:#x} overlaps p"
+    );
+}
