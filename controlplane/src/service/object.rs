@@ -294,7 +294,29 @@ impl State {
         }
     }
 
-    /// Erases an object and frees its buffers at once, leaving a tombstone.
+    /// Removes an object that a re-report replaced (a newer version) or buried (a
+    /// tombstone), leaving a tombstone. Its buffers are parked until its read lease ends: an
+    /// owner slower than the recovery fence re-reports after reads resumed, and a reader may
+    /// be reading them (a new put writing there would hand it another key's bytes).
+    pub(crate) fn retire(&mut self, now: u64, key: &str) {
+        let Some(obj) = self.objects.remove(key) else {
+            return;
+        };
+        self.tombstones.add(key, obj.version);
+        for r in &obj.replicas {
+            Self::release_span(
+                &mut self.segs,
+                &mut self.zombies,
+                r.seg,
+                r.span,
+                obj.read_lease_until,
+                now,
+            );
+        }
+    }
+
+    /// Erases an object and frees its buffers at once, leaving a tombstone (a revoked put:
+    /// nobody reads a put in flight).
     pub(crate) fn erase(&mut self, key: &str) -> Option<Object> {
         let obj = self.objects.remove(key)?;
         self.tombstones.add(key, obj.version);

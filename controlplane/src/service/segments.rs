@@ -276,7 +276,8 @@ impl State {
     /// Re-inserts one held object (or learns one tombstone, `size == 0`). The newest version
     /// of a key wins (`docs/ha.md`, "versions and tombstones"): a held object older than the
     /// key's object or tombstone is refused and its range told to the owner as freed, so its
-    /// catalog entry goes; a newer one replaces the key's object.
+    /// catalog entry goes; a newer one replaces the key's object, whose buffers are parked
+    /// until its read lease ends (a late re-report can come after reads resumed).
     fn reinsert(&mut self, now: u64, client: Uuid, mut h: HeldObject) -> bool {
         h.key = super::tenant::held_key(self.cfg.multi_tenants, h.key);
         if check_key(&h.key).is_err() {
@@ -289,7 +290,7 @@ impl State {
             return false;
         }
         if h.size == 0 {
-            self.learn_tombstone(&h.key, h.version);
+            self.learn_tombstone(now, &h.key, h.version);
             return true;
         }
         if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version)
@@ -308,7 +309,7 @@ impl State {
                     // A put of this term is in flight; it will settle the key.
                     return false;
                 }
-                self.erase(&h.key);
+                self.retire(now, &h.key);
             }
         }
         // Conservative restart: a reader may hold a lease granted by the previous master (or
@@ -384,11 +385,12 @@ impl State {
     }
 
     /// A re-reported tombstone: the key was removed at `version`. An object of that version
-    /// or older leaves the index (its spans are freed and told to their owners).
-    fn learn_tombstone(&mut self, key: &str, version: Version) {
+    /// or older leaves the index (its spans are freed, or parked while a reader's lease
+    /// lasts, and told to their owners).
+    fn learn_tombstone(&mut self, now: u64, key: &str, version: Version) {
         if let Some(obj) = self.objects.get(key) {
             if obj.version <= version && !obj.all_processing() {
-                self.erase(key);
+                self.retire(now, key);
             }
         }
         self.tombstones.add(key, version);

@@ -12,6 +12,8 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::view::AdminView;
 
+mod model;
+
 const MIB: u64 = 1 << 20;
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 const C2: Uuid = Uuid { hi: 2, lo: 2 };
@@ -2013,7 +2015,10 @@ fn remount_keeps_the_newest_version_of_each_key() {
         assert_eq!(l.replicas.len(), 1, "old first: {old_first}");
         assert_eq!(l.replicas[0].segment_name, "seg2");
         assert_eq!(l.replicas[0].version, v(2));
-        // The stale range is told to its owner, which drops its catalog entry.
+        // The stale range is told to its owner, which drops its catalog entry; when k@1 was
+        // in the index first, once the read lease a re-report starts with has ended.
+        t.advance(cfg().default_kv_lease_ttl_ms);
+        t.svc.tick();
         assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
         assert_eq!(t.used(), 8192);
     }
@@ -2099,6 +2104,10 @@ fn re_reported_tombstones_keep_removed_keys_removed() {
     remount_held(&t, C1, &s1, vec![held_at("k", 4096, &s1, 0, v(1))]);
     remount_held(&t, C2, &s2, vec![tomb("k", &s2, v(2))]);
     assert_eq!(t.get("k").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    // Freed once the read lease the re-report started with has ended.
+    assert!(freed_of(&t, C1).is_empty());
+    t.advance(cfg().default_kv_lease_ttl_ms);
+    t.svc.tick();
     assert_eq!(freed_of(&t, C1), vec![(s1.base, 4096)]);
     assert_eq!(t.used(), 0);
     // An older version reported after the tombstone is refused too; a newer one is a new
@@ -2239,4 +2248,97 @@ fn removals_the_owners_did_not_hear_of_reach_the_next_term() {
         )],
     );
     assert!(t.exist("a-9"));
+}
+
+/// A late re-report (an owner slower than the recovery fence) replaces or buries an object a
+/// reader is reading: its buffers are parked until the reader's lease ends, not handed to the
+/// next put at once (`docs/reliability.md`, randomized faults, violation 2).
+#[test]
+fn a_late_re_report_parks_the_buffers_of_the_object_it_replaces() {
+    let (s1, s2) = version_segments();
+    let v = |seq| Version { term: 5, seq };
+    const SIZE: u64 = 2 * MIB; // extent-sized, so that the next put of this size reuses it
+    for tombstone in [false, true] {
+        let t = T::new();
+        t.svc.reset(9, &[]);
+        remount_held(&t, C1, &s1, vec![held_at("k", SIZE, &s1, 0, v(1))]);
+        t.advance(RECOVERY_FENCE_MS);
+        // After the fence a reader gets k@1 on seg1, with a lease...
+        let l = t.get("k").unwrap();
+        assert_eq!(l.replicas[0].buffer_address, s1.base);
+        // ...then seg2's owner re-mounts late, with k@2 or with k's tombstone at 2.
+        let late = if tombstone {
+            HeldObject {
+                size: 0,
+                buffer_address: 0,
+                ..held_at("k", 1, &s2, 0, v(2))
+            }
+        } else {
+            held_at("k", SIZE, &s2, 0, v(2))
+        };
+        remount_held(&t, C2, &s2, vec![late]);
+        // Another key's put must not get the range the reader is reading.
+        let d = t.start_with(C1, "other", SIZE, on("seg1")).unwrap();
+        assert_ne!(
+            d[0].buffer_address, s1.base,
+            "tombstone {tombstone}: k@1's buffer went to another key under its reader"
+        );
+        assert!(freed_of(&t, C1).is_empty(), "not freed while leased");
+        // Once the lease ended the range is free, and told to its owner.
+        t.advance(cfg().default_kv_lease_ttl_ms);
+        t.svc.tick();
+        assert_eq!(freed_of(&t, C1), vec![(s1.base, SIZE)]);
+        let d = t.start_with(C1, "third", SIZE, on("seg1")).unwrap();
+        assert_eq!(d[0].buffer_address, s1.base);
+    }
+}
+
+/// Interleavings of a new term's writes with re-reports that could make two keys share bytes
+/// (`docs/reliability.md`, violation 2): each ends with one owner per byte.
+#[test]
+fn re_reports_never_double_book_a_range_a_new_term_write_holds() {
+    let (s1, _) = version_segments();
+    let old = |seq| Version { term: 5, seq };
+    const SIZE: u64 = 2 * MIB; // extent-sized: placement takes the lowest free range
+    let t = T::new();
+    t.svc.reset(9, &[]);
+    // A re-mount cut in two calls (its held objects over REMOUNT_HELD_BYTES_MAX): the first
+    // mounts seg1 with `a`; a put placed before the second takes the range after `a`...
+    remount_held(&t, C1, &s1, vec![held_at("a", SIZE, &s1, 0, old(1))]);
+    let p = t.start_with(C2, "p", SIZE, on("seg1")).unwrap();
+    assert_eq!(p[0].buffer_address, s1.base + SIZE);
+    t.end(C2, "p").unwrap();
+    // ...which the second call reports `b` in, and an older `p`: both refused, and the range
+    // is not told freed (that would drop p's catalog entry).
+    remount_held(
+        &t,
+        C1,
+        &s1,
+        vec![
+            held_at("b", SIZE, &s1, SIZE, old(2)),
+            held_at("p", SIZE, &s1, SIZE, old(3)),
+        ],
+    );
+    t.advance(RECOVERY_FENCE_MS);
+    assert_eq!(t.get("b").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    let l = t.get("p").unwrap();
+    assert_eq!(l.replicas.len(), 1);
+    assert_eq!(l.replicas[0].buffer_address, s1.base + SIZE);
+    assert!(l.replicas[0].version.term == 9);
+    assert!(freed_of(&t, C1).is_empty());
+    // A stale version of `a` inside p's range, reported again later in the term: refused,
+    // nothing freed, and the next put does not get p's range.
+    remount_held(
+        &t,
+        C1,
+        &s1,
+        vec![held_at("a", 4096, &s1, SIZE + 4096, old(0))],
+    );
+    assert!(freed_of(&t, C1).is_empty());
+    let q = t.start_with(C2, "q", SIZE, on("seg1")).unwrap();
+    let (qa, pa) = (q[0].buffer_address, s1.base + SIZE);
+    assert!(
+        qa + SIZE <= pa || qa >= pa + SIZE,
+        "q at {qa:#x} overlaps p"
+    );
 }

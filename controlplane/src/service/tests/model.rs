@@ -1,0 +1,619 @@
+//! A model of the owners around the master, to look for interleavings in which two keys end
+//! up sharing bytes across an HA election (`docs/reliability.md`, randomized faults,
+//! violation 2).
+//!
+//! Each owner has a segment, a catalog that behaves like `dataplane::mem::Catalog` (an
+//! insert replaces every overlapping entry; a tombstone drops only its key's entries at or
+//! below its version; a freed-range notice drops only entries inserted before the ping's
+//! mark) and its bytes, kept as intervals labelled with the write that put them there. The
+//! writers do what `client::Store` does: `PutStart`/`UpsertStart`, then per replica the
+//! bytes and a `CATALOG_PUT`, then `PutEnd`/`UpsertEnd`, or a revoke; a remove buries its
+//! replicas. Owners ping, and re-mount with a snapshot of their catalog when told to; every
+//! step of a put, ping or re-mount is a separate event, so the seeded schedule interleaves
+//! them with each other, with ticks and with elections (`MasterService::reset`).
+//!
+//! The check: every read after the recovery fence returns, for each replica, bytes that are
+//! exactly the bytes of the write of that key at that version.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::*;
+
+/// Deterministic generator for the schedule (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+    fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    len: u64,
+    key: String,
+    version: Version,
+    seq: u64,
+}
+
+/// One owner: its segment, catalog and bytes.
+struct Owner {
+    client: Uuid,
+    seg: Segment,
+    cat: BTreeMap<u64, Entry>,
+    seq: u64,
+    tombs: HashMap<String, Version>,
+    /// start -> (end, write id); disjoint.
+    mem: BTreeMap<u64, (u64, u32)>,
+    stage: Stage,
+}
+
+/// Where an owner is in its ping / re-mount loop.
+enum Stage {
+    Idle,
+    /// Ping answered; the answer not yet applied.
+    Pinged {
+        mark: u64,
+        freed: Vec<(u64, u64)>,
+        remount: bool,
+    },
+    /// Catalog snapshot taken for a re-mount not yet sent.
+    Snapshot(Vec<HeldObject>),
+}
+
+impl Owner {
+    fn overlapping(&self, addr: u64, len: u64) -> Vec<u64> {
+        let end = addr + len;
+        let mut hit = Vec::new();
+        if let Some((&a, e)) = self.cat.range(..addr).next_back() {
+            if a + e.len > addr {
+                hit.push(a);
+            }
+        }
+        hit.extend(self.cat.range(addr..end).map(|(&a, _)| a));
+        hit
+    }
+
+    fn insert(&mut self, addr: u64, len: u64, key: &str, version: Version) {
+        for a in self.overlapping(addr, len) {
+            self.cat.remove(&a);
+        }
+        if self.tombs.get(key).is_some_and(|&v| v < version) {
+            self.tombs.remove(key);
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        self.cat.insert(
+            addr,
+            Entry {
+                len,
+                key: key.into(),
+                version,
+                seq,
+            },
+        );
+    }
+
+    fn bury(&mut self, addr: u64, len: u64, key: &str, version: Version) {
+        for a in self.overlapping(addr, len) {
+            let e = &self.cat[&a];
+            if e.key == key && e.version <= version {
+                self.cat.remove(&a);
+            }
+        }
+        let t = self.tombs.entry(key.into()).or_insert(version);
+        *t = (*t).max(version);
+    }
+
+    fn forget(&mut self, addr: u64, len: u64, mark: u64) {
+        for a in self.overlapping(addr, len) {
+            if self.cat[&a].seq <= mark {
+                self.cat.remove(&a);
+            }
+        }
+    }
+
+    fn held(&self) -> Vec<HeldObject> {
+        let objects = self.cat.iter().map(|(&a, e)| HeldObject {
+            key: e.key.clone(),
+            size: e.len,
+            segment_name: self.seg.name.clone(),
+            buffer_address: a,
+            with_hard_pin: false,
+            version: e.version,
+        });
+        let tombs = self.tombs.iter().map(|(k, &v)| HeldObject {
+            key: k.clone(),
+            size: 0,
+            segment_name: self.seg.name.clone(),
+            buffer_address: 0,
+            with_hard_pin: false,
+            version: v,
+        });
+        objects.chain(tombs).collect()
+    }
+
+    fn write(&mut self, addr: u64, len: u64, id: u32) {
+        let end = addr + len;
+        let mut cut: Vec<(u64, u64, u32)> = Vec::new();
+        if let Some((&a, &(e, w))) = self.mem.range(..addr).next_back() {
+            if e > addr {
+                cut.push((a, e, w));
+            }
+        }
+        cut.extend(self.mem.range(addr..end).map(|(&a, &(e, w))| (a, e, w)));
+        for (a, e, w) in cut {
+            self.mem.remove(&a);
+            if a < addr {
+                self.mem.insert(a, (addr, w));
+            }
+            if e > end {
+                self.mem.insert(end, (e, w));
+            }
+        }
+        self.mem.insert(addr, (end, id));
+    }
+
+    /// The writes whose bytes lie in `[addr, addr + len)` (0 for never written).
+    fn read(&self, addr: u64, len: u64) -> Vec<u32> {
+        let end = addr + len;
+        let mut out = Vec::new();
+        let mut at = addr;
+        let start = self
+            .mem
+            .range(..=addr)
+            .next_back()
+            .map_or(addr, |(&a, _)| a);
+        for (&a, &(e, w)) in self.mem.range(start..end) {
+            if e <= at {
+                continue;
+            }
+            if a > at {
+                out.push(0);
+            }
+            out.push(w);
+            at = e;
+        }
+        if at < end {
+            out.push(0);
+        }
+        out.dedup();
+        out
+    }
+}
+
+/// A put or upsert in flight.
+struct Flight {
+    client: Uuid,
+    key: String,
+    upsert: bool,
+    replicas: Vec<ReplicaDescriptor>,
+    written: usize,
+    /// The write fails on this replica (a transfer error): the put is revoked.
+    fail_at: Option<usize>,
+}
+
+struct Model {
+    t: T,
+    rng: Rng,
+    owners: Vec<Owner>,
+    flights: Vec<Flight>,
+    /// version -> (key, write id)
+    writes: HashMap<Version, (String, u32)>,
+    next_id: u32,
+    term: i64,
+    log: Vec<String>,
+    /// Whether a writer's transfers may land after an election (the old leader's allocation
+    /// reused by the new one meanwhile), or all land before it.
+    late_writes: bool,
+    gets_checked: u64,
+    /// Reads whose replica list was granted (with its lease) and whose bytes are read at a
+    /// later step: (key, list, granted at ms).
+    reads: Vec<(String, ReplicaList, u64)>,
+    /// The step count, and per owner the step until which it is stalled (an owner slower
+    /// than the recovery fence re-mounts after reads resumed).
+    now_step: usize,
+    stalled_until: Vec<usize>,
+}
+
+const KEYS: u64 = 12;
+const WRITERS: [Uuid; 2] = [Uuid { hi: 9, lo: 1 }, Uuid { hi: 9, lo: 2 }];
+
+impl Model {
+    fn new(seed: u64, seg_size: u64) -> Model {
+        let t = T::new();
+        let owners = (1..=2u64)
+            .map(|n| Owner {
+                client: Uuid::from_parts(50, n),
+                seg: Segment {
+                    id: Uuid::from_parts(100, n),
+                    name: format!("seg{n}"),
+                    base: n << 40,
+                    size: seg_size,
+                    te_endpoint: format!("seg{n}-te"),
+                    protocol: "tcp".into(),
+                    host_id: format!("h{n}"),
+                },
+                cat: BTreeMap::new(),
+                seq: 0,
+                tombs: HashMap::new(),
+                mem: BTreeMap::new(),
+                stage: Stage::Idle,
+            })
+            .collect();
+        let m = Model {
+            t,
+            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            owners,
+            flights: Vec::new(),
+            writes: HashMap::new(),
+            next_id: 1,
+            term: 10,
+            log: Vec::new(),
+            late_writes: false,
+            gets_checked: 0,
+            reads: Vec::new(),
+            now_step: 0,
+            stalled_until: vec![0, 0],
+        };
+        m.t.svc.reset(m.term, &[]);
+        m
+    }
+
+    fn owner_of(&self, seg: &str) -> usize {
+        self.owners.iter().position(|o| o.seg.name == seg).unwrap()
+    }
+
+    fn size(&mut self) -> u64 {
+        match self.rng.below(3) {
+            0 => 4096,
+            1 => 12_288,
+            _ => 30_000 + self.rng.below(977),
+        }
+    }
+
+    fn start(&mut self) {
+        if self.flights.len() >= 4 {
+            return;
+        }
+        let key = format!("k{}", self.rng.below(KEYS));
+        let client = WRITERS[self.rng.below(2) as usize];
+        if self
+            .flights
+            .iter()
+            .any(|f| f.key == key && f.client == client)
+        {
+            return;
+        }
+        let size = self.size();
+        let upsert = self.rng.chance(80);
+        let config = ReplicateConfig {
+            replica_num: 2,
+            ..Default::default()
+        };
+        let r = if upsert {
+            self.t.call(
+                Request::UpsertStart,
+                UpsertStart {
+                    client_id: client,
+                    key: key.clone(),
+                    size,
+                    config,
+                },
+            )
+        } else {
+            self.t.start_with(client, &key, size, config)
+        };
+        self.log
+            .push(format!("start {key} {size} upsert={upsert} -> {r:?}"));
+        if let Ok(replicas) = r {
+            let fail_at = self
+                .rng
+                .chance(10)
+                .then(|| self.rng.below(replicas.len() as u64) as usize);
+            let id = self.next_id;
+            self.next_id += 1;
+            self.writes.insert(replicas[0].version, (key.clone(), id));
+            self.flights.push(Flight {
+                client,
+                key,
+                upsert,
+                replicas,
+                written: 0,
+                fail_at,
+            });
+        }
+    }
+
+    /// One step of flight `i`: the next replica's bytes and catalog record, or the end.
+    fn step(&mut self, i: usize) {
+        let f = &mut self.flights[i];
+        if f.written < f.replicas.len() && f.fail_at != Some(f.written) {
+            let r = f.replicas[f.written].clone();
+            f.written += 1;
+            let (key, id) = self.writes[&r.version].clone();
+            let o = self.owner_of(&r.segment_name);
+            self.owners[o].write(r.buffer_address, r.size, id);
+            self.owners[o].insert(r.buffer_address, r.size, &key, r.version);
+            self.log.push(format!(
+                "write {key}@{:?} id {id} at {}+{:#x} len {}",
+                r.version,
+                r.segment_name,
+                r.buffer_address - self.owners[o].seg.base,
+                r.size
+            ));
+            return;
+        }
+        let f = self.flights.swap_remove(i);
+        let failed = f.fail_at.is_some();
+        let (client_id, key) = (f.client, f.key.clone());
+        let r = match (failed, f.upsert) {
+            (false, true) => self
+                .t
+                .call(Request::UpsertEnd, UpsertEnd { client_id, key }),
+            (false, false) => self.t.end(client_id, &key),
+            (true, true) => self
+                .t
+                .call(Request::UpsertRevoke, UpsertRevoke { client_id, key }),
+            (true, false) => self.t.revoke(client_id, &key),
+        };
+        self.log
+            .push(format!("end {} failed={failed} -> {r:?}", f.key));
+    }
+
+    fn remove(&mut self) {
+        let key = format!("k{}", self.rng.below(KEYS));
+        let force = self.rng.chance(50);
+        let r = self.t.call(
+            Request::Remove,
+            Remove {
+                key: key.clone(),
+                force,
+            },
+        );
+        self.log
+            .push(format!("remove {key} force={force} -> {r:?}"));
+        if let Ok(gone) = r {
+            for d in gone {
+                if self.rng.chance(90) {
+                    let o = self.owner_of(&d.segment_name);
+                    self.owners[o].bury(d.buffer_address, d.size, &key, d.version);
+                }
+            }
+        }
+    }
+
+    /// `GetReplicaList`; the bytes are read at once or at a later step.
+    fn get(&mut self) -> Result<(), String> {
+        let key = format!("k{}", self.rng.below(KEYS));
+        let Ok(list) = self.t.get(&key) else {
+            return Ok(());
+        };
+        self.reads.push((key, list, self.t.clock.now_ms()));
+        if self.rng.chance(50) {
+            return self.finish_read(self.reads.len() - 1);
+        }
+        Ok(())
+    }
+
+    /// Reads the bytes of pending read `i`, as `Store::read_from` does: a read that outlived
+    /// its lease is refused (`LEASE_EXPIRED`), so it is not checked.
+    fn finish_read(&mut self, i: usize) -> Result<(), String> {
+        let (key, list, granted) = self.reads.swap_remove(i);
+        if self.t.clock.now_ms() >= granted + cfg().default_kv_lease_ttl_ms {
+            return Ok(());
+        }
+        for r in &list.replicas {
+            let Some((wkey, id)) = self.writes.get(&r.version).cloned() else {
+                return Err(format!("{key}: version {:?} was never written", r.version));
+            };
+            let o = self.owner_of(&r.segment_name);
+            let seen = self.owners[o].read(r.buffer_address, r.size);
+            if wkey != key || seen != [id] {
+                let names: Vec<String> = seen
+                    .iter()
+                    .map(|w| {
+                        self.writes
+                            .iter()
+                            .find(|(_, (_, i))| i == w)
+                            .map_or(format!("{w}:unwritten"), |(v, (k, _))| {
+                                format!("{w}:{k}@{}.{}", v.term, v.seq)
+                            })
+                    })
+                    .collect();
+                return Err(format!(
+                    "get {key}: replica {}+{:#x} len {} version {}.{} (write {id} of {wkey}) \
+                     holds writes {names:?}",
+                    r.segment_name,
+                    r.buffer_address - self.owners[o].seg.base,
+                    r.size,
+                    r.version.term,
+                    r.version.seq
+                ));
+            }
+        }
+        self.gets_checked += 1;
+        self.log
+            .push(format!("read {key} ok ({} replicas)", list.replicas.len()));
+        Ok(())
+    }
+
+    /// The next step of owner `o`'s ping / re-mount loop.
+    fn owner_step(&mut self, o: usize) {
+        if self.now_step < self.stalled_until[o] {
+            return;
+        }
+        let client = self.owners[o].client;
+        match std::mem::replace(&mut self.owners[o].stage, Stage::Idle) {
+            Stage::Idle => {
+                let mark = self.owners[o].seq;
+                let r = self.t.call(Request::Ping, Ping { client_id: client });
+                let r = r.unwrap();
+                self.owners[o].stage = Stage::Pinged {
+                    mark,
+                    freed: r.freed,
+                    remount: r.status == ClientStatus::NeedRemount,
+                };
+            }
+            Stage::Pinged {
+                mark,
+                freed,
+                remount,
+            } => {
+                for (a, l) in &freed {
+                    self.owners[o].forget(*a, *l, mark);
+                }
+                self.log.push(format!(
+                    "owner {o} applies freed {:?}",
+                    freed
+                        .iter()
+                        .map(|(a, l)| (a - self.owners[o].seg.base, *l))
+                        .collect::<Vec<_>>()
+                ));
+                if remount {
+                    self.owners[o].stage = Stage::Snapshot(self.owners[o].held());
+                }
+            }
+            Stage::Snapshot(held) => {
+                let n = held.len();
+                // Now and then the call is sent twice (its connection died after the master
+                // executed it, and the client resent it).
+                let times = if self.rng.chance(10) { 2 } else { 1 };
+                for _ in 0..times {
+                    let r = self.t.call(
+                        Request::ReMountSegment,
+                        ReMountSegment {
+                            client_id: client,
+                            segments: vec![self.owners[o].seg.clone()],
+                            held: held.clone(),
+                        },
+                    );
+                    self.log.push(format!("owner {o} re-mounts {n} -> {r:?}"));
+                }
+            }
+        }
+    }
+
+    fn elect(&mut self) {
+        // The election takes seconds: every writer has long finished its transfers (its
+        // end goes to the new leader).
+        if !self.late_writes {
+            for i in 0..self.flights.len() {
+                while self.flights[i].written < self.flights[i].replicas.len()
+                    && self.flights[i].fail_at != Some(self.flights[i].written)
+                {
+                    self.step(i);
+                }
+            }
+        }
+        // The dead leader's answers in flight are lost: an answered ping's freed ranges may
+        // or may not have reached the owner; a snapshot not yet sent goes to the new leader.
+        for o in 0..self.owners.len() {
+            if let Stage::Pinged { .. } = self.owners[o].stage {
+                if self.rng.chance(50) {
+                    self.owners[o].stage = Stage::Idle;
+                }
+            }
+        }
+        // A failover takes the etcd lease TTL (2 s): longer than a read lease, so no reader
+        // of the old leader is still reading (the harness runs 500 ms leases).
+        self.t.advance(2000);
+        self.term += 1 + self.rng.below(5) as i64;
+        self.t.svc.reset(self.term, &[]);
+        self.log.push(format!("election: term {}", self.term));
+        if self.rng.chance(30) {
+            let o = self.rng.below(self.owners.len() as u64) as usize;
+            self.stalled_until[o] = self.now_step + 200 + self.rng.below(400) as usize;
+        }
+    }
+
+    fn run(&mut self, steps: usize) -> Result<(), String> {
+        for step in 0..steps {
+            self.now_step = step;
+            match self.rng.below(1000) {
+                0..250 => self.start(),
+                250..500 => {
+                    if !self.flights.is_empty() {
+                        let i = self.rng.below(self.flights.len() as u64) as usize;
+                        self.step(i);
+                    }
+                }
+                500..600 => self.remove(),
+                600..700 => self.get()?,
+                700..750 => {
+                    if !self.reads.is_empty() {
+                        let i = self.rng.below(self.reads.len() as u64) as usize;
+                        self.finish_read(i)?;
+                    }
+                }
+                750..900 => {
+                    let o = self.rng.below(self.owners.len() as u64) as usize;
+                    self.owner_step(o);
+                }
+                900..997 => {
+                    // Mostly short steps; now and then long enough for leases, parked
+                    // buffers and abandoned puts to run out.
+                    let ms = if self.rng.chance(3) {
+                        self.rng.below(40_000)
+                    } else {
+                        self.rng.below(300)
+                    };
+                    self.t.advance(ms);
+                    self.t.svc.tick();
+                }
+                _ => self.elect(),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Many seeded schedules of writers, owners and elections: no read after the fence returns
+/// bytes that are not its key's write at its version.
+#[test]
+fn model_reads_never_see_another_writes_bytes_across_elections() {
+    let seeds: u64 = std::env::var("MC_MODEL_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let (mut checked, mut evicted, mut discarded, mut elections) = (0, 0, 0, 0);
+    let first: u64 = std::env::var("MC_MODEL_FIRST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    for seed in first..first + seeds {
+        // Large segments (slabs for every size class) and small ones (eviction).
+        let seg_size = if seed % 2 == 0 { 16 * MIB } else { 320 << 10 };
+        let mut m = Model::new(seed, seg_size);
+        m.late_writes = std::env::var("MC_MODEL_LATE").is_ok();
+        if let Err(e) = m.run(3000) {
+            if let Ok(path) = std::env::var("MC_MODEL_LOG") {
+                let _ = std::fs::write(path, m.log.join("\n"));
+            }
+            let tail = m.log.len().saturating_sub(60);
+            panic!("seed {seed}: {e}\n{}", m.log[tail..].join("\n"));
+        }
+        checked += m.gets_checked;
+        let mt = m.t.svc.metrics();
+        use std::sync::atomic::Ordering::Relaxed;
+        evicted += mt.evicted_keys.load(Relaxed);
+        discarded += mt.put_start_discards.load(Relaxed);
+        elections += m.log.iter().filter(|l| l.starts_with("election")).count();
+    }
+    println!(
+        "{seeds} schedules, {elections} elections, {checked} reads checked, {evicted} keys \
+         evicted, {discarded} puts discarded"
+    );
+    assert!(
+        checked > seeds * 20,
+        "the schedules read too little: {checked}"
+    );
+}
