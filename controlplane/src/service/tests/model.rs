@@ -129,6 +129,7 @@ impl Owner {
             buffer_address: a,
             with_hard_pin: false,
             version: e.version,
+            soft_pin_ttl_ms: None,
         });
         let tombs = self.tombs.iter().map(|(k, &v)| HeldObject {
             key: k.clone(),
@@ -137,6 +138,7 @@ impl Owner {
             buffer_address: 0,
             with_hard_pin: false,
             version: v,
+            soft_pin_ttl_ms: None,
         });
         objects.chain(tombs).collect()
     }
