@@ -19,6 +19,7 @@
 //! `--csv` writes the percentile spectrum (quantile, 1/(1-q), latency, service) for plots;
 //! `--json` the summary.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use mooncake_bench::openloop::{
     percentiles, run_worker, spectrum_quantiles, RealClock, Schedule, REPORTED,
 };
 use mooncake_bench::procs::{load_average, start_node, LocalMaster};
-use protocol::ReplicateConfig;
+use protocol::{ErrorCode, ReplicateConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Op {
@@ -158,13 +159,28 @@ fn op_of(op: Op, slot: u64) -> Op {
     }
 }
 
-fn one(store: &Store, op: Op, key: &str, value: &[u8], cfg: &ReplicateConfig) -> bool {
-    match op {
-        Op::Put => store.put(key, value, cfg, true).is_ok(),
-        Op::Get => store.get(key).is_ok_and(|v| v.len() == value.len()),
-        Op::Exist => store.is_exist(key) == Ok(true),
+/// Runs one request; a failure is described as `op: ERROR_CODE` for the report.
+fn one(
+    store: &Store,
+    op: Op,
+    key: &str,
+    value: &[u8],
+    cfg: &ReplicateConfig,
+) -> Result<(), String> {
+    let r = match op {
+        Op::Put => store.put(key, value, cfg, true),
+        Op::Get => store.get(key).and_then(|v| {
+            // A short or long value is as wrong as an error.
+            (v.len() == value.len())
+                .then_some(())
+                .ok_or(ErrorCode::InvalidReplica)
+        }),
+        Op::Exist => store
+            .is_exist(key)
+            .and_then(|e| e.then_some(()).ok_or(ErrorCode::ObjectNotFound)),
         Op::Mixed => unreachable!("op_of resolves mixed"),
-    }
+    };
+    r.map_err(|e| format!("{op:?}: {e:?}"))
 }
 
 /// `s` as a JSON string.
@@ -262,11 +278,15 @@ fn main() {
                     let names: Vec<String> = (0..keys).map(key).collect();
                     std::thread::sleep(start.saturating_duration_since(Instant::now()));
                     let clock = RealClock::starting_at(start);
-                    run_worker(&clock, schedule, |k| {
+                    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
+                    let r = run_worker(&clock, schedule, |k| {
                         let slot = k * schedule.workers as u64 + schedule.worker as u64;
                         let name = &names[(mix(slot) % keys) as usize];
                         one(&store, op_of(op, slot), name, &value, &cfg)
-                    })
+                            .map_err(|why| *failures.entry(why).or_default() += 1)
+                            .is_ok()
+                    });
+                    (r, failures)
                 })
                 .expect("spawn worker")
         })
@@ -274,9 +294,13 @@ fn main() {
     let mut latency = latency_histogram();
     let mut service = latency_histogram();
     let (mut issued, mut errors) = (0, 0);
+    let mut failures: BTreeMap<String, u64> = BTreeMap::new();
     let mut finished = Duration::ZERO;
     for w in workers {
-        let r = w.join().expect("worker panicked");
+        let (r, f) = w.join().expect("worker panicked");
+        for (why, n) in f {
+            *failures.entry(why).or_default() += n;
+        }
         latency.add(&r.latency).expect("same bounds");
         service.add(&r.service).expect("same bounds");
         issued += r.issued;
@@ -291,6 +315,9 @@ fn main() {
         finished.as_secs_f64(),
         a.rate
     );
+    for (why, n) in &failures {
+        println!("  failed {n}x {why}");
+    }
     println!("latency (from intended start): {}", percentiles(&latency));
     println!("service (from actual start):   {}", percentiles(&service));
 
