@@ -138,3 +138,14 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 pub fn fd_count(pid: u32) -> Option<usize> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
 }
+
+/// CPU time `pid` has used (user + system), from `/proc/PID/stat`.
+pub fn cpu_time(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start at state, field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on (`getconf CLK_TCK`).
+    Some(std::time::Duration::from_millis(ticks * 10))
+}

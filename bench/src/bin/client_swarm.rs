@@ -20,10 +20,13 @@
 //!   `PutRevoke`, back to back: metadata churn that leaves nothing behind;
 //! - *idle* (`--idle_pct`): connects and sends nothing (a process that set up and waits).
 //!
-//! Every `--sample_secs` it prints the master's `VmRSS` and open fds (`/proc/PID`), and the
-//! window's ping and metadata RPC latencies (send to answer, HDR). At the end it compares the
+//! Every `--sample_secs` it prints the master's `VmRSS`, open fds and CPU time used in the
+//! window (`/proc/PID`), the machine's 1-minute load, and the window's ping and metadata RPC
+//! latencies (send to answer, HDR). A p99 that climbs while the master's CPU per call stays
+//! the same is the machine's scheduling, not the master's work. At the end it compares the
 //! first third of the windows with the last third (medians of RSS and of p99): "flat" is a
-//! ratio near 1.
+//! ratio near 1. After the clients disconnect (without unmounting, as killed processes do)
+//! it looks at the master again, at once and once their TTL has expired.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use client::master::DEFAULT_CONNECT_TIMEOUT;
 use hdrhistogram::Histogram;
-use mooncake_bench::procs::{fd_count, load_average, rss_bytes, LocalMaster};
+use mooncake_bench::procs::{cpu_time, fd_count, load_average, rss_bytes, LocalMaster};
 use mooncake_bench::{latency_histogram, record};
 use protocol::frame::{self, Kind};
 use protocol::message::*;
@@ -49,6 +52,9 @@ const SEGMENT_BYTES: u64 = 16 << 20;
 const PUT_BYTES: u64 = 4096;
 /// Distinct keys per bursty client.
 const KEYS_PER_CLIENT: usize = 16;
+/// When the master is looked at again after the clients disconnected: at once, and after
+/// the master's default `--client_ttl` (10 s) has expired them.
+const AFTER_LEAVING: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(15)];
 /// Descriptors this process needs besides the clients' sockets.
 const SPARE_FDS: u64 = 64;
 
@@ -433,7 +439,12 @@ fn main() {
     // The setup's own mounts are not part of the first window.
     *window.lock().expect("window lock") = Window::new();
 
-    println!("   t_s  rss_MiB  fds   pings  ping_p50  ping_p99  ping_max   meta  meta_p50  meta_p99  meta_max  fail  not_ok (us)");
+    println!(
+        "   t_s  rss_MiB  fds  cpu_ms load1   pings  ping_p50  ping_p99  ping_max   meta  \
+         meta_p50  meta_p99  meta_max  fail  not_ok (latencies in us)"
+    );
+    let cpu = || pid.and_then(cpu_time).unwrap_or_default();
+    let mut cpu_before = cpu();
     let t0 = Instant::now();
     let mut series: Vec<(f64, f64, u64, u64)> = Vec::new();
     let windows = (a.seconds / a.sample_secs).max(1);
@@ -442,11 +453,16 @@ fn main() {
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         let w = std::mem::replace(&mut *window.lock().expect("window lock"), Window::new());
         let r = rss();
+        let cpu_now = cpu();
+        let load1 = load_average();
         println!(
-            "{:>6.1} {:>8.1} {:>4} {:>7} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>5} {:>7}",
+            "{:>6.1} {:>8.1} {:>4} {:>7} {:>5} {:>7} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} \
+             {:>5} {:>7}",
             t0.elapsed().as_secs_f64(),
             r,
             fds(),
+            (cpu_now - cpu_before).as_millis(),
+            load1.split_whitespace().next().unwrap_or("?"),
             w.ping.len(),
             w.ping.value_at_quantile(0.5),
             w.ping.value_at_quantile(0.99),
@@ -458,6 +474,7 @@ fn main() {
             w.failures,
             w.not_ok_pings
         );
+        cpu_before = cpu_now;
         series.push((
             r,
             w.ping.value_at_quantile(0.99) as f64,
@@ -472,13 +489,19 @@ fn main() {
         }
     });
     drop(rt); // closes every client's socket
-    std::thread::sleep(Duration::from_secs(2));
-    println!(
-        "2 s after the clients left: master rss {:.1} MiB, {} fds, load {}",
-        rss(),
-        fds(),
-        load_average()
-    );
+    let left = Instant::now();
+    // Clients that vanish without unmounting keep their segments until the master's
+    // `--client_ttl` (10 s by default) expires them: look again after that.
+    for after in AFTER_LEAVING {
+        std::thread::sleep(after.saturating_sub(left.elapsed()));
+        println!(
+            "{} s after the clients left: master rss {:.1} MiB, {} fds, load {}",
+            after.as_secs(),
+            rss(),
+            fds(),
+            load_average()
+        );
+    }
 
     let third = (series.len() / 3).max(1);
     let first = &series[..third];
