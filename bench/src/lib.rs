@@ -4,3 +4,6 @@
 //! has the same shape.
 
 pub use dataplane::engine::bench::{latency_histogram, record, summary};
+
+pub mod openloop;
+pub mod procs;
