@@ -294,14 +294,13 @@ impl State {
         }
     }
 
-    /// Removes an object that a re-report replaced (a newer version) or buried (a
-    /// tombstone), leaving a tombstone. Its buffers are parked until its read lease ends: an
-    /// owner slower than the recovery fence re-reports after reads resumed, and a reader may
-    /// be reading them (a new put writing there would hand it another key's bytes).
-    pub(crate) fn retire(&mut self, now: u64, key: &str) {
-        let Some(obj) = self.objects.remove(key) else {
-            return;
-        };
+    /// Removes an object, leaving a tombstone, and returns it; its buffers are parked until its
+    /// read lease ends, since a reader may still be reading them (a new put writing there
+    /// would hand it another key's bytes). Used for a forced remove, and for an object that a
+    /// re-report replaced (a newer version) or buried (a tombstone): an owner slower than the
+    /// recovery fence re-reports after reads resumed.
+    pub(crate) fn retire(&mut self, now: u64, key: &str) -> Option<Object> {
+        let obj = self.objects.remove(key)?;
         self.tombstones.add(key, obj.version);
         for r in &obj.replicas {
             Self::release_span(
@@ -313,6 +312,7 @@ impl State {
                 now,
             );
         }
+        Some(obj)
     }
 
     /// Erases an object and frees its buffers at once, leaving a tombstone (a revoked put:
@@ -425,22 +425,10 @@ impl State {
         self.fenced(now)?;
         let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
         Self::removable(obj, now, force)?;
-        let obj = self.objects.remove(key).ok_or(ErrorCode::InternalError)?;
-        self.tombstones.add(key, obj.version);
-        // A forced remove ignores a read lease, but the reader may still be reading: its
-        // buffers are parked until the lease ends, so that no other key's put lands in them
+        // A forced remove ignores a read lease, but the reader may still be reading: `retire`
+        // parks the buffers until the lease ends, so that no other key's put lands in them
         // under the reader (the fault harness read another write's bytes otherwise).
-        for r in &obj.replicas {
-            Self::release_span(
-                &mut self.segs,
-                &mut self.zombies,
-                r.seg,
-                r.span,
-                obj.read_lease_until,
-                now,
-            );
-        }
-        Ok(obj)
+        self.retire(now, key).ok_or(ErrorCode::InternalError)
     }
 
     /// Frees a span at once, or parks it until `hold_until` when a reader may still read it.
