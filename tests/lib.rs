@@ -476,7 +476,12 @@ pub struct Netns {
 impl Netns {
     /// Creates the namespace and its link (up). With `shape`, the namespace's egress is
     /// limited to 400 Mbit/s (`tc tbf`, when available).
+    /// `Err` (nothing made) when not root.
     pub fn create(shape: bool) -> Result<Netns, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root (ip netns, veth)".into());
+        }
         let pid = std::process::id();
         // A /30 in 10.231.0.0/16 chosen by the pid: .1 host end, .2 namespace end.
         let block = (pid % 16_384) * 4;
@@ -667,8 +672,18 @@ pub fn remote_store(
     metadata: &str,
     local_buffer: u64,
 ) -> Result<client::Store, protocol::ErrorCode> {
+    remote_store_at("127.0.0.1", master_addr, metadata, local_buffer)
+}
+
+/// [`remote_store`] on `local_hostname` (e.g. [`Netns::host_addr`]).
+pub fn remote_store_at(
+    local_hostname: &str,
+    master_addr: &str,
+    metadata: &str,
+    local_buffer: u64,
+) -> Result<client::Store, protocol::ErrorCode> {
     client::Store::setup(client::StoreConfig {
-        local_hostname: "127.0.0.1".into(),
+        local_hostname: local_hostname.into(),
         metadata_server: metadata.to_string(),
         global_segment_size: 0,
         local_buffer_size: local_buffer,

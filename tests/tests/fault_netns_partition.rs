@@ -29,8 +29,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use client::store::ObjectRead;
-use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, free_port, http, ip, master_metric, wait_until, Master, Netns};
+use client::Store;
+use mooncake_tests::{
+    bin_path, free_port, http, master_metric, remote_store_at, wait_until, Master, Netns,
+};
 use protocol::{ErrorCode, ReplicateConfig};
 
 /// `MC_TRANSFER_TIMEOUT` of the store (seconds).
@@ -223,23 +225,18 @@ fn batch_get_of(store: &Store, keys: &[String], len: usize) -> Vec<Result<(), Er
     out
 }
 
+/// The namespace, or `None` after printing why the test is skipped (not root, no iproute2).
+/// A namespace made in part is deleted by `Netns`'s drop.
+fn netns_or_skip(shape: bool) -> Option<Netns> {
+    Netns::create(shape)
+        .map_err(|e| println!("SKIPPED fault_netns_partition: no network namespace: {e}"))
+        .ok()
+}
+
 #[test]
 fn an_unreachable_node_is_quarantined_and_comes_back() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED fault_netns_partition: needs root (ip netns, veth)");
+    let Some(net) = netns_or_skip(true) else {
         return;
-    }
-    let net = match Netns::create(true) {
-        Ok(n) => n,
-        Err(e) => {
-            println!("SKIPPED fault_netns_partition: cannot set up a network namespace: {e}");
-            // Whatever part was created goes.
-            let pid = std::process::id();
-            let _ = ip(&["link", "del", &format!("mqh{pid}")]);
-            let _ = ip(&["netns", "del", &format!("mcq{pid}")]);
-            return;
-        }
     };
     // Read by `Store::setup`; set before any thread of this test binary starts.
     std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
@@ -247,17 +244,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
     let far = NodeProc::start(Some(&net.ns), &net.ns_addr, &master_addr, &meta);
     let near = NodeProc::start(None, &net.host_addr, &master_addr, &meta);
     let store = Arc::new(
-        Store::setup(StoreConfig {
-            local_hostname: net.host_addr.clone(),
-            metadata_server: meta.clone(),
-            global_segment_size: 0,
-            local_buffer_size: 64 << 20,
-            protocol: "tcp".into(),
-            rdma_devices: String::new(),
-            master_server_addr: master_addr.clone(),
-            tenant_id: String::new(),
-        })
-        .expect("store setup"),
+        remote_store_at(&net.host_addr, &master_addr, &meta, 64 << 20).expect("store setup"),
     );
     let quarantined = || master_metric(&m, "master_quarantined_segments").unwrap_or(-1.0);
     assert_eq!(quarantined(), 0.0);
@@ -575,32 +562,14 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
 /// test keeps reading the second key back.
 #[test]
 fn a_write_given_up_on_a_cut_link_never_lands_later() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED fault_netns_partition: needs root (ip netns, veth)");
+    let Some(net) = netns_or_skip(false) else {
         return;
-    }
-    let net = match Netns::create(false) {
-        Ok(n) => n,
-        Err(e) => {
-            println!("SKIPPED fault_netns_partition: cannot set up a network namespace: {e}");
-            return;
-        }
     };
     std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
     let (m, master_addr, meta) = start_master(&net.host_addr);
     let far = NodeProc::start(Some(&net.ns), &net.ns_addr, &master_addr, &meta);
-    let store = Store::setup(StoreConfig {
-        local_hostname: net.host_addr.clone(),
-        metadata_server: meta.clone(),
-        global_segment_size: 0,
-        local_buffer_size: 64 << 20,
-        protocol: "tcp".into(),
-        rdma_devices: String::new(),
-        master_server_addr: master_addr.clone(),
-        tenant_id: String::new(),
-    })
-    .expect("store setup");
+    let store =
+        remote_store_at(&net.host_addr, &master_addr, &meta, 64 << 20).expect("store setup");
     let quarantined = || master_metric(&m, "master_quarantined_segments").unwrap_or(-1.0);
     let addr_of = |k: &str| {
         store
