@@ -25,11 +25,13 @@ import ctypes
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+# Run as a script, so this directory is on sys.path.
+from store_bench import free_port, stop_all, wait_port
 
 MIB = 1 << 20
 VALUE = 4 * MIB
@@ -37,24 +39,6 @@ KEYS = 48
 SEGMENT = "1024 MB"
 HUGEPAGES_NEEDED = 512 + 16
 BIN = os.path.dirname(sys.executable)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(p):
-    for _ in range(400):
-        try:
-            socket.create_connection(("127.0.0.1", p), 0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 def minflt(pid):
@@ -166,13 +150,7 @@ def one(config):
         store.close()
         return out
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def main():

@@ -23,43 +23,22 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+# Run as a script, so this directory is on sys.path.
+from store_bench import free_port, pct, stop_all, wait_port
 
 MIB = 1 << 20
 WINDOW = 32
 NODE_SEGMENT = "1024 MB"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
 def cpu_seconds(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(vals, p):
-    if not vals:
-        return float("nan")
-    return vals[min(len(vals) - 1, int(round(p / 100.0 * (len(vals) - 1))))]
 
 
 # ---- one client process -------------------------------------------------------------------
@@ -181,13 +160,7 @@ def run_impl(label, py, clients, seconds, size, master_flags=()):
             "master_cpu_ms_per_1000": (cpu1 - cpu0) * 1e3 / (calls / 1000) if calls else 0.0,
         }
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def main():

@@ -82,6 +82,18 @@ def wait_port(port, timeout=30.0):
     return False
 
 
+def stop_all(procs):
+    """Terminates the processes still running, last started first (SIGKILL after 10 s)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 def pct(sorted_vals, p):
     if not sorted_vals:
         return float("nan")
@@ -398,14 +410,7 @@ def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=Fa
             res[ph] = run_phase(py, ph, env, logdir, where, script, echo)
         return res
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs)
 
 
 def rust_plain_stream():
