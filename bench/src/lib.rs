@@ -7,3 +7,20 @@ pub use dataplane::engine::bench::{latency_histogram, record, summary};
 
 pub mod openloop;
 pub mod procs;
+
+/// Splits command-line flag `arg` into its name and value: `--flag=value`, or `--flag value`
+/// with the value taken from `argv[*next]` (then `*next` moves past it). Panics, naming the
+/// flag, when the value is missing.
+pub fn flag_value(arg: &str, argv: &[String], next: &mut usize) -> (String, String) {
+    match arg.split_once('=') {
+        Some((f, v)) => (f.to_string(), v.to_string()),
+        None => {
+            let v = argv
+                .get(*next)
+                .cloned()
+                .unwrap_or_else(|| panic!("{arg} wants a value"));
+            *next += 1;
+            (arg.to_string(), v)
+        }
+    }
+}

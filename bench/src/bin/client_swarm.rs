@@ -89,17 +89,7 @@ fn parse_args() -> Args {
     while i < argv.len() {
         let arg = &argv[i];
         i += 1;
-        let (flag, val) = match arg.split_once('=') {
-            Some((f, v)) => (f.to_string(), v.to_string()),
-            None => {
-                i += 1;
-                let v = argv.get(i - 1).cloned();
-                (
-                    arg.clone(),
-                    v.unwrap_or_else(|| panic!("{arg} wants a value")),
-                )
-            }
-        };
+        let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
         let num = || -> u64 {
             val.parse()
                 .unwrap_or_else(|_| panic!("{flag} wants a number, got {val:?}"))
