@@ -36,17 +36,17 @@ use crate::service::removals::Removal;
 use crate::service::MasterService;
 
 /// A connection's buffers start this small: most clients only ping and ask small questions,
-/// and a master serves thousands of them. They double while a frame needs more.
-const BUFFER_INITIAL_BYTES: usize = 4 * 1024;
-/// Bytes asked of the socket per read once a connection is busy (a read filled all the room
-/// it had): the whole pipeline of a busy client is answered in one pass.
-const READ_CHUNK_BYTES: usize = 256 * 1024;
-/// A buffer grown past this (a large re-mount) is given back once it is empty again.
+/// and a master serves thousands of them. They grow while a frame needs more.
 ///
 /// Why start small: each connection used to start with two 256 KiB buffers, and glibc,
 /// having seen such blocks freed, serves later ones from its arenas instead of fresh
 /// mappings; with 1,000 clients connecting and leaving in rounds the master's RSS grew by
 /// 6-13 MiB a round and kept it (`bench/README.md`, "client_swarm").
+const BUFFER_INITIAL_BYTES: usize = 4 * 1024;
+/// Bytes asked of the socket per read once a connection is busy (a read filled all the room
+/// it had): the whole pipeline of a busy client is answered in one pass.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// A buffer grown past this (a large re-mount) is given back once it is empty again.
 const BUFFER_KEEP_BYTES: usize = 1024 * 1024;
 /// Most connections served at once; more are accepted and closed at once.
 pub const MAX_CONNECTIONS: usize = 16 * 1024;
