@@ -57,6 +57,13 @@ pub fn master_view_key(cluster_id: &str) -> String {
     format!("mooncake-store/{cluster_id}/master_view")
 }
 
+/// The etcd key where the leader of `cluster_id` records its lease id (no lease attached, so
+/// it outlives the leader key): a candidate that finds the leader key vacant reads it to tell
+/// whether the last leader may still be serving (`wait_out_a_vacated_leader`).
+pub fn leader_lease_key(cluster_id: &str) -> String {
+    format!("mooncake-store/{cluster_id}/leader_lease")
+}
+
 /// etcd endpoints from a connection string: `etcd://h1:p1;h2:p2`, `h1:p1,h2:p2`, with or
 /// without `http://` on each. Each comes back as `http://host:port` (port 2379 when omitted).
 pub fn parse_endpoints(conn: &str) -> Result<Vec<String>, String> {
@@ -375,7 +382,15 @@ async fn campaign_and_lead(
     state: &HaState,
     service: &MasterService,
 ) -> TermEnd {
+    let record_key = leader_lease_key(&cfg.cluster_id);
     loop {
+        let record_rev = match wait_out_a_vacated_leader(client, key, &record_key, ttl).await {
+            Ok(r) => r,
+            Err(e) => {
+                state.reachable(false);
+                return TermEnd::Lost(e);
+            }
+        };
         // Taken before the grant: etcd starts the lease's TTL after this instant.
         let sent = Instant::now();
         let lease = match bounded("lease grant", client.lease_grant(cfg.lease_ttl_s, None)).await {
@@ -386,13 +401,21 @@ async fn campaign_and_lead(
             }
         };
         state.reachable(true);
+        // Wins only if the key is vacant and no leader was elected since the check above (the
+        // record is unchanged); records this leader's lease for the next candidates.
         let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                cfg.advertise.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, 0),
+                Compare::mod_revision(record_key.as_str(), CompareOp::Equal, record_rev),
+            ])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    cfg.advertise.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(record_key.as_str(), lease.to_string(), None),
+            ])
             .or_else([TxnOp::get(key, None)]);
         let answer = match bounded("campaign", client.txn(txn)).await {
             Ok(a) => a,
@@ -434,12 +457,10 @@ async fn campaign_and_lead(
         }
         // Lost the race: note who leads, give the lease back, wait for the key to go.
         let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
-        let mut leader_lease = 0;
         if let Some(etcd_client::TxnOpResponse::Get(g)) = answer.op_responses().into_iter().next() {
             if let Some(kv) = g.kvs().first() {
                 let leader = kv.value_str().ok().map(str::to_string);
                 state.saw_leader(leader, kv.create_revision());
-                leader_lease = kv.lease();
             }
         }
         loop {
@@ -451,7 +472,6 @@ async fn campaign_and_lead(
                         Some(kv) => {
                             let leader = kv.value_str().ok().map(str::to_string);
                             state.saw_leader(leader, kv.create_revision());
-                            leader_lease = kv.lease();
                         }
                         None => {
                             state.saw_leader(None, 0);
@@ -465,22 +485,52 @@ async fn campaign_and_lead(
                 }
             }
         }
-        // The key is gone. Normally its lease expired (the leader died or lost etcd) or was
-        // revoked (it shut down), and the old leader's window has closed. If the lease still
-        // lives (the key was deleted by hand), the old leader may still be serving: end its
-        // lease and wait out a full window before campaigning.
-        if leader_lease != 0 {
-            let left = bounded("lease ttl", client.lease_time_to_live(leader_lease, None)).await;
-            if left.is_ok_and(|t| t.ttl() > 0) {
-                warn!(
-                    "HA: the leader key vanished while its lease lives; revoking the lease and \
-                     waiting {ttl:?} before campaigning"
-                );
-                let _ = bounded("lease revoke", client.lease_revoke(leader_lease)).await;
-                tokio::time::sleep(ttl).await;
-            }
-        }
+        // The key is gone: campaign (the loop's first step checks how it went).
     }
+}
+
+/// Before a campaign: when the leader key is vacant but the last leader's lease (its record at
+/// `record_key`) still lives, the key was deleted by hand and that leader may still be serving
+/// (it learns of the deletion only at its next check): end its lease and wait out a full
+/// window. Normally the lease expired (the leader died or lost etcd) or was revoked (it shut
+/// down), and its window has closed: no wait. Returns the record's revision (0: none), which
+/// the campaign requires unchanged. Checked by every candidate, not only by a standby that saw
+/// the key go: a master whose first campaign comes just after the deletion would otherwise win
+/// at once and serve beside the old leader (`ha_failover.rs`,
+/// `a_leader_whose_key_is_deleted_steps_down`, failed that way on a loaded machine).
+async fn wait_out_a_vacated_leader(
+    client: &mut Client,
+    key: &str,
+    record_key: &str,
+    ttl: Duration,
+) -> Result<i64, String> {
+    let record = bounded("get", client.get(record_key, None)).await?;
+    let Some(kv) = record.kvs().first() else {
+        return Ok(0);
+    };
+    let rev = kv.mod_revision();
+    let lease: i64 = kv
+        .value_str()
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if lease == 0 {
+        return Ok(rev);
+    }
+    let held = bounded("get", client.get(key, None)).await?;
+    if !held.kvs().is_empty() {
+        return Ok(rev); // a leader holds the key: the campaign will lose, nothing to wait for
+    }
+    let left = bounded("lease ttl", client.lease_time_to_live(lease, None)).await;
+    if left.is_ok_and(|t| t.ttl() > 0) {
+        warn!(
+            "HA: the leader key vanished while its lease lives; revoking the lease and waiting \
+             {ttl:?} before campaigning"
+        );
+        let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+        tokio::time::sleep(ttl).await;
+    }
+    Ok(rev)
 }
 
 /// Reads the cluster's removal records, oldest first, pruning those beyond
