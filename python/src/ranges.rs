@@ -99,7 +99,7 @@ pub fn get_into_ranges(
 
 fn read_fragment(
     s: &Store,
-    list: &protocol::ReplicaList,
+    list: &client::store::Lookup,
     bounds: Option<(u64, u64)>,
     buffer: u64,
     dst_offset: u64,

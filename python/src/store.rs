@@ -11,11 +11,11 @@
 
 use std::sync::Arc;
 
-use client::store::{ObjectRead, Reservation};
+use client::store::{Lookup, ObjectRead, Reservation};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
 use protocol::tensor::TensorMetadata;
-use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
+use protocol::{ErrorCode, ReplicateConfig};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
@@ -77,7 +77,7 @@ impl Cfg {
 }
 
 /// The first replica's size: the object's size.
-fn object_size(list: &ReplicaList) -> Result<u64, ErrorCode> {
+fn object_size(list: &Lookup) -> Result<u64, ErrorCode> {
     list.replicas
         .first()
         .map(|r| r.size)
@@ -86,9 +86,32 @@ fn object_size(list: &ReplicaList) -> Result<u64, ErrorCode> {
 
 /// An object located and budgeted for reading into a fresh Python object.
 struct Located<'s> {
-    list: ReplicaList,
+    list: Lookup,
     size: u64,
     _budget: Reservation<'s>,
+}
+
+/// Reads `key` whole into a new Python object that `make` creates for its size; `None` on a
+/// miss or any error. Once more with a fresh lookup when the first read ended after its
+/// window (`LEASE_EXPIRED`: the bytes may not be the object's).
+fn read_whole<'py, T>(
+    py: Python<'py>,
+    s: &Store,
+    key: &str,
+    make: impl Fn(Python<'py>, usize) -> PyResult<(T, Fresh)>,
+) -> PyResult<Option<T>> {
+    for _ in 0..2 {
+        let Ok(loc) = py.detach(|| locate(s, key)) else {
+            return Ok(None);
+        };
+        let (obj, fresh) = make(py, usize_of(loc.size)?)?;
+        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
+            Ok(()) => return Ok(Some(obj)),
+            Err(ErrorCode::LeaseExpired) => continue,
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(None)
 }
 
 fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, ErrorCode> {
@@ -550,14 +573,8 @@ impl PyStore {
         let Some(s) = self.store() else {
             return Ok(empty);
         };
-        let Ok(loc) = py.detach(|| locate(&s, key)) else {
-            return Ok(empty);
-        };
-        let (obj, fresh) = pybuf::new_bytes(py, usize_of(loc.size)?)?;
-        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
-            Ok(()) => Ok(obj),
-            Err(_) => Ok(empty),
-        }
+        let obj = read_whole(py, &s, key, |py, n| pybuf::new_bytes(py, n))?;
+        Ok(obj.unwrap_or(empty))
     }
 
     /// `list[bytes]` with `b""` for misses; `[b""]` when not set up or for no keys (upstream).
@@ -587,14 +604,7 @@ impl PyStore {
         let Some(s) = self.store() else {
             return Ok(None);
         };
-        let Ok(loc) = py.detach(|| locate(&s, key)) else {
-            return Ok(None);
-        };
-        let (h, fresh) = crate::new_buffer_handle(py, usize_of(loc.size)?)?;
-        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
-            Ok(()) => Ok(Some(h)),
-            Err(_) => Ok(None),
-        }
+        read_whole(py, &s, key, crate::new_buffer_handle)
     }
 
     #[pyo3(signature = (keys, /))]
@@ -1275,7 +1285,7 @@ impl PyStore {
     {
         let lists = py.detach(|| s.batch_replicas(keys));
         let mut objs: Vec<Option<(Bound<'py, PyAny>, Fresh)>> = Vec::with_capacity(keys.len());
-        let mut plans: Vec<Option<(ReplicaList, Fresh)>> = Vec::with_capacity(keys.len());
+        let mut plans: Vec<Option<(Lookup, Fresh)>> = Vec::with_capacity(keys.len());
         for l in lists {
             match l.and_then(|l| object_size(&l).map(|n| (l, n))) {
                 Ok((l, n)) => {

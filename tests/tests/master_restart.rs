@@ -157,7 +157,7 @@ fn objects_survive_a_master_restart() {
     // New puts work and land outside every re-reported range.
     let mut taken: Vec<(String, u64, u64)> = Vec::new();
     for &i in &live {
-        for r in store.replicas(&key(i)).unwrap().replicas {
+        for r in store.replicas(&key(i)).unwrap().list.replicas {
             taken.push((r.segment_name, r.buffer_address, r.size));
         }
     }
@@ -166,7 +166,7 @@ fn objects_survive_a_master_restart() {
         let v = value(1000 + n);
         assert_eq!(store.put(&k, &v, &two, false), Ok(()), "{k}");
         assert_eq!(store.get(&k).unwrap(), v);
-        for r in store.replicas(&k).unwrap().replicas {
+        for r in store.replicas(&k).unwrap().list.replicas {
             for (seg, addr, size) in &taken {
                 assert!(
                     seg != &r.segment_name || !overlaps((r.buffer_address, r.size), (*addr, *size)),

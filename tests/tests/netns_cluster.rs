@@ -296,7 +296,7 @@ impl RemoteClient {
 
     fn replicas(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
         let key = key.to_string();
-        self.call(move |s| s.replicas(&key))
+        self.call(move |s| s.replicas(&key).map(|l| l.list))
     }
 
     /// The segments holding `key`'s replicas, sorted.

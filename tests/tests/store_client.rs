@@ -179,3 +179,57 @@ fn batches_report_per_key() {
     assert_eq!(s.remove_by_regex("^bk1", true), Ok(11));
     assert_eq!(s.remove_all(true), Ok(9));
 }
+
+/// A get session keeps replica lists across calls; a list read after its window (the lease
+/// the master gave it) could point at buffers the master has handed to another key. The
+/// session looks such a list up again; a key removed meanwhile fails with `LEASE_EXPIRED`
+/// rather than returning the next put's bytes.
+#[test]
+fn a_get_session_never_reads_a_list_past_its_window() {
+    const TTL_MS: u64 = 300;
+    let m = Master::start(&[&format!("--default_kv_lease_ttl={TTL_MS}")]);
+    let a = store(&m, 64, 16);
+    let cfg = ReplicateConfig::default();
+    let size = 2usize << 20; // extent-sized: the next put of this size reuses a freed range
+    a.put("k", &pattern(1, size), &cfg, false).unwrap();
+    let keys = vec!["k".to_string()];
+    assert_eq!(a.get_session_start(&keys), vec![Ok(())]);
+    let old = a.replicas("k").unwrap().replicas[0].buffer_address;
+    let read = |keys: &[String]| {
+        let mut dst = vec![0u8; size];
+        let r = a.get_ranges(
+            keys,
+            &[vec![dst.as_mut_ptr() as u64]],
+            &[vec![size as u64]],
+            &[vec![0]],
+        );
+        (r, dst)
+    };
+    let (r, dst) = read(&keys);
+    assert_eq!(r, vec![Ok(size as u64)]);
+    assert!(dst == pattern(1, size), "k's bytes inside the window");
+
+    std::thread::sleep(std::time::Duration::from_millis(2 * TTL_MS));
+    assert_eq!(a.remove("k", true), Ok(()));
+    a.put("other", &pattern(2, size), &cfg, false).unwrap();
+    let reused = a.replicas("other").unwrap().replicas[0].buffer_address == old;
+    let (r, dst) = read(&keys);
+    assert!(
+        dst != pattern(2, size),
+        "the session read another key's bytes"
+    );
+    assert_eq!(
+        r,
+        vec![Err(ErrorCode::LeaseExpired)],
+        "range reused: {reused}"
+    );
+
+    // A key still there is looked up again and read whole.
+    let keys = vec!["other".to_string()];
+    assert_eq!(a.get_session_start(&keys), vec![Ok(())]);
+    std::thread::sleep(std::time::Duration::from_millis(2 * TTL_MS));
+    let (r, dst) = read(&keys);
+    assert_eq!(r, vec![Ok(size as u64)]);
+    assert!(dst == pattern(2, size));
+    a.get_session_end(&keys);
+}

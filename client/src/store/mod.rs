@@ -72,17 +72,52 @@ use peers::{Peers, ReadItem, WriteItem};
 /// One object read of [`Store::read_many_from`]: `dst.len()` bytes at `offset` of the object
 /// whose replicas are `list`.
 pub struct ObjectRead<'a> {
-    pub list: &'a ReplicaList,
+    pub list: &'a Lookup,
     pub offset: u64,
     pub dst: &'a mut [u8],
 }
 
-/// A read that finished after its lease ran out may have raced a remove: report it as failed.
-fn lease_check(list: &ReplicaList, t0: Instant) -> Result<(), ErrorCode> {
-    if list.lease_ttl_ms > 0 && t0.elapsed().as_millis() as u64 > list.lease_ttl_ms {
-        return Err(ErrorCode::LeaseExpired);
+/// A replica list with the time by which a read of it must have ended.
+///
+/// The master answers each lookup with the reader's *window* (`lease_ttl_ms`, counted from
+/// its own handling of the request): after it, the object's buffers may go to another put
+/// (a forced remove or an upsert parks them only that long). The window here counts from
+/// before the request was sent, so it ends no later than the master's; a read that ends after
+/// it may hold another key's bytes and fails with `LEASE_EXPIRED` instead.
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    pub list: ReplicaList,
+    /// `None`: the master grants no lease (`--default_kv_lease_ttl=0`), nothing to check.
+    read_by: Option<Instant>,
+}
+
+impl Lookup {
+    fn new(list: ReplicaList, asked_at: Instant) -> Lookup {
+        let read_by = (list.lease_ttl_ms > 0)
+            .then(|| asked_at + std::time::Duration::from_millis(list.lease_ttl_ms));
+        Lookup { list, read_by }
     }
-    Ok(())
+
+    /// Whether a read ending now is still inside the window.
+    pub fn readable(&self) -> bool {
+        self.read_by.is_none_or(|t| Instant::now() <= t)
+    }
+
+    /// `LEASE_EXPIRED` once the window has passed (see the type).
+    fn check(&self) -> Result<(), ErrorCode> {
+        if self.readable() {
+            Ok(())
+        } else {
+            Err(ErrorCode::LeaseExpired)
+        }
+    }
+}
+
+impl std::ops::Deref for Lookup {
+    type Target = ReplicaList;
+    fn deref(&self) -> &ReplicaList {
+        &self.list
+    }
 }
 
 /// A ready store client. Dropping it is [`Store::close`].
@@ -402,36 +437,37 @@ impl Store {
 
     // ---- gets ---------------------------------------------------------------------------
 
-    /// The replica list of `key` (grants a read lease).
-    pub fn replicas(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
+    /// The replica list of `key` (grants a read lease) and the window to read it in.
+    pub fn replicas(&self, key: &str) -> Result<Lookup, ErrorCode> {
         self.check_open()?;
-        rpc(self.master.call(&GetReplicaList {
+        let asked_at = Instant::now();
+        let list = rpc(self.master.call(&GetReplicaList {
             key: key.to_string(),
-        }))
+        }))?;
+        Ok(Lookup::new(list, asked_at))
     }
 
-    pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<ReplicaList, ErrorCode>> {
+    pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<Lookup, ErrorCode>> {
+        let asked_at = Instant::now();
         self.per_key(keys.len(), || BatchGetReplicaList {
             keys: keys.to_vec(),
         })
+        .into_iter()
+        .map(|r| r.map(|list| Lookup::new(list, asked_at)))
+        .collect()
     }
 
     /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
-    /// replica first and then the others; fails with `LEASE_EXPIRED` if the read outlived the
-    /// lease it was granted under.
-    pub fn read_from(
-        &self,
-        list: &ReplicaList,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), ErrorCode> {
-        let t0 = Instant::now();
+    /// replica first and then the others; fails with `LEASE_EXPIRED` if the read did not end
+    /// inside the list's window ([`Lookup`]).
+    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), ErrorCode> {
+        list.check()?;
         let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().collect();
         order.sort_by_key(|r| !self.own_endpoint_is(&r.transport_endpoint));
         let mut last = ErrorCode::InvalidReplica;
         for r in order {
             match self.peers.read(r, offset, dst) {
-                Ok(()) => return lease_check(list, t0),
+                Ok(()) => return list.check(),
                 Err(ErrorCode::InvalidParams) => return Err(ErrorCode::InvalidParams),
                 Err(e) => last = e,
             }
@@ -442,11 +478,14 @@ impl Store {
     /// Many [`Self::read_from`]s as one batched transfer: each read goes to its preferred
     /// replica (our own first); a read that fails there falls back to the others on its own.
     pub fn read_many_from(&self, reads: Vec<ObjectRead<'_>>) -> Vec<Result<(), ErrorCode>> {
-        let t0 = Instant::now();
         let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(reads.len());
         let mut items: Vec<ReadItem<'_>> = Vec::with_capacity(reads.len());
-        let mut lists: Vec<(usize, &ReplicaList)> = Vec::with_capacity(reads.len());
+        let mut lists: Vec<(usize, &Lookup)> = Vec::with_capacity(reads.len());
         for (i, rd) in reads.into_iter().enumerate() {
+            if !rd.list.readable() {
+                results.push(Err(ErrorCode::LeaseExpired));
+                continue;
+            }
             let best = rd
                 .list
                 .replicas
@@ -469,7 +508,7 @@ impl Store {
         let outcomes = self.peers.read_many(&mut items);
         for (((i, list), item), r) in lists.into_iter().zip(items).zip(outcomes) {
             results[i] = match r {
-                Ok(()) => lease_check(list, t0),
+                Ok(()) => list.check(),
                 Err(ErrorCode::InvalidParams) => Err(ErrorCode::InvalidParams),
                 Err(_) if list.replicas.len() > 1 => self.read_from(list, item.offset, item.dst),
                 Err(e) => Err(e),
@@ -486,16 +525,31 @@ impl Store {
 
     /// The object's bytes (bounded by the local buffer).
     pub fn get(&self, key: &str) -> Result<Vec<u8>, ErrorCode> {
+        self.with_lookup(key, |list| {
+            let size = list
+                .replicas
+                .first()
+                .map(|r| r.size)
+                .ok_or(ErrorCode::InvalidReplica)?;
+            let _r = self.budget.reserve(size)?;
+            let mut out = vec![0u8; size as usize];
+            self.read_from(list, 0, &mut out)?;
+            Ok(out)
+        })
+    }
+
+    /// Runs `read` on a fresh lookup of `key`, and once more on another if the first one's
+    /// window passed before the read ended (a slow transfer, a replica that timed out first).
+    pub fn with_lookup<T>(
+        &self,
+        key: &str,
+        mut read: impl FnMut(&Lookup) -> Result<T, ErrorCode>,
+    ) -> Result<T, ErrorCode> {
         let list = self.replicas(key)?;
-        let size = list
-            .replicas
-            .first()
-            .map(|r| r.size)
-            .ok_or(ErrorCode::InvalidReplica)?;
-        let _r = self.budget.reserve(size)?;
-        let mut out = vec![0u8; size as usize];
-        self.read_from(&list, 0, &mut out)?;
-        Ok(out)
+        match read(&list) {
+            Err(ErrorCode::LeaseExpired) => read(&self.replicas(key)?),
+            r => r,
+        }
     }
 
     pub fn get_size(&self, key: &str) -> Result<u64, ErrorCode> {
@@ -719,18 +773,19 @@ impl Store {
 
     /// `get_into`: reads the whole object into registered memory; returns its size.
     pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
-        let list = self.replicas(key)?;
-        let size = list
-            .replicas
-            .first()
-            .map(|r| r.size)
-            .ok_or(ErrorCode::InvalidReplica)?;
-        if size > len {
-            return Err(ErrorCode::InvalidParams);
-        }
-        let dst = self.caller_slice_mut(addr, size)?;
-        self.read_from(&list, 0, dst)?;
-        Ok(size)
+        self.with_lookup(key, |list| {
+            let size = list
+                .replicas
+                .first()
+                .map(|r| r.size)
+                .ok_or(ErrorCode::InvalidReplica)?;
+            if size > len {
+                return Err(ErrorCode::InvalidParams);
+            }
+            let dst = self.caller_slice_mut(addr, size)?;
+            self.read_from(list, 0, dst)?;
+            Ok(size)
+        })
     }
 
     /// The local-buffer budget, for callers that stage (tensors, `get_buffer`).

@@ -12,7 +12,8 @@
 //!
 //! A *get session* caches each key's replica list (granting a read lease once);
 //! `get_ranges` reads byte ranges of the cached objects into caller memory without asking the
-//! master again; `get_session_end` drops the cache.
+//! master again while the list's read window lasts (`Lookup`), and asks again for the lists
+//! whose window has passed; `get_session_end` drops the cache.
 //!
 //! Invariants: a key has at most one open put session per store; every range is checked
 //! against the object's size before any byte moves.
@@ -21,10 +22,10 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 use protocol::message::{BatchPutEnd, BatchPutRevoke, BatchPutStart};
-use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig};
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
 
 use super::peers::WriteItem;
-use super::{rpc, ObjectRead, Store};
+use super::{rpc, Lookup, ObjectRead, Store};
 
 /// One object reserved by a put session.
 struct PutSession {
@@ -37,7 +38,7 @@ struct PutSession {
 #[derive(Default)]
 pub(super) struct Sessions {
     puts: Mutex<HashMap<String, PutSession>>,
-    gets: Mutex<HashMap<String, ReplicaList>>,
+    gets: Mutex<HashMap<String, Lookup>>,
 }
 
 /// `true` when `[offset, offset + len)` lies inside an object of `size` bytes.
@@ -305,10 +306,7 @@ impl Store {
         if !shapes_agree(n, ptrs, sizes, src_offsets) || self.check_open().is_err() {
             return vec![Err(ErrorCode::InvalidParams); n];
         }
-        let lists: Vec<Option<ReplicaList>> = {
-            let gets = self.sessions.gets.lock();
-            keys.iter().map(|k| gets.get(k).cloned()).collect()
-        };
+        let lists = self.session_lists(keys);
         let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
         let mut reads: Vec<ObjectRead<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
@@ -351,6 +349,35 @@ impl Store {
             }
         }
         out
+    }
+
+    /// The cached lists of `keys` (`None` outside a session), each looked up again when its
+    /// read window has passed: reading a list after its window could return another key's
+    /// bytes, since the master may have handed its buffers on.
+    fn session_lists(&self, keys: &[String]) -> Vec<Option<Lookup>> {
+        let mut lists: Vec<Option<Lookup>> = {
+            let gets = self.sessions.gets.lock();
+            keys.iter().map(|k| gets.get(k).cloned()).collect()
+        };
+        let stale: Vec<usize> = (0..keys.len())
+            .filter(|&i| lists[i].as_ref().is_some_and(|l| !l.readable()))
+            .collect();
+        if stale.is_empty() {
+            return lists;
+        }
+        let again: Vec<String> = stale.iter().map(|&i| keys[i].clone()).collect();
+        let fresh = self.batch_replicas(&again);
+        let mut gets = self.sessions.gets.lock();
+        for (i, r) in stale.into_iter().zip(fresh) {
+            // A key gone since keeps its stale list: its reads fail with LEASE_EXPIRED.
+            if let Ok(l) = r {
+                if gets.contains_key(&keys[i]) {
+                    gets.insert(keys[i].clone(), l.clone());
+                }
+                lists[i] = Some(l);
+            }
+        }
+        lists
     }
 
     /// `batch_get_session_end`: drops the cached replica lists of `keys`.

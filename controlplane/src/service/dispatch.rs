@@ -326,11 +326,11 @@ fn exist_item(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> bool {
 }
 
 fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> bool {
-    let ttl = st.cfg.default_kv_lease_ttl_ms;
     reply(out, |o| {
         let (obj, segs) = st.read(now, key, true)?;
         encode_replicas(o, obj, segs, true);
-        ttl.encode(o);
+        // The reader's window (`object.rs`, "Read windows").
+        super::object::told_window_ms(obj.read_window_until.saturating_sub(now)).encode(o);
         Ok(())
     })
 }

@@ -154,6 +154,9 @@ pub(crate) struct State {
     pub segs: Segments,
     pub clients: FastMap<Uuid, Client>,
     pub zombies: Vec<Zombie>,
+    /// Parked buffers fill a sixteenth of the pool: replica lists get short read windows
+    /// until they drop below a thirty-second (`object.rs`, "Read windows"). Set by `tick`.
+    pub short_read_windows: bool,
     /// A put failed for lack of space: the next tick evicts even below the watermark.
     pub need_eviction: bool,
     /// Bumped whenever an object becomes evictable by completing (see `evict.rs`).
@@ -199,6 +202,7 @@ impl State {
             segs: Segments::default(),
             clients: FastMap::default(),
             zombies: Vec::new(),
+            short_read_windows: false,
             need_eviction: false,
             evict_epoch: 0,
             evict_blocked: None,
@@ -257,17 +261,26 @@ impl State {
             .is_some_and(|(&b, _)| (b * 1000).saturating_add(timeout_ms) <= now)
     }
 
-    /// Frees parked buffers whose time has come.
+    /// Frees parked buffers whose time has come, and turns short read windows on or off by
+    /// how much stays parked.
     fn release_zombies(&mut self, m: &Metrics, now: u64) {
         let State { zombies, segs, .. } = self;
+        let mut parked = 0u64;
         zombies.retain(|z| {
             if z.release_at_ms > now {
+                parked += z.span.len;
                 return true;
             }
             segs.free_span(z.seg, z.span);
             Metrics::inc(&m.put_start_releases);
             false
         });
+        let (_, cap) = self.usage();
+        self.short_read_windows = if self.short_read_windows {
+            parked.saturating_mul(32) >= cap && parked > 0
+        } else {
+            parked.saturating_mul(16) >= cap && parked > 0
+        };
     }
 }
 

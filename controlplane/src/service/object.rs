@@ -20,7 +20,17 @@
 //! Leases. `read_lease_until` is granted by `GetReplicaList`: it blocks a non-forced remove
 //! *and* eviction. `probe_lease_until` is granted by `ExistKey`: it blocks a non-forced
 //! remove only (see `evict.rs` for why).
-
+//!
+//! Read windows. A reader may use a replica list for the window the list carries in
+//! `lease_ttl_ms`, counted by the client from before it asked; a read that ends later fails
+//! with `LEASE_EXPIRED` (the client looks up again). Buffers a forced remove, an upsert or a
+//! re-report takes from a leased object are parked until the last window handed out for it
+//! ends (`read_window_until`), then reused. The window is the whole lease, as upstream's,
+//! until parked buffers fill a sixteenth of the pool ([`State::read_window_ms`]): then lists
+//! get a short window (half a second plus a millisecond per 64 KiB), so that a workload that
+//! reads keys and force-removes them soon after does not park ten seconds of writes and run
+//! out of space (`docs/eviction.md`, "Read windows").
+//!
 use std::collections::hash_map::Entry;
 
 use protocol::limits::KEY_MAX_BYTES;
@@ -50,6 +60,33 @@ pub(crate) enum SoftPin {
     Until(u64),
 }
 
+/// A short read window for an object of any size, milliseconds.
+pub(crate) const SHORT_READ_WINDOW_BASE_MS: u64 = 500;
+/// The slowest transfer a short read window allows for: 64 KiB per millisecond (about 67 MB/s).
+pub(crate) const SHORT_READ_WINDOW_BYTES_PER_MS: u64 = 64 * 1024;
+/// Cut from the window a list tells its reader, so that the reader's window ends before the
+/// master's: the master dates the window by a clock read once per batch, in whole
+/// milliseconds, and frees parked buffers on its next tick after `read_window_until`.
+pub(crate) const READ_WINDOW_SLACK_MS: u64 = 5;
+
+/// The window a list tells its reader, `left` milliseconds before the master's ends: `0` (no
+/// lease, nothing to check) only when the master's has already ended.
+pub(crate) fn told_window_ms(left: u64) -> u64 {
+    match left {
+        0 => 0,
+        l => l.saturating_sub(READ_WINDOW_SLACK_MS).max(1),
+    }
+}
+
+/// The read window of a list of an object of `size` bytes: the lease `ttl_ms`, or when
+/// `short`, half a second plus time for the bytes at a slow rate (never more than the lease).
+pub(crate) fn read_window_ms(ttl_ms: u64, short: bool, size: u64) -> u64 {
+    if !short {
+        return ttl_ms;
+    }
+    ttl_ms.min(SHORT_READ_WINDOW_BASE_MS.saturating_add(size / SHORT_READ_WINDOW_BYTES_PER_MS))
+}
+
 pub(crate) struct Object {
     pub size: u64,
     /// The version of the write these replicas hold (`tombstones.rs`).
@@ -59,6 +96,8 @@ pub(crate) struct Object {
     pub put_start_ms: u64,
     pub replicas: Vec<Replica>,
     pub read_lease_until: u64,
+    /// The end of the last read window handed out (see the module's "Read windows").
+    pub read_window_until: u64,
     pub probe_lease_until: u64,
     /// Last `GetReplicaList` (or completion): the recency eviction orders by.
     pub last_read_ms: u64,
@@ -88,6 +127,11 @@ impl Object {
     /// Any lease that blocks a non-forced remove.
     pub fn remove_blocked(&self, now: u64) -> bool {
         self.read_lease_until > now || self.probe_lease_until > now
+    }
+
+    /// Until when a reader may still be reading the replicas.
+    pub fn read_hold_until(&self) -> u64 {
+        self.read_window_until
     }
 
     pub fn soft_pinned(&self, now: u64) -> bool {
@@ -176,7 +220,7 @@ impl State {
                 // are parked (`drop_object`) and new ones allocated, as for a new size.
                 let segs = &self.segs;
                 let idle = obj.is_complete()
-                    && obj.read_lease_until <= now
+                    && obj.read_hold_until() <= now
                     && obj
                         .replicas
                         .iter()
@@ -229,6 +273,7 @@ impl State {
             put_start_ms: now,
             replicas,
             read_lease_until: 0,
+            read_window_until: 0,
             probe_lease_until: 0,
             last_read_ms: now,
             soft_pin,
@@ -276,7 +321,7 @@ impl State {
             self.discard_put(m, key);
             return;
         }
-        let hold_until = obj.read_lease_until;
+        let hold_until = obj.read_hold_until();
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
@@ -302,13 +347,14 @@ impl State {
     pub(crate) fn retire(&mut self, now: u64, key: &str) -> Option<Object> {
         let obj = self.objects.remove(key)?;
         self.tombstones.add(key, obj.version);
+        let hold_until = obj.read_hold_until();
         for r in &obj.replicas {
             Self::release_span(
                 &mut self.segs,
                 &mut self.zombies,
                 r.seg,
                 r.span,
-                obj.read_lease_until,
+                hold_until,
                 now,
             );
         }
@@ -384,12 +430,15 @@ impl State {
     ) -> Result<Found<'_>, ErrorCode> {
         self.fenced(now)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
+        let short = self.short_read_windows;
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
         if !obj.has_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
         if lease {
             obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
+            let window = read_window_ms(ttl, short, obj.size);
+            obj.read_window_until = obj.read_window_until.max(now.saturating_add(window));
             obj.last_read_ms = now;
         }
         Ok((obj, &self.segs))
@@ -481,7 +530,8 @@ impl State {
             }
             tombstones.add(k, obj.version);
             for r in &obj.replicas {
-                Self::release_span(segs, zombies, r.seg, r.span, obj.read_lease_until, now);
+                let hold_until = obj.read_hold_until();
+                Self::release_span(segs, zombies, r.seg, r.span, hold_until, now);
             }
             n += 1;
             false

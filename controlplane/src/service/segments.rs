@@ -352,6 +352,7 @@ impl State {
                         put_start_ms: now,
                         replicas: vec![replica],
                         read_lease_until: lease_until,
+                        read_window_until: lease_until,
                         probe_lease_until: 0,
                         last_read_ms: now,
                         soft_pin,

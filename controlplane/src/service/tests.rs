@@ -327,7 +327,11 @@ fn put_lifecycle_processing_then_complete() {
     assert_eq!(t.svc.query_key("k"), Err(ErrorCode::ReplicaIsNotReady));
     t.end(C1, "k").unwrap();
     let l = t.get("k").unwrap();
-    assert_eq!(l.lease_ttl_ms, 500);
+    assert_eq!(
+        l.lease_ttl_ms,
+        500 - object::READ_WINDOW_SLACK_MS,
+        "the reader's window"
+    );
     assert_eq!(l.replicas.len(), 1);
     assert_eq!(l.replicas[0].status, ReplicaStatus::Complete);
     assert_eq!(l.replicas[0].buffer_address, d[0].buffer_address);
@@ -948,6 +952,70 @@ fn forced_remove_of_a_leased_object_parks_its_buffers_until_the_lease_ends() {
     t.advance(500);
     t.svc.tick();
     assert_eq!(t.used(), 0);
+}
+
+/// With a long lease (the default 10 s) a replica list's read window is the whole lease, as
+/// upstream's, until parked buffers fill a sixteenth of the pool; then lists get short windows
+/// and buffers taken from a leased object are parked only that long. A client that reads keys
+/// and force-removes them would otherwise park ten seconds of writes and run out of space
+/// (`bench/README.md`, "8 clients, 2 storage nodes").
+#[test]
+fn under_parking_pressure_read_windows_shrink_and_parked_buffers_follow() {
+    const TTL: u64 = 10_000;
+    let t = T::with(ServiceConfig {
+        default_kv_lease_ttl_ms: TTL,
+        ..cfg()
+    });
+    t.mount(1, 64 * MIB);
+    let (small, big) = (4096, 32 * MIB);
+    let short = |size: u64| {
+        object::SHORT_READ_WINDOW_BASE_MS + size / object::SHORT_READ_WINDOW_BYTES_PER_MS
+    };
+    // What a list tells its reader: its window less the master's slack.
+    let told = |window: u64| window - object::READ_WINDOW_SLACK_MS;
+    t.put("k", small);
+    assert_eq!(
+        t.get("k").unwrap().lease_ttl_ms,
+        told(TTL),
+        "no pressure: the lease"
+    );
+    // 8 MiB parked for its reader's full window (an eighth of the pool)...
+    t.put("a", 8 * MIB);
+    t.get("a").unwrap();
+    assert_eq!(t.remove("a", true), Ok(()));
+    t.svc.tick();
+    // ...so lists now get short windows, longer for bigger objects.
+    t.put("big", big);
+    assert_eq!(t.get("big").unwrap().lease_ttl_ms, told(short(big)));
+    t.advance(100);
+    // A window never shrinks: "k" keeps its first list's (TTL - 100 ms left).
+    assert_eq!(t.get("k").unwrap().lease_ttl_ms, told(TTL - 100));
+    t.put("k2", small);
+    assert_eq!(t.get("k2").unwrap().lease_ttl_ms, told(short(small)));
+    assert!(short(small) < short(big) && short(big) < TTL);
+    assert_eq!(t.remove("k2", true), Ok(()));
+    assert_eq!(t.remove("big", true), Ok(()));
+    let parked = 8 * MIB + big + small;
+    assert_eq!(t.used(), parked + small, "parked while a reader may read");
+    // Just before k2's window ends: still parked; at its end, free.
+    t.advance(short(small) - 1);
+    t.svc.tick();
+    assert_eq!(t.used(), parked + small);
+    t.advance(1);
+    t.svc.tick();
+    assert_eq!(t.used(), parked, "k2 freed");
+    t.advance(short(big) - short(small));
+    t.svc.tick();
+    assert_eq!(
+        t.used(),
+        8 * MIB + small,
+        "big freed long before the lease ends"
+    );
+    // "a" had a full window: parked until it ends; then no pressure, full windows again.
+    t.advance(TTL);
+    t.svc.tick();
+    assert_eq!(t.used(), small);
+    assert_eq!(t.get("k").unwrap().lease_ttl_ms, told(TTL));
 }
 
 // ---- Soft and hard pins, eviction ----------------------------------------------------------
