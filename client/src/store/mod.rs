@@ -43,7 +43,8 @@
 //!
 //! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
 //! inside one registered buffer, or outside every registered buffer and mapped with the needed
-//! permissions (`mapped`); a failed put never leaves a half-written object readable.
+//! permissions (`mapped`), and handed on as a [`CallerRange`] whose bytes only `unsafe` code
+//! sees (`caller`); a failed put never leaves a half-written object readable.
 
 mod budget;
 mod caller;
