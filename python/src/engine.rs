@@ -419,7 +419,10 @@ impl PyTransferEngine {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (obj, fresh) = pybuf::new_bytes(py, length)?;
         let engine = &self.engine;
-        match py.detach(|| engine.read_local(source_address, fresh.slice())) {
+        // SAFETY: `obj` (alive until after the read) is the only reference to the new bytes
+        // object, and nothing but this read touches it.
+        let dst = unsafe { fresh.into_slice() };
+        match py.detach(|| engine.read_local(source_address, dst)) {
             Ok(()) => Ok(obj.into_any()),
             Err(e) => {
                 fail("read_bytes_from_buffer", &e);

@@ -103,7 +103,9 @@ impl Drop for Pinned {
 }
 
 /// Memory of a Python object that no other code can reach yet, to be filled without the GIL.
-#[derive(Clone, Copy)]
+///
+/// Neither `Clone` nor `Copy`: one `Fresh` per object, and seeing its bytes consumes it, so
+/// two writable views of one object cannot come from safe code.
 pub struct Fresh {
     ptr: *mut u8,
     len: usize,
@@ -113,18 +115,24 @@ pub struct Fresh {
 // other code until the fill is done; moving the pointer to a worker that fills it while this
 // thread waits is sound.
 unsafe impl Send for Fresh {}
-// SAFETY: as for `Send`: the only code that touches the memory during the fill is the one
-// waiting thread's closure, which borrows the `Fresh`.
-unsafe impl Sync for Fresh {}
 
 impl Fresh {
-    /// The memory as a slice; the object must still be alive and unshared.
-    #[allow(clippy::mut_from_ref)]
-    pub fn slice(&self) -> &mut [u8] {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The memory as a slice, for a lifetime the caller picks.
+    ///
+    /// # Safety
+    /// For all of `'a` the object this came from stays alive (its owner holds a reference)
+    /// and no code but the slice's user reads or writes it, Python included.
+    pub unsafe fn into_slice<'a>(self) -> &'a mut [u8] {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: see the type's contract: `len` writable bytes at `ptr`, exclusively ours.
+        // SAFETY: `len` writable bytes at `ptr` (the object's buffer, sized at creation); the
+        // object's life and our exclusive use for `'a` are this function's contract, and
+        // `self` is consumed, so no second view comes from it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }

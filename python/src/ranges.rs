@@ -122,7 +122,9 @@ fn read_fragment(
     if size == 0 {
         return Ok(0);
     }
-    let dst = s.caller_slice_mut(dst, size)?;
-    s.read_from(list, src_offset, dst)?;
+    let dst = s.caller_range_mut(dst, size)?;
+    // SAFETY: the caller-memory contract (`store.rs`'s module doc) gives us the destination
+    // for this call; the view dies with the read.
+    s.read_from(list, src_offset, unsafe { dst.into_mut_slice() })?;
     Ok(size)
 }

@@ -8,6 +8,14 @@
 //! Bytes never take a detour through a staging buffer: `put` sends straight from the caller's
 //! buffer, `get` receives straight into the `bytes` object it returns. The local-buffer size
 //! still bounds those calls (see `client::store::budget`), as upstream's staging buffer does.
+//!
+//! Caller addresses (`put_from`, `get_into`, their batch and range forms, the tensor calls)
+//! carry the Python caller's promise, as upstream's do: the memory stays allocated for the
+//! call, nothing writes a source and nothing else touches a destination until the call
+//! returns, and the destinations of one call do not overlap. Rust cannot check that; the
+//! store checks what it can (`client::store::CallerRange`: registered, or mapped with the
+//! needed permissions, else `-600`), and every `unsafe` that looks at the bytes cites this
+//! paragraph as "the caller-memory contract".
 
 use std::sync::Arc;
 
@@ -105,7 +113,10 @@ fn read_whole<'py, T>(
             return Ok(None);
         };
         let (obj, fresh) = make(py, usize_of(loc.size)?)?;
-        match py.detach(|| s.read_from(&loc.list, 0, fresh.slice())) {
+        // SAFETY: `obj` (alive until after the read) is the only reference to the new object,
+        // and nothing but this read touches its bytes.
+        let dst = unsafe { fresh.into_slice() };
+        match py.detach(|| s.read_from(&loc.list, 0, dst)) {
             Ok(()) => return Ok(Some(obj)),
             Err(ErrorCode::LeaseExpired) => continue,
             Err(_) => return Ok(None),
@@ -246,11 +257,13 @@ impl PyStore {
             if sizes[i] == 0 {
                 continue;
             }
-            match s.caller_slice(buffer_ptrs[i], sizes[i]) {
-                Ok(sl) => {
+            match s.caller_range(buffer_ptrs[i], sizes[i]) {
+                Ok(r) => {
                     idx.push(i);
                     ks.push(keys[i].clone());
-                    ps.push(vec![sl]);
+                    // SAFETY: the caller-memory contract (module doc) holds the source for
+                    // this call, which `ps` does not outlive.
+                    ps.push(vec![unsafe { r.into_slice() }]);
                 }
                 Err(e) => out[i] = e.code(),
             }
@@ -294,8 +307,10 @@ impl PyStore {
                     if size > sizes[i] {
                         return Err(ErrorCode::InvalidParams);
                     }
-                    let dst = s.caller_slice_mut(buffer_ptrs[i], size)?;
-                    Ok((list, size, dst))
+                    let dst = s.caller_range_mut(buffer_ptrs[i], size)?;
+                    // SAFETY: the caller-memory contract (module doc) gives us the destination
+                    // to ourselves for this call, which `reads` does not outlive.
+                    Ok((list, size, unsafe { dst.into_mut_slice() }))
                 });
                 match planned {
                     Ok((list, size, dst)) => {
@@ -337,7 +352,9 @@ impl PyStore {
         let mut out = vec![0i32; n];
         let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..n {
-            match tensor_object(&s, buffer_ptrs[i], sizes[i]) {
+            // SAFETY: the caller-memory contract (module doc) holds every source for this
+            // call, which `ps` does not outlive.
+            match unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) } {
                 Ok(sl) => {
                     idx.push(i);
                     ks.push(keys[i].clone());
@@ -355,8 +372,12 @@ impl PyStore {
 }
 
 /// Registered memory holding a valid `[TensorMetadata][data]` object.
-fn tensor_object(s: &Store, ptr: u64, size: u64) -> Result<&'static [u8], ErrorCode> {
-    let data = s.caller_slice(ptr, size)?;
+///
+/// # Safety
+/// The caller-memory contract (module doc) holds `[ptr, ptr + size)` for all of `'a`.
+unsafe fn tensor_object<'a>(s: &Store, ptr: u64, size: u64) -> Result<&'a [u8], ErrorCode> {
+    // SAFETY: this function's contract.
+    let data = unsafe { s.caller_range(ptr, size)?.into_slice() };
     TensorMetadata::decode(data, size).map_err(|_| ErrorCode::InvalidParams)?;
     Ok(data)
 }
@@ -863,9 +884,14 @@ impl PyStore {
             return -1;
         }
         let r = py.detach(|| {
-            let meta = s.caller_slice(metadata_buffer_ptr, metadata_size)?;
-            let data = s.caller_slice(buffer_ptr, size)?;
-            s.put_parts(key, &[meta, data], cfg.single()?, false)
+            let (meta, data) = (
+                s.caller_range(metadata_buffer_ptr, metadata_size)?,
+                s.caller_range(buffer_ptr, size)?,
+            );
+            // SAFETY: the caller-memory contract (module doc) holds both sources until the
+            // put returns; the views die with it.
+            let parts = unsafe { [meta.as_slice(), data.as_slice()] };
+            s.put_parts(key, &parts, cfg.single()?, false)
         });
         -rc(r)
     }
@@ -922,14 +948,16 @@ impl PyStore {
         let mut out = vec![0i32; n];
         let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..n {
-            let parts: Result<Vec<&'static [u8]>, ErrorCode> =
+            let parts: Result<Vec<&[u8]>, ErrorCode> =
                 if all_buffer_ptrs[i].len() != all_sizes[i].len() {
                     Err(ErrorCode::InvalidParams)
                 } else {
                     all_buffer_ptrs[i]
                         .iter()
                         .zip(&all_sizes[i])
-                        .map(|(&p, &l)| s.caller_slice(p, l))
+                        // SAFETY: the caller-memory contract (module doc) holds every source
+                        // for this call, which `ps` does not outlive.
+                        .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
                         .collect()
                 };
             match parts {
@@ -953,7 +981,8 @@ impl PyStore {
     fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: u64, size: u64) -> i64 {
         match self.store() {
             None => INVALID as i64,
-            Some(s) => rc_i64(py.detach(|| s.get_into(key, buffer_ptr, size))),
+            // SAFETY: the caller-memory contract (module doc) covers the destination.
+            Some(s) => rc_i64(py.detach(|| unsafe { s.get_into(key, buffer_ptr, size) })),
         }
     }
 
@@ -1011,7 +1040,9 @@ impl PyStore {
                         pieces.push(ObjectRead {
                             list,
                             offset: at,
-                            dst: s.caller_slice_mut(p, take)?,
+                            // SAFETY: the caller-memory contract (module doc): each destination
+                            // is ours alone for this call, which `reads` does not outlive.
+                            dst: unsafe { s.caller_range_mut(p, take)?.into_mut_slice() },
                         });
                         at += take;
                     }
@@ -1101,7 +1132,8 @@ impl PyStore {
             return Vec::new();
         };
         py.detach(|| {
-            s.put_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_dst_offsets)
+            // SAFETY: the caller-memory contract (module doc) covers every source range.
+            unsafe { s.put_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_dst_offsets) }
                 .into_iter()
                 .map(rc_i64)
                 .collect()
@@ -1148,7 +1180,8 @@ impl PyStore {
             return Vec::new();
         };
         py.detach(|| {
-            s.get_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_src_offsets)
+            // SAFETY: the caller-memory contract (module doc) covers every destination range.
+            unsafe { s.get_ranges(&keys, &all_buffer_ptrs, &all_sizes, &all_src_offsets) }
                 .into_iter()
                 .map(rc_i64)
                 .collect()
@@ -1210,8 +1243,10 @@ impl PyStore {
             return INVALID as i64;
         };
         rc_i64(py.detach(|| {
-            let dst = s.caller_slice_mut(buffer_ptr, data.len() as u64)?;
-            dst.copy_from_slice(data);
+            let dst = s.caller_range_mut(buffer_ptr, data.len() as u64)?;
+            // SAFETY: the caller-memory contract (module doc) gives us the destination for
+            // this call; the view lives for this one copy.
+            unsafe { dst.into_mut_slice() }.copy_from_slice(data);
             Ok(data.len() as u64)
         }))
     }
@@ -1226,8 +1261,9 @@ impl PyStore {
         size: u64,
     ) -> Option<Bound<'py, PyBytes>> {
         let s = self.store()?;
-        let sl = s.caller_slice(buffer_ptr, size).ok()?;
-        Some(PyBytes::new(py, sl))
+        let src = s.caller_range(buffer_ptr, size).ok()?;
+        // SAFETY: the caller-memory contract (module doc) holds the source while we copy it.
+        Some(PyBytes::new(py, unsafe { src.as_slice() }))
     }
 }
 
@@ -1267,8 +1303,10 @@ impl PyStore {
         };
         let cfg = Cfg::of(config);
         rc(py.detach(|| {
-            let data = s.caller_slice(buffer_ptr, size)?;
-            s.put_parts(key, &[data], cfg.single()?, upsert)
+            let data = s.caller_range(buffer_ptr, size)?;
+            // SAFETY: the caller-memory contract (module doc) holds the source until the put
+            // returns; the view dies with it.
+            s.put_parts(key, &[unsafe { data.as_slice() }], cfg.single()?, upsert)
         }))
     }
 
@@ -1284,13 +1322,13 @@ impl PyStore {
         F: Fn(Python<'py>, usize) -> PyResult<(Bound<'py, PyAny>, Fresh)>,
     {
         let lists = py.detach(|| s.batch_replicas(keys));
-        let mut objs: Vec<Option<(Bound<'py, PyAny>, Fresh)>> = Vec::with_capacity(keys.len());
+        let mut objs: Vec<Option<Bound<'py, PyAny>>> = Vec::with_capacity(keys.len());
         let mut plans: Vec<Option<(Lookup, Fresh)>> = Vec::with_capacity(keys.len());
         for l in lists {
             match l.and_then(|l| object_size(&l).map(|n| (l, n))) {
                 Ok((l, n)) => {
                     let (o, f) = make(py, usize_of(n)?)?;
-                    objs.push(Some((o, f)));
+                    objs.push(Some(o));
                     plans.push(Some((l, f)));
                 }
                 Err(_) => {
@@ -1300,27 +1338,32 @@ impl PyStore {
             }
         }
         let ok: Vec<bool> = py.detach(|| {
-            let total: u64 = plans
-                .iter()
-                .flatten()
-                .map(|(_, f)| f.slice().len() as u64)
-                .sum();
+            let total: u64 = plans.iter().flatten().map(|(_, f)| f.len() as u64).sum();
             let Ok(_budget) = s.budget().reserve(total) else {
                 return vec![false; plans.len()];
             };
             let mut ok = vec![false; plans.len()];
             let mut owners = Vec::with_capacity(plans.len());
-            let mut reads = Vec::with_capacity(plans.len());
-            for (i, p) in plans.iter().enumerate() {
+            let mut lists = Vec::with_capacity(plans.len());
+            let mut dsts = Vec::with_capacity(plans.len());
+            for (i, p) in plans.into_iter().enumerate() {
                 if let Some((list, fresh)) = p {
                     owners.push(i);
-                    reads.push(ObjectRead {
-                        list,
-                        offset: 0,
-                        dst: fresh.slice(),
-                    });
+                    lists.push(list);
+                    // SAFETY: `objs` holds the only reference to each new object until after
+                    // the reads, and nothing but its own read touches it.
+                    dsts.push(unsafe { fresh.into_slice() });
                 }
             }
+            let reads = lists
+                .iter()
+                .zip(dsts)
+                .map(|(list, dst)| ObjectRead {
+                    list,
+                    offset: 0,
+                    dst,
+                })
+                .collect();
             for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
                 ok[i] = r.is_ok();
             }
@@ -1329,7 +1372,7 @@ impl PyStore {
         Ok(objs
             .into_iter()
             .zip(ok)
-            .map(|(o, ok)| o.filter(|_| ok).map(|(o, _)| o))
+            .map(|(o, ok)| o.filter(|_| ok))
             .collect())
     }
 }

@@ -126,10 +126,18 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
     // Unmapped memory is refused before any byte moves; mapped memory is used registered or
     // not, as upstream over TCP does.
     assert_eq!(
-        s.caller_slice(8, 8192).err(),
+        s.caller_range(8, 8192).err(),
         Some(ErrorCode::InvalidParams)
     );
-    assert_eq!(s.caller_slice(sp, 8192).map(<[u8]>::len), Ok(8192));
+    assert_eq!(s.caller_range(sp, 8192).map(|r| r.len()), Ok(8192));
+    // A destination must be writable: constant bytes are mapped read-only.
+    static CONSTANT: [u8; 64] = [5; 64];
+    let ro = CONSTANT.as_ptr() as u64;
+    assert_eq!(s.caller_range(ro, 64).map(|r| r.len()), Ok(64));
+    assert_eq!(
+        s.caller_range_mut(ro, 64).err(),
+        Some(ErrorCode::InvalidParams)
+    );
     s.register_buffer(sp, 8192).unwrap();
     s.register_buffer(dp, 8192).unwrap();
     s.register_buffer(sp, 8192).unwrap(); // same buffer again: fine
@@ -139,20 +147,28 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
     );
     // A range that starts in a registered buffer must end in it.
     assert_eq!(
-        s.caller_slice(sp + 100, 8192).err(),
+        s.caller_range(sp + 100, 8192).err(),
         Some(ErrorCode::InvalidParams)
     );
-    s.put_parts("zc", &[s.caller_slice(sp, 8192).unwrap()], &cfg, false)
+    let whole = s.caller_range(sp, 8192).unwrap();
+    // SAFETY: `src` is live and only read until the put returns.
+    s.put_parts("zc", &[unsafe { whole.as_slice() }], &cfg, false)
         .unwrap();
-    assert_eq!(s.get_into("zc", dp, 100), Err(ErrorCode::InvalidParams)); // too small
-    assert_eq!(s.get_into("zc", dp, 8192), Ok(8192));
+    // SAFETY: `dst` is live and nothing else touches it during the call.
+    let too_small = unsafe { s.get_into("zc", dp, 100) };
+    assert_eq!(too_small, Err(ErrorCode::InvalidParams));
+    // SAFETY: as above.
+    assert_eq!(unsafe { s.get_into("zc", dp, 8192) }, Ok(8192));
     assert_eq!(dst, src);
     s.unregister_buffer(dp).unwrap();
     assert_eq!(s.unregister_buffer(dp), Err(ErrorCode::InvalidParams));
     dst.fill(0);
-    assert_eq!(s.get_into("zc", dp, 8192), Ok(8192)); // still mapped
+    // SAFETY: as above; unregistered, `dst` is still mapped and ours.
+    assert_eq!(unsafe { s.get_into("zc", dp, 8192) }, Ok(8192));
     assert_eq!(dst, src);
-    assert_eq!(s.get_into("zc", 8, 8192), Err(ErrorCode::InvalidParams));
+    // SAFETY: address 8 is refused by the check before any byte moves.
+    let unmapped = unsafe { s.get_into("zc", 8, 8192) };
+    assert_eq!(unmapped, Err(ErrorCode::InvalidParams));
 }
 
 #[test]
@@ -197,12 +213,15 @@ fn a_get_session_never_reads_a_list_past_its_window() {
     let old = a.replicas("k").unwrap().replicas[0].buffer_address;
     let read = |keys: &[String]| {
         let mut dst = vec![0u8; size];
-        let r = a.get_ranges(
-            keys,
-            &[vec![dst.as_mut_ptr() as u64]],
-            &[vec![size as u64]],
-            &[vec![0]],
-        );
+        // SAFETY: `dst` is ours, mapped and untouched by anything else until the call returns.
+        let r = unsafe {
+            a.get_ranges(
+                keys,
+                &[vec![dst.as_mut_ptr() as u64]],
+                &[vec![size as u64]],
+                &[vec![0]],
+            )
+        };
         (r, dst)
     };
     let (r, dst) = read(&keys);

@@ -43,9 +43,11 @@
 //!
 //! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
 //! inside one registered buffer, or outside every registered buffer and mapped with the needed
-//! permissions (`mapped`); a failed put never leaves a half-written object readable.
+//! permissions (`mapped`), and handed on as a [`CallerRange`] whose bytes only `unsafe` code
+//! sees (`caller`); a failed put never leaves a half-written object readable.
 
 mod budget;
+mod caller;
 mod catalog;
 pub mod extra;
 mod keylock;
@@ -64,6 +66,7 @@ use protocol::message::*;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
 
 pub use budget::{LocalBudget, Reservation};
+pub use caller::CallerRange;
 pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::{cluster_id_from_env, StoreConfig};
 
@@ -737,42 +740,34 @@ impl Store {
         mapped::is_mapped(addr, len, write)
     }
 
-    /// A view of caller memory (see `caller_ok`); `INVALID_PARAMS` for anything else, so an
-    /// unmapped address is an error code instead of a segfault.
+    /// Caller memory `[addr, addr + len)` to read from (see `caller_ok`); `INVALID_PARAMS`
+    /// for anything else, so an unmapped address is an error code instead of a segfault.
+    /// Seeing the bytes is `unsafe` ([`CallerRange`]): the checks cannot see who else uses
+    /// the memory.
+    pub fn caller_range(&self, addr: u64, len: u64) -> Result<CallerRange, ErrorCode> {
+        self.checked_range(addr, len, false)
+    }
+
+    /// [`Self::caller_range`] for memory to write into (checked writable).
+    pub fn caller_range_mut(&self, addr: u64, len: u64) -> Result<CallerRange, ErrorCode> {
+        self.checked_range(addr, len, true)
+    }
+
+    fn checked_range(&self, addr: u64, len: u64, write: bool) -> Result<CallerRange, ErrorCode> {
+        if !self.caller_ok(addr, len, write) {
+            return Err(ErrorCode::InvalidParams);
+        }
+        CallerRange::checked(addr, len, write).ok_or(ErrorCode::InvalidParams)
+    }
+
+    /// `get_into`: reads the whole object into caller memory at `addr` (registered, or mapped
+    /// writable; `INVALID_PARAMS` otherwise, or when the object is larger than `len`); returns
+    /// its size.
     ///
     /// # Safety
-    /// The caller (Python, via `register_buffer`) promised registered memory stays valid until
-    /// it is unregistered, and memory it passes unregistered stays valid for the call; the
-    /// range checks are what we can verify.
-    pub fn caller_slice(&self, addr: u64, len: u64) -> Result<&'static [u8], ErrorCode> {
-        if !self.caller_ok(addr, len, false) {
-            return Err(ErrorCode::InvalidParams);
-        }
-        if len == 0 {
-            return Ok(&[]);
-        }
-        // SAFETY: [addr, addr + len) lies inside a buffer the caller registered and promised
-        // to keep valid while registered, or is mapped readable and the caller keeps it so for
-        // the call.
-        Ok(unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) })
-    }
-
-    /// Mutable twin of [`Self::caller_slice`].
-    #[allow(clippy::mut_from_ref)]
-    pub fn caller_slice_mut(&self, addr: u64, len: u64) -> Result<&'static mut [u8], ErrorCode> {
-        if !self.caller_ok(addr, len, true) {
-            return Err(ErrorCode::InvalidParams);
-        }
-        if len == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: as `caller_slice` (registered, or mapped writable); the caller owns the
-        // memory and gives us exclusive use of the range for the duration of the call.
-        Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
-    }
-
-    /// `get_into`: reads the whole object into registered memory; returns its size.
-    pub fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
+    /// Until this returns, `[addr, addr + len)` stays mapped and nothing else reads or writes
+    /// it (another thread, Python, another call over the same bytes).
+    pub unsafe fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
         self.with_lookup(key, |list| {
             let size = list
                 .replicas
@@ -782,8 +777,10 @@ impl Store {
             if size > len {
                 return Err(ErrorCode::InvalidParams);
             }
-            let dst = self.caller_slice_mut(addr, size)?;
-            self.read_from(list, 0, dst)?;
+            let dst = self.caller_range_mut(addr, size)?;
+            // SAFETY: `dst` is inside `[addr, addr + len)`, which our caller keeps mapped and
+            // unshared until we return; the slice dies with this read.
+            self.read_from(list, 0, unsafe { dst.into_mut_slice() })?;
             Ok(size)
         })
     }

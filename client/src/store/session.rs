@@ -135,7 +135,11 @@ impl Store {
     /// offset `dst_offsets[i][j]` of key `i`'s reserved object; bytes copied per key, or
     /// `INVALID_PARAMS` (no session, ranges outside the object, unmapped memory, lists of
     /// different lengths). A key's ranges are all checked before any is copied.
-    pub fn put_ranges(
+    ///
+    /// # Safety
+    /// Until this returns, every `[ptrs[i][j], + sizes[i][j])` stays mapped and nothing writes
+    /// it (another thread, Python, another call over the same bytes).
+    pub unsafe fn put_ranges(
         &self,
         keys: &[String],
         ptrs: &[Vec<u64>],
@@ -163,11 +167,14 @@ impl Store {
                         if !in_object(off, len, size) {
                             return Err(ErrorCode::InvalidParams);
                         }
-                        Ok((self.caller_slice(ptr, len)?, off as usize))
+                        Ok((self.caller_range(ptr, len)?, off as usize))
                     })
                     .collect::<Result<Vec<_>, ErrorCode>>()?;
                 let mut total = 0u64;
                 for (src, off) in srcs {
+                    // SAFETY: our caller keeps every source range mapped and unwritten until
+                    // we return, and the view lives for this one copy; `staged` is ours.
+                    let src = unsafe { src.as_slice() };
                     s.staged[off..off + src.len()].copy_from_slice(src);
                     total += src.len() as u64;
                 }
@@ -295,7 +302,11 @@ impl Store {
     /// `batch_get_into_multi_buffer_ranges`: reads `sizes[i][j]` bytes at `src_offsets[i][j]`
     /// of key `i` (which must be in a get session) into `ptrs[i][j]`; bytes read per key, or a
     /// negative code (`INVALID_PARAMS` without a session or for a range outside the object).
-    pub fn get_ranges(
+    ///
+    /// # Safety
+    /// Until this returns, every `[ptrs[i][j], + sizes[i][j])` stays mapped and nothing else
+    /// reads or writes it (another thread, Python, another range of this call).
+    pub unsafe fn get_ranges(
         &self,
         keys: &[String],
         ptrs: &[Vec<u64>],
@@ -323,7 +334,11 @@ impl Store {
                     if !in_object(off, len, size) {
                         return Err(ErrorCode::InvalidParams);
                     }
-                    let dst = self.caller_slice_mut(ptr, len)?;
+                    let dst = self.caller_range_mut(ptr, len)?;
+                    // SAFETY: our caller keeps the range mapped and to itself until we return
+                    // (which includes not overlapping another range of the call); the slice
+                    // dies with `reads`, before we return.
+                    let dst = unsafe { dst.into_mut_slice() };
                     pieces.push(ObjectRead {
                         list,
                         offset: off,

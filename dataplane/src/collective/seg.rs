@@ -148,6 +148,7 @@ impl Segment {
         let len = segment_bytes(ranks);
         // SAFETY: plain syscalls on our descriptor.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0
+            // SAFETY: as above.
             || unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
         {
             let e = io::Error::last_os_error();

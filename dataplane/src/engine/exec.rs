@@ -172,18 +172,18 @@ impl Running {
                 let local = (r.source + off) as *mut u8;
                 let remote_addr = r.target_offset + off;
                 ops.push(match r.opcode {
-                    // SAFETY: [source, source+length) lies inside one registered buffer
-                    // (checked in `execute`), valid while registered by register_memory's
-                    // contract, and the transfer guard keeps it registered until this
-                    // function returns; the slice lives only inside this call. The caller
-                    // must not hand one submission overlapping local READ destinations.
                     Opcode::Read => TransferOp::Read {
                         remote_addr,
+                        // SAFETY: [source, source+length) lies inside one registered buffer
+                        // (checked in `execute`), valid while registered by register_memory's
+                        // contract, and the transfer guard keeps it registered until this
+                        // function returns; the slice lives only inside this call. The caller
+                        // must not hand one submission overlapping local READ destinations.
                         dst: unsafe { std::slice::from_raw_parts_mut(local, n as usize) },
                     },
-                    // SAFETY: as above; the bytes are only read.
                     Opcode::Write => TransferOp::Write {
                         remote_addr,
+                        // SAFETY: as for `Read` above; the bytes are only read.
                         src: unsafe { std::slice::from_raw_parts(local, n as usize) },
                     },
                     Opcode::CatalogPut => break, // refused in `execute`

@@ -414,6 +414,7 @@ impl ShmMapping {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
         // SAFETY: fstat into a zeroed stat buffer of our own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is an open descriptor we own and `st` is a live stat buffer.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(io::Error::last_os_error());
         }

@@ -221,7 +221,7 @@ impl EpRuntime {
                 } else {
                     ((begin as i64) << 32) | c as i64
                 };
-                // SAFETY (whole block): destinations are rows `begin..begin + c` of expert
+                // SAFETY: (whole block) destinations are rows `begin..begin + c` of expert
                 // `l`, inside the caller's tensors since the rows of one expert total at most
                 // `R * T = N`; sources are inside this rank's data area.
                 unsafe {

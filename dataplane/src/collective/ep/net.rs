@@ -483,8 +483,8 @@ mod tests {
         // SAFETY: inside the 1 MiB data area; written before the post observed above.
         let got = unsafe { std::slice::from_raw_parts(s1.data().add(1000), big.len()) };
         assert!(got == &big[..]);
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { std::slice::from_raw_parts(s1.data().add(10), 3) },
             [9, 8, 7]
         );
