@@ -3,6 +3,7 @@
 # (the physical limit), in the same run, on 127.0.0.1 only.
 #
 #   bash bench/te_side_by_side.sh [UPSTREAM_VENV]   (default /tmp/upvenv; skipped if missing)
+#   SIZES="1048576 16777216" bash bench/te_side_by_side.sh ...   (block sizes; default 64 KiB, 1 MiB)
 #
 # Upstream: `python3 -m venv V && V/bin/pip install mooncake-transfer-engine-non-cuda`
 # (needs Debian's libibverbs1). Both run P2PHANDSHAKE metadata, TCP, batch 16, 2 threads.
@@ -10,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 UP=${1:-/tmp/upvenv}
 SECS=${SECS:-5}
+SIZES=${SIZES:-65536 1048576}
 cargo build --release -q -p mooncake-bench --bin transfer_engine_bench --bin tcp_transport_bench
 OURS=target/release/transfer_engine_bench
 BUF=$((512 << 20))
@@ -30,7 +32,7 @@ run_pair() { # impl target_cmd initiator_cmd_prefix -> prints throughput for eac
     fi
     [ -n "$seg" ] && break
   done
-  for size in 65536 1048576; do
+  for size in $SIZES; do
     for op in write read; do
       local out
       out=$(env $envs "$bin" --mode=initiator --protocol=tcp --metadata_server=P2PHANDSHAKE \
@@ -54,10 +56,10 @@ run_pair() { # impl target_cmd initiator_cmd_prefix -> prints throughput for eac
 } | tee "$LOG/results.txt"
 
 echo "--- plain loopback stream (physical limit) ---"
-target/release/tcp_transport_bench --secs 1 --runs 3 --sizes 65536,1048576 --backends plain 2>&1 |
+target/release/tcp_transport_bench --secs 1 --runs 3 --sizes "${SIZES// /,}" --backends plain 2>&1 |
   tee "$LOG/plain.txt" | grep -E 'plain' || true
 
-python3 - "$LOG/results.txt" "$LOG/plain.txt" <<'PY'
+python3 - "$LOG/results.txt" "$LOG/plain.txt" $SIZES <<'PY'
 import re, sys
 res = {}
 for line in open(sys.argv[1]):
@@ -74,7 +76,7 @@ for line in open(sys.argv[2]):
         plain[key] = max(plain.get(key, 0.0), float(m.group(5)))
 print(f"\n{'op':6} {'block':>8} {'ours GB/s':>10} {'upstream':>9} {'x upstream':>10} {'plain':>7} {'% plain':>8}")
 for op in ("write", "read"):
-    for size in (65536, 1048576):
+    for size in map(int, sys.argv[3:]):
         o, u = res.get(("ours", op, size)), res.get(("upstream", op, size))
         p = plain.get((op, size))
         ratio = f"{o / u:.2f}x" if o and u else "-"
