@@ -26,3 +26,9 @@ pub mod rpc;
 pub mod service;
 pub mod signals;
 pub mod view;
+
+/// A model of owners, writers and elections around the master, checked by a seeded unit test
+/// and by the `master_model` fuzz target; see its docs. Tests and `--features model` only.
+#[cfg(any(test, feature = "model"))]
+#[path = "service/tests/model.rs"]
+pub mod model;

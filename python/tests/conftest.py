@@ -179,4 +179,5 @@ def new_store(master):
 
 
 def lease_wait():
+    # The subject, not a settle: a read's lease has to run out before the object can go.
     time.sleep(DEFAULT_KV_LEASE_TTL / 1000 + 0.05)

@@ -95,7 +95,7 @@ def main():
             out = {"error": f"unknown command {cmd[0]!r}"}
         print(json.dumps(out), flush=True)
     while True:
-        time.sleep(3600)
+        time.sleep(3600)  # idle until the test kills it (stdin closed, it still serves)
 
 
 if __name__ == "__main__":

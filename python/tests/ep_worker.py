@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from mooncake import mooncake_ep_buffer, pg
 from mooncake.mooncake_ep_buffer import Buffer, EpArgumentError
+from polling import process_gone, wait_until  # noqa: E402  (beside this script)
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 TMP = sys.argv[5]
@@ -267,11 +268,12 @@ def scenario_dead():
     buf = new_buffer()
     victim = WORLD - 1
     flag = os.path.join(TMP, "phase1")
+    pid_file = os.path.join(TMP, "victim.pid")
     if RANK == victim:
-        for _ in range(600):
-            if os.path.exists(flag):
-                break
-            time.sleep(0.05)
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)  # the survivors never read half a pid
+        wait_until(lambda: os.path.exists(flag), 30, "rank 0's phase-1 flag")
         print(f"OK {SCENARIO} {CHECKS}", flush=True)
         if os.environ.get("EP_VICTIM_SIGKILL") == "1":  # test_ep_tcp: no orderly exit
             os.kill(os.getpid(), signal.SIGKILL)
@@ -293,7 +295,9 @@ def scenario_dead():
     # between the survivors only: the group's barrier would wait for the dead rank
     if RANK == 0:
         open(flag, "w").close()
-    time.sleep(1.0)  # the victim exits
+    # the victim exits: its process gone (a zombie counts: its lock and sockets are closed)
+    wait_until(lambda: os.path.exists(pid_file) and process_gone(int(open(pid_file).read())),
+               30, "the victim's exit")
     fresh = torch.ones(WORLD, dtype=torch.int32)
     x, topk, w = inputs(RANK, 21)
     t0 = time.monotonic()

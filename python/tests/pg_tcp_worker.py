@@ -111,11 +111,13 @@ def scenario_sigstop():
     dist.all_reduce(t)
     same(t, torch.full((100,), float(world)), "all_reduce before the stop")
     if rank == victim:
-        time.sleep(0.3)
+        pg_worker.wait_marks([f"sigstop/entering/{r}" for r in range(world - 1)],
+                             "the others to enter the all_reduce")
         print(f"STOP_AT {time.time():.6f}", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
-        time.sleep(60)
+        time.sleep(60)  # stopped here; the test SIGKILLs it (not a wait for a condition)
     t = torch.full((100,), float(rank + 1))
+    pg_worker.mark(f"sigstop/entering/{rank}")
     start = time.monotonic()
     w = dist.all_reduce(t, async_op=True)
     check(w.wait() is True, "wait does not raise for a silent peer")

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mooncake import pg
+from polling import wait_until  # noqa: E402  (beside this script)
 
 SCENARIO, RANK, WORLD, PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 CHECKS = 0
@@ -90,6 +91,17 @@ def init(options=None):
         pg_options=options,
         timeout=datetime.timedelta(seconds=60),
     )
+
+
+def mark(key):
+    """Sets `key` in the group's rendezvous store: a flag another rank can wait for."""
+    dist.distributed_c10d._get_default_store().set(key, "1")
+
+
+def wait_marks(keys, what, timeout_s=60):
+    """Waits until every key in `keys` is set in the rendezvous store (see `mark`)."""
+    store = dist.distributed_c10d._get_default_store()
+    wait_until(lambda: all(store.check([k]) for k in keys), timeout_s, what)
 
 
 def all_reduce_matrix():
@@ -361,11 +373,15 @@ def scenario_sigkill():
     dist.all_reduce(t)
     same(t, torch.full((1000,), float(sum(range(1, WORLD + 1)))), "all_reduce before the kill")
     if RANK == victim:
-        time.sleep(0.3)  # the others are waiting in the next all_reduce by now
+        # the others mark the store right before the next all_reduce; once every mark is
+        # there they are entering it (or inside it): either way the kill lands mid-collective
+        wait_marks([f"sigkill/entering/{r}" for r in range(WORLD - 1)], "the others to enter")
         print(f"KILL_AT {time.time():.6f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     for n in (1000, 3_000_000):  # one-phase and two-phase paths
         t = torch.full((n,), float(RANK + 1))
+        if n == 1000:
+            mark(f"sigkill/entering/{RANK}")
         start = time.monotonic()
         w = dist.all_reduce(t, async_op=True)
         check(w.wait() is True, "wait does not raise for a dead peer")
@@ -426,7 +442,10 @@ def scenario_leave():
         check(r.status == pg.ProposalStatus.Applied, f"leave applied: {r.status}")
         check(active[RANK].item() == 0, "own slot inactive after leaving")
         expect_error(lambda: dist.all_reduce(torch.ones(3)), ["not active"], "collective after leave")
-        time.sleep(1.0)  # stay alive: the others must not need the process to be gone
+        # stay alive until the others are through their collectives: they must not need
+        # this process to be gone
+        wait_marks([f"leave/through/{r}" for r in range(WORLD - 1)], "the others' all_reduce")
+        mark("leave/seen")  # rank 0 hosts the store: it stays until this is read
         return
     for n in (10, 3_000_000):
         t = torch.ones(n)
@@ -434,9 +453,12 @@ def scenario_leave():
         w.wait()
         same(t, torch.full((n,), float(WORLD - 1)), f"survivors' all_reduce n={n}")
         check(pg.get_local_success(w), "a graceful leave is not a failure")
+    mark(f"leave/through/{RANK}")
     check(active.tolist() == [int(r != leaver) for r in range(WORLD)], f"active {active.tolist()}")
     r = pg.deactivate_ranks(g, [leaver])  # already out: nothing to change
     check(r.status == pg.ProposalStatus.Applied, f"deactivating the leaver again: {r.status}")
+    if RANK == 0:
+        wait_marks(["leave/seen"], "the leaver to see the others through")
     dist.barrier()
 
 

@@ -603,7 +603,7 @@ def test_calls_release_the_gil(store):
     def spin():
         while not stop.is_set():
             ticks.append(time.monotonic())
-            time.sleep(0.001)
+            time.sleep(0.001)  # the tick being measured, not a wait
 
     t = threading.Thread(target=spin)
     t.start()

@@ -21,6 +21,7 @@ def _store(master, tenant):
 
 
 def _wait_lease():
+    # The subject, not a settle: the read's lease has to run out before the object can go.
     time.sleep(LEASE_MS / 1000 + 0.1)
 
 

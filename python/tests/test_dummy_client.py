@@ -163,8 +163,9 @@ CHILD = textwrap.dedent("""
         got = s.get(f"{other}/{i}")
         assert got == f"{other} value {i}".encode() * 100, (i, got[:40])
     print("ok", flush=True)
-    # Keep our keys until the other side read them too.
-    time.sleep(2)
+    # Keep our keys until the other side read them too: the test answers "go" once both
+    # printed "ok".
+    assert sys.stdin.readline().strip() == "go", "no go from the test"
     s.close()
 """)
 
@@ -172,12 +173,19 @@ CHILD = textwrap.dedent("""
 def test_two_dummy_processes_read_each_others_keys(standalone):
     procs = [
         subprocess.Popen([sys.executable, "-c", CHILD, me, other, standalone.address],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
         for me, other in (("client1", "client2"), ("client2", "client1"))
     ]
+    # Both have read the other's keys (or one failed: EOF) before either closes.
+    firsts = [p.stdout.readline().strip() for p in procs]
     for p in procs:
+        if p.poll() is None:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+    for p, first in zip(procs, firsts):
         out, err = p.communicate(timeout=120)
-        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+        assert p.returncode == 0 and first == "ok" and out.strip() == "", err[-2000:]
 
 
 def test_dummy_fails_fast_and_clearly_when_the_standalone_client_dies(own_master, caplog):

@@ -6,6 +6,7 @@ MC_TRANSFER_TIMEOUT is 5 s here (set before any engine is made), so a peer kille
 must be reported within about 5 s.
 """
 
+import ctypes
 import json
 import os
 import random
@@ -21,6 +22,7 @@ os.environ["MC_TRANSFER_TIMEOUT"] = "5"
 TRANSFER_TIMEOUT_S = 5
 
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode  # noqa: E402
+from polling import wait_until  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MIB = 1024 * 1024
@@ -268,9 +270,12 @@ def test_peer_killed_mid_batch(initiator, target):
         chunk = 4 * MIB
         bufs = [local + (i % 8) * chunk for i in range(n)]
         peers = [victim.buffer + (i % 16) * chunk for i in range(n)]
+        marker = os.urandom(16)  # the first bytes of chunk 0, to see the batch moving
+        ctypes.memmove(local, marker, len(marker))
         bid = e.batch_transfer_async_write(victim.segment, bufs, peers, [chunk] * n)
         assert bid != 0
-        time.sleep(0.05)
+        wait_until(lambda: victim.peek(victim.buffer, len(marker)) == marker, 30,
+                   "the batch's first bytes at the victim")
         t0 = time.monotonic()
         victim.kill()
         status = _poll(e, bid, timeout=TRANSFER_TIMEOUT_S + 10)

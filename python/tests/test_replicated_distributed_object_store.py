@@ -105,7 +105,7 @@ WRITER = textwrap.dedent(
     for i in range(50):
         assert s.put(f"killed_{i}", bytes([i]) * (4096 + i), cfg) == 0
     print("ready", flush=True)
-    time.sleep(600)
+    time.sleep(600)  # holds the replicas until the test SIGKILLs it
     """
 )
 

@@ -94,7 +94,7 @@ def test_concurrency_soak():
 
         def sampler():
             warm = min(15.0, SECONDS / 4)
-            time.sleep(warm)
+            time.sleep(warm)  # the schedule is the subject: RSS after warm-up vs at the end
             samples["start"] = {n: rss(p) for n, p in pids.items()}
             time.sleep(max(0.0, SECONDS - warm - 2))
             samples["end"] = {n: rss(p) for n, p in pids.items()}

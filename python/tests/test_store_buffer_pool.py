@@ -4,11 +4,11 @@ views and their lifetime, close, and the leased memory working with put_from/get
 
 import ctypes
 import threading
-import time
 
 import pytest
 
 from conftest import MIB, make_store
+from polling import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,8 @@ def test_blocking_acquire_waits_for_a_release(pstore):
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.2)
+    # the waiter is inside the pool's Condition.wait (CPython keeps one lock per waiter)
+    wait_until(lambda: len(pool._cond._waiters) == 1, 10, "the waiter to block")
     assert got == []  # still waiting, and not holding the GIL (we run)
     ptr = held.ptr
     held.release()

@@ -12,8 +12,6 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::view::AdminView;
 
-mod model;
-
 const MIB: u64 = 1 << 20;
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 const C2: Uuid = Uuid { hi: 2, lo: 2 };
