@@ -99,3 +99,33 @@ fn replica_clear_is_owner_checked_and_stays_cleared_across_a_master_restart() {
     assert_eq!(back.replicas.len(), 1);
     assert_eq!(back.replicas[0].segment_name, segs[1]);
 }
+
+#[test]
+fn a_tenant_clears_its_own_key_only() {
+    let m = Master::start(&["--enable_multi_tenants"]);
+    let _node = Node::start(&m, &["--global_segment_size=64 MB"]);
+    let tenant = |t: &str| {
+        client::Store::setup(client::StoreConfig {
+            local_hostname: "127.0.0.1".into(),
+            metadata_server: m.metadata_url(),
+            global_segment_size: 0,
+            local_buffer_size: 16 << 20,
+            protocol: "tcp".into(),
+            rdma_devices: String::new(),
+            master_server_addr: m.rpc_addr(),
+            tenant_id: t.into(),
+        })
+        .expect("setup")
+    };
+    let (a, b) = (tenant("default"), tenant("ta"));
+    let cfg = ReplicateConfig::default();
+    a.put("k", b"default's", &cfg, false).unwrap();
+    b.put("k", b"ta's", &cfg, false).unwrap();
+    // The answer names the caller's plain key; the other tenant's "k" is another object.
+    assert_eq!(
+        b.batch_replica_clear(&strings(&["k"]), ""),
+        Ok(strings(&["k"]))
+    );
+    assert_eq!(b.get("k"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(a.get("k").unwrap(), b"default's");
+}
