@@ -91,6 +91,11 @@ fn main() {
             tenant: "ta".into(),
             inner: BatchExistKey { keys: keys.clone() },
         }),
+        frame(&BatchReplicaClear {
+            client_id: id,
+            keys: keys.clone(),
+            segment_name: "seg".into(),
+        }),
         frame(&BatchRemove { keys, force: false }),
     ];
     for (name, bytes) in frames {

@@ -130,7 +130,7 @@ pub const IN_TENANT_OP: u16 = 40;
 /// Whether requests with this opcode may travel in a tenant envelope: the object operations
 /// (keys, patterns, removals), not liveness or segments, which belong to no tenant.
 pub fn tenant_scoped(opcode: u16) -> bool {
-    matches!(opcode, 10..=20 | 30..=39)
+    matches!(opcode, 10..=21 | 30..=39)
 }
 
 /// A request of a named tenant (`crate::tenant`), as a server receives it. Body: the tenant
@@ -231,6 +231,11 @@ messages! {
     18 Remove { key: String, force: bool } -> Vec<ReplicaDescriptor>;
     19 RemoveByRegex { pattern: String, force: bool } -> u64;
     20 RemoveAll { force: bool } -> u64;
+    // Owner-checked clear (upstream's `BatchReplicaClear`): per key, the replicas freed for
+    // the caller to bury when the whole object went (empty when one segment's replica went
+    // and others stay), or why the key was skipped.
+    21 BatchReplicaClear { client_id: Uuid, keys: Vec<String>, segment_name: String }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
     // Batch forms: one status (and value) per key.
     30 BatchPutStart { client_id: Uuid, keys: Vec<String>, sizes: Vec<u64>, config: ReplicateConfig }
         -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;

@@ -8,8 +8,8 @@ upstream answers when it cannot do them, with the reason logged (never a silent 
 - replica tasks (`create_copy_task`, `create_move_task`): the master has no task queue; a
   missing key is `-704` as upstream, any other key `NOT_SUPPORTED` (-1012). `query_task`
   finds no task, which is true: `(None, -1400)`.
-- `batch_replica_clear`: the master has no owner-checked replica clear; nothing is cleared
-  (`[]`, upstream's answer when no key qualifies).
+- `batch_replica_clear` is real (the master's owner-checked `BatchReplicaClear`); it lives
+  here with the other cluster methods.
 - `setup_dummy`: connects to a standalone `mooncake_client` on this host (`client::dummy`,
   `docs/dummy-client.md`) and routes this instance's byte, buffer and metadata methods to it
   (instance attributes shadow the native methods until `close`); -1 when none serves
@@ -164,11 +164,16 @@ class ClusterOps:
     # ---- replica clear -------------------------------------------------------------------
 
     def batch_replica_clear(self, keys, segment_name=""):
-        keys = list(keys)
-        if self._ready("batch_replica_clear") and keys:
-            log.error("batch_replica_clear: the master offers no owner-checked replica clear; "
-                      "%d key(s) left as they are", len(keys))
-        return []
+        """Clears the keys this client wrote whose lease has expired: whole objects (every
+        replica COMPLETE) when `segment_name` is empty, else only their replica on that
+        segment. Returns the keys cleared (`[]` before setup or when the call fails)."""
+        keys = [str(k) for k in keys]
+        if not self._ready("batch_replica_clear") or not keys:
+            return []
+        ret, cleared = self._batch_replica_clear(keys, str(segment_name))
+        if ret != 0:
+            log.error("batch_replica_clear of %d key(s) failed: %d", len(keys), ret)
+        return cleared
 
     # ---- dummy clients ---------------------------------------------------------------------
 

@@ -770,6 +770,24 @@ impl PyStore {
         }
     }
 
+    /// Internal (`_cluster_ops.batch_replica_clear`): `(0, keys cleared)`, or `(code, [])` when
+    /// the call failed; see `Store::batch_replica_clear`.
+    #[pyo3(signature = (keys, segment_name, /))]
+    fn _batch_replica_clear(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        segment_name: String,
+    ) -> (i32, Vec<String>) {
+        let Some(s) = self.store() else {
+            return (INVALID, Vec::new());
+        };
+        match py.detach(|| s.batch_replica_clear(&keys, &segment_name)) {
+            Ok(cleared) => (0, cleared),
+            Err(e) => (e.code(), Vec::new()),
+        }
+    }
+
     /// Internal (`_cluster_ops.unmount_segment`): 0 or a code; see `client::store::extra`.
     #[pyo3(signature = (segment_ids, grace_period_seconds, /))]
     fn _unmount_segments(

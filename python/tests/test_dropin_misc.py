@@ -7,6 +7,7 @@ import ctypes
 import pytest
 
 from conftest import MIB, lease_wait
+from mooncake.store import ReplicateConfig
 
 INVALID = -600
 
@@ -77,9 +78,39 @@ def test_task_methods(store):
     assert store.create_move_task("tk_b", store.get_hostname(), "nowhere") == ((0, 0), -1012)
 
 
-def test_replica_clear_and_dummy(store):
+def test_replica_clear_and_dummy(store, new_store):
     assert store.batch_replica_clear([]) == []
     assert store.batch_replica_clear(["rc_a"], "nosuchseg") == []
+    # Only the writer's keys, with no lease (a read or a probe), are cleared; missing keys
+    # and keys named twice are left out of the answer.
+    other = new_store(segment=64 * MIB, local_buffer=16 * MIB)
+    for k in ("rc_a", "rc_read", "rc_probed"):
+        assert store.put(k, b"x" * 4096) == 0
+    assert other.put("rc_theirs", b"y" * 4096) == 0
+    assert store.get("rc_read") == b"x" * 4096
+    assert store.is_exist("rc_probed") == 1
+    assert other.batch_replica_clear(["rc_a"]) == []
+    assert store.batch_replica_clear(
+        ["rc_a", "rc_a", "rc_theirs", "rc_read", "rc_probed", "rc_missing"]) == ["rc_a"]
+    assert store.is_exist("rc_a") == 0
+    lease_wait()
+    assert store.batch_replica_clear(["rc_read", "rc_probed"]) == ["rc_read", "rc_probed"]
+    assert other.batch_replica_clear(["rc_theirs"]) == ["rc_theirs"]
+    # A named segment (a client's segment is named by its hostname) loses only its replica;
+    # the last one takes the object.
+    two = ReplicateConfig()
+    two.replica_num = 2
+    assert store.put("rc_pair", b"z" * 4096, two) == 0
+    assert len(store.get_replica_desc("rc_pair")) == 2
+    assert store.batch_replica_clear(["rc_pair"], other.get_hostname()) == []  # the lease
+    lease_wait()
+    assert store.batch_replica_clear(["rc_pair"], other.get_hostname()) == ["rc_pair"]
+    assert len(other.get_replica_desc("rc_pair")) == 1
+    assert other.get("rc_pair") == b"z" * 4096
+    lease_wait()
+    assert store.batch_replica_clear(["rc_pair"], other.get_hostname()) == []
+    assert store.batch_replica_clear(["rc_pair"], store.get_hostname()) == ["rc_pair"]
+    assert store.is_exist("rc_pair") == 0
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()

@@ -685,6 +685,47 @@ impl Store {
             .collect()
     }
 
+    /// Clears the keys this client wrote (upstream's `batch_replica_clear`): the whole object
+    /// when `segment_name` is empty, else only its replica on that segment. Returns the keys
+    /// cleared; a key that is missing, written by another client, leased, in flight or without
+    /// a replica on the segment is skipped. A whole object cleared is buried in its owners'
+    /// catalogs as [`Store::remove`] buries it; a key whose burial could not be made durable
+    /// is not reported cleared (a failover may bring it back), as `batch_remove` fails it.
+    pub fn batch_replica_clear(
+        &self,
+        keys: &[String],
+        segment_name: &str,
+    ) -> Result<Vec<String>, ErrorCode> {
+        self.check_open()?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let answers = rpc(self.master.call(&BatchReplicaClear {
+            client_id: self.client_id,
+            keys: keys.to_vec(),
+            segment_name: segment_name.to_string(),
+        }))?;
+        if answers.len() != keys.len() {
+            return Err(ErrorCode::RpcFail);
+        }
+        let items: Vec<(&ReplicaDescriptor, &str)> = answers
+            .iter()
+            .zip(keys)
+            .filter_map(|(a, k)| Some(a.as_ref().ok()?.iter().map(move |r| (r, k.as_str()))))
+            .flatten()
+            .collect();
+        let not_durable: std::collections::HashSet<String> = match self.bury(&items) {
+            Ok(()) => Default::default(),
+            Err((keys, _)) => keys.into_iter().collect(),
+        };
+        Ok(answers
+            .iter()
+            .zip(keys)
+            .filter(|(a, k)| a.is_ok() && !not_durable.contains(k.as_str()))
+            .map(|(_, k)| k.clone())
+            .collect())
+    }
+
     // ---- zero copy --------------------------------------------------------------------------
 
     /// Registers `[addr, addr + len)` of caller memory for the zero-copy calls. Registering the

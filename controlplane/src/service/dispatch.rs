@@ -14,6 +14,7 @@ use protocol::{
     Uuid, Version,
 };
 
+use super::clear::Cleared;
 use super::metrics::{BatchOp, Metrics, Op};
 use super::object::{check_key, Object};
 use super::removals::{Pick, Removal};
@@ -252,6 +253,24 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
                 failed += !remove(st, now, k, r.force, out) as u64;
             }
             m.batch(BatchOp::Remove, r.keys.len() as u64, failed);
+        }
+        Request::BatchReplicaClear(r) => {
+            0i32.encode(out);
+            (r.keys.len() as u32).encode(out);
+            // "" names every segment: the whole object goes.
+            let segment = Some(r.segment_name.as_str()).filter(|s| !s.is_empty());
+            let mut failed = 0;
+            for k in &r.keys {
+                let ok = reply(out, |o| {
+                    match st.replica_clear(now, r.client_id, k, segment)? {
+                        Cleared::Object(obj) => encode_replicas(o, &obj, &st.segs, false),
+                        Cleared::Replica => 0u32.encode(o),
+                    }
+                    Ok(())
+                });
+                failed += !ok as u64;
+            }
+            m.batch(BatchOp::ReplicaClear, r.keys.len() as u64, failed);
         }
         Request::BatchGetReplicaList(r) => {
             let t = std::time::Instant::now();

@@ -65,9 +65,10 @@ pub enum BatchOp {
     GetReplicaList,
     ExistKey,
     Remove,
+    ReplicaClear,
 }
 
-const BATCH_NAMES: [(&str, &str); 9] = [
+const BATCH_NAMES: [(&str, &str); 10] = [
     ("batch_put_start", "BatchPutStart"),
     ("batch_put_end", "BatchPutEnd"),
     ("batch_put_revoke", "BatchPutRevoke"),
@@ -77,6 +78,7 @@ const BATCH_NAMES: [(&str, &str); 9] = [
     ("batch_get_replica_list", "BatchGetReplicaList"),
     ("batch_exist_key", "BatchExistKey"),
     ("batch_remove", "BatchRemove"),
+    ("batch_replica_clear", "BatchReplicaClear"),
 ];
 
 #[derive(Default)]

@@ -9,7 +9,8 @@
 //! critical section (hash lookups and allocator updates). Counters are atomics outside the
 //! lock. Time comes from a [`Clock`], so tests drive leases, timeouts and expiry by hand.
 //!
-//! Files: `object.rs` (objects, puts, reads, removes), `placement.rs` (which segments get
+//! Files: `object.rs` (objects, puts, reads, removes), `clear.rs` (the owner-checked
+//! `BatchReplicaClear`), `placement.rs` (which segments get
 //! replicas), `segments.rs` (segments, clients, liveness), `freed.rs` (ranges freed in a
 //! segment, told to its owner for its catalog, see `docs/recovery.md`), `evict.rs` (eviction and the
 //! probe-lease rule), `dispatch.rs` (requests to reply bytes), `metrics.rs` (counters and
@@ -21,6 +22,7 @@
 //! - every span allocated in a segment belongs to exactly one replica or one zombie.
 
 mod admin;
+mod clear;
 mod dispatch;
 mod evict;
 mod freed;

@@ -481,7 +481,7 @@ impl State {
     }
 
     /// Frees a span at once, or parks it until `hold_until` when a reader may still read it.
-    fn release_span(
+    pub(super) fn release_span(
         segs: &mut Segments,
         zombies: &mut Vec<super::Zombie>,
         seg: SegRef,

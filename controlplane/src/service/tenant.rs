@@ -155,6 +155,7 @@ fn for_each_key(req: &mut Request, mut f: impl FnMut(&mut String)) {
         Request::BatchGetReplicaList(r) => r.keys.iter_mut().for_each(&mut f),
         Request::BatchExistKey(r) => r.keys.iter_mut().for_each(&mut f),
         Request::BatchRemove(r) => r.keys.iter_mut().for_each(&mut f),
+        Request::BatchReplicaClear(r) => r.keys.iter_mut().for_each(&mut f),
         Request::KeepRemoved(r) => r.keys.iter_mut().for_each(&mut f),
         Request::Ping(_)
         | Request::MountSegment(_)

@@ -2408,3 +2408,134 @@ fn re_reports_never_double_book_a_range_a_new_term_write_holds() {
         "q at {qa:#x} overlaps p"
     );
 }
+
+// ---- Owner-checked replica clear ---------------------------------------------------------
+
+impl T {
+    fn clear(
+        &self,
+        client: Uuid,
+        keys: &[&str],
+        segment_name: &str,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        self.call(
+            Request::BatchReplicaClear,
+            BatchReplicaClear {
+                client_id: client,
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                segment_name: segment_name.into(),
+            },
+        )
+        .unwrap()
+    }
+
+    fn tombstone(&self, key: &str) -> Option<Version> {
+        self.svc.state.lock().tombstones.get(key)
+    }
+}
+
+#[test]
+fn replica_clear_takes_only_the_callers_idle_complete_objects() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let a = t.put("a", 4096);
+    t.start_with(C2, "theirs", 4096, ReplicateConfig::default())
+        .unwrap();
+    t.end(C2, "theirs").unwrap();
+    t.start("inflight", 4096).unwrap();
+    t.put("read", 4096);
+    t.get("read").unwrap();
+    t.put("probed", 4096);
+    assert!(t.exist("probed"));
+    assert_eq!(t.clear(C1, &[], ""), vec![]);
+    let r = t.clear(
+        C1,
+        &["a", "theirs", "inflight", "read", "probed", "nope", ""],
+        "",
+    );
+    assert_eq!(
+        r[1..],
+        [
+            Err(ErrorCode::IllegalClient),
+            Err(ErrorCode::ReplicaIsNotReady),
+            Err(ErrorCode::ObjectHasLease),
+            Err(ErrorCode::ObjectHasLease),
+            Err(ErrorCode::ObjectNotFound),
+            Err(ErrorCode::InvalidParams),
+        ]
+    );
+    // The answer names the freed replica with its version, for the caller to bury.
+    let freed = r[0].as_ref().unwrap();
+    assert_eq!(freed.len(), 1);
+    assert_eq!(freed[0].buffer_address, a[0].buffer_address);
+    assert_eq!(freed[0].version, a[0].version);
+    // As a remove: gone, tombstoned at the version removed.
+    assert!(!t.exist("a"));
+    assert_eq!(t.tombstone("a"), Some(a[0].version));
+    assert!(t.exist("theirs"));
+    // The leases run out: now they go. The other client's object stays its own.
+    t.advance(500);
+    let r = t.clear(C1, &["read", "probed", "theirs"], "");
+    assert!(r[0].is_ok() && r[1].is_ok(), "{r:?}");
+    assert_eq!(r[2], Err(ErrorCode::IllegalClient));
+    assert_eq!(
+        t.clear(C2, &["theirs"], "")[0].as_ref().map(|v| v.len()),
+        Ok(1)
+    );
+    // Only the put in flight holds space now.
+    assert_eq!(t.used(), 4096);
+    let m = t.svc.metrics();
+    assert_eq!(m.batch_counts(BatchOp::ReplicaClear), (4, 0, 11, 7));
+}
+
+#[test]
+fn replica_clear_of_one_segment_keeps_the_other_replicas_and_leaves_no_tombstone() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.mount(2, 64 * MIB);
+    t.mount(3, 64 * MIB);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let d = t.start_with(C1, "k", 4096, two).unwrap();
+    t.end(C1, "k").unwrap();
+    let on: Vec<&str> = d.iter().map(|r| r.segment_name.as_str()).collect();
+    let idle = ["seg1", "seg2", "seg3"]
+        .into_iter()
+        .find(|s| !on.contains(s))
+        .unwrap();
+    // No replica there, or no such segment: skipped.
+    assert_eq!(
+        t.clear(C1, &["k"], idle),
+        vec![Err(ErrorCode::ReplicaNotFound)]
+    );
+    assert_eq!(
+        t.clear(C1, &["k"], "nosuchseg"),
+        vec![Err(ErrorCode::SegmentNotFound)]
+    );
+    t.ping(C1);
+    // One replica goes: nothing to bury, no tombstone, the other stays readable as it was.
+    assert_eq!(t.clear(C1, &["k"], on[0]), vec![Ok(vec![])]);
+    assert_eq!(t.tombstone("k"), None);
+    assert_eq!(t.used(), 4096);
+    let left = t.get("k").unwrap();
+    assert_eq!(left.replicas.len(), 1);
+    assert_eq!(left.replicas[0].segment_name, on[1]);
+    assert_eq!(left.replicas[0].version, d[0].version);
+    // Its owner hears of the freed range at its next ping (its catalog drops the entry).
+    let gone = d.iter().find(|r| r.segment_name == on[0]).unwrap();
+    let freed = t.call(Request::Ping, Ping { client_id: C1 }).unwrap().freed;
+    assert_eq!(freed, vec![(gone.buffer_address, 4096)]);
+    // The last replica takes the object with it, as a remove (after the read's lease).
+    assert_eq!(
+        t.clear(C1, &["k"], on[1]),
+        vec![Err(ErrorCode::ObjectHasLease)]
+    );
+    t.advance(500);
+    let r = t.clear(C1, &["k"], on[1]);
+    assert_eq!(r[0].as_ref().map(|v| v.len()), Ok(1));
+    assert_eq!(t.tombstone("k"), Some(d[0].version));
+    assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(t.used(), 0);
+}

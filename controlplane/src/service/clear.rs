@@ -1,0 +1,88 @@
+//! `BatchReplicaClear`: a client clears replicas of the objects it wrote (upstream's
+//! owner-checked clear).
+//!
+//! A key is cleared only when the caller is its writer (`Object::writer`, the client whose put
+//! started last), no lease blocks a remove (`Object::remove_blocked`) and every replica is
+//! COMPLETE (no put or upsert in flight). Anything else skips the key with the reason as its
+//! status; the client reports the cleared keys only.
+//!
+//! Two kinds of clear, which differ in what they leave behind:
+//! - **the whole object** (no segment named, or the named segment held its last replica): as
+//!   `Remove`, through [`State::retire`]: a tombstone, the buffers parked while a read window
+//!   is open, and the freed replicas returned for the caller to bury in the owners' catalogs
+//!   (so a later leader does not bring the key back from the owners' re-reports);
+//! - **one segment's replica** while others remain: the replica leaves the object and its span
+//!   is released as eviction releases spans (parked while a read window is open, then freed
+//!   into the segment's freed outbox, which tells the owner at its next ping). No tombstone:
+//!   the other replicas hold the same version and stay readable, and a tombstone re-reported
+//!   after a failover would bury them. Nothing is returned to bury, for the same reason.
+//!   Until the owner's next ping a failover may bring the cleared replica back (the window of
+//!   every range the master frees alone, `docs/recovery.md`).
+
+use protocol::{ErrorCode, Uuid};
+
+use super::object::{check_key, Object};
+use super::State;
+
+/// What clearing one key did.
+pub(crate) enum Cleared {
+    /// The object is gone (tombstoned): its replicas, for the caller to bury.
+    Object(Object),
+    /// One replica went; the object keeps its others.
+    Replica,
+}
+
+impl State {
+    /// Clears `key` for `client`: the whole object when `segment` is `None`, else only its
+    /// replica on that segment (the object too when that was its last).
+    pub(crate) fn replica_clear(
+        &mut self,
+        now: u64,
+        client: Uuid,
+        key: &str,
+        segment: Option<&str>,
+    ) -> Result<Cleared, ErrorCode> {
+        check_key(key)?;
+        self.fenced(now)?;
+        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        if obj.writer != client {
+            return Err(ErrorCode::IllegalClient);
+        }
+        if obj.remove_blocked(now) {
+            return Err(ErrorCode::ObjectHasLease);
+        }
+        if !obj.is_complete() {
+            return Err(ErrorCode::ReplicaIsNotReady);
+        }
+        let Some(name) = segment else {
+            return self
+                .retire(now, key)
+                .map(Cleared::Object)
+                .ok_or(ErrorCode::InternalError);
+        };
+        let seg = self.segs.by_name(name).ok_or(ErrorCode::SegmentNotFound)?;
+        let at = obj
+            .replicas
+            .iter()
+            .position(|r| r.seg == seg)
+            .ok_or(ErrorCode::ReplicaNotFound)?;
+        if obj.replicas.len() == 1 {
+            return self
+                .retire(now, key)
+                .map(Cleared::Object)
+                .ok_or(ErrorCode::InternalError);
+        }
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
+        let hold_until = obj.read_hold_until();
+        let r = obj.replicas.swap_remove(at);
+        Self::release_span(
+            &mut self.segs,
+            &mut self.zombies,
+            r.seg,
+            r.span,
+            hold_until,
+            now,
+        );
+        Ok(Cleared::Replica)
+    }
+}
