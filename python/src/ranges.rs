@@ -111,11 +111,7 @@ fn read_fragment(
         .checked_add(dst_offset)
         .filter(|d| d.checked_add(size).is_some_and(|end| end <= base + len))
         .ok_or(ErrorCode::InvalidParams)?;
-    let object = list
-        .replicas
-        .first()
-        .map(|r| r.size)
-        .ok_or(ErrorCode::InvalidReplica)?;
+    let object = list.object_size()?;
     if src_offset.checked_add(size).is_none_or(|end| end > object) {
         return Err(ErrorCode::InvalidParams);
     }

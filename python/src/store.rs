@@ -84,14 +84,6 @@ impl Cfg {
     }
 }
 
-/// The first replica's size: the object's size.
-fn object_size(list: &Lookup) -> Result<u64, ErrorCode> {
-    list.replicas
-        .first()
-        .map(|r| r.size)
-        .ok_or(ErrorCode::InvalidReplica)
-}
-
 /// An object located and budgeted for reading into a fresh Python object.
 struct Located<'s> {
     list: Lookup,
@@ -127,7 +119,7 @@ fn read_whole<'py, T>(
 
 fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, ErrorCode> {
     let list = s.replicas(key)?;
-    let size = object_size(&list)?;
+    let size = list.object_size()?;
     let budget = s.budget().reserve(size)?;
     Ok(Located {
         list,
@@ -303,7 +295,7 @@ impl PyStore {
             let mut owners: Vec<usize> = Vec::with_capacity(n);
             for (i, l) in lists.iter().enumerate() {
                 let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
-                    let size = object_size(list)?;
+                    let size = list.object_size()?;
                     if size > sizes[i] {
                         return Err(ErrorCode::InvalidParams);
                     }
@@ -1043,7 +1035,7 @@ impl PyStore {
             let mut owners: Vec<usize> = Vec::new();
             for (i, l) in lists.iter().enumerate() {
                 let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
-                    let size = object_size(list)?;
+                    let size = list.object_size()?;
                     let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
                     if ptrs.len() != lens.len() || lens.iter().sum::<u64>() < size {
                         return Err(ErrorCode::InvalidParams);
@@ -1343,7 +1335,7 @@ impl PyStore {
         let mut objs: Vec<Option<Bound<'py, PyAny>>> = Vec::with_capacity(keys.len());
         let mut plans: Vec<Option<(Lookup, Fresh)>> = Vec::with_capacity(keys.len());
         for l in lists {
-            match l.and_then(|l| object_size(&l).map(|n| (l, n))) {
+            match l.and_then(|l| l.object_size().map(|n| (l, n))) {
                 Ok((l, n)) => {
                     let (o, f) = make(py, usize_of(n)?)?;
                     objs.push(Some(o));

@@ -106,6 +106,16 @@ impl Lookup {
         self.read_by.is_none_or(|t| Instant::now() <= t)
     }
 
+    /// The object's size (every replica holds all of it); `INVALID_REPLICA` for a list
+    /// without replicas.
+    pub fn object_size(&self) -> Result<u64, ErrorCode> {
+        self.list
+            .replicas
+            .first()
+            .map(|r| r.size)
+            .ok_or(ErrorCode::InvalidReplica)
+    }
+
     /// `LEASE_EXPIRED` once the window has passed (see the type).
     fn check(&self) -> Result<(), ErrorCode> {
         if self.readable() {
@@ -529,11 +539,7 @@ impl Store {
     /// The object's bytes (bounded by the local buffer).
     pub fn get(&self, key: &str) -> Result<Vec<u8>, ErrorCode> {
         self.with_lookup(key, |list| {
-            let size = list
-                .replicas
-                .first()
-                .map(|r| r.size)
-                .ok_or(ErrorCode::InvalidReplica)?;
+            let size = list.object_size()?;
             let _r = self.budget.reserve(size)?;
             let mut out = vec![0u8; size as usize];
             self.read_from(list, 0, &mut out)?;
@@ -556,11 +562,7 @@ impl Store {
     }
 
     pub fn get_size(&self, key: &str) -> Result<u64, ErrorCode> {
-        let list = self.replicas(key)?;
-        list.replicas
-            .first()
-            .map(|r| r.size)
-            .ok_or(ErrorCode::InvalidReplica)
+        self.replicas(key)?.object_size()
     }
 
     // ---- metadata -------------------------------------------------------------------------
@@ -810,11 +812,7 @@ impl Store {
     /// it (another thread, Python, another call over the same bytes).
     pub unsafe fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
         self.with_lookup(key, |list| {
-            let size = list
-                .replicas
-                .first()
-                .map(|r| r.size)
-                .ok_or(ErrorCode::InvalidReplica)?;
+            let size = list.object_size()?;
             if size > len {
                 return Err(ErrorCode::InvalidParams);
             }
