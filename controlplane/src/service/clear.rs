@@ -54,24 +54,26 @@ impl State {
         if !obj.is_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
-        let Some(name) = segment else {
+        // The replica to drop alone, or `None` to clear the whole object (no segment named,
+        // or the named one holds its last replica).
+        let single = match segment {
+            None => None,
+            Some(name) => {
+                let seg = self.segs.by_name(name).ok_or(ErrorCode::SegmentNotFound)?;
+                let at = obj
+                    .replicas
+                    .iter()
+                    .position(|r| r.seg == seg)
+                    .ok_or(ErrorCode::ReplicaNotFound)?;
+                (obj.replicas.len() > 1).then_some(at)
+            }
+        };
+        let Some(at) = single else {
             return self
                 .retire(now, key)
                 .map(Cleared::Object)
                 .ok_or(ErrorCode::InternalError);
         };
-        let seg = self.segs.by_name(name).ok_or(ErrorCode::SegmentNotFound)?;
-        let at = obj
-            .replicas
-            .iter()
-            .position(|r| r.seg == seg)
-            .ok_or(ErrorCode::ReplicaNotFound)?;
-        if obj.replicas.len() == 1 {
-            return self
-                .retire(now, key)
-                .map(Cleared::Object)
-                .ok_or(ErrorCode::InternalError);
-        }
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let hold_until = obj.read_hold_until();
         let r = obj.replicas.swap_remove(at);

@@ -339,8 +339,8 @@ impl State {
         }
     }
 
-    /// Removes an object, leaving a tombstone, and returns it; its buffers are parked until its
-    /// read lease ends, since a reader may still be reading them (a new put writing there
+    /// Removes an object, leaving a tombstone, and returns it; its buffers are parked until the
+    /// last read window handed out for it ends, since a reader may still be reading them (a new put writing there
     /// would hand it another key's bytes). Used for a forced remove, and for an object that a
     /// re-report replaced (a newer version) or buried (a tombstone): an owner slower than the
     /// recovery fence re-reports after reads resumed.
