@@ -10,25 +10,12 @@ use protocol::*;
 
 use super::*;
 use crate::clock::ManualClock;
+use crate::model::{cfg, T};
 use crate::view::AdminView;
 
 const MIB: u64 = 1 << 20;
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 const C2: Uuid = Uuid { hi: 2, lo: 2 };
-
-struct T {
-    svc: MasterService,
-    clock: Arc<ManualClock>,
-}
-
-/// Clients never expire unless a test asks (see `liveness_cfg`).
-fn cfg() -> ServiceConfig {
-    ServiceConfig {
-        default_kv_lease_ttl_ms: 500,
-        client_ttl_s: 1 << 30,
-        ..ServiceConfig::default()
-    }
-}
 
 fn liveness_cfg() -> ServiceConfig {
     ServiceConfig {
@@ -37,27 +24,8 @@ fn liveness_cfg() -> ServiceConfig {
     }
 }
 
+/// The calls the unit tests make beyond the model's (`crate::model::T`).
 impl T {
-    fn new() -> T {
-        Self::with(cfg())
-    }
-
-    fn with(cfg: ServiceConfig) -> T {
-        let clock = Arc::new(ManualClock::new(1_000_000));
-        let svc = MasterService::with_seed(cfg, clock.clone(), 7);
-        T { svc, clock }
-    }
-
-    fn call<R: Rpc>(&self, wrap: fn(R) -> Request, req: R) -> Result<R::Reply, ErrorCode> {
-        let mut out = Vec::new();
-        self.svc.handle(wrap(req), &mut out);
-        Result::<R::Reply, ErrorCode>::from_bytes(&out).expect("reply decodes exactly")
-    }
-
-    fn advance(&self, ms: u64) {
-        self.clock.advance(ms);
-    }
-
     fn mount_on(&self, client: Uuid, n: u64, name: &str, size: u64, host: &str) -> Uuid {
         let id = Uuid::from_parts(100, n);
         let seg = Segment {
@@ -84,46 +52,8 @@ impl T {
         self.mount_on(C1, n, &format!("seg{n}"), size, &format!("host{n}"))
     }
 
-    fn start_with(
-        &self,
-        client: Uuid,
-        key: &str,
-        size: u64,
-        config: ReplicateConfig,
-    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
-        self.call(
-            Request::PutStart,
-            PutStart {
-                client_id: client,
-                key: key.into(),
-                size,
-                config,
-            },
-        )
-    }
-
     fn start(&self, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         self.start_with(C1, key, size, ReplicateConfig::default())
-    }
-
-    fn end(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
-        self.call(
-            Request::PutEnd,
-            PutEnd {
-                client_id: client,
-                key: key.into(),
-            },
-        )
-    }
-
-    fn revoke(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
-        self.call(
-            Request::PutRevoke,
-            PutRevoke {
-                client_id: client,
-                key: key.into(),
-            },
-        )
     }
 
     fn put(&self, key: &str, size: u64) -> Vec<ReplicaDescriptor> {
@@ -135,10 +65,6 @@ impl T {
     fn put_cfg(&self, key: &str, size: u64, config: ReplicateConfig) {
         self.start_with(C1, key, size, config).expect("put start");
         self.end(C1, key).expect("put end");
-    }
-
-    fn get(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
-        self.call(Request::GetReplicaList, GetReplicaList { key: key.into() })
     }
 
     fn exist(&self, key: &str) -> bool {

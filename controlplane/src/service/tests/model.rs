@@ -69,8 +69,9 @@ impl Rng {
     }
 }
 
-/// Clients never expire; reads hold a 500 ms lease (upstream's test value).
-fn cfg() -> ServiceConfig {
+/// Clients never expire; reads hold a 500 ms lease (upstream's test value). Also the unit
+/// tests' default (`service/tests.rs`, which widens it where a test needs to).
+pub(crate) fn cfg() -> ServiceConfig {
     ServiceConfig {
         default_kv_lease_ttl_ms: 500,
         client_ttl_s: 1 << 30,
@@ -78,31 +79,40 @@ fn cfg() -> ServiceConfig {
     }
 }
 
-/// The master under test on a manual clock, with the calls the model makes (the unit tests'
-/// harness `T` in `service/tests.rs`, cut down).
-struct T {
-    svc: MasterService,
-    clock: Arc<ManualClock>,
+/// The master under test on a manual clock, with the calls the model makes. The unit tests
+/// (`service/tests.rs`) use the same harness and add their own calls to it.
+pub(crate) struct T {
+    pub(crate) svc: MasterService,
+    pub(crate) clock: Arc<ManualClock>,
 }
 
 impl T {
-    fn new() -> T {
+    pub(crate) fn new() -> T {
+        Self::with(cfg())
+    }
+
+    pub(crate) fn with(cfg: ServiceConfig) -> T {
         let clock = Arc::new(ManualClock::new(1_000_000));
-        let svc = MasterService::with_seed(cfg(), clock.clone(), 7);
+        let svc = MasterService::with_seed(cfg, clock.clone(), 7);
         T { svc, clock }
     }
 
-    fn call<R: Rpc>(&self, wrap: fn(R) -> Request, req: R) -> Result<R::Reply, ErrorCode> {
+    /// One request through the service; the reply decoded with the protocol's own types.
+    pub(crate) fn call<R: Rpc>(
+        &self,
+        wrap: fn(R) -> Request,
+        req: R,
+    ) -> Result<R::Reply, ErrorCode> {
         let mut out = Vec::new();
         self.svc.handle(wrap(req), &mut out);
         Result::<R::Reply, ErrorCode>::from_bytes(&out).expect("reply decodes exactly")
     }
 
-    fn advance(&self, ms: u64) {
+    pub(crate) fn advance(&self, ms: u64) {
         self.clock.advance(ms);
     }
 
-    fn start_with(
+    pub(crate) fn start_with(
         &self,
         client: Uuid,
         key: &str,
@@ -119,7 +129,7 @@ impl T {
         self.call(Request::PutStart, req)
     }
 
-    fn end(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+    pub(crate) fn end(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
         let req = PutEnd {
             client_id: client,
             key: key.into(),
@@ -127,7 +137,7 @@ impl T {
         self.call(Request::PutEnd, req)
     }
 
-    fn revoke(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
+    pub(crate) fn revoke(&self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
         let req = PutRevoke {
             client_id: client,
             key: key.into(),
@@ -135,7 +145,7 @@ impl T {
         self.call(Request::PutRevoke, req)
     }
 
-    fn get(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
+    pub(crate) fn get(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
         self.call(Request::GetReplicaList, GetReplicaList { key: key.into() })
     }
 }
