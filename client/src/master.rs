@@ -26,7 +26,8 @@
 //! standby, a leader that cannot prove its lease, or a new leader's recovery fence while the
 //! owners re-report, `docs/ha.md`) was not executed: it is sent again, to the leader looked up
 //! again, every [`UNAVAILABLE_RETRY`] until the call timeout, or until no leader can be
-//! looked up (etcd down), when the last answer is returned.
+//! looked up (etcd down), when the last answer is returned. A put's commit or revoke is
+//! settled instead ([`MasterClient::call_settling`]): retried for up to [`SETTLE_WINDOW`].
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -58,6 +59,12 @@ const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
 const LEADER_POLL: Duration = Duration::from_millis(50);
 /// Pause between two tries of a call a master answered `UNAVAILABLE_IN_CURRENT_STATUS`.
 pub const UNAVAILABLE_RETRY: Duration = Duration::from_millis(100);
+/// How long a put's commit or revoke is retried while no master may execute it
+/// ([`MasterClient::call_settling`]): longer than an etcd restart or an election, well under
+/// the master's default 30 s discard timeout for puts left in flight.
+pub const SETTLE_WINDOW: Duration = Duration::from_secs(10);
+/// Pause between two tries of a commit or revoke.
+pub const SETTLE_RETRY: Duration = Duration::from_millis(200);
 /// How long etcd may fail to answer before a client stops waiting for a leader.
 const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
 /// Longest a connect to a published leader may take before the leader is looked up again.
@@ -339,6 +346,37 @@ impl MasterClient {
     pub fn call<R: Rpc>(&self, req: &R) -> Result<Result<R::Reply, ErrorCode>, ClientError> {
         let mut out = self.call_many(std::slice::from_ref(req))?;
         Ok(out.pop().expect("call_many returns one answer per request"))
+    }
+
+    /// [`Self::call`] for a request that settles a write whose bytes are already placed (the
+    /// commit or revoke of a put or upsert). Until it is settled the object stays in flight at
+    /// the master, unreadable, until `put_start_discard_timeout_sec` (30 s by default), so
+    /// giving up at the first "not now" would turn an etcd outage of a few seconds into a key
+    /// that cannot be read for half a minute. It is sent again, every [`SETTLE_RETRY`], for up
+    /// to [`SETTLE_WINDOW`], while the answer says it was not executed: the master answered
+    /// `UNAVAILABLE_IN_CURRENT_STATUS`, or no master could be reached to send it to. A lost
+    /// connection (it may have been executed) or any other answer is final. Only a client
+    /// following an HA leader waits; a fixed master that cannot be reached is gone with its
+    /// in-flight puts.
+    pub fn call_settling<R: Rpc>(
+        &self,
+        req: &R,
+    ) -> Result<Result<R::Reply, ErrorCode>, ClientError> {
+        let started = Instant::now();
+        loop {
+            let answer = self.call(req);
+            if !self.follows_leader() {
+                return answer;
+            }
+            let not_executed = matches!(
+                &answer,
+                Ok(Err(ErrorCode::UnavailableInCurrentStatus)) | Err(ClientError::Connect { .. })
+            );
+            if !not_executed || started.elapsed() + SETTLE_RETRY >= SETTLE_WINDOW {
+                return answer;
+            }
+            std::thread::sleep(SETTLE_RETRY);
+        }
     }
 
     /// Sends every request in one write and waits for all answers (pipelining). Following a

@@ -60,6 +60,11 @@ const FILL_OBJECT: usize = 4 << 20;
 const LEADER_BOUND: Duration = Duration::from_secs(20);
 /// After an election: the owners' re-reports (a ping interval) and the recovery fence (2 s).
 const SETTLE: Duration = Duration::from_secs(3);
+/// How long the final read-back waits for one hot key: past the master's 30 s discard
+/// timeout, since a put whose commit could not be settled (an etcd outage longer than the
+/// client's 10 s settle window, `client::master::SETTLE_WINDOW`) leaves the key in flight
+/// (`REPLICA_IS_NOT_READY`) until then.
+const READ_BACK_BOUND: Duration = Duration::from_secs(40);
 
 /// The bytes of write `id` to hot key `key`.
 fn value(key: usize, id: u64) -> Vec<u8> {
@@ -559,7 +564,7 @@ fn randomized_faults_keep_the_history_consistent() {
         .unwrap_or_else(|| panic!("seed {seed}: no leader at the end"));
     std::thread::sleep(SETTLE);
     for key in 0..KEYS {
-        let ok = wait_until(Duration::from_secs(20), || {
+        let ok = wait_until(READ_BACK_BOUND, || {
             call(&stores[0], &rec, 100, Kind::Get, key, 0, false);
             !matches!(
                 rec.hist.lock().unwrap().ops.last().map(|o| &o.outcome),

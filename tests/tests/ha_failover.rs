@@ -9,6 +9,9 @@
 //!   client already holds keep working, no master serves metadata without a proven lease
 //!   (clients get `UNAVAILABLE_IN_CURRENT_STATUS`), and service resumes on its own.
 //!
+//! - `a_commit_that_meets_an_etcd_outage_lands_when_etcd_returns`: a put's commit sent while
+//!   etcd is down is retried by the client until etcd returns, instead of leaving the object
+//!   in flight until the master's discard timeout.
 //! - `two_clusters_share_one_etcd`: two HA clusters in one etcd elect a leader each, keep
 //!   their storage nodes, objects and transfer-engine descriptors apart.
 //!
@@ -21,8 +24,8 @@ use std::time::{Duration, Instant};
 use client::master::MasterClient;
 use client::Store;
 use mooncake_tests::{try_http, wait_until, Etcd, Master, Node};
-use protocol::message::ExistKey;
-use protocol::{ErrorCode, ReplicateConfig};
+use protocol::message::{ExistKey, PutEnd, PutStart};
+use protocol::{ErrorCode, ReplicateConfig, Uuid};
 
 const KILLS: usize = 3;
 /// Time between the workload settling on a leader and the next kill.
@@ -437,5 +440,74 @@ fn a_leader_whose_key_is_deleted_steps_down() {
     assert!(
         new_term.is_some(),
         "a new term starts after the key vanished: {before}"
+    );
+}
+
+/// A put whose bytes are written but whose commit meets an etcd outage: the plain call gives
+/// up at once (no leader can be looked up), which would leave the object in flight, unreadable,
+/// until the master's discard timeout (30 s). The store's commit (`call_settling`, used by
+/// every put and upsert path) keeps asking until etcd is back, and the object is readable.
+#[test]
+fn a_commit_that_meets_an_etcd_outage_lands_when_etcd_returns() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    let cluster = "ha_settle";
+    let masters = vec![start_master(&ha_flags(&etcd, cluster))];
+    wait_until(Duration::from_secs(10), || serving(&masters).is_some()).expect("elected");
+    let addr = format!("etcd://{}", etcd.addr());
+    let _node = Node::start_at(
+        &addr,
+        &addr,
+        &["--shards=1", "--global_segment_size=64 MB"],
+        &[("MC_STORE_CLUSTER_ID", cluster)],
+    );
+    let raw = MasterClient::new_in_cluster(&addr, cluster).expect("client");
+    let store = store_for(&etcd, cluster);
+    let started = |key: &str| {
+        raw.call(&PutStart {
+            client_id: Uuid::from_parts(9, 9),
+            key: key.into(),
+            size: 4096,
+            config: ReplicateConfig::default(),
+        })
+    };
+    let end = |key: &str| PutEnd {
+        client_id: Uuid::from_parts(9, 9),
+        key: key.into(),
+    };
+    let placed = wait_until(Duration::from_secs(10), || {
+        matches!(started("settle/a"), Ok(Ok(_)))
+    });
+    assert!(placed.is_some(), "PutStart once the node has mounted");
+    assert!(matches!(started("settle/b"), Ok(Ok(_))));
+
+    etcd.stop();
+    wait_until(Duration::from_secs(10), || serving(&masters).is_none())
+        .expect("the leader stops serving without etcd");
+    // The plain call's answer while etcd is down: not executed, and no retry.
+    assert_eq!(
+        raw.call(&end("settle/a")).expect("an answer"),
+        Err(ErrorCode::UnavailableInCurrentStatus)
+    );
+
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(2000));
+            etcd.restart();
+        });
+        let t = Instant::now();
+        let answer = raw.call_settling(&end("settle/a")).expect("an answer");
+        println!(
+            "commit during an etcd outage: {answer:?} after {:?}",
+            t.elapsed()
+        );
+        assert_eq!(answer, Ok(()), "the commit lands once etcd is back");
+    });
+    assert!(store.replicas("settle/a").is_ok(), "committed, readable");
+    // The second put was never committed: still in flight, not readable.
+    assert_eq!(
+        store.replicas("settle/b").err(),
+        Some(ErrorCode::ReplicaIsNotReady)
     );
 }

@@ -282,16 +282,16 @@ impl Store {
     ) -> Result<(), ErrorCode> {
         let id = self.client_id;
         match written {
-            Ok(()) if upsert => rpc(self.master.call(&UpsertEnd { client_id: id, key })),
-            Ok(()) => rpc(self.master.call(&PutEnd { client_id: id, key })),
+            Ok(()) if upsert => rpc(self.master.call_settling(&UpsertEnd { client_id: id, key })),
+            Ok(()) => rpc(self.master.call_settling(&PutEnd { client_id: id, key })),
             Err(e) => {
                 let _ = if upsert {
                     self.master
-                        .call(&UpsertRevoke { client_id: id, key })
+                        .call_settling(&UpsertRevoke { client_id: id, key })
                         .map(|_| ())
                 } else {
                     self.master
-                        .call(&PutRevoke { client_id: id, key })
+                        .call_settling(&PutRevoke { client_id: id, key })
                         .map(|_| ())
                 };
                 Err(e)
@@ -388,12 +388,12 @@ impl Store {
         let pick = |idx: &[usize]| idx.iter().map(|&i| keys[i].clone()).collect::<Vec<_>>();
         if !commit.is_empty() {
             let ended = if upsert {
-                self.master.call(&BatchUpsertEnd {
+                self.master.call_settling(&BatchUpsertEnd {
                     client_id: id,
                     keys: pick(&commit),
                 })
             } else {
-                self.master.call(&BatchPutEnd {
+                self.master.call_settling(&BatchPutEnd {
                     client_id: id,
                     keys: pick(&commit),
                 })
@@ -410,14 +410,14 @@ impl Store {
         if !revoke.is_empty() {
             let _ = if upsert {
                 self.master
-                    .call(&BatchUpsertRevoke {
+                    .call_settling(&BatchUpsertRevoke {
                         client_id: id,
                         keys: pick(&revoke),
                     })
                     .map(|_| ())
             } else {
                 self.master
-                    .call(&BatchPutRevoke {
+                    .call_settling(&BatchPutRevoke {
                         client_id: id,
                         keys: pick(&revoke),
                     })

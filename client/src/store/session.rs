@@ -123,7 +123,7 @@ impl Store {
                 .collect()
         };
         if !unstaged.is_empty() {
-            let _ = self.master.call(&BatchPutRevoke {
+            let _ = self.master.call_settling(&BatchPutRevoke {
                 client_id: self.client_id,
                 keys: unstaged,
             });
@@ -226,7 +226,7 @@ impl Store {
         let (commit, revoke) = (pick(true), pick(false));
         let names = |idx: &[usize]| idx.iter().map(|&i| keys[i].clone()).collect::<Vec<_>>();
         if !commit.is_empty() {
-            let ended = rpc(self.master.call(&BatchPutEnd {
+            let ended = rpc(self.master.call_settling(&BatchPutEnd {
                 client_id: self.client_id,
                 keys: names(&commit),
             }));
@@ -236,7 +236,7 @@ impl Store {
             }
         }
         if !revoke.is_empty() {
-            let _ = self.master.call(&BatchPutRevoke {
+            let _ = self.master.call_settling(&BatchPutRevoke {
                 client_id: self.client_id,
                 keys: names(&revoke),
             });
@@ -257,7 +257,7 @@ impl Store {
         let mut answers = if open.is_empty() {
             Vec::new()
         } else {
-            match rpc(self.master.call(&BatchPutRevoke {
+            match rpc(self.master.call_settling(&BatchPutRevoke {
                 client_id: self.client_id,
                 keys: open.clone(),
             })) {

@@ -36,6 +36,20 @@ impl TenantMaster {
         }
     }
 
+    /// [`MasterClient::call_settling`] (a put's commit or revoke), in this store's tenant.
+    pub fn call_settling<R: Rpc>(
+        &self,
+        req: &R,
+    ) -> Result<Result<R::Reply, ErrorCode>, ClientError> {
+        match &self.tenant {
+            Some(t) if tenant_scoped(R::OP) => self.client.call_settling(&Tenanted {
+                tenant: t.clone(),
+                inner: req.clone(),
+            }),
+            _ => self.client.call_settling(req),
+        }
+    }
+
     /// The key a replica of `key` is recorded under in its owner's catalog.
     pub fn catalog_key<'k>(&self, key: &'k str) -> Cow<'k, str> {
         match &self.tenant {
