@@ -14,7 +14,6 @@ pub mod cli;
 pub mod dummy;
 pub mod master;
 pub mod node;
-pub mod node_metrics;
 pub mod recovery;
 pub mod store;
 

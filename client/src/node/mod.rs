@@ -29,8 +29,9 @@
 //! the servers are dropped (the `ServedMemory` table holds them).
 //!
 //! This file is the node's lifecycle: the advertised address, shard start-up, mounting, the
-//! ping loop and shutdown. Its flags are parsed in `config` ([`NodeConfig`], [`USAGE`]); the
-//! program around it (signals, logging, the dummy-client service) is [`crate::cli`].
+//! ping loop and shutdown. Its flags are parsed in `config` ([`NodeConfig`], [`USAGE`]), its
+//! `/metrics` text is rendered and served by [`metrics`]; the program around it (signals,
+//! logging, the dummy-client service) is [`crate::cli`].
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,7 @@ use crate::master::{ClientError, MasterClient};
 use crate::recovery;
 
 mod config;
+pub mod metrics;
 
 pub use config::{NodeConfig, USAGE};
 
@@ -84,12 +86,6 @@ struct Shard {
     /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
     _shm: Option<dataplane::mem::ShmExport>,
 }
-
-/// A per-shard server counter: metric name and how to read it.
-type StatCounter = (
-    &'static str,
-    fn(&dataplane::mem::served::ServerStats) -> u64,
-);
 
 /// A running storage node; see the module docs.
 pub struct Node {
@@ -230,80 +226,7 @@ impl Node {
     /// Prometheus text of the node: per shard, its memory kind, server backend (and why it fell
     /// back), request and connection counters, and the event-loop stall detector.
     pub fn render_metrics(&self) -> String {
-        use std::fmt::Write;
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# TYPE mooncake_node_shards gauge\nmooncake_node_shards {}",
-            self.shards.len()
-        );
-        let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
-        let _ = writeln!(out, "# TYPE mooncake_node_segment_memory_kind gauge");
-        let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
-        for (i, sh) in self.shards.iter().enumerate() {
-            let seg = crate::node_metrics::label(&sh.descriptor.name);
-            let _ = writeln!(
-                out,
-                "mooncake_node_segment_bytes{{shard=\"{i}\",segment=\"{seg}\"}} {}",
-                sh.descriptor.size
-            );
-            let _ = writeln!(
-                out,
-                "mooncake_node_segment_memory_kind{{shard=\"{i}\",kind=\"{}\"}} 1",
-                sh.kind.as_str()
-            );
-            let why = sh
-                .server
-                .fallback_reason()
-                .map(crate::node_metrics::label)
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "mooncake_node_io_backend{{shard=\"{i}\",backend=\"{}\",fallback_reason=\"{why}\"}} 1",
-                sh.server.backend()
-            );
-        }
-        let counters: [StatCounter; 10] = [
-            ("connections_accepted_total", |s| {
-                s.connections_accepted.load(Relaxed)
-            }),
-            ("connections_refused_total", |s| {
-                s.connections_refused.load(Relaxed)
-            }),
-            ("connections_aborted_total", |s| {
-                s.connections_aborted.load(Relaxed)
-            }),
-            ("requests_ok_total", |s| s.requests_ok.load(Relaxed)),
-            ("requests_rejected_total", |s| {
-                s.requests_rejected.load(Relaxed)
-            }),
-            ("frames_malformed_total", |s| {
-                s.frames_malformed.load(Relaxed)
-            }),
-            ("connections_unauthenticated_total", |s| {
-                s.connections_unauthenticated.load(Relaxed)
-            }),
-            ("loop_iterations_total", |s| s.loop_iterations.load(Relaxed)),
-            ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
-            ("loop_stall_max_us", |s| s.loop_stall_max_us.load(Relaxed)),
-        ];
-        for (name, read) in counters {
-            let kind = if name.ends_with("_total") {
-                "counter"
-            } else {
-                "gauge"
-            };
-            let _ = writeln!(out, "# TYPE mooncake_node_{name} {kind}");
-            for (i, sh) in self.shards.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "mooncake_node_{name}{{shard=\"{i}\"}} {}",
-                    read(sh.server.stats())
-                );
-            }
-        }
-        out
+        metrics::render(&self.shards)
     }
 
     /// Each shard's server backend (`io_uring` or `blocking`) and why it fell back, if it did.
