@@ -240,21 +240,6 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4 GB").unwrap(), 4 << 30);
-        assert_eq!(parse_size("4GB").unwrap(), 4 << 30);
-        assert_eq!(parse_size("512 mb").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1.5 GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("2 TB").unwrap(), 2 << 40);
-        assert_eq!(parse_size("7 KB").unwrap(), 7 << 10);
-        assert_eq!(parse_size("0").unwrap(), 0);
-        for bad in ["", "GB", "4 XB", "-1 GB", "1e99 TB", "4 G B"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn flags() {
         let c = args(&[
             "--host=127.0.0.1",
@@ -291,6 +276,8 @@ mod tests {
             &["--protocol=nvlink"],
             &["stray"],
             &["--global_segment_size=1", "--shards=2"],
+            &["--global_segment_size=4 XB"],
+            &["--local_buffer_size=50%"],
             &["--cluster_id="],
             &["--enable_offload"],
             &["--enable_offload=true"],
