@@ -1,9 +1,9 @@
 //! The storage node (`mooncake_client`): memory contributed to the pool by a process that
 //! runs no application, served by shared-nothing shards.
 //!
-//! Each of the `--shards` shards owns one [`Segment`] (`--global_segment_size` split evenly,
-//! rounded up to the page size), one [`ServedMemory`] table holding just that segment and one
-//! data server on its own port. Each shard's segment is mounted at the master as its own
+//! Each of the `--shards` shards owns one [`Segment`](dataplane::mem::Segment)
+//! (`--global_segment_size` split evenly, rounded up to the page size), one [`ServedMemory`]
+//! table holding just that segment and one data server on its own port. Each shard's segment is mounted at the master as its own
 //! segment, so a replica lives in exactly one shard and a request reaches exactly one shard:
 //!
 //! | shard | segment name | `te_endpoint` | `host_id` |
