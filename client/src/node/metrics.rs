@@ -135,8 +135,8 @@ type StatCounter = (
 );
 
 /// The node's Prometheus text: per shard, its memory kind, server backend (and why it fell
-/// back), request and connection counters, and the event-loop stall detector. Every family has
-/// one `# TYPE` line followed by one sample per shard, labelled `shard="<index>"`.
+/// back), request and connection counters, and the event-loop stall detector. Every family is
+/// one group: its `# TYPE` line, then one sample per shard, labelled `shard="<index>"`.
 pub(super) fn render(shards: &[Shard]) -> String {
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
@@ -146,21 +146,27 @@ pub(super) fn render(shards: &[Shard]) -> String {
         "# TYPE mooncake_node_shards gauge\nmooncake_node_shards {}",
         shards.len()
     );
+    // Each family is one group, its TYPE line first: the text format asks for it, and a
+    // parser that reads family by family would otherwise split a family in two.
     let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
-    let _ = writeln!(out, "# TYPE mooncake_node_segment_memory_kind gauge");
-    let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
     for (i, sh) in shards.iter().enumerate() {
-        let seg = label(&sh.descriptor.name);
         let _ = writeln!(
             out,
-            "mooncake_node_segment_bytes{{shard=\"{i}\",segment=\"{seg}\"}} {}",
+            "mooncake_node_segment_bytes{{shard=\"{i}\",segment=\"{}\"}} {}",
+            label(&sh.descriptor.name),
             sh.descriptor.size
         );
+    }
+    let _ = writeln!(out, "# TYPE mooncake_node_segment_memory_kind gauge");
+    for (i, sh) in shards.iter().enumerate() {
         let _ = writeln!(
             out,
             "mooncake_node_segment_memory_kind{{shard=\"{i}\",kind=\"{}\"}} 1",
             sh.kind.as_str()
         );
+    }
+    let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
+    for (i, sh) in shards.iter().enumerate() {
         let why = sh.server.fallback_reason().map(label).unwrap_or_default();
         let _ = writeln!(
             out,
@@ -239,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn renders_one_type_line_per_family_and_one_sample_per_shard() {
+    fn renders_each_family_as_one_group_with_one_sample_per_shard() {
         use std::net::{IpAddr, Ipv4Addr};
         let cfg = crate::node::NodeConfig::default();
         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -269,7 +275,11 @@ mod tests {
                 continue;
             }
             let name = line.split(['{', ' ']).next().unwrap();
-            assert!(typed.contains(&name), "sample before its TYPE line: {line}");
+            assert_eq!(
+                typed.last(),
+                Some(&name),
+                "not in its family's group, after its TYPE line: {line}"
+            );
         }
         assert_eq!(typed.len(), 14, "{text}");
         for family in &typed[1..] {
