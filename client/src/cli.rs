@@ -65,14 +65,14 @@ pub fn node_main(args: Vec<String>) -> i32 {
     };
     let _metrics = if cfg.metrics_port != 0 {
         let n = node.clone();
-        let render: crate::node_metrics::Render = std::sync::Arc::new(move || n.render_metrics());
+        let render: crate::node::metrics::Render = std::sync::Arc::new(move || n.render_metrics());
         let bind = std::net::SocketAddr::new(
             cfg.host
                 .parse()
                 .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
             cfg.metrics_port,
         );
-        match crate::node_metrics::MetricsServer::start(bind, render) {
+        match crate::node::metrics::MetricsServer::start(bind, render) {
             Ok(m) => {
                 println!("metrics http://{}/metrics", m.local_addr());
                 Some(m)

@@ -7,14 +7,15 @@
 //! - [`store::Store`]: `MooncakeDistributedStore` in Rust: puts and gets that ask the master
 //!   where, then move the bytes themselves over the data plane.
 //! - [`node`]: the storage node behind the `mooncake_client` binary: N shards, each with its
-//!   own segment and data port, mounted at the master as separate segments.
+//!   own segment and data port, mounted at the master as separate segments. Its flags are
+//!   [`node::NodeConfig`], its `/metrics` endpoint is [`node::metrics`], and the program
+//!   around it (signals, logging, the dummy-client service) is [`cli`].
 
 pub mod auth;
 pub mod cli;
 pub mod dummy;
 pub mod master;
 pub mod node;
-pub mod node_metrics;
 pub mod recovery;
 pub mod store;
 

@@ -140,28 +140,53 @@ mod tests {
         assert_eq!(parse_flag_bool("OFF"), None);
     }
 
+    /// The one size reader of the node's flags and of `setup()`'s dict form: every input either
+    /// accepted before they were merged still reads as the same number of bytes.
     #[test]
     fn sizes_are_binary_multiples() {
-        assert_eq!(parse_size("4 GB").unwrap(), 4 << 30);
-        assert_eq!(parse_size("4GB").unwrap(), 4 << 30);
-        assert_eq!(parse_size("512 mb").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1.5 GiB").unwrap(), 3 << 29);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("2 TB").unwrap(), 2 << 40);
-        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
-        assert_eq!(parse_size("0").unwrap(), 0);
-        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        for (raw, bytes) in [
+            ("0", 0),
+            ("1024", 1024),
+            ("4096", 4096),
+            ("18446744073709551615", u64::MAX),
+            ("10 B", 10),
+            ("4 KB", 4 << 10),
+            ("7 KB", 7 << 10),
+            ("4KiB", 4 << 10),
+            ("512K", 512 << 10),
+            ("512 mb", 512 << 20),
+            (" 16MB ", 16 << 20),
+            ("1 GB", 1 << 30),
+            ("4GB", 4 << 30),
+            ("4 GB", 4 << 30),
+            ("1.5GB", 3 << 29),
+            ("1.5 GiB", 3 << 29),
+            ("2 TB", 2 << 40),
+            ("2t", 2 << 40),
+            // A fraction is rounded down to a byte.
+            ("0.3 KB", 307),
+        ] {
+            assert_eq!(parse_size(raw), Ok(bytes), "{raw:?}");
+        }
         for bad in [
             "",
+            " ",
             "GB",
             "4 XB",
+            "4 G B",
+            "4 GBs",
             "-1",
+            "-1 GB",
             "50%",
             "1e3",
+            "1e99 TB",
             "99999999999999999999 TB",
+            "18446744073709551616",
             "1.2.3",
+            ".",
         ] {
-            assert!(parse_size(bad).is_err(), "{bad}");
+            let err = parse_size(bad).expect_err(bad);
+            assert!(err.contains(&format!("{bad:?}")), "{bad:?}: {err}");
         }
     }
 }

@@ -163,9 +163,10 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
     else {
         return Setup::Reject(ErrorCode::InvalidParams);
     };
+    // `"16777216"`, `"16MB"`, `"1.5GB"`, `"4 GiB"`: the node's `--global_segment_size` reader.
     let size = |k: &str| match m.get(k) {
         None => Some(DEFAULT_SIZE_BYTES),
-        Some(v) => parse_size(v),
+        Some(v) => protocol::env::parse_size(v).ok(),
     };
     let (Some(global), Some(local)) = (size("global_segment_size"), size("local_buffer_size"))
     else {
@@ -225,10 +226,4 @@ fn unsupported(
     };
     tracing::error!("setup refused: {why}");
     Some(ErrorCode::InvalidParams)
-}
-
-/// `"16777216"`, `"16MB"`, `"16 mb"`, `"1.5GB"`, `"4 GiB"`, `"512K"`: binary multiples
-/// ([`protocol::env::parse_size`]). Percentages and anything else are refused.
-pub fn parse_size(raw: &str) -> Option<u64> {
-    protocol::env::parse_size(raw).ok()
 }

@@ -3,7 +3,9 @@
 //!
 //! What it exports, per shard: the memory kind its segment got (`hugetlb`, `thp`, `plain`),
 //! the server backend (`io_uring`, or `blocking` with the reason it fell back), the request
-//! and connection counters, and the event-loop stall detector.
+//! and connection counters, and the event-loop stall detector. `render` writes that text
+//! from the node's shards ([`super::Node::render_metrics`]); [`MetricsServer`] serves whatever
+//! text its [`Render`] callback returns, so it knows nothing of shards.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -11,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use super::Shard;
 
 /// Bytes of request head read at most.
 const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
@@ -124,6 +128,94 @@ pub fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// A per-shard server counter: metric name and how to read it.
+type StatCounter = (
+    &'static str,
+    fn(&dataplane::mem::served::ServerStats) -> u64,
+);
+
+/// The node's Prometheus text: per shard, its memory kind, server backend (and why it fell
+/// back), request and connection counters, and the event-loop stall detector. Every family is
+/// one group: its `# TYPE` line, then one sample per shard, labelled `shard="<index>"`.
+pub(super) fn render(shards: &[Shard]) -> String {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# TYPE mooncake_node_shards gauge\nmooncake_node_shards {}",
+        shards.len()
+    );
+    // Each family is one group, its TYPE line first: the text format asks for it, and a
+    // parser that reads family by family would otherwise split a family in two.
+    let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
+    for (i, sh) in shards.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "mooncake_node_segment_bytes{{shard=\"{i}\",segment=\"{}\"}} {}",
+            label(&sh.descriptor.name),
+            sh.descriptor.size
+        );
+    }
+    let _ = writeln!(out, "# TYPE mooncake_node_segment_memory_kind gauge");
+    for (i, sh) in shards.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "mooncake_node_segment_memory_kind{{shard=\"{i}\",kind=\"{}\"}} 1",
+            sh.kind.as_str()
+        );
+    }
+    let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
+    for (i, sh) in shards.iter().enumerate() {
+        let why = sh.server.fallback_reason().map(label).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "mooncake_node_io_backend{{shard=\"{i}\",backend=\"{}\",fallback_reason=\"{why}\"}} 1",
+            sh.server.backend()
+        );
+    }
+    let counters: [StatCounter; 10] = [
+        ("connections_accepted_total", |s| {
+            s.connections_accepted.load(Relaxed)
+        }),
+        ("connections_refused_total", |s| {
+            s.connections_refused.load(Relaxed)
+        }),
+        ("connections_aborted_total", |s| {
+            s.connections_aborted.load(Relaxed)
+        }),
+        ("requests_ok_total", |s| s.requests_ok.load(Relaxed)),
+        ("requests_rejected_total", |s| {
+            s.requests_rejected.load(Relaxed)
+        }),
+        ("frames_malformed_total", |s| {
+            s.frames_malformed.load(Relaxed)
+        }),
+        ("connections_unauthenticated_total", |s| {
+            s.connections_unauthenticated.load(Relaxed)
+        }),
+        ("loop_iterations_total", |s| s.loop_iterations.load(Relaxed)),
+        ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
+        ("loop_stall_max_us", |s| s.loop_stall_max_us.load(Relaxed)),
+    ];
+    for (name, read) in counters {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(out, "# TYPE mooncake_node_{name} {kind}");
+        for (i, sh) in shards.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "mooncake_node_{name}{{shard=\"{i}\"}} {}",
+                read(sh.server.stats())
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +242,52 @@ mod tests {
         assert!(get(a, "GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get(a, "POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         assert_eq!(label("a\"b\\c"), "a\\\"b\\\\c");
+    }
+
+    #[test]
+    fn renders_each_family_as_one_group_with_one_sample_per_shard() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let cfg = crate::node::NodeConfig::default();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let shards: Vec<Shard> = ["h:1", "h:1#\"1\""]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let bind = SocketAddr::new(ip, 0);
+                crate::node::start_shard(i, name, 1 << 20, bind, ip, &cfg).unwrap()
+            })
+            .collect();
+        let text = render(&shards);
+        assert!(text.contains("\nmooncake_node_shards 2\n"), "{text}");
+        // A quote in a segment name is escaped, not closing the label early.
+        assert!(
+            text.contains("segment=\"h:1#\\\"1\\\"\"} 1048576\n"),
+            "{text}"
+        );
+        let mut typed: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            if let Some(t) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = t.split_once(' ').unwrap();
+                assert!(!typed.contains(&name), "second TYPE line for {name}");
+                let counter = name.ends_with("_total");
+                assert_eq!(kind, if counter { "counter" } else { "gauge" }, "{line}");
+                typed.push(name);
+                continue;
+            }
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert_eq!(
+                typed.last(),
+                Some(&name),
+                "not in its family's group, after its TYPE line: {line}"
+            );
+        }
+        assert_eq!(typed.len(), 14, "{text}");
+        for family in &typed[1..] {
+            for shard in 0..shards.len() {
+                let sample = format!("{family}{{shard=\"{shard}\"");
+                let n = text.lines().filter(|l| l.starts_with(&sample)).count();
+                assert_eq!(n, 1, "{sample}: {n} samples\n{text}");
+            }
+        }
     }
 }

@@ -1,0 +1,288 @@
+//! The node's flags: [`NodeConfig`], its defaults, the `--help` text ([`USAGE`]) and the
+//! gflags-style parser of `mooncake_client`'s command line (upstream's flags plus
+//! `--shards`/`--cores`, `--data_port`, `--metrics_port`, `--prefault`).
+//!
+//! Invariants: a `NodeConfig` that [`NodeConfig::parse_args`] returns has 1..=[`SHARDS_MAX`]
+//! shards, at least one byte of segment per shard, `--protocol` tcp, rdma or empty (every
+//! shard serves tcp) and data ports that fit below 65536. Upstream flags whose features are
+//! not built here are accepted and ignored, except `--enable_offload=true`, which is refused
+//! rather than dropped.
+//! Sizes are read by [`protocol::env::parse_size`], booleans by
+//! [`protocol::env::parse_flag_bool`], as in every other program of the workspace.
+
+use std::net::IpAddr;
+
+use protocol::env::parse_size;
+
+use super::SHARDS_MAX;
+
+/// The node's flags (upstream's `mooncake_client` gflags plus `--shards`/`--cores`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub host: String,
+    pub port: u16,
+    pub global_segment_size: u64,
+    pub local_buffer_size: u64,
+    pub master_server_address: String,
+    pub metadata_server: String,
+    pub protocol: String,
+    pub device_names: String,
+    pub threads: usize,
+    pub shards: usize,
+    /// First data port (shard i uses `data_port + i`); 0 picks ephemeral ports.
+    pub data_port: u16,
+    /// `/metrics` and `/health` port (0: off).
+    pub metrics_port: u16,
+    /// Fault every segment page in at start-up.
+    pub prefault: bool,
+    /// `--cluster_id` (default `MC_STORE_CLUSTER_ID`, else `mooncake_cluster`): which HA
+    /// leader an `etcd://` master address follows, and the namespace of published descriptors
+    /// (see [`dataplane::metadata::Keys::for_store`]).
+    pub cluster_id: String,
+    /// `--auth_token_file`: the cluster secret's file (`None`: `MC_AUTH_TOKEN` /
+    /// `MC_AUTH_TOKEN_FILE` decide; see `protocol::auth`).
+    pub auth_token_file: Option<std::path::PathBuf>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            host: "0.0.0.0".into(),
+            port: 50052,
+            global_segment_size: 4 << 30,
+            local_buffer_size: 0,
+            master_server_address: "127.0.0.1:50051".into(),
+            metadata_server: "http://127.0.0.1:8080/metadata".into(),
+            protocol: "tcp".into(),
+            device_names: String::new(),
+            threads: 1,
+            shards: 1,
+            data_port: 0,
+            metrics_port: 0,
+            prefault: false,
+            cluster_id: crate::store::cluster_id_from_env(),
+            auth_token_file: None,
+        }
+    }
+}
+
+/// Upstream flags accepted and ignored (the features behind them are not built here).
+const IGNORED_FLAGS: &[&str] = &[
+    "tenant_id",
+    "start_offload_rpc_server",
+    "enable_http_server",
+    "http_port",
+];
+
+/// Usage text for `--help`.
+pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store,
+and the standalone client that dummy clients on this host (setup_dummy) put and get through
+
+flags (--flag=value or --flag value):
+  --host=0.0.0.0                 address to bind and advertise
+  --port=50052                   port in segment names (host:port, host:port#i) and of the
+                                 dummy-client socket @mooncake-rs-dummy/<port> that
+                                 setup_dummy(..., \"host:port\") attaches to
+  --global_segment_size=\"4 GB\"   memory contributed, split evenly over the shards (B/KB/MB/GB/TB)
+  --local_buffer_size=0          accepted for compatibility
+  --master_server_address=127.0.0.1:50051   (or etcd://h1:p1;h2:p2: follow the HA leader)
+  --cluster_id=mooncake_cluster  HA cluster to follow and descriptor namespace
+                                 (default: MC_STORE_CLUSTER_ID, else mooncake_cluster)
+  --metadata_server=http://127.0.0.1:8080/metadata   (or etcd://h:p, a bare h:p for etcd,
+                                 or P2PHANDSHAKE: publish nothing)
+  --protocol=tcp
+  --device_names=                accepted for compatibility
+  --threads=1                    accepted for compatibility
+  --shards=1 (alias --cores)     shards, each with its own segment and data port
+  --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
+  --metrics_port=0               serve /metrics and /health on this port; 0 = off
+  --prefault=false               fault segment pages in at start-up
+  --enable_offload=false         upstream's SSD offload tier: not in this build, true is refused
+  --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
+                                 MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
+";
+
+/// A gflags boolean: the words of [`protocol::env::parse_flag_bool`], or nothing (`--flag`).
+fn parse_bool(v: &str) -> Result<bool, String> {
+    if v.trim().is_empty() {
+        return Ok(true);
+    }
+    protocol::env::parse_flag_bool(v).ok_or_else(|| format!("expected a boolean, got {v:?}"))
+}
+
+impl NodeConfig {
+    /// Parses gflags-style arguments (without the program name). `Ok(None)` for `--help`.
+    pub fn parse_args<I: IntoIterator<Item = String>>(
+        args: I,
+    ) -> Result<Option<NodeConfig>, String> {
+        let mut c = NodeConfig::default();
+        let mut shards_set = false;
+        let mut it = args.into_iter().peekable();
+        while let Some(arg) = it.next() {
+            let flag = arg
+                .strip_prefix("--")
+                .or_else(|| arg.strip_prefix('-'))
+                .ok_or_else(|| format!("unexpected argument {arg:?}"))?;
+            if matches!(flag, "help" | "h" | "helpfull") {
+                return Ok(None);
+            }
+            let (name, inline) = match flag.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (flag.to_string(), None),
+            };
+            // Upstream's SSD offload tier: accepting it without one would drop what it asks for.
+            if name == "enable_offload" || name == "noenable_offload" {
+                let on = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "enable_offload",
+                };
+                if on {
+                    return Err(
+                        "--enable_offload: this build has no SSD offload tier (objects \
+                                live in memory only); drop the flag"
+                            .into(),
+                    );
+                }
+                continue;
+            }
+            if name == "prefault" || name == "noprefault" {
+                c.prefault = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "prefault",
+                };
+                continue;
+            }
+            let value = match inline {
+                Some(v) => v,
+                None => it.next().ok_or_else(|| format!("--{name} needs a value"))?,
+            };
+            let num = |v: &str| -> Result<u64, String> {
+                v.trim()
+                    .parse()
+                    .map_err(|_| format!("--{name}: expected a number, got {v:?}"))
+            };
+            match name.as_str() {
+                "host" => c.host = value,
+                "port" => c.port = num(&value)?.try_into().map_err(|_| "--port out of range")?,
+                "global_segment_size" => c.global_segment_size = parse_size(&value)?,
+                "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
+                "master_server_address" => c.master_server_address = value,
+                "metadata_server" => c.metadata_server = value,
+                "cluster_id" if value.trim().is_empty() => {
+                    return Err("--cluster_id must not be empty".into())
+                }
+                "cluster_id" => c.cluster_id = value.trim().to_string(),
+                "auth_token_file" if value.trim().is_empty() => c.auth_token_file = None,
+                "auth_token_file" => c.auth_token_file = Some(value.into()),
+                "protocol" => c.protocol = value,
+                "device_names" | "device_name" => c.device_names = value,
+                "threads" => c.threads = num(&value)? as usize,
+                "shards" => {
+                    c.shards = num(&value)? as usize;
+                    shards_set = true;
+                }
+                "cores" if !shards_set => c.shards = num(&value)? as usize,
+                "cores" => {}
+                "metrics_port" => {
+                    c.metrics_port = num(&value)?
+                        .try_into()
+                        .map_err(|_| "--metrics_port out of range")?
+                }
+                "data_port" => {
+                    c.data_port = num(&value)?
+                        .try_into()
+                        .map_err(|_| "--data_port out of range")?
+                }
+                n if IGNORED_FLAGS.contains(&n) => {}
+                n => return Err(format!("unknown flag --{n}")),
+            }
+        }
+        if c.shards == 0 || c.shards > SHARDS_MAX {
+            return Err(format!("--shards={} must be 1..={SHARDS_MAX}", c.shards));
+        }
+        if c.global_segment_size < c.shards as u64 {
+            return Err(format!(
+                "--global_segment_size={} leaves nothing for {} shards",
+                c.global_segment_size, c.shards
+            ));
+        }
+        if !matches!(
+            c.protocol.to_ascii_lowercase().as_str(),
+            "tcp" | "rdma" | ""
+        ) {
+            return Err(format!(
+                "--protocol={}: this build serves tcp only",
+                c.protocol
+            ));
+        }
+        if c.data_port != 0 && u32::from(c.data_port) + c.shards as u32 > 65536 {
+            return Err("--data_port + --shards exceeds 65535".into());
+        }
+        Ok(Some(c))
+    }
+
+    /// The host used in segment names: `--host`, or the advertised address when `--host` is
+    /// unspecified (`0.0.0.0`), so names differ between machines.
+    pub(super) fn host_for_names(&self, advertised: IpAddr) -> String {
+        match self.host.parse::<IpAddr>() {
+            Ok(ip) if ip.is_unspecified() => advertised.to_string(),
+            _ => self.host.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Option<NodeConfig>, String> {
+        NodeConfig::parse_args(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn flags() {
+        let c = args(&[
+            "--host=127.0.0.1",
+            "--port",
+            "1234",
+            "--global_segment_size=64 MB",
+            "-shards=2",
+            "--cores=8",
+            "--metadata_server",
+            "P2PHANDSHAKE",
+            "--tenant_id=x",
+            "--prefault",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(c.port, 1234);
+        assert_eq!(c.global_segment_size, 64 << 20);
+        assert_eq!(c.shards, 2, "--shards wins over --cores");
+        assert!(c.prefault);
+        assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
+        assert_eq!(
+            args(&["--cluster_id=prod-a"]).unwrap().unwrap().cluster_id,
+            "prod-a"
+        );
+        assert_eq!(args(&[]).unwrap().unwrap(), NodeConfig::default());
+        assert_eq!(args(&["--help"]).unwrap(), None);
+        assert!(args(&["--enable_offload=false", "--noenable_offload"]).is_ok());
+        for bad in [
+            &["--nope=1"][..],
+            &["--port"],
+            &["--port=70000"],
+            &["--shards=0"],
+            &["--protocol=nvlink"],
+            &["stray"],
+            &["--global_segment_size=1", "--shards=2"],
+            &["--global_segment_size=4 XB"],
+            &["--local_buffer_size=50%"],
+            &["--cluster_id="],
+            &["--enable_offload"],
+            &["--enable_offload=true"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+}

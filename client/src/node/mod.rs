@@ -1,0 +1,405 @@
+//! The storage node (`mooncake_client`): memory contributed to the pool by a process that
+//! runs no application, served by shared-nothing shards.
+//!
+//! Each of the `--shards` shards owns one [`Segment`](dataplane::mem::Segment)
+//! (`--global_segment_size` split evenly, rounded up to the page size), one [`ServedMemory`]
+//! table holding just that segment and one data server on its own port. Each shard's segment is mounted at the master as its own
+//! segment, so a replica lives in exactly one shard and a request reaches exactly one shard:
+//!
+//! | shard | segment name | `te_endpoint` | `host_id` |
+//! |---|---|---|---|
+//! | 0 | `host:port` | `ip:data_port_0` | `ip` |
+//! | i > 0 | `host:port#i` | `ip:data_port_i` | `ip` |
+//!
+//! `host`/`port` are `--host`/`--port` (`--host=0.0.0.0` is advertised as the address that
+//! routes outwards, else 127.0.0.1); `data_port_i` is `--data_port + i`, or an ephemeral port
+//! when `--data_port=0` (the default). Store clients connect straight to the replica's
+//! `transport_endpoint` (= the segment's `te_endpoint`). When `--metadata_server` is an HTTP or etcd
+//! URL, each shard's descriptor is also published under `mooncake/ram/<segment name>`, so a
+//! transfer engine can open a shard by name; failure to publish is reported and not fatal.
+//!
+//! Each shard's table keeps a catalog of the objects written into its segment (writers record
+//! them with `CATALOG_PUT`). The node pings the master every second, dropping the catalog
+//! entries of ranges the master says it freed; `NEED_REMOUNT` (the master restarted or
+//! expired us) re-mounts every shard with `ReMountSegment`, reporting every catalogued object
+//! so the master rebuilds its index (see [`crate::recovery`] and `docs/recovery.md`).
+//! [`Node::shutdown`] unmounts every shard and removes the descriptors.
+//!
+//! Invariants: a shard's server serves only its own segment; the segments stay mapped until
+//! the servers are dropped (the `ServedMemory` table holds them).
+//!
+//! This file is the node's lifecycle: the advertised address, shard start-up, mounting, the
+//! ping loop and shutdown. Its flags are parsed in `config` ([`NodeConfig`], [`USAGE`]), its
+//! `/metrics` text is rendered and served by [`metrics`]; the program around it (signals,
+//! logging, the dummy-client service) is [`crate::cli`].
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dataplane::mem::served::{ServedMemory, ServerConfig};
+use dataplane::mem::{HugepagePolicy, SegmentKind, SegmentOptions};
+use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
+use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
+use dataplane::transport::{serve, Server};
+use protocol::message::{MountSegment, UnmountSegment};
+use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
+
+use crate::master::{ClientError, MasterClient};
+use crate::recovery;
+
+mod config;
+pub mod metrics;
+
+pub use config::{NodeConfig, USAGE};
+
+/// How often the node pings the master.
+pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long start-up keeps trying to reach the master.
+pub const MASTER_CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+/// Most shards one node runs.
+pub const SHARDS_MAX: usize = 256;
+
+/// Why the node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("cannot reach the master at {addr}: {why}")]
+    Master { addr: String, why: String },
+    #[error("the master refused to mount segment {name}: {why}")]
+    Mount { name: String, why: String },
+    #[error("shard {shard}: {why}")]
+    Shard { shard: usize, why: String },
+}
+
+struct Shard {
+    /// Dropped first: stops serving before anything else goes. An io_uring shard pinned to
+    /// its core, or the blocking fallback when io_uring is refused (the reason is logged).
+    server: Server,
+    descriptor: SegmentDescriptor,
+    /// What memory the segment got (hugetlb, thp, plain): logged and exported.
+    kind: SegmentKind,
+    /// The table the server serves; its catalog is re-reported on a re-mount.
+    memory: Arc<ServedMemory>,
+    /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
+    _shm: Option<dataplane::mem::ShmExport>,
+}
+
+/// A running storage node; see the module docs.
+pub struct Node {
+    shards: Vec<Shard>,
+    client_id: Uuid,
+    master: MasterClient,
+    metadata: Option<(Box<dyn MetadataStore>, Keys)>,
+    shut_down: AtomicBool,
+}
+
+/// The address to advertise for `host`: itself when it names one interface; for an
+/// unspecified address (`0.0.0.0`) the address that routes outwards (no packet is sent),
+/// else loopback.
+fn advertised_ip(host: &str) -> Result<IpAddr, String> {
+    let ip = (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("--host={host} does not resolve: {e}"))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("--host={host} resolves to nothing"))?;
+    if !ip.is_unspecified() {
+        return Ok(ip);
+    }
+    let routed = UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|_| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip())
+        .ok()
+        .filter(|ip| !ip.is_unspecified());
+    Ok(routed.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
+}
+
+impl Node {
+    /// Maps, serves and mounts every shard.
+    pub fn start(cfg: &NodeConfig) -> Result<Node, NodeError> {
+        let ip = advertised_ip(&cfg.host).map_err(NodeError::Config)?;
+        let bind_ip: IpAddr = (cfg.host.as_str(), 0)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .map(|a| a.ip())
+            .unwrap_or(ip);
+        let master = MasterClient::new_in_cluster(&cfg.master_server_address, &cfg.cluster_id)
+            .map_err(|e| NodeError::Master {
+                addr: cfg.master_server_address.clone(),
+                why: e.to_string(),
+            })?;
+        let deadline = Instant::now() + MASTER_CONNECT_PATIENCE;
+        while let Err(e) = master.connect() {
+            // A refused secret will not be accepted by trying again.
+            let refused = matches!(&e, ClientError::Connect { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied);
+            if refused || Instant::now() > deadline {
+                return Err(NodeError::Master {
+                    addr: cfg.master_server_address.clone(),
+                    why: e.to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let per_shard = cfg.global_segment_size.div_ceil(cfg.shards as u64) as usize;
+        // Shards start in parallel, one thread each, so that prefaulting a large segment
+        // (`--prefault`) costs the time of one shard, not the sum of all of them.
+        let shards: Vec<Shard> = std::thread::scope(|scope| {
+            let starting: Vec<_> = (0..cfg.shards)
+                .map(|i| {
+                    let name = match i {
+                        0 => format!("{}:{}", cfg.host_for_names(ip), cfg.port),
+                        i => format!("{}:{}#{i}", cfg.host_for_names(ip), cfg.port),
+                    };
+                    let port = if cfg.data_port == 0 {
+                        0
+                    } else {
+                        cfg.data_port + i as u16
+                    };
+                    let bind = SocketAddr::new(bind_ip, port);
+                    scope.spawn(move || start_shard(i, &name, per_shard, bind, ip, cfg))
+                })
+                .collect();
+            starting
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(NodeError::Shard {
+                            shard: i,
+                            why: "start-up thread panicked".into(),
+                        })
+                    })
+                })
+                .collect::<Result<Vec<Shard>, NodeError>>()
+        })?;
+        let metadata = match MetadataBackend::parse(&cfg.metadata_server) {
+            Ok(backend) => backend
+                .open()
+                .map(|store| (store, Keys::for_store(&cfg.cluster_id))),
+            Err(e) => {
+                eprintln!("mooncake_client: not publishing descriptors: {e}");
+                None
+            }
+        };
+        let node = Node {
+            shards,
+            client_id: Uuid::random(),
+            master,
+            metadata,
+            shut_down: AtomicBool::new(false),
+        };
+        node.publish();
+        for s in &node.shards {
+            let mounted = node.master.call(&MountSegment {
+                client_id: node.client_id,
+                segment: s.descriptor.clone(),
+            });
+            let why = match mounted {
+                Ok(Ok(())) => continue,
+                Ok(Err(code)) => format!("{code:?}"),
+                Err(e) => e.to_string(),
+            };
+            node.shutdown();
+            return Err(NodeError::Mount {
+                name: s.descriptor.name.clone(),
+                why,
+            });
+        }
+        Ok(node)
+    }
+
+    /// The segments mounted at the master, shard by shard.
+    pub fn segments(&self) -> Vec<SegmentDescriptor> {
+        self.shards.iter().map(|s| s.descriptor.clone()).collect()
+    }
+
+    pub fn client_id(&self) -> Uuid {
+        self.client_id
+    }
+
+    /// Prometheus text of the node: per shard, its memory kind, server backend (and why it fell
+    /// back), request and connection counters, and the event-loop stall detector.
+    pub fn render_metrics(&self) -> String {
+        metrics::render(&self.shards)
+    }
+
+    /// Each shard's server backend (`io_uring` or `blocking`) and why it fell back, if it did.
+    pub fn backends(&self) -> Vec<(&'static str, Option<String>)> {
+        self.shards
+            .iter()
+            .map(|s| {
+                (
+                    s.server.backend(),
+                    s.server.fallback_reason().map(str::to_string),
+                )
+            })
+            .collect()
+    }
+
+    fn publish(&self) {
+        let Some((store, keys)) = &self.metadata else {
+            return;
+        };
+        for s in &self.shards {
+            let d = &s.descriptor;
+            let port = s.server.local_addr().port();
+            let buffers = vec![BufferDesc {
+                addr: d.base,
+                length: d.size,
+                name: d.name.clone(),
+            }];
+            let json = SegmentDesc::tcp(&d.name, port, buffers).to_json();
+            if let Err(e) = store.put(&keys.ram(&d.name), &json) {
+                eprintln!(
+                    "mooncake_client: cannot publish the descriptor of {}: {e}",
+                    d.name
+                );
+            }
+        }
+    }
+
+    /// One ping: drops catalog entries of freed ranges; on `NEED_REMOUNT` re-mounts every
+    /// shard with every object it holds. Returns what the master said.
+    pub fn ping(&self) -> Result<ClientStatus, String> {
+        let served: Vec<recovery::Served<'_>> = self
+            .shards
+            .iter()
+            .map(|s| recovery::Served {
+                desc: &s.descriptor,
+                catalog: s.memory.catalog(),
+            })
+            .collect();
+        let out = recovery::ping(&self.master, self.client_id, &served)?;
+        if out.status == ClientStatus::NeedRemount {
+            eprintln!(
+                "mooncake_client: the master asked for a re-mount; {} segments re-mounted, {} \
+                 objects re-reported",
+                self.shards.len(),
+                out.reported
+            );
+        }
+        Ok(out.status)
+    }
+
+    /// Objects in the shards' catalogs (what a re-mount would report).
+    pub fn catalogued_objects(&self) -> usize {
+        self.shards.iter().map(|s| s.memory.catalog().len()).sum()
+    }
+
+    /// Pings every [`PING_INTERVAL`] until `stop` is set. Failures are reported and retried.
+    pub fn run(&self, stop: &AtomicBool) {
+        let mut next = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            if Instant::now() >= next {
+                if let Err(e) = self.ping() {
+                    eprintln!("mooncake_client: ping failed: {e}");
+                }
+                next = Instant::now() + PING_INTERVAL;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Unmounts every shard at the master and removes the published descriptors. Idempotent;
+    /// the servers stop when the node is dropped.
+    pub fn shutdown(&self) {
+        if self.shut_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for s in &self.shards {
+            let r = self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: s.descriptor.id,
+            });
+            if !matches!(r, Ok(Ok(()))) {
+                eprintln!(
+                    "mooncake_client: unmount of {} failed: {r:?}",
+                    s.descriptor.name
+                );
+            }
+        }
+        if let Some((store, keys)) = &self.metadata {
+            for s in &self.shards {
+                let _ = store.remove(&keys.ram(&s.descriptor.name));
+            }
+        }
+    }
+}
+
+fn start_shard(
+    index: usize,
+    name: &str,
+    len: usize,
+    bind: SocketAddr,
+    ip: IpAddr,
+    cfg: &NodeConfig,
+) -> Result<Shard, NodeError> {
+    let fail = |why: String| NodeError::Shard { shard: index, why };
+    let options = SegmentOptions {
+        hugepages: HugepagePolicy::from_env(),
+        prefault: cfg.prefault,
+    };
+    let segment = Arc::new(
+        dataplane::mem::shm::serving_segment(len, options, dataplane::mem::shm::Owner::Node)
+            .map_err(|e| fail(format!("cannot map {len} bytes: {e}")))?,
+    );
+    let memory = ServedMemory::new();
+    memory
+        .register_segment(segment.clone())
+        .map_err(|e| fail(format!("cannot register the segment: {e}")))?;
+    // Shard i on the i-th core the node may run on (its affinity mask, e.g. systemd's
+    // CPUAffinity= or a Kubernetes cpuset), wrapping around.
+    let server = serve(bind, memory.clone(), ServerConfig::default(), Some(index))
+        .map_err(|e| fail(format!("cannot listen on {bind}: {e}")))?;
+    let data_port = server.local_addr().port();
+    let descriptor = SegmentDescriptor {
+        id: Uuid::random(),
+        name: name.to_string(),
+        base: segment.addr() as u64,
+        size: segment.len() as u64,
+        te_endpoint: SocketAddr::new(ip, data_port).to_string(),
+        protocol: "tcp".into(),
+        host_id: ip.to_string(),
+    };
+    let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment);
+    tracing::info!(
+        "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
+        segment.kind().as_str(),
+        segment.addr(),
+        if shm.is_some() {
+            " (shared with same-host clients)"
+        } else {
+            ""
+        },
+        server.backend(),
+        server.local_addr()
+    );
+    Ok(Shard {
+        server,
+        descriptor,
+        kind: segment.kind(),
+        memory,
+        _shm: shm,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_addresses() {
+        assert_eq!(
+            advertised_ip("127.0.0.1").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert!(!advertised_ip("0.0.0.0").unwrap().is_unspecified());
+        assert!(advertised_ip("no.such.host.invalid").is_err());
+    }
+}
