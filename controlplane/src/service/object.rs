@@ -255,6 +255,10 @@ impl State {
             {
                 return Err(ErrorCode::ObjectAlreadyExists);
             } else {
+                // A put makes a new object: the stale put it replaces was never readable, so
+                // `PRESERVE` has no pin to keep, as its writer assumes when it records the
+                // pin in the owners' catalogs (`client::store::catalog`, `docs/ha.md`).
+                pin_now = SoftPin::None;
                 self.discard_put(m, &key);
             }
         }

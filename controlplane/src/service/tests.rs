@@ -2082,6 +2082,27 @@ fn re_reported_soft_pins_are_restored_and_block_eviction() {
     );
 }
 
+/// A put over a stale put in flight makes a new object: with `PRESERVE` it keeps no pin of
+/// the write it replaces, which never became readable. Its writer records the pin of its own
+/// config in the catalogs, so a kept pin would come back unpinned after a failover.
+#[test]
+fn a_put_over_a_discarded_put_keeps_none_of_its_soft_pin() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let enable = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(cfg().discard_timeout_ms() * 10),
+        ..Default::default()
+    };
+    t.start_with(C2, "k", 4096, enable).unwrap();
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(cfg().discard_timeout_ms());
+    t.start_with(C1, "k", 4096, ReplicateConfig::default())
+        .unwrap();
+    t.end(C1, "k").unwrap();
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 0);
+}
+
 #[test]
 fn re_reported_tombstones_keep_removed_keys_removed() {
     let (s1, s2) = version_segments();
