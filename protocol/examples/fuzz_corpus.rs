@@ -86,6 +86,13 @@ fn main() {
             sizes: vec![1, 2],
             config: cfg,
         }),
+        // The target also decodes each body as its opcode's answer: here `UpsertStarted`s.
+        frame(&BatchUpsertStart {
+            client_id: id,
+            keys: keys.clone(),
+            sizes: vec![1, 2],
+            config: ReplicateConfig::default(),
+        }),
         frame(&BatchExistKey { keys: keys.clone() }),
         frame(&Tenanted {
             tenant: "ta".into(),

@@ -223,7 +223,7 @@ messages! {
     11 PutEnd { client_id: Uuid, key: String } -> ();
     12 PutRevoke { client_id: Uuid, key: String } -> ();
     13 UpsertStart { client_id: Uuid, key: String, size: u64, config: ReplicateConfig }
-        -> Vec<ReplicaDescriptor>;
+        -> UpsertStarted;
     14 UpsertEnd { client_id: Uuid, key: String } -> ();
     15 UpsertRevoke { client_id: Uuid, key: String } -> ();
     16 GetReplicaList { key: String } -> ReplicaList;
@@ -242,7 +242,7 @@ messages! {
     31 BatchPutEnd { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
     32 BatchPutRevoke { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
     33 BatchUpsertStart { client_id: Uuid, keys: Vec<String>, sizes: Vec<u64>, config: ReplicateConfig }
-        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
+        -> Vec<Result<UpsertStarted, ErrorCode>>;
     34 BatchUpsertEnd { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
     35 BatchUpsertRevoke { client_id: Uuid, keys: Vec<String> } -> Vec<ItemStatus>;
     36 BatchGetReplicaList { keys: Vec<String> } -> Vec<Result<ReplicaList, ErrorCode>>;

@@ -337,6 +337,23 @@ pub struct ReplicaList {
 }
 wire_struct!(ReplicaList { replicas: Vec<ReplicaDescriptor>, lease_ttl_ms: u64 });
 
+/// Reply to `UpsertStart` (and per key of `BatchUpsertStart`): the replicas to write, and the
+/// soft pin the object will carry, which the writer records in each replica's catalog entry
+/// so that a master rebuilding its index pins it again (`HeldObject::soft_pin_ttl_ms`,
+/// `docs/ha.md`, "Soft pins after a failover"). An upsert with `SoftPinAction::Preserve`
+/// keeps a pin only the master knows; this is how its writer learns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpsertStarted {
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// `Some(ttl_ms)`, never 0: the pin's full ttl when it starts once the upsert completes,
+    /// or what is left of a running pin the upsert keeps. `None`: unpinned.
+    pub soft_pin_ttl_ms: Option<u64>,
+}
+wire_struct!(UpsertStarted {
+    replicas: Vec<ReplicaDescriptor>,
+    soft_pin_ttl_ms: Option<u64>,
+});
+
 /// Reply to `Ping`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PingResponse {
@@ -459,6 +476,28 @@ mod tests {
             assert_eq!(HeldObject::from_bytes(&b), Ok(h.clone()));
             // The pin is the last field: cutting it off is an error, not an unpinned object.
             assert!(HeldObject::from_bytes(&b[..b.len() - 1]).is_err());
+        }
+    }
+
+    #[test]
+    fn upsert_answers_round_trip_with_their_soft_pin() {
+        let replica = ReplicaDescriptor {
+            status: ReplicaStatus::Processing,
+            segment_name: "node:1".into(),
+            transport_endpoint: "127.0.0.1:1".into(),
+            buffer_address: 1 << 40,
+            size: 9,
+            version: Version { term: 5, seq: 9 },
+        };
+        for soft_pin_ttl_ms in [None, Some(1), Some(60_000), Some(u64::MAX)] {
+            let a = UpsertStarted {
+                replicas: vec![replica.clone(), replica.clone()],
+                soft_pin_ttl_ms,
+            };
+            let b = a.to_bytes();
+            assert_eq!(UpsertStarted::from_bytes(&b), Ok(a.clone()));
+            // The pin is the last field: cutting it off is an error, not an unpinned object.
+            assert!(UpsertStarted::from_bytes(&b[..b.len() - 1]).is_err());
         }
     }
 

@@ -7,10 +7,12 @@
 //! round trip; for an object cut into several slices, in a second batch once every slice has
 //! landed (one extra round trip, small next to the transfer).
 //!
-//! A record carries the object's pins as its put asked for them: the hard pin, and the soft
-//! pin of a put with `SoftPinAction::Enable` ([`soft_pin_of`]), so that a master that lost
-//! its index can pin it again from the owner's re-report (`docs/ha.md`). A put that leaves the
-//! soft pin as it was (`Preserve`) or disables it records none.
+//! A record carries the object's pins, so that a master that lost its index can pin it again
+//! from the owner's re-report (`docs/ha.md`): the hard pin as the write asked for it, and the
+//! soft pin the object will carry. An upsert records the soft pin the master answered
+//! (`protocol::UpsertStarted`): with `SoftPinAction::Preserve` it keeps the master's current
+//! pin, which only the master knows. A put records the pin of its `ReplicateConfig`
+//! ([`soft_pin_of`]): a put makes a new object, with nothing to preserve.
 //!
 //! Invariants: a catalog entry is recorded only after every byte of its replica was written;
 //! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
@@ -28,9 +30,9 @@ use protocol::{ReplicaDescriptor, ReplicateConfig, SoftPinAction};
 
 static LEGACY_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// The soft pin a put with `cfg` records: `Some(ttl_ms)` (`Some(0)`: the master's default
-/// ttl) when it enables one, as the master resolves it (`ENABLE` with a ttl of 0 pins
-/// nothing); `None` otherwise.
+/// The soft pin a put (not an upsert, see the module docs) with `cfg` records: `Some(ttl_ms)`
+/// (`Some(0)`: the master's default ttl) when it enables one, as the master resolves it
+/// (`ENABLE` with a ttl of 0 pins nothing); `None` otherwise.
 pub(super) fn soft_pin_of(cfg: &ReplicateConfig) -> Option<u64> {
     match (cfg.soft_pin_action, cfg.soft_pin_ttl_ms) {
         (SoftPinAction::Enable, None) => Some(0),

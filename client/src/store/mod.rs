@@ -63,7 +63,7 @@ use std::time::Instant;
 use dataplane::mem::Registry;
 use parking_lot::{Mutex, RwLock};
 use protocol::message::*;
-use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Uuid};
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, UpsertStarted, Uuid};
 
 pub use budget::{LocalBudget, Reservation};
 pub use caller::CallerRange;
@@ -235,24 +235,25 @@ impl Store {
         let _writing = self.writing.lock([key]);
         let key = key.to_string();
         let id = self.client_id;
-        let started = if upsert {
-            self.master.call(&UpsertStart {
+        let (replicas, soft_pin_ttl_ms) = if upsert {
+            let started = rpc(self.master.call(&UpsertStart {
                 client_id: id,
                 key: key.clone(),
                 size,
                 config: cfg.clone(),
-            })
+            }))?;
+            (started.replicas, started.soft_pin_ttl_ms)
         } else {
-            self.master.call(&PutStart {
+            let started = self.master.call(&PutStart {
                 client_id: id,
                 key: key.clone(),
                 size,
                 config: cfg.clone(),
-            })
-        };
-        let replicas = match rpc(started) {
-            Err(ErrorCode::ObjectAlreadyExists) if !upsert => return Ok(()),
-            other => other?,
+            });
+            match rpc(started) {
+                Err(ErrorCode::ObjectAlreadyExists) => return Ok(()),
+                other => (other?, catalog::soft_pin_of(cfg)),
+            }
         };
         let catalog_key = self.master.catalog_key(&key);
         let items: Vec<WriteItem<'_>> = replicas
@@ -262,7 +263,7 @@ impl Store {
                 parts,
                 key: &catalog_key,
                 hard_pin: cfg.with_hard_pin,
-                soft_pin_ttl_ms: catalog::soft_pin_of(cfg),
+                soft_pin_ttl_ms,
             })
             .collect();
         let written = self
@@ -332,22 +333,31 @@ impl Store {
             .iter()
             .map(|v| v.iter().map(|p| p.len() as u64).sum())
             .collect();
+        // Per key: the replicas and the soft pin their catalog records carry, an upsert's as
+        // the master answered (it alone knows the pin a `PRESERVE` keeps), a put's from its
+        // config (`catalog` module docs).
         let started = if upsert {
-            self.master.call(&BatchUpsertStart {
+            rpc(self.master.call(&BatchUpsertStart {
                 client_id: id,
                 keys: keys.to_vec(),
                 sizes,
                 config: cfg.clone(),
-            })
+            }))
         } else {
-            self.master.call(&BatchPutStart {
+            let soft_pin_ttl_ms = catalog::soft_pin_of(cfg);
+            let as_started = |replicas| UpsertStarted {
+                replicas,
+                soft_pin_ttl_ms,
+            };
+            rpc(self.master.call(&BatchPutStart {
                 client_id: id,
                 keys: keys.to_vec(),
                 sizes,
                 config: cfg.clone(),
-            })
+            }))
+            .map(|per| per.into_iter().map(|s| s.map(as_started)).collect())
         };
-        let started = match rpc(started) {
+        let started = match started {
             Ok(s) if s.len() == keys.len() => s,
             Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
             Err(e) => return vec![Err(e); keys.len()],
@@ -362,7 +372,10 @@ impl Store {
             match s {
                 Err(ErrorCode::ObjectAlreadyExists) if !upsert => results.push(Ok(())),
                 Err(e) => results.push(Err(*e)),
-                Ok(replicas) => {
+                Ok(UpsertStarted {
+                    replicas,
+                    soft_pin_ttl_ms,
+                }) => {
                     results.push(Ok(()));
                     writing.push(i);
                     for replica in replicas {
@@ -371,7 +384,7 @@ impl Store {
                             parts: &values[i],
                             key: catalog_keys[i].as_ref(),
                             hard_pin: cfg.with_hard_pin,
-                            soft_pin_ttl_ms: catalog::soft_pin_of(cfg),
+                            soft_pin_ttl_ms: *soft_pin_ttl_ms,
                         });
                         owners.push(i);
                     }

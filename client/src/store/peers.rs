@@ -119,7 +119,8 @@ pub struct WriteItem<'a> {
     pub parts: &'a [&'a [u8]],
     pub key: &'a str,
     pub hard_pin: bool,
-    /// The soft pin recorded with it (`catalog::soft_pin_of`).
+    /// The soft pin recorded with it: the master's answer to an upsert, `catalog::soft_pin_of`
+    /// of a put.
     pub soft_pin_ttl_ms: Option<u64>,
 }
 

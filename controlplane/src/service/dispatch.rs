@@ -296,6 +296,15 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
     }
 }
 
+/// The answer to a started put (`Vec<ReplicaDescriptor>`) or upsert (`UpsertStarted`: the
+/// replicas, then the soft pin its writer records, `Object::soft_pin_left_ms`).
+fn encode_started(out: &mut Vec<u8>, obj: &Object, segs: &Segments, now: u64, upsert: bool) {
+    encode_replicas(out, obj, segs, false);
+    if upsert {
+        obj.soft_pin_left_ms(now).encode(out);
+    }
+}
+
 /// PutStart / UpsertStart. `prefer_alloc_in_same_node` is refused on the single form as
 /// upstream's `Put` refuses it.
 #[allow(clippy::too_many_arguments)]
@@ -315,7 +324,7 @@ fn put_start(
             return Err(ErrorCode::InvalidParams);
         }
         let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
-        encode_replicas(o, obj, segs, false);
+        encode_started(o, obj, segs, now, upsert);
         Ok(())
     })
 }
@@ -354,7 +363,7 @@ fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> b
     })
 }
 
-/// Batch PutStart / UpsertStart: one `Result<Vec<ReplicaDescriptor>>` per key. Mismatched
+/// Batch PutStart / UpsertStart: one `Result` of the single form's answer per key. Mismatched
 /// `keys`/`sizes` lengths, or `prefer_alloc_in_same_node` with more than one replica, fail
 /// every item with `INVALID_PARAMS`.
 #[allow(clippy::too_many_arguments)]
@@ -388,7 +397,7 @@ fn batch_put_start(
     for (key, size) in keys.into_iter().zip(sizes) {
         let ok = reply(out, |o| {
             let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
-            encode_replicas(o, obj, segs, false);
+            encode_started(o, obj, segs, now, upsert);
             Ok(())
         });
         failed += !ok as u64;

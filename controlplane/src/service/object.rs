@@ -134,6 +134,18 @@ impl Object {
         self.read_window_until
     }
 
+    /// The soft pin as the writer of the current put or upsert records it in the owners'
+    /// catalogs (`protocol::UpsertStarted`): the full ttl of a pin that starts when the object
+    /// becomes readable, what is left of a running one, `None` for none or a lapsed one.
+    /// Never `Some(0)`, which a catalog reads as "the master's default ttl".
+    pub fn soft_pin_left_ms(&self, now: u64) -> Option<u64> {
+        match self.soft_pin {
+            SoftPin::None => None,
+            SoftPin::Pending { ttl_ms } => (ttl_ms > 0).then_some(ttl_ms),
+            SoftPin::Until(t) => (t > now).then(|| t - now),
+        }
+    }
+
     pub fn soft_pinned(&self, now: u64) -> bool {
         match self.soft_pin {
             SoftPin::None => false,
@@ -255,6 +267,10 @@ impl State {
             {
                 return Err(ErrorCode::ObjectAlreadyExists);
             } else {
+                // A put makes a new object: the stale put it replaces was never readable, so
+                // `PRESERVE` has no pin to keep, as its writer assumes when it records the
+                // pin in the owners' catalogs (`client::store::catalog`, `docs/ha.md`).
+                pin_now = SoftPin::None;
                 self.discard_put(m, &key);
             }
         }

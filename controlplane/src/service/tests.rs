@@ -737,13 +737,23 @@ fn batch_upsert_and_revoke_forms() {
 // ---- Upsert ------------------------------------------------------------------------------
 
 fn upsert(t: &T, client: Uuid, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+    upsert_cfg(t, client, key, size, ReplicateConfig::default()).map(|s| s.replicas)
+}
+
+fn upsert_cfg(
+    t: &T,
+    client: Uuid,
+    key: &str,
+    size: u64,
+    config: ReplicateConfig,
+) -> Result<UpsertStarted, ErrorCode> {
     t.call(
         Request::UpsertStart,
         UpsertStart {
             client_id: client,
             key: key.into(),
             size,
-            config: ReplicateConfig::default(),
+            config,
         },
     )
 }
@@ -1969,7 +1979,8 @@ fn writes_get_growing_versions_and_removes_name_them() {
                 config: ReplicateConfig::default(),
             },
         )
-        .unwrap();
+        .unwrap()
+        .replicas;
     assert!(up[0].version > b[0].version);
     t.end(C1, "a").unwrap();
     let gone = t
@@ -2080,6 +2091,98 @@ fn re_reported_soft_pins_are_restored_and_block_eviction() {
         0,
         "capped at the maximum ttl"
     );
+}
+
+/// Issue 19: an upsert answers the soft pin its object will carry, which the writer records in
+/// the owners' catalogs for a new leader to restore. For `PRESERVE` that is the master's own
+/// pin, which the writer cannot know otherwise: what is left of a running one (so that a pin
+/// restored for that long from a later re-report ends no earlier than this one), the full ttl
+/// of one that starts when the object becomes readable, none for a lapsed one.
+#[test]
+fn upserts_answer_the_soft_pin_the_object_will_carry() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let with = |soft_pin_action, soft_pin_ttl_ms| ReplicateConfig {
+        soft_pin_action,
+        soft_pin_ttl_ms,
+        ..Default::default()
+    };
+    let preserve = || with(SoftPinAction::Preserve, None);
+    let enable = |ttl| with(SoftPinAction::Enable, ttl);
+    // The answer, the upsert then completed.
+    let pin = |key: &str, size, config| {
+        let started = upsert_cfg(&t, C1, key, size, config).expect("upsert start");
+        t.end(C1, key).expect("upsert end");
+        started.soft_pin_ttl_ms
+    };
+    assert_eq!(
+        pin("k", 4096, preserve()),
+        None,
+        "a new key: nothing to keep"
+    );
+    assert_eq!(pin("k", 4096, enable(Some(60_000))), Some(60_000));
+    t.advance(10_000);
+    assert_eq!(pin("k", 4096, preserve()), Some(50_000), "kept in place");
+    t.advance(1000);
+    assert_eq!(
+        pin("k", 8192, preserve()),
+        Some(49_000),
+        "kept in new buffers"
+    );
+    // The kept pin ends when the first one does.
+    t.advance(49_000 - 1);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(1);
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 0);
+    assert_eq!(pin("k", 8192, preserve()), None, "a lapsed pin");
+    assert_eq!(
+        pin("k", 8192, enable(None)),
+        Some(cfg().default_kv_soft_pin_ttl_ms)
+    );
+    assert_eq!(pin("k", 8192, enable(Some(0))), None);
+    assert_eq!(pin("k", 8192, with(SoftPinAction::Disable, None)), None);
+    // Over a put in flight: the pin that put asked for, from the upsert's completion.
+    t.start_with(C2, "f", 4096, enable(Some(30_000))).unwrap();
+    assert_eq!(pin("f", 4096, preserve()), Some(30_000));
+    // The batch form answers per key.
+    let keys: Vec<String> = ["f", "k", "new"].map(String::from).to_vec();
+    let started = t
+        .call(
+            Request::BatchUpsertStart,
+            BatchUpsertStart {
+                client_id: C1,
+                keys: keys.clone(),
+                sizes: vec![4096; 3],
+                config: preserve(),
+            },
+        )
+        .unwrap();
+    let pins: Vec<_> = started
+        .into_iter()
+        .map(|s| s.map(|s| s.soft_pin_ttl_ms))
+        .collect();
+    assert_eq!(pins, vec![Ok(Some(30_000)), Ok(None), Ok(None)]);
+}
+
+/// A put over a stale put in flight makes a new object: with `PRESERVE` it keeps no pin of
+/// the write it replaces, which never became readable. Its writer records the pin of its own
+/// config in the catalogs, so a kept pin would come back unpinned after a failover.
+#[test]
+fn a_put_over_a_discarded_put_keeps_none_of_its_soft_pin() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let enable = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(cfg().discard_timeout_ms() * 10),
+        ..Default::default()
+    };
+    t.start_with(C2, "k", 4096, enable).unwrap();
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 1);
+    t.advance(cfg().discard_timeout_ms());
+    t.start_with(C1, "k", 4096, ReplicateConfig::default())
+        .unwrap();
+    t.end(C1, "k").unwrap();
+    assert_eq!(t.svc.gauges().soft_pin_key_count, 0);
 }
 
 #[test]

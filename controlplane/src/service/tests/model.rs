@@ -416,15 +416,17 @@ impl Model {
             ..Default::default()
         };
         let r = if upsert {
-            self.t.call(
-                Request::UpsertStart,
-                UpsertStart {
-                    client_id: client,
-                    key: key.clone(),
-                    size,
-                    config,
-                },
-            )
+            self.t
+                .call(
+                    Request::UpsertStart,
+                    UpsertStart {
+                        client_id: client,
+                        key: key.clone(),
+                        size,
+                        config,
+                    },
+                )
+                .map(|s| s.replicas)
         } else {
             self.t.start_with(client, &key, size, config)
         };
