@@ -179,12 +179,17 @@ class ClusterOps:
 
 
 # Methods a dummy client serves itself (`_native._DummyClient`), same names and signatures.
+# The tensor methods (`_tensor.py`, `_parallel.py`) are written over these, so they work on a
+# dummy too; the internal ones (`_put_parts_batch`, `_read_registered`, `_write_caller`) are
+# what those layers call besides the public byte methods.
 _DUMMY_METHODS = (
-    "get_hostname", "health_check", "put", "upsert", "put_parts", "put_batch", "upsert_batch",
-    "get", "get_batch", "get_size", "is_exist", "batch_is_exist", "remove", "batch_remove",
-    "remove_by_regex", "remove_all", "alloc_from_mem_pool", "register_buffer",
-    "unregister_buffer", "put_from", "upsert_from", "batch_put_from", "batch_upsert_from",
-    "get_into", "batch_get_into",
+    "get_hostname", "health_check", "put", "upsert", "put_parts", "upsert_parts", "put_batch",
+    "upsert_batch", "get", "get_batch", "get_buffer", "batch_get_buffer", "get_size",
+    "is_exist", "batch_is_exist", "remove", "batch_remove", "remove_by_regex", "remove_all",
+    "alloc_from_mem_pool", "register_buffer", "unregister_buffer", "put_from", "upsert_from",
+    "batch_put_from", "batch_upsert_from", "get_into", "batch_get_into", "put_tensor_from",
+    "upsert_tensor_from", "batch_put_tensor_from", "batch_upsert_tensor_from",
+    "_put_parts_batch", "_read_registered", "_write_caller",
 )
 # Lifecycle methods a dummy client answers itself.
 _DUMMY_OWN = ("setup", "init_all", "setup_dummy", "close")

@@ -159,12 +159,53 @@ impl PyDummy {
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
-        let pinned: Vec<Pinned> = parts
-            .iter()
-            .map(|p| Pinned::one_d_bytes(p))
-            .collect::<PyResult<_>>()?;
+        let pinned = pin_parts(&parts)?;
         let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
         Ok(self.put_parts_impl(py, key, &slices, config, false))
+    }
+
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let pinned = pin_parts(&parts)?;
+        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        Ok(self.put_parts_impl(py, key, &slices, config, true))
+    }
+
+    /// Internal (tensor layer), as the store's: batch put where each object is the
+    /// concatenation of a list of 1-D byte buffers; one code per key.
+    #[pyo3(signature = (keys, parts_list, config=None, upsert=false))]
+    fn _put_parts_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        parts_list: Vec<Vec<Bound<'_, PyAny>>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<Vec<i32>> {
+        if parts_list.len() != keys.len() {
+            return Ok(vec![INVALID; keys.len()]);
+        }
+        let cfg = match config_of(config) {
+            Ok(c) => c,
+            Err(e) => return Ok(vec![e.code(); keys.len()]),
+        };
+        let pinned: Vec<Vec<Pinned>> = parts_list
+            .iter()
+            .map(|parts| pin_parts(parts))
+            .collect::<PyResult<_>>()?;
+        let slices: Vec<Vec<&[u8]>> = pinned
+            .iter()
+            .map(|ps| ps.iter().map(Pinned::as_slice).collect())
+            .collect();
+        let objects: Vec<&[&[u8]]> = slices.iter().map(Vec::as_slice).collect();
+        let d = self.inner.clone();
+        Ok(py.detach(|| d.put_many_parts(&keys, &objects, &cfg, upsert)))
     }
 
     /// One code for the whole batch (0, or the first failure), as the store's `put_batch`.
@@ -217,6 +258,22 @@ impl PyDummy {
                 Err(_) => PyBytes::new(py, b""),
             }),
         )
+    }
+
+    /// A `BufferHandle` holding the object's bytes, or `None` (as the store's).
+    #[pyo3(signature = (key, /))]
+    fn get_buffer<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(self.buffers(py, &[key.to_string()])?.pop().flatten())
+    }
+
+    /// A `BufferHandle` or `None` per key; `[]` for no keys (as the store's).
+    #[pyo3(signature = (keys, /))]
+    fn batch_get_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        self.buffers(py, &keys)
     }
 
     #[pyo3(signature = (key, /))]
@@ -374,9 +431,147 @@ impl PyDummy {
         let d = self.inner.clone();
         py.detach(|| d.get_into_many(&reads))
     }
+
+    /// Stores caller memory (the shared pool, or mapped) that already holds a tensor object
+    /// `[TensorMetadata][data]` (validated), as the store's.
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn put_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
+        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
+    }
+
+    #[pyo3(signature = (key, buffer_ptr, size))]
+    fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
+        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_put_tensor_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i32> {
+        self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
+    }
+
+    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
+    fn batch_upsert_tensor_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+    ) -> Vec<i32> {
+        self.tensor_from_many(py, keys, buffer_ptrs, sizes, true)
+    }
+
+    /// Internal (tensor layer), as the store's: a copy of `size` bytes of caller memory (the
+    /// shared pool, or mapped readable), or `None` for a range that is neither.
+    #[pyo3(signature = (buffer_ptr, size))]
+    fn _read_registered<'py>(
+        &self,
+        py: Python<'py>,
+        buffer_ptr: u64,
+        size: u64,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let src = self.caller_slice(buffer_ptr, size)?;
+        Some(PyBytes::new(py, src))
+    }
+
+    /// Internal (parallel reads), as the store's: copies `data` to caller memory at
+    /// `buffer_ptr` (the shared pool, or mapped writable); its length, or -600.
+    #[pyo3(signature = (buffer_ptr, data))]
+    fn _write_caller(&self, buffer_ptr: u64, data: &[u8]) -> i64 {
+        let len = data.len() as u64;
+        if !self.caller_ok(buffer_ptr, len, true) {
+            return i64::from(INVALID);
+        }
+        if len > 0 {
+            // SAFETY: checked mapped writable above; the caller-memory contract gives the
+            // destination to this call, and `data` (a Python bytes object) cannot overlap it
+            // while the caller keeps that contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), buffer_ptr as *mut u8, data.len())
+            };
+        }
+        len as i64
+    }
 }
 
 impl PyDummy {
+    /// Caller memory `[ptr, ptr + size)` as a slice, when mapped readable.
+    fn caller_slice(&self, ptr: u64, size: u64) -> Option<&[u8]> {
+        if !self.caller_ok(ptr, size, false) {
+            return None;
+        }
+        if size == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: checked mapped readable above; the caller keeps the memory valid and
+        // unchanged for the call (the caller-memory contract of every `*_from` method).
+        Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, usize::try_from(size).ok()?) })
+    }
+
+    fn tensor_from_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<u64>,
+        sizes: Vec<u64>,
+        upsert: bool,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        if ptrs.len() != n || sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let mut out = vec![0i32; n];
+        let (mut idx, mut ks, mut objects) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let object = self
+                .caller_slice(ptrs[i], sizes[i])
+                .filter(|data| protocol::tensor::TensorMetadata::decode(data, sizes[i]).is_ok());
+            match object {
+                Some(data) => {
+                    idx.push(i);
+                    ks.push(keys[i].clone());
+                    objects.push(data);
+                }
+                None => out[i] = INVALID,
+            }
+        }
+        let cfg = ReplicateConfig::default();
+        let d = self.inner.clone();
+        let codes = py.detach(|| d.put_many(&ks, &objects, &cfg, upsert));
+        for (i, c) in idx.into_iter().zip(codes) {
+            out[i] = c;
+        }
+        out
+    }
+
+    /// A `BufferHandle` per key holding its bytes, `None` for a miss or an error.
+    fn buffers<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &[String],
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let d = self.inner.clone();
+        let got = py.detach(|| d.get_many(keys));
+        got.into_iter()
+            .map(|r| {
+                let Ok(bytes) = r else { return Ok(None) };
+                let (handle, fresh) = crate::new_buffer_handle(py, bytes.len())?;
+                // SAFETY: `handle` is alive until after the copy and is the only reference to
+                // the new object; nothing else touches its bytes.
+                unsafe { fresh.into_slice() }.copy_from_slice(&bytes);
+                Ok(Some(handle))
+            })
+            .collect()
+    }
+
     fn put_batch_impl(
         &self,
         py: Python<'_>,
@@ -401,4 +596,8 @@ impl PyDummy {
         let codes = py.detach(|| d.put_many(&keys, &slices, &cfg, upsert));
         Ok(first_failure(&codes))
     }
+}
+
+fn pin_parts(parts: &[Bound<'_, PyAny>]) -> PyResult<Vec<Pinned>> {
+    parts.iter().map(|p| Pinned::one_d_bytes(p)).collect()
 }

@@ -108,6 +108,79 @@ def test_zero_copy_from_the_shared_pool_and_staged_caller_buffers(dummy):
     assert dummy.put_from("d/bad", 8, 100) == -600
 
 
+def test_tensor_methods_through_the_standalone_client(dummy):
+    """The tensor and parallel-tensor methods on a dummy, as upstream's test_dummy_client runs
+    them: puts and gets of whole, batched, TP-sharded and parallel tensors, reads into the
+    shared pool and puts from it, each checked against the tensor that was put."""
+    torch = pytest.importorskip("torch")
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    b = torch.linspace(-1, 1, 7).to(torch.bfloat16)
+    assert dummy.put_tensor("dt/a", t) == 0
+    assert torch.equal(dummy.get_tensor("dt/a"), t)
+    assert dummy.batch_put_tensor(["dt/b", "dt/c"], [b, t * 3]) == [0, 0]
+    got = dummy.batch_get_tensor(["dt/b", "dt/c", "dt/none"])
+    assert torch.equal(got[0], b) and torch.equal(got[1], t * 3) and got[2] is None
+    assert dummy.upsert_tensor("dt/a", t * 2) == 0
+    assert torch.equal(dummy.get_tensor("dt/a"), t * 2)
+    assert dummy.batch_upsert_tensor(["dt/b"], [b * 2]) == [0]
+    assert torch.equal(dummy.get_tensor("dt/b"), b * 2)
+    assert dummy.put_tensor("dt/bad", "not a tensor") == -600
+
+    # Tensor parallelism: shards along dim 1, each readable by its rank.
+    assert dummy.put_tensor_with_tp("dt/tp", t, tp_size=2, split_dim=1) == 0
+    assert torch.equal(dummy.get_tensor_with_tp("dt/tp", tp_rank=1, tp_size=2), t[:, 3:])
+    assert torch.equal(dummy.batch_get_tensor_with_tp(["dt/tp"], 0, 2)[0], t[:, :3])
+
+    # Into the shared pool, then the object stored from there.
+    size = dummy.get_size("dt/a")
+    ptr = dummy.alloc_from_mem_pool(4096)
+    assert ptr and size > t.numel() * 4
+    assert torch.equal(dummy.get_tensor_into("dt/a", ptr, 4096), t * 2)
+    assert torch.equal(dummy.batch_get_tensor_into(["dt/a"], [ptr], [4096])[0], t * 2)
+    assert dummy.put_tensor_from("dt/from", ptr, size) == 0
+    assert torch.equal(dummy.get_tensor("dt/from"), t * 2)
+    assert dummy.batch_put_tensor_from(["dt/f2", "dt/short"], [ptr, ptr], [size, 10]) \
+        == [0, -600]
+    assert dummy.put_tensor_from("dt/unmapped", 8, size) == -600
+    assert dummy.put_tensor_with_tp_from("dt/tpf", ptr, size, tp_size=2, split_dim=0) == 0
+    assert torch.equal(dummy.get_tensor_with_tp("dt/tpf", tp_rank=1, tp_size=2), t[2:] * 2)
+
+    # get_buffer: the object's bytes, as on a store.
+    buf = dummy.get_buffer("dt/a")
+    assert buf is not None and buf.size() == size and bytes(buf) == dummy.get("dt/a")
+    assert dummy.get_buffer("dt/none") is None
+    assert dummy.batch_get_buffer([]) == []
+
+    # The parallel family: both TP shards put by their ranks, each read back.
+    def tp(rank):
+        axis = ParallelAxis()
+        axis.kind, axis.rank, axis.size, axis.split_dim = "tp", rank, 2, 1
+        p = TensorParallelism()
+        p.axes = [axis]
+        return p
+
+    def target(mode, p=None):
+        r = ReadTarget()
+        r.mode, r.parallelism = mode, p
+        return r
+
+    for rank in (0, 1):
+        shard = t[:, 3 * rank:3 * rank + 3]
+        assert dummy.put_tensor_with_parallelism("dt/par", shard, tp(rank)) == 0
+    for rank in (0, 1):
+        got = dummy.get_tensor_with_parallelism("dt/par", target("shard", tp(rank)))
+        assert torch.equal(got, t[:, 3 * rank:3 * rank + 3])
+    assert dummy.get_tensor_with_parallelism("dt/par") is None  # no plain object, as upstream
+    out = bytearray(4096)
+    addr = ctypes.addressof((ctypes.c_char * len(out)).from_buffer(out))
+    got = dummy.get_tensor_with_parallelism_into("dt/par", addr, len(out), target("shard", tp(1)))
+    assert torch.equal(got, t[:, 3:])
+
+    assert dummy.remove_by_regex("^dt/", True) >= 8
+
+
 def test_too_large_for_the_region_is_buffer_overflow(standalone):
     d = MooncakeDistributedStore()
     assert d.setup_dummy(0, 1 * MIB, standalone.address) == 0

@@ -315,19 +315,29 @@ impl DummyClient {
     /// Stages `parts` unless they all lie in the region already; returns the ranges to send
     /// and the staging to keep alive until the answer.
     fn ranges_of(&self, parts: &[&[u8]]) -> Result<(Vec<Range>, Option<Staged<'_>>), ErrorCode> {
-        let direct = parts
-            .iter()
-            .all(|p| self.in_region(p.as_ptr() as u64, p.len() as u64));
-        if direct {
-            let ranges = parts
-                .iter()
-                .map(|p| Range {
-                    addr: p.as_ptr() as u64,
-                    len: p.len() as u64,
-                })
-                .collect();
-            return Ok((ranges, None));
+        if parts.iter().all(|p| self.holds(p)) {
+            return Ok((parts.iter().map(|p| range_of(p)).collect(), None));
         }
+        let (range, s) = self.stage_all(parts)?;
+        Ok((vec![range], Some(s)))
+    }
+
+    /// [`Self::ranges_of`] as one range (a batch item has one): staged unless `parts` is a
+    /// single part already in the region.
+    fn one_range_of(&self, parts: &[&[u8]]) -> Result<(Range, Option<Staged<'_>>), ErrorCode> {
+        match parts {
+            [] => Ok((range_of(&[]), None)),
+            [one] if self.holds(one) => Ok((range_of(one), None)),
+            _ => self.stage_all(parts).map(|(r, s)| (r, Some(s))),
+        }
+    }
+
+    fn holds(&self, part: &[u8]) -> bool {
+        self.in_region(part.as_ptr() as u64, part.len() as u64)
+    }
+
+    /// The concatenation of `parts`, copied into a fresh staging range of the region.
+    fn stage_all(&self, parts: &[&[u8]]) -> Result<(Range, Staged<'_>), ErrorCode> {
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut s = self.stage(total)?;
         let dst = s.bytes_mut();
@@ -340,7 +350,7 @@ impl DummyClient {
             addr: s.addr(),
             len: total,
         };
-        Ok((vec![range], Some(s)))
+        Ok((range, s))
     }
 
     /// `put` / `upsert` of the concatenation of `parts`: 0 or a code.
@@ -366,21 +376,35 @@ impl DummyClient {
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<i32> {
-        if keys.len() != values.len() {
-            return vec![ErrorCode::InvalidParams.code(); keys.len().max(values.len())];
+        let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [*v]).collect();
+        let parts: Vec<&[&[u8]]> = parts.iter().map(|p| &p[..]).collect();
+        self.put_many_parts(keys, &parts, cfg, upsert)
+    }
+
+    /// Batch put / upsert where each object is the concatenation of its parts (staged into
+    /// one range unless it is a single part already in the region): 0 or a code per key.
+    pub fn put_many_parts(
+        &self,
+        keys: &[String],
+        objects: &[&[&[u8]]],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<i32> {
+        if keys.len() != objects.len() {
+            return vec![ErrorCode::InvalidParams.code(); keys.len().max(objects.len())];
         }
         let mut staged = Vec::new();
         let mut items = Vec::with_capacity(keys.len());
-        for (k, v) in keys.iter().zip(values) {
-            let (ranges, s) = match self.ranges_of(&[v]) {
+        for (k, parts) in keys.iter().zip(objects) {
+            let (range, s) = match self.one_range_of(parts) {
                 Ok(x) => x,
                 Err(e) => return vec![e.code(); keys.len()],
             };
             staged.extend(s);
             items.push(Item {
                 key: k.clone(),
-                addr: ranges[0].addr,
-                len: ranges[0].len,
+                addr: range.addr,
+                len: range.len,
             });
         }
         self.call_n(
@@ -554,6 +578,14 @@ impl DummyClient {
             Ok(v) if v.len() == 1 => v[0] as i32,
             _ => 2,
         }
+    }
+}
+
+/// The range a slice occupies (in this process's addresses).
+fn range_of(part: &[u8]) -> Range {
+    Range {
+        addr: part.as_ptr() as u64,
+        len: part.len() as u64,
     }
 }
 
