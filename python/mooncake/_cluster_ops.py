@@ -4,7 +4,8 @@ upstream answers when it cannot do them, with the reason logged (never a silent 
 - extra segments: `allocate_and_mount_segment` mounts new memory as one more segment of this
   client (`client::store::extra`); `unmount_segment` / `unmount_and_free_segment` unmount
   them (the master drops the replicas held there; the memory is freed after the grace
-  period). `mount_segment` of a file path is refused (`ret = -1`, upstream's failure).
+  period). `mount_segment(path, size, offset)` mounts the bytes of a file (in /dev/shm, a
+  tmpfs or a disk) the same way.
 - replica tasks (`create_copy_task`, `create_move_task`): the master has no task queue; a
   missing key is `-704` as upstream, any other key `NOT_SUPPORTED` (-1012). `query_task`
   finds no task, which is true: `(None, -1400)`.
@@ -95,19 +96,24 @@ class ClusterOps:
     # ---- segments -------------------------------------------------------------------------
 
     def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
-        if self._ready("mount_segment"):
-            log.error("mount_segment(%s): mounting a file or shared-memory path is not "
-                      "supported; allocate_and_mount_segment(size) mounts new memory", path)
-        return {"ret": -1, "segment_ids": []}
+        """Maps `size` bytes of the file at `path` (in /dev/shm, a tmpfs or a disk) from
+        `offset` (a multiple of the page size) and mounts them as one more segment of this
+        client, served and re-mounted as `allocate_and_mount_segment`'s. The range must lie
+        inside the file; the file stays when the segment is unmounted."""
+        failed = {"ret": -1, "segment_ids": []}
+        if not self._ready("mount_segment") or not _tcp_only("mount_segment", protocol):
+            return failed
+        ret, seg_id, _size = self._mount_segment(str(path), int(size), int(offset))
+        if ret != 0:
+            log.error("mount_segment(%s, %d, %d) failed: %d", path, size, offset, ret)
+            return failed
+        return {"ret": 0, "segment_ids": [seg_id]}
 
     def allocate_and_mount_segment(self, size, protocol="tcp", location=""):
         """Maps `size` bytes and mounts them at the master as one more segment of this client
         (served, and re-mounted after a master failover, as the first one)."""
-        if not self._ready("allocate_and_mount_segment"):
-            return {"ret": -1, "segment_ids": [], "allocated_size": 0}
-        if str(protocol).lower() not in ("tcp", "rdma", ""):
-            log.error("allocate_and_mount_segment: protocol %r: this build serves tcp only",
-                      protocol)
+        if (not self._ready("allocate_and_mount_segment")
+                or not _tcp_only("allocate_and_mount_segment", protocol)):
             return {"ret": -1, "segment_ids": [], "allocated_size": 0}
         ret, seg_id, allocated = self._allocate_and_mount_segment(int(size))
         if ret != 0:
@@ -193,6 +199,14 @@ _DUMMY_METHODS = (
 )
 # Lifecycle methods a dummy client answers itself.
 _DUMMY_OWN = ("setup", "init_all", "setup_dummy", "close")
+
+
+def _tcp_only(what, protocol):
+    """Whether `protocol` is one this build serves segments over (logged when not)."""
+    if str(protocol).lower() in ("tcp", "rdma", ""):
+        return True
+    log.error("%s: protocol %r: this build serves tcp only", what, protocol)
+    return False
 
 
 def _not_on_dummy(name, native):

@@ -762,6 +762,25 @@ impl PyStore {
         }
     }
 
+    /// Internal (`_cluster_ops.mount_segment`): `(ret, segment_id, size)` for `size` bytes of
+    /// the file at `path` from `offset`; see `client::store::extra`.
+    #[pyo3(signature = (path, size, offset, /))]
+    fn _mount_segment(
+        &self,
+        py: Python<'_>,
+        path: String,
+        size: u64,
+        offset: u64,
+    ) -> (i32, String, u64) {
+        let Some(s) = self.store() else {
+            return (-1, String::new(), 0);
+        };
+        match py.detach(|| s.mount_file_segment(&path, size, offset)) {
+            Ok((id, len)) => (0, id, len),
+            Err(e) => (e.code(), String::new(), 0),
+        }
+    }
+
     /// Internal (`_cluster_ops.batch_replica_clear`): `(0, keys cleared)`, or `(code, [])` when
     /// the call failed; see `Store::batch_replica_clear`.
     #[pyo3(signature = (keys, segment_name, /))]

@@ -140,4 +140,42 @@ def test_refusals(cluster):
     owner = client()
     assert owner.allocate_and_mount_segment(0)["ret"] == -1
     assert owner.allocate_and_mount_segment(MIB, protocol="nvmeof")["ret"] == -1
-    assert owner.mount_segment("/dev/shm/x", MIB) == {"ret": -1, "segment_ids": []}
+    assert owner.mount_segment("/dev/shm/mooncake-test-none", MIB) == \
+        {"ret": -1, "segment_ids": []}
+
+
+def test_mount_segment_serves_a_shared_memory_file(cluster, tmp_path):
+    """`mount_segment(path, size, offset)`: the bytes of a file in /dev/shm (or anywhere)
+    become one more segment of the client: objects put there are the file's bytes, other
+    clients read them, unmounting leaves the file. What the file cannot back is refused."""
+    import os
+    _, client = cluster
+    owner, reader = client(), client()
+    path = f"/dev/shm/mooncake-test-{os.getpid()}"
+    if not os.path.isdir("/dev/shm"):
+        path = str(tmp_path / "segment")
+    size, offset = 16 * MIB, 4096
+    with open(path, "wb") as f:
+        f.truncate(offset + size)
+    try:
+        # What the file cannot back, and what mmap cannot map, is refused before mounting.
+        failed = {"ret": -1, "segment_ids": []}
+        assert owner.mount_segment(path, size + 1, offset) == failed
+        assert owner.mount_segment(path, size, 100) == failed
+        assert owner.mount_segment(path, 0) == failed
+        assert owner.mount_segment(path, size, offset, protocol="nvmeof") == failed
+        assert owner.put("f/none", b"v") != 0  # still no segment anywhere
+
+        r = owner.mount_segment(path, size, offset)
+        assert r["ret"] == 0 and len(r["segment_ids"]) == 1 and set(r) == {"ret", "segment_ids"}
+        marker = b"mooncake-file-segment:" + os.urandom(16)
+        data = marker * 4096
+        assert owner.put("f/held", data) == 0
+        assert reader.get("f/held") == data
+        with open(path, "rb") as f:
+            assert data in f.read(), "the object's bytes are the file's"
+        assert owner.unmount_segment(r["segment_ids"]) == 0
+        assert wait_until(lambda: reader.is_exist("f/held") == 0)
+        assert os.path.getsize(path) == offset + size, "the file stays"
+    finally:
+        os.unlink(path)

@@ -1,9 +1,11 @@
-//! Segments a store client mounts after `setup` (`allocate_and_mount_segment`), and their
-//! unmounting (`unmount_segment`, `unmount_and_free_segment`).
+//! Segments a store client mounts after `setup` (`allocate_and_mount_segment`, and
+//! `mount_segment` of a file or shared-memory path), and their unmounting (`unmount_segment`,
+//! `unmount_and_free_segment`).
 //!
-//! Each extra segment is served like a storage-node shard: its own memfd-backed [`Segment`],
-//! its own [`ServedMemory`] table (and catalog), its own data server on an ephemeral port of the
-//! client's address, and its same-host offer, mounted at the master under the name
+//! Each extra segment is served like a storage-node shard: its own [`Segment`] (a memfd, or
+//! the file mapped shared), its own [`ServedMemory`] table (and catalog), its own data server
+//! on an ephemeral port of the client's address, and its same-host offer (none for a file
+//! mapped from a non-zero offset: peers then use TCP), mounted at the master under the name
 //! `ip:data_port` with `te_endpoint` the same. Writers reach it as any remote segment (memcpy
 //! through the offer on this host, TCP elsewhere); the pinger re-mounts it with its catalog
 //! after a master failover exactly as it does the first segment ([`Mounted`]).
@@ -71,26 +73,57 @@ impl Store {
     /// Maps `size` bytes, serves them and mounts them at the master as a new segment of this
     /// client: its id (`hi-lo`) and the size mapped (rounded up to the page size).
     pub fn allocate_and_mount_segment(&self, size: u64) -> Result<(String, u64), ErrorCode> {
+        const WHAT: &str = "allocate_and_mount_segment";
         self.check_open()?;
         if size == 0 || usize::try_from(size).is_err() {
             return Err(ErrorCode::InvalidParams);
         }
-        let mut extra = self.extra.lock();
-        if extra.len() >= EXTRA_SEGMENTS_MAX {
-            tracing::error!("allocate_and_mount_segment: {EXTRA_SEGMENTS_MAX} segments mounted");
-            return Err(ErrorCode::InvalidParams);
-        }
-        let seg = Arc::new(
+        self.mount_extra(WHAT, || {
             dataplane::mem::shm::serving_segment(
                 size as usize,
                 SegmentOptions::default(),
                 dataplane::mem::shm::Owner::Node,
             )
-            .map_err(|e| {
-                tracing::error!("allocate_and_mount_segment({size}): {e}");
-                ErrorCode::InvalidParams
-            })?,
-        );
+            .map_err(|e| format!("{size} bytes: {e}"))
+        })
+    }
+
+    /// Maps `size` bytes of the file at `path` from `offset` (a file in `/dev/shm`, a tmpfs or
+    /// a disk; see [`Segment::map_file`]), serves them and mounts them as a new segment of
+    /// this client, as [`Self::allocate_and_mount_segment`]: its id and the size mapped.
+    /// Unmounting unmaps it; the file stays.
+    pub fn mount_file_segment(
+        &self,
+        path: &str,
+        size: u64,
+        offset: u64,
+    ) -> Result<(String, u64), ErrorCode> {
+        const WHAT: &str = "mount_segment";
+        self.check_open()?;
+        let Ok(len) = usize::try_from(size) else {
+            return Err(ErrorCode::InvalidParams);
+        };
+        self.mount_extra(WHAT, || {
+            Segment::map_file(std::path::Path::new(path), len, offset)
+                .map_err(|e| format!("{path} ({size} bytes at {offset}): {e}"))
+        })
+    }
+
+    /// Serves the segment `map` makes and mounts it at the master under this client.
+    fn mount_extra(
+        &self,
+        what: &str,
+        map: impl FnOnce() -> Result<Segment, String>,
+    ) -> Result<(String, u64), ErrorCode> {
+        let mut extra = self.extra.lock();
+        if extra.len() >= EXTRA_SEGMENTS_MAX {
+            tracing::error!("{what}: {EXTRA_SEGMENTS_MAX} segments mounted");
+            return Err(ErrorCode::InvalidParams);
+        }
+        let seg = Arc::new(map().map_err(|why| {
+            tracing::error!("{what}: {why}");
+            ErrorCode::InvalidParams
+        })?);
         let memory = ServedMemory::new();
         memory
             .register_segment(seg.clone())
@@ -101,7 +134,7 @@ impl Store {
             ServerConfig::default(),
         )
         .map_err(|e| {
-            tracing::error!("allocate_and_mount_segment: cannot serve the segment: {e}");
+            tracing::error!("{what}: cannot serve the segment: {e}");
             ErrorCode::InternalError
         })?;
         let endpoint = server.local_addr().to_string();

@@ -165,7 +165,56 @@ impl Segment {
         }
     }
 
-    /// The memfd of a shared segment (`None` for private memory).
+    /// Maps `len_bytes` (rounded up to the page size) of the file at `path` from byte
+    /// `offset`, shared (`mount_segment(path, size, offset)`): a file in `/dev/shm`, on a
+    /// tmpfs or a disk, whose pages other processes may map too.
+    ///
+    /// The whole range must lie inside the file (a page past its end would fault with
+    /// `SIGBUS` when served), and `offset` must be a multiple of the page size (`mmap`'s
+    /// rule); both are `InvalidInput` otherwise. The mapping is served as the file is: whoever
+    /// shrinks the file while it is mounted breaks that contract. With `offset` 0 the
+    /// descriptor is kept for same-host peers to map ([`Self::shared_fd`]); with another
+    /// offset it is not (they map a descriptor from its start), and peers use TCP.
+    pub fn map_file(path: &std::path::Path, len_bytes: usize, offset: u64) -> io::Result<Segment> {
+        use std::os::fd::{AsFd, OwnedFd};
+        let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
+        if len_bytes == 0 {
+            return Err(invalid("segment of 0 bytes".into()));
+        }
+        let page = base_page_bytes();
+        if !offset.is_multiple_of(page as u64) {
+            return Err(invalid(format!(
+                "offset {offset} is not a multiple of the page size {page}"
+            )));
+        }
+        let len = round_up(len_bytes, page)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let file_len = file.metadata()?.len();
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or_else(|| invalid("offset + size overflows".into()))?;
+        if end > file_len {
+            return Err(invalid(format!(
+                "{} holds {file_len} bytes; bytes {offset}..{end} are asked for",
+                path.display()
+            )));
+        }
+        let at = libc::off_t::try_from(offset).map_err(|_| invalid("offset too large".into()))?;
+        let fd = OwnedFd::from(file);
+        let ptr = mmap_shared_at(fd.as_fd(), len, at)?;
+        Ok(Segment {
+            ptr,
+            len,
+            kind: SegmentKind::Plain,
+            page_bytes: page,
+            fd: (offset == 0).then_some(fd),
+        })
+    }
+
+    /// The memfd (or file, [`Self::map_file`]) of a shared segment (`None` for private memory).
     pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.fd.as_ref().map(|f| f.as_fd())
@@ -306,6 +355,15 @@ fn map_hugetlb(len: usize) -> io::Result<Segment> {
 /// address (used for our own memfd, for one received from a same-host exporter, and for the
 /// `mooncake.pg` ranks' segments in `collective::seg`).
 pub(crate) fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    mmap_shared_at(fd, len, 0)
+}
+
+/// [`mmap_shared`] of the `len` bytes at `offset` (a multiple of the page size) of `fd`.
+fn mmap_shared_at(
+    fd: std::os::fd::BorrowedFd<'_>,
+    len: usize,
+    offset: libc::off_t,
+) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh shared mapping of a descriptor we hold, at a kernel-chosen address; it
     // aliases no Rust object.
@@ -316,7 +374,7 @@ pub(crate) fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Re
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd.as_raw_fd(),
-            0,
+            offset,
         )
     };
     if p == libc::MAP_FAILED {
@@ -408,6 +466,52 @@ mod tests {
             hugepages,
             prefault,
         }
+    }
+
+    #[test]
+    fn a_file_mapping_shares_the_files_bytes_and_refuses_what_it_cannot_serve() {
+        let page = base_page_bytes();
+        let path = std::env::temp_dir().join(format!("mc-map-file-{}", std::process::id()));
+        let mut bytes = vec![0u8; 3 * page];
+        bytes[page] = 42;
+        std::fs::write(&path, &bytes).unwrap();
+
+        let seg = Segment::map_file(&path, page, page as u64).unwrap();
+        assert_eq!((seg.len(), seg.kind()), (page, SegmentKind::Plain));
+        assert!(
+            seg.shared_fd().is_none(),
+            "a mapping at an offset is not offered"
+        );
+        // SAFETY: inside the live mapping; no references to it exist.
+        unsafe {
+            assert_eq!(seg.as_ptr().read(), 42);
+            seg.as_ptr().add(1).write(7);
+        }
+        drop(seg);
+        assert_eq!(
+            std::fs::read(&path).unwrap()[page + 1],
+            7,
+            "writes reach the file"
+        );
+        let whole = Segment::map_file(&path, 3 * page - 1, 0).unwrap();
+        assert_eq!(whole.len(), 3 * page);
+        assert!(whole.shared_fd().is_some());
+
+        for (len, offset) in [
+            (0, 0),
+            (page, 1),
+            (3 * page + 1, 0),
+            (page, 3 * page as u64),
+        ] {
+            let e = Segment::map_file(&path, len, offset).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                io::ErrorKind::InvalidInput,
+                "{len} at {offset}: {e}"
+            );
+        }
+        assert!(Segment::map_file(&path.with_extension("none"), page, 0).is_err());
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
