@@ -108,10 +108,10 @@ fn run_client(py: Python<'_>, args: Vec<String>) -> i32 {
     py.detach(|| client::cli::node_main(args))
 }
 
-/// `transfer_engine_bench`: the transfer-engine benchmark (`dataplane::engine::bench`).
+/// `transfer_engine_bench`: the transfer-engine benchmark (`mooncake_bench::engine`).
 #[pyfunction]
 fn run_transfer_engine_bench(py: Python<'_>, args: Vec<String>) -> i32 {
-    py.detach(|| dataplane::engine::bench::bench_main(args))
+    py.detach(|| mooncake_bench::engine::bench_main(args))
 }
 
 #[pymodule]

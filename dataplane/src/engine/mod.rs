@@ -35,7 +35,6 @@
 //! selection and data path).
 
 pub mod batch;
-pub mod bench;
 pub mod config;
 pub mod error;
 mod exec;

@@ -1,6 +1,7 @@
 //! `transfer_engine_bench`: upstream's transfer-engine benchmark, same flags and same result
-//! line, on our engine. It lives in the library so that the binary and the Python console
-//! script (`transfer_engine_bench` from `pip install`) run the same code. Run a target, then an
+//! line, on our engine. It lives in the bench crate's library so that the binary and the
+//! Python console script (`transfer_engine_bench` from `pip install`) run the same code, and
+//! the data plane's library carries no benchmark. Run a target, then an
 //! initiator against it:
 //!
 //! ```text
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::engine::TransferEngine;
-use crate::transport::header::Opcode;
+use dataplane::engine::TransferEngine;
+use dataplane::transport::header::Opcode;
 
 /// A latency histogram in microseconds, 1 µs to 60 s, 3 significant digits (shared with the
 /// benchmarks in `bench/`).
