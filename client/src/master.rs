@@ -30,7 +30,7 @@
 //! settled instead ([`MasterClient::call_settling`]): retried for up to [`SETTLE_WINDOW`].
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -579,33 +579,7 @@ fn busy_poll() -> Duration {
 /// `read`, after polling the socket with `MSG_DONTWAIT` for up to [`busy_poll`].
 fn read_spinning(sock: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
-    let budget = busy_poll();
-    if !budget.is_zero() {
-        let until = Instant::now() + budget;
-        loop {
-            // SAFETY: `buf` is a live, exclusively borrowed slice, writable for its length.
-            let n = unsafe {
-                libc::recv(
-                    sock.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::WouldBlock || Instant::now() >= until {
-                if e.kind() != std::io::ErrorKind::WouldBlock {
-                    return Err(e);
-                }
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    sock.read(buf)
+    dataplane::transport::recv_spinning(sock.as_raw_fd(), buf, 0, busy_poll())
 }
 
 /// Delivers every complete frame at the start of `buf` and drops it from `buf`.

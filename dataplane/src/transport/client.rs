@@ -583,7 +583,7 @@ impl<'c> Lane<'c> {
             };
             let spin = blocking && matches!(self.recv, RecvPhase::Header { filled: 0 });
             let got = if spin {
-                recv_spinning(self.fd, buf, flags)
+                rawio::recv_spinning(self.fd, buf, flags, busy_poll())
             } else {
                 rawio::recv(self.fd, buf, flags)
             };
@@ -825,23 +825,3 @@ fn busy_poll() -> std::time::Duration {
 
 /// Default of [`busy_poll`].
 const BUSY_POLL_DEFAULT_US: u64 = 50;
-
-/// `recv` with `flags` (blocking), after polling with `MSG_DONTWAIT` for up to [`busy_poll`].
-fn recv_spinning(fd: std::os::fd::RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
-    let budget = busy_poll();
-    if !budget.is_zero() {
-        let until = Instant::now() + budget;
-        loop {
-            match rawio::recv(fd, buf, libc::MSG_DONTWAIT) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= until {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-                other => return other,
-            }
-        }
-    }
-    rawio::recv(fd, buf, flags)
-}

@@ -23,4 +23,4 @@ pub mod uring;
 pub mod uring_server;
 
 pub use backend::{serve, Server};
-pub use rawio::connect_first;
+pub use rawio::{connect_first, recv_spinning};
