@@ -43,6 +43,7 @@ __all__ = [
     "run_http_metadata_server",
     "run_client",
     "run_transfer_engine_bench",
+    "_error_codes",
     "_tensor_metadata_size",
     "_tensor_dtypes",
     "_encode_tensor_header",
@@ -1057,4 +1058,8 @@ def _decode_tensor_header(
     """Parses the header at the start of `data` (any bytes-like object) for an object of
     `total_len` bytes (default `len(data)`): `(dtype, layout_kind, global_shape, local_shape,
     axes, data_offset, data_bytes)`. Raises `ValueError` for an invalid header.
+    """
+def _error_codes() -> list[tuple[str, int]]:
+    """`[(name, code), ...]`: every store error code in declaration order
+    (`protocol::ErrorCode`), the table `mooncake.error_codes.ErrorCode` is checked against.
     """

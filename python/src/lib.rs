@@ -114,6 +114,16 @@ fn run_transfer_engine_bench(py: Python<'_>, args: Vec<String>) -> i32 {
     py.detach(|| mooncake_bench::engine::bench_main(args))
 }
 
+/// `[(name, code), ...]`: every store error code in declaration order (`protocol::ErrorCode`),
+/// the table `mooncake.error_codes.ErrorCode` is checked against.
+#[pyfunction]
+fn _error_codes() -> Vec<(&'static str, i32)> {
+    protocol::ErrorCode::ALL
+        .iter()
+        .map(|c| (c.name(), c.code()))
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
@@ -138,6 +148,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_http_metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(run_client, m)?)?;
     m.add_function(wrap_pyfunction!(run_transfer_engine_bench, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_codes, m)?)?;
     tensor::register(m)?;
     engine::register(m)?;
     pg::register(m)?;
