@@ -12,6 +12,8 @@ from typing import Any, ClassVar, TypeAlias, final
 
 from typing_extensions import Buffer, Self, disjoint_base
 
+from mooncake._buffer_handle import BufferHandle as BufferHandle
+
 __all__ = [
     "MooncakeDistributedStore",
     "_DummyClient",
@@ -44,6 +46,7 @@ __all__ = [
     "run_client",
     "run_transfer_engine_bench",
     "_error_codes",
+    "_bytearray_address",
     "_tensor_metadata_size",
     "_tensor_dtypes",
     "_encode_tensor_header",
@@ -227,14 +230,6 @@ class ReplicaDescriptor:
     def is_local_disk_replica(self) -> bool: ...
     def get_memory_descriptor(self) -> MemoryDescriptor: ...
     def __repr__(self) -> str: ...
-
-class BufferHandle(bytearray):
-    """Bytes of one object returned by `get_buffer`: buffer protocol, `ptr()`, `size()`."""
-
-    def ptr(self) -> int:
-        """Address of the first byte."""
-    def size(self) -> int:
-        """Size in bytes."""
 
 @disjoint_base
 class MooncakeDistributedStore:
@@ -1063,3 +1058,5 @@ def _error_codes() -> list[tuple[str, int]]:
     """`[(name, code), ...]`: every store error code in declaration order
     (`protocol::ErrorCode`), the table `mooncake.error_codes.ErrorCode` is checked against.
     """
+def _bytearray_address(obj: bytearray) -> int:
+    """Address of a bytearray's first byte (`BufferHandle.ptr()`)."""
