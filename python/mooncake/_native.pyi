@@ -472,7 +472,7 @@ class MooncakeDistributedStore:
         buffer_ptrs: Sequence[int],
         sizes: Sequence[int],
     ) -> list[int]: ...
-    def _write_caller(self, buffer_ptr: int, data: Sequence[int]) -> int:
+    def _write_caller(self, buffer_ptr: int, data: bytes) -> int:
         """Internal (parallel reads): copies `data` to caller memory at `buffer_ptr`
         (registered, or mapped writable); its length, or -600 for a range that is neither.
         """
@@ -612,7 +612,7 @@ class _DummyClient:
         """Internal (tensor layer), as the store's: a copy of `size` bytes of caller memory
         (the shared pool, or mapped readable), or `None` for a range that is neither.
         """
-    def _write_caller(self, buffer_ptr: int, data: Sequence[int]) -> int:
+    def _write_caller(self, buffer_ptr: int, data: bytes) -> int:
         """Internal (parallel reads), as the store's: copies `data` to caller memory at
         `buffer_ptr` (the shared pool, or mapped writable); its length, or -600.
         """
