@@ -68,7 +68,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy)
+# mypy: python/tests/test_stubs.py checks mooncake/_native.pyi against the built module (stubtest).
+PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy)
 # WITH_K8S_SCHEMAS=1 (the test suite): python/tests/test_deploy_manifests.py validates
 # deploy/k8s against the schemas this package bundles.
 if [ "${WITH_K8S_SCHEMAS:-0}" = 1 ]; then

@@ -21,6 +21,7 @@ import enum
 import logging
 
 from mooncake import _native
+from mooncake.error_codes import ErrorCode
 
 log = logging.getLogger("mooncake.store")
 
@@ -77,10 +78,11 @@ class QueryTaskResponse:
                 f"assigned_client={f['assigned_client'][0]}-{f['assigned_client'][1]}, "
                 f"message=\"{f['message']}\")")
 
-_INVALID = -600
-_NOT_FOUND = -704
-_NOT_SUPPORTED = -1012
-_TASK_NOT_FOUND = -1400
+# Plain ints, as upstream returns them.
+_INVALID = int(ErrorCode.INVALID_PARAMS)
+_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+_NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
+_TASK_NOT_FOUND = int(ErrorCode.TASK_NOT_FOUND)
 _NO_TASK = (0, 0)
 
 

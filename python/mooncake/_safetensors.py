@@ -14,10 +14,11 @@ import os
 import struct
 
 from mooncake._tensor import _INVALID, _contiguous_cpu, _memory_of, _torch_mod
+from mooncake.error_codes import ErrorCode
 
 log = logging.getLogger("mooncake.store")
 
-_FILE_NOT_FOUND = -1100
+_FILE_NOT_FOUND = int(ErrorCode.FILE_NOT_FOUND)
 _HEADER_LIMIT = 100 << 20
 # torch dtype name -> safetensors dtype tag
 _TAGS = {

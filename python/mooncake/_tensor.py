@@ -12,11 +12,12 @@ import ctypes
 import logging
 
 from mooncake import _native
+from mooncake.error_codes import ErrorCode
 
 _log = logging.getLogger("mooncake.store")
 
 _HEADER_BYTES = _native._tensor_metadata_size()
-_INVALID = -600
+_INVALID = int(ErrorCode.INVALID_PARAMS)  # -600, returned as a plain int
 _AXIS_TP = 1
 _MAX_DIMS = 8
 

@@ -35,6 +35,7 @@ from mooncake._parallel import (  # noqa: F401  (re-exports)
 )
 from mooncake._safetensors import SafetensorMethods
 from mooncake._tensor import TensorMethods, _deserialize_tensor, _serialize_tensor  # noqa: F401
+from mooncake.error_codes import ErrorCode
 from mooncake.buffer_pool import (  # noqa: F401  (upstream binds the pool in this module)
     BufferLease,
     BufferPool,
@@ -80,6 +81,7 @@ __all__ = [
     "ObjectDataType",
     "ReplicaStatus",
     "SoftPinAction",
+    "ErrorCode",
     "BufferPool",
     "BufferLease",
     "RegisteredBufferPool",

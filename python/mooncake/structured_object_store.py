@@ -65,11 +65,12 @@ except ImportError:  # pragma: no cover
     _torch = None
 
 from mooncake import _tensor as _tensor_codec
+from mooncake.error_codes import ErrorCode
 
 DEFAULT_BUNDLE_CHUNK_BYTES = 64 * 1024**2
 AUTO_PARALLEL_MIN_BYTES = DEFAULT_BUNDLE_CHUNK_BYTES
 AUTO_PARALLEL_MIN_CHUNKS = 8
-MISSING_OBJECT_ERROR = -704
+MISSING_OBJECT_ERROR = int(ErrorCode.OBJECT_NOT_FOUND)
 STRUCTURED_FIELD_SPECS_KEY = "__mooncake_structured_fields__"
 DATAPROTO_REF_HANDLE_TYPE = "mooncake_dataproto_ref"
 DATAPROTO_REF_HANDLE_VERSION = 1

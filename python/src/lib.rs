@@ -29,39 +29,15 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyType};
 
-/// `BufferHandle`: a `bytearray` subclass, so it has the buffer protocol on every Python the
-/// abi3 wheel supports (a native class can only export buffers under abi3 from 3.11 on).
-const BUFFER_HANDLE_PY: &std::ffi::CStr = cr#"
-class BufferHandle(bytearray):
-    """Bytes of one object returned by get_buffer: buffer protocol, ptr(), size(), len()."""
-
-    __slots__ = ()
-    __module__ = "mooncake.store"
-
-    def ptr(self):
-        """Address of the first byte."""
-        return _address(self)
-
-    def size(self):
-        """Size in bytes."""
-        return len(self)
-
-    def __repr__(self):
-        return f"<BufferHandle size={len(self)}>"
-"#;
-
 static BUFFER_HANDLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
+/// `BufferHandle` (`mooncake/_buffer_handle.py`): a `bytearray` subclass, so it has the buffer
+/// protocol on every Python the abi3 wheel supports (a native class can only export buffers
+/// under abi3 from 3.11 on).
 fn buffer_handle_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
     BUFFER_HANDLE
         .get_or_try_init(py, || {
-            let m = PyModule::from_code(
-                py,
-                BUFFER_HANDLE_PY,
-                c"mooncake/_buffer_handle.py",
-                c"mooncake._buffer_handle",
-            )?;
-            m.add("_address", wrap_pyfunction!(store::_bytearray_address, &m)?)?;
+            let m = PyModule::import(py, "mooncake._buffer_handle")?;
             Ok::<_, PyErr>(m.getattr("BufferHandle")?.cast_into::<PyType>()?.unbind())
         })
         .map(|t| t.bind(py))
@@ -114,6 +90,16 @@ fn run_transfer_engine_bench(py: Python<'_>, args: Vec<String>) -> i32 {
     py.detach(|| mooncake_bench::engine::bench_main(args))
 }
 
+/// `[(name, code), ...]`: every store error code in declaration order (`protocol::ErrorCode`),
+/// the table `mooncake.error_codes.ErrorCode` is checked against.
+#[pyfunction]
+fn _error_codes() -> Vec<(&'static str, i32)> {
+    protocol::ErrorCode::ALL
+        .iter()
+        .map(|c| (c.name(), c.code()))
+        .collect()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
@@ -138,6 +124,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_http_metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(run_client, m)?)?;
     m.add_function(wrap_pyfunction!(run_transfer_engine_bench, m)?)?;
+    m.add_function(wrap_pyfunction!(_error_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(store::_bytearray_address, m)?)?;
     tensor::register(m)?;
     engine::register(m)?;
     pg::register(m)?;
