@@ -56,6 +56,20 @@ impl PyDummy {
         py.detach(|| d.put(key, parts, &cfg, upsert))
     }
 
+    /// `put_parts` / `upsert_parts`: the 1-D byte buffers `parts`, concatenated.
+    fn put_py_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &[Bound<'_, PyAny>],
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+        upsert: bool,
+    ) -> PyResult<i32> {
+        let pinned = pin_parts(parts)?;
+        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        Ok(self.put_parts_impl(py, key, &slices, config, upsert))
+    }
+
     fn put_from_many(
         &self,
         py: Python<'_>,
@@ -69,29 +83,18 @@ impl PyDummy {
         if ptrs.len() != n || sizes.len() != n {
             return vec![INVALID; n];
         }
-        if ptrs
+        let values: Option<Vec<&[u8]>> = ptrs
             .iter()
             .zip(&sizes)
-            .any(|(&p, &s)| !self.caller_ok(p, s, false))
-        {
+            .map(|(&p, &s)| self.caller_slice(p, s))
+            .collect();
+        let Some(values) = values else {
             return vec![INVALID; n];
-        }
+        };
         let cfg = match config_of(config) {
             Ok(c) => c,
             Err(e) => return vec![e.code(); n],
         };
-        let values: Vec<&[u8]> = ptrs
-            .iter()
-            .zip(&sizes)
-            .map(|(&p, &s)| {
-                if s == 0 {
-                    return &[][..];
-                }
-                // SAFETY: checked mapped readable above; the caller keeps the memory valid and
-                // unchanged for the call, as for the store's own `batch_put_from`.
-                unsafe { std::slice::from_raw_parts(p as *const u8, s as usize) }
-            })
-            .collect();
         let d = self.inner.clone();
         py.detach(|| d.put_many(&keys, &values, &cfg, upsert))
     }
@@ -159,9 +162,7 @@ impl PyDummy {
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
-        let pinned = pin_parts(&parts)?;
-        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
-        Ok(self.put_parts_impl(py, key, &slices, config, false))
+        self.put_py_parts(py, key, &parts, config, false)
     }
 
     #[pyo3(signature = (key, *parts, config=None))]
@@ -172,9 +173,7 @@ impl PyDummy {
         parts: Vec<Bound<'_, PyAny>>,
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
-        let pinned = pin_parts(&parts)?;
-        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
-        Ok(self.put_parts_impl(py, key, &slices, config, true))
+        self.put_py_parts(py, key, &parts, config, true)
     }
 
     /// Internal (tensor layer), as the store's: batch put where each object is the
@@ -525,28 +524,16 @@ impl PyDummy {
         if ptrs.len() != n || sizes.len() != n {
             return vec![INVALID; n];
         }
-        let mut out = vec![0i32; n];
-        let (mut idx, mut ks, mut objects) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..n {
-            let object = self
-                .caller_slice(ptrs[i], sizes[i])
-                .filter(|data| protocol::tensor::TensorMetadata::decode(data, sizes[i]).is_ok());
-            match object {
-                Some(data) => {
-                    idx.push(i);
-                    ks.push(keys[i].clone());
-                    objects.push(data);
-                }
-                None => out[i] = INVALID,
-            }
-        }
+        let object = |i: usize| match self.caller_slice(ptrs[i], sizes[i]) {
+            Some(data) if crate::store::is_tensor_object(data, sizes[i]) => Ok(vec![data]),
+            _ => Err(ErrorCode::InvalidParams),
+        };
         let cfg = ReplicateConfig::default();
         let d = self.inner.clone();
-        let codes = py.detach(|| d.put_many(&ks, &objects, &cfg, upsert));
-        for (i, c) in idx.into_iter().zip(codes) {
-            out[i] = c;
-        }
-        out
+        crate::store::put_accepted(&keys, object, |ks, objects| {
+            let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
+            py.detach(|| d.put_many_parts(ks, &objects, &cfg, upsert))
+        })
     }
 
     /// A `BufferHandle` per key holding its bytes, `None` for a miss or an error.

@@ -341,26 +341,45 @@ impl PyStore {
         let Some(s) = self.store() else {
             return vec![INVALID; n];
         };
-        let mut out = vec![0i32; n];
-        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..n {
+        put_accepted(
+            &keys,
             // SAFETY: the caller-memory contract (module doc) holds every source for this
-            // call, which `ps` does not outlive.
-            match unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) } {
-                Ok(sl) => {
-                    idx.push(i);
-                    ks.push(keys[i].clone());
-                    ps.push(vec![sl]);
-                }
-                Err(e) => out[i] = e.code(),
-            }
-        }
-        let r = self.put_many(py, &ks, &ps, &Cfg::of(None), upsert, false);
-        for (i, r) in idx.into_iter().zip(r) {
-            out[i] = r;
-        }
-        out
+            // call, which the objects do not outlive.
+            |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| vec![sl]),
+            |ks, ps| self.put_many(py, ks, ps, &Cfg::of(None), upsert, false),
+        )
     }
+}
+
+/// A batch put of the keys whose objects `object` yields: a refused key gets its code, the
+/// rest go to `put` together, in order, and each gets its code back. The one
+/// subset-and-scatter of the per-key batch calls (the store's and the dummy client's).
+pub(crate) fn put_accepted<'a>(
+    keys: &[String],
+    mut object: impl FnMut(usize) -> Result<Vec<&'a [u8]>, ErrorCode>,
+    put: impl FnOnce(&[String], &[Vec<&'a [u8]>]) -> Vec<i32>,
+) -> Vec<i32> {
+    let mut out = vec![0i32; keys.len()];
+    let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, key) in keys.iter().enumerate() {
+        match object(i) {
+            Ok(parts) => {
+                idx.push(i);
+                ks.push(key.clone());
+                ps.push(parts);
+            }
+            Err(e) => out[i] = e.code(),
+        }
+    }
+    for (i, r) in idx.into_iter().zip(put(&ks, &ps)) {
+        out[i] = r;
+    }
+    out
+}
+
+/// Whether `data` (`size` bytes of caller memory) is a valid `[TensorMetadata][data]` object.
+pub(crate) fn is_tensor_object(data: &[u8], size: u64) -> bool {
+    TensorMetadata::decode(data, size).is_ok()
 }
 
 /// Registered memory holding a valid `[TensorMetadata][data]` object.
@@ -370,7 +389,9 @@ impl PyStore {
 unsafe fn tensor_object<'a>(s: &Store, ptr: u64, size: u64) -> Result<&'a [u8], ErrorCode> {
     // SAFETY: this function's contract.
     let data = unsafe { s.caller_range(ptr, size)?.into_slice() };
-    TensorMetadata::decode(data, size).map_err(|_| ErrorCode::InvalidParams)?;
+    if !is_tensor_object(data, size) {
+        return Err(ErrorCode::InvalidParams);
+    }
     Ok(data)
 }
 
@@ -974,35 +995,21 @@ impl PyStore {
         if let Ok(c) = cfg.wire.as_mut() {
             c.prefer_alloc_in_same_node = false;
         }
-        let mut out = vec![0i32; n];
-        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..n {
-            let parts: Result<Vec<&[u8]>, ErrorCode> =
-                if all_buffer_ptrs[i].len() != all_sizes[i].len() {
-                    Err(ErrorCode::InvalidParams)
-                } else {
-                    all_buffer_ptrs[i]
-                        .iter()
-                        .zip(&all_sizes[i])
-                        // SAFETY: the caller-memory contract (module doc) holds every source
-                        // for this call, which `ps` does not outlive.
-                        .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
-                        .collect()
-                };
-            match parts {
-                Ok(p) => {
-                    idx.push(i);
-                    ks.push(keys[i].clone());
-                    ps.push(p);
-                }
-                Err(e) => out[i] = e.code(),
+        let parts = |i: usize| {
+            if all_buffer_ptrs[i].len() != all_sizes[i].len() {
+                return Err(ErrorCode::InvalidParams);
             }
-        }
-        let r = self.put_many(py, &ks, &ps, &cfg, false, false);
-        for (i, r) in idx.into_iter().zip(r) {
-            out[i] = r;
-        }
-        out
+            all_buffer_ptrs[i]
+                .iter()
+                .zip(&all_sizes[i])
+                // SAFETY: the caller-memory contract (module doc) holds every source for this
+                // call, which the objects do not outlive.
+                .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
+                .collect()
+        };
+        put_accepted(&keys, parts, |ks, ps| {
+            self.put_many(py, ks, ps, &cfg, false, false)
+        })
     }
 
     /// Bytes read, or a negative code (`-704` miss, `-600` too small / unregistered).
