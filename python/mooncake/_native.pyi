@@ -854,11 +854,18 @@ class PgComm:
         empty, inactive places a process may later join by extension (`max_group_size` >
         group size; their `paths` entries are unused).
         """
-    def connect_extension(self, paths: Sequence[str | None], auto_deactivate: bool) -> None:
+    def connect_extension(
+        self,
+        paths: Sequence[str | None],
+        auto_deactivate: bool,
+        endpoints: Sequence[str | None] | None = None,
+    ) -> None:
         """Joins an existing group as a new process for this rank (`is_extension`): maps
-        every live member's segment (`paths[r]`, `None` for this rank or a member that is
-        gone), starts in the group's newest view with only this rank active (isolated until
-        `join`), and announces its own segment in the members' mailboxes.
+        every live member's segment on this host (`paths[r]`, `None` for this rank or a
+        member that is gone), links to the members on other hosts (`endpoints[r]` =
+        `host:port` of their listener; needs `listen()` first), starts in the group's newest
+        view with only this rank active (isolated until `join`), and announces itself to
+        every member.
         """
     def proc_path(self) -> tuple[int, int]:
         """`(pid, fd)` of this rank's segment: `/proc/<pid>/fd/<fd>` reopens it."""

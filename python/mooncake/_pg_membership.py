@@ -32,11 +32,12 @@ def _proc_key(rank):
     return f"mooncake_pg/proc/{rank}"
 
 
-def publish(store, rank, comm):
-    """Publishes where this rank's segment can be reopened (``/proc/<pid>/fd/<fd>``), so a
-    process replacing another rank later can map it."""
+def publish(store, rank, comm, endpoint):
+    """Publishes where a process replacing another rank later finds this one: on this host
+    its segment (``/proc/<pid>/fd/<fd>``), on another host its listener (``endpoint``,
+    ``host:port``)."""
     pid, fd = comm.proc_path()
-    store.set(_proc_key(rank), f"{_host_id()}\n{pid}\n{fd}")
+    store.set(_proc_key(rank), f"{_host_id()}\n{pid}\n{fd}\n{endpoint}")
 
 
 _SHAPE_KEY = "mooncake_pg/shape"
@@ -68,37 +69,47 @@ def resolve(store, rank, slots, global_ranks):
     return len(order), ""
 
 
-def connect_extension(store, rank, slots, auto_deactivate, global_ranks):
+def connect_extension(store, rank, slots, auto_deactivate, global_ranks, host_ip):
     """Creates this process's segment and attaches it to the existing group as slot ``rank``
-    (not active until :func:`join_group` is answered by an activation). If no matching
+    (not active until :func:`join_group` is answered by an activation): members on this
+    host are mapped, members on other hosts are linked over TCP (``net.rs``). If no matching
     group exists (:func:`resolve`), the communicator runs alone and ``join_group`` raises
     "extension target not found", as upstream's local-only communicator."""
     path = f"/dev/shm/mooncake-pg-{os.getpid()}-{uuid.uuid4().hex[:16]}"
     comm = _native.PgComm(path, rank, slots)
     try:
         me = _host_id()
+        port = comm.listen(host_ip)
+        endpoint = f"[{host_ip}]:{port}" if ":" in host_ip else f"{host_ip}:{port}"
         founders, why = resolve(store, rank, slots, global_ranks)
         if founders is None:
             warnings.warn(f"mooncake.pg: extension target not found: {why}", stacklevel=3)
-        paths = []
-        for r in range(slots):
-            key = _proc_key(r)
-            if founders is None or r == rank or not store.check([key]):
-                paths.append(None)
-                continue
-            host, pid, fd = store.get(key).decode().split("\n")
-            if host != me:
-                raise RuntimeError(
-                    f"rank {r} runs on another host ({host.split('/')[0]}): a process "
-                    "joining with is_extension=True must be on the same host as every "
-                    "other rank of the group (docs/pg.md, Membership)"
-                )
-            paths.append(f"/proc/{pid}/fd/{fd}")
-        comm.connect_extension(paths, auto_deactivate)
         # The founders agreed on direct reads; this process must follow their decision.
         ready = [f"mooncake_pg/ready/{r}" for r in range(founders or 0)]
         group_cma = bool(ready) and all(store.check([k]) and store.get(k) == b"1"
                                         for k in ready)
+        paths, endpoints = [], []
+        for r in range(slots):
+            key = _proc_key(r)
+            if founders is None or r == rank or not store.check([key]):
+                paths.append(None)
+                endpoints.append(None)
+                continue
+            host, pid, fd, *rest = store.get(key).decode().split("\n")
+            if host == me:
+                paths.append(f"/proc/{pid}/fd/{fd}")
+                endpoints.append(None)
+                continue
+            if group_cma:
+                raise RuntimeError(
+                    f"rank {r} runs on another host ({host.split('/')[0]}) and the group reads "
+                    "its peers' memory directly (process_vm_readv), which a process on "
+                    "another host cannot serve: run the group with MC_PG_CMA=0 to let a "
+                    "process join it from another host (docs/pg.md, Membership)"
+                )
+            paths.append(None)
+            endpoints.append(rest[0] if rest else None)
+        comm.connect_extension(paths, auto_deactivate, endpoints)
         if group_cma and not comm.cma_probe():
             raise RuntimeError(
                 "the group reads peers' memory directly (process_vm_readv) but this process "
@@ -106,7 +117,7 @@ def connect_extension(store, rank, slots, auto_deactivate, global_ranks):
                 "whole group with MC_PG_CMA=0"
             )
         comm.set_cma(group_cma)
-        publish(store, rank, comm)
+        publish(store, rank, comm, endpoint)
     finally:
         try:
             os.unlink(path)

@@ -469,11 +469,11 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         if options._is_extension:  # a new process joining an existing group (or slot)
             self._comm = _pg_membership.connect_extension(
                 dist_backend_opts.store, rank, mgs, options._auto_deactivate,
-                self._global_ranks)
+                self._global_ranks, _Settings.host_ip)
         else:
-            self._comm = self._connect(
+            self._comm, endpoint = self._connect(
                 dist_backend_opts.store, rank, size, options._auto_deactivate, mgs)
-            _pg_membership.publish(dist_backend_opts.store, rank, self._comm)
+            _pg_membership.publish(dist_backend_opts.store, rank, self._comm, endpoint)
             if rank == 0:
                 _pg_membership.publish_shape(dist_backend_opts.store, mgs, self._global_ranks)
         self._comm.set_mirror(active.data_ptr(), mgs)
@@ -518,7 +518,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 os.unlink(path)
             except OSError:
                 pass
-        return comm
+        return comm, endpoint
 
     # -- torch surface ---------------------------------------------------------------------
 

@@ -206,21 +206,26 @@ impl PyPgComm {
             })?;
             peers.push(Some(seg));
         }
-        let net = if remotes.is_empty() {
-            None
-        } else {
-            let l = self.listener.lock().take().ok_or_else(|| {
-                PyRuntimeError::new_err("Mooncake PG: ranks on other hosts need listen() first")
-            })?;
-            let (me, n) = (self.rank, self.ranks);
-            let net = py
-                .detach(move || Net::establish(l, me, n, &remotes, replicas))
-                .map_err(|e| {
-                    PyRuntimeError::new_err(format!("Mooncake PG: linking to other hosts: {e}"))
-                })?;
-            Some(net)
+        // With a listener (mooncake.pg always makes one) the links are built even when every
+        // founder is on this host: a process on another host may take a slot over later.
+        let listener = self.listener.lock().take();
+        let net = match listener {
+            None if !remotes.is_empty() => {
+                return Err(PyRuntimeError::new_err(
+                    "Mooncake PG: ranks on other hosts need listen() first",
+                ))
+            }
+            None => None,
+            Some(l) => {
+                let (me, n) = (self.rank, self.ranks);
+                let net = py
+                    .detach(move || Net::establish(l, me, n, &remotes, replicas))
+                    .map_err(|e| {
+                        PyRuntimeError::new_err(format!("Mooncake PG: linking to other hosts: {e}"))
+                    })?;
+                Some(net)
+            }
         };
-        *self.listener.lock() = None;
         let own = self
             .own
             .lock()
@@ -238,17 +243,42 @@ impl PyPgComm {
     }
 
     /// Joins an existing group as a new process for this rank (`is_extension`): maps every
-    /// live member's segment (`paths[r]`, `None` for this rank or a member that is gone),
-    /// starts in the group's newest view with only this rank active (isolated until
-    /// `join`), and announces its own segment in the members' mailboxes.
-    fn connect_extension(&self, paths: Vec<Option<String>>, auto_deactivate: bool) -> PyResult<()> {
+    /// live member's segment on this host (`paths[r]`, `None` for this rank or a member that
+    /// is gone), links to the members on other hosts (`endpoints[r]` = `host:port` of their
+    /// listener; needs `listen()` first), starts in the group's newest view with only this
+    /// rank active (isolated until `join`), and announces itself to every member.
+    #[pyo3(signature = (paths, auto_deactivate, endpoints=None))]
+    fn connect_extension(
+        &self,
+        py: Python<'_>,
+        paths: Vec<Option<String>>,
+        auto_deactivate: bool,
+        endpoints: Option<Vec<Option<String>>>,
+    ) -> PyResult<()> {
         if paths.len() != self.ranks {
             return Err(PyValueError::new_err("one segment path per rank is needed"));
         }
+        let endpoints = endpoints.unwrap_or_else(|| vec![None; self.ranks]);
+        if endpoints.len() != self.ranks {
+            return Err(PyValueError::new_err(
+                "one endpoint (or None) per rank is needed",
+            ));
+        }
         let mut peers = Vec::with_capacity(self.ranks);
+        let mut remotes = Vec::new();
+        let mut replicas = Vec::new();
         for (r, p) in paths.iter().enumerate() {
             if r == self.rank {
                 peers.push(None);
+                continue;
+            }
+            if let Some(ep) = endpoints[r].as_ref().filter(|e| !e.is_empty()) {
+                let (mine, rx) = Segment::replica(self.ranks, r).map_err(|e| {
+                    PyRuntimeError::new_err(format!("Mooncake PG: replica of rank {r}: {e}"))
+                })?;
+                peers.push(Some(mine));
+                replicas.push((r, rx));
+                remotes.push((r, ep.clone()));
                 continue;
             }
             let seg = match p.as_deref().map(|p| Segment::open(p, self.ranks, r)) {
@@ -259,6 +289,27 @@ impl PyPgComm {
             };
             peers.push(Some(seg));
         }
+        let listener = self.listener.lock().take();
+        let net = match listener {
+            None if !remotes.is_empty() => {
+                return Err(PyRuntimeError::new_err(
+                    "Mooncake PG: members on other hosts need listen() first",
+                ))
+            }
+            None => None,
+            Some(l) => {
+                let (me, n) = (self.rank, self.ranks);
+                let net = py
+                    .detach(move || Net::join(l, me, n, &remotes, replicas))
+                    .map_err(|e| {
+                        PyRuntimeError::new_err(format!(
+                            "Mooncake PG: joining the members on other hosts: {e}"
+                        ))
+                    })?;
+                Some(net)
+            }
+        };
+        // The replicas hold the members' snapshots now (Net::join waited for them).
         let view = {
             let live: Vec<&Segment> = peers.iter().flatten().collect();
             membership::newest_view(&live)
@@ -278,7 +329,7 @@ impl PyPgComm {
             own,
             self.rank,
             peers,
-            None,
+            net,
             auto_deactivate,
             1u64 << self.rank,
             Some(view),

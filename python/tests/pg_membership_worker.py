@@ -199,9 +199,10 @@ def scenario_subgroup_extend():
 
 
 def scenario_remote_replace():
-    """Hosts a,b: rank 1 (host b) is SIGKILLed; rank 0 carries on alone and waits until a
-    replacement for rank 1 on host b has been refused."""
+    """Both ranks on host a, reading each other's memory directly: rank 1 is SIGKILLed;
+    rank 0 carries on alone and waits until a replacement on another host was refused."""
     init(pg.MooncakeBackendOptions(torch.ones(WORLD, dtype=torch.int32)))
+    check(pg._pg(None)._comm.cma_probe(), "direct reads work here (the refusal needs them)")
     all_reduce_of(range(WORLD))
     if RANK == 1:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -211,10 +212,12 @@ def scenario_remote_replace():
 
 
 def scenario_remote_replace_joiner():
-    """A replacement for rank 1 whose group has a rank on another host: refused at init,
-    naming that rank (the links to other hosts are built at group creation only)."""
+    """A replacement for rank 1 from another host, for a group that reads its peers' memory
+    directly (which a remote process cannot serve): refused at init, naming the rank and
+    the way out (MC_PG_CMA=0)."""
+    os.environ["MC_PG_HOST_ID"] = "elsewhere"
     expect_error(lambda: init(pg.MooncakeBackendOptions(torch.zeros(WORLD, dtype=torch.int32), True)),
-                 ["rank 0 runs on another host", "is_extension"], "remote replacement")
+                 ["rank 0 runs on another host", "MC_PG_CMA=0"], "remote replacement")
     dist.TCPStore("127.0.0.1", PORT, is_master=False).set("joiner_refused", "1")
 
 

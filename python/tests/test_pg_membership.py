@@ -85,10 +85,11 @@ def test_membership_across_hosts_unacknowledged_and_dropped():
 
 
 def test_membership_across_hosts_replacement_refused():
-    """Rank 1 (host b) is SIGKILLed; a replacement process for it is refused at init with
-    the remote rank's name (not supported across hosts, docs/pg.md); rank 0 carries on."""
+    """Both ranks on host a read each other's memory directly; rank 1 is SIGKILLed and a
+    replacement on another host is refused at init (it could not serve direct reads), with
+    the remote rank's name and MC_PG_CMA=0 as the way out; rank 0 carries on."""
     world, port = 2, free_port()
-    env = {"PG_HOST_IDS": "a,b"}
+    env = {"PG_HOST_IDS": "a,a"}
     procs = [(r, spawn("remote_replace", r, world, port, env)) for r in range(world)]
     try:
         procs[1][1].wait(timeout=90)
@@ -104,11 +105,17 @@ def test_membership_across_hosts_bad_input():
     run_group("bad_input", 3, hosts="a,b,a")
 
 
-def test_membership_replacement_process():
+@pytest.mark.parametrize("hosts", [None, "a,b,b", "a,a,b"],
+                         ids=["one-host", "mapped-and-linked", "linked-only"])
+def test_membership_replacement_process(hosts):
     """Rank 2 is SIGKILLed, a new process joins as rank 2 with is_extension=True, both
-    survivors call recover_ranks (each gets Applied) and later collectives include it."""
+    survivors call recover_ranks (each gets Applied) and later collectives include it.
+    Across hosts (``hosts``: the founders' host ids; the new process runs on rank 2's) it
+    maps the members on its host and links to the others over TCP; "linked-only": it is
+    alone on its host."""
     world, port = 3, free_port()
-    procs = [(r, spawn("replace", r, world, port)) for r in range(world)]
+    env = None if hosts is None else {"PG_HOST_IDS": hosts}
+    procs = [(r, spawn("replace", r, world, port, env)) for r in range(world)]
     victim = procs[2][1]
     try:
         victim.wait(timeout=60)
@@ -116,7 +123,7 @@ def test_membership_replacement_process():
         for _, p in procs:
             p.kill()
         pytest.fail("rank 2 did not reach its SIGKILL")
-    joiner = spawn("replace_joiner", 2, world, port)
+    joiner = spawn("replace_joiner", 2, world, port, env)
     finish(procs + [("joiner", joiner)], 150, expect_dead=(2,))
 
 

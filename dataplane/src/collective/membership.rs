@@ -36,13 +36,15 @@
 //! proposer's request is still unanswered in its segment and the new decider answers it.
 //!
 //! A process joining the group (a replacement with `is_extension=True`) maps the live
-//! members' segments through `/proc/<pid>/fd/<fd>` (published through the torch store),
-//! writes `(pid, fd)` of its own segment into its mailbox word in each of them, and waits in
-//! `join_group`; members map the new segment when they adopt a view whose `inc` names it.
+//! members' segments on its host through `/proc/<pid>/fd/<fd>` (published through the torch
+//! store), writes `(pid, fd)` of its own segment into its mailbox word in each of them, and
+//! waits in `join_group`; members map the new segment when they adopt a view whose `inc`
+//! names it. A member on another host learns of it through the network layer instead, which
+//! writes `(pid, u32::MAX)` into the member's own mailbox word and holds a replica of the
+//! joiner's segment ([`super::net::Net::join`]).
 //!
 //! Across hosts, a remote member's words are read from its replica (`net.rs`), which the
-//! links keep up to date in publish order ([`member_changes`]); a joining process must be on
-//! the same host as every other rank (it maps their segments).
+//! links keep up to date in publish order ([`member_changes`]).
 //!
 //! Word layout of the membership area ([`Segment::member_word`]), one owner writer each
 //! except the mailbox:
@@ -436,6 +438,9 @@ fn map_mailbox(sh: &Shared, r: usize, pid: u32) -> Option<Arc<Segment>> {
     let word = load(w(&sh.own, W_MAIL + r));
     if word == 0 || (word >> 32) as u32 != pid {
         return None;
+    }
+    if word as u32 == REMOTE_FD {
+        return sh.remote_joiner(r, pid);
     }
     let path = format!("/proc/{pid}/fd/{}", word as u32);
     let seg = Segment::open(&path, sh.ranks, r).ok()?;
@@ -858,12 +863,26 @@ pub fn join(sh: &Shared, timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// Mailbox word low half naming a joiner on another host: its segment is the replica the
+/// network layer made when it admitted it ([`super::net::Net::joiner`]), not a file.
+const REMOTE_FD: u32 = u32::MAX;
+
+/// Announces, in this rank's own mailbox for slot `r`, the process `pid` on another host
+/// that asks to take the slot over (the network layer admitted it and holds its replica).
+pub(crate) fn announce_remote(sh: &Shared, r: usize, pid: u32) {
+    store(
+        w(&sh.own, W_MAIL + r),
+        u64::from(pid) << 32 | u64::from(REMOTE_FD),
+    );
+}
+
 /// Announces this process (a joiner) in every mapped live peer's mailbox for its slot.
 pub fn announce(sh: &Shared) {
     let word = u64::from(std::process::id()) << 32 | sh.own.raw_fd() as u32 as u64;
     for r in (0..sh.ranks).filter(|&r| r != sh.rank) {
         let seg = sh.seg(r);
-        if seg.owner_alive() {
+        // A member on another host learnt of this process when it admitted its link.
+        if seg.owner_alive() && !seg.is_remote() {
             store(w(&seg, W_MAIL + sh.rank), word);
         }
     }

@@ -200,7 +200,13 @@ impl Shared {
     /// first op (`mooncake.pg` agrees on it through the store). Stays off when a peer is on
     /// another host: those algorithms pull from every peer, and a remote one can only push.
     pub fn set_cma(&self, on: bool) {
-        self.cma.store(on && self.net.is_none(), Ordering::Release);
+        let linked = self.net.as_ref().is_some_and(|n| n.has_links());
+        self.cma.store(on && !linked, Ordering::Release);
+    }
+
+    /// The replica of process `pid` on another host asking to take slot `r` over.
+    pub(crate) fn remote_joiner(&self, r: usize, pid: u32) -> Option<Arc<Segment>> {
+        self.net.as_ref()?.joiner(r, pid)
     }
 
     /// Pushes this rank's segment changes to its peers on other hosts (no-op without any).
@@ -286,8 +292,8 @@ impl Comm {
     }
 
     /// As [`Comm::start_with_net`], with the initial active set `active` and, for a process
-    /// joining an existing group, the group's latest view ([`membership::View`]). Membership
-    /// changes are same-host only: a joining process has no `net`.
+    /// joining an existing group, the group's latest view ([`membership::View`]); a joining
+    /// process reaches the members on other hosts through a `net` made by [`net::Net::join`].
     pub fn start_with(
         own: Segment,
         rank: usize,
@@ -320,6 +326,9 @@ impl Comm {
                 joining.is_some(),
             ),
         });
+        if let Some(n) = &shared.net {
+            n.attach(Arc::downgrade(&shared));
+        }
         let (coll_tx, coll_rx) = mpsc::channel::<Job>();
         let sh = shared.clone();
         std::thread::Builder::new()

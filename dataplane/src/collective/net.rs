@@ -3,12 +3,25 @@
 //! peers over TCP, so the collectives and point-to-point code read a remote peer exactly as a
 //! mapped same-host one, and every rank only ever polls its own memory.
 //!
-//! Topology: one TCP connection per ordered pair of ranks on different hosts. The writer
-//! connects to the reader's listener and only sends; the reader's receive thread applies the
-//! frames to the replica in order. Frames (little-endian, 24-byte header):
+//! Topology: one TCP connection per ordered pair of founding ranks on different hosts. The
+//! writer connects to the reader's listener and only sends; the reader's receive thread
+//! applies the frames to the replica in order.
+//!
+//! A process that joins the group later from another host (a replacement, `is_extension`:
+//! [`Net::join`]) connects once to each member on another host and sends a *join hello*
+//! with its pid; that one connection then carries both directions. The member's admission
+//! thread (the listener stays open for the group's life) makes a replica of the joiner's
+//! segment whose header names that pid, answers with a snapshot of its own segment (the
+//! membership words and the current counters, ended by a HEARTBEAT, which the joiner waits
+//! for before it reads any view), starts pushing to it like to any peer, and announces it
+//! in its own mailbox for that slot (the low half `u32::MAX`: "a replica, ask the network
+//! layer", [`Net::joiner`]); the member switches to that replica when it adopts the view
+//! naming the pid. A member refuses a joiner while the group reads peers' memory directly
+//! (a remote process cannot serve `process_vm_readv`). Frames (little-endian, 24-byte header):
 //!
 //! ```text
 //! hello (once, writer -> reader):  magic "MCPGNET1" u64 | ranks u32 | from u32 | to u32 | 0 u32
+//! join hello (joiner -> member):   magic "MCPGJOIN" u64 | ranks u32 | slot u32 | to u32 | pid u32
 //! frame:  0       4          8               16
 //!         | kind u32 | 0 u32 | offset u64    | n u64 |  then n payload bytes for WRITE
 //!         kind 1 WRITE:     copy the n bytes at `offset` of the replica
@@ -48,17 +61,21 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES, MEMBER_WORDS};
-use super::COLLECTIVE_TIMEOUT_US;
+use super::{Shared, COLLECTIVE_TIMEOUT_US};
 use crate::limits::{
     PG_COLL_SLOT_BYTES, PG_NET_CONNECT_TIMEOUT_MS, PG_NET_HEARTBEAT_MAX_MS,
     PG_NET_HEARTBEAT_MIN_MS, PG_NET_INLINE_BYTES, PG_NET_RX_BUFFER_BYTES, PG_P2P_SLOT_BYTES,
 };
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCPGNET1");
+/// How long a joining process tries to reach a member before taking it as dead.
+const JOIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Hello of a process joining the group later (a replacement on another host).
+const JOIN_MAGIC: u64 = u64::from_le_bytes(*b"MCPGJOIN");
 pub(crate) const FRAME_BYTES: usize = 24;
 const KIND_WRITE: u32 = 1;
 const KIND_STORE: u32 = 2;
@@ -173,6 +190,39 @@ struct Link {
 }
 
 impl Link {
+    /// A link to rank `peer` over `sock`. For a process joining the group (`own` given), the
+    /// link starts from this rank's current counters (queued as STOREs): the joiner reads no
+    /// phase or chunk published before it joined, so none is pushed.
+    fn new(peer: usize, sock: TcpStream, alive: Arc<AtomicBool>, own: Option<&Segment>) -> Link {
+        let mut l = Link {
+            peer,
+            sock,
+            alive,
+            posted: 0,
+            done: 0,
+            left: 0,
+            sent: 0,
+            acked: 0,
+            out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
+            last_send: Instant::now(),
+            member: vec![0; MEMBER_WORDS],
+            changes: Vec::new(),
+        };
+        if let Some(own) = own {
+            l.posted = load(own.posted());
+            l.sent = load(own.sent(peer));
+            l.store(own, own.posted(), l.posted);
+            l.store(own, own.sent(peer), l.sent);
+        }
+        l
+    }
+
+    /// Marks the peer dead and ends the connection (its receive side sees it too).
+    fn kill(&mut self) {
+        self.alive.store(false, Ordering::Release);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
     fn flush(&mut self, big: Option<(*const u8, usize)>) -> io::Result<()> {
         let mut parts = vec![(self.out.as_ptr(), self.out.len())];
         parts.extend(big);
@@ -263,6 +313,12 @@ impl Link {
             self.left = left;
         }
         let sent = load(own.sent(q));
+        if sent < self.sent {
+            // The channel to this slot restarted (a new process took it over): the counter
+            // goes back, as a mapped segment's would.
+            self.store(own, own.sent(q), sent);
+            self.sent = sent;
+        }
         while self.sent < sent {
             let k = self.sent + 1;
             let (hdr, data) = own.channel_slot(q, (k & 1) as usize);
@@ -286,19 +342,34 @@ impl Link {
     }
 }
 
-/// This rank's links to the ranks on other hosts.
-pub struct Net {
+/// What the threads of one rank's [`Net`] share.
+struct Inner {
     me: usize,
-    links: Arc<Vec<Option<Mutex<Link>>>>,
+    ranks: usize,
+    /// Every link this rank pushes to: the ones built with the group, then one per process
+    /// on another host that joined (a dead link stays, skipped, until the group ends).
+    links: RwLock<Vec<Arc<Mutex<Link>>>>,
+    /// Replicas of the processes on other hosts that asked to take a slot over:
+    /// `(slot, pid, replica)`, newest last ([`Net::joiner`]).
+    joiners: Mutex<Vec<(usize, u32, Arc<Segment>)>>,
     /// Read halves (clones), shut down on drop to end the receive threads.
-    inbound: Vec<TcpStream>,
-    stop: Arc<AtomicBool>,
+    inbound: Mutex<Vec<TcpStream>>,
+    stop: AtomicBool,
+    /// The communicator, for admitting joiners ([`Net::attach`]).
+    shared: OnceLock<Weak<Shared>>,
+}
+
+/// This rank's links to the ranks on other hosts, and the listener through which a process
+/// on another host joins the group later (a replacement process, `is_extension`).
+pub struct Net {
+    inner: Arc<Inner>,
 }
 
 impl Net {
     /// Connects rank `me` of `ranks` to every remote rank `r` listed in `remotes` (its
     /// advertised `host:port`) and accepts their connections on `listener`. `replicas[r]` is
-    /// the receive side of rank `r`'s replica ([`Segment::replica`]).
+    /// the receive side of rank `r`'s replica ([`Segment::replica`]). The listener then
+    /// keeps admitting processes on other hosts that join the group ([`Net::join`]).
     pub fn establish(
         listener: TcpListener,
         me: usize,
@@ -307,7 +378,7 @@ impl Net {
         replicas: Vec<(usize, Segment)>,
     ) -> io::Result<Net> {
         let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
-        let mut links: Vec<Option<Mutex<Link>>> = (0..ranks).map(|_| None).collect();
+        let mut links = Vec::new();
         let mut alive_of: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
         for (r, seg) in &replicas {
             if let Some(a) = seg.remote_flag() {
@@ -322,12 +393,7 @@ impl Net {
                 )
             })?;
             sock.set_nodelay(true)?;
-            let mut hello = [0u8; FRAME_BYTES];
-            hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-            hello[8..12].copy_from_slice(&(ranks as u32).to_le_bytes());
-            hello[12..16].copy_from_slice(&(me as u32).to_le_bytes());
-            hello[16..20].copy_from_slice(&(*r as u32).to_le_bytes());
-            (&sock).write_all(&hello)?;
+            (&sock).write_all(&hello(HELLO_MAGIC, ranks, me, *r, 0))?;
             sock.set_write_timeout(Some(POLL))?;
             let alive = alive_of.get(r).cloned().ok_or_else(|| {
                 io::Error::new(
@@ -335,24 +401,10 @@ impl Net {
                     format!("no replica for rank {r}"),
                 )
             })?;
-            links[*r] = Some(Mutex::new(Link {
-                peer: *r,
-                sock,
-                alive,
-                posted: 0,
-                done: 0,
-                left: 0,
-                sent: 0,
-                acked: 0,
-                out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
-                last_send: Instant::now(),
-                member: vec![0; MEMBER_WORDS],
-                changes: Vec::new(),
-            }));
+            links.push(Arc::new(Mutex::new(Link::new(*r, sock, alive, None))));
         }
         let mut incoming = accept_all(HELLO_MAGIC, &listener, me, ranks, remotes, deadline)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut inbound = Vec::new();
+        let inner = Inner::new(me, ranks, links);
         for (r, seg) in replicas {
             let sock = incoming.remove(&r).ok_or_else(|| {
                 io::Error::new(
@@ -360,29 +412,142 @@ impl Net {
                     format!("rank {r} is not remote"),
                 )
             })?;
-            inbound.push(sock.try_clone()?);
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name(format!("mc-pg-rx-{me}-{r}"))
-                .spawn(move || receive(sock, seg, r, &stop))?;
+            inner
+                .inbound
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(sock.try_clone()?);
+            spawn_receive(&inner, Rx::new(sock), seg, r)?;
         }
-        let links = Arc::new(links);
-        let (l, s) = (links.clone(), stop.clone());
+        Net::start(inner, listener)
+    }
+
+    /// The links of a process joining an existing group as rank `me` (a replacement process,
+    /// `is_extension`) to the members on other hosts: for each `(r, host:port)` of `members`
+    /// it connects to member `r`'s listener and announces itself (with its pid); the member
+    /// answers on the same connection with a snapshot of its segment, applied to `replicas[r]`
+    /// before this returns, and from then on both sides push over it. `listener` then admits
+    /// later joiners, as on every member.
+    pub fn join(
+        listener: TcpListener,
+        me: usize,
+        ranks: usize,
+        members: &[(usize, String)],
+        replicas: Vec<(usize, Segment)>,
+    ) -> io::Result<Net> {
+        let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
+        let inner = Inner::new(me, ranks, Vec::new());
+        let pid = std::process::id();
+        for (r, seg) in replicas {
+            let addr = members
+                .iter()
+                .find(|m| m.0 == r)
+                .map(|m| m.1.as_str())
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("no address for rank {r}"),
+                    )
+                })?;
+            // A member whose listener is gone is dead: its slot reads as dead, as a same-host
+            // member's unmappable segment does.
+            let reach = deadline.min(Instant::now() + JOIN_CONNECT_TIMEOUT);
+            let sock = match connect_until(addr, reach) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(
+                        "mooncake.pg: rank {r} at {addr} is unreachable ({e}): taken as dead"
+                    );
+                    seg.mark_dead();
+                    continue;
+                }
+            };
+            sock.set_nodelay(true)?;
+            (&sock).write_all(&hello(JOIN_MAGIC, ranks, me, r, pid))?;
+            sock.set_write_timeout(Some(POLL))?;
+            let mut rx = Rx::new(sock.try_clone()?);
+            rx.sock.set_read_timeout(Some(POLL))?;
+            // The member's snapshot ends with a HEARTBEAT.
+            loop {
+                match rx.frame(&seg, &inner.stop) {
+                    Ok(KIND_HEARTBEAT) => break,
+                    Ok(_) if Instant::now() < deadline => {}
+                    Ok(_) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("rank {r} at {addr}: no snapshot"),
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!(
+                            "rank {r} at {addr} did not admit this process ({e}); its log says why"
+                        ),
+                        ))
+                    }
+                }
+            }
+            let alive = seg.remote_flag().expect("a replica").clone();
+            let link = Link::new(r, sock.try_clone()?, alive, None);
+            inner
+                .links
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::new(Mutex::new(link)));
+            inner
+                .inbound
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(sock);
+            spawn_receive(&inner, rx, seg, r)?;
+        }
+        Net::start(inner, listener)
+    }
+
+    /// Starts the heartbeat and the admission threads.
+    fn start(inner: Arc<Inner>, listener: TcpListener) -> io::Result<Net> {
+        let i = inner.clone();
         std::thread::Builder::new()
-            .name(format!("mc-pg-hb-{me}"))
-            .spawn(move || heartbeat(&l, &s))?;
-        Ok(Net {
-            me,
-            links,
-            inbound,
-            stop,
-        })
+            .name(format!("mc-pg-hb-{}", inner.me))
+            .spawn(move || heartbeat(&i))?;
+        let i = inner.clone();
+        std::thread::Builder::new()
+            .name(format!("mc-pg-admit-{}", inner.me))
+            .spawn(move || admit_joiners(&i, listener))?;
+        Ok(Net { inner })
+    }
+
+    /// Hands the running communicator to the admission thread (until then joiners wait).
+    pub(crate) fn attach(&self, sh: Weak<Shared>) {
+        let _ = self.inner.shared.set(sh);
+    }
+
+    /// Whether any rank on another host is linked (then the direct-read path stays off).
+    pub(crate) fn has_links(&self) -> bool {
+        !self
+            .inner
+            .links
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// The replica of process `pid` on another host that asked to take slot `r` over, if it
+    /// is still alive.
+    pub(crate) fn joiner(&self, r: usize, pid: u32) -> Option<Arc<Segment>> {
+        let j = self.inner.joiners.lock().unwrap_or_else(|e| e.into_inner());
+        j.iter()
+            .rev()
+            .find(|x| x.0 == r && x.1 == pid)
+            .filter(|x| x.2.owner_alive())
+            .map(|x| x.2.clone())
     }
 
     /// Pushes this rank's new segment state to every live remote peer; a failed push marks
     /// that peer dead.
     pub fn publish(&self, own: &Segment) {
-        self.each_link(|l| l.sync(own, self.me));
+        self.each_link(|l| l.sync(own, self.inner.me));
     }
 
     /// Pushes this rank's changed membership words to every live remote peer.
@@ -391,7 +556,8 @@ impl Net {
     }
 
     fn each_link(&self, push: impl Fn(&mut Link) -> io::Result<()>) {
-        for l in self.links.iter().flatten() {
+        let links = self.inner.links.read().unwrap_or_else(|e| e.into_inner());
+        for l in links.iter() {
             let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
             if !l.alive.load(Ordering::Acquire) {
                 continue;
@@ -401,24 +567,161 @@ impl Net {
                     "mooncake.pg: push to rank {} failed ({e}): marked dead",
                     l.peer
                 );
-                l.alive.store(false, Ordering::Release);
-                let _ = l.sock.shutdown(std::net::Shutdown::Both);
+                l.kill();
             }
         }
     }
 }
 
+impl Inner {
+    fn new(me: usize, ranks: usize, links: Vec<Arc<Mutex<Link>>>) -> Arc<Inner> {
+        Arc::new(Inner {
+            me,
+            ranks,
+            links: RwLock::new(links),
+            joiners: Mutex::new(Vec::new()),
+            inbound: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            shared: OnceLock::new(),
+        })
+    }
+}
+
 impl Drop for Net {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        for s in &self.inbound {
+        let inner = &self.inner;
+        inner.stop.store(true, Ordering::Release);
+        for s in inner
+            .inbound
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        for l in self.links.iter().flatten() {
+        for l in inner.links.read().unwrap_or_else(|e| e.into_inner()).iter() {
             let l = l.lock().unwrap_or_else(|e| e.into_inner());
             let _ = l.sock.shutdown(std::net::Shutdown::Both);
         }
     }
+}
+
+/// A 24-byte hello: `magic`, group size, sender, receiver, and `extra` (a joiner's pid).
+fn hello(magic: u64, ranks: usize, from: usize, to: usize, extra: u32) -> [u8; FRAME_BYTES] {
+    let mut h = [0u8; FRAME_BYTES];
+    h[0..8].copy_from_slice(&magic.to_le_bytes());
+    h[8..12].copy_from_slice(&(ranks as u32).to_le_bytes());
+    h[12..16].copy_from_slice(&(from as u32).to_le_bytes());
+    h[16..20].copy_from_slice(&(to as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&extra.to_le_bytes());
+    h
+}
+
+/// Admits processes on other hosts joining the group, until the communicator stops.
+fn admit_joiners(inner: &Arc<Inner>, listener: TcpListener) {
+    if let Err(e) = listener.set_nonblocking(true) {
+        tracing::warn!(
+            "mooncake.pg: the join listener is unusable ({e}): no process on another host can join"
+        );
+        return;
+    }
+    while !inner.stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((sock, from)) => {
+                if let Err(e) = admit(inner, sock) {
+                    tracing::warn!("mooncake.pg: refused a joining process from {from}: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => {
+                tracing::warn!("mooncake.pg: accepting a joining process: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Admits one joining process: checks its hello, makes a replica of its segment (carrying
+/// its pid, which the views name), sends it a snapshot of this rank's segment, links to it
+/// on the same connection and announces it in this rank's mailbox for its slot
+/// ([`super::membership`]); it becomes a member when a view activates it.
+fn admit(inner: &Arc<Inner>, sock: TcpStream) -> io::Result<()> {
+    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    sock.set_nonblocking(false)?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut h = [0u8; FRAME_BYTES];
+    (&sock).read_exact(&mut h)?;
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
+    let (n, r, to, pid) = (
+        u32_at(8) as usize,
+        u32_at(12) as usize,
+        u32_at(16) as usize,
+        u32_at(20),
+    );
+    if magic != JOIN_MAGIC
+        || n != inner.ranks
+        || to != inner.me
+        || r >= n
+        || r == inner.me
+        || pid == 0
+    {
+        return Err(bad(format!(
+            "hello for rank {to} of {n} from slot {r} (pid {pid}); this is rank {} of {}",
+            inner.me, inner.ranks
+        )));
+    }
+    let sh = inner
+        .shared
+        .get()
+        .and_then(Weak::upgrade)
+        .ok_or_else(|| bad("the communicator is not running".into()))?;
+    if sh.cma() {
+        return Err(bad(format!(
+            "slot {r}: this group reads its peers' memory directly (process_vm_readv), which a \
+             process on another host cannot serve; run the group with MC_PG_CMA=0 to let one join"
+        )));
+    }
+    let (mine, rx) = Segment::replica(n, r)?;
+    mine.set_owner_pid(pid);
+    sock.set_nodelay(true)?;
+    sock.set_write_timeout(Some(POLL))?;
+    let alive = mine.remote_flag().expect("a replica").clone();
+    let mut link = Link::new(r, sock.try_clone()?, alive, Some(&sh.own));
+    link.sync(&sh.own, inner.me)?;
+    link.sync_member(&sh.own)?;
+    link.out.extend_from_slice(&frame(KIND_HEARTBEAT, 0, 0));
+    link.flush(None)?;
+    {
+        let mut j = inner.joiners.lock().unwrap_or_else(|e| e.into_inner());
+        j.retain(|x| x.2.owner_alive());
+        j.push((r, pid, Arc::new(mine)));
+    }
+    super::membership::announce_remote(&sh, r, pid);
+    inner
+        .links
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::new(Mutex::new(link)));
+    inner
+        .inbound
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(sock.try_clone()?);
+    sock.set_read_timeout(None)?;
+    spawn_receive(inner, Rx::new(sock), rx, r)?;
+    tracing::info!("mooncake.pg: a process on another host (pid {pid}) asks to take rank {r} over");
+    Ok(())
+}
+
+fn spawn_receive(inner: &Arc<Inner>, rx: Rx, seg: Segment, r: usize) -> io::Result<()> {
+    let i = inner.clone();
+    std::thread::Builder::new()
+        .name(format!("mc-pg-rx-{}-{r}", inner.me))
+        .spawn(move || receive(rx, seg, r, &i.stop))?;
+    Ok(())
 }
 
 pub(crate) fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
@@ -495,8 +798,7 @@ pub(crate) fn accept_all(
 /// Receive side of one link: applies rank `peer`'s frames to its replica until the
 /// connection ends, a frame is malformed, nothing arrives for the liveness timeout, or the
 /// communicator stops; then marks the peer dead.
-fn receive(sock: TcpStream, seg: Segment, peer: usize, stop: &AtomicBool) {
-    let mut rx = Rx::new(sock);
+fn receive(mut rx: Rx, seg: Segment, peer: usize, stop: &AtomicBool) {
     let why = rx.sock.set_read_timeout(Some(POLL)).and_then(|_| loop {
         if let Err(e) = rx.frame(&seg, stop) {
             break Err::<(), io::Error>(e);
@@ -615,8 +917,8 @@ impl Rx {
         Ok(())
     }
 
-    /// Applies one frame to `seg`.
-    fn frame(&mut self, seg: &Segment, stop: &AtomicBool) -> io::Result<()> {
+    /// Applies one frame to `seg`; returns its kind.
+    fn frame(&mut self, seg: &Segment, stop: &AtomicBool) -> io::Result<u32> {
         self.need(FRAME_BYTES, stop)?;
         let h = &self.buf[self.lo..self.lo + FRAME_BYTES];
         let kind = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
@@ -625,14 +927,14 @@ impl Rx {
         self.lo += FRAME_BYTES;
         let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
         match kind {
-            KIND_HEARTBEAT => Ok(()),
+            KIND_HEARTBEAT => Ok(kind),
             KIND_STORE => {
                 let c = usize::try_from(off)
                     .ok()
                     .and_then(|o| seg.counter_at(o))
                     .ok_or_else(|| bad(format!("STORE at offset {off}: not a header counter")))?;
                 c.store(n, Ordering::Release);
-                Ok(())
+                Ok(kind)
             }
             KIND_WRITE => {
                 let len = seg.len_bytes();
@@ -645,7 +947,7 @@ impl Rx {
                 // SAFETY: `o + l <= len` (checked above): inside the replica mapping.
                 let dst = unsafe { seg.base_ptr().add(o) };
                 // SAFETY: `dst` is valid for `l` bytes of writes (inside the replica).
-                unsafe { self.read_into(dst, l, stop) }
+                unsafe { self.read_into(dst, l, stop) }.map(|_| kind)
             }
             k => Err(bad(format!("unknown frame kind {k}"))),
         }
@@ -653,11 +955,16 @@ impl Rx {
 }
 
 /// Sends a HEARTBEAT on every live link idle for the heartbeat period, until `stop`.
-fn heartbeat(links: &[Option<Mutex<Link>>], stop: &AtomicBool) {
-    while !stop.load(Ordering::Acquire) {
+fn heartbeat(inner: &Inner) {
+    while !inner.stop.load(Ordering::Acquire) {
         let every = heartbeat_every();
         std::thread::sleep(every.min(Duration::from_millis(50)));
-        for l in links.iter().flatten() {
+        let links = inner
+            .links
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for l in links.iter() {
             // A link busy with a push is not idle.
             let Ok(mut l) = l.try_lock() else { continue };
             if !l.alive.load(Ordering::Acquire) || l.last_send.elapsed() < every {
@@ -669,8 +976,7 @@ fn heartbeat(links: &[Option<Mutex<Link>>], stop: &AtomicBool) {
                     "mooncake.pg: heartbeat to rank {} failed: marked dead",
                     l.peer
                 );
-                l.alive.store(false, Ordering::Release);
-                let _ = l.sock.shutdown(std::net::Shutdown::Both);
+                l.kill();
             }
         }
     }
@@ -681,18 +987,26 @@ mod tests {
     use super::*;
     use crate::collective::{CollOp, Comm, DType, ReduceOp};
 
+    /// A fresh own segment for rank `r` of 2 (its file name already gone).
+    fn seg(r: usize) -> Segment {
+        let path = format!(
+            "/dev/shm/mc-pg-net-test-{}-{r}-{:?}",
+            std::process::id(),
+            Instant::now()
+        );
+        let s = Segment::create(&path, 2, r).expect("segment");
+        std::fs::remove_file(&path).expect("unlink");
+        s
+    }
+
     /// Two communicators in this process that see each other as on other hosts.
     fn pair() -> (Comm, Comm) {
-        let seg = |r: usize| {
-            let path = format!(
-                "/dev/shm/mc-pg-net-test-{}-{r}-{:?}",
-                std::process::id(),
-                Instant::now()
-            );
-            let s = Segment::create(&path, 2, r).expect("segment");
-            std::fs::remove_file(&path).expect("unlink");
-            s
-        };
+        let (c0, c1, _) = pair_at();
+        (c0, c1)
+    }
+
+    /// As [`pair`], with the address rank 0 listens on.
+    fn pair_at() -> (Comm, Comm, String) {
         let (l0, l1) = (
             TcpListener::bind("127.0.0.1:0").expect("bind"),
             TcpListener::bind("127.0.0.1:0").expect("bind"),
@@ -703,6 +1017,7 @@ mod tests {
         );
         let (of1, rx1) = Segment::replica(2, 1).expect("replica");
         let (of0, rx0) = Segment::replica(2, 0).expect("replica");
+        let at0 = e0.clone();
         let t = std::thread::spawn(move || Net::establish(l1, 1, 2, &[(0, e0)], vec![(0, rx0)]));
         let n0 = Net::establish(l0, 0, 2, &[(1, e1)], vec![(1, rx1)]).expect("net 0");
         let n1 = t.join().expect("thread").expect("net 1");
@@ -710,7 +1025,94 @@ mod tests {
             Comm::start_with_net(seg(0), 0, vec![None, Some(of1)], Some(n0), true).expect("c0");
         let c1 =
             Comm::start_with_net(seg(1), 1, vec![Some(of0), None], Some(n1), true).expect("c1");
-        (c0, c1)
+        (c0, c1, at0)
+    }
+
+    /// Both ranks' all_reduce of `n` elements (1s on rank 0, 2s on the other); checks 3s.
+    fn all_reduce_both(a: &Comm, b: &Comm, n: usize) {
+        let mut v = vec![1.0f32; n];
+        let mut w = vec![2.0f32; n];
+        let (o, o1) = std::thread::scope(|sc| {
+            let t = sc.spawn(|| all_reduce(b, &mut w));
+            let o = all_reduce(a, &mut v);
+            (o, t.join().expect("rank 1"))
+        });
+        assert!(
+            o.error.is_none() && o1.error.is_none(),
+            "{:?} {:?}",
+            o.error,
+            o1.error
+        );
+        assert!(o.failed == 0 && o1.failed == 0);
+        assert!(v.iter().chain(&w).all(|x| *x == 3.0), "n={n}: both ranks");
+    }
+
+    /// A replacement process on another host: rank 1 dies; a new process for slot 1 links
+    /// to rank 0's listener (`Net::join`), gets its snapshot, waits in `join`; rank 0
+    /// activates it and maps its replica; collectives and point-to-point run over the new
+    /// link.
+    #[test]
+    fn a_process_on_another_host_takes_over_a_dead_ranks_slot() {
+        use crate::collective::membership::{self, join, propose, KIND_ACTIVATE};
+        let (c0, c1, at0) = pair_at();
+        all_reduce_both(&c0, &c1, 8);
+        drop(c1);
+        let mut v = vec![1.0f32; 4];
+        assert_eq!(
+            all_reduce(&c0, &mut v).failed,
+            0b10,
+            "rank 1's death is seen"
+        );
+        assert_eq!(c0.shared().active(), 0b01);
+
+        let (of0, rx0) = Segment::replica(2, 0).expect("replica");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let net = Net::join(l, 1, 2, &[(0, at0)], vec![(0, rx0)]).expect("admitted");
+        // No view was committed yet (bootstrap's is implicit), as the Python binding expects.
+        let view = membership::newest_view(&[&of0]).unwrap_or(membership::View::initial(0b11));
+        // Membership word 0 counts rank 0's ops (two so far): its snapshot arrived.
+        assert_eq!(load(of0.member_word(0)), 2, "rank 0's snapshot");
+        let j = Comm::start_with(
+            seg(1),
+            1,
+            vec![Some(of0), None],
+            Some(net),
+            true,
+            0b10,
+            Some(view),
+        )
+        .expect("joiner");
+        membership::announce(j.shared());
+        assert_eq!(j.shared().active(), 0b10, "isolated until activated");
+        std::thread::scope(|sc| {
+            let w = sc.spawn(|| join(j.shared(), Duration::from_secs(30)));
+            let until = Instant::now() + Duration::from_secs(30);
+            let a = loop {
+                let a = propose(c0.shared(), KIND_ACTIVATE, 0b10, Duration::from_secs(30));
+                if a.status != 0 || Instant::now() > until {
+                    break a;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert_eq!(a.status, 1, "activation applied: {}", a.reason);
+            assert_eq!(w.join().expect("joiner"), Ok(()));
+        });
+        for n in [3usize, 1_300_001] {
+            all_reduce_both(&c0, &j, n);
+        }
+        assert_eq!((c0.shared().active(), j.shared().active()), (0b11, 0b11));
+        let src: Vec<u8> = (0..3_000_000).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        // SAFETY: both buffers outlive the waits.
+        let (s, r) = unsafe {
+            (
+                j.p2p(true, 0, src.as_ptr() as usize, src.len()),
+                c0.p2p(false, 1, dst.as_mut_ptr() as usize, dst.len()),
+            )
+        };
+        assert!(s.wait(None).expect("send").error.is_none());
+        assert!(r.wait(None).expect("recv").error.is_none());
+        assert!(src == dst, "point-to-point from the new process");
     }
 
     fn all_reduce(c: &Comm, v: &mut [f32]) -> crate::collective::Outcome {
@@ -855,7 +1257,7 @@ mod tests {
             let (sock, _) = l.accept().expect("accept");
             let stop = Arc::new(AtomicBool::new(false));
             let st = stop.clone();
-            let t = std::thread::spawn(move || receive(sock, rx, 1, &st));
+            let t = std::thread::spawn(move || receive(Rx::new(sock), rx, 1, &st));
             // a good STORE of `posted` (offset 64) first, then the bad frame
             w.write_all(&frame(KIND_STORE, 64, 7)).expect("send");
             w.write_all(&frame(kind, off, n)).expect("send");

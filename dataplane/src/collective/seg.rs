@@ -276,6 +276,17 @@ impl Segment {
         Ok((a, b))
     }
 
+    /// Sets the pid a replica's header names (a joining process's, which the views name).
+    pub(crate) fn set_owner_pid(&self, pid: u32) {
+        debug_assert!(
+            self.remote.is_some(),
+            "only a replica's header is ours to write"
+        );
+        // SAFETY: inside the header of a private mapping; a plain u32 written before the
+        // replica is shared with any reader (it is published through a lock afterwards).
+        unsafe { self.base.as_ptr().add(8).cast::<u32>().write_volatile(pid) };
+    }
+
     /// Whether this is a replica of a rank on another host.
     pub fn is_remote(&self) -> bool {
         self.remote.is_some()
