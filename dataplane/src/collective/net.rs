@@ -1238,6 +1238,43 @@ mod tests {
         }
     }
 
+    /// A join hello that does not fit the group (wrong magic, size, slot, addressee, no
+    /// pid, cut short) is refused: the connection is closed, no joiner is recorded, and the
+    /// group carries on.
+    #[test]
+    fn bad_join_hellos_are_refused() {
+        let (c0, c1, at0) = pair_at();
+        let bad = [
+            hello(HELLO_MAGIC, 2, 1, 0, 7), // a founder's hello after the group started
+            hello(JOIN_MAGIC, 3, 1, 0, 7),  // another group size
+            hello(JOIN_MAGIC, 2, 0, 0, 7),  // the member's own slot
+            hello(JOIN_MAGIC, 2, 5, 0, 7),  // no such slot
+            hello(JOIN_MAGIC, 2, 1, 1, 7),  // addressed to another rank
+            hello(JOIN_MAGIC, 2, 1, 0, 0),  // no pid
+        ];
+        let short = &hello(JOIN_MAGIC, 2, 1, 0, 7)[..10];
+        for h in bad.iter().map(|h| &h[..]).chain([short]) {
+            let mut s = TcpStream::connect(&at0).expect("connect");
+            s.write_all(h).expect("send");
+            s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let mut b = [0u8; 64];
+            // Closed by the member (not a read timeout: nobody looking is no refusal).
+            let r = s.read(&mut b);
+            assert!(
+                matches!(&r, Ok(0))
+                    || matches!(&r, Err(e) if e.kind() == io::ErrorKind::ConnectionReset),
+                "hello {h:?}: closed without a snapshot, got {r:?}"
+            );
+        }
+        assert!(
+            c0.shared().remote_joiner(1, 7).is_none(),
+            "no joiner recorded"
+        );
+        all_reduce_both(&c0, &c1, 8);
+    }
+
     /// A malformed frame ends the link and marks the peer dead; it never writes outside the
     /// replica nor panics. Well-formed frames before it are applied.
     #[test]
