@@ -15,9 +15,10 @@
 
 use crate::limits::FRAME_PAYLOAD_MAX_BYTES;
 
-/// Protocol version carried in every frame: 4 since the upsert answers carry the object's
-/// soft pin (3: `HeldObject` carries the soft pin; 2: versioned catalogs; `docs/protocol.md`).
-pub const VERSION: u8 = 4;
+/// Protocol version carried in every frame: 5 since `ReplicateConfig` carries `group_ids`
+/// (4: the upsert answers carry the object's soft pin; 3: `HeldObject` carries the soft pin;
+/// 2: versioned catalogs; `docs/protocol.md`).
+pub const VERSION: u8 = 5;
 /// Bytes before the body.
 pub const HEADER_BYTES: usize = 16;
 /// Bytes of the header counted by `len`.
@@ -170,7 +171,7 @@ mod tests {
         assert_eq!(
             out,
             [
-                15, 0, 0, 0, 4, 1, 2, 1, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, b'x',
+                15, 0, 0, 0, 5, 1, 2, 1, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, b'x',
                 b'y', b'z'
             ]
         );

@@ -183,6 +183,10 @@ pub struct ReplicateConfig {
     pub preferred_segment: String,
     pub prefer_alloc_in_same_node: bool,
     pub data_type: ObjectDataType,
+    /// Lease groups (upstream's `group_ids`): empty for none, else one per key (one for a
+    /// single put), in key order. A read lease granted on a key of a group covers the whole
+    /// group, and an upsert may not move a key to another group. `""` is no group.
+    pub group_ids: Vec<String>,
 }
 wire_struct!(ReplicateConfig {
     replica_num: u32,
@@ -193,6 +197,7 @@ wire_struct!(ReplicateConfig {
     preferred_segment: String,
     prefer_alloc_in_same_node: bool,
     data_type: ObjectDataType,
+    group_ids: Vec<String>,
 });
 
 impl Default for ReplicateConfig {
@@ -206,6 +211,7 @@ impl Default for ReplicateConfig {
             preferred_segment: String::new(),
             prefer_alloc_in_same_node: false,
             data_type: ObjectDataType::Unknown,
+            group_ids: Vec::new(),
         }
     }
 }
@@ -439,6 +445,7 @@ mod tests {
             preferred_segment: String::new(),
             prefer_alloc_in_same_node: false,
             data_type: ObjectDataType::Kvcache,
+            group_ids: vec!["g".into(), String::new()],
         };
         assert_eq!(ReplicateConfig::from_bytes(&c.to_bytes()).unwrap(), c);
         assert_eq!(c.preferred(), vec!["a:1", "b:2"]);

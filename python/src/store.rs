@@ -79,7 +79,38 @@ impl Cfg {
         self.wire.as_ref().map_err(|e| *e)
     }
 
+    /// The config for the keys `ks`, an in-order subset of the caller's batch `all` (the
+    /// keys its `group_ids` name groups for, one each): their groups, in `ks`'s order.
+    fn for_subset(&self, all: &[String], ks: &[String]) -> Result<ReplicateConfig, ErrorCode> {
+        let wire = self.for_batch(all.len())?;
+        if wire.group_ids.is_empty() || all.len() == ks.len() {
+            return Ok(wire.clone());
+        }
+        let mut groups = Vec::with_capacity(ks.len());
+        let mut j = 0;
+        for k in ks {
+            while all.get(j).is_some_and(|a| a != k) {
+                j += 1;
+            }
+            groups.push(
+                wire.group_ids
+                    .get(j)
+                    .ok_or(ErrorCode::InvalidParams)?
+                    .clone(),
+            );
+            j += 1;
+        }
+        Ok(ReplicateConfig {
+            group_ids: groups,
+            ..wire.clone()
+        })
+    }
+
+    /// The config of a single put: `group_ids`, when given, must name one group.
     fn single(&self) -> Result<&ReplicateConfig, ErrorCode> {
+        if self.group_ids.is_some_and(|g| g != 1) {
+            return Err(ErrorCode::InvalidParams);
+        }
         self.wire.as_ref().map_err(|e| *e)
     }
 }
@@ -187,10 +218,14 @@ impl PyStore {
         }))
     }
 
-    /// Batch put of objects given as lists of parts; one result per key.
+    /// Batch put of objects given as lists of parts; one result per key. `all` is the
+    /// caller's whole batch, of which `keys` may be an in-order subset (`cfg`'s `group_ids`
+    /// name one group per key of `all`).
+    #[allow(clippy::too_many_arguments)]
     fn put_many(
         &self,
         py: Python<'_>,
+        all: &[String],
         keys: &[String],
         parts: &[Vec<&[u8]>],
         cfg: &Cfg,
@@ -209,7 +244,7 @@ impl PyStore {
         let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
         py.detach(|| {
             let run = || -> Result<Vec<Code>, ErrorCode> {
-                let cfg = cfg.for_batch(keys.len())?;
+                let cfg = &cfg.for_subset(all, keys)?;
                 let _budget = if budgeted {
                     Some(s.budget().reserve(total)?)
                 } else {
@@ -263,7 +298,7 @@ impl PyStore {
         if let Err(e) = cfg.for_batch(n) {
             return vec![e.code(); n];
         }
-        let r = self.put_many(py, &ks, &ps, &cfg, upsert, false);
+        let r = self.put_many(py, &keys, &ks, &ps, &cfg, upsert, false);
         for (i, r) in idx.into_iter().zip(r) {
             out[i] = r;
         }
@@ -346,7 +381,7 @@ impl PyStore {
             // SAFETY: the caller-memory contract (module doc) holds every source for this
             // call, which the objects do not outlive.
             |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| vec![sl]),
-            |ks, ps| self.put_many(py, ks, ps, &Cfg::of(None), upsert, false),
+            |ks, ps| self.put_many(py, ks, ks, ps, &Cfg::of(None), upsert, false),
         )
     }
 }
@@ -597,7 +632,7 @@ impl PyStore {
             .iter()
             .map(|ps| ps.iter().map(Pinned::as_slice).collect())
             .collect();
-        Ok(self.put_many(py, &keys, &parts, &Cfg::of(config), upsert, true))
+        Ok(self.put_many(py, &keys, &keys, &parts, &Cfg::of(config), upsert, true))
     }
 
     /// The object's bytes; `b""` on a miss or any error.
@@ -1008,7 +1043,7 @@ impl PyStore {
                 .collect()
         };
         put_accepted(&keys, parts, |ks, ps| {
-            self.put_many(py, ks, ps, &cfg, false, false)
+            self.put_many(py, &keys, ks, ps, &cfg, false, false)
         })
     }
 
@@ -1318,7 +1353,7 @@ impl PyStore {
         }
         let pinned = pin_all(values.as_any(), false)?;
         let parts: Vec<Vec<&[u8]>> = pinned.iter().map(|p| vec![p.as_slice()]).collect();
-        let r = self.put_many(py, &keys, &parts, &Cfg::of(config), upsert, true);
+        let r = self.put_many(py, &keys, &keys, &parts, &Cfg::of(config), upsert, true);
         Ok(r.into_iter().find(|c| *c != 0).unwrap_or(0))
     }
 

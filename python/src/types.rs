@@ -148,6 +148,7 @@ impl PyReplicateConfig {
             preferred_segment: self.preferred_segment.clone(),
             prefer_alloc_in_same_node: self.prefer_alloc_in_same_node,
             data_type: self.data_type.into(),
+            group_ids: self.group_ids.clone().unwrap_or_default(),
         })
     }
 }

@@ -18,8 +18,9 @@
 use protocol::wire::{DecodeError, Reader, Wire};
 use protocol::{wire_struct, ReplicateConfig};
 
-/// Version in `Hello`; a server refuses any other.
-pub const WIRE_VERSION: u32 = 1;
+/// Version in `Hello`; a server refuses any other (2 since `ReplicateConfig` carries
+/// `group_ids`).
+pub const WIRE_VERSION: u32 = 2;
 /// Largest frame payload either side accepts.
 pub const FRAME_MAX_BYTES: usize = protocol::limits::FRAME_PAYLOAD_MAX_BYTES;
 

@@ -323,7 +323,14 @@ fn put_start(
         if cfg.prefer_alloc_in_same_node {
             return Err(ErrorCode::InvalidParams);
         }
-        let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
+        // A single put names one group or none (upstream refuses an empty list too; the
+        // wire cannot tell it from none, so the client refuses it).
+        let group = match cfg.group_ids.as_slice() {
+            [] => None,
+            [g] => Some(g.as_str()),
+            _ => return Err(ErrorCode::InvalidParams),
+        };
+        let (obj, segs) = st.put_start(m, now, client, key, size, cfg, group, upsert)?;
         encode_started(o, obj, segs, now, upsert);
         Ok(())
     })
@@ -364,8 +371,9 @@ fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> b
 }
 
 /// Batch PutStart / UpsertStart: one `Result` of the single form's answer per key. Mismatched
-/// `keys`/`sizes` lengths, or `prefer_alloc_in_same_node` with more than one replica, fail
-/// every item with `INVALID_PARAMS`.
+/// `keys`/`sizes` lengths, `group_ids` neither empty nor one per key, or
+/// `prefer_alloc_in_same_node` with more than one replica, fail every item with
+/// `INVALID_PARAMS`.
 #[allow(clippy::too_many_arguments)]
 fn batch_put_start(
     st: &mut State,
@@ -387,16 +395,21 @@ fn batch_put_start(
     0i32.encode(out);
     (n as u32).encode(out);
     let mut failed = 0u64;
-    if keys.len() != sizes.len() || (cfg.prefer_alloc_in_same_node && cfg.replica_num != 1) {
+    let grouped = !cfg.group_ids.is_empty();
+    if keys.len() != sizes.len()
+        || (cfg.prefer_alloc_in_same_node && cfg.replica_num != 1)
+        || (grouped && cfg.group_ids.len() != n)
+    {
         for _ in 0..n {
             ErrorCode::InvalidParams.encode(out);
         }
         m.batch(op, n as u64, n as u64);
         return;
     }
-    for (key, size) in keys.into_iter().zip(sizes) {
+    for (i, (key, size)) in keys.into_iter().zip(sizes).enumerate() {
+        let group = cfg.group_ids.get(i).map(String::as_str);
         let ok = reply(out, |o| {
-            let (obj, segs) = st.put_start(m, now, client, key, size, cfg, upsert)?;
+            let (obj, segs) = st.put_start(m, now, client, key, size, cfg, group, upsert)?;
             encode_started(o, obj, segs, now, upsert);
             Ok(())
         });

@@ -113,8 +113,8 @@ impl State {
             if obj.hard_pin || !obj.is_complete() {
                 continue;
             }
-            if obj.read_lease_until > now {
-                retry_at = retry_at.min(obj.read_lease_until);
+            if obj.read_leased_until() > now {
+                retry_at = retry_at.min(obj.read_leased_until());
                 continue;
             }
             let bytes = obj.replicas.iter().map(|r| r.span.len).sum();
@@ -143,7 +143,7 @@ impl State {
         let (mut keys, mut freed) = (0u64, 0u64);
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if obj.hard_pin || !obj.is_complete() || obj.read_lease_until > now {
+            if obj.hard_pin || !obj.is_complete() || obj.read_leased_until() > now {
                 return true;
             }
             let evict = if obj.soft_pinned(now) {

@@ -153,6 +153,8 @@ pub(crate) struct Zombie {
 pub(crate) struct State {
     pub cfg: ServiceConfig,
     pub objects: FastMap<String, Object>,
+    /// Lease groups by name (`object.rs`, "Lease groups").
+    pub groups: object::Groups,
     pub segs: Segments,
     pub clients: FastMap<Uuid, Client>,
     pub zombies: Vec<Zombie>,
@@ -201,6 +203,7 @@ impl State {
         State {
             cfg,
             objects: FastMap::default(),
+            groups: Default::default(),
             segs: Segments::default(),
             clients: FastMap::default(),
             zombies: Vec::new(),

@@ -21,6 +21,16 @@
 //! *and* eviction. `probe_lease_until` is granted by `ExistKey`: it blocks a non-forced
 //! remove only (see `evict.rs` for why).
 //!
+//! Lease groups (upstream's `group_ids`). A key may belong to one group of its tenant, set
+//! by its put (or an upsert that creates it). A lease granted on a grouped key is granted to
+//! the group's members at that moment ([`GroupLease`], shared by them: it counts its grants,
+//! and a member is covered by the grants after it joined), so it blocks a non-forced remove
+//! (and, for a read lease, eviction) of each: a key that joins later is not covered by it,
+//! as upstream refreshes the members it has when it grants. An upsert may not move a key to
+//! another group, nor into one (`INVALID_PARAMS`, as upstream); an upsert without groups
+//! keeps the key's. Groups are soft state: a master rebuilt from the owners' catalogs (HA)
+//! forgets them, as it forgets leases.
+//!
 //! Read windows. A reader may use a replica list for the window the list carries in
 //! `lease_ttl_ms`, counted by the client from before it asked; a read that ends later fails
 //! with `LEASE_EXPIRED` (the client looks up again). Buffers a forced remove, an upsert or a
@@ -32,6 +42,8 @@
 //! out of space (`docs/eviction.md`, "Read windows").
 //!
 use std::collections::hash_map::Entry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use protocol::limits::KEY_MAX_BYTES;
 use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid, Version};
@@ -87,6 +99,73 @@ pub(crate) fn read_window_ms(ttl_ms: u64, short: bool, size: u64) -> u64 {
     ttl_ms.min(SHORT_READ_WINDOW_BASE_MS.saturating_add(size / SHORT_READ_WINDOW_BYTES_PER_MS))
 }
 
+/// The leases of one lease group, shared by its members (module docs). Leases all have the
+/// same ttl, so the newest grant of a kind always ends last: a member that joined before it
+/// is leased until `*_until`.
+#[derive(Debug, Default)]
+pub(crate) struct GroupLease {
+    /// The group's scoped name (tenant and group, `protocol::tenant::scoped_key`).
+    pub name: String,
+    read_until: AtomicU64,
+    /// Read leases granted so far.
+    read_grants: AtomicU64,
+    probe_until: AtomicU64,
+    probe_grants: AtomicU64,
+}
+
+impl GroupLease {
+    fn grant(until: &AtomicU64, grants: &AtomicU64, to: u64) {
+        until.fetch_max(to, Ordering::Relaxed);
+        grants.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An object's place in its lease group: the group, and how many grants of each kind it had
+/// seen when the object joined (those do not cover it).
+#[derive(Clone, Debug)]
+pub(crate) struct GroupMember {
+    pub lease: Arc<GroupLease>,
+    read_seen: u64,
+    probe_seen: u64,
+}
+
+impl GroupMember {
+    fn join(lease: Arc<GroupLease>) -> GroupMember {
+        let read_seen = lease.read_grants.load(Ordering::Relaxed);
+        let probe_seen = lease.probe_grants.load(Ordering::Relaxed);
+        GroupMember {
+            lease,
+            read_seen,
+            probe_seen,
+        }
+    }
+
+    /// Until when a read lease granted to the group since this member joined runs (0: none).
+    fn read_until(&self) -> u64 {
+        let l = &self.lease;
+        if l.read_grants.load(Ordering::Relaxed) > self.read_seen {
+            l.read_until.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    /// As [`GroupMember::read_until`], for probe leases.
+    fn probe_until(&self) -> u64 {
+        let l = &self.lease;
+        if l.probe_grants.load(Ordering::Relaxed) > self.probe_seen {
+            l.probe_until.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+}
+
+/// The group of `key`'s tenant named `group`, as kept in [`Object::group`].
+pub(crate) fn group_name(key: &str, group: &str) -> String {
+    protocol::tenant::scoped_key(protocol::tenant::split_scoped(key).0, group)
+}
+
 pub(crate) struct Object {
     pub size: u64,
     /// The version of the write these replicas hold (`tombstones.rs`).
@@ -103,6 +182,8 @@ pub(crate) struct Object {
     pub last_read_ms: u64,
     pub soft_pin: SoftPin,
     pub hard_pin: bool,
+    /// Its lease group, if any (module docs).
+    pub group: Option<GroupMember>,
 }
 
 impl Object {
@@ -124,9 +205,21 @@ impl Object {
             .all(|r| r.status == ReplicaStatus::Processing)
     }
 
-    /// Any lease that blocks a non-forced remove.
+    /// Any lease that blocks a non-forced remove (its own or its group's).
     pub fn remove_blocked(&self, now: u64) -> bool {
-        self.read_lease_until > now || self.probe_lease_until > now
+        self.read_leased_until() > now
+            || self.probe_lease_until > now
+            || self.group.as_ref().is_some_and(|g| g.probe_until() > now)
+    }
+
+    /// Until when a read lease (its own or its group's) blocks eviction and remove.
+    pub fn read_leased_until(&self) -> u64 {
+        let g = self.group.as_ref().map_or(0, GroupMember::read_until);
+        self.read_lease_until.max(g)
+    }
+
+    fn group_is(&self, name: Option<&str>) -> bool {
+        self.group.as_ref().map(|g| g.lease.name.as_str()) == name
     }
 
     /// Until when a reader may still be reading the replicas.
@@ -212,17 +305,26 @@ impl State {
         key: String,
         size: u64,
         cfg: &ReplicateConfig,
+        group: Option<&str>,
         upsert: bool,
     ) -> Result<Found<'_>, ErrorCode> {
         check_key(&key)?;
         check_put(cfg, size)?;
+        let group = group.filter(|g| !g.is_empty()).map(|g| group_name(&key, g));
         // Taken first (a refused put leaves a gap, which is harmless: versions only need to
         // grow), so that both the in-place and the new-buffer path use it.
         let version = self.next_version();
         let mut pin_now = SoftPin::None;
+        let mut group_now = None;
         if let Some(obj) = self.objects.get_mut(&key) {
             pin_now = obj.soft_pin;
             if upsert {
+                // A key stays in its group (or out of any): an upsert naming another is
+                // refused; one naming none keeps the key's.
+                if group.is_some() && !obj.group_is(group.as_deref()) {
+                    return Err(ErrorCode::InvalidParams);
+                }
+                group_now = obj.group.clone();
                 // Reuse the buffers in place only when nobody may touch them: not while a
                 // put is in flight (its writer may still be writing when this upsert has
                 // completed, and then a remove or eviction could hand the buffers to another
@@ -282,6 +384,10 @@ impl State {
         )?;
         let replicas = self.place(m, now, size, cfg)?;
         self.note_inflight(now);
+        let group = match group_now {
+            Some(member) => Some(member),
+            None => group.map(|name| GroupMember::join(self.groups.join(name))),
+        };
         let obj = Object {
             size,
             version,
@@ -294,6 +400,7 @@ impl State {
             last_read_ms: now,
             soft_pin,
             hard_pin: cfg.with_hard_pin,
+            group,
         };
         let obj: &Object = match self.objects.entry(key) {
             Entry::Vacant(v) => v.insert(obj),
@@ -453,6 +560,10 @@ impl State {
         }
         if lease {
             obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
+            if let Some(g) = &obj.group {
+                let l = &g.lease;
+                GroupLease::grant(&l.read_until, &l.read_grants, now.saturating_add(ttl));
+            }
             let window = read_window_ms(ttl, short, obj.size);
             obj.read_window_until = obj.read_window_until.max(now.saturating_add(window));
             obj.last_read_ms = now;
@@ -468,6 +579,10 @@ impl State {
         match self.objects.get_mut(key) {
             Some(obj) if obj.has_complete() => {
                 obj.probe_lease_until = obj.probe_lease_until.max(now.saturating_add(ttl));
+                if let Some(g) = &obj.group {
+                    let l = &g.lease;
+                    GroupLease::grant(&l.probe_until, &l.probe_grants, now.saturating_add(ttl));
+                }
                 Ok(true)
             }
             _ => Ok(false),
@@ -602,5 +717,33 @@ impl State {
             Metrics::inc(&m.put_start_discards);
             false
         });
+    }
+}
+
+/// The live lease groups by scoped name. Members hold the [`GroupLease`]; the registry only
+/// finds it for a new member, and forgets names whose members are all gone.
+#[derive(Default)]
+pub(crate) struct Groups {
+    by_name: std::collections::HashMap<String, Weak<GroupLease>>,
+    /// Size after the last sweep; the next sweep runs at twice it.
+    swept_at: usize,
+}
+
+impl Groups {
+    /// The group `name`, made if no live member holds it.
+    pub fn join(&mut self, name: String) -> Arc<GroupLease> {
+        if let Some(g) = self.by_name.get(&name).and_then(Weak::upgrade) {
+            return g;
+        }
+        let g = Arc::new(GroupLease {
+            name: name.clone(),
+            ..GroupLease::default()
+        });
+        self.by_name.insert(name, Arc::downgrade(&g));
+        if self.by_name.len() > 2 * self.swept_at + 64 {
+            self.by_name.retain(|_, w| w.strong_count() > 0);
+            self.swept_at = self.by_name.len();
+        }
+        g
     }
 }

@@ -357,6 +357,7 @@ impl State {
                         last_read_ms: now,
                         soft_pin,
                         hard_pin: h.with_hard_pin,
+                        group: None,
                     },
                 );
             }

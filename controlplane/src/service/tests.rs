@@ -2568,3 +2568,125 @@ fn replica_clear_of_one_segment_keeps_the_other_replicas_and_leaves_no_tombstone
     assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
     assert_eq!(t.used(), 0);
 }
+
+// ---- Lease groups (`group_ids`) ------------------------------------------------------------
+
+fn grouped(g: &str) -> ReplicateConfig {
+    ReplicateConfig {
+        group_ids: vec![g.into()],
+        ..Default::default()
+    }
+}
+
+/// A lease on a grouped key covers every key of its group at that moment (read and probe
+/// leases), not a key that joins later; other groups, ungrouped keys and `""` are not
+/// covered.
+/// Behaviour observed on upstream's 0.3.13 wheel (`python/tests/test_dropin_groups.py`).
+#[test]
+fn a_lease_on_a_grouped_key_covers_its_group() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.put_cfg("a", 100, grouped("g"));
+    t.put_cfg("b", 100, grouped("g"));
+    t.put_cfg("c", 100, grouped("h"));
+    t.put("d", 100);
+    t.get("a").unwrap();
+    assert_eq!(
+        t.remove("b", false),
+        Err(ErrorCode::ObjectHasLease),
+        "same group"
+    );
+    assert_eq!(t.remove("c", false), Ok(()), "another group");
+    assert_eq!(t.remove("d", false), Ok(()), "no group");
+    t.put_cfg("e", 100, grouped("g"));
+    assert_eq!(
+        t.remove("e", false),
+        Ok(()),
+        "a key that joined after the read"
+    );
+    t.put_cfg("e", 100, grouped("g"));
+    t.get("b").unwrap();
+    assert_eq!(
+        t.remove("e", false),
+        Err(ErrorCode::ObjectHasLease),
+        "the next read covers it"
+    );
+    t.advance(500);
+    assert_eq!(t.remove("b", false), Ok(()), "the lease ended");
+    t.put_cfg("f", 100, grouped("g"));
+    assert!(t.exist("a"));
+    assert_eq!(
+        t.remove("f", false),
+        Err(ErrorCode::ObjectHasLease),
+        "a probe lease"
+    );
+    assert_eq!(t.remove("f", true), Ok(()), "force ignores it");
+    t.put_cfg("x", 100, grouped(""));
+    t.put_cfg("y", 100, grouped(""));
+    t.advance(500);
+    t.get("x").unwrap();
+    assert_eq!(t.remove("y", false), Ok(()), "\"\" is no group");
+}
+
+/// `group_ids` names one group per key (one for a single put), else `INVALID_PARAMS`; an
+/// upsert may not move a key into, out of or across groups, and one without groups keeps
+/// the key's (also when it reallocates).
+#[test]
+fn group_ids_fit_the_keys_and_upserts_keep_a_keys_group() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    let two = ReplicateConfig {
+        group_ids: vec!["g".into(), "h".into()],
+        ..Default::default()
+    };
+    assert_eq!(
+        t.start_with(C1, "k", 10, two.clone()).err(),
+        Some(ErrorCode::InvalidParams)
+    );
+    let batch = |keys: &[&str], config: ReplicateConfig| {
+        t.call(
+            Request::BatchPutStart,
+            BatchPutStart {
+                client_id: C1,
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                sizes: vec![10; keys.len()],
+                config,
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        batch(&["p", "q"], grouped("g")),
+        vec![Err(ErrorCode::InvalidParams); 2]
+    );
+    assert!(batch(&["p", "q"], two).iter().all(Result::is_ok));
+    t.end(C1, "p").unwrap();
+    t.end(C1, "q").unwrap();
+    t.get("q").unwrap();
+    assert_eq!(
+        t.remove("p", false),
+        Ok(()),
+        "p and q are in different groups"
+    );
+
+    t.put_cfg("a", 100, grouped("g"));
+    t.put_cfg("b", 100, grouped("g"));
+    t.put("u", 100);
+    let up = |key: &str, size: u64, config: ReplicateConfig| {
+        let r = upsert_cfg(&t, C1, key, size, config).map(|_| ());
+        if r.is_ok() {
+            t.end(C1, key).unwrap();
+        }
+        r
+    };
+    assert_eq!(up("a", 100, grouped("h")), Err(ErrorCode::InvalidParams));
+    assert_eq!(up("u", 100, grouped("g")), Err(ErrorCode::InvalidParams));
+    assert_eq!(up("a", 100, grouped("g")), Ok(()), "same group");
+    assert_eq!(up("a", 200, ReplicateConfig::default()), Ok(()), "keeps g");
+    t.get("b").unwrap();
+    assert_eq!(
+        t.remove("a", false),
+        Err(ErrorCode::ObjectHasLease),
+        "a is still in g after a reallocating upsert without groups"
+    );
+}
