@@ -34,8 +34,8 @@
 //!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
 //!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
 //! - `MC_FORCE_TCP`: accepted; TCP is the only transport, so every protocol (`"tcp"`, `"rdma"`)
-//!   already runs over TCP. `MC_LOG_LEVEL` / `MC_YLT_LOG_LEVEL` set the log filter of the Python
-//!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
+//!   already runs over TCP. `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
+//!   the Python module and the programs (`protocol::log`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!
 //! Put and get *sessions* (`session`) reserve objects or cache replica lists across several
