@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use client::store::{Lookup, ObjectRead, Reservation};
+use client::store::{Lookup, ObjectRead, Reservation, StoreError};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
 use protocol::tensor::TensorMetadata;
@@ -33,13 +33,28 @@ use crate::pybuf::{self, Fresh, Pinned};
 use crate::setup_args::{self, Setup};
 use crate::types::{PyReplicaDescriptor, PyReplicateConfig};
 
-type Code = Result<(), ErrorCode>;
-
-fn rc(r: Code) -> i32 {
+/// The number Python gets for a store result: 0, or the failure's code after [`failed`] logged
+/// it.
+fn rc(r: Result<(), impl Into<StoreError>>) -> i32 {
     match r {
         Ok(()) => 0,
-        Err(e) => e.code(),
+        Err(e) => failed(e.into()),
     }
+}
+
+/// The code of `e`, after logging why it happened, so a `-800` in Python has its reason on
+/// stderr: an error line, as upstream logs a failed put or remove, except for a missing key
+/// (debug: a get or lookup of one is how callers test for it). A bare code from a path that
+/// gives no cause yet is not logged, since the line would say no more than the number.
+fn failed(e: StoreError) -> i32 {
+    if !e.cause.is_empty() {
+        if e.is_miss() {
+            tracing::debug!("{e}");
+        } else {
+            tracing::error!("{e}");
+        }
+    }
+    e.code.code()
 }
 
 fn rc_i64(r: Result<u64, ErrorCode>) -> i64 {
@@ -182,7 +197,12 @@ impl PyStore {
         let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
         rc(py.detach(|| {
             let cfg = cfg.single()?;
-            let _budget = s.budget().reserve(size)?;
+            let _budget = s.budget().reserve(size).map_err(|e| {
+                StoreError::from(e).context(format_args!(
+                    "put {key}: {size} bytes do not fit in the free local buffer ({} in all)",
+                    s.budget().capacity()
+                ))
+            })?;
             s.put_parts(key, &slices, cfg, upsert)
         }))
     }
@@ -208,7 +228,7 @@ impl PyStore {
         }
         let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
         py.detach(|| {
-            let run = || -> Result<Vec<Code>, ErrorCode> {
+            let run = || -> Result<Vec<Result<(), StoreError>>, ErrorCode> {
                 let cfg = cfg.for_batch(keys.len())?;
                 let _budget = if budgeted {
                     Some(s.budget().reserve(total)?)

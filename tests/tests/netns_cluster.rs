@@ -281,6 +281,7 @@ impl RemoteClient {
                 ..ReplicateConfig::default()
             };
             s.put(&key, &value(&key), &cfg, false)
+                .map_err(ErrorCode::from)
         })
     }
 
