@@ -343,19 +343,23 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// The active set of ranks as a bit mask (bit `r` = rank `r`).
     fn active(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().active())
     }
 
+    /// Replaces the active set (bit mask); the epoch goes up when it changes.
     fn set_active(&self, mask: u64) -> PyResult<()> {
         self.comm()?.shared().set_active(mask);
         Ok(())
     }
 
+    /// The epoch: one more for every change of the active set.
     fn epoch(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().epoch())
     }
 
+    /// Whether rank `rank`'s process is alive (always true for this rank).
     fn alive(&self, rank: usize) -> PyResult<bool> {
         self.check_rank("peer", rank)?;
         Ok(self.comm()?.shared().alive(rank))
@@ -378,10 +382,13 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// The ranks that failed since the last call (bit mask), and clears them.
     fn take_failures(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().take_failures())
     }
 
+    /// Queues an all-reduce of `bytes` bytes at `buf` in place (dtype `dt`, reduce op `op`);
+    /// the `PgWork` to wait on.
     fn all_reduce(&self, buf: usize, bytes: usize, dt: u32, op: u32) -> PyResult<PyPgWork> {
         self.submit(CollOp::AllReduce {
             buf,
@@ -391,6 +398,7 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a broadcast of `bytes` bytes at `buf` from rank `root`; the `PgWork` to wait on.
     fn broadcast(&self, buf: usize, bytes: usize, dt: u32, root: usize) -> PyResult<PyPgWork> {
         self.check_rank("root", root)?;
         self.submit(CollOp::Broadcast {
@@ -401,6 +409,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues an all-gather of `bytes` bytes at `input` into `outs` (one address per rank);
+    /// the `PgWork` to wait on.
     fn all_gather(
         &self,
         input: usize,
@@ -417,6 +427,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues an all-to-all of `bytes` bytes per rank from `ins` to `outs` (one address per
+    /// rank each); the `PgWork` to wait on.
     fn all_to_all(
         &self,
         ins: Vec<usize>,
@@ -434,6 +446,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a reduce-scatter of `ins` (one address per rank) into `out` (op `op`); the
+    /// `PgWork` to wait on.
     fn reduce_scatter(
         &self,
         ins: Vec<usize>,
@@ -452,6 +466,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a reduce of `bytes` bytes at `buf` onto rank `root` (op `op`); the `PgWork` to
+    /// wait on.
     fn reduce(
         &self,
         buf: usize,
@@ -470,6 +486,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a gather of `bytes` bytes at `input` into `outs` on rank `root`; the `PgWork`
+    /// to wait on.
     fn gather(
         &self,
         input: usize,
@@ -491,6 +509,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a scatter from `ins` on rank `root` into `out` on every rank; the `PgWork` to
+    /// wait on.
     fn scatter(
         &self,
         ins: Vec<usize>,
@@ -512,6 +532,7 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a barrier of the active ranks; the `PgWork` to wait on.
     fn barrier(&self) -> PyResult<PyPgWork> {
         self.submit(CollOp::Barrier)
     }

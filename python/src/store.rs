@@ -442,6 +442,8 @@ fn list_of_values<'py>(values: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList
 
 #[pymethods]
 impl PyStore {
+    /// An unconnected store; `setup` or `init_all` connects it (arguments are ignored, as
+    /// upstream).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
@@ -514,6 +516,7 @@ impl PyStore {
         }
     }
 
+    /// The `host:port` this client is known by (its segment's name); `""` before `setup`.
     #[pyo3(signature = (/))]
     fn get_hostname(&self) -> String {
         self.store()
@@ -523,6 +526,8 @@ impl PyStore {
 
     // ---- bytes ---------------------------------------------------------------------------
 
+    /// Stores `value` (bytes-like) under `key`; an existing key is success and stays unchanged.
+    /// 0, or a negative error code (`ErrorCode`); the reason of a failure is logged.
     #[pyo3(signature = (key, value, config=None))]
     fn put(
         &self,
@@ -535,6 +540,7 @@ impl PyStore {
         Ok(self.put_one(py, key, std::slice::from_ref(&v), config, false))
     }
 
+    /// Like `put`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, value, config=None))]
     fn upsert(
         &self,
@@ -547,6 +553,8 @@ impl PyStore {
         Ok(self.put_one(py, key, std::slice::from_ref(&v), config, true))
     }
 
+    /// Stores the concatenation of `parts` (bytes-like) under `key`, without joining them
+    /// first. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn put_parts(
         &self,
@@ -559,6 +567,7 @@ impl PyStore {
         Ok(self.put_one(py, key, &pinned, config, false))
     }
 
+    /// Like `put_parts`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn upsert_parts(
         &self,
@@ -583,6 +592,7 @@ impl PyStore {
         self.put_batch_impl(py, keys, values, config, false)
     }
 
+    /// Like `put_batch`, but overwrites existing keys. 0, or the first failure's code.
     #[pyo3(signature = (keys, values, config=None))]
     fn upsert_batch(
         &self,
@@ -661,6 +671,7 @@ impl PyStore {
         read_whole(py, &s, key, crate::new_buffer_handle)
     }
 
+    /// A `BufferHandle` per key, `None` for a key that is missing or failed.
     #[pyo3(signature = (keys, /))]
     fn batch_get_buffer<'py>(
         &self,
@@ -676,6 +687,7 @@ impl PyStore {
         self.read_many(py, &s, &keys, crate::new_buffer_handle)
     }
 
+    /// The object's size in bytes, or a negative error code (`-704` for a missing key).
     #[pyo3(signature = (key, /))]
     fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
         match self.store() {
@@ -697,6 +709,7 @@ impl PyStore {
         }
     }
 
+    /// Per key: 1 exists, 0 not, or a negative error code.
     #[pyo3(signature = (keys))]
     fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -714,6 +727,8 @@ impl PyStore {
         })
     }
 
+    /// Removes `key` (`force` also removes it while a reader holds a lease). 0, or a negative
+    /// error code (`-706` while leased).
     #[pyo3(signature = (key, force=false))]
     fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
         match self.store() {
@@ -731,6 +746,7 @@ impl PyStore {
         }
     }
 
+    /// Removes every object; the number removed, or a negative error code.
     #[pyo3(signature = (force=false))]
     fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
         match self.store() {
@@ -739,6 +755,7 @@ impl PyStore {
         }
     }
 
+    /// Removes each key as `remove` does; 0 or a negative error code per key.
     #[pyo3(signature = (keys, force=false))]
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -747,6 +764,7 @@ impl PyStore {
         py.detach(|| s.batch_remove(&keys, force).into_iter().map(rc).collect())
     }
 
+    /// The `ReplicaDescriptor`s of `key`; `[]` when it is missing or not set up.
     #[pyo3(signature = (key))]
     fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<PyReplicaDescriptor> {
         let Some(s) = self.store() else {
@@ -877,6 +895,7 @@ impl PyStore {
         self.store().map(|s| s.cluster_id().to_string())
     }
 
+    /// Upstream's count of reads served from offloaded storage; always 0 (no offload here).
     #[pyo3(signature = ())]
     fn get_offload_rpc_read_count(&self) -> i64 {
         0
@@ -896,6 +915,8 @@ impl PyStore {
         }
     }
 
+    /// Forgets a range registered with `register_buffer` (by its start). 0, or a negative
+    /// error code.
     #[pyo3(signature = (buffer_ptr))]
     fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
         match self.store() {
@@ -904,6 +925,8 @@ impl PyStore {
         }
     }
 
+    /// Stores `size` bytes at `buffer_ptr` under `key`, with no copy through Python. The
+    /// memory must stay valid for the call. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn put_from(
         &self,
@@ -916,6 +939,7 @@ impl PyStore {
         self.put_from_impl(py, key, buffer_ptr, size, config, false)
     }
 
+    /// Like `put_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn upsert_from(
         &self,
@@ -966,6 +990,7 @@ impl PyStore {
         -rc(r)
     }
 
+    /// `put_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_put_from(
         &self,
@@ -978,6 +1003,7 @@ impl PyStore {
         self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
     }
 
+    /// `upsert_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_upsert_from(
         &self,
@@ -1042,6 +1068,8 @@ impl PyStore {
         }
     }
 
+    /// Reads each key into its buffer (`buffer_ptrs[i]`, `sizes[i]` bytes); per key the
+    /// bytes read or a negative error code.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_get_into(
         &self,
@@ -1205,6 +1233,8 @@ impl PyStore {
         py.detach(|| s.put_session_end(&keys).into_iter().map(rc).collect())
     }
 
+    /// Gives back the reservations of `batch_put_session_start`; 0 or a negative error
+    /// code per key (`-600` for a key without a session).
     #[pyo3(signature = (keys))]
     fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -1264,11 +1294,13 @@ impl PyStore {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
     }
 
+    /// Like `put_tensor_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size))]
     fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
     }
 
+    /// `put_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_put_tensor_from(
         &self,
@@ -1280,6 +1312,7 @@ impl PyStore {
         self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
     }
 
+    /// `upsert_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_upsert_tensor_from(
         &self,
