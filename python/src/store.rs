@@ -107,8 +107,9 @@ struct Located<'s> {
 }
 
 /// Reads `key` whole into a new Python object that `make` creates for its size; `None` on a
-/// miss or any error. Once more with a fresh lookup when the first read ended after its
-/// window (`LEASE_EXPIRED`: the bytes may not be the object's).
+/// miss or any error (a failure's cause logged, see [`failed`]). Once more with a fresh lookup
+/// when the first read ended after its window (`LEASE_EXPIRED`: the bytes may not be the
+/// object's).
 fn read_whole<'py, T>(
     py: Python<'py>,
     s: &Store,
@@ -116,8 +117,12 @@ fn read_whole<'py, T>(
     make: impl Fn(Python<'py>, usize) -> PyResult<(T, Fresh)>,
 ) -> PyResult<Option<T>> {
     for _ in 0..2 {
-        let Ok(loc) = py.detach(|| locate(s, key)) else {
-            return Ok(None);
+        let loc = match py.detach(|| locate(s, key)) {
+            Ok(loc) => loc,
+            Err(e) => {
+                failed(e);
+                return Ok(None);
+            }
         };
         let (obj, fresh) = make(py, usize_of(loc.size)?)?;
         // SAFETY: `obj` (alive until after the read) is the only reference to the new object,
@@ -125,17 +130,30 @@ fn read_whole<'py, T>(
         let dst = unsafe { fresh.into_slice() };
         match py.detach(|| s.read_from(&loc.list, 0, dst)) {
             Ok(()) => return Ok(Some(obj)),
-            Err(ErrorCode::LeaseExpired) => continue,
-            Err(_) => return Ok(None),
+            Err(e) if e.code == ErrorCode::LeaseExpired => continue,
+            Err(e) => {
+                failed(e.context(format_args!("get {key}")));
+                return Ok(None);
+            }
         }
     }
     Ok(None)
 }
 
-fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, ErrorCode> {
+fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, StoreError> {
     let list = s.replicas(key)?;
-    let size = list.object_size()?;
-    let budget = s.budget().reserve(size)?;
+    let size = list
+        .object_size()
+        .map_err(|e| StoreError::new(e, format!("lookup of {key}: no replica")))?;
+    let budget = s.budget().reserve(size).map_err(|e| {
+        StoreError::new(
+            e,
+            format!(
+                "get {key}: {size} bytes do not fit in the free local buffer ({} in all)",
+                s.budget().capacity()
+            ),
+        )
+    })?;
     Ok(Located {
         list,
         size,

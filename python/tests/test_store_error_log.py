@@ -7,7 +7,7 @@ from conftest import MIB, Master, make_store
 from mooncake.error_codes import ErrorCode
 
 
-def test_a_failed_put_logs_its_reason(capfd):
+def test_failed_calls_log_their_reason(capfd):
     # Its own master, so that no other test's segment can take the object.
     m = Master()
     try:
@@ -23,7 +23,13 @@ def test_a_failed_put_logs_its_reason(capfd):
             assert s.get("missing-key") == b""
             assert s.is_exist("missing-key") == 0
             assert "missing-key" not in capfd.readouterr().err
+
+            # With the master gone, a get says which master it could not ask.
+            assert m.stop() == 0
+            assert s.get("after-master") == b""
+            err = capfd.readouterr().err
+            assert f"lookup of after-master: master {m.addr}" in err, err
         finally:
             s.close()
     finally:
-        assert m.stop() == 0
+        m.stop()

@@ -258,11 +258,11 @@ fn a_get_session_never_reads_a_list_past_its_window() {
     a.get_session_end(&keys);
 }
 
-/// A failed put carries its reason beside the code (`client::store::StoreError`): what the
-/// master was asked to place, and the master's address once it is gone. The Python binding
-/// logs exactly this text.
+/// A failed put or lookup carries its reason beside the code (`client::store::StoreError`):
+/// what the master was asked to place, and the master's address once it is gone. The Python
+/// binding logs exactly this text.
 #[test]
-fn failed_puts_say_why() {
+fn failed_calls_say_why() {
     let mut m = Master::start(&[]);
     let s = store(&m, 16, 64);
     let cfg = ReplicateConfig::default();
@@ -284,5 +284,8 @@ fn failed_puts_say_why() {
         .expect_err("no master to ask");
     assert!(e.code != ErrorCode::InvalidParams, "{e}");
     assert!(e.cause.contains("put after-master"), "{e}");
+    assert!(e.cause.contains(&addr), "the cause names the master: {e}");
+    let e = s.replicas("after-master").expect_err("no master to ask");
+    assert!(e.cause.contains("lookup of after-master"), "{e}");
     assert!(e.cause.contains(&addr), "the cause names the master: {e}");
 }

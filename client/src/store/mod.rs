@@ -564,12 +564,15 @@ impl Store {
     // ---- gets ---------------------------------------------------------------------------
 
     /// The replica list of `key` (grants a read lease) and the window to read it in.
-    pub fn replicas(&self, key: &str) -> Result<Lookup, ErrorCode> {
-        self.check_open()?;
+    pub fn replicas(&self, key: &str) -> Result<Lookup, StoreError> {
+        let lookup = |e: StoreError| e.context(format_args!("lookup of {key}"));
+        self.check_open().map_err(lookup)?;
         let asked_at = Instant::now();
-        let list = self.ask(self.master.call(&GetReplicaList {
-            key: key.to_string(),
-        }))?;
+        let list = self
+            .ask(self.master.call(&GetReplicaList {
+                key: key.to_string(),
+            }))
+            .map_err(lookup)?;
         Ok(Lookup::new(list, asked_at))
     }
 
@@ -586,16 +589,19 @@ impl Store {
     /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
     /// replica first and then the others; fails with `LEASE_EXPIRED` if the read did not end
     /// inside the list's window ([`Lookup`]).
-    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), ErrorCode> {
-        list.check()?;
+    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        let late = |e: ErrorCode| {
+            StoreError::new(e, "the read did not end inside the lookup's lease window")
+        };
+        list.check().map_err(late)?;
         let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().collect();
         order.sort_by_key(|r| !self.own_endpoint_is(&r.transport_endpoint));
-        let mut last = ErrorCode::InvalidReplica;
+        let mut last = StoreError::new(ErrorCode::InvalidReplica, "the object has no replica");
         for r in order {
             match self.peers.read(r, offset, dst) {
-                Ok(()) => return list.check(),
-                Err(e) if e.code == ErrorCode::InvalidParams => return Err(e.code),
-                Err(e) => last = e.code,
+                Ok(()) => return list.check().map_err(late),
+                Err(e) if e.code == ErrorCode::InvalidParams => return Err(e),
+                Err(e) => last = e,
             }
         }
         Err(last)
@@ -636,7 +642,9 @@ impl Store {
             results[i] = match r {
                 Ok(()) => list.check(),
                 Err(e) if e.code == ErrorCode::InvalidParams => Err(e.code),
-                Err(_) if list.replicas.len() > 1 => self.read_from(list, item.offset, item.dst),
+                Err(_) if list.replicas.len() > 1 => self
+                    .read_from(list, item.offset, item.dst)
+                    .map_err(ErrorCode::from),
                 Err(e) => Err(e.code),
             };
         }
