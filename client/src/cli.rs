@@ -145,15 +145,9 @@ fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::Du
     }
 }
 
-/// [`protocol::env::log_level`] (default info), or `RUST_LOG`, picks the level; logs go
-/// to stderr so stdout keeps the machine-readable start-up lines.
+/// The shared set-up ([`protocol::log`]: `RUST_LOG`, `MC_YLT_LOG_LEVEL`, `MC_LOG_LEVEL`),
+/// default info; logs go to stderr so stdout keeps the machine-readable start-up lines.
 fn init_logging() {
-    let level = protocol::env::log_level("info");
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .try_init();
+    use protocol::log::{Ansi, Level, Writer};
+    protocol::log::init_logging(Level::Default("info"), Writer::Stderr, Ansi::IfTerminal);
 }

@@ -227,6 +227,11 @@ impl MasterClient {
         })
     }
 
+    /// The address this client was made with (`host:port`, or `etcd://...` for a leader).
+    pub fn addr(&self) -> &str {
+        &self.addr_text
+    }
+
     /// Connects now, so that a bad address is reported at set-up rather than on first use.
     pub fn connect(&self) -> Result<(), ClientError> {
         self.connection().map(|_| ())

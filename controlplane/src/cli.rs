@@ -78,15 +78,11 @@ pub fn master_main(args: Vec<String>) -> i32 {
     }
 }
 
-/// [`protocol::env::log_level`] (default info), or `RUST_LOG`, picks the level.
+/// The shared set-up ([`protocol::log`]: `RUST_LOG`, `MC_YLT_LOG_LEVEL`, `MC_LOG_LEVEL`),
+/// default info, on stdout as the master always logged.
 fn init_logging() {
-    let level = protocol::env::log_level("info");
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .try_init();
+    use protocol::log::{Ansi, Level, Writer};
+    protocol::log::init_logging(Level::Default("info"), Writer::Stdout, Ansi::IfTerminal);
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {

@@ -55,8 +55,8 @@ pub fn micros(name: &str, default: u64) -> std::time::Duration {
 /// The log filter the environment asks for, as upstream's variables spell it:
 /// `MC_YLT_LOG_LEVEL` (a level name; `critical` is `error`), else `MC_LOG_LEVEL` (`0` info,
 /// `1` warn, `2`/`3` error, or a level name or filter), else `default`. Every program and the
-/// Python module set up their logger with this (`RUST_LOG`, where a program honours it,
-/// overrides it).
+/// Python module set up their logger through `log::init_logging` (the `logging` feature),
+/// where `RUST_LOG` overrides this.
 pub fn log_level(default: &str) -> String {
     let named = |v: &str| match v.trim().to_ascii_lowercase().as_str() {
         "" => None,

@@ -13,6 +13,8 @@
 //! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
 //! - [`env`]: the one reading of boolean, size and microsecond values from flags and the
 //!   environment;
+//! - `log` (the `logging` feature): the one logging set-up of every program and the Python
+//!   module, the only part of this crate that writes anywhere;
 //! - [`auth`]: the optional cluster secret and the once-per-connection handshake that proves
 //!   it (HMAC-SHA256 challenge-response; blocking helpers over `Read + Write`).
 //!
@@ -25,6 +27,8 @@ pub mod env;
 pub mod error;
 pub mod frame;
 pub mod limits;
+#[cfg(feature = "logging")]
+pub mod log;
 pub mod message;
 pub mod tenant;
 pub mod tensor;

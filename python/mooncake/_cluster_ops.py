@@ -136,9 +136,13 @@ class ClusterOps:
         return 0
 
     def unmount_segment(self, segment_ids, grace_period_seconds=0):
+        """Unmounts the extra segments `segment_ids` (after `grace_period_seconds` for reads in
+        flight). 0, or -1 with the reason logged."""
         return self._unmount("unmount_segment", segment_ids, grace_period_seconds)
 
     def unmount_and_free_segment(self, segment_ids, grace_period_seconds=0):
+        """`unmount_segment`, then frees their memory (an allocated segment's memory always
+        goes with it here). 0, or -1 with the reason logged."""
         return self._unmount("unmount_and_free_segment", segment_ids, grace_period_seconds)
 
     def unmount_local_disk_segment(self, grace_period_seconds=0):
@@ -157,13 +161,19 @@ class ClusterOps:
         return (_NO_TASK, _NOT_SUPPORTED)
 
     def create_copy_task(self, key, targets):
+        """Upstream's replica copy task: `((0, 0), code)`; the master has no task queue here,
+        so the code is `-704` for a missing key, else `-1012` (logged)."""
         list(targets)
         return self._task("create_copy_task", key)
 
     def create_move_task(self, key, source, target):
+        """Upstream's replica move task: `((0, 0), code)` as `create_copy_task` (no task queue
+        here)."""
         return self._task("create_move_task", key)
 
     def query_task(self, task_id):
+        """`(None, -1400)` (`TASK_NOT_FOUND`): there are no replica tasks here, so no task is
+        ever found (logged)."""
         first, second = task_id
         int(first), int(second)
         log.error("QueryTask failed for task_id: %d-%d, error: %d", first, second, _TASK_NOT_FOUND)

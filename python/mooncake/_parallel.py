@@ -297,6 +297,9 @@ class ParallelMethods:
     def put_tensor_with_parallelism(
         self, key, tensor, parallelism=None, config=None, writer_partition=None
     ):
+        """Stores `tensor` as the shards its `parallelism` (a `TensorParallelism`) or
+        `writer_partition` says, plus a manifest where one is needed (module doc). 0, or a negative
+        error code."""
         return self._put_parallel_many(
             [key], [tensor], [parallelism], config, [writer_partition], False,
             "put_tensor_with_parallelism",
@@ -305,6 +308,8 @@ class ParallelMethods:
     def upsert_tensor_with_parallelism(
         self, key, tensor, parallelism=None, config=None, writer_partition=None
     ):
+        """Like `put_tensor_with_parallelism`, but overwrites existing keys. 0, or a negative
+        error code."""
         return self._put_parallel_many(
             [key], [tensor], [parallelism], config, [writer_partition], True,
             "upsert_tensor_with_parallelism",
@@ -313,6 +318,7 @@ class ParallelMethods:
     def batch_put_tensor_with_parallelism(
         self, keys, tensors_list, parallelisms=None, config=None, writer_partitions=None
     ):
+        """`put_tensor_with_parallelism` for each key and tensor; 0 or a negative code per key."""
         return self._put_parallel_many(
             keys, tensors_list, parallelisms, config, writer_partitions, False,
             "batch_put_tensor_with_parallelism",
@@ -321,6 +327,8 @@ class ParallelMethods:
     def batch_upsert_tensor_with_parallelism(
         self, keys, tensors_list, parallelisms=None, config=None, writer_partitions=None
     ):
+        """`upsert_tensor_with_parallelism` for each key and tensor; 0 or a negative code per
+        key."""
         return self._put_parallel_many(
             keys, tensors_list, parallelisms, config, writer_partitions, True,
             "batch_upsert_tensor_with_parallelism",
@@ -341,6 +349,8 @@ class ParallelMethods:
     def put_tensor_with_parallelism_from(
         self, key, buffer_ptr, size, parallelism=None, config=None, writer_partition=None
     ):
+        """`put_tensor_with_parallelism` of the whole tensor object (`[TensorMetadata][data]`)
+        in caller memory at `buffer_ptr`. 0, or a negative error code."""
         return self._put_parallel_from(
             [key], [buffer_ptr], [size], [parallelism], config, [writer_partition], False,
             "put_tensor_with_parallelism_from",
@@ -349,6 +359,8 @@ class ParallelMethods:
     def upsert_tensor_with_parallelism_from(
         self, key, buffer_ptr, size, parallelism=None, config=None, writer_partition=None
     ):
+        """Like `put_tensor_with_parallelism_from`, but overwrites existing keys. 0, or a
+        negative error code."""
         return self._put_parallel_from(
             [key], [buffer_ptr], [size], [parallelism], config, [writer_partition], True,
             "upsert_tensor_with_parallelism_from",
@@ -357,6 +369,8 @@ class ParallelMethods:
     def batch_put_tensor_with_parallelism_from(
         self, keys, buffer_ptrs, sizes, parallelisms=None, config=None, writer_partitions=None
     ):
+        """`put_tensor_with_parallelism_from` for each key and buffer; 0 or a negative code per
+        key."""
         return self._put_parallel_from(
             keys, buffer_ptrs, sizes, parallelisms, config, writer_partitions, False,
             "batch_put_tensor_with_parallelism_from",
@@ -365,6 +379,8 @@ class ParallelMethods:
     def batch_upsert_tensor_with_parallelism_from(
         self, keys, buffer_ptrs, sizes, parallelisms=None, config=None, writer_partitions=None
     ):
+        """`upsert_tensor_with_parallelism_from` for each key and buffer; 0 or a negative code
+        per key."""
         return self._put_parallel_from(
             keys, buffer_ptrs, sizes, parallelisms, config, writer_partitions, True,
             "batch_upsert_tensor_with_parallelism_from",
@@ -453,12 +469,15 @@ class ParallelMethods:
         return out.contiguous()
 
     def get_tensor_with_parallelism(self, key, target=None):
+        """The tensor a `ReadTarget` asks for (`as_stored`, `shard` or `full`, module doc), or
+        None with the reason logged."""
         plan = self._read_plan(key, target, "get_tensor_with_parallelism")
         if plan is None:
             return None
         return self.get_tensor(plan[1]) if plan[0] == "key" else plan[1]
 
     def batch_get_tensor_with_parallelism(self, keys, targets=None):
+        """`get_tensor_with_parallelism` for each key and target: a tensor or None per key."""
         keys = list(keys)
         targets = [None] * len(keys) if targets is None else list(targets)
         if len(targets) != len(keys):
@@ -467,6 +486,8 @@ class ParallelMethods:
         return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
 
     def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
+        """`get_tensor_with_parallelism` written into caller memory at `buffer_ptr` as a tensor
+        object; a tensor viewing it, or None."""
         what = "get_tensor_with_parallelism_into"
         plan = self._read_plan(key, target, what)
         if plan is None:
@@ -481,6 +502,8 @@ class ParallelMethods:
         return self._tensor_in(buffer_ptr, len(payload))
 
     def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
+        """`get_tensor_with_parallelism_into` for each key, buffer and target; a tensor or None
+        per key."""
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
         targets = [None] * len(keys) if targets is None else list(targets)
         if not len(keys) == len(buffer_ptrs) == len(sizes) == len(targets):

@@ -186,33 +186,44 @@ class TensorMethods:
         return self._put_tensor(key, tensor, config, False)
 
     def pub_tensor(self, key, tensor, config=None):
+        """Stores `tensor` under `key` as a tensor object (`[TensorMetadata][data]`), with an
+        optional `ReplicateConfig`. 0, or a negative error code."""
         return self._put_tensor(key, tensor, config, False)
 
     def upsert_tensor(self, key, tensor):
+        """Like `put_tensor`, but overwrites an existing key. 0, or a negative error code."""
         return self._put_tensor(key, tensor, None, True)
 
     def upsert_pub_tensor(self, key, tensor, config=None):
+        """Like `pub_tensor`, but overwrites an existing key. 0, or a negative error code."""
         return self._put_tensor(key, tensor, config, True)
 
     def batch_put_tensor(self, keys, tensors_list):
+        """`put_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, None, False)
 
     def batch_pub_tensor(self, keys, tensors_list, config=None):
+        """`pub_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, config, False)
 
     def batch_upsert_tensor(self, keys, tensors_list):
+        """`upsert_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, None, True)
 
     def batch_upsert_pub_tensor(self, keys, tensors_list, config=None):
+        """`upsert_pub_tensor` for each key and tensor, as one batch; 0 or a negative code
+        per key."""
         return self._batch_put_tensor(keys, tensors_list, config, True)
 
     # ---- gets -------------------------------------------------------------------------
 
     def get_tensor(self, key):
+        """The tensor stored under `key` (a copy), or None on a miss or any error."""
         buf = self.get_buffer(key)
         return None if buf is None else _from_object(buf)
 
     def batch_get_tensor(self, keys):
+        """`get_tensor` for each key: a tensor or None per key."""
         keys = list(keys)
         if not keys:
             return []
@@ -257,6 +268,8 @@ class TensorMethods:
         return self._tensor_in(buffer_ptr, n) if n > 0 else None
 
     def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        """`get_tensor_into` for each key with its buffer: a tensor viewing the buffer, or None,
+        per key."""
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
         if not self.get_hostname() or not len(keys) == len(buffer_ptrs) == len(sizes):
             return [_INVALID] * len(keys)
@@ -304,14 +317,17 @@ class TensorMethods:
         return self._put_tensor_with_tp(key, tensor, None, tp_size, split_dim)
 
     def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        """`put_tensor_with_tp` with an optional `ReplicateConfig`. 0, or a negative error code."""
         return self._put_tensor_with_tp(key, tensor, config, tp_size, split_dim)
 
     def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0):
+        """`put_tensor_with_tp` for each base key and tensor; 0 or a negative code per key."""
         return self._batch_put_tensor_with_tp(base_keys, tensors_list, None, tp_size, split_dim)
 
     def batch_pub_tensor_with_tp(
         self, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1, split_dim=0
     ):
+        """`pub_tensor_with_tp` for each base key and tensor; 0 or a negative code per key."""
         return self._batch_put_tensor_with_tp(base_keys, tensors_list, config, tp_size, split_dim)
 
     @staticmethod
@@ -319,15 +335,20 @@ class TensorMethods:
         return key if tp_size <= 1 else f"{key}_tp_{tp_rank}"
 
     def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        """Rank `tp_rank`'s shard of `key` (`f"{key}_tp_{tp_rank}"` when `tp_size > 1`), or None."""
         return self.get_tensor(self._tp_key(key, tp_rank, tp_size))
 
     def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        """`get_tensor_with_tp` for each base key: a tensor or None per key."""
         return self.batch_get_tensor([self._tp_key(k, tp_rank, tp_size) for k in base_keys])
 
     def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        """`get_tensor_into` of rank `tp_rank`'s shard of `key`: a tensor viewing the buffer, or
+        None."""
         return self.get_tensor_into(self._tp_key(key, tp_rank, tp_size), buffer_ptr, size)
 
     def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
+        """`get_tensor_with_tp_into` for each base key with its buffer; a tensor or None per key."""
         keys = [self._tp_key(k, tp_rank, tp_size) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
@@ -351,6 +372,7 @@ class TensorMethods:
         return [_INVALID if t is None else r for t, r in zip(tensors, out)]
 
     def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        """`batch_put_tensor_with_tp_from` for one key. 0, or a negative error code."""
         return self.batch_put_tensor_with_tp_from(
             [key], [buffer_ptr], [size], tp_rank, tp_size, split_dim
         )[0]
@@ -363,6 +385,8 @@ class TensorMethods:
         return _INVALID
 
     def batch_get_tensor_into_cuda(self, keys, tensors_list):
+        """-600 per key: this build has no CUDA (upstream serves this only to CUDA dummy
+        clients)."""
         keys = list(keys)
         _log.error("batch_get_tensor_into_cuda: no CUDA in this build")
         return [_INVALID] * len(keys)

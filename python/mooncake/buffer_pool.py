@@ -248,6 +248,9 @@ class BufferPool:
     # ---- API ----------------------------------------------------------------------------
 
     def acquire(self, size, block=None, timeout=None):
+        """A `BufferLease` of at least `size` bytes: a free buffer of its size class, else a
+        new one (evicting free buffers of other classes to make room). Waits when the pool is
+        exhausted and `block` (else raises `RuntimeError`), at most `timeout` seconds."""
         block = self._block if block is None else bool(block)
         timeout = self._default_timeout if timeout is None else timeout
         if timeout is not None and timeout < 0:
@@ -285,6 +288,7 @@ class BufferPool:
         return self.acquire(size, block=block, timeout=timeout)
 
     def prewarm(self, size, count):
+        """Allocates `count` free buffers of `size`'s class now, so later `acquire`s find them."""
         size_class, oversize = self._class_of(size)
         if oversize:
             raise RuntimeError("cannot prewarm oversize buffers")
@@ -297,6 +301,8 @@ class BufferPool:
                 self._cond.notify_all()
 
     def close(self):
+        """Frees every buffer of the pool; raises `RuntimeError` while a lease is still held.
+        Idempotent."""
         with self._cond:
             if self._closed:
                 return

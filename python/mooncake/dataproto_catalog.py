@@ -102,6 +102,7 @@ class DataProtoCatalog:
         return result
 
     def ack_publication(self, operation_id: str) -> None:
+        """Forgets the remembered answer of publication `operation_id` (its writer has seen it)."""
         self._done_ops.pop(_text(operation_id, "operation_id"), None)
 
     def publish_append(self, operation_id: str, fragment_id: str, partition: str,
@@ -434,27 +435,35 @@ class DataProtoCatalogTransfer:
         return self._catalog_call("resolve", partition, keys, fields, pin=True)
 
     def release_read(self, token: int) -> None:
+        """Ends the pinned read `token` and frees the fragments that retired with it."""
         self._cleanup(self._catalog_call("release_read", token))
 
     def attach_results(self, output: Any, results: Sequence[Any]) -> None:
+        """Remembers the read buffers `results` on `output`, for `release_result`."""
         setattr(output, self._RESULTS_ATTR, list(results))
 
     def release_result(self, output: Any) -> None:
+        """Releases the read buffers attached to `output` by `attach_results`."""
         results = getattr(output, self._RESULTS_ATTR, ()) or ()
         setattr(output, self._RESULTS_ATTR, [])
         self.discard_results(results)
 
     def discard_results(self, results: Sequence[Any], *, strict: bool = False) -> None:
+        """Releases read buffers `results` (and any left from an earlier failure); with
+        `strict`, raises when one cannot be released."""
         self._retry("_pending_results", results, self.transfer.release_result,
                     "release DataProto read buffer", attempts=2, strict=strict)
 
     def list(self, partition: str | None = None) -> dict[str, dict[str, Any]]:
+        """`{partition: {key: tag}}` for one partition, or for all."""
         return self._catalog_call("list", partition)
 
     def remove(self, partition: str, keys: Sequence[str]) -> None:
+        """Forgets logical `keys` of `partition` and frees the fragments nobody uses any more."""
         self._cleanup(self._catalog_call("remove", partition, keys))
 
     def drain(self) -> None:
+        """Publishes what is pending, then retires everything and refuses further writes."""
         for attempt in range(2):
             try:
                 self._retry("_pending_publications", (), self._publish,
@@ -467,6 +476,8 @@ class DataProtoCatalogTransfer:
                 logger.exception("Retrying DataProto Catalog drain")
 
     def close(self) -> None:
+        """Releases pending read buffers and acknowledges pending publications; raises when one
+        cannot be done."""
         self.discard_results((), strict=True)
         self._flush(strict=True, acks_strict=True)
 

@@ -53,6 +53,7 @@ class EventHandle:
         """The work is already done on CPU."""
 
     def is_complete(self) -> bool:
+        """True: the work is already done on CPU."""
         return True
 
 
@@ -65,6 +66,8 @@ class EventOverlap:
         self.extra_tensors = extra_tensors
 
     def current_stream_wait(self) -> None:
+        """Orders the current stream after the event, if there is one (nothing to wait for on
+        CPU)."""
         if self.event is not None:
             self.event.current_stream_wait()
 

@@ -257,7 +257,9 @@ class SharedSegment:
         return views
 
     def base_addr(self) -> int:
+        """The segment's start address in this process."""
         return self._segment.base
 
     def total_size(self) -> int:
+        """The segment's size in bytes."""
         return self._segment.size

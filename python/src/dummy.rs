@@ -121,15 +121,19 @@ impl PyDummy {
         }
     }
 
+    /// The `host:port` of the standalone client this one talks to.
     fn get_hostname(&self) -> String {
         self.inner.hostname().to_string()
     }
 
+    /// 0 while the standalone client answers, else a negative code (as the store's).
     fn health_check(&self, py: Python<'_>) -> i32 {
         let d = self.inner.clone();
         py.detach(|| d.health())
     }
 
+    /// Stores `value` (bytes-like) under `key`; an existing key is success and stays unchanged.
+    /// 0, or a negative error code (`ErrorCode`); the reason of a failure is logged.
     #[pyo3(signature = (key, value, config=None))]
     fn put(
         &self,
@@ -142,6 +146,7 @@ impl PyDummy {
         Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, false))
     }
 
+    /// Like `put`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, value, config=None))]
     fn upsert(
         &self,
@@ -154,6 +159,8 @@ impl PyDummy {
         Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, true))
     }
 
+    /// Stores the concatenation of `parts` (bytes-like) under `key`, without joining them
+    /// first. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn put_parts(
         &self,
@@ -165,6 +172,7 @@ impl PyDummy {
         self.put_py_parts(py, key, &parts, config, false)
     }
 
+    /// Like `put_parts`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn upsert_parts(
         &self,
@@ -219,6 +227,7 @@ impl PyDummy {
         self.put_batch_impl(py, keys, values, config, false)
     }
 
+    /// Like `put_batch`, but overwrites existing keys. 0, or the first failure's code.
     #[pyo3(signature = (keys, values, config=None))]
     fn upsert_batch(
         &self,
@@ -275,30 +284,36 @@ impl PyDummy {
         self.buffers(py, &keys)
     }
 
+    /// The object's size in bytes, or a negative error code (`-704` for a missing key).
     #[pyo3(signature = (key, /))]
     fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
         let d = self.inner.clone();
         py.detach(|| d.get_sizes(&[key.to_string()])[0])
     }
 
+    /// 1 exists, 0 not, or a negative error code.
     #[pyo3(signature = (key, /))]
     fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
         let d = self.inner.clone();
         py.detach(|| d.is_exist(&[key.to_string()])[0] as i32)
     }
 
+    /// Per key: 1 exists, 0 not, or a negative error code.
     #[pyo3(signature = (keys))]
     fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         let d = self.inner.clone();
         py.detach(|| d.is_exist(&keys).into_iter().map(|c| c as i32).collect())
     }
 
+    /// Removes `key` (`force` also removes it while a reader holds a lease). 0, or a negative
+    /// error code (`-706` while leased).
     #[pyo3(signature = (key, force=false))]
     fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
         let d = self.inner.clone();
         py.detach(|| d.remove(&[key.to_string()], force)[0] as i32)
     }
 
+    /// Removes each key as `remove` does; 0 or a negative error code per key.
     #[pyo3(signature = (keys, force=false))]
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
         if keys.is_empty() {
@@ -313,12 +328,15 @@ impl PyDummy {
         })
     }
 
+    /// Removes the keys matching `regex_pattern`; the number removed, or a negative code
+    /// (`-600` for an invalid pattern).
     #[pyo3(signature = (regex_pattern, force=false))]
     fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
         let d = self.inner.clone();
         py.detach(|| d.remove_by_regex(regex_pattern, force))
     }
 
+    /// Removes every object; the number removed, or a negative error code.
     #[pyo3(signature = (force=false))]
     fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
         let d = self.inner.clone();
@@ -342,12 +360,16 @@ impl PyDummy {
         0
     }
 
+    /// Forgets a range registered with `register_buffer` (by its start). 0, or a negative
+    /// error code.
     #[pyo3(signature = (buffer_ptr))]
     fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
         let _ = buffer_ptr;
         0
     }
 
+    /// Stores `size` bytes at `buffer_ptr` (the shared pool, or mapped memory staged
+    /// through it) under `key`. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn put_from(
         &self,
@@ -360,6 +382,7 @@ impl PyDummy {
         self.put_from_many(py, vec![key], vec![buffer_ptr], vec![size], config, false)[0]
     }
 
+    /// Like `put_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn upsert_from(
         &self,
@@ -372,6 +395,7 @@ impl PyDummy {
         self.put_from_many(py, vec![key], vec![buffer_ptr], vec![size], config, true)[0]
     }
 
+    /// `put_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_put_from(
         &self,
@@ -384,6 +408,7 @@ impl PyDummy {
         self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
     }
 
+    /// `upsert_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_upsert_from(
         &self,
@@ -402,6 +427,8 @@ impl PyDummy {
         self.batch_get_into(py, vec![key], vec![buffer_ptr], vec![size])[0]
     }
 
+    /// Reads each key into its buffer (`buffer_ptrs[i]`, `sizes[i]` bytes); per key the
+    /// bytes read or a negative error code.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_get_into(
         &self,
@@ -438,11 +465,13 @@ impl PyDummy {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
     }
 
+    /// Like `put_tensor_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size))]
     fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
     }
 
+    /// `put_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_put_tensor_from(
         &self,
@@ -454,6 +483,7 @@ impl PyDummy {
         self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
     }
 
+    /// `upsert_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_upsert_tensor_from(
         &self,

@@ -291,6 +291,7 @@ impl PyTransferEngine {
         }
     }
 
+    /// `TransferEngine.TransferOpcode`: the `Read`/`Write` enum, as upstream nests it.
     #[classattr]
     #[pyo3(name = "TransferOpcode")]
     fn transfer_opcode_type(py: Python<'_>) -> Py<pyo3::types::PyType> {
@@ -511,6 +512,8 @@ impl PyTransferEngine {
 
     // ---- synchronous transfers ---------------------------------------------------------
 
+    /// Writes `length` bytes at local `buffer` to `peer_buffer_address` on `target_hostname`
+    /// and waits. 0, or -1 on failure (logged). `transport_hint` is accepted and ignored.
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint=""))]
     fn transfer_sync_write(
         &self,
@@ -533,6 +536,8 @@ impl PyTransferEngine {
         )
     }
 
+    /// Reads `length` bytes at `peer_buffer_address` on `target_hostname` into local
+    /// `buffer` and waits. 0, or -1 on failure (logged). `transport_hint` is ignored.
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint=""))]
     fn transfer_sync_read(
         &self,
@@ -581,6 +586,8 @@ impl PyTransferEngine {
         )
     }
 
+    /// `transfer_sync_write` for several ranges to one peer, as one batch. 0, or -1 if any
+    /// failed.
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""))]
     fn batch_transfer_sync_write(
         &self,
@@ -603,6 +610,8 @@ impl PyTransferEngine {
         )
     }
 
+    /// `transfer_sync_read` for several ranges from one peer, as one batch. 0, or -1 if any
+    /// failed.
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""))]
     fn batch_transfer_sync_read(
         &self,
@@ -657,6 +666,8 @@ impl PyTransferEngine {
 
     // ---- asynchronous transfers --------------------------------------------------------
 
+    /// Submits the writes of `batch_transfer_sync_write` and returns at once: the batch id
+    /// for `get_batch_transfer_status`, or 0 when the submission failed.
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""))]
     fn batch_transfer_async_write(
         &self,
@@ -678,6 +689,8 @@ impl PyTransferEngine {
         )
     }
 
+    /// Submits the reads of `batch_transfer_sync_read` and returns at once: the batch id
+    /// for `get_batch_transfer_status`, or 0 when the submission failed.
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""))]
     fn batch_transfer_async_read(
         &self,

@@ -53,16 +53,11 @@ pub(crate) fn new_buffer_handle(
     Ok((h, fresh))
 }
 
-/// Installs a stderr logger once, at `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` (default: warnings).
+/// The shared set-up ([`protocol::log`]: `RUST_LOG`, `MC_YLT_LOG_LEVEL`, `MC_LOG_LEVEL`) on
+/// stderr, default warnings only: a library stays quiet in its host program until asked.
 fn init_logging() {
-    let level = protocol::env::log_level("warn");
-    let filter = tracing_subscriber::EnvFilter::try_new(&level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    use protocol::log::{Ansi, Level, Writer};
+    protocol::log::init_logging(Level::Default("warn"), Writer::Stderr, Ansi::IfTerminal);
 }
 
 /// `mooncake_master`: runs the master with `args` (without the program name); returns its

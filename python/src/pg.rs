@@ -394,19 +394,23 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// The active set of ranks as a bit mask (bit `r` = rank `r`).
     fn active(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().active())
     }
 
+    /// Replaces the active set (bit mask); the epoch goes up when it changes.
     fn set_active(&self, mask: u64) -> PyResult<()> {
         self.comm()?.shared().set_active(mask);
         Ok(())
     }
 
+    /// The epoch: one more for every change of the active set.
     fn epoch(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().epoch())
     }
 
+    /// Whether rank `rank`'s process is alive (always true for this rank).
     fn alive(&self, rank: usize) -> PyResult<bool> {
         self.check_rank("peer", rank)?;
         Ok(self.comm()?.shared().alive(rank))
@@ -429,10 +433,13 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// The ranks that failed since the last call (bit mask), and clears them.
     fn take_failures(&self) -> PyResult<u64> {
         Ok(self.comm()?.shared().take_failures())
     }
 
+    /// Queues an all-reduce of `bytes` bytes at `buf` in place (dtype `dt`, reduce op `op`);
+    /// the `PgWork` to wait on.
     fn all_reduce(&self, buf: usize, bytes: usize, dt: u32, op: u32) -> PyResult<PyPgWork> {
         self.submit(CollOp::AllReduce {
             buf,
@@ -442,6 +449,7 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a broadcast of `bytes` bytes at `buf` from rank `root`; the `PgWork` to wait on.
     fn broadcast(&self, buf: usize, bytes: usize, dt: u32, root: usize) -> PyResult<PyPgWork> {
         self.check_rank("root", root)?;
         self.submit(CollOp::Broadcast {
@@ -452,6 +460,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues an all-gather of `bytes` bytes at `input` into `outs` (one address per rank);
+    /// the `PgWork` to wait on.
     fn all_gather(
         &self,
         input: usize,
@@ -468,6 +478,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues an all-to-all of `bytes` bytes per rank from `ins` to `outs` (one address per
+    /// rank each); the `PgWork` to wait on.
     fn all_to_all(
         &self,
         ins: Vec<usize>,
@@ -485,6 +497,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a reduce-scatter of `ins` (one address per rank) into `out` (op `op`); the
+    /// `PgWork` to wait on.
     fn reduce_scatter(
         &self,
         ins: Vec<usize>,
@@ -503,6 +517,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a reduce of `bytes` bytes at `buf` onto rank `root` (op `op`); the `PgWork` to
+    /// wait on.
     fn reduce(
         &self,
         buf: usize,
@@ -521,6 +537,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a gather of `bytes` bytes at `input` into `outs` on rank `root`; the `PgWork`
+    /// to wait on.
     fn gather(
         &self,
         input: usize,
@@ -542,6 +560,8 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a scatter from `ins` on rank `root` into `out` on every rank; the `PgWork` to
+    /// wait on.
     fn scatter(
         &self,
         ins: Vec<usize>,
@@ -563,6 +583,7 @@ impl PyPgComm {
         })
     }
 
+    /// Queues a barrier of the active ranks; the `PgWork` to wait on.
     fn barrier(&self) -> PyResult<PyPgWork> {
         self.submit(CollOp::Barrier)
     }

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use client::store::{Lookup, ObjectRead, Reservation};
+use client::store::{Lookup, ObjectRead, Reservation, StoreError};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
 use protocol::tensor::TensorMetadata;
@@ -33,13 +33,28 @@ use crate::pybuf::{self, Fresh, Pinned};
 use crate::setup_args::{self, Setup};
 use crate::types::{PyReplicaDescriptor, PyReplicateConfig};
 
-type Code = Result<(), ErrorCode>;
-
-fn rc(r: Code) -> i32 {
+/// The number Python gets for a store result: 0, or the failure's code after [`failed`] logged
+/// it.
+fn rc(r: Result<(), impl Into<StoreError>>) -> i32 {
     match r {
         Ok(()) => 0,
-        Err(e) => e.code(),
+        Err(e) => failed(e.into()),
     }
+}
+
+/// The code of `e`, after logging why it happened, so a `-800` in Python has its reason on
+/// stderr: an error line, as upstream logs a failed put or remove, except for a missing key
+/// (debug: a get or lookup of one is how callers test for it). A bare code from a path that
+/// gives no cause yet is not logged, since the line would say no more than the number.
+fn failed(e: StoreError) -> i32 {
+    if !e.cause.is_empty() {
+        if e.is_miss() {
+            tracing::debug!("{e}");
+        } else {
+            tracing::error!("{e}");
+        }
+    }
+    e.code.code()
 }
 
 fn rc_i64(r: Result<u64, ErrorCode>) -> i64 {
@@ -123,8 +138,9 @@ struct Located<'s> {
 }
 
 /// Reads `key` whole into a new Python object that `make` creates for its size; `None` on a
-/// miss or any error. Once more with a fresh lookup when the first read ended after its
-/// window (`LEASE_EXPIRED`: the bytes may not be the object's).
+/// miss or any error (a failure's cause logged, see [`failed`]). Once more with a fresh lookup
+/// when the first read ended after its window (`LEASE_EXPIRED`: the bytes may not be the
+/// object's).
 fn read_whole<'py, T>(
     py: Python<'py>,
     s: &Store,
@@ -132,8 +148,12 @@ fn read_whole<'py, T>(
     make: impl Fn(Python<'py>, usize) -> PyResult<(T, Fresh)>,
 ) -> PyResult<Option<T>> {
     for _ in 0..2 {
-        let Ok(loc) = py.detach(|| locate(s, key)) else {
-            return Ok(None);
+        let loc = match py.detach(|| locate(s, key)) {
+            Ok(loc) => loc,
+            Err(e) => {
+                failed(e);
+                return Ok(None);
+            }
         };
         let (obj, fresh) = make(py, usize_of(loc.size)?)?;
         // SAFETY: `obj` (alive until after the read) is the only reference to the new object,
@@ -141,17 +161,30 @@ fn read_whole<'py, T>(
         let dst = unsafe { fresh.into_slice() };
         match py.detach(|| s.read_from(&loc.list, 0, dst)) {
             Ok(()) => return Ok(Some(obj)),
-            Err(ErrorCode::LeaseExpired) => continue,
-            Err(_) => return Ok(None),
+            Err(e) if e.code == ErrorCode::LeaseExpired => continue,
+            Err(e) => {
+                failed(e.context(format_args!("get {key}")));
+                return Ok(None);
+            }
         }
     }
     Ok(None)
 }
 
-fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, ErrorCode> {
+fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, StoreError> {
     let list = s.replicas(key)?;
-    let size = list.object_size()?;
-    let budget = s.budget().reserve(size)?;
+    let size = list
+        .object_size()
+        .map_err(|e| StoreError::new(e, format!("lookup of {key}: no replica")))?;
+    let budget = s.budget().reserve(size).map_err(|e| {
+        StoreError::new(
+            e,
+            format!(
+                "get {key}: {size} bytes do not fit in the free local buffer ({} in all)",
+                s.budget().capacity()
+            ),
+        )
+    })?;
     Ok(Located {
         list,
         size,
@@ -213,7 +246,12 @@ impl PyStore {
         let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
         rc(py.detach(|| {
             let cfg = cfg.single()?;
-            let _budget = s.budget().reserve(size)?;
+            let _budget = s.budget().reserve(size).map_err(|e| {
+                StoreError::from(e).context(format_args!(
+                    "put {key}: {size} bytes do not fit in the free local buffer ({} in all)",
+                    s.budget().capacity()
+                ))
+            })?;
             s.put_parts(key, &slices, cfg, upsert)
         }))
     }
@@ -243,7 +281,7 @@ impl PyStore {
         }
         let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
         py.detach(|| {
-            let run = || -> Result<Vec<Code>, ErrorCode> {
+            let run = || -> Result<Vec<Result<(), StoreError>>, ErrorCode> {
                 let cfg = &cfg.for_subset(all, keys)?;
                 let _budget = if budgeted {
                     Some(s.budget().reserve(total)?)
@@ -457,6 +495,8 @@ fn list_of_values<'py>(values: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList
 
 #[pymethods]
 impl PyStore {
+    /// An unconnected store; `setup` or `init_all` connects it (arguments are ignored, as
+    /// upstream).
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
@@ -529,6 +569,7 @@ impl PyStore {
         }
     }
 
+    /// The `host:port` this client is known by (its segment's name); `""` before `setup`.
     #[pyo3(signature = (/))]
     fn get_hostname(&self) -> String {
         self.store()
@@ -538,6 +579,8 @@ impl PyStore {
 
     // ---- bytes ---------------------------------------------------------------------------
 
+    /// Stores `value` (bytes-like) under `key`; an existing key is success and stays unchanged.
+    /// 0, or a negative error code (`ErrorCode`); the reason of a failure is logged.
     #[pyo3(signature = (key, value, config=None))]
     fn put(
         &self,
@@ -550,6 +593,7 @@ impl PyStore {
         Ok(self.put_one(py, key, std::slice::from_ref(&v), config, false))
     }
 
+    /// Like `put`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, value, config=None))]
     fn upsert(
         &self,
@@ -562,6 +606,8 @@ impl PyStore {
         Ok(self.put_one(py, key, std::slice::from_ref(&v), config, true))
     }
 
+    /// Stores the concatenation of `parts` (bytes-like) under `key`, without joining them
+    /// first. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn put_parts(
         &self,
@@ -574,6 +620,7 @@ impl PyStore {
         Ok(self.put_one(py, key, &pinned, config, false))
     }
 
+    /// Like `put_parts`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, *parts, config=None))]
     fn upsert_parts(
         &self,
@@ -598,6 +645,7 @@ impl PyStore {
         self.put_batch_impl(py, keys, values, config, false)
     }
 
+    /// Like `put_batch`, but overwrites existing keys. 0, or the first failure's code.
     #[pyo3(signature = (keys, values, config=None))]
     fn upsert_batch(
         &self,
@@ -676,6 +724,7 @@ impl PyStore {
         read_whole(py, &s, key, crate::new_buffer_handle)
     }
 
+    /// A `BufferHandle` per key, `None` for a key that is missing or failed.
     #[pyo3(signature = (keys, /))]
     fn batch_get_buffer<'py>(
         &self,
@@ -691,6 +740,7 @@ impl PyStore {
         self.read_many(py, &s, &keys, crate::new_buffer_handle)
     }
 
+    /// The object's size in bytes, or a negative error code (`-704` for a missing key).
     #[pyo3(signature = (key, /))]
     fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
         match self.store() {
@@ -712,6 +762,7 @@ impl PyStore {
         }
     }
 
+    /// Per key: 1 exists, 0 not, or a negative error code.
     #[pyo3(signature = (keys))]
     fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -729,6 +780,8 @@ impl PyStore {
         })
     }
 
+    /// Removes `key` (`force` also removes it while a reader holds a lease). 0, or a negative
+    /// error code (`-706` while leased).
     #[pyo3(signature = (key, force=false))]
     fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
         match self.store() {
@@ -746,6 +799,7 @@ impl PyStore {
         }
     }
 
+    /// Removes every object; the number removed, or a negative error code.
     #[pyo3(signature = (force=false))]
     fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
         match self.store() {
@@ -754,6 +808,7 @@ impl PyStore {
         }
     }
 
+    /// Removes each key as `remove` does; 0 or a negative error code per key.
     #[pyo3(signature = (keys, force=false))]
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -762,6 +817,7 @@ impl PyStore {
         py.detach(|| s.batch_remove(&keys, force).into_iter().map(rc).collect())
     }
 
+    /// The `ReplicaDescriptor`s of `key`; `[]` when it is missing or not set up.
     #[pyo3(signature = (key))]
     fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<PyReplicaDescriptor> {
         let Some(s) = self.store() else {
@@ -892,6 +948,7 @@ impl PyStore {
         self.store().map(|s| s.cluster_id().to_string())
     }
 
+    /// Upstream's count of reads served from offloaded storage; always 0 (no offload here).
     #[pyo3(signature = ())]
     fn get_offload_rpc_read_count(&self) -> i64 {
         0
@@ -911,6 +968,8 @@ impl PyStore {
         }
     }
 
+    /// Forgets a range registered with `register_buffer` (by its start). 0, or a negative
+    /// error code.
     #[pyo3(signature = (buffer_ptr))]
     fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
         match self.store() {
@@ -919,6 +978,8 @@ impl PyStore {
         }
     }
 
+    /// Stores `size` bytes at `buffer_ptr` under `key`, with no copy through Python. The
+    /// memory must stay valid for the call. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn put_from(
         &self,
@@ -931,6 +992,7 @@ impl PyStore {
         self.put_from_impl(py, key, buffer_ptr, size, config, false)
     }
 
+    /// Like `put_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn upsert_from(
         &self,
@@ -981,6 +1043,7 @@ impl PyStore {
         -rc(r)
     }
 
+    /// `put_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_put_from(
         &self,
@@ -993,6 +1056,7 @@ impl PyStore {
         self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
     }
 
+    /// `upsert_from` for many keys in one batch; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_upsert_from(
         &self,
@@ -1057,6 +1121,8 @@ impl PyStore {
         }
     }
 
+    /// Reads each key into its buffer (`buffer_ptrs[i]`, `sizes[i]` bytes); per key the
+    /// bytes read or a negative error code.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_get_into(
         &self,
@@ -1220,6 +1286,8 @@ impl PyStore {
         py.detach(|| s.put_session_end(&keys).into_iter().map(rc).collect())
     }
 
+    /// Gives back the reservations of `batch_put_session_start`; 0 or a negative error
+    /// code per key (`-600` for a key without a session).
     #[pyo3(signature = (keys))]
     fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
         let Some(s) = self.store() else {
@@ -1279,11 +1347,13 @@ impl PyStore {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
     }
 
+    /// Like `put_tensor_from`, but overwrites an existing key. 0, or a negative error code.
     #[pyo3(signature = (key, buffer_ptr, size))]
     fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
         self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
     }
 
+    /// `put_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_put_tensor_from(
         &self,
@@ -1295,6 +1365,7 @@ impl PyStore {
         self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
     }
 
+    /// `upsert_tensor_from` for many keys; 0 or a negative error code per key.
     #[pyo3(signature = (keys, buffer_ptrs, sizes))]
     fn batch_upsert_tensor_from(
         &self,

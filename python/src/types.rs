@@ -267,6 +267,7 @@ pub struct PyMemoryDescriptor {
 
 #[pymethods]
 impl PyMemoryDescriptor {
+    /// The `Descriptor` of the replica's buffer (segment, address, size).
     #[getter]
     fn buffer_descriptor(&self) -> PyDescriptor {
         self.desc.clone()
@@ -295,23 +296,28 @@ impl From<&protocol::ReplicaDescriptor> for PyReplicaDescriptor {
 
 #[pymethods]
 impl PyReplicaDescriptor {
+    /// The replica's `ReplicaStatus`, as the master reported it.
     #[getter]
     fn status(&self) -> PyReplicaStatus {
         self.status
     }
 
+    /// True: every replica here lives in memory.
     fn is_memory_replica(&self) -> bool {
         true
     }
 
+    /// False: there are no disk replicas here (upstream's offload is not implemented).
     fn is_disk_replica(&self) -> bool {
         false
     }
 
+    /// False: there are no local-disk replicas here.
     fn is_local_disk_replica(&self) -> bool {
         false
     }
 
+    /// The `MemoryDescriptor` of this memory replica.
     fn get_memory_descriptor(&self) -> PyMemoryDescriptor {
         PyMemoryDescriptor {
             desc: self.desc.clone(),

@@ -160,9 +160,16 @@ fn call(store: &Store, rec: &Rec, client: u32, kind: Kind, key: usize, id: u64, 
     let (value_id, out) = match kind {
         Kind::Upsert | Kind::Put => (
             Some(id),
-            outcome(&store.put(&name, &value(key, id), &cfg, kind == Kind::Upsert)),
+            outcome(
+                &store
+                    .put(&name, &value(key, id), &cfg, kind == Kind::Upsert)
+                    .map_err(ErrorCode::from),
+            ),
         ),
-        Kind::Remove => (None, outcome(&store.remove(&name, force))),
+        Kind::Remove => (
+            None,
+            outcome(&store.remove(&name, force).map_err(ErrorCode::from)),
+        ),
         Kind::Get => (
             None,
             match store.get(&name) {

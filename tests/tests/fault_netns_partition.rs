@@ -294,7 +294,12 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
             }
         })
     };
-    let errs = |rs: Vec<Result<(), ErrorCode>>| rs.into_iter().filter_map(Result::err).collect();
+    fn errs<E: Into<ErrorCode>>(rs: Vec<Result<(), E>>) -> Vec<ErrorCode> {
+        rs.into_iter()
+            .filter_map(Result::err)
+            .map(Into::into)
+            .collect()
+    }
     {
         let (s, seg) = (store.clone(), far.segment.clone());
         loops.push(spawn(

@@ -139,7 +139,9 @@ fn leader_killed_repeatedly_loses_no_acknowledged_object() {
             let cfg = ReplicateConfig::default();
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
-                let r = store.put(&format!("ha/obj-{i}"), &value(i), &cfg, false);
+                let r = store
+                    .put(&format!("ha/obj-{i}"), &value(i), &cfg, false)
+                    .map_err(ErrorCode::from);
                 if r.is_ok() {
                     acked.lock().unwrap().push(i);
                 } else {
@@ -313,7 +315,9 @@ fn etcd_stopped_briefly() {
     }
     // Metadata writes get the retryable "not serving" code, promptly.
     let t = Instant::now();
-    let r = store.put("while-etcd-down", &value(1), &cfg, false);
+    let r = store
+        .put("while-etcd-down", &value(1), &cfg, false)
+        .map_err(ErrorCode::from);
     println!("put while etcd is down: {r:?} after {:?}", t.elapsed());
     assert_eq!(r, Err(ErrorCode::UnavailableInCurrentStatus));
     for _ in 0..10 {
@@ -507,7 +511,7 @@ fn a_commit_that_meets_an_etcd_outage_lands_when_etcd_returns() {
     assert!(store.replicas("settle/a").is_ok(), "committed, readable");
     // The second put was never committed: still in flight, not readable.
     assert_eq!(
-        store.replicas("settle/b").err(),
+        store.replicas("settle/b").err().map(|e| e.code),
         Some(ErrorCode::ReplicaIsNotReady)
     );
 }

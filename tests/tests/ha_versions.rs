@@ -109,10 +109,14 @@ fn worker(
             if id as usize >= OPS_MAX {
                 break;
             }
-            let r = store.put(&name, &value(key, id), &cfg, true);
+            let r = store
+                .put(&name, &value(key, id), &cfg, true)
+                .map_err(ErrorCode::from);
             (Some(Effect::Value(id)), r)
         } else if dice < 70 {
-            let r = store.remove(&name, rng.below(2) == 0);
+            let r = store
+                .remove(&name, rng.below(2) == 0)
+                .map_err(ErrorCode::from);
             (Some(Effect::Gone), r)
         } else if dice < 90 {
             // Reads grant leases, which make some upserts park the old buffers and some

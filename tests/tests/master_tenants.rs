@@ -74,7 +74,10 @@ fn tenants_have_separate_key_spaces() {
     assert_eq!(b.is_exist("k1"), Ok(true));
     assert_eq!(c.is_exist("k3"), Ok(false));
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(a.remove("k1", false), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        a.remove("k1", false).map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert_eq!(b.remove("k1", false), Ok(()));
     assert_eq!(b.remove_all(false), Ok(0));
     assert_eq!(master_metric(&m, "master_key_count"), Some(0.0));

@@ -281,6 +281,7 @@ impl RemoteClient {
                 ..ReplicateConfig::default()
             };
             s.put(&key, &value(&key), &cfg, false)
+                .map_err(ErrorCode::from)
         })
     }
 
@@ -296,7 +297,7 @@ impl RemoteClient {
 
     fn replicas(&self, key: &str) -> Result<ReplicaList, ErrorCode> {
         let key = key.to_string();
-        self.call(move |s| s.replicas(&key).map(|l| l.list))
+        self.call(move |s| s.replicas(&key).map(|l| l.list).map_err(ErrorCode::from))
     }
 
     /// The segments holding `key`'s replicas, sorted.

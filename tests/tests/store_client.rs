@@ -65,7 +65,10 @@ fn put_on_one_client_get_on_another() {
 
     assert_eq!(b.get("missing"), Err(ErrorCode::ObjectNotFound));
     assert_eq!(b.is_exist("obj-1"), Ok(true));
-    assert_eq!(b.remove("obj-1", false), Err(ErrorCode::ObjectHasLease));
+    assert_eq!(
+        b.remove("obj-1", false).map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectHasLease)
+    );
     std::thread::sleep(std::time::Duration::from_millis(250));
     assert_eq!(b.remove("obj-1", false), Ok(()));
     assert_eq!(b.is_exist("obj-1"), Ok(false));
@@ -99,7 +102,8 @@ fn local_buffer_bounds_the_copying_calls() {
     let m = Master::start(&[]);
     let s = store(&m, 16, 0);
     assert_eq!(
-        s.put("k", b"value", &ReplicateConfig::default(), false),
+        s.put("k", b"value", &ReplicateConfig::default(), false)
+            .map_err(ErrorCode::from),
         Err(ErrorCode::InvalidParams)
     );
     assert_eq!(s.is_exist("k"), Ok(false));
@@ -110,7 +114,8 @@ fn local_buffer_bounds_the_copying_calls() {
             &vec![7u8; 2 << 20],
             &ReplicateConfig::default(),
             false
-        ),
+        )
+        .map_err(ErrorCode::from),
         Err(ErrorCode::InvalidParams)
     );
 }
@@ -191,7 +196,7 @@ fn batches_report_per_key() {
     assert!(s
         .put_many(&keys[..2], &parts[..1], &ReplicateConfig::default(), false)
         .iter()
-        .all(|x| *x == Err(ErrorCode::InvalidParams)));
+        .all(|x| x.as_ref().is_err_and(|e| *e == ErrorCode::InvalidParams)));
     assert_eq!(s.remove_by_regex("^bk1", true), Ok(11));
     assert_eq!(s.remove_all(true), Ok(9));
 }
@@ -251,4 +256,36 @@ fn a_get_session_never_reads_a_list_past_its_window() {
     assert_eq!(r, vec![Ok(size as u64)]);
     assert!(dst == pattern(2, size));
     a.get_session_end(&keys);
+}
+
+/// A failed put or lookup carries its reason beside the code (`client::store::StoreError`):
+/// what the master was asked to place, and the master's address once it is gone. The Python
+/// binding logs exactly this text.
+#[test]
+fn failed_calls_say_why() {
+    let mut m = Master::start(&[]);
+    let s = store(&m, 16, 64);
+    let cfg = ReplicateConfig::default();
+    let e = s
+        .put("too-big", &vec![1u8; 32 << 20], &cfg, false)
+        .expect_err("32 MiB cannot fit a 16 MiB segment");
+    assert!(
+        e.cause
+            .contains("put too-big: the master placed no 32 MiB x 1 replica(s)"),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with(e.code.name()), "{e}");
+
+    let addr = m.rpc_addr();
+    m.signal_and_wait(libc::SIGKILL, std::time::Duration::from_secs(10))
+        .expect("master stopped");
+    let e = s
+        .put("after-master", b"v", &cfg, false)
+        .expect_err("no master to ask");
+    assert!(e.code != ErrorCode::InvalidParams, "{e}");
+    assert!(e.cause.contains("put after-master"), "{e}");
+    assert!(e.cause.contains(&addr), "the cause names the master: {e}");
+    let e = s.replicas("after-master").expect_err("no master to ask");
+    assert!(e.cause.contains("lookup of after-master"), "{e}");
+    assert!(e.cause.contains(&addr), "the cause names the master: {e}");
 }

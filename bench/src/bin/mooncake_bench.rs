@@ -158,7 +158,7 @@ fn one(
     cfg: &ReplicateConfig,
 ) -> Result<(), String> {
     let r = match op {
-        Op::Put => store.put(key, value, cfg, true),
+        Op::Put => store.put(key, value, cfg, true).map_err(ErrorCode::from),
         Op::Get => store.get(key).and_then(|v| {
             // A short or long value is as wrong as an error.
             (v.len() == value.len())

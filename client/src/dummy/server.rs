@@ -295,10 +295,10 @@ fn serve_one(mut conn: UnixStream, lazy: &LazyStore, stop: &AtomicBool) -> io::R
     Ok(())
 }
 
-fn code_of(r: Result<(), ErrorCode>) -> i64 {
+fn code_of(r: Result<(), impl Into<ErrorCode>>) -> i64 {
     match r {
         Ok(()) => 0,
-        Err(e) => i64::from(e.code()),
+        Err(e) => i64::from(e.into().code()),
     }
 }
 

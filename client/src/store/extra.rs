@@ -193,7 +193,8 @@ impl Store {
             }));
             match r {
                 // A master that no longer knows it (restarted, expired us) has nothing to drop.
-                Ok(_) | Err(ErrorCode::SegmentNotFound) => {}
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::SegmentNotFound => {}
                 Err(e) => {
                     first_err.get_or_insert(e);
                     continue;
@@ -202,7 +203,7 @@ impl Store {
             self.mounted.write().retain(|(d, _)| d.id != uuid);
             extra.remove(at).stop(grace);
         }
-        first_err.map_or(Ok(()), Err)
+        first_err.map_or(Ok(()), |e| Err(e.code))
     }
 
     /// Ids of the extra segments mounted now.

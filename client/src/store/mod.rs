@@ -34,8 +34,8 @@
 //!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
 //!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
 //! - `MC_FORCE_TCP`: accepted; TCP is the only transport, so every protocol (`"tcp"`, `"rdma"`)
-//!   already runs over TCP. `MC_LOG_LEVEL` / `MC_YLT_LOG_LEVEL` set the log filter of the Python
-//!   module (`python/src/lib.rs`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
+//!   already runs over TCP. `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
+//!   the Python module and the programs (`protocol::log`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!
 //! Put and get *sessions* (`session`) reserve objects or cache replica lists across several
@@ -49,6 +49,7 @@
 mod budget;
 mod caller;
 mod catalog;
+mod error;
 pub mod extra;
 mod keylock;
 pub mod mapped;
@@ -67,6 +68,7 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Upser
 
 pub use budget::{LocalBudget, Reservation};
 pub use caller::CallerRange;
+pub use error::StoreError;
 pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::{cluster_id_from_env, StoreConfig};
 
@@ -159,9 +161,40 @@ pub struct Store {
     sessions: session::Sessions,
 }
 
-/// Maps a master-client failure to the code Python sees.
-fn rpc<T>(r: Result<Result<T, ErrorCode>, crate::ClientError>) -> Result<T, ErrorCode> {
-    r.map_err(|e| e.code())?
+/// A master call's outcome as a store error: the master's answer as it came (the caller adds
+/// what it asked for), or a failed call with its reason (connection lost, timeout; `Store::ask`
+/// adds the master's address). `?` turns it into a bare [`ErrorCode`] on paths not yet
+/// converted.
+fn rpc<T>(r: Result<Result<T, ErrorCode>, crate::ClientError>) -> Result<T, StoreError> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(code)) => Err(StoreError::from(code)),
+        Err(e) => Err(StoreError::new(e.code(), e.to_string())),
+    }
+}
+
+/// The cause of a failed start of a put of `ask` (see [`put_ask`]): the master's refusal, or
+/// the failed call itself.
+fn not_placed(e: StoreError, op: &str, key: &str, ask: &str) -> StoreError {
+    if e.cause.is_empty() {
+        e.context(format_args!("{op} {key}: the master placed no {ask}"))
+    } else {
+        e.context(format_args!("{op} {key}: asking the master to place {ask}"))
+    }
+}
+
+/// What a put asked the master for, for the cause of a failed start: the size, the replica
+/// count and the preferred segments, the three things that decide whether it finds room.
+fn put_ask(size: u64, cfg: &ReplicateConfig) -> String {
+    let mut ask = format!("{} x {} replica(s)", error::bytes(size), cfg.replica_num);
+    let mut preferred: Vec<&str> = cfg.preferred_segments.iter().map(String::as_str).collect();
+    if !cfg.preferred_segment.is_empty() {
+        preferred.push(&cfg.preferred_segment);
+    }
+    if !preferred.is_empty() {
+        ask.push_str(&format!(" preferring segment(s) {}", preferred.join(", ")));
+    }
+    ask
 }
 
 impl Store {
@@ -209,9 +242,24 @@ impl Store {
         }
     }
 
-    fn check_open(&self) -> Result<(), ErrorCode> {
+    /// [`rpc`], with the master's address in the cause when the call itself failed.
+    fn ask<T>(&self, r: Result<Result<T, ErrorCode>, crate::ClientError>) -> Result<T, StoreError> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(code)) => Err(StoreError::from(code)),
+            Err(e) => Err(StoreError::new(
+                e.code(),
+                format!("master {}: {e}", self.master.addr()),
+            )),
+        }
+    }
+
+    fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(ErrorCode::InvalidParams);
+            return Err(StoreError::new(
+                ErrorCode::InvalidParams,
+                "the store is closed",
+            ));
         }
         Ok(())
     }
@@ -226,22 +274,30 @@ impl Store {
         parts: &[&[u8]],
         cfg: &ReplicateConfig,
         upsert: bool,
-    ) -> Result<(), ErrorCode> {
-        self.check_open()?;
+    ) -> Result<(), StoreError> {
+        let op = if upsert { "upsert" } else { "put" };
+        self.check_open()
+            .map_err(|e| e.context(format_args!("{op} {key}")))?;
         if cfg.prefer_alloc_in_same_node {
-            return Err(ErrorCode::InvalidParams);
+            return Err(StoreError::new(
+                ErrorCode::InvalidParams,
+                format!("{op} {key}: prefer_alloc_in_same_node is for batch puts only"),
+            ));
         }
         let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let started_cause = |e: StoreError| not_placed(e, op, key, &put_ask(size, cfg));
         let _writing = self.writing.lock([key]);
         let key = key.to_string();
         let id = self.client_id;
         let (replicas, soft_pin_ttl_ms) = if upsert {
-            let started = rpc(self.master.call(&UpsertStart {
-                client_id: id,
-                key: key.clone(),
-                size,
-                config: cfg.clone(),
-            }))?;
+            let started = self
+                .ask(self.master.call(&UpsertStart {
+                    client_id: id,
+                    key: key.clone(),
+                    size,
+                    config: cfg.clone(),
+                }))
+                .map_err(started_cause)?;
             (started.replicas, started.soft_pin_ttl_ms)
         } else {
             let started = self.master.call(&PutStart {
@@ -250,9 +306,9 @@ impl Store {
                 size,
                 config: cfg.clone(),
             });
-            match rpc(started) {
-                Err(ErrorCode::ObjectAlreadyExists) => return Ok(()),
-                other => (other?, catalog::soft_pin_of(cfg)),
+            match self.ask(started) {
+                Err(e) if e.code == ErrorCode::ObjectAlreadyExists => return Ok(()),
+                other => (other.map_err(started_cause)?, catalog::soft_pin_of(cfg)),
             }
         };
         let catalog_key = self.master.catalog_key(&key);
@@ -271,7 +327,8 @@ impl Store {
             .write_many(&items)
             .into_iter()
             .find(Result::is_err)
-            .unwrap_or(Ok(()));
+            .unwrap_or(Ok(()))
+            .map_err(|e| e.context(format_args!("{op} {key}")));
         self.finish_put(key, upsert, written)
     }
 
@@ -279,12 +336,23 @@ impl Store {
         &self,
         key: String,
         upsert: bool,
-        written: Result<(), ErrorCode>,
-    ) -> Result<(), ErrorCode> {
+        written: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let id = self.client_id;
+        let ended = |e: StoreError, key: &str| e.context(format_args!("commit of {key}"));
         match written {
-            Ok(()) if upsert => rpc(self.master.call_settling(&UpsertEnd { client_id: id, key })),
-            Ok(()) => rpc(self.master.call_settling(&PutEnd { client_id: id, key })),
+            Ok(()) if upsert => self
+                .ask(self.master.call_settling(&UpsertEnd {
+                    client_id: id,
+                    key: key.clone(),
+                }))
+                .map_err(|e| ended(e, &key)),
+            Ok(()) => self
+                .ask(self.master.call_settling(&PutEnd {
+                    client_id: id,
+                    key: key.clone(),
+                }))
+                .map_err(|e| ended(e, &key)),
             Err(e) => {
                 let _ = if upsert {
                     self.master
@@ -307,8 +375,14 @@ impl Store {
         value: &[u8],
         cfg: &ReplicateConfig,
         upsert: bool,
-    ) -> Result<(), ErrorCode> {
-        let _r = self.budget.reserve(value.len() as u64)?;
+    ) -> Result<(), StoreError> {
+        let _r = self.budget.reserve(value.len() as u64).map_err(|e| {
+            StoreError::from(e).context(format_args!(
+                "put {key}: {} does not fit in the free local buffer ({} in all)",
+                error::bytes(value.len() as u64),
+                error::bytes(self.budget.capacity())
+            ))
+        })?;
         self.put_parts(key, &[value], cfg, upsert)
     }
 
@@ -320,9 +394,15 @@ impl Store {
         values: &[Vec<&[u8]>],
         cfg: &ReplicateConfig,
         upsert: bool,
-    ) -> Vec<Result<(), ErrorCode>> {
-        if keys.len() != values.len() || self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); keys.len().max(values.len())];
+    ) -> Vec<Result<(), StoreError>> {
+        let op = if upsert { "batch upsert" } else { "batch put" };
+        let n = keys.len().max(values.len());
+        if keys.len() != values.len() {
+            let cause = format!("{op}: {} keys but {} values", keys.len(), values.len());
+            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+        }
+        if let Err(e) = self.check_open() {
+            return vec![Err(e.context(op)); n];
         }
         if keys.is_empty() {
             return Vec::new();
@@ -337,7 +417,7 @@ impl Store {
         // the master answered (it alone knows the pin a `PRESERVE` keeps), a put's from its
         // config (`catalog` module docs).
         let started = if upsert {
-            rpc(self.master.call(&BatchUpsertStart {
+            self.ask(self.master.call(&BatchUpsertStart {
                 client_id: id,
                 keys: keys.to_vec(),
                 sizes,
@@ -349,7 +429,7 @@ impl Store {
                 replicas,
                 soft_pin_ttl_ms,
             };
-            rpc(self.master.call(&BatchPutStart {
+            self.ask(self.master.call(&BatchPutStart {
                 client_id: id,
                 keys: keys.to_vec(),
                 sizes,
@@ -359,11 +439,23 @@ impl Store {
         };
         let started = match started {
             Ok(s) if s.len() == keys.len() => s,
-            Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => return vec![Err(e); keys.len()],
+            Ok(s) => {
+                let cause = format!(
+                    "{op}: the master answered {} results for {} keys",
+                    s.len(),
+                    keys.len()
+                );
+                return vec![Err(StoreError::new(ErrorCode::RpcFail, cause)); keys.len()];
+            }
+            Err(e) => {
+                return vec![
+                    Err(e.context(format_args!("{op} of {} keys", keys.len())));
+                    keys.len()
+                ]
+            }
         };
         // Every replica of every started key goes out in one batched transfer.
-        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(keys.len());
+        let mut results: Vec<Result<(), StoreError>> = Vec::with_capacity(keys.len());
         let mut items: Vec<WriteItem<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
         let mut writing: Vec<usize> = Vec::new();
@@ -371,7 +463,12 @@ impl Store {
         for (i, s) in started.iter().enumerate() {
             match s {
                 Err(ErrorCode::ObjectAlreadyExists) if !upsert => results.push(Ok(())),
-                Err(e) => results.push(Err(*e)),
+                Err(e) => results.push(Err(not_placed(
+                    StoreError::from(*e),
+                    op,
+                    &keys[i],
+                    &put_ask(values[i].iter().map(|p| p.len() as u64).sum(), cfg),
+                ))),
                 Ok(UpsertStarted {
                     replicas,
                     soft_pin_ttl_ms,
@@ -393,7 +490,7 @@ impl Store {
         }
         for (&i, r) in owners.iter().zip(self.peers.write_many(&items)) {
             if results[i].is_ok() {
-                results[i] = r;
+                results[i] = r.map_err(|e| e.context(format_args!("{op}: {}", keys[i])));
             }
         }
         let (commit, revoke): (Vec<usize>, Vec<usize>) =
@@ -411,13 +508,16 @@ impl Store {
                     keys: pick(&commit),
                 })
             };
-            match rpc(ended) {
+            let commit_cause = |i: usize| format!("{op}: commit of {}", keys[i]);
+            match self.ask(ended) {
                 Ok(per) => {
                     for (&i, r) in commit.iter().zip(per) {
-                        results[i] = r;
+                        results[i] = r.map_err(|e| StoreError::new(e, commit_cause(i)));
                     }
                 }
-                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e)),
+                Err(e) => commit
+                    .iter()
+                    .for_each(|&i| results[i] = Err(e.clone().context(commit_cause(i)))),
             }
         }
         if !revoke.is_empty() {
@@ -454,22 +554,25 @@ impl Store {
         if n == 0 {
             return Vec::new();
         }
-        match rpc(self.master.call(&req())) {
+        match self.ask(self.master.call(&req())) {
             Ok(v) if v.len() == n => v,
             Ok(_) => vec![Err(ErrorCode::RpcFail); n],
-            Err(e) => vec![Err(e); n],
+            Err(e) => vec![Err(e.code); n],
         }
     }
 
     // ---- gets ---------------------------------------------------------------------------
 
     /// The replica list of `key` (grants a read lease) and the window to read it in.
-    pub fn replicas(&self, key: &str) -> Result<Lookup, ErrorCode> {
-        self.check_open()?;
+    pub fn replicas(&self, key: &str) -> Result<Lookup, StoreError> {
+        let lookup = |e: StoreError| e.context(format_args!("lookup of {key}"));
+        self.check_open().map_err(lookup)?;
         let asked_at = Instant::now();
-        let list = rpc(self.master.call(&GetReplicaList {
-            key: key.to_string(),
-        }))?;
+        let list = self
+            .ask(self.master.call(&GetReplicaList {
+                key: key.to_string(),
+            }))
+            .map_err(lookup)?;
         Ok(Lookup::new(list, asked_at))
     }
 
@@ -486,15 +589,18 @@ impl Store {
     /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
     /// replica first and then the others; fails with `LEASE_EXPIRED` if the read did not end
     /// inside the list's window ([`Lookup`]).
-    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), ErrorCode> {
-        list.check()?;
+    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        let late = |e: ErrorCode| {
+            StoreError::new(e, "the read did not end inside the lookup's lease window")
+        };
+        list.check().map_err(late)?;
         let mut order: Vec<&ReplicaDescriptor> = list.replicas.iter().collect();
         order.sort_by_key(|r| !self.own_endpoint_is(&r.transport_endpoint));
-        let mut last = ErrorCode::InvalidReplica;
+        let mut last = StoreError::new(ErrorCode::InvalidReplica, "the object has no replica");
         for r in order {
             match self.peers.read(r, offset, dst) {
-                Ok(()) => return list.check(),
-                Err(ErrorCode::InvalidParams) => return Err(ErrorCode::InvalidParams),
+                Ok(()) => return list.check().map_err(late),
+                Err(e) if e.code == ErrorCode::InvalidParams => return Err(e),
                 Err(e) => last = e,
             }
         }
@@ -535,9 +641,11 @@ impl Store {
         for (((i, list), item), r) in lists.into_iter().zip(items).zip(outcomes) {
             results[i] = match r {
                 Ok(()) => list.check(),
-                Err(ErrorCode::InvalidParams) => Err(ErrorCode::InvalidParams),
-                Err(_) if list.replicas.len() > 1 => self.read_from(list, item.offset, item.dst),
-                Err(e) => Err(e),
+                Err(e) if e.code == ErrorCode::InvalidParams => Err(e.code),
+                Err(_) if list.replicas.len() > 1 => self
+                    .read_from(list, item.offset, item.dst)
+                    .map_err(ErrorCode::from),
+                Err(e) => Err(e.code),
             };
         }
         results
@@ -582,9 +690,9 @@ impl Store {
 
     pub fn is_exist(&self, key: &str) -> Result<bool, ErrorCode> {
         self.check_open()?;
-        rpc(self.master.call(&ExistKey {
+        Ok(self.ask(self.master.call(&ExistKey {
             key: key.to_string(),
-        }))
+        }))?)
     }
 
     pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, ErrorCode>> {
@@ -597,14 +705,21 @@ impl Store {
     /// owner's catalog (a tombstone with the removed version) before this returns, so that a
     /// later leader rebuilding its index from the owners does not bring the key back
     /// (`docs/ha.md`, "versions and tombstones").
-    pub fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
-        self.check_open()?;
-        let freed = rpc(self.master.call(&Remove {
-            key: key.to_string(),
-            force,
-        }))?;
+    pub fn remove(&self, key: &str, force: bool) -> Result<(), StoreError> {
+        self.check_open()
+            .map_err(|e| e.context(format_args!("remove {key}")))?;
+        let freed = self
+            .ask(self.master.call(&Remove {
+                key: key.to_string(),
+                force,
+            }))
+            .map_err(|e| e.context(format_args!("remove {key}")))?;
         let items: Vec<(&ReplicaDescriptor, &str)> = freed.iter().map(|r| (r, key)).collect();
-        self.bury(&items).map_err(|(_, e)| e)
+        self.bury(&items).map_err(|(_, e)| {
+            e.context(format_args!(
+                "remove {key}: neither the owner nor the master could make the removal durable"
+            ))
+        })
     }
 
     /// Buries removed replicas (see [`Store::remove`]). What an owner could not take (its
@@ -612,7 +727,7 @@ impl Store {
     /// tombstone and, under HA, stores it in etcd before answering (`docs/ha.md`, "removals
     /// the owners have not heard of"). Only if that fails too is the removal not durable: the
     /// error names the keys concerned, and the caller reports them unacknowledged.
-    fn bury(&self, items: &[(&ReplicaDescriptor, &str)]) -> Result<(), (Vec<String>, ErrorCode)> {
+    fn bury(&self, items: &[(&ReplicaDescriptor, &str)]) -> Result<(), (Vec<String>, StoreError)> {
         if items.is_empty() {
             return Ok(());
         }
@@ -643,7 +758,7 @@ impl Store {
         if keys.is_empty() {
             return Ok(());
         }
-        let kept = rpc(self.master.call(&KeepRemoved {
+        let kept = self.ask(self.master.call(&KeepRemoved {
             keys: keys.clone(),
             versions,
         }));
@@ -660,15 +775,15 @@ impl Store {
 
     pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
         self.check_open()?;
-        rpc(self.master.call(&RemoveByRegex {
+        Ok(self.ask(self.master.call(&RemoveByRegex {
             pattern: pattern.to_string(),
             force,
-        }))
+        }))?)
     }
 
     pub fn remove_all(&self, force: bool) -> Result<u64, ErrorCode> {
         self.check_open()?;
-        rpc(self.master.call(&RemoveAll { force }))
+        Ok(self.ask(self.master.call(&RemoveAll { force }))?)
     }
 
     /// Removes every key, burying what each frees as [`Store::remove`] does.
@@ -694,7 +809,7 @@ impl Store {
             .into_iter()
             .zip(keys)
             .map(|(a, k)| match &not_durable {
-                Some((bad, e)) if a.is_ok() && bad.contains(k) => Err(*e),
+                Some((bad, e)) if a.is_ok() && bad.contains(k) => Err(e.code),
                 _ => a.map(|_| ()),
             })
             .collect()
@@ -715,7 +830,7 @@ impl Store {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let answers = rpc(self.master.call(&BatchReplicaClear {
+        let answers = self.ask(self.master.call(&BatchReplicaClear {
             client_id: self.client_id,
             keys: keys.to_vec(),
             segment_name: segment_name.to_string(),

@@ -38,6 +38,8 @@ use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, Transfer
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
+use super::StoreError;
+
 use super::catalog::CatalogWriter;
 
 /// Requests larger than this are cut into slices of this size, so that one object uses several
@@ -329,12 +331,12 @@ impl Peers {
             .is_some_and(|d| Instant::now() < d.until)
     }
 
-    fn client(&self, endpoint: &str) -> Result<Arc<TcpClient>, ErrorCode> {
+    fn client(&self, endpoint: &str) -> Result<Arc<TcpClient>, StoreError> {
         if let Some(c) = self.pooled(endpoint) {
             return Ok(c);
         }
         if self.in_backoff(endpoint) {
-            return Err(ErrorCode::TransferFail);
+            return Err(down(endpoint));
         }
         // One dialer per endpoint; the others wait and take its outcome.
         let gate = self
@@ -348,17 +350,25 @@ impl Peers {
             return Ok(c);
         }
         if self.in_backoff(endpoint) {
-            return Err(ErrorCode::TransferFail);
+            return Err(down(endpoint));
         }
         let connected = endpoint
             .to_socket_addrs()
             .ok()
             .and_then(|mut a| a.next())
-            .ok_or(ErrorCode::TransferFail)
+            .ok_or_else(|| {
+                StoreError::new(
+                    ErrorCode::TransferFail,
+                    format!("the node {endpoint} does not resolve to an address"),
+                )
+            })
             .and_then(|addr| {
                 TcpClient::connect(addr, self.config).map_err(|e| {
                     tracing::warn!("connecting to {endpoint} failed: {e}");
-                    ErrorCode::TransferFail
+                    StoreError::new(
+                        ErrorCode::TransferFail,
+                        format!("cannot connect to the node {endpoint}: {e}"),
+                    )
                 })
             });
         let c = match connected {
@@ -397,7 +407,7 @@ impl Peers {
 
     /// Writes `parts`, concatenated, to the start of replica `r`.
     #[cfg(test)]
-    pub fn write(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), ErrorCode> {
+    pub fn write(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), StoreError> {
         self.write_many(&[WriteItem {
             replica: r,
             parts,
@@ -415,7 +425,7 @@ impl Peers {
         r: &ReplicaDescriptor,
         offset: u64,
         dst: &mut [u8],
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<(), StoreError> {
         self.read_many(&mut [ReadItem {
             replica: r,
             offset,
@@ -426,8 +436,8 @@ impl Peers {
     }
 
     /// Runs every write; one result per item, in order.
-    pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), ErrorCode>> {
-        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+    pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
         let mut shared = Vec::new();
         let records: Vec<Vec<u8>> = items
             .iter()
@@ -440,7 +450,10 @@ impl Peers {
             let r = it.replica;
             let total: u64 = it.parts.iter().map(|p| p.len() as u64).sum();
             if total != r.size {
-                results[i] = Err(ErrorCode::InvalidParams);
+                results[i] = Err(StoreError::new(
+                    ErrorCode::InvalidParams,
+                    format!("{total} bytes for a replica of {} bytes", r.size),
+                ));
                 continue;
             }
             if self.is_local(r) {
@@ -521,8 +534,8 @@ impl Peers {
     /// our own catalog directly), so that no later leader re-inserts what was removed
     /// (`docs/ha.md`). One result per item, in order; an owner that keeps no catalog counts
     /// as done.
-    pub fn bury_many(&self, items: &[(&ReplicaDescriptor, &str)]) -> Vec<Result<(), ErrorCode>> {
-        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+    pub fn bury_many(&self, items: &[(&ReplicaDescriptor, &str)]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
         let records: Vec<Vec<u8>> = items
             .iter()
             .map(|(r, key)| CatalogWriter::tombstone(r, key))
@@ -549,15 +562,21 @@ impl Peers {
     }
 
     /// Runs every read; one result per item, in order.
-    pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), ErrorCode>> {
-        let mut results: Vec<Result<(), ErrorCode>> = vec![Ok(()); items.len()];
+    pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
         let mut shared = Vec::new();
         for (i, it) in items.iter_mut().enumerate() {
             let r = it.replica;
             let len = it.dst.len() as u64;
             if it.offset.checked_add(len).is_none_or(|end| end > r.size) {
-                results[i] = Err(ErrorCode::InvalidParams);
+                results[i] = Err(StoreError::new(
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "a read of {len} bytes at {} of a {}-byte replica",
+                        it.offset, r.size
+                    ),
+                ));
                 continue;
             }
             if len == 0 {
@@ -601,9 +620,9 @@ impl Peers {
 
     /// Submits each endpoint's batch (in parallel when several endpoints carry enough bytes)
     /// and folds the per-request results into per-item ones.
-    fn run_groups(&self, mut groups: Vec<Group<'_, '_>>, results: &mut [Result<(), ErrorCode>]) {
+    fn run_groups(&self, mut groups: Vec<Group<'_, '_>>, results: &mut [Result<(), StoreError>]) {
         let total: u64 = groups.iter().map(|g| g.bytes).sum();
-        let outcomes: Vec<Vec<Result<(), ErrorCode>>> =
+        let outcomes: Vec<Vec<Result<(), StoreError>>> =
             if groups.len() > 1 && total >= PARALLEL_ENDPOINTS_MIN_BYTES {
                 std::thread::scope(|scope| {
                     let handles: Vec<_> = groups
@@ -613,8 +632,12 @@ impl Peers {
                     handles
                         .into_iter()
                         .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|_| vec![Err(ErrorCode::InternalError)])
+                            h.join().unwrap_or_else(|_| {
+                                vec![Err(StoreError::new(
+                                    ErrorCode::InternalError,
+                                    "a transfer thread panicked",
+                                ))]
+                            })
                         })
                         .collect()
                 })
@@ -625,7 +648,10 @@ impl Peers {
             if out.len() != g.owners.len() {
                 // The group's thread panicked: fail all its items.
                 for &o in &g.owners {
-                    results[o] = Err(ErrorCode::InternalError);
+                    results[o] = Err(StoreError::new(
+                        ErrorCode::InternalError,
+                        format!("the transfer thread for {} panicked", g.endpoint),
+                    ));
                 }
                 continue;
             }
@@ -638,7 +664,7 @@ impl Peers {
     }
 
     /// One endpoint's requests, in submissions of at most `SUBMIT_REQUESTS_MAX`.
-    fn run_group(&self, g: &mut Group<'_, '_>) -> Vec<Result<(), ErrorCode>> {
+    fn run_group(&self, g: &mut Group<'_, '_>) -> Vec<Result<(), StoreError>> {
         let client = match self.client(g.endpoint) {
             Ok(c) => c,
             Err(e) => return vec![Err(e); g.ops.len()],
@@ -659,20 +685,29 @@ impl Peers {
         out
     }
 
-    fn outcome(&self, endpoint: &str, r: TransferResult) -> Result<(), ErrorCode> {
+    fn outcome(&self, endpoint: &str, r: TransferResult) -> Result<(), StoreError> {
         r.map_err(|e| {
             tracing::warn!("transfer with {endpoint} failed: {e}");
             if e.code() == dataplane::TeError::Socket.code() {
                 self.forget(endpoint);
             }
-            ErrorCode::TransferFail
+            StoreError::new(
+                ErrorCode::TransferFail,
+                format!("transfer with the node {endpoint} failed: {e}"),
+            )
         })
     }
 
-    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), ErrorCode> {
+    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), StoreError> {
         let own = self.own.ok_or(ErrorCode::TransferFail)?;
         if !own.contains(r.buffer_address, r.size) {
-            return Err(ErrorCode::InvalidWrite);
+            return Err(StoreError::new(
+                ErrorCode::InvalidWrite,
+                format!(
+                    "replica at {:#x} is outside our own segment",
+                    r.buffer_address
+                ),
+            ));
         }
         let mut at = r.buffer_address;
         for p in parts {
@@ -688,10 +723,13 @@ impl Peers {
         Ok(())
     }
 
-    fn copy_out(&self, src: u64, dst: &mut [u8]) -> Result<(), ErrorCode> {
+    fn copy_out(&self, src: u64, dst: &mut [u8]) -> Result<(), StoreError> {
         let own = self.own.ok_or(ErrorCode::TransferFail)?;
         if !own.contains(src, dst.len() as u64) {
-            return Err(ErrorCode::InvalidRead);
+            return Err(StoreError::new(
+                ErrorCode::InvalidRead,
+                format!("replica at {src:#x} is outside our own segment"),
+            ));
         }
         // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
         // `dst` is an exclusive borrow of caller memory, so the ranges do not overlap.
@@ -701,6 +739,14 @@ impl Peers {
             .fetch_add(dst.len() as u64, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The error of a transfer to a node that failed recently and is not retried yet.
+fn down(endpoint: &str) -> StoreError {
+    StoreError::new(
+        ErrorCode::TransferFail,
+        format!("the node {endpoint} failed recently and is in back-off"),
+    )
 }
 
 #[cfg(test)]
@@ -726,8 +772,9 @@ mod tests {
             version: protocol::Version::ZERO,
         };
         let mut buf = [0u8; 8];
-        assert_eq!(p.read(&r, 4, &mut buf), Err(ErrorCode::InvalidParams));
-        assert_eq!(p.write(&r, &[&buf]), Err(ErrorCode::InvalidParams));
+        let code = |r: Result<(), StoreError>| r.map_err(|e| e.code);
+        assert_eq!(code(p.read(&r, 4, &mut buf)), Err(ErrorCode::InvalidParams));
+        assert_eq!(code(p.write(&r, &[&buf])), Err(ErrorCode::InvalidParams));
         assert_eq!(p.read(&r, 2, &mut []), Ok(()));
     }
 }

@@ -94,7 +94,7 @@ impl Store {
         let started = match started {
             Ok(s) if s.len() == keys.len() => s,
             Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => return vec![Err(e); keys.len()],
+            Err(e) => return vec![Err(e.code); keys.len()],
         };
         let mut unstaged: Vec<String> = Vec::new();
         let results = {
@@ -215,7 +215,7 @@ impl Store {
         }
         for (&i, r) in owners.iter().zip(self.peers.write_many(&items)) {
             if results[i].is_ok() {
-                results[i] = r;
+                results[i] = r.map_err(ErrorCode::from);
             }
         }
         let pick = |ok: bool| -> Vec<usize> {
@@ -232,7 +232,7 @@ impl Store {
             }));
             match ended {
                 Ok(per) => commit.iter().zip(per).for_each(|(&i, r)| results[i] = r),
-                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e)),
+                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e.code)),
             }
         }
         if !revoke.is_empty() {
@@ -263,7 +263,7 @@ impl Store {
             })) {
                 Ok(v) if v.len() == open.len() => v,
                 Ok(_) => vec![Err(ErrorCode::RpcFail); open.len()],
-                Err(e) => vec![Err(e); open.len()],
+                Err(e) => vec![Err(e.code); open.len()],
             }
         }
         .into_iter();

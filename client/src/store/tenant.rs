@@ -51,6 +51,11 @@ impl TenantMaster {
     }
 
     /// The key a replica of `key` is recorded under in its owner's catalog.
+    /// The master's address, for error causes.
+    pub fn addr(&self) -> &str {
+        self.client.addr()
+    }
+
     pub fn catalog_key<'k>(&self, key: &'k str) -> Cow<'k, str> {
         match &self.tenant {
             Some(t) => Cow::Owned(scoped_key(t, key)),

@@ -28,14 +28,16 @@ With MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE set, PUT and DELETE need the cluster's 
 Options:
   --port PORT         port to listen on (default 8080; 0 = any free port)
   --host HOST         address to bind (default 0.0.0.0; \"::\" for IPv6)
-  --log-level LEVEL   TRACE, DEBUG, INFO, WARNING, ERROR or CRITICAL (default INFO)
+  --log-level LEVEL   TRACE, DEBUG, INFO, WARNING, ERROR or CRITICAL (default: RUST_LOG,
+                      MC_YLT_LOG_LEVEL or MC_LOG_LEVEL, else INFO)
   --help, --version";
 
 #[derive(Debug, PartialEq)]
 struct Options {
     port: u16,
     host: String,
-    log_level: tracing::Level,
+    /// `--log-level`; without it the environment picks ([`protocol::log`], default info).
+    log_level: Option<tracing::Level>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -49,7 +51,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
     let mut options = Options {
         port: 8080,
         host: "0.0.0.0".to_string(),
-        log_level: tracing::Level::INFO,
+        log_level: None,
     };
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -73,7 +75,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, String>
                     .map_err(|_| format!("invalid --port: expected 0..=65535, got \"{raw}\""))?;
             }
             "--host" | "-host" => options.host = value()?,
-            "--log-level" | "--log_level" => options.log_level = parse_level(&value()?)?,
+            "--log-level" | "--log_level" => options.log_level = Some(parse_level(&value()?)?),
             _ => return Err(format!("unknown argument \"{arg}\" (see --help)")),
         }
     }
@@ -152,12 +154,16 @@ pub fn metadata_main(args: Vec<String>) -> i32 {
         eprintln!("mooncake_http_metadata_server: {e}");
         return 2;
     }
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(options.log_level)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .try_init();
+    {
+        use protocol::log::{Ansi, Level, Writer};
+        // A level on the command line beats the environment's.
+        let flag = options.log_level.map(|l| l.as_str().to_ascii_lowercase());
+        let level = match &flag {
+            Some(flag) => Level::Fixed(flag),
+            None => Level::Default("info"),
+        };
+        protocol::log::init_logging(level, Writer::Stderr, Ansi::IfTerminal);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -195,7 +201,7 @@ mod tests {
                 log_level,
             }))
         };
-        let info = tracing::Level::INFO;
+        let info = None;
         let cases: &[(&[&str], Result<Command, String>)] = &[
             (&[], serve(8080, "0.0.0.0", info)),
             (
@@ -205,11 +211,11 @@ mod tests {
             (&["--port=0", "--host=::"], serve(0, "::", info)),
             (
                 &["--log-level", "debug"],
-                serve(8080, "0.0.0.0", tracing::Level::DEBUG),
+                serve(8080, "0.0.0.0", Some(tracing::Level::DEBUG)),
             ),
             (
                 &["--log-level=WARNING"],
-                serve(8080, "0.0.0.0", tracing::Level::WARN),
+                serve(8080, "0.0.0.0", Some(tracing::Level::WARN)),
             ),
             (&["--help"], Ok(Command::Help)),
             (&["--version"], Ok(Command::Version)),
