@@ -4,7 +4,7 @@ master assigns it; replica endpoints read through get_replica_desc."""
 
 import pytest
 
-from conftest import MIB, lease_wait, make_store
+from conftest import MIB, Master, Node, lease_wait, make_store
 from mooncake.store import QueryTaskResponse, ReplicateConfig, TaskStatus, TaskType
 from polling import wait_until
 
@@ -109,3 +109,37 @@ def test_bad_inputs_give_upstreams_codes(trio):
     assert a.query_task((0, 0)) == (None, -1400)
     assert a.query_task((-1, 1 << 70)) == (None, -1400)
     assert holders(a, "tk_bad") == [port(a.get_hostname())]
+
+
+def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
+    """Two storage nodes (which do not execute tasks) and a client without a segment (no
+    executor either): a task stays PENDING, so what it blocks can be checked without a race."""
+    m = Master(extra=["--max_total_pending_tasks=1"])
+    nodes, s = [], None
+    try:
+        nodes = [Node(m, 32 * MIB), Node(m, 32 * MIB)]
+        seg1, seg2 = (f"127.0.0.1:{n.port}" for n in nodes)
+        s = make_store(m, segment=0, local_buffer=16 * MIB)
+        cfg = ReplicateConfig()
+        cfg.preferred_segment = seg1
+        assert s.put("tk_wait", b"w" * 100, cfg) == 0
+        assert s.put("tk_other", b"o" * 100, cfg) == 0
+        task_id, rc = s.create_copy_task("tk_wait", [seg2])
+        assert rc == 0
+        resp, rc = s.query_task(task_id)
+        assert (rc, resp.status, resp.type) == (0, TaskStatus.PENDING, TaskType.REPLICA_COPY)
+        assert s.create_move_task("tk_wait", seg1, seg2) == ((0, 0), -708)
+        assert s.remove("tk_wait") == -708
+        assert s.remove_all() == 1  # tk_other only
+        assert s.is_exist("tk_wait") == 1
+        assert s.create_copy_task("tk_other", [seg2]) == ((0, 0), -704)
+        assert s.put("tk_other", b"o" * 100, cfg) == 0
+        assert s.create_copy_task("tk_other", [seg2]) == ((0, 0), -1401)
+        # A forced remove skips the task check, as upstream's.
+        assert s.remove("tk_wait", force=True) == 0
+    finally:
+        if s is not None:
+            s.close()
+        for n in nodes:
+            n.stop()
+        m.stop()
