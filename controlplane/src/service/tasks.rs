@@ -14,7 +14,8 @@
 //!
 //! A task is assigned at creation to one client, its executor: the owner of the first target
 //! when that client fetches tasks, else any live client that does, else still the target's
-//! owner (the task then waits, and fails at `--pending_task_timeout_sec`). The executor fetches
+//! owner (the task then waits, and fails at `--pending_task_timeout_sec`). When an executor
+//! expires, its PENDING tasks go to a live executor and its PROCESSING ones fail. The executor fetches
 //! on its ping cadence (`client::store::tasks`); a fetch turns its pending tasks PROCESSING
 //! and allocates one range of the object's size on each target, kept in the task (not in the
 //! object: readers never see a replica before its bytes are there). On success the ranges
@@ -500,11 +501,12 @@ impl State {
         self.tasks.next_scan_ms = now + TIMEOUT_SCAN_INTERVAL_MS;
         let clients = &self.clients;
         self.tasks.executors.retain(|c, _| clients.contains_key(c));
+        self.reassign_orphans(now);
         let (pt, xt) = (
             self.cfg.tasks.pending_timeout_ms,
             self.cfg.tasks.processing_timeout_ms,
         );
-        let late: Vec<(Uuid, TaskStatus)> = self
+        let late: Vec<(Uuid, &str)> = self
             .tasks
             .by_key
             .values()
@@ -512,18 +514,55 @@ impl State {
                 let t = self.tasks.all.get(id)?;
                 let over = |timeout: u64, since: u64| timeout > 0 && now >= since + timeout;
                 match t.status {
-                    TaskStatus::Pending if over(pt, t.created_ms) => Some((*id, t.status)),
-                    TaskStatus::Processing if over(xt, t.updated_ms) => Some((*id, t.status)),
+                    TaskStatus::Pending if over(pt, t.created_ms) => {
+                        Some((*id, "timed out waiting for its executor"))
+                    }
+                    TaskStatus::Processing if over(xt, t.updated_ms) => {
+                        Some((*id, "timed out while processing"))
+                    }
+                    TaskStatus::Processing if !self.clients.contains_key(&t.assigned) => {
+                        Some((*id, "its executor expired while processing"))
+                    }
                     _ => None,
                 }
             })
             .collect();
-        for (id, was) in late {
-            let (why, may_write) = match was {
-                TaskStatus::Pending => ("timed out waiting for its executor", false),
-                _ => ("timed out while processing", true),
-            };
+        for (id, why) in late {
+            // A PROCESSING task's executor may still be writing (a timeout, or a client cut
+            // off from the master but not from the target): its ranges are parked.
+            let may_write = self
+                .tasks
+                .all
+                .get(&id)
+                .is_some_and(|t| t.status == TaskStatus::Processing);
             self.finish_task(now, id, TaskStatus::Failed, why.to_string(), may_write);
+        }
+    }
+
+    /// Hands the PENDING tasks of executors that expired to a live executor, if any.
+    fn reassign_orphans(&mut self, now: u64) {
+        let clients = &self.clients;
+        let orphaned: Vec<Uuid> = self
+            .tasks
+            .queued
+            .keys()
+            .copied()
+            .filter(|c| !clients.contains_key(c))
+            .collect();
+        let Some(heir) = self.tasks.executors.keys().copied().min() else {
+            return;
+        };
+        for gone in orphaned {
+            let Some(ids) = self.tasks.queued.remove(&gone) else {
+                continue;
+            };
+            for id in &ids {
+                if let Some(t) = self.tasks.all.get_mut(id) {
+                    t.assigned = heir;
+                    t.updated_ms = now;
+                }
+            }
+            self.tasks.queued.entry(heir).or_default().extend(ids);
         }
     }
 

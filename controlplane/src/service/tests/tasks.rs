@@ -392,6 +392,44 @@ fn a_task_goes_to_a_client_that_fetches_when_the_target_owner_does_not() {
 }
 
 #[test]
+fn an_expired_executor_hands_on_its_pending_tasks_and_fails_its_processing_ones() {
+    let mut c = cfg();
+    c.client_ttl_s = 10;
+    let t = T::three(c);
+    t.mount_seg(C3, 4, "s4", 64 * MIB);
+    t.put_on("p", MIB, "s3");
+    t.put_on("q", MIB, "s3");
+    // C1 and C2 execute; C3 does not (yet).
+    assert!(t.fetch(C1).is_empty());
+    assert!(t.fetch(C2).is_empty());
+    let running = t.copy("q", &["s2"]).unwrap();
+    assert_eq!(t.fetch(C2).len(), 1);
+    // s4's owner does not execute: the lowest executor id gets the task.
+    let waiting = t.copy("p", &["s4"]).unwrap();
+    assert_eq!(t.query(waiting).unwrap().assigned_client, C1);
+    // C1 and C2 go silent and expire while C3 pings: C2's running task fails; C1's waiting
+    // one has no live executor to go to and stays queued.
+    for _ in 0..11 {
+        t.advance(1_000);
+        t.call(Request::Ping, Ping { client_id: C3 }).unwrap();
+        t.svc.tick();
+    }
+    let q = t.query(running).unwrap();
+    assert_eq!(q.status, TaskStatus::Failed);
+    assert!(q.message.contains("expired"), "{}", q.message);
+    assert_eq!(t.status(waiting), TaskStatus::Pending);
+    // C3 starts fetching: the orphaned task is handed to it at the next scan.
+    assert!(t.fetch(C3).is_empty());
+    t.advance(1_000);
+    t.call(Request::Ping, Ping { client_id: C3 }).unwrap();
+    t.svc.tick();
+    assert_eq!(t.query(waiting).unwrap().assigned_client, C3);
+    assert_eq!(t.fetch(C3).len(), 1);
+    t.complete(C3, waiting, true, "").unwrap();
+    assert_eq!(t.holders("p"), ["s3", "s4"]);
+}
+
+#[test]
 fn tasks_are_forgotten_with_the_term() {
     let t = T::three(cfg());
     t.put_on("k", MIB, "s1");
