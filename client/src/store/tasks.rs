@@ -71,7 +71,12 @@ pub(super) fn start_executor(
             while !stop.load(Ordering::SeqCst) {
                 match run_fetched(&master, &peers, client_id) {
                     Ok(0) => {}
-                    Ok(n) => tracing::debug!("ran {n} replica task(s)"),
+                    Ok(n) => {
+                        // A fetch hands out a bounded number: ask again at once until the
+                        // queue is empty, rather than one batch per interval.
+                        tracing::debug!("ran {n} replica task(s)");
+                        continue;
+                    }
                     Err(e) => tracing::debug!("fetching replica tasks failed: {e}"),
                 }
                 std::thread::park_timeout(PING_INTERVAL);
