@@ -5,12 +5,24 @@
 
 use protocol::frame::{encode_with, Kind};
 use protocol::message::*;
+use protocol::wire::Wire;
 use protocol::*;
 
 fn frame<R: Rpc>(r: &R) -> (String, Vec<u8>) {
     let mut out = Vec::new();
     encode_with(&mut out, Kind::Request, R::OP, 7, |b| r.encode(b)).unwrap();
     (R::NAME.to_string(), out)
+}
+
+/// A frame whose body is a successful answer carrying `value`.
+fn answer<T: Wire>(op: u16, name: &str, value: &T) -> (String, Vec<u8>) {
+    let mut out = Vec::new();
+    encode_with(&mut out, Kind::Response, op, 7, |b| {
+        0i32.encode(b);
+        value.encode(b);
+    })
+    .unwrap();
+    (name.to_string(), out)
 }
 
 fn main() {
@@ -104,7 +116,54 @@ fn main() {
             segment_name: "seg".into(),
         }),
         frame(&BatchRemove { keys, force: false }),
+        frame(&CreateCopyTask {
+            key: "k".into(),
+            targets: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+        }),
+        frame(&CreateMoveTask {
+            key: "k".into(),
+            source: "127.0.0.1:1".into(),
+            target: "127.0.0.1:2".into(),
+        }),
+        frame(&QueryTask { task_id: id }),
+        frame(&FetchTasks { client_id: id }),
+        frame(&CompleteTask {
+            client_id: id,
+            task_id: id,
+            ok: false,
+            message: "transfer failed".into(),
+        }),
     ];
+    // Answers whose decoders the requests above do not reach (`validate_response` reads each
+    // body as its opcode's answer): a fetched task and a task's state.
+    let replica = ReplicaDescriptor {
+        status: ReplicaStatus::Complete,
+        segment_name: "127.0.0.1:1".into(),
+        transport_endpoint: "127.0.0.1:15000".into(),
+        buffer_address: 1 << 40,
+        size: 9,
+        version: Version { term: 5, seq: 9 },
+    };
+    let work = TaskWork {
+        task_id: id,
+        key: "k".into(),
+        sources: vec![replica.clone()],
+        targets: vec![replica],
+        with_hard_pin: false,
+        soft_pin_ttl_ms: Some(1000),
+    };
+    let info = TaskInfo {
+        id,
+        task_type: TaskType::ReplicaMove,
+        status: TaskStatus::Success,
+        created_at_ms_epoch: 1,
+        last_updated_at_ms_epoch: 2,
+        assigned_client: id,
+        message: String::new(),
+    };
+    let mut frames = frames;
+    frames.push(answer(FetchTasks::OP, "FetchTasksAnswer", &vec![work]));
+    frames.push(answer(QueryTask::OP, "QueryTaskAnswer", &info));
     for (name, bytes) in frames {
         std::fs::write(format!("{dir}/{name}"), bytes).unwrap();
     }

@@ -18,6 +18,10 @@ pub const PING_FREED_RANGES_MAX: usize = 64 * 1024;
 /// oldest are dropped: their catalog entries stay until the range is reused (see
 /// `docs/recovery.md`, "windows").
 pub const FREED_OUTBOX_MAX: usize = 1 << 20;
+/// Most tasks one `FetchTasks` hands out; the rest wait for the executor's next fetch.
+pub const TASKS_PER_FETCH_MAX: usize = 16;
+/// Most targets of one copy task (upstream's copy names a handful of segments).
+pub const TASK_TARGETS_MAX: usize = 64;
 
 const _: () = assert!(KEY_MAX_BYTES <= STRING_MAX_BYTES);
 const _: () = assert!(PING_FREED_RANGES_MAX * 16 < FRAME_PAYLOAD_MAX_BYTES);

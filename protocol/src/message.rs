@@ -130,7 +130,7 @@ pub const IN_TENANT_OP: u16 = 40;
 /// Whether requests with this opcode may travel in a tenant envelope: the object operations
 /// (keys, patterns, removals), not liveness or segments, which belong to no tenant.
 pub fn tenant_scoped(opcode: u16) -> bool {
-    matches!(opcode, 10..=21 | 30..=39)
+    matches!(opcode, 10..=23 | 30..=39)
 }
 
 /// A request of a named tenant (`crate::tenant`), as a server receives it. Body: the tenant
@@ -217,6 +217,12 @@ messages! {
     4 UnmountSegment { client_id: Uuid, segment_id: Uuid } -> ();
     5 GracefulUnmountSegment { client_id: Uuid, segment_id: Uuid, grace_ms: u64 } -> ();
     6 ServiceReady {} -> String;
+    // Replica tasks (`controlplane/src/service/tasks.rs`): the state of one task, and the
+    // executor's side: the tasks assigned to it (now PROCESSING, with their target ranges
+    // allocated), and its report of one.
+    7 QueryTask { task_id: Uuid } -> TaskInfo;
+    8 FetchTasks { client_id: Uuid } -> Vec<TaskWork>;
+    9 CompleteTask { client_id: Uuid, task_id: Uuid, ok: bool, message: String } -> ();
     // Single-object operations.
     10 PutStart { client_id: Uuid, key: String, size: u64, config: ReplicateConfig }
         -> Vec<ReplicaDescriptor>;
@@ -236,6 +242,9 @@ messages! {
     // and others stay), or why the key was skipped.
     21 BatchReplicaClear { client_id: Uuid, keys: Vec<String>, segment_name: String }
         -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;
+    // Replica tasks of one object: the new task's id.
+    22 CreateCopyTask { key: String, targets: Vec<String> } -> Uuid;
+    23 CreateMoveTask { key: String, source: String, target: String } -> Uuid;
     // Batch forms: one status (and value) per key.
     30 BatchPutStart { client_id: Uuid, keys: Vec<String>, sizes: Vec<u64>, config: ReplicateConfig }
         -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>;

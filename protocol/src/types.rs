@@ -403,6 +403,78 @@ wire_struct!(HeldObject {
     soft_pin_ttl_ms: Option<u64>,
 });
 
+/// Kind of a replica task (upstream's `TaskType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TaskType {
+    /// Add replicas of an object on named segments.
+    #[default]
+    ReplicaCopy = 0,
+    /// Move an object's replica from one segment to another.
+    ReplicaMove = 1,
+}
+wire_enum!(TaskType { ReplicaCopy = 0, ReplicaMove = 1 });
+
+/// State of a replica task (upstream's `TaskStatus` and its values):
+/// `PENDING -> PROCESSING -> SUCCESS | FAILED`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TaskStatus {
+    #[default]
+    Pending = 0,
+    Processing = 1,
+    Failed = 2,
+    Success = 3,
+}
+wire_enum!(TaskStatus { Pending = 0, Processing = 1, Failed = 2, Success = 3 });
+
+/// Reply to `QueryTask` (upstream's `QueryTaskResponse`). Times are wall-clock milliseconds
+/// since the Unix epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub id: Uuid,
+    pub task_type: TaskType,
+    pub status: TaskStatus,
+    pub created_at_ms_epoch: u64,
+    pub last_updated_at_ms_epoch: u64,
+    pub assigned_client: Uuid,
+    /// Why a task failed (empty otherwise).
+    pub message: String,
+}
+wire_struct!(TaskInfo {
+    id: Uuid,
+    task_type: TaskType,
+    status: TaskStatus,
+    created_at_ms_epoch: u64,
+    last_updated_at_ms_epoch: u64,
+    assigned_client: Uuid,
+    message: String,
+});
+
+/// A task handed to its executor by `FetchTasks`, now PROCESSING: read the object from one
+/// of `sources`, write it whole into every replica of `targets` (ranges the master allocated
+/// for it, recorded in each owner's catalog with the object's pins, as a put records them),
+/// then report with `CompleteTask`. A move's source replica is dropped by the master on
+/// success.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskWork {
+    pub task_id: Uuid,
+    pub key: String,
+    pub sources: Vec<ReplicaDescriptor>,
+    pub targets: Vec<ReplicaDescriptor>,
+    pub with_hard_pin: bool,
+    /// As `UpsertStarted::soft_pin_ttl_ms`.
+    pub soft_pin_ttl_ms: Option<u64>,
+}
+wire_struct!(TaskWork {
+    task_id: Uuid,
+    key: String,
+    sources: Vec<ReplicaDescriptor>,
+    targets: Vec<ReplicaDescriptor>,
+    with_hard_pin: bool,
+    soft_pin_ttl_ms: Option<u64>,
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +578,45 @@ mod tests {
             // The pin is the last field: cutting it off is an error, not an unpinned object.
             assert!(UpsertStarted::from_bytes(&b[..b.len() - 1]).is_err());
         }
+    }
+
+    #[test]
+    fn task_types_round_trip_and_refuse_unknown_values() {
+        use crate::wire::Wire;
+        let info = TaskInfo {
+            id: Uuid::from_parts(1, 2),
+            task_type: TaskType::ReplicaMove,
+            status: TaskStatus::Failed,
+            created_at_ms_epoch: 5,
+            last_updated_at_ms_epoch: 6,
+            assigned_client: Uuid::from_parts(3, 4),
+            message: "no space".into(),
+        };
+        assert_eq!(TaskInfo::from_bytes(&info.to_bytes()).unwrap(), info);
+        let r = ReplicaDescriptor {
+            status: ReplicaStatus::Complete,
+            segment_name: "s".into(),
+            transport_endpoint: "127.0.0.1:1".into(),
+            buffer_address: 4096,
+            size: 9,
+            version: Version { term: 1, seq: 2 },
+        };
+        let work = TaskWork {
+            task_id: Uuid::from_parts(7, 8),
+            key: "k".into(),
+            sources: vec![r.clone()],
+            targets: vec![r.clone(), r],
+            with_hard_pin: true,
+            soft_pin_ttl_ms: Some(60_000),
+        };
+        assert_eq!(TaskWork::from_bytes(&work.to_bytes()).unwrap(), work);
+        // Status and type bytes past upstream's values are decode errors.
+        let mut bad = info.to_bytes();
+        bad[17] = 4;
+        assert!(TaskInfo::from_bytes(&bad).is_err());
+        let mut bad = info.to_bytes();
+        bad[16] = 2;
+        assert!(TaskInfo::from_bytes(&bad).is_err());
     }
 
     #[test]

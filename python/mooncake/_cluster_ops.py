@@ -6,9 +6,13 @@ upstream answers when it cannot do them, with the reason logged (never a silent 
   them (the master drops the replicas held there; the memory is freed after the grace
   period). `mount_segment(path, size, offset)` mounts the bytes of a file (in /dev/shm, a
   tmpfs or a disk) the same way.
-- replica tasks (`create_copy_task`, `create_move_task`): the master has no task queue; a
-  missing key is `-704` as upstream, any other key `NOT_SUPPORTED` (-1012). `query_task`
-  finds no task, which is true: `(None, -1400)`.
+- replica tasks are real: `create_copy_task(key, targets)` / `create_move_task(key, source,
+  target)` answer `((hi, lo), 0)` with the task's id, or `((0, 0), code)` (`-704` no key, `-101`
+  a segment that is not mounted, `-708` the object already has a task, `-1401` too many
+  pending; `docs/master.md`, "Replica tasks"). A store client that contributes a segment
+  carries tasks out (`client::store::tasks`). `query_task(id)` answers `(QueryTaskResponse,
+  0)` or `(None, -1400)`. Tasks are soft state of the master: after a master restart or an
+  HA failover the old ids are unknown (`-1400`).
 - `batch_replica_clear` is real (the master's owner-checked `BatchReplicaClear`); it lives
   here with the other cluster methods.
 - `setup_dummy`: connects to a standalone `mooncake_client` on this host (`client::dummy`,
@@ -47,9 +51,7 @@ class TaskStatus(enum.IntEnum):
 
 
 class QueryTaskResponse:
-    """What `query_task` returns for a known task (upstream's read-only fields). Never built
-    here, since no task is ever created; kept so code that imports or isinstance-checks it
-    works."""
+    """What `query_task` returns for a known task (upstream's read-only fields)."""
 
     __slots__ = ("_fields",)
 
@@ -80,8 +82,6 @@ class QueryTaskResponse:
 
 # Plain ints, as upstream returns them.
 _INVALID = int(ErrorCode.INVALID_PARAMS)
-_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
-_NOT_SUPPORTED = int(ErrorCode.NOT_SUPPORTED)
 _TASK_NOT_FOUND = int(ErrorCode.TASK_NOT_FOUND)
 _NO_TASK = (0, 0)
 
@@ -151,33 +151,39 @@ class ClusterOps:
 
     # ---- replica tasks ----------------------------------------------------------------------
 
-    def _task(self, what, key):
+    def _task(self, what, key, targets, source=None):
         if not self._ready(what):
             return (_NO_TASK, _INVALID)
-        if self.is_exist(key) != 1:
-            log.error("%s failed for key: %s, error: %d", what, key, _NOT_FOUND)
-            return (_NO_TASK, _NOT_FOUND)
-        log.error("%s failed for key: %s: the master has no replica task queue", what, key)
-        return (_NO_TASK, _NOT_SUPPORTED)
+        task_id, ret = self._create_task(str(key), targets, source)
+        if ret != 0:
+            log.error("%s failed for key: %s, error: %d", what, key, ret)
+            return (_NO_TASK, ret)
+        return (task_id, 0)
 
     def create_copy_task(self, key, targets):
-        """Upstream's replica copy task: `((0, 0), code)`; the master has no task queue here,
-        so the code is `-704` for a missing key, else `-1012` (logged)."""
-        list(targets)
-        return self._task("create_copy_task", key)
+        """Copies `key` onto every segment named in `targets`: `(task_id, 0)` or
+        `((0, 0), code)`."""
+        return self._task("create_copy_task", key, [str(t) for t in targets])
 
     def create_move_task(self, key, source, target):
-        """Upstream's replica move task: `((0, 0), code)` as `create_copy_task` (no task queue
-        here)."""
-        return self._task("create_move_task", key)
+        """Moves `key`'s replica from segment `source` to segment `target`: `(task_id, 0)` or
+        `((0, 0), code)`."""
+        return self._task("create_move_task", key, [str(target)], str(source))
 
     def query_task(self, task_id):
-        """`(None, -1400)` (`TASK_NOT_FOUND`): there are no replica tasks here, so no task is
-        ever found (logged)."""
+        """`(QueryTaskResponse, 0)`, or `(None, code)` (`-1400` for an unknown task)."""
         first, second = task_id
-        int(first), int(second)
-        log.error("QueryTask failed for task_id: %d-%d, error: %d", first, second, _TASK_NOT_FOUND)
-        return (None, _TASK_NOT_FOUND)
+        first, second = int(first), int(second)
+        if not self._ready("query_task"):
+            return (None, _INVALID)
+        # An id outside uint64 names no task (upstream's pair<uint64, uint64>).
+        ret, fields = (self._query_task(first, second)
+                       if 0 <= first < 1 << 64 and 0 <= second < 1 << 64
+                       else (_TASK_NOT_FOUND, None))
+        if ret != 0:
+            log.error("QueryTask failed for task_id: %d-%d, error: %d", first, second, ret)
+            return (None, ret)
+        return (QueryTaskResponse(*fields), 0)
 
     # ---- replica clear -------------------------------------------------------------------
 

@@ -326,6 +326,20 @@ class MooncakeDistributedStore:
         """Internal (`_cluster_ops.batch_replica_clear`): `(0, keys cleared)`, or `(code,
         [])` when the call failed; see `Store::batch_replica_clear`.
         """
+    def _create_task(
+        self, key: str, targets: Sequence[str], source: str | None, /
+    ) -> tuple[tuple[int, int], int]:
+        """Internal (`_cluster_ops.create_copy_task` / `create_move_task`): `((hi, lo), 0)` or
+        `((0, 0), code)`; a move when `source` is given. See `client::store::tasks`.
+        """
+    def _query_task(
+        self, hi: int, lo: int, /
+    ) -> tuple[
+        int, tuple[tuple[int, int], int, int, int, int, tuple[int, int], str] | None
+    ]:
+        """Internal (`_cluster_ops.query_task`): `(0, (id, type, status, created_at_ms_epoch,
+        last_updated_at_ms_epoch, assigned_client, message))`, or `(code, None)`.
+        """
     def _unmount_segments(self, segment_ids: Sequence[str], grace_period_seconds: float, /) -> int:
         """Internal (`_cluster_ops.unmount_segment`): 0 or a code; see `client::store::extra`."""
     def _extra_segment_ids(self) -> list[str]:

@@ -911,6 +911,63 @@ impl PyStore {
         }
     }
 
+    /// Internal (`_cluster_ops.create_copy_task` / `create_move_task`): `((hi, lo), 0)` or
+    /// `((0, 0), code)`; a move when `source` is given. See `client::store::tasks`.
+    #[pyo3(signature = (key, targets, source, /))]
+    fn _create_task(
+        &self,
+        py: Python<'_>,
+        key: String,
+        targets: Vec<String>,
+        source: Option<String>,
+    ) -> ((u64, u64), i32) {
+        let Some(s) = self.store() else {
+            return ((0, 0), INVALID);
+        };
+        let r = py.detach(|| match (&source, targets.as_slice()) {
+            (Some(src), [target]) => s.create_move_task(&key, src, target),
+            (Some(_), _) => Err(protocol::ErrorCode::InvalidParams),
+            (None, _) => s.create_copy_task(&key, &targets),
+        });
+        match r {
+            Ok(id) => ((id.hi, id.lo), 0),
+            Err(e) => ((0, 0), e.code()),
+        }
+    }
+
+    /// Internal (`_cluster_ops.query_task`): `(0, (id, type, status, created_at_ms_epoch,
+    /// last_updated_at_ms_epoch, assigned_client, message))`, or `(code, None)`.
+    #[pyo3(signature = (hi, lo, /))]
+    #[allow(clippy::type_complexity)]
+    fn _query_task(
+        &self,
+        py: Python<'_>,
+        hi: u64,
+        lo: u64,
+    ) -> (
+        i32,
+        Option<((u64, u64), u8, u8, u64, u64, (u64, u64), String)>,
+    ) {
+        let Some(s) = self.store() else {
+            return (INVALID, None);
+        };
+        match py.detach(|| s.query_task(protocol::Uuid::from_parts(hi, lo))) {
+            Ok(t) => (
+                0,
+                Some((
+                    (t.id.hi, t.id.lo),
+                    t.task_type as u8,
+                    t.status as u8,
+                    t.created_at_ms_epoch,
+                    t.last_updated_at_ms_epoch,
+                    (t.assigned_client.hi, t.assigned_client.lo),
+                    t.message,
+                )),
+            ),
+            Err(e) => (e.code(), None),
+        }
+    }
+
     /// Internal (`_cluster_ops.unmount_segment`): 0 or a code; see `client::store::extra`.
     #[pyo3(signature = (segment_ids, grace_period_seconds, /))]
     fn _unmount_segments(

@@ -56,6 +56,7 @@ pub mod mapped;
 mod peers;
 mod session;
 mod setup;
+mod tasks;
 mod tenant;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,7 +142,8 @@ pub struct Store {
     client_id: Uuid,
     /// The master, in this store's tenant (`tenant.rs`).
     master: tenant::TenantMaster,
-    peers: Peers,
+    /// Shared with the replica-task executor (`tasks.rs`).
+    peers: std::sync::Arc<Peers>,
     budget: LocalBudget,
     buffers: RwLock<Registry>,
     own: Option<setup::OwnSegmentState>,

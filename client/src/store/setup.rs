@@ -62,13 +62,21 @@ impl OwnSegmentState {
 pub struct Pinger {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
+    /// The replica-task executor (`super::tasks`), on a store with its own segment.
+    executor: Option<JoinHandle<()>>,
 }
 
 impl Pinger {
     pub fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.thread().unpark();
+        if let Some(e) = &self.executor {
+            e.thread().unpark();
+        }
         let _ = self.thread.join();
+        if let Some(e) = self.executor {
+            let _ = e.join();
+        }
     }
 }
 
@@ -217,7 +225,6 @@ impl Store {
                 .into_iter()
                 .collect(),
         ));
-        let pinger = start_pinger(master.clone(), client_id, mounted.clone());
         let mut peers = Peers::new(
             own.as_ref().map(|o| o.endpoint.clone()),
             own_seg,
@@ -225,6 +232,17 @@ impl Store {
         );
         if own.is_some() {
             peers = peers.with_own_catalog(memory);
+        }
+        let peers = Arc::new(peers);
+        let mut pinger = start_pinger(master.clone(), client_id, mounted.clone());
+        if own.is_some() {
+            // A store that holds replicas also carries out replica tasks (`super::tasks`).
+            pinger.executor = Some(super::tasks::start_executor(
+                master.clone(),
+                peers.clone(),
+                client_id,
+                pinger.stop.clone(),
+            ));
         }
         Ok(Store {
             name,
@@ -295,7 +313,11 @@ fn start_pinger(
             }
         })
         .expect("spawn pinger thread");
-    Pinger { stop, thread }
+    Pinger {
+        stop,
+        thread,
+        executor: None,
+    }
 }
 
 #[cfg(test)]

@@ -358,6 +358,37 @@ fn resolve(values: &Values) -> Result<MasterConfig, ConfigError> {
     Ok(config)
 }
 
+/// The replica-task flags (`service::TaskConfig`). Timeouts of 0 mean none, as upstream.
+fn resolve_tasks(values: &Values) -> Result<crate::service::TaskConfig, ConfigError> {
+    let count = |name: &str| {
+        values
+            .get(name, |raw| {
+                value::parse_in_range(raw, 0, u32::MAX as i64, "a count in 0..=4294967295")
+            })
+            .map(|v| v as u32)
+    };
+    let timeout_ms = |name: &str| {
+        values
+            .get(name, |raw| {
+                value::parse_in_range(
+                    raw,
+                    0,
+                    MAX_TIMEOUT_S as i64,
+                    "a number of seconds in 0..=31536000 (0: no timeout)",
+                )
+            })
+            .map(|v| v as u64 * 1000)
+    };
+    Ok(crate::service::TaskConfig {
+        max_finished: count("max_total_finished_tasks")?,
+        max_pending: count("max_total_pending_tasks")?,
+        max_processing: count("max_total_processing_tasks")?,
+        pending_timeout_ms: timeout_ms("pending_task_timeout_sec")?,
+        processing_timeout_ms: timeout_ms("processing_task_timeout_sec")?,
+        max_retry_attempts: count("max_retry_attempts")?,
+    })
+}
+
 fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
     let positive_duration = |name: &str| {
         values.get(name, |raw| match value::parse_duration_ms(raw) {
@@ -381,6 +412,7 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         cluster_id: values.string("cluster_id"),
         quarantine_grace_ms: positive_duration("quarantine_grace")?,
         multi_tenants: values.get("enable_multi_tenants", value::parse_bool)?,
+        tasks: resolve_tasks(values)?,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {
         return Err(ConfigError::Conflict(format!(

@@ -155,6 +155,27 @@ fn accepted_syntax() {
                     && c.service.put_start_release_timeout_s == 5
             },
         ),
+        (
+            &[
+                "--max_total_finished_tasks=3",
+                "--max_total_pending_tasks=4",
+                "--max_total_processing_tasks=5",
+                "--pending_task_timeout_sec=0",
+                "--processing_task_timeout_sec=7",
+                "--max_retry_attempts=0",
+            ],
+            |c| {
+                c.service.tasks
+                    == crate::service::TaskConfig {
+                        max_finished: 3,
+                        max_pending: 4,
+                        max_processing: 5,
+                        pending_timeout_ms: 0,
+                        processing_timeout_ms: 7000,
+                        max_retry_attempts: 0,
+                    }
+            },
+        ),
         (&["--cluster_id=ci_test_cluster"], |c| {
             c.cluster_id() == "ci_test_cluster"
         }),
@@ -267,6 +288,10 @@ fn rejected_values_name_flag_expectation_and_input() {
         (&["--client_ttl=-3"], &["--client_ttl", "\"-3\""]),
         (&["--client_ttl=ten"], &["--client_ttl", "\"ten\""]),
         (&["--quarantine_grace=0"], &["--quarantine_grace"]),
+        (
+            &["--pending_task_timeout_sec=-1"],
+            &["--pending_task_timeout_sec", "\"-1\""],
+        ),
         (
             &["--put_start_discard_timeout_sec=0"],
             &["--put_start_discard_timeout_sec"],

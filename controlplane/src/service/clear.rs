@@ -54,6 +54,9 @@ impl State {
         if !obj.is_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
+        if self.tasks.active(key) {
+            return Err(ErrorCode::ObjectHasReplicationTask);
+        }
         // The replica to drop alone, or `None` to clear the whole object (no segment named,
         // or the named one holds its last replica).
         let single = match segment {

@@ -133,6 +133,38 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             encode_str(VERSION, out);
             m.op(Op::ServiceReady, true);
         }
+        Request::CreateCopyTask(r) => {
+            let res = st.create_task(now, &r.key, None, r.targets);
+            m.op(Op::CreateCopyTask, res.is_ok());
+            res.encode(out);
+        }
+        Request::CreateMoveTask(r) => {
+            let res = st.create_task(now, &r.key, Some(&r.source), vec![r.target]);
+            m.op(Op::CreateMoveTask, res.is_ok());
+            res.encode(out);
+        }
+        Request::QueryTask(r) => {
+            let res = st.query_task(&r.task_id).map(|mut t| {
+                // The master's clock is monotonic; upstream answers wall-clock times.
+                let wall = wall_ms();
+                t.created_at_ms_epoch =
+                    wall.saturating_sub(now.saturating_sub(t.created_at_ms_epoch));
+                t.last_updated_at_ms_epoch =
+                    wall.saturating_sub(now.saturating_sub(t.last_updated_at_ms_epoch));
+                t
+            });
+            m.op(Op::QueryTask, res.is_ok());
+            res.encode(out);
+        }
+        Request::FetchTasks(r) => {
+            let work = st.fetch_tasks(now, r.client_id);
+            m.op(Op::FetchTasks, true);
+            Ok::<_, ErrorCode>(work).encode(out);
+        }
+        Request::CompleteTask(r) => {
+            let res = st.complete_task(now, r.client_id, r.task_id, r.ok, r.message);
+            m.op(Op::CompleteTask, status(out, res));
+        }
         Request::PutStart(r) => {
             let ok = put_start(
                 st,
@@ -294,6 +326,13 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             m.batch(BatchOp::ExistKey, r.keys.len() as u64, failed);
         }
     }
+}
+
+/// Milliseconds since the Unix epoch, on the wall clock.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The answer to a started put (`Vec<ReplicaDescriptor>`) or upsert (`UpsertStarted`: the

@@ -109,8 +109,9 @@ impl State {
         let mut plain: Vec<(u64, u64)> = Vec::new();
         let mut pinned: Vec<(u64, u64)> = Vec::new();
         let mut retry_at = u64::MAX;
-        for obj in self.objects.values() {
-            if obj.hard_pin || !obj.is_complete() {
+        for (k, obj) in &self.objects {
+            // An object with a replication task stays until the task ends (`tasks.rs`).
+            if obj.hard_pin || !obj.is_complete() || self.tasks.active(k) {
                 continue;
             }
             if obj.read_leased_until() > now {
@@ -138,12 +139,17 @@ impl State {
             objects,
             segs,
             tombstones,
+            tasks,
             ..
         } = self;
         let (mut keys, mut freed) = (0u64, 0u64);
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if obj.hard_pin || !obj.is_complete() || obj.read_leased_until() > now {
+            if obj.hard_pin
+                || !obj.is_complete()
+                || obj.read_leased_until() > now
+                || tasks.active(k)
+            {
                 return true;
             }
             let evict = if obj.soft_pinned(now) {

@@ -30,9 +30,14 @@ pub enum Op {
     GracefulUnmountSegment,
     Ping,
     ServiceReady,
+    CreateCopyTask,
+    CreateMoveTask,
+    QueryTask,
+    FetchTasks,
+    CompleteTask,
 }
 
-const OP_NAMES: [(&str, &str); 18] = [
+const OP_NAMES: [(&str, &str); 23] = [
     ("put_start", "PutStart"),
     ("put_end", "PutEnd"),
     ("put_revoke", "PutRevoke"),
@@ -51,6 +56,11 @@ const OP_NAMES: [(&str, &str); 18] = [
     ("graceful_unmount_segment", "GracefulUnmountSegment"),
     ("ping", "Ping"),
     ("service_ready", "ServiceReady"),
+    ("create_copy_task", "CreateCopyTask"),
+    ("create_move_task", "CreateMoveTask"),
+    ("query_task", "QueryTask"),
+    ("fetch_tasks", "FetchTasks"),
+    ("mark_task_to_complete", "MarkTaskToComplete"),
 ];
 
 /// Batch operations, in `BATCH_NAMES` order.

@@ -14,7 +14,7 @@
 //! replicas), `segments.rs` (segments, clients, liveness), `freed.rs` (ranges freed in a
 //! segment, told to its owner for its catalog, see `docs/recovery.md`), `evict.rs` (eviction and the
 //! probe-lease rule), `dispatch.rs` (requests to reply bytes), `metrics.rs` (counters and
-//! Prometheus text), `admin.rs` (the admin view).
+//! Prometheus text), `admin.rs` (the admin view), `tasks.rs` (replica copy and move tasks).
 //!
 //! Invariants of `State` beyond those of each file:
 //! - `zombies` holds spans owned by no object (buffers of discarded puts, or of replaced
@@ -31,6 +31,10 @@ mod object;
 mod placement;
 pub mod removals;
 mod segments;
+mod tasks;
+#[cfg(test)]
+#[path = "tests/tasks.rs"]
+mod tasks_tests;
 mod tenant;
 #[cfg(test)]
 mod tests;
@@ -52,6 +56,7 @@ pub use dispatch::VERSION;
 pub use metrics::{BatchOp, Metrics, Op};
 use object::Object;
 use segments::{Client, SegRef, Segments};
+pub use tasks::TaskConfig;
 
 /// Allocation strategy (`--allocation_strategy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,6 +99,9 @@ pub struct ServiceConfig {
     /// `--enable_multi_tenants`: each tenant its own key space (`tenant.rs`); off, every
     /// tenant is the default one, as upstream.
     pub multi_tenants: bool,
+    /// The replica-task limits and timeouts (`--max_total_*_tasks`, `--*_task_timeout_sec`,
+    /// `--max_retry_attempts`; `tasks.rs`).
+    pub tasks: TaskConfig,
 }
 
 impl Default for ServiceConfig {
@@ -112,6 +120,7 @@ impl Default for ServiceConfig {
             cluster_id: protocol::DEFAULT_CLUSTER_ID.to_string(),
             quarantine_grace_ms: QUARANTINE_GRACE_DEFAULT_MS,
             multi_tenants: false,
+            tasks: TaskConfig::default(),
         }
     }
 }
@@ -196,6 +205,8 @@ pub(crate) struct State {
     /// over `TICK_STALL_MS`): client silence counts from there at the earliest.
     pub last_tick_ms: u64,
     pub liveness_from_ms: u64,
+    /// Replica copy and move tasks (`tasks.rs`): soft state, lost with the master.
+    pub tasks: tasks::Tasks,
 }
 
 impl State {
@@ -224,6 +235,7 @@ impl State {
             fence_until_ms: 0,
             last_tick_ms: 0,
             liveness_from_ms: 0,
+            tasks: tasks::Tasks::default(),
         }
     }
 
@@ -432,6 +444,7 @@ impl MasterService {
             st.discard_stale_puts(m, now);
             st.next_stale_scan_ms = now + STALE_PUT_SCAN_INTERVAL_MS;
         }
+        st.expire_tasks(now);
         st.release_zombies(m, now);
         st.maybe_evict(m, now);
     }

@@ -313,6 +313,9 @@ impl State {
         let group = group.filter(|g| !g.is_empty()).map(|g| group_name(&key, g));
         // Taken first (a refused put leaves a gap, which is harmless: versions only need to
         // grow), so that both the in-place and the new-buffer path use it.
+        if upsert && self.tasks.active(&key) {
+            return Err(ErrorCode::ObjectHasReplicationTask);
+        }
         let version = self.next_version();
         let mut pin_now = SoftPin::None;
         let mut group_now = None;
@@ -605,6 +608,11 @@ impl State {
         self.fenced(now)?;
         let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
         Self::removable(obj, now, force)?;
+        // As upstream, a forced remove skips the task check too; the task then fails when
+        // its executor reports (`tasks.rs`).
+        if !force && self.tasks.active(key) {
+            return Err(ErrorCode::ObjectHasReplicationTask);
+        }
         // A forced remove ignores a read lease, but the reader may still be reading: `retire`
         // parks the buffers until the lease ends, so that no other key's put lands in them
         // under the reader (the fault harness read another write's bytes otherwise).
@@ -647,6 +655,7 @@ impl State {
             segs,
             tombstones,
             zombies,
+            tasks,
             ..
         } = self;
         let mut n = 0;
@@ -655,7 +664,9 @@ impl State {
             if !pick(k) {
                 return true;
             }
-            if Self::removable(obj, now, force).is_err() {
+            // An object with a replication task is kept even when forced (as upstream's
+            // `RemoveAll`; `tasks.rs`).
+            if Self::removable(obj, now, force).is_err() || tasks.active(k) {
                 kept.push(k.clone());
                 return true;
             }

@@ -157,12 +157,17 @@ fn for_each_key(req: &mut Request, mut f: impl FnMut(&mut String)) {
         Request::BatchRemove(r) => r.keys.iter_mut().for_each(&mut f),
         Request::BatchReplicaClear(r) => r.keys.iter_mut().for_each(&mut f),
         Request::KeepRemoved(r) => r.keys.iter_mut().for_each(&mut f),
+        Request::CreateCopyTask(r) => f(&mut r.key),
+        Request::CreateMoveTask(r) => f(&mut r.key),
         Request::Ping(_)
         | Request::MountSegment(_)
         | Request::ReMountSegment(_)
         | Request::UnmountSegment(_)
         | Request::GracefulUnmountSegment(_)
         | Request::ServiceReady(_)
+        | Request::QueryTask(_)
+        | Request::FetchTasks(_)
+        | Request::CompleteTask(_)
         | Request::RemoveByRegex(_)
         | Request::RemoveAll(_)
         | Request::InTenant(_) => {}

@@ -1,0 +1,152 @@
+//! Replica tasks on the client side (`docs/master.md`, "Replica tasks"): any store creates and
+//! queries them; a store that contributes a segment also carries out the ones the master
+//! assigns to it (its *executor*, a thread fetching on the ping cadence).
+//!
+//! Executing a task: the master's `FetchTasks` answer names, per task, the object's replicas
+//! (`sources`) and one freshly allocated range per target. The executor reads the object from
+//! the first source that answers into a buffer of its size, writes it whole into every target
+//! through [`Peers::write_many`] (which records each target in its owner's catalog under the
+//! scoped key with the object's pins, as a put does, so a master rebuilding its index keeps
+//! the copy), then reports the outcome with `CompleteTask`; a failure carries the reason,
+//! which `query_task` shows.
+//!
+//! Invariants: every fetched task is reported exactly once (a report that cannot reach the
+//! master is left to the master's processing timeout); the executor holds at most one object
+//! in memory at a time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use protocol::message::{CompleteTask, CreateCopyTask, CreateMoveTask, FetchTasks, QueryTask};
+use protocol::{ErrorCode, TaskInfo, TaskWork, Uuid};
+
+use super::peers::{Peers, WriteItem};
+use super::setup::PING_INTERVAL;
+use super::{rpc, Store, StoreError};
+use crate::master::MasterClient;
+
+impl Store {
+    /// `CreateCopyTask`: copies `key` onto each segment of `targets`; the task's id.
+    pub fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<Uuid, ErrorCode> {
+        self.check_open()?;
+        Ok(rpc(self.master.call(&CreateCopyTask {
+            key: key.to_string(),
+            targets: targets.to_vec(),
+        }))?)
+    }
+
+    /// `CreateMoveTask`: moves `key`'s replica on segment `source` to segment `target`.
+    pub fn create_move_task(
+        &self,
+        key: &str,
+        source: &str,
+        target: &str,
+    ) -> Result<Uuid, ErrorCode> {
+        self.check_open()?;
+        Ok(rpc(self.master.call(&CreateMoveTask {
+            key: key.to_string(),
+            source: source.to_string(),
+            target: target.to_string(),
+        }))?)
+    }
+
+    /// `QueryTask`: the state of a task (`TASK_NOT_FOUND` for one this master does not know).
+    pub fn query_task(&self, id: Uuid) -> Result<TaskInfo, ErrorCode> {
+        self.check_open()?;
+        Ok(rpc(self.master.call(&QueryTask { task_id: id }))?)
+    }
+}
+
+/// Starts the executor thread: every ping interval, fetch this client's tasks and run them.
+pub(super) fn start_executor(
+    master: Arc<MasterClient>,
+    peers: Arc<Peers>,
+    client_id: Uuid,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("mc-store-tasks".into())
+        .spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                match run_fetched(&master, &peers, client_id) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        // A fetch hands out a bounded number: ask again at once until the
+                        // queue is empty, rather than one batch per interval.
+                        tracing::debug!("ran {n} replica task(s)");
+                        continue;
+                    }
+                    Err(e) => tracing::debug!("fetching replica tasks failed: {e}"),
+                }
+                std::thread::park_timeout(PING_INTERVAL);
+            }
+        })
+        .expect("spawn task executor thread")
+}
+
+/// One fetch: runs and reports every task the master handed out; returns how many.
+pub(crate) fn run_fetched(
+    master: &MasterClient,
+    peers: &Peers,
+    client_id: Uuid,
+) -> Result<usize, String> {
+    let work = master
+        .call(&FetchTasks { client_id })
+        .map_err(|e| e.to_string())?
+        .map_err(|code| format!("fetch refused: {code}"))?;
+    for w in &work {
+        let (ok, message) = match copy(peers, w) {
+            Ok(()) => (true, String::new()),
+            Err(e) => (false, format!("copy by {client_id:?} failed: {e}")),
+        };
+        if !ok {
+            tracing::warn!("replica task on {:?}: {message}", w.key);
+        }
+        let report = master.call_settling(&CompleteTask {
+            client_id,
+            task_id: w.task_id,
+            ok,
+            message,
+        });
+        match report {
+            Ok(Ok(())) => {}
+            Ok(Err(code)) => tracing::warn!("replica task report refused: {code}"),
+            Err(e) => tracing::warn!("replica task report failed: {e}"),
+        }
+    }
+    Ok(work.len())
+}
+
+/// Reads the object from a source and writes it into every target.
+fn copy(peers: &Peers, w: &TaskWork) -> Result<(), String> {
+    let size = w.targets.first().map_or(0, |t| t.size);
+    if size == 0 || w.targets.iter().any(|t| t.size != size) {
+        return Err(format!("{}: bad targets", ErrorCode::InvalidParams));
+    }
+    let mut buf = vec![0u8; size as usize];
+    let mut read: Result<(), StoreError> = Err(ErrorCode::InvalidReplica.into());
+    for s in w.sources.iter().filter(|s| s.size == size) {
+        read = peers.read(s, 0, &mut buf);
+        if read.is_ok() {
+            break;
+        }
+    }
+    read.map_err(|e| format!("reading a source replica: {e}"))?;
+    let parts: [&[u8]; 1] = [&buf];
+    let items: Vec<WriteItem<'_>> = w
+        .targets
+        .iter()
+        .map(|replica| WriteItem {
+            replica,
+            parts: &parts,
+            key: &w.key,
+            hard_pin: w.with_hard_pin,
+            soft_pin_ttl_ms: w.soft_pin_ttl_ms,
+        })
+        .collect();
+    for (r, t) in peers.write_many(&items).into_iter().zip(&w.targets) {
+        r.map_err(|e| format!("writing to {}: {e}", t.segment_name))?;
+    }
+    Ok(())
+}
