@@ -1101,18 +1101,24 @@ mod tests {
             all_reduce_both(&c0, &j, n);
         }
         assert_eq!((c0.shared().active(), j.shared().active()), (0b11, 0b11));
-        let src: Vec<u8> = (0..3_000_000).map(|i| (i % 253) as u8).collect();
+        send_3mb((&j, 1), (&c0, 0));
+    }
+
+    /// A 3 MB point-to-point message from `from` (rank `.1`) to `to`: several chunks, the
+    /// acks come back over TCP; checks it arrives whole.
+    fn send_3mb(from: (&Comm, usize), to: (&Comm, usize)) {
+        let src: Vec<u8> = (0..3_000_000).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
         // SAFETY: both buffers outlive the waits.
         let (s, r) = unsafe {
             (
-                j.p2p(true, 0, src.as_ptr() as usize, src.len()),
-                c0.p2p(false, 1, dst.as_mut_ptr() as usize, dst.len()),
+                from.0.p2p(true, to.1, src.as_ptr() as usize, src.len()),
+                to.0.p2p(false, from.1, dst.as_mut_ptr() as usize, dst.len()),
             )
         };
         assert!(s.wait(None).expect("send").error.is_none());
         assert!(r.wait(None).expect("recv").error.is_none());
-        assert!(src == dst, "point-to-point from the new process");
+        assert!(src == dst, "rank {} -> rank {}", from.1, to.1);
     }
 
     fn all_reduce(c: &Comm, v: &mut [f32]) -> crate::collective::Outcome {
@@ -1150,19 +1156,7 @@ mod tests {
                 assert!(*a == want && *b == want, "n={n} i={i}: {a} {b} want {want}");
             }
         }
-        // a 3 MB message: several chunks, acks come back over TCP
-        let src: Vec<u8> = (0..3_000_000).map(|i| (i % 251) as u8).collect();
-        let mut dst = vec![0u8; src.len()];
-        // SAFETY: both buffers outlive the waits.
-        let (s, r) = unsafe {
-            (
-                c0.p2p(true, 1, src.as_ptr() as usize, src.len()),
-                c1.p2p(false, 0, dst.as_mut_ptr() as usize, dst.len()),
-            )
-        };
-        assert!(s.wait(None).expect("send").error.is_none());
-        assert!(r.wait(None).expect("recv").error.is_none());
-        assert!(src == dst);
+        send_3mb((&c0, 0), (&c1, 1));
         // rank 1 goes away: rank 0's next collective completes and names it
         drop(c1);
         let mut v = vec![1.0f32; 10];
@@ -1223,18 +1217,7 @@ mod tests {
             assert_eq!(j.join().expect("joiner"), Ok(()));
         });
         for n in [3usize, 1_300_001] {
-            let mut v = vec![1.0f32; n];
-            let mut w = vec![2.0f32; n];
-            let (o, o1) = std::thread::scope(|sc| {
-                let t = sc.spawn(|| all_reduce(&c1, &mut w));
-                let o = all_reduce(&c0, &mut v);
-                (o, t.join().expect("rank 1"))
-            });
-            assert!(o.error.is_none() && o1.error.is_none() && o.failed == 0 && o1.failed == 0);
-            assert!(
-                v.iter().chain(&w).all(|x| *x == 3.0),
-                "n={n}: both ranks again"
-            );
+            all_reduce_both(&c0, &c1, n);
         }
     }
 
