@@ -26,7 +26,8 @@ fn liveness_cfg() -> ServiceConfig {
 
 /// The calls the unit tests make beyond the model's (`crate::model::T`).
 impl T {
-    fn mount_on(&self, client: Uuid, n: u64, name: &str, size: u64, host: &str) -> Uuid {
+    /// Mounts segment `name` of `client` on `host` (`n` picks its id and base address).
+    pub(super) fn mount_on(&self, client: Uuid, n: u64, name: &str, size: u64, host: &str) -> Uuid {
         let id = Uuid::from_parts(100, n);
         let seg = Segment {
             id,

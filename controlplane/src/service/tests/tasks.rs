@@ -13,25 +13,9 @@ const C2: Uuid = Uuid { hi: 2, lo: 2 };
 const C3: Uuid = Uuid { hi: 3, lo: 3 };
 
 impl T {
-    /// Mounts segment `name` of `client` (`n` picks its base address).
+    /// Mounts segment `name` of `client` on host `host<n>` (`n` picks its base address).
     fn mount_seg(&self, client: Uuid, n: u64, name: &str, size: u64) {
-        let seg = Segment {
-            id: Uuid::from_parts(100, n),
-            name: name.into(),
-            base: n << 40,
-            size,
-            te_endpoint: format!("{name}-te"),
-            protocol: "tcp".into(),
-            host_id: format!("host{n}"),
-        };
-        let r = self.call(
-            Request::MountSegment,
-            MountSegment {
-                client_id: client,
-                segment: seg,
-            },
-        );
-        assert_eq!(r, Ok(()));
+        self.mount_on(client, n, name, size, &format!("host{n}"));
     }
 
     /// Three clients with a segment each: s1 (C1), s2 (C2), s3 (C3).
