@@ -80,14 +80,7 @@ impl State {
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let hold_until = obj.read_hold_until();
         let r = obj.replicas.swap_remove(at);
-        Self::release_span(
-            &mut self.segs,
-            &mut self.zombies,
-            r.seg,
-            r.span,
-            hold_until,
-            now,
-        );
+        self.release(r.seg, r.span, hold_until, now);
         Ok(Cleared::Replica)
     }
 }

@@ -453,15 +453,7 @@ impl State {
         };
         self.tombstones.add(key, obj.version);
         for r in obj.replicas {
-            if hold_until > now {
-                self.zombies.push(super::Zombie {
-                    seg: r.seg,
-                    span: r.span,
-                    release_at_ms: hold_until,
-                });
-            } else {
-                self.segs.free_span(r.seg, r.span);
-            }
+            self.release(r.seg, r.span, hold_until, now);
         }
     }
 
@@ -475,14 +467,7 @@ impl State {
         self.tombstones.add(key, obj.version);
         let hold_until = obj.read_hold_until();
         for r in &obj.replicas {
-            Self::release_span(
-                &mut self.segs,
-                &mut self.zombies,
-                r.seg,
-                r.span,
-                hold_until,
-                now,
-            );
+            self.release(r.seg, r.span, hold_until, now);
         }
         Some(obj)
     }
@@ -619,7 +604,20 @@ impl State {
         self.retire(now, key).ok_or(ErrorCode::InternalError)
     }
 
-    /// Frees a span at once, or parks it until `hold_until` when a reader may still read it.
+    /// [`State::release_span`] on this state's segments and parked buffers.
+    pub(super) fn release(&mut self, seg: SegRef, span: Span, hold_until: u64, now: u64) {
+        Self::release_span(
+            &mut self.segs,
+            &mut self.zombies,
+            seg,
+            span,
+            hold_until,
+            now,
+        );
+    }
+
+    /// Frees a span at once, or parks it until `hold_until` when a reader may still read it
+    /// (the associated form, for a caller that holds other fields of the state borrowed).
     pub(super) fn release_span(
         segs: &mut Segments,
         zombies: &mut Vec<super::Zombie>,

@@ -424,14 +424,7 @@ impl State {
             });
         }
         if let Some(r) = dropped {
-            Self::release_span(
-                &mut self.segs,
-                &mut self.zombies,
-                r.seg,
-                r.span,
-                hold_until,
-                now,
-            );
+            self.release(r.seg, r.span, hold_until, now);
         }
         Ok(())
     }
