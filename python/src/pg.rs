@@ -65,6 +65,15 @@ impl PyPgWork {
     }
 }
 
+/// `Net::establish` or `Net::join`: links made on a listener for rank `me` of `n`.
+type NetMaker = fn(
+    TcpListener,
+    usize,
+    usize,
+    &[(usize, String)],
+    Vec<(usize, Segment)>,
+) -> std::io::Result<Net>;
+
 /// One rank's communicator: created with its segment, connected once every rank's segment
 /// path is known.
 #[pyclass(module = "mooncake._native", name = "PgComm", frozen)]
@@ -108,6 +117,33 @@ impl PyPgComm {
             )));
         }
         Ok(())
+    }
+
+    /// The links to the ranks on other hosts (`remotes`, with their replicas' receive
+    /// sides), made by `make` (`Net::establish` for a founder, `Net::join` for a process
+    /// joining later) on the listener `listen()` made, with the GIL released. `None` without
+    /// a listener when no rank is remote. `who` / `doing` word the errors.
+    fn link(
+        &self,
+        py: Python<'_>,
+        make: NetMaker,
+        remotes: Vec<(usize, String)>,
+        replicas: Vec<(usize, Segment)>,
+        who: &str,
+        doing: &str,
+    ) -> PyResult<Option<Net>> {
+        let Some(l) = self.listener.lock().take() else {
+            if remotes.is_empty() {
+                return Ok(None);
+            }
+            return Err(PyRuntimeError::new_err(format!(
+                "Mooncake PG: {who} on other hosts need listen() first"
+            )));
+        };
+        let (me, n) = (self.rank, self.ranks);
+        py.detach(move || make(l, me, n, &remotes, replicas))
+            .map(Some)
+            .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG: {doing} other hosts: {e}")))
     }
 
     fn submit(&self, op: CollOp) -> PyResult<PyPgWork> {
@@ -208,24 +244,7 @@ impl PyPgComm {
         }
         // With a listener (mooncake.pg always makes one) the links are built even when every
         // founder is on this host: a process on another host may take a slot over later.
-        let listener = self.listener.lock().take();
-        let net = match listener {
-            None if !remotes.is_empty() => {
-                return Err(PyRuntimeError::new_err(
-                    "Mooncake PG: ranks on other hosts need listen() first",
-                ))
-            }
-            None => None,
-            Some(l) => {
-                let (me, n) = (self.rank, self.ranks);
-                let net = py
-                    .detach(move || Net::establish(l, me, n, &remotes, replicas))
-                    .map_err(|e| {
-                        PyRuntimeError::new_err(format!("Mooncake PG: linking to other hosts: {e}"))
-                    })?;
-                Some(net)
-            }
-        };
+        let net = self.link(py, Net::establish, remotes, replicas, "ranks", "linking to")?;
         let own = self
             .own
             .lock()
@@ -289,26 +308,14 @@ impl PyPgComm {
             };
             peers.push(Some(seg));
         }
-        let listener = self.listener.lock().take();
-        let net = match listener {
-            None if !remotes.is_empty() => {
-                return Err(PyRuntimeError::new_err(
-                    "Mooncake PG: members on other hosts need listen() first",
-                ))
-            }
-            None => None,
-            Some(l) => {
-                let (me, n) = (self.rank, self.ranks);
-                let net = py
-                    .detach(move || Net::join(l, me, n, &remotes, replicas))
-                    .map_err(|e| {
-                        PyRuntimeError::new_err(format!(
-                            "Mooncake PG: joining the members on other hosts: {e}"
-                        ))
-                    })?;
-                Some(net)
-            }
-        };
+        let net = self.link(
+            py,
+            Net::join,
+            remotes,
+            replicas,
+            "members",
+            "joining the members on",
+        )?;
         // The replicas hold the members' snapshots now (Net::join waited for them).
         let view = {
             let live: Vec<&Segment> = peers.iter().flatten().collect();
