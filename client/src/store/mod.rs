@@ -244,16 +244,16 @@ impl Store {
         }
     }
 
-    /// [`rpc`], with the master's address in the cause when the call itself failed.
+    /// [`rpc`], with the master's address in the cause when the call itself failed (only
+    /// then has `rpc` given a cause).
     fn ask<T>(&self, r: Result<Result<T, ErrorCode>, crate::ClientError>) -> Result<T, StoreError> {
-        match r {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(code)) => Err(StoreError::from(code)),
-            Err(e) => Err(StoreError::new(
-                e.code(),
-                format!("master {}: {e}", self.master.addr()),
-            )),
-        }
+        rpc(r).map_err(|e| {
+            if e.cause.is_empty() {
+                e
+            } else {
+                e.context(format_args!("master {}", self.master.addr()))
+            }
+        })
     }
 
     fn check_open(&self) -> Result<(), StoreError> {
