@@ -192,7 +192,7 @@ impl State {
                 .unwrap_or(owner)
         };
         let id = loop {
-            let id = Uuid::from_parts(rand::random(), rand::random());
+            let id = Uuid::random();
             if id != Uuid::NIL && !t.all.contains_key(&id) {
                 break id;
             }
