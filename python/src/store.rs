@@ -176,15 +176,7 @@ fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, StoreError> {
     let size = list
         .object_size()
         .map_err(|e| StoreError::new(e, format!("lookup of {key}: no replica")))?;
-    let budget = s.budget().reserve(size).map_err(|e| {
-        StoreError::new(
-            e,
-            format!(
-                "get {key}: {size} bytes do not fit in the free local buffer ({} in all)",
-                s.budget().capacity()
-            ),
-        )
-    })?;
+    let budget = s.budget().reserve_for(format_args!("get {key}"), size)?;
     Ok(Located {
         list,
         size,
@@ -246,12 +238,7 @@ impl PyStore {
         let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
         rc(py.detach(|| {
             let cfg = cfg.single()?;
-            let _budget = s.budget().reserve(size).map_err(|e| {
-                StoreError::from(e).context(format_args!(
-                    "put {key}: {size} bytes do not fit in the free local buffer ({} in all)",
-                    s.budget().capacity()
-                ))
-            })?;
+            let _budget = s.budget().reserve_for(format_args!("put {key}"), size)?;
             s.put_parts(key, &slices, cfg, upsert)
         }))
     }

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use protocol::ErrorCode;
 
+use super::{error, StoreError};
+
 pub struct LocalBudget {
     capacity: u64,
     in_use: AtomicU64,
@@ -50,6 +52,25 @@ impl LocalBudget {
                 Err(seen) => cur = seen,
             }
         }
+    }
+
+    /// [`LocalBudget::reserve`] for `what` (`"put k"`, `"get k"`), failing with the cause a
+    /// person reads: the size asked for and the buffer's capacity.
+    pub fn reserve_for(
+        &self,
+        what: impl std::fmt::Display,
+        bytes: u64,
+    ) -> Result<Reservation<'_>, StoreError> {
+        self.reserve(bytes).map_err(|e| {
+            StoreError::new(
+                e,
+                format!(
+                    "{what}: {} does not fit in the free local buffer ({} in all)",
+                    error::bytes(bytes),
+                    error::bytes(self.capacity)
+                ),
+            )
+        })
     }
 
     pub fn capacity(&self) -> u64 {

@@ -378,13 +378,9 @@ impl Store {
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Result<(), StoreError> {
-        let _r = self.budget.reserve(value.len() as u64).map_err(|e| {
-            StoreError::from(e).context(format_args!(
-                "put {key}: {} does not fit in the free local buffer ({} in all)",
-                error::bytes(value.len() as u64),
-                error::bytes(self.budget.capacity())
-            ))
-        })?;
+        let _r = self
+            .budget
+            .reserve_for(format_args!("put {key}"), value.len() as u64)?;
         self.put_parts(key, &[value], cfg, upsert)
     }
 
