@@ -8,6 +8,14 @@ pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
 }
 
+/// Milliseconds since the Unix epoch on the wall clock (0 if it reads before the epoch): for
+/// the few values that must mean a date, not for deadlines.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The real monotonic clock.
 pub struct SystemClock {
     origin: Instant,

@@ -146,7 +146,7 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
         Request::QueryTask(r) => {
             let res = st.query_task(&r.task_id).map(|mut t| {
                 // The master's clock is monotonic; upstream answers wall-clock times.
-                let wall = wall_ms();
+                let wall = crate::clock::wall_ms();
                 t.created_at_ms_epoch =
                     wall.saturating_sub(now.saturating_sub(t.created_at_ms_epoch));
                 t.last_updated_at_ms_epoch =
@@ -326,13 +326,6 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             m.batch(BatchOp::ExistKey, r.keys.len() as u64, failed);
         }
     }
-}
-
-/// Milliseconds since the Unix epoch, on the wall clock.
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The answer to a started put (`Vec<ReplicaDescriptor>`) or upsert (`UpsertStarted`: the

@@ -305,9 +305,7 @@ impl State {
 /// restarted master's versions are above those of the one before it (as long as the wall
 /// clock did not go back by more than the restart took).
 fn start_term() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_millis() as u64)
+    crate::clock::wall_ms().max(1)
 }
 
 /// The master service. `Send + Sync`; share it behind an `Arc`.
