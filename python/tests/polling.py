@@ -27,3 +27,18 @@ def process_gone(pid):
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return True
     return state in ("Z", "X")
+
+
+def process_stopped(pid):
+    """True once every thread of `pid` is stopped (SIGSTOP). `kill` only queues the stop: a
+    thread spinning in user space (a storage node's polling shard) runs on until its next
+    entry into the kernel, so it may still answer a request sent right after the signal."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for t in tasks:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return bool(states) and all(s in ("T", "t") for s in states)

@@ -83,6 +83,7 @@ def test_transfer_timeout_bounds_a_stalled_transfer(monkeypatch, shm):
     import time
 
     from conftest import Node, make_store
+    from polling import process_stopped, wait_until
 
     m = Master()
     node = Node(m, 64 * 1024 * 1024).proc
@@ -94,6 +95,7 @@ def test_transfer_timeout_bounds_a_stalled_transfer(monkeypatch, shm):
             assert s.put("stall_k", b"z" * 65536) == 0
             assert s.get("stall_k") == b"z" * 65536
             node.send_signal(signal.SIGSTOP)
+            wait_until(lambda: process_stopped(node.pid), 10, "the node to stop")
             t0 = time.monotonic()
             got = s.get("stall_k")
             took = time.monotonic() - t0
