@@ -491,17 +491,24 @@ impl State {
     }
 
     /// Quarantines the segments of clients silent for more than `quarantine_grace_ms` and
-    /// lifts the quarantine of those heard from since. Silence is counted from the later of
-    /// the last ping and `liveness_from_ms` (the end of a stall of the master itself, so that
-    /// a master that was not running does not blame every client). Returns (clients
-    /// quarantined, clients lifted) by this call.
+    /// lifts the quarantine of those heard from since. Before a quarantine, silence is counted
+    /// from the later of the last ping and `liveness_from_ms` (the end of a stall of the master
+    /// itself, so that a master that was not running does not blame every client). A
+    /// quarantine is lifted only by a ping: a stall of the master says nothing about a client
+    /// already found silent, and lifting it would send new replicas to a node that is still
+    /// unreachable. Returns (clients quarantined, clients lifted) by this call.
     pub(crate) fn update_quarantine(&mut self, now: u64) -> (usize, usize) {
         let grace = self.cfg.quarantine_grace_ms;
         let from = self.liveness_from_ms;
         let (mut entered, mut lifted) = (0, 0);
         let State { clients, segs, .. } = self;
         for c in clients.values_mut() {
-            let silent = now.saturating_sub(c.last_seen_ms.max(from)) > grace;
+            let heard_from = if c.quarantined {
+                c.last_seen_ms
+            } else {
+                c.last_seen_ms.max(from)
+            };
+            let silent = now.saturating_sub(heard_from) > grace;
             if silent == c.quarantined || (c.segments.is_empty() && !c.quarantined) {
                 continue;
             }

@@ -1873,6 +1873,27 @@ fn a_stalled_master_does_not_quarantine_everyone() {
 }
 
 #[test]
+fn a_stall_of_the_master_does_not_lift_a_quarantine() {
+    let t = T::with(liveness_cfg());
+    t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
+    t.mount_on(C2, 2, "seg2", 64 * MIB, "host2");
+    t.run_pinging(3200, &[C2]);
+    assert_eq!(t.quarantined(), 1);
+    // The master's ticks stop for 1.5 s (a loaded machine); C2's pings wait, C1 stays silent.
+    t.advance(1500);
+    assert_eq!(t.ping(C2), ClientStatus::Ok);
+    t.svc.tick();
+    assert_eq!(t.quarantined(), 1, "the stall lifted a silent client's quarantine");
+    assert_eq!(Metrics::get(&t.svc.metrics().unquarantined_clients), 0);
+    let d = t.start_with(C2, "during", 4096, on("seg1")).unwrap();
+    assert_eq!(d[0].segment_name, "seg2");
+    // Only a ping lifts it.
+    assert_eq!(t.ping(C1), ClientStatus::Ok);
+    t.svc.tick();
+    assert_eq!(t.quarantined(), 0);
+}
+
+#[test]
 fn readers_get_quarantined_replicas_last_and_upserts_move_off_them() {
     let t = T::with(liveness_cfg());
     t.mount_on(C1, 1, "seg1", 64 * MIB, "host1");
