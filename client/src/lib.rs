@@ -16,6 +16,7 @@ pub mod cli;
 pub mod dummy;
 pub mod master;
 pub mod node;
+pub mod rdma;
 pub mod recovery;
 pub mod store;
 

@@ -4,7 +4,7 @@
 //!
 //! Invariants: a `NodeConfig` that [`NodeConfig::parse_args`] returns has 1..=[`SHARDS_MAX`]
 //! shards, at least one byte of segment per shard, `--protocol` tcp, rdma or empty (every
-//! shard serves tcp) and data ports that fit below 65536. Upstream flags whose features are
+//! shard serves tcp; with rdma also RDMA) and data ports that fit below 65536. Upstream flags whose features are
 //! not built here are accepted and ignored, except `--enable_offload=true`, which is refused
 //! rather than dropped.
 //! Sizes are read by [`protocol::env::parse_size`], booleans by
@@ -90,8 +90,10 @@ flags (--flag=value or --flag value):
                                  (default: MC_STORE_CLUSTER_ID, else mooncake_cluster)
   --metadata_server=http://127.0.0.1:8080/metadata   (or etcd://h:p, a bare h:p for etcd,
                                  or P2PHANDSHAKE: publish nothing)
-  --protocol=tcp
-  --device_names=                accepted for compatibility
+  --protocol=tcp                 or rdma: peers read and write the segments with one-sided
+                                 RDMA (needs an HTTP or etcd --metadata_server; no usable
+                                 device fails start-up unless MC_FORCE_TCP=1; docs/rdma.md)
+  --device_names=                RDMA devices, comma-separated (empty: auto-discovery)
   --threads=1                    accepted for compatibility
   --shards=1 (alias --cores)     shards, each with its own segment and data port
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral

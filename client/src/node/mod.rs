@@ -89,6 +89,9 @@ struct Shard {
 
 /// A running storage node; see the module docs.
 pub struct Node {
+    /// `--protocol=rdma`: the devices and handshake server every shard's segment is
+    /// registered with (dropped first: memory is deregistered while still mapped).
+    rdma: Option<Arc<crate::rdma::RdmaSide>>,
     shards: Vec<Shard>,
     client_id: Uuid,
     master: MasterClient,
@@ -187,7 +190,14 @@ impl Node {
                 None
             }
         };
+        let mut shards = shards;
+        let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
+            Some(serve_rdma(cfg, ip, &mut shards)?)
+        } else {
+            None
+        };
         let node = Node {
+            rdma,
             shards,
             client_id: Uuid::random(),
             master,
@@ -246,6 +256,10 @@ impl Node {
         let Some((store, keys)) = &self.metadata else {
             return;
         };
+        if self.rdma.is_some() {
+            // `serve_rdma` published the RDMA descriptors (they name the TCP port too).
+            return;
+        }
         for s in &self.shards {
             let d = &s.descriptor;
             let port = s.server.local_addr().port();
@@ -324,12 +338,58 @@ impl Node {
                 );
             }
         }
+        if let Some(r) = &self.rdma {
+            r.withdraw();
+        }
         if let Some((store, keys)) = &self.metadata {
             for s in &self.shards {
                 let _ = store.remove(&keys.ram(&s.descriptor.name));
             }
         }
     }
+}
+
+/// `--protocol=rdma`: opens the devices (`--device_names`, or auto-discovery), registers every
+/// shard's segment, publishes their RDMA descriptors and handshake port, and marks the
+/// segments `rdma` for the master. No usable device, or no HTTP/etcd metadata server, fails
+/// start-up with the reason (`MC_FORCE_TCP=1` runs TCP instead).
+fn serve_rdma(
+    cfg: &NodeConfig,
+    ip: IpAddr,
+    shards: &mut [Shard],
+) -> Result<Arc<crate::rdma::RdmaSide>, NodeError> {
+    let timeout = std::env::var("MC_TRANSFER_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(dataplane::limits::IO_TIMEOUT_DEFAULT, Duration::from_secs);
+    let name = format!("{}:{}", cfg.host_for_names(ip), cfg.port);
+    let side = crate::rdma::RdmaSide::open(
+        &name,
+        &cfg.device_names,
+        timeout,
+        ip,
+        &cfg.metadata_server,
+        Keys::for_store(&cfg.cluster_id),
+    )
+    .map_err(NodeError::Config)?;
+    for (i, s) in shards.iter_mut().enumerate() {
+        let d = &mut s.descriptor;
+        // SAFETY: the segment stays mapped while the node lives (the shard's table holds it)
+        // and the side is dropped before the shards; peers write into it as over TCP.
+        let served = unsafe { side.serve(&d.name, d.base, d.size, s.server.local_addr().port()) };
+        if let Err(why) = served {
+            side.withdraw();
+            return Err(NodeError::Shard { shard: i, why });
+        }
+        d.protocol = "rdma".into();
+    }
+    tracing::info!(
+        "RDMA: {} segments registered, handshake server on {ip}:{}",
+        shards.len(),
+        side.rpc_port()
+    );
+    Ok(side)
 }
 
 fn start_shard(

@@ -33,8 +33,9 @@
 //! - `MC_STORE_CLUSTER_ID` (default `mooncake_cluster`): the HA cluster whose leader an
 //!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
 //!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
-//! - `MC_FORCE_TCP`: accepted; TCP is the only transport, so every protocol (`"tcp"`, `"rdma"`)
-//!   already runs over TCP. `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
+//! - `protocol="rdma"`: replicas on segments whose owners serve RDMA are read and written
+//!   with one-sided RDMA (`rdma`, `crate::rdma`, `docs/rdma.md`); no usable device fails the
+//!   setup unless `MC_FORCE_TCP` is set, which runs TCP. `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
 //!   the Python module and the programs (`protocol::log`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!
@@ -54,6 +55,7 @@ pub mod extra;
 mod keylock;
 pub mod mapped;
 mod peers;
+pub mod rdma;
 mod session;
 mod setup;
 mod tasks;
@@ -241,6 +243,9 @@ impl Store {
                 segment_id: own.segment_id,
             });
             own.stop_serving();
+        }
+        if let Some(r) = self.peers.rdma() {
+            r.side().withdraw();
         }
     }
 
@@ -863,7 +868,18 @@ impl Store {
         if b.find(addr) == Some((addr, len)) {
             return Ok(());
         }
-        b.register(addr, len).map_err(|_| ErrorCode::InvalidParams)
+        b.register(addr, len)
+            .map_err(|_| ErrorCode::InvalidParams)?;
+        if let Some(r) = self.peers.rdma() {
+            // Transfers from and into this buffer then skip the staging copy. A failure only
+            // costs that copy.
+            // SAFETY: the caller keeps the buffer mapped until `unregister_buffer`, the
+            // contract of registration (upstream's too); its keys are not published.
+            if let Err(e) = unsafe { r.side().register(addr, len) } {
+                tracing::warn!("register_buffer: RDMA registration failed, staging instead: {e}");
+            }
+        }
+        Ok(())
     }
 
     pub fn unregister_buffer(&self, addr: u64) -> Result<(), ErrorCode> {
@@ -871,7 +887,11 @@ impl Store {
             .write()
             .unregister(addr)
             .map(|_| ())
-            .map_err(|_| ErrorCode::InvalidParams)
+            .map_err(|_| ErrorCode::InvalidParams)?;
+        if let Some(r) = self.peers.rdma() {
+            r.side().unregister(addr);
+        }
+        Ok(())
     }
 
     /// Whether `[addr, addr + len)` lies inside one registered buffer (or our own segment).

@@ -5,7 +5,9 @@
 //! this host shares (`dataplane::mem::shm`: storage nodes and store clients offer their
 //! segments' memfds) is mapped once and copied with memcpy too, unless `MC_STORE_SHM` is
 //! false; a write there is then recorded in the owner's catalog with a CATALOG_PUT over TCP.
-//! Any other replica is reached through a pooled [`TcpClient`] per data-plane endpoint.
+//! With `protocol="rdma"`, a replica whose owner published an RDMA descriptor is read and
+//! written with one-sided RDMA (`super::rdma`; its catalog record still goes over TCP). Any
+//! other replica is reached through a pooled [`TcpClient`] per data-plane endpoint.
 //!
 //! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
 //! a call (all replicas of a put, all keys of a batch), group them by endpoint, cut requests
@@ -38,6 +40,7 @@ use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, Transfer
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
+use super::rdma::{RdmaPeer, RdmaPeers};
 use super::StoreError;
 
 use super::catalog::CatalogWriter;
@@ -158,6 +161,8 @@ pub struct Peers {
     /// Same-host segments by endpoint: mapped (and when last checked), or found not shared.
     shared: Mutex<HashMap<String, SharedState>>,
     stats: PathStats,
+    /// The RDMA path, when the store runs `protocol="rdma"`.
+    rdma: Option<Arc<RdmaPeers>>,
 }
 
 enum SharedState {
@@ -180,6 +185,10 @@ pub struct PathCounts {
     pub own_memcpy_bytes: u64,
     pub shm_memcpy_bytes: u64,
     pub tcp_bytes: u64,
+    /// Bytes moved by RDMA work requests, and how many of them were staged (copied through
+    /// the registered staging pool because the caller's memory was not registered).
+    pub rdma_bytes: u64,
+    pub rdma_staged_bytes: u64,
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
@@ -238,7 +247,24 @@ impl Peers {
             catalog: CatalogWriter::default(),
             shared: Mutex::new(HashMap::new()),
             stats: PathStats::default(),
+            rdma: None,
         }
+    }
+
+    /// Reaches segments their owners serve over RDMA with `rdma` (after our own segment and
+    /// same-host shared segments, which are copied with memcpy).
+    pub fn with_rdma(mut self, rdma: Arc<RdmaPeers>) -> Peers {
+        self.rdma = Some(rdma);
+        self
+    }
+
+    pub fn rdma(&self) -> Option<&Arc<RdmaPeers>> {
+        self.rdma.as_ref()
+    }
+
+    fn rdma_peer(&self, r: &ReplicaDescriptor) -> Option<(&RdmaPeers, Arc<RdmaPeer>)> {
+        let rd = self.rdma.as_deref()?;
+        Some((rd, rd.peer(&r.segment_name)?))
     }
 
     /// Bytes moved so far by each path.
@@ -247,6 +273,14 @@ impl Peers {
             own_memcpy_bytes: self.stats.own_memcpy_bytes.load(Ordering::Relaxed),
             shm_memcpy_bytes: self.stats.shm_memcpy_bytes.load(Ordering::Relaxed),
             tcp_bytes: self.stats.tcp_bytes.load(Ordering::Relaxed),
+            rdma_bytes: self
+                .rdma
+                .as_ref()
+                .map_or(0, |r| r.bytes.load(Ordering::Relaxed)),
+            rdma_staged_bytes: self
+                .rdma
+                .as_ref()
+                .map_or(0, |r| r.staged_bytes.load(Ordering::Relaxed)),
         }
     }
 
@@ -485,6 +519,14 @@ impl Peers {
                     continue;
                 }
             }
+            if let Some((rd, peer)) = self.rdma_peer(r) {
+                results[i] = rd.write(&peer, r.buffer_address, it.parts);
+                // As for shared memory: the catalog record goes over TCP once the bytes landed.
+                if self.catalog.enabled(&r.transport_endpoint) {
+                    late.push(i);
+                }
+                continue;
+            }
             let g = group_for(&mut groups, &r.transport_endpoint);
             let first_slice = g.ops.len();
             let mut at = r.buffer_address;
@@ -598,6 +640,10 @@ impl Peers {
                         .fetch_add(len, Ordering::Relaxed);
                     continue;
                 }
+            }
+            if let Some((rd, peer)) = self.rdma_peer(r) {
+                results[i] = rd.read(&peer, src, &mut *it.dst);
+                continue;
             }
             let g = group_for(&mut groups, &r.transport_endpoint);
             let mut at = src;

@@ -175,6 +175,35 @@ impl Store {
             None => format!("{host}:{data_port}"),
         };
         let endpoint = SocketAddr::new(ip, data_port).to_string();
+        let settings = TransferSettings::from_env();
+        // `protocol="rdma"` (unless MC_FORCE_TCP): the devices, a handshake server, and the
+        // metadata store our segment is published in (`crate::rdma`). No usable device is an
+        // error, as for an engine.
+        let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
+            let keys = dataplane::metadata::Keys::for_store(&cluster_id_from_env());
+            let side = crate::rdma::RdmaSide::open(
+                &name,
+                &cfg.rdma_devices,
+                settings.timeout,
+                ip,
+                &cfg.metadata_server,
+                keys,
+            )
+            .and_then(|side| {
+                super::rdma::RdmaPeers::new(side.clone())
+                    .map(|p| (side, Arc::new(p)))
+                    .map_err(|e| format!("registering the RDMA staging pool: {e}"))
+            });
+            match side {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::error!("setup: {e}");
+                    return Err(ErrorCode::InternalError);
+                }
+            }
+        } else {
+            None
+        };
         let own = if cfg.global_segment_size > 0 {
             // `MC_STORE_USE_HUGEPAGE` (read by `SegmentOptions::default`) backs the segment with
             // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
@@ -190,13 +219,25 @@ impl Store {
             memory
                 .register_segment(seg.clone())
                 .map_err(|_| ErrorCode::InternalError)?;
+            if let Some((side, _)) = &rdma {
+                // SAFETY: the segment stays mapped while the store lives (`OwnSegmentState`
+                // holds it, and the side is withdrawn at close); peers write into it over RDMA
+                // as they do over TCP.
+                let served =
+                    unsafe { side.serve(&name, seg.addr() as u64, seg.len() as u64, data_port) };
+                if let Err(e) = served {
+                    tracing::error!("setup: {e}");
+                    side.withdraw();
+                    return Err(ErrorCode::InternalError);
+                }
+            }
             let desc = SegmentDesc {
                 id: Uuid::random(),
                 name: name.clone(),
                 base: seg.addr() as u64,
                 size: seg.len() as u64,
                 te_endpoint: endpoint.clone(),
-                protocol: "tcp".into(),
+                protocol: if rdma.is_some() { "rdma" } else { "tcp" }.into(),
                 host_id: ip.to_string(),
             };
             super::rpc(master.call(&MountSegment {
@@ -225,13 +266,12 @@ impl Store {
                 .into_iter()
                 .collect(),
         ));
-        let mut peers = Peers::new(
-            own.as_ref().map(|o| o.endpoint.clone()),
-            own_seg,
-            TransferSettings::from_env(),
-        );
+        let mut peers = Peers::new(own.as_ref().map(|o| o.endpoint.clone()), own_seg, settings);
         if own.is_some() {
             peers = peers.with_own_catalog(memory);
+        }
+        if let Some((_, path)) = rdma {
+            peers = peers.with_rdma(path);
         }
         let peers = Arc::new(peers);
         let mut pinger = start_pinger(master.clone(), client_id, mounted.clone());

@@ -1883,7 +1883,11 @@ fn a_stall_of_the_master_does_not_lift_a_quarantine() {
     t.advance(1500);
     assert_eq!(t.ping(C2), ClientStatus::Ok);
     t.svc.tick();
-    assert_eq!(t.quarantined(), 1, "the stall lifted a silent client's quarantine");
+    assert_eq!(
+        t.quarantined(),
+        1,
+        "the stall lifted a silent client's quarantine"
+    );
     assert_eq!(Metrics::get(&t.svc.metrics().unquarantined_clients), 0);
     let d = t.start_with(C2, "during", 4096, on("seg1")).unwrap();
     assert_eq!(d[0].segment_name, "seg2");

@@ -14,6 +14,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::error::EngineError;
 use super::exec::Outcome;
@@ -28,7 +29,7 @@ use crate::transport::rdma::verbs::{RdmaOp, Verbs};
 use crate::TeError;
 
 /// `MC_FORCE_TCP` says TCP.
-pub(crate) fn force_tcp() -> bool {
+pub fn force_tcp() -> bool {
     std::env::var("MC_FORCE_TCP")
         .map(|v| {
             let v = v.trim().to_ascii_lowercase();
@@ -38,15 +39,16 @@ pub(crate) fn force_tcp() -> bool {
 }
 
 /// Whether `protocol` asks for the RDMA transport (after `MC_FORCE_TCP`).
-pub(crate) fn rdma_wanted(protocol: &str) -> bool {
+pub fn rdma_wanted(protocol: &str) -> bool {
     protocol.trim().eq_ignore_ascii_case("rdma") && !force_tcp()
 }
 
 fn no_device(why: impl std::fmt::Display) -> EngineError {
-    EngineError::new(
-        TeError::DeviceNotFound,
-        format!("protocol \"rdma\": {why}; set MC_FORCE_TCP=1 to run over TCP instead"),
-    )
+    EngineError::new(TeError::DeviceNotFound, no_device_text(why))
+}
+
+fn no_device_text(why: impl std::fmt::Display) -> String {
+    format!("protocol \"rdma\": {why}; set MC_FORCE_TCP=1 to run over TCP instead")
 }
 
 /// Opens the verbs and devices the environment and `device_name` ask for.
@@ -55,13 +57,34 @@ pub(crate) fn open_transport(
     name: &str,
     device_name: &str,
 ) -> Result<Arc<RdmaTransport>, EngineError> {
+    open_verbs(name, device_name, options.transfer_timeout).map_err(no_device)
+}
+
+/// The RDMA transport of a process that is not a transfer engine (a store client, a storage
+/// node), chosen exactly as an engine's: `MOONCAKE_RDMA_SIM`, else libibverbs with
+/// `device_name`, `MC_MS_AUTO_DISC` and `MC_MS_FILTERS`. `name` is the local segment name its
+/// NIC paths carry. The error says why no device could be used and that `MC_FORCE_TCP=1` runs
+/// TCP instead.
+pub fn open_rdma(
+    name: &str,
+    device_name: &str,
+    transfer_timeout: Duration,
+) -> Result<Arc<RdmaTransport>, String> {
+    open_verbs(name, device_name, transfer_timeout).map_err(no_device_text)
+}
+
+fn open_verbs(
+    name: &str,
+    device_name: &str,
+    transfer_timeout: Duration,
+) -> Result<Arc<RdmaTransport>, String> {
     let req = DeviceRequest::from_env(device_name);
-    let cfg = RdmaConfig::from_env(options.transfer_timeout);
+    let cfg = RdmaConfig::from_env(transfer_timeout);
     let root = Path::new(discovery::SYSFS_ROOT);
     let (verbs, available): (Arc<dyn Verbs>, Vec<HcaInfo>) = match SimVerbs::from_env() {
         Some(sim) => {
-            let sim = sim.map_err(no_device)?;
-            let names = sim.device_names().map_err(no_device)?;
+            let sim = sim.map_err(|e| e.to_string())?;
+            let names = sim.device_names().map_err(|e| e.to_string())?;
             let infos = names
                 .iter()
                 .map(|n| HcaInfo {
@@ -73,8 +96,8 @@ pub(crate) fn open_transport(
             (Arc::new(sim), infos)
         }
         None => {
-            let ib = IbVerbs::load().map_err(no_device)?;
-            let listed = ib.device_names().map_err(no_device)?;
+            let ib = IbVerbs::load().map_err(|e| e.to_string())?;
+            let listed = ib.device_names().map_err(|e| e.to_string())?;
             let infos = listed
                 .iter()
                 .map(|n| discovery::hca_from_sysfs(root, n))
@@ -82,11 +105,10 @@ pub(crate) fn open_transport(
             (ib, infos)
         }
     };
-    let chosen = discovery::choose(&available, &req).map_err(no_device)?;
+    let chosen = discovery::choose(&available, &req).map_err(|e| e.to_string())?;
     let t = RdmaTransport::open(verbs, &chosen, name, cfg, &|dev, port| {
         discovery::roce_v2_gid_index(root, dev, port)
-    })
-    .map_err(no_device)?;
+    })?;
     tracing::info!(
         verbs = t.verbs_kind(),
         devices = ?chosen.iter().map(|h| &h.name).collect::<Vec<_>>(),

@@ -359,6 +359,34 @@ impl RdmaTransport {
 
     /// The descriptor of this engine with its registered buffers.
     pub fn segment_desc(&self, name: &str, data_port: u16, timestamp: String) -> RdmaSegmentDesc {
+        self.segment_desc_where(name, data_port, timestamp, |_| true)
+    }
+
+    /// The descriptor of one segment of a process serving several under their own names (a
+    /// storage node's shards): only the registered buffer starting at `addr` is listed.
+    pub fn segment_desc_of(
+        &self,
+        name: &str,
+        data_port: u16,
+        timestamp: String,
+        addr: u64,
+    ) -> RdmaSegmentDesc {
+        self.segment_desc_where(name, data_port, timestamp, |b| b.addr == addr)
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one registered buffer (a request from there
+    /// needs no staging copy).
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
+        !self.devices.is_empty() && self.lkey(0, addr, len).is_some()
+    }
+
+    fn segment_desc_where(
+        &self,
+        name: &str,
+        data_port: u16,
+        timestamp: String,
+        keep: impl Fn(&LocalBuf) -> bool,
+    ) -> RdmaSegmentDesc {
         let infos: Vec<HcaInfo> = self
             .devices
             .iter()
@@ -371,6 +399,7 @@ impl RdmaTransport {
         RdmaSegmentDesc {
             buffers: lock(&self.bufs)
                 .iter()
+                .filter(|b| keep(b))
                 .map(|b| RdmaBufferDesc {
                     addr: b.addr,
                     length: b.len,

@@ -1,0 +1,177 @@
+//! The RDMA side of a store process (`protocol="rdma"`): a storage node or a store client that
+//! serves its segments to peers' one-sided RDMA READ and WRITE, and reaches theirs the same way.
+//!
+//! One [`RdmaSide`] per process holds the RDMA transport (`dataplane`'s, the one the transfer
+//! engine runs: devices chosen as an engine's, `MOONCAKE_RDMA_SIM` for the software model) and
+//! a handshake server answering peers' queue-pair requests. A served segment is registered
+//! with every device and published in the metadata store under upstream's keys:
+//!
+//! | key | value |
+//! |---|---|
+//! | `mooncake/ram/<segment name>` | the RDMA descriptor: devices (GID, LID), the segment's buffer with its `rkey`s, and the TCP data port (an engine or a TCP peer still reaches it) |
+//! | `mooncake/rpc_meta/<segment name>` | `{"ip_or_host_name", "rpc_port"}` of the handshake server |
+//!
+//! A peer learns from the master only a replica's segment name and address; it reads these two
+//! keys once per segment (`store::rdma`). Without an HTTP or etcd metadata server there is
+//! nowhere to publish them, so `protocol="rdma"` with `P2PHANDSHAKE` is refused with a message.
+//!
+//! Invariants: memory is registered only for as long as it stays mapped (the caller
+//! unregisters before unmapping); published keys are removed by [`RdmaSide::withdraw`].
+
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dataplane::metadata::desc::{timestamp_now, RpcMeta};
+use dataplane::metadata::handshake::{ConnectionHandler, HandshakeServer, HandshakeState};
+use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
+use dataplane::transport::rdma::transport::RdmaTransport;
+use parking_lot::Mutex;
+
+pub use dataplane::engine::rdma::{force_tcp, rdma_wanted};
+
+/// A process's RDMA transport, handshake server and published segments.
+pub struct RdmaSide {
+    transport: Arc<RdmaTransport>,
+    metadata: Arc<dyn MetadataStore>,
+    keys: Keys,
+    host: String,
+    state: Arc<HandshakeState>,
+    server: Mutex<Option<HandshakeServer>>,
+    published: Mutex<Vec<String>>,
+}
+
+impl RdmaSide {
+    /// Opens the devices (`devices`: upstream's `device_name` / `rdma_devices` list, empty for
+    /// auto-discovery) and starts the handshake server on `ip`. `name` is this process's name in
+    /// NIC paths. Every error is a sentence for the operator.
+    pub fn open(
+        name: &str,
+        devices: &str,
+        transfer_timeout: Duration,
+        ip: IpAddr,
+        metadata_server: &str,
+        keys: Keys,
+    ) -> Result<Arc<RdmaSide>, String> {
+        let backend = MetadataBackend::parse(metadata_server)
+            .map_err(|e| format!("protocol \"rdma\": metadata server: {e}"))?;
+        let Some(store) = backend.open() else {
+            return Err(format!(
+                "protocol \"rdma\" needs an HTTP or etcd metadata server (got {metadata_server:?}): \
+                 peers read a segment's memory keys and handshake port there"
+            ));
+        };
+        let transport = dataplane::engine::rdma::open_rdma(name, devices, transfer_timeout)?;
+        let state = HandshakeState::new();
+        let weak = Arc::downgrade(&transport);
+        state.set_connection_handler(Some(ConnectionHandler(Arc::new(move |body| {
+            match weak.upgrade() {
+                Some(t) => t.handle_connect(body),
+                None => b"{\"reply_msg\":\"RDMA transport shut down\"}".to_vec(),
+            }
+        }))));
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| format!("RDMA handshake server on {ip}: {e}"))?;
+        let server = HandshakeServer::start(listener, state.clone())
+            .map_err(|e| format!("RDMA handshake server on {ip}: {e}"))?;
+        Ok(Arc::new(RdmaSide {
+            transport,
+            metadata: Arc::from(store),
+            keys,
+            host: ip.to_string(),
+            state,
+            server: Mutex::new(Some(server)),
+            published: Mutex::new(Vec::new()),
+        }))
+    }
+
+    pub fn transport(&self) -> &Arc<RdmaTransport> {
+        &self.transport
+    }
+
+    pub fn metadata(&self) -> &Arc<dyn MetadataStore> {
+        &self.metadata
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The handshake server's port.
+    pub fn rpc_port(&self) -> u16 {
+        self.server
+            .lock()
+            .as_ref()
+            .map_or(0, |s| s.local_addr().port())
+    }
+
+    /// Registers `[addr, addr + len)` with every device, without publishing it (staging
+    /// memory, a caller's registered buffer).
+    ///
+    /// # Safety
+    /// The range stays mapped until [`RdmaSide::unregister`]; peers holding its keys may read
+    /// and write it meanwhile (its keys are not published, so only this process uses them).
+    pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), String> {
+        let location = match dataplane::transport::rdma::discovery::numa_node_of(addr) {
+            Some(n) => format!("cpu:{n}"),
+            None => "cpu:0".to_string(),
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.transport.register(addr, len, &location) }
+    }
+
+    pub fn unregister(&self, addr: u64) -> bool {
+        self.transport.unregister(addr)
+    }
+
+    /// Registers a segment and publishes it as `name` (its descriptor lists only this
+    /// segment's buffer; `data_port` is its TCP data port).
+    ///
+    /// # Safety
+    /// As [`RdmaSide::register`]: the segment stays mapped while this side lives, and peers
+    /// write into it, as they do over TCP.
+    pub unsafe fn serve(
+        &self,
+        name: &str,
+        addr: u64,
+        len: u64,
+        data_port: u16,
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.register(addr, len)? };
+        let desc = self
+            .transport
+            .segment_desc_of(name, data_port, timestamp_now(), addr)
+            .to_json();
+        let meta = RpcMeta {
+            ip_or_host_name: self.host.clone(),
+            rpc_port: self.rpc_port(),
+        }
+        .to_json();
+        let put = self
+            .metadata
+            .put(&self.keys.ram(name), &desc)
+            .and_then(|()| self.metadata.put(&self.keys.rpc_meta(name), &meta));
+        self.published.lock().push(name.to_string());
+        put.map_err(|e| format!("publishing the RDMA descriptor of {name}: {e}"))?;
+        // A peer in P2P mode asks the handshake server itself; the last segment served answers.
+        self.state.set_descriptor(desc);
+        Ok(())
+    }
+
+    /// Removes the published keys and stops the handshake server. Idempotent.
+    pub fn withdraw(&self) {
+        for name in std::mem::take(&mut *self.published.lock()) {
+            let _ = self.metadata.remove(&self.keys.ram(&name));
+            let _ = self.metadata.remove(&self.keys.rpc_meta(&name));
+        }
+        self.state.set_connection_handler(None);
+        self.server.lock().take();
+    }
+}
+
+impl Drop for RdmaSide {
+    fn drop(&mut self) {
+        self.server.lock().take();
+    }
+}

@@ -1,0 +1,312 @@
+//! Reaching replicas over RDMA (`protocol="rdma"`).
+//!
+//! A replica names its segment; the segment's owner published an RDMA descriptor and its
+//! handshake port under that name (`crate::rdma`). [`RdmaPeers::peer`] reads both once per
+//! segment and keeps them; a segment published as TCP (or not at all) is looked up again
+//! after [`NOT_RDMA_RECHECK`], and an RDMA peer whose queue pairs all failed
+//! (`ERR_ENDPOINT`) is forgotten, so a restarted owner's new keys are fetched.
+//!
+//! Bytes move with one-sided RDMA WRITE (put) and READ (get) into the owner's segment; the
+//! owner's CPU is not involved. The local side of a work request must lie in registered
+//! memory: ranges inside this process's own segment or a buffer registered with
+//! `register_buffer` go straight to the NIC; any other memory (a Python `bytes`, a numpy array)
+//! is staged through a registered pool of [`STAGING_CHUNK`]-byte chunks, one copy.
+//!
+//! Invariants: a request never leaves the replica (`Peers` checked the range first, and the
+//! transport checks the remote range against the owner's published buffer before posting);
+//! a staging chunk is used by one transfer at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dataplane::metadata::desc::{RpcMeta, SegmentDesc};
+use dataplane::metadata::rdma_desc::RdmaSegmentDesc;
+use dataplane::transport::rdma::transport::{Peer, Request};
+use dataplane::transport::rdma::verbs::RdmaOp;
+use parking_lot::{Condvar, Mutex};
+use protocol::ErrorCode;
+
+use super::StoreError;
+use crate::rdma::RdmaSide;
+
+/// Bytes of one staging chunk.
+pub const STAGING_CHUNK: usize = 4 << 20;
+/// Staging chunks: transfers from unregistered memory that may run at once.
+pub const STAGING_CHUNKS: usize = 4;
+/// How long a segment found not to be served over RDMA is not looked up again.
+pub const NOT_RDMA_RECHECK: Duration = Duration::from_secs(5);
+
+/// A segment served over RDMA: its descriptor and handshake endpoint.
+pub struct RdmaPeer {
+    pub name: String,
+    pub rpc: String,
+    pub desc: RdmaSegmentDesc,
+}
+
+enum PeerState {
+    Rdma(Arc<RdmaPeer>),
+    NotRdma(Instant),
+}
+
+/// The registered staging pool.
+struct Staging {
+    base: u64,
+    _mem: Box<[u8]>,
+    free: Mutex<Vec<usize>>,
+    freed: Condvar,
+}
+
+impl Staging {
+    fn take(&self) -> StagingChunk<'_> {
+        let mut free = self.free.lock();
+        loop {
+            if let Some(i) = free.pop() {
+                return StagingChunk {
+                    pool: self,
+                    index: i,
+                };
+            }
+            self.freed.wait(&mut free);
+        }
+    }
+}
+
+struct StagingChunk<'a> {
+    pool: &'a Staging,
+    index: usize,
+}
+
+impl StagingChunk<'_> {
+    fn addr(&self) -> u64 {
+        self.pool.base + (self.index * STAGING_CHUNK) as u64
+    }
+
+    /// The chunk's first `len` bytes.
+    fn bytes(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= STAGING_CHUNK);
+        // SAFETY: the chunk lies inside the pool's allocation, which lives as long as the
+        // pool; this guard is its only user until dropped (taken from the free list).
+        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, len) }
+    }
+}
+
+impl Drop for StagingChunk<'_> {
+    fn drop(&mut self) {
+        self.pool.free.lock().push(self.index);
+        self.pool.freed.notify_one();
+    }
+}
+
+/// A store's RDMA path; see the module docs.
+pub struct RdmaPeers {
+    side: Arc<RdmaSide>,
+    peers: Mutex<HashMap<String, PeerState>>,
+    staging: Staging,
+    /// Bytes moved by RDMA work requests.
+    pub bytes: AtomicU64,
+    /// Bytes of those that went through staging.
+    pub staged_bytes: AtomicU64,
+}
+
+impl RdmaPeers {
+    /// The path over `side`, with its staging pool registered.
+    pub fn new(side: Arc<RdmaSide>) -> Result<RdmaPeers, String> {
+        let mem = vec![0u8; STAGING_CHUNK * STAGING_CHUNKS].into_boxed_slice();
+        let base = mem.as_ptr() as u64;
+        // SAFETY: the pool's memory is owned by the returned value and unregistered in its
+        // Drop before it is freed; its keys are never published.
+        unsafe { side.register(base, mem.len() as u64)? };
+        Ok(RdmaPeers {
+            side,
+            peers: Mutex::new(HashMap::new()),
+            staging: Staging {
+                base,
+                _mem: mem,
+                free: Mutex::new((0..STAGING_CHUNKS).collect()),
+                freed: Condvar::new(),
+            },
+            bytes: AtomicU64::new(0),
+            staged_bytes: AtomicU64::new(0),
+        })
+    }
+
+    pub fn side(&self) -> &Arc<RdmaSide> {
+        &self.side
+    }
+
+    /// The RDMA view of `segment`, or `None` when its owner serves it over TCP only (or
+    /// cannot be looked up now).
+    pub fn peer(&self, segment: &str) -> Option<Arc<RdmaPeer>> {
+        match self.peers.lock().get(segment) {
+            Some(PeerState::Rdma(p)) => return Some(p.clone()),
+            Some(PeerState::NotRdma(at)) if at.elapsed() < NOT_RDMA_RECHECK => return None,
+            _ => {}
+        }
+        let found = self.look_up(segment);
+        let state = match &found {
+            Ok(Some(p)) => PeerState::Rdma(p.clone()),
+            Ok(None) => PeerState::NotRdma(Instant::now()),
+            Err(e) => {
+                tracing::warn!("segment {segment}: RDMA lookup failed, using TCP: {e}");
+                PeerState::NotRdma(Instant::now())
+            }
+        };
+        self.peers.lock().insert(segment.to_string(), state);
+        found.ok().flatten()
+    }
+
+    fn look_up(&self, segment: &str) -> Result<Option<Arc<RdmaPeer>>, String> {
+        let (store, keys) = (self.side.metadata(), self.side.keys());
+        let Some(raw) = store.get(&keys.ram(segment)).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let is_rdma = SegmentDesc::from_json(&raw).is_ok_and(|d| d.protocol == "rdma");
+        if !is_rdma {
+            return Ok(None);
+        }
+        let desc = RdmaSegmentDesc::from_json(&raw).map_err(|e| format!("bad descriptor: {e}"))?;
+        let meta = store
+            .get(&keys.rpc_meta(segment))
+            .map_err(|e| e.to_string())?
+            .ok_or("no handshake endpoint published")?;
+        let meta = RpcMeta::from_json(&meta).map_err(|e| format!("bad rpc_meta: {e}"))?;
+        Ok(Some(Arc::new(RdmaPeer {
+            name: segment.to_string(),
+            rpc: format!("{}:{}", meta.ip_or_host_name, meta.rpc_port),
+            desc,
+        })))
+    }
+
+    fn forget(&self, segment: &str) {
+        self.peers.lock().remove(segment);
+    }
+
+    /// Runs `reqs` against `peer`; the first failure, as a store error.
+    fn run(&self, peer: &RdmaPeer, reqs: &[Request]) -> Result<(), StoreError> {
+        let p = Peer {
+            name: &peer.name,
+            rpc: &peer.rpc,
+            desc: &peer.desc,
+        };
+        let results = self.side.transport().transfer(&p, reqs);
+        let mut first = None;
+        for (r, res) in reqs.iter().zip(results) {
+            match res {
+                Ok(()) => {
+                    self.bytes.fetch_add(r.len, Ordering::Relaxed);
+                }
+                Err(code) => {
+                    first.get_or_insert(code);
+                }
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(code) => {
+                if code == dataplane::TeError::Endpoint as i32 {
+                    // Every device failed: the owner may have restarted with new keys.
+                    self.forget(&peer.name);
+                }
+                tracing::warn!("RDMA transfer with {} failed: code {code}", peer.name);
+                Err(StoreError::new(
+                    ErrorCode::TransferFail,
+                    format!(
+                        "RDMA transfer with the segment {} failed (transfer engine code {code})",
+                        peer.name
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Writes `parts`, concatenated, at the peer's `remote`.
+    pub fn write(&self, peer: &RdmaPeer, remote: u64, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let t = self.side.transport();
+        if parts
+            .iter()
+            .all(|p| p.is_empty() || t.covers(p.as_ptr() as u64, p.len() as u64))
+        {
+            let mut reqs = Vec::with_capacity(parts.len());
+            let mut at = remote;
+            for p in parts.iter().filter(|p| !p.is_empty()) {
+                reqs.push(Request {
+                    op: RdmaOp::Write,
+                    local: p.as_ptr() as u64,
+                    remote: at,
+                    len: p.len() as u64,
+                });
+                at += p.len() as u64;
+            }
+            return self.run(peer, &reqs);
+        }
+        // Staged: fill a chunk from the parts, write it, next chunk.
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut chunk = self.staging.take();
+        let (mut part, mut in_part) = (0usize, 0usize);
+        let mut done = 0usize;
+        while done < total {
+            let n = (total - done).min(STAGING_CHUNK);
+            let buf = chunk.bytes(n);
+            let mut filled = 0;
+            while filled < n {
+                let src = &parts[part][in_part..];
+                let k = src.len().min(n - filled);
+                buf[filled..filled + k].copy_from_slice(&src[..k]);
+                filled += k;
+                in_part += k;
+                if in_part == parts[part].len() {
+                    part += 1;
+                    in_part = 0;
+                }
+            }
+            let req = Request {
+                op: RdmaOp::Write,
+                local: chunk.addr(),
+                remote: remote + done as u64,
+                len: n as u64,
+            };
+            self.run(peer, &[req])?;
+            self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads `dst.len()` bytes at the peer's `remote`.
+    pub fn read(&self, peer: &RdmaPeer, remote: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        let t = self.side.transport();
+        if t.covers(dst.as_ptr() as u64, dst.len() as u64) {
+            let req = Request {
+                op: RdmaOp::Read,
+                local: dst.as_mut_ptr() as u64,
+                remote,
+                len: dst.len() as u64,
+            };
+            return self.run(peer, &[req]);
+        }
+        let mut chunk = self.staging.take();
+        let mut done = 0usize;
+        for d in dst.chunks_mut(STAGING_CHUNK) {
+            let n = d.len();
+            let req = Request {
+                op: RdmaOp::Read,
+                local: chunk.addr(),
+                remote: remote + done as u64,
+                len: n as u64,
+            };
+            self.run(peer, &[req])?;
+            d.copy_from_slice(chunk.bytes(n));
+            self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RdmaPeers {
+    fn drop(&mut self) {
+        self.side.unregister(self.staging.base);
+    }
+}

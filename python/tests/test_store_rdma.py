@@ -1,0 +1,104 @@
+"""`MooncakeDistributedStore.setup(..., protocol="rdma", ...)` through the package, against a
+storage node started with `--protocol=rdma`, over the software verbs model (no RDMA hardware
+here: `MOONCAKE_RDMA_SIM=<fabric dir>` selects it in the node and in this process; see
+docs/rdma.md). The node's segments are published with RDMA descriptors, the store moves bytes
+with one-sided RDMA WRITE/READ, and a TCP client reads the same bytes."""
+
+import ctypes
+import json
+import os
+import shutil
+import tempfile
+import urllib.request
+
+import pytest
+
+from conftest import MIB, Node
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+
+
+@pytest.fixture
+def fabric(monkeypatch):
+    d = tempfile.mkdtemp(prefix="mc-rdma-py-", dir="/dev/shm")
+    monkeypatch.setenv("MOONCAKE_RDMA_SIM", d)
+    # Same-host shared segments would copy node replicas by memcpy instead.
+    monkeypatch.setenv("MC_STORE_SHM", "0")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def rdma_store(master, protocol="rdma", metadata=None, segment=0):
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", metadata or master.metadata, segment, 64 * MIB, protocol, "",
+                 master.addr)
+    return s, rc
+
+
+def test_store_over_rdma_to_an_rdma_node(master, fabric):
+    from mooncake.store import ReplicateConfig
+
+    node = Node(master, 64 * MIB, extra=["--protocol=rdma"])
+    try:
+        seg = f"127.0.0.1:{node.port}"
+        # The node published an RDMA descriptor (devices, rkeys) and its handshake port.
+        with urllib.request.urlopen(f"{master.metadata}?key=mooncake/ram/{seg}") as r:
+            desc = json.loads(r.read())
+        assert desc["protocol"] == "rdma"
+        assert len(desc["buffers"]) == 1 and len(desc["buffers"][0]["rkey"]) == len(desc["devices"])
+        with urllib.request.urlopen(f"{master.metadata}?key=mooncake/rpc_meta/{seg}") as r:
+            assert json.loads(r.read())["rpc_port"] > 0
+
+        s, rc = rdma_store(master)
+        assert rc == 0
+        cfg = ReplicateConfig()
+        cfg.preferred_segment = seg
+        values = {f"py/{n}": bytes((i * 7 + n) % 256 for i in range(n)) for n in (1, 4096, 300_000)}
+        values["py/big"] = os.urandom(5 * MIB + 3)
+        for k, v in values.items():
+            assert s.put(k, v, cfg) == 0, k
+        for k, v in values.items():
+            assert s.get(k) == v, k
+        assert s.put_batch(["pb/0", "pb/1"], [b"a" * 1000, b"b" * 70_000], cfg) == 0
+        assert s.get_batch(["pb/0", "pb/1"]) == [b"a" * 1000, b"b" * 70_000]
+
+        # Registered memory (the NIC reads and writes it directly).
+        size = 2 * MIB
+        buf = (ctypes.c_ubyte * size)()
+        ptr = ctypes.addressof(buf)
+        assert s.register_buffer(ptr, size) == 0
+        data = os.urandom(size)
+        ctypes.memmove(buf, data, size)
+        assert s.put_from("py/reg", ptr, size, cfg) == 0
+        ctypes.memset(buf, 0, size)
+        assert s.get_into("py/reg", ptr, size) == size
+        assert bytes(buf) == data
+        assert s.unregister_buffer(ptr) == 0
+
+        # The node's own TCP server holds the same bytes.
+        t, rc = rdma_store(master, protocol="tcp")
+        assert rc == 0
+        for k, v in values.items():
+            assert t.get(k) == v, k
+        assert t.get("py/reg") == data
+        t.close()
+        assert s.remove_all() >= 0
+        s.close()
+    finally:
+        node.stop()
+
+
+def test_rdma_setup_without_a_device(master, fabric, monkeypatch):
+    monkeypatch.setenv("MOONCAKE_RDMA_SIM_DEVICES", "")
+    s, rc = rdma_store(master)
+    assert rc == -1
+    s, rc = rdma_store(master, metadata="P2PHANDSHAKE")
+    assert rc == -1
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    s, rc = rdma_store(master, segment=16 * MIB)
+    assert rc == 0
+    assert s.put("forced/tcp", b"x") == 0 and s.get("forced/tcp") == b"x"
+    assert s.remove("forced/tcp", True) == 0
+    s.close()

@@ -1,0 +1,255 @@
+//! The store and the storage node with `protocol="rdma"`, over the software verbs model
+//! (`SimVerbs`, selected by `MOONCAKE_RDMA_SIM=<fabric dir>` in every process of the test):
+//! a real master, a real `mooncake_client` node process, store clients in this process.
+//!
+//! - puts and gets of objects from 1 byte to several MiB (several staging chunks) move their
+//!   bytes with RDMA WRITE and READ into the node's segments, and only catalog records go over
+//!   TCP; a TCP-only client reads the same bytes from the node's own server;
+//! - memory registered with `register_buffer` goes to the NIC without the staging copy;
+//! - a store client's own segment is served over RDMA to another store client;
+//! - a dead node fails reads with `TRANSFER_FAIL`, at once;
+//! - no device, or no metadata server to publish in, is refused with a reason, and
+//!   `MC_FORCE_TCP=1` runs TCP.
+//!
+//! Run with nextest (one process per test): the tests set process environment variables.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use client::{Store, StoreConfig};
+use mooncake_tests::{bin_path, Master, Node};
+use protocol::{ErrorCode, ReplicateConfig};
+
+fn fabric() -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let p = base.join(format!("mc-rdma-store-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+struct Fabric(PathBuf);
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sets the process environment for an RDMA store on a fresh fabric (same-host shared
+/// segments off, so that replicas on the node are not copied by memcpy instead).
+fn rdma_env() -> Fabric {
+    let f = Fabric(fabric());
+    std::env::set_var("MOONCAKE_RDMA_SIM", &f.0);
+    std::env::set_var("MC_STORE_SHM", "0");
+    std::env::set_var("MC_TRANSFER_TIMEOUT", "5");
+    f
+}
+
+fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Store, ErrorCode> {
+    Store::setup(StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: metadata.into(),
+        global_segment_size: segment,
+        local_buffer_size: 64 << 20,
+        protocol: protocol.into(),
+        rdma_devices: String::new(),
+        master_server_addr: m.rpc_addr(),
+        tenant_id: String::new(),
+    })
+}
+
+fn rdma_node(m: &Master, f: &Fabric) -> Node {
+    let fab = f.0.to_str().unwrap();
+    Node::start_with_env(
+        m,
+        &[
+            "--protocol=rdma",
+            "--shards=2",
+            "--global_segment_size=256 MB",
+        ],
+        &[("MOONCAKE_RDMA_SIM", fab), ("MC_STORE_SHM", "0")],
+    )
+}
+
+fn value(i: usize) -> Vec<u8> {
+    let len = [1, 4096, 100_000, (5 << 20) + 3, (9 << 20) + 17][i % 5];
+    (0..len)
+        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(i as u8))
+        .collect()
+}
+
+#[test]
+fn puts_and_gets_move_over_rdma_into_a_storage_node() {
+    let f = rdma_env();
+    let m = Master::start(&[]);
+    let mut node = rdma_node(&m, &f);
+    let s = store(&m, "rdma", 0, &m.metadata_url()).expect("rdma store setup");
+    let cfg = ReplicateConfig::default();
+    let n = 10;
+    let total: u64 = (0..n).map(|i| value(i).len() as u64).sum();
+    for i in 0..n {
+        assert_eq!(
+            s.put(&format!("r/{i}"), &value(i), &cfg, false),
+            Ok(()),
+            "put r/{i}"
+        );
+    }
+    let after_puts = s.path_counts();
+    assert_eq!(
+        after_puts.rdma_bytes, total,
+        "every byte written by RDMA: {after_puts:?}"
+    );
+    assert_eq!(after_puts.rdma_staged_bytes, total, "{after_puts:?}");
+    assert!(
+        after_puts.tcp_bytes < total / 100,
+        "only catalog records over TCP: {after_puts:?}"
+    );
+    for i in 0..n {
+        assert_eq!(s.get(&format!("r/{i}")), Ok(value(i)), "get r/{i}");
+    }
+    assert_eq!(s.path_counts().rdma_bytes, 2 * total);
+
+    // A batch of several parts per key, across staging chunk boundaries.
+    let keys: Vec<String> = (0..4).map(|i| format!("b/{i}")).collect();
+    let vals: Vec<Vec<u8>> = (0..4).map(|i| value(i + 2)).collect();
+    let parts: Vec<Vec<&[u8]>> = vals
+        .iter()
+        .map(|v| {
+            let (a, b) = v.split_at(v.len() / 3);
+            vec![a, b]
+        })
+        .collect();
+    for r in s.put_many(&keys, &parts, &cfg, false) {
+        assert_eq!(r, Ok(()));
+    }
+    for (k, v) in keys.iter().zip(&vals) {
+        assert_eq!(s.get(k).as_ref(), Ok(v), "{k}");
+    }
+
+    // Registered memory goes to the NIC without the staging copy.
+    let mut reg = vec![0u8; 6 << 20];
+    let (addr, len) = (reg.as_mut_ptr() as u64, reg.len() as u64);
+    s.register_buffer(addr, len).unwrap();
+    for (k, x) in reg.iter_mut().enumerate() {
+        *x = (k % 251) as u8;
+    }
+    let staged = s.path_counts().rdma_staged_bytes;
+    assert_eq!(s.put("reg", &reg, &cfg, false), Ok(()));
+    let want = reg.clone();
+    reg.iter_mut().for_each(|x| *x = 0);
+    let read = s.with_lookup("reg", |list| {
+        s.read_from(list, 0, &mut reg)?;
+        Ok(())
+    });
+    assert_eq!(read, Ok(()));
+    assert!(reg == want, "registered read-back differs");
+    assert_eq!(
+        s.path_counts().rdma_staged_bytes,
+        staged,
+        "registered memory was staged"
+    );
+    s.unregister_buffer(addr).unwrap();
+
+    // The node's own server sees what RDMA wrote, and its catalog has every object.
+    let tcp = store(&m, "tcp", 0, &m.metadata_url()).expect("tcp store");
+    for i in 0..n {
+        assert_eq!(tcp.get(&format!("r/{i}")), Ok(value(i)), "tcp get r/{i}");
+    }
+    assert!(tcp.path_counts().tcp_bytes >= total);
+    assert_eq!(tcp.path_counts().rdma_bytes, 0);
+
+    // A dead node: reads of its replicas fail at once rather than hang or return bytes.
+    node.signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+        .expect("node killed");
+    let t0 = Instant::now();
+    assert_eq!(s.get("r/1"), Err(ErrorCode::TransferFail));
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "a read from a dead node took {:?}",
+        t0.elapsed()
+    );
+    s.close();
+    tcp.close();
+}
+
+#[test]
+fn a_store_clients_own_segment_is_served_over_rdma() {
+    let _f = rdma_env();
+    let m = Master::start(&[]);
+    let owner = store(&m, "rdma", 64 << 20, &m.metadata_url()).expect("owner setup");
+    let other = store(&m, "rdma", 0, &m.metadata_url()).expect("other setup");
+    let on_owner = ReplicateConfig {
+        preferred_segment: owner.hostname().to_string(),
+        ..ReplicateConfig::default()
+    };
+    let v = value(3);
+    assert_eq!(other.put("o/1", &v, &on_owner, false), Ok(()));
+    let list = other.replicas("o/1").unwrap();
+    assert_eq!(list.replicas[0].segment_name, owner.hostname());
+    assert_eq!(other.path_counts().rdma_bytes, v.len() as u64);
+    // The owner reads it from its own memory; the other one over RDMA again.
+    assert_eq!(owner.get("o/1"), Ok(v.clone()));
+    assert_eq!(owner.path_counts().own_memcpy_bytes, v.len() as u64);
+    assert_eq!(other.get("o/1"), Ok(v.clone()));
+    assert_eq!(other.path_counts().rdma_bytes, 2 * v.len() as u64);
+    other.close();
+    owner.close();
+}
+
+#[test]
+fn rdma_without_a_device_or_a_metadata_server_is_refused() {
+    let f = rdma_env();
+    let m = Master::start(&[]);
+    // The model with no devices: as a host with libibverbs and no HCA.
+    std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
+    assert_eq!(
+        store(&m, "rdma", 0, &m.metadata_url()).err(),
+        Some(ErrorCode::InternalError)
+    );
+    std::env::remove_var("MOONCAKE_RDMA_SIM_DEVICES");
+    // Devices, but nowhere to publish the keys.
+    assert_eq!(
+        store(&m, "rdma", 16 << 20, "P2PHANDSHAKE").err(),
+        Some(ErrorCode::InternalError)
+    );
+    // MC_FORCE_TCP runs TCP.
+    std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
+    std::env::set_var("MC_FORCE_TCP", "1");
+    let s = store(&m, "rdma", 16 << 20, &m.metadata_url()).expect("forced TCP");
+    assert_eq!(
+        s.put("t", b"tcp", &ReplicateConfig::default(), false),
+        Ok(())
+    );
+    assert_eq!(s.get("t"), Ok(b"tcp".to_vec()));
+    assert_eq!(s.path_counts().rdma_bytes, 0);
+    s.close();
+    std::env::remove_var("MC_FORCE_TCP");
+
+    // The node says why it cannot start, and exits.
+    let out = Command::new(bin_path("mooncake_client"))
+        .args([
+            "--host=127.0.0.1",
+            "--protocol=rdma",
+            "--global_segment_size=16 MB",
+            &format!("--master_server_address={}", m.rpc_addr()),
+            &format!("--metadata_server={}", m.metadata_url()),
+        ])
+        .env("MOONCAKE_RDMA_SIM", &f.0)
+        .env("MOONCAKE_RDMA_SIM_DEVICES", "")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run mooncake_client");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("MC_FORCE_TCP=1"), "{err}");
+}
