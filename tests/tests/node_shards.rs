@@ -235,7 +235,11 @@ fn node_exports_memory_kind_backend_and_counters_on_metrics_port() {
     data_client(&seg.te_endpoint)
         .write(seg.base, b"hello")
         .expect("write");
-    let text = http("GET", port, "/metrics", b"").text();
+    // The shard counts a request after its reply is on the wire: poll briefly.
+    let ok = "mooncake_node_requests_ok_total{shard=\"1\"} 1";
+    let metrics = || http("GET", port, "/metrics", b"").text();
+    mooncake_tests::wait_until(Duration::from_secs(5), || metrics().contains(ok));
+    let text = metrics();
     for shard in ["0", "1"] {
         let kind = format!("mooncake_node_segment_memory_kind{{shard=\"{shard}\",kind=");
         assert!(text.contains(&kind), "{kind} missing:\n{text}");
@@ -245,10 +249,7 @@ fn node_exports_memory_kind_backend_and_counters_on_metrics_port() {
         );
         assert!(text.contains(&backend), "{backend} missing:\n{text}");
     }
-    assert!(
-        text.contains("mooncake_node_requests_ok_total{shard=\"1\"} 1"),
-        "{text}"
-    );
+    assert!(text.contains(ok), "{text}");
     assert!(
         text.contains("mooncake_node_loop_stalls_total{shard=\"0\"}"),
         "{text}"
