@@ -6,7 +6,8 @@
 //!   bytes with RDMA WRITE and READ into the node's segments, and only catalog records go over
 //!   TCP; a TCP-only client reads the same bytes from the node's own server;
 //! - memory registered with `register_buffer` goes to the NIC without the staging copy;
-//! - a store client's own segment is served over RDMA to another store client;
+//! - a store client's own segment is served over RDMA to another store client, and a
+//!   segment served over TCP only is reached over TCP;
 //! - a dead node fails reads with `TRANSFER_FAIL`, at once;
 //! - no device, or no metadata server to publish in, is refused with a reason, and
 //!   `MC_FORCE_TCP=1` runs TCP.
@@ -201,6 +202,23 @@ fn a_store_clients_own_segment_is_served_over_rdma() {
     assert_eq!(owner.path_counts().own_memcpy_bytes, v.len() as u64);
     assert_eq!(other.get("o/1"), Ok(v.clone()));
     assert_eq!(other.path_counts().rdma_bytes, 2 * v.len() as u64);
+
+    // A segment served over TCP only is reached over TCP by the RDMA client.
+    let tcp_owner = store(&m, "tcp", 64 << 20, &m.metadata_url()).expect("tcp owner");
+    let on_tcp = ReplicateConfig {
+        preferred_segment: tcp_owner.hostname().to_string(),
+        ..ReplicateConfig::default()
+    };
+    let before = other.path_counts();
+    assert_eq!(other.put("o/2", &v, &on_tcp, false), Ok(()));
+    assert_eq!(other.get("o/2"), Ok(v.clone()));
+    let after = other.path_counts();
+    assert_eq!(after.rdma_bytes, before.rdma_bytes, "{after:?}");
+    assert!(
+        after.tcp_bytes >= before.tcp_bytes + 2 * v.len() as u64,
+        "{after:?}"
+    );
+    tcp_owner.close();
     other.close();
     owner.close();
 }
