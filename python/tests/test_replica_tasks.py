@@ -1,6 +1,7 @@
 """Replica copy and move tasks end to end (issue 14), as upstream's scripts/test_copy_move_api.py
 checks them: three store clients, each contributing a segment and executing the tasks the
-master assigns it; replica endpoints read through get_replica_desc."""
+master assigns it; replica endpoints read through get_replica_desc. Storage nodes execute
+tasks too (the last test)."""
 
 import pytest
 
@@ -112,12 +113,13 @@ def test_bad_inputs_give_upstreams_codes(trio):
 
 
 def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
-    """Two storage nodes (which do not execute tasks) and a client without a segment (no
-    executor either): a task stays PENDING, so what it blocks can be checked without a race."""
+    """Two storage nodes told not to execute tasks (`--replica_tasks=false`) and a client
+    without a segment (no executor either): a task stays PENDING, so what it blocks can be
+    checked without a race."""
     m = Master(extra=["--max_total_pending_tasks=1"])
     nodes, s = [], None
     try:
-        nodes = [Node(m, 32 * MIB), Node(m, 32 * MIB)]
+        nodes = [Node(m, 32 * MIB, extra=["--replica_tasks=false"]) for _ in range(2)]
         seg1, seg2 = (f"127.0.0.1:{n.port}" for n in nodes)
         s = make_store(m, segment=0, local_buffer=16 * MIB)
         cfg = ReplicateConfig()
@@ -137,6 +139,49 @@ def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
         assert s.create_copy_task("tk_other", [seg2]) == ((0, 0), -1401)
         # A forced remove skips the task check, as upstream's.
         assert s.remove("tk_wait", force=True) == 0
+    finally:
+        if s is not None:
+            s.close()
+        for n in nodes:
+            n.stop()
+        m.stop()
+
+
+def test_storage_nodes_carry_out_tasks():
+    """Only storage nodes hold segments (the usual deployment): the node owning a task's
+    target fetches and runs it, so copies and moves complete without any store client
+    contributing memory."""
+    m = Master()
+    nodes, s = [], None
+    try:
+        nodes = [Node(m, 32 * MIB, shards=2), Node(m, 32 * MIB)]
+        a0, a1, b = f"127.0.0.1:{nodes[0].port}", f"127.0.0.1:{nodes[0].port}#1", \
+            f"127.0.0.1:{nodes[1].port}"
+        s = make_store(m, segment=0, local_buffer=16 * MIB)
+        value = bytes(range(256)) * 5000
+        cfg = ReplicateConfig()
+        cfg.preferred_segment = a0
+        assert s.put("tn_copy", value, cfg) == 0
+        # Onto the other node, and onto the same node's other shard.
+        task_id, rc = s.create_copy_task("tn_copy", [b, a1])
+        assert rc == 0
+        resp = finished(s, task_id)
+        assert (resp.status, resp.message) == (TaskStatus.SUCCESS, ""), resp.message
+        assert len(s.get_replica_desc("tn_copy")) == 3
+        lease_wait()
+        assert s.batch_replica_clear(["tn_copy"], a0) == ["tn_copy"]
+        assert s.batch_replica_clear(["tn_copy"], b) == ["tn_copy"]
+        assert s.get("tn_copy") == value  # from shard 1's copy
+        # A move between nodes.
+        assert s.put("tn_move", value[:100_000], cfg) == 0
+        before = holders(s, "tn_move")
+        task_id, rc = s.create_move_task("tn_move", a0, b)
+        assert rc == 0
+        resp = finished(s, task_id)
+        assert resp.status == TaskStatus.SUCCESS, resp.message
+        after = holders(s, "tn_move")
+        assert len(after) == 1 and after != before
+        assert s.get("tn_move") == value[:100_000]
     finally:
         if s is not None:
             s.close()

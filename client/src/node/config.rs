@@ -1,6 +1,6 @@
 //! The node's flags: [`NodeConfig`], its defaults, the `--help` text ([`USAGE`]) and the
 //! gflags-style parser of `mooncake_client`'s command line (upstream's flags plus
-//! `--shards`/`--cores`, `--data_port`, `--metrics_port`, `--prefault`).
+//! `--shards`/`--cores`, `--data_port`, `--metrics_port`, `--prefault`, `--replica_tasks`).
 //!
 //! Invariants: a `NodeConfig` that [`NodeConfig::parse_args`] returns has 1..=[`SHARDS_MAX`]
 //! shards, at least one byte of segment per shard, `--protocol` tcp, rdma or empty (every
@@ -35,6 +35,9 @@ pub struct NodeConfig {
     pub metrics_port: u16,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
+    /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
+    /// master assigns to this node (`store::tasks`).
+    pub replica_tasks: bool,
     /// `--cluster_id` (default `MC_STORE_CLUSTER_ID`, else `mooncake_cluster`): which HA
     /// leader an `etcd://` master address follows, and the namespace of published descriptors
     /// (see [`dataplane::metadata::Keys::for_store`]).
@@ -60,6 +63,7 @@ impl Default for NodeConfig {
             data_port: 0,
             metrics_port: 0,
             prefault: false,
+            replica_tasks: true,
             cluster_id: crate::store::cluster_id_from_env(),
             auth_token_file: None,
         }
@@ -99,6 +103,8 @@ flags (--flag=value or --flag value):
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --prefault=false               fault segment pages in at start-up
+  --replica_tasks=true           carry out the replica copy/move tasks the master assigns
+                                 to this node (false: leave them to store clients)
   --enable_offload=false         upstream's SSD offload tier: not in this build, true is refused
   --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
                                  MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
@@ -151,6 +157,13 @@ impl NodeConfig {
                 c.prefault = match inline {
                     Some(v) => parse_bool(&v)?,
                     None => name == "prefault",
+                };
+                continue;
+            }
+            if name == "replica_tasks" || name == "noreplica_tasks" {
+                c.replica_tasks = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "replica_tasks",
                 };
                 continue;
             }
@@ -254,6 +267,7 @@ mod tests {
             "P2PHANDSHAKE",
             "--tenant_id=x",
             "--prefault",
+            "--noreplica_tasks",
         ])
         .unwrap()
         .unwrap();
@@ -262,6 +276,8 @@ mod tests {
         assert_eq!(c.global_segment_size, 64 << 20);
         assert_eq!(c.shards, 2, "--shards wins over --cores");
         assert!(c.prefault);
+        assert!(!c.replica_tasks);
+        assert!(NodeConfig::default().replica_tasks);
         assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
         assert_eq!(
             args(&["--cluster_id=prod-a"]).unwrap().unwrap().cluster_id,

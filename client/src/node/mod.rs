@@ -97,6 +97,8 @@ pub struct Node {
     master: MasterClient,
     metadata: Option<(Box<dyn MetadataStore>, Keys)>,
     shut_down: AtomicBool,
+    /// The replica-task executor (`--replica_tasks`): its stop flag and thread.
+    tasks: parking_lot::Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
 }
 
 /// The address to advertise for `host`: itself when it names one interface; for an
@@ -203,6 +205,7 @@ impl Node {
             master,
             metadata,
             shut_down: AtomicBool::new(false),
+            tasks: parking_lot::Mutex::new(None),
         };
         node.publish();
         for s in &node.shards {
@@ -221,7 +224,39 @@ impl Node {
                 why,
             });
         }
+        if cfg.replica_tasks {
+            node.start_tasks(cfg);
+        }
         Ok(node)
+    }
+
+    /// Starts the replica-task executor: its own master connection, and the store's transfer
+    /// paths (same-host shared segments by memcpy, else TCP; its own shards too, through
+    /// their servers, which record each copy in the shard's catalog). A failure to start is
+    /// logged; the node serves without it.
+    fn start_tasks(&self, cfg: &NodeConfig) {
+        let master = match MasterClient::new_in_cluster(&cfg.master_server_address, &cfg.cluster_id)
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!("replica tasks off: {e}");
+                return;
+            }
+        };
+        if let Err(e) = master.connect() {
+            tracing::warn!("replica tasks off: {e}");
+            return;
+        }
+        let peers =
+            crate::store::Peers::new(None, None, crate::store::TransferSettings::from_env());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = crate::store::start_executor(
+            Arc::new(master),
+            Arc::new(peers),
+            self.client_id,
+            stop.clone(),
+        );
+        *self.tasks.lock() = Some((stop, thread));
     }
 
     /// The segments mounted at the master, shard by shard.
@@ -325,6 +360,11 @@ impl Node {
     pub fn shutdown(&self) {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return;
+        }
+        if let Some((stop, thread)) = self.tasks.lock().take() {
+            stop.store(true, Ordering::SeqCst);
+            thread.thread().unpark();
+            let _ = thread.join();
         }
         for s in &self.shards {
             let r = self.master.call(&UnmountSegment {

@@ -72,10 +72,12 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Upser
 pub use budget::{LocalBudget, Reservation};
 pub use caller::CallerRange;
 pub use error::StoreError;
+pub(crate) use peers::Peers;
 pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
 pub use setup::{cluster_id_from_env, StoreConfig};
+pub(crate) use tasks::start_executor;
 
-use peers::{Peers, ReadItem, WriteItem};
+use peers::{ReadItem, WriteItem};
 
 /// One object read of [`Store::read_many_from`]: `dst.len()` bytes at `offset` of the object
 /// whose replicas are `list`.

@@ -1,6 +1,7 @@
 //! Replica tasks on the client side (`docs/master.md`, "Replica tasks"): any store creates and
-//! queries them; a store that contributes a segment also carries out the ones the master
-//! assigns to it (its *executor*, a thread fetching on the ping cadence).
+//! queries them; a store that contributes a segment, and a storage node (`crate::node`,
+//! unless `--replica_tasks=false`), also carries out the ones the master assigns to it (its
+//! *executor*, a thread fetching on the ping cadence).
 //!
 //! Executing a task: the master's `FetchTasks` answer names, per task, the object's replicas
 //! (`sources`) and one freshly allocated range per target. The executor reads the object from
@@ -59,7 +60,7 @@ impl Store {
 }
 
 /// Starts the executor thread: every ping interval, fetch this client's tasks and run them.
-pub(super) fn start_executor(
+pub(crate) fn start_executor(
     master: Arc<MasterClient>,
     peers: Arc<Peers>,
     client_id: Uuid,
