@@ -59,6 +59,9 @@ use crate::alloc::Span;
 /// Interval between scans for timed-out tasks, milliseconds.
 const TIMEOUT_SCAN_INTERVAL_MS: u64 = 1000;
 
+/// A successful task's message, as upstream's `QueryTask` shows it.
+const SUCCESS_TEXT: &str = "Task completed successfully";
+
 /// The task limits and timeouts, from the master's flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskConfig {
@@ -147,9 +150,15 @@ impl State {
     ) -> Result<Uuid, ErrorCode> {
         check_key(key)?;
         self.fenced(now)?;
+        // A target named twice is copied once (upstream accepts the list, and then makes two
+        // replicas on one segment).
+        let mut seen = HashSet::new();
+        let targets: Vec<String> = targets
+            .into_iter()
+            .filter(|t| seen.insert(t.clone()))
+            .collect();
         if targets.is_empty()
             || targets.len() > TASK_TARGETS_MAX
-            || targets.iter().collect::<HashSet<_>>().len() != targets.len()
             || source.is_some_and(|s| targets.iter().any(|t| t == s))
         {
             return Err(ErrorCode::InvalidParams);
@@ -161,18 +170,18 @@ impl State {
         if self.tasks.active(key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
+        // As upstream: a segment that is not mounted, or a move source without a replica, is
+        // INVALID_PARAMS; a target that already holds a replica is accepted (nothing is
+        // copied there, and a move then only drops its source).
         let mut owner = None;
         for t in &targets {
-            let seg = self.segs.by_name(t).ok_or(ErrorCode::SegmentNotFound)?;
-            if obj.replicas.iter().any(|r| r.seg == seg) {
-                return Err(ErrorCode::ReplicaAlreadyExists);
-            }
+            let seg = self.segs.by_name(t).ok_or(ErrorCode::InvalidParams)?;
             owner.get_or_insert(self.segs.get(seg).map(|s| s.client));
         }
         if let Some(s) = source {
-            let seg = self.segs.by_name(s).ok_or(ErrorCode::SegmentNotFound)?;
+            let seg = self.segs.by_name(s).ok_or(ErrorCode::InvalidParams)?;
             if !obj.replicas.iter().any(|r| r.seg == seg) {
-                return Err(ErrorCode::ReplicaNotFound);
+                return Err(ErrorCode::InvalidParams);
             }
         }
         let t = &mut self.tasks;
@@ -244,6 +253,14 @@ impl State {
                 break;
             };
             match self.start_task(now, id) {
+                // Every target already holds a replica: nothing to copy, done here (a move
+                // drops its source).
+                Ok(w) if w.targets.is_empty() => match self.commit_task(now, id) {
+                    Ok(()) => {
+                        self.finish_task(now, id, TaskStatus::Success, SUCCESS_TEXT.into(), false)
+                    }
+                    Err(why) => self.finish_task(now, id, TaskStatus::Failed, why, false),
+                },
                 Ok(w) => work.push(w),
                 Err(Some(e)) => self.finish_task(now, id, TaskStatus::Failed, e, false),
                 Err(None) => retry.push(id),
@@ -278,8 +295,7 @@ impl State {
                 break;
             };
             if obj.replicas.iter().any(|x| x.seg == r) {
-                lack = Some(Some(format!("target segment {t} already holds a replica")));
-                break;
+                continue;
             }
             match self
                 .segs
@@ -386,7 +402,7 @@ impl State {
             return Ok(());
         }
         match self.commit_task(now, id) {
-            Ok(()) => self.finish_task(now, id, TaskStatus::Success, String::new(), false),
+            Ok(()) => self.finish_task(now, id, TaskStatus::Success, SUCCESS_TEXT.into(), false),
             Err(why) => self.finish_task(now, id, TaskStatus::Failed, why, false),
         }
         Ok(())
