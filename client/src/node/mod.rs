@@ -154,7 +154,7 @@ impl Node {
         let per_shard = cfg.global_segment_size.div_ceil(cfg.shards as u64) as usize;
         // Shards start in parallel, one thread each, so that prefaulting a large segment
         // (`--prefault`) costs the time of one shard, not the sum of all of them.
-        let shards: Vec<Shard> = std::thread::scope(|scope| {
+        let mut shards: Vec<Shard> = std::thread::scope(|scope| {
             let starting: Vec<_> = (0..cfg.shards)
                 .map(|i| {
                     let name = match i {
@@ -192,7 +192,6 @@ impl Node {
                 None
             }
         };
-        let mut shards = shards;
         let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
             Some(serve_rdma(cfg, ip, &mut shards)?)
         } else {
@@ -398,11 +397,8 @@ fn serve_rdma(
     ip: IpAddr,
     shards: &mut [Shard],
 ) -> Result<Arc<crate::rdma::RdmaSide>, NodeError> {
-    let timeout = std::env::var("MC_TRANSFER_TIMEOUT")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map_or(dataplane::limits::IO_TIMEOUT_DEFAULT, Duration::from_secs);
+    // `MC_TRANSFER_TIMEOUT`, read as the store reads it.
+    let timeout = crate::store::TransferSettings::from_env().timeout;
     let name = format!("{}:{}", cfg.host_for_names(ip), cfg.port);
     let side = crate::rdma::RdmaSide::open(
         &name,

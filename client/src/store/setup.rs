@@ -243,7 +243,13 @@ impl Store {
             super::rpc(master.call(&MountSegment {
                 client_id,
                 segment: desc.clone(),
-            }))?;
+            }))
+            .inspect_err(|_| {
+                // Published for nothing: take the keys back.
+                if let Some((side, _)) = &rdma {
+                    side.withdraw();
+                }
+            })?;
             Some(OwnSegmentState {
                 segment_id: desc.id,
                 endpoint: endpoint.clone(),
