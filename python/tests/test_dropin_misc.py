@@ -73,10 +73,11 @@ def test_task_methods(store):
     assert store.query_task((0, 0)) == (None, -1400)
     assert store.query_task((1, 2)) == (None, -1400)
     assert store.put("tk_b", b"x") == 0
-    # The only segment already holds it; the target is not mounted (test_replica_tasks.py
-    # runs tasks to completion).
-    assert store.create_copy_task("tk_b", [store.get_hostname()]) == ((0, 0), -711)
-    assert store.create_move_task("tk_b", store.get_hostname(), "nowhere") == ((0, 0), -101)
+    # The target is not mounted: -600, as upstream; a copy onto the segment that already
+    # holds it is accepted, as upstream (test_replica_tasks.py runs tasks to completion).
+    assert store.create_move_task("tk_b", store.get_hostname(), "nowhere") == ((0, 0), -600)
+    task_id, rc = store.create_copy_task("tk_b", [store.get_hostname()])
+    assert rc == 0 and task_id != (0, 0)
 
 
 def test_replica_clear_and_dummy(store, new_store):
