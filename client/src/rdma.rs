@@ -15,8 +15,10 @@
 //! keys once per segment (`store::rdma`). Without an HTTP or etcd metadata server there is
 //! nowhere to publish them, so `protocol="rdma"` with `P2PHANDSHAKE` is refused with a message.
 //!
-//! Invariants: memory is registered only for as long as it stays mapped (the caller
-//! unregisters before unmapping); published keys are removed by [`RdmaSide::withdraw`].
+//! Invariants: memory is registered only while it stays mapped: served segments are
+//! deregistered by [`RdmaSide::withdraw`] (a store's close, a node's shutdown) before their
+//! owner unmaps them, other ranges by their registrant; published keys are removed by
+//! `withdraw` too.
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -38,7 +40,8 @@ pub struct RdmaSide {
     host: String,
     state: Arc<HandshakeState>,
     server: Mutex<Option<HandshakeServer>>,
-    published: Mutex<Vec<String>>,
+    /// Served segments: name and start address.
+    published: Mutex<Vec<(String, u64)>>,
 }
 
 impl RdmaSide {
@@ -152,18 +155,21 @@ impl RdmaSide {
             .metadata
             .put(&self.keys.ram(name), &desc)
             .and_then(|()| self.metadata.put(&self.keys.rpc_meta(name), &meta));
-        self.published.lock().push(name.to_string());
+        self.published.lock().push((name.to_string(), addr));
         put.map_err(|e| format!("publishing the RDMA descriptor of {name}: {e}"))?;
         // A peer in P2P mode asks the handshake server itself; the last segment served answers.
         self.state.set_descriptor(desc);
         Ok(())
     }
 
-    /// Removes the published keys and stops the handshake server. Idempotent.
+    /// Removes the published keys, deregisters the served segments (peers' work requests on
+    /// them fail from now on, as their TCP transfers would on a stopped server) and stops the
+    /// handshake server. Idempotent.
     pub fn withdraw(&self) {
-        for name in std::mem::take(&mut *self.published.lock()) {
+        for (name, addr) in std::mem::take(&mut *self.published.lock()) {
             let _ = self.metadata.remove(&self.keys.ram(&name));
             let _ = self.metadata.remove(&self.keys.rpc_meta(&name));
+            self.transport.unregister(addr);
         }
         self.state.set_connection_handler(None);
         self.server.lock().take();

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, Master, Node};
+use mooncake_tests::{bin_path, http, Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
 fn fabric() -> PathBuf {
@@ -220,7 +220,14 @@ fn a_store_clients_own_segment_is_served_over_rdma() {
     );
     tcp_owner.close();
     other.close();
+
+    // Closing withdraws what the owner published (and deregisters its segment).
+    let key = |k: &str| format!("/metadata?key=mooncake/{k}/{}", owner.hostname());
+    let published = |k: &str| http("GET", m.http_metadata_port, &key(k), b"").status;
+    assert_eq!((published("ram"), published("rpc_meta")), (200, 200));
     owner.close();
+    assert_ne!(published("ram"), 200);
+    assert_ne!(published("rpc_meta"), 200);
 }
 
 #[test]
