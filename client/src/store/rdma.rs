@@ -3,8 +3,10 @@
 //! A replica names its segment; the segment's owner published an RDMA descriptor and its
 //! handshake port under that name (`crate::rdma`). [`RdmaPeers::peer`] reads both once per
 //! segment and keeps them; a segment published as TCP (or not at all) is looked up again
-//! after [`NOT_RDMA_RECHECK`], and an RDMA peer whose queue pairs all failed
-//! (`ERR_ENDPOINT`) is forgotten, so a restarted owner's new keys are fetched.
+//! after [`NOT_RDMA_RECHECK`]. An RDMA peer towards which every device failed
+//! (`ERR_ENDPOINT`: the owner died, is cut off, or restarted with new keys) is reached over
+//! TCP for that long (the TCP path's endpoint back-off then bounds what a dead owner costs),
+//! and its descriptor is read again after it.
 //!
 //! Bytes move with one-sided RDMA WRITE (put) and READ (get) into the owner's segment; the
 //! owner's CPU is not involved. The local side of a work request must lie in registered
@@ -179,8 +181,14 @@ impl RdmaPeers {
         })))
     }
 
-    fn forget(&self, segment: &str) {
-        self.peers.lock().remove(segment);
+    /// After every device failed towards `segment`: reach it over TCP for
+    /// [`NOT_RDMA_RECHECK`] (whose endpoint back-off keeps a dead or cut-off owner from
+    /// costing every call a handshake timeout), then read its descriptor again (a restarted
+    /// owner has new keys).
+    fn set_aside(&self, segment: &str) {
+        self.peers
+            .lock()
+            .insert(segment.to_string(), PeerState::NotRdma(Instant::now()));
     }
 
     /// Runs `reqs` against `peer`; the first failure, as a store error.
@@ -206,8 +214,7 @@ impl RdmaPeers {
             None => Ok(()),
             Some(code) => {
                 if code == dataplane::TeError::Endpoint as i32 {
-                    // Every device failed: the owner may have restarted with new keys.
-                    self.forget(&peer.name);
+                    self.set_aside(&peer.name);
                 }
                 tracing::warn!("RDMA transfer with {} failed: code {code}", peer.name);
                 Err(StoreError::new(
