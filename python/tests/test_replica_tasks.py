@@ -3,6 +3,8 @@ checks them: three store clients, each contributing a segment and executing the 
 master assigns it; replica endpoints read through get_replica_desc. Storage nodes execute
 tasks too (the last test)."""
 
+from contextlib import contextmanager
+
 import pytest
 
 from conftest import MIB, Master, Node, lease_wait, make_store
@@ -119,16 +121,31 @@ def test_bad_inputs_give_upstreams_codes(trio):
     assert holders(a, "tk_bad") == [port(a.get_hostname())]
 
 
+@contextmanager
+def node_cluster(node_kwargs, master_extra=()):
+    """A master of its own, one 32 MiB storage node per `node_kwargs` entry and a store client
+    without a segment (so no store executes tasks); all stopped at the end."""
+    m = Master(extra=list(master_extra))
+    nodes, s = [], None
+    try:
+        nodes = [Node(m, 32 * MIB, **kw) for kw in node_kwargs]
+        s = make_store(m, segment=0, local_buffer=16 * MIB)
+        yield nodes, s
+    finally:
+        if s is not None:
+            s.close()
+        for n in nodes:
+            n.stop()
+        m.stop()
+
+
 def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
     """Two storage nodes told not to execute tasks (`--replica_tasks=false`) and a client
     without a segment (no executor either): a task stays PENDING, so what it blocks can be
     checked without a race."""
-    m = Master(extra=["--max_total_pending_tasks=1"])
-    nodes, s = [], None
-    try:
-        nodes = [Node(m, 32 * MIB, extra=["--replica_tasks=false"]) for _ in range(2)]
+    off = {"extra": ["--replica_tasks=false"]}
+    with node_cluster([off, off], ["--max_total_pending_tasks=1"]) as (nodes, s):
         seg1, seg2 = (f"127.0.0.1:{n.port}" for n in nodes)
-        s = make_store(m, segment=0, local_buffer=16 * MIB)
         cfg = ReplicateConfig()
         cfg.preferred_segment = seg1
         assert s.put("tk_wait", b"w" * 100, cfg) == 0
@@ -146,25 +163,15 @@ def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
         assert s.create_copy_task("tk_other", [seg2]) == ((0, 0), -1401)
         # A forced remove skips the task check, as upstream's.
         assert s.remove("tk_wait", force=True) == 0
-    finally:
-        if s is not None:
-            s.close()
-        for n in nodes:
-            n.stop()
-        m.stop()
 
 
 def test_storage_nodes_carry_out_tasks():
     """Only storage nodes hold segments (the usual deployment): the node owning a task's
     target fetches and runs it, so copies and moves complete without any store client
     contributing memory."""
-    m = Master()
-    nodes, s = [], None
-    try:
-        nodes = [Node(m, 32 * MIB, shards=2), Node(m, 32 * MIB)]
+    with node_cluster([{"shards": 2}, {}]) as (nodes, s):
         a0, a1, b = f"127.0.0.1:{nodes[0].port}", f"127.0.0.1:{nodes[0].port}#1", \
             f"127.0.0.1:{nodes[1].port}"
-        s = make_store(m, segment=0, local_buffer=16 * MIB)
         value = bytes(range(256)) * 5000
         cfg = ReplicateConfig()
         cfg.preferred_segment = a0
@@ -189,9 +196,3 @@ def test_storage_nodes_carry_out_tasks():
         after = holders(s, "tn_move")
         assert len(after) == 1 and after != before
         assert s.get("tn_move") == value[:100_000]
-    finally:
-        if s is not None:
-            s.close()
-        for n in nodes:
-            n.stop()
-        m.stop()
