@@ -213,7 +213,16 @@ _DUMMY_METHODS = (
     "alloc_from_mem_pool", "register_buffer", "unregister_buffer", "put_from", "upsert_from",
     "batch_put_from", "batch_upsert_from", "get_into", "batch_get_into", "put_tensor_from",
     "upsert_tensor_from", "batch_put_tensor_from", "batch_upsert_tensor_from",
-    "_put_parts_batch", "_read_registered", "_write_caller",
+    "batch_put_from_multi_buffers", "batch_get_into_multi_buffers", "get_into_ranges",
+    "_put_parts_batch", "_read_registered", "_write_caller", "_create_task", "_query_task",
+)
+# Session methods: upstream's dummy answers INVALID_PARAMS for each key (observed on its
+# 0.3.13.post1 wheel), and `batch_get_session_end` INVALID_PARAMS; the first argument is the
+# key list.
+_DUMMY_SESSIONS = (
+    "batch_put_session_start", "batch_put_from_multi_buffer_ranges", "batch_put_session_end",
+    "batch_put_session_revoke", "batch_get_session_start", "batch_get_into_multi_buffer_ranges",
+    "batch_get_session_end",
 )
 # Lifecycle methods a dummy client answers itself.
 _DUMMY_OWN = ("setup", "init_all", "setup_dummy", "close")
@@ -240,6 +249,19 @@ def _not_on_dummy(name, native):
     return call
 
 
+def _session_on_dummy(name):
+    """A session method on a dummy client: logs why, then answers as upstream's dummy does."""
+
+    def call(keys, *args, **kwargs):
+        log.error("%s: sessions are not available on a dummy client (setup_dummy)", name)
+        if name == "batch_get_session_end":
+            return _INVALID
+        return [_INVALID] * len(keys)
+
+    call.__name__ = name
+    return call
+
+
 class DummyOps:
     """`setup_dummy` and the switch between a real and a dummy client."""
 
@@ -255,6 +277,8 @@ class DummyOps:
         if dummy is None:
             return -1
         installed = {name: getattr(dummy, name) for name in _DUMMY_METHODS}
+        for name in _DUMMY_SESSIONS:
+            installed[name] = _session_on_dummy(name)
         for name in dir(_native.MooncakeDistributedStore):
             if name.startswith("_") or name in installed or name in _DUMMY_OWN:
                 continue

@@ -622,6 +622,50 @@ class _DummyClient:
         buffer_ptrs: Sequence[int],
         sizes: Sequence[int],
     ) -> list[int]: ...
+    def batch_put_from_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[int]],
+        all_sizes: Sequence[Sequence[int]],
+        config: ReplicateConfig | None = None,
+    ) -> list[int]:
+        """Each object is the concatenation of its buffers (the shared pool, or mapped memory
+        staged through it); 0 or a negative code per key.
+        """
+    def batch_get_into_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[int]],
+        all_sizes: Sequence[Sequence[int]],
+        prefer_alloc_in_same_node: bool = False,
+    ) -> list[int]:
+        """Scatters each object into its buffers in order (zero copy where they lie in the
+        shared pool); bytes read per key, or a negative code (`-600` when the buffers are too
+        small).
+        """
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[int],
+        all_keys: Sequence[Sequence[str]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]:
+        """Ranged reads into registered buffers (the shared pool, or `register_buffer`
+        ranges), as the store's: `result[b][k][f]` is the bytes read or a negative code.
+        """
+    def _create_task(
+        self, key: str, targets: Sequence[str], source: str | None, /
+    ) -> tuple[tuple[int, int], int]:
+        """Internal (`_cluster_ops`): a copy task (`source` `None`) or a move task, made by the
+        standalone client: `((hi, lo), 0)` or `((0, 0), code)`.
+        """
+    def _query_task(
+        self, hi: int, lo: int, /
+    ) -> tuple[
+        int, tuple[tuple[int, int], int, int, int, int, tuple[int, int], str] | None
+    ]:
+        """Internal (`_cluster_ops.query_task`): as the store's."""
     def _read_registered(self, buffer_ptr: int, size: int) -> bytes | None:
         """Internal (tensor layer), as the store's: a copy of `size` bytes of caller memory
         (the shared pool, or mapped readable), or `None` for a range that is neither.

@@ -3,14 +3,18 @@
 //! through `client::dummy` (a unix socket and a shared memory region); return values follow
 //! the store methods of the same names.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use client::dummy::DummyClient;
+use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicateConfig};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::pybuf::Pinned;
+use crate::ranges::{Fragment, RangeSource};
+use crate::store::{task_fields, TaskFields};
 use crate::types::PyReplicateConfig;
 
 const INVALID: i32 = ErrorCode::InvalidParams as i32;
@@ -30,6 +34,58 @@ fn first_failure(codes: &[i32]) -> i32 {
 #[pyclass(name = "_DummyClient", module = "mooncake._native", frozen)]
 pub struct PyDummy {
     inner: Arc<DummyClient>,
+    /// `register_buffer` ranges, start to length: the buffers `get_into_ranges` may fill
+    /// besides the shared region.
+    registered: Mutex<BTreeMap<u64, u64>>,
+}
+
+fn code_of(v: i64) -> ErrorCode {
+    ErrorCode::from_i32(v as i32).unwrap_or(ErrorCode::InternalError)
+}
+
+impl RangeSource for PyDummy {
+    /// The object's size.
+    type Object = u64;
+
+    fn objects(&self, keys: &[String]) -> Vec<Result<u64, ErrorCode>> {
+        self.inner
+            .get_sizes(keys)
+            .into_iter()
+            .map(|n| if n < 0 { Err(code_of(n)) } else { Ok(n as u64) })
+            .collect()
+    }
+
+    fn object_size(&self, o: &u64) -> Result<u64, ErrorCode> {
+        Ok(*o)
+    }
+
+    fn bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        if self.inner.in_region(addr, 1) {
+            return Some(self.inner.region());
+        }
+        let reg = self.registered.lock();
+        let (&base, &len) = reg.range(..=addr).next_back()?;
+        (addr - base < len).then_some((base, len))
+    }
+
+    fn read(&self, frags: &[Fragment<'_, u64>]) -> Vec<Result<(), ErrorCode>> {
+        let reads: Vec<(String, u64, u64, u64)> = frags
+            .iter()
+            .map(|f| (f.key.to_string(), f.src, f.dst, f.len))
+            .collect();
+        if reads
+            .iter()
+            .any(|&(_, _, dst, len)| !self.caller_ok(dst, len, true))
+        {
+            return vec![Err(ErrorCode::InvalidParams); reads.len()];
+        }
+        // SAFETY: every destination was checked mapped writable above; the caller owns it for
+        // the call (the caller-memory contract of every `*_into` method).
+        unsafe { self.inner.read_ranges(&reads) }
+            .into_iter()
+            .map(|n| if n < 0 { Err(code_of(n)) } else { Ok(()) })
+            .collect()
+    }
 }
 
 impl PyDummy {
@@ -113,7 +169,13 @@ impl PyDummy {
     ) -> (Option<PyDummy>, i32) {
         match py.detach(|| DummyClient::connect(mem_pool_size, local_buffer_size, &server_address))
         {
-            Ok(d) => (Some(PyDummy { inner: Arc::new(d) }), 0),
+            Ok(d) => (
+                Some(PyDummy {
+                    inner: Arc::new(d),
+                    registered: Mutex::new(BTreeMap::new()),
+                }),
+                0,
+            ),
             Err((code, why)) => {
                 tracing::error!("setup_dummy({server_address}): {why}");
                 (None, code.code())
@@ -357,6 +419,9 @@ impl PyDummy {
         if size > 0 && !self.caller_ok(buffer_ptr, size, true) {
             return INVALID;
         }
+        if size > 0 && !self.inner.in_region(buffer_ptr, size) {
+            self.registered.lock().insert(buffer_ptr, size);
+        }
         0
     }
 
@@ -364,7 +429,7 @@ impl PyDummy {
     /// error code.
     #[pyo3(signature = (buffer_ptr))]
     fn unregister_buffer(&self, buffer_ptr: u64) -> i32 {
-        let _ = buffer_ptr;
+        self.registered.lock().remove(&buffer_ptr);
         0
     }
 
@@ -456,6 +521,173 @@ impl PyDummy {
             .collect();
         let d = self.inner.clone();
         py.detach(|| d.get_into_many(&reads))
+    }
+
+    /// Each object is the concatenation of its buffers (the shared pool, or mapped memory
+    /// staged through it); 0 or a negative code per key.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        config: Option<PyRef<'_, PyReplicateConfig>>,
+    ) -> Vec<i32> {
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![INVALID; n];
+        }
+        let mut cfg = match config_of(config) {
+            Ok(c) => c,
+            Err(e) => return vec![e.code(); n],
+        };
+        // As on a store: the placement does not know the writer, so the flag is dropped.
+        cfg.prefer_alloc_in_same_node = false;
+        let mut out = vec![0; n];
+        let (mut ok_keys, mut objects, mut at) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..n {
+            let parts: Option<Vec<&[u8]>> = (all_buffer_ptrs[i].len() == all_sizes[i].len())
+                .then(|| {
+                    all_buffer_ptrs[i]
+                        .iter()
+                        .zip(&all_sizes[i])
+                        .map(|(&p, &s)| self.caller_slice(p, s))
+                        .collect()
+                })
+                .flatten();
+            match parts {
+                Some(p) => {
+                    ok_keys.push(keys[i].clone());
+                    objects.push(p);
+                    at.push(i);
+                }
+                None => out[i] = INVALID,
+            }
+        }
+        if !at.is_empty() {
+            if cfg.group_ids.len() == n && at.len() != n {
+                cfg.group_ids = at.iter().map(|&i| cfg.group_ids[i].clone()).collect();
+            }
+            let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
+            let d = self.inner.clone();
+            let codes = py.detach(|| d.put_many_parts(&ok_keys, &objects, &cfg, false));
+            for (i, c) in at.into_iter().zip(codes) {
+                out[i] = c;
+            }
+        }
+        out
+    }
+
+    /// Scatters each object into its buffers in order (zero copy where they lie in the shared
+    /// pool); bytes read per key, or a negative code (`-600` when the buffers are too small).
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<u64>>,
+        all_sizes: Vec<Vec<u64>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> Vec<i64> {
+        let _ = prefer_alloc_in_same_node;
+        let n = keys.len();
+        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
+            return vec![i64::from(INVALID); n];
+        }
+        let d = self.inner.clone();
+        py.detach(|| {
+            let sizes = d.get_sizes(&keys);
+            let mut out = sizes.clone();
+            // (key index, key, offset in the object, destination, length)
+            let mut pieces = Vec::new();
+            for (i, &size) in sizes.iter().enumerate() {
+                if size < 0 {
+                    continue;
+                }
+                let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
+                let size = size as u64;
+                if ptrs.len() != lens.len()
+                    || lens.iter().sum::<u64>() < size
+                    || ptrs
+                        .iter()
+                        .zip(lens)
+                        .any(|(&p, &l)| !self.caller_ok(p, l, true))
+                {
+                    out[i] = i64::from(INVALID);
+                    continue;
+                }
+                let mut at = 0u64;
+                for (&p, &l) in ptrs.iter().zip(lens) {
+                    if at >= size {
+                        break;
+                    }
+                    let take = l.min(size - at);
+                    pieces.push((i, (keys[i].clone(), at, p, take)));
+                    at += take;
+                }
+            }
+            let (owners, reads): (Vec<usize>, Vec<_>) = pieces.into_iter().unzip();
+            // SAFETY: every destination was checked mapped writable above; the caller owns it
+            // for the call (the caller-memory contract of every `*_into` method).
+            for (i, g) in owners.into_iter().zip(unsafe { d.read_ranges(&reads) }) {
+                if g < 0 && out[i] >= 0 {
+                    out[i] = g;
+                }
+            }
+            out
+        })
+    }
+
+    /// Ranged reads into registered buffers (the shared pool, or `register_buffer` ranges), as
+    /// the store's: `result[b][k][f]` is the bytes read or a negative code.
+    #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<u64>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<u64>>>,
+        all_src_offsets: Vec<Vec<Vec<u64>>>,
+        all_sizes: Vec<Vec<Vec<u64>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        py.detach(|| {
+            crate::ranges::get_into_ranges(
+                Some(self),
+                &buffer_ptrs,
+                &all_keys,
+                &all_dst_offsets,
+                &all_src_offsets,
+                &all_sizes,
+            )
+        })
+    }
+
+    /// Internal (`_cluster_ops`): a copy task (`source` `None`) or a move task, made by the
+    /// standalone client: `((hi, lo), 0)` or `((0, 0), code)`.
+    #[pyo3(signature = (key, targets, source, /))]
+    fn _create_task(
+        &self,
+        py: Python<'_>,
+        key: String,
+        targets: Vec<String>,
+        source: Option<String>,
+    ) -> ((u64, u64), i32) {
+        let d = self.inner.clone();
+        match py.detach(|| d.create_task(&key, &targets, source.as_deref())) {
+            Ok(id) => ((id.hi, id.lo), 0),
+            Err(e) => ((0, 0), e.code()),
+        }
+    }
+
+    /// Internal (`_cluster_ops.query_task`): as the store's.
+    #[pyo3(signature = (hi, lo, /))]
+    fn _query_task(&self, py: Python<'_>, hi: u64, lo: u64) -> (i32, Option<TaskFields>) {
+        let d = self.inner.clone();
+        match py.detach(|| d.query_task(protocol::Uuid::from_parts(hi, lo))) {
+            Ok(t) => (0, Some(task_fields(t))),
+            Err(e) => (e.code(), None),
+        }
     }
 
     /// Stores caller memory (the shared pool, or mapped) that already holds a tensor object

@@ -28,8 +28,62 @@ fn failed_keys(nkeys: usize, dsts: &[Vec<u64>]) -> Vec<Vec<i64>> {
         .collect()
 }
 
-pub fn get_into_ranges(
-    s: Option<&Store>,
+/// What `get_into_ranges` reads from: a store client or a dummy client.
+pub trait RangeSource {
+    /// What one lookup of a key gives.
+    type Object;
+    /// One lookup per key, in order (one round trip for them all).
+    fn objects(&self, keys: &[String]) -> Vec<Result<Self::Object, ErrorCode>>;
+    fn object_size(&self, o: &Self::Object) -> Result<u64, ErrorCode>;
+    /// The registered buffer `(base, len)` that holds `addr`.
+    fn bounds(&self, addr: u64) -> Option<(u64, u64)>;
+    /// Reads every fragment (each checked to lie in its object and its buffer); per
+    /// fragment `Ok(())` or a code.
+    fn read(&self, frags: &[Fragment<'_, Self::Object>]) -> Vec<Result<(), ErrorCode>>;
+}
+
+/// Bytes `[src, src + len)` of `object` (looked up under `key`) into `[dst, dst + len)`.
+pub struct Fragment<'a, O> {
+    pub key: &'a str,
+    pub object: &'a O,
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+}
+
+impl RangeSource for Store {
+    type Object = client::store::Lookup;
+
+    fn objects(&self, keys: &[String]) -> Vec<Result<Self::Object, ErrorCode>> {
+        self.batch_replicas(keys)
+    }
+
+    fn object_size(&self, o: &Self::Object) -> Result<u64, ErrorCode> {
+        o.object_size()
+    }
+
+    fn bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        self.registered_buffer(addr)
+    }
+
+    fn read(&self, frags: &[Fragment<'_, Self::Object>]) -> Vec<Result<(), ErrorCode>> {
+        // One at a time: the caller's destinations may overlap, so no two views live at once.
+        frags
+            .iter()
+            .map(|f| {
+                let dst = self.caller_range_mut(f.dst, f.len)?;
+                // SAFETY: the caller-memory contract (`store.rs`'s module doc) gives us the
+                // destination for this call; the view dies with the read.
+                Ok(self.read_from(f.object, f.src, unsafe { dst.into_mut_slice() })?)
+            })
+            .collect()
+    }
+}
+
+/// Per fragment the bytes read or a negative code, in the shape of `all_sizes` (or of the
+/// destination offsets where the lists do not line up; see [`failed_buffer`]).
+pub fn get_into_ranges<S: RangeSource>(
+    s: Option<&S>,
     buffer_ptrs: &[u64],
     all_keys: &[Vec<String>],
     all_dst_offsets: &[Vec<Vec<u64>>],
@@ -53,10 +107,14 @@ pub fn get_into_ranges(
         tracing::error!("get_into_ranges: top-level size mismatch");
         return all_failed();
     }
-    // One replica-list round trip for every key of every buffer.
+    // One lookup round trip for every key of every buffer.
     let flat: Vec<String> = all_keys.iter().flatten().cloned().collect();
-    let mut lists = s.batch_replicas(&flat).into_iter();
+    let objects = s.objects(&flat);
+    let mut next = 0usize;
     let mut out = Vec::with_capacity(nb);
+    // The fragments to read, and where each one's result goes: (b, k, f).
+    let mut frags = Vec::new();
+    let mut slots = Vec::new();
     for b in 0..nb {
         let (keys, dsts, srcs, sizes) = (
             &all_keys[b],
@@ -64,42 +122,65 @@ pub fn get_into_ranges(
             &all_src_offsets[b],
             &all_sizes[b],
         );
-        let lists_b: Vec<_> = lists.by_ref().take(keys.len()).collect();
+        let first = next;
+        next += keys.len();
         if dsts.len() != keys.len() || srcs.len() != keys.len() || sizes.len() != keys.len() {
             out.push(failed_keys(keys.len(), dsts));
             continue;
         }
-        let bounds = s.registered_buffer(buffer_ptrs[b]);
+        let bounds = s.bounds(buffer_ptrs[b]);
         let mut per_key = Vec::with_capacity(keys.len());
-        for (k, list) in lists_b.into_iter().enumerate() {
+        for k in 0..keys.len() {
             let (d, sr, sz) = (&dsts[k], &srcs[k], &sizes[k]);
             if d.len() != sz.len() || sr.len() != sz.len() {
                 per_key.push(vec![INVALID; d.len()]);
                 continue;
             }
-            let list = match list {
-                Ok(l) => l,
+            let object = match &objects[first + k] {
+                Ok(o) => o,
                 Err(e) => {
                     per_key.push(vec![e.code() as i64; sz.len()]);
                     continue;
                 }
             };
-            let frags = (0..sz.len())
-                .map(|f| {
-                    read_fragment(s, &list, bounds, buffer_ptrs[b], d[f], sr[f], sz[f])
-                        .map_or_else(|e| e.code() as i64, |n| n as i64)
-                })
-                .collect();
-            per_key.push(frags);
+            let mut results = Vec::with_capacity(sz.len());
+            for f in 0..sz.len() {
+                let planned = plan(s, object, bounds, buffer_ptrs[b], d[f], sr[f], sz[f]);
+                match planned {
+                    Ok(0) => results.push(0),
+                    Ok(_) => {
+                        results.push(sz[f] as i64);
+                        slots.push((b, k, f));
+                        frags.push(Fragment {
+                            key: &keys[k],
+                            object,
+                            src: sr[f],
+                            dst: buffer_ptrs[b] + d[f],
+                            len: sz[f],
+                        });
+                    }
+                    Err(e) => results.push(e.code() as i64),
+                }
+            }
+            per_key.push(results);
         }
         out.push(per_key);
+    }
+    if !frags.is_empty() {
+        for ((b, k, f), r) in slots.into_iter().zip(s.read(&frags)) {
+            if let Err(e) = r {
+                out[b][k][f] = e.code() as i64;
+            }
+        }
     }
     out
 }
 
-fn read_fragment(
-    s: &Store,
-    list: &client::store::Lookup,
+/// Checks one fragment: its destination inside the buffer's registered range, its source
+/// inside the object. The bytes to read, or the code.
+fn plan<S: RangeSource>(
+    s: &S,
+    object: &S::Object,
     bounds: Option<(u64, u64)>,
     buffer: u64,
     dst_offset: u64,
@@ -107,20 +188,13 @@ fn read_fragment(
     size: u64,
 ) -> Result<u64, ErrorCode> {
     let (base, len) = bounds.ok_or(ErrorCode::InvalidParams)?;
-    let dst = buffer
+    buffer
         .checked_add(dst_offset)
-        .filter(|d| d.checked_add(size).is_some_and(|end| end <= base + len))
+        .filter(|d| *d >= base && d.checked_add(size).is_some_and(|end| end <= base + len))
         .ok_or(ErrorCode::InvalidParams)?;
-    let object = list.object_size()?;
+    let object = s.object_size(object)?;
     if src_offset.checked_add(size).is_none_or(|end| end > object) {
         return Err(ErrorCode::InvalidParams);
     }
-    if size == 0 {
-        return Ok(0);
-    }
-    let dst = s.caller_range_mut(dst, size)?;
-    // SAFETY: the caller-memory contract (`store.rs`'s module doc) gives us the destination
-    // for this call; the view dies with the read.
-    s.read_from(list, src_offset, unsafe { dst.into_mut_slice() })?;
     Ok(size)
 }

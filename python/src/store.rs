@@ -925,32 +925,12 @@ impl PyStore {
     /// Internal (`_cluster_ops.query_task`): `(0, (id, type, status, created_at_ms_epoch,
     /// last_updated_at_ms_epoch, assigned_client, message))`, or `(code, None)`.
     #[pyo3(signature = (hi, lo, /))]
-    #[allow(clippy::type_complexity)]
-    fn _query_task(
-        &self,
-        py: Python<'_>,
-        hi: u64,
-        lo: u64,
-    ) -> (
-        i32,
-        Option<((u64, u64), u8, u8, u64, u64, (u64, u64), String)>,
-    ) {
+    fn _query_task(&self, py: Python<'_>, hi: u64, lo: u64) -> (i32, Option<TaskFields>) {
         let Some(s) = self.store() else {
             return (INVALID, None);
         };
         match py.detach(|| s.query_task(protocol::Uuid::from_parts(hi, lo))) {
-            Ok(t) => (
-                0,
-                Some((
-                    (t.id.hi, t.id.lo),
-                    t.task_type as u8,
-                    t.status as u8,
-                    t.created_at_ms_epoch,
-                    t.last_updated_at_ms_epoch,
-                    (t.assigned_client.hi, t.assigned_client.lo),
-                    t.message,
-                )),
-            ),
+            Ok(t) => (0, Some(task_fields(t))),
             Err(e) => (e.code(), None),
         }
     }
@@ -1567,4 +1547,21 @@ impl PyStore {
 #[pyfunction]
 pub fn _bytearray_address(obj: &Bound<'_, PyByteArray>) -> u64 {
     pybuf::bytearray_address(obj)
+}
+
+/// `(id, type, status, created_at_ms_epoch, last_updated_at_ms_epoch, assigned_client,
+/// message)`.
+pub(crate) type TaskFields = ((u64, u64), u8, u8, u64, u64, (u64, u64), String);
+
+/// A task's state as `_query_task` hands it to Python.
+pub(crate) fn task_fields(t: protocol::TaskInfo) -> TaskFields {
+    (
+        (t.id.hi, t.id.lo),
+        t.task_type as u8,
+        t.status as u8,
+        t.created_at_ms_epoch,
+        t.last_updated_at_ms_epoch,
+        (t.assigned_client.hi, t.assigned_client.lo),
+        t.message,
+    )
 }

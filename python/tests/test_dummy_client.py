@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from conftest import MIB, Master, Node, free_port
+from conftest import MIB, Master, Node, free_port, make_store
+from polling import wait_until
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig, TaskStatus, TaskType
 
 
 class Standalone(Node):
@@ -106,6 +107,134 @@ def test_zero_copy_from_the_shared_pool_and_staged_caller_buffers(dummy):
     assert dummy.batch_remove(keys + ["d/zc"], force=True) == [0, 0, 0]
     # An unmapped address is refused before anything moves.
     assert dummy.put_from("d/bad", 8, 100) == -600
+
+
+def caller_buffer(n):
+    """A buffer of ours outside the dummy's shared region, and its address."""
+    b = bytearray(n)
+    return b, ctypes.addressof((ctypes.c_char * n).from_buffer(b))
+
+
+def test_multi_buffer_and_ranged_reads_and_writes(dummy):
+    """The multi-buffer forms and `get_into_ranges` on a dummy, with the values upstream's
+    dummy gives for the same calls (0.3.13.post1; where it differs, said below)."""
+    assert dummy.put("dm/a", b"hello world") == 0
+    pool = dummy.alloc_from_mem_pool(MIB)
+    assert pool and dummy.register_buffer(pool, MIB) == 0
+    # Scattered into two pieces of the shared pool (zero copy); a miss fails alone.
+    assert dummy.batch_get_into_multi_buffers(
+        ["dm/a", "dm/none"], [[pool + 4096, pool + 8192], [pool]], [[5, 6], [10]]) == [11, -704]
+    assert ctypes.string_at(pool + 4096, 5) + ctypes.string_at(pool + 8192, 6) == b"hello world"
+    # Pieces too small in total, or lists that do not line up: -600.
+    assert dummy.batch_get_into_multi_buffers(["dm/a"], [[pool]], [[5]]) == [-600]
+    assert dummy.batch_get_into_multi_buffers(["dm/a"], [[pool]], [[5, 6]]) == [-600]
+    assert dummy.batch_get_into_multi_buffers(["dm/a", "dm/b"], [[pool]], [[5]]) == [-600, -600]
+    # Pieces outside the pool are staged; more room than the object is fine (upstream's
+    # dummy answers -800 there, its store 11).
+    (b1, p1), (b2, p2) = caller_buffer(3), caller_buffer(64)
+    assert dummy.batch_get_into_multi_buffers(["dm/a"], [[p1, p2]], [[3, 64]]) == [11]
+    assert bytes(b1) + bytes(b2[:8]) == b"hello world"
+    assert dummy.batch_get_into_multi_buffers(["dm/a"], [[8]], [[64]]) == [-600]  # unmapped
+
+    # Each object the concatenation of its pieces, from the pool or staged.
+    ctypes.memmove(pool + 1000, b"abcdefgh", 8)
+    (b3, p3) = caller_buffer(4)
+    b3[:] = b"WXYZ"
+    assert dummy.batch_put_from_multi_buffers(
+        ["dm/b", "dm/c", "dm/bad"], [[pool + 1000, pool + 1004], [p3, pool + 1000], [pool]],
+        [[4, 4], [4, 2], [5, 5]]) == [0, 0, -600]
+    assert dummy.get("dm/b") == b"abcdefgh" and dummy.get("dm/c") == b"WXYZab"
+    assert dummy.is_exist("dm/bad") == 0
+    assert dummy.batch_put_from_multi_buffers(["dm/d"], [[8]], [[4]]) == [-600]  # unmapped
+
+    # Ranged reads into registered buffers: the pool, or a buffer given to register_buffer.
+    assert dummy.get_into_ranges([pool], [["dm/a", "dm/none"]], [[[2000, 2010], [0]]],
+                                 [[[0, 6], [0]]], [[[5, 5], [1]]]) == [[[5, 5], [-704]]]
+    assert ctypes.string_at(pool + 2000, 5) + ctypes.string_at(pool + 2010, 5) == b"helloworld"
+    assert dummy.get_into_ranges([pool], [["dm/a"]], [[[3000]]], [[[8]]], [[[5]]]) == [[[-600]]]
+    # Overlapping destinations are filled in address order, as a store fills them.
+    assert dummy.get_into_ranges([pool], [["dm/a"]], [[[5000, 5002]]], [[[0, 6]]],
+                                 [[[5, 5]]]) == [[[5, 5]]]
+    assert ctypes.string_at(pool + 5000, 7) == b"heworld"
+    (b4, p4) = caller_buffer(32)
+    assert dummy.get_into_ranges([p4], [["dm/a"]], [[[0]]], [[[6]]], [[[5]]]) == [[[-600]]]
+    assert dummy.register_buffer(p4, 32) == 0
+    assert dummy.get_into_ranges([p4], [["dm/a"]], [[[10]]], [[[6]]], [[[5]]]) == [[[5]]]
+    assert bytes(b4[10:15]) == b"world"
+    assert dummy.get_into_ranges([p4], [["dm/a"]], [[[30]]], [[[0]]], [[[5]]]) == [[[-600]]]
+    assert dummy.unregister_buffer(p4) == 0
+    assert dummy.get_into_ranges([p4], [["dm/a"]], [[[0]]], [[[0]]], [[[5]]]) == [[[-600]]]
+    assert dummy.batch_remove(["dm/a", "dm/b", "dm/c"], force=True) == [0, 0, 0]
+
+
+def test_sessions_on_a_dummy_answer_as_upstreams_dummy(dummy, caplog):
+    assert dummy.put("ds/a", b"v" * 10) == 0
+    pool = dummy.alloc_from_mem_pool(4096)
+    with caplog.at_level("ERROR", logger="mooncake.store"):
+        assert dummy.batch_put_session_start(["ds/s", "ds/t"], [10, 10]) == [-600, -600]
+        assert dummy.batch_put_from_multi_buffer_ranges(["ds/s"], [[pool]], [[5]], [[0]]) \
+            == [-600]
+        assert dummy.batch_put_session_end(["ds/s"]) == [-600]
+        assert dummy.batch_put_session_revoke(["ds/s"]) == [-600]
+        assert dummy.batch_get_session_start(["ds/a"]) == [-600]
+        assert dummy.batch_get_into_multi_buffer_ranges(["ds/a"], [[pool]], [[5]], [[0]]) \
+            == [-600]
+        assert dummy.batch_get_session_end(["ds/a"]) == -600
+    assert "sessions are not available on a dummy client" in caplog.text
+    assert dummy.remove("ds/a", force=True) == 0
+
+
+def test_replica_tasks_through_the_standalone_client(own_master, standalone, dummy):
+    """Copy and move tasks made and followed from a dummy; the standalone client forwards
+    them to the master and the storage nodes carry them out."""
+    other = Node(own_master, "32MB")
+    reader = make_store(own_master, segment=0, local_buffer=16 * MIB)
+    try:
+        home, away = standalone.address, f"127.0.0.1:{other.port}"
+        value = os.urandom(300_000)
+        cfg = ReplicateConfig()
+        cfg.preferred_segment = home
+        assert dummy.put("dt/copy", value, cfg) == 0
+
+        def finished(task_id):
+            last = []
+
+            def done():
+                resp, rc = dummy.query_task(task_id)
+                assert rc == 0, rc
+                last[:] = [resp]
+                return resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED)
+
+            wait_until(done, 30, f"task {task_id} to finish")
+            return last[0]
+
+        task_id, rc = dummy.create_copy_task("dt/copy", [away])
+        assert rc == 0
+        resp = finished(task_id)
+        assert (resp.status, resp.type, resp.message) == \
+            (TaskStatus.SUCCESS, TaskType.REPLICA_COPY, "Task completed successfully")
+        assert len(reader.get_replica_desc("dt/copy")) == 2
+        assert dummy.put("dt/move", value, cfg) == 0
+
+        def ends():
+            return [r.get_memory_descriptor().buffer_descriptor.transport_endpoint
+                    for r in reader.get_replica_desc("dt/move")]
+
+        before = ends()
+        task_id, rc = dummy.create_move_task("dt/move", home, away)
+        assert rc == 0
+        assert finished(task_id).status == TaskStatus.SUCCESS
+        after = ends()
+        assert len(before) == len(after) == 1 and after != before
+        assert dummy.get("dt/move") == value
+        # Refusals come back with the master's codes.
+        assert dummy.create_copy_task("dt/none", [away]) == ((0, 0), -704)
+        assert dummy.create_move_task("dt/copy", "127.0.0.1:1", away) == ((0, 0), -600)
+        assert dummy.query_task((0, 0)) == (None, -1400)
+        assert dummy.batch_remove(["dt/copy", "dt/move"], force=True) == [0, 0]
+    finally:
+        reader.close()
+        other.stop()
 
 
 def test_tensor_methods_through_the_standalone_client(dummy):

@@ -23,9 +23,11 @@ use dataplane::mem::shm::{Offer, ShmExport};
 use dataplane::mem::{Segment, SegmentOptions};
 use parking_lot::Mutex;
 use protocol::wire::Wire;
-use protocol::{ErrorCode, ReplicateConfig};
+use protocol::{ErrorCode, ReplicateConfig, TaskInfo, Uuid};
 
-use super::wire::{read_frame, write_frame, Item, Range, Request, Response, WIRE_VERSION};
+use super::wire::{
+    read_frame, write_frame, Item, Range, RangeRead, Request, Response, WIRE_VERSION,
+};
 
 /// How long a call waits for the standalone client's answer before the connection is given up.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -230,6 +232,11 @@ impl DummyClient {
         self.region.addr() as u64
     }
 
+    /// The shared region, `(base, len)`.
+    pub fn region(&self) -> (u64, u64) {
+        (self.base(), self.region.len() as u64)
+    }
+
     /// Whether `[addr, addr + len)` lies in the shared region.
     pub fn in_region(&self, addr: u64, len: u64) -> bool {
         addr >= self.base()
@@ -263,7 +270,7 @@ impl DummyClient {
     }
 
     /// One round trip; `RPC_FAIL` (logged) once the standalone client is gone.
-    fn call(&self, req: &Request) -> Result<Vec<i64>, ErrorCode> {
+    fn exchange(&self, req: &Request) -> Result<Response, ErrorCode> {
         let mut c = self.conn.lock();
         if let Some(why) = &c.dead {
             tracing::error!("dummy client: {why}");
@@ -286,17 +293,43 @@ impl DummyClient {
             }
         };
         match Response::from_bytes(&answer) {
-            Ok(Response::Codes(v)) => Ok(v),
             Ok(Response::Refused { code, why }) => {
                 tracing::error!("dummy client: request refused: {why}");
                 Err(ErrorCode::from_i32(code).unwrap_or(ErrorCode::InternalError))
             }
-            other => {
-                let why = format!("unexpected answer {other:?}");
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let why = format!("undecodable answer ({e:?})");
                 tracing::error!("dummy client: {why}");
                 c.dead = Some(why);
                 Err(ErrorCode::RpcFail)
             }
+        }
+    }
+
+    /// [`Self::exchange`] for the requests answered with codes.
+    fn call(&self, req: &Request) -> Result<Vec<i64>, ErrorCode> {
+        match self.exchange(req)? {
+            Response::Codes(v) => Ok(v),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// An answer of the wrong kind: the connection is not trusted any more.
+    fn unexpected(&self, answer: &Response) -> ErrorCode {
+        let why = format!("unexpected answer {answer:?}");
+        tracing::error!("dummy client: {why}");
+        self.conn.lock().dead = Some(why);
+        ErrorCode::RpcFail
+    }
+
+    /// The one code of a request answered with a value or a code.
+    fn failure(&self, answer: &Response) -> ErrorCode {
+        match answer {
+            Response::Codes(v) if v.len() == 1 && v[0] < 0 => {
+                ErrorCode::from_i32(v[0] as i32).unwrap_or(ErrorCode::InternalError)
+            }
+            other => self.unexpected(other),
         }
     }
 
@@ -538,6 +571,91 @@ impl DummyClient {
             }
         }
         out
+    }
+
+    /// Ranged reads `(key, offset, addr, len)`: bytes `[offset, offset + len)` of each object
+    /// into `[addr, addr + len)`, zero copy when that lies in the region, else staged and
+    /// copied out. Per read the bytes read or a code (`INVALID_PARAMS` past the object's end).
+    ///
+    /// # Safety
+    /// Every `[addr, addr + len)` outside the region is writable memory the caller owns for
+    /// the call.
+    pub unsafe fn read_ranges(&self, reads: &[(String, u64, u64, u64)]) -> Vec<i64> {
+        let mut out = vec![0i64; reads.len()];
+        let mut wire = Vec::with_capacity(reads.len());
+        let mut at = Vec::with_capacity(reads.len());
+        // Staged reads: (index into `reads`, staging).
+        let mut staged = Vec::new();
+        for (i, (key, offset, addr, len)) in reads.iter().enumerate() {
+            let dst = if self.in_region(*addr, *len) {
+                *addr
+            } else {
+                match self.stage(*len) {
+                    Ok(s) => {
+                        let a = s.addr();
+                        staged.push((i, s));
+                        a
+                    }
+                    Err(e) => {
+                        out[i] = i64::from(e.code());
+                        continue;
+                    }
+                }
+            };
+            wire.push(RangeRead {
+                key: key.clone(),
+                offset: *offset,
+                addr: dst,
+                len: *len,
+            });
+            at.push(i);
+        }
+        if wire.is_empty() {
+            return out;
+        }
+        let n = wire.len();
+        for (i, g) in at
+            .into_iter()
+            .zip(self.call_n(&Request::ReadRanges { reads: wire }, n))
+        {
+            out[i] = g;
+        }
+        for (i, s) in &mut staged {
+            let got = out[*i];
+            if got > 0 {
+                let src = s.bytes_mut();
+                let n = (got as usize).min(src.len());
+                // SAFETY: the caller guarantees the destination (outside the region) is
+                // writable memory it owns for the call; n <= len; src is our staging.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), reads[*i].2 as *mut u8, n) };
+            }
+        }
+        out
+    }
+
+    /// `create_copy_task` (`source` `None`) / `create_move_task`: the task's id, or a code.
+    pub fn create_task(
+        &self,
+        key: &str,
+        targets: &[String],
+        source: Option<&str>,
+    ) -> Result<Uuid, ErrorCode> {
+        match self.exchange(&Request::CreateTask {
+            key: key.to_string(),
+            targets: targets.to_vec(),
+            source: source.map(str::to_string),
+        })? {
+            Response::TaskCreated { id } => Ok(id),
+            other => Err(self.failure(&other)),
+        }
+    }
+
+    /// `query_task`: the task's state, or a code (`TASK_NOT_FOUND`).
+    pub fn query_task(&self, id: Uuid) -> Result<TaskInfo, ErrorCode> {
+        match self.exchange(&Request::QueryTask { id })? {
+            Response::Task(t) => Ok(t),
+            other => Err(self.failure(&other)),
+        }
     }
 
     /// 1, 0 or a code per key.

@@ -24,7 +24,10 @@ use dataplane::mem::shm::ShmMapping;
 use protocol::wire::Wire;
 use protocol::ErrorCode;
 
-use super::wire::{read_frame, write_frame, Item, Range, Request, Response, WIRE_VERSION};
+use super::wire::{
+    read_frame, write_frame, Item, Range, RangeRead, Request, Response, WIRE_VERSION,
+};
+use crate::store::ObjectRead;
 use crate::Store;
 
 /// Sets up the store client dummies are served with.
@@ -382,8 +385,92 @@ fn handle(region: &Region<'_>, store: &Store, req: Request) -> Response {
             }]
         }
         Request::Health => vec![i64::from(store.health())],
+        Request::ReadRanges { reads } => read_ranges(region, store, &reads),
+        Request::CreateTask {
+            key,
+            targets,
+            source,
+        } => {
+            let made = match (&source, targets.as_slice()) {
+                (None, _) => store.create_copy_task(&key, &targets),
+                (Some(src), [target]) => store.create_move_task(&key, src, target),
+                (Some(_), _) => Err(ErrorCode::InvalidParams),
+            };
+            match made {
+                Ok(id) => return Response::TaskCreated { id },
+                Err(e) => vec![err(e)],
+            }
+        }
+        Request::QueryTask { id } => match store.query_task(id) {
+            Ok(t) => return Response::Task(t),
+            Err(e) => vec![err(e)],
+        },
     };
     Response::Codes(codes)
+}
+
+/// Ranged reads into the region: one replica lookup for the keys, then every read that lies
+/// inside its object (and its range inside the region) in batches of disjoint destinations.
+/// Per read the bytes read or a code.
+fn read_ranges(region: &Region<'_>, store: &Store, reads: &[RangeRead]) -> Vec<i64> {
+    let keys: Vec<String> = reads.iter().map(|r| r.key.clone()).collect();
+    let lists = store.batch_replicas(&keys);
+    let mut out = vec![0i64; reads.len()];
+    let mut planned = Vec::with_capacity(reads.len());
+    for (i, (rd, list)) in reads.iter().zip(&lists).enumerate() {
+        let plan = list.as_ref().map_err(|e| *e).and_then(|list| {
+            let size = list.object_size()?;
+            if rd.offset.checked_add(rd.len).is_none_or(|end| end > size) {
+                return Err(ErrorCode::InvalidParams);
+            }
+            let p = region
+                .local(rd.addr, rd.len)
+                .ok_or(ErrorCode::InvalidParams)?;
+            Ok((list, p))
+        });
+        match plan {
+            Ok(_) if rd.len == 0 => {}
+            Ok((list, p)) => planned.push((i, list, p)),
+            Err(e) => out[i] = err(e),
+        }
+    }
+    // Each destination becomes a `&mut [u8]`, so one batch holds disjoint ones only: a read
+    // overlapping another goes in a later batch (the caller's overlap, done in turn).
+    planned.sort_by_key(|&(i, _, p)| (p, i));
+    while !planned.is_empty() {
+        let mut end = 0u64;
+        let (now, later): (Vec<_>, Vec<_>) = planned.into_iter().partition(|&(i, _, p)| {
+            let disjoint = p >= end;
+            if disjoint {
+                end = p + reads[i].len;
+            }
+            disjoint
+        });
+        planned = later;
+        let mut at = Vec::with_capacity(now.len());
+        let batch = now
+            .into_iter()
+            .map(|(i, list, p)| {
+                at.push(i);
+                out[i] = reads[i].len as i64;
+                let len = reads[i].len as usize;
+                ObjectRead {
+                    list,
+                    offset: reads[i].offset,
+                    // SAFETY: `local` checked the range lies inside our mapping of the dummy's
+                    // region, which outlives this call, and the batch's ranges are disjoint;
+                    // the dummy is told (docs) not to touch a buffer while a call fills it.
+                    dst: unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) },
+                }
+            })
+            .collect();
+        for (i, r) in at.into_iter().zip(store.read_many_from(batch)) {
+            if let Err(e) = r {
+                out[i] = err(e);
+            }
+        }
+    }
+    out
 }
 
 fn batch_put(

@@ -16,11 +16,11 @@
 //! input (fuzzed by `fuzz/fuzz_targets/dummy_wire.rs`).
 
 use protocol::wire::{DecodeError, Reader, Wire};
-use protocol::{wire_struct, ReplicateConfig};
+use protocol::{wire_struct, ReplicateConfig, TaskInfo, Uuid};
 
 /// Version in `Hello`; a server refuses any other (2 since `ReplicateConfig` carries
-/// `group_ids`).
-pub const WIRE_VERSION: u32 = 2;
+/// `group_ids`, 3 since ranged reads and replica tasks).
+pub const WIRE_VERSION: u32 = 3;
 /// Largest frame payload either side accepts.
 pub const FRAME_MAX_BYTES: usize = protocol::limits::FRAME_PAYLOAD_MAX_BYTES;
 
@@ -50,6 +50,21 @@ pub struct Item {
 }
 wire_struct!(Item {
     key: String,
+    addr: u64,
+    len: u64
+});
+
+/// Bytes `[offset, offset + len)` of the object `key`, read into the region at `addr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRead {
+    pub key: String,
+    pub offset: u64,
+    pub addr: u64,
+    pub len: u64,
+}
+wire_struct!(RangeRead {
+    key: String,
+    offset: u64,
     addr: u64,
     len: u64
 });
@@ -93,6 +108,18 @@ pub enum Request {
     RemoveByRegex { pattern: String, force: bool },
     /// The standalone client's `health_check` (0, 1, 2).
     Health,
+    /// Ranged reads into the region: per read the bytes read or a code (`INVALID_PARAMS` for
+    /// a range past the object's end).
+    ReadRanges { reads: Vec<RangeRead> },
+    /// `create_copy_task` (no `source`, any number of targets) or `create_move_task`
+    /// (`source`, one target): [`Response::TaskCreated`], or one code.
+    CreateTask {
+        key: String,
+        targets: Vec<String>,
+        source: Option<String>,
+    },
+    /// `query_task`: [`Response::Task`], or one code.
+    QueryTask { id: Uuid },
 }
 
 /// Server to dummy.
@@ -105,6 +132,10 @@ pub enum Response {
     Codes(Vec<i64>),
     /// The request was refused as a whole (`code` a negative `ErrorCode`, `why` for the log).
     Refused { code: i32, why: String },
+    /// The id of the task `CreateTask` made.
+    TaskCreated { id: Uuid },
+    /// The state of the task `QueryTask` named.
+    Task(TaskInfo),
 }
 
 fn tag_error(what: &'static str, got: u8) -> DecodeError {
@@ -180,6 +211,24 @@ impl Wire for Request {
                 force.encode(out);
             }
             Request::Health => out.push(9),
+            Request::ReadRanges { reads } => {
+                out.push(10);
+                reads.encode(out);
+            }
+            Request::CreateTask {
+                key,
+                targets,
+                source,
+            } => {
+                out.push(11);
+                key.encode(out);
+                targets.encode(out);
+                source.encode(out);
+            }
+            Request::QueryTask { id } => {
+                out.push(12);
+                id.encode(out);
+            }
         }
     }
 
@@ -223,6 +272,17 @@ impl Wire for Request {
                 force: bool::decode(r)?,
             },
             9 => Request::Health,
+            10 => Request::ReadRanges {
+                reads: Vec::decode(r)?,
+            },
+            11 => Request::CreateTask {
+                key: String::decode(r)?,
+                targets: Vec::decode(r)?,
+                source: Option::decode(r)?,
+            },
+            12 => Request::QueryTask {
+                id: Uuid::decode(r)?,
+            },
             t => return Err(tag_error("dummy request tag", t)),
         })
     }
@@ -247,6 +307,14 @@ impl Wire for Response {
                 code.encode(out);
                 why.encode(out);
             }
+            Response::TaskCreated { id } => {
+                out.push(3);
+                id.encode(out);
+            }
+            Response::Task(t) => {
+                out.push(4);
+                t.encode(out);
+            }
         }
     }
 
@@ -261,6 +329,10 @@ impl Wire for Response {
                 code: i32::decode(r)?,
                 why: String::decode(r)?,
             },
+            3 => Response::TaskCreated {
+                id: Uuid::decode(r)?,
+            },
+            4 => Response::Task(TaskInfo::decode(r)?),
             t => return Err(tag_error("dummy response tag", t)),
         })
     }
@@ -349,6 +421,27 @@ mod tests {
                 force: true,
             },
             Request::Health,
+            Request::ReadRanges {
+                reads: vec![RangeRead {
+                    key: "r".into(),
+                    offset: 7,
+                    addr: 8,
+                    len: 9,
+                }],
+            },
+            Request::CreateTask {
+                key: "c".into(),
+                targets: vec!["s1".into(), "s2".into()],
+                source: None,
+            },
+            Request::CreateTask {
+                key: "m".into(),
+                targets: vec!["s2".into()],
+                source: Some("s1".into()),
+            },
+            Request::QueryTask {
+                id: Uuid::from_parts(1, 2),
+            },
         ];
         for r in reqs {
             assert_eq!(Request::from_bytes(&r.to_bytes()).unwrap(), r);
@@ -363,6 +456,18 @@ mod tests {
                 code: -600,
                 why: "no".into(),
             },
+            Response::TaskCreated {
+                id: Uuid::from_parts(3, 4),
+            },
+            Response::Task(TaskInfo {
+                id: Uuid::from_parts(5, 6),
+                task_type: protocol::TaskType::ReplicaMove,
+                status: protocol::TaskStatus::Success,
+                created_at_ms_epoch: 7,
+                last_updated_at_ms_epoch: 8,
+                assigned_client: Uuid::from_parts(9, 10),
+                message: "done".into(),
+            }),
         ] {
             assert_eq!(Response::from_bytes(&r.to_bytes()).unwrap(), r);
         }
