@@ -142,7 +142,9 @@ impl PyDummy {
         let values: Option<Vec<&[u8]>> = ptrs
             .iter()
             .zip(&sizes)
-            .map(|(&p, &s)| self.caller_slice(p, s))
+            // SAFETY: the caller-memory contract holds every source for this call, which the
+            // slices do not outlive.
+            .map(|(&p, &s)| unsafe { self.caller_slice(p, s) })
             .collect();
         let Some(values) = values else {
             return vec![INVALID; n];
@@ -552,7 +554,9 @@ impl PyDummy {
                     all_buffer_ptrs[i]
                         .iter()
                         .zip(&all_sizes[i])
-                        .map(|(&p, &s)| self.caller_slice(p, s))
+                        // SAFETY: the caller-memory contract holds every source for this
+                        // call, which the slices do not outlive.
+                        .map(|(&p, &s)| unsafe { self.caller_slice(p, s) })
                         .collect()
                 })
                 .flatten();
@@ -736,7 +740,9 @@ impl PyDummy {
         buffer_ptr: u64,
         size: u64,
     ) -> Option<Bound<'py, PyBytes>> {
-        let src = self.caller_slice(buffer_ptr, size)?;
+        // SAFETY: the caller-memory contract holds the source for this call; the slice is
+        // copied into a new bytes object at once.
+        let src = unsafe { self.caller_slice(buffer_ptr, size) }?;
         Some(PyBytes::new(py, src))
     }
 
@@ -761,16 +767,20 @@ impl PyDummy {
 }
 
 impl PyDummy {
-    /// Caller memory `[ptr, ptr + size)` as a slice, when mapped readable.
-    fn caller_slice(&self, ptr: u64, size: u64) -> Option<&[u8]> {
+    /// Caller memory `[ptr, ptr + size)` as a slice, when mapped readable (checked here).
+    ///
+    /// # Safety
+    /// While the slice lives the memory stays mapped and nothing writes it: the caller-memory
+    /// contract of every `*_from` method, which holds for the call that asked for it.
+    unsafe fn caller_slice(&self, ptr: u64, size: u64) -> Option<&[u8]> {
         if !self.caller_ok(ptr, size, false) {
             return None;
         }
         if size == 0 {
             return Some(&[]);
         }
-        // SAFETY: checked mapped readable above; the caller keeps the memory valid and
-        // unchanged for the call (the caller-memory contract of every `*_from` method).
+        // SAFETY: checked mapped readable above; that it stays so and unwritten for the
+        // slice's life is this function's contract.
         Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, usize::try_from(size).ok()?) })
     }
 
@@ -786,7 +796,9 @@ impl PyDummy {
         if ptrs.len() != n || sizes.len() != n {
             return vec![INVALID; n];
         }
-        let object = |i: usize| match self.caller_slice(ptrs[i], sizes[i]) {
+        // SAFETY: the caller-memory contract holds every source for this call, which the
+        // slices do not outlive.
+        let object = |i: usize| match unsafe { self.caller_slice(ptrs[i], sizes[i]) } {
             Some(data) if crate::store::is_tensor_object(data, sizes[i]) => Ok(vec![data]),
             _ => Err(ErrorCode::InvalidParams),
         };
