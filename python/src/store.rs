@@ -57,10 +57,11 @@ fn failed(e: StoreError) -> i32 {
     e.code.code()
 }
 
-fn rc_i64(r: Result<u64, ErrorCode>) -> i64 {
+/// [`rc`] for results that carry a count (bytes read).
+fn rc_i64(r: Result<u64, impl Into<StoreError>>) -> i64 {
     match r {
         Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
-        Err(e) => e.code() as i64,
+        Err(e) => i64::from(failed(e.into())),
     }
 }
 
@@ -350,20 +351,26 @@ impl PyStore {
         py.detach(|| {
             let lists = s.batch_replicas(keys);
             // Check every key first, then move all the bytes in one batched transfer.
-            let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+            let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
             let mut reads: Vec<ObjectRead<'_>> = Vec::with_capacity(n);
             let mut owners: Vec<usize> = Vec::with_capacity(n);
             for (i, l) in lists.iter().enumerate() {
-                let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
-                    let size = list.object_size()?;
-                    if size > sizes[i] {
-                        return Err(ErrorCode::InvalidParams);
-                    }
-                    let dst = s.caller_range_mut(buffer_ptrs[i], size)?;
-                    // SAFETY: the caller-memory contract (module doc) gives us the destination
-                    // to ourselves for this call, which `reads` does not outlive.
-                    Ok((list, size, unsafe { dst.into_mut_slice() }))
-                });
+                let planned = l
+                    .as_ref()
+                    .map_err(|e| StoreError::from(*e))
+                    .and_then(|list| {
+                        let size = list.object_size()?;
+                        if size > sizes[i] {
+                            return Err(StoreError::new(
+                                ErrorCode::InvalidParams,
+                                format!("the object's {size} bytes do not fit in {}", sizes[i]),
+                            ));
+                        }
+                        let dst = s.caller_range_mut(buffer_ptrs[i], size)?;
+                        // SAFETY: the caller-memory contract (module doc) gives us the destination
+                        // to ourselves for this call, which `reads` does not outlive.
+                        Ok((list, size, unsafe { dst.into_mut_slice() }))
+                    });
                 match planned {
                     Ok((list, size, dst)) => {
                         out.push(Ok(size));
@@ -382,7 +389,10 @@ impl PyStore {
                     out[i] = Err(e);
                 }
             }
-            out.into_iter().map(rc_i64).collect()
+            out.into_iter()
+                .zip(keys)
+                .map(|(r, k)| rc_i64(r.map_err(|e| e.context(format_args!("batch_get_into {k}")))))
+                .collect()
         })
     }
 
@@ -1181,34 +1191,47 @@ impl PyStore {
         }
         py.detach(|| {
             let lists = s.batch_replicas(&keys);
-            let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+            let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
             let mut reads: Vec<ObjectRead<'_>> = Vec::new();
             let mut owners: Vec<usize> = Vec::new();
             for (i, l) in lists.iter().enumerate() {
-                let planned = l.as_ref().map_err(|e| *e).and_then(|list| {
-                    let size = list.object_size()?;
-                    let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
-                    if ptrs.len() != lens.len() || lens.iter().sum::<u64>() < size {
-                        return Err(ErrorCode::InvalidParams);
-                    }
-                    let mut pieces = Vec::new();
-                    let mut at = 0u64;
-                    for (&p, &l) in ptrs.iter().zip(lens) {
-                        if at >= size {
-                            break;
+                let planned = l
+                    .as_ref()
+                    .map_err(|e| StoreError::from(*e))
+                    .and_then(|list| {
+                        let size = list.object_size()?;
+                        let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
+                        if ptrs.len() != lens.len() {
+                            return Err(StoreError::new(
+                                ErrorCode::InvalidParams,
+                                "buffer and size lists differ in length",
+                            ));
                         }
-                        let take = l.min(size - at);
-                        pieces.push(ObjectRead {
-                            list,
-                            offset: at,
-                            // SAFETY: the caller-memory contract (module doc): each destination
-                            // is ours alone for this call, which `reads` does not outlive.
-                            dst: unsafe { s.caller_range_mut(p, take)?.into_mut_slice() },
-                        });
-                        at += take;
-                    }
-                    Ok((size, pieces))
-                });
+                        let room = lens.iter().sum::<u64>();
+                        if room < size {
+                            return Err(StoreError::new(
+                                ErrorCode::InvalidParams,
+                                format!("the object's {size} bytes do not fit in {room}"),
+                            ));
+                        }
+                        let mut pieces = Vec::new();
+                        let mut at = 0u64;
+                        for (&p, &l) in ptrs.iter().zip(lens) {
+                            if at >= size {
+                                break;
+                            }
+                            let take = l.min(size - at);
+                            pieces.push(ObjectRead {
+                                list,
+                                offset: at,
+                                // SAFETY: the caller-memory contract (module doc): each destination
+                                // is ours alone for this call, which `reads` does not outlive.
+                                dst: unsafe { s.caller_range_mut(p, take)?.into_mut_slice() },
+                            });
+                            at += take;
+                        }
+                        Ok((size, pieces))
+                    });
                 match planned {
                     Ok((size, pieces)) => {
                         out.push(Ok(size));
@@ -1223,7 +1246,14 @@ impl PyStore {
                     out[i] = Err(e);
                 }
             }
-            out.into_iter().map(rc_i64).collect()
+            out.into_iter()
+                .zip(&keys)
+                .map(|(r, k)| {
+                    rc_i64(
+                        r.map_err(|e| e.context(format_args!("batch_get_into_multi_buffers {k}"))),
+                    )
+                })
+                .collect()
         })
     }
 
@@ -1413,7 +1443,7 @@ impl PyStore {
             // SAFETY: the caller-memory contract (module doc) gives us the destination for
             // this call; the view lives for this one copy.
             unsafe { dst.into_mut_slice() }.copy_from_slice(data);
-            Ok(data.len() as u64)
+            Ok::<_, ErrorCode>(data.len() as u64)
         }))
     }
 
@@ -1531,7 +1561,10 @@ impl PyStore {
                 })
                 .collect();
             for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
-                ok[i] = r.is_ok();
+                match r {
+                    Ok(()) => ok[i] = true,
+                    Err(e) => _ = failed(e.context(format_args!("read of {}", keys[i]))),
+                }
             }
             ok
         });

@@ -33,3 +33,36 @@ def test_failed_calls_log_their_reason(capfd):
             s.close()
     finally:
         m.stop()
+
+
+def test_failed_reads_log_their_reason(store, capfd):
+    """The read paths (`get_into`, `batch_get_into`, the multi-buffer form) say why too."""
+    import ctypes
+
+    assert store.put("errlog/obj", b"y" * 1000) == 0
+    buf = bytearray(4096)
+    ptr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+    assert store.register_buffer(ptr, len(buf)) == 0
+    try:
+        capfd.readouterr()
+        assert store.get_into("errlog/obj", ptr, 100) == -600
+        err = capfd.readouterr().err
+        assert ("INVALID_PARAMS (-600): get_into errlog/obj: the object's 1000 bytes do not "
+                "fit in the 100-byte buffer") in err, err
+
+        assert store.batch_get_into(["errlog/obj"], [ptr], [10]) == [-600]
+        err = capfd.readouterr().err
+        assert "batch_get_into errlog/obj: the object's 1000 bytes do not fit in 10" in err, err
+
+        assert store.batch_get_into_multi_buffers(["errlog/obj"], [[ptr, ptr + 8]], [[8]]) \
+            == [-600]
+        err = capfd.readouterr().err
+        assert ("batch_get_into_multi_buffers errlog/obj: buffer and size lists differ in "
+                "length") in err, err
+
+        # A miss stays quiet at the default level, as for get.
+        assert store.get_into("errlog/none", ptr, 100) == -704
+        assert "errlog/none" not in capfd.readouterr().err
+    finally:
+        store.unregister_buffer(ptr)
+        store.remove("errlog/obj", force=True)

@@ -172,7 +172,7 @@ fn call(store: &Store, rec: &Rec, client: u32, kind: Kind, key: usize, id: u64, 
         ),
         Kind::Get => (
             None,
-            match store.get(&name) {
+            match store.get(&name).map_err(ErrorCode::from) {
                 Ok(bytes) => {
                     let o = decode(key, &bytes);
                     if o == Outcome::Foreign {
@@ -510,7 +510,7 @@ fn randomized_faults_keep_the_history_consistent() {
                 for kind in [Kind::Get, Kind::Exist] {
                     let invoke = rec.now();
                     let outcome = match kind {
-                        Kind::Get => match stores[0].get(&key) {
+                        Kind::Get => match stores[0].get(&key).map_err(ErrorCode::from) {
                             Ok(_) => Outcome::Foreign,
                             Err(e) => outcome::<()>(&Err(e)),
                         },

@@ -127,7 +127,7 @@ fn puts_keep_succeeding_through_eviction() {
                     }
                     continue;
                 }
-                let got = store.get(&key(i));
+                let got = store.get(&key(i)).map_err(ErrorCode::from);
                 let mut s = stats.lock().unwrap();
                 s.gets += 1;
                 match got {

@@ -215,7 +215,7 @@ fn batch_get_of(store: &Store, keys: &[String], len: usize) -> Vec<Result<(), Er
         }
     }
     for (i, r) in idx.into_iter().zip(store.read_many_from(reads)) {
-        out[i] = r;
+        out[i] = r.map_err(ErrorCode::from);
     }
     for (i, k) in keys.iter().enumerate() {
         if out[i].is_ok() && bufs[i] != value_of(k, len) {

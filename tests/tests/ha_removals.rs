@@ -111,7 +111,7 @@ impl Cluster {
     fn read(&self, key: &str) -> Option<Vec<u8>> {
         let mut last = ErrorCode::InternalError;
         for _ in 0..100 {
-            match self.store.get(key) {
+            match self.store.get(key).map_err(ErrorCode::from) {
                 Ok(v) => return Some(v),
                 Err(ErrorCode::ObjectNotFound) => return None,
                 Err(e) => last = e,

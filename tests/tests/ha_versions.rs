@@ -121,7 +121,7 @@ fn worker(
         } else if dice < 90 {
             // Reads grant leases, which make some upserts park the old buffers and some
             // non-forced removes fail: both paths are part of the mix.
-            (None, store.get(&name).map(|_| ()))
+            (None, store.get(&name).map(|_| ()).map_err(ErrorCode::from))
         } else {
             (None, store.is_exist(&name).map(|_| ()))
         };
@@ -172,7 +172,7 @@ fn read_all(store: &Store, seed: u64) -> HashMap<usize, Effect> {
             if finals.contains_key(&key) {
                 continue;
             }
-            match store.get(&format!("hot/{key}")) {
+            match store.get(&format!("hot/{key}")).map_err(ErrorCode::from) {
                 Ok(bytes) => {
                     let mut id = [0u8; 8];
                     id.copy_from_slice(&bytes[..8]);

@@ -147,7 +147,7 @@ fn objects_survive_a_master_restart() {
     // Removed objects were dropped from the catalogs before the kill: they stay gone.
     for &i in &removed {
         assert_eq!(
-            store.get(&key(i)),
+            store.get(&key(i)).map_err(ErrorCode::from),
             Err(ErrorCode::ObjectNotFound),
             "{}",
             key(i)

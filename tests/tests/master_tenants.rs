@@ -50,7 +50,10 @@ fn tenants_have_separate_key_spaces() {
     b.put("k1", b"BBBB", &cfg, false).unwrap();
     assert_eq!(a.get("k1").unwrap(), b"AAA");
     assert_eq!(b.get("k1").unwrap(), b"BBBB");
-    assert_eq!(c.get("k1"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        c.get("k1").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert_eq!(c.is_exist("k1"), Ok(false));
     assert_eq!(b.get_size("k1"), Ok(4));
     b.put("k2", b"x", &cfg, false).unwrap();

@@ -82,7 +82,7 @@ fn same_host_replicas_move_by_memcpy_and_a_dead_owner_is_let_go() {
     std::thread::sleep(Duration::from_millis(50));
     // The replica list may still name the dead node (until --client_ttl); the read must not
     // come from its memory.
-    match s.get("shm/3") {
+    match s.get("shm/3").map_err(ErrorCode::from) {
         Err(ErrorCode::TransferFail) | Err(ErrorCode::ObjectNotFound) => {}
         other => panic!("read of a dead node's replica: {other:?}"),
     }

@@ -63,7 +63,10 @@ fn put_on_one_client_get_on_another() {
     a.put("obj-0", b"new!", &cfg, true).unwrap();
     assert_eq!(b.get("obj-0").unwrap(), b"new!");
 
-    assert_eq!(b.get("missing"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        b.get("missing").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert_eq!(b.is_exist("obj-1"), Ok(true));
     assert_eq!(
         b.remove("obj-1", false).map_err(ErrorCode::from),
@@ -160,7 +163,7 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
     s.put_parts("zc", &[unsafe { whole.as_slice() }], &cfg, false)
         .unwrap();
     // SAFETY: `dst` is live and nothing else touches it during the call.
-    let too_small = unsafe { s.get_into("zc", dp, 100) };
+    let too_small = unsafe { s.get_into("zc", dp, 100) }.map_err(ErrorCode::from);
     assert_eq!(too_small, Err(ErrorCode::InvalidParams));
     // SAFETY: as above.
     assert_eq!(unsafe { s.get_into("zc", dp, 8192) }, Ok(8192));
@@ -172,7 +175,7 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
     assert_eq!(unsafe { s.get_into("zc", dp, 8192) }, Ok(8192));
     assert_eq!(dst, src);
     // SAFETY: address 8 is refused by the check before any byte moves.
-    let unmapped = unsafe { s.get_into("zc", 8, 8192) };
+    let unmapped = unsafe { s.get_into("zc", 8, 8192) }.map_err(ErrorCode::from);
     assert_eq!(unmapped, Err(ErrorCode::InvalidParams));
 }
 
@@ -227,6 +230,8 @@ fn a_get_session_never_reads_a_list_past_its_window() {
                 &[vec![0]],
             )
         };
+        let r: Vec<Result<u64, ErrorCode>> =
+            r.into_iter().map(|r| r.map_err(ErrorCode::from)).collect();
         (r, dst)
     };
     let (r, dst) = read(&keys);
@@ -275,6 +280,18 @@ fn failed_calls_say_why() {
         "{e}"
     );
     assert!(e.to_string().starts_with(e.code.name()), "{e}");
+
+    s.put("small", &[7u8; 64], &cfg, false).unwrap();
+    let mut dst = [0u8; 8];
+    // SAFETY: `dst` is ours, mapped and untouched by anything else until the call returns.
+    let e = unsafe { s.get_into("small", dst.as_mut_ptr() as u64, 8) }.expect_err("too small");
+    assert!(
+        e.cause
+            .contains("get_into small: the object's 64 bytes do not fit in the 8-byte buffer"),
+        "{e}"
+    );
+    let e = s.get("nothing").expect_err("a miss");
+    assert!(e.is_miss() && e.cause.starts_with("get nothing"), "{e}");
 
     let addr = m.rpc_addr();
     m.signal_and_wait(libc::SIGKILL, std::time::Duration::from_secs(10))

@@ -80,7 +80,10 @@ fn replica_clear_is_owner_checked_and_stays_cleared_across_a_master_restart() {
         a.batch_replica_clear(&strings(&["mine"]), ""),
         Ok(strings(&["mine"]))
     );
-    assert_eq!(a.get("mine"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        a.get("mine").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert!(master
         .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
         .is_some());
@@ -91,7 +94,10 @@ fn replica_clear_is_owner_checked_and_stays_cleared_across_a_master_restart() {
         assert!(t0.elapsed() < RECOVERY_BOUND, "objects not re-reported");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(b.get("mine"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        b.get("mine").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert_eq!(b.get("pair").unwrap(), b"two replicas");
     assert_eq!(b.get("theirs").unwrap(), b"written by b");
     // The cleared replica reached its owner's catalog before the kill: only one came back.
@@ -126,6 +132,9 @@ fn a_tenant_clears_its_own_key_only() {
         b.batch_replica_clear(&strings(&["k"]), ""),
         Ok(strings(&["k"]))
     );
-    assert_eq!(b.get("k"), Err(ErrorCode::ObjectNotFound));
+    assert_eq!(
+        b.get("k").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
     assert_eq!(a.get("k").unwrap(), b"default's");
 }

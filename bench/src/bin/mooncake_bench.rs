@@ -159,7 +159,7 @@ fn one(
 ) -> Result<(), String> {
     let r = match op {
         Op::Put => store.put(key, value, cfg, true).map_err(ErrorCode::from),
-        Op::Get => store.get(key).and_then(|v| {
+        Op::Get => store.get(key).map_err(ErrorCode::from).and_then(|v| {
             // A short or long value is as wrong as an error.
             (v.len() == value.len())
                 .then_some(())

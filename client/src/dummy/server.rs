@@ -27,7 +27,7 @@ use protocol::ErrorCode;
 use super::wire::{
     read_frame, write_frame, Item, Range, RangeRead, Request, Response, WIRE_VERSION,
 };
-use crate::store::ObjectRead;
+use crate::store::{ObjectRead, StoreError};
 use crate::Store;
 
 /// Sets up the store client dummies are served with.
@@ -298,15 +298,21 @@ fn serve_one(mut conn: UnixStream, lazy: &LazyStore, stop: &AtomicBool) -> io::R
     Ok(())
 }
 
-fn code_of(r: Result<(), impl Into<ErrorCode>>) -> i64 {
+fn code_of(r: Result<(), impl Into<StoreError>>) -> i64 {
     match r {
         Ok(()) => 0,
-        Err(e) => i64::from(e.into().code()),
+        Err(e) => err(e),
     }
 }
 
-fn err(e: ErrorCode) -> i64 {
-    i64::from(e.code())
+/// The code a dummy gets for a failed call; its cause, when the store gave one, goes to this
+/// process's log (the dummy sees only the number, as a store's caller does).
+fn err(e: impl Into<StoreError>) -> i64 {
+    let e = e.into();
+    if !e.cause.is_empty() && !e.is_miss() {
+        tracing::warn!("dummy client call failed: {e}");
+    }
+    i64::from(e.code.code())
 }
 
 /// Runs one request on the store.

@@ -614,13 +614,16 @@ impl Store {
 
     /// Many [`Self::read_from`]s as one batched transfer: each read goes to its preferred
     /// replica (our own first); a read that fails there falls back to the others on its own.
-    pub fn read_many_from(&self, reads: Vec<ObjectRead<'_>>) -> Vec<Result<(), ErrorCode>> {
-        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(reads.len());
+    pub fn read_many_from(&self, reads: Vec<ObjectRead<'_>>) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Result<(), StoreError>> = Vec::with_capacity(reads.len());
         let mut items: Vec<ReadItem<'_>> = Vec::with_capacity(reads.len());
         let mut lists: Vec<(usize, &Lookup)> = Vec::with_capacity(reads.len());
         for (i, rd) in reads.into_iter().enumerate() {
             if !rd.list.readable() {
-                results.push(Err(ErrorCode::LeaseExpired));
+                results.push(Err(StoreError::new(
+                    ErrorCode::LeaseExpired,
+                    "the lookup's lease window passed before the read started",
+                )));
                 continue;
             }
             let best = rd
@@ -630,7 +633,10 @@ impl Store {
                 .find(|r| self.own_endpoint_is(&r.transport_endpoint))
                 .or(rd.list.replicas.first());
             match best {
-                None => results.push(Err(ErrorCode::InvalidReplica)),
+                None => results.push(Err(StoreError::new(
+                    ErrorCode::InvalidReplica,
+                    "the object has no replica",
+                ))),
                 Some(replica) => {
                     results.push(Ok(()));
                     lists.push((i, rd.list));
@@ -645,12 +651,12 @@ impl Store {
         let outcomes = self.peers.read_many(&mut items);
         for (((i, list), item), r) in lists.into_iter().zip(items).zip(outcomes) {
             results[i] = match r {
-                Ok(()) => list.check(),
-                Err(e) if e.code == ErrorCode::InvalidParams => Err(e.code),
-                Err(_) if list.replicas.len() > 1 => self
-                    .read_from(list, item.offset, item.dst)
-                    .map_err(ErrorCode::from),
-                Err(e) => Err(e.code),
+                Ok(()) => list.check().map_err(|e| {
+                    StoreError::new(e, "the read did not end inside the lookup's lease window")
+                }),
+                Err(e) if e.code == ErrorCode::InvalidParams => Err(e),
+                Err(_) if list.replicas.len() > 1 => self.read_from(list, item.offset, item.dst),
+                Err(e) => Err(e),
             };
         }
         results
@@ -663,14 +669,20 @@ impl Store {
     }
 
     /// The object's bytes (bounded by the local buffer).
-    pub fn get(&self, key: &str) -> Result<Vec<u8>, ErrorCode> {
+    pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.with_lookup(key, |list| {
             let size = list.object_size()?;
-            let _r = self.budget.reserve(size)?;
+            let _r = self.budget.reserve(size).map_err(|e| {
+                StoreError::new(
+                    e,
+                    format!("{size} bytes do not fit in the local buffer now"),
+                )
+            })?;
             let mut out = vec![0u8; size as usize];
             self.read_from(list, 0, &mut out)?;
             Ok(out)
         })
+        .map_err(|e| e.context(format_args!("get {key}")))
     }
 
     /// Runs `read` on a fresh lookup of `key`, and once more on another if the first one's
@@ -678,11 +690,11 @@ impl Store {
     pub fn with_lookup<T>(
         &self,
         key: &str,
-        mut read: impl FnMut(&Lookup) -> Result<T, ErrorCode>,
-    ) -> Result<T, ErrorCode> {
+        mut read: impl FnMut(&Lookup) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let list = self.replicas(key)?;
         match read(&list) {
-            Err(ErrorCode::LeaseExpired) => read(&self.replicas(key)?),
+            Err(e) if e.code == ErrorCode::LeaseExpired => read(&self.replicas(key)?),
             r => r,
         }
     }
@@ -958,18 +970,27 @@ impl Store {
     /// # Safety
     /// Until this returns, `[addr, addr + len)` stays mapped and nothing else reads or writes
     /// it (another thread, Python, another call over the same bytes).
-    pub unsafe fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, ErrorCode> {
+    pub unsafe fn get_into(&self, key: &str, addr: u64, len: u64) -> Result<u64, StoreError> {
         self.with_lookup(key, |list| {
             let size = list.object_size()?;
             if size > len {
-                return Err(ErrorCode::InvalidParams);
+                return Err(StoreError::new(
+                    ErrorCode::InvalidParams,
+                    format!("the object's {size} bytes do not fit in the {len}-byte buffer"),
+                ));
             }
-            let dst = self.caller_range_mut(addr, size)?;
+            let dst = self.caller_range_mut(addr, size).map_err(|e| {
+                StoreError::new(
+                    e,
+                    format!("{size} bytes at {addr:#x} are not caller memory"),
+                )
+            })?;
             // SAFETY: `dst` is inside `[addr, addr + len)`, which our caller keeps mapped and
             // unshared until we return; the slice dies with this read.
             self.read_from(list, 0, unsafe { dst.into_mut_slice() })?;
             Ok(size)
         })
+        .map_err(|e| e.context(format_args!("get_into {key}")))
     }
 
     /// The local-buffer budget, for callers that stage (tensors, `get_buffer`).

@@ -25,7 +25,7 @@ use protocol::message::{BatchPutEnd, BatchPutRevoke, BatchPutStart};
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
 
 use super::peers::WriteItem;
-use super::{rpc, Lookup, ObjectRead, Store};
+use super::{rpc, Lookup, ObjectRead, Store, StoreError};
 
 /// One object reserved by a put session.
 struct PutSession {
@@ -312,13 +312,13 @@ impl Store {
         ptrs: &[Vec<u64>],
         sizes: &[Vec<u64>],
         src_offsets: &[Vec<u64>],
-    ) -> Vec<Result<u64, ErrorCode>> {
+    ) -> Vec<Result<u64, StoreError>> {
         let n = keys.len();
         if !shapes_agree(n, ptrs, sizes, src_offsets) || self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); n];
+            return vec![Err(ErrorCode::InvalidParams.into()); n];
         }
         let lists = self.session_lists(keys);
-        let mut out: Vec<Result<u64, ErrorCode>> = Vec::with_capacity(n);
+        let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
         let mut reads: Vec<ObjectRead<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
         for i in 0..n {
@@ -355,12 +355,12 @@ impl Store {
                         reads.push(piece);
                     }
                 }
-                Err(e) => out.push(Err(e)),
+                Err(e) => out.push(Err(e.into())),
             }
         }
         for (i, r) in owners.into_iter().zip(self.read_many_from(reads)) {
             if let Err(e) = r {
-                out[i] = Err(e);
+                out[i] = Err(e.context(format_args!("ranged read of {}", keys[i])));
             }
         }
         out
