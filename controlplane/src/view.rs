@@ -66,6 +66,33 @@ pub struct Percentiles {
     pub p99: u64,
 }
 
+/// A refused tenant quota request of the admin API: HTTP status, code, message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaRefusal {
+    pub status: u16,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl QuotaRefusal {
+    pub fn new(status: u16, code: ErrorCode, message: impl Into<String>) -> QuotaRefusal {
+        QuotaRefusal {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// Tenant quotas are off (no `--enable_multi_tenants`, or no policy file).
+    pub fn off() -> QuotaRefusal {
+        let code = ErrorCode::UnavailableInCurrentMode;
+        QuotaRefusal::new(409, code, code.name())
+    }
+}
+
+/// What the tenant quota API answers: the `data` of a success, or a refusal.
+pub type QuotaAnswer = Result<serde_json::Value, QuotaRefusal>;
+
 pub trait AdminView: Send + Sync + 'static {
     /// Readable replicas of a key, without granting a lease.
     fn query_key(&self, key: &str) -> Result<Vec<ReplicaDescriptor>, ErrorCode>;
@@ -76,4 +103,19 @@ pub trait AdminView: Send + Sync + 'static {
     fn render_metrics(&self) -> String;
     /// The cluster at a glance (one pass over the index under the lock).
     fn status(&self) -> ClusterStatus;
+    /// `GET /api/v1/tenant_quotas`: every tenant's row, or `tenant`'s (`service/quota.rs`).
+    fn tenant_quotas(&self, tenant: Option<&str>) -> QuotaAnswer {
+        let _ = tenant;
+        Err(QuotaRefusal::off())
+    }
+    /// `PUT /api/v1/tenant_quotas`: sets `tenant`'s requested quota (and writes the file).
+    fn set_tenant_quota(&self, tenant: &str, bytes: u64) -> QuotaAnswer {
+        let _ = (tenant, bytes);
+        Err(QuotaRefusal::off())
+    }
+    /// `DELETE /api/v1/tenant_quotas`: drops `tenant`'s policy when it holds nothing.
+    fn delete_tenant_quota(&self, tenant: &str) -> QuotaAnswer {
+        let _ = tenant;
+        Err(QuotaRefusal::off())
+    }
 }

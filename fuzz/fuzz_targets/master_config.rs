@@ -1,7 +1,8 @@
 //! Fuzzes the master's configuration input: `--config_path` files (JSON and YAML, through
 //! `MasterConfig::from_config_text`, which runs the same merge and validation as a real
-//! `--config_path`) and the single-value parsers of `controlplane::config::value` that every
-//! flag goes through (booleans, integers, ratios, ports, durations).
+//! `--config_path`), the tenant quota policy file (`--tenant_quota_connector_uri`,
+//! `service::quota`), and the single-value parsers of `controlplane::config::value` that every
+//! flag goes through (booleans, integers, ratios, ports, durations) and of quota sizes.
 //!
 //! Nothing may panic. A config that resolves obeys the cross-flag rules the resolver promises;
 //! a value that parses is in its documented range and its canonical spelling parses back to it.
@@ -12,6 +13,7 @@ use controlplane::config::value;
 use controlplane::config::{
     MasterConfig, ParsedArgs, MAX_DURATION_MS, MAX_RPC_THREADS, MAX_TIMEOUT_S,
 };
+use controlplane::service::quota::{parse_policy, parse_quota, render_policy, QUOTA_MAX_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 const FILE_NAMES: [&str; 4] = ["master.json", "master.yaml", "master.yml", "master.conf"];
@@ -59,7 +61,23 @@ fn check_file(name: &str, text: &str) {
     assert!(!config.enable_ha || config.ha_connstring().is_some());
 }
 
+/// A policy that parses holds valid names and quotas in range, and survives a write-back.
+fn check_policy(text: &str) {
+    let Ok(tenants) = parse_policy(text) else {
+        return;
+    };
+    for (name, &bytes) in &tenants {
+        assert!(protocol::tenant::valid_tenant(name), "{name:?}");
+        assert!((1..=QUOTA_MAX_BYTES).contains(&bytes), "{name:?}: {bytes}");
+    }
+    assert_eq!(parse_policy(&render_policy(&tenants)).as_ref(), Ok(&tenants));
+}
+
 fn check_value(raw: &str) {
+    if let Ok(q) = parse_quota(raw) {
+        assert!((1..=QUOTA_MAX_BYTES).contains(&q), "{raw:?} -> {q}");
+        assert_eq!(parse_quota(&q.to_string()), Ok(q));
+    }
     if let Ok(b) = value::parse_bool(raw) {
         assert_eq!(value::parse_bool(&b.to_string()), Ok(b));
         assert!(value::is_bool_literal(raw));
@@ -103,6 +121,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let text = String::from_utf8_lossy(rest);
     check_file(FILE_NAMES[usize::from(selector) % FILE_NAMES.len()], &text);
+    check_policy(&text);
     // Each line as one flag value, the way `--flag=value` would hand it over.
     for line in text.lines().take(64) {
         check_value(line);

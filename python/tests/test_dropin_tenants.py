@@ -85,3 +85,68 @@ def test_tenant_names_upstream_accepts(cluster):
     for t in ["", "t" * 300, "tenant-a"]:
         s = cluster(t)
         assert s.put(f"x{len(t)}", b"1") == 0
+
+
+def _http(master, method, path, body=None):
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{master.metrics_port}{path}", method=method,
+                                 data=body.encode() if body is not None else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tenant_quotas_as_upstreams(tmp_path):
+    """A quota policy file (`--tenant_quota_connector_uri`), checked against the values the
+    upstream wheel's master gave for the same calls: an unregistered tenant (the default one
+    included) is refused with -1701, a tenant past its quota loses its own least recently read
+    objects, an object larger than the quota is -1700, and `/api/v1/tenant_quotas` reads and
+    changes the policy, which is written back to the file."""
+    policy = tmp_path / "quota.yaml"
+    policy.write_text("version: 1\ntenants:\n  - name: t1\n    quota: 1MB\n")
+    m = Master(extra=[f"--default_kv_lease_ttl={LEASE_MS}", "--enable_multi_tenants=true",
+                      f"--tenant_quota_connector_uri={policy}"])
+    node = Node(m, 64 * MIB)
+    stores = []
+    try:
+        plain, t1 = _store(m, "default"), _store(m, "t1")
+        stores += [plain, t1]
+        # upstream: put default -1701 b'' 0; put t1 0 b'xxx' 1
+        assert (plain.put("k", b"x" * 1000), plain.get("k"), plain.is_exist("k")) == (-1701, b"", 0)
+        assert t1.put("k", b"x" * 1000) == 0
+        status, body = _http(m, "GET", "/api/v1/tenant_quotas")
+        assert status == 200 and body["success"] is True
+        assert body["data"] == [{"tenant_id": "t1", "requested_quota_bytes": 1 << 20,
+                                 "effective_quota_bytes": 1 << 20, "charged_bytes": 1000,
+                                 "admission_closed": False, "over_quota": False,
+                                 "has_explicit_policy": True}]
+        # upstream: four puts of 400 000 bytes all answer 0; two objects stay, 800 000 charged
+        assert [t1.put(f"f{i}", b"z" * 400_000) for i in range(4)] == [0, 0, 0, 0]
+        assert sum(t1.is_exist(f"f{i}") for i in range(4)) == 2
+        assert t1.is_exist("k") == 0
+        status, row = _http(m, "GET", "/api/v1/tenant_quotas?tenant_id=t1")
+        assert (status, row["data"]["charged_bytes"]) == (200, 800_000)
+        # upstream: put big -1700 (larger than the quota)
+        assert t1.put("big", b"x" * 2_000_000) == -1700
+        # A tenant that still holds objects keeps its policy; another one can be added.
+        assert _http(m, "DELETE", "/api/v1/tenant_quotas?tenant_id=t1") == \
+            (409, {"success": False, "error_code": -1702, "error_message": "TENANT_NOT_EMPTY"})
+        status, row = _http(m, "PUT", "/api/v1/tenant_quotas?tenant_id=t2",
+                            '{"requested_quota_bytes": 2097152}')
+        assert (status, row["data"]["requested_quota_bytes"]) == (200, 2 << 20)
+        assert "name: \"t2\"\n    quota: 2097152" in policy.read_text()
+        t2 = _store(m, "t2")
+        stores.append(t2)
+        assert t2.put("k", b"y" * 10) == 0
+        assert _http(m, "GET", "/api/v1/tenant_quotas?tenant_id=nope") == \
+            (404, {"success": False, "error_code": -704, "error_message": "OBJECT_NOT_FOUND"})
+    finally:
+        for s in stores:
+            s.close()
+        node.stop()
+        m.stop()

@@ -234,7 +234,20 @@ pub const FLAGS: &[FlagSpec] = &[
         Bool,
         "false",
         "Give each tenant_id its own key space (off: every tenant shares the default one, as \
-         upstream; tenant quotas are not implemented)",
+         upstream), with quotas from --tenant_quota_connector_uri",
+    ),
+    honoured(
+        "tenant_quota_connector_type",
+        Str,
+        "file",
+        "Tenant quota policy connector type (file)",
+    ),
+    honoured(
+        "tenant_quota_connector_uri",
+        Str,
+        "",
+        "Tenant quota policy file (YAML: version: 1, tenants: [{name, quota}]); empty: no \
+         quotas",
     ),
     honoured(
         "allocation_strategy",
@@ -361,8 +374,6 @@ pub const FLAGS: &[FlagSpec] = &[
     compat("pod_namespace", Str, ""),
     compat("enable_disk_eviction", Bool, "true"),
     compat("quota_bytes", UInt64, "0"),
-    compat("tenant_quota_connector_type", Str, "file"),
-    compat("tenant_quota_connector_uri", Str, ""),
     compat("snapshot_backup_dir", Str, ""),
     compat("enable_snapshot_restore", Bool, "false"),
     compat("enable_snapshot", Bool, "false"),

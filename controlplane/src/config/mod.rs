@@ -389,6 +389,33 @@ fn resolve_tasks(values: &Values) -> Result<crate::service::TaskConfig, ConfigEr
     })
 }
 
+/// The tenant quota policy file (`service/quota.rs`), read now so that a bad one stops the
+/// master with the reason. Only with `--enable_multi_tenants`; without a URI there are no
+/// quotas (upstream refuses to start then).
+fn resolve_tenant_quota(
+    values: &Values,
+) -> Result<Option<crate::service::quota::QuotaPolicy>, ConfigError> {
+    let uri = values.string("tenant_quota_connector_uri");
+    if !values.get("enable_multi_tenants", value::parse_bool)? || uri.is_empty() {
+        return Ok(None);
+    }
+    let kind = values.string("tenant_quota_connector_type");
+    if kind != "file" {
+        return Err(ConfigError::Unsupported {
+            flag: "tenant_quota_connector_type".into(),
+            given: kind,
+            detail: "this build reads the policy from a file only (\"file\")".into(),
+        });
+    }
+    crate::service::quota::QuotaPolicy::load(std::path::Path::new(&uri))
+        .map(Some)
+        .map_err(|e| ConfigError::InvalidValue {
+            flag: "tenant_quota_connector_uri".into(),
+            expected: "a readable tenant quota policy file".into(),
+            given: format!("{uri}: {e}"),
+        })
+}
+
 fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
     let positive_duration = |name: &str| {
         values.get(name, |raw| match value::parse_duration_ms(raw) {
@@ -412,6 +439,7 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         cluster_id: values.string("cluster_id"),
         quarantine_grace_ms: positive_duration("quarantine_grace")?,
         multi_tenants: values.get("enable_multi_tenants", value::parse_bool)?,
+        tenant_quota: resolve_tenant_quota(values)?,
         tasks: resolve_tasks(values)?,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {

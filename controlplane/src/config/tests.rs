@@ -746,3 +746,46 @@ fn config_text_resolves_like_a_config_path() {
         );
     }
 }
+
+#[test]
+fn tenant_quota_policy_file() {
+    let file = TempFile::new(
+        "quota.yaml",
+        "version: 1\ntenants:\n  - name: t1\n    quota: 2GB\n",
+    );
+    let uri = format!("--tenant_quota_connector_uri={}", file.0.display());
+    let (c, warnings) = run(&["--enable_multi_tenants", &uri]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let policy = c.service.tenant_quota.expect("policy loaded");
+    assert_eq!(policy.tenants.get("t1"), Some(&(2 << 30)));
+    // Read only with tenants on; without a URI there are no quotas.
+    assert_eq!(run(&[&uri]).0.service.tenant_quota, None);
+    assert_eq!(
+        run(&["--enable_multi_tenants"]).0.service.tenant_quota,
+        None
+    );
+    // A bad file, or another connector, stops the master with the reason.
+    let bad = TempFile::new("bad.yaml", "version: 2\n");
+    let e = error(&[
+        "--enable_multi_tenants",
+        &format!("--tenant_quota_connector_uri={}", bad.0.display()),
+    ]);
+    assert!(
+        e.contains("unsupported tenant quota policy version: 2"),
+        "{e}"
+    );
+    let e = error(&[
+        "--enable_multi_tenants",
+        "--tenant_quota_connector_uri=/nonexistent/q.yaml",
+    ]);
+    assert!(e.contains("failed to open tenant quota policy file"), "{e}");
+    let e = error(&[
+        "--enable_multi_tenants",
+        &uri,
+        "--tenant_quota_connector_type=etcd",
+    ]);
+    assert!(
+        e.contains("tenant_quota_connector_type") && e.contains("file"),
+        "{e}"
+    );
+}

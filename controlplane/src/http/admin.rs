@@ -1,7 +1,7 @@
 //! The admin and metrics HTTP server on `--metrics_port`, a read-only window on the master
 //! through [`AdminView`] (upstream `master_admin_service.cpp`).
 //!
-//! Routes (all `GET`):
+//! Routes (`GET` unless said):
 //! - `/metrics`: Prometheus text, `Content-Type: text/plain; version=0.0.4`;
 //! - `/metrics/summary`: one line, `role=leader, ha_state=disabled, service_ready=true,
 //!   master={keys=N, allocated_bytes=N, capacity_bytes=N, clients=N}`;
@@ -17,6 +17,11 @@
 //! - `/get_all_keys`, `/get_all_segments`: one name per line, each line ending in `\n`;
 //! - `/get_segments_detail`: `{"total_segments":N,"segments":[...]}` (fields below);
 //! - `/query_segment?segment=S`: `S\nUsed(bytes): U\nCapacity(bytes) : C\n`, 404 when unknown.
+//! - `/api/v1/tenant_quotas[?tenant_id=T]`: `GET` the tenants' quota rows, `PUT` with
+//!   `{"requested_quota_bytes": N}` to set one, `DELETE` to drop one (`service/quota.rs`);
+//!   `{"success":true,"data":...}`, or a status with `{"success":false,"error_code":N,
+//!   "error_message":S}` (409 `-1011` without quotas, 404 `-704` for an unknown tenant, 409
+//!   `-1702` for one that still holds objects, 400 `-600` for a bad parameter or body).
 //!
 //! - `/` and `/ui`: the status page (`status.html`, served from the binary; no build step, no
 //!   CDN), which polls `/status.json` every second: the HA role and leader, and, while this
@@ -43,7 +48,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::ha::HaState;
-use crate::view::{AdminView, SegmentDetail};
+use crate::view::{AdminView, QuotaAnswer, QuotaRefusal, SegmentDetail};
 
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
 const JSON: &str = "application/json; charset=utf-8";
@@ -85,6 +90,10 @@ pub fn admin_router_ha(view: View, ha: Ha) -> Router {
         .route("/get_all_segments", get(all_segments))
         .route("/get_segments_detail", get(segments_detail))
         .route("/query_segment", get(query_segment))
+        .route(
+            "/api/v1/tenant_quotas",
+            get(get_quotas).put(put_quota).delete(delete_quota),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             ha.clone(),
             require_serving,
@@ -415,6 +424,107 @@ async fn query_segment(
     }
 }
 
+#[derive(Deserialize)]
+struct TenantQuery {
+    tenant_id: Option<String>,
+}
+
+/// The `tenant_id` parameter: `Ok(None)` when absent, refused when empty or not a valid
+/// tenant name (upstream's 400).
+fn tenant_param(
+    query: Result<Query<TenantQuery>, QueryRejection>,
+) -> Result<Option<String>, QuotaRefusal> {
+    match query.ok().and_then(|Query(q)| q.tenant_id) {
+        Some(t) if !protocol::tenant::valid_tenant(&t) => Err(bad_tenant()),
+        t => Ok(t),
+    }
+}
+
+fn bad_tenant() -> QuotaRefusal {
+    QuotaRefusal::new(
+        400,
+        protocol::ErrorCode::InvalidParams,
+        "Missing or invalid tenant_id",
+    )
+}
+
+fn required_tenant(
+    query: Result<Query<TenantQuery>, QueryRejection>,
+) -> Result<String, QuotaRefusal> {
+    tenant_param(query)?.ok_or_else(bad_tenant)
+}
+
+fn quota_refused(r: QuotaRefusal) -> Response {
+    json_response(
+        StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json!({"success": false, "error_code": r.code.code(), "error_message": r.message}),
+    )
+}
+
+fn quota_answer(a: QuotaAnswer) -> Response {
+    match a {
+        Ok(data) => json_response(StatusCode::OK, json!({"success": true, "data": data})),
+        Err(r) => quota_refused(r),
+    }
+}
+
+/// `GET /api/v1/tenant_quotas[?tenant_id=T]` (`service/quota.rs`).
+async fn get_quotas(
+    State(view): State<View>,
+    query: Result<Query<TenantQuery>, QueryRejection>,
+) -> Response {
+    match tenant_param(query) {
+        Ok(t) => quota_answer(view.tenant_quotas(t.as_deref())),
+        Err(r) => quota_refused(r),
+    }
+}
+
+/// `PUT /api/v1/tenant_quotas?tenant_id=T` with `{"requested_quota_bytes": N}`.
+async fn put_quota(
+    State(view): State<View>,
+    query: Result<Query<TenantQuery>, QueryRejection>,
+    body: axum::body::Bytes,
+) -> Response {
+    let tenant = match required_tenant(query) {
+        Ok(t) => t,
+        Err(r) => return quota_refused(r),
+    };
+    let bad = |why: String| {
+        quota_refused(QuotaRefusal::new(
+            400,
+            protocol::ErrorCode::InvalidParams,
+            format!("Invalid JSON body: {why}"),
+        ))
+    };
+    let doc: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad(e.to_string()),
+    };
+    let Some(fields) = doc.as_object() else {
+        return bad("expected a JSON object".into());
+    };
+    // Absent is 0, which the range check refuses, as upstream.
+    let bytes = match fields.get("requested_quota_bytes") {
+        None => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) => n,
+            None => return bad("Failed to parse number".into()),
+        },
+    };
+    quota_answer(view.set_tenant_quota(&tenant, bytes))
+}
+
+/// `DELETE /api/v1/tenant_quotas?tenant_id=T`.
+async fn delete_quota(
+    State(view): State<View>,
+    query: Result<Query<TenantQuery>, QueryRejection>,
+) -> Response {
+    match required_tenant(query) {
+        Ok(t) => quota_answer(view.delete_tenant_quota(&t)),
+        Err(r) => quota_refused(r),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,6 +600,117 @@ mod tests {
             response.status,
             serde_json::from_slice(&response.body).expect("JSON body"),
         )
+    }
+
+    #[tokio::test]
+    async fn tenant_quota_routes() {
+        async fn call(
+            addr: std::net::SocketAddr,
+            method: &str,
+            path: &str,
+            body: &str,
+        ) -> (u16, serde_json::Value) {
+            let r = request(addr, method, path, body.as_bytes()).await;
+            (
+                r.status,
+                serde_json::from_slice(&r.body).expect("JSON body"),
+            )
+        }
+        fn refusal(code: i32, message: &str) -> serde_json::Value {
+            json!({"success": false, "error_code": code, "error_message": message})
+        }
+        // Without quotas: unavailable in this mode, after the parameter and body checks.
+        let addr = server().await;
+        let q = "/api/v1/tenant_quotas";
+        assert_eq!(
+            call(addr, "GET", q, "").await,
+            (409, refusal(-1011, "UNAVAILABLE_IN_CURRENT_MODE"))
+        );
+        let put = format!("{q}?tenant_id=t1");
+        assert_eq!(
+            call(addr, "PUT", &put, r#"{"requested_quota_bytes": 5}"#).await,
+            (409, refusal(-1011, "UNAVAILABLE_IN_CURRENT_MODE"))
+        );
+        assert_eq!(
+            call(addr, "PUT", q, r#"{"requested_quota_bytes": 5}"#).await,
+            (400, refusal(-600, "Missing or invalid tenant_id"))
+        );
+        assert_eq!(
+            call(addr, "DELETE", &format!("{q}?tenant_id="), "").await,
+            (400, refusal(-600, "Missing or invalid tenant_id"))
+        );
+        let (status, body) = call(addr, "PUT", &put, r#"{"requested_quota_bytes": "12"}"#).await;
+        assert_eq!(
+            (status, &body["error_message"]),
+            (400, &json!("Invalid JSON body: Failed to parse number"))
+        );
+        let (status, body) = call(addr, "PUT", &put, "{").await;
+        assert_eq!(status, 400);
+        assert!(body["error_message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Invalid JSON body: "));
+
+        // With a policy file, on a real master.
+        let dir = std::env::temp_dir().join(format!("mc-quota-http-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("q.yaml");
+        std::fs::write(
+            &path,
+            "version: 1\ntenants:\n  - name: t1\n    quota: 1MB\n",
+        )
+        .unwrap();
+        let policy = crate::service::quota::QuotaPolicy::load(&path).unwrap();
+        let cfg = crate::service::ServiceConfig {
+            multi_tenants: true,
+            tenant_quota: Some(policy),
+            ..crate::model::cfg()
+        };
+        let clock = Arc::new(crate::clock::SystemClock::default());
+        let svc = crate::service::MasterService::new(cfg, clock);
+        let addr = spawn(admin_router(Arc::new(svc))).await;
+        let row = |t: &str, requested: u64| {
+            json!({"tenant_id": t, "requested_quota_bytes": requested, "effective_quota_bytes": 0,
+                   "charged_bytes": 0, "admission_closed": false, "over_quota": false,
+                   "has_explicit_policy": true})
+        };
+        assert_eq!(
+            call(addr, "GET", q, "").await,
+            (200, json!({"success": true, "data": [row("t1", 1 << 20)]}))
+        );
+        let put2 = format!("{q}?tenant_id=t2");
+        assert_eq!(
+            call(addr, "PUT", &put2, r#"{"requested_quota_bytes": 2048}"#).await,
+            (200, json!({"success": true, "data": row("t2", 2048)}))
+        );
+        assert_eq!(
+            call(addr, "PUT", &put2, r#"{"quota": "2MB"}"#).await,
+            (
+                400,
+                refusal(-600, "Tenant quota must be in [1, 2^63 - 1] bytes")
+            )
+        );
+        assert_eq!(
+            call(addr, "GET", &put2, "").await,
+            (200, json!({"success": true, "data": row("t2", 2048)}))
+        );
+        assert_eq!(
+            call(addr, "DELETE", &put2, "").await,
+            (200, json!({"success": true, "data": null}))
+        );
+        assert_eq!(
+            call(addr, "DELETE", &put2, "").await,
+            (404, refusal(-704, "OBJECT_NOT_FOUND"))
+        );
+        assert_eq!(
+            call(addr, "GET", &put2, "").await,
+            (404, refusal(-704, "OBJECT_NOT_FOUND"))
+        );
+        let saved = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            saved,
+            "version: 1\n\ntenants:\n  - name: \"t1\"\n    quota: 1048576\n"
+        );
     }
 
     #[tokio::test]

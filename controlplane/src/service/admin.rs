@@ -9,7 +9,7 @@ use super::metrics::{BatchOp, Hist, Op};
 use super::{MasterService, Metrics};
 use crate::alloc::Fragmentation;
 use crate::view::{
-    AdminView, ClientStatus, ClusterStatus, Percentiles, SegmentDetail, SegmentStatus,
+    AdminView, ClientStatus, ClusterStatus, Percentiles, QuotaAnswer, SegmentDetail, SegmentStatus,
 };
 
 impl AdminView for MasterService {
@@ -76,7 +76,20 @@ impl AdminView for MasterService {
                 .collect()
         };
         render_fragmentation(&mut text, &frag);
+        self.state.lock().render_quota_metrics(&mut text);
         text
+    }
+
+    fn tenant_quotas(&self, tenant: Option<&str>) -> QuotaAnswer {
+        self.state.lock().tenant_quotas(tenant)
+    }
+
+    fn set_tenant_quota(&self, tenant: &str, bytes: u64) -> QuotaAnswer {
+        self.state.lock().set_tenant_quota(tenant, bytes)
+    }
+
+    fn delete_tenant_quota(&self, tenant: &str) -> QuotaAnswer {
+        self.state.lock().delete_tenant_quota(tenant)
     }
     fn status(&self) -> ClusterStatus {
         let g = self.gauges();

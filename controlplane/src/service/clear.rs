@@ -80,6 +80,7 @@ impl State {
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let hold_until = obj.read_hold_until();
         let r = obj.replicas.swap_remove(at);
+        self.objects.settle(key);
         self.release(r.seg, r.span, hold_until, now);
         Ok(Cleared::Replica)
     }

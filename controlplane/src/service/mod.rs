@@ -28,7 +28,12 @@ mod evict;
 mod freed;
 pub mod metrics;
 mod object;
+mod objects;
 mod placement;
+pub mod quota;
+#[cfg(test)]
+#[path = "tests/quota.rs"]
+mod quota_tests;
 pub mod removals;
 mod segments;
 mod tasks;
@@ -54,7 +59,6 @@ use crate::alloc::Span;
 use crate::clock::Clock;
 pub use dispatch::VERSION;
 pub use metrics::{BatchOp, Metrics, Op};
-use object::Object;
 use segments::{Client, SegRef, Segments};
 pub use tasks::TaskConfig;
 
@@ -99,6 +103,9 @@ pub struct ServiceConfig {
     /// `--enable_multi_tenants`: each tenant its own key space (`tenant.rs`); off, every
     /// tenant is the default one, as upstream.
     pub multi_tenants: bool,
+    /// The tenant quota policy (`--tenant_quota_connector_uri`, `quota.rs`), loaded at start;
+    /// used with `multi_tenants` only.
+    pub tenant_quota: Option<quota::QuotaPolicy>,
     /// The replica-task limits and timeouts (`--max_total_*_tasks`, `--*_task_timeout_sec`,
     /// `--max_retry_attempts`; `tasks.rs`).
     pub tasks: TaskConfig,
@@ -120,6 +127,7 @@ impl Default for ServiceConfig {
             cluster_id: protocol::DEFAULT_CLUSTER_ID.to_string(),
             quarantine_grace_ms: QUARANTINE_GRACE_DEFAULT_MS,
             multi_tenants: false,
+            tenant_quota: None,
             tasks: TaskConfig::default(),
         }
     }
@@ -161,7 +169,7 @@ pub(crate) struct Zombie {
 /// Everything behind the service lock.
 pub(crate) struct State {
     pub cfg: ServiceConfig,
-    pub objects: FastMap<String, Object>,
+    pub objects: objects::Objects,
     /// Lease groups by name (`object.rs`, "Lease groups").
     pub groups: object::Groups,
     pub segs: Segments,
@@ -207,13 +215,22 @@ pub(crate) struct State {
     pub liveness_from_ms: u64,
     /// Replica copy and move tasks (`tasks.rs`): soft state, lost with the master.
     pub tasks: tasks::Tasks,
+    /// Tenant quotas (`quota.rs`): with `--enable_multi_tenants` and a policy file.
+    pub quotas: Option<quota::Quotas>,
 }
 
 impl State {
     fn new(cfg: ServiceConfig, seed: u64) -> Self {
+        let quotas = match (&cfg.tenant_quota, cfg.multi_tenants) {
+            (Some(policy), true) => Some(quota::Quotas {
+                policy: policy.clone(),
+                ..Default::default()
+            }),
+            _ => None,
+        };
         State {
             cfg,
-            objects: FastMap::default(),
+            objects: objects::Objects::new(quotas.is_some()),
             groups: Default::default(),
             segs: Segments::default(),
             clients: FastMap::default(),
@@ -236,6 +253,7 @@ impl State {
             last_tick_ms: 0,
             liveness_from_ms: 0,
             tasks: tasks::Tasks::default(),
+            quotas,
         }
     }
 
@@ -482,7 +500,14 @@ impl MasterService {
     pub fn reset(&self, view_version: i64, removals: &[removals::Removal]) {
         let now = self.clock.now_ms();
         let mut st = self.state.lock();
-        let cfg = st.cfg.clone();
+        let mut cfg = st.cfg.clone();
+        // The policy file as it is now: another master may have changed it (`quota.rs`).
+        if let Some(p) = &cfg.tenant_quota {
+            match quota::QuotaPolicy::load(&p.path) {
+                Ok(now) => cfg.tenant_quota = Some(now),
+                Err(e) => tracing::warn!("{e}; keeping the tenant quota policy in memory"),
+            }
+        }
         *st = State::new(cfg, rand::random());
         st.view_version = view_version;
         st.term = view_version.max(1) as u64;

@@ -41,7 +41,6 @@
 //! reads keys and force-removes them soon after does not park ten seconds of writes and run
 //! out of space (`docs/eviction.md`, "Read windows").
 //!
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -184,6 +183,8 @@ pub(crate) struct Object {
     pub hard_pin: bool,
     /// Its lease group, if any (module docs).
     pub group: Option<GroupMember>,
+    /// Bytes charged to its tenant (`objects.rs`; 0 without tenant quotas).
+    pub charge: u64,
 }
 
 impl Object {
@@ -319,6 +320,9 @@ impl State {
         let version = self.next_version();
         let mut pin_now = SoftPin::None;
         let mut group_now = None;
+        // What the new value is charged to its tenant (`quota.rs`).
+        let need = size.saturating_mul(u64::from(cfg.replica_num));
+        let mut admitted = false;
         if let Some(obj) = self.objects.get_mut(&key) {
             pin_now = obj.soft_pin;
             if upsert {
@@ -362,6 +366,9 @@ impl State {
                 }
                 // Validate before dropping anything.
                 resolve_soft_pin(cfg, pin_now, 0, self.cfg.max_kv_soft_pin_ttl_ms)?;
+                let replacing = obj.charge;
+                self.admit(m, now, &key, need, replacing)?;
+                admitted = true;
                 // Different size, or busy buffers: the old buffers go, new ones come.
                 self.drop_object(m, now, &key);
             } else if obj.has_complete()
@@ -385,6 +392,9 @@ impl State {
             self.cfg.default_kv_soft_pin_ttl_ms,
             self.cfg.max_kv_soft_pin_ttl_ms,
         )?;
+        if !admitted {
+            self.admit(m, now, &key, need, 0)?;
+        }
         let replicas = self.place(m, now, size, cfg)?;
         self.note_inflight(now);
         let group = match group_now {
@@ -404,14 +414,10 @@ impl State {
             soft_pin,
             hard_pin: cfg.with_hard_pin,
             group,
+            charge: 0,
         };
-        let obj: &Object = match self.objects.entry(key) {
-            Entry::Vacant(v) => v.insert(obj),
-            Entry::Occupied(mut o) => {
-                o.insert(obj);
-                o.into_mut()
-            }
-        };
+        self.objects.insert(key.clone(), obj);
+        let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
         Ok((obj, &self.segs))
     }
 

@@ -341,6 +341,7 @@ impl State {
                 obj.hard_pin |= h.with_hard_pin;
                 obj.soft_pin = later_soft_pin(obj.soft_pin, soft_pin);
                 obj.replicas.push(replica);
+                objects.settle(&h.key);
             }
             None => {
                 objects.insert(
@@ -358,6 +359,7 @@ impl State {
                         soft_pin,
                         hard_pin: h.with_hard_pin,
                         group: None,
+                        charge: 0,
                     },
                 );
             }

@@ -439,6 +439,8 @@ impl State {
                 status: ReplicaStatus::Complete,
             });
         }
+        let key = task.key.clone();
+        self.objects.settle(&key);
         if let Some(r) = dropped {
             self.release(r.seg, r.span, hold_until, now);
         }
