@@ -416,8 +416,7 @@ impl State {
             group,
             charge: 0,
         };
-        self.objects.insert(key.clone(), obj);
-        let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
+        let obj = self.objects.insert_get(key, obj);
         Ok((obj, &self.segs))
     }
 

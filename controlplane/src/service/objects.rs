@@ -91,14 +91,30 @@ impl Objects {
     }
 
     /// Adds or replaces `key`'s object; returns the one it replaced.
-    pub(crate) fn insert(&mut self, key: String, mut obj: Object) -> Option<Object> {
+    pub(crate) fn insert(&mut self, key: String, obj: Object) -> Option<Object> {
         let old = self.remove(&key);
-        if let Some(l) = &mut self.ledger {
+        self.insert_get(key, obj);
+        old
+    }
+
+    /// [`Self::insert`] for the put path, returning the object now held: one hash lookup
+    /// without quotas.
+    pub(crate) fn insert_get(&mut self, key: String, mut obj: Object) -> &Object {
+        let Objects { map, ledger } = self;
+        if let Some(l) = ledger {
+            if let Some(old) = map.get(&key) {
+                sub(l, &key, old.charge);
+            }
             obj.charge = charge_of(&obj);
             add(l, &key, obj.charge);
         }
-        self.map.insert(key, obj);
-        old
+        match map.entry(key) {
+            hash_map::Entry::Occupied(mut o) => {
+                o.insert(obj);
+                o.into_mut()
+            }
+            hash_map::Entry::Vacant(v) => v.insert(obj),
+        }
     }
 
     pub(crate) fn remove(&mut self, key: &str) -> Option<Object> {
