@@ -64,6 +64,7 @@ try:
 except ImportError:  # pragma: no cover
     _torch = None
 
+from mooncake import _native
 from mooncake import _tensor as _tensor_codec
 from mooncake.error_codes import ErrorCode
 
@@ -424,12 +425,47 @@ class StructuredObjectReadSpec:
         return dict(self.member_slices).get(name)
 
 
-def tensor_object_buffer(ptr: int, size: int, owner: Any = None, batch_size: int | None = None):
-    raise _unsupported("tensor_object_buffer (zero-copy BufferPool tensor members)")
+@dataclass(frozen=True)
+class _TensorObjectBuffer:
+    """Memory of this process at ``ptr`` holding one tensor object (``[TensorMetadata][data]``,
+    as ``put_tensor`` stores it, e.g. a BufferPool buffer): a member to store as is, or a
+    destination a tensor member is read into. ``owner`` keeps the memory alive."""
+
+    ptr: int
+    size: int
+    owner: Any = None
+    batch_size: int | None = None
+
+    def __len__(self) -> int:
+        if self.batch_size is None:
+            raise TypeError("tensor object buffer requires batch_size for DataProto use")
+        return self.batch_size
 
 
-def raw_destination(ptr: int, size: int, owner: Any = None, *, pre_registered: bool = False):
-    raise _unsupported("raw_destination (reads into caller-owned raw memory)")
+@dataclass(frozen=True)
+class _RawDestination:
+    """Memory of this process at ``ptr`` that a member is read into."""
+
+    ptr: int
+    size: int
+    owner: Any = None
+    pre_registered: bool = False
+
+
+def tensor_object_buffer(ptr: int, size: int, owner: Any = None,
+                         batch_size: int | None = None) -> _TensorObjectBuffer:
+    """A tensor object in caller memory (registered with the store, or mapped): stored with
+    ``put_from``, or filled by a read. The address is checked by the store, never trusted."""
+    return _TensorObjectBuffer(int(ptr), int(size), owner, batch_size)
+
+
+def raw_destination(ptr: int, size: int, owner: Any = None, *,
+                    pre_registered: bool = False) -> _RawDestination:
+    """Caller memory a member is read into (an ndarray member's C-order bytes, or a tensor
+    member's tensor object). The address is checked by the store before any byte is written.
+    (Upstream 0.3.13.post1's ``raw_destination`` raises ``TypeError``: its class takes no
+    arguments.)"""
+    return _RawDestination(int(ptr), int(size), owner, bool(pre_registered))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -855,7 +891,27 @@ class _Bundles:
         spec["metadata_bytes"] = len(header)
         return spec
 
-    def put_bundle(self, meta, buffers, partition, chunk_bytes, config=None) -> RemoteBundleRef:
+    def _put_tensor_object(self, key: str, value: _TensorObjectBuffer, config: Any,
+                           written: list) -> dict[str, Any]:
+        """A ``tensor_object_buffer`` member, stored as is with ``put_from`` (upstream's way),
+        after the store checked the memory and its header was checked against ``size``."""
+        header_len = min(value.size, _tensor_codec._HEADER_BYTES)
+        read = getattr(self.store, "_read_registered", None)
+        header = read(value.ptr, header_len) if callable(read) else None
+        if header is None:
+            raise ValueError(f"tensor_object_buffer at {value.ptr:#x} ({value.size} bytes) is "
+                             "not registered or mapped memory of this process")
+        try:
+            _native._decode_tensor_header(header, value.size)
+        except ValueError as error:
+            raise ValueError(f"tensor_object_buffer at {value.ptr:#x}: {error}") from None
+        args = (key, value.ptr, value.size) + (() if config is None else (config,))
+        _status_ok(self.store.put_from(*args), "put_from", key)
+        written.append(key)
+        return {"key": key, "bytes": value.size, "chunks": [{"key": key, "bytes": value.size}]}
+
+    def put_bundle(self, meta, buffers, partition, chunk_bytes, config=None,
+                   zero_copy=False) -> RemoteBundleRef:
         _check_segment(partition, "partition")
         meta_view = _byte_view(meta, "meta")
         chunk = _check_chunk_bytes(self.chunk_bytes if chunk_bytes is None else chunk_bytes)
@@ -870,7 +926,14 @@ class _Bundles:
             for name, value in buffers.items():
                 _check_segment(name, "buffer name")
                 key = f"{base}/buffer/{name}"
-                if isinstance(value, _Tensor):
+                if isinstance(value, _TensorObjectBuffer):
+                    specs[name] = self._put_tensor_object(key, value, config, written)
+                elif zero_copy and isinstance(value, _Tensor):
+                    raise ValueError("zero-copy structured tensor fields require a BufferPool "
+                                     "tensor-object buffer")
+                elif zero_copy:
+                    raise RuntimeError("zero-copy put requires tensor-object buffers")
+                elif isinstance(value, _Tensor):
                     specs[name] = self._put_tensor(key, value.tensor, config, written)
                 else:
                     specs[name] = self._put_bytes(
@@ -1114,6 +1177,8 @@ class _Bundles:
 
 
 def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
+    if isinstance(value, _TensorObjectBuffer):
+        return {"encoding": "torch_tensor"}, value
     if _is_tensor(value):
         if value.is_nested:
             if value.layout != _torch.jagged:
@@ -1236,14 +1301,46 @@ def _check_destination(name: str, fspec: Mapping[str, Any], target: Any) -> None
     if encoding == "bytes":
         raise ValueError(f"structured bytes member {name} does not support materialize_into")
     if encoding == "torch_tensor":
-        raise ValueError(f"structured tensor member {name} only supports tensor_object_buffer "
-                         "or raw_destination destinations")
-    if not isinstance(target, np.ndarray):
+        if fspec.get("nested"):
+            raise ValueError(f"structured nested tensor member {name} does not support "
+                             "destinations")
+        if not isinstance(target, (_TensorObjectBuffer, _RawDestination)):
+            raise ValueError(f"structured tensor member {name} only supports "
+                             "tensor_object_buffer or raw_destination destinations")
+        return
+    if not isinstance(target, (np.ndarray, _RawDestination)):
         raise TypeError(f"structured ndarray field {name} destination must be a numpy.ndarray "
                         "or raw_destination")
 
 
-def _fill_destination(name: str, target: np.ndarray, value: np.ndarray) -> np.ndarray:
+def _write_caller(store: Any, target: Any, data: bytes, what: str) -> None:
+    """Copies ``data`` to caller memory ``target.ptr`` through the store, which checks that the
+    range is this process's writable memory first."""
+    if target.size < len(data):
+        raise ValueError(f"{what} has {target.size} bytes, expected at least {len(data)}")
+    if not data:
+        return
+    write = getattr(store, "_write_caller", None)
+    if not callable(write):
+        raise RuntimeError("this store cannot write into caller memory")
+    if write(target.ptr, data) != len(data):
+        raise ValueError(f"{what} at {target.ptr:#x} ({target.size} bytes) is not writable "
+                         "memory of this process")
+
+
+def _fill_destination(store: Any, name: str, target: Any, value: Any) -> Any:
+    if isinstance(target, (_TensorObjectBuffer, _RawDestination)) and _is_tensor(value):
+        _write_caller(store, target, _tensor_bytes(value.contiguous()), "tensor destination")
+        return target
+    if isinstance(target, _RawDestination):
+        array = np.ascontiguousarray(value)
+        _write_caller(store, target, array.tobytes(), "raw destination")
+        if array.nbytes == 0:
+            return np.empty(array.shape, dtype=array.dtype)
+        import ctypes
+
+        raw = (ctypes.c_uint8 * array.nbytes).from_address(target.ptr)
+        return np.ctypeslib.as_array(raw).view(array.dtype).reshape(array.shape)
     if target.dtype != value.dtype:
         raise ValueError(f"structured ndarray field {name} destination dtype mismatch: "
                          f"expected {value.dtype.str}, got {target.dtype.str}")
@@ -2344,15 +2441,14 @@ class MooncakeBundleTransfer:
             raise ValueError(f"unsupported put_mode: {result.put_mode}")
         if result.copy_mode not in ("auto", "zero_copy", "copy"):
             raise ValueError(f"unsupported copy_mode: {result.copy_mode}")
-        if result.copy_mode == "zero_copy":
-            raise _unsupported("copy_mode='zero_copy' (BufferPool tensor-object buffers)")
         return result
 
     def put_bundle(self, meta, buffers, partition="default", chunk_bytes=None, policy=None,
                    max_inflight_put=None, config=None) -> RemoteBundleRef:
         """Store raw metadata bytes plus named bytes-like buffers."""
-        self._check_policy(policy, max_inflight_put)
-        return self._bundles.put_bundle(meta, buffers, partition, chunk_bytes, config)
+        zero_copy = self._check_policy(policy, max_inflight_put).copy_mode == "zero_copy"
+        return self._bundles.put_bundle(meta, buffers, partition, chunk_bytes, config,
+                                        zero_copy)
 
     def remove_bundle(self, ref: Any) -> None:
         """Remove every key of a bundle (a missing bundle is not an error)."""
@@ -2365,10 +2461,11 @@ class MooncakeBundleTransfer:
                               config=None) -> RemoteBundleRef:
         if not isinstance(payload, StructuredObjectPayload):
             raise TypeError("put_structured_object needs a StructuredObjectPayload")
-        self._check_policy(policy, max_inflight_put)
+        zero_copy = self._check_policy(policy, max_inflight_put).copy_mode == "zero_copy"
         meta, encoded = _prepare_structured(payload.metadata, payload.buffers)
         return self._bundles.put_bundle(
-            _dumps(meta, "structured metadata"), encoded, partition, chunk_bytes, config)
+            _dumps(meta, "structured metadata"), encoded, partition, chunk_bytes, config,
+            zero_copy)
 
     def put_object(self, obj: Any, partition="default", chunk_bytes=None, policy=None,
                    max_inflight_put=None, config=None) -> RemoteBundleRef:
@@ -2395,8 +2492,10 @@ class MooncakeBundleTransfer:
 
     def materialize_into(self, spec: StructuredObjectReadSpec,
                          destinations: Optional[Mapping[str, Any]]) -> StructuredObjectResult:
-        """materialize(), copying ndarray members into the caller's numpy arrays given by
-        member name (each C-contiguous, writeable, of the member's dtype and read shape)."""
+        """materialize(), filling the caller's destinations given by member name: numpy
+        arrays for ndarray members (C-contiguous, writeable, of the member's dtype and read
+        shape), ``raw_destination`` memory for ndarray or tensor members, and
+        ``tensor_object_buffer`` memory for tensor members."""
         destinations = destinations or {}
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
@@ -2422,7 +2521,7 @@ class MooncakeBundleTransfer:
             if name in slices:
                 value = _slice_member(value, slices[name])
             if target is not None:
-                value = _fill_destination(name, target, value)
+                value = _fill_destination(self.store, name, target, value)
             objects[name] = value
         return StructuredObjectResult(metadata=metadata, objects=objects)
 
@@ -2775,7 +2874,7 @@ class MooncakeBundleTransfer:
                     if target is not None:
                         fspec = specs.get(loc.member, {"encoding": "bytes"})
                         _check_destination(loc.member, fspec, target)
-                        value = _fill_destination(loc.member, target, value)
+                        value = _fill_destination(self.store, loc.member, target, value)
                     (batch if loc.section == "batch" else non_tensor)[name] = value
         meta = dict(ref.meta_info)
         if meta_keys is not None:
