@@ -71,9 +71,10 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # mypy: python/tests/test_stubs.py checks mooncake/_native.pyi against the built module (stubtest).
 PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy)
 # WITH_K8S_SCHEMAS=1 (the test suite): python/tests/test_deploy_manifests.py validates
-# deploy/k8s against the schemas this package bundles.
+# deploy/k8s against the schemas this package bundles, and test_dropin_structured.py stores
+# PIL images (Pillow; the package itself does not need it).
 if [ "${WITH_K8S_SCHEMAS:-0}" = 1 ]; then
-  PIP_PACKAGES+=(kubernetes-validate)
+  PIP_PACKAGES+=(kubernetes-validate pillow)
 fi
 "${PIP[@]}" "${PIP_PACKAGES[@]}"
 if [ "${WITH_TORCH:-0}" = 1 ]; then

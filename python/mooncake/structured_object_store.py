@@ -12,7 +12,7 @@ The key names, manifest, metadata JSON and buffer layouts follow upstream Moonca
 of the same name (release 0.3.13.post1), so a bundle written by either can be read by the
 other given the same reference. Everything is built on the public methods of
 ``mooncake.store.MooncakeDistributedStore`` (``put``, ``get``, ``put_tensor``, ``remove``,
-``is_exist``). See python/README.md for what is not implemented.
+``is_exist``). See python/README.md for how it differs from upstream's.
 
 Stored layout (all integers little-endian; JSON is compact, ``separators=(",", ":")``)::
 
@@ -86,13 +86,6 @@ _MAX_LIST_EXPAND = 8
 _MAX_SAMPLE_ROWS = 128
 _MAX_SAMPLE_BYTES = 1 << 20
 _MAX_DEPTH = 32
-
-
-def _unsupported(what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"mooncake.structured_object_store: {what} is not implemented in mooncake-rs "
-        "(see python/README.md, 'Structured object store')"
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1674,29 +1667,66 @@ def _check_rows(codec: str, rows: int, offsets=None, nulls=None, ndims=None) -> 
         raise ValueError(f"{codec} ndims length {len(ndims)} does not match rows {rows}")
 
 
+def _media_item(value: Any) -> tuple[bytes, str | None, dict[str, Any]]:
+    """A row or list item as bytes, its media type and its encoding record: a PIL image as its
+    raw pixels (``pil_raw``, mode, size, format), anything else as its bytes."""
+    if value is None:
+        return b"", None, {"kind": "null"}
+    if _is_image(value):
+        image = value.convert(value.mode) if getattr(value, "readonly", False) else value
+        return image.tobytes(), "image/raw", {
+            "kind": "pil_raw",
+            "mode": image.mode,
+            "size": list(image.size),
+            "format": getattr(value, "format", None),
+        }
+    return bytes(value), None, {"kind": "bytes"}
+
+
+def _media_decode(data: bytes, encoding: Mapping[str, Any] | None) -> Any:
+    """A ``pil_raw`` item back as a PIL image (its bytes when Pillow is not installed, as
+    upstream), anything else as bytes."""
+    if not encoding or encoding.get("kind") != "pil_raw":
+        return bytes(data)
+    try:
+        from PIL import Image
+    except ImportError:
+        return bytes(data)
+    mode = encoding["mode"]
+    image = Image.frombuffer(mode, tuple(encoding["size"]), bytes(data), "raw", mode, 0, 1)
+    image.format = encoding.get("format")
+    return image
+
+
+def _media_meta(kinds: list[dict[str, Any]], types: list[str | None]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if any(k.get("kind") == "pil_raw" for k in kinds):
+        meta["media_encodings"] = kinds
+    media_types = sorted({t for t in types if t})
+    if media_types:
+        meta["media_types"] = media_types
+        meta["encode_source"] = "raw_pixels_from_object"
+    return meta
+
+
 def _byte_rows(values: Sequence[Any]):
-    parts = []
+    parts, kinds, types = [], [], []
     for v in values:
-        if v is None:
-            parts.append(b"")
-        elif _is_image(v):
-            raise _unsupported("PIL image values (media codecs)")
-        else:
-            parts.append(bytes(v))
+        data, media_type, kind = _media_item(v)
+        parts.append(data)
+        kinds.append(kind)
+        types.append(media_type)
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     return {
         "data": b"".join(parts),
         "offsets": offsets,
         "nulls": np.asarray([v is None for v in values], dtype=np.bool_),
-    }, {}
+    }, _media_meta(kinds, types)
 
 
 def _byte_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None = None):
-    if (meta or {}).get("media_encodings") and any(
-        e.get("kind") == "pil_raw" for e in meta["media_encodings"]
-    ):
-        raise _unsupported("decoding PIL image rows (media codecs)")
+    encodings = (meta or {}).get("media_encodings") or []
     data = bytes(payload["data"])
     offsets, nulls = payload["offsets"], payload["nulls"]
     _check_rows("bytes", rows, offsets=offsets, nulls=nulls)
@@ -1708,33 +1738,37 @@ def _byte_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | Non
         begin, end = int(offsets[row]), int(offsets[row + 1])
         if not 0 <= begin <= end <= len(data):
             raise ValueError(f"bytes offsets out of range at row {row}")
-        out.append(data[begin:end])
+        out.append(_media_decode(data[begin:end],
+                                 encodings[row] if row < len(encodings) else None))
     return out
 
 
 def _media_lists(values: Sequence[Any]):
-    row_offsets, byte_offsets, parts, encodings = [0], [0], [], []
+    row_offsets, byte_offsets, parts, encodings, types = [0], [0], [], [], []
     for value in values:
         items = [] if value is None else list(value)
         for item in items:
-            if _is_image(item):
-                raise _unsupported("PIL image values (media codecs)")
-            parts.append(bytes(item))
-            encodings.append({"kind": "bytes"})
-            byte_offsets.append(byte_offsets[-1] + len(parts[-1]))
+            data, media_type, kind = _media_item(item)
+            parts.append(data)
+            encodings.append(kind)
+            types.append(media_type)
+            byte_offsets.append(byte_offsets[-1] + len(data))
         row_offsets.append(row_offsets[-1] + len(items))
+    meta: dict[str, Any] = {"encode_source": "raw_pixels_from_object",
+                            "media_encodings": encodings}
+    media_types = sorted({t for t in types if t})
+    if media_types:
+        meta["media_types"] = media_types
     return {
         "data": b"".join(parts),
         "row_offsets": np.asarray(row_offsets, dtype=np.int64),
         "byte_offsets": np.asarray(byte_offsets, dtype=np.int64),
         "nulls": np.asarray([v is None for v in values], dtype=np.bool_),
-    }, {"encode_source": "raw_pixels_from_object", "media_encodings": encodings}
+    }, meta
 
 
 def _media_lists_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None):
     encodings = (meta or {}).get("media_encodings", [])
-    if any(e.get("kind") == "pil_raw" for e in encodings):
-        raise _unsupported("decoding PIL image rows (media codecs)")
     data = bytes(payload["data"])
     row_offsets, byte_offsets = payload["row_offsets"], payload["byte_offsets"]
     nulls = payload["nulls"]
@@ -1752,7 +1786,8 @@ def _media_lists_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | N
             begin, end = int(byte_offsets[i]), int(byte_offsets[i + 1])
             if not 0 <= begin <= end <= len(data):
                 raise ValueError(f"media_list_ragged offsets out of range at row {row}")
-            items.append(data[begin:end])
+            items.append(_media_decode(data[begin:end],
+                                       encodings[i] if i < len(encodings) else None))
         out.append(items)
     return out
 
@@ -2097,8 +2132,6 @@ def _decode_column(encoded: Mapping[str, Any], payload: Mapping[str, Any], rows:
         if codec == "structured_recursive":
             return _decode_recursive(encoded.get("metadata") or {}, payload, rows)
         return _decode_leaf(codec, payload, rows, encoded.get("metadata"))
-    except NotImplementedError:
-        raise
     except (IndexError, KeyError, TypeError, OverflowError, AttributeError,
             UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{codec} column payload is corrupt: {error!r}") from error

@@ -386,6 +386,58 @@ def test_stored_layout_matches_upstream(store, monkeypatch):
     assert all(store.is_exist(k) == 0 for k in digests)
 
 
+# oracle: the keys and sha256(value)[:16] upstream's module wrote for the PIL rows below (its
+# store swapped for an in-memory one), the handle's sha256 and the column metadata
+PIL_DIGESTS = {
+    "buffer/non_tensor_batch.img.data": "62deee254def8f3d",
+    "buffer/non_tensor_batch.img.nulls": "cf7605ed1bc735f6",
+    "buffer/non_tensor_batch.img.offsets": "393ff5b64eebc064",
+    "buffer/non_tensor_batch.ml.byte_offsets": "ada8db56cf4d577c",
+    "buffer/non_tensor_batch.ml.data": "957317bc84e1a8ca",
+    "buffer/non_tensor_batch.ml.nulls": "cf7605ed1bc735f6",
+    "buffer/non_tensor_batch.ml.row_offsets": "6dca6c68c8e5ddd4",
+    "buffer/non_tensor_batch.n.data": "e2e2033ae7e19d68",
+    "buffer/non_tensor_batch.n.nulls": "709e80c88487a241",
+    "manifest": "ae0fbb7c4a786c44",
+    "meta": "8313ebe5fecd6a91",
+}
+
+
+def test_pil_image_rows_match_upstream(store, monkeypatch):
+    from PIL import Image
+
+    counter = itertools.count()
+    monkeypatch.setattr(S.uuid, "uuid4", lambda: uuid.UUID(int=next(counter)))
+    t = MooncakeBundleTransfer(store, key_prefix="pil")
+    rgb = Image.frombytes("RGB", (2, 2), bytes(range(12)))
+    gray = Image.frombytes("L", (3, 1), b"\x01\x02\x03")
+    gray.format = "PNG"
+    ref = t.put({"img": [rgb, gray, None], "ml": [[rgb, b"ab"], [], None], "n": [1, 2, 3]},
+                type="dict")
+    monkeypatch.undo()
+    handle = export_dataproto_ref(ref)
+    base = "pil/default/00000000000000000000000000000001/"
+    assert {k: hashlib.sha256(store.get(base + k)).hexdigest()[:16] for k in PIL_DIGESTS} \
+        == PIL_DIGESTS
+    assert hashlib.sha256(json.dumps(handle, sort_keys=True).encode()).hexdigest()[:16] == \
+        "19635a73a43c4e0d"
+    img = handle["encoded_non_tensor"]["img"]
+    assert img["codec"] == "media_bytes"
+    assert img["metadata"]["media_encodings"] == [
+        {"format": None, "kind": "pil_raw", "mode": "RGB", "size": [2, 2]},
+        {"format": "PNG", "kind": "pil_raw", "mode": "L", "size": [3, 1]}, {"kind": "null"}]
+    assert img["metadata"]["media_types"] == ["image/raw"]
+
+    got = t.get(ref, type="dict")
+    a, b, none = got["img"]
+    assert none is None
+    assert (a.mode, a.size, a.format, a.tobytes()) == ("RGB", (2, 2), None, bytes(range(12)))
+    assert (b.mode, b.size, b.format, b.tobytes()) == ("L", (3, 1), "PNG", b"\x01\x02\x03")
+    (img0, raw), empty, missing = got["ml"]
+    assert (img0.tobytes(), raw, empty, missing) == (bytes(range(12)), b"ab", [], None)
+    t.cleanup_dataproto(ref)
+
+
 def test_manifest_view_matches_upstream(store, monkeypatch):
     counter = itertools.count()
     monkeypatch.setattr(S.uuid, "uuid4", lambda: uuid.UUID(int=next(counter)))
