@@ -23,8 +23,9 @@ else the `MOONCAKE_*` environment, then `-Dfield=value` overrides), retrying for
 Errors are {"error": message} with 400 (bad request), 404 (missing key) or 500 (the store
 call failed), and an unknown path is a plain-text 404, as upstream's service answers. The segment endpoints call the store's segment
 methods: `/api/mount` and `/api/unmount` allocate, mount and unmount extra segments;
-`/api/mount_shm` answers 500 with the store's return code, since mounting a path is not
-offered (python/README.md). Upstream serves with aiohttp; this one uses the standard library's threaded HTTP
+`/api/mount_shm` maps `/dev/shm/<name>` (which must exist and hold the range) and mounts it
+with `mount_segment`, answering 500 with the store's return code when that fails. Upstream
+serves with aiohttp; this one uses the standard library's threaded HTTP
 server, so the package needs no extra dependency.
 """
 

@@ -67,8 +67,18 @@ def test_segment_endpoints(service):
     p = service
     assert call(p, "POST", "/api/mount_shm", {"name": "../x", "size": 1}) == \
         (400, {"error": "Missing or invalid name or size"})
-    assert call(p, "POST", "/api/mount_shm", {"name": "seg", "size": 1 << 20}) == \
-        (500, {"error": "Mount failed, ret=-1"})
+    name = f"mc-svc-test-{os.getpid()}"
+    assert call(p, "POST", "/api/mount_shm", {"name": name, "size": 1 << 20}) == \
+        (500, {"error": "Mount failed, ret=-1"})  # no such /dev/shm file
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.truncate(2 << 20)
+    try:
+        status, body = call(p, "POST", "/api/mount_shm", {"name": name, "size": 1 << 20})
+        assert status == 200 and body["status"] == "success" and len(body["segment_ids"]) == 1
+        assert call(p, "POST", "/api/unmount_shm", {"segment_ids": body["segment_ids"]}) == \
+            (200, {"status": "success"})
+    finally:
+        os.unlink(f"/dev/shm/{name}")
     assert call(p, "POST", "/api/mount", {"size": "1"}) == \
         (400, {"error": "Invalid size, must be a positive integer"})
     status, body = call(p, "POST", "/api/mount", {"size": 1 << 24})
