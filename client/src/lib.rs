@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod cli;
 pub mod dummy;
+pub mod http_endpoint;
 pub mod master;
 pub mod node;
 pub mod rdma;

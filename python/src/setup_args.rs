@@ -36,8 +36,27 @@ const REQUIRED: usize = 7;
 
 /// What a `setup` call asks for: a config, or a code to return without connecting.
 pub enum Setup {
-    Config(StoreConfig),
+    /// The store's config, and the port of the client HTTP server when it is asked for
+    /// (`enable_client_http_server`, `client_http_port`; `client::store::http`).
+    Config(StoreConfig, Option<u16>),
     Reject(ErrorCode),
+}
+
+/// Upstream's default `client_http_port`.
+const CLIENT_HTTP_PORT: u16 = 9300;
+
+/// The client HTTP server's port when `enabled`; a port outside 1..=65535 is refused.
+fn client_http(enabled: bool, port: Option<i64>) -> Result<Option<u16>, ErrorCode> {
+    if !enabled {
+        return Ok(None);
+    }
+    match port.map_or(Some(CLIENT_HTTP_PORT), |p| u16::try_from(p).ok()) {
+        Some(p) if p != 0 => Ok(Some(p)),
+        _ => {
+            tracing::error!("setup refused: client_http_port must be in 1..=65535");
+            Err(ErrorCode::InvalidParams)
+        }
+    }
 }
 
 /// Binds `setup(*args, **kwargs)` like the two pybind11 overloads: one dict argument (or
@@ -132,19 +151,27 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             .is_some_and(|v| v.is_truthy().unwrap_or(true))
     };
     let tenant_id = bound[10].as_ref().map(|_| s(10)).transpose()?;
-    if let Some(e) = unsupported(flag(8), &s(9)?, tenant_id.clone(), flag(11)) {
+    if let Some(e) = unsupported(flag(8), &s(9)?, tenant_id.clone()) {
         return Ok(Setup::Reject(e));
     }
-    Ok(Setup::Config(StoreConfig {
-        local_hostname: s(0)?,
-        metadata_server: s(1)?,
-        global_segment_size: n(2)?,
-        local_buffer_size: n(3)?,
-        protocol: s(4)?,
-        rdma_devices: s(5)?,
-        master_server_addr: s(6)?,
-        tenant_id: tenant_id.unwrap_or_default(),
-    }))
+    let port = bound[12].as_ref().map(|v| v.extract::<i64>()).transpose()?;
+    let http = match client_http(flag(11), port) {
+        Ok(h) => h,
+        Err(e) => return Ok(Setup::Reject(e)),
+    };
+    Ok(Setup::Config(
+        StoreConfig {
+            local_hostname: s(0)?,
+            metadata_server: s(1)?,
+            global_segment_size: n(2)?,
+            local_buffer_size: n(3)?,
+            protocol: s(4)?,
+            rdma_devices: s(5)?,
+            master_server_addr: s(6)?,
+            tenant_id: tenant_id.unwrap_or_default(),
+        },
+        http,
+    ))
 }
 
 /// The dict form: every value is taken as `str(v)`.
@@ -181,37 +208,43 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
         on("enable_ssd_offload"),
         &get("ssd_offload_path", ""),
         m.get("tenant_id").cloned(),
-        on("enable_client_http_server"),
     ) {
         return Setup::Reject(e);
     }
+    let port = match m.get("client_http_port").map(|v| v.trim().parse::<i64>()) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(_)) => Some(-1),
+    };
+    let http = match client_http(on("enable_client_http_server"), port) {
+        Ok(h) => h,
+        Err(e) => return Setup::Reject(e),
+    };
     if (global != 0 && global < MIN_SIZE_BYTES)
         || (local != 0 && !(MIN_SIZE_BYTES..=MAX_LOCAL_BUFFER_BYTES).contains(&local))
     {
         return Setup::Reject(ErrorCode::InvalidParams);
     }
-    Setup::Config(StoreConfig {
-        local_hostname: local_hostname.clone(),
-        metadata_server: metadata_server.clone(),
-        global_segment_size: global,
-        local_buffer_size: local,
-        protocol: get("protocol", "tcp"),
-        rdma_devices: get("rdma_devices", ""),
-        master_server_addr: get("master_server_addr", "127.0.0.1:50051"),
-        tenant_id: get("tenant_id", protocol::tenant::DEFAULT_TENANT),
-    })
+    Setup::Config(
+        StoreConfig {
+            local_hostname: local_hostname.clone(),
+            metadata_server: metadata_server.clone(),
+            global_segment_size: global,
+            local_buffer_size: local,
+            protocol: get("protocol", "tcp"),
+            rdma_devices: get("rdma_devices", ""),
+            master_server_addr: get("master_server_addr", "127.0.0.1:50051"),
+            tenant_id: get("tenant_id", protocol::tenant::DEFAULT_TENANT),
+        },
+        http,
+    )
 }
 
-/// Setup options this build has no implementation for: the SSD offload tier and the client
-/// HTTP server; and a `tenant_id` that cannot name a tenant (NUL, over
-/// `protocol::limits::TENANT_MAX_BYTES`; empty is the default tenant, as upstream). Asking for one fails the setup with
+/// Setup options this build has no implementation for: the SSD offload tier; and a
+/// `tenant_id` that cannot name a tenant (NUL, over `protocol::limits::TENANT_MAX_BYTES`;
+/// empty is the default tenant, as upstream). Asking for one fails the setup with
 /// `INVALID_PARAMS` and a logged reason, so nobody runs believing they have it.
-fn unsupported(
-    ssd_offload: bool,
-    ssd_path: &str,
-    tenant_id: Option<String>,
-    client_http: bool,
-) -> Option<ErrorCode> {
+fn unsupported(ssd_offload: bool, ssd_path: &str, tenant_id: Option<String>) -> Option<ErrorCode> {
     let why = if ssd_offload || !ssd_path.is_empty() {
         "SSD offload (enable_ssd_offload / ssd_offload_path) is not supported by this build"
     } else if tenant_id
@@ -219,8 +252,6 @@ fn unsupported(
         .is_some_and(|t| !t.is_empty() && !protocol::tenant::valid_tenant(t))
     {
         "tenant_id must be at most 4096 bytes without NUL"
-    } else if client_http {
-        "the client HTTP server (enable_client_http_server) is not supported by this build"
     } else {
         return None;
     };

@@ -198,6 +198,8 @@ fn usize_of(n: u64) -> PyResult<usize> {
 )]
 pub struct PyStore {
     inner: RwLock<Option<Arc<Store>>>,
+    /// The client HTTP server (`enable_client_http_server`), while set up.
+    http: Mutex<Option<client::http_endpoint::HttpEndpoint>>,
     /// Serialises `setup` / `init_all` / `close` against each other.
     lifecycle: Mutex<()>,
     pool: MemPool,
@@ -206,6 +208,36 @@ pub struct PyStore {
 impl PyStore {
     fn store(&self) -> Option<Arc<Store>> {
         self.inner.read().clone()
+    }
+
+    /// Starts the client HTTP server on this client's address and `port`
+    /// (`client::store::http`): 0, or -1 after closing the store again when it cannot listen
+    /// (the setup asked for it, so running without it would hide the failure).
+    fn serve_http(&self, py: Python<'_>, port: u16) -> i32 {
+        let Some(s) = self.store() else {
+            return -1;
+        };
+        let host = s
+            .hostname()
+            .rsplit_once(':')
+            .map_or("", |(h, _)| h)
+            .to_string();
+        let served = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| std::io::Error::other(format!("cannot resolve {host}")))
+            .and_then(|addr| client::store::http::serve(Arc::downgrade(&s), addr));
+        match served {
+            Ok(h) => {
+                *self.http.lock() = Some(h);
+                0
+            }
+            Err(e) => {
+                tracing::error!("setup: the client HTTP server on {host}:{port}: {e}");
+                self.close(py);
+                -1
+            }
+        }
     }
 
     fn do_setup(&self, py: Python<'_>, cfg: client::StoreConfig) -> i32 {
@@ -499,6 +531,7 @@ impl PyStore {
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
         PyStore {
             inner: RwLock::new(None),
+            http: Mutex::new(None),
             lifecycle: Mutex::new(()),
             pool: MemPool::default(),
         }
@@ -517,7 +550,13 @@ impl PyStore {
     ) -> PyResult<i32> {
         match setup_args::parse(args, kwargs)? {
             Setup::Reject(e) => Ok(e.code()),
-            Setup::Config(cfg) => Ok(self.do_setup(py, cfg)),
+            Setup::Config(cfg, http) => {
+                let rc = self.do_setup(py, cfg);
+                match http {
+                    Some(port) if rc == 0 => Ok(self.serve_http(py, port)),
+                    _ => Ok(rc),
+                }
+            }
         }
     }
 
@@ -549,6 +588,7 @@ impl PyStore {
     #[pyo3(signature = (/))]
     fn close(&self, py: Python<'_>) -> i32 {
         let _l = self.lifecycle.lock();
+        drop(self.http.lock().take());
         let s = self.inner.write().take();
         if let Some(s) = s {
             py.detach(|| s.close());

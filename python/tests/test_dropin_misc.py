@@ -136,12 +136,13 @@ def test_before_setup():
     {"enable_ssd_offload": True},
     {"ssd_offload_path": "/tmp/offload"},
     {"tenant_id": "bad\0tenant"},
-    {"enable_client_http_server": True},
+    {"enable_client_http_server": True, "client_http_port": 70000},
 ])
 def test_unsupported_setup_options_are_refused(master, kw):
-    """Accepting these and dropping them would leave a caller believing it has an SSD tier,
-    a health endpoint: refused with INVALID_PARAMS instead. A tenant name with NUL cannot
-    name a key space (upstream's master would take it; ours refuses it at setup)."""
+    """Accepting these and dropping them would leave a caller believing it has an SSD tier:
+    refused with INVALID_PARAMS instead. A tenant name with NUL cannot name a key space
+    (upstream's master would take it; ours refuses it at setup), nor a port past 65535 an
+    endpoint."""
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
@@ -152,6 +153,59 @@ def test_unsupported_setup_options_are_refused(master, kw):
     assert s.setup(cfg) == INVALID
     assert s.setup(*args, enable_ssd_offload=False, tenant_id="default",
                    enable_client_http_server=False) == 0
+    s.close()
+
+
+def _http_get(port, path):
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.headers.get("Content-Type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+
+def test_client_http_server_as_upstreams(master):
+    """`enable_client_http_server`: `/health`, `/metrics`, `/metrics/summary` on the client's
+    address (bodies and names as upstream's wheel answered for the same calls)."""
+    import socket
+
+    from conftest import free_port
+    from mooncake.store import MooncakeDistributedStore
+
+    port = free_port()
+    s = MooncakeDistributedStore()
+    args = ("127.0.0.1", master.metadata, 16 * MIB, 16 * MIB, "tcp", "", master.addr)
+    assert s.setup(*args, enable_client_http_server=True, client_http_port=port) == 0
+    try:
+        # upstream: /health 200 application/json '{"status":"healthy","code":0}'
+        assert _http_get(port, "/health") == (200, "application/json",
+                                              '{"status":"healthy","code":0}')
+        assert s.put("http/k", b"x" * 100) == 0 and s.get("http/k") == b"x" * 100
+        status, ctype, text = _http_get(port, "/metrics")
+        assert (status, ctype) == (200, "text/plain; version=0.0.4")
+        # upstream: mooncake_transfer_read_bytes{client_mode="real"} 100 (and write)
+        assert 'mooncake_transfer_read_bytes{client_mode="real"} 100\n' in text, text
+        assert 'mooncake_transfer_write_bytes{client_mode="real"} 100\n' in text, text
+        status, _, text = _http_get(port, "/metrics/summary")
+        assert status == 200 and "Total Read: 100 B\nTotal Write: 100 B" in text, text
+        assert _http_get(port, "/nope")[0] == 404
+        # A second client cannot take the same port: its setup fails whole.
+        t = MooncakeDistributedStore()
+        assert t.setup(*args, enable_client_http_server=True, client_http_port=port) == -1
+        assert t.get_hostname() == ""
+    finally:
+        s.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    # The dict form (MooncakeConfig's) too.
+    cfg = {"local_hostname": "127.0.0.1", "metadata_server": master.metadata,
+           "master_server_addr": master.addr, "enable_client_http_server": "true",
+           "client_http_port": str(port)}
+    assert s.setup(cfg) == 0
+    assert _http_get(port, "/health")[0] == 200
     s.close()
 
 

@@ -7,118 +7,31 @@
 //! from the node's shards ([`super::Node::render_metrics`]); [`MetricsServer`] serves whatever
 //! text its [`Render`] callback returns, so it knows nothing of shards.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use super::Shard;
-
-/// Bytes of request head read at most.
-const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
-/// A client that sends nothing for this long is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the accept loop checks for shutdown.
-const ACCEPT_POLL: Duration = Duration::from_millis(50);
+use crate::http_endpoint::{HttpEndpoint, Reply};
 
 /// Renders the metrics text on demand.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+/// The node's endpoint: `/metrics` from `render`, `/health` answering `OK`.
+pub struct MetricsServer(HttpEndpoint);
 
 impl MetricsServer {
     /// Binds `addr` (port 0 picks one) and serves until dropped.
-    pub fn start(addr: SocketAddr, render: Render) -> std::io::Result<MetricsServer> {
-        let listener = TcpListener::bind(addr)?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("mc-node-metrics".into())
-            .spawn(move || {
-                while !s.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((sock, _)) => {
-                            let _ = answer(sock, &render);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(ACCEPT_POLL)
-                        }
-                        Err(_) => std::thread::sleep(ACCEPT_POLL),
-                    }
-                }
-            })?;
-        Ok(MetricsServer {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
+    pub fn start(addr: std::net::SocketAddr, render: Render) -> std::io::Result<MetricsServer> {
+        let routes = Arc::new(move |path: &str| match path {
+            "/metrics" => Some(Reply::ok(crate::http_endpoint::PROMETHEUS, render())),
+            "/health" => Some(Reply::ok("text/plain", "OK".into())),
+            _ => None,
+        });
+        HttpEndpoint::start(addr, "mc-node-metrics", routes).map(MetricsServer)
     }
 
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.0.local_addr()
     }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Reads one request head and answers it; every connection is closed after one answer.
-fn answer(mut sock: TcpStream, render: &Render) -> std::io::Result<()> {
-    sock.set_nonblocking(false)?;
-    sock.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    sock.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = sock.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > REQUEST_HEAD_MAX_BYTES {
-            return respond(&mut sock, 431, "text/plain", "request header too large\n");
-        }
-    }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => respond(&mut sock, 200, "text/plain; version=0.0.4", &render()),
-        ("GET", "/health") => respond(&mut sock, 200, "text/plain", "OK"),
-        ("GET", _) => respond(&mut sock, 404, "text/plain", "not found\n"),
-        _ => respond(&mut sock, 405, "text/plain", "method not allowed\n"),
-    }
-}
-
-fn respond(sock: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Request Header Fields Too Large",
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes())?;
-    sock.write_all(body.as_bytes())
 }
 
 /// Escapes a Prometheus label value.
@@ -219,6 +132,8 @@ pub(super) fn render(shards: &[Shard]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
 
     fn get(addr: SocketAddr, req: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();

@@ -52,6 +52,7 @@ mod caller;
 mod catalog;
 mod error;
 pub mod extra;
+pub mod http;
 mod keylock;
 pub mod mapped;
 mod peers;

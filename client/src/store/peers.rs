@@ -177,6 +177,10 @@ pub struct PathStats {
     pub own_memcpy_bytes: AtomicU64,
     pub shm_memcpy_bytes: AtomicU64,
     pub tcp_bytes: AtomicU64,
+    /// Bytes of reads and of writes (each replica written counts) that succeeded, whatever
+    /// their path.
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
 }
 
 /// A snapshot of [`PathStats`].
@@ -189,6 +193,9 @@ pub struct PathCounts {
     /// the registered staging pool because the caller's memory was not registered).
     pub rdma_bytes: u64,
     pub rdma_staged_bytes: u64,
+    /// Bytes read and written (per replica) by calls that succeeded.
+    pub read_bytes: u64,
+    pub write_bytes: u64,
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
@@ -281,6 +288,8 @@ impl Peers {
                 .rdma
                 .as_ref()
                 .map_or(0, |r| r.staged_bytes.load(Ordering::Relaxed)),
+            read_bytes: self.stats.read_bytes.load(Ordering::Relaxed),
+            write_bytes: self.stats.write_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -471,6 +480,18 @@ impl Peers {
 
     /// Runs every write; one result per item, in order.
     pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), StoreError>> {
+        let results = self.write_by_path(items);
+        let bytes = items
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(it, _)| it.parts.iter().map(|p| p.len() as u64).sum::<u64>())
+            .sum::<u64>();
+        self.stats.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        results
+    }
+
+    fn write_by_path(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), StoreError>> {
         let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
         let mut shared = Vec::new();
         let records: Vec<Vec<u8>> = items
@@ -605,6 +626,18 @@ impl Peers {
 
     /// Runs every read; one result per item, in order.
     pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), StoreError>> {
+        let results = self.read_by_path(items);
+        let bytes = items
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(it, _)| it.dst.len() as u64)
+            .sum::<u64>();
+        self.stats.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        results
+    }
+
+    fn read_by_path(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), StoreError>> {
         let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
         let mut shared = Vec::new();

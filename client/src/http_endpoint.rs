@@ -1,0 +1,141 @@
+//! A small HTTP/1.1 endpoint for observability: `GET` requests answered from a routes
+//! callback by one thread, one answer per connection. The storage node serves its
+//! `/metrics` and `/health` with it (`node::metrics`), and a store client its
+//! `enable_client_http_server` endpoint (the Python binding). Nothing here knows what the
+//! routes say.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The Prometheus text content type.
+pub const PROMETHEUS: &str = "text/plain; version=0.0.4";
+
+/// Bytes of request head read at most.
+const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
+/// A client that sends nothing for this long is dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the accept loop checks for shutdown.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// One answer.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn ok(content_type: &'static str, body: String) -> Reply {
+        Reply {
+            status: 200,
+            content_type,
+            body,
+        }
+    }
+}
+
+/// The answer for a path (without its query), or `None` for a 404.
+pub type Routes = Arc<dyn Fn(&str) -> Option<Reply> + Send + Sync>;
+
+pub struct HttpEndpoint {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HttpEndpoint {
+    /// Binds `addr` (port 0 picks one) and serves `routes` on a thread called `name` until
+    /// dropped.
+    pub fn start(addr: SocketAddr, name: &str, routes: Routes) -> std::io::Result<HttpEndpoint> {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((sock, _)) => {
+                            let _ = answer(sock, &routes);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(ACCEPT_POLL)
+                        }
+                        Err(_) => std::thread::sleep(ACCEPT_POLL),
+                    }
+                }
+            })?;
+        Ok(HttpEndpoint {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for HttpEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request head and answers it; every connection is closed after one answer.
+fn answer(mut sock: TcpStream, routes: &Routes) -> std::io::Result<()> {
+    sock.set_nonblocking(false)?;
+    sock.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    sock.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = sock.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > REQUEST_HEAD_MAX_BYTES {
+            return respond(&mut sock, 431, "text/plain", "request header too large\n");
+        }
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    if method != "GET" {
+        return respond(&mut sock, 405, "text/plain", "method not allowed\n");
+    }
+    match routes(path) {
+        Some(r) => respond(&mut sock, r.status, r.content_type, &r.body),
+        None => respond(&mut sock, 404, "text/plain", "404 Not Found"),
+    }
+}
+
+fn respond(sock: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Error",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    sock.write_all(head.as_bytes())?;
+    sock.write_all(body.as_bytes())
+}
