@@ -86,6 +86,30 @@ pub fn node_main(args: Vec<String>) -> i32 {
     } else {
         None
     };
+    let _http = match cfg.http_port {
+        None => None,
+        Some(port) => {
+            let bind = std::net::SocketAddr::new(
+                cfg.host
+                    .parse()
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+                port,
+            );
+            match crate::node::metrics::serve_client_http(bind, node.clone()) {
+                Ok(h) => {
+                    println!("client http http://{}/health", h.local_addr());
+                    Some(h)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "mooncake_client: cannot serve the client HTTP server on {bind}: {e}"
+                    );
+                    node.shutdown();
+                    return 1;
+                }
+            }
+        }
+    };
     for (i, (s, (backend, why))) in node.segments().iter().zip(node.backends()).enumerate() {
         let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
         println!(

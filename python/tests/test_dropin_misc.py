@@ -207,6 +207,17 @@ def test_client_http_server_as_upstreams(master):
     assert s.setup(cfg) == 0
     assert _http_get(port, "/health")[0] == 200
     s.close()
+    # The storage node serves it too (`mooncake_client --enable_http_server --http_port`).
+    from conftest import Node
+
+    node = Node(master, "16MB", extra=["--enable_http_server", f"--http_port={port}"])
+    try:
+        assert _http_get(port, "/health") == (200, "application/json",
+                                              '{"status":"healthy","code":0}')
+        status, _, text = _http_get(port, "/metrics")
+        assert status == 200 and "mooncake_node_shards 1" in text, text
+    finally:
+        node.stop()
 
 
 def test_task_types_exported_as_upstream():

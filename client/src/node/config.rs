@@ -33,6 +33,9 @@ pub struct NodeConfig {
     pub data_port: u16,
     /// `/metrics` and `/health` port (0: off).
     pub metrics_port: u16,
+    /// `--enable_http_server` with `--http_port` (default 9300): upstream's client HTTP
+    /// server (`/health` as JSON, `/metrics`, `/metrics/summary`); `None`: off.
+    pub http_port: Option<u16>,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
@@ -62,6 +65,7 @@ impl Default for NodeConfig {
             shards: 1,
             data_port: 0,
             metrics_port: 0,
+            http_port: None,
             prefault: false,
             replica_tasks: true,
             cluster_id: crate::store::cluster_id_from_env(),
@@ -70,13 +74,11 @@ impl Default for NodeConfig {
     }
 }
 
+/// Upstream's default `--http_port`.
+const HTTP_PORT_DEFAULT: u16 = 9300;
+
 /// Upstream flags accepted and ignored (the features behind them are not built here).
-const IGNORED_FLAGS: &[&str] = &[
-    "tenant_id",
-    "start_offload_rpc_server",
-    "enable_http_server",
-    "http_port",
-];
+const IGNORED_FLAGS: &[&str] = &["tenant_id", "start_offload_rpc_server"];
 
 /// Usage text for `--help`.
 pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store,
@@ -102,6 +104,8 @@ flags (--flag=value or --flag value):
   --shards=1 (alias --cores)     shards, each with its own segment and data port
   --data_port=0                  first data port (shard i: data_port+i); 0 = ephemeral
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
+  --enable_http_server=false     upstream's client HTTP server on --http_port (default 9300):
+                                 /health (JSON), /metrics, /metrics/summary
   --prefault=false               fault segment pages in at start-up
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
                                  to this node (false: leave them to store clients)
@@ -125,6 +129,7 @@ impl NodeConfig {
     ) -> Result<Option<NodeConfig>, String> {
         let mut c = NodeConfig::default();
         let mut shards_set = false;
+        let (mut http_on, mut http_port) = (false, HTTP_PORT_DEFAULT);
         let mut it = args.into_iter().peekable();
         while let Some(arg) = it.next() {
             let flag = arg
@@ -157,6 +162,13 @@ impl NodeConfig {
                 c.prefault = match inline {
                     Some(v) => parse_bool(&v)?,
                     None => name == "prefault",
+                };
+                continue;
+            }
+            if name == "enable_http_server" || name == "noenable_http_server" {
+                http_on = match inline {
+                    Some(v) => parse_bool(&v)?,
+                    None => name == "enable_http_server",
                 };
                 continue;
             }
@@ -203,6 +215,12 @@ impl NodeConfig {
                         .try_into()
                         .map_err(|_| "--metrics_port out of range")?
                 }
+                "http_port" => {
+                    http_port = u16::try_from(num(&value)?)
+                        .ok()
+                        .filter(|&p| p != 0)
+                        .ok_or("--http_port out of range")?;
+                }
                 "data_port" => {
                     c.data_port = num(&value)?
                         .try_into()
@@ -212,6 +230,7 @@ impl NodeConfig {
                 n => return Err(format!("unknown flag --{n}")),
             }
         }
+        c.http_port = http_on.then_some(http_port);
         if c.shards == 0 || c.shards > SHARDS_MAX {
             return Err(format!("--shards={} must be 1..={SHARDS_MAX}", c.shards));
         }
@@ -252,6 +271,25 @@ mod tests {
 
     fn args(a: &[&str]) -> Result<Option<NodeConfig>, String> {
         NodeConfig::parse_args(a.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn the_client_http_server_flags() {
+        let port = |a: &[&str]| args(a).unwrap().unwrap().http_port;
+        assert_eq!(port(&[]), None);
+        assert_eq!(
+            port(&["--http_port=5"]),
+            None,
+            "off without --enable_http_server"
+        );
+        assert_eq!(port(&["--enable_http_server"]), Some(9300));
+        assert_eq!(
+            port(&["--enable_http_server=true", "--http_port", "1234"]),
+            Some(1234)
+        );
+        assert_eq!(port(&["--http_port=7", "--enable_http_server=false"]), None);
+        assert!(args(&["--enable_http_server", "--http_port=0"]).is_err());
+        assert!(args(&["--http_port=70000"]).is_err());
     }
 
     #[test]

@@ -34,6 +34,34 @@ impl MetricsServer {
     }
 }
 
+/// Upstream's client HTTP server on a storage node (`--enable_http_server`, `--http_port`):
+/// `/health` as upstream's JSON (`{"status":"healthy","code":0}`), `/metrics` (the node's
+/// text, as on `--metrics_port`) and `/metrics/summary` (one line per shard).
+pub fn serve_client_http(
+    addr: std::net::SocketAddr,
+    node: Arc<super::Node>,
+) -> std::io::Result<HttpEndpoint> {
+    let routes = Arc::new(move |path: &str| match path {
+        "/health" => Some(Reply::ok(
+            "application/json",
+            "{\"status\":\"healthy\",\"code\":0}".into(),
+        )),
+        "/metrics" => Some(Reply::ok(
+            crate::http_endpoint::PROMETHEUS,
+            node.render_metrics(),
+        )),
+        "/metrics/summary" => {
+            let mut out = String::from("Client Metrics Summary\n");
+            for s in node.segments() {
+                out.push_str(&format!("segment {} size {} B\n", s.name, s.size));
+            }
+            Some(Reply::ok("text/plain", out))
+        }
+        _ => None,
+    });
+    HttpEndpoint::start(addr, "mc-client-http", routes)
+}
+
 /// Escapes a Prometheus label value.
 pub fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
