@@ -13,6 +13,8 @@ use std::time::Duration;
 
 /// The Prometheus text content type.
 pub const PROMETHEUS: &str = "text/plain; version=0.0.4";
+/// Upstream's default port of the client HTTP server (`client_http_port`, `--http_port`).
+pub const CLIENT_HTTP_PORT_DEFAULT: u16 = 9300;
 
 /// Bytes of request head read at most.
 const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
@@ -35,6 +37,21 @@ impl Reply {
             content_type,
             body,
         }
+    }
+}
+
+/// Upstream's client `/health` answer for a health code (0 healthy): 200
+/// `{"status":"healthy","code":0}`, else 503 `{"status":"unhealthy","code":N}`.
+pub fn health_json(code: i32) -> Reply {
+    let (status, word) = if code == 0 {
+        (200, "healthy")
+    } else {
+        (503, "unhealthy")
+    };
+    Reply {
+        status,
+        content_type: "application/json",
+        body: format!("{{\"status\":\"{word}\",\"code\":{code}}}"),
     }
 }
 

@@ -609,26 +609,19 @@ impl PyDummy {
                 if size < 0 {
                     continue;
                 }
-                let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
-                let size = size as u64;
-                if ptrs.len() != lens.len()
-                    || lens.iter().sum::<u64>() < size
-                    || ptrs
-                        .iter()
-                        .zip(lens)
-                        .any(|(&p, &l)| !self.caller_ok(p, l, true))
-                {
-                    out[i] = i64::from(INVALID);
-                    continue;
-                }
-                let mut at = 0u64;
-                for (&p, &l) in ptrs.iter().zip(lens) {
-                    if at >= size {
-                        break;
+                let planned =
+                    client::store::scatter(size as u64, &all_buffer_ptrs[i], &all_sizes[i]);
+                match planned {
+                    Ok(p)
+                        if p.iter()
+                            .all(|&(_, ptr, len)| self.caller_ok(ptr, len, true)) =>
+                    {
+                        pieces.extend(
+                            p.into_iter()
+                                .map(|(at, ptr, take)| (i, (keys[i].clone(), at, ptr, take))),
+                        );
                     }
-                    let take = l.min(size - at);
-                    pieces.push((i, (keys[i].clone(), at, p, take)));
-                    at += take;
+                    _ => out[i] = i64::from(INVALID),
                 }
             }
             let (owners, reads): (Vec<usize>, Vec<_>) = pieces.into_iter().unzip();

@@ -42,15 +42,14 @@ pub enum Setup {
     Reject(ErrorCode),
 }
 
-/// Upstream's default `client_http_port`.
-const CLIENT_HTTP_PORT: u16 = 9300;
-
 /// The client HTTP server's port when `enabled`; a port outside 1..=65535 is refused.
 fn client_http(enabled: bool, port: Option<i64>) -> Result<Option<u16>, ErrorCode> {
     if !enabled {
         return Ok(None);
     }
-    match port.map_or(Some(CLIENT_HTTP_PORT), |p| u16::try_from(p).ok()) {
+    match port.map_or(Some(client::http_endpoint::CLIENT_HTTP_PORT_DEFAULT), |p| {
+        u16::try_from(p).ok()
+    }) {
         Some(p) if p != 0 => Ok(Some(p)),
         _ => {
             tracing::error!("setup refused: client_http_port must be in 1..=65535");

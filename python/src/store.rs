@@ -1240,35 +1240,17 @@ impl PyStore {
                     .map_err(|e| StoreError::from(*e))
                     .and_then(|list| {
                         let size = list.object_size()?;
-                        let (ptrs, lens) = (&all_buffer_ptrs[i], &all_sizes[i]);
-                        if ptrs.len() != lens.len() {
-                            return Err(StoreError::new(
-                                ErrorCode::InvalidParams,
-                                "buffer and size lists differ in length",
-                            ));
-                        }
-                        let room = lens.iter().sum::<u64>();
-                        if room < size {
-                            return Err(StoreError::new(
-                                ErrorCode::InvalidParams,
-                                format!("the object's {size} bytes do not fit in {room}"),
-                            ));
-                        }
                         let mut pieces = Vec::new();
-                        let mut at = 0u64;
-                        for (&p, &l) in ptrs.iter().zip(lens) {
-                            if at >= size {
-                                break;
-                            }
-                            let take = l.min(size - at);
+                        for (offset, p, take) in
+                            client::store::scatter(size, &all_buffer_ptrs[i], &all_sizes[i])?
+                        {
                             pieces.push(ObjectRead {
                                 list,
-                                offset: at,
+                                offset,
                                 // SAFETY: the caller-memory contract (module doc): each destination
                                 // is ours alone for this call, which `reads` does not outlive.
                                 dst: unsafe { s.caller_range_mut(p, take)?.into_mut_slice() },
                             });
-                            at += take;
                         }
                         Ok((size, pieces))
                     });

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import MIB, Master, Node, free_port, make_store
-from polling import wait_until
+from test_replica_tasks import finished
 
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, TaskStatus, TaskType
 
@@ -196,21 +196,9 @@ def test_replica_tasks_through_the_standalone_client(own_master, standalone, dum
         cfg.preferred_segment = home
         assert dummy.put("dt/copy", value, cfg) == 0
 
-        def finished(task_id):
-            last = []
-
-            def done():
-                resp, rc = dummy.query_task(task_id)
-                assert rc == 0, rc
-                last[:] = [resp]
-                return resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED)
-
-            wait_until(done, 30, f"task {task_id} to finish")
-            return last[0]
-
         task_id, rc = dummy.create_copy_task("dt/copy", [away])
         assert rc == 0
-        resp = finished(task_id)
+        resp = finished(dummy, task_id)
         assert (resp.status, resp.type, resp.message) == \
             (TaskStatus.SUCCESS, TaskType.REPLICA_COPY, "Task completed successfully")
         assert len(reader.get_replica_desc("dt/copy")) == 2
@@ -223,7 +211,7 @@ def test_replica_tasks_through_the_standalone_client(own_master, standalone, dum
         before = ends()
         task_id, rc = dummy.create_move_task("dt/move", home, away)
         assert rc == 0
-        assert finished(task_id).status == TaskStatus.SUCCESS
+        assert finished(dummy, task_id).status == TaskStatus.SUCCESS
         after = ends()
         assert len(before) == len(after) == 1 and after != before
         assert dummy.get("dt/move") == value

@@ -74,9 +74,6 @@ impl Default for NodeConfig {
     }
 }
 
-/// Upstream's default `--http_port`.
-const HTTP_PORT_DEFAULT: u16 = 9300;
-
 /// Upstream flags accepted and ignored (the features behind them are not built here).
 const IGNORED_FLAGS: &[&str] = &["tenant_id", "start_offload_rpc_server"];
 
@@ -129,7 +126,7 @@ impl NodeConfig {
     ) -> Result<Option<NodeConfig>, String> {
         let mut c = NodeConfig::default();
         let mut shards_set = false;
-        let (mut http_on, mut http_port) = (false, HTTP_PORT_DEFAULT);
+        let (mut http_on, mut http_port) = (false, crate::http_endpoint::CLIENT_HTTP_PORT_DEFAULT);
         let mut it = args.into_iter().peekable();
         while let Some(arg) = it.next() {
             let flag = arg

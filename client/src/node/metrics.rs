@@ -42,10 +42,7 @@ pub fn serve_client_http(
     node: Arc<super::Node>,
 ) -> std::io::Result<HttpEndpoint> {
     let routes = Arc::new(move |path: &str| match path {
-        "/health" => Some(Reply::ok(
-            "application/json",
-            "{\"status\":\"healthy\",\"code\":0}".into(),
-        )),
+        "/health" => Some(crate::http_endpoint::health_json(0)),
         "/metrics" => Some(Reply::ok(
             crate::http_endpoint::PROMETHEUS,
             node.render_metrics(),

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 
 use super::Store;
-use crate::http_endpoint::{HttpEndpoint, Reply, PROMETHEUS};
+use crate::http_endpoint::{health_json, HttpEndpoint, Reply, PROMETHEUS};
 
 /// Serves `store`'s endpoint on `addr` until the returned endpoint is dropped.
 pub fn serve(store: Weak<Store>, addr: SocketAddr) -> std::io::Result<HttpEndpoint> {
@@ -45,17 +45,7 @@ fn gone() -> Reply {
 }
 
 fn health(store: Option<&Store>) -> Reply {
-    let code = store.map_or(1, Store::health);
-    let (status, word) = if code == 0 {
-        (200, "healthy")
-    } else {
-        (503, "unhealthy")
-    };
-    Reply {
-        status,
-        content_type: "application/json",
-        body: format!("{{\"status\":\"{word}\",\"code\":{code}}}"),
-    }
+    health_json(store.map_or(1, Store::health))
 }
 
 fn metrics(s: &Store) -> String {

@@ -88,6 +88,37 @@ pub struct ObjectRead<'a> {
     pub dst: &'a mut [u8],
 }
 
+/// How an object of `size` bytes scatters over the caller's buffers `ptrs[j]` of `lens[j]`
+/// bytes, in order (`batch_get_into_multi_buffers`): `(offset in the object, buffer, bytes)`
+/// per buffer used; buffers past the object's end are left alone. Lists of different lengths,
+/// or buffers too small in total, are `INVALID_PARAMS` with the reason.
+pub fn scatter(size: u64, ptrs: &[u64], lens: &[u64]) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+    if ptrs.len() != lens.len() {
+        return Err(StoreError::new(
+            ErrorCode::InvalidParams,
+            "buffer and size lists differ in length",
+        ));
+    }
+    let room = lens.iter().fold(0u64, |a, &l| a.saturating_add(l));
+    if room < size {
+        return Err(StoreError::new(
+            ErrorCode::InvalidParams,
+            format!("the object's {size} bytes do not fit in {room}"),
+        ));
+    }
+    let mut pieces = Vec::new();
+    let mut at = 0u64;
+    for (&p, &l) in ptrs.iter().zip(lens) {
+        if at >= size {
+            break;
+        }
+        let take = l.min(size - at);
+        pieces.push((at, p, take));
+        at += take;
+    }
+    Ok(pieces)
+}
+
 /// A replica list with the time by which a read of it must have ended.
 ///
 /// The master answers each lookup with the reader's *window* (`lease_ttl_ms`, counted from

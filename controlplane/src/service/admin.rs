@@ -216,7 +216,7 @@ fn render_fragmentation(out: &mut String, segs: &[(String, Fragmentation)]) {
 }
 
 /// Escapes a Prometheus label value (backslash, quote, newline).
-fn escape_label(v: &str) -> String {
+pub(crate) fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

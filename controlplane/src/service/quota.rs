@@ -42,6 +42,7 @@ use protocol::tenant::valid_tenant;
 use protocol::ErrorCode;
 use serde_json::{json, Value};
 
+use super::admin::escape_label;
 use super::metrics::Metrics;
 use super::objects::tenant_of;
 use super::State;
@@ -499,7 +500,12 @@ impl State {
         for (name, help, kind, value) in per_tenant {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for t in &tenants {
-                let _ = writeln!(out, "{name}{{tenant_id=\"{}\"}} {}", label(t), value(t));
+                let _ = writeln!(
+                    out,
+                    "{name}{{tenant_id=\"{}\"}} {}",
+                    escape_label(t),
+                    value(t)
+                );
             }
         }
         let sum = self.quota_sum();
@@ -550,13 +556,6 @@ type Family<'a> = (
     &'static str,
     &'a dyn Fn(&str) -> u64,
 );
-
-/// A Prometheus label value: `\`, `"` and newlines escaped.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 
 #[cfg(test)]
 mod tests {
