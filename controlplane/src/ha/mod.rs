@@ -385,7 +385,13 @@ async fn campaign_and_lead(
     let record_key = leader_lease_key(&cfg.cluster_id);
     loop {
         let record_rev = match wait_out_a_vacated_leader(client, key, &record_key, ttl).await {
-            Ok(r) => r,
+            Ok(Some(r)) => r,
+            // A leader holds the key: campaigning now could win the instant an operator
+            // deletes it, beside that leader; wait as a standby and check again once it goes.
+            Ok(None) => match standby_until_vacant(client, key, state).await {
+                Ok(()) => continue,
+                Err(e) => return TermEnd::Lost(e),
+            },
             Err(e) => {
                 state.reachable(false);
                 return TermEnd::Lost(e);
@@ -463,29 +469,40 @@ async fn campaign_and_lead(
                 state.saw_leader(leader, kv.create_revision());
             }
         }
-        loop {
-            tokio::time::sleep(STANDBY_POLL).await;
-            match bounded("get", client.get(key, None)).await {
-                Ok(g) => {
-                    state.reachable(true);
-                    match g.kvs().first() {
-                        Some(kv) => {
-                            let leader = kv.value_str().ok().map(str::to_string);
-                            state.saw_leader(leader, kv.create_revision());
-                        }
-                        None => {
-                            state.saw_leader(None, 0);
-                            break; // vacant: campaign
-                        }
-                    }
-                }
-                Err(e) => {
-                    state.reachable(false);
-                    return TermEnd::Lost(e);
-                }
-            }
+        if let Err(e) = standby_until_vacant(client, key, state).await {
+            return TermEnd::Lost(e);
         }
         // The key is gone: campaign (the loop's first step checks how it went).
+    }
+}
+
+/// As a standby, polls the leader key (noting who leads) until it is vacant.
+async fn standby_until_vacant(
+    client: &mut Client,
+    key: &str,
+    state: &HaState,
+) -> Result<(), String> {
+    loop {
+        tokio::time::sleep(STANDBY_POLL).await;
+        match bounded("get", client.get(key, None)).await {
+            Ok(g) => {
+                state.reachable(true);
+                match g.kvs().first() {
+                    Some(kv) => {
+                        let leader = kv.value_str().ok().map(str::to_string);
+                        state.saw_leader(leader, kv.create_revision());
+                    }
+                    None => {
+                        state.saw_leader(None, 0);
+                        return Ok(());
+                    }
+                }
+            }
+            Err(e) => {
+                state.reachable(false);
+                return Err(e);
+            }
+        }
     }
 }
 
@@ -494,32 +511,35 @@ async fn campaign_and_lead(
 /// (it learns of the deletion only at its next check): end its lease and wait out a full
 /// window. Normally the lease expired (the leader died or lost etcd) or was revoked (it shut
 /// down), and its window has closed: no wait. Returns the record's revision (0: none), which
-/// the campaign requires unchanged. Checked by every candidate, not only by a standby that saw
-/// the key go: a master whose first campaign comes just after the deletion would otherwise win
-/// at once and serve beside the old leader (`ha_failover.rs`,
-/// `a_leader_whose_key_is_deleted_steps_down`, failed that way on a loaded machine).
+/// the campaign requires unchanged, or `None` while a leader holds the key: then the caller
+/// must not campaign (the deletion could land between this check and its campaign, which
+/// would then win beside that leader without waiting; `ha_failover.rs`,
+/// `a_leader_whose_key_is_deleted_steps_down` failed that way in CI). Checked by every
+/// candidate, not only by a standby that saw the key go: a master whose first campaign comes
+/// just after the deletion would otherwise win at once and serve beside the old leader.
 async fn wait_out_a_vacated_leader(
     client: &mut Client,
     key: &str,
     record_key: &str,
     ttl: Duration,
-) -> Result<i64, String> {
+) -> Result<Option<i64>, String> {
+    // The record first, then the key: a leader elected between the two reads holds the key
+    // by the second, so the lease examined below is never a newer leader's.
     let record = bounded("get", client.get(record_key, None)).await?;
-    let Some(kv) = record.kvs().first() else {
-        return Ok(0);
-    };
-    let rev = kv.mod_revision();
-    let lease: i64 = kv
-        .value_str()
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if lease == 0 {
-        return Ok(rev);
-    }
+    let (rev, lease) = record.kvs().first().map_or((0, 0), |kv| {
+        let lease: i64 = kv
+            .value_str()
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        (kv.mod_revision(), lease)
+    });
     let held = bounded("get", client.get(key, None)).await?;
     if !held.kvs().is_empty() {
-        return Ok(rev); // a leader holds the key: the campaign will lose, nothing to wait for
+        return Ok(None);
+    }
+    if lease == 0 {
+        return Ok(Some(rev));
     }
     let left = bounded("lease ttl", client.lease_time_to_live(lease, None)).await;
     if left.is_ok_and(|t| t.ttl() > 0) {
@@ -530,7 +550,7 @@ async fn wait_out_a_vacated_leader(
         let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
         tokio::time::sleep(ttl).await;
     }
-    Ok(rev)
+    Ok(Some(rev))
 }
 
 /// Reads the cluster's removal records, oldest first, pruning those beyond
