@@ -230,6 +230,16 @@ impl ReplicateConfig {
         }
         out
     }
+
+    /// The config for the items `at` (indices, in order) of a batch of `n`: when `group_ids`
+    /// names one group per item, only the groups of those items are kept.
+    pub fn for_items(&self, n: usize, at: &[usize]) -> ReplicateConfig {
+        let mut cfg = self.clone();
+        if cfg.group_ids.len() == n && at.len() != n {
+            cfg.group_ids = at.iter().map(|&i| self.group_ids[i].clone()).collect();
+        }
+        cfg
+    }
 }
 
 /// The version of one write of a key: the master's term (the HA election's etcd revision, or
@@ -479,6 +489,18 @@ wire_struct!(TaskWork {
 mod tests {
     use super::*;
     use crate::wire::Wire;
+
+    #[test]
+    fn a_batchs_groups_follow_the_items_that_go() {
+        let cfg = ReplicateConfig {
+            group_ids: vec!["a".into(), "b".into(), "c".into()],
+            ..Default::default()
+        };
+        assert_eq!(cfg.for_items(3, &[0, 2]).group_ids, ["a", "c"]);
+        assert_eq!(cfg.for_items(3, &[0, 1, 2]), cfg);
+        // Groups that do not name one per item are left for the master to refuse.
+        assert_eq!(cfg.for_items(2, &[1]).group_ids, cfg.group_ids);
+    }
 
     #[test]
     fn a_borrowed_replica_descriptor_encodes_as_the_owned_one() {

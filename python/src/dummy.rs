@@ -546,41 +546,27 @@ impl PyDummy {
         };
         // As on a store: the placement does not know the writer, so the flag is dropped.
         cfg.prefer_alloc_in_same_node = false;
-        let mut out = vec![0; n];
-        let (mut ok_keys, mut objects, mut at) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..n {
-            let parts: Option<Vec<&[u8]>> = (all_buffer_ptrs[i].len() == all_sizes[i].len())
-                .then(|| {
-                    all_buffer_ptrs[i]
-                        .iter()
-                        .zip(&all_sizes[i])
-                        // SAFETY: the caller-memory contract holds every source for this
-                        // call, which the slices do not outlive.
-                        .map(|(&p, &s)| unsafe { self.caller_slice(p, s) })
-                        .collect()
-                })
-                .flatten();
-            match parts {
-                Some(p) => {
-                    ok_keys.push(keys[i].clone());
-                    objects.push(p);
-                    at.push(i);
-                }
-                None => out[i] = INVALID,
+        let parts = |i: usize| {
+            if all_buffer_ptrs[i].len() != all_sizes[i].len() {
+                return Err(ErrorCode::InvalidParams);
             }
-        }
-        if !at.is_empty() {
-            if cfg.group_ids.len() == n && at.len() != n {
-                cfg.group_ids = at.iter().map(|&i| cfg.group_ids[i].clone()).collect();
+            all_buffer_ptrs[i]
+                .iter()
+                .zip(&all_sizes[i])
+                // SAFETY: the caller-memory contract holds every source for this call, which
+                // the slices do not outlive.
+                .map(|(&p, &s)| unsafe { self.caller_slice(p, s) }.ok_or(ErrorCode::InvalidParams))
+                .collect()
+        };
+        let d = self.inner.clone();
+        crate::store::put_accepted(&keys, parts, |at, ks, objects| {
+            if ks.is_empty() {
+                return Vec::new();
             }
+            let cfg = cfg.for_items(n, at);
             let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
-            let d = self.inner.clone();
-            let codes = py.detach(|| d.put_many_parts(&ok_keys, &objects, &cfg, false));
-            for (i, c) in at.into_iter().zip(codes) {
-                out[i] = c;
-            }
-        }
-        out
+            py.detach(|| d.put_many_parts(ks, &objects, &cfg, false))
+        })
     }
 
     /// Scatters each object into its buffers in order (zero copy where they lie in the shared
@@ -797,7 +783,7 @@ impl PyDummy {
         };
         let cfg = ReplicateConfig::default();
         let d = self.inner.clone();
-        crate::store::put_accepted(&keys, object, |ks, objects| {
+        crate::store::put_accepted(&keys, object, |_, ks, objects| {
             let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
             py.detach(|| d.put_many_parts(ks, &objects, &cfg, upsert))
         })

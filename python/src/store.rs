@@ -448,7 +448,7 @@ impl PyStore {
             // SAFETY: the caller-memory contract (module doc) holds every source for this
             // call, which the objects do not outlive.
             |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| vec![sl]),
-            |ks, ps| self.put_many(py, ks, ks, ps, &Cfg::of(None), upsert, false),
+            |_, ks, ps| self.put_many(py, ks, ks, ps, &Cfg::of(None), upsert, false),
         )
     }
 }
@@ -459,7 +459,7 @@ impl PyStore {
 pub(crate) fn put_accepted<'a>(
     keys: &[String],
     mut object: impl FnMut(usize) -> Result<Vec<&'a [u8]>, ErrorCode>,
-    put: impl FnOnce(&[String], &[Vec<&'a [u8]>]) -> Vec<i32>,
+    put: impl FnOnce(&[usize], &[String], &[Vec<&'a [u8]>]) -> Vec<i32>,
 ) -> Vec<i32> {
     let mut out = vec![0i32; keys.len()];
     let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
@@ -473,7 +473,7 @@ pub(crate) fn put_accepted<'a>(
             Err(e) => out[i] = e.code(),
         }
     }
-    for (i, r) in idx.into_iter().zip(put(&ks, &ps)) {
+    for (i, r) in idx.iter().copied().zip(put(&idx, &ks, &ps)) {
         out[i] = r;
     }
     out
@@ -1180,7 +1180,7 @@ impl PyStore {
                 .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
                 .collect()
         };
-        put_accepted(&keys, parts, |ks, ps| {
+        put_accepted(&keys, parts, |_, ks, ps| {
             self.put_many(py, &keys, ks, ps, &cfg, false, false)
         })
     }

@@ -505,11 +505,7 @@ fn batch_put(
         }
     }
     if !keys.is_empty() {
-        // `group_ids` name one group per item: keep the groups of the items that go.
-        let mut config = config.clone();
-        if config.group_ids.len() == items.len() && at.len() != items.len() {
-            config.group_ids = at.iter().map(|&i| config.group_ids[i].clone()).collect();
-        }
+        let config = config.for_items(items.len(), &at);
         for (i, r) in at
             .into_iter()
             .zip(store.put_many(&keys, &values, &config, upsert))
