@@ -67,6 +67,17 @@ fn take(cut: &mut Option<(u64, u64)>, last_read: u64) -> bool {
     }
 }
 
+/// Whether eviction may take `obj` (held under `key`) now, soft pins aside: not hard-pinned,
+/// every replica COMPLETE, no read lease, no replication task (`tasks.rs`).
+pub(crate) fn evictable(
+    obj: &super::object::Object,
+    key: &str,
+    now: u64,
+    tasks: &super::tasks::Tasks,
+) -> bool {
+    !obj.hard_pin && obj.is_complete() && obj.read_leased_until() <= now && !tasks.active(key)
+}
+
 impl State {
     /// Used and total bytes over mounted segments.
     pub(crate) fn usage(&self) -> (u64, u64) {
@@ -145,11 +156,7 @@ impl State {
         let (mut keys, mut freed) = (0u64, 0u64);
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if obj.hard_pin
-                || !obj.is_complete()
-                || obj.read_leased_until() > now
-                || tasks.active(k)
-            {
+            if !evictable(obj, k, now, tasks) {
                 return true;
             }
             let evict = if obj.soft_pinned(now) {

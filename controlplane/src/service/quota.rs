@@ -43,6 +43,7 @@ use protocol::ErrorCode;
 use serde_json::{json, Value};
 
 use super::admin::escape_label;
+use super::evict::evictable;
 use super::metrics::Metrics;
 use super::objects::tenant_of;
 use super::State;
@@ -304,10 +305,7 @@ impl State {
             .filter(|(k, obj)| {
                 k.as_str() != except
                     && tenant_of(k) == tenant
-                    && !obj.hard_pin
-                    && obj.is_complete()
-                    && obj.read_leased_until() <= now
-                    && !self.tasks.active(k)
+                    && evictable(obj, k, now, &self.tasks)
                     && (allow_pinned || !obj.soft_pinned(now))
             })
             .map(|(k, obj)| {
