@@ -68,15 +68,18 @@ impl AdminView for MasterService {
     fn render_metrics(&self) -> String {
         let g = self.gauges();
         let mut text = self.metrics.render(&g);
+        // One pass under the lock: the fragmentation figures, and the (short) quota text.
+        let mut quotas = String::new();
         let frag: Vec<(String, Fragmentation)> = {
             let st = self.state.lock();
+            st.render_quota_metrics(&mut quotas);
             st.segs
                 .iter()
                 .map(|s| (s.name.clone(), s.alloc.fragmentation()))
                 .collect()
         };
         render_fragmentation(&mut text, &frag);
-        self.state.lock().render_quota_metrics(&mut text);
+        text.push_str(&quotas);
         text
     }
 
