@@ -907,7 +907,7 @@ impl PyStore {
         };
         match py.detach(|| s.allocate_and_mount_segment(size)) {
             Ok((id, len)) => (0, id, len),
-            Err(e) => (e.code(), String::new(), 0),
+            Err(e) => (failed(e), String::new(), 0),
         }
     }
 
@@ -926,7 +926,7 @@ impl PyStore {
         };
         match py.detach(|| s.mount_file_segment(&path, size, offset)) {
             Ok((id, len)) => (0, id, len),
-            Err(e) => (e.code(), String::new(), 0),
+            Err(e) => (failed(e), String::new(), 0),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The Rust store client against the real master binary: two clients in this process, each
 //! contributing a segment served over real loopback sockets.
 
+use client::store::StoreError;
 use client::{Store, StoreConfig};
 use mooncake_tests::Master;
 use protocol::{ErrorCode, ReplicateConfig};
@@ -305,4 +306,112 @@ fn failed_calls_say_why() {
     let e = s.replicas("after-master").expect_err("no master to ask");
     assert!(e.cause.contains("lookup of after-master"), "{e}");
     assert!(e.cause.contains(&addr), "the cause names the master: {e}");
+}
+
+/// Sessions and extra segments say why too: each refusal names the call, the key or
+/// segment, and what was wrong, with upstream's code unchanged.
+#[test]
+fn session_and_segment_failures_say_why() {
+    let m = Master::start(&[]);
+    let s = store(&m, 16, 64);
+    let cfg = ReplicateConfig::default();
+    let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    fn cause<T>(r: &Result<T, StoreError>) -> String {
+        r.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    let started = s.put_session_start(&keys(&["a", "b"]), &[64], &cfg);
+    assert!(started.iter().all(|r| r
+        .as_ref()
+        .is_err_and(|e| e.code == ErrorCode::InvalidParams)));
+    assert!(
+        cause(&started[0]).contains("put session start: 2 keys but 1 sizes"),
+        "{}",
+        cause(&started[0])
+    );
+
+    assert!(s.put_session_start(&keys(&["a"]), &[64], &cfg)[0].is_ok());
+    let again = s.put_session_start(&keys(&["a"]), &[64], &cfg);
+    assert!(
+        cause(&again[0]).contains("a already has an open put session"),
+        "{}",
+        cause(&again[0])
+    );
+    let src = [1u8; 32];
+    // SAFETY: `src` is ours and unchanged until the calls return.
+    let put = unsafe {
+        s.put_ranges(
+            &keys(&["a", "nope"]),
+            &[vec![src.as_ptr() as u64], vec![src.as_ptr() as u64]],
+            &[vec![32], vec![32]],
+            &[vec![48], vec![0]],
+        )
+    };
+    assert!(
+        cause(&put[0]).contains("ranged put a: range [48, +32) is outside the object of 64 bytes"),
+        "{}",
+        cause(&put[0])
+    );
+    assert!(
+        cause(&put[1]).contains("ranged put nope: no open put session"),
+        "{}",
+        cause(&put[1])
+    );
+    let ended = s.put_session_end(&keys(&["nope"]));
+    assert!(
+        cause(&ended[0]).contains("put session end nope: no open put session"),
+        "{}",
+        cause(&ended[0])
+    );
+    let revoked = s.put_session_revoke(&keys(&["a", "nope"]));
+    assert!(revoked[0].is_ok(), "{}", cause(&revoked[0]));
+    assert!(
+        cause(&revoked[1]).contains("put session revoke nope"),
+        "{}",
+        cause(&revoked[1])
+    );
+
+    let got = s.get_session_start(&keys(&["missing"]));
+    let e = got[0].as_ref().expect_err("a miss");
+    assert!(
+        e.is_miss() && e.cause.contains("get session start missing"),
+        "{e}"
+    );
+    let mut dst = [0u8; 8];
+    // SAFETY: `dst` is ours, mapped and untouched by anything else until the call returns.
+    let read = unsafe {
+        s.get_ranges(
+            &keys(&["missing"]),
+            &[vec![dst.as_mut_ptr() as u64]],
+            &[vec![8]],
+            &[vec![0]],
+        )
+    };
+    assert!(
+        cause(&read[0]).contains("ranged read missing: no open get session"),
+        "{}",
+        cause(&read[0])
+    );
+
+    let e = s.allocate_and_mount_segment(0).expect_err("zero bytes");
+    assert!(
+        e.cause
+            .contains("allocate_and_mount_segment: cannot map a segment of 0 bytes"),
+        "{e}"
+    );
+    let e = s
+        .mount_file_segment("/nonexistent/segment", 4096, 0)
+        .expect_err("no such file");
+    assert!(
+        e.cause.starts_with("mount_segment: /nonexistent/segment"),
+        "{e}"
+    );
+    let e = s
+        .unmount_segments(&["not-a-uuid".to_string()], std::time::Duration::ZERO)
+        .expect_err("not an id");
+    assert!(
+        e.cause
+            .contains("unmount_segment: invalid segment_id \"not-a-uuid\""),
+        "{e}"
+    );
 }

@@ -25,7 +25,8 @@ use parking_lot::RwLock;
 use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ErrorCode, Segment as SegmentDesc, Uuid};
 
-use super::{rpc, Store};
+use super::error::bytes;
+use super::{rpc, Store, StoreError};
 
 /// The segments the pinger reports and re-mounts: the client's own (first, when it has one)
 /// and every extra segment mounted now.
@@ -72,11 +73,12 @@ impl ExtraSegment {
 impl Store {
     /// Maps `size` bytes, serves them and mounts them at the master as a new segment of this
     /// client: its id (`hi-lo`) and the size mapped (rounded up to the page size).
-    pub fn allocate_and_mount_segment(&self, size: u64) -> Result<(String, u64), ErrorCode> {
+    pub fn allocate_and_mount_segment(&self, size: u64) -> Result<(String, u64), StoreError> {
         const WHAT: &str = "allocate_and_mount_segment";
-        self.check_open()?;
+        self.check_open().map_err(|e| e.context(WHAT))?;
         if size == 0 || usize::try_from(size).is_err() {
-            return Err(ErrorCode::InvalidParams);
+            let cause = format!("{WHAT}: cannot map a segment of {size} bytes");
+            return Err(StoreError::new(ErrorCode::InvalidParams, cause));
         }
         self.mount_extra(WHAT, || {
             dataplane::mem::shm::serving_segment(
@@ -97,11 +99,12 @@ impl Store {
         path: &str,
         size: u64,
         offset: u64,
-    ) -> Result<(String, u64), ErrorCode> {
+    ) -> Result<(String, u64), StoreError> {
         const WHAT: &str = "mount_segment";
-        self.check_open()?;
+        self.check_open().map_err(|e| e.context(WHAT))?;
         let Ok(len) = usize::try_from(size) else {
-            return Err(ErrorCode::InvalidParams);
+            let cause = format!("{WHAT}: {path}: cannot map {size} bytes");
+            return Err(StoreError::new(ErrorCode::InvalidParams, cause));
         };
         self.mount_extra(WHAT, || {
             Segment::map_file(std::path::Path::new(path), len, offset)
@@ -114,28 +117,31 @@ impl Store {
         &self,
         what: &str,
         map: impl FnOnce() -> Result<Segment, String>,
-    ) -> Result<(String, u64), ErrorCode> {
+    ) -> Result<(String, u64), StoreError> {
+        let failed = |code: ErrorCode, why: String| StoreError::new(code, format!("{what}: {why}"));
         let mut extra = self.extra.lock();
         if extra.len() >= EXTRA_SEGMENTS_MAX {
-            tracing::error!("{what}: {EXTRA_SEGMENTS_MAX} segments mounted");
-            return Err(ErrorCode::InvalidParams);
+            let why = format!("{EXTRA_SEGMENTS_MAX} segments are mounted already");
+            return Err(failed(ErrorCode::InvalidParams, why));
         }
-        let seg = Arc::new(map().map_err(|why| {
-            tracing::error!("{what}: {why}");
-            ErrorCode::InvalidParams
-        })?);
+        let seg = Arc::new(map().map_err(|why| failed(ErrorCode::InvalidParams, why))?);
         let memory = ServedMemory::new();
-        memory
-            .register_segment(seg.clone())
-            .map_err(|_| ErrorCode::InternalError)?;
+        memory.register_segment(seg.clone()).map_err(|e| {
+            failed(
+                ErrorCode::InternalError,
+                format!("cannot register the segment: {e:?}"),
+            )
+        })?;
         let server = TcpServer::bind(
             SocketAddr::new(self.ip, 0),
             memory.clone(),
             ServerConfig::default(),
         )
         .map_err(|e| {
-            tracing::error!("{what}: cannot serve the segment: {e}");
-            ErrorCode::InternalError
+            failed(
+                ErrorCode::InternalError,
+                format!("cannot serve the segment: {e}"),
+            )
         })?;
         let endpoint = server.local_addr().to_string();
         let desc = SegmentDesc {
@@ -150,7 +156,13 @@ impl Store {
         rpc(self.master.call(&MountSegment {
             client_id: self.client_id,
             segment: desc.clone(),
-        }))?;
+        }))
+        .map_err(|e| {
+            e.context(format_args!(
+                "{what}: mounting {} at the master",
+                bytes(desc.size)
+            ))
+        })?;
         self.mounted.write().push((desc.clone(), memory));
         let shm = dataplane::mem::shm::export_segment(&endpoint, &seg);
         let id = desc.id.to_string();
@@ -167,18 +179,21 @@ impl Store {
     /// Unmounts the extra segments `ids` (all or nothing: an id this client did not mount is
     /// `INVALID_PARAMS` before anything changes). The master drops the replicas held there;
     /// the memory stops being served after `grace`.
-    pub fn unmount_segments(&self, ids: &[String], grace: Duration) -> Result<(), ErrorCode> {
-        self.check_open()?;
+    pub fn unmount_segments(&self, ids: &[String], grace: Duration) -> Result<(), StoreError> {
+        const WHAT: &str = "unmount_segment";
+        self.check_open().map_err(|e| e.context(WHAT))?;
+        let refused =
+            |why: String| StoreError::new(ErrorCode::InvalidParams, format!("{WHAT}: {why}"));
         let mut extra = self.extra.lock();
         let mut wanted = Vec::with_capacity(ids.len());
         for id in ids {
-            let uuid: Uuid = id.parse().map_err(|_| {
-                tracing::error!("unmount_segment: invalid segment_id {id:?}");
-                ErrorCode::InvalidParams
-            })?;
+            let uuid: Uuid = id
+                .parse()
+                .map_err(|_| refused(format!("invalid segment_id {id:?}")))?;
             if !extra.iter().any(|e| e.desc.id == uuid) {
-                tracing::error!("unmount_segment: segment {id} is not mounted by this client");
-                return Err(ErrorCode::InvalidParams);
+                return Err(refused(format!(
+                    "segment {id} is not mounted by this client"
+                )));
             }
             wanted.push(uuid);
         }
@@ -196,14 +211,14 @@ impl Store {
                 Ok(_) => {}
                 Err(e) if e.code == ErrorCode::SegmentNotFound => {}
                 Err(e) => {
-                    first_err.get_or_insert(e);
+                    first_err.get_or_insert(e.context(format_args!("{WHAT} {uuid}")));
                     continue;
                 }
             }
             self.mounted.write().retain(|(d, _)| d.id != uuid);
             extra.remove(at).stop(grace);
         }
-        first_err.map_or(Ok(()), |e| Err(e.code))
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Ids of the extra segments mounted now.

@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use protocol::message::{BatchPutEnd, BatchPutRevoke, BatchPutStart};
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
 
+use super::error::bytes;
 use super::peers::WriteItem;
 use super::{rpc, Lookup, ObjectRead, Store, StoreError};
 
@@ -61,6 +62,32 @@ fn shapes_agree(n: usize, a: &[Vec<u64>], b: &[Vec<u64>], c: &[Vec<u64>]) -> boo
     a.len() == n && b.len() == n && c.len() == n
 }
 
+/// `INVALID_PARAMS` with its cause.
+fn invalid(cause: impl Into<String>) -> StoreError {
+    StoreError::new(ErrorCode::InvalidParams, cause)
+}
+
+/// The refusal of a ranged call whose lists do not agree with its keys.
+fn shapes_refused(op: &str, n: usize, a: usize, b: usize, c: usize) -> StoreError {
+    invalid(format!(
+        "{op}: {n} keys but {a} pointer, {b} size and {c} offset lists"
+    ))
+}
+
+/// The refusal of one key's range lists that do not agree in length.
+fn key_shapes_refused(op: &str, key: &str, a: usize, b: usize, c: usize) -> StoreError {
+    invalid(format!(
+        "{op} {key}: {a} pointers, {b} sizes and {c} offsets"
+    ))
+}
+
+/// The refusal of a range outside its object.
+fn outside(op: &str, key: &str, offset: u64, len: u64, size: u64) -> StoreError {
+    invalid(format!(
+        "{op} {key}: range [{offset}, +{len}) is outside the object of {size} bytes"
+    ))
+}
+
 impl Store {
     /// `batch_put_session_start`: reserves `keys[i]` of `sizes[i]` bytes; one result per key
     /// (`OBJECT_ALREADY_EXISTS` for a key that exists, as upstream: a session cannot be a no-op).
@@ -69,20 +96,28 @@ impl Store {
         keys: &[String],
         sizes: &[u64],
         cfg: &ReplicateConfig,
-    ) -> Vec<Result<(), ErrorCode>> {
-        if keys.len() != sizes.len() || self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+    ) -> Vec<Result<(), StoreError>> {
+        const OP: &str = "put session start";
+        let n = keys.len();
+        if let Err(e) = self.check_open() {
+            return vec![Err(e.context(OP)); n];
+        }
+        if n != sizes.len() {
+            let cause = format!("{OP}: {n} keys but {} sizes", sizes.len());
+            return vec![Err(invalid(cause)); n];
         }
         if keys.is_empty() {
             return Vec::new();
         }
         if cfg.prefer_alloc_in_same_node {
-            return vec![Err(ErrorCode::InvalidParams); keys.len()];
+            let cause = format!("{OP}: prefer_alloc_in_same_node is not supported for sessions");
+            return vec![Err(invalid(cause)); n];
         }
         {
             let puts = self.sessions.puts.lock();
-            if keys.iter().any(|k| puts.contains_key(k)) {
-                return vec![Err(ErrorCode::InvalidParams); keys.len()];
+            if let Some(k) = keys.iter().find(|k| puts.contains_key(*k)) {
+                let cause = format!("{OP}: {k} already has an open put session");
+                return vec![Err(invalid(cause)); n];
             }
         }
         let started = rpc(self.master.call(&BatchPutStart {
@@ -92,9 +127,12 @@ impl Store {
             config: cfg.clone(),
         }));
         let started = match started {
-            Ok(s) if s.len() == keys.len() => s,
-            Ok(_) => return vec![Err(ErrorCode::RpcFail); keys.len()],
-            Err(e) => return vec![Err(e.code); keys.len()],
+            Ok(s) if s.len() == n => s,
+            Ok(s) => {
+                let cause = format!("{OP}: the master answered {} of {n} keys", s.len());
+                return vec![Err(StoreError::new(ErrorCode::RpcFail, cause)); n];
+            }
+            Err(e) => return vec![Err(e.context(format_args!("{OP} of {n} keys"))); n],
         };
         let mut unstaged: Vec<String> = Vec::new();
         let results = {
@@ -103,11 +141,17 @@ impl Store {
                 .zip(sizes)
                 .zip(started)
                 .map(|((k, &size), s)| {
-                    let replicas = s?;
+                    let replicas = s.map_err(|c| {
+                        StoreError::new(
+                            c,
+                            format!("{OP} {k}: the master reserved no {}", bytes(size)),
+                        )
+                    })?;
                     let Some(staged) = staging(size) else {
-                        tracing::error!("put session {k}: cannot stage {size} bytes");
                         unstaged.push(k.clone());
-                        return Err(ErrorCode::InvalidParams);
+                        let cause =
+                            format!("{OP} {k}: cannot allocate {} to stage it", bytes(size));
+                        return Err(invalid(cause));
                     };
                     puts.insert(
                         k.clone(),
@@ -145,18 +189,26 @@ impl Store {
         ptrs: &[Vec<u64>],
         sizes: &[Vec<u64>],
         dst_offsets: &[Vec<u64>],
-    ) -> Vec<Result<u64, ErrorCode>> {
+    ) -> Vec<Result<u64, StoreError>> {
+        const OP: &str = "ranged put";
         let n = keys.len();
-        if !shapes_agree(n, ptrs, sizes, dst_offsets) || self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); n];
+        if let Err(e) = self.check_open() {
+            return vec![Err(e.context(OP)); n];
+        }
+        if !shapes_agree(n, ptrs, sizes, dst_offsets) {
+            let e = shapes_refused(OP, n, ptrs.len(), sizes.len(), dst_offsets.len());
+            return vec![Err(e); n];
         }
         let mut puts = self.sessions.puts.lock();
         (0..n)
             .map(|i| {
-                let s = puts.get_mut(&keys[i]).ok_or(ErrorCode::InvalidParams)?;
+                let key = &keys[i];
+                let s = puts
+                    .get_mut(key)
+                    .ok_or_else(|| invalid(format!("{OP} {key}: no open put session")))?;
                 let (p, l, o) = (&ptrs[i], &sizes[i], &dst_offsets[i]);
                 if p.len() != l.len() || p.len() != o.len() {
-                    return Err(ErrorCode::InvalidParams);
+                    return Err(key_shapes_refused(OP, key, p.len(), l.len(), o.len()));
                 }
                 let size = s.staged.len() as u64;
                 let srcs = p
@@ -165,11 +217,14 @@ impl Store {
                     .zip(o)
                     .map(|((&ptr, &len), &off)| {
                         if !in_object(off, len, size) {
-                            return Err(ErrorCode::InvalidParams);
+                            return Err(outside(OP, key, off, len, size));
                         }
-                        Ok((self.caller_range(ptr, len)?, off as usize))
+                        let src = self.caller_range(ptr, len).map_err(|c| {
+                            StoreError::new(c, format!("{OP} {key}: {len} bytes at {ptr:#x} are not readable caller memory"))
+                        })?;
+                        Ok((src, off as usize))
                     })
-                    .collect::<Result<Vec<_>, ErrorCode>>()?;
+                    .collect::<Result<Vec<_>, StoreError>>()?;
                 let mut total = 0u64;
                 for (src, off) in srcs {
                     // SAFETY: our caller keeps every source range mapped and unwritten until
@@ -185,9 +240,10 @@ impl Store {
 
     /// `batch_put_session_end`: writes each session's object to its replicas and commits it;
     /// `INVALID_PARAMS` for a key without a session. A failed write revokes that key.
-    pub fn put_session_end(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+    pub fn put_session_end(&self, keys: &[String]) -> Vec<Result<(), StoreError>> {
+        const OP: &str = "put session end";
         let taken = self.take_put_sessions(keys);
-        let mut results: Vec<Result<(), ErrorCode>> = Vec::with_capacity(keys.len());
+        let mut results: Vec<Result<(), StoreError>> = Vec::with_capacity(keys.len());
         let mut items: Vec<WriteItem<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
         let parts: Vec<Option<[&[u8]; 1]>> = taken
@@ -210,12 +266,15 @@ impl Store {
                         owners.push(i);
                     }
                 }
-                _ => results.push(Err(ErrorCode::InvalidParams)),
+                _ => results.push(Err(invalid(format!(
+                    "{OP} {}: no open put session",
+                    keys[i]
+                )))),
             }
         }
         for (&i, r) in owners.iter().zip(self.peers.write_many(&items)) {
             if results[i].is_ok() {
-                results[i] = r.map_err(ErrorCode::from);
+                results[i] = r.map_err(|e| e.context(format_args!("{OP} {}: write", keys[i])));
             }
         }
         let pick = |ok: bool| -> Vec<usize> {
@@ -230,9 +289,14 @@ impl Store {
                 client_id: self.client_id,
                 keys: names(&commit),
             }));
+            let commit_of = |i: usize| format!("{OP} {}: commit", keys[i]);
             match ended {
-                Ok(per) => commit.iter().zip(per).for_each(|(&i, r)| results[i] = r),
-                Err(e) => commit.iter().for_each(|&i| results[i] = Err(e.code)),
+                Ok(per) => commit.iter().zip(per).for_each(|(&i, r)| {
+                    results[i] = r.map_err(|c| StoreError::new(c, commit_of(i)))
+                }),
+                Err(e) => commit
+                    .iter()
+                    .for_each(|&i| results[i] = Err(e.clone().context(commit_of(i)))),
             }
         }
         if !revoke.is_empty() {
@@ -246,7 +310,8 @@ impl Store {
 
     /// `batch_put_session_revoke`: gives the reservations back; `INVALID_PARAMS` for a key
     /// without a session.
-    pub fn put_session_revoke(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+    pub fn put_session_revoke(&self, keys: &[String]) -> Vec<Result<(), StoreError>> {
+        const OP: &str = "put session revoke";
         let taken = self.take_put_sessions(keys);
         let open: Vec<String> = keys
             .iter()
@@ -261,17 +326,29 @@ impl Store {
                 client_id: self.client_id,
                 keys: open.clone(),
             })) {
-                Ok(v) if v.len() == open.len() => v,
-                Ok(_) => vec![Err(ErrorCode::RpcFail); open.len()],
-                Err(e) => vec![Err(e.code); open.len()],
+                Ok(v) if v.len() == open.len() => {
+                    v.into_iter().map(|r| r.map_err(StoreError::from)).collect()
+                }
+                Ok(v) => {
+                    let cause = format!(
+                        "{OP}: the master answered {} of {} keys",
+                        v.len(),
+                        open.len()
+                    );
+                    vec![Err(StoreError::new(ErrorCode::RpcFail, cause)); open.len()]
+                }
+                Err(e) => vec![Err(e); open.len()],
             }
         }
         .into_iter();
-        taken
-            .iter()
-            .map(|t| match t {
-                Some(_) => answers.next().unwrap_or(Err(ErrorCode::RpcFail)),
-                None => Err(ErrorCode::InvalidParams),
+        keys.iter()
+            .zip(&taken)
+            .map(|(k, t)| match t {
+                Some(_) => answers
+                    .next()
+                    .unwrap_or_else(|| Err(ErrorCode::RpcFail.into()))
+                    .map_err(|e| e.context(format_args!("{OP} {k}"))),
+                None => Err(invalid(format!("{OP} {k}: no open put session"))),
             })
             .collect()
     }
@@ -283,15 +360,17 @@ impl Store {
 
     /// `batch_get_session_start`: asks for every key's replica list once and caches it; one
     /// result per key (`OBJECT_NOT_FOUND` for a miss).
-    pub fn get_session_start(&self, keys: &[String]) -> Vec<Result<(), ErrorCode>> {
+    pub fn get_session_start(&self, keys: &[String]) -> Vec<Result<(), StoreError>> {
+        const OP: &str = "get session start";
         let lists = self.batch_replicas(keys);
         let mut gets = self.sessions.gets.lock();
         keys.iter()
             .zip(lists)
             .map(|(k, l)| {
-                let l = l?;
+                let l = l.map_err(|c| StoreError::new(c, format!("{OP} {k}: lookup")))?;
                 if l.replicas.is_empty() {
-                    return Err(ErrorCode::InvalidReplica);
+                    let cause = format!("{OP} {k}: the object has no replica");
+                    return Err(StoreError::new(ErrorCode::InvalidReplica, cause));
                 }
                 gets.insert(k.clone(), l);
                 Ok(())
@@ -313,28 +392,38 @@ impl Store {
         sizes: &[Vec<u64>],
         src_offsets: &[Vec<u64>],
     ) -> Vec<Result<u64, StoreError>> {
+        const OP: &str = "ranged read";
         let n = keys.len();
-        if !shapes_agree(n, ptrs, sizes, src_offsets) || self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams.into()); n];
+        if let Err(e) = self.check_open() {
+            return vec![Err(e.context(OP)); n];
+        }
+        if !shapes_agree(n, ptrs, sizes, src_offsets) {
+            let e = shapes_refused(OP, n, ptrs.len(), sizes.len(), src_offsets.len());
+            return vec![Err(e); n];
         }
         let lists = self.session_lists(keys);
         let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
         let mut reads: Vec<ObjectRead<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
         for i in 0..n {
+            let key = &keys[i];
             let planned = (|| {
-                let list = lists[i].as_ref().ok_or(ErrorCode::InvalidParams)?;
+                let list = lists[i]
+                    .as_ref()
+                    .ok_or_else(|| invalid(format!("{OP} {key}: no open get session")))?;
                 let size = list.replicas.first().map(|r| r.size).unwrap_or(0);
                 let (p, l, o) = (&ptrs[i], &sizes[i], &src_offsets[i]);
                 if p.len() != l.len() || p.len() != o.len() {
-                    return Err(ErrorCode::InvalidParams);
+                    return Err(key_shapes_refused(OP, key, p.len(), l.len(), o.len()));
                 }
                 let mut pieces = Vec::with_capacity(p.len());
                 for ((&ptr, &len), &off) in p.iter().zip(l).zip(o) {
                     if !in_object(off, len, size) {
-                        return Err(ErrorCode::InvalidParams);
+                        return Err(outside(OP, key, off, len, size));
                     }
-                    let dst = self.caller_range_mut(ptr, len)?;
+                    let dst = self.caller_range_mut(ptr, len).map_err(|c| {
+                        StoreError::new(c, format!("{OP} {key}: {len} bytes at {ptr:#x} are not writable caller memory"))
+                    })?;
                     // SAFETY: our caller keeps the range mapped and to itself until we return
                     // (which includes not overlapping another range of the call); the slice
                     // dies with `reads`, before we return.
@@ -355,12 +444,12 @@ impl Store {
                         reads.push(piece);
                     }
                 }
-                Err(e) => out.push(Err(e.into())),
+                Err(e) => out.push(Err(e)),
             }
         }
         for (i, r) in owners.into_iter().zip(self.read_many_from(reads)) {
             if let Err(e) = r {
-                out[i] = Err(e.context(format_args!("ranged read of {}", keys[i])));
+                out[i] = Err(e.context(format_args!("{OP} {}", keys[i])));
             }
         }
         out
