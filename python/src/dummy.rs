@@ -556,7 +556,8 @@ impl PyDummy {
                 // SAFETY: the caller-memory contract holds every source for this call, which
                 // the slices do not outlive.
                 .map(|(&p, &s)| unsafe { self.caller_slice(p, s) }.ok_or(ErrorCode::InvalidParams))
-                .collect()
+                .collect::<Result<_, _>>()
+                .map(Some)
         };
         let d = self.inner.clone();
         crate::store::put_accepted(&keys, parts, |at, ks, objects| {
@@ -778,7 +779,7 @@ impl PyDummy {
         // SAFETY: the caller-memory contract holds every source for this call, which the
         // slices do not outlive.
         let object = |i: usize| match unsafe { self.caller_slice(ptrs[i], sizes[i]) } {
-            Some(data) if crate::store::is_tensor_object(data, sizes[i]) => Ok(vec![data]),
+            Some(data) if crate::store::is_tensor_object(data, sizes[i]) => Ok(Some(vec![data])),
             _ => Err(ErrorCode::InvalidParams),
         };
         let cfg = ReplicateConfig::default();

@@ -95,31 +95,10 @@ impl Cfg {
         self.wire.as_ref().map_err(|e| *e)
     }
 
-    /// The config for the keys `ks`, an in-order subset of the caller's batch `all` (the
-    /// keys its `group_ids` name groups for, one each): their groups, in `ks`'s order.
-    fn for_subset(&self, all: &[String], ks: &[String]) -> Result<ReplicateConfig, ErrorCode> {
-        let wire = self.for_batch(all.len())?;
-        if wire.group_ids.is_empty() || all.len() == ks.len() {
-            return Ok(wire.clone());
-        }
-        let mut groups = Vec::with_capacity(ks.len());
-        let mut j = 0;
-        for k in ks {
-            while all.get(j).is_some_and(|a| a != k) {
-                j += 1;
-            }
-            groups.push(
-                wire.group_ids
-                    .get(j)
-                    .ok_or(ErrorCode::InvalidParams)?
-                    .clone(),
-            );
-            j += 1;
-        }
-        Ok(ReplicateConfig {
-            group_ids: groups,
-            ..wire.clone()
-        })
+    /// The config for the items at indices `at` of the caller's batch of `n` keys (their
+    /// groups, when `group_ids` names one per key).
+    fn for_items(&self, n: usize, at: &[usize]) -> Result<ReplicateConfig, ErrorCode> {
+        Ok(self.for_batch(n)?.for_items(n, at))
     }
 
     /// The config of a single put: `group_ids`, when given, must name one group.
@@ -276,14 +255,14 @@ impl PyStore {
         }))
     }
 
-    /// Batch put of objects given as lists of parts; one result per key. `all` is the
-    /// caller's whole batch, of which `keys` may be an in-order subset (`cfg`'s `group_ids`
-    /// name one group per key of `all`).
+    /// Batch put of objects given as lists of parts; one result per key. `keys` are the items
+    /// at indices `at` of the caller's batch of `n` keys (`None`: all of them, in order), so
+    /// that `cfg`'s `group_ids`, one per key of the batch, follow their keys.
     #[allow(clippy::too_many_arguments)]
     fn put_many(
         &self,
         py: Python<'_>,
-        all: &[String],
+        (n, at): (usize, Option<&[usize]>),
         keys: &[String],
         parts: &[Vec<&[u8]>],
         cfg: &Cfg,
@@ -302,7 +281,10 @@ impl PyStore {
         let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
         py.detach(|| {
             let run = || -> Result<Vec<Result<(), StoreError>>, ErrorCode> {
-                let cfg = &cfg.for_subset(all, keys)?;
+                let cfg = &match at {
+                    Some(at) => cfg.for_items(n, at)?,
+                    None => cfg.for_batch(n)?.clone(),
+                };
                 let _budget = if budgeted {
                     Some(s.budget().reserve(total)?)
                 } else {
@@ -335,32 +317,22 @@ impl PyStore {
             return vec![INVALID; n];
         };
         let cfg = Cfg::of(config);
-        // Unregistered ranges fail their own key only.
-        let mut out = vec![0i32; n];
-        let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..n {
-            if sizes[i] == 0 {
-                continue;
-            }
-            match s.caller_range(buffer_ptrs[i], sizes[i]) {
-                Ok(r) => {
-                    idx.push(i);
-                    ks.push(keys[i].clone());
-                    // SAFETY: the caller-memory contract (module doc) holds the source for
-                    // this call, which `ps` does not outlive.
-                    ps.push(vec![unsafe { r.into_slice() }]);
-                }
-                Err(e) => out[i] = e.code(),
-            }
-        }
         if let Err(e) = cfg.for_batch(n) {
             return vec![e.code(); n];
         }
-        let r = self.put_many(py, &keys, &ks, &ps, &cfg, upsert, false);
-        for (i, r) in idx.into_iter().zip(r) {
-            out[i] = r;
-        }
-        out
+        // Unregistered ranges fail their own key only; an empty one is not put (0, as upstream).
+        let object = |i: usize| {
+            if sizes[i] == 0 {
+                return Ok(None);
+            }
+            let r = s.caller_range(buffer_ptrs[i], sizes[i])?;
+            // SAFETY: the caller-memory contract (module doc) holds the source for this call,
+            // which the objects do not outlive.
+            Ok(Some(vec![unsafe { r.into_slice() }]))
+        };
+        put_accepted(&keys, object, |at, ks, ps| {
+            self.put_many(py, (n, Some(at)), ks, ps, &cfg, upsert, false)
+        })
     }
 
     fn get_into_many(
@@ -447,25 +419,27 @@ impl PyStore {
             &keys,
             // SAFETY: the caller-memory contract (module doc) holds every source for this
             // call, which the objects do not outlive.
-            |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| vec![sl]),
-            |_, ks, ps| self.put_many(py, ks, ks, ps, &Cfg::of(None), upsert, false),
+            |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| Some(vec![sl])),
+            |at, ks, ps| self.put_many(py, (n, Some(at)), ks, ps, &Cfg::of(None), upsert, false),
         )
     }
 }
 
-/// A batch put of the keys whose objects `object` yields: a refused key gets its code, the
-/// rest go to `put` together, in order, and each gets its code back. The one
-/// subset-and-scatter of the per-key batch calls (the store's and the dummy client's).
+/// A batch put of the keys whose objects `object` yields: a refused key gets its code, a key
+/// with nothing to put (`Ok(None)`) gets 0, the rest go to `put` together, in order (with
+/// their indices in `keys`), and each gets its code back. The one subset-and-scatter of the
+/// per-key batch calls (the store's and the dummy client's).
 pub(crate) fn put_accepted<'a>(
     keys: &[String],
-    mut object: impl FnMut(usize) -> Result<Vec<&'a [u8]>, ErrorCode>,
+    mut object: impl FnMut(usize) -> Result<Option<Vec<&'a [u8]>>, ErrorCode>,
     put: impl FnOnce(&[usize], &[String], &[Vec<&'a [u8]>]) -> Vec<i32>,
 ) -> Vec<i32> {
     let mut out = vec![0i32; keys.len()];
     let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
     for (i, key) in keys.iter().enumerate() {
         match object(i) {
-            Ok(parts) => {
+            Ok(None) => {}
+            Ok(Some(parts)) => {
                 idx.push(i);
                 ks.push(key.clone());
                 ps.push(parts);
@@ -717,7 +691,8 @@ impl PyStore {
             .iter()
             .map(|ps| ps.iter().map(Pinned::as_slice).collect())
             .collect();
-        Ok(self.put_many(py, &keys, &keys, &parts, &Cfg::of(config), upsert, true))
+        let n = keys.len();
+        Ok(self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true))
     }
 
     /// The object's bytes; `b""` on a miss or any error.
@@ -1178,10 +1153,12 @@ impl PyStore {
                 // SAFETY: the caller-memory contract (module doc) holds every source for this
                 // call, which the objects do not outlive.
                 .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
-                .collect()
+                .collect::<Result<_, _>>()
+                .map(Some)
         };
-        put_accepted(&keys, parts, |_, ks, ps| {
-            self.put_many(py, &keys, ks, ps, &cfg, false, false)
+        let n = keys.len();
+        put_accepted(&keys, parts, |at, ks, ps| {
+            self.put_many(py, (n, Some(at)), ks, ps, &cfg, false, false)
         })
     }
 
@@ -1500,7 +1477,8 @@ impl PyStore {
         }
         let pinned = pin_all(values.as_any(), false)?;
         let parts: Vec<Vec<&[u8]>> = pinned.iter().map(|p| vec![p.as_slice()]).collect();
-        let r = self.put_many(py, &keys, &keys, &parts, &Cfg::of(config), upsert, true);
+        let n = keys.len();
+        let r = self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true);
         Ok(r.into_iter().find(|c| *c != 0).unwrap_or(0))
     }
 

@@ -122,6 +122,52 @@ impl Staged<'_> {
     }
 }
 
+/// Where the server writes each read of one batch: caller memory inside the region directly,
+/// other caller memory through a staging range that is copied out after the call.
+#[derive(Default)]
+struct Destinations<'c> {
+    /// (index of the read, caller address, staging).
+    staged: Vec<(usize, u64, Staged<'c>)>,
+}
+
+impl<'c> Destinations<'c> {
+    /// The address the server should write read `i`'s `len` bytes to, for caller memory at
+    /// `addr`.
+    fn place(
+        &mut self,
+        client: &'c DummyClient,
+        i: usize,
+        addr: u64,
+        len: u64,
+    ) -> Result<u64, ErrorCode> {
+        if client.in_region(addr, len) {
+            return Ok(addr);
+        }
+        let s = client.stage(len)?;
+        let at = s.addr();
+        self.staged.push((i, addr, s));
+        Ok(at)
+    }
+
+    /// Copies every staged read that got `out[i] > 0` bytes out to its caller address.
+    ///
+    /// # Safety
+    /// Each staged read's caller range `[addr, addr + len)` is writable memory the caller
+    /// owns for the call.
+    unsafe fn copy_out(&mut self, out: &[i64]) {
+        for (i, addr, s) in &mut self.staged {
+            let got = out[*i];
+            if got > 0 {
+                let src = s.bytes_mut();
+                let n = (got as usize).min(src.len());
+                // SAFETY: this function's contract; n <= len; src is our staging, disjoint
+                // from caller memory outside the region.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), *addr as *mut u8, n) };
+            }
+        }
+    }
+}
+
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
         self.client.alloc.lock().release(self.off, self.len);
@@ -530,10 +576,10 @@ impl DummyClient {
         let keys: Vec<String> = reads.iter().map(|(k, _, _)| k.clone()).collect();
         let sizes = self.get_sizes(&keys);
         let mut out = vec![0i64; reads.len()];
-        let mut staged = Vec::new();
+        let mut dsts = Destinations::default();
         let mut items = Vec::new();
         let mut at = Vec::new();
-        for (i, ((k, _, cap), &size)) in reads.iter().zip(&sizes).enumerate() {
+        for (i, ((k, addr, cap), &size)) in reads.iter().zip(&sizes).enumerate() {
             if size < 0 {
                 out[i] = size;
                 continue;
@@ -542,14 +588,13 @@ impl DummyClient {
                 out[i] = i64::from(ErrorCode::InvalidParams.code());
                 continue;
             }
-            match self.stage(size as u64) {
-                Ok(s) => {
+            match dsts.place(self, i, *addr, size as u64) {
+                Ok(dst) => {
                     items.push(Item {
                         key: k.clone(),
-                        addr: s.addr(),
+                        addr: dst,
                         len: size as u64,
                     });
-                    staged.push(s);
                     at.push(i);
                 }
                 Err(e) => out[i] = i64::from(e.code()),
@@ -559,17 +604,12 @@ impl DummyClient {
             return out;
         }
         let got = self.call_n(&Request::GetInto { items }, at.len());
-        for ((i, g), s) in at.into_iter().zip(got).zip(staged.iter_mut()) {
+        for (i, g) in at.into_iter().zip(got) {
             out[i] = g;
-            if g >= 0 {
-                let (_, addr, _) = &reads[i];
-                let src = s.bytes_mut();
-                let n = (g as usize).min(src.len());
-                // SAFETY: the caller guarantees [addr, addr + cap) is writable memory it owns
-                // for the call, and n <= size <= cap; src is our staging, disjoint from it.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), *addr as *mut u8, n) };
-            }
         }
+        // SAFETY: the caller guarantees each [addr, addr + cap) is writable memory it owns for
+        // the call, and a staged read is never longer than its cap.
+        unsafe { dsts.copy_out(&out) };
         out
     }
 
@@ -584,22 +624,13 @@ impl DummyClient {
         let mut out = vec![0i64; reads.len()];
         let mut wire = Vec::with_capacity(reads.len());
         let mut at = Vec::with_capacity(reads.len());
-        // Staged reads: (index into `reads`, staging).
-        let mut staged = Vec::new();
+        let mut dsts = Destinations::default();
         for (i, (key, offset, addr, len)) in reads.iter().enumerate() {
-            let dst = if self.in_region(*addr, *len) {
-                *addr
-            } else {
-                match self.stage(*len) {
-                    Ok(s) => {
-                        let a = s.addr();
-                        staged.push((i, s));
-                        a
-                    }
-                    Err(e) => {
-                        out[i] = i64::from(e.code());
-                        continue;
-                    }
+            let dst = match dsts.place(self, i, *addr, *len) {
+                Ok(dst) => dst,
+                Err(e) => {
+                    out[i] = i64::from(e.code());
+                    continue;
                 }
             };
             wire.push(RangeRead {
@@ -620,16 +651,9 @@ impl DummyClient {
         {
             out[i] = g;
         }
-        for (i, s) in &mut staged {
-            let got = out[*i];
-            if got > 0 {
-                let src = s.bytes_mut();
-                let n = (got as usize).min(src.len());
-                // SAFETY: the caller guarantees the destination (outside the region) is
-                // writable memory it owns for the call; n <= len; src is our staging.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), reads[*i].2 as *mut u8, n) };
-            }
-        }
+        // SAFETY: our caller guarantees each destination outside the region is writable
+        // memory it owns for the call.
+        unsafe { dsts.copy_out(&out) };
         out
     }
 
