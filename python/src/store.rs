@@ -342,60 +342,14 @@ impl PyStore {
         buffer_ptrs: &[u64],
         sizes: &[u64],
     ) -> Vec<i64> {
-        let n = keys.len();
-        if buffer_ptrs.len() != n || sizes.len() != n {
-            return vec![INVALID as i64; n];
-        }
         let Some(s) = self.store() else {
-            return vec![INVALID as i64; n];
+            return vec![INVALID as i64; keys.len()];
         };
-        if n == 0 {
-            return Vec::new();
-        }
         py.detach(|| {
-            let lists = s.batch_replicas(keys);
-            // Check every key first, then move all the bytes in one batched transfer.
-            let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
-            let mut reads: Vec<ObjectRead<'_>> = Vec::with_capacity(n);
-            let mut owners: Vec<usize> = Vec::with_capacity(n);
-            for (i, l) in lists.iter().enumerate() {
-                let planned = l
-                    .as_ref()
-                    .map_err(|e| StoreError::from(*e))
-                    .and_then(|list| {
-                        let size = list.object_size()?;
-                        if size > sizes[i] {
-                            return Err(StoreError::new(
-                                ErrorCode::InvalidParams,
-                                format!("the object's {size} bytes do not fit in {}", sizes[i]),
-                            ));
-                        }
-                        let dst = s.caller_range_mut(buffer_ptrs[i], size)?;
-                        // SAFETY: the caller-memory contract (module doc) gives us the destination
-                        // to ourselves for this call, which `reads` does not outlive.
-                        Ok((list, size, unsafe { dst.into_mut_slice() }))
-                    });
-                match planned {
-                    Ok((list, size, dst)) => {
-                        out.push(Ok(size));
-                        owners.push(i);
-                        reads.push(ObjectRead {
-                            list,
-                            offset: 0,
-                            dst,
-                        });
-                    }
-                    Err(e) => out.push(Err(e)),
-                }
-            }
-            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
-                if let Err(e) = r {
-                    out[i] = Err(e);
-                }
-            }
-            out.into_iter()
-                .zip(keys)
-                .map(|(r, k)| rc_i64(r.map_err(|e| e.context(format_args!("batch_get_into {k}")))))
+            // SAFETY: the caller-memory contract (module doc) covers every destination.
+            unsafe { s.get_into_many(keys, buffer_ptrs, sizes) }
+                .into_iter()
+                .map(rc_i64)
                 .collect()
         })
     }
@@ -1196,62 +1150,14 @@ impl PyStore {
         prefer_alloc_in_same_node: bool,
     ) -> Vec<i64> {
         let _ = prefer_alloc_in_same_node;
-        let n = keys.len();
         let Some(s) = self.store() else {
-            return vec![INVALID as i64; n];
+            return vec![INVALID as i64; keys.len()];
         };
-        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
-            return vec![INVALID as i64; n];
-        }
-        if n == 0 {
-            return Vec::new();
-        }
         py.detach(|| {
-            let lists = s.batch_replicas(&keys);
-            let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
-            let mut reads: Vec<ObjectRead<'_>> = Vec::new();
-            let mut owners: Vec<usize> = Vec::new();
-            for (i, l) in lists.iter().enumerate() {
-                let planned = l
-                    .as_ref()
-                    .map_err(|e| StoreError::from(*e))
-                    .and_then(|list| {
-                        let size = list.object_size()?;
-                        let mut pieces = Vec::new();
-                        for (offset, p, take) in
-                            client::store::scatter(size, &all_buffer_ptrs[i], &all_sizes[i])?
-                        {
-                            pieces.push(ObjectRead {
-                                list,
-                                offset,
-                                // SAFETY: the caller-memory contract (module doc): each destination
-                                // is ours alone for this call, which `reads` does not outlive.
-                                dst: unsafe { s.caller_range_mut(p, take)?.into_mut_slice() },
-                            });
-                        }
-                        Ok((size, pieces))
-                    });
-                match planned {
-                    Ok((size, pieces)) => {
-                        out.push(Ok(size));
-                        owners.extend(std::iter::repeat_n(i, pieces.len()));
-                        reads.extend(pieces);
-                    }
-                    Err(e) => out.push(Err(e)),
-                }
-            }
-            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
-                if let Err(e) = r {
-                    out[i] = Err(e);
-                }
-            }
-            out.into_iter()
-                .zip(&keys)
-                .map(|(r, k)| {
-                    rc_i64(
-                        r.map_err(|e| e.context(format_args!("batch_get_into_multi_buffers {k}"))),
-                    )
-                })
+            // SAFETY: the caller-memory contract (module doc) covers every destination.
+            unsafe { s.get_into_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes) }
+                .into_iter()
+                .map(rc_i64)
                 .collect()
         })
     }

@@ -1025,6 +1025,128 @@ impl Store {
         .map_err(|e| e.context(format_args!("get_into {key}")))
     }
 
+    /// `batch_get_into`: reads object `keys[i]` into caller memory `[addrs[i], + lens[i])`;
+    /// the size read or why not, per key (see [`Self::get_into_scattered`]).
+    ///
+    /// # Safety
+    /// Until this returns, every `[addrs[i], + lens[i])` stays mapped and nothing else reads
+    /// or writes it (another thread, Python, another buffer of this call).
+    pub unsafe fn get_into_many(
+        &self,
+        keys: &[String],
+        addrs: &[u64],
+        lens: &[u64],
+    ) -> Vec<Result<u64, StoreError>> {
+        const OP: &str = "batch_get_into";
+        let n = keys.len();
+        if addrs.len() != n || lens.len() != n {
+            let cause = format!(
+                "{OP}: {n} keys but {} buffers and {} sizes",
+                addrs.len(),
+                lens.len()
+            );
+            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+        }
+        let one = |i: usize| {
+            (
+                std::slice::from_ref(&addrs[i]),
+                std::slice::from_ref(&lens[i]),
+            )
+        };
+        // SAFETY: our caller's contract is the one `get_into_scattered` asks for.
+        unsafe { self.get_into_scattered(OP, keys, one) }
+    }
+
+    /// `batch_get_into_multi_buffers`: scatters object `keys[i]` over the caller's buffers
+    /// `ptrs[i][j]` of `lens[i][j]` bytes, in order ([`scatter`]); the size read or why not,
+    /// per key.
+    ///
+    /// # Safety
+    /// As [`Self::get_into_many`], for every buffer.
+    pub unsafe fn get_into_multi_buffers(
+        &self,
+        keys: &[String],
+        ptrs: &[Vec<u64>],
+        lens: &[Vec<u64>],
+    ) -> Vec<Result<u64, StoreError>> {
+        const OP: &str = "batch_get_into_multi_buffers";
+        let n = keys.len();
+        if ptrs.len() != n || lens.len() != n {
+            let cause = format!(
+                "{OP}: {n} keys but {} buffer and {} size lists",
+                ptrs.len(),
+                lens.len()
+            );
+            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+        }
+        // SAFETY: our caller's contract is the one `get_into_scattered` asks for.
+        unsafe { self.get_into_scattered(OP, keys, |i| (&ptrs[i][..], &lens[i][..])) }
+    }
+
+    /// Reads each object `keys[i]` into the caller buffers `buffers(i)` (addresses, lengths),
+    /// in order. Every key is looked up and checked first (a miss, an object larger than its
+    /// buffers, memory that is not the caller's fail that key only); then all the bytes move
+    /// in one batched transfer.
+    ///
+    /// # Safety
+    /// Until this returns, every buffer stays mapped and nothing else reads or writes it
+    /// (another thread, Python, another buffer of this call).
+    unsafe fn get_into_scattered<'b>(
+        &self,
+        op: &str,
+        keys: &[String],
+        buffers: impl Fn(usize) -> (&'b [u64], &'b [u64]),
+    ) -> Vec<Result<u64, StoreError>> {
+        let n = keys.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let lists = self.batch_replicas(keys);
+        let mut out: Vec<Result<u64, StoreError>> = Vec::with_capacity(n);
+        let mut reads: Vec<ObjectRead<'_>> = Vec::with_capacity(n);
+        let mut owners: Vec<usize> = Vec::with_capacity(n);
+        for (i, l) in lists.iter().enumerate() {
+            let planned = l
+                .as_ref()
+                .map_err(|e| StoreError::from(*e))
+                .and_then(|list| {
+                    let size = list.object_size()?;
+                    let (ptrs, lens) = buffers(i);
+                    let mut pieces = Vec::new();
+                    for (offset, p, take) in scatter(size, ptrs, lens)? {
+                        let dst = self.caller_range_mut(p, take).map_err(|e| {
+                            StoreError::new(
+                                e,
+                                format!("{take} bytes at {p:#x} are not caller memory"),
+                            )
+                        })?;
+                        // SAFETY: our caller gives us each buffer to ourselves until we
+                        // return; `reads` dies before that.
+                        let dst = unsafe { dst.into_mut_slice() };
+                        pieces.push(ObjectRead { list, offset, dst });
+                    }
+                    Ok((size, pieces))
+                });
+            match planned {
+                Ok((size, pieces)) => {
+                    out.push(Ok(size));
+                    owners.extend(std::iter::repeat_n(i, pieces.len()));
+                    reads.extend(pieces);
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        for (i, r) in owners.into_iter().zip(self.read_many_from(reads)) {
+            if let Err(e) = r {
+                out[i] = Err(e);
+            }
+        }
+        out.into_iter()
+            .zip(keys)
+            .map(|(r, k)| r.map_err(|e| e.context(format_args!("{op} {k}"))))
+            .collect()
+    }
+
     /// The local-buffer budget, for callers that stage (tensors, `get_buffer`).
     pub fn budget(&self) -> &LocalBudget {
         &self.budget
