@@ -6,8 +6,9 @@
 //! bounded separately by the transport's timeout and then settles).
 //!
 //! Invariants: a batch id is never 0 (0 is the Python layer's "submission failed"); a batch
-//! with a job still running cannot be freed (`ERR_BATCH_BUSY`), so no job ever reports into a
-//! freed batch or outlives the memory checks made for it.
+//! with a job still running cannot be freed (`ERR_BATCH_BUSY` while a request has no outcome;
+//! once every request has one, free waits the moment it takes the job to return), so no job
+//! ever reports into a freed batch or outlives the memory checks made for it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -207,6 +208,14 @@ impl Batch {
     pub(crate) fn busy(&self) -> bool {
         self.running.load(Ordering::SeqCst) > 0
     }
+
+    /// Whether every task has its outcome (none waiting or pending). A job still counted as
+    /// running then is past its last `finish` and about to return.
+    fn settled(&self) -> bool {
+        self.tasks()
+            .iter()
+            .all(|t| matches!(t.state, State::Completed | State::Failed(_)))
+    }
 }
 
 /// The live batches of an engine, by id.
@@ -267,10 +276,19 @@ impl BatchTable {
             .get(&id)
             .ok_or_else(|| EngineError::new(TeError::InvalidArgument, format!("no batch {id}")))?;
         if batch.busy() {
-            return Err(EngineError::new(
-                TeError::BatchBusy,
-                format!("batch {id} still has requests in flight"),
-            ));
+            if !batch.settled() {
+                return Err(EngineError::new(
+                    TeError::BatchBusy,
+                    format!("batch {id} still has requests in flight"),
+                ));
+            }
+            // Every request has its outcome, so the caller saw the batch done; the job that
+            // reported the last one has not returned yet. It has nothing left but to return:
+            // wait for that instead of refusing a free the caller had every reason to expect
+            // to work.
+            while batch.busy() {
+                std::thread::yield_now();
+            }
         }
         map.remove(&id);
         Ok(())
@@ -281,6 +299,32 @@ impl BatchTable {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A batch whose requests all have their outcome can be freed even while the job that
+    /// reported the last one is still returning (it waits for that job, it does not refuse).
+    #[test]
+    fn a_settled_batch_frees_while_its_job_returns() {
+        let t = Arc::new(BatchTable::new());
+        let id = t.allocate(1).unwrap();
+        let b = t.get(id).unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        b.append([(8, far)].into_iter()).unwrap();
+        b.job_started();
+        assert_eq!(t.free(id).unwrap_err().code(), TeError::BatchBusy);
+        b.finish(0, Err(-800));
+        assert_eq!(b.overall().status, TransferStatus::Failed);
+        let job = std::thread::spawn({
+            let b = b.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(50));
+                b.job_finished();
+            }
+        });
+        t.free(id).expect("a settled batch frees");
+        assert!(!b.busy(), "free returned before the job did");
+        job.join().unwrap();
+        assert!(t.get(id).is_err());
+    }
 
     #[test]
     fn lifecycle_and_aggregate() {
