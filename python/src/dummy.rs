@@ -13,9 +13,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::pybuf::Pinned;
-use crate::ranges::{Fragment, RangeSource};
 use crate::store::{task_fields, TaskFields};
 use crate::types::PyReplicateConfig;
+use client::store::ranges::{Fragment, RangeSource};
 
 const INVALID: i32 = ErrorCode::InvalidParams as i32;
 
@@ -636,7 +636,7 @@ impl PyDummy {
         all_sizes: Vec<Vec<Vec<u64>>>,
     ) -> Vec<Vec<Vec<i64>>> {
         py.detach(|| {
-            crate::ranges::get_into_ranges(
+            client::store::ranges::get_into_ranges(
                 Some(self),
                 &buffer_ptrs,
                 &all_keys,

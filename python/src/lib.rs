@@ -19,7 +19,6 @@ mod ep;
 mod mempool;
 mod pg;
 mod pybuf;
-mod ranges;
 mod setup_args;
 mod store;
 mod tensor;

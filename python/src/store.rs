@@ -723,7 +723,7 @@ impl PyStore {
             Some(s) => match py.detach(|| s.is_exist(key)) {
                 Ok(true) => 1,
                 Ok(false) => 0,
-                Err(e) => e.code(),
+                Err(e) => failed(e),
             },
         }
     }
@@ -740,7 +740,7 @@ impl PyStore {
                 .map(|r| match r {
                     Ok(true) => 1,
                     Ok(false) => 0,
-                    Err(e) => e.code(),
+                    Err(e) => failed(e),
                 })
                 .collect()
         })
@@ -892,12 +892,12 @@ impl PyStore {
         };
         let r = py.detach(|| match (&source, targets.as_slice()) {
             (Some(src), [target]) => s.create_move_task(&key, src, target),
-            (Some(_), _) => Err(protocol::ErrorCode::InvalidParams),
+            (Some(_), _) => Err(protocol::ErrorCode::InvalidParams.into()),
             (None, _) => s.create_copy_task(&key, &targets),
         });
         match r {
             Ok(id) => ((id.hi, id.lo), 0),
-            Err(e) => ((0, 0), e.code()),
+            Err(e) => ((0, 0), failed(e)),
         }
     }
 
@@ -910,7 +910,7 @@ impl PyStore {
         };
         match py.detach(|| s.query_task(protocol::Uuid::from_parts(hi, lo))) {
             Ok(t) => (0, Some(task_fields(t))),
-            Err(e) => (e.code(), None),
+            Err(e) => (failed(e), None),
         }
     }
 
@@ -1177,7 +1177,7 @@ impl PyStore {
     ) -> Vec<Vec<Vec<i64>>> {
         let s = self.store();
         py.detach(|| {
-            crate::ranges::get_into_ranges(
+            client::store::ranges::get_into_ranges(
                 s.as_deref(),
                 &buffer_ptrs,
                 &all_keys,
@@ -1427,8 +1427,8 @@ impl PyStore {
         let mut objs: Vec<Option<Bound<'py, PyAny>>> = Vec::with_capacity(keys.len());
         let mut plans: Vec<Option<(Lookup, Fresh)>> = Vec::with_capacity(keys.len());
         for l in lists {
-            match l.and_then(|l| l.object_size().map(|n| (l, n))) {
-                Ok((l, n)) => {
+            match l.and_then(|l| Ok((l.object_size()?, l))) {
+                Ok((n, l)) => {
                     let (o, f) = make(py, usize_of(n)?)?;
                     objs.push(Some(o));
                     plans.push(Some((l, f)));

@@ -187,7 +187,7 @@ fn call(store: &Store, rec: &Rec, client: u32, kind: Kind, key: usize, id: u64, 
             None,
             match store.is_exist(&name) {
                 Ok(b) => Outcome::Exists(b),
-                Err(e) => outcome::<()>(&Err(e)),
+                Err(e) => outcome::<()>(&Err(e.code)),
             },
         ),
     };
@@ -516,7 +516,7 @@ fn randomized_faults_keep_the_history_consistent() {
                         },
                         _ => match stores[0].is_exist(&key) {
                             Ok(b) => Outcome::Exists(b),
-                            Err(e) => outcome::<()>(&Err(e)),
+                            Err(e) => outcome::<()>(&Err(e.code)),
                         },
                     };
                     rec.op(Op {

@@ -211,7 +211,7 @@ fn batch_get_of(store: &Store, keys: &[String], len: usize) -> Vec<Result<(), Er
                 });
                 idx.push(i);
             }
-            Err(e) => out[i] = Err(*e),
+            Err(e) => out[i] = Err(e.code),
         }
     }
     for (i, r) in idx.into_iter().zip(store.read_many_from(reads)) {

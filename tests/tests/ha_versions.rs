@@ -123,7 +123,10 @@ fn worker(
             // non-forced removes fail: both paths are part of the mix.
             (None, store.get(&name).map(|_| ()).map_err(ErrorCode::from))
         } else {
-            (None, store.is_exist(&name).map(|_| ()))
+            (
+                None,
+                store.is_exist(&name).map(|_| ()).map_err(ErrorCode::from),
+            )
         };
         let end = Instant::now();
         // A remove the serving master refused for a lease or an in-flight put changed

@@ -167,6 +167,7 @@ fn one(
         }),
         Op::Exist => store
             .is_exist(key)
+            .map_err(ErrorCode::from)
             .and_then(|e| e.then_some(()).ok_or(ErrorCode::ObjectNotFound)),
         Op::Mixed => unreachable!("op_of resolves mixed"),
     };

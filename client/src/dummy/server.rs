@@ -258,7 +258,8 @@ fn serve_one(mut conn: UnixStream, lazy: &LazyStore, stop: &AtomicBool) -> io::R
         return refuse(&mut conn, ErrorCode::InvalidParams, "empty region".into());
     };
     if let Err(e) = store.register_buffer(local, len) {
-        return refuse(&mut conn, e, "cannot register the shared region".into());
+        let why = format!("cannot register the shared region: {e}");
+        return refuse(&mut conn, e.code, why);
     }
     let region = Region {
         map,
@@ -400,7 +401,7 @@ fn handle(region: &Region<'_>, store: &Store, req: Request) -> Response {
             let made = match (&source, targets.as_slice()) {
                 (None, _) => store.create_copy_task(&key, &targets),
                 (Some(src), [target]) => store.create_move_task(&key, src, target),
-                (Some(_), _) => Err(ErrorCode::InvalidParams),
+                (Some(_), _) => Err(ErrorCode::InvalidParams.into()),
             };
             match made {
                 Ok(id) => return Response::TaskCreated { id },
@@ -424,10 +425,10 @@ fn read_ranges(region: &Region<'_>, store: &Store, reads: &[RangeRead]) -> Vec<i
     let mut out = vec![0i64; reads.len()];
     let mut planned = Vec::with_capacity(reads.len());
     for (i, (rd, list)) in reads.iter().zip(&lists).enumerate() {
-        let plan = list.as_ref().map_err(|e| *e).and_then(|list| {
+        let plan = list.as_ref().map_err(Clone::clone).and_then(|list| {
             let size = list.object_size()?;
             if rd.offset.checked_add(rd.len).is_none_or(|end| end > size) {
-                return Err(ErrorCode::InvalidParams);
+                return Err(ErrorCode::InvalidParams.into());
             }
             let p = region
                 .local(rd.addr, rd.len)

@@ -56,6 +56,7 @@ pub mod http;
 mod keylock;
 pub mod mapped;
 mod peers;
+pub mod ranges;
 pub mod rdma;
 mod session;
 mod setup;
@@ -580,21 +581,29 @@ impl Store {
     /// One batch call to the master with a result per key: every key `INVALID_PARAMS` when the
     /// store is closed, `[]` for no keys, and every key the call's error (`RPC_FAIL` for an
     /// answer of the wrong length) when the call itself fails.
-    fn per_key<R, T>(&self, n: usize, req: impl FnOnce() -> R) -> Vec<Result<T, ErrorCode>>
+    fn per_key<R, T>(
+        &self,
+        op: &str,
+        n: usize,
+        req: impl FnOnce() -> R,
+    ) -> Vec<Result<T, StoreError>>
     where
         R: protocol::message::Rpc<Reply = Vec<Result<T, ErrorCode>>>,
         T: Clone,
     {
-        if self.check_open().is_err() {
-            return vec![Err(ErrorCode::InvalidParams); n];
+        if let Err(e) = self.check_open() {
+            return vec![Err(e.context(op)); n];
         }
         if n == 0 {
             return Vec::new();
         }
         match self.ask(self.master.call(&req())) {
-            Ok(v) if v.len() == n => v,
-            Ok(_) => vec![Err(ErrorCode::RpcFail); n],
-            Err(e) => vec![Err(e.code); n],
+            Ok(v) if v.len() == n => v.into_iter().map(|r| r.map_err(StoreError::from)).collect(),
+            Ok(v) => {
+                let cause = format!("{op}: the master answered {} of {n} keys", v.len());
+                vec![Err(StoreError::new(ErrorCode::RpcFail, cause)); n]
+            }
+            Err(e) => vec![Err(e.context(format_args!("{op} of {n} keys"))); n],
         }
     }
 
@@ -613,9 +622,9 @@ impl Store {
         Ok(Lookup::new(list, asked_at))
     }
 
-    pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<Lookup, ErrorCode>> {
+    pub fn batch_replicas(&self, keys: &[String]) -> Vec<Result<Lookup, StoreError>> {
         let asked_at = Instant::now();
-        self.per_key(keys.len(), || BatchGetReplicaList {
+        self.per_key("batch lookup", keys.len(), || BatchGetReplicaList {
             keys: keys.to_vec(),
         })
         .into_iter()
@@ -731,21 +740,24 @@ impl Store {
         }
     }
 
-    pub fn get_size(&self, key: &str) -> Result<u64, ErrorCode> {
-        self.replicas(key)?.object_size()
+    pub fn get_size(&self, key: &str) -> Result<u64, StoreError> {
+        Ok(self.replicas(key)?.object_size()?)
     }
 
     // ---- metadata -------------------------------------------------------------------------
 
-    pub fn is_exist(&self, key: &str) -> Result<bool, ErrorCode> {
-        self.check_open()?;
-        Ok(self.ask(self.master.call(&ExistKey {
-            key: key.to_string(),
-        }))?)
+    pub fn is_exist(&self, key: &str) -> Result<bool, StoreError> {
+        self.check_open()
+            .and_then(|()| {
+                self.ask(self.master.call(&ExistKey {
+                    key: key.to_string(),
+                }))
+            })
+            .map_err(|e| e.context(format_args!("is_exist {key}")))
     }
 
-    pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, ErrorCode>> {
-        self.per_key(keys.len(), || BatchExistKey {
+    pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, StoreError>> {
+        self.per_key("batch_is_exist", keys.len(), || BatchExistKey {
             keys: keys.to_vec(),
         })
     }
@@ -822,22 +834,26 @@ impl Store {
         })
     }
 
-    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, ErrorCode> {
-        self.check_open()?;
-        Ok(self.ask(self.master.call(&RemoveByRegex {
-            pattern: pattern.to_string(),
-            force,
-        }))?)
+    pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, StoreError> {
+        self.check_open()
+            .and_then(|()| {
+                self.ask(self.master.call(&RemoveByRegex {
+                    pattern: pattern.to_string(),
+                    force,
+                }))
+            })
+            .map_err(|e| e.context(format_args!("remove_by_regex {pattern:?}")))
     }
 
-    pub fn remove_all(&self, force: bool) -> Result<u64, ErrorCode> {
-        self.check_open()?;
-        Ok(self.ask(self.master.call(&RemoveAll { force }))?)
+    pub fn remove_all(&self, force: bool) -> Result<u64, StoreError> {
+        self.check_open()
+            .and_then(|()| self.ask(self.master.call(&RemoveAll { force })))
+            .map_err(|e| e.context("remove_all"))
     }
 
     /// Removes every key, burying what each frees as [`Store::remove`] does.
-    pub fn batch_remove(&self, keys: &[String], force: bool) -> Vec<Result<(), ErrorCode>> {
-        let answers = self.per_key(keys.len(), || BatchRemove {
+    pub fn batch_remove(&self, keys: &[String], force: bool) -> Vec<Result<(), StoreError>> {
+        let answers = self.per_key("batch_remove", keys.len(), || BatchRemove {
             keys: keys.to_vec(),
             force,
         });
@@ -858,7 +874,9 @@ impl Store {
             .into_iter()
             .zip(keys)
             .map(|(a, k)| match &not_durable {
-                Some((bad, e)) if a.is_ok() && bad.contains(k) => Err(e.code),
+                Some((bad, e)) if a.is_ok() && bad.contains(k) => Err(e
+                    .clone()
+                    .context(format_args!("batch_remove {k}: the removal is not durable"))),
                 _ => a.map(|_| ()),
             })
             .collect()
@@ -909,13 +927,15 @@ impl Store {
 
     /// Registers `[addr, addr + len)` of caller memory for the zero-copy calls. Registering the
     /// same buffer again is a no-op; overlapping another buffer is `INVALID_PARAMS`.
-    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<(), ErrorCode> {
+    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<(), StoreError> {
         let mut b = self.buffers.write();
         if b.find(addr) == Some((addr, len)) {
             return Ok(());
         }
-        b.register(addr, len)
-            .map_err(|_| ErrorCode::InvalidParams)?;
+        b.register(addr, len).map_err(|e| {
+            let cause = format!("register_buffer: {len} bytes at {addr:#x}: {e}");
+            StoreError::new(ErrorCode::InvalidParams, cause)
+        })?;
         if let Some(r) = self.peers.rdma() {
             // Transfers from and into this buffer then skip the staging copy. A failure only
             // costs that copy.
@@ -928,12 +948,15 @@ impl Store {
         Ok(())
     }
 
-    pub fn unregister_buffer(&self, addr: u64) -> Result<(), ErrorCode> {
+    pub fn unregister_buffer(&self, addr: u64) -> Result<(), StoreError> {
         self.buffers
             .write()
             .unregister(addr)
             .map(|_| ())
-            .map_err(|_| ErrorCode::InvalidParams)?;
+            .map_err(|e| {
+                let cause = format!("unregister_buffer {addr:#x}: {e}");
+                StoreError::new(ErrorCode::InvalidParams, cause)
+            })?;
         if let Some(r) = self.peers.rdma() {
             r.side().unregister(addr);
         }
@@ -1106,27 +1129,21 @@ impl Store {
         let mut reads: Vec<ObjectRead<'_>> = Vec::with_capacity(n);
         let mut owners: Vec<usize> = Vec::with_capacity(n);
         for (i, l) in lists.iter().enumerate() {
-            let planned = l
-                .as_ref()
-                .map_err(|e| StoreError::from(*e))
-                .and_then(|list| {
-                    let size = list.object_size()?;
-                    let (ptrs, lens) = buffers(i);
-                    let mut pieces = Vec::new();
-                    for (offset, p, take) in scatter(size, ptrs, lens)? {
-                        let dst = self.caller_range_mut(p, take).map_err(|e| {
-                            StoreError::new(
-                                e,
-                                format!("{take} bytes at {p:#x} are not caller memory"),
-                            )
-                        })?;
-                        // SAFETY: our caller gives us each buffer to ourselves until we
-                        // return; `reads` dies before that.
-                        let dst = unsafe { dst.into_mut_slice() };
-                        pieces.push(ObjectRead { list, offset, dst });
-                    }
-                    Ok((size, pieces))
-                });
+            let planned = l.as_ref().map_err(Clone::clone).and_then(|list| {
+                let size = list.object_size()?;
+                let (ptrs, lens) = buffers(i);
+                let mut pieces = Vec::new();
+                for (offset, p, take) in scatter(size, ptrs, lens)? {
+                    let dst = self.caller_range_mut(p, take).map_err(|e| {
+                        StoreError::new(e, format!("{take} bytes at {p:#x} are not caller memory"))
+                    })?;
+                    // SAFETY: our caller gives us each buffer to ourselves until we
+                    // return; `reads` dies before that.
+                    let dst = unsafe { dst.into_mut_slice() };
+                    pieces.push(ObjectRead { list, offset, dst });
+                }
+                Ok((size, pieces))
+            });
             match planned {
                 Ok((size, pieces)) => {
                     out.push(Ok(size));

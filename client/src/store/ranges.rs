@@ -4,8 +4,11 @@
 //! `all_sizes` as `[b][k][f]`. The result has the shape of `all_sizes`: per fragment the bytes
 //! read or a negative code. A destination range must lie inside the registered buffer that
 //! contains `buffer_ptrs[b]`; a source range inside the object.
+//!
+//! One planner for every client that can serve these reads ([`RangeSource`]): the store
+//! client (below) and the Python dummy client (`python/src/dummy.rs`).
 
-use client::Store;
+use super::Store;
 use protocol::ErrorCode;
 
 const INVALID: i64 = ErrorCode::InvalidParams as i64;
@@ -52,10 +55,13 @@ pub struct Fragment<'a, O> {
 }
 
 impl RangeSource for Store {
-    type Object = client::store::Lookup;
+    type Object = super::Lookup;
 
     fn objects(&self, keys: &[String]) -> Vec<Result<Self::Object, ErrorCode>> {
-        self.batch_replicas(keys)
+        // Ranged calls answer per-range codes; a failed lookup keeps only its code here.
+        (self.batch_replicas(keys).into_iter())
+            .map(|r| r.map_err(|e| e.code))
+            .collect()
     }
 
     fn object_size(&self, o: &Self::Object) -> Result<u64, ErrorCode> {

@@ -367,7 +367,7 @@ impl Store {
         keys.iter()
             .zip(lists)
             .map(|(k, l)| {
-                let l = l.map_err(|c| StoreError::new(c, format!("{OP} {k}: lookup")))?;
+                let l = l.map_err(|e| e.context(format_args!("{OP} {k}: lookup")))?;
                 if l.replicas.is_empty() {
                     let cause = format!("{OP} {k}: the object has no replica");
                     return Err(StoreError::new(ErrorCode::InvalidReplica, cause));

@@ -29,12 +29,15 @@ use crate::master::MasterClient;
 
 impl Store {
     /// `CreateCopyTask`: copies `key` onto each segment of `targets`; the task's id.
-    pub fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<Uuid, ErrorCode> {
-        self.check_open()?;
-        Ok(rpc(self.master.call(&CreateCopyTask {
-            key: key.to_string(),
-            targets: targets.to_vec(),
-        }))?)
+    pub fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<Uuid, StoreError> {
+        self.check_open()
+            .and_then(|()| {
+                rpc(self.master.call(&CreateCopyTask {
+                    key: key.to_string(),
+                    targets: targets.to_vec(),
+                }))
+            })
+            .map_err(|e| e.context(format_args!("create_copy_task {key} to {targets:?}")))
     }
 
     /// `CreateMoveTask`: moves `key`'s replica on segment `source` to segment `target`.
@@ -43,19 +46,27 @@ impl Store {
         key: &str,
         source: &str,
         target: &str,
-    ) -> Result<Uuid, ErrorCode> {
-        self.check_open()?;
-        Ok(rpc(self.master.call(&CreateMoveTask {
-            key: key.to_string(),
-            source: source.to_string(),
-            target: target.to_string(),
-        }))?)
+    ) -> Result<Uuid, StoreError> {
+        self.check_open()
+            .and_then(|()| {
+                rpc(self.master.call(&CreateMoveTask {
+                    key: key.to_string(),
+                    source: source.to_string(),
+                    target: target.to_string(),
+                }))
+            })
+            .map_err(|e| {
+                e.context(format_args!(
+                    "create_move_task {key} from {source} to {target}"
+                ))
+            })
     }
 
     /// `QueryTask`: the state of a task (`TASK_NOT_FOUND` for one this master does not know).
-    pub fn query_task(&self, id: Uuid) -> Result<TaskInfo, ErrorCode> {
-        self.check_open()?;
-        Ok(rpc(self.master.call(&QueryTask { task_id: id }))?)
+    pub fn query_task(&self, id: Uuid) -> Result<TaskInfo, StoreError> {
+        self.check_open()
+            .and_then(|()| rpc(self.master.call(&QueryTask { task_id: id })))
+            .map_err(|e| e.context(format_args!("query_task {id}")))
     }
 }
 
