@@ -547,17 +547,11 @@ impl PyDummy {
         // As on a store: the placement does not know the writer, so the flag is dropped.
         cfg.prefer_alloc_in_same_node = false;
         let parts = |i: usize| {
-            if all_buffer_ptrs[i].len() != all_sizes[i].len() {
-                return Err(ErrorCode::InvalidParams);
-            }
-            all_buffer_ptrs[i]
-                .iter()
-                .zip(&all_sizes[i])
+            crate::store::parts_of(&all_buffer_ptrs[i], &all_sizes[i], |p, l| {
                 // SAFETY: the caller-memory contract holds every source for this call, which
                 // the slices do not outlive.
-                .map(|(&p, &s)| unsafe { self.caller_slice(p, s) }.ok_or(ErrorCode::InvalidParams))
-                .collect::<Result<_, _>>()
-                .map(Some)
+                unsafe { self.caller_slice(p, l) }.ok_or(ErrorCode::InvalidParams)
+            })
         };
         let d = self.inner.clone();
         crate::store::put_accepted(&keys, parts, |at, ks, objects| {

@@ -407,6 +407,23 @@ pub(crate) fn put_accepted<'a>(
     out
 }
 
+/// One key's object for the multi-buffer puts: the `ptrs[j]` of `lens[j]` bytes in order,
+/// each through `range` (the caller's check of its memory); the two lists must agree in length.
+pub(crate) fn parts_of<'a>(
+    ptrs: &[u64],
+    lens: &[u64],
+    mut range: impl FnMut(u64, u64) -> Result<&'a [u8], ErrorCode>,
+) -> Result<Option<Vec<&'a [u8]>>, ErrorCode> {
+    if ptrs.len() != lens.len() {
+        return Err(ErrorCode::InvalidParams);
+    }
+    ptrs.iter()
+        .zip(lens)
+        .map(|(&p, &l)| range(p, l))
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
 /// Whether `data` (`size` bytes of caller memory) is a valid `[TensorMetadata][data]` object.
 pub(crate) fn is_tensor_object(data: &[u8], size: u64) -> bool {
     TensorMetadata::decode(data, size).is_ok()
@@ -1098,19 +1115,13 @@ impl PyStore {
             c.prefer_alloc_in_same_node = false;
         }
         let parts = |i: usize| {
-            if all_buffer_ptrs[i].len() != all_sizes[i].len() {
-                return Err(ErrorCode::InvalidParams);
-            }
-            all_buffer_ptrs[i]
-                .iter()
-                .zip(&all_sizes[i])
+            parts_of(&all_buffer_ptrs[i], &all_sizes[i], |p, l| {
+                let r = s.caller_range(p, l)?;
                 // SAFETY: the caller-memory contract (module doc) holds every source for this
                 // call, which the objects do not outlive.
-                .map(|(&p, &l)| s.caller_range(p, l).map(|r| unsafe { r.into_slice() }))
-                .collect::<Result<_, _>>()
-                .map(Some)
+                Ok(unsafe { r.into_slice() })
+            })
         };
-        let n = keys.len();
         put_accepted(&keys, parts, |at, ks, ps| {
             self.put_many(py, (n, Some(at)), ks, ps, &cfg, false, false)
         })
