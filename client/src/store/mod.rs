@@ -296,6 +296,18 @@ impl Store {
         })
     }
 
+    /// One call to the master from an open store: its answer, or why not with `what` in
+    /// front (a closed store, the master's refusal, or the failed call naming the master).
+    fn ask_open<T>(
+        &self,
+        what: impl std::fmt::Display,
+        call: impl FnOnce() -> Result<Result<T, ErrorCode>, crate::ClientError>,
+    ) -> Result<T, StoreError> {
+        self.check_open()
+            .and_then(|()| self.ask(call()))
+            .map_err(|e| e.context(what))
+    }
+
     fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(StoreError::new(
@@ -747,13 +759,11 @@ impl Store {
     // ---- metadata -------------------------------------------------------------------------
 
     pub fn is_exist(&self, key: &str) -> Result<bool, StoreError> {
-        self.check_open()
-            .and_then(|()| {
-                self.ask(self.master.call(&ExistKey {
-                    key: key.to_string(),
-                }))
+        self.ask_open(format_args!("is_exist {key}"), || {
+            self.master.call(&ExistKey {
+                key: key.to_string(),
             })
-            .map_err(|e| e.context(format_args!("is_exist {key}")))
+        })
     }
 
     pub fn batch_is_exist(&self, keys: &[String]) -> Vec<Result<bool, StoreError>> {
@@ -835,20 +845,16 @@ impl Store {
     }
 
     pub fn remove_by_regex(&self, pattern: &str, force: bool) -> Result<u64, StoreError> {
-        self.check_open()
-            .and_then(|()| {
-                self.ask(self.master.call(&RemoveByRegex {
-                    pattern: pattern.to_string(),
-                    force,
-                }))
+        self.ask_open(format_args!("remove_by_regex {pattern:?}"), || {
+            self.master.call(&RemoveByRegex {
+                pattern: pattern.to_string(),
+                force,
             })
-            .map_err(|e| e.context(format_args!("remove_by_regex {pattern:?}")))
+        })
     }
 
     pub fn remove_all(&self, force: bool) -> Result<u64, StoreError> {
-        self.check_open()
-            .and_then(|()| self.ask(self.master.call(&RemoveAll { force })))
-            .map_err(|e| e.context("remove_all"))
+        self.ask_open("remove_all", || self.master.call(&RemoveAll { force }))
     }
 
     /// Removes every key, burying what each frees as [`Store::remove`] does.

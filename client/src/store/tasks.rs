@@ -24,20 +24,21 @@ use protocol::{ErrorCode, TaskInfo, TaskWork, Uuid};
 
 use super::peers::{Peers, WriteItem};
 use super::setup::PING_INTERVAL;
-use super::{rpc, Store, StoreError};
+use super::{Store, StoreError};
 use crate::master::MasterClient;
 
 impl Store {
     /// `CreateCopyTask`: copies `key` onto each segment of `targets`; the task's id.
     pub fn create_copy_task(&self, key: &str, targets: &[String]) -> Result<Uuid, StoreError> {
-        self.check_open()
-            .and_then(|()| {
-                rpc(self.master.call(&CreateCopyTask {
+        self.ask_open(
+            format_args!("create_copy_task {key} to {targets:?}"),
+            || {
+                self.master.call(&CreateCopyTask {
                     key: key.to_string(),
                     targets: targets.to_vec(),
-                }))
-            })
-            .map_err(|e| e.context(format_args!("create_copy_task {key} to {targets:?}")))
+                })
+            },
+        )
     }
 
     /// `CreateMoveTask`: moves `key`'s replica on segment `source` to segment `target`.
@@ -47,26 +48,21 @@ impl Store {
         source: &str,
         target: &str,
     ) -> Result<Uuid, StoreError> {
-        self.check_open()
-            .and_then(|()| {
-                rpc(self.master.call(&CreateMoveTask {
-                    key: key.to_string(),
-                    source: source.to_string(),
-                    target: target.to_string(),
-                }))
+        let what = format_args!("create_move_task {key} from {source} to {target}");
+        self.ask_open(what, || {
+            self.master.call(&CreateMoveTask {
+                key: key.to_string(),
+                source: source.to_string(),
+                target: target.to_string(),
             })
-            .map_err(|e| {
-                e.context(format_args!(
-                    "create_move_task {key} from {source} to {target}"
-                ))
-            })
+        })
     }
 
     /// `QueryTask`: the state of a task (`TASK_NOT_FOUND` for one this master does not know).
     pub fn query_task(&self, id: Uuid) -> Result<TaskInfo, StoreError> {
-        self.check_open()
-            .and_then(|()| rpc(self.master.call(&QueryTask { task_id: id })))
-            .map_err(|e| e.context(format_args!("query_task {id}")))
+        self.ask_open(format_args!("query_task {id}"), || {
+            self.master.call(&QueryTask { task_id: id })
+        })
     }
 }
 
