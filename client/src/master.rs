@@ -584,7 +584,8 @@ fn busy_poll() -> Duration {
 /// `read`, after polling the socket with `MSG_DONTWAIT` for up to [`busy_poll`].
 fn read_spinning(sock: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
-    dataplane::transport::recv_spinning(sock.as_raw_fd(), buf, 0, busy_poll())
+    let mut dst = dataplane::mem::Dst::from(buf);
+    dataplane::transport::recv_spinning(sock.as_raw_fd(), &mut dst, 0, busy_poll())
 }
 
 /// Delivers every complete frame at the start of `buf` and drops it from `buf`.

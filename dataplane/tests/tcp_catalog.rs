@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 
+use dataplane::mem::Src;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -48,7 +49,7 @@ fn catalog_put(f: &Fixture, addr: u64, rec: &[u8]) -> Result<(), TransferError> 
     let client = f.client(1);
     let mut ops = [TransferOp::CatalogPut {
         remote_addr: addr,
-        record: rec,
+        record: Src::from(rec),
     }];
     client.submit(&mut ops).pop().unwrap()
 }
@@ -146,11 +147,11 @@ fn catalog_put_follows_its_write(backend: Backend) {
         let addr = f.base() + (i as u64) * 4096;
         ops.push(TransferOp::Write {
             remote_addr: addr,
-            src: &data[i],
+            src: Src::from(&data[i][..]),
         });
         ops.push(TransferOp::CatalogPut {
             remote_addr: addr,
-            record: &recs[i],
+            record: Src::from(&recs[i][..]),
         });
     }
     assert!(client.submit(&mut ops).iter().all(Result::is_ok));

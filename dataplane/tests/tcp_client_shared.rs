@@ -6,6 +6,7 @@
 mod common;
 
 use common::{Backend, Fixture};
+use dataplane::mem::{Dst, Src};
 use dataplane::transport::client::{TransferError, TransferOp};
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -58,7 +59,7 @@ fn tcp_client_many_threads_share_one_client(backend: Backend) {
                         .enumerate()
                         .map(|(i, d)| TransferOp::Write {
                             remote_addr: base + (i * slot) as u64,
-                            src: d,
+                            src: Src::from(&d[..]),
                         })
                         .collect();
                     let results = client.submit(&mut writes);
@@ -70,7 +71,7 @@ fn tcp_client_many_threads_share_one_client(backend: Backend) {
                         .enumerate()
                         .map(|(i, b)| TransferOp::Read {
                             remote_addr: base + (i * slot) as u64,
-                            dst: b,
+                            dst: Dst::from(&mut b[..]),
                         })
                         .collect();
                     let results = client.submit(&mut reads);
@@ -118,7 +119,7 @@ fn tcp_client_survives_a_server_restart(backend: Backend) {
         .enumerate()
         .map(|(i, d)| TransferOp::Write {
             remote_addr: base + (i * 4096) as u64,
-            src: d,
+            src: Src::from(&d[..]),
         })
         .collect();
     // The failures above closed the lanes, so this batch reconnects them and succeeds.
@@ -130,7 +131,7 @@ fn tcp_client_survives_a_server_restart(backend: Backend) {
         .enumerate()
         .map(|(i, b)| TransferOp::Read {
             remote_addr: base + (i * 4096) as u64,
-            dst: b,
+            dst: Dst::from(&mut b[..]),
         })
         .collect();
     let results = client.submit(&mut reads);
@@ -160,7 +161,7 @@ fn tcp_client_stale_lanes_fail_once_then_reconnect(backend: Backend) {
         .enumerate()
         .map(|(i, b)| TransferOp::Write {
             remote_addr: base + (i * 64) as u64,
-            src: b,
+            src: Src::from(&b[..]),
         })
         .collect();
     assert!(client.submit(&mut ops).iter().all(Result::is_ok));

@@ -2,6 +2,7 @@
 //! order, a lane that stalls mid-payload (timeout, then recovery on a new connection), and
 //! the bound on requests in flight per lane.
 
+use dataplane::mem::{Dst, Src};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -143,25 +144,25 @@ fn tcp_client_matches_out_of_order_responses_by_id() {
         let lens = [1usize, 24, 25, 4096, 100_000, 3, 65536, 777];
         let mut dsts: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
         let src = served(0x5000, 5000);
-        let mut refused_dst = vec![0u8; 10];
+        let mut refused_dst = [0u8; 10];
         let mut ops: Vec<TransferOp<'_>> = dsts
             .iter_mut()
             .enumerate()
             .map(|(i, d)| TransferOp::Read {
                 remote_addr: 0x1000_0000 * (i as u64 + 1),
-                dst: d,
+                dst: Dst::from(&mut d[..]),
             })
             .collect();
         ops.insert(
             3,
             TransferOp::Write {
                 remote_addr: 0x5000,
-                src: &src,
+                src: Src::from(&src[..]),
             },
         );
         ops.push(TransferOp::Read {
             remote_addr: REFUSED_ADDR,
-            dst: &mut refused_dst,
+            dst: Dst::from(&mut refused_dst[..]),
         });
         let results = client.submit(&mut ops);
         drop(ops);
@@ -200,7 +201,7 @@ fn tcp_client_keeps_at_most_the_limit_in_flight_per_lane() {
         .enumerate()
         .map(|(i, d)| TransferOp::Read {
             remote_addr: 64 * i as u64,
-            dst: d,
+            dst: Dst::from(&mut d[..]),
         })
         .collect();
     let results = client.submit(&mut ops);
@@ -270,11 +271,11 @@ fn tcp_client_one_lane_timing_out_does_not_fail_the_others() {
     let mut ops = [
         TransferOp::Read {
             remote_addr: 0x10_0000,
-            dst: &mut a,
+            dst: Dst::from(&mut a[..]),
         },
         TransferOp::Read {
             remote_addr: 0x20_0000,
-            dst: &mut b,
+            dst: Dst::from(&mut b[..]),
         },
     ];
     let started = Instant::now();
@@ -294,11 +295,11 @@ fn tcp_client_one_lane_timing_out_does_not_fail_the_others() {
     let mut ops = [
         TransferOp::Read {
             remote_addr: 0x10_0000,
-            dst: &mut a,
+            dst: Dst::from(&mut a[..]),
         },
         TransferOp::Read {
             remote_addr: 0x20_0000,
-            dst: &mut b,
+            dst: Dst::from(&mut b[..]),
         },
     ];
     let results = client.submit(&mut ops);

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{pattern, Backend, Fixture};
+use dataplane::mem::{Dst, Src};
 use dataplane::transport::client::TransferOp;
 use rand::{Rng, RngCore, SeedableRng};
 
@@ -77,7 +78,7 @@ fn tcp_batch_with_many_requests_in_flight(backend: Backend) {
         .enumerate()
         .map(|(i, d)| TransferOp::Write {
             remote_addr: f.base() + (i * slot) as u64,
-            src: d,
+            src: Src::from(&d[..]),
         })
         .collect();
     let results = client.submit(&mut writes);
@@ -88,7 +89,7 @@ fn tcp_batch_with_many_requests_in_flight(backend: Backend) {
         .enumerate()
         .map(|(i, b)| TransferOp::Read {
             remote_addr: f.base() + (i * slot) as u64,
-            dst: b,
+            dst: Dst::from(&mut b[..]),
         })
         .collect();
     let results = client.submit(&mut reads);
@@ -106,24 +107,24 @@ fn tcp_batch_reports_a_status_per_request(backend: Backend) {
     let mut ops = vec![
         TransferOp::Write {
             remote_addr: f.base(),
-            src: &data,
+            src: Src::from(&data[..]),
         },
         TransferOp::Write {
             remote_addr: beyond,
-            src: &data,
+            src: Src::from(&data[..]),
         },
         // Requests of one batch are unordered, so read a range no write of it touches.
         TransferOp::Read {
             remote_addr: f.base() + 200_000,
-            dst: &mut sink,
+            dst: Dst::from(&mut sink[..]),
         },
         TransferOp::Read {
             remote_addr: 16,
-            dst: &mut empty,
+            dst: Dst::from(&mut empty[..]),
         },
         TransferOp::Write {
             remote_addr: f.base() + 5000,
-            src: &data,
+            src: Src::from(&data[..]),
         },
     ];
     let results = client.submit(&mut ops);

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use client::dummy::DummyClient;
+use dataplane::mem::{Dst, Src};
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicateConfig};
 use pyo3::prelude::*;
@@ -100,7 +101,7 @@ impl PyDummy {
         &self,
         py: Python<'_>,
         key: &str,
-        parts: &[&[u8]],
+        parts: &[Src<'_>],
         config: Option<PyRef<'_, PyReplicateConfig>>,
         upsert: bool,
     ) -> i32 {
@@ -122,7 +123,7 @@ impl PyDummy {
         upsert: bool,
     ) -> PyResult<i32> {
         let pinned = pin_parts(parts)?;
-        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        let slices: Vec<Src<'_>> = pinned.iter().map(Pinned::src).collect();
         Ok(self.put_parts_impl(py, key, &slices, config, upsert))
     }
 
@@ -139,12 +140,12 @@ impl PyDummy {
         if ptrs.len() != n || sizes.len() != n {
             return vec![INVALID; n];
         }
-        let values: Option<Vec<&[u8]>> = ptrs
+        let values: Option<Vec<Src<'_>>> = ptrs
             .iter()
             .zip(&sizes)
             // SAFETY: the caller-memory contract holds every source for this call, which the
             // slices do not outlive.
-            .map(|(&p, &s)| unsafe { self.caller_slice(p, s) })
+            .map(|(&p, &s)| unsafe { self.caller_src(p, s) })
             .collect();
         let Some(values) = values else {
             return vec![INVALID; n];
@@ -207,7 +208,7 @@ impl PyDummy {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
         let v = Pinned::bytes(value)?;
-        Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, false))
+        Ok(self.put_parts_impl(py, key, &[v.src()], config, false))
     }
 
     /// Like `put`, but overwrites an existing key. 0, or a negative error code.
@@ -220,7 +221,7 @@ impl PyDummy {
         config: Option<PyRef<'_, PyReplicateConfig>>,
     ) -> PyResult<i32> {
         let v = Pinned::bytes(value)?;
-        Ok(self.put_parts_impl(py, key, &[v.as_slice()], config, true))
+        Ok(self.put_parts_impl(py, key, &[v.src()], config, true))
     }
 
     /// Stores the concatenation of `parts` (bytes-like) under `key`, without joining them
@@ -270,11 +271,11 @@ impl PyDummy {
             .iter()
             .map(|parts| pin_parts(parts))
             .collect::<PyResult<_>>()?;
-        let slices: Vec<Vec<&[u8]>> = pinned
+        let slices: Vec<Vec<Src<'_>>> = pinned
             .iter()
-            .map(|ps| ps.iter().map(Pinned::as_slice).collect())
+            .map(|ps| ps.iter().map(Pinned::src).collect())
             .collect();
-        let objects: Vec<&[&[u8]]> = slices.iter().map(Vec::as_slice).collect();
+        let objects: Vec<&[Src<'_>]> = slices.iter().map(Vec::as_slice).collect();
         let d = self.inner.clone();
         Ok(py.detach(|| d.put_many_parts(&keys, &objects, &cfg, upsert)))
     }
@@ -550,7 +551,7 @@ impl PyDummy {
             crate::store::parts_of(&all_buffer_ptrs[i], &all_sizes[i], |p, l| {
                 // SAFETY: the caller-memory contract holds every source for this call, which
                 // the slices do not outlive.
-                unsafe { self.caller_slice(p, l) }.ok_or(ErrorCode::InvalidParams)
+                unsafe { self.caller_src(p, l) }.ok_or(ErrorCode::InvalidParams)
             })
         };
         let d = self.inner.clone();
@@ -559,7 +560,7 @@ impl PyDummy {
                 return Vec::new();
             }
             let cfg = cfg.for_items(n, at);
-            let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
+            let objects: Vec<&[Src<'_>]> = objects.iter().map(Vec::as_slice).collect();
             py.detach(|| d.put_many_parts(ks, &objects, &cfg, false))
         })
     }
@@ -714,10 +715,14 @@ impl PyDummy {
         buffer_ptr: u64,
         size: u64,
     ) -> Option<Bound<'py, PyBytes>> {
-        // SAFETY: the caller-memory contract holds the source for this call; the slice is
+        // SAFETY: the caller-memory contract holds the source for this call; the range is
         // copied into a new bytes object at once.
-        let src = unsafe { self.caller_slice(buffer_ptr, size) }?;
-        Some(PyBytes::new(py, src))
+        let src = unsafe { self.caller_src(buffer_ptr, size) }?;
+        PyBytes::new_with(py, src.len(), |b| {
+            src.copy_to(&mut Dst::from(b));
+            Ok(())
+        })
+        .ok()
     }
 
     /// Internal (parallel reads), as the store's: copies `data` to caller memory at
@@ -741,21 +746,20 @@ impl PyDummy {
 }
 
 impl PyDummy {
-    /// Caller memory `[ptr, ptr + size)` as a slice, when mapped readable (checked here).
+    /// Caller memory `[ptr, ptr + size)` as a range to read, when mapped readable (checked
+    /// here).
     ///
     /// # Safety
-    /// While the slice lives the memory stays mapped and nothing writes it: the caller-memory
-    /// contract of every `*_from` method, which holds for the call that asked for it.
-    unsafe fn caller_slice(&self, ptr: u64, size: u64) -> Option<&[u8]> {
+    /// While the range is used the memory stays mapped and no Rust reference writes it: the
+    /// caller-memory contract of every `*_from` method, which holds for the call that asked
+    /// for it.
+    unsafe fn caller_src(&self, ptr: u64, size: u64) -> Option<Src<'_>> {
         if !self.caller_ok(ptr, size, false) {
             return None;
         }
-        if size == 0 {
-            return Some(&[]);
-        }
-        // SAFETY: checked mapped readable above; that it stays so and unwritten for the
-        // slice's life is this function's contract.
-        Some(unsafe { std::slice::from_raw_parts(ptr as *const u8, usize::try_from(size).ok()?) })
+        // SAFETY: checked mapped readable above (an empty range is not dereferenced); that it
+        // stays so for the range's life is this function's contract.
+        Some(unsafe { Src::from_raw(ptr as *const u8, usize::try_from(size).ok()?) })
     }
 
     fn tensor_from_many(
@@ -771,15 +775,15 @@ impl PyDummy {
             return vec![INVALID; n];
         }
         // SAFETY: the caller-memory contract holds every source for this call, which the
-        // slices do not outlive.
-        let object = |i: usize| match unsafe { self.caller_slice(ptrs[i], sizes[i]) } {
+        // ranges do not outlive.
+        let object = |i: usize| match unsafe { self.caller_src(ptrs[i], sizes[i]) } {
             Some(data) if crate::store::is_tensor_object(data, sizes[i]) => Ok(Some(vec![data])),
             _ => Err(ErrorCode::InvalidParams),
         };
         let cfg = ReplicateConfig::default();
         let d = self.inner.clone();
         crate::store::put_accepted(&keys, object, |_, ks, objects| {
-            let objects: Vec<&[&[u8]]> = objects.iter().map(Vec::as_slice).collect();
+            let objects: Vec<&[Src<'_>]> = objects.iter().map(Vec::as_slice).collect();
             py.detach(|| d.put_many_parts(ks, &objects, &cfg, upsert))
         })
     }
@@ -800,8 +804,8 @@ impl PyDummy {
                 let Ok(bytes) = r else { return Ok(None) };
                 let (handle, fresh) = crate::new_buffer_handle(py, bytes.len())?;
                 // SAFETY: `handle` is alive until after the copy and is the only reference to
-                // the new object; nothing else touches its bytes.
-                unsafe { fresh.into_slice() }.copy_from_slice(&bytes);
+                // the new object; no Rust reference touches its bytes.
+                Src::from(&bytes[..]).copy_to(&mut unsafe { fresh.into_dst() });
                 Ok(Some(handle))
             })
             .collect()
@@ -822,7 +826,7 @@ impl PyDummy {
             .iter()
             .map(|v| Pinned::bytes(v))
             .collect::<PyResult<_>>()?;
-        let slices: Vec<&[u8]> = pinned.iter().map(Pinned::as_slice).collect();
+        let slices: Vec<Src<'_>> = pinned.iter().map(Pinned::src).collect();
         let cfg = match config_of(config) {
             Ok(c) => c,
             Err(e) => return Ok(e.code()),

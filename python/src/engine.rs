@@ -28,6 +28,7 @@ use std::sync::Arc;
 use dataplane::engine::{
     EngineError, SegmentHandle, TransferEngine, TransferRequest, TransferStatus,
 };
+use dataplane::mem::Src;
 use dataplane::transport::header::Opcode;
 use dataplane::TeError;
 use parking_lot::Mutex;
@@ -388,14 +389,14 @@ impl PyTransferEngine {
     ) -> PyResult<i32> {
         let pinned;
         let utf8;
-        let data: &[u8] = if let Ok(s) = src.cast::<PyString>() {
+        let data: Src<'_> = if let Ok(s) = src.cast::<PyString>() {
             utf8 = s.to_str()?.to_owned();
-            utf8.as_bytes()
+            Src::from(utf8.as_bytes())
         } else {
             pinned = Pinned::bytes(src)?;
-            pinned.as_slice()
+            pinned.src()
         };
-        let Some(data) = data.get(..length) else {
+        let Some(data) = (length <= data.len()).then(|| data.split_at(length).0) else {
             tracing::error!(
                 "TransferEngine.write_bytes_to_buffer: length {length} exceeds the {} bytes given",
                 data.len()
@@ -421,8 +422,8 @@ impl PyTransferEngine {
         let (obj, fresh) = pybuf::new_bytes(py, length)?;
         let engine = &self.engine;
         // SAFETY: `obj` (alive until after the read) is the only reference to the new bytes
-        // object, and nothing but this read touches it.
-        let dst = unsafe { fresh.into_slice() };
+        // object, and no Rust reference touches its bytes.
+        let dst = unsafe { fresh.into_dst() };
         match py.detach(|| engine.read_local(source_address, dst)) {
             Ok(()) => Ok(obj.into_any()),
             Err(e) => {

@@ -14,6 +14,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 
+use dataplane::mem::{Dst, Src};
 use pyo3::exceptions::{PyBufferError, PyRuntimeError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -83,14 +84,18 @@ impl Pinned {
         Ok(p)
     }
 
-    pub fn as_slice(&self) -> &[u8] {
+    /// The exported bytes as a raw range (`dataplane::mem::bytes`), not a slice: a writable
+    /// exporter (a `bytearray`, a numpy array) may be written by Python while we read it
+    /// without the GIL, which garbles that call's bytes, never Rust's aliasing rules.
+    pub fn src(&self) -> Src<'_> {
         let len = usize::try_from(self.view.len).unwrap_or(0);
         if len == 0 || self.view.buf.is_null() {
-            return &[];
+            return Src::empty();
         }
-        // SAFETY: the exporter guarantees `len` readable bytes at `buf` while the buffer is held,
-        // and it is held for the lifetime of `self`, which bounds the returned slice.
-        unsafe { std::slice::from_raw_parts(self.view.buf as *const u8, len) }
+        // SAFETY: the exporter guarantees `len` readable bytes at `buf` while the buffer is
+        // held, and it is held for the lifetime of `self`, which bounds the range; no Rust
+        // reference covers the exporter's memory.
+        unsafe { Src::from_raw(self.view.buf as *const u8, len) }
     }
 }
 
@@ -104,8 +109,8 @@ impl Drop for Pinned {
 
 /// Memory of a Python object that no other code can reach yet, to be filled without the GIL.
 ///
-/// Neither `Clone` nor `Copy`: one `Fresh` per object, and seeing its bytes consumes it, so
-/// two writable views of one object cannot come from safe code.
+/// Neither `Clone` nor `Copy`: one `Fresh` per object, and using its bytes consumes it, so
+/// two writable ranges over one object cannot come from safe code.
 pub struct Fresh {
     ptr: *mut u8,
     len: usize,
@@ -121,19 +126,16 @@ impl Fresh {
         self.len
     }
 
-    /// The memory as a slice, for a lifetime the caller picks.
+    /// The memory as a range to write into, for a lifetime the caller picks.
     ///
     /// # Safety
     /// For all of `'a` the object this came from stays alive (its owner holds a reference)
-    /// and no code but the slice's user reads or writes it, Python included.
-    pub unsafe fn into_slice<'a>(self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: `len` writable bytes at `ptr` (the object's buffer, sized at creation); the
-        // object's life and our exclusive use for `'a` are this function's contract, and
-        // `self` is consumed, so no second view comes from it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    /// and no Rust reference reads or writes its bytes.
+    pub unsafe fn into_dst<'a>(self) -> Dst<'a> {
+        // SAFETY: `len` writable bytes at `ptr` (the object's buffer, sized at creation; a
+        // null `ptr` only with `len == 0`); the object's life for `'a` is this function's
+        // contract, and `self` is consumed, so no second range comes from it.
+        unsafe { Dst::from_raw(self.ptr, self.len) }
     }
 }
 

@@ -14,15 +14,18 @@
 //! call, nothing writes a source and nothing else touches a destination until the call
 //! returns, and the destinations of one call do not overlap. Rust cannot check that; the
 //! store checks what it can (`client::store::CallerRange`: registered, or mapped with the
-//! needed permissions, else `-600`), and every `unsafe` that looks at the bytes cites this
-//! paragraph as "the caller-memory contract".
+//! needed permissions, else `-600`), and every `unsafe` that turns an address into a range
+//! cites this paragraph as "the caller-memory contract". The bytes then travel as raw ranges
+//! (`client::store::{Src, Dst}`), never as slices, so a caller who breaks the "nothing else
+//! touches it" half of the promise gets garbled bytes, not undefined behaviour; the half Rust
+//! relies on is that the memory stays mapped.
 
 use std::sync::Arc;
 
-use client::store::{Lookup, ObjectRead, Reservation, StoreError};
+use client::store::{Dst, Lookup, ObjectRead, Reservation, Src, StoreError};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
-use protocol::tensor::TensorMetadata;
+use protocol::tensor::{TensorMetadata, TENSOR_METADATA_BYTES};
 use protocol::{ErrorCode, ReplicateConfig};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -137,8 +140,8 @@ fn read_whole<'py, T>(
         };
         let (obj, fresh) = make(py, usize_of(loc.size)?)?;
         // SAFETY: `obj` (alive until after the read) is the only reference to the new object,
-        // and nothing but this read touches its bytes.
-        let dst = unsafe { fresh.into_slice() };
+        // and no Rust reference touches its bytes meanwhile.
+        let dst = unsafe { fresh.into_dst() };
         match py.detach(|| s.read_from(&loc.list, 0, dst)) {
             Ok(()) => return Ok(Some(obj)),
             Err(e) if e.code == ErrorCode::LeaseExpired => continue,
@@ -246,7 +249,7 @@ impl PyStore {
             return INVALID;
         };
         let cfg = Cfg::of(config);
-        let slices: Vec<&[u8]> = parts.iter().map(Pinned::as_slice).collect();
+        let slices: Vec<Src<'_>> = parts.iter().map(Pinned::src).collect();
         let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
         rc(py.detach(|| {
             let cfg = cfg.single()?;
@@ -264,7 +267,7 @@ impl PyStore {
         py: Python<'_>,
         (n, at): (usize, Option<&[usize]>),
         keys: &[String],
-        parts: &[Vec<&[u8]>],
+        parts: &[Vec<Src<'_>>],
         cfg: &Cfg,
         upsert: bool,
         budgeted: bool,
@@ -328,7 +331,7 @@ impl PyStore {
             let r = s.caller_range(buffer_ptrs[i], sizes[i])?;
             // SAFETY: the caller-memory contract (module doc) holds the source for this call,
             // which the objects do not outlive.
-            Ok(Some(vec![unsafe { r.into_slice() }]))
+            Ok(Some(vec![unsafe { r.into_src() }]))
         };
         put_accepted(&keys, object, |at, ks, ps| {
             self.put_many(py, (n, Some(at)), ks, ps, &cfg, upsert, false)
@@ -385,8 +388,8 @@ impl PyStore {
 /// per-key batch calls (the store's and the dummy client's).
 pub(crate) fn put_accepted<'a>(
     keys: &[String],
-    mut object: impl FnMut(usize) -> Result<Option<Vec<&'a [u8]>>, ErrorCode>,
-    put: impl FnOnce(&[usize], &[String], &[Vec<&'a [u8]>]) -> Vec<i32>,
+    mut object: impl FnMut(usize) -> Result<Option<Vec<Src<'a>>>, ErrorCode>,
+    put: impl FnOnce(&[usize], &[String], &[Vec<Src<'a>>]) -> Vec<i32>,
 ) -> Vec<i32> {
     let mut out = vec![0i32; keys.len()];
     let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
@@ -412,8 +415,8 @@ pub(crate) fn put_accepted<'a>(
 pub(crate) fn parts_of<'a>(
     ptrs: &[u64],
     lens: &[u64],
-    mut range: impl FnMut(u64, u64) -> Result<&'a [u8], ErrorCode>,
-) -> Result<Option<Vec<&'a [u8]>>, ErrorCode> {
+    mut range: impl FnMut(u64, u64) -> Result<Src<'a>, ErrorCode>,
+) -> Result<Option<Vec<Src<'a>>>, ErrorCode> {
     if ptrs.len() != lens.len() {
         return Err(ErrorCode::InvalidParams);
     }
@@ -424,18 +427,22 @@ pub(crate) fn parts_of<'a>(
         .map(Some)
 }
 
-/// Whether `data` (`size` bytes of caller memory) is a valid `[TensorMetadata][data]` object.
-pub(crate) fn is_tensor_object(data: &[u8], size: u64) -> bool {
-    TensorMetadata::decode(data, size).is_ok()
+/// Whether `data` (`size` bytes of caller memory) is a valid `[TensorMetadata][data]` object:
+/// its header, copied out, decodes.
+pub(crate) fn is_tensor_object(data: Src<'_>, size: u64) -> bool {
+    let mut head = [0u8; TENSOR_METADATA_BYTES];
+    let n = data.len().min(TENSOR_METADATA_BYTES);
+    data.split_at(n).0.copy_to(&mut Dst::from(&mut head[..n]));
+    TensorMetadata::decode(&head[..n], size).is_ok()
 }
 
 /// Registered memory holding a valid `[TensorMetadata][data]` object.
 ///
 /// # Safety
 /// The caller-memory contract (module doc) holds `[ptr, ptr + size)` for all of `'a`.
-unsafe fn tensor_object<'a>(s: &Store, ptr: u64, size: u64) -> Result<&'a [u8], ErrorCode> {
+unsafe fn tensor_object<'a>(s: &Store, ptr: u64, size: u64) -> Result<Src<'a>, ErrorCode> {
     // SAFETY: this function's contract.
-    let data = unsafe { s.caller_range(ptr, size)?.into_slice() };
+    let data = unsafe { s.caller_range(ptr, size)?.into_src() };
     if !is_tensor_object(data, size) {
         return Err(ErrorCode::InvalidParams);
     }
@@ -658,9 +665,9 @@ impl PyStore {
             .iter()
             .map(|o| pin_all(&o, true))
             .collect::<PyResult<_>>()?;
-        let parts: Vec<Vec<&[u8]>> = pinned
+        let parts: Vec<Vec<Src<'_>>> = pinned
             .iter()
-            .map(|ps| ps.iter().map(Pinned::as_slice).collect())
+            .map(|ps| ps.iter().map(Pinned::src).collect())
             .collect();
         let n = keys.len();
         Ok(self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true))
@@ -1056,8 +1063,8 @@ impl PyStore {
                 s.caller_range(buffer_ptr, size)?,
             );
             // SAFETY: the caller-memory contract (module doc) holds both sources until the
-            // put returns; the views die with it.
-            let parts = unsafe { [meta.as_slice(), data.as_slice()] };
+            // put returns; the ranges die with it.
+            let parts = unsafe { [meta.src(), data.src()] };
             s.put_parts(key, &parts, cfg.single()?, false)
         });
         -rc(r)
@@ -1119,7 +1126,7 @@ impl PyStore {
                 let r = s.caller_range(p, l)?;
                 // SAFETY: the caller-memory contract (module doc) holds every source for this
                 // call, which the objects do not outlive.
-                Ok(unsafe { r.into_slice() })
+                Ok(unsafe { r.into_src() })
             })
         };
         put_accepted(&keys, parts, |at, ks, ps| {
@@ -1357,8 +1364,8 @@ impl PyStore {
         rc_i64(py.detach(|| {
             let dst = s.caller_range_mut(buffer_ptr, data.len() as u64)?;
             // SAFETY: the caller-memory contract (module doc) gives us the destination for
-            // this call; the view lives for this one copy.
-            unsafe { dst.into_mut_slice() }.copy_from_slice(data);
+            // this call; the range lives for this one copy.
+            Src::from(data).copy_to(&mut unsafe { dst.into_dst() });
             Ok::<_, ErrorCode>(data.len() as u64)
         }))
     }
@@ -1375,7 +1382,12 @@ impl PyStore {
         let s = self.store()?;
         let src = s.caller_range(buffer_ptr, size).ok()?;
         // SAFETY: the caller-memory contract (module doc) holds the source while we copy it.
-        Some(PyBytes::new(py, unsafe { src.as_slice() }))
+        let src = unsafe { src.src() };
+        PyBytes::new_with(py, src.len(), |b| {
+            src.copy_to(&mut Dst::from(b));
+            Ok(())
+        })
+        .ok()
     }
 }
 
@@ -1393,7 +1405,7 @@ impl PyStore {
             return Ok(INVALID);
         }
         let pinned = pin_all(values.as_any(), false)?;
-        let parts: Vec<Vec<&[u8]>> = pinned.iter().map(|p| vec![p.as_slice()]).collect();
+        let parts: Vec<Vec<Src<'_>>> = pinned.iter().map(|p| vec![p.src()]).collect();
         let n = keys.len();
         let r = self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true);
         Ok(r.into_iter().find(|c| *c != 0).unwrap_or(0))
@@ -1418,8 +1430,8 @@ impl PyStore {
         rc(py.detach(|| {
             let data = s.caller_range(buffer_ptr, size)?;
             // SAFETY: the caller-memory contract (module doc) holds the source until the put
-            // returns; the view dies with it.
-            s.put_parts(key, &[unsafe { data.as_slice() }], cfg.single()?, upsert)
+            // returns; the range dies with it.
+            s.put_parts(key, &[unsafe { data.src() }], cfg.single()?, upsert)
         }))
     }
 
@@ -1464,8 +1476,8 @@ impl PyStore {
                     owners.push(i);
                     lists.push(list);
                     // SAFETY: `objs` holds the only reference to each new object until after
-                    // the reads, and nothing but its own read touches it.
-                    dsts.push(unsafe { fresh.into_slice() });
+                    // the reads, and no Rust reference touches its bytes meanwhile.
+                    dsts.push(unsafe { fresh.into_dst() });
                 }
             }
             let reads = lists

@@ -91,9 +91,14 @@ fn _decode_tensor_header(
     total_len: Option<u64>,
 ) -> PyResult<(i32, u32, Vec<i64>, Vec<i64>, Vec<AxisTuple>, u64, u64)> {
     let pinned = Pinned::bytes(data)?;
-    let bytes = pinned.as_slice();
-    let total = total_len.unwrap_or(bytes.len() as u64);
-    let m = TensorMetadata::decode(bytes, total)
+    let src = pinned.src();
+    let total = total_len.unwrap_or(src.len() as u64);
+    // Only the header is decoded; copy it out of the (possibly writable) exporter.
+    let head = src
+        .split_at(src.len().min(TENSOR_METADATA_BYTES))
+        .0
+        .to_vec();
+    let m = TensorMetadata::decode(&head, total)
         .map_err(|e| PyValueError::new_err(format!("invalid tensor object: {e}")))?;
     let axes = m
         .axes

@@ -22,6 +22,7 @@
 //! cut link once the veth is down, so that traffic for the far node never falls through to
 //! the default route (in some sandboxes a proxy there accepts every TCP connection).
 
+use client::store::{Dst, Src};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -207,7 +208,7 @@ fn batch_get_of(store: &Store, keys: &[String], len: usize) -> Vec<Result<(), Er
                 reads.push(ObjectRead {
                     list,
                     offset: 0,
-                    dst: b,
+                    dst: Dst::from(&mut b[..]),
                 });
                 idx.push(i);
             }
@@ -307,7 +308,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
             Box::new(move |n| {
                 let keys: Vec<String> = (0..BATCH).map(|i| format!("pf/{n}/{i}")).collect();
                 let vals: Vec<Vec<u8>> = keys.iter().map(|k| value(k)).collect();
-                let parts: Vec<Vec<&[u8]>> = vals.iter().map(|v| vec![v.as_slice()]).collect();
+                let parts: Vec<Vec<Src<'_>>> = vals.iter().map(|v| vec![Src::from(v)]).collect();
                 errs(s.put_many(&keys, &parts, &prefer(&seg), false))
             }),
         ));
@@ -333,7 +334,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
             Box::new(move |n| {
                 let put: Vec<String> = (0..BATCH).map(|i| format!("pn/{n}/{i}")).collect();
                 let vals: Vec<Vec<u8>> = put.iter().map(|k| value(k)).collect();
-                let parts: Vec<Vec<&[u8]>> = vals.iter().map(|v| vec![v.as_slice()]).collect();
+                let parts: Vec<Vec<Src<'_>>> = vals.iter().map(|v| vec![Src::from(v)]).collect();
                 let mut e: Vec<ErrorCode> = errs(s.put_many(&put, &parts, &prefer(&seg), false));
                 e.extend(errs(batch_get(&s, &keys)));
                 e

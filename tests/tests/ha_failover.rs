@@ -17,6 +17,7 @@
 //!
 //! All skip (pass, printing why) when Debian's etcd-server is not installed.
 
+use client::store::Dst;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -309,7 +310,7 @@ fn etcd_stopped_briefly() {
     for (i, list) in lists.iter().enumerate() {
         let mut buf = vec![0u8; value(i).len()];
         store
-            .read_from(list, 0, &mut buf)
+            .read_from(list, 0, Dst::from(&mut buf[..]))
             .unwrap_or_else(|e| panic!("held/{i} read from its held location: {e:?}"));
         assert_eq!(buf, value(i));
     }

@@ -19,6 +19,7 @@
 //! Every wait is bounded. Skips (passes, printing why) when Debian's etcd-server is not
 //! installed.
 
+use client::store::Src;
 use std::time::Duration;
 
 use client::Store;
@@ -108,7 +109,7 @@ fn soft_pins_survive_a_leader_kill_and_eviction_pressure() {
         assert!(put(&store, key, &kept_value(i), &preserve), "{key}");
     }
     let values: Vec<Vec<u8>> = (single.len()..KEPT).map(kept_value).collect();
-    let parts: Vec<Vec<&[u8]>> = values.iter().map(|v| vec![v.as_slice()]).collect();
+    let parts: Vec<Vec<Src<'_>>> = values.iter().map(|v| vec![Src::from(v)]).collect();
     let upserted = wait_until(LEADER_BOUND, || {
         let r = store.put_many(batch, &parts, &preserve, true);
         r.iter().all(Result::is_ok)

@@ -1,6 +1,7 @@
 //! The Rust store client against the real master binary: two clients in this process, each
 //! contributing a segment served over real loopback sockets.
 
+use client::store::Src;
 use client::store::StoreError;
 use client::{Store, StoreConfig};
 use mooncake_tests::Master;
@@ -159,8 +160,8 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
         Some(ErrorCode::InvalidParams)
     );
     let whole = s.caller_range(sp, 8192).unwrap();
-    // SAFETY: `src` is live and only read until the put returns.
-    s.put_parts("zc", &[unsafe { whole.as_slice() }], &cfg, false)
+    // SAFETY: `src` is live and untouched by Rust references until the put returns.
+    s.put_parts("zc", &[unsafe { whole.src() }], &cfg, false)
         .unwrap();
     // SAFETY: `dst` is live and nothing else touches it during the call.
     let too_small = unsafe { s.get_into("zc", dp, 100) }.map_err(ErrorCode::from);
@@ -189,7 +190,7 @@ fn batches_report_per_key() {
     let s = store(&m, 32, 16);
     let keys: Vec<String> = (0..20).map(|i| format!("bk{i}")).collect();
     let vals: Vec<Vec<u8>> = (0..20).map(|i| pattern(i as u8, 1000 + i)).collect();
-    let parts: Vec<Vec<&[u8]>> = vals.iter().map(|v| vec![v.as_slice()]).collect();
+    let parts: Vec<Vec<Src<'_>>> = vals.iter().map(|v| vec![Src::from(v)]).collect();
     let r = s.put_many(&keys, &parts, &ReplicateConfig::default(), false);
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
     let mut probe = keys.clone();

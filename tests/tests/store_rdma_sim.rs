@@ -14,6 +14,7 @@
 //!
 //! Run with nextest (one process per test): the tests set process environment variables.
 
+use client::store::{Dst, Src};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -122,11 +123,11 @@ fn puts_and_gets_move_over_rdma_into_a_storage_node() {
     // A batch of several parts per key, across staging chunk boundaries.
     let keys: Vec<String> = (0..4).map(|i| format!("b/{i}")).collect();
     let vals: Vec<Vec<u8>> = (0..4).map(|i| value(i + 2)).collect();
-    let parts: Vec<Vec<&[u8]>> = vals
+    let parts: Vec<Vec<Src<'_>>> = vals
         .iter()
         .map(|v| {
             let (a, b) = v.split_at(v.len() / 3);
-            vec![a, b]
+            vec![Src::from(a), Src::from(b)]
         })
         .collect();
     for r in s.put_many(&keys, &parts, &cfg, false) {
@@ -148,7 +149,7 @@ fn puts_and_gets_move_over_rdma_into_a_storage_node() {
     let want = reg.clone();
     reg.iter_mut().for_each(|x| *x = 0);
     let read = s.with_lookup("reg", |list| {
-        s.read_from(list, 0, &mut reg)?;
+        s.read_from(list, 0, Dst::from(&mut reg[..]))?;
         Ok(())
     });
     assert_eq!(read, Ok(()));

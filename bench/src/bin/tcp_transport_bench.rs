@@ -18,6 +18,7 @@
 //! Usage: `tcp_transport_bench [--secs S] [--runs R] [--lanes N] [--batch N]
 //! [--sizes 4096,65536] [--backends plain,blocking,uring,uring+zc]`
 
+use dataplane::mem::{Dst, Src};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -322,11 +323,11 @@ fn server_run(
                 match dir {
                     Dir::Write => TransferOp::Write {
                         remote_addr,
-                        src: b,
+                        src: Src::from(&b[..]),
                     },
                     Dir::Read => TransferOp::Read {
                         remote_addr,
-                        dst: b,
+                        dst: Dst::from(&mut b[..]),
                     },
                 }
             })

@@ -20,7 +20,7 @@ use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::Duration;
 
 use dataplane::mem::shm::{Offer, ShmExport};
-use dataplane::mem::{Segment, SegmentOptions};
+use dataplane::mem::{Dst, Segment, SegmentOptions, Src};
 use parking_lot::Mutex;
 use protocol::wire::Wire;
 use protocol::{ErrorCode, ReplicateConfig, TaskInfo, Uuid};
@@ -107,14 +107,13 @@ impl Staged<'_> {
     fn addr(&self) -> u64 {
         self.client.base() + self.off
     }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
+    /// The staged bytes, as a raw range: the real client's process maps the same pages.
+    fn dst(&mut self) -> Dst<'_> {
         // SAFETY: [off, off + len) lies inside the region (the allocator hands out only such
-        // ranges) and is ours alone until this value is dropped.
+        // ranges), which stays mapped while the client lives, and is ours alone until this
+        // value is dropped; the `Dst` borrows it.
         unsafe {
-            std::slice::from_raw_parts_mut(
+            Dst::from_raw(
                 self.client.region.as_ptr().add(self.off as usize),
                 self.len as usize,
             )
@@ -158,11 +157,11 @@ impl<'c> Destinations<'c> {
         for (i, addr, s) in &mut self.staged {
             let got = out[*i];
             if got > 0 {
-                let src = s.bytes_mut();
+                let mut src = s.dst();
                 let n = (got as usize).min(src.len());
                 // SAFETY: this function's contract; n <= len; src is our staging, disjoint
                 // from caller memory outside the region.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), *addr as *mut u8, n) };
+                unsafe { std::ptr::copy_nonoverlapping(src.as_mut_ptr(), *addr as *mut u8, n) };
             }
         }
     }
@@ -393,9 +392,9 @@ impl DummyClient {
 
     /// Stages `parts` unless they all lie in the region already; returns the ranges to send
     /// and the staging to keep alive until the answer.
-    fn ranges_of(&self, parts: &[&[u8]]) -> Result<(Vec<Range>, Option<Staged<'_>>), ErrorCode> {
+    fn ranges_of(&self, parts: &[Src<'_>]) -> Result<(Vec<Range>, Option<Staged<'_>>), ErrorCode> {
         if parts.iter().all(|p| self.holds(p)) {
-            return Ok((parts.iter().map(|p| range_of(p)).collect(), None));
+            return Ok((parts.iter().map(range_of).collect(), None));
         }
         let (range, s) = self.stage_all(parts)?;
         Ok((vec![range], Some(s)))
@@ -403,26 +402,26 @@ impl DummyClient {
 
     /// [`Self::ranges_of`] as one range (a batch item has one): staged unless `parts` is a
     /// single part already in the region.
-    fn one_range_of(&self, parts: &[&[u8]]) -> Result<(Range, Option<Staged<'_>>), ErrorCode> {
+    fn one_range_of(&self, parts: &[Src<'_>]) -> Result<(Range, Option<Staged<'_>>), ErrorCode> {
         match parts {
-            [] => Ok((range_of(&[]), None)),
+            [] => Ok((range_of(&Src::empty()), None)),
             [one] if self.holds(one) => Ok((range_of(one), None)),
             _ => self.stage_all(parts).map(|(r, s)| (r, Some(s))),
         }
     }
 
-    fn holds(&self, part: &[u8]) -> bool {
-        self.in_region(part.as_ptr() as u64, part.len() as u64)
+    fn holds(&self, part: &Src<'_>) -> bool {
+        self.in_region(part.addr(), part.len() as u64)
     }
 
     /// The concatenation of `parts`, copied into a fresh staging range of the region.
-    fn stage_all(&self, parts: &[&[u8]]) -> Result<(Range, Staged<'_>), ErrorCode> {
+    fn stage_all(&self, parts: &[Src<'_>]) -> Result<(Range, Staged<'_>), ErrorCode> {
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let mut s = self.stage(total)?;
-        let dst = s.bytes_mut();
+        let mut dst = s.dst();
         let mut at = 0;
         for p in parts {
-            dst[at..at + p.len()].copy_from_slice(p);
+            p.copy_to(&mut dst.tail(at));
             at += p.len();
         }
         let range = Range {
@@ -433,7 +432,7 @@ impl DummyClient {
     }
 
     /// `put` / `upsert` of the concatenation of `parts`: 0 or a code.
-    pub fn put(&self, key: &str, parts: &[&[u8]], cfg: &ReplicateConfig, upsert: bool) -> i32 {
+    pub fn put(&self, key: &str, parts: &[Src<'_>], cfg: &ReplicateConfig, upsert: bool) -> i32 {
         let (ranges, _staged) = match self.ranges_of(parts) {
             Ok(x) => x,
             Err(e) => return e.code(),
@@ -451,12 +450,12 @@ impl DummyClient {
     pub fn put_many(
         &self,
         keys: &[String],
-        values: &[&[u8]],
+        values: &[Src<'_>],
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<i32> {
-        let parts: Vec<[&[u8]; 1]> = values.iter().map(|v| [*v]).collect();
-        let parts: Vec<&[&[u8]]> = parts.iter().map(|p| &p[..]).collect();
+        let parts: Vec<[Src<'_>; 1]> = values.iter().map(|v| [*v]).collect();
+        let parts: Vec<&[Src<'_>]> = parts.iter().map(|p| &p[..]).collect();
         self.put_many_parts(keys, &parts, cfg, upsert)
     }
 
@@ -465,7 +464,7 @@ impl DummyClient {
     pub fn put_many_parts(
         &self,
         keys: &[String],
-        objects: &[&[&[u8]]],
+        objects: &[&[Src<'_>]],
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<i32> {
@@ -550,8 +549,9 @@ impl DummyClient {
             *o = if g < 0 {
                 Err(code(g))
             } else {
-                let bytes = s.bytes_mut();
-                Ok(bytes[..(g as usize).min(bytes.len())].to_vec())
+                let bytes = s.dst();
+                let n = (g as usize).min(bytes.len());
+                Ok(bytes.as_src().split_at(n).0.to_vec())
             };
         }
         out
@@ -723,10 +723,10 @@ impl DummyClient {
     }
 }
 
-/// The range a slice occupies (in this process's addresses).
-fn range_of(part: &[u8]) -> Range {
+/// The range a part occupies (in this process's addresses).
+fn range_of(part: &Src<'_>) -> Range {
     Range {
-        addr: part.as_ptr() as u64,
+        addr: part.addr(),
         len: part.len() as u64,
     }
 }

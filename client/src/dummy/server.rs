@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dataplane::mem::shm::ShmMapping;
+use dataplane::mem::{Dst, Src};
 use protocol::wire::Wire;
 use protocol::ErrorCode;
 
@@ -169,16 +170,15 @@ impl Region<'_> {
         self.map.translate(addr, len).map(|p| p as u64)
     }
 
-    fn slice(&self, r: &Range) -> Option<&[u8]> {
+    /// The dummy's `r` as a range to read from, or `None` outside the region.
+    fn src(&self, r: &Range) -> Option<Src<'_>> {
         let p = self.map.translate(r.addr, r.len)?;
-        if r.len == 0 {
-            return Some(&[]);
-        }
+        let len = usize::try_from(r.len).ok()?;
         // SAFETY: `translate` checked that the range lies inside our mapping, which lives as
-        // long as `self`. The dummy may write the same pages concurrently; it is told (docs)
-        // that a buffer must not change while a call that reads it runs, as with any buffer
-        // handed to a put.
-        Some(unsafe { std::slice::from_raw_parts(p, r.len as usize) })
+        // long as `self`, and no Rust reference covers the mapping. The dummy may write the
+        // same pages meanwhile; that garbles its own put (it is told, in the docs, not to),
+        // nothing here.
+        Some(unsafe { Src::from_raw(p, len) })
     }
 }
 
@@ -331,7 +331,7 @@ fn handle(region: &Region<'_>, store: &Store, req: Request) -> Response {
             key,
             parts,
         } => {
-            let slices: Option<Vec<&[u8]>> = parts.iter().map(|p| region.slice(p)).collect();
+            let slices: Option<Vec<Src<'_>>> = parts.iter().map(|p| region.src(p)).collect();
             vec![match slices {
                 None => err(ErrorCode::InvalidParams),
                 Some(s) => code_of(store.put_parts(&key, &s, &config, upsert)),
@@ -441,8 +441,8 @@ fn read_ranges(region: &Region<'_>, store: &Store, reads: &[RangeRead]) -> Vec<i
             Err(e) => out[i] = err(e),
         }
     }
-    // Each destination becomes a `&mut [u8]`, so one batch holds disjoint ones only: a read
-    // overlapping another goes in a later batch (the caller's overlap, done in turn).
+    // One batch holds disjoint destinations only: a read overlapping another goes in a later
+    // batch, so the caller's overlapping reads land in turn and the later one wins.
     planned.sort_by_key(|&(i, _, p)| (p, i));
     while !planned.is_empty() {
         let mut end = 0u64;
@@ -465,9 +465,9 @@ fn read_ranges(region: &Region<'_>, store: &Store, reads: &[RangeRead]) -> Vec<i
                     list,
                     offset: reads[i].offset,
                     // SAFETY: `local` checked the range lies inside our mapping of the dummy's
-                    // region, which outlives this call, and the batch's ranges are disjoint;
-                    // the dummy is told (docs) not to touch a buffer while a call fills it.
-                    dst: unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) },
+                    // region, which outlives this call and which no Rust reference covers; the
+                    // dummy is told (docs) not to touch a buffer while a call fills it.
+                    dst: unsafe { Dst::from_raw(p as *mut u8, len) },
                 }
             })
             .collect();
@@ -493,7 +493,7 @@ fn batch_put(
     let mut values = Vec::with_capacity(items.len());
     let mut at = Vec::with_capacity(items.len());
     for (i, it) in items.iter().enumerate() {
-        match region.slice(&Range {
+        match region.src(&Range {
             addr: it.addr,
             len: it.len,
         }) {

@@ -7,13 +7,18 @@
 //! checked (the range lies in one registered buffer, or is mapped with the needed permissions
 //! right now); a bad range is `INVALID_PARAMS`, never a crash. What cannot be checked (that
 //! the memory stays mapped, and that nobody else reads or writes it while we use it) is the
-//! caller's promise, so every way to see the range as a slice is an `unsafe fn` whose
-//! `# Safety` section states that promise, and the code that calls it says at the call why
-//! the promise holds.
+//! caller's promise, so every way to use the range is an `unsafe fn` whose `# Safety` section
+//! states that promise, and the code that calls it says at the call why the promise holds.
+//! What those give is a raw range (`dataplane::mem::{Src, Dst}`), not a slice: the bytes are
+//! touched only by the memcpy, socket call or RDMA request at the bottom of the data path, so
+//! another thread (or Python) using the same buffer meanwhile garbles bytes, never Rust's
+//! aliasing rules.
 //!
 //! A `CallerRange` is neither `Clone` nor `Copy`: one checked range, one user.
 
 use std::ptr::NonNull;
+
+use dataplane::mem::{Dst, Src};
 
 /// A checked range of caller memory: `len` bytes at `addr`, readable, and writable when made
 /// by `caller_range_mut`.
@@ -55,51 +60,49 @@ impl CallerRange {
         self.writable
     }
 
-    /// The range as bytes, for as long as `self` is borrowed.
+    /// The range to read from, for as long as `self` is borrowed.
     ///
     /// # Safety
-    /// For that whole borrow the memory stays mapped and nothing writes it: not another
-    /// thread, not Python, not another `CallerRange` over the same bytes.
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is non-null and, for `len > 0`, was checked to start `len` readable
-        // bytes (for `len == 0` it is dangling and aligned, which an empty slice allows);
-        // that they stay valid and unwritten for the borrow is this function's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    /// For that whole borrow the memory stays mapped, and no Rust reference writes it.
+    pub unsafe fn src(&self) -> Src<'_> {
+        // SAFETY: `ptr` was checked to start `len` readable bytes (or is dangling for an empty
+        // range); that they stay mapped for the borrow is this function's contract.
+        unsafe { Src::from_raw(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The range as bytes for a lifetime the caller picks (for batches that hold many ranges'
-    /// bytes at once and outlive the planning code that checked them).
+    /// The range to read from for a lifetime the caller picks (for batches that hold many
+    /// ranges at once and outlive the planning code that checked them).
     ///
     /// # Safety
-    /// As [`Self::as_slice`], for all of `'a`.
-    pub unsafe fn into_slice<'a>(self) -> &'a [u8] {
-        // SAFETY: as `as_slice`; the caller's contract covers all of `'a`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    /// As [`Self::src`], for all of `'a`.
+    pub unsafe fn into_src<'a>(self) -> Src<'a> {
+        // SAFETY: as `src`; the caller's contract covers all of `'a`.
+        unsafe { Src::from_raw(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The range as writable bytes for a lifetime the caller picks. Panics on a range checked
+    /// The range to write into for a lifetime the caller picks. Panics on a range checked
     /// only readable: that is a bug in the caller, not bad input.
     ///
     /// # Safety
-    /// For all of `'a` the memory stays mapped and nothing else reads or writes it: not
-    /// another thread, not Python, not another `CallerRange` over the same bytes.
-    pub unsafe fn into_mut_slice<'a>(self) -> &'a mut [u8] {
+    /// For all of `'a` the memory stays mapped and writable, and no Rust reference reads or
+    /// writes it.
+    pub unsafe fn into_dst<'a>(self) -> Dst<'a> {
         assert!(
             self.writable,
             "a read-only caller range used as a destination"
         );
-        // SAFETY: `ptr` is non-null and, for `len > 0`, was checked to start `len` writable
-        // bytes (for `len == 0` it is dangling and aligned); exclusive use for `'a` is this
-        // function's contract, and `self` is consumed, so no other slice comes from it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        // SAFETY: `ptr` was checked to start `len` writable bytes (or is dangling for an
+        // empty range); that they stay so for `'a` is this function's contract, and `self`
+        // is consumed, so no second `Dst` comes from it.
+        unsafe { Dst::from_raw(self.ptr.as_ptr(), self.len) }
     }
 }
 
 // SAFETY: a `CallerRange` is an address and a length; which thread uses it changes nothing
 // about the contract of its unsafe accessors, which every user must meet wherever it runs.
 unsafe impl Send for CallerRange {}
-// SAFETY: through `&CallerRange` only `as_slice` gives access, and its contract forbids
-// writers for the borrow, so shared use from several threads is reads only.
+// SAFETY: through `&CallerRange` only `src` gives access, and only to read; a `Dst` needs
+// the range by value.
 unsafe impl Sync for CallerRange {}
 
 #[cfg(test)]
@@ -111,7 +114,7 @@ mod tests {
         let e = CallerRange::checked(0, 0, true).expect("empty range");
         assert!(e.is_empty());
         // SAFETY: an empty range touches no memory.
-        assert_eq!(unsafe { e.as_slice() }, &[] as &[u8]);
+        assert!(unsafe { e.src() }.to_vec().is_empty());
         assert!(CallerRange::checked(0, 8, false).is_none());
     }
 
@@ -120,10 +123,10 @@ mod tests {
         let mut buf = [1u8, 2, 3, 4];
         let r = CallerRange::checked(buf.as_mut_ptr() as u64, 4, true).expect("range");
         assert_eq!((r.len(), r.writable()), (4, true));
-        // SAFETY: `buf` is live and used by nothing else until the slice's last use.
-        let s = unsafe { r.into_mut_slice() };
-        s[0] = 9;
-        assert_eq!(s, &[9, 2, 3, 4]);
+        // SAFETY: `buf` is live and untouched by Rust references until the range's last use.
+        let mut d = unsafe { r.into_dst() };
+        Src::from(&[9u8][..]).copy_to(&mut d);
+        assert_eq!(d.as_src().to_vec(), vec![9, 2, 3, 4]);
     }
 
     #[test]
@@ -131,7 +134,7 @@ mod tests {
     fn read_only_range_is_not_a_destination() {
         let buf = [0u8; 4];
         let r = CallerRange::checked(buf.as_ptr() as u64, 4, false).expect("range");
-        // SAFETY: panics before any slice exists.
-        let _ = unsafe { r.into_mut_slice() };
+        // SAFETY: panics before any range exists.
+        let _ = unsafe { r.into_dst() };
     }
 }

@@ -149,6 +149,7 @@ impl CatalogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dataplane::mem::Src;
 
     #[test]
     fn only_an_enabled_soft_pin_is_recorded() {
@@ -174,11 +175,11 @@ mod tests {
         let rec = [0u8; 17];
         let w = || TransferOp::Write {
             remote_addr: 0,
-            src: &data,
+            src: Src::from(&data[..]),
         };
         let c = || TransferOp::CatalogPut {
             remote_addr: 0,
-            record: &rec,
+            record: Src::from(&rec[..]),
         };
         let ops = vec![w(), c(), w(), c(), w()];
         assert_eq!(CatalogWriter::chunk_end(&ops, 0, 2), 2);
@@ -197,7 +198,7 @@ mod tests {
         let rec = [0u8; 17];
         let op = TransferOp::CatalogPut {
             remote_addr: 0,
-            record: &rec,
+            record: Src::from(&rec[..]),
         };
         let refused = Err(TransferError::Refused {
             status: TeError::InvalidArgument.code(),
@@ -211,7 +212,7 @@ mod tests {
         let data = [0u8; 1];
         let write = TransferOp::Write {
             remote_addr: 0,
-            src: &data,
+            src: Src::from(&data[..]),
         };
         assert_eq!(w.settle("b:1", &write, refused.clone()), refused);
     }

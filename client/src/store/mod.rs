@@ -44,8 +44,10 @@
 //!
 //! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
 //! inside one registered buffer, or outside every registered buffer and mapped with the needed
-//! permissions (`mapped`), and handed on as a [`CallerRange`] whose bytes only `unsafe` code
-//! sees (`caller`); a failed put never leaves a half-written object readable.
+//! permissions (`mapped`), and handed on as a [`CallerRange`] that only `unsafe` code turns
+//! into a raw range ([`Src`], [`Dst`]; `caller`), which is what every data call takes and what
+//! reaches the memcpy and the sockets: no slice of caller memory is ever formed. A failed put
+//! never leaves a half-written object readable.
 
 mod budget;
 mod caller;
@@ -73,6 +75,8 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Upser
 
 pub use budget::{LocalBudget, Reservation};
 pub use caller::CallerRange;
+/// The raw byte ranges the store's data calls take (`dataplane::mem::bytes`).
+pub use dataplane::mem::{Dst, Src};
 pub use error::StoreError;
 pub(crate) use peers::Peers;
 pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
@@ -86,7 +90,7 @@ use peers::{ReadItem, WriteItem};
 pub struct ObjectRead<'a> {
     pub list: &'a Lookup,
     pub offset: u64,
-    pub dst: &'a mut [u8],
+    pub dst: Dst<'a>,
 }
 
 /// How an object of `size` bytes scatters over the caller's buffers `ptrs[j]` of `lens[j]`
@@ -325,7 +329,7 @@ impl Store {
     pub fn put_parts(
         &self,
         key: &str,
-        parts: &[&[u8]],
+        parts: &[Src<'_>],
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Result<(), StoreError> {
@@ -433,7 +437,7 @@ impl Store {
         let _r = self
             .budget
             .reserve_for(format_args!("put {key}"), value.len() as u64)?;
-        self.put_parts(key, &[value], cfg, upsert)
+        self.put_parts(key, &[Src::from(value)], cfg, upsert)
     }
 
     /// Batch put of many objects, each the concatenation of its parts: one master round trip
@@ -441,7 +445,7 @@ impl Store {
     pub fn put_many(
         &self,
         keys: &[String],
-        values: &[Vec<&[u8]>],
+        values: &[Vec<Src<'_>>],
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<Result<(), StoreError>> {
@@ -647,7 +651,12 @@ impl Store {
     /// Reads `dst.len()` bytes at `offset` of the object described by `list`, trying the local
     /// replica first and then the others; fails with `LEASE_EXPIRED` if the read did not end
     /// inside the list's window ([`Lookup`]).
-    pub fn read_from(&self, list: &Lookup, offset: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+    pub fn read_from(
+        &self,
+        list: &Lookup,
+        offset: u64,
+        mut dst: Dst<'_>,
+    ) -> Result<(), StoreError> {
         let late = |e: ErrorCode| {
             StoreError::new(e, "the read did not end inside the lookup's lease window")
         };
@@ -656,7 +665,7 @@ impl Store {
         order.sort_by_key(|r| !self.own_endpoint_is(&r.transport_endpoint));
         let mut last = StoreError::new(ErrorCode::InvalidReplica, "the object has no replica");
         for r in order {
-            match self.peers.read(r, offset, dst) {
+            match self.peers.read(r, offset, dst.reborrow()) {
                 Ok(()) => return list.check().map_err(late),
                 Err(e) if e.code == ErrorCode::InvalidParams => return Err(e),
                 Err(e) => last = e,
@@ -732,7 +741,7 @@ impl Store {
                 )
             })?;
             let mut out = vec![0u8; size as usize];
-            self.read_from(list, 0, &mut out)?;
+            self.read_from(list, 0, Dst::from(&mut out[..]))?;
             Ok(out)
         })
         .map_err(|e| e.context(format_args!("get {key}")))
@@ -1047,8 +1056,8 @@ impl Store {
                 )
             })?;
             // SAFETY: `dst` is inside `[addr, addr + len)`, which our caller keeps mapped and
-            // unshared until we return; the slice dies with this read.
-            self.read_from(list, 0, unsafe { dst.into_mut_slice() })?;
+            // away from Rust references until we return; the range dies with this read.
+            self.read_from(list, 0, unsafe { dst.into_dst() })?;
             Ok(size)
         })
         .map_err(|e| e.context(format_args!("get_into {key}")))
@@ -1143,9 +1152,9 @@ impl Store {
                     let dst = self.caller_range_mut(p, take).map_err(|e| {
                         StoreError::new(e, format!("{take} bytes at {p:#x} are not caller memory"))
                     })?;
-                    // SAFETY: our caller gives us each buffer to ourselves until we
-                    // return; `reads` dies before that.
-                    let dst = unsafe { dst.into_mut_slice() };
+                    // SAFETY: our caller keeps each buffer mapped and away from Rust
+                    // references until we return; `reads` dies before that.
+                    let dst = unsafe { dst.into_dst() };
                     pieces.push(ObjectRead { list, offset, dst });
                 }
                 Ok((size, pieces))

@@ -24,6 +24,9 @@
 //! clears the back-off. So an unreachable node costs each call at most one connect timeout,
 //! and the node at most one dial per back-off, however many threads use the store.
 //!
+//! The caller's bytes travel as raw ranges ([`Src`], [`Dst`]) down to the memcpy, the socket
+//! calls and the RDMA work requests; no Rust slice is formed over them on the way.
+//!
 //! Invariants: a transfer never touches bytes outside its replica (`offset + len <= size` is
 //! checked first) nor, for the memcpy path, outside our own mapped segment; an item's result is
 //! an error if any of its slices failed.
@@ -35,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dataplane::mem::served::ServedMemory;
-use dataplane::mem::ShmMapping;
+use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
@@ -121,7 +124,7 @@ impl TransferSettings {
 /// catalog as `key` (see `catalog.rs`).
 pub struct WriteItem<'a> {
     pub replica: &'a ReplicaDescriptor,
-    pub parts: &'a [&'a [u8]],
+    pub parts: &'a [Src<'a>],
     pub key: &'a str,
     pub hard_pin: bool,
     /// The soft pin recorded with it: the master's answer to an upsert, `catalog::soft_pin_of`
@@ -139,7 +142,7 @@ impl WriteItem<'_> {
 pub struct ReadItem<'a> {
     pub replica: &'a ReplicaDescriptor,
     pub offset: u64,
-    pub dst: &'a mut [u8],
+    pub dst: Dst<'a>,
 }
 
 /// An endpoint that failed: no dial before `until`.
@@ -451,9 +454,10 @@ impl Peers {
     /// Writes `parts`, concatenated, to the start of replica `r`.
     #[cfg(test)]
     pub fn write(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let parts: Vec<Src<'_>> = parts.iter().map(|p| Src::from(*p)).collect();
         self.write_many(&[WriteItem {
             replica: r,
-            parts,
+            parts: &parts,
             key: "k",
             hard_pin: false,
             soft_pin_ttl_ms: None,
@@ -463,12 +467,7 @@ impl Peers {
     }
 
     /// Reads `dst.len()` bytes from replica `r` at `offset`.
-    pub fn read(
-        &self,
-        r: &ReplicaDescriptor,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<(), StoreError> {
+    pub fn read(&self, r: &ReplicaDescriptor, offset: u64, dst: Dst<'_>) -> Result<(), StoreError> {
         self.read_many(&mut [ReadItem {
             replica: r,
             offset,
@@ -569,7 +568,7 @@ impl Peers {
                     let record = &records[i];
                     let op = TransferOp::CatalogPut {
                         remote_addr: r.buffer_address,
-                        record,
+                        record: Src::from(&record[..]),
                     };
                     g.push(i, op, record.len());
                 } else {
@@ -583,7 +582,7 @@ impl Peers {
             let r = items[i].replica;
             let op = TransferOp::CatalogPut {
                 remote_addr: r.buffer_address,
-                record: &records[i],
+                record: Src::from(&records[i][..]),
             };
             group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
         }
@@ -614,7 +613,7 @@ impl Peers {
             }
             let op = TransferOp::CatalogPut {
                 remote_addr: r.buffer_address,
-                record: &records[i],
+                record: Src::from(&records[i][..]),
             };
             group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
         }
@@ -659,14 +658,15 @@ impl Peers {
             }
             let src = r.buffer_address + it.offset;
             if self.is_local(r) {
-                results[i] = self.copy_out(src, &mut *it.dst);
+                results[i] = self.copy_out(src, it.dst.reborrow());
                 continue;
             }
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 if let Some(p) = m.translate(src, len) {
                     // SAFETY: `translate` checked [src, src + len) lies in the mapping of the
-                    // owner's segment, which `m` keeps mapped; `dst` is caller memory outside
-                    // it. Concurrent writers of other objects touch other ranges.
+                    // owner's segment, which `m` keeps mapped; `dst` is `len` writable bytes of
+                    // caller memory outside it. Concurrent writers of other objects touch other
+                    // ranges.
                     unsafe { std::ptr::copy_nonoverlapping(p, it.dst.as_mut_ptr(), len as usize) };
                     self.stats
                         .shm_memcpy_bytes
@@ -675,12 +675,12 @@ impl Peers {
                 }
             }
             if let Some((rd, peer)) = self.rdma_peer(r) {
-                results[i] = rd.read(&peer, src, &mut *it.dst);
+                results[i] = rd.read(&peer, src, it.dst.reborrow());
                 continue;
             }
             let g = group_for(&mut groups, &r.transport_endpoint);
             let mut at = src;
-            for d in it.dst.chunks_mut(TRANSFER_SLICE_BYTES) {
+            for d in it.dst.reborrow().chunks(TRANSFER_SLICE_BYTES) {
                 let n = d.len();
                 g.push(
                     i,
@@ -777,7 +777,7 @@ impl Peers {
         })
     }
 
-    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[&[u8]]) -> Result<(), StoreError> {
+    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[Src<'_>]) -> Result<(), StoreError> {
         let own = self.own.ok_or(ErrorCode::TransferFail)?;
         if !own.contains(r.buffer_address, r.size) {
             return Err(StoreError::new(
@@ -791,8 +791,8 @@ impl Peers {
         let mut at = r.buffer_address;
         for p in parts {
             // SAFETY: [at, at + p.len()) lies inside our own mapped segment (the whole object,
-            // whose size equals the parts' total, was checked above), and `p` is a live slice
-            // of caller memory that is not part of the segment range being written.
+            // whose size equals the parts' total, was checked above), and `p` is readable
+            // caller memory that is not part of the segment range being written.
             unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), at as *mut u8, p.len()) };
             at += p.len() as u64;
         }
@@ -802,7 +802,7 @@ impl Peers {
         Ok(())
     }
 
-    fn copy_out(&self, src: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+    fn copy_out(&self, src: u64, mut dst: Dst<'_>) -> Result<(), StoreError> {
         let own = self.own.ok_or(ErrorCode::TransferFail)?;
         if !own.contains(src, dst.len() as u64) {
             return Err(StoreError::new(
@@ -811,7 +811,7 @@ impl Peers {
             ));
         }
         // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
-        // `dst` is an exclusive borrow of caller memory, so the ranges do not overlap.
+        // `dst` is writable caller memory outside it, so the ranges do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         self.stats
             .own_memcpy_bytes
@@ -852,8 +852,11 @@ mod tests {
         };
         let mut buf = [0u8; 8];
         let code = |r: Result<(), StoreError>| r.map_err(|e| e.code);
-        assert_eq!(code(p.read(&r, 4, &mut buf)), Err(ErrorCode::InvalidParams));
+        assert_eq!(
+            code(p.read(&r, 4, Dst::from(&mut buf[..]))),
+            Err(ErrorCode::InvalidParams)
+        );
         assert_eq!(code(p.write(&r, &[&buf])), Err(ErrorCode::InvalidParams));
-        assert_eq!(p.read(&r, 2, &mut []), Ok(()));
+        assert_eq!(p.read(&r, 2, Dst::from(&mut [][..])), Ok(()));
     }
 }

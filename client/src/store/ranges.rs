@@ -73,14 +73,15 @@ impl RangeSource for Store {
     }
 
     fn read(&self, frags: &[Fragment<'_, Self::Object>]) -> Vec<Result<(), ErrorCode>> {
-        // One at a time: the caller's destinations may overlap, so no two views live at once.
+        // One at a time: the caller's destinations may overlap, and reads in order leave the
+        // last fragment's bytes where they do.
         frags
             .iter()
             .map(|f| {
                 let dst = self.caller_range_mut(f.dst, f.len)?;
-                // SAFETY: the caller-memory contract (`store.rs`'s module doc) gives us the
-                // destination for this call; the view dies with the read.
-                Ok(self.read_from(f.object, f.src, unsafe { dst.into_mut_slice() })?)
+                // SAFETY: the caller-memory contract (`store.rs`'s module doc) keeps the
+                // destination mapped for this call; the range dies with the read.
+                Ok(self.read_from(f.object, f.src, unsafe { dst.into_dst() })?)
             })
             .collect()
     }

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::{Dst, Src};
 use dataplane::metadata::desc::{RpcMeta, SegmentDesc};
 use dataplane::metadata::rdma_desc::RdmaSegmentDesc;
 use dataplane::transport::rdma::transport::{Peer, Request};
@@ -86,11 +87,12 @@ impl StagingChunk<'_> {
     }
 
     /// The chunk's first `len` bytes.
-    fn bytes(&mut self, len: usize) -> &mut [u8] {
+    fn bytes(&mut self, len: usize) -> Dst<'_> {
         assert!(len <= STAGING_CHUNK);
         // SAFETY: the chunk lies inside the pool's allocation, which lives as long as the
-        // pool; this guard is its only user until dropped (taken from the free list).
-        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, len) }
+        // pool; this guard is its only user until dropped (taken from the free list), and
+        // the `Dst` borrows the guard.
+        unsafe { Dst::from_raw(self.addr() as *mut u8, len) }
     }
 }
 
@@ -229,18 +231,18 @@ impl RdmaPeers {
     }
 
     /// Writes `parts`, concatenated, at the peer's `remote`.
-    pub fn write(&self, peer: &RdmaPeer, remote: u64, parts: &[&[u8]]) -> Result<(), StoreError> {
+    pub fn write(&self, peer: &RdmaPeer, remote: u64, parts: &[Src<'_>]) -> Result<(), StoreError> {
         let t = self.side.transport();
         if parts
             .iter()
-            .all(|p| p.is_empty() || t.covers(p.as_ptr() as u64, p.len() as u64))
+            .all(|p| p.is_empty() || t.covers(p.addr(), p.len() as u64))
         {
             let mut reqs = Vec::with_capacity(parts.len());
             let mut at = remote;
             for p in parts.iter().filter(|p| !p.is_empty()) {
                 reqs.push(Request {
                     op: RdmaOp::Write,
-                    local: p.as_ptr() as u64,
+                    local: p.addr(),
                     remote: at,
                     len: p.len() as u64,
                 });
@@ -255,12 +257,12 @@ impl RdmaPeers {
         let mut done = 0usize;
         while done < total {
             let n = (total - done).min(STAGING_CHUNK);
-            let buf = chunk.bytes(n);
+            let mut buf = chunk.bytes(n);
             let mut filled = 0;
             while filled < n {
-                let src = &parts[part][in_part..];
+                let src = parts[part].tail(in_part);
                 let k = src.len().min(n - filled);
-                buf[filled..filled + k].copy_from_slice(&src[..k]);
+                src.split_at(k).0.copy_to(&mut buf.tail(filled));
                 filled += k;
                 in_part += k;
                 if in_part == parts[part].len() {
@@ -282,12 +284,12 @@ impl RdmaPeers {
     }
 
     /// Reads `dst.len()` bytes at the peer's `remote`.
-    pub fn read(&self, peer: &RdmaPeer, remote: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+    pub fn read(&self, peer: &RdmaPeer, remote: u64, dst: Dst<'_>) -> Result<(), StoreError> {
         let t = self.side.transport();
-        if t.covers(dst.as_ptr() as u64, dst.len() as u64) {
+        if t.covers(dst.addr(), dst.len() as u64) {
             let req = Request {
                 op: RdmaOp::Read,
-                local: dst.as_mut_ptr() as u64,
+                local: dst.addr(),
                 remote,
                 len: dst.len() as u64,
             };
@@ -295,7 +297,7 @@ impl RdmaPeers {
         }
         let mut chunk = self.staging.take();
         let mut done = 0usize;
-        for d in dst.chunks_mut(STAGING_CHUNK) {
+        for mut d in dst.chunks(STAGING_CHUNK) {
             let n = d.len();
             let req = Request {
                 op: RdmaOp::Read,
@@ -304,7 +306,7 @@ impl RdmaPeers {
                 len: n as u64,
             };
             self.run(peer, &[req])?;
-            d.copy_from_slice(chunk.bytes(n));
+            chunk.bytes(n).as_src().copy_to(&mut d);
             self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
             done += n;
         }

@@ -27,6 +27,7 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicateConfig};
 use super::error::bytes;
 use super::peers::WriteItem;
 use super::{rpc, Lookup, ObjectRead, Store, StoreError};
+use dataplane::mem::{Dst, Src};
 
 /// One object reserved by a put session.
 struct PutSession {
@@ -227,10 +228,10 @@ impl Store {
                     .collect::<Result<Vec<_>, StoreError>>()?;
                 let mut total = 0u64;
                 for (src, off) in srcs {
-                    // SAFETY: our caller keeps every source range mapped and unwritten until
-                    // we return, and the view lives for this one copy; `staged` is ours.
-                    let src = unsafe { src.as_slice() };
-                    s.staged[off..off + src.len()].copy_from_slice(src);
+                    // SAFETY: our caller keeps every source range mapped and away from Rust
+                    // references until we return, and the range lives for this one copy.
+                    let src = unsafe { src.src() };
+                    src.copy_to(&mut Dst::from(&mut s.staged[off..off + src.len()]));
                     total += src.len() as u64;
                 }
                 Ok(total)
@@ -246,9 +247,9 @@ impl Store {
         let mut results: Vec<Result<(), StoreError>> = Vec::with_capacity(keys.len());
         let mut items: Vec<WriteItem<'_>> = Vec::new();
         let mut owners: Vec<usize> = Vec::new();
-        let parts: Vec<Option<[&[u8]; 1]>> = taken
+        let parts: Vec<Option<[Src<'_>; 1]>> = taken
             .iter()
-            .map(|t| t.as_ref().map(|s| [s.staged.as_slice()]))
+            .map(|t| t.as_ref().map(|s| [Src::from(&s.staged[..])]))
             .collect();
         let catalog_keys: Vec<_> = keys.iter().map(|k| self.master.catalog_key(k)).collect();
         for (i, t) in taken.iter().enumerate() {
@@ -424,10 +425,9 @@ impl Store {
                     let dst = self.caller_range_mut(ptr, len).map_err(|c| {
                         StoreError::new(c, format!("{OP} {key}: {len} bytes at {ptr:#x} are not writable caller memory"))
                     })?;
-                    // SAFETY: our caller keeps the range mapped and to itself until we return
-                    // (which includes not overlapping another range of the call); the slice
-                    // dies with `reads`, before we return.
-                    let dst = unsafe { dst.into_mut_slice() };
+                    // SAFETY: our caller keeps the range mapped and away from Rust references
+                    // until we return; the range dies with `reads`, before we return.
+                    let dst = unsafe { dst.into_dst() };
                     pieces.push(ObjectRead {
                         list,
                         offset: off,

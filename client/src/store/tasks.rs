@@ -26,6 +26,7 @@ use super::peers::{Peers, WriteItem};
 use super::setup::PING_INTERVAL;
 use super::{Store, StoreError};
 use crate::master::MasterClient;
+use dataplane::mem::{Dst, Src};
 
 impl Store {
     /// `CreateCopyTask`: copies `key` onto each segment of `targets`; the task's id.
@@ -135,13 +136,13 @@ fn copy(peers: &Peers, w: &TaskWork) -> Result<(), String> {
     let mut buf = vec![0u8; size as usize];
     let mut read: Result<(), StoreError> = Err(ErrorCode::InvalidReplica.into());
     for s in w.sources.iter().filter(|s| s.size == size) {
-        read = peers.read(s, 0, &mut buf);
+        read = peers.read(s, 0, Dst::from(&mut buf[..]));
         if read.is_ok() {
             break;
         }
     }
     read.map_err(|e| format!("reading a source replica: {e}"))?;
-    let parts: [&[u8]; 1] = [&buf];
+    let parts = [Src::from(&buf[..])];
     let items: Vec<WriteItem<'_>> = w
         .targets
         .iter()

@@ -22,6 +22,7 @@ use super::config::{SLICE_BYTES, WORKER_THREADS};
 use super::segments::RemoteSegment;
 use super::{Running, SegmentHandle, TransferRequest};
 use crate::limits::BATCH_REQUESTS_MAX;
+use crate::mem::{Dst, Src};
 use crate::transport::client::TransferOp;
 use crate::transport::header::Opcode;
 use crate::TeError;
@@ -175,16 +176,17 @@ impl Running {
                     Opcode::Read => TransferOp::Read {
                         remote_addr,
                         // SAFETY: [source, source+length) lies inside one registered buffer
-                        // (checked in `execute`), valid while registered by register_memory's
+                        // (checked in `execute`), mapped while registered by register_memory's
                         // contract, and the transfer guard keeps it registered until this
-                        // function returns; the slice lives only inside this call. The caller
-                        // must not hand one submission overlapping local READ destinations.
-                        dst: unsafe { std::slice::from_raw_parts_mut(local, n as usize) },
+                        // function returns, which `ops` does not outlive. No reference is formed
+                        // over it, so a submission whose READ destinations overlap only garbles
+                        // its own bytes (as upstream's).
+                        dst: unsafe { Dst::from_raw(local, n as usize) },
                     },
                     Opcode::Write => TransferOp::Write {
                         remote_addr,
                         // SAFETY: as for `Read` above; the bytes are only read.
-                        src: unsafe { std::slice::from_raw_parts(local, n as usize) },
+                        src: unsafe { Src::from_raw(local, n as usize) },
                     },
                     Opcode::CatalogPut => break, // refused in `execute`
                 });

@@ -53,7 +53,7 @@ pub use error::EngineError;
 
 use crate::limits::CONNECT_TIMEOUT_DEFAULT;
 use crate::mem::served::{ServedMemory, ServerConfig};
-use crate::mem::{Segment, SegmentOptions};
+use crate::mem::{Dst, Segment, SegmentOptions, Src};
 use crate::metadata::desc::{timestamp_now, BufferDesc, SegmentDesc};
 use crate::metadata::handshake::{
     self, ConnectionHandler, FrameType, HandshakeServer, HandshakeState, NotifyMsg,
@@ -330,7 +330,7 @@ impl TransferEngine {
     /// Copies `data` to `addr` in this process. The whole range must lie inside one buffer
     /// registered with (or allocated by) this engine, else `-3` and nothing is written (upstream's
     /// Python `write_bytes_to_buffer` is an unchecked memcpy). Unregistration waits for the copy.
-    pub fn write_local(&self, addr: u64, data: &[u8]) -> Result<(), EngineError> {
+    pub fn write_local(&self, addr: u64, data: Src<'_>) -> Result<(), EngineError> {
         let run = self.running()?;
         let _guard = run.guard.read().unwrap_or_else(|e| e.into_inner());
         run.check_local(addr, data.len())?;
@@ -345,14 +345,14 @@ impl TransferEngine {
 
     /// Copies `out.len()` bytes from `addr` in this process into `out`; the range is checked as
     /// in [`TransferEngine::write_local`] (`-3` and `out` untouched when it is not registered).
-    pub fn read_local(&self, addr: u64, out: &mut [u8]) -> Result<(), EngineError> {
+    pub fn read_local(&self, addr: u64, mut out: Dst<'_>) -> Result<(), EngineError> {
         let run = self.running()?;
         let _guard = run.guard.read().unwrap_or_else(|e| e.into_inner());
         run.check_local(addr, out.len())?;
         if !out.is_empty() {
             // SAFETY: as in `write_local`: the source range is registered, hence mapped and
-            // readable, until the guard drops; `out` is an exclusive borrow, so the two ranges
-            // may overlap only if the caller registered `out` itself, which `copy` tolerates.
+            // readable, until the guard drops; `out` is writable for the call, and `copy`
+            // tolerates the two overlapping (the caller may have registered `out` itself).
             unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) };
         }
         Ok(())

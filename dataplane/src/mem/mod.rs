@@ -11,9 +11,12 @@
 //! - [`served`]: [`served::ServedMemory`], the registered memory a process serves (with its
 //!   catalog and the gates of the io_uring shards), and the settings and counters of the
 //!   servers serving it.
+//! - [`bytes`]: [`Src`] and [`Dst`], byte ranges a transfer reads or writes as a pointer and
+//!   a length, never as a Rust slice (caller memory others may touch meanwhile).
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
 //!   buffers and staging space.
 
+pub mod bytes;
 pub mod catalog;
 pub mod registry;
 pub mod segment;
@@ -21,6 +24,7 @@ pub mod served;
 pub mod shm;
 pub mod slab;
 
+pub use bytes::{Dst, Src};
 pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};

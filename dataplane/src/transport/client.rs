@@ -37,7 +37,7 @@
 //!   batches cannot deadlock;
 //! - zero-length requests complete at once without I/O (upstream's behaviour).
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -52,6 +52,7 @@ use crate::limits::{
     BATCH_REQUESTS_MAX, CLIENT_LANES_DEFAULT, CLIENT_LANES_MAX, CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX,
     CONNECT_TIMEOUT_DEFAULT, IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
 };
+use crate::mem::{Dst, Src};
 use crate::TeError;
 use protocol::auth::{self, AuthError, Token};
 
@@ -80,16 +81,17 @@ impl Default for ClientConfig {
     }
 }
 
-/// One request of a batch.
+/// One request of a batch. Its local bytes are raw ranges ([`crate::mem::bytes`]): the
+/// client reads and writes them with `sendmsg`/`recv` only.
 #[derive(Debug)]
 pub enum TransferOp<'a> {
     /// Copy `dst.len()` bytes from the peer's `remote_addr` into `dst`.
-    Read { remote_addr: u64, dst: &'a mut [u8] },
+    Read { remote_addr: u64, dst: Dst<'a> },
     /// Copy `src` to the peer's `remote_addr`.
-    Write { remote_addr: u64, src: &'a [u8] },
+    Write { remote_addr: u64, src: Src<'a> },
     /// Record the object at `remote_addr` in the peer's catalog; `record` is an encoded
     /// [`CatalogRecord`](crate::mem::CatalogRecord). Sent on the lane of the previous op.
-    CatalogPut { remote_addr: u64, record: &'a [u8] },
+    CatalogPut { remote_addr: u64, record: Src<'a> },
 }
 
 impl TransferOp<'_> {
@@ -202,12 +204,14 @@ impl TcpClient {
 
     /// Writes `src` at the peer's `remote_addr`.
     pub fn write(&self, remote_addr: u64, src: &[u8]) -> TransferResult {
+        let src = Src::from(src);
         let mut ops = [TransferOp::Write { remote_addr, src }];
         self.submit(&mut ops).pop().unwrap_or(Ok(()))
     }
 
     /// Reads `dst.len()` bytes from the peer's `remote_addr` into `dst`.
     pub fn read(&self, remote_addr: u64, dst: &mut [u8]) -> TransferResult {
+        let dst = Dst::from(dst);
         let mut ops = [TransferOp::Read { remote_addr, dst }];
         self.submit(&mut ops).pop().unwrap_or(Ok(()))
     }
@@ -272,10 +276,13 @@ impl TcpClient {
                 });
                 continue;
             }
-            let (opcode, addr, src, dst): (_, _, &[u8], _) = match op {
-                TransferOp::Read { remote_addr, dst } => {
-                    (Opcode::Read, *remote_addr, &[], Some(&mut **dst))
-                }
+            let (opcode, addr, src, dst) = match op {
+                TransferOp::Read { remote_addr, dst } => (
+                    Opcode::Read,
+                    *remote_addr,
+                    Src::empty(),
+                    Some(dst.reborrow()),
+                ),
                 TransferOp::Write { remote_addr, src } => (Opcode::Write, *remote_addr, *src, None),
                 TransferOp::CatalogPut {
                     remote_addr,
@@ -409,9 +416,9 @@ struct Req<'a> {
     id: u64,
     header: [u8; REQUEST_HEADER_BYTES],
     /// WRITE payload; empty for a READ.
-    src: &'a [u8],
+    src: Src<'a>,
     /// READ target; `None` for a WRITE.
-    dst: Option<&'a mut [u8]>,
+    dst: Option<Dst<'a>>,
     /// Index of its lane in the batch's lanes.
     lane: usize,
     /// Must go on the lane of the request before it (a CATALOG_PUT).
@@ -505,14 +512,14 @@ impl<'c> Lane<'c> {
     /// One `sendmsg` of the unsent part of the window. Returns whether bytes moved.
     fn send(&mut self, reqs: &mut [Req<'_>], blocking: bool) -> Result<bool, TransferError> {
         let end = self.window_end();
-        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(2 * (end - self.sent));
+        let mut iov: Vec<Src<'_>> = Vec::with_capacity(2 * (end - self.sent));
         let mut skip = self.offset;
         for &r in &self.queue[self.sent..end] {
-            for part in [&reqs[r].header[..], reqs[r].src] {
+            for part in [Src::from(&reqs[r].header[..]), reqs[r].src] {
                 if skip >= part.len() {
                     skip -= part.len();
                 } else {
-                    iov.push(IoSlice::new(&part[skip..]));
+                    iov.push(part.tail(skip));
                     skip = 0;
                 }
             }
@@ -574,18 +581,18 @@ impl<'c> Lane<'c> {
             if blocking && progress && self.can_send() {
                 break;
             }
-            let buf: &mut [u8] = match self.recv {
-                RecvPhase::Header { filled } => &mut self.header[filled..],
-                RecvPhase::Payload { req, done } => match reqs[req].dst.as_deref_mut() {
-                    Some(dst) => &mut dst[done..],
-                    None => &mut [],
+            let mut buf: Dst<'_> = match self.recv {
+                RecvPhase::Header { filled } => Dst::from(&mut self.header[filled..]),
+                RecvPhase::Payload { req, done } => match reqs[req].dst.as_mut() {
+                    Some(dst) => dst.tail(done),
+                    None => Dst::from(&mut [][..]),
                 },
             };
             let spin = blocking && matches!(self.recv, RecvPhase::Header { filled: 0 });
             let got = if spin {
-                rawio::recv_spinning(self.fd, buf, flags, busy_poll())
+                rawio::recv_spinning(self.fd, &mut buf, flags, busy_poll())
             } else {
-                rawio::recv(self.fd, buf, flags)
+                rawio::recv(self.fd, &mut buf, flags)
             };
             let n = match got {
                 Ok(0) => {

@@ -11,12 +11,13 @@
 //! `MSG_DONTWAIT` a `WouldBlock` means "not ready" and without it "the socket timeout
 //! expired".
 
-use std::io::{self, IoSlice, Read};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::limits::SOCKET_BUFFER_BYTES;
+use crate::mem::{Dst, Src};
 
 /// Connects to the first of `addrs` that answers within `timeout` each; the last error when
 /// none does (`NotFound` when there is no address at all).
@@ -125,15 +126,15 @@ pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
 
 /// One `sendmsg` of `bufs` (gathered, in order) with `flags | MSG_NOSIGNAL`; returns the
 /// bytes sent, possibly fewer than asked. Retries `EINTR`; other errors unmapped.
-pub(crate) fn sendmsg(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io::Result<usize> {
+pub(crate) fn sendmsg(fd: RawFd, bufs: &[Src<'_>], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix; the kernel only reads them.
+    // `Src` is laid out as `iovec` (asserted in `mem::bytes`); the kernel only reads them.
     msg.msg_iov = bufs.as_ptr().cast_mut().cast::<libc::iovec>();
     msg.msg_iovlen = bufs.len() as _;
     loop {
-        // SAFETY: `msg` points at `bufs.len()` iovecs, each describing a live slice borrowed
-        // for the duration of the call; sendmsg only reads them.
+        // SAFETY: `msg` points at `bufs.len()` iovecs, each a `Src` whose range is readable
+        // for at least the call; sendmsg only reads them.
         let n = unsafe { libc::sendmsg(fd, &msg, flags | libc::MSG_NOSIGNAL) };
         if n >= 0 {
             return Ok(n as usize);
@@ -147,9 +148,9 @@ pub(crate) fn sendmsg(fd: RawFd, bufs: &[IoSlice<'_>], flags: libc::c_int) -> io
 
 /// One `recv` into `buf` with `flags`; `Ok(0)` for a non-empty `buf` is end of stream.
 /// Retries `EINTR`; other errors unmapped.
-pub(crate) fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+pub(crate) fn recv(fd: RawFd, buf: &mut Dst<'_>, flags: libc::c_int) -> io::Result<usize> {
     loop {
-        // SAFETY: `buf` is a live, exclusively borrowed slice, writable for its whole length.
+        // SAFETY: `buf`'s range is writable for its whole length while it is borrowed.
         let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
         if n >= 0 {
             return Ok(n as usize);
@@ -168,7 +169,7 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<
 /// the master client.
 pub fn recv_spinning(
     fd: RawFd,
-    buf: &mut [u8],
+    buf: &mut Dst<'_>,
     flags: libc::c_int,
     budget: Duration,
 ) -> io::Result<usize> {
