@@ -122,10 +122,6 @@ pub struct Fresh {
 unsafe impl Send for Fresh {}
 
 impl Fresh {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// The memory as a range to write into, for a lifetime the caller picks.
     ///
     /// # Safety

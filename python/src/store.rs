@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use client::store::{Dst, Lookup, ObjectRead, Reservation, Src, StoreError};
+use client::store::{Dst, Lookup, ObjectRead, Src, StoreError};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
 use protocol::tensor::{TensorMetadata, TENSOR_METADATA_BYTES};
@@ -113,13 +113,6 @@ impl Cfg {
     }
 }
 
-/// An object located and budgeted for reading into a fresh Python object.
-struct Located<'s> {
-    list: Lookup,
-    size: u64,
-    _budget: Reservation<'s>,
-}
-
 /// Reads `key` whole into a new Python object that `make` creates for its size; `None` on a
 /// miss or any error (a failure's cause logged, see [`failed`]). Once more with a fresh lookup
 /// when the first read ended after its window (`LEASE_EXPIRED`: the bytes may not be the
@@ -131,18 +124,19 @@ fn read_whole<'py, T>(
     make: impl Fn(Python<'py>, usize) -> PyResult<(T, Fresh)>,
 ) -> PyResult<Option<T>> {
     for _ in 0..2 {
-        let loc = match py.detach(|| locate(s, key)) {
+        // The object's size, reserved from the local buffer until the copy is done.
+        let (list, budget) = match py.detach(|| s.locate_copy(key)) {
             Ok(loc) => loc,
             Err(e) => {
                 failed(e);
                 return Ok(None);
             }
         };
-        let (obj, fresh) = make(py, usize_of(loc.size)?)?;
+        let (obj, fresh) = make(py, usize_of(budget.bytes())?)?;
         // SAFETY: `obj` (alive until after the read) is the only reference to the new object,
         // and no Rust reference touches its bytes meanwhile.
         let dst = unsafe { fresh.into_dst() };
-        match py.detach(|| s.read_from(&loc.list, 0, dst)) {
+        match py.detach(|| s.read_from(&list, 0, dst)) {
             Ok(()) => return Ok(Some(obj)),
             Err(e) if e.code == ErrorCode::LeaseExpired => continue,
             Err(e) => {
@@ -152,19 +146,6 @@ fn read_whole<'py, T>(
         }
     }
     Ok(None)
-}
-
-fn locate<'s>(s: &'s Store, key: &str) -> Result<Located<'s>, StoreError> {
-    let list = s.replicas(key)?;
-    let size = list
-        .object_size()
-        .map_err(|e| StoreError::new(e, format!("lookup of {key}: no replica")))?;
-    let budget = s.budget().reserve_for(format_args!("get {key}"), size)?;
-    Ok(Located {
-        list,
-        size,
-        _budget: budget,
-    })
 }
 
 fn usize_of(n: u64) -> PyResult<usize> {
@@ -250,12 +231,7 @@ impl PyStore {
         };
         let cfg = Cfg::of(config);
         let slices: Vec<Src<'_>> = parts.iter().map(Pinned::src).collect();
-        let size: u64 = slices.iter().map(|p| p.len() as u64).sum();
-        rc(py.detach(|| {
-            let cfg = cfg.single()?;
-            let _budget = s.budget().reserve_for(format_args!("put {key}"), size)?;
-            s.put_parts(key, &slices, cfg, upsert)
-        }))
+        rc(py.detach(|| s.put_copied(key, &slices, cfg.single()?, upsert)))
     }
 
     /// Batch put of objects given as lists of parts; one result per key. `keys` are the items
@@ -281,19 +257,17 @@ impl PyStore {
         if keys.is_empty() {
             return Vec::new();
         }
-        let total: u64 = parts.iter().flatten().map(|p| p.len() as u64).sum();
         py.detach(|| {
             let run = || -> Result<Vec<Result<(), StoreError>>, ErrorCode> {
                 let cfg = &match at {
                     Some(at) => cfg.for_items(n, at)?,
                     None => cfg.for_batch(n)?.clone(),
                 };
-                let _budget = if budgeted {
-                    Some(s.budget().reserve(total)?)
+                Ok(if budgeted {
+                    s.put_many_copied(keys, parts, cfg, upsert)
                 } else {
-                    None
-                };
-                Ok(s.put_many(keys, parts, cfg, upsert))
+                    s.put_many(keys, parts, cfg, upsert)
+                })
             };
             match run() {
                 Ok(v) => v.into_iter().map(rc).collect(),
@@ -1463,10 +1437,6 @@ impl PyStore {
             }
         }
         let ok: Vec<bool> = py.detach(|| {
-            let total: u64 = plans.iter().flatten().map(|(_, f)| f.len() as u64).sum();
-            let Ok(_budget) = s.budget().reserve(total) else {
-                return vec![false; plans.len()];
-            };
             let mut ok = vec![false; plans.len()];
             let mut owners = Vec::with_capacity(plans.len());
             let mut lists = Vec::with_capacity(plans.len());
@@ -1489,7 +1459,7 @@ impl PyStore {
                     dst,
                 })
                 .collect();
-            for (i, r) in owners.into_iter().zip(s.read_many_from(reads)) {
+            for (i, r) in owners.into_iter().zip(s.read_many_copied(reads)) {
                 match r {
                     Ok(()) => ok[i] = true,
                     Err(e) => _ = failed(e.context(format_args!("read of {}", keys[i]))),

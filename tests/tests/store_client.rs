@@ -1,8 +1,8 @@
 //! The Rust store client against the real master binary: two clients in this process, each
 //! contributing a segment served over real loopback sockets.
 
-use client::store::Src;
 use client::store::StoreError;
+use client::store::{Dst, Lookup, ObjectRead, Src};
 use client::{Store, StoreConfig};
 use mooncake_tests::Master;
 use protocol::{ErrorCode, ReplicateConfig};
@@ -123,6 +123,55 @@ fn local_buffer_bounds_the_copying_calls() {
         .map_err(ErrorCode::from),
         Err(ErrorCode::InvalidParams)
     );
+
+    // The batch and copy-out forms keep the same bound, with the reason; zero-copy calls
+    // on the same bytes are not bounded by it.
+    let cfg = ReplicateConfig::default();
+    let keys: Vec<String> = vec!["b1".into(), "b2".into()];
+    let vals = [vec![1u8; 600 << 10], vec![2u8; 600 << 10]];
+    let parts: Vec<Vec<Src<'_>>> = vals.iter().map(|v| vec![Src::from(v)]).collect();
+    for r in big.put_many_copied(&keys, &parts, &cfg, false) {
+        let e = r.expect_err("1.2 MiB in a 1 MiB local buffer");
+        assert_eq!(e.code, ErrorCode::InvalidParams);
+        assert!(
+            e.cause.contains("does not fit in the free local buffer"),
+            "{e}"
+        );
+    }
+    assert_eq!(big.batch_is_exist(&keys), vec![Ok(false), Ok(false)]);
+    for r in big.put_many(&keys, &parts, &cfg, false) {
+        assert_eq!(r, Ok(()));
+    }
+    assert!(big.put_many_copied(&keys[..1], &parts[..1], &cfg, true)[0].is_ok());
+    let (list, held) = big.locate_copy("b1").expect("b1 fits");
+    assert_eq!(held.bytes(), 600 << 10);
+    let e = big
+        .locate_copy("b2")
+        .map(|_| ())
+        .expect_err("b1's copy holds the buffer");
+    assert!(e.cause.starts_with("get b2: "), "{e}");
+    drop(held);
+    let mut out = [vec![0u8; 600 << 10], vec![0u8; 600 << 10]];
+    let lists = [list, big.replicas("b2").expect("b2 stored")];
+    for r in big.read_many_copied(whole_reads(&lists, &mut out)) {
+        assert_eq!(r.map_err(|e| e.code), Err(ErrorCode::InvalidParams));
+    }
+    assert!(big
+        .read_many_from(whole_reads(&lists, &mut out))
+        .iter()
+        .all(Result::is_ok));
+    assert_eq!(out, vals);
+}
+
+/// Reads of each whole object of `lists` into the buffer of the same index.
+fn whole_reads<'a>(lists: &'a [Lookup], out: &'a mut [Vec<u8>]) -> Vec<ObjectRead<'a>> {
+    (lists.iter().zip(out))
+        .map(|(list, o)| ObjectRead {
+            list,
+            offset: 0,
+            dst: Dst::from(&mut o[..]),
+        })
+        .collect()
 }
 
 #[test]

@@ -5,6 +5,11 @@
 //! fails with `INVALID_PARAMS` and `local_buffer_size = 0` disables them (tests rely on this).
 //! We move bytes straight from and to the caller's memory, so no staging copy is made, but the
 //! same bound is kept: each operation reserves its size for as long as it runs.
+//!
+//! The policy lives in `Store`, not in the binding: `Store::put`, `put_copied` and
+//! `put_many_copied` (bytes of Python objects), `get`, `locate_copy` and `read_many_copied`
+//! (copies into new objects) reserve; the zero-copy calls on registered or caller memory
+//! (`put_parts`, `put_many`, `get_into`, ...) do not, as upstream's do not stage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,6 +80,13 @@ impl LocalBudget {
 
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+}
+
+impl Reservation<'_> {
+    /// The bytes reserved.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 

@@ -32,6 +32,11 @@ impl StoreError {
         }
     }
 
+    /// `INVALID_PARAMS` with its cause: the caller asked for something that cannot be done.
+    pub fn invalid(cause: impl Into<String>) -> StoreError {
+        StoreError::new(ErrorCode::InvalidParams, cause)
+    }
+
     pub fn code(&self) -> ErrorCode {
         self.code
     }

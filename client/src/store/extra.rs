@@ -78,7 +78,7 @@ impl Store {
         self.check_open().map_err(|e| e.context(WHAT))?;
         if size == 0 || usize::try_from(size).is_err() {
             let cause = format!("{WHAT}: cannot map a segment of {size} bytes");
-            return Err(StoreError::new(ErrorCode::InvalidParams, cause));
+            return Err(StoreError::invalid(cause));
         }
         self.mount_extra(WHAT, || {
             dataplane::mem::shm::serving_segment(
@@ -104,7 +104,7 @@ impl Store {
         self.check_open().map_err(|e| e.context(WHAT))?;
         let Ok(len) = usize::try_from(size) else {
             let cause = format!("{WHAT}: {path}: cannot map {size} bytes");
-            return Err(StoreError::new(ErrorCode::InvalidParams, cause));
+            return Err(StoreError::invalid(cause));
         };
         self.mount_extra(WHAT, || {
             Segment::map_file(std::path::Path::new(path), len, offset)
@@ -182,8 +182,7 @@ impl Store {
     pub fn unmount_segments(&self, ids: &[String], grace: Duration) -> Result<(), StoreError> {
         const WHAT: &str = "unmount_segment";
         self.check_open().map_err(|e| e.context(WHAT))?;
-        let refused =
-            |why: String| StoreError::new(ErrorCode::InvalidParams, format!("{WHAT}: {why}"));
+        let refused = |why: String| StoreError::invalid(format!("{WHAT}: {why}"));
         let mut extra = self.extra.lock();
         let mut wanted = Vec::with_capacity(ids.len());
         for id in ids {

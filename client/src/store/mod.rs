@@ -99,17 +99,15 @@ pub struct ObjectRead<'a> {
 /// or buffers too small in total, are `INVALID_PARAMS` with the reason.
 pub fn scatter(size: u64, ptrs: &[u64], lens: &[u64]) -> Result<Vec<(u64, u64, u64)>, StoreError> {
     if ptrs.len() != lens.len() {
-        return Err(StoreError::new(
-            ErrorCode::InvalidParams,
+        return Err(StoreError::invalid(
             "buffer and size lists differ in length",
         ));
     }
     let room = lens.iter().fold(0u64, |a, &l| a.saturating_add(l));
     if room < size {
-        return Err(StoreError::new(
-            ErrorCode::InvalidParams,
-            format!("the object's {size} bytes do not fit in {room}"),
-        ));
+        return Err(StoreError::invalid(format!(
+            "the object's {size} bytes do not fit in {room}"
+        )));
     }
     let mut pieces = Vec::new();
     let mut at = 0u64;
@@ -314,10 +312,7 @@ impl Store {
 
     fn check_open(&self) -> Result<(), StoreError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(StoreError::new(
-                ErrorCode::InvalidParams,
-                "the store is closed",
-            ));
+            return Err(StoreError::invalid("the store is closed"));
         }
         Ok(())
     }
@@ -337,10 +332,9 @@ impl Store {
         self.check_open()
             .map_err(|e| e.context(format_args!("{op} {key}")))?;
         if cfg.prefer_alloc_in_same_node {
-            return Err(StoreError::new(
-                ErrorCode::InvalidParams,
-                format!("{op} {key}: prefer_alloc_in_same_node is for batch puts only"),
-            ));
+            return Err(StoreError::invalid(format!(
+                "{op} {key}: prefer_alloc_in_same_node is for batch puts only"
+            )));
         }
         let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let started_cause = |e: StoreError| not_placed(e, op, key, &put_ask(size, cfg));
@@ -434,10 +428,40 @@ impl Store {
         cfg: &ReplicateConfig,
         upsert: bool,
     ) -> Result<(), StoreError> {
-        let _r = self
-            .budget
-            .reserve_for(format_args!("put {key}"), value.len() as u64)?;
-        self.put_parts(key, &[Src::from(value)], cfg, upsert)
+        self.put_copied(key, &[Src::from(value)], cfg, upsert)
+    }
+
+    /// [`Self::put_parts`] of bytes upstream would stage through its local buffer (a Python
+    /// object, not registered memory): their size is reserved from the local buffer for the
+    /// put, and a put that does not fit fails with `INVALID_PARAMS` (`budget` module docs).
+    pub fn put_copied(
+        &self,
+        key: &str,
+        parts: &[Src<'_>],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<(), StoreError> {
+        let size = parts.iter().map(|p| p.len() as u64).sum();
+        let op = if upsert { "upsert" } else { "put" };
+        let _r = self.budget.reserve_for(format_args!("{op} {key}"), size)?;
+        self.put_parts(key, parts, cfg, upsert)
+    }
+
+    /// [`Self::put_many`] bounded by the local buffer as [`Self::put_copied`]: the whole
+    /// batch's bytes are reserved for the call, or every key fails with the reason.
+    pub fn put_many_copied(
+        &self,
+        keys: &[String],
+        values: &[Vec<Src<'_>>],
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<Result<(), StoreError>> {
+        let total = values.iter().flatten().map(|p| p.len() as u64).sum();
+        let what = format_args!("batch put of {} keys", keys.len());
+        match self.budget.reserve_for(what, total) {
+            Ok(_r) => self.put_many(keys, values, cfg, upsert),
+            Err(e) => vec![Err(e); keys.len().max(values.len())],
+        }
     }
 
     /// Batch put of many objects, each the concatenation of its parts: one master round trip
@@ -453,7 +477,7 @@ impl Store {
         let n = keys.len().max(values.len());
         if keys.len() != values.len() {
             let cause = format!("{op}: {} keys but {} values", keys.len(), values.len());
-            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+            return vec![Err(StoreError::invalid(cause)); n];
         }
         if let Err(e) = self.check_open() {
             return vec![Err(e.context(op)); n];
@@ -627,14 +651,13 @@ impl Store {
 
     /// The replica list of `key` (grants a read lease) and the window to read it in.
     pub fn replicas(&self, key: &str) -> Result<Lookup, StoreError> {
-        let lookup = |e: StoreError| e.context(format_args!("lookup of {key}"));
-        self.check_open().map_err(lookup)?;
+        // Taken before the call: the lease window counts from no later than the master's answer.
         let asked_at = Instant::now();
-        let list = self
-            .ask(self.master.call(&GetReplicaList {
+        let list = self.ask_open(format_args!("lookup of {key}"), || {
+            self.master.call(&GetReplicaList {
                 key: key.to_string(),
-            }))
-            .map_err(lookup)?;
+            })
+        })?;
         Ok(Lookup::new(list, asked_at))
     }
 
@@ -734,17 +757,36 @@ impl Store {
     pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.with_lookup(key, |list| {
             let size = list.object_size()?;
-            let _r = self.budget.reserve(size).map_err(|e| {
-                StoreError::new(
-                    e,
-                    format!("{size} bytes do not fit in the local buffer now"),
-                )
-            })?;
+            let _r = self.budget.reserve_for("the copy", size)?;
             let mut out = vec![0u8; size as usize];
             self.read_from(list, 0, Dst::from(&mut out[..]))?;
             Ok(out)
         })
         .map_err(|e| e.context(format_args!("get {key}")))
+    }
+
+    /// A lookup of `key` for copying the whole object out (into a new Python object): its
+    /// size is reserved from the local buffer until the answer is dropped, as upstream stages
+    /// such a get (`budget` module docs).
+    pub fn locate_copy(&self, key: &str) -> Result<(Lookup, Reservation<'_>), StoreError> {
+        let list = self.replicas(key)?;
+        let size = list
+            .object_size()
+            .map_err(|e| StoreError::new(e, format!("lookup of {key}: no replica")))?;
+        let r = self.budget.reserve_for(format_args!("get {key}"), size)?;
+        Ok((list, r))
+    }
+
+    /// [`Self::read_many_from`] of copies, bounded by the local buffer as
+    /// [`Self::locate_copy`]: the reads' bytes are reserved for the call, or every read fails
+    /// with the reason.
+    pub fn read_many_copied(&self, reads: Vec<ObjectRead<'_>>) -> Vec<Result<(), StoreError>> {
+        let total = reads.iter().map(|r| r.dst.len() as u64).sum();
+        let what = format_args!("batch get of {} objects", reads.len());
+        match self.budget.reserve_for(what, total) {
+            Ok(_r) => self.read_many_from(reads),
+            Err(e) => vec![Err(e); reads.len()],
+        }
     }
 
     /// Runs `read` on a fresh lookup of `key`, and once more on another if the first one's
@@ -949,7 +991,7 @@ impl Store {
         }
         b.register(addr, len).map_err(|e| {
             let cause = format!("register_buffer: {len} bytes at {addr:#x}: {e}");
-            StoreError::new(ErrorCode::InvalidParams, cause)
+            StoreError::invalid(cause)
         })?;
         if let Some(r) = self.peers.rdma() {
             // Transfers from and into this buffer then skip the staging copy. A failure only
@@ -970,7 +1012,7 @@ impl Store {
             .map(|_| ())
             .map_err(|e| {
                 let cause = format!("unregister_buffer {addr:#x}: {e}");
-                StoreError::new(ErrorCode::InvalidParams, cause)
+                StoreError::invalid(cause)
             })?;
         if let Some(r) = self.peers.rdma() {
             r.side().unregister(addr);
@@ -1044,10 +1086,9 @@ impl Store {
         self.with_lookup(key, |list| {
             let size = list.object_size()?;
             if size > len {
-                return Err(StoreError::new(
-                    ErrorCode::InvalidParams,
-                    format!("the object's {size} bytes do not fit in the {len}-byte buffer"),
-                ));
+                return Err(StoreError::invalid(format!(
+                    "the object's {size} bytes do not fit in the {len}-byte buffer"
+                )));
             }
             let dst = self.caller_range_mut(addr, size).map_err(|e| {
                 StoreError::new(
@@ -1083,7 +1124,7 @@ impl Store {
                 addrs.len(),
                 lens.len()
             );
-            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+            return vec![Err(StoreError::invalid(cause)); n];
         }
         let one = |i: usize| {
             (
@@ -1115,7 +1156,7 @@ impl Store {
                 ptrs.len(),
                 lens.len()
             );
-            return vec![Err(StoreError::new(ErrorCode::InvalidParams, cause)); n];
+            return vec![Err(StoreError::invalid(cause)); n];
         }
         // SAFETY: our caller's contract is the one `get_into_scattered` asks for.
         unsafe { self.get_into_scattered(OP, keys, |i| (&ptrs[i][..], &lens[i][..])) }

@@ -504,10 +504,10 @@ impl Peers {
             let r = it.replica;
             let total: u64 = it.parts.iter().map(|p| p.len() as u64).sum();
             if total != r.size {
-                results[i] = Err(StoreError::new(
-                    ErrorCode::InvalidParams,
-                    format!("{total} bytes for a replica of {} bytes", r.size),
-                ));
+                results[i] = Err(StoreError::invalid(format!(
+                    "{total} bytes for a replica of {} bytes",
+                    r.size
+                )));
                 continue;
             }
             if self.is_local(r) {
@@ -644,13 +644,10 @@ impl Peers {
             let r = it.replica;
             let len = it.dst.len() as u64;
             if it.offset.checked_add(len).is_none_or(|end| end > r.size) {
-                results[i] = Err(StoreError::new(
-                    ErrorCode::InvalidParams,
-                    format!(
-                        "a read of {len} bytes at {} of a {}-byte replica",
-                        it.offset, r.size
-                    ),
-                ));
+                results[i] = Err(StoreError::invalid(format!(
+                    "a read of {len} bytes at {} of a {}-byte replica",
+                    it.offset, r.size
+                )));
                 continue;
             }
             if len == 0 {

@@ -63,28 +63,23 @@ fn shapes_agree(n: usize, a: &[Vec<u64>], b: &[Vec<u64>], c: &[Vec<u64>]) -> boo
     a.len() == n && b.len() == n && c.len() == n
 }
 
-/// `INVALID_PARAMS` with its cause.
-fn invalid(cause: impl Into<String>) -> StoreError {
-    StoreError::new(ErrorCode::InvalidParams, cause)
-}
-
 /// The refusal of a ranged call whose lists do not agree with its keys.
 fn shapes_refused(op: &str, n: usize, a: usize, b: usize, c: usize) -> StoreError {
-    invalid(format!(
+    StoreError::invalid(format!(
         "{op}: {n} keys but {a} pointer, {b} size and {c} offset lists"
     ))
 }
 
 /// The refusal of one key's range lists that do not agree in length.
 fn key_shapes_refused(op: &str, key: &str, a: usize, b: usize, c: usize) -> StoreError {
-    invalid(format!(
+    StoreError::invalid(format!(
         "{op} {key}: {a} pointers, {b} sizes and {c} offsets"
     ))
 }
 
 /// The refusal of a range outside its object.
 fn outside(op: &str, key: &str, offset: u64, len: u64, size: u64) -> StoreError {
-    invalid(format!(
+    StoreError::invalid(format!(
         "{op} {key}: range [{offset}, +{len}) is outside the object of {size} bytes"
     ))
 }
@@ -105,20 +100,20 @@ impl Store {
         }
         if n != sizes.len() {
             let cause = format!("{OP}: {n} keys but {} sizes", sizes.len());
-            return vec![Err(invalid(cause)); n];
+            return vec![Err(StoreError::invalid(cause)); n];
         }
         if keys.is_empty() {
             return Vec::new();
         }
         if cfg.prefer_alloc_in_same_node {
             let cause = format!("{OP}: prefer_alloc_in_same_node is not supported for sessions");
-            return vec![Err(invalid(cause)); n];
+            return vec![Err(StoreError::invalid(cause)); n];
         }
         {
             let puts = self.sessions.puts.lock();
             if let Some(k) = keys.iter().find(|k| puts.contains_key(*k)) {
                 let cause = format!("{OP}: {k} already has an open put session");
-                return vec![Err(invalid(cause)); n];
+                return vec![Err(StoreError::invalid(cause)); n];
             }
         }
         let started = rpc(self.master.call(&BatchPutStart {
@@ -152,7 +147,7 @@ impl Store {
                         unstaged.push(k.clone());
                         let cause =
                             format!("{OP} {k}: cannot allocate {} to stage it", bytes(size));
-                        return Err(invalid(cause));
+                        return Err(StoreError::invalid(cause));
                     };
                     puts.insert(
                         k.clone(),
@@ -206,7 +201,7 @@ impl Store {
                 let key = &keys[i];
                 let s = puts
                     .get_mut(key)
-                    .ok_or_else(|| invalid(format!("{OP} {key}: no open put session")))?;
+                    .ok_or_else(|| StoreError::invalid(format!("{OP} {key}: no open put session")))?;
                 let (p, l, o) = (&ptrs[i], &sizes[i], &dst_offsets[i]);
                 if p.len() != l.len() || p.len() != o.len() {
                     return Err(key_shapes_refused(OP, key, p.len(), l.len(), o.len()));
@@ -267,7 +262,7 @@ impl Store {
                         owners.push(i);
                     }
                 }
-                _ => results.push(Err(invalid(format!(
+                _ => results.push(Err(StoreError::invalid(format!(
                     "{OP} {}: no open put session",
                     keys[i]
                 )))),
@@ -349,7 +344,9 @@ impl Store {
                     .next()
                     .unwrap_or_else(|| Err(ErrorCode::RpcFail.into()))
                     .map_err(|e| e.context(format_args!("{OP} {k}"))),
-                None => Err(invalid(format!("{OP} {k}: no open put session"))),
+                None => Err(StoreError::invalid(format!(
+                    "{OP} {k}: no open put session"
+                ))),
             })
             .collect()
     }
@@ -409,9 +406,9 @@ impl Store {
         for i in 0..n {
             let key = &keys[i];
             let planned = (|| {
-                let list = lists[i]
-                    .as_ref()
-                    .ok_or_else(|| invalid(format!("{OP} {key}: no open get session")))?;
+                let list = lists[i].as_ref().ok_or_else(|| {
+                    StoreError::invalid(format!("{OP} {key}: no open get session"))
+                })?;
                 let size = list.replicas.first().map(|r| r.size).unwrap_or(0);
                 let (p, l, o) = (&ptrs[i], &sizes[i], &src_offsets[i]);
                 if p.len() != l.len() || p.len() != o.len() {
