@@ -965,7 +965,9 @@ impl PyStore {
         match self.store() {
             None => INVALID,
             Some(_) if size > 0 && !crate::engine::mapped_rw(buffer_ptr, size) => INVALID,
-            Some(s) => rc(s.register_buffer(buffer_ptr, size)),
+            // SAFETY: just checked mapped readable and writable; that it stays so until
+            // `unregister_buffer` is the caller's promise in registering, as upstream's.
+            Some(s) => rc(unsafe { s.register_buffer(buffer_ptr, size) }),
         }
     }
 

@@ -197,10 +197,15 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
         s.caller_range_mut(ro, 64).err(),
         Some(ErrorCode::InvalidParams)
     );
-    s.register_buffer(sp, 8192).unwrap();
-    s.register_buffer(dp, 8192).unwrap();
-    s.register_buffer(sp, 8192).unwrap(); // same buffer again: fine
-    let e = s.register_buffer(sp + 10, 10).expect_err("overlaps");
+    // SAFETY: `src` and `dst` are not moved or freed before their `unregister_buffer`s
+    // below.
+    unsafe {
+        s.register_buffer(sp, 8192).unwrap();
+        s.register_buffer(dp, 8192).unwrap();
+        s.register_buffer(sp, 8192).unwrap(); // same buffer again: fine
+    }
+    // SAFETY: as above (refused anyway: it overlaps).
+    let e = unsafe { s.register_buffer(sp + 10, 10) }.expect_err("overlaps");
     assert_eq!(e.code, ErrorCode::InvalidParams);
     assert!(e.cause.contains("register_buffer: 10 bytes at"), "{e}");
     // A range that starts in a registered buffer must end in it.
@@ -231,6 +236,7 @@ fn zero_copy_calls_use_registered_or_mapped_memory() {
     // SAFETY: address 8 is refused by the check before any byte moves.
     let unmapped = unsafe { s.get_into("zc", 8, 8192) }.map_err(ErrorCode::from);
     assert_eq!(unmapped, Err(ErrorCode::InvalidParams));
+    s.unregister_buffer(sp).unwrap();
 }
 
 #[test]

@@ -140,7 +140,8 @@ fn puts_and_gets_move_over_rdma_into_a_storage_node() {
     // Registered memory goes to the NIC without the staging copy.
     let mut reg = vec![0u8; 6 << 20];
     let (addr, len) = (reg.as_mut_ptr() as u64, reg.len() as u64);
-    s.register_buffer(addr, len).unwrap();
+    // SAFETY: `reg` is not moved or freed before the `unregister_buffer` below.
+    unsafe { s.register_buffer(addr, len) }.unwrap();
     for (k, x) in reg.iter_mut().enumerate() {
         *x = (k % 251) as u8;
     }

@@ -257,7 +257,9 @@ fn serve_one(mut conn: UnixStream, lazy: &LazyStore, stop: &AtomicBool) -> io::R
     let Some(local) = map.translate(base, len).map(|p| p as u64) else {
         return refuse(&mut conn, ErrorCode::InvalidParams, "empty region".into());
     };
-    if let Err(e) = store.register_buffer(local, len) {
+    // SAFETY: `map` is our read-write mapping of the whole region; it moves into `region`,
+    // whose `Drop` unregisters the range before the mapping is dropped.
+    if let Err(e) = unsafe { store.register_buffer(local, len) } {
         let why = format!("cannot register the shared region: {e}");
         return refuse(&mut conn, e.code, why);
     }

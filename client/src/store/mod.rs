@@ -984,7 +984,14 @@ impl Store {
 
     /// Registers `[addr, addr + len)` of caller memory for the zero-copy calls. Registering the
     /// same buffer again is a no-op; overlapping another buffer is `INVALID_PARAMS`.
-    pub fn register_buffer(&self, addr: u64, len: u64) -> Result<(), StoreError> {
+    ///
+    /// A registered range is trusted by [`Self::caller_range`] without a mapping check (that
+    /// is what registering buys), so registering is where the promise is made.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` is mapped readable and writable, and stays so until it is
+    /// unregistered (or the store is dropped).
+    pub unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<(), StoreError> {
         let mut b = self.buffers.write();
         if b.find(addr) == Some((addr, len)) {
             return Ok(());
@@ -996,8 +1003,8 @@ impl Store {
         if let Some(r) = self.peers.rdma() {
             // Transfers from and into this buffer then skip the staging copy. A failure only
             // costs that copy.
-            // SAFETY: the caller keeps the buffer mapped until `unregister_buffer`, the
-            // contract of registration (upstream's too); its keys are not published.
+            // SAFETY: this function's contract keeps the buffer mapped until
+            // `unregister_buffer`; its keys are not published.
             if let Err(e) = unsafe { r.side().register(addr, len) } {
                 tracing::warn!("register_buffer: RDMA registration failed, staging instead: {e}");
             }
