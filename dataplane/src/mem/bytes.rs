@@ -9,14 +9,15 @@
 //! place that touches them: `copy_nonoverlapping`, `sendmsg`, `recv`, an RDMA work request.
 //! The rule is the one `transport::rawio` states for the server's registered memory.
 //!
-//! What a `Src<'a>`/`Dst<'a>` promises is only that its range is mapped (readable, and for a
-//! `Dst` writable) for all of `'a`. Making one from a slice is safe (the borrow is the
-//! promise); making one from an address is `unsafe`, and the maker says why the memory stays
-//! mapped. Who else reads or writes the bytes meanwhile is the caller's protocol, not Rust's
-//! concern: no reference over them is ever formed here.
+//! What a `Src<'a>`/`Dst<'a>` promises is that its range is mapped (readable, and for a `Dst`
+//! writable) for all of `'a`, and that no Rust reference the range could break is used over
+//! it meanwhile. Making one from a slice is safe (the borrow is the promise); making one from
+//! an address is `unsafe`, and the maker says why both hold. Who else reads or writes the bytes
+//! through raw pointers, syscalls or another process meanwhile is the caller's protocol, not
+//! Rust's concern: no reference over them is ever formed here.
 //!
-//! A `Src` is `Copy` (reads may share); a `Dst` is not (one writer per range): it is split,
-//! chunked or re-borrowed, never duplicated.
+//! A `Src` is `Copy` (reads may share); a `Dst` is not, so safe code cannot make two out of
+//! one: it is split, chunked or re-borrowed, never duplicated.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -31,7 +32,7 @@ pub struct Src<'a> {
     _borrow: PhantomData<&'a [u8]>,
 }
 
-/// `len` bytes at `ptr`, writable for `'a`, written through this value only.
+/// `len` bytes at `ptr`, writable for `'a`.
 #[derive(Debug)]
 pub struct Dst<'a> {
     ptr: NonNull<u8>,
@@ -79,7 +80,8 @@ impl<'a> Src<'a> {
     /// `len` bytes at `ptr`. Panics on a null `ptr` with `len > 0`.
     ///
     /// # Safety
-    /// `ptr..ptr + len` stays mapped and readable for all of `'a`.
+    /// `ptr..ptr + len` stays mapped and readable for all of `'a`, and no `&mut` reference to
+    /// any of it is used meanwhile.
     pub unsafe fn from_raw(ptr: *const u8, len: usize) -> Src<'a> {
         Src {
             ptr: pointer(ptr.cast_mut(), len),
@@ -180,8 +182,9 @@ impl<'a> Dst<'a> {
     /// `len` bytes at `ptr`. Panics on a null `ptr` with `len > 0`.
     ///
     /// # Safety
-    /// `ptr..ptr + len` stays mapped and writable for all of `'a`, and no other `Dst` over
-    /// any of it is in use meanwhile.
+    /// `ptr..ptr + len` stays mapped and writable for all of `'a`, and no Rust reference to
+    /// any of it is used meanwhile. Other raw ranges over the same bytes may be: what they
+    /// leave there is their callers' protocol.
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Dst<'a> {
         Dst {
             ptr: pointer(ptr, len),
