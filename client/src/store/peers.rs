@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::bytes::STREAM_MIN;
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
@@ -519,16 +520,12 @@ impl Peers {
             }
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 if let Some(p) = m.translate(r.buffer_address, r.size) {
-                    let mut at = p;
-                    for part in it.parts {
-                        // SAFETY: the whole object [buffer_address, + size) lies in the mapping
-                        // (checked), the parts add up to `size` (checked above), and the parts
-                        // are caller memory outside the owner's segment.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
-                            at = at.add(part.len());
-                        }
-                    }
+                    // SAFETY: the whole object [buffer_address, + size) lies in the mapping
+                    // (checked), which `shared` keeps mapped for the call; no reference is
+                    // formed over the owner's segment.
+                    let dst = unsafe { Dst::from_raw(p, r.size as usize) };
+                    // The parts add up to `size` (checked above).
+                    write_parts(it.parts, dst, m.hugetlb());
                     self.stats
                         .shm_memcpy_bytes
                         .fetch_add(r.size, Ordering::Relaxed);
@@ -785,14 +782,12 @@ impl Peers {
                 ),
             ));
         }
-        let mut at = r.buffer_address;
-        for p in parts {
-            // SAFETY: [at, at + p.len()) lies inside our own mapped segment (the whole object,
-            // whose size equals the parts' total, was checked above), and `p` is readable
-            // caller memory that is not part of the segment range being written.
-            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), at as *mut u8, p.len()) };
-            at += p.len() as u64;
-        }
+        // SAFETY: the whole object lies inside our own segment (checked above), mapped for as
+        // long as the store; no reference is formed over it.
+        let dst = unsafe { Dst::from_raw(r.buffer_address as *mut u8, r.size as usize) };
+        // The parts add up to `size` (checked by the caller). Our own mapping's residency is
+        // exact, hugetlb or not.
+        write_parts(parts, dst, false);
         self.stats
             .own_memcpy_bytes
             .fetch_add(r.size, Ordering::Relaxed);
@@ -814,6 +809,27 @@ impl Peers {
             .own_memcpy_bytes
             .fetch_add(dst.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Writes a put's parts, which add up to `dst`'s length, into `dst`: an object's range in a
+/// segment, which this core does not read next. Streamed past the cache ([`Src::stream_to`])
+/// when every page under it is allocated already; plain when one may still be (a first write
+/// into fresh segment memory, where the kernel zeroes each page through the cache and
+/// streaming over those lines is slower than a memcpy). A hugetlb segment of another process
+/// is taken as allocated: the owner takes its pages from the pool (and prefaults them, as
+/// `docs/deploy.md` advises), and this mapping's residency says only whether we touched them.
+/// `bench/README.md`, "Same-host 4 MiB put", has the figures.
+fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, foreign_hugetlb: bool) {
+    let stream = dst.len() >= STREAM_MIN && (foreign_hugetlb || dst.resident());
+    let mut off = 0;
+    for p in parts {
+        if stream {
+            p.stream_to(&mut dst.tail(off));
+        } else {
+            p.copy_to(&mut dst.tail(off));
+        }
+        off += p.len();
     }
 }
 

@@ -376,6 +376,8 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
 pub struct ShmMapping {
     ptr: NonNull<u8>,
     offer: Offer,
+    /// Backed by hugetlb pages (the memfd's block size is larger than a page).
+    hugetlb: bool,
     /// Open while the exporter lives.
     conn: UnixStream,
 }
@@ -424,9 +426,17 @@ impl ShmMapping {
                 "offered memfd is smaller than the segment",
             ));
         }
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as libc::blksize_t;
+        let hugetlb = st.st_blksize > page;
         let ptr = crate::mem::segment::mmap_shared(fd.as_fd(), len)?;
         drop(fd); // the mapping keeps the memory
-        Ok(Some(ShmMapping { ptr, offer, conn }))
+        Ok(Some(ShmMapping {
+            ptr,
+            offer,
+            hugetlb,
+            conn,
+        }))
     }
 
     /// Where `[addr, addr + len)` of the exporter's address space is in ours, if it lies
@@ -439,6 +449,13 @@ impl ShmMapping {
         }
         // SAFETY: off + len <= offer.len, the length of our mapping.
         Some(unsafe { self.ptr.as_ptr().add(off as usize) })
+    }
+
+    /// Whether the segment is on hugetlb pages. Their residency in this mapping
+    /// ([`crate::mem::Dst::resident`]) says only whether this process touched them yet: the
+    /// exporter allocates them from the pool, and may have prefaulted them.
+    pub fn hugetlb(&self) -> bool {
+        self.hugetlb
     }
 
     /// The exporter's view of the segment.
@@ -462,7 +479,7 @@ impl Drop for ShmMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mem::{HugepagePolicy, Segment, SegmentOptions};
+    use crate::mem::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 
     #[test]
     fn the_control_buffer_fits_one_descriptor() {
@@ -512,6 +529,15 @@ mod tests {
         unsafe { seg.as_ptr().add(4096).write_bytes(0xab, 100) };
         let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
         assert_eq!(m.offer(), offer);
+        assert!(!m.hugetlb());
+        // The page the exporter wrote is resident in our mapping before we touch it (the
+        // memfd's page cache); one nobody wrote is not (`peers::write_parts` relies on both).
+        let page = |at: u64| {
+            // SAFETY: inside the mapping (translate checks), no reference formed over it.
+            unsafe { crate::mem::Dst::from_raw(m.translate(offer.base + at, 4096).unwrap(), 4096) }
+        };
+        assert!(page(4096).resident());
+        assert!(!page(16 * 4096).resident());
         let p = m.translate(offer.base + 4096, 100).unwrap();
         // SAFETY: translate checked the range lies in our mapping.
         let got = unsafe { std::slice::from_raw_parts(p, 100) };
@@ -527,5 +553,31 @@ mod tests {
             "nothing exported any more"
         );
         assert!(ShmMapping::import("no-such-endpoint:9").unwrap().is_none());
+    }
+
+    #[test]
+    fn an_importer_knows_a_hugetlb_segment() {
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Prefer,
+            prefault: true,
+        };
+        let seg = Segment::new_shared(4 << 20, opts).unwrap();
+        if seg.kind() != SegmentKind::HugeTlb {
+            eprintln!("no free hugetlb pages (vm.nr_hugepages): only the plain case checked");
+            return;
+        }
+        let fd = seg.shared_fd().expect("memfd-backed");
+        let endpoint = format!("test-huge-{}:1", std::process::id());
+        let offer = Offer {
+            base: seg.addr() as u64,
+            len: seg.len() as u64,
+        };
+        let _export = ShmExport::start(&endpoint, fd, offer).unwrap();
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        assert!(m.hugetlb());
+        // Prefaulted by the exporter, yet not resident here until we touch it.
+        // SAFETY: inside the mapping (translate checks), no reference formed over it.
+        let d = unsafe { crate::mem::Dst::from_raw(m.translate(offer.base, 4096).unwrap(), 4096) };
+        assert!(!d.resident());
     }
 }

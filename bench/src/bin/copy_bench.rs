@@ -1,0 +1,116 @@
+//! A put's copy into segment memory: plain memcpy (`Src::copy_to`) against streaming stores
+//! (`Src::stream_to`), by size, into destinations that are resident but not in the cache, and
+//! into pages never touched (the first write into fresh segment memory).
+//!
+//! ```text
+//! cargo run --release -p mooncake-bench --bin copy_bench -- [--segment-mib 1024] [--rounds 3]
+//! ```
+//!
+//! A shared memfd mapping (as a storage node's segment) is filled once; each size then copies
+//! one hot source into destinations spread over the whole mapping (a put's destination is a
+//! freshly allocated range, rarely cached), first with `copy_to` then with `stream_to`, and
+//! prints GB/s per round. `fresh` writes 4 MiB into pages of a second mapping that nobody has
+//! touched yet, where each page fault allocates and zeroes the page: the case
+//! `peers::write_parts` leaves to memcpy (`Dst::resident`).
+
+use std::time::Instant;
+
+use dataplane::mem::bytes::STREAM_MIN;
+use dataplane::mem::{Dst, Src};
+
+fn shared_mapping(len: usize) -> *mut u8 {
+    // SAFETY: memfd_create with a static name, ftruncate and mmap of our own descriptor; every
+    // result is checked.
+    unsafe {
+        let fd = libc::memfd_create(c"copy_bench".as_ptr(), 0);
+        assert!(fd >= 0, "memfd_create");
+        assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0, "ftruncate");
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        libc::close(fd);
+        p as *mut u8
+    }
+}
+
+fn main() {
+    let mut segment_mib = 1024usize;
+    let mut rounds = 3usize;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().and_then(|v| v.parse().ok()).expect("a number");
+        match a.as_str() {
+            "--segment-mib" => segment_mib = value(),
+            "--rounds" => rounds = value(),
+            _ => panic!("unknown argument {a} (see the module docs)"),
+        }
+    }
+    let len = segment_mib << 20;
+    let seg = shared_mapping(len);
+    // SAFETY: our own mapping of `len` bytes, never unmapped; nothing else forms a reference
+    // over it.
+    let mut whole = unsafe { Dst::from_raw(seg, len) };
+    let fill = vec![1u8; 1 << 20];
+    for mut d in whole.reborrow().chunks(1 << 20) {
+        Src::from(&fill[..]).copy_to(&mut d);
+    }
+    let source: Vec<u8> = (0..4usize << 20).map(|i| (i * 31) as u8).collect();
+    println!("streaming from {} bytes up; GB/s per round, copy_to / stream_to", STREAM_MIN);
+    for size in [4usize << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20] {
+        let slots = len / size;
+        let n = slots.min(20_000);
+        let src = Src::from(&source[..size]);
+        let mut line = format!("{:>8} B resident:", size);
+        for _ in 0..rounds {
+            let mut rates = [0.0f64; 2];
+            for (k, rate) in rates.iter_mut().enumerate() {
+                let t = Instant::now();
+                for i in 0..n {
+                    // Spread over the mapping, as a segment's allocations are.
+                    let slot = (i * 7919) % slots;
+                    let mut d = whole.tail(slot * size).split_at(size).0;
+                    if k == 0 {
+                        src.copy_to(&mut d);
+                    } else {
+                        src.stream_to(&mut d);
+                    }
+                }
+                *rate = (size * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            }
+            line += &format!("  {:5.2} / {:5.2}", rates[0], rates[1]);
+        }
+        println!("{line}");
+    }
+    // Fresh pages: a new mapping per round and method, 48 x 4 MiB each.
+    let size = 4usize << 20;
+    let mut line = format!("{:>8} B fresh:   ", size);
+    for _ in 0..rounds {
+        let mut rates = [0.0f64; 2];
+        for (k, rate) in rates.iter_mut().enumerate() {
+            let fresh = shared_mapping(48 * size);
+            // SAFETY: our own new mapping of 48 * size bytes, unmapped below after its last use.
+            let mut d = unsafe { Dst::from_raw(fresh, 48 * size) };
+            let src = Src::from(&source[..]);
+            let t = Instant::now();
+            for mut piece in d.reborrow().chunks(size) {
+                if k == 0 {
+                    src.copy_to(&mut piece);
+                } else {
+                    src.stream_to(&mut piece);
+                }
+            }
+            *rate = (48 * size) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            // SAFETY: the mapping made above; no range over it remains.
+            unsafe { libc::munmap(fresh as *mut libc::c_void, 48 * size) };
+        }
+        line += &format!("  {:5.2} / {:5.2}", rates[0], rates[1]);
+    }
+    println!("{line}");
+}
