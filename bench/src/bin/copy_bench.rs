@@ -62,8 +62,18 @@ fn main() {
         Src::from(&fill[..]).copy_to(&mut d);
     }
     let source: Vec<u8> = (0..4usize << 20).map(|i| (i * 31) as u8).collect();
-    println!("streaming from {} bytes up; GB/s per round, copy_to / stream_to", STREAM_MIN);
-    for size in [4usize << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20] {
+    println!(
+        "streaming from {} bytes up; GB/s per round, copy_to / stream_to",
+        STREAM_MIN
+    );
+    for size in [
+        4usize << 10,
+        16 << 10,
+        64 << 10,
+        256 << 10,
+        1 << 20,
+        4 << 20,
+    ] {
         let slots = len / size;
         let n = slots.min(20_000);
         let src = Src::from(&source[..size]);

@@ -37,7 +37,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::mem::bytes::STREAM_MIN;
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
@@ -813,21 +812,20 @@ impl Peers {
 }
 
 /// Writes a put's parts, which add up to `dst`'s length, into `dst`: an object's range in a
-/// segment, which this core does not read next. Streamed past the cache ([`Src::stream_to`])
-/// when every page under it is allocated already; plain when one may still be (a first write
+/// segment, which this core does not read next. Streamed past the cache when every page under
+/// it is allocated already ([`Src::copy_uncached`]); plain when one may still be (a first write
 /// into fresh segment memory, where the kernel zeroes each page through the cache and
 /// streaming over those lines is slower than a memcpy). A hugetlb segment of another process
 /// is taken as allocated: the owner takes its pages from the pool (and prefaults them, as
 /// `docs/deploy.md` advises), and this mapping's residency says only whether we touched them.
 /// `bench/README.md`, "Same-host 4 MiB put", has the figures.
 fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, foreign_hugetlb: bool) {
-    let stream = dst.len() >= STREAM_MIN && (foreign_hugetlb || dst.resident());
     let mut off = 0;
     for p in parts {
-        if stream {
+        if foreign_hugetlb {
             p.stream_to(&mut dst.tail(off));
         } else {
-            p.copy_to(&mut dst.tail(off));
+            p.copy_uncached(&mut dst.tail(off));
         }
         off += p.len();
     }

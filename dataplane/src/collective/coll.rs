@@ -24,6 +24,7 @@ use super::reduce::{self, DType, ReduceOp};
 use super::seg::Desc;
 use super::{wait_counter, Outcome, Shared};
 use crate::limits::{PG_CHUNK_ALIGN_BYTES, PG_COLL_SLOT_BYTES};
+use crate::mem::{Dst, Src};
 
 /// All-reduces up to this size run in one phase (every rank folds everything).
 const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
@@ -166,14 +167,17 @@ fn profiling() -> bool {
     *ON.get_or_init(|| std::env::var_os("MC_PG_PROFILE").is_some_and(|v| v != "0"))
 }
 
-/// Copies `len` bytes (`memmove`: user buffers may alias each other).
+/// Copies `len` bytes (as `memmove`: user buffers may alias each other). Every copy here is
+/// read next by another rank or by the caller after the op, not by this thread, so large
+/// ones skip the cache ([`Src::copy_uncached`]; `bench/README.md`, `mooncake.pg`).
 ///
 /// # Safety
-/// Both ranges must be valid for `len` bytes.
+/// Both ranges must be valid for `len` bytes, and no Rust reference over them used meanwhile.
 unsafe fn mv(src: *const u8, dst: *mut u8, len: usize) {
     if len > 0 && src != dst.cast_const() {
         // SAFETY: forwarded to the caller.
-        unsafe { std::ptr::copy(src, dst, len) };
+        let (from, mut to) = unsafe { (Src::from_raw(src, len), Dst::from_raw(dst, len)) };
+        from.copy_uncached(&mut to);
     }
 }
 

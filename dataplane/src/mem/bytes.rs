@@ -197,6 +197,18 @@ impl<'a> Src<'a> {
         };
     }
 
+    /// Copies the range to `dst` for a reader other than this core, past the cache where that
+    /// pays: [`Src::stream_to`] from [`STREAM_MIN`] bytes up when every page under `dst` is
+    /// resident ([`Dst::resident`], one `mincore`), [`Src::copy_to`] otherwise. Panics as
+    /// they do when `dst` is shorter.
+    pub fn copy_uncached(self, dst: &mut Dst<'_>) {
+        if self.len >= STREAM_MIN && dst.resident() {
+            self.stream_to(dst);
+        } else {
+            self.copy_to(dst);
+        }
+    }
+
     /// The bytes, copied out (for tests and small records).
     pub fn to_vec(self) -> Vec<u8> {
         let mut v = vec![0u8; self.len];
@@ -483,6 +495,13 @@ mod tests {
             assert!(half.resident(), "every page of the half written");
             assert!(!rest.resident(), "one page of the rest written");
             assert!(rest.tail(4096 * 3).split_at(4096).0.resident(), "that page");
+            // Either way (streamed into the resident half, copied into the rest), the bytes
+            // arrive.
+            let data: Vec<u8> = (0..STREAM_MIN * 3).map(|i| (i % 251) as u8).collect();
+            for d in [&mut half, &mut rest] {
+                Src::from(&data[..]).copy_uncached(&mut d.tail(7));
+                assert_eq!(d.tail(7).split_at(data.len()).0.as_src().to_vec(), data);
+            }
         }
         assert!(!whole.resident());
         // An unaligned range inside written pages, and an empty one anywhere.
