@@ -27,6 +27,18 @@ step() {
 
 SETUP_FUZZ=1 WITH_TORCH=${WITH_TORCH:-1} WITH_BROWSER=1 WITH_K8S_SCHEMAS=1 bash scripts/setup.sh || exit 1
 
+# Hugetlb pages for the run, so the tests of hugetlb-backed shared segments (dataplane
+# `mem::shm`) check that case rather than only the plain one; the pool is put back at the
+# end. Best effort: without root, or with /proc/sys read-only, the pool stays as it is.
+HUGEPAGES_WANTED=600
+hugepages_before=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+if [ "$(id -u)" = 0 ] && [ "$hugepages_before" -lt "$HUGEPAGES_WANTED" ]; then
+  if echo "$HUGEPAGES_WANTED" > /proc/sys/vm/nr_hugepages 2>/dev/null; then
+    trap 'echo "$hugepages_before" > /proc/sys/vm/nr_hugepages 2>/dev/null || true' EXIT
+  fi
+fi
+echo "hugetlb pages: $(grep HugePages_Free /proc/meminfo | awk '{print $2}') free"
+
 step fmt cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step build cargo build --workspace --bins
