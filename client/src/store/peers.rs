@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::bytes::STREAM_MIN;
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
@@ -524,7 +525,13 @@ impl Peers {
                     // formed over the owner's segment.
                     let dst = unsafe { Dst::from_raw(p, r.size as usize) };
                     // The parts add up to `size` (checked above).
-                    write_parts(it.parts, dst, m.hugetlb());
+                    write_parts(
+                        it.parts,
+                        dst,
+                        Mapping::Peer {
+                            hugetlb: m.hugetlb(),
+                        },
+                    );
                     self.stats
                         .shm_memcpy_bytes
                         .fetch_add(r.size, Ordering::Relaxed);
@@ -786,7 +793,7 @@ impl Peers {
         let dst = unsafe { Dst::from_raw(r.buffer_address as *mut u8, r.size as usize) };
         // The parts add up to `size` (checked by the caller). Our own mapping's residency is
         // exact, hugetlb or not.
-        write_parts(parts, dst, false);
+        write_parts(parts, dst, Mapping::Own);
         self.stats
             .own_memcpy_bytes
             .fetch_add(r.size, Ordering::Relaxed);
@@ -811,21 +818,45 @@ impl Peers {
     }
 }
 
+/// Whose mapping a put writes through, for [`write_parts`].
+#[derive(Clone, Copy)]
+enum Mapping {
+    /// Our own segment.
+    Own,
+    /// A same-host peer's segment, mapped into this process (`ShmMapping`).
+    Peer { hugetlb: bool },
+}
+
 /// Writes a put's parts, which add up to `dst`'s length, into `dst`: an object's range in a
-/// segment, which this core does not read next. Streamed past the cache when every page under
-/// it is allocated already ([`Src::copy_uncached`]); plain when one may still be (a first write
-/// into fresh segment memory, where the kernel zeroes each page through the cache and
-/// streaming over those lines is slower than a memcpy). A hugetlb segment of another process
-/// is taken as allocated: the owner takes its pages from the pool (and prefaults them, as
-/// `docs/deploy.md` advises), and this mapping's residency says only whether we touched them.
-/// `bench/README.md`, "Same-host 4 MiB put", has the figures.
-fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, foreign_hugetlb: bool) {
+/// segment, which this core does not read next (`bench/README.md`, "Same-host 4 MiB put",
+/// has the figures for each choice here).
+///
+/// - Streamed past the cache ([`Src::stream_to`]) when every page under it is allocated
+///   already ([`Dst::resident`]); plain when one may still be (a first write into fresh
+///   segment memory, where the kernel zeroes each page through the cache and streaming over
+///   those lines is slower than a memcpy).
+/// - Into a peer's segment, the resident pages are first mapped 16 at a time
+///   ([`Dst::map_ahead`]): this process maps the segment for itself, and its first write to
+///   each page would otherwise trap once per page, though the page exists.
+/// - A peer's hugetlb segment is taken as allocated: the owner takes its pages from the pool
+///   (and prefaults them, as `docs/deploy.md` advises), and our mapping's residency says only
+///   whether we touched them; two traps per 4 MiB need no mapping ahead.
+fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, mapping: Mapping) {
+    let stream = match mapping {
+        Mapping::Peer { hugetlb: true } => true,
+        Mapping::Own | Mapping::Peer { hugetlb: false } => {
+            dst.len() >= STREAM_MIN && dst.resident()
+        }
+    };
+    if stream && matches!(mapping, Mapping::Peer { hugetlb: false }) {
+        dst.map_ahead();
+    }
     let mut off = 0;
     for p in parts {
-        if foreign_hugetlb {
+        if stream {
             p.stream_to(&mut dst.tail(off));
         } else {
-            p.copy_uncached(&mut dst.tail(off));
+            p.copy_to(&mut dst.tail(off));
         }
         off += p.len();
     }

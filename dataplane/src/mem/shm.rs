@@ -556,6 +556,51 @@ mod tests {
     }
 
     #[test]
+    fn mapping_ahead_maps_an_exporters_pages_sixteen_at_a_time() {
+        fn minor_faults() -> i64 {
+            // SAFETY: getrusage into a zeroed struct of our own.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; RUSAGE_THREAD counts this thread only.
+            assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+            u.ru_minflt
+        }
+        const LEN: usize = 4 << 20;
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Never,
+            prefault: true,
+        };
+        let seg = Segment::new_shared(LEN, opts).unwrap();
+        let endpoint = format!("test-ahead-{}:1", std::process::id());
+        let offer = Offer {
+            base: seg.addr() as u64,
+            len: seg.len() as u64,
+        };
+        let _export = ShmExport::start(&endpoint, seg.shared_fd().unwrap(), offer).unwrap();
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        // SAFETY: inside the mapping (translate checks), no reference formed over it.
+        let mut d =
+            unsafe { crate::mem::Dst::from_raw(m.translate(offer.base, LEN as u64).unwrap(), LEN) };
+        assert!(d.resident(), "the exporter prefaulted every page");
+        let data = vec![5u8; LEN]; // faulted in here, not counted below
+        let f0 = minor_faults();
+        d.map_ahead();
+        let f1 = minor_faults();
+        let ahead = f1 - f0;
+        let windows = (LEN / crate::mem::bytes::FAULT_AROUND_BYTES) as i64;
+        assert!(
+            ahead <= windows,
+            "{ahead} faults mapping {windows} windows ahead"
+        );
+        // Writing every page now takes no fault: the pages were mapped writable.
+        crate::mem::Src::from(&data[..]).stream_to(&mut d);
+        let after = minor_faults() - f1;
+        assert!(after < 16, "{after} faults writing the pages mapped ahead");
+        // SAFETY: inside our own segment; the importer's writes above are complete.
+        let seen = unsafe { std::slice::from_raw_parts(seg.as_ptr(), LEN) };
+        assert!(seen.iter().all(|&b| b == 5));
+    }
+
+    #[test]
     fn an_importer_knows_a_hugetlb_segment() {
         let opts = SegmentOptions {
             hugepages: HugepagePolicy::Prefer,
