@@ -159,14 +159,23 @@ fn puts_keep_succeeding_through_eviction() {
     rss_max = rss_max.max(rss_bytes(node_pid).expect("the node died"));
     let write_time = t0.elapsed();
 
-    // Whatever is still indexed reads back exactly; the rest is a clean miss.
+    // Whatever is still indexed reads back exactly; the rest is a clean miss. The master's
+    // tick may still evict while this runs (a pass that read leases made futile during the
+    // writes succeeds once they end), so a key probed present can be gone by its get: a
+    // clean miss too, never other bytes.
     let keys: Vec<String> = (0..OBJECTS).map(key).collect();
     let exist = store.batch_is_exist(&keys);
     let mut live = 0;
     for (i, e) in exist.iter().enumerate() {
         if *e == Ok(true) {
-            live += 1;
-            assert!(store.get(&key(i)).unwrap() == value(i), "{}", key(i));
+            match store.get(&key(i)).map_err(ErrorCode::from) {
+                Ok(b) => {
+                    assert!(b == value(i), "{} read other bytes", key(i));
+                    live += 1;
+                }
+                Err(ErrorCode::ObjectNotFound) => {}
+                Err(e) => panic!("get {}: {e:?}", key(i)),
+            }
         } else {
             assert_eq!(*e, Ok(false), "{}", key(i));
         }
