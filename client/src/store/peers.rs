@@ -37,7 +37,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::mem::bytes::STREAM_MIN;
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
@@ -844,9 +843,7 @@ enum Mapping {
 fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, mapping: Mapping) {
     let stream = match mapping {
         Mapping::Peer { hugetlb: true } => true,
-        Mapping::Own | Mapping::Peer { hugetlb: false } => {
-            dst.len() >= STREAM_MIN && dst.resident()
-        }
+        Mapping::Own | Mapping::Peer { hugetlb: false } => dst.worth_streaming(dst.len()),
     };
     if stream && matches!(mapping, Mapping::Peer { hugetlb: false }) {
         dst.map_ahead();

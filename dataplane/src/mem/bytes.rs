@@ -146,12 +146,7 @@ impl<'a> Src<'a> {
 
     /// Copies the range to `dst`, which must be at least as long. Panics otherwise.
     pub fn copy_to(self, dst: &mut Dst<'_>) {
-        assert!(
-            self.len <= dst.len,
-            "{} bytes into a {}-byte range",
-            self.len,
-            dst.len
-        );
+        self.assert_fits(dst);
         // SAFETY: `self` is readable and `dst` writable for at least `self.len` bytes; `copy`
         // allows the two to overlap, which raw ranges do not rule out.
         unsafe { std::ptr::copy(self.ptr.as_ptr(), dst.ptr.as_ptr(), self.len) };
@@ -177,12 +172,7 @@ impl<'a> Src<'a> {
     /// next (a syscall, a release store) is ordered after every byte, as after a memcpy.
     /// Overlapping ranges (never the case for a put) are copied as [`Src::copy_to`] does.
     pub fn stream_to(self, dst: &mut Dst<'_>) {
-        assert!(
-            self.len <= dst.len,
-            "{} bytes into a {}-byte range",
-            self.len,
-            dst.len
-        );
+        self.assert_fits(dst);
         let (s, d) = (self.ptr.as_ptr() as usize, dst.ptr.as_ptr() as usize);
         let overlap = s < d + self.len && d < s + self.len;
         if self.len < STREAM_MIN || overlap || !cfg!(target_arch = "x86_64") {
@@ -202,11 +192,21 @@ impl<'a> Src<'a> {
     /// resident ([`Dst::resident`], one `mincore`), [`Src::copy_to`] otherwise. Panics as
     /// they do when `dst` is shorter.
     pub fn copy_uncached(self, dst: &mut Dst<'_>) {
-        if self.len >= STREAM_MIN && dst.resident() {
+        if dst.worth_streaming(self.len) {
             self.stream_to(dst);
         } else {
             self.copy_to(dst);
         }
+    }
+
+    /// Panics unless `dst` is at least as long as `self`.
+    fn assert_fits(&self, dst: &Dst<'_>) {
+        assert!(
+            self.len <= dst.len,
+            "{} bytes into a {}-byte range",
+            self.len,
+            dst.len
+        );
     }
 
     /// The bytes, copied out (for tests and small records).
@@ -369,8 +369,7 @@ impl<'a> Dst<'a> {
         if self.len == 0 {
             return true;
         }
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let page = crate::mem::segment::base_page_bytes();
         let start = self.ptr.as_ptr() as usize & !(page - 1);
         let end = (self.ptr.as_ptr() as usize + self.len).next_multiple_of(page);
         let mut vec = [0u8; CHUNK_PAGES];
@@ -386,6 +385,13 @@ impl<'a> Dst<'a> {
             at += len;
         }
         true
+    }
+
+    /// Whether a copy of `len` bytes into this range pays for streaming stores: from
+    /// [`STREAM_MIN`] bytes up, into pages that are all [`Dst::resident`] (see
+    /// [`Src::stream_to`] for why not into fresh ones).
+    pub fn worth_streaming(&self, len: usize) -> bool {
+        len >= STREAM_MIN && self.resident()
     }
 
     /// Maps the range's pages into this process ahead of a write, 16 at a time: reads one

@@ -426,9 +426,7 @@ impl ShmMapping {
                 "offered memfd is smaller than the segment",
             ));
         }
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as libc::blksize_t;
-        let hugetlb = st.st_blksize > page;
+        let hugetlb = st.st_blksize as u64 > crate::mem::segment::base_page_bytes() as u64;
         let ptr = crate::mem::segment::mmap_shared(fd.as_fd(), len)?;
         drop(fd); // the mapping keeps the memory
         Ok(Some(ShmMapping {
