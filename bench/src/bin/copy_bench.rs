@@ -16,27 +16,15 @@
 use std::time::Instant;
 
 use dataplane::mem::bytes::STREAM_MIN;
-use dataplane::mem::{Dst, Src};
+use dataplane::mem::{Dst, HugepagePolicy, Segment, SegmentOptions, Src};
 
-fn shared_mapping(len: usize) -> *mut u8 {
-    // SAFETY: memfd_create with a static name, ftruncate and mmap of our own descriptor; every
-    // result is checked.
-    unsafe {
-        let fd = libc::memfd_create(c"copy_bench".as_ptr(), 0);
-        assert!(fd >= 0, "memfd_create");
-        assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0, "ftruncate");
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap");
-        libc::close(fd);
-        p as *mut u8
-    }
+/// A memfd-backed shared segment, as a storage node's (plain pages, not prefaulted).
+fn shared_segment(len: usize) -> Segment {
+    let opts = SegmentOptions {
+        hugepages: HugepagePolicy::Never,
+        prefault: false,
+    };
+    Segment::new_shared(len, opts).expect("a shared segment")
 }
 
 fn main() {
@@ -53,10 +41,10 @@ fn main() {
         }
     }
     let len = segment_mib << 20;
-    let seg = shared_mapping(len);
-    // SAFETY: our own mapping of `len` bytes, never unmapped; nothing else forms a reference
-    // over it.
-    let mut whole = unsafe { Dst::from_raw(seg, len) };
+    let seg = shared_segment(len);
+    // SAFETY: our own segment of `len` bytes, mapped until `seg` drops at the end; nothing
+    // else forms a reference over it.
+    let mut whole = unsafe { Dst::from_raw(seg.as_ptr(), len) };
     let fill = vec![1u8; 1 << 20];
     for mut d in whole.reborrow().chunks(1 << 20) {
         Src::from(&fill[..]).copy_to(&mut d);
@@ -104,9 +92,10 @@ fn main() {
     for _ in 0..rounds {
         let mut rates = [0.0f64; 2];
         for (k, rate) in rates.iter_mut().enumerate() {
-            let fresh = shared_mapping(48 * size);
-            // SAFETY: our own new mapping of 48 * size bytes, unmapped below after its last use.
-            let mut d = unsafe { Dst::from_raw(fresh, 48 * size) };
+            let fresh = shared_segment(48 * size);
+            // SAFETY: our own new segment of 48 * size bytes, mapped until `fresh` drops at
+            // the end of this iteration, after the last use of `d`.
+            let mut d = unsafe { Dst::from_raw(fresh.as_ptr(), 48 * size) };
             let src = Src::from(&source[..]);
             let t = Instant::now();
             for mut piece in d.reborrow().chunks(size) {
@@ -117,8 +106,6 @@ fn main() {
                 }
             }
             *rate = (48 * size) as f64 / t.elapsed().as_secs_f64() / 1e9;
-            // SAFETY: the mapping made above; no range over it remains.
-            unsafe { libc::munmap(fresh as *mut libc::c_void, 48 * size) };
         }
         line += &format!("  {:5.2} / {:5.2}", rates[0], rates[1]);
     }

@@ -479,6 +479,20 @@ mod tests {
     use super::*;
     use crate::mem::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 
+    /// Offers `seg` as `endpoint` and maps it back: the export (held for the test), the
+    /// importer's mapping and the offer.
+    fn export_and_import(seg: &Segment, endpoint: &str) -> (ShmExport, ShmMapping, Offer) {
+        let offer = Offer {
+            base: seg.addr() as u64,
+            len: seg.len() as u64,
+        };
+        let fd = seg.shared_fd().expect("memfd-backed");
+        let export = ShmExport::start(endpoint, fd, offer).unwrap();
+        let m = ShmMapping::import(endpoint).unwrap().expect("same host");
+        assert_eq!(m.offer(), offer);
+        (export, m, offer)
+    }
+
     #[test]
     fn the_control_buffer_fits_one_descriptor() {
         // SAFETY: CMSG_SPACE is a pure computation.
@@ -516,17 +530,10 @@ mod tests {
             prefault: false,
         };
         let seg = Segment::new_shared(1 << 20, opts).unwrap();
-        let fd = seg.shared_fd().expect("memfd-backed");
         let endpoint = format!("test-{}:1", std::process::id());
-        let offer = Offer {
-            base: seg.addr() as u64,
-            len: seg.len() as u64,
-        };
-        let export = ShmExport::start(&endpoint, fd, offer).unwrap();
         // SAFETY: inside our own segment; nobody else writes it in this test.
         unsafe { seg.as_ptr().add(4096).write_bytes(0xab, 100) };
-        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
-        assert_eq!(m.offer(), offer);
+        let (export, m, offer) = export_and_import(&seg, &endpoint);
         assert!(!m.hugetlb());
         // The page the exporter wrote is resident in our mapping before we touch it (the
         // memfd's page cache); one nobody wrote is not (`peers::write_parts` relies on both).
@@ -569,12 +576,7 @@ mod tests {
         };
         let seg = Segment::new_shared(LEN, opts).unwrap();
         let endpoint = format!("test-ahead-{}:1", std::process::id());
-        let offer = Offer {
-            base: seg.addr() as u64,
-            len: seg.len() as u64,
-        };
-        let _export = ShmExport::start(&endpoint, seg.shared_fd().unwrap(), offer).unwrap();
-        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        let (_export, m, offer) = export_and_import(&seg, &endpoint);
         // SAFETY: inside the mapping (translate checks), no reference formed over it.
         let mut d =
             unsafe { crate::mem::Dst::from_raw(m.translate(offer.base, LEN as u64).unwrap(), LEN) };
@@ -609,14 +611,8 @@ mod tests {
             eprintln!("no free hugetlb pages (vm.nr_hugepages): only the plain case checked");
             return;
         }
-        let fd = seg.shared_fd().expect("memfd-backed");
         let endpoint = format!("test-huge-{}:1", std::process::id());
-        let offer = Offer {
-            base: seg.addr() as u64,
-            len: seg.len() as u64,
-        };
-        let _export = ShmExport::start(&endpoint, fd, offer).unwrap();
-        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        let (_export, m, offer) = export_and_import(&seg, &endpoint);
         assert!(m.hugetlb());
         // Prefaulted by the exporter, yet not resident here until we touch it.
         // SAFETY: inside the mapping (translate checks), no reference formed over it.
