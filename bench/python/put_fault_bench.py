@@ -15,7 +15,9 @@ freed (`reuse`). Two memcpy baselines: `memcpy`, 4 MiB between the same two buff
 the cache), and `spread`, 4 MiB into 48 different already-faulted destinations in turn, as the
 puts write (192 MiB: the destination is not in the cache). The client reaches the node's segment through the same-host shared mapping
 (memcpy, no TCP). Reported per phase: the median put time as MiB/s, the put / memcpy ratio,
-and the client's and node's minor page faults per put (from getrusage and /proc/PID/stat).
+the client's and node's minor page faults per put (from getrusage and /proc/PID/stat), and the
+client process's CPU time per put (every thread, the copy helpers of `MC_STORE_COPY_THREADS`
+included; getrusage).
 
 Usage: .venv/bin/python bench/python/put_fault_bench.py [--rounds 3] [--json out.json]
 """
@@ -124,7 +126,8 @@ def one(config):
         value = os.urandom(VALUE)
         out = {"node": backing}
         for phase, prefix in (("cold", "c"), ("reuse", "r")):
-            c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            u0 = resource.getrusage(resource.RUSAGE_SELF)
+            c0 = u0.ru_minflt
             n0 = minflt(node.pid)
             ts = []
             for i in range(KEYS):
@@ -133,14 +136,17 @@ def one(config):
                 ts.append(time.perf_counter() - t)
                 if rc != 0:
                     raise RuntimeError(f"put returned {rc}")
-            c1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            u1 = resource.getrusage(resource.RUSAGE_SELF)
+            c1 = u1.ru_minflt
             n1 = minflt(node.pid)
+            cpu = (u1.ru_utime + u1.ru_stime) - (u0.ru_utime + u0.ru_stime)
             ts.sort()
             out[phase] = {
                 "mib_s": VALUE / MIB / statistics.median(ts),
                 "p90_ms": ts[int(len(ts) * 0.9)] * 1e3,
                 "client_faults_per_put": (c1 - c0) / KEYS,
                 "node_faults_per_put": (n1 - n0) / KEYS,
+                "client_cpu_ms_per_put": cpu * 1e3 / KEYS,
             }
             if phase == "cold":
                 for i in range(KEYS):
@@ -175,7 +181,8 @@ def main():
                 f"{res[ph]['client_faults_per_put']:.0f} node {res[ph]['node_faults_per_put']:.0f}"
                 for ph in ("cold", "reuse")), flush=True)
     print(f"\n{'config':20s} {'phase':6s} {'put MiB/s':>10s} {'memcpy':>8s} {'ratio':>6s} "
-          f"{'spread':>7s} {'ratio':>6s} {'p90 ms':>7s} {'faults/put (client, node)':>26s}")
+          f"{'spread':>7s} {'ratio':>6s} {'p90 ms':>7s} {'faults/put (client, node)':>26s} "
+          f"{'client CPU ms/put':>18s}")
     for c in configs:
         for ph in ("cold", "reuse"):
             med = lambda f: statistics.median(f(x) for x in runs[c])
@@ -187,7 +194,8 @@ def main():
             print(f"{c:20s} {ph:6s} {put:10.0f} {mc:8.0f} {ratio:6.0%} {sp:7.0f} {sratio:6.0%} "
                   f"{med(lambda x: x[ph]['p90_ms']):7.2f} "
                   f"{med(lambda x: x[ph]['client_faults_per_put']):>13.0f}, "
-                  f"{med(lambda x: x[ph]['node_faults_per_put']):.0f}")
+                  f"{med(lambda x: x[ph]['node_faults_per_put']):.0f} "
+                  f"{med(lambda x: x[ph]['client_cpu_ms_per_put']):18.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)

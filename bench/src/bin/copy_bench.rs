@@ -1,5 +1,6 @@
 //! A put's copy into segment memory: plain memcpy (`Src::copy_to`) against streaming stores
-//! (`Src::stream_to`), by size, into destinations that are resident but not in the cache, and
+//! (`Src::stream_to`) and streaming stores shared with the copy helpers
+//! (`copier::copy_all`, from `copier::WIDE_MIN` up; `MC_STORE_COPY_THREADS` sets how many), by size, into destinations that are resident but not in the cache, and
 //! into pages never touched (the first write into fresh segment memory).
 //!
 //! ```text
@@ -8,7 +9,7 @@
 //!
 //! A shared memfd mapping (as a storage node's segment) is filled once; each size then copies
 //! one hot source into destinations spread over the whole mapping (a put's destination is a
-//! freshly allocated range, rarely cached), first with `copy_to` then with `stream_to`, and
+//! freshly allocated range, rarely cached), with `copy_to`, `stream_to` and `copy_all`, and
 //! prints GB/s per round. `fresh` writes 4 MiB into pages of a second mapping that nobody has
 //! touched yet, where each page fault allocates and zeroes the page: the case
 //! `peers::write_parts` leaves to memcpy (`Dst::resident`).
@@ -16,6 +17,7 @@
 use std::time::Instant;
 
 use dataplane::mem::bytes::STREAM_MIN;
+use dataplane::mem::copier::{self, Way};
 use dataplane::mem::{Dst, HugepagePolicy, Segment, SegmentOptions, Src};
 
 /// A memfd-backed shared segment, as a storage node's (plain pages, not prefaulted).
@@ -51,8 +53,11 @@ fn main() {
     }
     let source: Vec<u8> = (0..4usize << 20).map(|i| (i * 31) as u8).collect();
     println!(
-        "streaming from {} bytes up; GB/s per round, copy_to / stream_to",
-        STREAM_MIN
+        "streaming from {} bytes up, shared with {} helpers from {} up; GB/s per round, \
+         copy_to / stream_to / shared",
+        STREAM_MIN,
+        copier::helpers_wanted(),
+        copier::WIDE_MIN
     );
     for size in [
         4usize << 10,
@@ -67,22 +72,22 @@ fn main() {
         let src = Src::from(&source[..size]);
         let mut line = format!("{:>8} B resident:", size);
         for _ in 0..rounds {
-            let mut rates = [0.0f64; 2];
+            let mut rates = [0.0f64; 3];
             for (k, rate) in rates.iter_mut().enumerate() {
                 let t = Instant::now();
                 for i in 0..n {
                     // Spread over the mapping, as a segment's allocations are.
                     let slot = (i * 7919) % slots;
                     let mut d = whole.tail(slot * size).split_at(size).0;
-                    if k == 0 {
-                        src.copy_to(&mut d);
-                    } else {
-                        src.stream_to(&mut d);
+                    match k {
+                        0 => src.copy_to(&mut d),
+                        1 => src.stream_to(&mut d),
+                        _ => copier::copy_all(vec![(src, d)], Way::Stream),
                     }
                 }
                 *rate = (size * n) as f64 / t.elapsed().as_secs_f64() / 1e9;
             }
-            line += &format!("  {:5.2} / {:5.2}", rates[0], rates[1]);
+            line += &format!("  {:5.2} / {:5.2} / {:5.2}", rates[0], rates[1], rates[2]);
         }
         println!("{line}");
     }

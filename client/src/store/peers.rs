@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dataplane::mem::copier::{self, Way};
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
@@ -663,10 +664,10 @@ impl Peers {
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 if let Some(p) = m.translate(src, len) {
                     // SAFETY: `translate` checked [src, src + len) lies in the mapping of the
-                    // owner's segment, which `m` keeps mapped; `dst` is `len` writable bytes of
-                    // caller memory outside it. Concurrent writers of other objects touch other
-                    // ranges.
-                    unsafe { std::ptr::copy_nonoverlapping(p, it.dst.as_mut_ptr(), len as usize) };
+                    // owner's segment, which `m` keeps mapped for the call; no reference is
+                    // formed over it. Concurrent writers of other objects touch other ranges.
+                    let from = unsafe { Src::from_raw(p, len as usize) };
+                    copier::copy_all(vec![(from, it.dst.reborrow())], Way::Plain);
                     self.stats
                         .shm_memcpy_bytes
                         .fetch_add(len, Ordering::Relaxed);
@@ -807,9 +808,10 @@ impl Peers {
                 format!("replica at {src:#x} is outside our own segment"),
             ));
         }
-        // SAFETY: [src, src + len) lies inside our own mapped segment (checked above) and
-        // `dst` is writable caller memory outside it, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        // SAFETY: [src, src + len) lies inside our own segment (checked above), mapped for as
+        // long as the store; no reference is formed over it.
+        let from = unsafe { Src::from_raw(src as *const u8, dst.len()) };
+        copier::copy_all(vec![(from, dst.reborrow())], Way::Plain);
         self.stats
             .own_memcpy_bytes
             .fetch_add(dst.len() as u64, Ordering::Relaxed);
@@ -840,23 +842,26 @@ enum Mapping {
 /// - A peer's hugetlb segment is taken as allocated: the owner takes its pages from the pool
 ///   (and prefaults them, as `docs/deploy.md` advises), and our mapping's residency says only
 ///   whether we touched them; two traps per 4 MiB need no mapping ahead.
-fn write_parts(parts: &[Src<'_>], mut dst: Dst<'_>, mapping: Mapping) {
+/// - From `copier::WIDE_MIN` bytes up, idle helper threads copy pieces beside the caller
+///   ([`copier`]).
+fn write_parts(parts: &[Src<'_>], dst: Dst<'_>, mapping: Mapping) {
     let stream = match mapping {
         Mapping::Peer { hugetlb: true } => true,
         Mapping::Own | Mapping::Peer { hugetlb: false } => dst.worth_streaming(dst.len()),
     };
-    if stream && matches!(mapping, Mapping::Peer { hugetlb: false }) {
-        dst.map_ahead();
+    let way = match (stream, mapping) {
+        (false, _) => Way::Plain,
+        (true, Mapping::Peer { hugetlb: false }) => Way::MapAheadStream,
+        (true, _) => Way::Stream,
+    };
+    let mut rest = dst;
+    let mut pairs = Vec::with_capacity(parts.len());
+    for &p in parts {
+        let (head, tail) = rest.split_at(p.len());
+        pairs.push((p, head));
+        rest = tail;
     }
-    let mut off = 0;
-    for p in parts {
-        if stream {
-            p.stream_to(&mut dst.tail(off));
-        } else {
-            p.copy_to(&mut dst.tail(off));
-        }
-        off += p.len();
-    }
+    copier::copy_all(pairs, way);
 }
 
 /// The error of a transfer to a node that failed recently and is not retried yet.

@@ -13,11 +13,13 @@
 //!   servers serving it.
 //! - [`bytes`]: [`Src`] and [`Dst`], byte ranges a transfer reads or writes as a pointer and
 //!   a length, never as a Rust slice (caller memory others may touch meanwhile).
+//! - [`copier`]: large copies shared with helper threads (a same-host put's or get's bytes).
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
 //!   buffers and staging space.
 
 pub mod bytes;
 pub mod catalog;
+pub mod copier;
 pub mod registry;
 pub mod segment;
 pub mod served;
