@@ -39,6 +39,9 @@
 //!    soft pin (`HeldObject::soft_pin_ttl_ms`) and the new leader pins it again for a full ttl
 //!    (`docs/ha.md`, "Soft pins after a failover"), so this is an ordinary violation. It used
 //!    to be a known open window; [`Report::known`] stays for the next one and is empty now.
+//! 6. `forced-remove-refused`: a forced remove answered `OBJECT_HAS_LEASE`. Force overrides
+//!    every lease (`controlplane/src/service/object.rs`, `removable`); only an object not yet
+//!    complete (`REPLICA_IS_NOT_READY`) may refuse it.
 //!
 //! Reads that failed with any other error constrain nothing.
 
@@ -98,7 +101,9 @@ pub enum Outcome {
 }
 
 /// `OBJECT_HAS_LEASE` and `REPLICA_IS_NOT_READY`: a remove refused, nothing done.
-const REFUSED: [i32; 2] = [-706, -703];
+const REFUSED: [i32; 2] = [OBJECT_HAS_LEASE, -703];
+
+const OBJECT_HAS_LEASE: i32 = -706;
 
 /// One client call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +113,8 @@ pub struct Op {
     pub key: String,
     /// The value id of a put or upsert.
     pub value: Option<u64>,
+    /// A remove with `force` (ignores leases); false for every other call.
+    pub force: bool,
     /// Nanoseconds since the harness started.
     pub invoke: u64,
     pub complete: u64,
@@ -258,6 +265,14 @@ pub fn check(h: &History) -> Report {
     });
     let empty: Vec<Cand> = Vec::new();
     for (i, r) in h.ops.iter().enumerate() {
+        if r.kind == Kind::Remove && r.force && r.outcome == Outcome::Err(OBJECT_HAS_LEASE) {
+            rep.violations.push(Violation {
+                rule: "forced-remove-refused",
+                key: r.key.clone(),
+                op: i,
+                detail: "a forced remove answered OBJECT_HAS_LEASE".into(),
+            });
+        }
         if r.kind.writes() {
             continue;
         }
@@ -403,8 +418,9 @@ impl Op {
         let value = self
             .value
             .map_or(String::new(), |v| format!(r#","value":{v}"#));
+        let force = if self.force { r#","force":true"# } else { "" };
         format!(
-            r#"{{"type":"op","client":{},"op":"{}","key":{}{value},"invoke":{},"complete":{},{}}}"#,
+            r#"{{"type":"op","client":{},"op":"{}","key":{}{value}{force},"invoke":{},"complete":{},{}}}"#,
             self.client,
             self.kind.name(),
             json_str(&self.key),
@@ -486,6 +502,10 @@ impl History {
                         kind,
                         key: s("key").ok_or_else(|| bad("no `key`"))?.to_string(),
                         value: u("value"),
+                        force: match v.get("force") {
+                            None => false,
+                            Some(f) => f.as_bool().ok_or_else(|| bad("`force` not a bool"))?,
+                        },
                         invoke: need("invoke")?,
                         complete: need("complete")?,
                         outcome,
@@ -521,6 +541,7 @@ mod tests {
             kind,
             key: "k".into(),
             value,
+            force: false,
             invoke: t.0,
             complete: t.1,
             outcome,
@@ -653,6 +674,37 @@ mod tests {
             get((5, 6), Outcome::NotFound),
         ];
         assert!(rules(ops, vec![]).is_empty());
+    }
+
+    #[test]
+    fn a_forced_remove_refused_for_a_lease_fails() {
+        let forced = |o| Op {
+            force: true,
+            ..rm((3, 4), o)
+        };
+        // Not forced: a lease may refuse it, and it did nothing.
+        let ops = vec![
+            up(1, (1, 2)),
+            rm((3, 4), Outcome::Err(-706)),
+            get((5, 6), Outcome::Value(1)),
+        ];
+        assert_eq!(rules(ops, vec![]), Vec::<&str>::new());
+        // Forced: only an incomplete object may refuse it.
+        let ops = vec![
+            up(1, (1, 2)),
+            forced(Outcome::Err(-703)),
+            get((5, 6), Outcome::Value(1)),
+        ];
+        assert_eq!(rules(ops, vec![]), Vec::<&str>::new());
+        let ops = vec![
+            up(1, (1, 2)),
+            forced(Outcome::Err(-706)),
+            get((5, 6), Outcome::Value(1)),
+        ];
+        assert_eq!(rules(ops, vec![]), vec!["forced-remove-refused"]);
+        // The flag survives the file format only as a bool.
+        let bad = r#"{"type":"op","client":0,"op":"remove","key":"k","force":1,"invoke":1,"complete":2,"result":"ok"}"#;
+        assert!(History::from_jsonl(bad).unwrap_err().contains("force"));
     }
 
     #[test]
