@@ -200,7 +200,7 @@ impl<'a> Src<'a> {
     }
 
     /// Panics unless `dst` is at least as long as `self`.
-    fn assert_fits(&self, dst: &Dst<'_>) {
+    pub(crate) fn assert_fits(&self, dst: &Dst<'_>) {
         assert!(
             self.len <= dst.len,
             "{} bytes into a {}-byte range",

@@ -8,10 +8,10 @@
 //! a third of that when the source is cached (each core reads its half out of its own L2)
 //! and in two thirds when it is not (`bench/README.md`, "Copies shared with a helper").
 //!
-//! How: a copy of [`WIDE_MIN`] bytes or more is cut into [`CHUNK`]-byte pieces (a smaller one,
-//! or one whose source overlaps its destination, the caller copies alone, as before). The caller publishes them as a job,
-//! wakes the helpers and copies pieces itself, claiming each with one atomic increment;
-//! a helper that wakes in time claims pieces too. The caller then waits only for pieces a
+//! How: a copy of [`WIDE_MIN`] bytes or more is cut into [`CHUNK`]-byte pieces (a smaller
+//! one, or one whose source overlaps its destination, the caller copies alone, as before).
+//! The caller publishes them as a job, wakes the helpers and copies pieces itself, claiming
+//! each with one atomic increment; a helper that wakes in time claims pieces too. The caller then waits only for pieces a
 //! helper claimed and is still copying (at most one chunk each). A helper that wakes late
 //! finds every piece claimed and goes back to sleep, so a busy machine makes the copy no
 //! slower than the caller alone, plus one futex wake.
@@ -72,12 +72,7 @@ pub enum Way {
 /// more. Returns once every byte is copied.
 pub fn copy_all(pairs: Vec<(Src<'_>, Dst<'_>)>, way: Way) {
     for (s, d) in &pairs {
-        assert!(
-            s.len() <= d.len(),
-            "{} bytes into a {}-byte range",
-            s.len(),
-            d.len()
-        );
+        s.assert_fits(d);
     }
     let total: usize = pairs.iter().map(|(s, _)| s.len()).sum();
     // A source overlapping its own destination (raw ranges do not rule it out) is copied by
