@@ -15,7 +15,7 @@ freed (`reuse`). Two memcpy baselines: `memcpy`, 4 MiB between the same two buff
 the cache), and `spread`, 4 MiB into 48 different already-faulted destinations in turn, as the
 puts write (192 MiB: the destination is not in the cache). The client reaches the node's segment through the same-host shared mapping
 (memcpy, no TCP). Reported per phase: the median put time as MiB/s, the put / memcpy ratio,
-the client's and node's minor page faults per put (from getrusage and /proc/PID/stat), and the
+p90 and p99 (of 48 puts, so the slowest), the client's and node's minor page faults per put (from getrusage and /proc/PID/stat), and the
 client process's CPU time per put (every thread, the copy helpers of `MC_STORE_COPY_THREADS`
 included; getrusage).
 
@@ -144,6 +144,7 @@ def one(config):
             out[phase] = {
                 "mib_s": VALUE / MIB / statistics.median(ts),
                 "p90_ms": ts[int(len(ts) * 0.9)] * 1e3,
+                "p99_ms": ts[int(len(ts) * 0.99)] * 1e3,
                 "client_faults_per_put": (c1 - c0) / KEYS,
                 "node_faults_per_put": (n1 - n0) / KEYS,
                 "client_cpu_ms_per_put": cpu * 1e3 / KEYS,
@@ -181,7 +182,7 @@ def main():
                 f"{res[ph]['client_faults_per_put']:.0f} node {res[ph]['node_faults_per_put']:.0f}"
                 for ph in ("cold", "reuse")), flush=True)
     print(f"\n{'config':20s} {'phase':6s} {'put MiB/s':>10s} {'memcpy':>8s} {'ratio':>6s} "
-          f"{'spread':>7s} {'ratio':>6s} {'p90 ms':>7s} {'faults/put (client, node)':>26s} "
+          f"{'spread':>7s} {'ratio':>6s} {'p90 ms':>7s} {'p99 ms':>7s} {'faults/put (client, node)':>26s} "
           f"{'client CPU ms/put':>18s}")
     for c in configs:
         for ph in ("cold", "reuse"):
@@ -192,7 +193,7 @@ def main():
             sp = med(lambda x: x["memcpy_spread_mib_s"])
             sratio = med(lambda x: x[ph]["mib_s"] / x["memcpy_spread_mib_s"])
             print(f"{c:20s} {ph:6s} {put:10.0f} {mc:8.0f} {ratio:6.0%} {sp:7.0f} {sratio:6.0%} "
-                  f"{med(lambda x: x[ph]['p90_ms']):7.2f} "
+                  f"{med(lambda x: x[ph]['p90_ms']):7.2f} {med(lambda x: x[ph]['p99_ms']):7.2f} "
                   f"{med(lambda x: x[ph]['client_faults_per_put']):>13.0f}, "
                   f"{med(lambda x: x[ph]['node_faults_per_put']):.0f} "
                   f"{med(lambda x: x[ph]['client_cpu_ms_per_put']):18.3f}")
