@@ -78,11 +78,15 @@ pub fn free_port() -> u16 {
 pub struct Master {
     pub child: Child,
     /// Where its RPC and HTTP metadata listen (127.0.0.1 unless started with
-    /// [`Master::start_host`]); metrics are always on 127.0.0.1.
+    /// [`Master::start_host`] or [`Master::start_in`]).
     pub host: String,
     pub rpc_port: u16,
     pub metrics_port: u16,
     pub http_metadata_port: u16,
+    /// Where its metrics listen: 127.0.0.1, or `host` for a master in a namespace.
+    pub metrics_host: String,
+    /// The network namespace it runs in ([`Master::start_in`]), if any.
+    pub ns: Option<String>,
 }
 
 impl Master {
@@ -96,13 +100,25 @@ impl Master {
     /// [`Master::start`] with its RPC and HTTP metadata on `host` (e.g. [`Netns::host_addr`],
     /// for nodes in a namespace to reach it).
     pub fn start_host(host: &str, extra: &[&str]) -> Master {
+        Master::start_in(None, host, extra)
+    }
+
+    /// [`Master::start_host`] inside network namespace `ns` (`ip netns exec`), where `host`
+    /// is its address: RPC, HTTP metadata and metrics all listen there (the namespace's
+    /// loopback is its own).
+    pub fn start_in(ns: Option<&str>, host: &str, extra: &[&str]) -> Master {
         for _ in 0..5 {
-            let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
-            if let Some(m) = Master::try_start_on(host, rpc, metrics, meta, extra) {
+            let ports = (free_port(), free_port(), free_port());
+            if let Some(m) = Master::try_start_on(ns, host, ports, extra) {
                 return m;
             }
         }
         panic!("mooncake_master did not start on five sets of free ports");
+    }
+
+    /// A GET of `path` on its metrics port, `None` when the exchange fails.
+    pub fn admin_get(&self, path: &str) -> Option<HttpReply> {
+        try_http_at(&self.metrics_host, "GET", self.metrics_port, path, b"")
     }
 
     pub fn rpc_addr(&self) -> String {
@@ -163,7 +179,12 @@ pub fn try_http_at(
     path: &str,
     body: &[u8],
 ) -> Option<HttpReply> {
-    let mut s = TcpStream::connect((host, port)).ok()?;
+    // A bounded connect: `host` may sit behind a link that is down (a partition), where a
+    // plain connect retries its SYN for two minutes.
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .ok()?
+        .next()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -218,10 +239,9 @@ impl Master {
         extra: &[&str],
     ) -> Master {
         Master::try_start_on(
+            None,
             "127.0.0.1",
-            rpc_port,
-            metrics_port,
-            http_metadata_port,
+            (rpc_port, metrics_port, http_metadata_port),
             extra,
         )
         .expect("mooncake_master exited before opening its ports")
@@ -229,24 +249,35 @@ impl Master {
 
     /// Starts the master on the given ports; `None` if it exits before they open (a port was
     /// taken). Panics if it neither exits nor opens them within 10 s.
+    /// `ports`: RPC, metrics, HTTP metadata.
     fn try_start_on(
+        ns: Option<&str>,
         host: &str,
-        rpc_port: u16,
-        metrics_port: u16,
-        http_metadata_port: u16,
+        ports: (u16, u16, u16),
         extra: &[&str],
     ) -> Option<Master> {
+        let (rpc_port, metrics_port, http_metadata_port) = ports;
+        let metrics_host = if ns.is_some() { host } else { "127.0.0.1" };
         let mut args = vec![
             format!("--rpc_port={rpc_port}"),
             format!("--rpc_address={host}"),
             format!("--metrics_port={metrics_port}"),
-            "--metrics_host=127.0.0.1".to_string(),
+            format!("--metrics_host={metrics_host}"),
             "--enable_http_metadata_server=true".to_string(),
             format!("--http_metadata_server_host={host}"),
             format!("--http_metadata_server_port={http_metadata_port}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(bin_path("mooncake_master"))
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns])
+                    .arg(bin_path("mooncake_master"));
+                c
+            }
+            None => Command::new(bin_path("mooncake_master")),
+        };
+        let child = cmd
             .args(&args)
             .stdin(Stdio::null())
             .spawn()
@@ -257,6 +288,8 @@ impl Master {
             rpc_port,
             metrics_port,
             http_metadata_port,
+            metrics_host: metrics_host.to_string(),
+            ns: ns.map(str::to_string),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -264,7 +297,7 @@ impl Master {
                 return None;
             }
             let open = |h: &str, p| TcpStream::connect((h, p)).is_ok();
-            if open(host, rpc_port) && open("127.0.0.1", metrics_port) {
+            if open(host, rpc_port) && open(metrics_host, metrics_port) {
                 return Some(m);
             }
             assert!(Instant::now() < deadline, "master ports never opened");

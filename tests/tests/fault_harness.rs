@@ -15,9 +15,12 @@
 //! count is recorded); etcd SIGKILLed and restarted 1-3 s later; a client process SIGKILLed in
 //! the middle of a put (`fault_slow_writer`, on a key of its own: its half-written bytes must
 //! never be readable, which a get and a probe right after the kill check); memory pressure (large objects written until the store holds 1.25 times its
-//! capacity, so eviction runs, then removed); a partition (as root: storage node 1 runs in a
-//! network namespace, `mooncake_tests::Netns`, whose link goes down for 1-3 s; etcd and the
-//! masters listen on the veth's host end so both sides reach them). A thread polls every master's
+//! capacity, so eviction runs, then removed); a partition (as root: storage node 1 and the
+//! third master run in a network namespace, `mooncake_tests::Netns`, a second "host" whose
+//! link goes down for 1-3 s; etcd and the other masters listen on the veth's host end so both
+//! sides reach them; a master killed there is replaced there). A partition may cut off the
+//! leader itself: it loses etcd, a master on the other side takes over, and the cut one, still
+//! reachable by the node beside it, must not act as leader. A thread polls every master's
 //! `master_evicted_key_count` and records when the sum moves.
 //!
 //! At the end the workers stop, a leader is awaited, and every hot key is read once more.
@@ -32,7 +35,8 @@
 //!
 //! Settings: `MC_FAULT_SEED` (default 19), `MC_FAULT_SECONDS` (default 60, the CI run; the
 //! issue's long run is 600), `MC_FAULT_KINDS` (comma-separated subset of `node`, `leader`,
-//! `etcd`, `client`, `memory`, `partition`; default all). The seed fixes the schedule (which faults, when)
+//! `etcd`, `client`, `memory`, `partition`; default all), `MC_FAULT_FAR_MASTER` (default 1; 0
+//! keeps all three masters on the first host). The seed fixes the schedule (which faults, when)
 //! and each worker's choice of calls; thread interleaving is the machine's. Skips (passes,
 //! printing why) when Debian's etcd-server is not installed.
 
@@ -45,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use client::Store;
 use mooncake_tests::checker::{check, History, Kind, Mark, Op, Outcome};
-use mooncake_tests::{bin_path, env_or, try_http, wait_until, Etcd, Master, Netns, Node, Rng};
+use mooncake_tests::{bin_path, env_or, try_http_at, wait_until, Etcd, Master, Netns, Node, Rng};
 use protocol::{ErrorCode, ReplicateConfig, SoftPinAction};
 
 const KEYS: usize = 48;
@@ -225,18 +229,25 @@ fn worker(store: &Store, rec: &Rec, seed: u64, client: u32, stop: &AtomicBool, i
     }
 }
 
-fn ha_status(port: u16) -> String {
-    try_http("GET", port, "/ha_status", b"")
+fn ha_status(m: &Master) -> String {
+    m.admin_get("/ha_status")
         .map(|r| r.text())
         .unwrap_or_default()
 }
 
 fn leader(masters: &[Master]) -> Option<usize> {
-    (0..masters.len()).find(|&i| ha_status(masters[i].metrics_port) == "leading")
+    (0..masters.len()).find(|&i| ha_status(&masters[i]) == "leading")
 }
 
-fn metric(port: u16, name: &str) -> Option<u64> {
-    let page = try_http("GET", port, "/metrics", b"")?.text();
+/// A master's metrics endpoint: host and port.
+type Admin = (String, u16);
+
+fn admin(m: &Master) -> Admin {
+    (m.metrics_host.clone(), m.metrics_port)
+}
+
+fn metric(at: &Admin, name: &str) -> Option<u64> {
+    let page = try_http_at(&at.0, "GET", at.1, "/metrics", b"")?.text();
     page.lines().find_map(|l| {
         let (n, v) = l.split_once(' ')?;
         (n == name).then(|| v.trim().parse::<f64>().ok().map(|f| f as u64))?
@@ -313,10 +324,17 @@ fn randomized_faults_keep_the_history_consistent() {
         "--allow_evict_soft_pinned_objects=false".into(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut masters: Vec<Master> = (0..3).map(|_| Master::start_host(host, &args)).collect();
-    // Every master ever started, for the eviction poller: metrics port.
-    let ever: Arc<Mutex<Vec<u16>>> =
-        Arc::new(Mutex::new(masters.iter().map(|m| m.metrics_port).collect()));
+    // With a second host, the third master lives there too (`MC_FAULT_FAR_MASTER`, default
+    // on), so a partition cuts a master, perhaps the leader, from etcd and the other side.
+    let far_master = net.is_some() && env_or("MC_FAULT_FAR_MASTER", 1u8) != 0;
+    let mut masters: Vec<Master> = (0..3)
+        .map(|i| match &net {
+            Some(n) if far_master && i == 2 => Master::start_in(Some(&n.ns), &n.ns_addr, &args),
+            _ => Master::start_host(host, &args),
+        })
+        .collect();
+    // Every master ever started, for the eviction poller.
+    let ever: Arc<Mutex<Vec<Admin>>> = Arc::new(Mutex::new(masters.iter().map(admin).collect()));
     wait_until(LEADER_BOUND, || leader(&masters).is_some())
         .unwrap_or_else(|| panic!("seed {seed}: no master elected"));
     let addr = format!("etcd://{}", etcd.addr());
@@ -373,7 +391,7 @@ fn randomized_faults_keep_the_history_consistent() {
     let poller = {
         let (rec, stop, ever) = (rec.clone(), stop.clone(), ever.clone());
         std::thread::spawn(move || {
-            let mut last: BTreeMap<u16, u64> = BTreeMap::new();
+            let mut last: BTreeMap<Admin, u64> = BTreeMap::new();
             let mut total = 0;
             // An eviction that this round sees happened after the previous round read the
             // counters, so the previous round's start is when it may have happened: marking
@@ -381,9 +399,9 @@ fn randomized_faults_keep_the_history_consistent() {
             let mut since = 0;
             while !stop.load(Ordering::Relaxed) {
                 let round = rec.now();
-                let ports = ever.lock().unwrap().clone();
-                for p in ports {
-                    if let Some(v) = metric(p, "master_evicted_key_count") {
+                let admins = ever.lock().unwrap().clone();
+                for p in admins {
+                    if let Some(v) = metric(&p, "master_evicted_key_count") {
                         let e = last.entry(p).or_default();
                         *e = (*e).max(v);
                     }
@@ -438,10 +456,12 @@ fn randomized_faults_keep_the_history_consistent() {
                 };
                 masters[l].signal_and_wait(libc::SIGKILL, Duration::from_secs(5));
                 rec.fault("leader-kill");
+                // Its successor starts on the same host.
+                let (ns, at) = (masters[l].ns.clone(), masters[l].host.clone());
                 masters.remove(l);
                 std::thread::sleep(Duration::from_secs(1));
-                let m = Master::start_host(host, &args);
-                ever.lock().unwrap().push(m.metrics_port);
+                let m = Master::start_in(ns.as_deref(), &at, &args);
+                ever.lock().unwrap().push(admin(&m));
                 masters.push(m);
                 let Some(_) = wait_until(LEADER_BOUND, || leader(&masters).is_some()) else {
                     panic!("seed {seed}: no leader {LEADER_BOUND:?} after a leader kill");
@@ -450,8 +470,7 @@ fn randomized_faults_keep_the_history_consistent() {
                 let at = rec.now();
                 std::thread::sleep(SETTLE);
                 if let Some(l) = leader(&masters) {
-                    if let Some(seen) = metric(masters[l].metrics_port, "master_soft_pin_key_count")
-                    {
+                    if let Some(seen) = metric(&admin(&masters[l]), "master_soft_pin_key_count") {
                         rec.mark(Mark::SoftPins {
                             at,
                             expected: PINS as u64,
@@ -554,8 +573,13 @@ fn randomized_faults_keep_the_history_consistent() {
             }
             "partition" => {
                 let Some(n) = &net else { continue };
+                let far_leads = leader(&masters).is_some_and(|l| masters[l].ns.is_some());
                 n.link(false);
-                rec.fault("partition");
+                rec.fault(if far_leads {
+                    "partition (the leader's host cut off)"
+                } else {
+                    "partition"
+                });
                 std::thread::sleep(Duration::from_millis(1000 + rng.below(2000)));
                 n.link(true);
                 rec.fault("partition-end");

@@ -150,6 +150,8 @@ fn start_master(addr: &str) -> (Master, String, String) {
                 rpc_port: rpc,
                 metrics_port: metrics,
                 http_metadata_port: meta,
+                metrics_host: "127.0.0.1".into(),
+                ns: None,
             };
             return (
                 m,
