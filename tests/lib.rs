@@ -30,6 +30,19 @@ pub fn bin_path(name: &str) -> PathBuf {
     p
 }
 
+/// A command running the workspace binary `name`, inside network namespace `ns` when given
+/// (`ip netns exec`, which execs it: the child's pid is the binary's).
+pub fn command_in(ns: Option<&str>, name: &str) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin_path(name));
+            c
+        }
+        None => Command::new(bin_path(name)),
+    }
+}
+
 /// Runs `ip ARGS` (iproute2); the error names the command and its stderr.
 pub fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
@@ -268,16 +281,7 @@ impl Master {
             format!("--http_metadata_server_port={http_metadata_port}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cmd = match ns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns])
-                    .arg(bin_path("mooncake_master"));
-                c
-            }
-            None => Command::new(bin_path("mooncake_master")),
-        };
-        let child = cmd
+        let child = command_in(ns, "mooncake_master")
             .args(&args)
             .stdin(Stdio::null())
             .spawn()
@@ -367,16 +371,7 @@ impl Node {
             format!("--metadata_server={metadata}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cmd = match ns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns])
-                    .arg(bin_path("mooncake_client"));
-                c
-            }
-            None => Command::new(bin_path("mooncake_client")),
-        };
-        let mut child = cmd
+        let mut child = command_in(ns, "mooncake_client")
             .args(&args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())

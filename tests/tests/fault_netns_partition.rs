@@ -121,48 +121,13 @@ impl Drop for NodeProc {
 
 /// A master whose RPC and metadata listen on the veth's host address.
 fn start_master(addr: &str) -> (Master, String, String) {
-    for _ in 0..5 {
-        let (rpc, metrics, meta) = (free_port(), free_port(), free_port());
-        let mut child = Command::new(bin_path("mooncake_master"))
-            .args([
-                format!("--rpc_port={rpc}"),
-                format!("--rpc_address={addr}"),
-                format!("--metrics_port={metrics}"),
-                "--metrics_host=127.0.0.1".to_string(),
-                "--enable_http_metadata_server=true".to_string(),
-                format!("--http_metadata_server_host={addr}"),
-                format!("--http_metadata_server_port={meta}"),
-                // Expiry must not be what takes the node out: quarantine must.
-                "--client_ttl=60".to_string(),
-            ])
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn mooncake_master");
-        let up = wait_until(Duration::from_secs(10), || {
-            matches!(child.try_wait(), Ok(Some(_)))
-                || (std::net::TcpStream::connect((addr, rpc)).is_ok()
-                    && std::net::TcpStream::connect(("127.0.0.1", metrics)).is_ok())
-        });
-        if up.is_some() && matches!(child.try_wait(), Ok(None)) {
-            let m = Master {
-                child,
-                host: addr.to_string(),
-                rpc_port: rpc,
-                metrics_port: metrics,
-                http_metadata_port: meta,
-                metrics_host: "127.0.0.1".into(),
-                ns: None,
-            };
-            return (
-                m,
-                format!("{addr}:{rpc}"),
-                format!("http://{addr}:{meta}/metadata"),
-            );
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("mooncake_master did not start");
+    // Expiry must not be what takes the node out: quarantine must.
+    let m = Master::start_host(addr, &["--client_ttl=60"]);
+    let (rpc, meta) = (
+        m.rpc_addr(),
+        format!("http://{addr}:{}/metadata", m.http_metadata_port),
+    );
+    (m, rpc, meta)
 }
 
 fn value(key: &str) -> Vec<u8> {
