@@ -845,14 +845,11 @@ enum Mapping {
 /// - From `copier::WIDE_MIN` bytes up, idle helper threads copy pieces beside the caller
 ///   ([`copier`]).
 fn write_parts(parts: &[Src<'_>], dst: Dst<'_>, mapping: Mapping) {
-    let stream = match mapping {
-        Mapping::Peer { hugetlb: true } => true,
-        Mapping::Own | Mapping::Peer { hugetlb: false } => dst.worth_streaming(dst.len()),
-    };
-    let way = match (stream, mapping) {
-        (false, _) => Way::Plain,
-        (true, Mapping::Peer { hugetlb: false }) => Way::MapAheadStream,
-        (true, _) => Way::Stream,
+    let way = match mapping {
+        Mapping::Peer { hugetlb: true } => Way::Stream,
+        _ if !dst.worth_streaming(dst.len()) => Way::Plain,
+        Mapping::Peer { hugetlb: false } => Way::MapAheadStream,
+        Mapping::Own => Way::Stream,
     };
     let mut rest = dst;
     let mut pairs = Vec::with_capacity(parts.len());

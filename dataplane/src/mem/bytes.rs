@@ -173,9 +173,7 @@ impl<'a> Src<'a> {
     /// Overlapping ranges (never the case for a put) are copied as [`Src::copy_to`] does.
     pub fn stream_to(self, dst: &mut Dst<'_>) {
         self.assert_fits(dst);
-        let (s, d) = (self.ptr.as_ptr() as usize, dst.ptr.as_ptr() as usize);
-        let overlap = s < d + self.len && d < s + self.len;
-        if self.len < STREAM_MIN || overlap || !cfg!(target_arch = "x86_64") {
+        if self.len < STREAM_MIN || self.overlaps(dst) || !cfg!(target_arch = "x86_64") {
             self.copy_to(dst);
             return;
         }
@@ -197,6 +195,13 @@ impl<'a> Src<'a> {
         } else {
             self.copy_to(dst);
         }
+    }
+
+    /// Whether the range shares a byte with the first `self.len()` bytes of `dst` (the ones a
+    /// copy writes).
+    pub fn overlaps(&self, dst: &Dst<'_>) -> bool {
+        let (s, d) = (self.ptr.as_ptr() as usize, dst.ptr.as_ptr() as usize);
+        s < d + self.len && d < s + self.len
     }
 
     /// Panics unless `dst` is at least as long as `self`.

@@ -77,10 +77,7 @@ pub fn copy_all(pairs: Vec<(Src<'_>, Dst<'_>)>, way: Way) {
     let total: usize = pairs.iter().map(|(s, _)| s.len()).sum();
     // A source overlapping its own destination (raw ranges do not rule it out) is copied by
     // the caller alone, in order, as `copy_to` and `stream_to` copy it.
-    let overlapping = pairs.iter().any(|(s, d)| {
-        let (a, b, n) = (s.addr(), d.addr(), s.len() as u64);
-        n > 0 && a < b + n && b < a + n
-    });
+    let overlapping = pairs.iter().any(|(s, d)| s.overlaps(d));
     let pool = if total >= WIDE_MIN && !overlapping {
         pool()
     } else {
