@@ -23,9 +23,13 @@
 //! re-mount on it, every key written so far reads back exactly from D, and new puts land on B
 //! and C again.
 //!
-//! Needs root, `ip netns` (iproute2) and bridge support, and Debian's etcd-server; otherwise it
-//! prints why and passes without running. Takes ~15 s. Logs of etcd, the masters and the nodes
-//! are kept under `/tmp/mooncake-netns-<pid>/` when the test fails.
+//! The second test here, `a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected`,
+//! moves the first leader into D beside the client (its own doc says what it checks).
+//!
+//! Needs root, `ip netns` (iproute2) and bridge support, and Debian's etcd-server; otherwise
+//! they print why and pass without running. Each takes ~15 s. Logs of etcd, the masters and
+//! the nodes are kept under `/tmp/mooncake-netns-<pid>/` (`-cut-<pid>` for the second test)
+//! when a test fails.
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
@@ -46,6 +50,8 @@ const MASTER_ADMIN_PORT: u16 = 9003;
 const NODE_PORT: u16 = 50052;
 /// Seconds without a ping after which the masters expire a client (and its segments).
 const CLIENT_TTL_S: u64 = 4;
+/// `--ha_lease_ttl_sec` of the masters: a leader that cannot renew stops serving within it.
+const HA_LEASE_TTL_S: u64 = 2;
 /// `MC_TRANSFER_TIMEOUT` of the store client (seconds): a read from the cut host gives up
 /// after this and goes to the other replica.
 const TRANSFER_TIMEOUT_S: u64 = 2;
@@ -77,7 +83,11 @@ impl Net {
     }
 
     fn create() -> Result<Net, String> {
-        let pid = std::process::id();
+        // The pid and a count of the nets this process made, so that tests run as threads of
+        // one process (`cargo test`) get names of their own.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let pid =
+            std::process::id() * 10 + MADE.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 10;
         let used = Command::new("ip")
             .args(["-o", "-4", "addr"])
             .output()
@@ -212,6 +222,27 @@ fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_string()))
 }
 
+/// The namespaces for a test, or `None` (with the reason printed) where they cannot be made:
+/// not root, no etcd, no `ip netns` or bridge support.
+fn net_or_skip(test: &str) -> Option<Net> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED {test}: needs root (ip netns, veth, bridge)");
+        return None;
+    }
+    if !std::path::Path::new(ETCD_BIN).exists() {
+        println!("SKIPPED {test}: {ETCD_BIN} not found (install Debian's etcd-server)");
+        return None;
+    }
+    match Net::create() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            println!("SKIPPED {test}: cannot set up the namespaces: {e}");
+            None
+        }
+    }
+}
+
 /// Work for the client thread.
 type Job = Box<dyn FnOnce(&Store) + Send>;
 
@@ -274,10 +305,15 @@ impl RemoteClient {
     }
 
     fn put(&self, key: &str) -> Result<(), ErrorCode> {
+        self.put_n(key, 2)
+    }
+
+    /// Puts `key` with `replicas` replicas.
+    fn put_n(&self, key: &str, replicas: u32) -> Result<(), ErrorCode> {
         let key = key.to_string();
         self.call(move |s| {
             let cfg = ReplicateConfig {
-                replica_num: 2,
+                replica_num: replicas,
                 ..ReplicateConfig::default()
             };
             s.put(&key, &value(&key), &cfg, false)
@@ -352,6 +388,64 @@ fn spawn_in(
         .unwrap_or_else(|e| panic!("spawn {name}: {e}"))
 }
 
+/// Starts etcd in namespace A and waits until it is healthy; returns its client address.
+fn start_etcd(net: &Net, procs: &mut Procs) -> String {
+    let a = net.addr('a');
+    let etcd = format!("{a}:2379");
+    let client_url = format!("http://{etcd}");
+    let data = procs.dir.join("etcd-data").to_string_lossy().into_owned();
+    let etcd_args: Vec<String> = [
+        "--data-dir",
+        &data,
+        "--name",
+        "default",
+        "--listen-client-urls",
+        &client_url,
+        "--advertise-client-urls",
+        &client_url,
+        "--listen-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls",
+        "http://127.0.0.1:2380",
+        "--initial-cluster",
+        "default=http://127.0.0.1:2380",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    procs.etcd = Some(spawn_in(net, procs, 'a', "etcd", ETCD_BIN, &etcd_args));
+    wait_until(Duration::from_secs(30), || {
+        get(&etcd, "/health").is_some_and(|(s, _)| s == 200)
+    })
+    .expect("etcd in namespace A never became healthy");
+    etcd
+}
+
+/// Starts HA master `i` in `role`'s namespace (RPC port `MASTER_RPC_PORT + 10 i`, admin port
+/// `MASTER_ADMIN_PORT + 10 i`, on that host's address), with a 2 s etcd lease.
+fn start_master(net: &Net, procs: &Procs, role: char, i: usize, etcd: &str) -> Child {
+    let host = net.addr(role);
+    let args = vec![
+        "--enable_ha=true".to_string(),
+        format!("--etcd_endpoints={etcd}"),
+        format!("--rpc_address={host}"),
+        format!("--rpc_port={}", MASTER_RPC_PORT + 10 * i as u16),
+        format!("--metrics_host={host}"),
+        format!("--metrics_port={}", MASTER_ADMIN_PORT + 10 * i as u16),
+        format!("--ha_lease_ttl_sec={HA_LEASE_TTL_S}"),
+        format!("--client_ttl={CLIENT_TTL_S}"),
+        "--quarantine_grace=1500ms".to_string(),
+    ];
+    spawn_in(
+        net,
+        procs,
+        role,
+        &format!("master-{i}"),
+        "mooncake_master",
+        &args,
+    )
+}
+
 /// Starts a storage node in `role`'s namespace and waits for its `ready` line; returns the
 /// process and its segment name.
 fn start_node(net: &Net, procs: &Procs, role: char, etcd: &str) -> (Child, String) {
@@ -409,7 +503,12 @@ fn leader(net: &Net, alive: &[bool]) -> Option<usize> {
 }
 
 fn admin(net: &Net, i: usize) -> String {
-    format!("{}:{}", net.addr('a'), MASTER_ADMIN_PORT + 10 * i as u16)
+    admin_at(net, 'a', i)
+}
+
+/// The admin address of master `i` running on `role`'s host.
+fn admin_at(net: &Net, role: char, i: usize) -> String {
+    format!("{}:{}", net.addr(role), MASTER_ADMIN_PORT + 10 * i as u16)
 }
 
 /// The segments the master `i` lists.
@@ -427,21 +526,8 @@ fn segments_of(net: &Net, i: usize) -> Vec<String> {
 
 #[test]
 fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED netns_cluster: needs root (ip netns, veth, bridge)");
+    let Some(net) = net_or_skip("netns_cluster") else {
         return;
-    }
-    if !std::path::Path::new(ETCD_BIN).exists() {
-        println!("SKIPPED netns_cluster: {ETCD_BIN} not found (install Debian's etcd-server)");
-        return;
-    }
-    let net = match Net::create() {
-        Ok(n) => n,
-        Err(e) => {
-            println!("SKIPPED netns_cluster: cannot set up the namespaces: {e}");
-            return;
-        }
     };
     let t0 = Instant::now();
     // Read by `Store::setup`; set before any thread of this test binary starts.
@@ -456,48 +542,9 @@ fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
     };
 
     // Host A: etcd and three masters.
-    let a = net.addr('a');
-    let etcd = format!("{a}:2379");
-    let client_url = format!("http://{etcd}");
-    let data = procs.dir.join("etcd-data").to_string_lossy().into_owned();
-    let etcd_args: Vec<String> = [
-        "--data-dir",
-        &data,
-        "--name",
-        "default",
-        "--listen-client-urls",
-        &client_url,
-        "--advertise-client-urls",
-        &client_url,
-        "--listen-peer-urls",
-        "http://127.0.0.1:2380",
-        "--initial-advertise-peer-urls",
-        "http://127.0.0.1:2380",
-        "--initial-cluster",
-        "default=http://127.0.0.1:2380",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    procs.etcd = Some(spawn_in(&net, &procs, 'a', "etcd", ETCD_BIN, &etcd_args));
-    wait_until(Duration::from_secs(30), || {
-        get(&etcd, "/health").is_some_and(|(s, _)| s == 200)
-    })
-    .expect("etcd in namespace A never became healthy");
+    let etcd = start_etcd(&net, &mut procs);
     for i in 0..MASTERS {
-        let args = vec![
-            "--enable_ha=true".to_string(),
-            format!("--etcd_endpoints={etcd}"),
-            format!("--rpc_address={a}"),
-            format!("--rpc_port={}", MASTER_RPC_PORT + 10 * i as u16),
-            format!("--metrics_host={a}"),
-            format!("--metrics_port={}", MASTER_ADMIN_PORT + 10 * i as u16),
-            "--ha_lease_ttl_sec=2".to_string(),
-            format!("--client_ttl={CLIENT_TTL_S}"),
-            "--quarantine_grace=1500ms".to_string(),
-        ];
-        let name = format!("master-{i}");
-        let m = spawn_in(&net, &procs, 'a', &name, "mooncake_master", &args);
+        let m = start_master(&net, &procs, 'a', i, &etcd);
         procs.masters.push(Some(m));
     }
     let mut alive = [true; MASTERS];
@@ -633,6 +680,236 @@ fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
          {failover:?}, all reads and new puts done {recovered:?} after the kill; total {:?}",
         net.net,
         t_back.elapsed(),
+        t0.elapsed()
+    );
+    drop(d);
+    drop(procs);
+    drop(net);
+}
+
+/// Milliseconds since the Unix epoch on this host's clock (the masters stamp their terms with
+/// the same clock).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One call the client in D made to the leader it knew while D was cut off.
+#[derive(Debug)]
+struct Probe {
+    what: String,
+    /// Unix ms when the call returned: no later than any answer it carries was made.
+    ended_ms: u64,
+    result: Result<(), ErrorCode>,
+}
+
+/// A leader cut off from etcd but not from its clients stops answering before a standby is
+/// elected, and what it acknowledged before it stopped survives the failover.
+///
+/// ```text
+///   host A: etcd, masters 1 and 2 (standbys)      host D: master 0 (the leader), a storage
+///                                                  node and the store client
+/// ```
+///
+/// D's link goes down. D's client keeps calling master 0 (puts into D's node and replica
+/// lookups), which cannot renew its lease: it must answer until its serving window closes,
+/// then refuse (`-1010`), and never answer again while cut off. A master in A wins once etcd
+/// expires the lease. Checked: every answer master 0 gave ended before the new leader's term
+/// began (`term_started_unix_ms` of its `/health`, stamped before it could serve); after the
+/// first refusal no call succeeds; once D's link is back, master 0 is a standby, D's node and
+/// client follow the new leader, and every put master 0 acknowledged, before the cut or in
+/// its last window, reads back exactly.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
+    let Some(net) = net_or_skip("the cut-off leader") else {
+        return;
+    };
+    let t0 = Instant::now();
+    std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
+    // The client's calls to the cut leader, and its look-ups of etcd, give up quickly.
+    std::env::set_var("MC_RPC_TIMEOUT_MS", "1000");
+    std::env::set_var("MC_RPC_CONNECT_TIMEOUT_MS", "500");
+    let dir = std::env::temp_dir().join(format!("mooncake-netns-cut-{}", net.pid));
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let mut procs = Procs {
+        dir,
+        etcd: None,
+        masters: Vec::new(),
+        nodes: Vec::new(),
+    };
+    let etcd = start_etcd(&net, &mut procs);
+    // Master 0 starts alone in D, so it wins; then the standbys in A.
+    procs
+        .masters
+        .push(Some(start_master(&net, &procs, 'd', 0, &etcd)));
+    let role_of = |role: char, i: usize| {
+        get(&admin_at(&net, role, i), "/role")
+            .filter(|(s, _)| *s == 200)
+            .map(|(_, b)| b.trim().to_string())
+    };
+    wait_until(Duration::from_secs(15), || {
+        role_of('d', 0).as_deref() == Some("leader")
+    })
+    .expect("master 0 never became leader");
+    for i in 1..MASTERS {
+        let m = start_master(&net, &procs, 'a', i, &etcd);
+        procs.masters.push(Some(m));
+    }
+    wait_until(Duration::from_secs(15), || {
+        (1..MASTERS).all(|i| role_of('a', i).as_deref() == Some("standby"))
+    })
+    .expect("the masters in A never came up as standbys");
+    let (node_d, seg_d) = start_node(&net, &procs, 'd', &etcd);
+    procs.nodes.push(node_d);
+    let d = RemoteClient::start(
+        &net.ns('d'),
+        StoreConfig {
+            local_hostname: net.addr('d'),
+            metadata_server: format!("etcd://{etcd}"),
+            global_segment_size: 0,
+            local_buffer_size: 16 << 20,
+            protocol: "tcp".into(),
+            rdma_devices: String::new(),
+            master_server_addr: format!("etcd://{etcd}"),
+            tenant_id: String::new(),
+        },
+    );
+    let before: Vec<String> = (0..KEYS).map(|i| format!("before/{i}")).collect();
+    for k in &before {
+        d.put_n(k, 1).unwrap_or_else(|e| panic!("put {k}: {e:?}"));
+    }
+    // Reads wait for the new term's recovery fence (`docs/ha.md`) to pass.
+    for k in &before {
+        wait_until(Duration::from_secs(10), || d.segments(k) == [seg_d.clone()])
+            .unwrap_or_else(|| panic!("{k} not on D's node: {:?}", d.replicas(k)));
+    }
+
+    // Cut D off: master 0 keeps its clients and loses etcd and the other masters.
+    let cut_ms = unix_ms();
+    net.link('d', false);
+    let probe_for = Duration::from_secs(HA_LEASE_TTL_S + 5);
+    let probes: Vec<Probe> = d.call(move |s| {
+        let mut out = Vec::new();
+        let end = Instant::now() + probe_for;
+        let mut j = 0;
+        while Instant::now() < end {
+            let key = format!("cut/{j}");
+            let put = s
+                .put(
+                    &key,
+                    &value(&key),
+                    &ReplicateConfig {
+                        replica_num: 1,
+                        ..ReplicateConfig::default()
+                    },
+                    false,
+                )
+                .map_err(ErrorCode::from);
+            out.push(Probe {
+                what: format!("put {key}"),
+                ended_ms: unix_ms(),
+                result: put,
+            });
+            let look = s.replicas("before/0").map(|_| ()).map_err(ErrorCode::from);
+            out.push(Probe {
+                what: "replicas before/0".into(),
+                ended_ms: unix_ms(),
+                result: look,
+            });
+            j += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        out
+    });
+    // The new leader in A, elected while D was still cut off.
+    let mut new_leader = None;
+    wait_until(Duration::from_secs(10), || {
+        new_leader = (1..MASTERS).find(|&i| role_of('a', i).as_deref() == Some("leader"));
+        new_leader.is_some()
+    })
+    .expect("no master in A took over");
+    let new_leader = new_leader.unwrap();
+    let health = get(&admin(&net, new_leader), "/health").expect("the new leader's /health");
+    let term_started_ms = health
+        .1
+        .split("\"term_started_unix_ms\":")
+        .nth(1)
+        .and_then(|t| {
+            t.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap_or_else(|| panic!("no term_started_unix_ms in {}", health.1));
+    let heal_ms = unix_ms();
+    net.link('d', true);
+    assert!(
+        (cut_ms..heal_ms).contains(&term_started_ms),
+        "the new term began at {term_started_ms}, not while D was cut off ({cut_ms}..{heal_ms})"
+    );
+
+    let answered: Vec<&Probe> = probes.iter().filter(|p| p.result.is_ok()).collect();
+    let last_answer_ms = answered.iter().map(|p| p.ended_ms).max();
+    if let Some(last) = last_answer_ms {
+        assert!(
+            last < term_started_ms,
+            "master 0 answered {} {} ms after the new term began: {answered:?}",
+            answered.last().map_or("", |p| p.what.as_str()),
+            last - term_started_ms
+        );
+    }
+    let first_refusal = probes
+        .iter()
+        .find(|p| p.result.is_err())
+        .expect("master 0 never stopped answering while cut off");
+    let answered_after_refusal: Vec<&Probe> = probes
+        .iter()
+        .skip_while(|p| p.result.is_ok())
+        .filter(|p| p.result.is_ok())
+        .collect();
+    assert!(
+        answered_after_refusal.is_empty(),
+        "calls succeeded after master 0 first refused ({first_refusal:?}): \
+         {answered_after_refusal:?}"
+    );
+
+    // D is back: master 0 learns its lease is gone, D's node and client follow the leader.
+    wait_until(Duration::from_secs(15), || {
+        role_of('d', 0).as_deref() == Some("standby")
+    })
+    .expect("master 0 never stepped down after its link came back");
+    wait_until(Duration::from_secs(15), || {
+        segments_of(&net, new_leader) == [seg_d.clone()]
+    })
+    .expect("D's node never re-mounted on the new leader");
+    let acked: Vec<String> = answered
+        .iter()
+        .filter_map(|p| p.what.strip_prefix("put ").map(str::to_string))
+        .collect();
+    let mut read_back = 0;
+    for k in before.iter().chain(&acked) {
+        wait_until(Duration::from_secs(10), || d.get(k).is_ok()).unwrap_or_else(|| {
+            panic!(
+                "{k}, acknowledged by master 0, does not read back after the failover: {:?}",
+                d.get(k)
+            )
+        });
+        read_back += 1;
+    }
+    println!(
+        "cut-off leader: D cut at +0 ms; master 0 answered {} calls, the last at +{} ms, and \
+         first refused at +{} ms ({:?}); master {new_leader} in A began its term at +{} ms \
+         ({} ms after master 0's last answer); D back at +{} ms; {read_back} acknowledged \
+         keys read back ({} put in the last window); {} calls in all; total {:?}",
+        answered.len(),
+        last_answer_ms.map_or(0, |t| t - cut_ms),
+        first_refusal.ended_ms - cut_ms,
+        first_refusal.result,
+        term_started_ms - cut_ms,
+        last_answer_ms.map_or(0, |t| term_started_ms - t),
+        heal_ms - cut_ms,
+        acked.len(),
+        probes.len(),
         t0.elapsed()
     );
     drop(d);

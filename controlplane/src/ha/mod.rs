@@ -126,6 +126,9 @@ pub struct HaState {
     advertise: String,
     /// Times this master won an election (for logs, metrics and tests).
     terms_won: AtomicU64,
+    /// Wall-clock milliseconds (Unix epoch) at which this master last won an election,
+    /// stamped before it may serve; 0 before its first term.
+    term_started_unix_ms: AtomicU64,
     /// The lease of the current term (0 when not leader).
     lease: AtomicI64,
     /// Where the current term stores removals (`service/removals.rs`); `None` when not
@@ -165,6 +168,10 @@ pub struct HaStatus {
     pub view_version: i64,
     pub etcd_reachable: bool,
     pub terms_won: u64,
+    /// When this master's last term began (Unix ms, this host's clock), 0 if it never won.
+    /// Stamped before the term could serve, so no answer of that term is older: a test
+    /// compares it with the last answer a cut-off predecessor gave.
+    pub term_started_unix_ms: u64,
 }
 
 impl HaState {
@@ -178,6 +185,7 @@ impl HaState {
             leader: Mutex::new(None),
             advertise,
             terms_won: AtomicU64::new(0),
+            term_started_unix_ms: AtomicU64::new(0),
             lease: AtomicI64::new(0),
             removals: Mutex::new(None),
         }
@@ -207,6 +215,7 @@ impl HaState {
             view_version: self.view_version.load(Ordering::Acquire),
             etcd_reachable: self.etcd_reachable.load(Ordering::Acquire),
             terms_won: self.terms_won.load(Ordering::Acquire),
+            term_started_unix_ms: self.term_started_unix_ms.load(Ordering::Acquire),
         }
     }
 
@@ -219,6 +228,10 @@ impl HaState {
     }
 
     pub(crate) fn become_leader(&self, view_version: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.term_started_unix_ms.store(now, Ordering::Release);
         self.view_version.store(view_version, Ordering::Release);
         *self.leader.lock() = Some(self.advertise.clone());
         self.terms_won.fetch_add(1, Ordering::AcqRel);
@@ -610,7 +623,9 @@ async fn prune_removals(client: &mut Client, prefix: &str) {
 }
 
 /// Keeps the lease alive every TTL/4 and extends the serving window with each answer. Ends
-/// when etcd says the lease is gone.
+/// when etcd says the lease is gone: a keep-alive answered with TTL 0, or a new keep-alive
+/// stream refused because the lease is not found (what a master cut off from etcd for longer
+/// than its TTL hears once the link is back).
 async fn lead(
     client: &mut Client,
     key: &str,
@@ -625,9 +640,22 @@ async fn lead(
     let mut warned = false;
     loop {
         if stream.is_none() {
-            match bounded("lease keep-alive", client.lease_keep_alive(lease)).await {
-                Ok(s) => stream = Some(s),
-                Err(e) => {
+            let opened = tokio::time::timeout(ETCD_CALL_TIMEOUT, client.lease_keep_alive(lease));
+            match opened.await {
+                Ok(Ok(s)) => stream = Some(s),
+                // etcd-client refuses to open the stream for a lease etcd answers with TTL 0.
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
+                    if why == "lease not found" =>
+                {
+                    return TermEnd::Lost("etcd says the lease expired".into())
+                }
+                other => {
+                    let e = match other {
+                        Ok(Err(e)) => format!("etcd lease keep-alive: {e}"),
+                        _ => {
+                            format!("etcd lease keep-alive: no answer within {ETCD_CALL_TIMEOUT:?}")
+                        }
+                    };
                     state.reachable(false);
                     if !warned {
                         warn!("HA: {e}; serving only while the last proof lasts, then not until etcd answers");

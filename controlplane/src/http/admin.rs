@@ -6,7 +6,8 @@
 //! - `/metrics/summary`: one line, `role=leader, ha_state=disabled, service_ready=true,
 //!   master={keys=N, allocated_bytes=N, capacity_bytes=N, clients=N}`;
 //! - `/health`: `{"status":"ok","role":"leader","ha_state":"disabled","service_ready":true}`,
-//!   in HA mode also `leader_address`, `view_version` and `etcd_reachable`;
+//!   in HA mode also `leader_address`, `view_version`, `etcd_reachable` and
+//!   `term_started_unix_ms` (when this master last won an election, 0 if never);
 //! - `/role` → `leader` | `standby`; `/ha_status` → `disabled` | `leading` | `standby` |
 //!   `lease_unproven` (a leader that cannot prove its etcd lease and does not serve);
 //! - `/leader` → `{"present":false}` without HA, else `{"present":bool,
@@ -266,6 +267,7 @@ async fn health(State(ha): State<Ha>) -> Response {
         body["leader_address"] = json!(st.leader_address);
         body["view_version"] = json!(st.view_version);
         body["etcd_reachable"] = json!(st.etcd_reachable);
+        body["term_started_unix_ms"] = json!(st.term_started_unix_ms);
     }
     json_response(StatusCode::OK, body)
 }
@@ -730,7 +732,12 @@ mod tests {
         let (_, health) = get_json(addr, "/health").await;
         assert_eq!(health["service_ready"], false);
         assert_eq!(health["role"], "standby");
+        assert_eq!(health["term_started_unix_ms"], 0, "never won");
 
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
         ha.become_leader(42);
         assert_eq!(text("/ha_status").await, (200, "lease_unproven".into()));
         ha.prove(std::time::Instant::now(), std::time::Duration::from_secs(5));
@@ -744,6 +751,11 @@ mod tests {
         let (_, health) = get_json(addr, "/health").await;
         assert_eq!(health["service_ready"], true);
         assert_eq!(health["view_version"], 42);
+        let started = health["term_started_unix_ms"].as_u64().expect("a number");
+        assert!(
+            (before..before + 60_000).contains(&started),
+            "term started {started}, won just after {before}"
+        );
     }
 
     #[tokio::test]
