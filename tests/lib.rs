@@ -33,13 +33,18 @@ pub fn bin_path(name: &str) -> PathBuf {
 /// A command running the workspace binary `name`, inside network namespace `ns` when given
 /// (`ip netns exec`, which execs it: the child's pid is the binary's).
 pub fn command_in(ns: Option<&str>, name: &str) -> Command {
+    program_in(ns, bin_path(name))
+}
+
+/// [`command_in`] for any program (a path).
+pub fn program_in(ns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
     match ns {
         Some(ns) => {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(bin_path(name));
+            c.args(["netns", "exec", ns]).arg(program);
             c
         }
-        None => Command::new(bin_path(name)),
+        None => Command::new(program),
     }
 }
 
@@ -588,6 +593,8 @@ impl Drop for Netns {
 /// down and bring it back on the same ports with the same data.
 pub struct Etcd {
     child: Option<Child>,
+    /// The network namespace it runs in ([`Etcd::start_in`]), if any.
+    ns: Option<String>,
     /// Where it listens: 127.0.0.1 unless started with [`Etcd::start_on`].
     pub host: String,
     pub port: u16,
@@ -607,6 +614,12 @@ impl Etcd {
 
     /// [`Etcd::start`] listening on `host` (e.g. [`Netns::host_addr`]).
     pub fn start_on(host: &str) -> Option<Etcd> {
+        Etcd::start_in(None, host)
+    }
+
+    /// [`Etcd::start_on`] inside network namespace `ns` (`ip netns exec`), where `host` is its
+    /// address; restarts stay there.
+    pub fn start_in(ns: Option<&str>, host: &str) -> Option<Etcd> {
         if !std::path::Path::new(ETCD_BIN).exists() {
             eprintln!("SKIP: {ETCD_BIN} not found (install Debian's etcd-server)");
             return None;
@@ -618,6 +631,7 @@ impl Etcd {
         ));
         let mut e = Etcd {
             child: None,
+            ns: ns.map(str::to_string),
             host: host.to_string(),
             port: free_port(),
             peer_port: free_port(),
@@ -640,6 +654,14 @@ impl Etcd {
         }
     }
 
+    /// Whether etcd was started and has exited since (killed by something other than
+    /// [`Etcd::stop`], such as the kernel's OOM killer).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().is_ok_and(|st| st.is_some()))
+    }
+
     /// (Re)starts etcd on the same ports and data directory and waits until it is healthy.
     pub fn restart(&mut self) {
         self.stop();
@@ -650,7 +672,7 @@ impl Etcd {
             .append(true)
             .open(std::env::temp_dir().join(format!("mooncake-etcd-{}.log", self.port)))
             .expect("etcd log file");
-        let child = Command::new(ETCD_BIN)
+        let child = program_in(self.ns.as_deref(), ETCD_BIN)
             .args([
                 "--data-dir",
                 &self.dir.join("data").to_string_lossy(),

@@ -15,7 +15,10 @@
 //! count is recorded); etcd SIGKILLed and restarted 1-3 s later; a client process SIGKILLed in
 //! the middle of a put (`fault_slow_writer`, on a key of its own: its half-written bytes must
 //! never be readable, which a get and a probe right after the kill check); memory pressure (large objects written until the store holds 1.25 times its
-//! capacity, so eviction runs, then removed); a partition (as root: storage node 1 and the
+//! capacity, so eviction runs, then removed); kernel memory pressure (`kmem`: the
+//! `fault_memory_hog` process takes anonymous memory until the kernel's `MemAvailable` is under
+//! 384 MiB, holds it 1-3 s and exits; it is the OOM killer's first choice, and a node, master
+//! or etcd the kernel kills instead is recorded as killed and replaced); a partition (as root: storage node 1 and the
 //! third master run in a network namespace, `mooncake_tests::Netns`, a second "host" whose
 //! link goes down for 1-3 s; etcd and the other masters listen on the veth's host end so both
 //! sides reach them; a master killed there is replaced there). A partition may cut off the
@@ -35,8 +38,11 @@
 //!
 //! Settings: `MC_FAULT_SEED` (default 19), `MC_FAULT_SECONDS` (default 60, the CI run; the
 //! issue's long run is 600), `MC_FAULT_KINDS` (comma-separated subset of `node`, `leader`,
-//! `etcd`, `client`, `memory`, `partition`; default all), `MC_FAULT_FAR_MASTER` (default 1; 0
-//! keeps all three masters on the first host). The seed fixes the schedule (which faults, when)
+//! `etcd`, `client`, `memory`, `kmem`, `partition`; default all but `kmem`, which takes a
+//! minute or more per fault on a VM whose memory the hypervisor backs lazily), `MC_FAULT_FAR_MASTER` (default 1; 0
+//! keeps all three masters on the first host), `MC_FAULT_ETCD_FAR` (default 0; 1 runs etcd on
+//! the second host, so that a partition cuts the first host's masters and the clients beside
+//! them from etcd). The seed fixes the schedule (which faults, when)
 //! and each worker's choice of calls; thread interleaving is the machine's. Skips (passes,
 //! printing why) when Debian's etcd-server is not installed.
 
@@ -58,6 +64,8 @@ const CLIENTS: usize = 2;
 const THREADS: usize = 2;
 const SEED_DEFAULT: u64 = 19;
 const SECONDS_DEFAULT: u64 = 60;
+/// `kmem` faults take memory until the kernel's `MemAvailable` is under this (MiB).
+const KMEM_FLOOR_MIB: u64 = 384;
 /// Each storage node's segment: small enough that the memory-pressure fault fills it fast.
 const SEGMENT: u64 = 96 << 20;
 const FILL_OBJECT: usize = 4 << 20;
@@ -310,7 +318,14 @@ fn randomized_faults_keep_the_history_consistent() {
         "fault_harness: seed {seed} (MC_FAULT_SEED), {seconds} s (MC_FAULT_SECONDS), faults \
          {kinds:?}, history {path}"
     );
-    let Some(mut etcd) = Etcd::start_on(host) else {
+    // `MC_FAULT_ETCD_FAR=1`: etcd lives on the second host, so a partition cuts the first
+    // host's masters (and the clients beside them) from etcd instead.
+    let etcd_far = net.is_some() && env_or("MC_FAULT_ETCD_FAR", 0u8) != 0;
+    let started = match &net {
+        Some(n) if etcd_far => Etcd::start_in(Some(&n.ns), &n.ns_addr),
+        _ => Etcd::start_on(host),
+    };
+    let Some(mut etcd) = started else {
         return;
     };
     let cluster = format!("faults{}", std::process::id());
@@ -571,12 +586,56 @@ fn randomized_faults_keep_the_history_consistent() {
                 rec.fault("memory-pressure-end");
                 pin(&stores[0]);
             }
+            "kmem" => {
+                rec.fault("kernel-memory-pressure");
+                let hold = 1000 + rng.below(2000);
+                let out = Command::new(bin_path("fault_memory_hog"))
+                    .args([KMEM_FLOOR_MIB.to_string(), hold.to_string()])
+                    .stderr(Stdio::null())
+                    .output();
+                let said = out.map_or_else(
+                    |e| format!("not run: {e}"),
+                    |o| {
+                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                        let first = text.lines().next().unwrap_or("").to_string();
+                        if text.contains("released") {
+                            first
+                        } else {
+                            format!("{first}; killed before releasing ({})", o.status)
+                        }
+                    },
+                );
+                rec.fault(&format!("kernel-memory-pressure-end ({said})"));
+                // A process the kernel killed instead of the hog is a kill like any other:
+                // recorded as one and replaced.
+                for (i, node) in nodes.iter_mut().enumerate() {
+                    if node.child.try_wait().is_ok_and(|st| st.is_some()) {
+                        rec.fault("node-kill");
+                        rec.fault("(node killed under kernel memory pressure)");
+                        *node = start_node(i);
+                        rec.fault("node-restart");
+                        pin(&stores[0]);
+                    }
+                }
+                if etcd.exited() {
+                    rec.fault("(etcd killed under kernel memory pressure)");
+                    etcd.restart();
+                    rec.fault("etcd-restart");
+                }
+                for m in &mut masters {
+                    if m.child.try_wait().is_ok_and(|st| st.is_some()) {
+                        rec.fault("(master killed under kernel memory pressure)");
+                        *m = Master::start_in(m.ns.clone().as_deref(), &m.host.clone(), &args);
+                        ever.lock().unwrap().push(admin(m));
+                    }
+                }
+            }
             "partition" => {
                 let Some(n) = &net else { continue };
                 let far_leads = leader(&masters).is_some_and(|l| masters[l].ns.is_some());
                 n.link(false);
-                rec.fault(if far_leads {
-                    "partition (the leader's host cut off)"
+                rec.fault(if far_leads != etcd_far {
+                    "partition (the leader cut off from etcd)"
                 } else {
                     "partition"
                 });
