@@ -39,7 +39,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, ip, wait_until, ETCD_BIN};
+use mooncake_tests::{bin_path, ip, program_in, wait_until, ETCD_BIN};
 use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
 
 /// Roles and their last address byte; the host (this test) is `.1`.
@@ -152,9 +152,7 @@ impl Net {
 
     /// A command run inside `role`'s namespace.
     fn command(&self, role: char, program: &std::path::Path) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(role)]).arg(program);
-        c
+        program_in(Some(&self.ns(role)), program)
     }
 }
 
