@@ -309,14 +309,7 @@ impl RemoteClient {
     /// Puts `key` with `replicas` replicas.
     fn put_n(&self, key: &str, replicas: u32) -> Result<(), ErrorCode> {
         let key = key.to_string();
-        self.call(move |s| {
-            let cfg = ReplicateConfig {
-                replica_num: replicas,
-                ..ReplicateConfig::default()
-            };
-            s.put(&key, &value(&key), &cfg, false)
-                .map_err(ErrorCode::from)
-        })
+        self.call(move |s| put_value(s, &key, replicas))
     }
 
     /// Reads `key` and checks its bytes.
@@ -352,6 +345,16 @@ impl Drop for RemoteClient {
             let _ = t.join();
         }
     }
+}
+
+/// Puts `key` with its [`value`] and `replicas` replicas, on the client's own thread.
+fn put_value(s: &Store, key: &str, replicas: u32) -> Result<(), ErrorCode> {
+    let cfg = ReplicateConfig {
+        replica_num: replicas,
+        ..ReplicateConfig::default()
+    };
+    s.put(key, &value(key), &cfg, false)
+        .map_err(ErrorCode::from)
 }
 
 fn value(key: &str) -> Vec<u8> {
@@ -793,17 +796,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
         let mut j = 0;
         while Instant::now() < end {
             let key = format!("cut/{j}");
-            let put = s
-                .put(
-                    &key,
-                    &value(&key),
-                    &ReplicateConfig {
-                        replica_num: 1,
-                        ..ReplicateConfig::default()
-                    },
-                    false,
-                )
-                .map_err(ErrorCode::from);
+            let put = put_value(s, &key, 1);
             out.push(Probe {
                 what: format!("put {key}"),
                 ended_ms: unix_ms(),
@@ -829,15 +822,9 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
     .expect("no master in A took over");
     let new_leader = new_leader.unwrap();
     let health = get(&admin(&net, new_leader), "/health").expect("the new leader's /health");
-    let term_started_ms = health
-        .1
-        .split("\"term_started_unix_ms\":")
-        .nth(1)
-        .and_then(|t| {
-            t.split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-        })
+    let term_started_ms = serde_json::from_str::<serde_json::Value>(&health.1)
+        .ok()
+        .and_then(|h| h["term_started_unix_ms"].as_u64())
         .unwrap_or_else(|| panic!("no term_started_unix_ms in {}", health.1));
     let heal_ms = unix_ms();
     net.link('d', true);
