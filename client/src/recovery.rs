@@ -7,9 +7,11 @@
 //!
 //! Invariants: a freed-range notice drops only catalog entries that existed when the ping was
 //! sent (the catalog mark), so an object written into a reused range after that is never
-//! forgotten; a re-mount repeats every segment in each of its calls, so the held objects of a
-//! chunk are never refused for an unknown segment, and repeating a call is harmless (the
-//! master skips objects it already has).
+//! forgotten; every catalog is fenced at the answering master's term before anything is
+//! re-mounted to it (`Catalog::fence`), so a late record of an earlier term cannot replace
+//! the entry of an object that master placed; a re-mount repeats every segment in each of
+//! its calls, so the held objects of a chunk are never refused for an unknown segment, and
+//! repeating a call is harmless (the master skips objects it already has).
 
 use dataplane::mem::Catalog;
 use protocol::message::{Ping, ReMountSegment};
@@ -80,6 +82,20 @@ pub fn ping(
         .call(&Ping { client_id })
         .map_err(|e| e.to_string())?
         .map_err(|code| format!("ping refused: {code:?}"))?;
+    // The fence goes up before the re-mount below, so no range of a re-mounted segment can
+    // be handed out by this master while a record of an earlier term is still accepted.
+    let term = u64::try_from(r.view_version).unwrap_or(0);
+    for s in served {
+        let was = s.catalog.fence_term();
+        if was != term {
+            s.catalog.fence(term);
+            tracing::info!(
+                segment = %s.desc.name,
+                "the master's term is {term} (was {was}): catalog records of earlier terms \
+                 are refused"
+            );
+        }
+    }
     let mut forgotten = 0;
     for (s, &mark) in served.iter().zip(&marks) {
         let end = s.desc.base.saturating_add(s.desc.size);

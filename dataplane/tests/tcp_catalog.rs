@@ -196,7 +196,71 @@ fn oversized_record_is_malformed(backend: Backend) {
     assert!(f.memory.catalog().is_empty());
 }
 
+/// A record of `key` written in `term`.
+fn of_term(len: u64, key: &str, term: u64) -> Vec<u8> {
+    CatalogRecord {
+        len,
+        hard_pin: false,
+        key,
+        version: protocol::Version { term, seq: 1 },
+        tombstone: false,
+        soft_pin_ttl_ms: None,
+    }
+    .encode()
+}
+
+/// Once the owner heard of term 20, a record of term 10 (a put its master started before the
+/// election, landing late) is refused with ERR_METADATA and leaves the newer object's entry in
+/// place; records of term 20 and later are taken, and so is a late tombstone.
+fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let base = f.base();
+    assert_eq!(catalog_put(&f, base, &of_term(4096, "old", 10)), Ok(()));
+    f.memory.catalog().fence(20);
+    // The new term's put took the range: its entry replaces the old one.
+    assert_eq!(catalog_put(&f, base, &of_term(4096, "new", 20)), Ok(()));
+    // The old term's late record for the same range: refused, nothing replaced.
+    assert_eq!(
+        catalog_put(&f, base + 1024, &of_term(100, "late", 10)),
+        refused(TeError::Metadata)
+    );
+    let keys = |f: &Fixture| -> Vec<String> {
+        f.memory
+            .catalog()
+            .entries()
+            .into_iter()
+            .map(|e| e.key)
+            .collect()
+    };
+    assert_eq!(keys(&f), vec!["new".to_string()]);
+    // A later term is taken before the owner hears of it.
+    assert_eq!(
+        catalog_put(&f, base + 8192, &of_term(64, "next", 21)),
+        Ok(())
+    );
+    // A late tombstone of the old term is applied: it drops only its own key's older entries.
+    let tomb = CatalogRecord {
+        len: 4096,
+        hard_pin: false,
+        key: "new",
+        version: protocol::Version { term: 10, seq: 2 },
+        tombstone: true,
+        soft_pin_ttl_ms: None,
+    }
+    .encode();
+    assert_eq!(catalog_put(&f, base, &tomb), Ok(()));
+    assert_eq!(keys(&f), vec!["new".to_string(), "next".to_string()]);
+    // The connection serves on after a refusal, and fence 0 turns the check off.
+    f.memory.catalog().fence(0);
+    assert_eq!(
+        catalog_put(&f, base + 1024, &of_term(100, "late", 10)),
+        Ok(())
+    );
+    assert_eq!(keys(&f), vec!["late".to_string(), "next".to_string()]);
+}
+
 both_backends!(
+    catalog_put_of_an_earlier_term_is_refused_once_fenced,
     catalog_put_validates_and_replaces,
     catalog_put_follows_its_write,
     oversized_record_is_malformed,

@@ -373,6 +373,9 @@ wire_struct!(UpsertStarted {
 /// Reply to `Ping`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PingResponse {
+    /// The master's term: the HA view version (an etcd revision), or without HA its start
+    /// time in ms; the term of every version it hands out. Owners refuse catalog records of
+    /// an earlier term from then on (`docs/ha.md`, "Late writes of an earlier term").
     pub view_version: i64,
     pub status: ClientStatus,
     /// `(addr, len)` ranges the master freed in the pinging client's segments since its last

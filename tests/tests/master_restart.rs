@@ -182,3 +182,113 @@ fn objects_survive_a_master_restart() {
     }
     drop(master);
 }
+
+/// The late record of a write whose term ended: the master restarts (a new term), re-mounts
+/// the node, and places a new object; a CATALOG_PUT of the old term for that object's range
+/// (a put the old master started, whose writer was slow) arrives at the node. The node fenced
+/// its catalog at the new term before it re-mounted, so the record is refused with
+/// ERR_METADATA, and the next restart still finds the new object, not the late key. Without
+/// the fence the late record replaced the new object's entry: the next master listed the late
+/// key over the new object's bytes (a read of other bytes) and lost the new object.
+#[test]
+fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
+    use client::dataplane::mem::{CatalogRecord, Src};
+    use client::dataplane::transport::client::{
+        ClientConfig, TcpClient, TransferError, TransferOp,
+    };
+
+    let mut master = Master::start(&[]);
+    let (rpc, metrics, http) = (
+        master.rpc_port,
+        master.metrics_port,
+        master.http_metadata_port,
+    );
+    let _node = Node::start(&master, &["--shards=1", "--global_segment_size=64 MB"]);
+    let store = mooncake_tests::remote_store(
+        &master.rpc_addr(),
+        &format!("http://127.0.0.1:{http}/metadata"),
+        16 << 20,
+    )
+    .expect("setup");
+    let one = ReplicateConfig::default();
+    assert_eq!(store.put("fence/old", &value(1), &one, false), Ok(()));
+    let old = store.replicas("fence/old").unwrap().list.replicas.remove(0);
+
+    let restart = |master: Master| -> Master {
+        let mut master = master;
+        assert!(master
+            .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+            .is_some());
+        drop(master);
+        // Start times are the terms without HA: the next one must be later.
+        std::thread::sleep(Duration::from_millis(5));
+        Master::start_on(rpc, metrics, http, &[])
+    };
+    let wait_listed = |key: &str| {
+        let t0 = Instant::now();
+        while store.replicas(key).is_err() {
+            assert!(t0.elapsed() < RECOVERY_BOUND, "{key} not re-reported");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    master = restart(master);
+    wait_listed("fence/old");
+
+    let v = value(2);
+    assert_eq!(store.put("fence/new", &v, &one, false), Ok(()));
+    let new = store.replicas("fence/new").unwrap().list.replicas.remove(0);
+    assert!(
+        new.version.term > old.version.term,
+        "terms {} then {}",
+        old.version.term,
+        new.version.term
+    );
+
+    // The old term's late record, naming the new object's range.
+    let record = CatalogRecord {
+        len: new.size,
+        hard_pin: false,
+        key: "fence/late",
+        version: protocol::Version {
+            term: old.version.term,
+            seq: old.version.seq + 1,
+        },
+        tombstone: false,
+        soft_pin_ttl_ms: None,
+    }
+    .encode();
+    let data = TcpClient::connect(
+        new.transport_endpoint.parse().expect("ip:port"),
+        ClientConfig {
+            lanes: 1,
+            io_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .expect("connect to the node's data port");
+    let mut ops = [TransferOp::CatalogPut {
+        remote_addr: new.buffer_address,
+        record: Src::from(&record[..]),
+    }];
+    assert_eq!(
+        data.submit(&mut ops).pop().unwrap(),
+        Err(TransferError::Refused {
+            status: client::dataplane::TeError::Metadata.code()
+        }),
+        "a record of term {} after the node heard of term {}",
+        old.version.term,
+        new.version.term
+    );
+
+    // The next master rebuilds its index from the catalog: the new object, not the late key.
+    master = restart(master);
+    wait_listed("fence/new");
+    wait_listed("fence/old");
+    assert_eq!(store.get("fence/new").unwrap(), v);
+    assert_eq!(store.get("fence/old").unwrap(), value(1));
+    assert_eq!(
+        store.get("fence/late").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
+    drop(master);
+}

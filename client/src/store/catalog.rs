@@ -92,11 +92,20 @@ impl CatalogWriter {
         .encode()
     }
 
-    /// Records a replica written with memcpy into our own segment.
-    pub fn record_local(&self, r: &ReplicaDescriptor, key: &str, pins: (bool, Option<u64>)) {
-        if let Some(m) = &self.own {
-            m.catalog()
-                .apply(r.buffer_address, &Self::object(r, key, pins));
+    /// Records a replica written with memcpy into our own segment. Refused (`ERR_METADATA`)
+    /// when the write's term is older than the master's our catalog last heard from
+    /// (`Catalog::fence`): the put is then of a term that has ended, and fails.
+    pub fn record_local(
+        &self,
+        r: &ReplicaDescriptor,
+        key: &str,
+        pins: (bool, Option<u64>),
+    ) -> Result<(), TeError> {
+        match &self.own {
+            Some(m) => m
+                .catalog()
+                .apply(r.buffer_address, &Self::object(r, key, pins)),
+            None => Ok(()),
         }
     }
 

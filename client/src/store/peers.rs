@@ -514,7 +514,19 @@ impl Peers {
             if self.is_local(r) {
                 results[i] = self.copy_in(r, it.parts);
                 if results[i].is_ok() {
-                    self.catalog.record_local(r, it.key, it.pins());
+                    results[i] = self
+                        .catalog
+                        .record_local(r, it.key, it.pins())
+                        .map_err(|e| {
+                            StoreError::new(
+                                ErrorCode::TransferFail,
+                                format!(
+                                    "our own catalog refused the record of {} (version {}): {e}; \
+                                 its term has ended",
+                                    it.key, r.version
+                                ),
+                            )
+                        });
                 }
                 continue;
             }

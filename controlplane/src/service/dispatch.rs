@@ -105,7 +105,9 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
                 ClientStatus::NeedRemount
             };
             let resp = PingResponse {
-                view_version: st.view_version,
+                // The term of this master's versions (the HA view version; without HA the
+                // start time in ms): owners fence their catalogs at it (`Catalog::fence`).
+                view_version: i64::try_from(st.term).unwrap_or(i64::MAX),
                 status,
                 freed,
             };

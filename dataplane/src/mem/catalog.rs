@@ -225,6 +225,9 @@ struct Inner {
     /// the oldest beyond [`CATALOG_TOMBSTONES_MAX`]).
     tombstones: HashMap<Box<str>, Version>,
     tombstones_by_version: BTreeSet<(Version, Box<str>)>,
+    /// The term of the master the owner last heard from ([`Catalog::fence`]): an object
+    /// record of an older term is refused.
+    fence_term: u64,
 }
 
 impl Inner {
@@ -307,11 +310,20 @@ impl Catalog {
     /// range anew, so what was there is gone), and forgetting an older tombstone of `key`.
     /// The caller has checked the range against registered memory. Not soft-pinned: a pinned
     /// object comes in through [`Catalog::apply`].
-    pub fn insert(&self, addr: u64, len: u64, key: &str, hard_pin: bool, version: Version) {
-        self.insert_pinned(addr, len, key, (hard_pin, None), version);
+    /// Refused with `ERR_METADATA` when `version` is of a term older than the fence.
+    pub fn insert(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        hard_pin: bool,
+        version: Version,
+    ) -> Result<(), TeError> {
+        self.insert_pinned(addr, len, key, (hard_pin, None), version)
     }
 
-    /// [`Catalog::insert`] with the object's pins: hard, and the soft pin's ttl.
+    /// [`Catalog::insert`] with the object's pins: hard, and the soft pin's ttl. Refused with
+    /// `ERR_METADATA` when `version` is of a term older than the fence ([`Catalog::fence`]).
     fn insert_pinned(
         &self,
         addr: u64,
@@ -319,8 +331,11 @@ impl Catalog {
         key: &str,
         (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
         version: Version,
-    ) {
+    ) -> Result<(), TeError> {
         let mut inner = self.lock();
+        if version.term < inner.fence_term {
+            return Err(TeError::Metadata);
+        }
         inner.remove_overlapping(addr, len, u64::MAX);
         if inner.tombstones.get(key).is_some_and(|&v| v < version) {
             inner.drop_tombstone(key);
@@ -338,16 +353,37 @@ impl Catalog {
                 seq,
             },
         );
+        Ok(())
     }
 
-    /// Applies a record: an object is inserted, a tombstone buried.
-    pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) {
+    /// Applies a record: an object is inserted, a tombstone buried. An object of a term
+    /// older than the fence is refused with `ERR_METADATA` and changes nothing; a tombstone
+    /// is always applied (it drops only its own key's entries at or below its version, so a
+    /// late one cannot hide a newer write).
+    pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
         if rec.tombstone {
             self.bury(addr, rec.len, rec.key, rec.version);
+            Ok(())
         } else {
             let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
-            self.insert_pinned(addr, rec.len, rec.key, pins, rec.version);
+            self.insert_pinned(addr, rec.len, rec.key, pins, rec.version)
         }
+    }
+
+    /// Refuses, from now on, object records of a term older than `term`: the term of the
+    /// master the owner just heard from (a ping's answer), raised before the owner re-mounts
+    /// to it. Until the re-mount that master allocates nothing in this memory, so a record
+    /// refused here is one a write of an earlier term sends late, and the range it names may
+    /// already hold a newer object whose entry it would replace (`docs/ha.md`, "Late writes
+    /// of an earlier term"). The fence follows the master (a lower term is taken too: a
+    /// cluster moved to new masters starts counting again) and 0 turns it off.
+    pub fn fence(&self, term: u64) {
+        self.lock().fence_term = term;
+    }
+
+    /// The term set by the last [`Catalog::fence`] (0: none).
+    pub fn fence_term(&self) -> u64 {
+        self.lock().fence_term
     }
 
     /// Records that `key` was removed at `version`: drops its entries overlapping
@@ -535,7 +571,7 @@ mod tests {
         assert!(bad(&|x| x[8] = 8), "soft pin without a version");
 
         let c = Catalog::new();
-        c.apply(0, &r);
+        c.apply(0, &r).unwrap();
         c.apply(
             100,
             &CatalogRecord {
@@ -543,7 +579,8 @@ mod tests {
                 soft_pin_ttl_ms: None,
                 ..r
             },
-        );
+        )
+        .unwrap();
         let pins: Vec<_> = c
             .entries()
             .into_iter()
@@ -561,41 +598,65 @@ mod tests {
                 version: v(2, 4),
                 ..r
             },
-        );
+        )
+        .unwrap();
         assert_eq!(c.entries()[0].soft_pin_ttl_ms, None);
     }
 
     #[test]
     fn inserts_replace_what_they_overlap() {
         let c = Catalog::new();
-        c.insert(100, 50, "a", false, V0);
-        c.insert(200, 50, "b", false, V0);
-        c.insert(300, 50, "c", true, V0);
+        c.insert(100, 50, "a", false, V0).unwrap();
+        c.insert(200, 50, "b", false, V0).unwrap();
+        c.insert(300, 50, "c", true, V0).unwrap();
         // Overlaps the tail of a and the head of b.
-        c.insert(140, 70, "d", false, V0);
+        c.insert(140, 70, "d", false, V0).unwrap();
         assert_eq!(
             keys(&c),
             vec![(140, "d".into()), (300, "c".into())],
             "a and b replaced"
         );
         // Same start, same range: replaced.
-        c.insert(300, 50, "e", false, V0);
+        c.insert(300, 50, "e", false, V0).unwrap();
         assert_eq!(c.entries()[1].key, "e");
         assert!(!c.entries()[1].hard_pin);
         // Adjacent ranges do not overlap.
-        c.insert(350, 10, "f", false, V0);
-        c.insert(130, 10, "g", false, V0);
+        c.insert(350, 10, "f", false, V0).unwrap();
+        c.insert(130, 10, "g", false, V0).unwrap();
         assert_eq!(c.len(), 4);
         assert_eq!(c.entries_in(135, 200).len(), 2, "starts inside [135, 335)");
     }
 
     #[test]
+    fn a_fence_refuses_objects_of_earlier_terms_only() {
+        let c = Catalog::new();
+        assert_eq!(c.fence_term(), 0);
+        c.insert(0, 10, "a", false, v(3, 1)).unwrap();
+        c.fence(5);
+        assert_eq!(
+            c.insert(0, 10, "b", false, v(4, 99)),
+            Err(TeError::Metadata)
+        );
+        assert_eq!(c.insert(0, 10, "b", false, V0), Err(TeError::Metadata));
+        assert_eq!(keys(&c), vec![(0, "a".into())], "nothing replaced");
+        c.insert(20, 10, "c", false, v(5, 1)).unwrap();
+        c.insert(40, 10, "d", false, v(6, 1)).unwrap();
+        // A tombstone of an earlier term still buries its own key's older entries.
+        assert_eq!(c.bury(0, 10, "a", v(4, 1)), 1);
+        assert_eq!(keys(&c), vec![(20, "c".into()), (40, "d".into())]);
+        // The fence follows the master, down too.
+        c.fence(2);
+        c.insert(0, 10, "e", false, v(2, 1)).unwrap();
+        assert_eq!(c.len(), 3);
+    }
+
+    #[test]
     fn forget_respects_the_mark() {
         let c = Catalog::new();
-        c.insert(0, 10, "old", false, V0);
+        c.insert(0, 10, "old", false, V0).unwrap();
         let mark = c.mark();
         // The range was freed and reused by a new put after the mark was taken.
-        c.insert(20, 10, "new", false, V0);
+        c.insert(20, 10, "new", false, V0).unwrap();
         assert_eq!(c.forget(0, 30, mark), 1);
         assert_eq!(keys(&c), vec![(20, "new".into())]);
         assert_eq!(c.forget(25, 1, u64::MAX), 1);
@@ -605,14 +666,14 @@ mod tests {
     #[test]
     fn tombstones_drop_only_older_entries_of_their_key() {
         let c = Catalog::new();
-        c.insert(0, 10, "k", false, v(1, 5));
-        c.insert(10, 10, "other", false, v(1, 6));
+        c.insert(0, 10, "k", false, v(1, 5)).unwrap();
+        c.insert(10, 10, "other", false, v(1, 6)).unwrap();
         // Removal of k at 1.5 drops k, not the neighbour it overlaps.
         assert_eq!(c.bury(0, 20, "k", v(1, 5)), 1);
         assert_eq!(keys(&c), vec![(10, "other".into())]);
         assert_eq!(c.tombstones(), vec![("k".to_string(), v(1, 5))]);
         // A newer k in the range survives an older removal notice.
-        c.insert(0, 10, "k", false, v(2, 1));
+        c.insert(0, 10, "k", false, v(2, 1)).unwrap();
         assert!(
             c.tombstones().is_empty(),
             "a newer write supersedes the tombstone"

@@ -188,7 +188,8 @@ impl ServedMemory {
     /// Serves a CATALOG_PUT: decodes the record, checks `[addr, addr + object length)` as a
     /// WRITE's range is checked, and records the object (replacing what overlaps it).
     /// Errors: a bad record is `InvalidArgument`; a range outside one registered buffer is
-    /// `AddressNotRegistered`. Both server backends call this, so they agree exactly.
+    /// `AddressNotRegistered`; an object of a term older than the catalog's fence is
+    /// `Metadata` ([`Catalog::fence`]). Both server backends call this, so they agree exactly.
     pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<(), TeError> {
         let rec = CatalogRecord::decode(record)?;
         let served = self.read();
@@ -201,8 +202,7 @@ impl ServedMemory {
         }
         // Inserted under the read lock, so an unregister of this buffer (write lock) either
         // comes first and refuses the range, or comes after and drops the entry.
-        self.catalog.apply(addr, &rec);
-        Ok(())
+        self.catalog.apply(addr, &rec)
     }
 }
 

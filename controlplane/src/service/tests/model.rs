@@ -168,6 +168,9 @@ struct Owner {
     /// start -> (end, write id); disjoint.
     mem: BTreeMap<u64, (u64, u32)>,
     stage: Stage,
+    /// The master's term from the last ping answer applied: object records of earlier terms
+    /// are refused (`Catalog::fence`).
+    fence: u64,
 }
 
 /// Where an owner is in its ping / re-mount loop.
@@ -178,6 +181,7 @@ enum Stage {
         mark: u64,
         freed: Vec<(u64, u64)>,
         remount: bool,
+        term: u64,
     },
     /// Catalog snapshot taken for a re-mount not yet sent.
     Snapshot(Vec<HeldObject>),
@@ -196,7 +200,11 @@ impl Owner {
         hit
     }
 
-    fn insert(&mut self, addr: u64, len: u64, key: &str, version: Version) {
+    /// False (nothing changed) for a record of a term older than the fence.
+    fn insert(&mut self, addr: u64, len: u64, key: &str, version: Version) -> bool {
+        if version.term < self.fence {
+            return false;
+        }
         for a in self.overlapping(addr, len) {
             self.cat.remove(&a);
         }
@@ -214,6 +222,7 @@ impl Owner {
                 seq,
             },
         );
+        true
     }
 
     fn bury(&mut self, addr: u64, len: u64, key: &str, version: Version) {
@@ -363,6 +372,7 @@ impl Model {
                 tombs: HashMap::new(),
                 mem: BTreeMap::new(),
                 stage: Stage::Idle,
+                fence: 0,
             })
             .collect();
         let m = Model {
@@ -460,14 +470,18 @@ impl Model {
             let (key, id) = self.writes[&r.version].clone();
             let o = self.owner_of(&r.segment_name);
             self.owners[o].write(r.buffer_address, r.size, id);
-            self.owners[o].insert(r.buffer_address, r.size, &key, r.version);
+            let recorded = self.owners[o].insert(r.buffer_address, r.size, &key, r.version);
             self.log.push(format!(
-                "write {key}@{:?} id {id} at {}+{:#x} len {}",
+                "write {key}@{:?} id {id} at {}+{:#x} len {} recorded={recorded}",
                 r.version,
                 r.segment_name,
                 r.buffer_address - self.owners[o].seg.base,
                 r.size
             ));
+            if !recorded {
+                // The record of an ended term was refused: the put fails, as on the wire.
+                self.flights[i].fail_at = Some(self.flights[i].written);
+            }
             return;
         }
         let f = self.flights.swap_remove(i);
@@ -579,13 +593,16 @@ impl Model {
                     mark,
                     freed: r.freed,
                     remount: r.status == ClientStatus::NeedRemount,
+                    term: u64::try_from(r.view_version).unwrap_or(0),
                 };
             }
             Stage::Pinged {
                 mark,
                 freed,
                 remount,
+                term,
             } => {
+                self.owners[o].fence = term;
                 for (a, l) in &freed {
                     self.owners[o].forget(*a, *l, mark);
                 }
