@@ -88,11 +88,11 @@ pub fn ping(
     for s in served {
         let was = s.catalog.fence_term();
         if was != term {
-            s.catalog.fence(term);
+            let cut = s.catalog.fence(term);
             tracing::info!(
                 segment = %s.desc.name,
-                "the master's term is {term} (was {was}): catalog records of earlier terms \
-                 are refused"
+                "the master's term is {term} (was {was}): catalog records and WRITEs of \
+                 earlier terms are refused ({cut} connection(s) cut mid-WRITE)"
             );
         }
     }

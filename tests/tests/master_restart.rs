@@ -183,11 +183,12 @@ fn objects_survive_a_master_restart() {
     drop(master);
 }
 
-/// The late record of a write whose term ended: the master restarts (a new term), re-mounts
-/// the node, and places a new object; a CATALOG_PUT of the old term for that object's range
-/// (a put the old master started, whose writer was slow) arrives at the node. The node fenced
-/// its catalog at the new term before it re-mounted, so the record is refused with
-/// ERR_METADATA, and the next restart still finds the new object, not the late key. Without
+/// The late record and bytes of a write whose term ended: the master restarts (a new term),
+/// re-mounts the node, and places a new object; a CATALOG_PUT of the old term for that
+/// object's range (a put the old master started, whose writer was slow) arrives at the node,
+/// and a writer of the old term connects. The node fenced its memory at the new term before it
+/// re-mounted, so both are refused with ERR_METADATA, and the next restart still finds the
+/// new object, not the late key. Without
 /// the fence the late record replaced the new object's entry: the next master listed the late
 /// key over the new object's bytes (a read of other bytes) and lost the new object.
 #[test]
@@ -279,6 +280,26 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
         old.version.term,
         new.version.term
     );
+
+    // The old term's late bytes: a connection declaring that term is refused as it connects
+    // (a WRITE already under way when the node heard of the new term is cut; see
+    // dataplane/tests/tcp_fence.rs).
+    let late_writer = TcpClient::connect(
+        new.transport_endpoint.parse().expect("ip:port"),
+        ClientConfig {
+            lanes: 1,
+            io_timeout: Duration::from_secs(5),
+            term: old.version.term,
+            ..Default::default()
+        },
+    );
+    match late_writer {
+        Err(TransferError::Refused { status }) => {
+            assert_eq!(status, client::dataplane::TeError::Metadata.code())
+        }
+        Err(e) => panic!("expected ERR_METADATA, got {e}"),
+        Ok(_) => panic!("a writer of term {} was let in", old.version.term),
+    }
 
     // The next master rebuilds its index from the catalog: the new object, not the late key.
     master = restart(master);

@@ -40,7 +40,9 @@ use std::time::{Duration, Instant};
 use dataplane::mem::copier::{self, Way};
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{Dst, ShmMapping, Src};
-use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp, TransferResult};
+use dataplane::transport::client::{
+    ClientConfig, TcpClient, TransferError, TransferOp, TransferResult,
+};
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
@@ -155,7 +157,9 @@ struct Down {
 pub struct Peers {
     own_endpoint: Option<String>,
     own: Option<OwnSegment>,
-    clients: Mutex<Vec<(String, Arc<TcpClient>)>>,
+    /// Pooled clients: (endpoint, the term their lanes declared, client), one per endpoint,
+    /// the last one dialed (`mem::fence`: a node refuses the WRITEs of an ended term).
+    clients: Mutex<Vec<(String, u64, Arc<TcpClient>)>>,
     /// Endpoints in back-off, and per endpoint the lock one dialer holds.
     down: Mutex<HashMap<String, Down>>,
     dialing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -205,6 +209,9 @@ pub struct PathCounts {
 /// Requests for one endpoint, with the item each request belongs to.
 struct Group<'a, 'b> {
     endpoint: &'a str,
+    /// The term the WRITEs belong to (their put's version), declared on the client's lanes;
+    /// `None` for reads and catalog records, which any client of the endpoint carries.
+    term: Option<u64>,
     ops: Vec<TransferOp<'b>>,
     owners: Vec<usize>,
     bytes: u64,
@@ -218,12 +225,20 @@ impl<'a, 'b> Group<'a, 'b> {
     }
 }
 
-fn group_for<'a, 'b, 'g>(groups: &'g mut Vec<Group<'a, 'b>>, ep: &'a str) -> &'g mut Group<'a, 'b> {
-    let i = match groups.iter().position(|g| g.endpoint == ep) {
+fn group_for<'a, 'b, 'g>(
+    groups: &'g mut Vec<Group<'a, 'b>>,
+    ep: &'a str,
+    term: Option<u64>,
+) -> &'g mut Group<'a, 'b> {
+    let i = match groups
+        .iter()
+        .position(|g| g.endpoint == ep && g.term == term)
+    {
         Some(i) => i,
         None => {
             groups.push(Group {
                 endpoint: ep,
+                term,
                 ops: Vec::new(),
                 owners: Vec::new(),
                 bytes: 0,
@@ -363,12 +378,22 @@ impl Peers {
         self.settings.memcpy && self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
     }
 
-    fn pooled(&self, endpoint: &str) -> Option<Arc<TcpClient>> {
+    /// The pooled client of `endpoint` whose lanes declared `term` (`None`: any).
+    fn pooled(&self, endpoint: &str, term: Option<u64>) -> Option<Arc<TcpClient>> {
         let clients = self.clients.lock();
         clients
             .iter()
-            .find(|(e, _)| e == endpoint)
-            .map(|(_, c)| c.clone())
+            .find(|(e, t, _)| e == endpoint && term.is_none_or(|term| *t == term))
+            .map(|(_, _, c)| c.clone())
+    }
+
+    /// Pools `c` (lanes of `term`) in place of the endpoint's other client: the last one
+    /// dialed was dialed for the master of now (a node that serves a later term refuses to
+    /// connect a writer of an ended one, so that one never gets here).
+    fn pool(&self, endpoint: &str, term: u64, c: &Arc<TcpClient>) {
+        let mut clients = self.clients.lock();
+        clients.retain(|(e, _, _)| e != endpoint);
+        clients.push((endpoint.to_string(), term, c.clone()));
     }
 
     fn in_backoff(&self, endpoint: &str) -> bool {
@@ -378,8 +403,10 @@ impl Peers {
             .is_some_and(|d| Instant::now() < d.until)
     }
 
-    fn client(&self, endpoint: &str) -> Result<Arc<TcpClient>, StoreError> {
-        if let Some(c) = self.pooled(endpoint) {
+    /// A client of `endpoint` whose lanes declared `term` (`None`: any, a new one declares
+    /// nothing).
+    fn client(&self, endpoint: &str, term: Option<u64>) -> Result<Arc<TcpClient>, StoreError> {
+        if let Some(c) = self.pooled(endpoint, term) {
             return Ok(c);
         }
         if self.in_backoff(endpoint) {
@@ -393,7 +420,7 @@ impl Peers {
             .or_default()
             .clone();
         let _dialer = gate.lock();
-        if let Some(c) = self.pooled(endpoint) {
+        if let Some(c) = self.pooled(endpoint, term) {
             return Ok(c);
         }
         if self.in_backoff(endpoint) {
@@ -404,29 +431,58 @@ impl Peers {
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| {
-                StoreError::new(
-                    ErrorCode::TransferFail,
-                    format!("the node {endpoint} does not resolve to an address"),
+                (
+                    true,
+                    StoreError::new(
+                        ErrorCode::TransferFail,
+                        format!("the node {endpoint} does not resolve to an address"),
+                    ),
                 )
             })
             .and_then(|addr| {
-                TcpClient::connect(addr, self.config).map_err(|e| {
+                let config = ClientConfig {
+                    term: term.unwrap_or(0),
+                    ..self.config
+                };
+                TcpClient::connect(addr, config).map_err(|e| {
+                    // A refused FENCE: the node serves a later term than this write's. The
+                    // node is fine; only this write is too late.
+                    if let TransferError::Refused { status } = e {
+                        return (
+                            false,
+                            StoreError::new(
+                                ErrorCode::TransferFail,
+                                format!(
+                                    "the node {endpoint} refused writes of term {} ({}): a \
+                                     later master took over",
+                                    term.unwrap_or(0),
+                                    dataplane::TeError::from_i32(status)
+                                        .map_or("unknown", |c| c.name())
+                                ),
+                            ),
+                        );
+                    }
                     tracing::warn!("connecting to {endpoint} failed: {e}");
-                    StoreError::new(
-                        ErrorCode::TransferFail,
-                        format!("cannot connect to the node {endpoint}: {e}"),
+                    (
+                        true,
+                        StoreError::new(
+                            ErrorCode::TransferFail,
+                            format!("cannot connect to the node {endpoint}: {e}"),
+                        ),
                     )
                 })
             });
         let c = match connected {
             Ok(c) => Arc::new(c),
-            Err(e) => {
-                self.mark_down(endpoint);
+            Err((down, e)) => {
+                if down {
+                    self.mark_down(endpoint);
+                }
                 return Err(e);
             }
         };
         self.down.lock().remove(endpoint);
-        self.clients.lock().push((endpoint.to_string(), c.clone()));
+        self.pool(endpoint, term.unwrap_or(0), &c);
         Ok(c)
     }
 
@@ -448,7 +504,7 @@ impl Peers {
 
     /// Drops the pooled client after a socket error and backs off before dialing again.
     fn forget(&self, endpoint: &str) {
-        self.clients.lock().retain(|(e, _)| e != endpoint);
+        self.clients.lock().retain(|(e, _, _)| e != endpoint);
         self.mark_down(endpoint);
     }
 
@@ -562,7 +618,7 @@ impl Peers {
                 }
                 continue;
             }
-            let g = group_for(&mut groups, &r.transport_endpoint);
+            let g = group_for(&mut groups, &r.transport_endpoint, Some(r.version.term));
             let first_slice = g.ops.len();
             let mut at = r.buffer_address;
             for p in it.parts {
@@ -599,7 +655,7 @@ impl Peers {
                 remote_addr: r.buffer_address,
                 record: Src::from(&records[i][..]),
             };
-            group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
+            group_for(&mut groups, &r.transport_endpoint, None).push(i, op, records[i].len());
         }
         if !groups.is_empty() {
             self.run_groups(groups, &mut results);
@@ -630,7 +686,7 @@ impl Peers {
                 remote_addr: r.buffer_address,
                 record: Src::from(&records[i][..]),
             };
-            group_for(&mut groups, &r.transport_endpoint).push(i, op, records[i].len());
+            group_for(&mut groups, &r.transport_endpoint, None).push(i, op, records[i].len());
         }
         if !groups.is_empty() {
             self.run_groups(groups, &mut results);
@@ -690,7 +746,7 @@ impl Peers {
                 results[i] = rd.read(&peer, src, it.dst.reborrow());
                 continue;
             }
-            let g = group_for(&mut groups, &r.transport_endpoint);
+            let g = group_for(&mut groups, &r.transport_endpoint, None);
             let mut at = src;
             for d in it.dst.reborrow().chunks(TRANSFER_SLICE_BYTES) {
                 let n = d.len();
@@ -756,7 +812,7 @@ impl Peers {
 
     /// One endpoint's requests, in submissions of at most `SUBMIT_REQUESTS_MAX`.
     fn run_group(&self, g: &mut Group<'_, '_>) -> Vec<Result<(), StoreError>> {
-        let client = match self.client(g.endpoint) {
+        let client = match self.client(g.endpoint, g.term) {
             Ok(c) => c,
             Err(e) => return vec![Err(e); g.ops.len()],
         };

@@ -90,7 +90,7 @@ impl Running {
                 || !valid_range(r.target_offset, r.length)
                 || !matches!(r.opcode, Opcode::Read | Opcode::Write)
             {
-                // CATALOG_PUT is a store-client request, not a transfer.
+                // CATALOG_PUT and FENCE are store-client requests, not transfers.
                 Err(INVALID)
             } else if !self.memory.check(r.source, r.length) {
                 Err(NOT_REGISTERED)
@@ -127,7 +127,7 @@ impl Running {
             let (src, dst) = match r.opcode {
                 Opcode::Write => (r.source, r.target_offset),
                 Opcode::Read => (r.target_offset, r.source),
-                Opcode::CatalogPut => continue, // refused in `execute`
+                Opcode::CatalogPut | Opcode::Fence => continue, // refused in `execute`
             };
             // SAFETY: both ranges were just found inside buffers registered with this engine
             // (checked above and in `execute`), whose registrants vouched (register_memory's
@@ -188,7 +188,7 @@ impl Running {
                         // SAFETY: as for `Read` above; the bytes are only read.
                         src: unsafe { Src::from_raw(local, n as usize) },
                     },
-                    Opcode::CatalogPut => break, // refused in `execute`
+                    Opcode::CatalogPut | Opcode::Fence => break, // refused in `execute`
                 });
                 owner.push(i);
                 off += n;

@@ -151,7 +151,7 @@ impl Running {
             let op = match r.opcode {
                 Opcode::Read => RdmaOp::Read,
                 Opcode::Write => RdmaOp::Write,
-                Opcode::CatalogPut => continue, // refused in `execute`
+                Opcode::CatalogPut | Opcode::Fence => continue, // refused in `execute`
             };
             idx.push(i);
             rr.push(Request {

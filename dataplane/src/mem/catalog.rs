@@ -57,9 +57,11 @@
 //! never look at the catalog.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use protocol::Version;
+
+use super::Fence;
 
 use crate::limits::{
     CATALOG_RECORD_HEADER_BYTES, CATALOG_RECORD_MAX_BYTES, CATALOG_RECORD_SOFT_PIN_BYTES,
@@ -225,9 +227,6 @@ struct Inner {
     /// the oldest beyond [`CATALOG_TOMBSTONES_MAX`]).
     tombstones: HashMap<Box<str>, Version>,
     tombstones_by_version: BTreeSet<(Version, Box<str>)>,
-    /// The term of the master the owner last heard from ([`Catalog::fence`]): an object
-    /// record of an older term is refused.
-    fence_term: u64,
 }
 
 impl Inner {
@@ -292,6 +291,9 @@ impl Inner {
 #[derive(Debug, Default)]
 pub struct Catalog {
     inner: Mutex<Inner>,
+    /// The term of the master the owner last heard from ([`Catalog::fence`]): an object
+    /// record of an older term is refused. Shared with the servers, which fence WRITEs by it.
+    fence: Arc<Fence>,
 }
 
 impl Catalog {
@@ -333,7 +335,7 @@ impl Catalog {
         version: Version,
     ) -> Result<(), TeError> {
         let mut inner = self.lock();
-        if version.term < inner.fence_term {
+        if version.term < self.fence.term() {
             return Err(TeError::Metadata);
         }
         inner.remove_overlapping(addr, len, u64::MAX);
@@ -377,13 +379,22 @@ impl Catalog {
     /// already hold a newer object whose entry it would replace (`docs/ha.md`, "Late writes
     /// of an earlier term"). The fence follows the master (a lower term is taken too: a
     /// cluster moved to new masters starts counting again) and 0 turns it off.
-    pub fn fence(&self, term: u64) {
-        self.lock().fence_term = term;
+    ///
+    /// The same fence refuses the WRITEs of connections that declared an earlier term, and
+    /// shuts those connections down now ([`Fence::raise`]); returns how many it shut down.
+    pub fn fence(&self, term: u64) -> usize {
+        let _inner = self.lock();
+        self.fence.raise(term)
     }
 
     /// The term set by the last [`Catalog::fence`] (0: none).
     pub fn fence_term(&self) -> u64 {
-        self.lock().fence_term
+        self.fence.term()
+    }
+
+    /// The fence the servers of this table check WRITEs against.
+    pub fn fences(&self) -> &Arc<Fence> {
+        &self.fence
     }
 
     /// Records that `key` was removed at `version`: drops its entries overlapping

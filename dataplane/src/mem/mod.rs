@@ -8,6 +8,9 @@
 //!   whole range lies inside one registered buffer.
 //! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
 //!   served table, kept for re-reporting to a restarted master (`docs/recovery.md`).
+//! - [`Fence`]: the term of the master a served table's writes must belong to; writes of
+//!   earlier terms (catalog records, and the WRITEs of connections that declared one) are
+//!   refused (`docs/ha.md`, "Late writes of an earlier term").
 //! - [`served`]: [`served::ServedMemory`], the registered memory a process serves (with its
 //!   catalog and the gates of the io_uring shards), and the settings and counters of the
 //!   servers serving it.
@@ -20,6 +23,7 @@
 pub mod bytes;
 pub mod catalog;
 pub mod copier;
+pub mod fence;
 pub mod registry;
 pub mod segment;
 pub mod served;
@@ -28,6 +32,7 @@ pub mod slab;
 
 pub use bytes::{Dst, Src};
 pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
+pub use fence::{Declared, Fence};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use shm::{ShmExport, ShmMapping};

@@ -27,6 +27,7 @@ use io_uring::{opcode, squeue, types};
 use protocol::auth::{ServerHandshake, Token};
 
 use crate::limits::PAYLOAD_RECV_CHUNK_BYTES;
+use crate::mem::Declared;
 use crate::shard::send::Response;
 use crate::shard::view::MemoryLease;
 use crate::transport::header::{RequestHeader, REQUEST_HEADER_BYTES};
@@ -143,6 +144,9 @@ pub(crate) struct Conn {
     /// The handshake still to complete before requests are served (`None`: authenticated,
     /// or no secret configured).
     pub(crate) auth: Option<Box<ServerHandshake>>,
+    /// The term this connection's WRITEs belong to (a FENCE request, `mem::fence`); dropped
+    /// with the connection.
+    pub(crate) declared: Option<Declared>,
 }
 
 impl Conn {
@@ -158,6 +162,7 @@ impl Conn {
             last_progress: Instant::now(),
             spare_scratch: None,
             auth: auth.map(|t| Box::new(ServerHandshake::new(t))),
+            declared: None,
         }
     }
 

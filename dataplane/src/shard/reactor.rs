@@ -418,6 +418,9 @@ impl Reactor {
                     self.submit_recv(id, state);
                 } else {
                     self.view.release(lease);
+                    if let Some(d) = self.conns.get(id).and_then(|c| c.declared.as_ref()) {
+                        d.end_write();
+                    }
                     self.respond(id, Response::ok(req.request_id));
                     self.next_header(id, header);
                 }
@@ -498,6 +501,10 @@ impl Reactor {
                 return;
             }
         };
+        if req.opcode == Opcode::Fence {
+            self.on_fence(id, &req, buf);
+            return;
+        }
         if req.opcode == Opcode::CatalogPut {
             if req.len == 0 {
                 bump(&self.shared.stats.requests_rejected);
@@ -519,7 +526,28 @@ impl Reactor {
             self.submit_recv(id, state);
             return;
         }
-        match (req.opcode, self.view.check(&req)) {
+        let mut checked = self.view.check(&req);
+        if req.opcode == Opcode::Write && checked.is_ok() {
+            // A WRITE of a declared term: marked as writing until its payload is in
+            // (`mem::fence`).
+            let refused = self
+                .conns
+                .get(id)
+                .and_then(|c| c.declared.as_ref())
+                .is_some_and(|d| !d.begin_write());
+            if refused {
+                if let Ok(lease) = checked {
+                    self.view.release(lease);
+                }
+                checked = Err(TeError::Metadata);
+            }
+        }
+        match (req.opcode, checked) {
+            (Opcode::Fence, Ok(lease)) => {
+                // Served above; kept so the match stays total.
+                self.view.release(lease);
+                self.next_header(id, buf);
+            }
             (Opcode::Write, Ok(lease)) => {
                 let state = RecvState::Payload {
                     req,
@@ -563,6 +591,28 @@ impl Reactor {
                 bump(&self.shared.stats.requests_rejected);
                 self.respond(id, Response::error(req.request_id, code));
                 self.next_header(id, buf);
+            }
+        }
+    }
+
+    /// FENCE: the connection's WRITEs are of term `req.addr` from now on (`mem::fence`). A
+    /// term the fence already refuses gets ERR_METADATA and the connection closes: it must not
+    /// go on writing as if it had declared nothing.
+    fn on_fence(&mut self, id: usize, req: &RequestHeader, buf: HeaderBuf) {
+        let Some(c) = self.conns.get_mut(id) else {
+            return;
+        };
+        let fences = self.view.memory().catalog().fences();
+        match fences.declare(c.fd(), req.addr) {
+            Ok(d) => {
+                c.declared = d;
+                self.respond(id, Response::ok(req.request_id));
+                self.next_header(id, buf);
+            }
+            Err(code) => {
+                bump(&self.shared.stats.requests_rejected);
+                c.phase = ConnPhase::CloseAfterSend;
+                self.respond(id, Response::error(req.request_id, code));
             }
         }
     }

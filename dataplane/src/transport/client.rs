@@ -68,6 +68,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Bound on one blocking socket operation (one response, one send).
     pub io_timeout: Duration,
+    /// The master's term the WRITEs of this client belong to, declared with a FENCE request
+    /// on each lane as it connects (`mem::fence`); a server fenced at a later term refuses
+    /// them. 0: nothing declared (the raw transfer engine's writes have no term).
+    pub term: u64,
 }
 
 impl Default for ClientConfig {
@@ -77,6 +81,7 @@ impl Default for ClientConfig {
             lanes: CLIENT_LANES_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             io_timeout: IO_TIMEOUT_DEFAULT,
+            term: 0,
         }
     }
 }
@@ -365,7 +370,44 @@ impl TcpClient {
                 message: format!("{e} (peer {})", self.peer),
             })?;
         }
+        if self.config.term != 0 {
+            self.declare_term(&stream)?;
+        }
         *slot = Some(stream);
+        Ok(())
+    }
+
+    /// Sends FENCE with this client's term on a new lane and waits for its answer (before any
+    /// other request, bounded by the socket timeouts). A refusal (ERR_METADATA: the peer
+    /// serves a later term) fails the connection.
+    fn declare_term(&self, stream: &TcpStream) -> Result<(), TransferError> {
+        let header = RequestHeader {
+            opcode: Opcode::Fence,
+            request_id: 0,
+            addr: self.config.term,
+            len: 0,
+        }
+        .encode();
+        let io = |e: io::Error| TransferError::from_io(&e);
+        let mut s = stream;
+        io::Write::write_all(&mut s, &header).map_err(io)?;
+        let mut raw = [0u8; RESPONSE_HEADER_BYTES];
+        io::Read::read_exact(&mut s, &mut raw).map_err(io)?;
+        let resp = ResponseHeader::decode(&raw).map_err(|e| TransferError::Connection {
+            kind: io::ErrorKind::InvalidData,
+            message: format!("FENCE answer from {}: {e}", self.peer),
+        })?;
+        if resp.request_id != 0 || resp.len != 0 {
+            return Err(TransferError::Connection {
+                kind: io::ErrorKind::InvalidData,
+                message: format!("FENCE answer from {} out of step", self.peer),
+            });
+        }
+        if resp.status != 0 {
+            return Err(TransferError::Refused {
+                status: resp.status,
+            });
+        }
         Ok(())
     }
 }

@@ -10,7 +10,8 @@
 //! Request header (32 bytes)
 //!  0               4       5       6               8
 //!  +---------------+-------+-------+---------------+
-//!  | magic "MCDQ"  | ver=1 | opcode| flags = 0     |   opcode: 0 READ, 1 WRITE, 2 CATALOG_PUT
+//!  | magic "MCDQ"  | ver=1 | opcode| flags = 0     |   opcode: 0 READ, 1 WRITE, 2 CATALOG_PUT,
+//!  |               |       |       |               |           3 FENCE
 //!  +---------------+-------+-------+---------------+
 //!  8                                               16
 //!  | request_id (u64): echoed in the response      |
@@ -24,6 +25,11 @@
 //! CATALOG_PUT records the object just written at `addr` in the server's catalog; its payload
 //! is a record (object length, flags, key; see `mem::catalog`), at most
 //! CATALOG_RECORD_MAX_BYTES, and the range checked is [addr, addr + object length).
+//!
+//! FENCE (`len` 0, no payload) declares that the WRITEs that follow on this connection belong
+//! to writes of the master's term `addr`; a server whose memory is fenced at a later term
+//! (`mem::Catalog::fence`) refuses them with ERR_METADATA. A connection that declares nothing
+//! (term 0) is not fenced: the raw transfer engine's writes have no term.
 //!
 //! Response header (24 bytes)
 //!  0               4               8
@@ -67,6 +73,8 @@ pub enum Opcode {
     Write = 1,
     /// Client sends a catalog record (`len` bytes); the server records the object at `addr`.
     CatalogPut = 2,
+    /// The connection's WRITEs are of term `addr` (no payload, `len` 0).
+    Fence = 3,
 }
 
 impl Opcode {
@@ -80,6 +88,7 @@ impl Opcode {
         match self {
             Opcode::Read | Opcode::Write => REQUEST_PAYLOAD_MAX_BYTES,
             Opcode::CatalogPut => CATALOG_RECORD_MAX_BYTES,
+            Opcode::Fence => 0,
         }
     }
 }
@@ -111,7 +120,7 @@ pub enum HeaderError {
     BadMagic { expected: u32, got: u32 },
     #[error("bad version: expected {expected}, got {got}")]
     BadVersion { expected: u8, got: u8 },
-    #[error("bad opcode: expected 0 (READ), 1 (WRITE) or 2 (CATALOG_PUT), got {got}")]
+    #[error("bad opcode: expected 0 (READ), 1 (WRITE), 2 (CATALOG_PUT) or 3 (FENCE), got {got}")]
     BadOpcode { got: u8 },
     #[error("bad flags: expected 0, got {got:#06x}")]
     BadFlags { got: u16 },
@@ -172,6 +181,7 @@ impl RequestHeader {
             0 => Opcode::Read,
             1 => Opcode::Write,
             2 => Opcode::CatalogPut,
+            3 => Opcode::Fence,
             got => return Err(HeaderError::BadOpcode { got }),
         };
         let flags = u16_at(b, 6);
@@ -300,7 +310,19 @@ mod tests {
                 got: 2
             })
         );
-        assert_eq!(with(5, 3), Err(HeaderError::BadOpcode { got: 3 }));
+        assert_eq!(with(5, 4), Err(HeaderError::BadOpcode { got: 4 }));
+        // FENCE carries no payload: a length is malformed.
+        let fence = RequestHeader {
+            opcode: Opcode::Fence,
+            request_id: 1,
+            addr: 7,
+            len: 0,
+        };
+        assert_eq!(RequestHeader::decode(&fence.encode()), Ok(fence));
+        assert_eq!(
+            RequestHeader::decode(&RequestHeader { len: 1, ..fence }.encode()),
+            Err(HeaderError::TooLong { got: 1, max: 0 })
+        );
         let catalog = RequestHeader {
             opcode: Opcode::CatalogPut,
             request_id: 1,

@@ -45,7 +45,7 @@ use super::header::{
 use super::rawio;
 use crate::limits::{BLOCKING_CONNECTIONS_MAX, DRAIN_CHUNK_BYTES};
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
-use crate::mem::Registry;
+use crate::mem::{Declared, Registry};
 use crate::TeError;
 use protocol::auth::{self, ServerRefusal, Token};
 
@@ -221,6 +221,8 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
         }
     }
     let mut raw = [0u8; REQUEST_HEADER_BYTES];
+    // The term this connection's WRITEs belong to (FENCE); dropped when the connection ends.
+    let mut declared: Option<Declared> = None;
     loop {
         match rawio::read_full(stream, &mut raw) {
             Ok(0) => return, // clean close between requests
@@ -231,7 +233,7 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
             }
         }
         let outcome = match RequestHeader::decode(&raw) {
-            Ok(req) => serve_request(stream, shared, &req),
+            Ok(req) => serve_request(stream, shared, &req, &mut declared),
             Err(_) => {
                 bump(&shared.stats.frames_malformed);
                 let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
@@ -313,21 +315,48 @@ fn range_status(registry: &Registry, req: &RequestHeader) -> Result<(), TeError>
     Ok(())
 }
 
-fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Served1 {
+fn serve_request(
+    stream: &TcpStream,
+    shared: &Shared,
+    req: &RequestHeader,
+    declared: &mut Option<Declared>,
+) -> Served1 {
     let fd = stream.as_raw_fd();
+    if req.opcode == Opcode::Fence {
+        return serve_fence(stream, shared, req, declared);
+    }
     let served = shared.memory.read();
-    let verdict = range_status(&served.registry, req);
+    // A WRITE of a declared term: marked as writing until its payload is in (`mem::fence`).
+    let writer = declared.as_ref().filter(|_| req.opcode == Opcode::Write);
+    let verdict = range_status(&served.registry, req).and_then(|()| match writer {
+        Some(d) if !d.begin_write() => Err(TeError::Metadata),
+        _ => Ok(()),
+    });
     let io_result = match (req.opcode, verdict) {
         (Opcode::CatalogPut, _) => {
             // Its range is the record's, not the header's: checked by `catalog_put`.
             drop(served);
             return serve_catalog_put(stream, shared, req);
         }
+        (Opcode::Fence, _) => {
+            // Served above; kept so the match stays total.
+            drop(served);
+            respond(
+                stream,
+                req.request_id,
+                TeError::InvalidArgument.code(),
+                0,
+                false,
+            )
+        }
         (Opcode::Write, Ok(())) => {
             // SAFETY: the range lies inside one registered buffer (checked above, and the read
             // guard `served` keeps it registered until this I/O ends); registration's contract
             // makes it live, writable memory that no Rust reference claims exclusively.
             let r = unsafe { rawio::recv_exact_raw(fd, req.addr as *mut u8, req.len as usize) };
+            if let Some(d) = writer {
+                d.end_write();
+            }
             drop(served);
             r.and_then(|()| respond(stream, req.request_id, 0, 0, false))
         }
@@ -344,7 +373,7 @@ fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Se
             bump(&shared.stats.requests_rejected);
             let drained = match opcode {
                 Opcode::Write | Opcode::CatalogPut => drain(stream, req.len),
-                Opcode::Read => Ok(()),
+                Opcode::Read | Opcode::Fence => Ok(()),
             };
             drained.and_then(|()| respond(stream, req.request_id, code.code(), 0, false))
         }
@@ -356,6 +385,37 @@ fn serve_request(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -> Se
             }
             Served1::Continue
         }
+        Err(_) => Served1::Close,
+    }
+}
+
+/// FENCE: the connection's WRITEs are of term `addr` from now on (`mem::fence`). A term the
+/// fence already refuses gets ERR_METADATA and the connection closes: it must not go on
+/// writing as if it had declared nothing.
+fn serve_fence(
+    stream: &TcpStream,
+    shared: &Shared,
+    req: &RequestHeader,
+    declared: &mut Option<Declared>,
+) -> Served1 {
+    let (status, next) = match shared
+        .memory
+        .catalog()
+        .fences()
+        .declare(stream.as_raw_fd(), req.addr)
+    {
+        Ok(d) => {
+            *declared = d;
+            bump(&shared.stats.requests_ok);
+            (0, Served1::Continue)
+        }
+        Err(code) => {
+            bump(&shared.stats.requests_rejected);
+            (code.code(), Served1::Close)
+        }
+    };
+    match respond(stream, req.request_id, status, 0, false) {
+        Ok(()) => next,
         Err(_) => Served1::Close,
     }
 }

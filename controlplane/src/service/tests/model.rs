@@ -339,6 +339,10 @@ struct Model {
     /// Whether a writer's transfers may land after an election (the old leader's allocation
     /// reused by the new one meanwhile), or all land before it.
     late_writes: bool,
+    /// Whether the owners refuse the bytes of an ended term as they do its catalog records:
+    /// true for writes over TCP (`mem::fence`), false for a same-host memcpy or RDMA, which
+    /// nothing in the owner sees.
+    fenced_bytes: bool,
     gets_checked: u64,
     /// Reads whose replica list was granted (with its lease) and whose bytes are read at a
     /// later step: (key, list, granted at ms).
@@ -385,6 +389,7 @@ impl Model {
             term: 10,
             log: Vec::new(),
             late_writes: false,
+            fenced_bytes: true,
             gets_checked: 0,
             reads: Vec::new(),
             now_step: 0,
@@ -469,8 +474,12 @@ impl Model {
             f.written += 1;
             let (key, id) = self.writes[&r.version].clone();
             let o = self.owner_of(&r.segment_name);
-            self.owners[o].write(r.buffer_address, r.size, id);
-            let recorded = self.owners[o].insert(r.buffer_address, r.size, &key, r.version);
+            let refused = self.fenced_bytes && r.version.term < self.owners[o].fence;
+            if !refused {
+                self.owners[o].write(r.buffer_address, r.size, id);
+            }
+            let recorded =
+                !refused && self.owners[o].insert(r.buffer_address, r.size, &key, r.version);
             self.log.push(format!(
                 "write {key}@{:?} id {id} at {}+{:#x} len {} recorded={recorded}",
                 r.version,
@@ -733,6 +742,7 @@ fn model_reads_never_see_another_writes_bytes_across_elections() {
         let rng = Rng::Seeded(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut m = Model::new(rng, seg_size);
         m.late_writes = std::env::var("MC_MODEL_LATE").is_ok();
+        m.fenced_bytes = std::env::var("MC_MODEL_UNFENCED_BYTES").is_err();
         if let Err(e) = m.run(3000) {
             if let Ok(path) = std::env::var("MC_MODEL_LOG") {
                 let _ = std::fs::write(path, m.log.join("\n"));
@@ -762,10 +772,12 @@ pub const FUZZ_STEPS_MAX: usize = 3000;
 
 /// Runs the model on the schedule `data` spells (the first byte's low bit picks the segment
 /// size; then two bytes per choice until the input or [`FUZZ_STEPS_MAX`] steps run out).
-/// `late_writes`: an old term's transfer may land after the election, the interleaving
-/// `docs/reliability.md` leaves open (the model finds it at once), so off unless asked, as in
-/// the seeded test (`MC_MODEL_LATE`). Err: the violation and the last events before it.
-pub fn run_bytes(data: &[u8], late_writes: bool) -> Result<(), String> {
+/// `late_writes`: an old term's transfer may land after the election (`MC_MODEL_LATE` in the
+/// seeded test). `fenced_bytes`: the owners refuse the bytes of ended terms, as over TCP;
+/// without it (a same-host memcpy, RDMA) late writes give the interleaving
+/// `docs/reliability.md` leaves open, found at once. Err: the violation and the last events
+/// before it.
+pub fn run_bytes(data: &[u8], late_writes: bool, fenced_bytes: bool) -> Result<(), String> {
     let Some((&first, rest)) = data.split_first() else {
         return Ok(());
     };
@@ -776,6 +788,7 @@ pub fn run_bytes(data: &[u8], late_writes: bool) -> Result<(), String> {
     };
     let mut m = Model::new(rng, seg_size);
     m.late_writes = late_writes;
+    m.fenced_bytes = fenced_bytes;
     m.run(FUZZ_STEPS_MAX).map_err(|e| {
         let tail = m.log.len().saturating_sub(60);
         format!(
