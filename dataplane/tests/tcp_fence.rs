@@ -55,6 +55,15 @@ fn response(s: &mut TcpStream) -> ResponseHeader {
     ResponseHeader::decode(&raw).unwrap()
 }
 
+/// A raw connection that declared `term` with FENCE, and had it accepted.
+fn declared(f: &Fixture, term: u64) -> TcpStream {
+    let mut s = TcpStream::connect(f.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&request(Opcode::Fence, 1, term, 0)).unwrap();
+    assert_eq!(response(&mut s).status, 0);
+    s
+}
+
 fn writes_are_fenced_by_their_connections_term(backend: Backend) {
     let f = Fixture::registered(backend, SEGMENT_BYTES);
     let base = f.base();
@@ -105,10 +114,7 @@ fn writes_are_fenced_by_their_connections_term(backend: Backend) {
 fn a_payload_still_arriving_when_the_fence_rises_does_not_land(backend: Backend) {
     let f = Fixture::registered(backend, SEGMENT_BYTES);
     let base = f.base();
-    let mut s = TcpStream::connect(f.addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&request(Opcode::Fence, 1, 10, 0)).unwrap();
-    assert_eq!(response(&mut s).status, 0);
+    let mut s = declared(&f, 10);
     // A WRITE of 64 KiB whose writer stalls after its first 100 bytes.
     let len = 64 << 10;
     s.write_all(&request(Opcode::Write, 2, base, len as u64))
@@ -147,10 +153,7 @@ fn a_payload_still_arriving_when_the_fence_rises_does_not_land(backend: Backend)
 fn a_queued_write_of_an_ended_term_does_not_land(backend: Backend) {
     let f = Fixture::registered(backend, SEGMENT_BYTES);
     let base = f.base();
-    let mut s = TcpStream::connect(f.addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(&request(Opcode::Fence, 1, 10, 0)).unwrap();
-    assert_eq!(response(&mut s).status, 0);
+    let mut s = declared(&f, 10);
     // 1 100 READ answers of 1 MiB fill both socket buffers and a shard's queue of
     // answers (1 024): the server stops taking requests.
     let reads = dataplane::limits::CONN_RESPONSES_QUEUED_MAX as u64 + 76;

@@ -39,7 +39,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, ip, program_in, wait_until, ETCD_BIN};
+use mooncake_tests::{bin_path, ip, program_in, wait_until, Etcd, ETCD_BIN};
 use protocol::{ErrorCode, ReplicaList, ReplicateConfig};
 
 /// Roles and their last address byte; the host (this test) is `.1`.
@@ -170,7 +170,7 @@ impl Drop for Net {
 /// removed unless the test is failing.
 struct Procs {
     dir: PathBuf,
-    etcd: Option<Child>,
+    etcd: Option<Etcd>,
     masters: Vec<Option<Child>>,
     nodes: Vec<Child>,
 }
@@ -185,10 +185,12 @@ impl Procs {
 
 impl Drop for Procs {
     fn drop(&mut self) {
+        // Etcd stops itself when dropped.
+        self.etcd = None;
         let all = self
-            .etcd
+            .masters
             .iter_mut()
-            .chain(self.masters.iter_mut().flatten())
+            .flatten()
             .chain(self.nodes.iter_mut());
         for c in all {
             let _ = c.kill();
@@ -375,12 +377,7 @@ fn spawn_in(
     program: &str,
     args: &[String],
 ) -> Child {
-    let path = if program.starts_with('/') {
-        PathBuf::from(program)
-    } else {
-        bin_path(program)
-    };
-    net.command(role, &path)
+    net.command(role, &bin_path(program))
         .args(args)
         .stdin(Stdio::null())
         .stdout(procs.log(&format!("{name}.out")))
@@ -391,35 +388,29 @@ fn spawn_in(
 
 /// Starts etcd in namespace A and waits until it is healthy; returns its client address.
 fn start_etcd(net: &Net, procs: &mut Procs) -> String {
-    let a = net.addr('a');
-    let etcd = format!("{a}:2379");
-    let client_url = format!("http://{etcd}");
-    let data = procs.dir.join("etcd-data").to_string_lossy().into_owned();
-    let etcd_args: Vec<String> = [
-        "--data-dir",
-        &data,
-        "--name",
-        "default",
-        "--listen-client-urls",
-        &client_url,
-        "--advertise-client-urls",
-        &client_url,
-        "--listen-peer-urls",
-        "http://127.0.0.1:2380",
-        "--initial-advertise-peer-urls",
-        "http://127.0.0.1:2380",
-        "--initial-cluster",
-        "default=http://127.0.0.1:2380",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    procs.etcd = Some(spawn_in(net, procs, 'a', "etcd", ETCD_BIN, &etcd_args));
-    wait_until(Duration::from_secs(30), || {
-        get(&etcd, "/health").is_some_and(|(s, _)| s == 200)
-    })
-    .expect("etcd in namespace A never became healthy");
-    etcd
+    let etcd = Etcd::start_in(Some(&net.ns('a')), &net.addr('a'))
+        .expect("etcd in namespace A (its binary was checked by net_or_skip)");
+    let addr = etcd.addr();
+    procs.etcd = Some(etcd);
+    addr
+}
+
+/// A store client in `role`'s namespace, with no segment of its own, finding the leader
+/// through `etcd`.
+fn client_in(net: &Net, role: char, etcd: &str) -> RemoteClient {
+    RemoteClient::start(
+        &net.ns(role),
+        StoreConfig {
+            local_hostname: net.addr(role),
+            metadata_server: format!("etcd://{etcd}"),
+            global_segment_size: 0,
+            local_buffer_size: 16 << 20,
+            protocol: "tcp".into(),
+            rdma_devices: String::new(),
+            master_server_addr: format!("etcd://{etcd}"),
+            tenant_id: String::new(),
+        },
+    )
 }
 
 /// Starts HA master `i` in `role`'s namespace (RPC port `MASTER_RPC_PORT + 10 i`, admin port
@@ -575,19 +566,7 @@ fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
     .expect("the leader never listed both nodes' segments");
 
     // Host D: the store client.
-    let d = RemoteClient::start(
-        &net.ns('d'),
-        StoreConfig {
-            local_hostname: net.addr('d'),
-            metadata_server: format!("etcd://{etcd}"),
-            global_segment_size: 0,
-            local_buffer_size: 16 << 20,
-            protocol: "tcp".into(),
-            rdma_devices: String::new(),
-            master_server_addr: format!("etcd://{etcd}"),
-            tenant_id: String::new(),
-        },
-    );
+    let d = client_in(&net, 'd', &etcd);
     let t_up = t0.elapsed();
 
     // Puts from D land on both node hosts and read back.
@@ -763,19 +742,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
     .expect("the masters in A never came up as standbys");
     let (node_d, seg_d) = start_node(&net, &procs, 'd', &etcd);
     procs.nodes.push(node_d);
-    let d = RemoteClient::start(
-        &net.ns('d'),
-        StoreConfig {
-            local_hostname: net.addr('d'),
-            metadata_server: format!("etcd://{etcd}"),
-            global_segment_size: 0,
-            local_buffer_size: 16 << 20,
-            protocol: "tcp".into(),
-            rdma_devices: String::new(),
-            master_server_addr: format!("etcd://{etcd}"),
-            tenant_id: String::new(),
-        },
-    );
+    let d = client_in(&net, 'd', &etcd);
     let before: Vec<String> = (0..KEYS).map(|i| format!("before/{i}")).collect();
     for k in &before {
         d.put_n(k, 1).unwrap_or_else(|e| panic!("put {k}: {e:?}"));
