@@ -228,10 +228,8 @@ impl HaState {
     }
 
     pub(crate) fn become_leader(&self, view_version: i64) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.term_started_unix_ms.store(now, Ordering::Release);
+        self.term_started_unix_ms
+            .store(crate::clock::wall_ms(), Ordering::Release);
         self.view_version.store(view_version, Ordering::Release);
         *self.leader.lock() = Some(self.advertise.clone());
         self.terms_won.fetch_add(1, Ordering::AcqRel);
@@ -296,7 +294,16 @@ async fn bounded<T>(
     what: &str,
     f: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(ETCD_CALL_TIMEOUT, f).await {
+    describe(what, tokio::time::timeout(ETCD_CALL_TIMEOUT, f).await)
+}
+
+/// The outcome of an etcd call bounded by [`ETCD_CALL_TIMEOUT`], its failure described for the
+/// log (for a caller that must look at the error first, as [`bounded`] cannot).
+fn describe<T>(
+    what: &str,
+    r: Result<Result<T, etcd_client::Error>, tokio::time::error::Elapsed>,
+) -> Result<T, String> {
+    match r {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(format!("etcd {what}: {e}")),
         Err(_) => Err(format!(
@@ -640,22 +647,17 @@ async fn lead(
     let mut warned = false;
     loop {
         if stream.is_none() {
-            let opened = tokio::time::timeout(ETCD_CALL_TIMEOUT, client.lease_keep_alive(lease));
-            match opened.await {
-                Ok(Ok(s)) => stream = Some(s),
-                // etcd-client refuses to open the stream for a lease etcd answers with TTL 0.
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
-                    if why == "lease not found" =>
-                {
-                    return TermEnd::Lost("etcd says the lease expired".into())
+            let opened =
+                tokio::time::timeout(ETCD_CALL_TIMEOUT, client.lease_keep_alive(lease)).await;
+            // etcd-client refuses to open the stream for a lease etcd answers with TTL 0.
+            if let Ok(Err(etcd_client::Error::LeaseKeepAliveError(why))) = &opened {
+                if why == "lease not found" {
+                    return TermEnd::Lost("etcd says the lease expired".into());
                 }
-                other => {
-                    let e = match other {
-                        Ok(Err(e)) => format!("etcd lease keep-alive: {e}"),
-                        _ => {
-                            format!("etcd lease keep-alive: no answer within {ETCD_CALL_TIMEOUT:?}")
-                        }
-                    };
+            }
+            match describe("lease keep-alive", opened) {
+                Ok(s) => stream = Some(s),
+                Err(e) => {
                     state.reachable(false);
                     if !warned {
                         warn!("HA: {e}; serving only while the last proof lasts, then not until etcd answers");
