@@ -176,6 +176,18 @@ struct Procs {
 }
 
 impl Procs {
+    /// None yet; logs under the temporary directory `name`.
+    fn new(name: &str) -> Procs {
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).expect("log dir");
+        Procs {
+            dir,
+            etcd: None,
+            masters: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
+
     fn log(&self, name: &str) -> Stdio {
         std::fs::File::create(self.dir.join(format!("{name}.log")))
             .expect("log file")
@@ -524,14 +536,7 @@ fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
     let t0 = Instant::now();
     // Read by `Store::setup`; set before any thread of this test binary starts.
     std::env::set_var("MC_TRANSFER_TIMEOUT", TRANSFER_TIMEOUT_S.to_string());
-    let dir = std::env::temp_dir().join(format!("mooncake-netns-{}", net.pid));
-    std::fs::create_dir_all(&dir).expect("log dir");
-    let mut procs = Procs {
-        dir,
-        etcd: None,
-        masters: Vec::new(),
-        nodes: Vec::new(),
-    };
+    let mut procs = Procs::new(&format!("mooncake-netns-{}", net.pid));
 
     // Host A: etcd and three masters.
     let etcd = start_etcd(&net, &mut procs);
@@ -710,14 +715,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
     // The client's calls to the cut leader, and its look-ups of etcd, give up quickly.
     std::env::set_var("MC_RPC_TIMEOUT_MS", "1000");
     std::env::set_var("MC_RPC_CONNECT_TIMEOUT_MS", "500");
-    let dir = std::env::temp_dir().join(format!("mooncake-netns-cut-{}", net.pid));
-    std::fs::create_dir_all(&dir).expect("log dir");
-    let mut procs = Procs {
-        dir,
-        etcd: None,
-        masters: Vec::new(),
-        nodes: Vec::new(),
-    };
+    let mut procs = Procs::new(&format!("mooncake-netns-cut-{}", net.pid));
     let etcd = start_etcd(&net, &mut procs);
     // Master 0 starts alone in D, so it wins; then the standbys in A.
     procs
