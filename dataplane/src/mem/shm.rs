@@ -595,10 +595,18 @@ mod tests {
             ahead <= windows,
             "{ahead} faults mapping {windows} windows ahead"
         );
-        // Writing every page now takes no fault: the pages were mapped writable.
+        // Writing every page now takes (almost) no fault: the pages were mapped writable.
+        // Unmapped, each of the 1 024 pages would take a write fault (write faults on a shared
+        // mapping get no fault-around). A few stray ones come when the machine is busy (seen
+        // 16 under a loaded CI run, and about one run in ten under CPU and memory load), so the bound
+        // is an eighth of the pages: far from what the pages would take unmapped.
         crate::mem::Src::from(&data[..]).stream_to(&mut d);
         let after = minor_faults() - f1;
-        assert!(after < 16, "{after} faults writing the pages mapped ahead");
+        let pages = (LEN / crate::mem::segment::base_page_bytes()) as i64;
+        assert!(
+            after < pages / 8,
+            "{after} faults writing the {pages} pages mapped ahead"
+        );
         // SAFETY: inside our own segment; the importer's writes above are complete.
         let seen = unsafe { std::slice::from_raw_parts(seg.as_ptr(), LEN) };
         assert!(seen.iter().all(|&b| b == 5));
