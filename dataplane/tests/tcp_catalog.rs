@@ -1,6 +1,7 @@
 //! CATALOG_PUT on both server backends: the range is checked as a WRITE's, a bad record is
 //! refused without breaking the connection, a reused range replaces what was recorded there,
-//! and the request goes on the lane of the WRITE before it.
+//! the request goes on the lane of the WRITE before it, and an intent drops what its WRITE
+//! goes over.
 
 #[macro_use]
 mod common;
@@ -11,7 +12,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{Backend, Fixture};
-use dataplane::mem::{CatalogEntry, CatalogRecord};
+use dataplane::mem::{CatalogEntry, CatalogRecord, RecordKind};
 use dataplane::transport::client::{TransferError, TransferOp};
 use dataplane::transport::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
@@ -26,7 +27,7 @@ fn record(len: u64, key: &str, hard_pin: bool) -> Vec<u8> {
         hard_pin,
         key,
         version: protocol::Version::ZERO,
-        tombstone: false,
+        kind: RecordKind::Object,
         soft_pin_ttl_ms: None,
     }
     .encode()
@@ -39,7 +40,7 @@ fn soft_pinned(len: u64, key: &str, ttl_ms: u64) -> Vec<u8> {
         hard_pin: false,
         key,
         version: protocol::Version { term: 1, seq: 1 },
-        tombstone: false,
+        kind: RecordKind::Object,
         soft_pin_ttl_ms: Some(ttl_ms),
     }
     .encode()
@@ -52,6 +53,16 @@ fn catalog_put(f: &Fixture, addr: u64, rec: &[u8]) -> Result<(), TransferError> 
         record: Src::from(rec),
     }];
     client.submit(&mut ops).pop().unwrap()
+}
+
+/// The catalog's keys, in address order.
+fn keys(f: &Fixture) -> Vec<String> {
+    f.memory
+        .catalog()
+        .entries()
+        .into_iter()
+        .map(|e| e.key)
+        .collect()
 }
 
 fn refused(code: TeError) -> Result<(), TransferError> {
@@ -203,7 +214,7 @@ fn of_term(len: u64, key: &str, term: u64) -> Vec<u8> {
         hard_pin: false,
         key,
         version: protocol::Version { term, seq: 1 },
-        tombstone: false,
+        kind: RecordKind::Object,
         soft_pin_ttl_ms: None,
     }
     .encode()
@@ -224,14 +235,6 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
         catalog_put(&f, base + 1024, &of_term(100, "late", 10)),
         refused(TeError::Metadata)
     );
-    let keys = |f: &Fixture| -> Vec<String> {
-        f.memory
-            .catalog()
-            .entries()
-            .into_iter()
-            .map(|e| e.key)
-            .collect()
-    };
     assert_eq!(keys(&f), vec!["new".to_string()]);
     // A later term is taken before the owner hears of it.
     assert_eq!(
@@ -244,7 +247,7 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
         hard_pin: false,
         key: "new",
         version: protocol::Version { term: 10, seq: 2 },
-        tombstone: true,
+        kind: RecordKind::Tombstone,
         soft_pin_ttl_ms: None,
     }
     .encode();
@@ -259,7 +262,101 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
     assert_eq!(keys(&f), vec!["late".to_string(), "next".to_string()]);
 }
 
+/// A write's intent (a CATALOG_PUT of kind INTENT just before its WRITE, on its lane) drops
+/// the older entries of other keys its object overlaps before the bytes land, even when the
+/// writer never records; it spares its own key's entry in place (an in-place upsert) and
+/// anything newer. A WRITE alone, a READ, and a refused write drop nothing.
+fn an_intent_drops_what_its_write_goes_over(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let base = f.base();
+    let end = base + SEGMENT_BYTES as u64;
+    let at = |seq| protocol::Version { term: 1, seq };
+    fn entry(len: u64, key: &str, version: protocol::Version) -> CatalogRecord<'_> {
+        CatalogRecord {
+            len,
+            hard_pin: false,
+            key,
+            version,
+            kind: RecordKind::Object,
+            soft_pin_ttl_ms: None,
+        }
+    }
+    let intent = |len, key, v| {
+        CatalogRecord {
+            kind: RecordKind::Intent,
+            ..entry(len, key, v)
+        }
+        .encode()
+    };
+    for (addr, key) in [(base, "a"), (base + 4096, "b"), (end - 1000, "c")] {
+        assert_eq!(
+            catalog_put(&f, addr, &entry(1000, key, at(1)).encode()),
+            Ok(())
+        );
+    }
+    let client = f.client(4);
+    let bytes = vec![7u8; 5000];
+    let write = |addr: u64, intent: Option<&[u8]>, n: usize| {
+        let mut ops = Vec::new();
+        if let Some(rec) = intent {
+            ops.push(TransferOp::CatalogIntent {
+                remote_addr: addr,
+                record: Src::from(rec),
+            });
+        }
+        ops.push(TransferOp::Write {
+            remote_addr: addr,
+            src: Src::from(&bytes[..n]),
+        });
+        client.submit(&mut ops)
+    };
+    // A bare WRITE, a READ: nothing dropped.
+    assert_eq!(write(base + 500, None, 100), [Ok(())]);
+    let mut back = vec![0u8; 1000];
+    assert_eq!(client.read(end - 1000, &mut back), Ok(()));
+    assert_eq!(keys(&f), ["a", "b", "c"]);
+    // The same key in place: spared; another key over "a" and "b": both go.
+    let own = intent(1000, "a", at(2));
+    assert_eq!(write(base, Some(&own), 1000), [Ok(()), Ok(())]);
+    assert_eq!(keys(&f), ["a", "b", "c"]);
+    let other = intent(5000, "x", at(2));
+    assert_eq!(write(base, Some(&other), 5000), [Ok(()), Ok(())]);
+    assert_eq!(keys(&f), ["c"]);
+    // A newer entry stays under a late intent; an intent past the registered memory is
+    // refused like its WRITE.
+    let newer = intent(1000, "y", at(0));
+    assert_eq!(write(end - 1000, Some(&newer), 1000), [Ok(()), Ok(())]);
+    assert_eq!(keys(&f), ["c"]);
+    let past_end = intent(1000, "z", at(3));
+    let outside = refused(TeError::AddressNotRegistered);
+    assert_eq!(
+        write(end - 100, Some(&past_end), 1000),
+        [outside.clone(), outside]
+    );
+    assert_eq!(keys(&f), ["c"]);
+    // A put's intent, WRITE and record: the record stands.
+    let rec = entry(200, "d", at(4)).encode();
+    let pre = intent(200, "d", at(4));
+    let mut ops = [
+        TransferOp::CatalogIntent {
+            remote_addr: base + 8192,
+            record: Src::from(&pre[..]),
+        },
+        TransferOp::Write {
+            remote_addr: base + 8192,
+            src: Src::from(&bytes[..200]),
+        },
+        TransferOp::CatalogPut {
+            remote_addr: base + 8192,
+            record: Src::from(&rec[..]),
+        },
+    ];
+    assert!(client.submit(&mut ops).iter().all(Result::is_ok));
+    assert_eq!(keys(&f), ["d", "c"]);
+}
+
 both_backends!(
+    an_intent_drops_what_its_write_goes_over,
     catalog_put_of_an_earlier_term_is_refused_once_fenced,
     catalog_put_validates_and_replaces,
     catalog_put_follows_its_write,

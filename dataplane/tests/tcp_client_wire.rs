@@ -1,6 +1,6 @@
 //! The TCP client against scripted peers that speak the frames by hand: responses out of
-//! order, a lane that stalls mid-payload (timeout, then recovery on a new connection), and
-//! the bound on requests in flight per lane.
+//! order, a lane that stalls mid-payload (timeout, then recovery on a new connection), the
+//! bound on requests in flight per lane, and which requests share a lane.
 
 use dataplane::mem::{Dst, Src};
 use std::io::{ErrorKind, Read, Write};
@@ -32,7 +32,7 @@ fn scripted_peer(script: impl Fn(usize, TcpStream) + Send + Sync + 'static) -> S
     addr
 }
 
-/// A request and, for a WRITE, its payload.
+/// A request and, for a WRITE or a CATALOG_PUT, its payload.
 struct Request {
     header: RequestHeader,
     payload: Vec<u8>,
@@ -46,13 +46,13 @@ fn read_request(s: &mut TcpStream) -> Option<Request> {
     let header = RequestHeader::decode(&raw).expect("the client sends valid headers");
     let mut payload = vec![
         0u8;
-        if header.opcode == Opcode::Write {
+        if header.opcode.has_payload() {
             header.len as usize
         } else {
             0
         }
     ];
-    s.read_exact(&mut payload).expect("WRITE payload");
+    s.read_exact(&mut payload).expect("payload");
     Some(Request { header, payload })
 }
 
@@ -329,4 +329,73 @@ fn tcp_client_unknown_response_id_is_a_protocol_error() {
     assert!(matches!(err, TransferError::Protocol(_)), "{err:?}");
     client.read(0x100, &mut buf).unwrap();
     assert_eq!(buf.to_vec(), served(0x100, 8));
+}
+
+/// Over several lanes, each WRITE that follows an intent arrives on the intent's connection
+/// right after it, and each CATALOG_PUT right after the WRITE before it: the server applies
+/// an intent before the bytes it announces, and records an object after them.
+#[test]
+fn tcp_client_keeps_an_intent_its_write_and_its_record_together() {
+    // (connection, opcode, addr, payload length), in arrival order.
+    type Seen = Vec<(usize, Opcode, u64, usize)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let peer = scripted_peer(move |n, mut s| {
+        while let Some(req) = read_request(&mut s) {
+            let h = req.header;
+            log.lock()
+                .unwrap()
+                .push((n, h.opcode, h.addr, req.payload.len()));
+            if s.write_all(&answer(&req)).is_err() {
+                return;
+            }
+        }
+    });
+    let client = TcpClient::connect(peer, config(4, Duration::from_secs(10))).unwrap();
+    let n = 48u64;
+    let data: Vec<Vec<u8>> = (0..n).map(|i| served(i << 20, 1000 + i)).collect();
+    let marker = [0u8; 40];
+    let mut ops = Vec::new();
+    for (i, d) in data.iter().enumerate() {
+        let addr = (i as u64) << 20;
+        ops.push(TransferOp::CatalogIntent {
+            remote_addr: addr,
+            record: Src::from(&marker[..17 + i % 7]),
+        });
+        ops.push(TransferOp::Write {
+            remote_addr: addr,
+            src: Src::from(&d[..]),
+        });
+        if i % 2 == 0 {
+            ops.push(TransferOp::CatalogPut {
+                remote_addr: addr,
+                record: Src::from(&marker[..]),
+            });
+        }
+    }
+    assert!(client.submit(&mut ops).iter().all(Result::is_ok));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), ops.len());
+    let connections: std::collections::BTreeSet<usize> = seen.iter().map(|r| r.0).collect();
+    assert!(connections.len() > 1, "one lane only: {connections:?}");
+    for i in 0..n as usize {
+        let addr = (i as u64) << 20;
+        let at = |op, len| {
+            seen.iter()
+                .position(|r| r.1 == op && r.2 == addr && r.3 == len)
+                .unwrap_or_else(|| panic!("{op:?} at {addr:#x} missing"))
+        };
+        let intent = at(Opcode::CatalogPut, 17 + i % 7);
+        let write = at(Opcode::Write, 1000 + i);
+        // Its connection's next request.
+        let next = |from: usize| {
+            (from + 1..seen.len())
+                .find(|&j| seen[j].0 == seen[from].0)
+                .expect("a request after it")
+        };
+        assert_eq!(next(intent), write, "item {i}: {seen:?}");
+        if i % 2 == 0 {
+            assert_eq!(next(write), at(Opcode::CatalogPut, 40), "item {i}");
+        }
+    }
 }

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use client::dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
 use mooncake_tests::{Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
@@ -40,6 +41,53 @@ fn key(i: usize) -> String {
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
+}
+
+/// A master, a one-shard storage node (64 MB) and a store client with no segment of its own.
+fn one_node_cluster() -> (Master, Node, client::Store) {
+    let master = Master::start(&[]);
+    let node = Node::start(&master, &["--shards=1", "--global_segment_size=64 MB"]);
+    let store = mooncake_tests::remote_store(&master.rpc_addr(), &master.metadata_url(), 16 << 20)
+        .expect("setup");
+    (master, node, store)
+}
+
+/// SIGKILLs `master` and starts the next one on its ports.
+fn restart(mut master: Master) -> Master {
+    let (rpc, metrics, http) = (
+        master.rpc_port,
+        master.metrics_port,
+        master.http_metadata_port,
+    );
+    assert!(master
+        .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+        .is_some());
+    drop(master);
+    // Start times are the terms without HA: the next one must be later.
+    std::thread::sleep(Duration::from_millis(5));
+    Master::start_on(rpc, metrics, http, &[])
+}
+
+/// A one-lane data-plane client of `endpoint` whose WRITEs declare `term` (0: none).
+fn data_client(endpoint: &str, term: u64) -> Result<TcpClient, TransferError> {
+    TcpClient::connect(
+        endpoint.parse().expect("ip:port"),
+        ClientConfig {
+            lanes: 1,
+            io_timeout: Duration::from_secs(5),
+            term,
+            ..Default::default()
+        },
+    )
+}
+
+/// Waits until `key` is listed again: its owner re-mounted.
+fn wait_listed(store: &client::Store, key: &str) {
+    let t0 = Instant::now();
+    while store.replicas(key).is_err() {
+        assert!(t0.elapsed() < RECOVERY_BOUND, "{key} not re-reported");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -194,46 +242,15 @@ fn objects_survive_a_master_restart() {
 #[test]
 fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
     use client::dataplane::mem::{CatalogRecord, Src};
-    use client::dataplane::transport::client::{
-        ClientConfig, TcpClient, TransferError, TransferOp,
-    };
+    use client::dataplane::transport::client::TransferOp;
 
-    let mut master = Master::start(&[]);
-    let (rpc, metrics, http) = (
-        master.rpc_port,
-        master.metrics_port,
-        master.http_metadata_port,
-    );
-    let _node = Node::start(&master, &["--shards=1", "--global_segment_size=64 MB"]);
-    let store = mooncake_tests::remote_store(
-        &master.rpc_addr(),
-        &format!("http://127.0.0.1:{http}/metadata"),
-        16 << 20,
-    )
-    .expect("setup");
+    let (mut master, _node, store) = one_node_cluster();
     let one = ReplicateConfig::default();
     assert_eq!(store.put("fence/old", &value(1), &one, false), Ok(()));
     let old = store.replicas("fence/old").unwrap().list.replicas.remove(0);
 
-    let restart = |master: Master| -> Master {
-        let mut master = master;
-        assert!(master
-            .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
-            .is_some());
-        drop(master);
-        // Start times are the terms without HA: the next one must be later.
-        std::thread::sleep(Duration::from_millis(5));
-        Master::start_on(rpc, metrics, http, &[])
-    };
-    let wait_listed = |key: &str| {
-        let t0 = Instant::now();
-        while store.replicas(key).is_err() {
-            assert!(t0.elapsed() < RECOVERY_BOUND, "{key} not re-reported");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
     master = restart(master);
-    wait_listed("fence/old");
+    wait_listed(&store, "fence/old");
 
     let v = value(2);
     assert_eq!(store.put("fence/new", &v, &one, false), Ok(()));
@@ -258,15 +275,7 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
         soft_pin_ttl_ms: None,
     }
     .encode();
-    let data = TcpClient::connect(
-        new.transport_endpoint.parse().expect("ip:port"),
-        ClientConfig {
-            lanes: 1,
-            io_timeout: Duration::from_secs(5),
-            ..Default::default()
-        },
-    )
-    .expect("connect to the node's data port");
+    let data = data_client(&new.transport_endpoint, 0).expect("connect to the node's data port");
     let mut ops = [TransferOp::CatalogPut {
         remote_addr: new.buffer_address,
         record: Src::from(&record[..]),
@@ -284,16 +293,7 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
     // The old term's late bytes: a connection declaring that term is refused as it connects
     // (a WRITE already under way when the node heard of the new term is cut; see
     // dataplane/tests/tcp_fence.rs).
-    let late_writer = TcpClient::connect(
-        new.transport_endpoint.parse().expect("ip:port"),
-        ClientConfig {
-            lanes: 1,
-            io_timeout: Duration::from_secs(5),
-            term: old.version.term,
-            ..Default::default()
-        },
-    );
-    match late_writer {
+    match data_client(&new.transport_endpoint, old.version.term) {
         Err(TransferError::Refused { status }) => {
             assert_eq!(status, client::dataplane::TeError::Metadata.code())
         }
@@ -303,8 +303,8 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
 
     // The next master rebuilds its index from the catalog: the new object, not the late key.
     master = restart(master);
-    wait_listed("fence/new");
-    wait_listed("fence/old");
+    wait_listed(&store, "fence/new");
+    wait_listed(&store, "fence/old");
     assert_eq!(store.get("fence/new").unwrap(), v);
     assert_eq!(store.get("fence/old").unwrap(), value(1));
     assert_eq!(
@@ -312,4 +312,105 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
         Err(ErrorCode::ObjectNotFound)
     );
     drop(master);
+}
+
+/// How the dying writer of [`written_over_then_restart`] puts its bytes into the range.
+enum DyingWriter {
+    /// One WRITE over TCP to the node's data port.
+    Tcp,
+    /// A memcpy through the node's shared segment, announced first as the store does.
+    SameHost,
+}
+
+/// A range the master freed and handed out again before its owner heard of the free keeps
+/// the old key's catalog entry until the new writer's record replaces it. A writer that dies
+/// between its bytes and its record (here: bytes, no record, no `PutEnd`) used to leave that
+/// entry naming its bytes, and the next master listed the old key over them: a read of
+/// another write's bytes right after the restart. A WRITE now drops the entries it overlaps
+/// (`Catalog::overwrite`), and a same-host writer announces its memcpy to the owner first
+/// (`dataplane::mem::shm`, intents), so the old key stays gone.
+fn written_over_then_restart(writer: DyingWriter) {
+    use client::dataplane::mem::ShmMapping;
+    use client::MasterClient;
+    use protocol::message::{PutStart, Remove};
+
+    let (master, _node, store) = one_node_cluster();
+    let one = ReplicateConfig::default();
+    // Above the slab sizes: a best-fit extent, so the next allocation of its size reuses it.
+    let size = (3 << 20) / 2;
+    let old: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    assert_eq!(store.put("over/old", &old, &one, false), Ok(()));
+    assert_eq!(store.put("over/kept", &value(3), &one, false), Ok(()));
+
+    // A remover that dies before burying (the master freed the range; the owner's entry
+    // stays until its next ping), and at once a put that gets the same range and whose
+    // writer dies after its bytes.
+    let raw = MasterClient::new(&master.rpc_addr()).expect("master client");
+    let freed = raw
+        .call(&Remove {
+            key: "over/old".into(),
+            force: true,
+        })
+        .expect("rpc")
+        .expect("remove");
+    let reused = raw
+        .call(&PutStart {
+            client_id: protocol::Uuid::from_parts(0x0e, 1),
+            key: "over/new".into(),
+            size: size as u64,
+            config: ReplicateConfig::default(),
+        })
+        .expect("rpc")
+        .expect("put start");
+    let r = &reused[0];
+    assert_eq!(
+        (r.segment_name.as_str(), r.buffer_address),
+        (freed[0].segment_name.as_str(), freed[0].buffer_address),
+        "the put was not given the removed object's range"
+    );
+    let foreign = vec![0xa5u8; size];
+    match writer {
+        DyingWriter::Tcp => {
+            let data =
+                data_client(&r.transport_endpoint, 0).expect("connect to the node's data port");
+            assert_eq!(data.write(r.buffer_address, &foreign), Ok(()));
+        }
+        DyingWriter::SameHost => {
+            let m = ShmMapping::import(&r.transport_endpoint)
+                .expect("import")
+                .expect("the node shares its segment on this host");
+            m.announce_write(r.buffer_address, r.size, r.version)
+                .expect("intent");
+            let p = m.translate(r.buffer_address, r.size).expect("inside");
+            // SAFETY: `translate` checked the range lies in our mapping of the node's segment,
+            // which the master gave to this put; no reference is formed over it.
+            unsafe { std::ptr::copy_nonoverlapping(foreign.as_ptr(), p, size) };
+        }
+    }
+
+    let _master = restart(master);
+    // The node re-mounted once the untouched key is listed again.
+    wait_listed(&store, "over/kept");
+    assert_eq!(store.get("over/kept").unwrap(), value(3));
+    match store.get("over/old") {
+        Err(e) => assert_eq!(ErrorCode::from(e), ErrorCode::ObjectNotFound),
+        Ok(bytes) if bytes == foreign => {
+            panic!("over/old came back over the bytes of another put")
+        }
+        Ok(bytes) => panic!("over/old came back with {} unexpected bytes", bytes.len()),
+    }
+    assert_eq!(
+        store.get("over/new").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
+}
+
+#[test]
+fn a_range_written_over_is_not_re_reported_under_its_old_key() {
+    written_over_then_restart(DyingWriter::Tcp);
+}
+
+#[test]
+fn a_range_memcpyd_over_is_not_re_reported_under_its_old_key() {
+    written_over_then_restart(DyingWriter::SameHost);
 }

@@ -219,8 +219,9 @@ impl DummyClient {
         let offer = Offer {
             base: region.addr() as u64,
             len: region.len() as u64,
+            intents: false,
         };
-        let export = ShmExport::start(&shm_name, fd, offer).map_err(|e| {
+        let export = ShmExport::start(&shm_name, fd, offer, None).map_err(|e| {
             (
                 ErrorCode::InternalError,
                 format!("cannot offer the shared region: {e}"),

@@ -463,7 +463,7 @@ fn start_shard(
         protocol: "tcp".into(),
         host_id: ip.to_string(),
     };
-    let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment);
+    let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
     tracing::info!(
         "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
         segment.kind().as_str(),

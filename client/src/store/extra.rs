@@ -163,8 +163,8 @@ impl Store {
                 bytes(desc.size)
             ))
         })?;
+        let shm = dataplane::mem::shm::export_segment(&endpoint, &seg, &memory);
         self.mounted.write().push((desc.clone(), memory));
-        let shm = dataplane::mem::shm::export_segment(&endpoint, &seg);
         let id = desc.id.to_string();
         let len = desc.size;
         extra.push(ExtraSegment {

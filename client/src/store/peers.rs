@@ -587,7 +587,23 @@ impl Peers {
                 continue;
             }
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
-                if let Some(p) = m.translate(r.buffer_address, r.size) {
+                // The owner hears of the write before its first byte (`mem::shm`, intents);
+                // if it cannot, the write goes over TCP, whose WRITE it does see.
+                let announced = |len| {
+                    m.announce_write(r.buffer_address, len, r.version)
+                        .inspect_err(|e| {
+                            tracing::warn!(
+                                "{}: same-host write intent not delivered ({e}); over TCP",
+                                r.transport_endpoint
+                            );
+                            self.shared.lock().remove(&r.transport_endpoint);
+                        })
+                        .is_ok()
+                };
+                if let Some(p) = m
+                    .translate(r.buffer_address, r.size)
+                    .filter(|_| announced(r.size))
+                {
                     // SAFETY: the whole object [buffer_address, + size) lies in the mapping
                     // (checked), which `shared` keeps mapped for the call; no reference is
                     // formed over the owner's segment.

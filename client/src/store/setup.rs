@@ -255,7 +255,9 @@ impl Store {
                 endpoint: endpoint.clone(),
                 desc,
                 server: Mutex::new(Some(server)),
-                shm: Mutex::new(dataplane::mem::shm::export_segment(&endpoint, &seg)),
+                shm: Mutex::new(dataplane::mem::shm::export_segment(
+                    &endpoint, &seg, &memory,
+                )),
                 _segment: seg,
             })
         } else {

@@ -27,7 +27,9 @@
 //!         bit 2 = TOMBSTONE (needs bit 1, not bit 0 or 3): `key` was removed at `version`,
 //!         drop its entry in `[addr, addr + object_len)` and remember the removal;
 //!         bit 3 = SOFT_PIN (needs bit 1, not bit 2): the put asked for a soft pin of
-//!         `soft_pin_ttl_ms` (0: the master's default ttl), which follows the version.
+//!         `soft_pin_ttl_ms` (0: the master's default ttl), which follows the version;
+//!         bit 4 = INTENT (needs bit 1, not bits 0, 2 or 3): the put of `key` at `version`
+//!         is about to write `[addr, addr + object_len)` ([`Catalog::overwrite`]).
 //!         Every other bit 0.   key: 1 ..= KEY_MAX_BYTES bytes
 //! ```
 //!
@@ -51,13 +53,19 @@
 //!   drops entries of its own key at or below its version, so it never hides a newer write,
 //!   of that key or of another key that reused the range.
 //!
-//! Locking: one small mutex. It is not on the byte path: a put touches it once (one insert),
-//! not per byte, and the owner touches it once per ping (freed ranges) and once per re-mount
-//! (snapshot). "Nothing on the data path takes a lock" is about READ and WRITE payloads, which
-//! never look at the catalog.
+//! - a write's *intent* (sent before its bytes: an INTENT record on the WRITE's connection,
+//!   or a same-host writer's announcement, `crate::mem::shm`) drops the older entries its
+//!   object's range overlaps, except the entry of its own key at exactly that range (an
+//!   in-place upsert's, which must stay if the upsert is never recorded), so an entry never
+//!   names another key's newer bytes ([`Catalog::overwrite`]).
+//!
+//! Locking: one small mutex. It is not on the byte path: a replica written over TCP touches
+//! it once per slice (its intent) and once for its record, not per byte, and the owner
+//! touches it once per ping (freed ranges) and once per re-mount (snapshot). "Nothing on the
+//! data path takes a lock" is about READ and WRITE payloads, which never look at it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use protocol::Version;
 
@@ -77,6 +85,8 @@ pub const CATALOG_FLAG_VERSIONED: u32 = 2;
 pub const CATALOG_FLAG_TOMBSTONE: u32 = 4;
 /// `flags` bit of a record: soft-pinned; its ttl follows the version.
 pub const CATALOG_FLAG_SOFT_PIN: u32 = 8;
+/// `flags` bit of a record: an intent (the key's put is about to write the range).
+pub const CATALOG_FLAG_INTENT: u32 = 16;
 
 /// One committed object of the catalog.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +100,18 @@ pub struct CatalogEntry {
     pub version: Version,
 }
 
+/// What a record asks of the catalog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// The object is committed: insert it.
+    Object,
+    /// The key was removed at the record's version: drop its entry, remember the removal.
+    Tombstone,
+    /// The key's put is about to write the range: drop what it goes over
+    /// ([`Catalog::overwrite`]).
+    Intent,
+}
+
 /// A decoded `CATALOG_PUT` payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CatalogRecord<'a> {
@@ -97,8 +119,7 @@ pub struct CatalogRecord<'a> {
     pub hard_pin: bool,
     pub key: &'a str,
     pub version: Version,
-    /// The key was removed at `version`: drop its entry, remember the removal.
-    pub tombstone: bool,
+    pub kind: RecordKind,
     /// The soft pin the put asked for: `Some(ttl_ms)`, `Some(0)` for the master's default.
     pub soft_pin_ttl_ms: Option<u64>,
 }
@@ -117,8 +138,10 @@ impl CatalogRecord<'_> {
         if self.hard_pin {
             flags |= CATALOG_FLAG_HARD_PIN;
         }
-        if self.tombstone {
-            flags |= CATALOG_FLAG_TOMBSTONE;
+        match self.kind {
+            RecordKind::Object => {}
+            RecordKind::Tombstone => flags |= CATALOG_FLAG_TOMBSTONE,
+            RecordKind::Intent => flags |= CATALOG_FLAG_INTENT,
         }
         if self.soft_pin_ttl_ms.is_some() {
             flags |= CATALOG_FLAG_SOFT_PIN;
@@ -136,8 +159,8 @@ impl CatalogRecord<'_> {
 
     /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part (and the
     /// version when flagged), longer than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a
-    /// tombstone without a version or with a pin, a soft pin without a version (or short of
-    /// its ttl), a reserved field not 0, an empty key or one over `KEY_MAX_BYTES`,
+    /// tombstone or an intent without a version or with a pin (or both at once), a soft pin
+    /// without a version (or short of its ttl), a reserved field not 0, an empty key or one over `KEY_MAX_BYTES`,
     /// a key that is not UTF-8, or an object length of 0.
     pub fn decode(b: &[u8]) -> Result<CatalogRecord<'_>, TeError> {
         if b.len() <= CATALOG_RECORD_HEADER_BYTES || b.len() as u64 > CATALOG_RECORD_MAX_BYTES {
@@ -156,14 +179,22 @@ impl CatalogRecord<'_> {
         let known = CATALOG_FLAG_HARD_PIN
             | CATALOG_FLAG_VERSIONED
             | CATALOG_FLAG_TOMBSTONE
-            | CATALOG_FLAG_SOFT_PIN;
+            | CATALOG_FLAG_SOFT_PIN
+            | CATALOG_FLAG_INTENT;
         let versioned = flags & CATALOG_FLAG_VERSIONED != 0;
         let tombstone = flags & CATALOG_FLAG_TOMBSTONE != 0;
+        let intent = flags & CATALOG_FLAG_INTENT != 0;
         let hard_pin = flags & CATALOG_FLAG_HARD_PIN != 0;
         let soft_pin = flags & CATALOG_FLAG_SOFT_PIN != 0;
+        let kind = match (tombstone, intent) {
+            (false, false) => RecordKind::Object,
+            (true, false) => RecordKind::Tombstone,
+            (false, true) => RecordKind::Intent,
+            (true, true) => return Err(TeError::InvalidArgument),
+        };
         if flags & !known != 0
             || reserved != [0; 4]
-            || (tombstone && (!versioned || hard_pin || soft_pin))
+            || (kind != RecordKind::Object && (!versioned || hard_pin || soft_pin))
             || (soft_pin && !versioned)
         {
             return Err(TeError::InvalidArgument);
@@ -201,7 +232,7 @@ impl CatalogRecord<'_> {
             hard_pin,
             key,
             version,
-            tombstone,
+            kind,
             soft_pin_ttl_ms,
         })
     }
@@ -243,19 +274,30 @@ impl Inner {
         len: u64,
         doomed: impl Fn(&Entry) -> bool,
     ) -> usize {
+        self.remove_overlapping_where_at(addr, len, |_, e| doomed(e))
+    }
+
+    /// Removes the entries overlapping `[addr, addr + len)` that `doomed` accepts, given
+    /// each entry's start address.
+    fn remove_overlapping_where_at(
+        &mut self,
+        addr: u64,
+        len: u64,
+        doomed: impl Fn(u64, &Entry) -> bool,
+    ) -> usize {
         let end = addr.saturating_add(len);
         let mut hit: Vec<u64> = Vec::new();
         // Entries never overlap, so only the last one starting before `addr` can reach into
         // the range; every entry starting inside it overlaps it.
         if let Some((&a, e)) = self.by_addr.range(..addr).next_back() {
-            if a.saturating_add(e.len) > addr && doomed(e) {
+            if a.saturating_add(e.len) > addr && doomed(a, e) {
                 hit.push(a);
             }
         }
         hit.extend(
             self.by_addr
                 .range(addr..end)
-                .filter(|(_, e)| doomed(e))
+                .filter(|(&a, e)| doomed(a, e))
                 .map(|(&a, _)| a),
         );
         for a in &hit {
@@ -287,13 +329,32 @@ impl Inner {
     }
 }
 
+/// Writes into this catalog's memory that the owner hears of out of band and has not
+/// applied yet: same-host memcpys announced on the shared-memory socket
+/// (`crate::mem::shm`). The catalog applies them before every snapshot.
+pub trait PendingWrites: Send + Sync {
+    /// Applies every announced write to `catalog` ([`Catalog::overwrite`]).
+    fn apply_pending(&self, catalog: &Catalog);
+}
+
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Catalog {
     inner: Mutex<Inner>,
     /// The term of the master the owner last heard from ([`Catalog::fence`]): an object
     /// record of an older term is refused. Shared with the servers, which fence WRITEs by it.
     fence: Arc<Fence>,
+    /// Sources of announced writes ([`Catalog::watch`]), applied before each snapshot.
+    pending: Mutex<Vec<Weak<dyn PendingWrites>>>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("inner", &self.inner)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Catalog {
@@ -358,17 +419,24 @@ impl Catalog {
         Ok(())
     }
 
-    /// Applies a record: an object is inserted, a tombstone buried. An object of a term
-    /// older than the fence is refused with `ERR_METADATA` and changes nothing; a tombstone
-    /// is always applied (it drops only its own key's entries at or below its version, so a
-    /// late one cannot hide a newer write).
+    /// Applies a record: an object is inserted, a tombstone buried, an intent drops what its
+    /// write goes over. An object of a term older than the fence is refused with
+    /// `ERR_METADATA` and changes nothing; a tombstone and an intent are always applied (they
+    /// drop only entries older than their version, so a late one cannot hide a newer write).
     pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
-        if rec.tombstone {
-            self.bury(addr, rec.len, rec.key, rec.version);
-            Ok(())
-        } else {
-            let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
-            self.insert_pinned(addr, rec.len, rec.key, pins, rec.version)
+        match rec.kind {
+            RecordKind::Tombstone => {
+                self.bury(addr, rec.len, rec.key, rec.version);
+                Ok(())
+            }
+            RecordKind::Intent => {
+                self.overwrite(addr, rec.len, rec.key, rec.version);
+                Ok(())
+            }
+            RecordKind::Object => {
+                let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
+                self.insert_pinned(addr, rec.len, rec.key, pins, rec.version)
+            }
         }
     }
 
@@ -431,8 +499,52 @@ impl Catalog {
         self.lock().remove_overlapping(addr, len, mark)
     }
 
-    /// The entries starting inside `[base, base + len)`, in address order.
+    /// The put of `key` at `version` is about to write its object, `[addr, addr + len)`
+    /// (its intent): drops the entries that range overlaps whose version is older than
+    /// `version`, except `key`'s own entry at exactly `[addr, addr + len)`, and returns how
+    /// many went.
+    ///
+    /// The master hands out only ranges it holds as free, so an older entry there is one whose
+    /// removal has not reached this owner (an eviction, a discarded put, a free cut short when
+    /// the range was handed out again: `docs/recovery.md`, "A range written over"). Kept, it
+    /// would name this put's bytes if the writer never records (it died between its bytes and
+    /// its record), and a master rebuilding its index from the re-reports would list the old
+    /// key over them. The entry spared is an in-place upsert's old value: an upsert cut before
+    /// its record leaves its key readable, as it always did. Entries as new as the write or
+    /// newer stay, so an intent applied late (a same-host announcement read after the
+    /// writer's own record, or after a later put's) drops nothing that came after it.
+    pub fn overwrite(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
+        self.lock().remove_overlapping_where_at(addr, len, |at, e| {
+            e.version < version && !(&*e.key == key && at == addr && e.len == len)
+        })
+    }
+
+    /// Has `source`'s announced writes applied before every snapshot ([`Catalog::entries_in`]),
+    /// for as long as it lives.
+    pub fn watch(&self, source: Weak<dyn PendingWrites>) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|w| w.strong_count() > 0);
+        pending.push(source);
+    }
+
+    fn apply_pending(&self) {
+        let sources: Vec<Arc<dyn PendingWrites>> = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in sources {
+            s.apply_pending(self);
+        }
+    }
+
+    /// The entries starting inside `[base, base + len)`, in address order. Writes announced
+    /// out of band are applied first ([`Catalog::watch`]), so a snapshot never lists an entry
+    /// whose range a same-host writer announced it was writing before the snapshot began.
     pub fn entries_in(&self, base: u64, len: u64) -> Vec<CatalogEntry> {
+        self.apply_pending();
         let end = base.saturating_add(len);
         self.lock()
             .by_addr
@@ -483,7 +595,7 @@ mod tests {
             hard_pin: true,
             key: "k/1",
             version: v(7, 9),
-            tombstone: false,
+            kind: RecordKind::Object,
             soft_pin_ttl_ms: None,
         };
         let b = r.encode();
@@ -501,7 +613,7 @@ mod tests {
         assert_eq!((old.version, old.key, old.hard_pin), (V0, "k/1", true));
         let tomb = CatalogRecord {
             hard_pin: false,
-            tombstone: true,
+            kind: RecordKind::Tombstone,
             soft_pin_ttl_ms: None,
             ..r
         };
@@ -513,9 +625,12 @@ mod tests {
         };
         assert!(bad(&|x| x.truncate(32)), "empty key");
         assert!(bad(&|x| x.truncate(20)), "short version");
-        assert!(bad(&|x| x[8] = 8 | 2), "unknown flag");
+        assert!(bad(&|x| x[8] = 32 | 2), "unknown flag");
         assert!(bad(&|x| x[8] = 4 | 2 | 1), "pinned tombstone");
         assert!(bad(&|x| x[8] = 4), "tombstone without a version");
+        assert!(bad(&|x| x[8] = 16), "intent without a version");
+        assert!(bad(&|x| x[8] = 16 | 2 | 1), "pinned intent");
+        assert!(bad(&|x| x[8] = 16 | 4 | 2), "intent and tombstone");
         assert!(bad(&|x| x[13] = 1), "reserved");
         assert!(bad(&|x| x[0..8].fill(0)), "zero length");
         assert!(bad(&|x| x.push(0xff)), "not UTF-8");
@@ -525,7 +640,7 @@ mod tests {
             hard_pin: false,
             key: &huge,
             version: V0,
-            tombstone: false,
+            kind: RecordKind::Object,
             soft_pin_ttl_ms: None,
         };
         assert!(CatalogRecord::decode(&long.encode()).is_err());
@@ -535,7 +650,7 @@ mod tests {
             hard_pin: false,
             key: &max,
             version: v(u64::MAX, u64::MAX),
-            tombstone: false,
+            kind: RecordKind::Object,
             soft_pin_ttl_ms: Some(u64::MAX),
         };
         assert_eq!(
@@ -554,7 +669,7 @@ mod tests {
             hard_pin: false,
             key: "pinned",
             version: v(2, 3),
-            tombstone: false,
+            kind: RecordKind::Object,
             soft_pin_ttl_ms: Some(90_000),
         };
         let b = r.encode();
@@ -659,6 +774,41 @@ mod tests {
         c.fence(2);
         c.insert(0, 10, "e", false, v(2, 1)).unwrap();
         assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn an_intent_drops_older_entries_it_overlaps_but_its_own_keys_in_place() {
+        let c = Catalog::new();
+        c.insert(0, 10, "a", false, v(3, 1)).unwrap();
+        c.insert(10, 10, "b", false, V0).unwrap();
+        c.insert(30, 10, "c", false, v(1, 1)).unwrap();
+        c.insert(60, 10, "new", false, v(9, 1)).unwrap();
+        c.bury(50, 10, "gone", v(2, 1));
+        // Older entries of other keys go; a range that only touches an entry leaves it.
+        assert_eq!(c.overwrite(5, 10, "x", v(5, 1)), 2);
+        assert_eq!(keys(&c), vec![(30, "c".into()), (60, "new".into())]);
+        assert_eq!(c.overwrite(20, 10, "x", v(5, 1)), 0);
+        // The key's own entry at exactly the range stays (an in-place upsert); at another
+        // range (a moved upsert whose old buffer was reused) it goes.
+        assert_eq!(c.overwrite(30, 10, "c", v(5, 1)), 0);
+        assert_eq!(c.overwrite(30, 11, "c", v(5, 1)), 1);
+        // A newer entry stays, whatever its key: the intent came late.
+        assert_eq!(c.overwrite(55, 10, "x", v(5, 1)), 0);
+        assert_eq!(keys(&c), vec![(60, "new".into())]);
+        assert_eq!(c.tombstones(), vec![("gone".to_string(), v(2, 1))]);
+        // Through a record, as CATALOG_PUT carries it.
+        let intent = CatalogRecord {
+            len: 1,
+            hard_pin: false,
+            key: "y",
+            version: v(10, 1),
+            kind: RecordKind::Intent,
+            soft_pin_ttl_ms: None,
+        };
+        let wire = intent.encode();
+        assert_eq!(CatalogRecord::decode(&wire), Ok(intent));
+        assert_eq!(c.apply(69, &CatalogRecord::decode(&wire).unwrap()), Ok(()));
+        assert!(c.is_empty());
     }
 
     #[test]

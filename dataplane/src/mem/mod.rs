@@ -31,7 +31,7 @@ pub mod shm;
 pub mod slab;
 
 pub use bytes::{Dst, Src};
-pub use catalog::{Catalog, CatalogEntry, CatalogRecord};
+pub use catalog::{Catalog, CatalogEntry, CatalogRecord, PendingWrites, RecordKind};
 pub use fence::{Declared, Fence};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};

@@ -10,11 +10,32 @@
 //! send the offer, the memfd attached (SCM_RIGHTS) ───▶  mmap(memfd, MAP_SHARED) read+write
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
+//! read write intents, apply them to the catalog   ◀───  before each memcpy into the segment,
+//!   (at once, before every catalog snapshot, and          an intent: "I am writing this range
+//!   when the importer's end closes)                       for the put of this key and version"
 //!
 //! Offer (24 bytes, little-endian)
 //!  0               4               8                               16                              24
-//!  | magic "MCSH"  | version = 1   | base (u64): the exporter's address of the segment | len (u64) |
+//!  | magic "MCSH"  | version       | base (u64): the exporter's address of the segment | len (u64) |
+//!  version 2: the exporter reads write intents; 1: it does not (the importer sends none)
+//!
+//! Write intent (little-endian), importer -> exporter, any number back to back
+//!  0               4                   8                       16
+//!  | magic "MCSW"  | record_len (u32)  | addr (u64)            | record (record_len bytes) |
+//!  record: a catalog record of kind INTENT (`mem::catalog`): the object's length, the put's
+//!  key and version; record_len 1 ..= CATALOG_RECORD_MAX_BYTES
 //! ```
+//!
+//! Why intents: the owner does not see a memcpy, yet its catalog must not keep an entry that
+//! names bytes written over since. A range the master freed can be handed out again before
+//! the owner heard of the free, and a writer that dies between its memcpy and its record
+//! would leave the old key's entry over its bytes, which the next master would list
+//! (`docs/recovery.md`, "A range written over"; over TCP the same intent goes as a
+//! CATALOG_PUT before the WRITE). The intent is in the owner's socket before the first byte
+//! is copied, and the owner applies every intent before it takes a catalog snapshot and when
+//! the importer's end closes ([`Catalog::overwrite`]: it drops only entries older than the
+//! write's version and spares the key's own entry in place, so applying it late, after the
+//! writer's own record, loses nothing).
 //!
 //! Why an abstract unix socket named after the data-plane endpoint: a client learns a replica's
 //! `transport_endpoint` from the master and nothing else; connecting to the matching name
@@ -37,14 +58,32 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use protocol::Version;
+
+use super::catalog::{Catalog, CatalogRecord, PendingWrites, RecordKind};
+use super::served::ServedMemory;
+use crate::limits::CATALOG_RECORD_MAX_BYTES;
+
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
-/// The only offer version spoken.
-pub const OFFER_VERSION: u32 = 1;
+/// The offer version of an exporter that reads write intents.
+pub const OFFER_VERSION: u32 = 2;
+/// The offer version of an exporter that reads none (still understood).
+pub const OFFER_VERSION_NO_INTENTS: u32 = 1;
+/// Write intent magic, the bytes `MCSW` on the wire.
+pub const INTENT_MAGIC: u32 = u32::from_le_bytes(*b"MCSW");
+/// Encoded size of a write intent's fixed part (its record follows).
+pub const INTENT_HEADER_BYTES: usize = 16;
+/// How long the export thread lets intents gather after reading some: at most one wake-up
+/// per this, while an importer's socket holds a few hundred intents before its sends block.
+const INTENT_GATHER: Duration = Duration::from_millis(5);
+/// How long an importer may wait to hand an intent to a slow exporter before it gives up
+/// the mapping and writes over TCP instead.
+const INTENT_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 /// Encoded size of an offer.
 pub const OFFER_BYTES: usize = 24;
 /// Importers an exporter keeps connected at once; more are refused (they use TCP).
@@ -95,15 +134,21 @@ pub fn serving_segment(
     }
 }
 
-/// Offers `segment` to same-host importers under `endpoint`, if it is shared; `None` (with
-/// the reason logged) when it is private or the name cannot be bound.
-pub fn export_segment(endpoint: &str, segment: &crate::mem::Segment) -> Option<ShmExport> {
+/// Offers `segment` to same-host importers under `endpoint`, if it is shared, applying their
+/// write intents to `memory`'s catalog; `None` (with the reason logged) when it is private or
+/// the name cannot be bound.
+pub fn export_segment(
+    endpoint: &str,
+    segment: &crate::mem::Segment,
+    memory: &Arc<ServedMemory>,
+) -> Option<ShmExport> {
     let fd = segment.shared_fd()?;
     let offer = Offer {
         base: segment.addr() as u64,
         len: segment.len() as u64,
+        intents: true,
     };
-    match ShmExport::start(endpoint, fd, offer) {
+    match ShmExport::start(endpoint, fd, offer, Some(memory.clone())) {
         Ok(e) => Some(e),
         Err(e) => {
             tracing::warn!("segment at {endpoint} not shared with same-host clients: {e}");
@@ -117,18 +162,34 @@ pub fn socket_name(endpoint: &str) -> String {
     format!("mooncake-shm/{endpoint}")
 }
 
+/// The little-endian integers at `i` of a message whose length was checked.
+fn le_u32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
 /// An offer: where the segment lives in the exporter's address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Offer {
     pub base: u64,
     pub len: u64,
+    /// The exporter reads write intents (offer version 2).
+    pub intents: bool,
 }
 
 impl Offer {
     pub fn encode(&self) -> [u8; OFFER_BYTES] {
         let mut b = [0u8; OFFER_BYTES];
         b[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&OFFER_VERSION.to_le_bytes());
+        let version = if self.intents {
+            OFFER_VERSION
+        } else {
+            OFFER_VERSION_NO_INTENTS
+        };
+        b[4..8].copy_from_slice(&version.to_le_bytes());
         b[8..16].copy_from_slice(&self.base.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
         b
@@ -139,22 +200,194 @@ impl Offer {
         if b.len() != OFFER_BYTES {
             return Err("offer is not 24 bytes");
         }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let (u32_at, u64_at) = (|i| le_u32(b, i), |i| le_u64(b, i));
         if u32_at(0) != OFFER_MAGIC {
             return Err("bad offer magic");
         }
-        if u32_at(4) != OFFER_VERSION {
-            return Err("unknown offer version");
-        }
+        let intents = match u32_at(4) {
+            OFFER_VERSION => true,
+            OFFER_VERSION_NO_INTENTS => false,
+            _ => return Err("unknown offer version"),
+        };
         let offer = Offer {
             base: u64_at(8),
             len: u64_at(16),
+            intents,
         };
         if offer.len == 0 || offer.base.checked_add(offer.len).is_none() {
             return Err("offer range is empty or wraps");
         }
         Ok(offer)
+    }
+}
+
+/// A write intent: an importer is about to copy the bytes of the put of `key` at `version`
+/// into `[addr, addr + len)` of the exporter's segment (its whole object).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    pub addr: u64,
+    pub len: u64,
+    pub key: String,
+    pub version: Version,
+}
+
+impl Intent {
+    fn record(&self) -> CatalogRecord<'_> {
+        CatalogRecord {
+            len: self.len,
+            hard_pin: false,
+            key: &self.key,
+            version: self.version,
+            kind: RecordKind::Intent,
+            soft_pin_ttl_ms: None,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let record = self.record().encode();
+        let mut b = Vec::with_capacity(INTENT_HEADER_BYTES + record.len());
+        b.extend_from_slice(&INTENT_MAGIC.to_le_bytes());
+        b.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.addr.to_le_bytes());
+        b.extend_from_slice(&record);
+        b
+    }
+
+    /// The whole length of the intent whose fixed part is `header`; errors say what was
+    /// wrong. Never panics.
+    pub fn frame_len(header: &[u8]) -> Result<usize, &'static str> {
+        if header.len() < INTENT_HEADER_BYTES {
+            return Err("intent header is short");
+        }
+        if le_u32(header, 0) != INTENT_MAGIC {
+            return Err("bad intent magic");
+        }
+        let record = le_u32(header, 4) as u64;
+        if record == 0 || record > CATALOG_RECORD_MAX_BYTES {
+            return Err("intent record length out of bounds");
+        }
+        Ok(INTENT_HEADER_BYTES + record as usize)
+    }
+
+    /// Decodes one whole intent; errors say what was wrong. Never panics.
+    pub fn decode(b: &[u8]) -> Result<Intent, &'static str> {
+        if Intent::frame_len(b)? != b.len() {
+            return Err("intent length is not its header's");
+        }
+        let rec = CatalogRecord::decode(&b[INTENT_HEADER_BYTES..])
+            .map_err(|_| "intent record does not decode")?;
+        if rec.kind != RecordKind::Intent {
+            return Err("record is not an intent");
+        }
+        let i = Intent {
+            addr: le_u64(b, 8),
+            len: rec.len,
+            key: rec.key.to_string(),
+            version: rec.version,
+        };
+        if i.addr.checked_add(i.len).is_none() {
+            return Err("intent range wraps");
+        }
+        Ok(i)
+    }
+}
+
+/// One connected importer, and the part of an intent read from it so far.
+struct Importer {
+    conn: UnixStream,
+    partial: Vec<u8>,
+    /// The whole length of the intent in `partial`, once its fixed part is in; 0 before.
+    need: usize,
+    /// Its end closed, or it sent bytes that are not intents: dropped by the export thread.
+    closed: bool,
+}
+
+impl Importer {
+    fn new(conn: UnixStream) -> Importer {
+        Importer {
+            conn,
+            partial: Vec::new(),
+            need: 0,
+            closed: false,
+        }
+    }
+
+    /// Reads whatever the importer sent so far (never blocks) and applies each whole intent
+    /// to `catalog`. Marks the importer closed at its end of file, on an error, or on bytes
+    /// that do not decode (its framing is lost; it sees the close and uses TCP).
+    fn drain(&mut self, catalog: &Catalog) {
+        let mut chunk = [0u8; 4096];
+        while !self.closed {
+            // SAFETY: `chunk` is writable for its length; MSG_DONTWAIT never blocks.
+            let n = unsafe {
+                libc::recv(
+                    self.conn.as_raw_fd(),
+                    chunk.as_mut_ptr().cast(),
+                    chunk.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                match io::Error::last_os_error().kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return,
+                    _ => self.closed = true,
+                }
+                continue;
+            }
+            if n == 0 {
+                self.closed = true;
+                continue;
+            }
+            let mut got = &chunk[..n as usize];
+            while !got.is_empty() && !self.closed {
+                let want = if self.need == 0 {
+                    INTENT_HEADER_BYTES
+                } else {
+                    self.need
+                };
+                let take = (want - self.partial.len()).min(got.len());
+                self.partial.extend_from_slice(&got[..take]);
+                got = &got[take..];
+                if self.partial.len() < want {
+                    continue;
+                }
+                let step = if self.need == 0 {
+                    Intent::frame_len(&self.partial).map(|n| self.need = n)
+                } else {
+                    Intent::decode(&self.partial).map(|i| {
+                        catalog.overwrite(i.addr, i.len, &i.key, i.version);
+                        self.partial.clear();
+                        self.need = 0;
+                    })
+                };
+                if let Err(why) = step {
+                    tracing::warn!("same-host importer dropped: {why}");
+                    self.closed = true;
+                }
+            }
+        }
+    }
+}
+
+/// The importers of one export; their intents are applied by the export thread as they come
+/// and by the catalog before every snapshot ([`PendingWrites`]).
+#[derive(Default)]
+struct Importers {
+    list: Mutex<Vec<Importer>>,
+}
+
+impl Importers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Importer>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PendingWrites for Importers {
+    fn apply_pending(&self, catalog: &Catalog) {
+        for i in self.lock().iter_mut() {
+            i.drain(catalog);
+        }
     }
 }
 
@@ -166,17 +399,30 @@ pub struct ShmExport {
 
 impl ShmExport {
     /// Listens on the abstract socket of `endpoint` and offers `fd` (the memfd of a segment at
-    /// `offer.base` in this process, `offer.len` bytes). Fails if the name is taken.
-    pub fn start(endpoint: &str, fd: BorrowedFd<'_>, offer: Offer) -> io::Result<ShmExport> {
+    /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
+    /// intents go to its catalog (and the offer says so, whatever `offer.intents` was);
+    /// without, the offer says no intents are read. Fails if the name is taken.
+    pub fn start(
+        endpoint: &str,
+        fd: BorrowedFd<'_>,
+        mut offer: Offer,
+        memory: Option<Arc<ServedMemory>>,
+    ) -> io::Result<ShmExport> {
         let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
         let fd = fd.try_clone_to_owned()?;
+        offer.intents = memory.is_some();
+        let importers = Arc::new(Importers::default());
+        if let Some(m) = &memory {
+            let source: Arc<dyn PendingWrites> = importers.clone();
+            m.catalog().watch(Arc::downgrade(&source));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mc-shm-export".into())
-            .spawn(move || export_loop(listener, fd, offer, flag))?;
+            .spawn(move || export_loop(listener, fd, offer, importers, memory, flag))?;
         Ok(ShmExport {
             stop,
             thread: Some(thread),
@@ -193,28 +439,68 @@ impl Drop for ShmExport {
     }
 }
 
-fn export_loop(listener: UnixListener, fd: OwnedFd, offer: Offer, stop: Arc<AtomicBool>) {
-    let mut importers: Vec<UnixStream> = Vec::new();
+/// Accepts importers and sends them the offer; with `memory`, also waits on every importer's
+/// socket and applies the intents it reads to the catalog (the catalog drains them too, before
+/// each snapshot). Only this thread adds or removes importers, so the descriptors it polls
+/// stay open while it polls them.
+fn export_loop(
+    listener: UnixListener,
+    fd: OwnedFd,
+    offer: Offer,
+    importers: Arc<Importers>,
+    memory: Option<Arc<ServedMemory>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
     while !stop.load(Ordering::Acquire) {
-        let mut pfd = libc::pollfd {
+        pfds.clear();
+        pfds.push(libc::pollfd {
             fd: listener.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
+        });
+        if memory.is_some() {
+            pfds.extend(importers.lock().iter().map(|i| libc::pollfd {
+                fd: i.conn.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+        }
+        // SAFETY: `pfds` holds `pfds.len()` valid pollfds for the duration of the call.
+        let n = unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                ACCEPT_POLL_MS,
+            )
         };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
         if n <= 0 {
+            continue;
+        }
+        if let Some(m) = &memory {
+            if pfds[1..].iter().any(|p| p.revents != 0) {
+                importers.apply_pending(m.catalog());
+                importers.lock().retain(|i| !i.closed);
+                // Intents may wait (they are applied before any snapshot anyway): gather
+                // those of a busy stretch into one wake-up instead of one per put.
+                std::thread::sleep(INTENT_GATHER);
+            }
+        }
+        if pfds[0].revents == 0 {
             continue;
         }
         let Ok((conn, _)) = listener.accept() else {
             continue;
         };
-        importers.retain(|c| peer_alive(c.as_raw_fd()));
-        if !peer_is_trusted(&conn) || importers.len() >= IMPORTERS_MAX {
+        let mut list = importers.lock();
+        if memory.is_none() {
+            list.retain(|i| peer_alive(i.conn.as_raw_fd()));
+        }
+        if !peer_is_trusted(&conn) || list.len() >= IMPORTERS_MAX {
             continue; // dropped: the importer sees EOF instead of an offer and uses TCP
         }
         if send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok() {
-            importers.push(conn);
+            list.push(Importer::new(conn));
         }
     }
 }
@@ -378,8 +664,10 @@ pub struct ShmMapping {
     offer: Offer,
     /// Backed by hugetlb pages (the memfd's block size is larger than a page).
     hugetlb: bool,
-    /// Open while the exporter lives.
+    /// Open while the exporter lives; carries our write intents.
     conn: UnixStream,
+    /// Keeps each intent whole on `conn` when several threads write through this mapping.
+    sending: Mutex<()>,
 }
 
 // SAFETY: the mapping is owned by this value and reached only through raw pointers handed out
@@ -406,6 +694,7 @@ impl ShmMapping {
             Err(e) => return Err(e),
         };
         conn.set_read_timeout(Some(OFFER_TIMEOUT))?;
+        conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
         let (offer, fd) = match recv_offer(&conn) {
             Ok(x) => x,
             // Refused (EOF, no fd): not ours to map.
@@ -434,6 +723,7 @@ impl ShmMapping {
             offer,
             hugetlb,
             conn,
+            sending: Mutex::new(()),
         }))
     }
 
@@ -465,6 +755,55 @@ impl ShmMapping {
     pub fn exporter_alive(&self) -> bool {
         peer_alive(self.conn.as_raw_fd())
     }
+
+    /// Tells the exporter, before the first byte is copied, that the put of `key` at `version`
+    /// is about to write its object, `[addr, addr + len)` (see the module docs); once this
+    /// returns Ok the intent is in the exporter's socket. Nothing to do for an exporter that
+    /// reads none. An error (the exporter gone, or not reading for [`INTENT_SEND_TIMEOUT`])
+    /// means: do not memcpy.
+    pub fn announce_write(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        version: Version,
+    ) -> io::Result<()> {
+        if !self.offer.intents {
+            return Ok(());
+        }
+        let bytes = Intent {
+            addr,
+            len,
+            key: key.to_string(),
+            version,
+        }
+        .encode();
+        let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sent = 0;
+        while sent < bytes.len() {
+            // SAFETY: the unsent tail of `bytes` is readable; MSG_NOSIGNAL: no SIGPIPE.
+            let n = unsafe {
+                libc::send(
+                    self.conn.as_raw_fd(),
+                    bytes[sent..].as_ptr().cast(),
+                    bytes.len() - sent,
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // Maybe half an intent went: no later intent may follow it on this socket.
+                // The exporter sees the close, and so does `exporter_alive`.
+                let _ = self.conn.shutdown(std::net::Shutdown::Both);
+                return Err(e);
+            }
+            sent += n as usize;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for ShmMapping {
@@ -485,9 +824,10 @@ mod tests {
         let offer = Offer {
             base: seg.addr() as u64,
             len: seg.len() as u64,
+            intents: false,
         };
         let fd = seg.shared_fd().expect("memfd-backed");
-        let export = ShmExport::start(endpoint, fd, offer).unwrap();
+        let export = ShmExport::start(endpoint, fd, offer, None).unwrap();
         let m = ShmMapping::import(endpoint).unwrap().expect("same host");
         assert_eq!(m.offer(), offer);
         (export, m, offer)
@@ -505,22 +845,137 @@ mod tests {
         let o = Offer {
             base: 0x7f00_0000_0000,
             len: 1 << 30,
+            intents: true,
         };
         assert_eq!(Offer::decode(&o.encode()), Ok(o));
+        let v1 = Offer {
+            intents: false,
+            ..o
+        };
+        assert_eq!(&v1.encode()[4..8], &1u32.to_le_bytes());
+        assert_eq!(Offer::decode(&v1.encode()), Ok(v1));
         let mut bad = o.encode();
         bad[0] ^= 1;
         assert!(Offer::decode(&bad).is_err());
         let mut bad = o.encode();
-        bad[4] = 2;
+        bad[4] = 3;
         assert!(Offer::decode(&bad).is_err());
         assert!(Offer::decode(&o.encode()[..23]).is_err());
         let wraps = Offer {
             base: u64::MAX - 1,
             len: 4,
+            intents: true,
         };
         assert!(Offer::decode(&wraps.encode()).is_err());
-        let empty = Offer { base: 1, len: 0 };
+        let empty = Offer {
+            base: 1,
+            len: 0,
+            intents: true,
+        };
         assert!(Offer::decode(&empty.encode()).is_err());
+    }
+
+    #[test]
+    fn intents_round_trip_and_bad_ones_are_refused() {
+        let i = Intent {
+            addr: 0x7f00_0000_1000,
+            len: 4096,
+            key: "k/1".into(),
+            version: Version { term: 7, seq: 9 },
+        };
+        let b = i.encode();
+        assert_eq!(b.len(), 16 + 16 + 16 + 3);
+        assert_eq!(Intent::frame_len(&b[..16]), Ok(b.len()));
+        assert_eq!(Intent::decode(&b), Ok(i.clone()));
+        // Magic, record length, the record's flags (an object record is not an intent).
+        for at in [0, 4, 24] {
+            let mut bad = b.clone();
+            bad[at] ^= 1;
+            assert!(Intent::decode(&bad).is_err(), "byte {at}");
+        }
+        assert!(Intent::decode(&b[..b.len() - 1]).is_err());
+        assert!(Intent::frame_len(&b[..15]).is_err());
+        let mut huge = b.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Intent::frame_len(&huge).is_err());
+        let empty = Intent {
+            len: 0,
+            ..i.clone()
+        };
+        assert!(Intent::decode(&empty.encode()).is_err());
+        let wraps = Intent {
+            addr: u64::MAX,
+            len: 2,
+            ..i
+        };
+        assert!(Intent::decode(&wraps.encode()).is_err());
+    }
+
+    /// An exporter serving a catalog reads its importers' intents: a snapshot right after an
+    /// announcement no longer lists the older entry of another key the write goes over, but
+    /// keeps the writer's own record (same version), its key's older entry in place (an
+    /// upsert) and entries elsewhere; an importer that announces and dies has its intent
+    /// applied too; bytes that are not intents close the importer.
+    #[test]
+    fn an_exporter_applies_its_importers_intents_before_a_snapshot() {
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Never,
+            prefault: false,
+        };
+        let seg = Segment::new_shared(1 << 20, opts).unwrap();
+        let base = seg.addr() as u64;
+        let memory = ServedMemory::new();
+        let endpoint = format!("test-intents-{}:1", std::process::id());
+        let export = export_segment(&endpoint, &seg, &memory).expect("exported");
+        let catalog = memory.catalog();
+        let v = |term, seq| Version { term, seq };
+        catalog.insert(base, 4096, "old", false, v(5, 1)).unwrap();
+        catalog
+            .insert(base + 8192, 4096, "far", false, v(5, 2))
+            .unwrap();
+        let keys = || -> Vec<String> { catalog.entries().into_iter().map(|e| e.key).collect() };
+
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        assert!(m.offer().intents);
+        m.announce_write(base, 4096, "new", v(6, 1)).unwrap();
+        assert_eq!(keys(), ["far"], "the snapshot applied the intent first");
+        // The writer's own record, whenever the intent is applied, stays; so does an
+        // upsert's old value in place.
+        catalog.insert(base, 4096, "new", false, v(6, 1)).unwrap();
+        m.announce_write(base, 4096, "new", v(6, 1)).unwrap();
+        m.announce_write(base, 4096, "new", v(6, 3)).unwrap();
+        assert_eq!(keys(), ["new", "far"]);
+
+        // Announced, then the writer is gone: applied by the export thread at its close.
+        let dying = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        let long_key = "k".repeat(3000); // intents longer than a gathering read's chunk
+        dying
+            .announce_write(base + 8192, 100, &long_key, v(6, 2))
+            .unwrap();
+        drop(dying);
+        let t0 = std::time::Instant::now();
+        while catalog.len() != 1 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", keys());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(keys(), ["new"]);
+
+        // Garbage: the exporter closes that importer, which then sees it gone.
+        let rogue = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        // Bytes that are not an intent: the exporter must refuse to decode them.
+        let junk = [0xffu8; INTENT_HEADER_BYTES];
+        // SAFETY: `junk` is readable for its length.
+        let sent =
+            unsafe { libc::send(rogue.conn.as_raw_fd(), junk.as_ptr().cast(), junk.len(), 0) };
+        assert_eq!(sent, INTENT_HEADER_BYTES as isize);
+        let t0 = std::time::Instant::now();
+        while rogue.exporter_alive() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "rogue importer kept");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(m.exporter_alive(), "the others stay");
+        assert_eq!(keys(), ["new"]);
+        drop(export);
     }
 
     #[test]
@@ -598,7 +1053,7 @@ mod tests {
         // Writing every page now takes (almost) no fault: the pages were mapped writable.
         // Unmapped, each of the 1 024 pages would take a write fault (write faults on a shared
         // mapping get no fault-around). A few stray ones come when the machine is busy (seen
-        // 16 under a loaded CI run, and about one run in ten under CPU and memory load), so the bound
+        // 16 under a loaded CI run, on the code before and after intents alike), so the bound
         // is an eighth of the pages: far from what the pages would take unmapped.
         crate::mem::Src::from(&data[..]).stream_to(&mut d);
         let after = minor_faults() - f1;

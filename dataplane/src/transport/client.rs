@@ -21,10 +21,11 @@
 //! socket buffers can fill up and deadlock the exchange.
 //!
 //! Requests of one batch are not ordered with respect to each other (they may run on
-//! different lanes), as upstream's, with one exception: a [`TransferOp::CatalogPut`] goes on
+//! different lanes), as upstream's, with two exceptions: a [`TransferOp::CatalogPut`] goes on
 //! the lane of the request just before it in the batch, right after it, so the server records
 //! an object only once that request (the object's WRITE) has landed, and never if the lane
-//! broke in between.
+//! broke in between; and the request just after a [`TransferOp::CatalogIntent`] goes on its
+//! lane, right after it, so the server applies the intent before that WRITE's bytes land.
 //!
 //! Invariants:
 //! - the caller's buffers are touched only during the call, so a timeout can never leave a
@@ -97,6 +98,9 @@ pub enum TransferOp<'a> {
     /// Record the object at `remote_addr` in the peer's catalog; `record` is an encoded
     /// [`CatalogRecord`](crate::mem::CatalogRecord). Sent on the lane of the previous op.
     CatalogPut { remote_addr: u64, record: Src<'a> },
+    /// A `CATALOG_PUT` whose record is an intent (`mem::catalog`): the next op (the WRITE it
+    /// announces) is sent on its lane, right after it.
+    CatalogIntent { remote_addr: u64, record: Src<'a> },
 }
 
 impl TransferOp<'_> {
@@ -104,7 +108,9 @@ impl TransferOp<'_> {
         match self {
             TransferOp::Read { dst, .. } => dst.len(),
             TransferOp::Write { src, .. } => src.len(),
-            TransferOp::CatalogPut { record, .. } => record.len(),
+            TransferOp::CatalogPut { record, .. } | TransferOp::CatalogIntent { record, .. } => {
+                record.len()
+            }
         }
     }
 }
@@ -269,6 +275,7 @@ impl TcpClient {
             .count();
         let base_id = self.next_id.fetch_add(wire as u64, Ordering::Relaxed);
         let mut reqs = Vec::with_capacity(wire);
+        let mut after_intent = false;
         for (index, op) in ops.iter_mut().enumerate() {
             let len = op.len();
             if len == 0 {
@@ -281,6 +288,8 @@ impl TcpClient {
                 });
                 continue;
             }
+            let follows_previous = after_intent || matches!(op, TransferOp::CatalogPut { .. });
+            after_intent = matches!(op, TransferOp::CatalogIntent { .. });
             let (opcode, addr, src, dst) = match op {
                 TransferOp::Read { remote_addr, dst } => (
                     Opcode::Read,
@@ -292,8 +301,13 @@ impl TcpClient {
                 TransferOp::CatalogPut {
                     remote_addr,
                     record,
+                }
+                | TransferOp::CatalogIntent {
+                    remote_addr,
+                    record,
                 } => (Opcode::CatalogPut, *remote_addr, *record, None),
             };
+
             let header = RequestHeader {
                 opcode,
                 request_id: base_id + reqs.len() as u64,
@@ -308,7 +322,7 @@ impl TcpClient {
                 src,
                 dst,
                 lane: 0,
-                follows_previous: opcode == Opcode::CatalogPut,
+                follows_previous,
                 state: ReqState::Queued,
             });
         }
@@ -463,7 +477,8 @@ struct Req<'a> {
     dst: Option<Dst<'a>>,
     /// Index of its lane in the batch's lanes.
     lane: usize,
-    /// Must go on the lane of the request before it (a CATALOG_PUT).
+    /// Must go on the lane of the request before it (a CATALOG_PUT, or the WRITE after an
+    /// intent).
     follows_previous: bool,
     state: ReqState,
 }
