@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use client::dataplane::mem::{CatalogRecord, RecordKind};
 use client::dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
 use mooncake_tests::{Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
@@ -241,7 +242,7 @@ fn objects_survive_a_master_restart() {
 /// key over the new object's bytes (a read of other bytes) and lost the new object.
 #[test]
 fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
-    use client::dataplane::mem::{CatalogRecord, Src};
+    use client::dataplane::mem::Src;
     use client::dataplane::transport::client::TransferOp;
 
     let (mut master, _node, store) = one_node_cluster();
@@ -271,7 +272,7 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
             term: old.version.term,
             seq: old.version.seq + 1,
         },
-        tombstone: false,
+        kind: RecordKind::Object,
         soft_pin_ttl_ms: None,
     }
     .encode();
@@ -314,23 +315,73 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
     drop(master);
 }
 
-/// How the dying writer of [`written_over_then_restart`] puts its bytes into the range.
+/// How the dying writers of [`written_over_then_restart`] and
+/// [`upsert_cut_before_its_record_then_restart`] put their bytes into the range.
+#[derive(Clone, Copy)]
 enum DyingWriter {
-    /// One WRITE over TCP to the node's data port.
+    /// The store's intent and one WRITE over TCP to the node's data port.
     Tcp,
     /// A memcpy through the node's shared segment, announced first as the store does.
     SameHost,
+}
+
+impl DyingWriter {
+    /// Writes `bytes` as the put of `key` the master described with `r` would, and stops
+    /// there: no record, no `PutEnd`.
+    fn write_and_die(self, r: &protocol::ReplicaDescriptor, key: &str, bytes: &[u8]) {
+        use client::dataplane::mem::{ShmMapping, Src};
+        use client::dataplane::transport::client::TransferOp;
+
+        assert_eq!(bytes.len() as u64, r.size);
+        let intent = CatalogRecord {
+            len: r.size,
+            hard_pin: false,
+            key,
+            version: r.version,
+            kind: RecordKind::Intent,
+            soft_pin_ttl_ms: None,
+        }
+        .encode();
+        match self {
+            DyingWriter::Tcp => {
+                let data =
+                    data_client(&r.transport_endpoint, 0).expect("connect to the node's data port");
+                let mut ops = [
+                    TransferOp::CatalogIntent {
+                        remote_addr: r.buffer_address,
+                        record: Src::from(&intent[..]),
+                    },
+                    TransferOp::Write {
+                        remote_addr: r.buffer_address,
+                        src: Src::from(bytes),
+                    },
+                ];
+                assert_eq!(data.submit(&mut ops), [Ok(()), Ok(())]);
+            }
+            DyingWriter::SameHost => {
+                let m = ShmMapping::import(&r.transport_endpoint)
+                    .expect("import")
+                    .expect("the node shares its segment on this host");
+                m.announce_write(r.buffer_address, r.size, key, r.version)
+                    .expect("intent");
+                let p = m.translate(r.buffer_address, r.size).expect("inside");
+                // SAFETY: `translate` checked the range lies in our mapping of the node's
+                // segment, which the master gave to this put; no reference is formed over it.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
+            }
+        }
+    }
 }
 
 /// A range the master freed and handed out again before its owner heard of the free keeps
 /// the old key's catalog entry until the new writer's record replaces it. A writer that dies
 /// between its bytes and its record (here: bytes, no record, no `PutEnd`) used to leave that
 /// entry naming its bytes, and the next master listed the old key over them: a read of
-/// another write's bytes right after the restart. A WRITE now drops the entries it overlaps
-/// (`Catalog::overwrite`), and a same-host writer announces its memcpy to the owner first
-/// (`dataplane::mem::shm`, intents), so the old key stays gone.
+/// another write's bytes right after the restart. The writer now announces its write first
+/// (an intent: over TCP a CATALOG_PUT on the WRITE's lane, for a same-host memcpy on the
+/// shared-memory socket), and the owner drops the other keys' entries it goes over
+/// (`Catalog::overwrite`), so the old key stays gone.
 fn written_over_then_restart(writer: DyingWriter) {
-    use client::dataplane::mem::ShmMapping;
     use client::MasterClient;
     use protocol::message::{PutStart, Remove};
 
@@ -369,24 +420,7 @@ fn written_over_then_restart(writer: DyingWriter) {
         "the put was not given the removed object's range"
     );
     let foreign = vec![0xa5u8; size];
-    match writer {
-        DyingWriter::Tcp => {
-            let data =
-                data_client(&r.transport_endpoint, 0).expect("connect to the node's data port");
-            assert_eq!(data.write(r.buffer_address, &foreign), Ok(()));
-        }
-        DyingWriter::SameHost => {
-            let m = ShmMapping::import(&r.transport_endpoint)
-                .expect("import")
-                .expect("the node shares its segment on this host");
-            m.announce_write(r.buffer_address, r.size, r.version)
-                .expect("intent");
-            let p = m.translate(r.buffer_address, r.size).expect("inside");
-            // SAFETY: `translate` checked the range lies in our mapping of the node's segment,
-            // which the master gave to this put; no reference is formed over it.
-            unsafe { std::ptr::copy_nonoverlapping(foreign.as_ptr(), p, size) };
-        }
-    }
+    writer.write_and_die(r, "over/new", &foreign);
 
     let _master = restart(master);
     // The node re-mounted once the untouched key is listed again.
@@ -413,4 +447,53 @@ fn a_range_written_over_is_not_re_reported_under_its_old_key() {
 #[test]
 fn a_range_memcpyd_over_is_not_re_reported_under_its_old_key() {
     written_over_then_restart(DyingWriter::SameHost);
+}
+
+/// An upsert of the same size rewrites its key's range in place. Cut between its bytes and
+/// its record (its writer died, or a new term's fence refused the record), it leaves the
+/// key's entry over its complete new bytes, and the next master lists the key with them (the
+/// in-flight value, as a read during the upsert could see). The intent spares the key's own
+/// entry: dropping it, as a drop by range alone did, lost the key.
+fn upsert_cut_before_its_record_then_restart(writer: DyingWriter) {
+    use client::MasterClient;
+    use protocol::message::UpsertStart;
+
+    let (master, _node, store) = one_node_cluster();
+    let one = ReplicateConfig::default();
+    let size = 64 << 10;
+    assert_eq!(store.put("up/k", &vec![1u8; size], &one, false), Ok(()));
+    assert_eq!(store.put("up/kept", &value(4), &one, false), Ok(()));
+    // (Not looked up before: a lookup's read lease would make the upsert move elsewhere.)
+
+    let raw = MasterClient::new(&master.rpc_addr()).expect("master client");
+    let started = raw
+        .call(&UpsertStart {
+            client_id: protocol::Uuid::from_parts(0x0e, 2),
+            key: "up/k".into(),
+            size: size as u64,
+            config: ReplicateConfig::default(),
+        })
+        .expect("rpc")
+        .expect("upsert start");
+    let new = vec![2u8; size];
+    writer.write_and_die(&started.replicas[0], "up/k", &new);
+
+    let _master = restart(master);
+    wait_listed(&store, "up/kept");
+    match store.get("up/k") {
+        Ok(bytes) if bytes == new => {}
+        Ok(bytes) if bytes == vec![1u8; size] => panic!("the upsert did not rewrite in place"),
+        Ok(bytes) => panic!("up/k came back with {} unexpected bytes", bytes.len()),
+        Err(e) => panic!("up/k lost: {e}"),
+    }
+}
+
+#[test]
+fn an_upsert_cut_before_its_record_keeps_its_key_over_tcp() {
+    upsert_cut_before_its_record_then_restart(DyingWriter::Tcp);
+}
+
+#[test]
+fn an_upsert_cut_before_its_record_keeps_its_key_same_host() {
+    upsert_cut_before_its_record_then_restart(DyingWriter::SameHost);
 }

@@ -7,6 +7,14 @@
 //! round trip; for an object cut into several slices, in a second batch once every slice has
 //! landed (one extra round trip, small next to the transfer).
 //!
+//! Before its bytes, each replica announces itself to its owner with an *intent* (key,
+//! version, range: `Catalog::overwrite`), so that the owner drops the entries of other keys
+//! the write goes over even if the writer dies before its record (`docs/recovery.md`, "A
+//! range written over"): over TCP a `CATALOG_PUT` of kind INTENT just before each slice's
+//! WRITE, on its lane (no extra round trip); for a same-host memcpy, on the shared-memory
+//! socket (`mem::shm`); for our own segment, straight into our catalog. An RDMA write
+//! announces nothing (a window, documented).
+//!
 //! A record carries the object's pins, so that a master that lost its index can pin it again
 //! from the owner's re-report (`docs/ha.md`): the hard pin as the write asked for it, and the
 //! soft pin the object will carry. An upsert records the soft pin the master answered
@@ -16,19 +24,22 @@
 //!
 //! Invariants: a catalog entry is recorded only after every byte of its replica was written;
 //! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
-//! is remembered and sent none again, logged once.
+//! is remembered and sent none again, logged once; an intent never fails a put (its WRITE,
+//! right behind it on the same connection, says whether the put went through; a peer that
+//! predates intents refuses them, logged once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dataplane::mem::served::ServedMemory;
-use dataplane::mem::CatalogRecord;
+use dataplane::mem::{CatalogRecord, RecordKind};
 use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
 use dataplane::TeError;
 use parking_lot::Mutex;
 use protocol::{ReplicaDescriptor, ReplicateConfig, SoftPinAction};
 
 static LEGACY_LOGGED: AtomicBool = AtomicBool::new(false);
+static NO_INTENTS_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// The soft pin a put (not an upsert, see the module docs) with `cfg` records: `Some(ttl_ms)`
 /// (`Some(0)`: the master's default ttl) when it enables one, as the master resolves it
@@ -74,8 +85,30 @@ impl CatalogWriter {
             hard_pin,
             key,
             version: r.version,
-            tombstone: false,
+            kind: RecordKind::Object,
             soft_pin_ttl_ms,
+        }
+    }
+
+    /// The `CATALOG_PUT` payload announcing a replica of `key` before its bytes (see the
+    /// module docs).
+    pub fn intent(r: &ReplicaDescriptor, key: &str) -> Vec<u8> {
+        CatalogRecord {
+            len: r.size,
+            hard_pin: false,
+            key,
+            version: r.version,
+            kind: RecordKind::Intent,
+            soft_pin_ttl_ms: None,
+        }
+        .encode()
+    }
+
+    /// Announces a replica about to be copied into our own segment.
+    pub fn intend_local(&self, r: &ReplicaDescriptor, key: &str) {
+        if let Some(m) = &self.own {
+            m.catalog()
+                .overwrite(r.buffer_address, r.size, key, r.version);
         }
     }
 
@@ -86,7 +119,7 @@ impl CatalogWriter {
             hard_pin: false,
             key,
             version: r.version,
-            tombstone: true,
+            kind: RecordKind::Tombstone,
             soft_pin_ttl_ms: None,
         }
         .encode()
@@ -122,11 +155,23 @@ impl CatalogWriter {
     }
 
     /// The result of `op` as the put sees it: a `CATALOG_PUT` refused as unknown means the
-    /// peer keeps no catalog (remembered, logged once), not a failed put.
+    /// peer keeps no catalog (remembered, logged once), not a failed put; an intent never
+    /// fails a put (see the module docs).
     pub fn settle(&self, endpoint: &str, op: &TransferOp<'_>, r: TransferResult) -> TransferResult {
         let unknown = Err(TransferError::Refused {
             status: TeError::InvalidArgument.code(),
         });
+        if matches!(op, TransferOp::CatalogIntent { .. }) {
+            if r == unknown && !NO_INTENTS_LOGGED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    endpoint,
+                    "the data plane at {endpoint} refused a write intent: a writer dying \
+                     between its bytes and its record there can leave an older key's entry \
+                     over them"
+                );
+            }
+            return Ok(());
+        }
         if !matches!(op, TransferOp::CatalogPut { .. }) || r != unknown {
             return r;
         }
@@ -145,13 +190,17 @@ impl CatalogWriter {
     }
 
     /// End of the submission that starts at `start` and takes at most `max` ops, never
-    /// separating a `CATALOG_PUT` from the WRITE before it.
+    /// separating a `CATALOG_PUT` from the WRITE before it, nor an intent from the WRITE
+    /// after it (a WRITE with both stays whole when `max` allows three).
     pub fn chunk_end(ops: &[TransferOp<'_>], start: usize, max: usize) -> usize {
-        let end = (start + max).min(ops.len());
-        match ops.get(end) {
-            Some(TransferOp::CatalogPut { .. }) if end - start > 1 => end - 1,
-            _ => end,
+        let mut end = (start + max).min(ops.len());
+        if end - start > 1 && matches!(ops.get(end), Some(TransferOp::CatalogPut { .. })) {
+            end -= 1;
         }
+        if end - start > 1 && matches!(ops[end - 1], TransferOp::CatalogIntent { .. }) {
+            end -= 1;
+        }
+        end
     }
 }
 
@@ -199,6 +248,25 @@ mod tests {
         );
         assert_eq!(CatalogWriter::chunk_end(&ops, 2, 10), 5);
         assert_eq!(CatalogWriter::chunk_end(&ops, 1, 1), 2);
+        // An intent stays with the WRITE after it, and that WRITE with its record.
+        let i = || TransferOp::CatalogIntent {
+            remote_addr: 0,
+            record: Src::from(&rec[..]),
+        };
+        let ops = vec![i(), w(), c(), i(), w(), c(), i(), w()];
+        assert_eq!(CatalogWriter::chunk_end(&ops, 0, 3), 3);
+        assert_eq!(
+            CatalogWriter::chunk_end(&ops, 0, 4),
+            3,
+            "i w c i | w: cut before i"
+        );
+        assert_eq!(CatalogWriter::chunk_end(&ops, 0, 5), 3, "i w c i w | c");
+        assert_eq!(
+            CatalogWriter::chunk_end(&ops, 3, 4),
+            6,
+            "i w c i | w: cut before i"
+        );
+        assert_eq!(CatalogWriter::chunk_end(&ops, 6, 4), 8);
     }
 
     #[test]
@@ -224,5 +292,13 @@ mod tests {
             src: Src::from(&data[..]),
         };
         assert_eq!(w.settle("b:1", &write, refused.clone()), refused);
+        // An intent never fails a put, and never marks its peer as keeping no catalog.
+        let intent = TransferOp::CatalogIntent {
+            remote_addr: 0,
+            record: Src::from(&rec[..]),
+        };
+        assert_eq!(w.settle("b:1", &intent, refused.clone()), Ok(()));
+        assert_eq!(w.settle("b:1", &intent, other), Ok(()));
+        assert!(w.enabled("b:1"));
     }
 }

@@ -554,6 +554,10 @@ impl Peers {
             .iter()
             .map(|it| CatalogWriter::record(it.replica, it.key, it.pins()))
             .collect();
+        let intents: Vec<Vec<u8>> = items
+            .iter()
+            .map(|it| CatalogWriter::intent(it.replica, it.key))
+            .collect();
         // Objects of several slices: recorded once every slice has landed.
         let mut late: Vec<usize> = Vec::new();
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
@@ -568,6 +572,7 @@ impl Peers {
                 continue;
             }
             if self.is_local(r) {
+                self.catalog.intend_local(r, it.key);
                 results[i] = self.copy_in(r, it.parts);
                 if results[i].is_ok() {
                     results[i] = self
@@ -590,7 +595,7 @@ impl Peers {
                 // The owner hears of the write before its first byte (`mem::shm`, intents);
                 // if it cannot, the write goes over TCP, whose WRITE it does see.
                 let announced = |len| {
-                    m.announce_write(r.buffer_address, len, r.version)
+                    m.announce_write(r.buffer_address, len, it.key, r.version)
                         .inspect_err(|e| {
                             tracing::warn!(
                                 "{}: same-host write intent not delivered ({e}); over TCP",
@@ -635,10 +640,21 @@ impl Peers {
                 continue;
             }
             let g = group_for(&mut groups, &r.transport_endpoint, Some(r.version.term));
-            let first_slice = g.ops.len();
+            let catalogued = self.catalog.enabled(&r.transport_endpoint);
+            let mut slices = 0;
             let mut at = r.buffer_address;
             for p in it.parts {
                 for s in p.chunks(TRANSFER_SLICE_BYTES) {
+                    // Each slice's WRITE right behind the intent, on its lane: the owner drops
+                    // the entries the object goes over before any of its bytes land there.
+                    if catalogued {
+                        let op = TransferOp::CatalogIntent {
+                            remote_addr: r.buffer_address,
+                            record: Src::from(&intents[i][..]),
+                        };
+                        g.push(i, op, intents[i].len());
+                    }
+                    slices += 1;
                     g.push(
                         i,
                         TransferOp::Write {
@@ -650,8 +666,8 @@ impl Peers {
                     at += s.len() as u64;
                 }
             }
-            if self.catalog.enabled(&r.transport_endpoint) {
-                if g.ops.len() == first_slice + 1 {
+            if catalogued {
+                if slices == 1 {
                     let record = &records[i];
                     let op = TransferOp::CatalogPut {
                         remote_addr: r.buffer_address,
