@@ -594,8 +594,8 @@ impl Peers {
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
                 // The owner hears of the write before its first byte (`mem::shm`, intents);
                 // if it cannot, the write goes over TCP, whose WRITE it does see.
-                let announced = |len| {
-                    m.announce_write(r.buffer_address, len, it.key, r.version)
+                let announced = || {
+                    m.announce_write(r.buffer_address, r.size, it.key, r.version)
                         .inspect_err(|e| {
                             tracing::warn!(
                                 "{}: same-host write intent not delivered ({e}); over TCP",
@@ -607,7 +607,7 @@ impl Peers {
                 };
                 if let Some(p) = m
                     .translate(r.buffer_address, r.size)
-                    .filter(|_| announced(r.size))
+                    .filter(|_| announced())
                 {
                     // SAFETY: the whole object [buffer_address, + size) lies in the mapping
                     // (checked), which `shared` keeps mapped for the call; no reference is

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
-use super::{Catalog, CatalogRecord, Registry, Segment};
+use super::{Catalog, CatalogRecord, RecordKind, Registry, Segment};
 use crate::limits::{IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX};
 use crate::TeError;
 use protocol::auth::{self, Token};
@@ -190,7 +190,9 @@ impl ServedMemory {
     /// Errors: a bad record is `InvalidArgument`; a range outside one registered buffer is
     /// `AddressNotRegistered`; an object of a term older than the catalog's fence is
     /// `Metadata` ([`Catalog::fence`]). Both server backends call this, so they agree exactly.
-    pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<(), TeError> {
+    /// Returns the record's kind: a server may hold an intent's answer until the next one on
+    /// its connection (the WRITE the client sends right behind it).
+    pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<RecordKind, TeError> {
         let rec = CatalogRecord::decode(record)?;
         let served = self.read();
         let addressable = usize::try_from(addr)
@@ -202,7 +204,7 @@ impl ServedMemory {
         }
         // Inserted under the read lock, so an unregister of this buffer (write lock) either
         // comes first and refuses the range, or comes after and drops the entry.
-        self.catalog.apply(addr, &rec)
+        self.catalog.apply(addr, &rec).map(|()| rec.kind)
     }
 }
 

@@ -34,6 +34,7 @@ use crate::limits::{
     SHARD_STOP_DRAIN_TIMEOUT, SHARD_TICK,
 };
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
+use crate::mem::RecordKind;
 use crate::shard::conn::{Conn, ConnPhase, HeaderBuf, RecvState};
 use crate::shard::op::{Op, Slab, UNTRACKED};
 use crate::shard::send::{Response, SendBatch, SendStage};
@@ -442,15 +443,18 @@ impl Reactor {
                     self.submit_recv(id, state);
                 } else {
                     // Not the byte path: one short critical section per put (see mem::catalog).
-                    let response = match self.view.memory().catalog_put(req.addr, &buf) {
+                    match self.view.memory().catalog_put(req.addr, &buf) {
+                        // An intent's answer waits for the next answer on its connection (its
+                        // WRITE's, which the client sends right behind it), so the client
+                        // wakes once for both.
+                        Ok(RecordKind::Intent) => self.hold(id, Response::ok(req.request_id)),
                         // Counted in `requests_ok` when the response is sent.
-                        Ok(()) => Response::ok(req.request_id),
+                        Ok(_) => self.respond(id, Response::ok(req.request_id)),
                         Err(code) => {
                             bump(&self.shared.stats.requests_rejected);
-                            Response::error(req.request_id, code)
+                            self.respond(id, Response::error(req.request_id, code));
                         }
-                    };
-                    self.respond(id, response);
+                    }
                     self.next_header(id, header);
                 }
             }
@@ -650,16 +654,20 @@ impl Reactor {
     }
 
     /// Queues a response and starts a send if none is in flight.
-    fn respond(&mut self, id: usize, response: Response) {
+    /// Queues `response` without sending it: it goes out with the connection's next one.
+    fn hold(&mut self, id: usize, response: Response) {
         match self.conns.get_mut(id) {
             Some(c) if c.phase != ConnPhase::Closing => c.queue.push_back(response),
             _ => {
                 if let Some(lease) = response.into_lease() {
                     self.view.release(lease);
                 }
-                return;
             }
         }
+    }
+
+    fn respond(&mut self, id: usize, response: Response) {
+        self.hold(id, response);
         self.flush(id);
     }
 

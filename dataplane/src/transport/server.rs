@@ -45,7 +45,7 @@ use super::header::{
 use super::rawio;
 use crate::limits::{BLOCKING_CONNECTIONS_MAX, DRAIN_CHUNK_BYTES};
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
-use crate::mem::{Declared, Registry};
+use crate::mem::{Declared, RecordKind, Registry};
 use crate::TeError;
 use protocol::auth::{self, ServerRefusal, Token};
 
@@ -428,17 +428,19 @@ fn serve_catalog_put(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -
     if rawio::read_exact(stream, &mut record).is_err() {
         return Served1::Close;
     }
-    let status = match shared.memory.catalog_put(req.addr, &record) {
-        Ok(()) => {
+    let (status, more) = match shared.memory.catalog_put(req.addr, &record) {
+        Ok(kind) => {
             bump(&shared.stats.requests_ok);
-            0
+            // An intent's answer goes out with its WRITE's (MSG_MORE): one wake-up for the
+            // client, not two.
+            (0, kind == RecordKind::Intent)
         }
         Err(code) => {
             bump(&shared.stats.requests_rejected);
-            code.code()
+            (code.code(), false)
         }
     };
-    match respond(stream, req.request_id, status, 0, false) {
+    match respond(stream, req.request_id, status, 0, more) {
         Ok(()) => Served1::Continue,
         Err(_) => Served1::Close,
     }
