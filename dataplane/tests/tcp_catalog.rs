@@ -281,13 +281,7 @@ fn an_intent_drops_what_its_write_goes_over(backend: Backend) {
             soft_pin_ttl_ms: None,
         }
     }
-    let intent = |len, key, v| {
-        CatalogRecord {
-            kind: RecordKind::Intent,
-            ..entry(len, key, v)
-        }
-        .encode()
-    };
+    let intent = |len, key, v| CatalogRecord::intent(len, key, v).encode();
     for (addr, key) in [(base, "a"), (base + 4096, "b"), (end - 1000, "c")] {
         assert_eq!(
             catalog_put(&f, addr, &entry(1000, key, at(1)).encode()),

@@ -333,15 +333,7 @@ impl DyingWriter {
         use client::dataplane::transport::client::TransferOp;
 
         assert_eq!(bytes.len() as u64, r.size);
-        let intent = CatalogRecord {
-            len: r.size,
-            hard_pin: false,
-            key,
-            version: r.version,
-            kind: RecordKind::Intent,
-            soft_pin_ttl_ms: None,
-        }
-        .encode();
+        let intent = CatalogRecord::intent(r.size, key, r.version).encode();
         match self {
             DyingWriter::Tcp => {
                 let data =

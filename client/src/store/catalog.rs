@@ -93,15 +93,7 @@ impl CatalogWriter {
     /// The `CATALOG_PUT` payload announcing a replica of `key` before its bytes (see the
     /// module docs).
     pub fn intent(r: &ReplicaDescriptor, key: &str) -> Vec<u8> {
-        CatalogRecord {
-            len: r.size,
-            hard_pin: false,
-            key,
-            version: r.version,
-            kind: RecordKind::Intent,
-            soft_pin_ttl_ms: None,
-        }
-        .encode()
+        CatalogRecord::intent(r.size, key, r.version).encode()
     }
 
     /// Announces a replica about to be copied into our own segment.

@@ -124,7 +124,20 @@ pub struct CatalogRecord<'a> {
     pub soft_pin_ttl_ms: Option<u64>,
 }
 
-impl CatalogRecord<'_> {
+impl<'a> CatalogRecord<'a> {
+    /// The intent of the put of `key` at `version` to write its object, `len` bytes at the
+    /// address the record is sent for ([`Catalog::overwrite`]).
+    pub fn intent(len: u64, key: &'a str, version: Version) -> CatalogRecord<'a> {
+        CatalogRecord {
+            len,
+            hard_pin: false,
+            key,
+            version,
+            kind: RecordKind::Intent,
+            soft_pin_ttl_ms: None,
+        }
+    }
+
     /// The wire form (see the module docs); always versioned.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(
@@ -797,14 +810,7 @@ mod tests {
         assert_eq!(keys(&c), vec![(60, "new".into())]);
         assert_eq!(c.tombstones(), vec![("gone".to_string(), v(2, 1))]);
         // Through a record, as CATALOG_PUT carries it.
-        let intent = CatalogRecord {
-            len: 1,
-            hard_pin: false,
-            key: "y",
-            version: v(10, 1),
-            kind: RecordKind::Intent,
-            soft_pin_ttl_ms: None,
-        };
+        let intent = CatalogRecord::intent(1, "y", v(10, 1));
         let wire = intent.encode();
         assert_eq!(CatalogRecord::decode(&wire), Ok(intent));
         assert_eq!(c.apply(69, &CatalogRecord::decode(&wire).unwrap()), Ok(()));

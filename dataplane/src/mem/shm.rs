@@ -232,19 +232,8 @@ pub struct Intent {
 }
 
 impl Intent {
-    fn record(&self) -> CatalogRecord<'_> {
-        CatalogRecord {
-            len: self.len,
-            hard_pin: false,
-            key: &self.key,
-            version: self.version,
-            kind: RecordKind::Intent,
-            soft_pin_ttl_ms: None,
-        }
-    }
-
     pub fn encode(&self) -> Vec<u8> {
-        let record = self.record().encode();
+        let record = CatalogRecord::intent(self.len, &self.key, self.version).encode();
         let mut b = Vec::with_capacity(INTENT_HEADER_BYTES + record.len());
         b.extend_from_slice(&INTENT_MAGIC.to_le_bytes());
         b.extend_from_slice(&(record.len() as u32).to_le_bytes());
