@@ -265,7 +265,8 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
 /// A write's intent (a CATALOG_PUT of kind INTENT just before its WRITE, on its lane) drops
 /// the older entries of other keys its object overlaps before the bytes land, even when the
 /// writer never records; it spares its own key's entry in place (an in-place upsert) and
-/// anything newer. A WRITE alone, a READ, and a refused write drop nothing.
+/// anything newer. A WRITE alone and a READ drop nothing; an intent outside registered memory
+/// is refused, as its WRITE is.
 fn an_intent_drops_what_its_write_goes_over(backend: Backend) {
     let f = Fixture::registered(backend, SEGMENT_BYTES);
     let base = f.base();

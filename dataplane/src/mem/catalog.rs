@@ -173,8 +173,8 @@ impl<'a> CatalogRecord<'a> {
     /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part (and the
     /// version when flagged), longer than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a
     /// tombstone or an intent without a version or with a pin (or both at once), a soft pin
-    /// without a version (or short of its ttl), a reserved field not 0, an empty key or one over `KEY_MAX_BYTES`,
-    /// a key that is not UTF-8, or an object length of 0.
+    /// without a version (or short of its ttl), a reserved field not 0, an empty key or one
+    /// over `KEY_MAX_BYTES`, a key that is not UTF-8, or an object length of 0.
     pub fn decode(b: &[u8]) -> Result<CatalogRecord<'_>, TeError> {
         if b.len() <= CATALOG_RECORD_HEADER_BYTES || b.len() as u64 > CATALOG_RECORD_MAX_BYTES {
             return Err(TeError::InvalidArgument);
