@@ -25,8 +25,10 @@
 //! Invariants: a catalog entry is recorded only after every byte of its replica was written;
 //! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
 //! is remembered and sent none again, logged once; an intent never fails a put (its WRITE,
-//! right behind it on the same connection, says whether the put went through; a peer that
-//! predates intents refuses them, logged once).
+//! right behind it on the same connection, says whether the put went through); a peer that
+//! predates intents refuses them as unknown and is sent none again, logged once (one that
+//! predates `CATALOG_PUT` too closes the connection on the first, so that put's WRITE fails;
+//! the next put sends neither intent nor record there after its record is refused).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -60,6 +62,8 @@ pub(super) struct CatalogWriter {
     own: Option<Arc<ServedMemory>>,
     /// Endpoints that refused `CATALOG_PUT` as an unknown request.
     legacy: Mutex<Vec<String>>,
+    /// Endpoints that refused an intent as unknown (they predate intents).
+    no_intents: Mutex<Vec<String>>,
 }
 
 impl CatalogWriter {
@@ -67,6 +71,7 @@ impl CatalogWriter {
         CatalogWriter {
             own,
             legacy: Mutex::new(Vec::new()),
+            no_intents: Mutex::new(Vec::new()),
         }
     }
 
@@ -146,15 +151,28 @@ impl CatalogWriter {
         !self.legacy.lock().iter().any(|e| e == endpoint)
     }
 
+    /// Whether `endpoint` takes intents.
+    pub fn intents(&self, endpoint: &str) -> bool {
+        self.enabled(endpoint) && !self.no_intents.lock().iter().any(|e| e == endpoint)
+    }
+
     /// The result of `op` as the put sees it: a `CATALOG_PUT` refused as unknown means the
     /// peer keeps no catalog (remembered, logged once), not a failed put; an intent never
-    /// fails a put (see the module docs).
+    /// fails a put (see the module docs), and one refused as unknown is not sent to that peer
+    /// again.
     pub fn settle(&self, endpoint: &str, op: &TransferOp<'_>, r: TransferResult) -> TransferResult {
         let unknown = Err(TransferError::Refused {
             status: TeError::InvalidArgument.code(),
         });
         if matches!(op, TransferOp::CatalogIntent { .. }) {
-            if r == unknown && !NO_INTENTS_LOGGED.swap(true, Ordering::Relaxed) {
+            if r != unknown {
+                return Ok(());
+            }
+            let mut no_intents = self.no_intents.lock();
+            if !no_intents.iter().any(|e| e == endpoint) {
+                no_intents.push(endpoint.to_string());
+            }
+            if !NO_INTENTS_LOGGED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     endpoint,
                     "the data plane at {endpoint} refused a write intent: a writer dying \
@@ -289,8 +307,15 @@ mod tests {
             remote_addr: 0,
             record: Src::from(&rec[..]),
         };
-        assert_eq!(w.settle("b:1", &intent, refused.clone()), Ok(()));
         assert_eq!(w.settle("b:1", &intent, other), Ok(()));
-        assert!(w.enabled("b:1"));
+        assert!(w.intents("b:1"));
+        assert_eq!(w.settle("b:1", &intent, refused.clone()), Ok(()));
+        assert!(w.enabled("b:1"), "records still go");
+        assert!(!w.intents("b:1"), "intents do not");
+        assert!(w.intents("c:1"));
+        assert!(
+            !w.intents("a:1"),
+            "a peer without a catalog takes no intent either"
+        );
     }
 }

@@ -641,13 +641,14 @@ impl Peers {
             }
             let g = group_for(&mut groups, &r.transport_endpoint, Some(r.version.term));
             let catalogued = self.catalog.enabled(&r.transport_endpoint);
+            let announced = self.catalog.intents(&r.transport_endpoint);
             let mut slices = 0;
             let mut at = r.buffer_address;
             for p in it.parts {
                 for s in p.chunks(TRANSFER_SLICE_BYTES) {
                     // Each slice's WRITE right behind the intent, on its lane: the owner drops
                     // the entries the object goes over before any of its bytes land there.
-                    if catalogued {
+                    if announced {
                         let op = TransferOp::CatalogIntent {
                             remote_addr: r.buffer_address,
                             record: Src::from(&intents[i][..]),
