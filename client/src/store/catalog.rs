@@ -148,12 +148,12 @@ impl CatalogWriter {
 
     /// Whether `endpoint` takes `CATALOG_PUT`.
     pub fn enabled(&self, endpoint: &str) -> bool {
-        !self.legacy.lock().iter().any(|e| e == endpoint)
+        !listed(&self.legacy, endpoint)
     }
 
     /// Whether `endpoint` takes intents.
     pub fn intents(&self, endpoint: &str) -> bool {
-        self.enabled(endpoint) && !self.no_intents.lock().iter().any(|e| e == endpoint)
+        self.enabled(endpoint) && !listed(&self.no_intents, endpoint)
     }
 
     /// The result of `op` as the put sees it: a `CATALOG_PUT` refused as unknown means the
@@ -164,39 +164,30 @@ impl CatalogWriter {
         let unknown = Err(TransferError::Refused {
             status: TeError::InvalidArgument.code(),
         });
-        if matches!(op, TransferOp::CatalogIntent { .. }) {
-            if r != unknown {
-                return Ok(());
+        match op {
+            TransferOp::CatalogIntent { .. } => {
+                if r == unknown && remember(&self.no_intents, endpoint, &NO_INTENTS_LOGGED) {
+                    tracing::warn!(
+                        endpoint,
+                        "the data plane at {endpoint} refused a write intent: a writer dying \
+                         between its bytes and its record there can leave an older key's \
+                         entry over them"
+                    );
+                }
+                Ok(())
             }
-            let mut no_intents = self.no_intents.lock();
-            if !no_intents.iter().any(|e| e == endpoint) {
-                no_intents.push(endpoint.to_string());
+            TransferOp::CatalogPut { .. } if r == unknown => {
+                if remember(&self.legacy, endpoint, &LEGACY_LOGGED) {
+                    tracing::warn!(
+                        endpoint,
+                        "the data plane at {endpoint} refused CATALOG_PUT: its objects cannot \
+                         be re-reported after a master restart"
+                    );
+                }
+                Ok(())
             }
-            if !NO_INTENTS_LOGGED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    endpoint,
-                    "the data plane at {endpoint} refused a write intent: a writer dying \
-                     between its bytes and its record there can leave an older key's entry \
-                     over them"
-                );
-            }
-            return Ok(());
+            _ => r,
         }
-        if !matches!(op, TransferOp::CatalogPut { .. }) || r != unknown {
-            return r;
-        }
-        let mut legacy = self.legacy.lock();
-        if !legacy.iter().any(|e| e == endpoint) {
-            legacy.push(endpoint.to_string());
-        }
-        if !LEGACY_LOGGED.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                endpoint,
-                "the data plane at {endpoint} refused CATALOG_PUT: its objects cannot be \
-                 re-reported after a master restart"
-            );
-        }
-        Ok(())
     }
 
     /// End of the submission that starts at `start` and takes at most `max` ops, never
@@ -212,6 +203,21 @@ impl CatalogWriter {
         }
         end
     }
+}
+
+/// Whether `endpoint` is in `list`.
+fn listed(list: &Mutex<Vec<String>>, endpoint: &str) -> bool {
+    list.lock().iter().any(|e| e == endpoint)
+}
+
+/// Adds `endpoint` to `list` (once); true the first time this process `logged` such a
+/// refusal, so that it is logged once.
+fn remember(list: &Mutex<Vec<String>>, endpoint: &str, logged: &AtomicBool) -> bool {
+    let mut list = list.lock();
+    if !list.iter().any(|e| e == endpoint) {
+        list.push(endpoint.to_string());
+    }
+    !logged.swap(true, Ordering::Relaxed)
 }
 
 #[cfg(test)]
