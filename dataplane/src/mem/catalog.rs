@@ -277,22 +277,12 @@ impl Inner {
     /// Removes the entries overlapping `[addr, addr + len)` whose sequence number is at most
     /// `upto`; returns how many.
     fn remove_overlapping(&mut self, addr: u64, len: u64, upto: u64) -> usize {
-        self.remove_overlapping_where(addr, len, |e| e.seq <= upto)
-    }
-
-    /// Removes the entries overlapping `[addr, addr + len)` that `doomed` accepts.
-    fn remove_overlapping_where(
-        &mut self,
-        addr: u64,
-        len: u64,
-        doomed: impl Fn(&Entry) -> bool,
-    ) -> usize {
-        self.remove_overlapping_where_at(addr, len, |_, e| doomed(e))
+        self.remove_overlapping_where(addr, len, |_, e| e.seq <= upto)
     }
 
     /// Removes the entries overlapping `[addr, addr + len)` that `doomed` accepts, given
     /// each entry's start address.
-    fn remove_overlapping_where_at(
+    fn remove_overlapping_where(
         &mut self,
         addr: u64,
         len: u64,
@@ -484,8 +474,8 @@ impl Catalog {
     /// a tombstone so that the removal is re-reported. Returns how many entries went.
     pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
         let mut inner = self.lock();
-        let n =
-            inner.remove_overlapping_where(addr, len, |e| &*e.key == key && e.version <= version);
+        let n = inner
+            .remove_overlapping_where(addr, len, |_, e| &*e.key == key && e.version <= version);
         inner.add_tombstone(key, version);
         n
     }
@@ -527,7 +517,7 @@ impl Catalog {
     /// newer stay, so an intent applied late (a same-host announcement read after the
     /// writer's own record, or after a later put's) drops nothing that came after it.
     pub fn overwrite(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
-        self.lock().remove_overlapping_where_at(addr, len, |at, e| {
+        self.lock().remove_overlapping_where(addr, len, |at, e| {
             e.version < version && !(&*e.key == key && at == addr && e.len == len)
         })
     }
