@@ -66,7 +66,9 @@ use protocol::Version;
 
 use super::catalog::{Catalog, CatalogRecord, PendingWrites, RecordKind};
 use super::served::ServedMemory;
+use super::Dst;
 use crate::limits::CATALOG_RECORD_MAX_BYTES;
+use crate::transport::rawio;
 
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
@@ -307,28 +309,17 @@ impl Importer {
     fn drain(&mut self, catalog: &Catalog) {
         let mut chunk = [0u8; 4096];
         while !self.closed {
-            // SAFETY: `chunk` is writable for its length; MSG_DONTWAIT never blocks.
-            let n = unsafe {
-                libc::recv(
-                    self.conn.as_raw_fd(),
-                    chunk.as_mut_ptr().cast(),
-                    chunk.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                match io::Error::last_os_error().kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    io::ErrorKind::WouldBlock => return,
-                    _ => self.closed = true,
+            let fd = self.conn.as_raw_fd();
+            let n = match rawio::recv(fd, &mut Dst::from(&mut chunk[..]), libc::MSG_DONTWAIT) {
+                Ok(n) if n > 0 => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                // End of file, or an error.
+                _ => {
+                    self.closed = true;
+                    continue;
                 }
-                continue;
-            }
-            if n == 0 {
-                self.closed = true;
-                continue;
-            }
-            let mut got = &chunk[..n as usize];
+            };
+            let mut got = &chunk[..n];
             while !got.is_empty() && !self.closed {
                 let want = if self.need == 0 {
                     INTENT_HEADER_BYTES
@@ -768,30 +759,11 @@ impl ShmMapping {
         }
         .encode();
         let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
-        let mut sent = 0;
-        while sent < bytes.len() {
-            // SAFETY: the unsent tail of `bytes` is readable; MSG_NOSIGNAL: no SIGPIPE.
-            let n = unsafe {
-                libc::send(
-                    self.conn.as_raw_fd(),
-                    bytes[sent..].as_ptr().cast(),
-                    bytes.len() - sent,
-                    libc::MSG_NOSIGNAL,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                // Maybe half an intent went: no later intent may follow it on this socket.
-                // The exporter sees the close, and so does `exporter_alive`.
-                let _ = self.conn.shutdown(std::net::Shutdown::Both);
-                return Err(e);
-            }
-            sent += n as usize;
-        }
-        Ok(())
+        rawio::send_all(self.conn.as_raw_fd(), &bytes, false).inspect_err(|_| {
+            // Maybe half an intent went: no later intent may follow it on this socket. The
+            // exporter sees the close, and so does `exporter_alive`.
+            let _ = self.conn.shutdown(std::net::Shutdown::Both);
+        })
     }
 }
 
