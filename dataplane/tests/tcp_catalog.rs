@@ -1,7 +1,7 @@
 //! CATALOG_PUT on both server backends: the range is checked as a WRITE's, a bad record is
 //! refused without breaking the connection, a reused range replaces what was recorded there,
-//! the request goes on the lane of the WRITE before it, and an intent drops what its WRITE
-//! goes over.
+//! the request goes on the lane of the WRITE before it, an intent drops what its WRITE goes
+//! over, and a lone intent (an RDMA writer's) is answered at once and fenced by its term.
 
 #[macro_use]
 mod common;
@@ -350,7 +350,57 @@ fn an_intent_drops_what_its_write_goes_over(backend: Backend) {
     assert_eq!(keys(&f), ["d", "c"]);
 }
 
+/// An RDMA writer's intent comes alone (its bytes go by RDMA once it is answered): the server
+/// answers it at once, though it holds an intent's answer for the WRITE right behind it when
+/// that is already arriving. An intent of a term the owner has fenced off is refused and drops
+/// nothing, which stops that writer before its bytes.
+fn a_lone_intent_is_answered_and_fenced_by_its_term(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let base = f.base();
+    for (addr, key) in [(base, "a"), (base + 4096, "b")] {
+        assert_eq!(catalog_put(&f, addr, &of_term(1000, key, 10)), Ok(()));
+    }
+    let client = f.client(1);
+    let intent = |addr: u64, rec: &[u8]| {
+        let mut ops = [TransferOp::CatalogIntent {
+            remote_addr: addr,
+            record: Src::from(rec),
+        }];
+        client.submit(&mut ops).pop().unwrap()
+    };
+    let of = |key, term| CatalogRecord::intent(1000, key, protocol::Version { term, seq: 2 });
+    // Answered (not held until the client's 5 s timeout), and applied.
+    assert_eq!(intent(base, &of("x", 10).encode()), Ok(()));
+    assert_eq!(keys(&f), ["b"]);
+    // Two in one submission, as a batch of RDMA puts to one owner sends them.
+    let (y, z) = (of("y", 10).encode(), of("z", 10).encode());
+    let mut two = [
+        TransferOp::CatalogIntent {
+            remote_addr: base + 4096,
+            record: Src::from(&y[..]),
+        },
+        TransferOp::CatalogIntent {
+            remote_addr: base + 8192,
+            record: Src::from(&z[..]),
+        },
+    ];
+    assert_eq!(client.submit(&mut two), [Ok(()), Ok(())]);
+    assert!(f.memory.catalog().is_empty());
+    // Fenced: a term-10 intent is refused and drops nothing; the fence's term goes through.
+    assert_eq!(catalog_put(&f, base, &of_term(1000, "c", 20)), Ok(()));
+    f.memory.catalog().fence(20);
+    assert_eq!(
+        intent(base, &of("late", 10).encode()),
+        refused(TeError::Metadata)
+    );
+    assert_eq!(keys(&f), ["c"]);
+    let current = CatalogRecord::intent(1000, "d", protocol::Version { term: 20, seq: 9 });
+    assert_eq!(intent(base, &current.encode()), Ok(()));
+    assert!(f.memory.catalog().is_empty());
+}
+
 both_backends!(
+    a_lone_intent_is_answered_and_fenced_by_its_term,
     an_intent_drops_what_its_write_goes_over,
     catalog_put_of_an_earlier_term_is_refused_once_fenced,
     catalog_put_validates_and_replaces,

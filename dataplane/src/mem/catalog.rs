@@ -423,9 +423,12 @@ impl Catalog {
     }
 
     /// Applies a record: an object is inserted, a tombstone buried, an intent drops what its
-    /// write goes over. An object of a term older than the fence is refused with
-    /// `ERR_METADATA` and changes nothing; a tombstone and an intent are always applied (they
-    /// drop only entries older than their version, so a late one cannot hide a newer write).
+    /// write goes over. An object or an intent of a term older than the fence is refused with
+    /// `ERR_METADATA` and changes nothing: its write belongs to a term that has ended (over
+    /// TCP its WRITE is refused by its connection's term anyway; an RDMA writer, which waits
+    /// for its intent's answer before its bytes, stops there). A tombstone is always applied
+    /// (it drops only its own key's entries older than its version, so a late one cannot hide
+    /// a newer write).
     pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
         match rec.kind {
             RecordKind::Tombstone => {
@@ -433,6 +436,9 @@ impl Catalog {
                 Ok(())
             }
             RecordKind::Intent => {
+                if self.fence.refuses(rec.version.term) {
+                    return Err(TeError::Metadata);
+                }
                 self.overwrite(addr, rec.len, rec.key, rec.version);
                 Ok(())
             }
@@ -767,7 +773,16 @@ mod tests {
             Err(TeError::Metadata)
         );
         assert_eq!(c.insert(0, 10, "b", false, V0), Err(TeError::Metadata));
+        // So is an intent: its write belongs to an ended term (an RDMA writer stops there).
+        let late = CatalogRecord::intent(10, "b", v(4, 99));
+        assert_eq!(c.apply(0, &late), Err(TeError::Metadata));
         assert_eq!(keys(&c), vec![(0, "a".into())], "nothing replaced");
+        let current = CatalogRecord::intent(10, "b", v(5, 1));
+        assert_eq!(
+            c.apply(20, &current),
+            Ok(()),
+            "the fence's own term goes through"
+        );
         c.insert(20, 10, "c", false, v(5, 1)).unwrap();
         c.insert(40, 10, "d", false, v(6, 1)).unwrap();
         // A tombstone of an earlier term still buries its own key's older entries.

@@ -446,8 +446,11 @@ impl Reactor {
                     match self.view.memory().catalog_put(req.addr, &buf) {
                         // An intent's answer waits for the next answer on its connection (its
                         // WRITE's, which the client sends right behind it), so the client
-                        // wakes once for both.
-                        Ok(RecordKind::Intent) => self.hold(id, Response::ok(req.request_id)),
+                        // wakes once for both; a lone intent (an RDMA writer's, nothing behind
+                        // it yet) is answered at once.
+                        Ok(RecordKind::Intent) if self.has_pending(id) => {
+                            self.hold(id, Response::ok(req.request_id))
+                        }
                         // Counted in `requests_ok` when the response is sent.
                         Ok(_) => self.respond(id, Response::ok(req.request_id)),
                         Err(code) => {
@@ -653,7 +656,13 @@ impl Reactor {
         self.respond(id, refusal);
     }
 
-    /// Queues a response and starts a send if none is in flight.
+    /// Whether the next request of `id` is already arriving (`rawio::has_pending`).
+    fn has_pending(&self, id: usize) -> bool {
+        self.conns
+            .get(id)
+            .is_some_and(|c| rawio::has_pending(c.fd()))
+    }
+
     /// Queues `response` without sending it: it goes out with the connection's next one.
     fn hold(&mut self, id: usize, response: Response) {
         match self.conns.get_mut(id) {
@@ -666,6 +675,7 @@ impl Reactor {
         }
     }
 
+    /// Queues a response and starts a send if none is in flight.
     fn respond(&mut self, id: usize, response: Response) {
         self.hold(id, response);
         self.flush(id);

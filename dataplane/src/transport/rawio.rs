@@ -101,6 +101,16 @@ pub(crate) fn send_all(fd: RawFd, buf: &[u8], more: bool) -> io::Result<()> {
     unsafe { send_all_raw(fd, buf.as_ptr(), buf.len(), more) }
 }
 
+/// Whether bytes the peer sent are waiting to be read on `fd` (`FIONREAD`); false on error.
+/// A server holds a write intent's answer only while the request behind it is already
+/// arriving (`docs/protocol.md`, CATALOG_PUT): a lone intent is answered at once.
+pub(crate) fn has_pending(fd: RawFd) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which is live for the call.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) };
+    rc == 0 && n > 0
+}
+
 /// Reads until `buf` is full or the peer closes; returns the number of bytes read (less than
 /// `buf.len()` only at end of stream).
 pub(crate) fn read_full(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {

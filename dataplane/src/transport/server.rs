@@ -431,9 +431,11 @@ fn serve_catalog_put(stream: &TcpStream, shared: &Shared, req: &RequestHeader) -
     let (status, more) = match shared.memory.catalog_put(req.addr, &record) {
         Ok(kind) => {
             bump(&shared.stats.requests_ok);
-            // An intent's answer goes out with its WRITE's (MSG_MORE): one wake-up for the
-            // client, not two.
-            (0, kind == RecordKind::Intent)
+            // An intent's answer goes out with its WRITE's (MSG_MORE) when that is already
+            // arriving: one wake-up for the client, not two. A lone intent (an RDMA writer's,
+            // its bytes go by RDMA once it is answered) is answered at once.
+            let held = kind == RecordKind::Intent && rawio::has_pending(stream.as_raw_fd());
+            (0, held)
         }
         Err(code) => {
             bump(&shared.stats.requests_rejected);
