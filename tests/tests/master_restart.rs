@@ -323,12 +323,43 @@ enum DyingWriter {
     Tcp,
     /// A memcpy through the node's shared segment, announced first as the store does.
     SameHost,
+    /// An RDMA WRITE (the software verbs model) after an intent over TCP, answered first, as
+    /// the store does.
+    Rdma,
 }
 
 impl DyingWriter {
+    /// A master, a one-shard storage node (64 MB; serving over RDMA too for
+    /// [`DyingWriter::Rdma`], on `fabric`) and a store client with no segment of its own.
+    fn cluster(self, fabric: &Fabric) -> (Master, Node, client::Store) {
+        let DyingWriter::Rdma = self else {
+            return one_node_cluster();
+        };
+        let master = Master::start(&[]);
+        let node = Node::start_with_env(
+            &master,
+            &[
+                "--shards=1",
+                "--global_segment_size=64 MB",
+                "--protocol=rdma",
+            ],
+            &[("MOONCAKE_RDMA_SIM", fabric.path())],
+        );
+        let store =
+            mooncake_tests::remote_store(&master.rpc_addr(), &master.metadata_url(), 16 << 20)
+                .expect("setup");
+        (master, node, store)
+    }
+
     /// Writes `bytes` as the put of `key` the master described with `r` would, and stops
-    /// there: no record, no `PutEnd`.
-    fn write_and_die(self, r: &protocol::ReplicaDescriptor, key: &str, bytes: &[u8]) {
+    /// there: no record, no `PutEnd`. `metadata` is where the node published its segment.
+    fn write_and_die(
+        self,
+        r: &protocol::ReplicaDescriptor,
+        key: &str,
+        bytes: &[u8],
+        metadata: &str,
+    ) {
         use client::dataplane::mem::{ShmMapping, Src};
         use client::dataplane::transport::client::TransferOp;
 
@@ -361,7 +392,67 @@ impl DyingWriter {
                 // segment, which the master gave to this put; no reference is formed over it.
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
             }
+            DyingWriter::Rdma => {
+                use client::store::rdma::RdmaPeers;
+
+                let keys = client::dataplane::metadata::Keys::for_store(
+                    &client::store::cluster_id_from_env(),
+                );
+                let side = client::rdma::RdmaSide::open(
+                    "dying-writer",
+                    "",
+                    Duration::from_secs(5),
+                    "127.0.0.1".parse().unwrap(),
+                    metadata,
+                    keys,
+                )
+                .expect("RDMA on the software verbs model");
+                let peers = RdmaPeers::new(side).expect("staging");
+                let peer = peers
+                    .peer(&r.segment_name)
+                    .expect("the node serves its segment over RDMA");
+                let data = data_client(&r.transport_endpoint, r.version.term)
+                    .expect("connect to the node's data port");
+                let mut ops = [TransferOp::CatalogIntent {
+                    remote_addr: r.buffer_address,
+                    record: Src::from(&intent[..]),
+                }];
+                assert_eq!(data.submit(&mut ops), [Ok(())], "intent");
+                peers
+                    .write(&peer, r.buffer_address, &[Src::from(bytes)])
+                    .expect("RDMA write");
+            }
         }
+    }
+}
+
+/// A directory for the software verbs model's fabric, removed on drop.
+struct Fabric(std::path::PathBuf);
+
+impl Fabric {
+    fn new() -> Fabric {
+        let p = std::env::temp_dir().join(format!(
+            "mc-restart-fabric-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        // This process's RDMA (the dying writer's) runs on the same model.
+        std::env::set_var("MOONCAKE_RDMA_SIM", &p);
+        Fabric(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -377,7 +468,8 @@ fn written_over_then_restart(writer: DyingWriter) {
     use client::MasterClient;
     use protocol::message::{PutStart, Remove};
 
-    let (master, _node, store) = one_node_cluster();
+    let fabric = Fabric::new();
+    let (master, _node, store) = writer.cluster(&fabric);
     let one = ReplicateConfig::default();
     // Above the slab sizes: a best-fit extent, so the next allocation of its size reuses it.
     let size = (3 << 20) / 2;
@@ -412,7 +504,7 @@ fn written_over_then_restart(writer: DyingWriter) {
         "the put was not given the removed object's range"
     );
     let foreign = vec![0xa5u8; size];
-    writer.write_and_die(r, "over/new", &foreign);
+    writer.write_and_die(r, "over/new", &foreign, &master.metadata_url());
 
     let _master = restart(master);
     // The node re-mounted once the untouched key is listed again.
@@ -441,6 +533,11 @@ fn a_range_memcpyd_over_is_not_re_reported_under_its_old_key() {
     written_over_then_restart(DyingWriter::SameHost);
 }
 
+#[test]
+fn a_range_rdma_written_over_is_not_re_reported_under_its_old_key() {
+    written_over_then_restart(DyingWriter::Rdma);
+}
+
 /// An upsert of the same size rewrites its key's range in place. Cut between its bytes and
 /// its record (its writer died, or a new term's fence refused the record), it leaves the
 /// key's entry over its complete new bytes, and the next master lists the key with them (the
@@ -450,7 +547,8 @@ fn upsert_cut_before_its_record_then_restart(writer: DyingWriter) {
     use client::MasterClient;
     use protocol::message::UpsertStart;
 
-    let (master, _node, store) = one_node_cluster();
+    let fabric = Fabric::new();
+    let (master, _node, store) = writer.cluster(&fabric);
     let one = ReplicateConfig::default();
     let size = 64 << 10;
     assert_eq!(store.put("up/k", &vec![1u8; size], &one, false), Ok(()));
@@ -468,7 +566,7 @@ fn upsert_cut_before_its_record_then_restart(writer: DyingWriter) {
         .expect("rpc")
         .expect("upsert start");
     let new = vec![2u8; size];
-    writer.write_and_die(&started.replicas[0], "up/k", &new);
+    writer.write_and_die(&started.replicas[0], "up/k", &new, &master.metadata_url());
 
     let _master = restart(master);
     wait_listed(&store, "up/kept");
@@ -488,4 +586,9 @@ fn an_upsert_cut_before_its_record_keeps_its_key_over_tcp() {
 #[test]
 fn an_upsert_cut_before_its_record_keeps_its_key_same_host() {
     upsert_cut_before_its_record_then_restart(DyingWriter::SameHost);
+}
+
+#[test]
+fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
+    upsert_cut_before_its_record_then_restart(DyingWriter::Rdma);
 }

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, http, Master, Node};
+use mooncake_tests::{bin_path, free_port, http, wait_until, Master, Node};
 use protocol::{ErrorCode, ReplicateConfig};
 
 fn fabric() -> PathBuf {
@@ -70,14 +70,20 @@ fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Sto
 }
 
 fn rdma_node(m: &Master, f: &Fabric) -> Node {
+    rdma_node_with(m, f, &[])
+}
+
+fn rdma_node_with(m: &Master, f: &Fabric, extra: &[&str]) -> Node {
     let fab = f.0.to_str().unwrap();
+    let mut args = vec![
+        "--protocol=rdma",
+        "--shards=2",
+        "--global_segment_size=256 MB",
+    ];
+    args.extend_from_slice(extra);
     Node::start_with_env(
         m,
-        &[
-            "--protocol=rdma",
-            "--shards=2",
-            "--global_segment_size=256 MB",
-        ],
+        &args,
         &[("MOONCAKE_RDMA_SIM", fab), ("MC_STORE_SHM", "0")],
     )
 }
@@ -189,6 +195,65 @@ fn puts_and_gets_move_over_rdma_into_a_storage_node() {
     );
     s.close();
     tcp.close();
+}
+
+/// The node's TCP requests answered so far, over its shards.
+fn requests_ok(metrics_port: u16) -> u64 {
+    http("GET", metrics_port, "/metrics", b"")
+        .text()
+        .lines()
+        .filter(|l| l.starts_with("mooncake_node_requests_ok_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The owner's CPU sees none of an RDMA write's bytes, so before them the writer tells it
+/// which key and version are about to go over the range (an intent over TCP, answered before
+/// the first work request), as a TCP writer does in its WRITE's lane: a writer that dies
+/// between its bytes and its record then leaves no older entry of another key naming them
+/// (`docs/recovery.md`, invariant 8). Each RDMA put is two requests on the owner's data port,
+/// its intent and its record; it was one, the record, before.
+#[test]
+fn rdma_puts_announce_each_write_to_its_owner_before_the_bytes() {
+    let f = rdma_env();
+    let m = Master::start(&[]);
+    let port = free_port();
+    let _node = rdma_node_with(&m, &f, &[&format!("--metrics_port={port}")]);
+    let s = store(&m, "rdma", 0, &m.metadata_url()).expect("rdma store setup");
+    let cfg = ReplicateConfig::default();
+    let puts = 6;
+    // Warm up, the same sizes: every data-plane connection this takes (to both shards, each
+    // lane declaring its term) is open.
+    for i in 0..puts {
+        assert_eq!(s.put(&format!("warm/{i}"), &value(i), &cfg, false), Ok(()));
+    }
+    let settled = || {
+        let a = requests_ok(port);
+        std::thread::sleep(Duration::from_millis(300));
+        a == requests_ok(port)
+    };
+    wait_until(Duration::from_secs(5), settled).expect("the node's counters settle");
+    let before = requests_ok(port);
+    let before_rdma = s.path_counts().rdma_bytes;
+    for i in 0..puts {
+        assert_eq!(s.put(&format!("a/{i}"), &value(i), &cfg, false), Ok(()));
+    }
+    let moved: u64 = (0..puts).map(|i| value(i).len() as u64).sum();
+    assert_eq!(
+        s.path_counts().rdma_bytes - before_rdma,
+        moved,
+        "bytes by RDMA"
+    );
+    wait_until(Duration::from_secs(5), settled).expect("the node's counters settle");
+    assert_eq!(
+        requests_ok(port) - before,
+        2 * puts as u64,
+        "an intent and a record per RDMA put"
+    );
+    for i in 0..puts {
+        assert_eq!(s.get(&format!("a/{i}")), Ok(value(i)), "get a/{i}");
+    }
+    s.close();
 }
 
 #[test]

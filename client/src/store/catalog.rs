@@ -12,8 +12,11 @@
 //! the write goes over even if the writer dies before its record (`docs/recovery.md`, "A
 //! range written over"): over TCP a `CATALOG_PUT` of kind INTENT just before each slice's
 //! WRITE, on its lane (no extra round trip); for a same-host memcpy, on the shared-memory
-//! socket (`mem::shm`); for our own segment, straight into our catalog. An RDMA write
-//! announces nothing (a window, documented).
+//! socket (`mem::shm`); for our own segment, straight into our catalog; for an RDMA write,
+//! over TCP to the owner's data port, answered before the first RDMA work request is posted
+//! (one round trip per batch: the owner's CPU sees none of the RDMA bytes, so it must have
+//! the intent first). An owner refuses the intent of a term that has ended, which stops an
+//! RDMA writer of that term before its bytes.
 //!
 //! A record carries the object's pins, so that a master that lost its index can pin it again
 //! from the owner's re-report (`docs/ha.md`): the hard pin as the write asked for it, and the
@@ -24,11 +27,12 @@
 //!
 //! Invariants: a catalog entry is recorded only after every byte of its replica was written;
 //! a peer that predates `CATALOG_PUT` (it answers `ERR_INVALID_ARGUMENT` to the unknown opcode)
-//! is remembered and sent none again, logged once; an intent never fails a put (its WRITE,
-//! right behind it on the same connection, says whether the put went through); a peer that
-//! predates intents refuses them as unknown and is sent none again, logged once (one that
-//! predates `CATALOG_PUT` too closes the connection on the first, so that put's WRITE fails;
-//! the next put sends neither intent nor record there after its record is refused).
+//! is remembered and sent none again, logged once; an intent fails a put only where its
+//! bytes would fail too (lost with its connection, or refused as of an ended term, like the
+//! WRITE right behind it on the same connection); a peer that predates intents refuses them
+//! as unknown and is sent none again, logged once (one that predates `CATALOG_PUT` too closes
+//! the connection on the first, so that put's WRITE fails; the next put sends neither intent
+//! nor record there after its record is refused).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -157,16 +161,15 @@ impl CatalogWriter {
     }
 
     /// The result of `op` as the put sees it: a `CATALOG_PUT` refused as unknown means the
-    /// peer keeps no catalog (remembered, logged once), not a failed put; an intent never
-    /// fails a put (see the module docs), and one refused as unknown is not sent to that peer
-    /// again.
+    /// peer keeps no catalog (remembered, logged once), not a failed put; an intent refused
+    /// as unknown is not sent to that peer again and fails nothing (see the module docs).
     pub fn settle(&self, endpoint: &str, op: &TransferOp<'_>, r: TransferResult) -> TransferResult {
         let unknown = Err(TransferError::Refused {
             status: TeError::InvalidArgument.code(),
         });
         match op {
-            TransferOp::CatalogIntent { .. } => {
-                if r == unknown && remember(&self.no_intents, endpoint, &NO_INTENTS_LOGGED) {
+            TransferOp::CatalogIntent { .. } if r == unknown => {
+                if remember(&self.no_intents, endpoint, &NO_INTENTS_LOGGED) {
                     tracing::warn!(
                         endpoint,
                         "the data plane at {endpoint} refused a write intent: a writer dying \
@@ -308,12 +311,17 @@ mod tests {
             src: Src::from(&data[..]),
         };
         assert_eq!(w.settle("b:1", &write, refused.clone()), refused);
-        // An intent never fails a put, and never marks its peer as keeping no catalog.
+        // An intent fails its put only as its WRITE would (lost, or refused as of an ended
+        // term), and never marks its peer as keeping no catalog.
         let intent = TransferOp::CatalogIntent {
             remote_addr: 0,
             record: Src::from(&rec[..]),
         };
-        assert_eq!(w.settle("b:1", &intent, other), Ok(()));
+        assert_eq!(w.settle("b:1", &intent, other.clone()), other);
+        let fenced = Err(TransferError::Refused {
+            status: TeError::Metadata.code(),
+        });
+        assert_eq!(w.settle("b:1", &intent, fenced.clone()), fenced);
         assert!(w.intents("b:1"));
         assert_eq!(w.settle("b:1", &intent, refused.clone()), Ok(()));
         assert!(w.enabled("b:1"), "records still go");

@@ -6,7 +6,8 @@
 //! segments' memfds) is mapped once and copied with memcpy too, unless `MC_STORE_SHM` is
 //! false; a write there is then recorded in the owner's catalog with a CATALOG_PUT over TCP.
 //! With `protocol="rdma"`, a replica whose owner published an RDMA descriptor is read and
-//! written with one-sided RDMA (`super::rdma`; its catalog record still goes over TCP). Any
+//! written with one-sided RDMA (`super::rdma`; its intent and its catalog record still go
+//! over TCP, the intent answered before the first RDMA write: `super::catalog`). Any
 //! other replica is reached through a pooled [`TcpClient`] per data-plane endpoint.
 //!
 //! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
@@ -561,6 +562,10 @@ impl Peers {
         // Objects of several slices: recorded once every slice has landed.
         let mut late: Vec<usize> = Vec::new();
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        // Replicas reached over RDMA, written once their owners have taken their intents
+        // (over TCP, in `announce`: the owner's CPU sees none of the RDMA bytes).
+        let mut rdma = Vec::new();
+        let mut announce: Vec<Group<'_, '_>> = Vec::new();
         for (i, it) in items.iter().enumerate() {
             let r = it.replica;
             let total: u64 = it.parts.iter().map(|p| p.len() as u64).sum();
@@ -632,11 +637,15 @@ impl Peers {
                 }
             }
             if let Some((rd, peer)) = self.rdma_peer(r) {
-                results[i] = rd.write(&peer, r.buffer_address, it.parts);
-                // As for shared memory: the catalog record goes over TCP once the bytes landed.
-                if self.catalog.enabled(&r.transport_endpoint) {
-                    late.push(i);
+                if self.catalog.intents(&r.transport_endpoint) {
+                    let op = TransferOp::CatalogIntent {
+                        remote_addr: r.buffer_address,
+                        record: Src::from(&intents[i][..]),
+                    };
+                    let g = group_for(&mut announce, &r.transport_endpoint, Some(r.version.term));
+                    g.push(i, op, intents[i].len());
                 }
+                rdma.push((i, rd, peer));
                 continue;
             }
             let g = group_for(&mut groups, &r.transport_endpoint, Some(r.version.term));
@@ -678,6 +687,21 @@ impl Peers {
                 } else {
                     late.push(i);
                 }
+            }
+        }
+        if !announce.is_empty() {
+            self.run_groups(announce, &mut results);
+        }
+        for (i, rd, peer) in rdma {
+            // An intent lost or refused (its term has ended) stops the write before its bytes.
+            if results[i].is_err() {
+                continue;
+            }
+            let r = items[i].replica;
+            results[i] = rd.write(&peer, r.buffer_address, items[i].parts);
+            // As for shared memory: the catalog record goes over TCP once the bytes landed.
+            if self.catalog.enabled(&r.transport_endpoint) {
+                late.push(i);
             }
         }
         self.run_groups(groups, &mut results);
