@@ -87,9 +87,9 @@ impl LocalMaster {
     }
 }
 
-/// Starts a `mooncake_client` storage node contributing `segment_bytes` to `master`, and
-/// waits until it prints `mooncake_client ready`.
-pub fn start_node(master: &LocalMaster, segment_bytes: u64) -> Spawned {
+/// Starts a `mooncake_client` storage node contributing `segment_bytes` to `master` (and
+/// `extra`, one more flag), and waits until it prints `mooncake_client ready`.
+pub fn start_node(master: &LocalMaster, segment_bytes: u64, extra: &str) -> Spawned {
     let mut child = Command::new(bin("mooncake_client"))
         .args([
             "--host=127.0.0.1".to_string(),
@@ -97,6 +97,7 @@ pub fn start_node(master: &LocalMaster, segment_bytes: u64) -> Spawned {
             format!("--master_server_address={}", master.rpc_addr),
             format!("--metadata_server={}", master.metadata_url),
             format!("--global_segment_size={segment_bytes}"),
+            extra.to_string(),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

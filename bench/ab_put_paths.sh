@@ -1,0 +1,27 @@
+#!/bin/bash
+# A/B of put service time over TCP and RDMA (software verbs model) for two builds.
+#
+#   bench/ab_put_paths.sh RUNS DIR_A DIR_B
+#
+# DIR_A and DIR_B each hold release builds of mooncake_bench, mooncake_master and
+# mooncake_client (copied from target/release of the two versions). Runs are interleaved;
+# each prints: run dir protocol value_size p50_us p99_us achieved_ops errors.
+set -euo pipefail
+runs=$1
+dirs=("$2" "$3")
+for r in $(seq 1 "$runs"); do
+  for cfg in "tcp 4096" "rdma 4096" "rdma 65536" "tcp 65536"; do
+    set -- $cfg
+    for d in "${dirs[@]}"; do
+      fabric=$(mktemp -d /dev/shm/mc-ab-fabric.XXXX)
+      out=$(MOONCAKE_RDMA_SIM=$fabric MC_STORE_SHM=0 "$d/mooncake_bench" --local --op put \
+        --rate 2000 --seconds 10 --threads 2 --pin --value_size "$2" --protocol "$1" 2>/dev/null)
+      rm -rf "$fabric"
+      svc=$(grep '^service' <<<"$out")
+      p50=$(sed -E 's/.*p50=([0-9]+).*/\1/' <<<"$svc")
+      p99=$(sed -E 's/.* p99=([0-9]+).*/\1/' <<<"$svc")
+      issued=$(grep '^issued' <<<"$out" | sed -E 's/.*achieved ([0-9]+) ops.*, ([0-9]+) errors.*/\1 \2/')
+      echo "$r $d $1 $2 $p50 $p99 $issued"
+    done
+  done
+done
