@@ -487,6 +487,43 @@ pub fn wait_until(timeout: Duration, mut probe: impl FnMut() -> bool) -> Option<
     }
 }
 
+/// A fresh directory for the software verbs model's fabric (`MOONCAKE_RDMA_SIM`, shared by
+/// every process of a test), in `/dev/shm` when there is one; removed on drop.
+pub struct SimFabric(PathBuf);
+
+impl SimFabric {
+    pub fn new() -> SimFabric {
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let p = base.join(format!("mc-rdma-fabric-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        SimFabric(p)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 path")
+    }
+}
+
+impl Default for SimFabric {
+    fn default() -> Self {
+        SimFabric::new()
+    }
+}
+
+impl Drop for SimFabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A second "host": a network namespace behind a veth pair (a private /30 of 10.231.0.0/16
 /// picked from the pid; `.1` the host end, `.2` the namespace end), deleted on drop, whatever
 /// happened. Services both sides must reach listen on [`Netns::host_addr`], which stays

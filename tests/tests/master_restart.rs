@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use client::dataplane::mem::{CatalogRecord, RecordKind};
 use client::dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
-use mooncake_tests::{Master, Node};
+use mooncake_tests::{Master, Node, SimFabric};
 use protocol::{ErrorCode, ReplicateConfig};
 
 /// Objects with one replica, and with two.
@@ -331,7 +331,7 @@ enum DyingWriter {
 impl DyingWriter {
     /// A master, a one-shard storage node (64 MB; serving over RDMA too for
     /// [`DyingWriter::Rdma`], on `fabric`) and a store client with no segment of its own.
-    fn cluster(self, fabric: &Fabric) -> (Master, Node, client::Store) {
+    fn cluster(self, fabric: &SimFabric) -> (Master, Node, client::Store) {
         let DyingWriter::Rdma = self else {
             return one_node_cluster();
         };
@@ -426,36 +426,6 @@ impl DyingWriter {
     }
 }
 
-/// A directory for the software verbs model's fabric, removed on drop.
-struct Fabric(std::path::PathBuf);
-
-impl Fabric {
-    fn new() -> Fabric {
-        let p = std::env::temp_dir().join(format!(
-            "mc-restart-fabric-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        // This process's RDMA (the dying writer's) runs on the same model.
-        std::env::set_var("MOONCAKE_RDMA_SIM", &p);
-        Fabric(p)
-    }
-
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A range the master freed and handed out again before its owner heard of the free keeps
 /// the old key's catalog entry until the new writer's record replaces it. A writer that dies
 /// between its bytes and its record (here: bytes, no record, no `PutEnd`) used to leave that
@@ -468,7 +438,9 @@ fn written_over_then_restart(writer: DyingWriter) {
     use client::MasterClient;
     use protocol::message::{PutStart, Remove};
 
-    let fabric = Fabric::new();
+    let fabric = SimFabric::new();
+    // This process's RDMA (the dying writer's) runs on the same model.
+    std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
     let (master, _node, store) = writer.cluster(&fabric);
     let one = ReplicateConfig::default();
     // Above the slab sizes: a best-fit extent, so the next allocation of its size reuses it.
@@ -547,7 +519,9 @@ fn upsert_cut_before_its_record_then_restart(writer: DyingWriter) {
     use client::MasterClient;
     use protocol::message::UpsertStart;
 
-    let fabric = Fabric::new();
+    let fabric = SimFabric::new();
+    // This process's RDMA (the dying writer's) runs on the same model.
+    std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
     let (master, _node, store) = writer.cluster(&fabric);
     let one = ReplicateConfig::default();
     let size = 64 << 10;

@@ -15,42 +15,18 @@
 //! Run with nextest (one process per test): the tests set process environment variables.
 
 use client::store::{Dst, Src};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use client::{Store, StoreConfig};
-use mooncake_tests::{bin_path, free_port, http, wait_until, Master, Node};
+use mooncake_tests::{bin_path, free_port, http, wait_until, Master, Node, SimFabric};
 use protocol::{ErrorCode, ReplicateConfig};
-
-fn fabric() -> PathBuf {
-    let base = if Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let p = base.join(format!("mc-rdma-store-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
-
-struct Fabric(PathBuf);
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Sets the process environment for an RDMA store on a fresh fabric (same-host shared
 /// segments off, so that replicas on the node are not copied by memcpy instead).
-fn rdma_env() -> Fabric {
-    let f = Fabric(fabric());
-    std::env::set_var("MOONCAKE_RDMA_SIM", &f.0);
+fn rdma_env() -> SimFabric {
+    let f = SimFabric::new();
+    std::env::set_var("MOONCAKE_RDMA_SIM", f.path());
     std::env::set_var("MC_STORE_SHM", "0");
     std::env::set_var("MC_TRANSFER_TIMEOUT", "5");
     f
@@ -69,12 +45,12 @@ fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Sto
     })
 }
 
-fn rdma_node(m: &Master, f: &Fabric) -> Node {
+fn rdma_node(m: &Master, f: &SimFabric) -> Node {
     rdma_node_with(m, f, &[])
 }
 
-fn rdma_node_with(m: &Master, f: &Fabric, extra: &[&str]) -> Node {
-    let fab = f.0.to_str().unwrap();
+fn rdma_node_with(m: &Master, f: &SimFabric, extra: &[&str]) -> Node {
+    let fab = f.path();
     let mut args = vec![
         "--protocol=rdma",
         "--shards=2",
@@ -342,7 +318,7 @@ fn rdma_without_a_device_or_a_metadata_server_is_refused() {
             &format!("--master_server_address={}", m.rpc_addr()),
             &format!("--metadata_server={}", m.metadata_url()),
         ])
-        .env("MOONCAKE_RDMA_SIM", &f.0)
+        .env("MOONCAKE_RDMA_SIM", f.path())
         .env("MOONCAKE_RDMA_SIM_DEVICES", "")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
