@@ -14,8 +14,8 @@
 //! WRITE, on its lane (no extra round trip); for a same-host memcpy, on the shared-memory
 //! socket (`mem::shm`); for our own segment, straight into our catalog; for an RDMA write,
 //! over TCP to the owner's data port, answered before the first RDMA work request is posted
-//! (one round trip per batch: the owner's CPU sees none of the RDMA bytes, so it must have
-//! the intent first). An owner refuses the intent of a term that has ended, which stops an
+//! (one round trip per owner per batch: the owner's CPU sees none of the RDMA bytes, so it
+//! must have the intent first). An owner refuses the intent of a term that has ended, which stops an
 //! RDMA writer of that term before its bytes.
 //!
 //! A record carries the object's pins, so that a master that lost its index can pin it again
