@@ -488,23 +488,14 @@ pub fn wait_until(timeout: Duration, mut probe: impl FnMut() -> bool) -> Option<
 }
 
 /// A fresh directory for the software verbs model's fabric (`MOONCAKE_RDMA_SIM`, shared by
-/// every process of a test), in `/dev/shm` when there is one; removed on drop.
+/// every process of a test: `sim::scratch_fabric`); removed on drop.
 pub struct SimFabric(PathBuf);
 
 impl SimFabric {
     pub fn new() -> SimFabric {
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let p = base.join(format!("mc-rdma-fabric-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        SimFabric(p)
+        SimFabric(client::dataplane::transport::rdma::sim::scratch_fabric(
+            "store",
+        ))
     }
 
     pub fn path(&self) -> &str {

@@ -62,18 +62,7 @@ fn wait_file(p: &Path) -> String {
 }
 
 fn fabric() -> PathBuf {
-    let base = if Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let p = base.join(format!("mc-rdma-engine-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&p).unwrap();
-    p
+    dataplane::transport::rdma::sim::scratch_fabric("engine")
 }
 
 /// The target process of [`engine_rdma_sim_between_processes`]; a no-op unless re-executed.

@@ -15,8 +15,8 @@
 //! socket (`mem::shm`); for our own segment, straight into our catalog; for an RDMA write,
 //! over TCP to the owner's data port, answered before the first RDMA work request is posted
 //! (one round trip per owner per batch: the owner's CPU sees none of the RDMA bytes, so it
-//! must have the intent first). An owner refuses the intent of a term that has ended, which stops an
-//! RDMA writer of that term before its bytes.
+//! must have the intent first). An owner refuses the intent of a term that has ended, which
+//! stops an RDMA writer of that term before its bytes.
 //!
 //! A record carries the object's pins, so that a master that lost its index can pin it again
 //! from the owner's re-report (`docs/ha.md`): the hard pin as the write asked for it, and the

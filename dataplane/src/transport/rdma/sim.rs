@@ -217,6 +217,24 @@ fn io_err(call: &'static str, e: std::io::Error) -> VerbsError {
     VerbsError::call(call, e.raw_os_error().unwrap_or(libc::EIO))
 }
 
+/// A fresh, empty fabric directory for tests and benchmarks (`MOONCAKE_RDMA_SIM`), under
+/// /dev/shm when there is one, else the temp dir; `tag` goes into its name. The caller
+/// removes it. Panics if it cannot be created (it serves tests, which stop there).
+pub fn scratch_fabric(tag: &str) -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let p = base.join(format!(
+        "mc-rdma-sim-{tag}-{}-{}",
+        std::process::id(),
+        random_u32()
+    ));
+    std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+    p
+}
+
 /// Whether process `pid` exists.
 fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
@@ -740,21 +758,7 @@ pub(crate) mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
-    /// A fresh fabric directory under /dev/shm (or the temp dir).
-    pub(crate) fn fabric(tag: &str) -> PathBuf {
-        let base = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let p = base.join(format!(
-            "mc-rdma-sim-{tag}-{}-{}",
-            std::process::id(),
-            random_u32()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        p
-    }
+    pub(crate) use super::scratch_fabric as fabric;
 
     struct End {
         cq: Cq,
