@@ -85,14 +85,34 @@ pub fn ping(
     // The fence goes up before the re-mount below, so no range of a re-mounted segment can
     // be handed out by this master while a record of an earlier term is still accepted.
     let term = u64::try_from(r.view_version).unwrap_or(0);
-    for s in served {
+    let raised: Vec<&Served<'_>> = served
+        .iter()
+        .filter(|s| s.catalog.fence_term() != term)
+        .collect();
+    for s in &raised {
         let was = s.catalog.fence_term();
-        if was != term {
-            let cut = s.catalog.fence(term);
+        let cut = s.catalog.fence(term);
+        tracing::info!(
+            segment = %s.desc.name,
+            "the master's term is {term} (was {was}): catalog records, WRITEs and memcpy \
+             writes of earlier terms are refused ({cut} connection(s) cut mid-WRITE)"
+        );
+    }
+    // Copies by memcpy (ours, same-host importers') of earlier terms already under way may
+    // still land: the re-mount waits for them (`mem::inflight`).
+    for s in &raised {
+        let (stale, left) = s.catalog.fences().wait_for_writes();
+        if left > 0 {
+            tracing::error!(
+                segment = %s.desc.name,
+                "{left} memcpy write(s) of an earlier term still copying after {:?}: \
+                 re-mounting anyway; their bytes may land on ranges the master hands out again",
+                dataplane::mem::inflight::STALE_WRITES_WAIT
+            );
+        } else if stale > 0 {
             tracing::info!(
                 segment = %s.desc.name,
-                "the master's term is {term} (was {was}): catalog records and WRITEs of \
-                 earlier terms are refused ({cut} connection(s) cut mid-WRITE)"
+                "waited for {stale} memcpy write(s) of an earlier term to end before re-mounting"
             );
         }
     }

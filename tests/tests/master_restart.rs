@@ -315,6 +315,88 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
     drop(master);
 }
 
+/// A same-host writer stalled inside its memcpy through a master's death: the owner, hearing
+/// of the new master, refuses copies of the ended term before their first byte and re-mounts
+/// only once the copy under way has ended, so the new master cannot hand its range to a put
+/// of its own while those late bytes may still land (`mem::inflight`). Without the wait the
+/// node re-mounts at once and the new put, given the same range, is written over by the late
+/// copy.
+#[test]
+fn a_same_host_copy_of_an_ended_term_ends_before_the_owner_re_mounts() {
+    use client::dataplane::mem::shm::WriteRefused;
+    use client::dataplane::mem::ShmMapping;
+    use client::MasterClient;
+    use protocol::message::PutStart;
+
+    let (master, _node, store) = one_node_cluster();
+    let one = ReplicateConfig::default();
+    assert_eq!(store.put("stall/kept", &value(3), &one, false), Ok(()));
+    let size = (3 << 20) / 2;
+    let raw = MasterClient::new(&master.rpc_addr()).expect("master client");
+    let r = raw
+        .call(&PutStart {
+            client_id: protocol::Uuid::from_parts(0x5a, 1),
+            key: "stall/late".into(),
+            size: size as u64,
+            config: ReplicateConfig::default(),
+        })
+        .expect("rpc")
+        .expect("put start")
+        .remove(0);
+    let m = ShmMapping::import(&r.transport_endpoint)
+        .expect("import")
+        .expect("the node shares its segment on this host");
+    let p = m.translate(r.buffer_address, r.size).expect("inside");
+    let claim = m
+        .begin_write(r.buffer_address, r.size, "stall/late", r.version)
+        .expect("the put's term is the node's");
+
+    // The writer stalls, its copy begun, while the master dies and the next one starts.
+    let _master = restart(master);
+    let t0 = Instant::now();
+    loop {
+        match m.begin_write(r.buffer_address, r.size, "stall/late", r.version) {
+            Err(WriteRefused::Fenced { fence }) => {
+                assert!(fence > r.version.term);
+                break;
+            }
+            Ok(_) => {}
+            Err(WriteRefused::Unavailable(e)) => panic!("{e}"),
+        }
+        assert!(
+            t0.elapsed() < RECOVERY_BOUND,
+            "the node never heard of the new master"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The node knows the new term and refuses new copies of the old one; its re-mount waits.
+    std::thread::sleep(SETTLE);
+    assert!(
+        store.replicas("stall/kept").is_err(),
+        "the node re-mounted while a copy of the ended term was under way"
+    );
+    let late = vec![0x5au8; size];
+    // SAFETY: `translate` checked the range lies in our mapping of the node's segment, which
+    // the first master gave to this put; no reference is formed over it.
+    unsafe { std::ptr::copy_nonoverlapping(late.as_ptr(), p, size) };
+    drop(claim);
+
+    wait_listed(&store, "stall/kept");
+    let new: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+    assert_eq!(store.put("stall/new", &new, &one, false), Ok(()));
+    let n = store.replicas("stall/new").unwrap().list.replicas.remove(0);
+    assert!(
+        overlaps((n.buffer_address, n.size), (r.buffer_address, r.size)),
+        "the new master gave the new put another range: this test shows nothing"
+    );
+    assert_eq!(store.get("stall/new").unwrap(), new);
+    assert_eq!(store.get("stall/kept").unwrap(), value(3));
+    assert_eq!(
+        store.get("stall/late").map_err(ErrorCode::from),
+        Err(ErrorCode::ObjectNotFound)
+    );
+}
+
 /// How the dying writers of [`written_over_then_restart`] and
 /// [`upsert_cut_before_its_record_then_restart`] put their bytes into the range.
 #[derive(Clone, Copy)]

@@ -220,6 +220,7 @@ impl DummyClient {
             base: region.addr() as u64,
             len: region.len() as u64,
             intents: false,
+            fenced: false,
         };
         let export = ShmExport::start(&shm_name, fd, offer, None).map_err(|e| {
             (

@@ -37,6 +37,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use dataplane::mem::inflight::{Refused, WriteClaim};
 use dataplane::mem::served::ServedMemory;
 use dataplane::mem::{CatalogRecord, RecordKind};
 use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
@@ -105,12 +106,24 @@ impl CatalogWriter {
         CatalogRecord::intent(r.size, key, r.version).encode()
     }
 
-    /// Announces a replica about to be copied into our own segment.
-    pub fn intend_local(&self, r: &ReplicaDescriptor, key: &str) {
-        if let Some(m) = &self.own {
-            m.catalog()
-                .overwrite(r.buffer_address, r.size, key, r.version);
-        }
+    /// Starts a copy of a replica into our own segment: takes a slot of our fence's write page
+    /// (`mem::inflight`; refused with the fence's term when the put's term has ended), then
+    /// announces the write to our catalog. Copy only while the claim is held.
+    pub fn begin_local(&self, r: &ReplicaDescriptor, key: &str) -> Result<WriteClaim<'_>, u64> {
+        let Some(m) = &self.own else {
+            return Ok(WriteClaim::unfenced());
+        };
+        let claim = loop {
+            match m.catalog().fences().local_writes().begin(r.version.term) {
+                Ok(c) => break c,
+                Err(Refused::Fenced { fence }) => return Err(fence),
+                // Every slot held by our own threads: one ends soon.
+                Err(Refused::Full) => std::thread::yield_now(),
+            }
+        };
+        m.catalog()
+            .overwrite(r.buffer_address, r.size, key, r.version);
+        Ok(claim)
     }
 
     /// The `CATALOG_PUT` payload burying a removed replica of `key` (`docs/ha.md`).

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use dataplane::mem::copier::{self, Way};
 use dataplane::mem::served::ServedMemory;
+use dataplane::mem::shm::WriteRefused;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{
     ClientConfig, TcpClient, TransferError, TransferOp, TransferResult,
@@ -577,7 +578,13 @@ impl Peers {
                 continue;
             }
             if self.is_local(r) {
-                self.catalog.intend_local(r, it.key);
+                let _claim = match self.catalog.begin_local(r, it.key) {
+                    Ok(c) => c,
+                    Err(fence) => {
+                        results[i] = Err(ended_term(it.key, r, fence));
+                        continue;
+                    }
+                };
                 results[i] = self.copy_in(r, it.parts);
                 if results[i].is_ok() {
                     results[i] = self
@@ -597,23 +604,33 @@ impl Peers {
                 continue;
             }
             if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
-                // The owner hears of the write before its first byte (`mem::shm`, intents);
-                // if it cannot, the write goes over TCP, whose WRITE it does see.
-                let announced = || {
-                    m.announce_write(r.buffer_address, r.size, it.key, r.version)
-                        .inspect_err(|e| {
+                // The owner's fence sees the copy (a slot of its write page) and hears of it
+                // before its first byte (`mem::shm`, intents); if it cannot, the write goes
+                // over TCP, whose WRITE it does see.
+                let begun = m.translate(r.buffer_address, r.size).and_then(|p| {
+                    match m.begin_write(r.buffer_address, r.size, it.key, r.version) {
+                        Ok(claim) => Some(Ok((p, claim))),
+                        Err(WriteRefused::Fenced { fence }) => {
+                            Some(Err(ended_term(it.key, r, fence)))
+                        }
+                        Err(WriteRefused::Unavailable(e)) => {
                             tracing::warn!(
-                                "{}: same-host write intent not delivered ({e}); over TCP",
+                                "{}: same-host write not announced ({e}); over TCP",
                                 r.transport_endpoint
                             );
                             self.shared.lock().remove(&r.transport_endpoint);
-                        })
-                        .is_ok()
-                };
-                if let Some(p) = m
-                    .translate(r.buffer_address, r.size)
-                    .filter(|_| announced())
-                {
+                            None
+                        }
+                    }
+                });
+                if let Some(begun) = begun {
+                    let (p, _claim) = match begun {
+                        Ok(x) => x,
+                        Err(e) => {
+                            results[i] = Err(e);
+                            continue;
+                        }
+                    };
                     // SAFETY: the whole object [buffer_address, + size) lies in the mapping
                     // (checked), which `shared` keeps mapped for the call; no reference is
                     // formed over the owner's segment.
@@ -951,6 +968,19 @@ enum Mapping {
     Own,
     /// A same-host peer's segment, mapped into this process (`ShmMapping`).
     Peer { hugetlb: bool },
+}
+
+/// The error of a write refused because its put's term has ended: the owner heard of a newer
+/// master (its fence is at `fence`), which may hand the range to a put of its own.
+fn ended_term(key: &str, r: &ReplicaDescriptor, fence: u64) -> StoreError {
+    StoreError::new(
+        ErrorCode::TransferFail,
+        format!(
+            "the put of {key} (version {}) is of a term that has ended: the owner of {:#x} \
+             fences writes below term {fence}",
+            r.version, r.buffer_address
+        ),
+    )
 }
 
 /// Writes a put's parts, which add up to `dst`'s length, into `dst`: an object's range in a

@@ -459,6 +459,9 @@ impl Catalog {
     ///
     /// The same fence refuses the WRITEs of connections that declared an earlier term, and
     /// shuts those connections down now ([`Fence::raise`]); returns how many it shut down.
+    /// Memcpy writes of earlier terms are refused before their first byte from now on; the
+    /// caller waits for those already copying with [`Fence::wait_for_writes`] before it
+    /// re-mounts.
     pub fn fence(&self, term: u64) -> usize {
         let _inner = self.lock();
         self.fence.raise(term)

@@ -18,6 +18,13 @@
 //!   range. Connections of earlier terms between requests are left alone: their READs and
 //!   catalog records go on, their next WRITE is refused on its header.
 //!
+//! A third kind, memcpy writes (our own store client's into our own segment, a same-host
+//! importer's through `mem::shm`), passes no server: each holds a slot of a write page
+//! (`mem::inflight`) while it copies. [`Fence::raise`] publishes the new term on every page
+//! (from then on a copy of an earlier term is refused before its first byte), and
+//! [`Fence::wait_for_writes`] waits for the copies of earlier terms already under way, which
+//! the owner calls before it re-mounts.
+//!
 //! A connection that declares nothing (term 0) is not fenced: the raw transfer engine's writes
 //! have no term. The fence follows the master down as well as up (see [`Fence::raise`]).
 //!
@@ -33,6 +40,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::inflight::{self, WritePage};
 use crate::TeError;
 
 /// See the module docs.
@@ -40,12 +48,16 @@ use crate::TeError;
 pub struct Fence {
     term: AtomicU64,
     conns: Mutex<Conns>,
+    /// The write page of this process's own memcpy writes.
+    local: WritePage,
 }
 
 #[derive(Debug, Default)]
 struct Conns {
     next: u64,
     by_key: HashMap<u64, Conn>,
+    /// The write pages of same-host writers ([`Fence::watch`]).
+    pages: Vec<Arc<WritePage>>,
 }
 
 #[derive(Debug)]
@@ -118,6 +130,10 @@ impl Fence {
     pub fn raise(&self, term: u64) -> usize {
         let mut conns = self.lock();
         self.term.store(term, Ordering::SeqCst);
+        self.local.publish(term);
+        for p in &conns.pages {
+            p.publish(term);
+        }
         if term == 0 {
             return 0;
         }
@@ -168,6 +184,36 @@ impl Fence {
             term,
             writing,
         }))
+    }
+
+    /// Waits until no memcpy write of a term below the fence is still copying, for at most
+    /// [`inflight::STALE_WRITES_WAIT`]; call it after [`Fence::raise`] and before re-mounting.
+    /// Returns how many there were, and how many were left when it gave up.
+    pub fn wait_for_writes(&self) -> (usize, usize) {
+        let pages: Vec<Arc<WritePage>> = self.lock().pages.clone();
+        let mut all: Vec<&WritePage> = pages.iter().map(|p| &**p).collect();
+        all.push(&self.local);
+        inflight::wait_for_stale(&all, self.term(), inflight::STALE_WRITES_WAIT)
+    }
+
+    /// Fences the memcpy writes of a same-host writer through `page` from now on (the current
+    /// term is published on it at once). The page is forgotten once its writer let go of it
+    /// and holds no copy under way.
+    pub fn watch(&self, page: Arc<WritePage>) {
+        let mut conns = self.lock();
+        page.publish(self.term());
+        conns.pages.retain(|p| Arc::strong_count(p) > 1 || p.busy());
+        conns.pages.push(page);
+    }
+
+    /// The write page of this process's own memcpy writes.
+    pub fn local_writes(&self) -> &WritePage {
+        &self.local
+    }
+
+    /// Same-host write pages watched now.
+    pub fn watched(&self) -> usize {
+        self.lock().pages.len()
     }
 
     /// Declared connections now.
@@ -228,5 +274,44 @@ mod tests {
         assert!(!f.refuses(5));
         f.raise(0);
         assert!(!f.refuses(1));
+    }
+
+    #[test]
+    fn raising_the_fence_refuses_copies_of_earlier_terms_and_waits_for_those_under_way() {
+        use crate::mem::inflight::Refused;
+
+        let f = Fence::default();
+        f.raise(5);
+        let (page, fd) = WritePage::shared().unwrap();
+        let importer = WritePage::map(&fd).unwrap();
+        f.watch(Arc::new(page));
+        assert_eq!(
+            importer.fence(),
+            5,
+            "a page watched later gets the term now"
+        );
+        let ours = f.local_writes().begin(5).unwrap();
+        let theirs = importer.begin(5).unwrap();
+        assert_eq!(f.wait_for_writes(), (0, 0), "nothing of an earlier term");
+        f.raise(6);
+        assert_eq!(
+            f.local_writes().begin(5).unwrap_err(),
+            Refused::Fenced { fence: 6 }
+        );
+        assert_eq!(importer.begin(5).unwrap_err(), Refused::Fenced { fence: 6 });
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                drop(ours);
+                drop(theirs);
+            });
+            assert_eq!(f.wait_for_writes(), (2, 0));
+        });
+        // A page only the fence holds (its importer gone) with no copy under way is forgotten
+        // at the next watch.
+        assert_eq!(f.watched(), 1);
+        let (next, _fd) = WritePage::shared().unwrap();
+        f.watch(Arc::new(next));
+        assert_eq!(f.watched(), 1);
     }
 }

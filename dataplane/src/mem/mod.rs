@@ -11,6 +11,9 @@
 //! - [`Fence`]: the term of the master a served table's writes must belong to; writes of
 //!   earlier terms (catalog records, and the WRITEs of connections that declared one) are
 //!   refused (`docs/ha.md`, "Late writes of an earlier term").
+//! - [`inflight`]: the write pages on which memcpy writes (our own, a same-host importer's)
+//!   hold a slot while they copy, so that raising the fence refuses those of earlier terms
+//!   and waits for the ones already under way.
 //! - [`served`]: [`served::ServedMemory`], the registered memory a process serves (with its
 //!   catalog and the gates of the io_uring shards), and the settings and counters of the
 //!   servers serving it.
@@ -24,6 +27,7 @@ pub mod bytes;
 pub mod catalog;
 pub mod copier;
 pub mod fence;
+pub mod inflight;
 pub mod registry;
 pub mod segment;
 pub mod served;

@@ -8,16 +8,25 @@
 //!   "\0mooncake-shm/<te_endpoint>"                        (refused: not on this host / no export)
 //! accept; check SO_PEERCRED: same uid, or root
 //! send the offer, the memfd attached (SCM_RIGHTS) ───▶  mmap(memfd, MAP_SHARED) read+write
+//! send this importer's write page (a memfd)       ───▶  mmap it (`mem::inflight`)
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
-//! read write intents, apply them to the catalog   ◀───  before each memcpy into the segment,
-//!   (at once, before every catalog snapshot, and          an intent: "I am writing this range
-//!   when the importer's end closes)                       for the put of this key and version"
+//!                                                       before each memcpy into the segment:
+//!                                                         a slot of the write page, refused if
+//!                                                         the exporter's fence refuses the term
+//! read write intents, apply them to the catalog   ◀───    then an intent: "I am writing this
+//!   (at once, before every catalog snapshot, and          range for the put of this key and
+//!   when the importer's end closes)                       version"; the slot is let go after
+//!                                                         the last byte
 //!
 //! Offer (24 bytes, little-endian)
 //!  0               4               8                               16                              24
 //!  | magic "MCSH"  | version       | base (u64): the exporter's address of the segment | len (u64) |
-//!  version 2: the exporter reads write intents; 1: it does not (the importer sends none)
+//!  version 3: the exporter reads write intents and sends a write page next; 2: intents, no
+//!  write page (unfenced); 1: neither (the importer sends no intents)
+//!
+//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3 offer
+//!  | magic "MCSP"  | page bytes (u32) = `inflight::WRITE_PAGE_BYTES` |
 //!
 //! Write intent (little-endian), importer -> exporter, any number back to back
 //!  0               4                   8                       16
@@ -36,6 +45,12 @@
 //! the importer's end closes ([`Catalog::overwrite`]: it drops only entries older than the
 //! write's version and spares the key's own entry in place, so applying it late, after the
 //! writer's own record, loses nothing).
+//!
+//! Why a write page: the owner's term fence (`mem::fence`) refuses the late WRITEs of a
+//! master that ended, but a memcpy passes no server. With a slot held for each copy, an
+//! owner raising its fence refuses copies of earlier terms before their first byte and
+//! waits for those already copying before it re-mounts (`mem::inflight`). One page per
+//! importer, so that the exporter can tell a dead importer's slots (a pidfd) from a live one's.
 //!
 //! Why an abstract unix socket named after the data-plane endpoint: a client learns a replica's
 //! `transport_endpoint` from the master and nothing else; connecting to the matching name
@@ -65,6 +80,7 @@ use std::time::Duration;
 use protocol::Version;
 
 use super::catalog::{Catalog, CatalogRecord, PendingWrites, RecordKind};
+use super::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
 use super::served::ServedMemory;
 use super::Dst;
 use crate::limits::CATALOG_RECORD_MAX_BYTES;
@@ -72,10 +88,15 @@ use crate::transport::rawio;
 
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
-/// The offer version of an exporter that reads write intents.
-pub const OFFER_VERSION: u32 = 2;
+/// The offer version of an exporter that reads write intents and sends a write page.
+pub const OFFER_VERSION: u32 = 3;
+/// The offer version of an exporter that reads write intents and sends no write page (still
+/// understood).
+pub const OFFER_VERSION_NO_PAGE: u32 = 2;
 /// The offer version of an exporter that reads none (still understood).
 pub const OFFER_VERSION_NO_INTENTS: u32 = 1;
+/// Write page message magic, the bytes `MCSP` on the wire.
+pub const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"MCSP");
 /// Write intent magic, the bytes `MCSW` on the wire.
 pub const INTENT_MAGIC: u32 = u32::from_le_bytes(*b"MCSW");
 /// Encoded size of a write intent's fixed part (its record follows).
@@ -149,6 +170,7 @@ pub fn export_segment(
         base: segment.addr() as u64,
         len: segment.len() as u64,
         intents: true,
+        fenced: true,
     };
     match ShmExport::start(endpoint, fd, offer, Some(memory.clone())) {
         Ok(e) => Some(e),
@@ -178,18 +200,20 @@ fn le_u64(b: &[u8], i: usize) -> u64 {
 pub struct Offer {
     pub base: u64,
     pub len: u64,
-    /// The exporter reads write intents (offer version 2).
+    /// The exporter reads write intents (offer version 2 or 3).
     pub intents: bool,
+    /// The exporter sends a write page after the offer (version 3; implies `intents`).
+    pub fenced: bool,
 }
 
 impl Offer {
     pub fn encode(&self) -> [u8; OFFER_BYTES] {
         let mut b = [0u8; OFFER_BYTES];
         b[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
-        let version = if self.intents {
-            OFFER_VERSION
-        } else {
-            OFFER_VERSION_NO_INTENTS
+        let version = match (self.intents, self.fenced) {
+            (true, true) => OFFER_VERSION,
+            (true, false) => OFFER_VERSION_NO_PAGE,
+            (false, _) => OFFER_VERSION_NO_INTENTS,
         };
         b[4..8].copy_from_slice(&version.to_le_bytes());
         b[8..16].copy_from_slice(&self.base.to_le_bytes());
@@ -206,15 +230,17 @@ impl Offer {
         if u32_at(0) != OFFER_MAGIC {
             return Err("bad offer magic");
         }
-        let intents = match u32_at(4) {
-            OFFER_VERSION => true,
-            OFFER_VERSION_NO_INTENTS => false,
+        let (intents, fenced) = match u32_at(4) {
+            OFFER_VERSION => (true, true),
+            OFFER_VERSION_NO_PAGE => (true, false),
+            OFFER_VERSION_NO_INTENTS => (false, false),
             _ => return Err("unknown offer version"),
         };
         let offer = Offer {
             base: u64_at(8),
             len: u64_at(16),
             intents,
+            fenced,
         };
         if offer.len == 0 || offer.base.checked_add(offer.len).is_none() {
             return Err("offer range is empty or wraps");
@@ -291,15 +317,19 @@ struct Importer {
     need: usize,
     /// Its end closed, or it sent bytes that are not intents: dropped by the export thread.
     closed: bool,
+    /// Its write page, also watched by the fence (which forgets it once this is dropped and
+    /// no copy is under way).
+    _page: Option<Arc<WritePage>>,
 }
 
 impl Importer {
-    fn new(conn: UnixStream) -> Importer {
+    fn new(conn: UnixStream, page: Option<Arc<WritePage>>) -> Importer {
         Importer {
             conn,
             partial: Vec::new(),
             need: 0,
             closed: false,
+            _page: page,
         }
     }
 
@@ -380,8 +410,9 @@ pub struct ShmExport {
 impl ShmExport {
     /// Listens on the abstract socket of `endpoint` and offers `fd` (the memfd of a segment at
     /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
-    /// intents go to its catalog (and the offer says so, whatever `offer.intents` was);
-    /// without, the offer says no intents are read. Fails if the name is taken.
+    /// intents go to its catalog and their copies are fenced by its fence, each importer
+    /// getting a write page (and the offer says so, whatever `offer.intents` and
+    /// `offer.fenced` were); without, the offer says neither. Fails if the name is taken.
     pub fn start(
         endpoint: &str,
         fd: BorrowedFd<'_>,
@@ -393,6 +424,7 @@ impl ShmExport {
         listener.set_nonblocking(true)?;
         let fd = fd.try_clone_to_owned()?;
         offer.intents = memory.is_some();
+        offer.fenced = memory.is_some();
         let importers = Arc::new(Importers::default());
         if let Some(m) = &memory {
             let source: Arc<dyn PendingWrites> = importers.clone();
@@ -476,24 +508,59 @@ fn export_loop(
         if memory.is_none() {
             list.retain(|i| peer_alive(i.conn.as_raw_fd()));
         }
-        if !peer_is_trusted(&conn) || list.len() >= IMPORTERS_MAX {
+        let Some(cred) = peer_cred(&conn).filter(trusted) else {
             continue; // dropped: the importer sees EOF instead of an offer and uses TCP
+        };
+        if list.len() >= IMPORTERS_MAX {
+            continue;
         }
-        if send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok() {
-            list.push(Importer::new(conn));
+        // The page is fenced (the current term on it) before the importer can map it.
+        let page = match &memory {
+            None => None,
+            Some(m) => match WritePage::shared() {
+                Ok((mut page, page_fd)) => {
+                    page.watch_writer(cred.pid);
+                    let page = Arc::new(page);
+                    m.catalog().fences().watch(page.clone());
+                    Some((page, page_fd))
+                }
+                Err(e) => {
+                    tracing::warn!("no write page for a same-host importer ({e}): over TCP");
+                    continue;
+                }
+            },
+        };
+        let sent = send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok()
+            && page.as_ref().is_none_or(|(_, page_fd)| {
+                send_with_fd(&conn, &page_message(), page_fd.as_raw_fd()).is_ok()
+            });
+        if sent {
+            list.push(Importer::new(conn, page.map(|(p, _)| p)));
         }
     }
+}
+
+/// The message that carries an importer's write page.
+fn page_message() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&(WRITE_PAGE_BYTES as u32).to_le_bytes());
+    b
 }
 
 /// True when the process at the other end of `conn` runs as this process's user or as root:
 /// the only peers a local socket that hands out memory may serve (`SO_PEERCRED`).
 pub fn peer_is_trusted(conn: &UnixStream) -> bool {
-    // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
-    peer_uid(conn).is_some_and(|uid| uid == me || uid == 0)
+    peer_cred(conn).as_ref().is_some_and(trusted)
 }
 
-fn peer_uid(conn: &UnixStream) -> Option<u32> {
+fn trusted(cred: &libc::ucred) -> bool {
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    cred.uid == me || cred.uid == 0
+}
+
+fn peer_cred(conn: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -510,7 +577,7 @@ fn peer_uid(conn: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some(cred)
 }
 
 /// False once the peer closed its end (a peek returns 0 bytes or an error other than "no
@@ -592,6 +659,28 @@ fn send_with_fd(conn: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Result<()> {
 /// Receives the offer and its descriptor.
 fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
     let mut bytes = [0u8; OFFER_BYTES];
+    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
+    let offer = Offer::decode(&bytes[..n])
+        .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
+    Ok((offer, fd))
+}
+
+/// Receives the write page that follows a version 3 offer, and maps it.
+fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
+    let mut bytes = [0u8; 8];
+    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
+    if n != 8 || bytes != page_message() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad write page message",
+        ));
+    }
+    WritePage::map(&fd)
+}
+
+/// Receives one message into `bytes` and the one descriptor it must carry; returns the
+/// message's length.
+fn recv_with_fd(conn: &UnixStream, bytes: &mut [u8]) -> io::Result<(usize, OwnedFd)> {
     let mut iov = libc::iovec {
         iov_base: bytes.as_mut_ptr().cast(),
         iov_len: bytes.len(),
@@ -628,13 +717,12 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "offer carried too many fds",
+            "message carried too many fds",
         ));
     }
-    let offer = Offer::decode(&bytes[..n as usize])
-        .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
-    let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "offer without an fd"))?;
-    Ok((offer, fd))
+    let fd =
+        fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "message without an fd"))?;
+    Ok((n as usize, fd))
 }
 
 /// A same-host segment mapped into this process.
@@ -648,6 +736,8 @@ pub struct ShmMapping {
     conn: UnixStream,
     /// Keeps each intent whole on `conn` when several threads write through this mapping.
     sending: Mutex<()>,
+    /// The exporter's write page for our copies (an exporter of offer version 3).
+    writes: Option<WritePage>,
 }
 
 // SAFETY: the mapping is owned by this value and reached only through raw pointers handed out
@@ -675,11 +765,18 @@ impl ShmMapping {
         };
         conn.set_read_timeout(Some(OFFER_TIMEOUT))?;
         conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
+        let refused = |e: io::Error| match e.kind() {
+            // Refused (EOF, no fd): not ours to map.
+            io::ErrorKind::InvalidData => Ok(None),
+            _ => Err(e),
+        };
         let (offer, fd) = match recv_offer(&conn) {
             Ok(x) => x,
-            // Refused (EOF, no fd): not ours to map.
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
-            Err(e) => return Err(e),
+            Err(e) => return refused(e),
+        };
+        let writes = match offer.fenced.then(|| recv_page(&conn)).transpose() {
+            Ok(w) => w,
+            Err(e) => return refused(e),
         };
         let len = usize::try_from(offer.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
@@ -704,6 +801,7 @@ impl ShmMapping {
             hugetlb,
             conn,
             sending: Mutex::new(()),
+            writes,
         }))
     }
 
@@ -734,6 +832,32 @@ impl ShmMapping {
     /// Whether the exporter still holds its end (one non-blocking syscall).
     pub fn exporter_alive(&self) -> bool {
         peer_alive(self.conn.as_raw_fd())
+    }
+
+    /// Starts a copy of the put of `key` at `version` into `[addr, addr + len)` of the
+    /// exporter's segment: takes a slot of the exporter's write page (refused if the
+    /// exporter's fence refuses the put's term: that master has ended), then sends the intent
+    /// ([`ShmMapping::announce_write`]). Copy only while the returned claim is held. An
+    /// exporter without a write page (offer version 2 or 1) fences nothing.
+    pub fn begin_write(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        version: Version,
+    ) -> Result<WriteClaim<'_>, WriteRefused> {
+        let claim = match &self.writes {
+            Some(page) => page.begin(version.term).map_err(|r| match r {
+                Refused::Fenced { fence } => WriteRefused::Fenced { fence },
+                Refused::Full => {
+                    WriteRefused::Unavailable(io::Error::other("every write slot is held"))
+                }
+            })?,
+            None => WriteClaim::unfenced(),
+        };
+        self.announce_write(addr, len, key, version)
+            .map_err(WriteRefused::Unavailable)?;
+        Ok(claim)
     }
 
     /// Tells the exporter, before the first byte is copied, that the put of `key` at `version`
@@ -767,6 +891,15 @@ impl ShmMapping {
     }
 }
 
+/// Why [`ShmMapping::begin_write`] may not copy.
+#[derive(Debug)]
+pub enum WriteRefused {
+    /// The owner's fence refuses the put's term: the put fails (over TCP it would too).
+    Fenced { fence: u64 },
+    /// The intent could not be sent, or no slot was free: write over TCP instead.
+    Unavailable(io::Error),
+}
+
 impl Drop for ShmMapping {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe exactly the mapping made in `import`, unmapped only here.
@@ -786,6 +919,7 @@ mod tests {
             base: seg.addr() as u64,
             len: seg.len() as u64,
             intents: false,
+            fenced: false,
         };
         let fd = seg.shared_fd().expect("memfd-backed");
         let export = ShmExport::start(endpoint, fd, offer, None).unwrap();
@@ -807,10 +941,16 @@ mod tests {
             base: 0x7f00_0000_0000,
             len: 1 << 30,
             intents: true,
+            fenced: true,
         };
+        assert_eq!(&o.encode()[4..8], &3u32.to_le_bytes());
         assert_eq!(Offer::decode(&o.encode()), Ok(o));
+        let v2 = Offer { fenced: false, ..o };
+        assert_eq!(&v2.encode()[4..8], &2u32.to_le_bytes());
+        assert_eq!(Offer::decode(&v2.encode()), Ok(v2));
         let v1 = Offer {
             intents: false,
+            fenced: false,
             ..o
         };
         assert_eq!(&v1.encode()[4..8], &1u32.to_le_bytes());
@@ -819,19 +959,21 @@ mod tests {
         bad[0] ^= 1;
         assert!(Offer::decode(&bad).is_err());
         let mut bad = o.encode();
-        bad[4] = 3;
+        bad[4] = 4;
         assert!(Offer::decode(&bad).is_err());
         assert!(Offer::decode(&o.encode()[..23]).is_err());
         let wraps = Offer {
             base: u64::MAX - 1,
             len: 4,
             intents: true,
+            fenced: true,
         };
         assert!(Offer::decode(&wraps.encode()).is_err());
         let empty = Offer {
             base: 1,
             len: 0,
             intents: true,
+            fenced: true,
         };
         assert!(Offer::decode(&empty.encode()).is_err());
     }
@@ -936,6 +1078,71 @@ mod tests {
         }
         assert!(m.exporter_alive(), "the others stay");
         assert_eq!(keys(), ["new"]);
+        drop(export);
+    }
+
+    #[test]
+    fn an_importers_copies_are_fenced_by_the_exporters_term() {
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Never,
+            prefault: false,
+        };
+        let seg = Segment::new_shared(1 << 20, opts).unwrap();
+        let base = seg.addr() as u64;
+        let memory = ServedMemory::new();
+        let endpoint = format!("test-fenced-{}:1", std::process::id());
+        let export = export_segment(&endpoint, &seg, &memory).expect("exported");
+        let catalog = memory.catalog();
+        let fence = catalog.fences();
+        let v = |term, seq| Version { term, seq };
+        catalog.fence(5);
+
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        assert!(m.offer().fenced);
+        assert_eq!(fence.watched(), 1);
+        assert!(
+            matches!(
+                m.begin_write(base, 4096, "late", v(4, 1)),
+                Err(WriteRefused::Fenced { fence: 5 })
+            ),
+            "the term fenced before the importer came is on its page"
+        );
+        assert_eq!(catalog.len(), 0, "a refused copy sends no intent");
+        let under_way = m.begin_write(base, 4096, "slow", v(5, 1)).unwrap();
+
+        // A new master (term 6): the fence refuses new copies of term 5 at once, and the
+        // owner's wait before its re-mount lasts until the copy under way lets go.
+        catalog.fence(6);
+        assert!(matches!(
+            m.begin_write(base + 4096, 4096, "slow2", v(5, 2)),
+            Err(WriteRefused::Fenced { fence: 6 })
+        ));
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                drop(under_way);
+            });
+            assert_eq!(fence.wait_for_writes(), (1, 0));
+        });
+        assert!(
+            t0.elapsed() >= Duration::from_millis(90),
+            "it waited for the copy"
+        );
+        assert!(m.begin_write(base, 4096, "now", v(6, 1)).is_ok());
+
+        // An importer gone, its copy ended: the fence forgets its page.
+        drop(m);
+        let t0 = std::time::Instant::now();
+        loop {
+            let next = ShmMapping::import(&endpoint).unwrap().expect("same host");
+            if fence.watched() == 1 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "{}", fence.watched());
+            drop(next);
+            std::thread::sleep(Duration::from_millis(10));
+        }
         drop(export);
     }
 
