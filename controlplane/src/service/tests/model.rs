@@ -340,8 +340,10 @@ struct Model {
     /// reused by the new one meanwhile), or all land before it.
     late_writes: bool,
     /// Whether the owners refuse the bytes of an ended term as they do its catalog records:
-    /// true for writes over TCP (`mem::fence`), false for a same-host memcpy or RDMA, which
-    /// nothing in the owner sees.
+    /// true for writes over TCP (`mem::fence`) and by memcpy (`mem::inflight`: a copy under
+    /// way when the fence rises ends before the owner re-mounts, which the model's atomic
+    /// transfer landing before the fence stands for), false for an RDMA write past its intent
+    /// (or a copy stalled past the owner's wait), which nothing in the owner stops.
     fenced_bytes: bool,
     gets_checked: u64,
     /// Reads whose replica list was granted (with its lease) and whose bytes are read at a
