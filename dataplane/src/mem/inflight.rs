@@ -28,7 +28,7 @@
 //!
 //! Invariants: a slot is freed by the claim that took it (also when its thread unwinds); a
 //! writer process that dies with slots held is not waited for (the owner watches it with a
-//! pidfd); the owner never waits longer than [`STALE_WRITES_WAIT`] per raise, and says so
+//! pidfd, or `kill(pid, 0)` where pidfds are missing); the owner never waits longer than [`STALE_WRITES_WAIT`] per raise, and says so
 //! when it gives up (a writer stopped for that long inside one copy).
 
 use std::io;
@@ -59,9 +59,17 @@ pub enum Refused {
 pub struct WritePage {
     words: NonNull<AtomicU64>,
     backing: Backing,
-    /// The writer process, when it is another one (a pidfd): its slots count only while it
-    /// lives.
-    writer: Option<OwnedFd>,
+    /// The writer process, when it is another one: its slots count only while it lives.
+    writer: Option<Writer>,
+}
+
+/// How the owner knows the writer process lives.
+#[derive(Debug)]
+enum Writer {
+    /// A pidfd: readable once the process exited.
+    Pidfd(OwnedFd),
+    /// A kernel without pidfds: `kill(pid, 0)` (a pid reused meanwhile reads as alive).
+    Pid(i32),
 }
 
 #[derive(Debug)]
@@ -146,14 +154,16 @@ impl WritePage {
     }
 
     /// Counts this page's slots only while process `pid` lives (the owner's side; `pid` from
-    /// `SO_PEERCRED`). Without a pidfd (an old kernel) the slots always count.
+    /// `SO_PEERCRED`).
     pub fn watch_writer(&mut self, pid: i32) {
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if raw >= 0 {
+        self.writer = Some(if raw >= 0 {
             // SAFETY: a descriptor just returned to us.
-            self.writer = Some(unsafe { OwnedFd::from_raw_fd(raw as i32) });
-        }
+            Writer::Pidfd(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+        } else {
+            Writer::Pid(pid)
+        });
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
@@ -214,8 +224,14 @@ impl WritePage {
 
     /// Whether the watched writer process has exited.
     pub fn writer_gone(&self) -> bool {
-        let Some(fd) = &self.writer else {
-            return false;
+        let fd = match &self.writer {
+            None => return false,
+            Some(Writer::Pid(pid)) => {
+                // SAFETY: signal 0 checks existence only.
+                let rc = unsafe { libc::kill(*pid, 0) };
+                return rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            }
+            Some(Writer::Pidfd(fd)) => fd,
         };
         let mut p = libc::pollfd {
             fd: fd.as_raw_fd(),
@@ -356,5 +372,11 @@ mod tests {
         assert!(owner.writer_gone());
         assert_eq!(owner.stale(2), 0, "its slots died with it");
         drop(claim);
+        // Where pidfds are missing, the pid itself.
+        let mut by_pid = WritePage::local();
+        by_pid.writer = Some(Writer::Pid(std::process::id() as i32));
+        assert!(!by_pid.writer_gone());
+        by_pid.writer = Some(Writer::Pid(child.id() as i32));
+        assert!(by_pid.writer_gone(), "the child was reaped");
     }
 }
