@@ -317,6 +317,12 @@ fn main() {
     }
     println!("latency (from intended start): {}", percentiles(&latency));
     println!("service (from actual start):   {}", percentiles(&service));
+    // Which path the bytes took (a same-host node is reached by memcpy unless MC_STORE_SHM=0).
+    let c = store.path_counts();
+    println!(
+        "paths (bytes): own_memcpy={} shm_memcpy={} tcp={} rdma={}",
+        c.own_memcpy_bytes, c.shm_memcpy_bytes, c.tcp_bytes, c.rdma_bytes
+    );
 
     if let Some(path) = &a.csv {
         let mut out = String::from("quantile,one_over_one_minus_q,latency_us,service_us\n");
