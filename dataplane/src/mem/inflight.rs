@@ -32,7 +32,7 @@
 //! when it gives up (a writer stopped for that long inside one copy).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -132,22 +132,9 @@ impl WritePage {
                 "write page is smaller than a page",
             ));
         }
-        // SAFETY: a fresh shared mapping of our own choosing; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                WRITE_PAGE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let p = super::segment::mmap_shared(fd.as_fd(), WRITE_PAGE_BYTES)?;
         Ok(WritePage {
-            words: NonNull::new(p.cast()).expect("mmap does not return null on success"),
+            words: p.cast(),
             backing: Backing::Mapped,
             writer: None,
         })

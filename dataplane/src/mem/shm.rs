@@ -928,6 +928,20 @@ mod tests {
         (export, m, offer)
     }
 
+    /// A 1 MiB shared segment served with a catalog and exported as `test-<tag>-<pid>:1`: the
+    /// segment, its memory, the endpoint and the export (held for the test).
+    fn served_export(tag: &str) -> (Segment, Arc<ServedMemory>, String, ShmExport) {
+        let opts = SegmentOptions {
+            hugepages: HugepagePolicy::Never,
+            prefault: false,
+        };
+        let seg = Segment::new_shared(1 << 20, opts).unwrap();
+        let memory = ServedMemory::new();
+        let endpoint = format!("test-{tag}-{}:1", std::process::id());
+        let export = export_segment(&endpoint, &seg, &memory).expect("exported");
+        (seg, memory, endpoint, export)
+    }
+
     #[test]
     fn the_control_buffer_fits_one_descriptor() {
         // SAFETY: CMSG_SPACE is a pure computation.
@@ -1021,15 +1035,8 @@ mod tests {
     /// applied too; bytes that are not intents close the importer.
     #[test]
     fn an_exporter_applies_its_importers_intents_before_a_snapshot() {
-        let opts = SegmentOptions {
-            hugepages: HugepagePolicy::Never,
-            prefault: false,
-        };
-        let seg = Segment::new_shared(1 << 20, opts).unwrap();
+        let (seg, memory, endpoint, export) = served_export("intents");
         let base = seg.addr() as u64;
-        let memory = ServedMemory::new();
-        let endpoint = format!("test-intents-{}:1", std::process::id());
-        let export = export_segment(&endpoint, &seg, &memory).expect("exported");
         let catalog = memory.catalog();
         let v = |term, seq| Version { term, seq };
         catalog.insert(base, 4096, "old", false, v(5, 1)).unwrap();
@@ -1083,15 +1090,8 @@ mod tests {
 
     #[test]
     fn an_importers_copies_are_fenced_by_the_exporters_term() {
-        let opts = SegmentOptions {
-            hugepages: HugepagePolicy::Never,
-            prefault: false,
-        };
-        let seg = Segment::new_shared(1 << 20, opts).unwrap();
+        let (seg, memory, endpoint, export) = served_export("fenced");
         let base = seg.addr() as u64;
-        let memory = ServedMemory::new();
-        let endpoint = format!("test-fenced-{}:1", std::process::id());
-        let export = export_segment(&endpoint, &seg, &memory).expect("exported");
         let catalog = memory.catalog();
         let fence = catalog.fences();
         let v = |term, seq| Version { term, seq };
