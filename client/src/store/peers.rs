@@ -607,11 +607,13 @@ impl Peers {
                 // The owner's fence sees the copy (a slot of its write page) and hears of it
                 // before its first byte (`mem::shm`, intents); if it cannot, the write goes
                 // over TCP, whose WRITE it does see.
-                let begun = m.translate(r.buffer_address, r.size).and_then(|p| {
-                    match m.begin_write(r.buffer_address, r.size, it.key, r.version) {
-                        Ok(claim) => Some(Ok((p, claim))),
+                let begun = match m.translate(r.buffer_address, r.size) {
+                    None => None,
+                    Some(p) => match m.begin_write(r.buffer_address, r.size, it.key, r.version) {
+                        Ok(claim) => Some((p, claim)),
                         Err(WriteRefused::Fenced { fence }) => {
-                            Some(Err(ended_term(it.key, r, fence)))
+                            results[i] = Err(ended_term(it.key, r, fence));
+                            continue;
                         }
                         Err(WriteRefused::Unavailable(e)) => {
                             tracing::warn!(
@@ -621,16 +623,9 @@ impl Peers {
                             self.shared.lock().remove(&r.transport_endpoint);
                             None
                         }
-                    }
-                });
-                if let Some(begun) = begun {
-                    let (p, _claim) = match begun {
-                        Ok(x) => x,
-                        Err(e) => {
-                            results[i] = Err(e);
-                            continue;
-                        }
-                    };
+                    },
+                };
+                if let Some((p, _claim)) = begun {
                     // SAFETY: the whole object [buffer_address, + size) lies in the mapping
                     // (checked), which `shared` keeps mapped for the call; no reference is
                     // formed over the owner's segment.
