@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
-use crate::mem::segment::mmap_shared;
+use crate::mem::segment::{fstat, mmap_shared};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
@@ -187,12 +187,7 @@ impl Segment {
         // SAFETY: `raw` is a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let len = segment_bytes(ranks);
-        // SAFETY: `st` is plain data filled by fstat on our descriptor.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let st = fstat(fd.as_fd())?;
         if st.st_size as usize != len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -28,8 +28,9 @@
 //!
 //! Invariants: a slot is freed by the claim that took it (also when its thread unwinds); a
 //! writer process that dies with slots held is not waited for (the owner watches it with a
-//! pidfd, or `kill(pid, 0)` where pidfds are missing); the owner never waits longer than [`STALE_WRITES_WAIT`] per raise, and says so
-//! when it gives up (a writer stopped for that long inside one copy).
+//! pidfd, or `kill(pid, 0)` where pidfds are missing); the owner never waits longer than
+//! [`STALE_WRITES_WAIT`] per raise, and says so when it gives up (a writer stopped for that
+//! long inside one copy).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -120,12 +121,7 @@ impl WritePage {
 
     /// Maps the page in `fd` (the writer's side). Refused if the memfd is smaller than a page.
     pub fn map(fd: &OwnedFd) -> io::Result<WritePage> {
-        // SAFETY: fstat into a zeroed stat buffer of our own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is open and `st` is a live stat buffer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let st = super::segment::fstat(fd.as_fd())?;
         if (st.st_size as u64) < WRITE_PAGE_BYTES as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -220,14 +216,13 @@ impl WritePage {
             }
             Some(Writer::Pidfd(fd)) => fd,
         };
-        let mut p = libc::pollfd {
+        let mut p = [libc::pollfd {
             fd: fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd; a zero timeout never blocks.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        n > 0 && p.revents & libc::POLLIN != 0
+        }];
+        crate::transport::rawio::poll(&mut p, Duration::ZERO).is_ok_and(|n| n > 0)
+            && p[0].revents & libc::POLLIN != 0
     }
 }
 

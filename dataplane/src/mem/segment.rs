@@ -351,6 +351,18 @@ fn map_hugetlb(len: usize) -> io::Result<Segment> {
     })
 }
 
+/// `fstat(2)` of `fd` (its size, its block size: hugetlb or not).
+pub(crate) fn fstat(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::stat> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: stat is plain data; all-zero is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open for the call and `st` is a live stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 /// Maps the first `len` bytes of `fd` shared, readable and writable, at a kernel-chosen
 /// address (used for our own memfd, for one received from a same-host exporter, and for the
 /// `mooncake.pg` ranks' segments in `collective::seg`).

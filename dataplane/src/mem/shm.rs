@@ -780,12 +780,7 @@ impl ShmMapping {
         };
         let len = usize::try_from(offer.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
-        // SAFETY: fstat into a zeroed stat buffer of our own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is an open descriptor we own and `st` is a live stat buffer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let st = crate::mem::segment::fstat(fd.as_fd())?;
         if (st.st_size as u64) < offer.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

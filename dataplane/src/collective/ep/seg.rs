@@ -32,7 +32,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{EP_HEADER_BYTES, EP_MAX_RANKS};
-use crate::mem::segment::mmap_shared;
+use crate::mem::segment::{fstat, mmap_shared};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCEPSEG1");
 const LINES_OFF: usize = 1024;
@@ -171,13 +171,7 @@ impl EpSegment {
         }
         // SAFETY: `raw` is a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: `st` is plain data filled by fstat on our descriptor.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let len = st.st_size as usize;
+        let len = fstat(fd.as_fd())?.st_size as usize;
         if len < EP_HEADER_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
