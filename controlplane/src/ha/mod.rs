@@ -31,6 +31,7 @@ use etcd_client::{
     TxnOp,
 };
 use parking_lot::Mutex;
+use protocol::Uuid;
 use tracing::{info, warn};
 
 use crate::service::removals::{Removal, RECORD_BYTES_MAX, REMOVALS_KEPT};
@@ -136,13 +137,16 @@ pub struct HaState {
     removals: Mutex<Option<RemovalStore>>,
 }
 
-/// The leader's handle for storing removal records in etcd under its lease.
+/// The leader's handle for storing removal records and the owners' registry in etcd under
+/// its lease.
 #[derive(Clone)]
 struct RemovalStore {
     client: Client,
     lease: i64,
     leader_key: String,
     prefix: String,
+    /// Where the owners' registry lives (`service/owners.rs`).
+    owners_prefix: String,
     /// Records written this term (every [`PRUNE_EVERY`]th write prunes the old ones).
     written: Arc<AtomicU64>,
 }
@@ -152,8 +156,17 @@ pub fn removals_prefix(cluster_id: &str) -> String {
     format!("mooncake-store/{cluster_id}/removals/")
 }
 
+/// The etcd prefix of a cluster's owners' registry (`service/owners.rs`): one key per owner,
+/// named by its client id, value empty.
+pub fn owners_prefix(cluster_id: &str) -> String {
+    format!("mooncake-store/{cluster_id}/owners/")
+}
+
 /// How often (in records written) a leader prunes records beyond `REMOVALS_KEPT`.
 const PRUNE_EVERY: u64 = 16;
+
+/// Owners registered or forgotten per etcd transaction (etcd allows 128 operations in one).
+const OWNERS_PER_TXN: usize = 64;
 
 /// A snapshot of [`HaState`] for `/health`, `/role` and `/leader`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,6 +293,52 @@ impl HaState {
             }
             if s.written.fetch_add(1, Ordering::AcqRel) % PRUNE_EVERY == PRUNE_EVERY - 1 {
                 prune_removals(&mut client, &s.prefix).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers `owners` in etcd under this term's lease (`service/owners.rs`); the answers
+    /// to their mounts may go out only after this returned `Ok`.
+    pub async fn store_owners(&self, owners: &[Uuid]) -> Result<(), String> {
+        self.change_owners("store owners", owners, |k| TxnOp::put(k, "", None))
+            .await
+    }
+
+    /// Deletes `owners` from the registry (best effort: an entry left behind costs the next
+    /// leader a wait of at most `client_ttl`, never a wrong answer).
+    async fn forget_owners(&self, owners: &[Uuid]) -> Result<(), String> {
+        self.change_owners("forget owners", owners, |k| TxnOp::delete(k, None))
+            .await
+    }
+
+    async fn change_owners(
+        &self,
+        what: &str,
+        owners: &[Uuid],
+        op: impl Fn(String) -> TxnOp,
+    ) -> Result<(), String> {
+        let Some(s) = self.removals.lock().clone() else {
+            return Err("not the leader".into());
+        };
+        let mut client = s.client.clone();
+        // etcd caps the operations of one transaction (128 by default).
+        for chunk in owners.chunks(OWNERS_PER_TXN) {
+            let txn = Txn::new()
+                .when([Compare::lease(
+                    s.leader_key.clone(),
+                    CompareOp::Equal,
+                    s.lease,
+                )])
+                .and_then(
+                    chunk
+                        .iter()
+                        .map(|c| op(format!("{}{c}", s.owners_prefix)))
+                        .collect::<Vec<_>>(),
+                );
+            let answer = bounded(what, client.txn(txn)).await?;
+            if !answer.succeeded() {
+                return Err("the leader key no longer names this master's lease".into());
             }
         }
         Ok(())
@@ -461,12 +520,22 @@ async fn campaign_and_lead(
                     return TermEnd::Lost(e);
                 }
             };
+            let owners_prefix = owners_prefix(&cfg.cluster_id);
+            let owners = match load_owners(client, &owners_prefix).await {
+                Ok(o) => o,
+                Err(e) => {
+                    let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+                    return TermEnd::Lost(e);
+                }
+            };
             service.reset(term, &removals);
+            service.await_owners(&owners);
             *state.removals.lock() = Some(RemovalStore {
                 client: client.clone(),
                 lease,
                 leader_key: key.to_string(),
                 prefix,
+                owners_prefix,
                 written: Arc::default(),
             });
             state.lease.store(lease, Ordering::Release);
@@ -474,10 +543,11 @@ async fn campaign_and_lead(
             state.prove(sent, ttl);
             info!(
                 "HA: elected leader of cluster {} at {} (view_version {term}, {} removal \
-                 records)",
+                 records, {} registered owners to re-report)",
                 cfg.cluster_id,
                 cfg.advertise,
-                removals.len()
+                removals.len(),
+                owners.len()
             );
             return lead(client, key, lease, ttl, state, service).await;
         }
@@ -606,6 +676,28 @@ async fn load_removals(client: &mut Client, prefix: &str) -> Result<Vec<Removal>
     Ok(out)
 }
 
+/// The owners' registry (`service/owners.rs`); a key that does not name a client id is
+/// skipped with a warning.
+async fn load_owners(client: &mut Client, prefix: &str) -> Result<Vec<Uuid>, String> {
+    let answer = bounded(
+        "load owners",
+        client.get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ),
+    )
+    .await?;
+    let mut out = Vec::new();
+    for kv in answer.kvs() {
+        let key = String::from_utf8_lossy(kv.key());
+        match key.strip_prefix(prefix).map(str::parse::<Uuid>) {
+            Some(Ok(id)) => out.push(id),
+            _ => warn!("HA: skipping the owner record {key:?}: not a client id"),
+        }
+    }
+    Ok(out)
+}
+
 /// Deletes the removal records beyond the newest `REMOVALS_KEPT` (best effort: a failure
 /// leaves them for the next prune).
 async fn prune_removals(client: &mut Client, prefix: &str) {
@@ -692,6 +784,15 @@ async fn lead(
                     Err(_) => {
                         tokio::time::sleep(RETRY_PAUSE).await;
                         continue; // unproven: the window closes on its own
+                    }
+                }
+                let gone = service.take_gone_owners();
+                if !gone.is_empty() {
+                    if let Err(e) = state.forget_owners(&gone).await {
+                        warn!(
+                            "HA: could not delete {} owner(s) from the registry: {e}",
+                            gone.len()
+                        );
                     }
                 }
                 if state.prove(sent, granted) {

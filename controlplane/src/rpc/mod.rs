@@ -26,7 +26,7 @@ use std::sync::Arc;
 use protocol::auth::{self, ServerHandshake, ServerStep, Token};
 use protocol::frame::{self, Kind};
 use protocol::wire::Wire;
-use protocol::ErrorCode;
+use protocol::{ErrorCode, Uuid};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -144,13 +144,23 @@ async fn serve_conn(
         }
         let used = if crate::ha::serving(&gate) {
             let (used, durable) = answer_frames(&inbuf, &service, &mut out)?;
-            // Removals the answers acknowledge must be in etcd first (`service/removals.rs`).
-            // If they cannot be stored, no answer goes out: the connection closes and the
-            // client sees the removal unacknowledged.
-            if let (false, Some(ha)) = (durable.is_empty(), gate.as_ref()) {
-                if let Err(e) = ha.store_removals(&durable).await {
-                    warn!("could not store a removal in etcd ({e}); closing the connection unanswered");
-                    return Err(e);
+            // Removals the answers acknowledge, and owners whose mounts they answer, must be
+            // in etcd first (`service/removals.rs`, `service/owners.rs`). If they cannot be
+            // stored, no answer goes out: the connection closes and the client sees the
+            // removal unacknowledged, or mounts again.
+            if let Some(ha) = gate.as_ref() {
+                if !durable.removals.is_empty() {
+                    if let Err(e) = ha.store_removals(&durable.removals).await {
+                        warn!("could not store a removal in etcd ({e}); closing the connection unanswered");
+                        return Err(e);
+                    }
+                }
+                if !durable.owners.is_empty() {
+                    if let Err(e) = ha.store_owners(&durable.owners).await {
+                        service.owners_unstored(&durable.owners);
+                        warn!("could not register an owner in etcd ({e}); closing the connection unanswered");
+                        return Err(e);
+                    }
                 }
             }
             used
@@ -289,14 +299,23 @@ async fn poll_read(sock: &TcpStream, inbuf: &mut Vec<u8>) -> Option<usize> {
     }
 }
 
+/// What an HA leader must store in etcd before a batch's answers may be sent.
+#[derive(Default)]
+pub struct Durable {
+    /// Removals the answers acknowledge (`service/removals.rs`).
+    pub removals: Vec<Removal>,
+    /// Owners whose first mount the answers acknowledge (`service/owners.rs`).
+    pub owners: Vec<Uuid>,
+}
+
 /// Answers every complete frame at the start of `buf` into `out`; returns the bytes consumed
-/// and the removals to store in etcd before `out` may be sent (`service/removals.rs`).
-/// The service is locked once for all of them (no I/O happens here).
+/// and what to store in etcd before `out` may be sent. The service is locked once for all of
+/// them (no I/O happens here).
 pub fn answer_frames(
     buf: &[u8],
     service: &MasterService,
     out: &mut Vec<u8>,
-) -> Result<(usize, Vec<Removal>), String> {
+) -> Result<(usize, Durable), String> {
     let mut used = 0;
     let mut batch = None;
     while let Some((f, len)) = frame::split_frame(&buf[used..]).map_err(|e| e.to_string())? {
@@ -314,6 +333,11 @@ pub fn answer_frames(
         .map_err(|e| format!("answer too large: {e}"))?;
         used += len;
     }
-    let durable = batch.map(|mut b| b.take_durable()).unwrap_or_default();
+    let durable = batch
+        .map(|mut b| Durable {
+            removals: b.take_durable(),
+            owners: b.take_new_owners(),
+        })
+        .unwrap_or_default();
     Ok((used, durable))
 }

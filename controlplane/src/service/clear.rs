@@ -44,7 +44,7 @@ impl State {
     ) -> Result<Cleared, ErrorCode> {
         check_key(key)?;
         self.fenced(now)?;
-        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let obj = self.objects.get(key).ok_or_else(|| self.missing(now))?;
         if obj.writer != client {
             return Err(ErrorCode::IllegalClient);
         }

@@ -29,6 +29,7 @@ mod freed;
 pub mod metrics;
 mod object;
 mod objects;
+mod owners;
 mod placement;
 pub mod quota;
 #[cfg(test)]
@@ -209,6 +210,9 @@ pub(crate) struct State {
     /// Reads and removes answer `UNAVAILABLE_IN_CURRENT_STATUS` before this time (the
     /// owners' re-reports after an HA election, [`RECOVERY_FENCE_MS`]); 0 without HA.
     pub fence_until_ms: u64,
+    /// The owners registered in etcd, and those a new term still waits for (`owners.rs`);
+    /// kept only when `durable_on`.
+    pub owners: owners::Owners,
     /// Time of the previous tick, and the end of the last stall of the master (a tick gap
     /// over `TICK_STALL_MS`): client silence counts from there at the earliest.
     pub last_tick_ms: u64,
@@ -250,6 +254,7 @@ impl State {
             durable: Vec::new(),
             durable_on: false,
             fence_until_ms: 0,
+            owners: owners::Owners::default(),
             last_tick_ms: 0,
             liveness_from_ms: 0,
             tasks: tasks::Tasks::default(),
@@ -272,6 +277,39 @@ impl State {
             return Err(protocol::ErrorCode::UnavailableInCurrentStatus);
         }
         Ok(())
+    }
+
+    /// The answer for a key the index does not hold: `OBJECT_NOT_FOUND`, or "ask again" while
+    /// a registered owner has not re-reported since the election (`owners.rs`).
+    pub(crate) fn missing(&self, now: u64) -> protocol::ErrorCode {
+        if self.owners.missing_any(now) {
+            return protocol::ErrorCode::UnavailableInCurrentStatus;
+        }
+        protocol::ErrorCode::ObjectNotFound
+    }
+
+    /// [`Self::fenced`] for a request over every key (pattern removes): it also waits for the
+    /// registered owners that have not re-reported yet (`owners.rs`).
+    pub(crate) fn fenced_all(&self, now: u64) -> Result<(), protocol::ErrorCode> {
+        self.fenced(now)?;
+        if self.owners.missing_any(now) {
+            return Err(protocol::ErrorCode::UnavailableInCurrentStatus);
+        }
+        Ok(())
+    }
+
+    /// `client` mounted a segment: an HA leader registers it (`owners.rs`).
+    pub(crate) fn owner_mounted(&mut self, client: Uuid) {
+        if self.durable_on {
+            self.owners.mounted(client);
+        }
+    }
+
+    /// `client` holds no segment any more: an HA leader forgets it (`owners.rs`).
+    pub(crate) fn owner_gone(&mut self, client: Uuid) {
+        if self.durable_on {
+            self.owners.gone(client);
+        }
     }
 
     pub(crate) fn note_inflight(&mut self, put_start_ms: u64) {
@@ -376,6 +414,12 @@ impl Batch<'_> {
     pub fn take_durable(&mut self) -> Vec<removals::Removal> {
         std::mem::take(&mut self.state.durable)
     }
+
+    /// The owners this batch registered, to store in etcd before its answers go out
+    /// (`owners.rs`); empty without HA.
+    pub fn take_new_owners(&mut self) -> Vec<Uuid> {
+        self.state.owners.take_to_store()
+    }
 }
 
 impl MasterService {
@@ -400,6 +444,7 @@ impl MasterService {
         let mut b = self.batch();
         b.handle(req, out);
         b.take_durable();
+        b.take_new_owners();
     }
 
     /// Locks the service once for many requests, e.g. every frame of one socket read:
@@ -436,6 +481,7 @@ impl MasterService {
             done(out, start);
         }
         b.take_durable();
+        b.take_new_owners();
     }
 
     /// Periodic work; call every 10-100 ms. Expires silent clients, quarantines the segments
@@ -456,6 +502,14 @@ impl MasterService {
         Metrics::add(&m.quarantined_clients, entered as u64);
         Metrics::add(&m.unquarantined_clients, lifted as u64);
         st.finish_drains(now);
+        let late = st.owners.stop_waiting(now);
+        if !late.is_empty() {
+            tracing::warn!(
+                "HA: {} registered owner(s) did not re-report within client_ttl of the \
+                 election and are forgotten (their keys read as missing): {late:?}",
+                late.len()
+            );
+        }
         if now >= st.next_stale_scan_ms && st.maybe_stale_put(now) {
             st.discard_stale_puts(m, now);
             st.next_stale_scan_ms = now + STALE_PUT_SCAN_INTERVAL_MS;
@@ -521,6 +575,26 @@ impl MasterService {
         for r in removals {
             known.learn(r, tombstones);
         }
+    }
+
+    /// The owners registered in etcd by earlier terms (`owners.rs`): reads of keys the index
+    /// does not hold, and pattern removes, wait for each until it re-reports, for at most
+    /// `client_ttl`. Called right after [`Self::reset`].
+    pub fn await_owners(&self, owners: &[Uuid]) {
+        let now = self.clock.now_ms();
+        let mut st = self.state.lock();
+        let until = now.saturating_add(st.cfg.client_ttl_s.saturating_mul(1000));
+        st.owners = owners::Owners::awaiting(owners, until);
+    }
+
+    /// Owners that could not be stored in etcd: their next mount stores them again.
+    pub fn owners_unstored(&self, owners: &[Uuid]) {
+        self.state.lock().owners.unstored(owners);
+    }
+
+    /// Owners that hold no segment any more, to delete from etcd.
+    pub fn take_gone_owners(&self) -> Vec<Uuid> {
+        self.state.lock().owners.take_to_forget()
     }
 
     /// Marks every known client as seen now. Called when a leader that could not prove its

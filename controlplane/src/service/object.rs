@@ -547,7 +547,8 @@ impl State {
         self.fenced(now)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         let short = self.short_read_windows;
-        let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let missing = self.missing(now);
+        let obj = self.objects.get_mut(key).ok_or(missing)?;
         if !obj.has_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
@@ -578,7 +579,11 @@ impl State {
                 }
                 Ok(true)
             }
-            _ => Ok(false),
+            Some(_) => Ok(false),
+            None => match self.missing(now) {
+                ErrorCode::ObjectNotFound => Ok(false),
+                wait => Err(wait),
+            },
         }
     }
 
@@ -596,7 +601,7 @@ impl State {
     /// mounted) so that the caller can tell the remover what to bury (`docs/ha.md`).
     pub(crate) fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<Object, ErrorCode> {
         self.fenced(now)?;
-        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        let obj = self.objects.get(key).ok_or_else(|| self.missing(now))?;
         Self::removable(obj, now, force)?;
         // As upstream, a forced remove skips the task check too; the task then fails when
         // its executor reports (`tasks.rs`).
@@ -652,7 +657,7 @@ impl State {
         mut pick: impl FnMut(&str) -> bool,
         record: impl FnOnce(Vec<String>) -> Pick,
     ) -> Result<u64, ErrorCode> {
-        self.fenced(now)?;
+        self.fenced_all(now)?;
         let State {
             objects,
             segs,

@@ -217,6 +217,7 @@ impl State {
                 return Err(ErrorCode::SegmentAlreadyExists);
             }
             self.touch_client(now, client);
+            self.owner_mounted(client);
             return Ok(r);
         }
         if self.segs.by_name(&s.name).is_some() {
@@ -245,6 +246,7 @@ impl State {
                 seg.quarantined = true;
             }
         }
+        self.owner_mounted(client);
         Ok(r)
     }
 
@@ -462,6 +464,9 @@ impl State {
         };
         if let Some(c) = self.clients.get_mut(&seg.client) {
             c.segments.retain(|&x| x != r);
+            if c.segments.is_empty() {
+                self.owner_gone(seg.client);
+            }
         }
         self.zombies.retain(|z| z.seg != r);
         if seg.alloc.used_bytes() == 0 {
@@ -488,6 +493,7 @@ impl State {
                     self.unmount_ref(r);
                 }
             }
+            self.owner_gone(*id);
         }
         dead.len()
     }

@@ -2371,6 +2371,110 @@ fn removals_the_owners_did_not_hear_of_reach_the_next_term() {
     assert!(t.exist("a-9"));
 }
 
+/// An owner slower than the recovery fence (`owners.rs`): until every owner of the registry
+/// the new leader loaded has re-reported, a key the index lacks may be one of the missing
+/// owner's, so it is "ask again", not "not found"; the wait ends at `client_ttl`.
+#[test]
+fn a_missing_registered_owner_makes_misses_wait_not_answer_not_found() {
+    let (s1, s2) = version_segments();
+    let old = |seq| Version { term: 5, seq };
+    let wait = Err(ErrorCode::UnavailableInCurrentStatus);
+    let t = T::new();
+    t.svc.reset(9, &[]);
+    t.svc.await_owners(&[C1, C2]);
+    remount_held(&t, C1, &s1, vec![held_at("k1", 4096, &s1, 0, old(1))]);
+    t.advance(RECOVERY_FENCE_MS);
+    // C2 (holding k2) is still silent: k1 reads, k2 and absent keys wait.
+    assert!(t.exist("k1"));
+    assert_eq!(t.get("k2").map(|_| ()), wait);
+    assert_eq!(
+        t.call(Request::ExistKey, ExistKey { key: "k2".into() }),
+        wait.map(|()| false)
+    );
+    assert_eq!(t.remove("k2", true), wait);
+    assert_eq!(
+        t.call(
+            Request::BatchExistKey,
+            BatchExistKey {
+                keys: vec!["k1".into(), "k2".into()],
+            },
+        )
+        .unwrap(),
+        vec![Ok(true), Err(ErrorCode::UnavailableInCurrentStatus)]
+    );
+    // A pattern remove would miss C2's keys, which would then come back: it waits too.
+    assert_eq!(
+        t.call(
+            Request::RemoveByRegex,
+            RemoveByRegex {
+                pattern: "^k".into(),
+                force: true,
+            },
+        ),
+        wait.map(|()| 0)
+    );
+    // C2 re-reports: k2 is there, and a key nobody holds is not found again.
+    remount_held(&t, C2, &s2, vec![held_at("k2", 4096, &s2, 0, old(2))]);
+    assert!(t.exist("k2"));
+    assert_eq!(t.get("absent").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    assert!(!t.exist("absent"));
+
+    // An owner that never comes back is waited for `client_ttl` after the election, then
+    // forgotten (and deleted from the registry).
+    let t = T::new();
+    t.svc.reset(9, &[]);
+    t.svc.await_owners(&[C1, C2]);
+    remount_held(&t, C1, &s1, vec![]);
+    t.advance(cfg().client_ttl_s * 1000 - 1);
+    assert_eq!(t.get("k2").map(|_| ()), wait);
+    freed_of(&t, C1); // C1 pings, so only C2 is silent
+    t.advance(1);
+    assert_eq!(t.get("k2").map(|_| ()), Err(ErrorCode::ObjectNotFound));
+    t.svc.tick();
+    assert_eq!(t.svc.take_gone_owners(), vec![C2]);
+}
+
+/// An HA leader registers each owner at its first mount, for etcd before the answer, and
+/// forgets it when its last segment goes; a master without HA keeps no registry.
+#[test]
+fn owners_are_registered_at_their_first_mount_and_forgotten_with_their_last_segment() {
+    let (s1, s2) = version_segments();
+    let mount = |t: &T, client: Uuid, seg: &Segment| {
+        let mut out = Vec::new();
+        let mut b = t.svc.batch();
+        b.handle(
+            Request::MountSegment(MountSegment {
+                client_id: client,
+                segment: seg.clone(),
+            }),
+            &mut out,
+        );
+        b.take_new_owners()
+    };
+    let t = T::new();
+    assert!(mount(&t, C1, &s1).is_empty(), "no HA, no registry");
+    let t = T::new();
+    t.svc.reset(9, &[]);
+    assert_eq!(mount(&t, C1, &s1), vec![C1]);
+    assert!(mount(&t, C1, &s1).is_empty(), "registered once");
+    assert_eq!(mount(&t, C2, &s2), vec![C2]);
+    assert_eq!(
+        t.call(
+            Request::UnmountSegment,
+            UnmountSegment {
+                client_id: C1,
+                segment_id: s1.id,
+            },
+        ),
+        Ok(())
+    );
+    assert_eq!(t.svc.take_gone_owners(), vec![C1]);
+    // Expired: forgotten too.
+    t.advance(cfg().client_ttl_s * 1000);
+    t.svc.tick();
+    assert_eq!(t.svc.take_gone_owners(), vec![C2]);
+}
+
 /// A late re-report (an owner slower than the recovery fence) replaces or buries an object a
 /// reader is reading: its buffers are parked until the reader's lease ends, not handed to the
 /// next put at once (`docs/reliability.md`, randomized faults, violation 2).
