@@ -99,9 +99,10 @@ pub fn ping(
         );
     }
     // Copies by memcpy (ours, same-host importers') of earlier terms already under way may
-    // still land: the re-mount waits for them (`mem::inflight`).
+    // still land: the re-mount waits for them (`mem::inflight`), for one bound in all.
+    let deadline = std::time::Instant::now() + dataplane::mem::inflight::STALE_WRITES_WAIT;
     for s in &raised {
-        let (stale, left) = s.catalog.fences().wait_for_writes();
+        let (stale, left) = s.catalog.fences().wait_for_writes(deadline);
         if left > 0 {
             tracing::error!(
                 segment = %s.desc.name,

@@ -39,6 +39,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::inflight::{self, WritePage};
 use crate::TeError;
@@ -186,14 +187,16 @@ impl Fence {
         }))
     }
 
-    /// Waits until no memcpy write of a term below the fence is still copying, for at most
-    /// [`inflight::STALE_WRITES_WAIT`]; call it after [`Fence::raise`] and before re-mounting.
-    /// Returns how many there were, and how many were left when it gave up.
-    pub fn wait_for_writes(&self) -> (usize, usize) {
+    /// Waits until no memcpy write of a term below the fence is still copying, until `deadline`
+    /// at the latest (one deadline for all of a node's segments, usually
+    /// [`inflight::STALE_WRITES_WAIT`] from the raise); call it after [`Fence::raise`] and
+    /// before re-mounting. Returns how many there were, and how many were left when it gave up.
+    pub fn wait_for_writes(&self, deadline: Instant) -> (usize, usize) {
         let pages: Vec<Arc<WritePage>> = self.lock().pages.clone();
         let mut all: Vec<&WritePage> = pages.iter().map(|p| &**p).collect();
         all.push(&self.local);
-        inflight::wait_for_stale(&all, self.term(), inflight::STALE_WRITES_WAIT)
+        let limit = deadline.saturating_duration_since(Instant::now());
+        inflight::wait_for_stale(&all, self.term(), limit)
     }
 
     /// Fences the memcpy writes of a same-host writer through `page` from now on (the current
@@ -276,6 +279,10 @@ mod tests {
         assert!(!f.refuses(1));
     }
 
+    fn soon() -> Instant {
+        Instant::now() + inflight::STALE_WRITES_WAIT
+    }
+
     #[test]
     fn raising_the_fence_refuses_copies_of_earlier_terms_and_waits_for_those_under_way() {
         use crate::mem::inflight::Refused;
@@ -292,7 +299,11 @@ mod tests {
         );
         let ours = f.local_writes().begin(5).unwrap();
         let theirs = importer.begin(5).unwrap();
-        assert_eq!(f.wait_for_writes(), (0, 0), "nothing of an earlier term");
+        assert_eq!(
+            f.wait_for_writes(soon()),
+            (0, 0),
+            "nothing of an earlier term"
+        );
         f.raise(6);
         assert_eq!(
             f.local_writes().begin(5).unwrap_err(),
@@ -305,7 +316,7 @@ mod tests {
                 drop(ours);
                 drop(theirs);
             });
-            assert_eq!(f.wait_for_writes(), (2, 0));
+            assert_eq!(f.wait_for_writes(soon()), (2, 0));
         });
         // A page only the fence holds (its importer gone) with no copy under way is forgotten
         // at the next watch.

@@ -1118,7 +1118,12 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(100));
                 drop(under_way);
             });
-            assert_eq!(fence.wait_for_writes(), (1, 0));
+            assert_eq!(
+                fence.wait_for_writes(
+                    std::time::Instant::now() + crate::mem::inflight::STALE_WRITES_WAIT
+                ),
+                (1, 0)
+            );
         });
         assert!(
             t0.elapsed() >= Duration::from_millis(90),
