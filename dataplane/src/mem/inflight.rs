@@ -209,11 +209,7 @@ impl WritePage {
     pub fn writer_gone(&self) -> bool {
         let fd = match &self.writer {
             None => return false,
-            Some(Writer::Pid(pid)) => {
-                // SAFETY: signal 0 checks existence only.
-                let rc = unsafe { libc::kill(*pid, 0) };
-                return rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            }
+            Some(Writer::Pid(pid)) => return !crate::transport::rawio::process_exists(*pid),
             Some(Writer::Pidfd(fd)) => fd,
         };
         let mut p = [libc::pollfd {

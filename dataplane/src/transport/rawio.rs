@@ -200,6 +200,14 @@ pub fn recv_spinning(
     recv(fd, buf, flags)
 }
 
+/// Whether process `pid` exists (`kill(pid, 0)`: it does when the call succeeds or is refused
+/// for permission).
+pub(crate) fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// `poll(2)` on `fds` for at most `timeout` (rounded up to a millisecond, capped at
 /// `i32::MAX` ms); returns the number of descriptors with events. `EINTR` returns `Ok(0)`:
 /// callers loop and re-check their deadlines anyway.

@@ -237,9 +237,7 @@ pub fn scratch_fabric(tag: &str) -> PathBuf {
 
 /// Whether process `pid` exists.
 fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    crate::transport::rawio::process_exists(pid as libc::pid_t)
 }
 
 impl SimVerbs {
