@@ -214,6 +214,8 @@ pub struct Gauges {
     pub soft_pin_key_count: u64,
     pub segments: u64,
     pub quarantined_segments: u64,
+    /// Registered owners the current HA term still waits for (`owners.rs`).
+    pub owners_awaited: u64,
 }
 
 impl Metrics {
@@ -273,7 +275,7 @@ impl Metrics {
     /// The Prometheus text of every metric.
     pub fn render(&self, g: &Gauges) -> String {
         let mut s = String::with_capacity(16 * 1024);
-        let gauges: [(&str, &str, u64); 7] = [
+        let gauges: [(&str, &str, u64); 8] = [
             (
                 "master_key_count",
                 "Total number of keys managed by the master",
@@ -308,6 +310,12 @@ impl Metrics {
                 "master_quarantined_segments",
                 "Mounted segments taking no new allocation because their owner stopped pinging",
                 g.quarantined_segments,
+            ),
+            (
+                "master_owners_awaited",
+                "Owners registered by an earlier HA term that have not re-reported yet \
+                 (a key the master lacks is answered -1010 meanwhile)",
+                g.owners_awaited,
             ),
         ];
         for (name, help, v) in gauges {

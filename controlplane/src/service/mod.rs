@@ -536,6 +536,7 @@ impl MasterService {
             soft_pin_key_count: st.objects.values().filter(|o| o.soft_pinned(now)).count() as u64,
             segments: st.segs.len() as u64,
             quarantined_segments: st.quarantined_segments() as u64,
+            owners_awaited: st.owners.awaited(now) as u64,
         }
     }
 

@@ -68,7 +68,16 @@ impl Owners {
     /// Whether a registered owner may still re-report: a key missing from the index may be
     /// one of its.
     pub fn missing_any(&self, now: u64) -> bool {
-        !self.awaited.is_empty() && now < self.awaited_until_ms
+        self.awaited(now) > 0
+    }
+
+    /// How many registered owners are still waited for.
+    pub fn awaited(&self, now: u64) -> usize {
+        if now < self.awaited_until_ms {
+            self.awaited.len()
+        } else {
+            0
+        }
     }
 
     /// Ends the wait once it is over: the owners still missing are forgotten and returned.

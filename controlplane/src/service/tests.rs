@@ -2385,6 +2385,7 @@ fn a_missing_registered_owner_makes_misses_wait_not_answer_not_found() {
     remount_held(&t, C1, &s1, vec![held_at("k1", 4096, &s1, 0, old(1))]);
     t.advance(RECOVERY_FENCE_MS);
     // C2 (holding k2) is still silent: k1 reads, k2 and absent keys wait.
+    assert_eq!(t.svc.gauges().owners_awaited, 1);
     assert!(t.exist("k1"));
     assert_eq!(t.get("k2").map(|_| ()), wait);
     assert_eq!(
@@ -2415,6 +2416,7 @@ fn a_missing_registered_owner_makes_misses_wait_not_answer_not_found() {
     );
     // C2 re-reports: k2 is there, and a key nobody holds is not found again.
     remount_held(&t, C2, &s2, vec![held_at("k2", 4096, &s2, 0, old(2))]);
+    assert_eq!(t.svc.gauges().owners_awaited, 0);
     assert!(t.exist("k2"));
     assert_eq!(t.get("absent").map(|_| ()), Err(ErrorCode::ObjectNotFound));
     assert!(!t.exist("absent"));
