@@ -23,7 +23,9 @@
 //! link goes down for 1-3 s; etcd and the other masters listen on the veth's host end so both
 //! sides reach them; a master killed there is replaced there). A partition may cut off the
 //! leader itself: it loses etcd, a master on the other side takes over, and the cut one, still
-//! reachable by the node beside it, must not act as leader. A thread polls every master's
+//! reachable by the node beside it, must not act as leader; a stall (a storage node SIGSTOPped,
+//! the leader killed, the node resumed 2.5-3.5 s after the new leader serves: past the
+//! recovery fence, within `client_ttl`). A thread polls every master's
 //! `master_evicted_key_count` and records when the sum moves.
 //!
 //! At the end the workers stop, a leader is awaited, and every hot key is read once more.
@@ -38,8 +40,9 @@
 //!
 //! Settings: `MC_FAULT_SEED` (default 19), `MC_FAULT_SECONDS` (default 60, the CI run; the
 //! issue's long run is 600), `MC_FAULT_KINDS` (comma-separated subset of `node`, `leader`,
-//! `etcd`, `client`, `memory`, `kmem`, `partition`; default all but `kmem`, which takes a
-//! minute or more per fault on a VM whose memory the hypervisor backs lazily), `MC_FAULT_FAR_MASTER` (default 1; 0
+//! `etcd`, `client`, `memory`, `kmem`, `partition`, `stall`; default all but `kmem`, which
+//! takes a minute or more per fault on a VM whose memory the hypervisor backs lazily, and
+//! `stall`, added after the CI run's schedule was fixed), `MC_FAULT_FAR_MASTER` (default 1; 0
 //! keeps all three masters on the first host), `MC_FAULT_ETCD_FAR` (default 0; 1 runs etcd on
 //! the second host, so that a partition cuts the first host's masters and the clients beside
 //! them from etcd). The seed fixes the schedule (which faults, when)
@@ -464,11 +467,20 @@ fn randomized_faults_keep_the_history_consistent() {
                 rec.fault("node-restart");
                 pin(&stores[0]);
             }
-            "leader" => {
+            "leader" | "stall" => {
                 let Some(l) = leader(&masters) else {
                     // etcd or an election in progress: nothing to kill this time.
                     continue;
                 };
+                // `stall`: a storage node stopped across the election, resumed past the
+                // recovery fence but within `client_ttl`: the new leader must wait for its
+                // late re-report (the owners' registry), not answer its keys missing.
+                let stalled = (kind == "stall").then(|| rng.below(nodes.len() as u64) as usize);
+                if let Some(i) = stalled {
+                    // SAFETY: kill(2) on a child pid the harness owns.
+                    unsafe { libc::kill(nodes[i].child.id() as i32, libc::SIGSTOP) };
+                    rec.fault("node-stop");
+                }
                 masters[l].signal_and_wait(libc::SIGKILL, Duration::from_secs(5));
                 rec.fault("leader-kill");
                 // Its successor starts on the same host.
@@ -483,6 +495,12 @@ fn randomized_faults_keep_the_history_consistent() {
                 };
                 rec.fault("leader-elected");
                 let at = rec.now();
+                if let Some(i) = stalled {
+                    std::thread::sleep(Duration::from_millis(2500 + rng.below(1000)));
+                    // SAFETY: as above.
+                    unsafe { libc::kill(nodes[i].child.id() as i32, libc::SIGCONT) };
+                    rec.fault("node-resume");
+                }
                 std::thread::sleep(SETTLE);
                 if let Some(l) = leader(&masters) {
                     if let Some(seen) = metric(&admin(&masters[l]), "master_soft_pin_key_count") {
