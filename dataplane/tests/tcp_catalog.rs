@@ -241,7 +241,9 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
         catalog_put(&f, base + 8192, &of_term(64, "next", 21)),
         Ok(())
     );
-    // A late tombstone of the old term is applied: it drops only its own key's older entries.
+    // A late tombstone of the old term is applied (it drops only its own key's older entries)
+    // but answered ERR_METADATA: the newer master may have had this owner's re-report
+    // already, so the remover must tell it (`KeepRemoved`).
     let tomb = CatalogRecord {
         len: 4096,
         hard_pin: false,
@@ -251,7 +253,12 @@ fn catalog_put_of_an_earlier_term_is_refused_once_fenced(backend: Backend) {
         soft_pin_ttl_ms: None,
     }
     .encode();
-    assert_eq!(catalog_put(&f, base, &tomb), Ok(()));
+    assert_eq!(
+        catalog_put(&f, base, &tomb),
+        Err(TransferError::Refused {
+            status: TeError::Metadata.code()
+        })
+    );
     assert_eq!(keys(&f), vec!["new".to_string(), "next".to_string()]);
     // The connection serves on after a refusal, and fence 0 turns the check off.
     f.memory.catalog().fence(0);

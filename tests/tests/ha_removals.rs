@@ -111,6 +111,21 @@ impl Cluster {
         std::thread::sleep(SETTLE);
     }
 
+    /// The keys of `ks` whose only replica lives on node 0.
+    fn only_on_node0<'k>(&self, ks: &'k [String]) -> Vec<&'k String> {
+        let seg0 = &self.nodes[0].segments[0].name;
+        ks.iter()
+            .filter(|k| {
+                self.store
+                    .replicas(k)
+                    .expect("replicas")
+                    .replicas
+                    .iter()
+                    .all(|r| &r.segment_name == seg0)
+            })
+            .collect()
+    }
+
     /// The key's value, `None` when it does not exist; retries through transient errors.
     fn read(&self, key: &str) -> Option<Vec<u8>> {
         let mut last = ErrorCode::InternalError;
@@ -208,19 +223,7 @@ fn a_remove_whose_owner_is_stopped_survives_a_leader_kill() {
     let ks = keys("k-", 40);
     put_all(&c, &ks);
     std::thread::sleep(Duration::from_millis(300));
-    // The keys whose only replica lives on node 0.
-    let seg0 = c.nodes[0].segments[0].name.clone();
-    let on0: Vec<&String> = ks
-        .iter()
-        .filter(|k| {
-            c.store
-                .replicas(k)
-                .expect("replicas")
-                .replicas
-                .iter()
-                .all(|r| r.segment_name == seg0)
-        })
-        .collect();
+    let on0 = c.only_on_node0(&ks);
     assert!(!on0.is_empty(), "no key landed on node 0");
     let victim = on0[0].clone();
     // SAFETY: kill(2) on a child pid the harness owns; no memory is touched.
@@ -261,19 +264,11 @@ fn a_key_of_an_owner_stopped_across_an_election_is_not_answered_missing() {
     };
     let ks = keys("s-", 40);
     put_all(&c, &ks);
-    let seg0 = c.nodes[0].segments[0].name.clone();
-    let victim = ks
-        .iter()
-        .find(|k| {
-            c.store
-                .replicas(k)
-                .expect("replicas")
-                .replicas
-                .iter()
-                .all(|r| r.segment_name == seg0)
-        })
-        .expect("no key landed on node 0 alone")
-        .clone();
+    let victim = c
+        .only_on_node0(&ks)
+        .first()
+        .map(|k| (*k).clone())
+        .expect("no key landed on node 0 alone");
     let pid = c.nodes[0].child.id() as i32;
     // SAFETY: kill(2) on a child pid the harness owns; no memory is touched.
     unsafe { libc::kill(pid, libc::SIGSTOP) };

@@ -156,10 +156,15 @@ impl CatalogWriter {
         }
     }
 
-    /// Buries a removed replica that lies in our own segment.
-    pub fn bury_local(&self, r: &ReplicaDescriptor, key: &str) {
-        if let Some(m) = &self.own {
-            m.catalog().bury(r.buffer_address, r.size, key, r.version);
+    /// Buries a removed replica that lies in our own segment; refused when the removal is of
+    /// a term that has ended for our catalog (`Catalog::bury`).
+    pub fn bury_local(&self, r: &ReplicaDescriptor, key: &str) -> Result<(), TeError> {
+        match &self.own {
+            Some(m) => m
+                .catalog()
+                .bury(r.buffer_address, r.size, key, r.version)
+                .map(|_| ()),
+            None => Ok(()),
         }
     }
 

@@ -745,7 +745,16 @@ impl Peers {
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
         for (i, (r, key)) in items.iter().enumerate() {
             if self.is_local(r) {
-                self.catalog.bury_local(r, key);
+                if let Err(e) = self.catalog.bury_local(r, key) {
+                    results[i] = Err(StoreError::new(
+                        ErrorCode::TransferFail,
+                        format!(
+                            "our own catalog refused the tombstone of {key} (version {}): {e}; \
+                             its term has ended",
+                            r.version
+                        ),
+                    ));
+                }
                 continue;
             }
             if !self.catalog.enabled(&r.transport_endpoint) {

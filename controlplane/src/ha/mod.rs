@@ -512,17 +512,15 @@ async fn campaign_and_lead(
         if answer.succeeded() {
             let term = answer.header().map_or(0, |h| h.revision());
             // Removals earlier leaders acknowledged: the owners' re-reports must not undo them.
+            // And the owners they registered, whose late re-reports reads must wait for.
             let prefix = removals_prefix(&cfg.cluster_id);
-            let removals = match load_removals(client, &prefix).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
-                    return TermEnd::Lost(e);
-                }
-            };
             let owners_prefix = owners_prefix(&cfg.cluster_id);
-            let owners = match load_owners(client, &owners_prefix).await {
-                Ok(o) => o,
+            let loaded = match load_removals(client, &prefix).await {
+                Ok(r) => load_owners(client, &owners_prefix).await.map(|o| (r, o)),
+                Err(e) => Err(e),
+            };
+            let (removals, owners) = match loaded {
+                Ok(l) => l,
                 Err(e) => {
                     let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
                     return TermEnd::Lost(e);

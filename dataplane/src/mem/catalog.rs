@@ -431,10 +431,7 @@ impl Catalog {
     /// a newer write).
     pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
         match rec.kind {
-            RecordKind::Tombstone => {
-                self.bury(addr, rec.len, rec.key, rec.version);
-                Ok(())
-            }
+            RecordKind::Tombstone => self.bury(addr, rec.len, rec.key, rec.version).map(|_| ()),
             RecordKind::Intent => {
                 if self.fence.refuses(rec.version.term) {
                     return Err(TeError::Metadata);
@@ -481,12 +478,22 @@ impl Catalog {
     /// `[addr, addr + len)` whose version is at most `version` (an entry of another key, or
     /// a newer one of this key, is a later write into the reused range and stays), and keeps
     /// a tombstone so that the removal is re-reported. Returns how many entries went.
-    pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
+    ///
+    /// A tombstone of a term older than the fence is applied too (it drops only its own key's
+    /// older entries) but answered `ERR_METADATA`: this owner may already have re-reported to
+    /// the newer master, which would then never hear of the removal and keep listing the key
+    /// from the re-report, so the remover must hand it to that master (`KeepRemoved`). The
+    /// fence is read under the table's lock, which the re-mount's snapshot takes after raising
+    /// it, so a tombstone answered `Ok` is in that snapshot.
+    pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> Result<usize, TeError> {
         let mut inner = self.lock();
         let n = inner
             .remove_overlapping_where(addr, len, |_, e| &*e.key == key && e.version <= version);
         inner.add_tombstone(key, version);
-        n
+        if version.term < self.fence.term() {
+            return Err(TeError::Metadata);
+        }
+        Ok(n)
     }
 
     /// Every tombstone: (key, version removed), in no particular order.
@@ -788,13 +795,16 @@ mod tests {
         );
         c.insert(20, 10, "c", false, v(5, 1)).unwrap();
         c.insert(40, 10, "d", false, v(6, 1)).unwrap();
-        // A tombstone of an earlier term still buries its own key's older entries.
-        assert_eq!(c.bury(0, 10, "a", v(4, 1)), 1);
+        // A tombstone of an earlier term still buries its own key's older entries, but says
+        // the master may not know (the owner may have re-reported already).
+        assert_eq!(c.bury(0, 10, "a", v(4, 1)), Err(TeError::Metadata));
         assert_eq!(keys(&c), vec![(20, "c".into()), (40, "d".into())]);
+        assert_eq!(c.tombstones(), vec![("a".to_string(), v(4, 1))]);
+        assert_eq!(c.bury(20, 10, "c", v(5, 1)), Ok(1), "the fence's own term");
         // The fence follows the master, down too.
         c.fence(2);
         c.insert(0, 10, "e", false, v(2, 1)).unwrap();
-        assert_eq!(c.len(), 3);
+        assert_eq!(c.len(), 2);
     }
 
     #[test]
@@ -804,7 +814,7 @@ mod tests {
         c.insert(10, 10, "b", false, V0).unwrap();
         c.insert(30, 10, "c", false, v(1, 1)).unwrap();
         c.insert(60, 10, "new", false, v(9, 1)).unwrap();
-        c.bury(50, 10, "gone", v(2, 1));
+        c.bury(50, 10, "gone", v(2, 1)).unwrap();
         // Older entries of other keys go; a range that only touches an entry leaves it.
         assert_eq!(c.overwrite(5, 10, "x", v(5, 1)), 2);
         assert_eq!(keys(&c), vec![(30, "c".into()), (60, "new".into())]);
@@ -844,7 +854,7 @@ mod tests {
         c.insert(0, 10, "k", false, v(1, 5)).unwrap();
         c.insert(10, 10, "other", false, v(1, 6)).unwrap();
         // Removal of k at 1.5 drops k, not the neighbour it overlaps.
-        assert_eq!(c.bury(0, 20, "k", v(1, 5)), 1);
+        assert_eq!(c.bury(0, 20, "k", v(1, 5)), Ok(1));
         assert_eq!(keys(&c), vec![(10, "other".into())]);
         assert_eq!(c.tombstones(), vec![("k".to_string(), v(1, 5))]);
         // A newer k in the range survives an older removal notice.
@@ -853,12 +863,12 @@ mod tests {
             c.tombstones().is_empty(),
             "a newer write supersedes the tombstone"
         );
-        assert_eq!(c.bury(0, 10, "k", v(1, 9)), 0);
+        assert_eq!(c.bury(0, 10, "k", v(1, 9)), Ok(0));
         assert_eq!(c.len(), 2);
         assert_eq!(c.tombstones(), vec![("k".to_string(), v(1, 9))]);
         // The newer removal wins; an older one changes nothing.
-        c.bury(0, 10, "k", v(2, 1));
-        c.bury(0, 10, "k", v(1, 1));
+        c.bury(0, 10, "k", v(2, 1)).unwrap();
+        c.bury(0, 10, "k", v(1, 1)).unwrap();
         assert_eq!(c.tombstones(), vec![("k".to_string(), v(2, 1))]);
         assert_eq!(keys(&c), vec![(10, "other".into())]);
     }
@@ -867,7 +877,7 @@ mod tests {
     fn tombstones_are_bounded_oldest_first() {
         let c = Catalog::new();
         for i in 0..CATALOG_TOMBSTONES_MAX as u64 + 2 {
-            c.bury(0, 1, &format!("k{i}"), v(1, i));
+            c.bury(0, 1, &format!("k{i}"), v(1, i)).unwrap();
         }
         let t = c.tombstones();
         assert_eq!(t.len(), CATALOG_TOMBSTONES_MAX);

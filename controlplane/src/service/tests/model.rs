@@ -225,7 +225,9 @@ impl Owner {
         true
     }
 
-    fn bury(&mut self, addr: u64, len: u64, key: &str, version: Version) {
+    /// Applied whatever its term; false (the remover must tell the master) for a tombstone of
+    /// a term older than the fence, as `Catalog::bury`.
+    fn bury(&mut self, addr: u64, len: u64, key: &str, version: Version) -> bool {
         for a in self.overlapping(addr, len) {
             let e = &self.cat[&a];
             if e.key == key && e.version <= version {
@@ -234,6 +236,7 @@ impl Owner {
         }
         let t = self.tombs.entry(key.into()).or_insert(version);
         *t = (*t).max(version);
+        version.term >= self.fence
     }
 
     fn forget(&mut self, addr: u64, len: u64, mark: u64) {
@@ -528,7 +531,18 @@ impl Model {
             for d in gone {
                 if self.rng.chance(90) {
                     let o = self.owner_of(&d.segment_name);
-                    self.owners[o].bury(d.buffer_address, d.size, &key, d.version);
+                    // A tombstone of an ended term is refused: the remover hands it to the
+                    // master, as `Store::bury` does.
+                    if !self.owners[o].bury(d.buffer_address, d.size, &key, d.version) {
+                        let r = self.t.call(
+                            Request::KeepRemoved,
+                            KeepRemoved {
+                                keys: vec![key.clone()],
+                                versions: vec![d.version],
+                            },
+                        );
+                        self.log.push(format!("keep removed {key} -> {r:?}"));
+                    }
                 }
             }
         }
