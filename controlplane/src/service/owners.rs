@@ -49,10 +49,12 @@ impl Owners {
         }
     }
 
-    /// `client` mounted a segment (or re-mounted its segments).
+    /// `client` mounted a segment (or re-mounted its segments). A delete of its entry not yet
+    /// sent is dropped: it would undo this registration.
     pub fn mounted(&mut self, client: Uuid) {
         self.awaited.remove(&client);
         if self.registered.insert(client) {
+            self.to_forget.retain(|&c| c != client);
             self.to_store.push(client);
         }
     }
@@ -147,6 +149,13 @@ mod tests {
         o.gone(id(3));
         o.gone(id(3));
         assert_eq!(o.take_to_forget(), vec![id(3)]);
+        // Expired, then back before the delete went out: registered again, nothing deleted.
+        o.mounted(id(5));
+        o.take_to_store();
+        o.gone(id(5));
+        o.mounted(id(5));
+        assert!(o.take_to_forget().is_empty());
+        assert_eq!(o.take_to_store(), vec![id(5)]);
         // A failed store: the next mount stores it again.
         o.mounted(id(4));
         let failed = o.take_to_store();
