@@ -132,15 +132,15 @@ pub struct HaState {
     term_started_unix_ms: AtomicU64,
     /// The lease of the current term (0 when not leader).
     lease: AtomicI64,
-    /// Where the current term stores removals (`service/removals.rs`); `None` when not
+    /// Where the current term stores removals and the owners' registry; `None` when not
     /// leader.
-    removals: Mutex<Option<RemovalStore>>,
+    term_store: Mutex<Option<TermStore>>,
 }
 
 /// The leader's handle for storing removal records and the owners' registry in etcd under
 /// its lease.
 #[derive(Clone)]
-struct RemovalStore {
+struct TermStore {
     client: Client,
     lease: i64,
     leader_key: String,
@@ -149,6 +149,30 @@ struct RemovalStore {
     owners_prefix: String,
     /// Records written this term (every [`PRUNE_EVERY`]th write prunes the old ones).
     written: Arc<AtomicU64>,
+}
+
+impl TermStore {
+    /// Runs `ops` in one etcd transaction that succeeds only while the leader key still
+    /// carries this term's lease (a deposed leader writes nothing).
+    async fn guarded(
+        &self,
+        client: &mut Client,
+        what: &str,
+        ops: Vec<TxnOp>,
+    ) -> Result<(), String> {
+        let txn = Txn::new()
+            .when([Compare::lease(
+                self.leader_key.clone(),
+                CompareOp::Equal,
+                self.lease,
+            )])
+            .and_then(ops);
+        let answer = bounded(what, client.txn(txn)).await?;
+        if !answer.succeeded() {
+            return Err("the leader key no longer names this master's lease".into());
+        }
+        Ok(())
+    }
 }
 
 /// The etcd prefix of a cluster's removal records (`service/removals.rs`).
@@ -200,7 +224,7 @@ impl HaState {
             terms_won: AtomicU64::new(0),
             term_started_unix_ms: AtomicU64::new(0),
             lease: AtomicI64::new(0),
-            removals: Mutex::new(None),
+            term_store: Mutex::new(None),
         }
     }
 
@@ -250,7 +274,7 @@ impl HaState {
     }
 
     pub(crate) fn step_down(&self) {
-        *self.removals.lock() = None;
+        *self.term_store.lock() = None;
         self.serve_until_ms.store(0, Ordering::Release);
         self.role.store(STANDBY, Ordering::Release);
     }
@@ -266,7 +290,7 @@ impl HaState {
     /// may go out only after this returned `Ok` (`service/removals.rs`). Fails when this
     /// master no longer leads or etcd does not answer in time.
     pub async fn store_removals(&self, removals: &[Removal]) -> Result<(), String> {
-        let Some(s) = self.removals.lock().clone() else {
+        let Some(s) = self.term_store.lock().clone() else {
             return Err("not the leader".into());
         };
         let mut client = s.client.clone();
@@ -280,17 +304,8 @@ impl HaState {
                 );
                 continue;
             }
-            let txn = Txn::new()
-                .when([Compare::lease(
-                    s.leader_key.clone(),
-                    CompareOp::Equal,
-                    s.lease,
-                )])
-                .and_then([TxnOp::put(r.etcd_key(&s.prefix), bytes, None)]);
-            let answer = bounded("store removal", client.txn(txn)).await?;
-            if !answer.succeeded() {
-                return Err("the leader key no longer names this master's lease".into());
-            }
+            let put = TxnOp::put(r.etcd_key(&s.prefix), bytes, None);
+            s.guarded(&mut client, "store removal", vec![put]).await?;
             if s.written.fetch_add(1, Ordering::AcqRel) % PRUNE_EVERY == PRUNE_EVERY - 1 {
                 prune_removals(&mut client, &s.prefix).await;
             }
@@ -318,28 +333,17 @@ impl HaState {
         owners: &[Uuid],
         op: impl Fn(String) -> TxnOp,
     ) -> Result<(), String> {
-        let Some(s) = self.removals.lock().clone() else {
+        let Some(s) = self.term_store.lock().clone() else {
             return Err("not the leader".into());
         };
         let mut client = s.client.clone();
         // etcd caps the operations of one transaction (128 by default).
         for chunk in owners.chunks(OWNERS_PER_TXN) {
-            let txn = Txn::new()
-                .when([Compare::lease(
-                    s.leader_key.clone(),
-                    CompareOp::Equal,
-                    s.lease,
-                )])
-                .and_then(
-                    chunk
-                        .iter()
-                        .map(|c| op(format!("{}{c}", s.owners_prefix)))
-                        .collect::<Vec<_>>(),
-                );
-            let answer = bounded(what, client.txn(txn)).await?;
-            if !answer.succeeded() {
-                return Err("the leader key no longer names this master's lease".into());
-            }
+            let ops = chunk
+                .iter()
+                .map(|c| op(format!("{}{c}", s.owners_prefix)))
+                .collect();
+            s.guarded(&mut client, what, ops).await?;
         }
         Ok(())
     }
@@ -528,7 +532,7 @@ async fn campaign_and_lead(
             };
             service.reset(term, &removals);
             service.await_owners(&owners);
-            *state.removals.lock() = Some(RemovalStore {
+            *state.term_store.lock() = Some(TermStore {
                 client: client.clone(),
                 lease,
                 leader_key: key.to_string(),
