@@ -279,23 +279,28 @@ impl State {
         Ok(())
     }
 
-    /// The answer for a key the index does not hold: `OBJECT_NOT_FOUND`, or "ask again" while
-    /// a registered owner has not re-reported since the election (`owners.rs`).
-    pub(crate) fn missing(&self, now: u64) -> protocol::ErrorCode {
-        if self.owners.missing_any(now) {
-            return protocol::ErrorCode::UnavailableInCurrentStatus;
-        }
-        protocol::ErrorCode::ObjectNotFound
-    }
-
-    /// [`Self::fenced`] for a request over every key (pattern removes): it also waits for the
-    /// registered owners that have not re-reported yet (`owners.rs`).
-    pub(crate) fn fenced_all(&self, now: u64) -> Result<(), protocol::ErrorCode> {
-        self.fenced(now)?;
+    /// "Ask again" while a registered owner has not re-reported since the election: a key the
+    /// index does not hold may be one of its (`owners.rs`).
+    pub(crate) fn owners_awaited(&self, now: u64) -> Result<(), protocol::ErrorCode> {
         if self.owners.missing_any(now) {
             return Err(protocol::ErrorCode::UnavailableInCurrentStatus);
         }
         Ok(())
+    }
+
+    /// The answer for a key the index does not hold: `OBJECT_NOT_FOUND`, or "ask again" while
+    /// [`Self::owners_awaited`] says so.
+    pub(crate) fn missing(&self, now: u64) -> protocol::ErrorCode {
+        self.owners_awaited(now)
+            .err()
+            .unwrap_or(protocol::ErrorCode::ObjectNotFound)
+    }
+
+    /// [`Self::fenced`] for a request over every key (pattern removes): it also waits for the
+    /// registered owners that have not re-reported yet.
+    pub(crate) fn fenced_all(&self, now: u64) -> Result<(), protocol::ErrorCode> {
+        self.fenced(now)?;
+        self.owners_awaited(now)
     }
 
     /// `client` mounted a segment: an HA leader registers it (`owners.rs`).

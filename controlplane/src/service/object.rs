@@ -580,10 +580,7 @@ impl State {
                 Ok(true)
             }
             Some(_) => Ok(false),
-            None => match self.missing(now) {
-                ErrorCode::ObjectNotFound => Ok(false),
-                wait => Err(wait),
-            },
+            None => self.owners_awaited(now).map(|()| false),
         }
     }
 
