@@ -590,16 +590,7 @@ impl Peers {
                     results[i] = self
                         .catalog
                         .record_local(r, it.key, it.pins())
-                        .map_err(|e| {
-                            StoreError::new(
-                                ErrorCode::TransferFail,
-                                format!(
-                                    "our own catalog refused the record of {} (version {}): {e}; \
-                                 its term has ended",
-                                    it.key, r.version
-                                ),
-                            )
-                        });
+                        .map_err(|e| own_catalog_refused("record", it.key, r, e));
                 }
                 continue;
             }
@@ -746,14 +737,7 @@ impl Peers {
         for (i, (r, key)) in items.iter().enumerate() {
             if self.is_local(r) {
                 if let Err(e) = self.catalog.bury_local(r, key) {
-                    results[i] = Err(StoreError::new(
-                        ErrorCode::TransferFail,
-                        format!(
-                            "our own catalog refused the tombstone of {key} (version {}): {e}; \
-                             its term has ended",
-                            r.version
-                        ),
-                    ));
+                    results[i] = Err(own_catalog_refused("tombstone", key, r, e));
                 }
                 continue;
             }
@@ -976,6 +960,22 @@ enum Mapping {
 
 /// The error of a write refused because its put's term has ended: the owner heard of a newer
 /// master (its fence is at `fence`), which may hand the range to a put of its own.
+/// Our own catalog refused `what` (a record or a tombstone) of `key`: its term has ended.
+fn own_catalog_refused(
+    what: &str,
+    key: &str,
+    r: &ReplicaDescriptor,
+    e: dataplane::TeError,
+) -> StoreError {
+    StoreError::new(
+        ErrorCode::TransferFail,
+        format!(
+            "our own catalog refused the {what} of {key} (version {}): {e}; its term has ended",
+            r.version
+        ),
+    )
+}
+
 fn ended_term(key: &str, r: &ReplicaDescriptor, fence: u64) -> StoreError {
     StoreError::new(
         ErrorCode::TransferFail,
