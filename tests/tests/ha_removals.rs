@@ -111,11 +111,11 @@ impl Cluster {
         std::thread::sleep(SETTLE);
     }
 
-    /// The keys of `ks` whose only replica lives on node 0.
-    fn only_on_node0<'k>(&self, ks: &'k [String]) -> Vec<&'k String> {
+    /// The first key of `ks` whose only replica lives on node 0.
+    fn a_key_only_on_node0(&self, ks: &[String]) -> String {
         let seg0 = &self.nodes[0].segments[0].name;
         ks.iter()
-            .filter(|k| {
+            .find(|k| {
                 self.store
                     .replicas(k)
                     .expect("replicas")
@@ -123,7 +123,8 @@ impl Cluster {
                     .iter()
                     .all(|r| &r.segment_name == seg0)
             })
-            .collect()
+            .expect("no key landed on node 0 alone")
+            .clone()
     }
 
     /// The key's value, `None` when it does not exist; retries through transient errors.
@@ -223,9 +224,7 @@ fn a_remove_whose_owner_is_stopped_survives_a_leader_kill() {
     let ks = keys("k-", 40);
     put_all(&c, &ks);
     std::thread::sleep(Duration::from_millis(300));
-    let on0 = c.only_on_node0(&ks);
-    assert!(!on0.is_empty(), "no key landed on node 0");
-    let victim = on0[0].clone();
+    let victim = c.a_key_only_on_node0(&ks);
     // SAFETY: kill(2) on a child pid the harness owns; no memory is touched.
     unsafe { libc::kill(c.nodes[0].child.id() as i32, libc::SIGSTOP) };
     // Past the read lease `replicas` granted.
@@ -264,11 +263,7 @@ fn a_key_of_an_owner_stopped_across_an_election_is_not_answered_missing() {
     };
     let ks = keys("s-", 40);
     put_all(&c, &ks);
-    let victim = c
-        .only_on_node0(&ks)
-        .first()
-        .map(|k| (*k).clone())
-        .expect("no key landed on node 0 alone");
+    let victim = c.a_key_only_on_node0(&ks);
     let pid = c.nodes[0].child.id() as i32;
     // SAFETY: kill(2) on a child pid the harness owns; no memory is touched.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
