@@ -18,7 +18,8 @@
 //! Invariants: memory is registered only while it stays mapped: served segments are
 //! deregistered by [`RdmaSide::withdraw`] (a store's close, a node's shutdown) before their
 //! owner unmaps them, other ranges by their registrant; published keys are removed by
-//! `withdraw` too.
+//! `withdraw` too. A served segment's keys change at every new term of the master
+//! ([`RdmaSide::rekey`], before the re-mount), which fences RDMA writes of ended terms.
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -40,8 +41,8 @@ pub struct RdmaSide {
     host: String,
     state: Arc<HandshakeState>,
     server: Mutex<Option<HandshakeServer>>,
-    /// Served segments: name and start address.
-    published: Mutex<Vec<(String, u64)>>,
+    /// Served segments: name, start address and TCP data port.
+    published: Mutex<Vec<(String, u64, u16)>>,
 }
 
 impl RdmaSide {
@@ -142,6 +143,15 @@ impl RdmaSide {
     ) -> Result<(), String> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.register(addr, len)? };
+        self.published
+            .lock()
+            .push((name.to_string(), addr, data_port));
+        self.publish(name, addr, data_port)
+    }
+
+    /// Writes the descriptor of the served segment `name` (its current keys) and its
+    /// handshake endpoint to the metadata store.
+    fn publish(&self, name: &str, addr: u64, data_port: u16) -> Result<(), String> {
         let desc = self
             .transport
             .segment_desc_of(name, data_port, timestamp_now(), addr)
@@ -155,18 +165,46 @@ impl RdmaSide {
             .metadata
             .put(&self.keys.ram(name), &desc)
             .and_then(|()| self.metadata.put(&self.keys.rpc_meta(name), &meta));
-        self.published.lock().push((name.to_string(), addr));
         put.map_err(|e| format!("publishing the RDMA descriptor of {name}: {e}"))?;
         // A peer in P2P mode asks the handshake server itself; the last segment served answers.
         self.state.set_descriptor(desc);
         Ok(())
     }
 
+    /// Gives every served segment new memory keys and publishes them; returns how many
+    /// segments changed keys. Called when the master's term changes, after the catalogs'
+    /// fences rose and before the re-mount (`crate::recovery::ping`): an RDMA WRITE of an
+    /// ended term whose intent was answered before the fence names an old key, so it fails
+    /// and none of its bytes land once this returns (`docs/ha.md`, "The bytes, by RDMA").
+    /// Writers of the new term find their old keys refused, read the new descriptor and
+    /// announce their write again (`crate::store::rdma`). A segment whose new registration
+    /// failed keeps its keys (an error naming it); a failed publication is an error too, the
+    /// old keys being gone all the same (peers then fall back to TCP until it is published).
+    pub fn rekey(&self) -> Result<usize, String> {
+        let published = self.published.lock().clone();
+        let mut first_err = None;
+        let mut changed = 0;
+        for (name, addr, port) in published {
+            let done = match self.transport.rekey(addr) {
+                Ok(true) => self.publish(&name, addr, port).map(|()| true),
+                Ok(false) => Ok(false),
+                Err(e) => Err(format!("segment {name}: {e}")),
+            };
+            match done {
+                Ok(c) => changed += usize::from(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(changed), Err)
+    }
+
     /// Removes the published keys, deregisters the served segments (peers' work requests on
     /// them fail from now on, as their TCP transfers would on a stopped server) and stops the
     /// handshake server. Idempotent.
     pub fn withdraw(&self) {
-        for (name, addr) in std::mem::take(&mut *self.published.lock()) {
+        for (name, addr, _) in std::mem::take(&mut *self.published.lock()) {
             let _ = self.metadata.remove(&self.keys.ram(&name));
             let _ = self.metadata.remove(&self.keys.rpc_meta(&name));
             self.transport.unregister(addr);

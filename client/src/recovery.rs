@@ -9,7 +9,9 @@
 //! sent (the catalog mark), so an object written into a reused range after that is never
 //! forgotten; every catalog is fenced at the answering master's term before anything is
 //! re-mounted to it (`Catalog::fence`), so a late record of an earlier term cannot replace
-//! the entry of an object that master placed; a re-mount repeats every segment in each of
+//! the entry of an object that master placed; a segment served over RDMA has new memory keys
+//! before it is re-mounted to a master of a new term (`RdmaSide::rekey`), so an RDMA write of
+//! an earlier term cannot land on a range that master hands out; a re-mount repeats every segment in each of
 //! its calls, so the held objects of a chunk are never refused for an unknown segment, and
 //! repeating a call is harmless (the master skips objects it already has).
 
@@ -71,11 +73,14 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
 }
 
 /// Pings the master; drops catalog entries for the ranges it freed; on `NEED_REMOUNT`
-/// re-mounts every segment with every catalogued object. Errors are described for the log.
+/// re-mounts every segment with every catalogued object. `rdma`: the side serving these
+/// segments over RDMA, whose memory keys change when the term does. Errors are described for
+/// the log.
 pub fn ping(
     master: &MasterClient,
     client_id: Uuid,
     served: &[Served<'_>],
+    rdma: Option<&crate::rdma::RdmaSide>,
 ) -> Result<PingOutcome, String> {
     let marks: Vec<u64> = served.iter().map(|s| s.catalog.mark()).collect();
     let r = master
@@ -89,6 +94,8 @@ pub fn ping(
         .iter()
         .filter(|s| s.catalog.fence_term() != term)
         .collect();
+    // A term ended (not our first): writers of it may still hold our memory keys.
+    let ended = raised.iter().any(|s| s.catalog.fence_term() != 0);
     for s in &raised {
         let was = s.catalog.fence_term();
         let cut = s.catalog.fence(term);
@@ -115,6 +122,21 @@ pub fn ping(
                 segment = %s.desc.name,
                 "waited for {stale} memcpy write(s) of an earlier term to end before re-mounting"
             );
+        }
+    }
+    // RDMA writes of earlier terms pass no server either, and once their intent was answered
+    // nothing stops them but their memory keys: new keys (the old ones deregistered) before
+    // the re-mount, as for the memcpy slots above.
+    if let Some(side) = rdma.filter(|_| ended) {
+        match side.rekey() {
+            Ok(n) => tracing::info!(
+                "the master's term is {term}: {n} segment(s) served over RDMA have new memory \
+                 keys; RDMA writes of earlier terms are refused"
+            ),
+            Err(e) => tracing::error!(
+                "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
+                 earlier terms may still land on ranges the master hands out again"
+            ),
         }
     }
     let mut forgotten = 0;

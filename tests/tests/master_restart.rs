@@ -648,3 +648,109 @@ fn an_upsert_cut_before_its_record_keeps_its_key_same_host() {
 fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
     upsert_cut_before_its_record_then_restart(DyingWriter::Rdma);
 }
+
+/// An RDMA WRITE passes no server: once its intent is answered, only its memory key can stop
+/// it. A writer stalled between the answer (first term) and its WRITE while the master
+/// restarted could land its bytes on a range the new master gave to another put. The node
+/// now gives its segments new keys at every new term before it re-mounts
+/// (`RdmaSide::rekey`): the late WRITE is refused and the new object keeps its bytes. A
+/// store of the new term, whose keys went stale with it, reads the new ones and announces
+/// its write again, still over RDMA.
+#[test]
+fn an_rdma_write_of_an_ended_term_does_not_land() {
+    use client::dataplane::mem::Src;
+    use client::store::rdma::{RdmaFail, RdmaPeers};
+    use client::MasterClient;
+    use protocol::message::PutStart;
+
+    let fabric = SimFabric::new();
+    std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
+    std::env::set_var("MC_STORE_SHM", "0");
+    let (master, _node, _tcp) = DyingWriter::Rdma.cluster(&fabric);
+    let rdma = client::Store::setup(client::StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: master.metadata_url(),
+        global_segment_size: 0,
+        local_buffer_size: 16 << 20,
+        protocol: "rdma".into(),
+        rdma_devices: String::new(),
+        master_server_addr: master.rpc_addr(),
+        tenant_id: String::new(),
+    })
+    .expect("RDMA store");
+    let one = ReplicateConfig::default();
+    // Above the slab sizes: a best-fit extent, as the next master's put of this size gets.
+    let size = (3 << 20) / 2;
+    assert_eq!(rdma.put("rk/kept", &value(3), &one, false), Ok(()));
+
+    // The late writer: its put started and its intent answered in the first term.
+    let raw = MasterClient::new(&master.rpc_addr()).expect("master client");
+    let started = raw
+        .call(&PutStart {
+            client_id: protocol::Uuid::from_parts(0x0e, 3),
+            key: "rk/late".into(),
+            size: size as u64,
+            config: ReplicateConfig::default(),
+        })
+        .expect("rpc")
+        .expect("put start");
+    let r = started[0].clone();
+    let keys = client::dataplane::metadata::Keys::for_store(&client::store::cluster_id_from_env());
+    let side = client::rdma::RdmaSide::open(
+        "late-writer",
+        "",
+        Duration::from_secs(5),
+        "127.0.0.1".parse().unwrap(),
+        &master.metadata_url(),
+        keys,
+    )
+    .expect("RDMA on the software verbs model");
+    let peers = RdmaPeers::new(side).expect("staging");
+    let peer = peers
+        .peer(&r.segment_name)
+        .expect("the node serves its segment over RDMA");
+    let intent = CatalogRecord::intent(r.size, "rk/late", r.version).encode();
+    let data = data_client(&r.transport_endpoint, r.version.term).expect("data port");
+    let mut ops = [
+        client::dataplane::transport::client::TransferOp::CatalogIntent {
+            remote_addr: r.buffer_address,
+            record: Src::from(&intent[..]),
+        },
+    ];
+    assert_eq!(data.submit(&mut ops), [Ok(())], "intent of the first term");
+
+    let _master = restart(master);
+    wait_listed(&rdma, "rk/kept");
+    // The next master's put of the same size goes over the late writer's range (it never
+    // heard of that put), by RDMA with the keys the node published at the new term.
+    let before = rdma.path_counts().rdma_bytes;
+    let new = vec![0x5au8; size];
+    assert_eq!(rdma.put("rk/new", &new, &one, false), Ok(()));
+    let now = rdma.replicas("rk/new").expect("listed").replicas.clone();
+    assert!(
+        now[0].segment_name == r.segment_name
+            && overlaps(
+                (now[0].buffer_address, now[0].size),
+                (r.buffer_address, r.size)
+            ),
+        "the new put was not given the late writer's range: {now:?} vs {r:?}"
+    );
+    assert_eq!(
+        rdma.path_counts().rdma_bytes - before,
+        size as u64,
+        "the new term's put went by RDMA"
+    );
+
+    // Now the late WRITE, with the keys it read in the first term.
+    let late = vec![0xa5u8; size];
+    match peers.write(&peer, r.buffer_address, &[Src::from(&late[..])]) {
+        Err(RdmaFail::StaleKeys(_)) => {}
+        other => panic!("a WRITE of the ended term with its old keys: {other:?}"),
+    }
+    assert!(
+        rdma.get("rk/new") == Ok(new),
+        "rk/new does not read back its own bytes"
+    );
+    assert_eq!(rdma.get("rk/kept"), Ok(value(3)));
+    rdma.close();
+}

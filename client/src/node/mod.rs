@@ -323,7 +323,7 @@ impl Node {
                 catalog: s.memory.catalog(),
             })
             .collect();
-        let out = recovery::ping(&self.master, self.client_id, &served)?;
+        let out = recovery::ping(&self.master, self.client_id, &served, self.rdma.as_deref())?;
         if out.status == ClientStatus::NeedRemount {
             eprintln!(
                 "mooncake_client: the master asked for a re-mount; {} segments re-mounted, {} \

@@ -48,7 +48,7 @@ use dataplane::transport::client::{
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
-use super::rdma::{RdmaPeer, RdmaPeers};
+use super::rdma::{RdmaFail, RdmaPeer, RdmaPeers};
 use super::StoreError;
 
 use super::catalog::CatalogWriter;
@@ -640,14 +640,7 @@ impl Peers {
                 }
             }
             if let Some((rd, peer)) = self.rdma_peer(r) {
-                if self.catalog.intents(&r.transport_endpoint) {
-                    let op = TransferOp::CatalogIntent {
-                        remote_addr: r.buffer_address,
-                        record: Src::from(&intents[i][..]),
-                    };
-                    let g = group_for(&mut announce, &r.transport_endpoint, Some(r.version.term));
-                    g.push(i, op, intents[i].len());
-                }
+                self.announce_rdma(&mut announce, i, r, &intents[i]);
                 rdma.push((i, rd, peer));
                 continue;
             }
@@ -692,19 +685,37 @@ impl Peers {
                 }
             }
         }
-        if !announce.is_empty() {
-            self.run_groups(announce, &mut results);
-        }
-        for (i, rd, peer) in rdma {
-            // An intent lost or refused (its term has ended) stops the write before its bytes.
-            if results[i].is_err() {
-                continue;
+        // A write whose owner refused our memory keys (it changed them at a new term) is
+        // announced again and written with the keys it publishes now, once: if its own term
+        // is the one that ended, the owner refuses that intent and no byte goes.
+        for round in 0..2 {
+            if !announce.is_empty() {
+                self.run_groups(std::mem::take(&mut announce), &mut results);
             }
-            let r = items[i].replica;
-            results[i] = rd.write(&peer, r.buffer_address, items[i].parts);
-            // As for shared memory: the catalog record goes over TCP once the bytes landed.
-            if self.catalog.enabled(&r.transport_endpoint) {
-                late.push(i);
+            for (i, rd, peer) in std::mem::take(&mut rdma) {
+                // An intent lost or refused (its term has ended) stops the write before its
+                // bytes.
+                if results[i].is_err() {
+                    continue;
+                }
+                let r = items[i].replica;
+                match rd.write(&peer, r.buffer_address, items[i].parts) {
+                    Err(RdmaFail::StaleKeys(e)) if round == 0 => match self.rdma_peer(r) {
+                        Some((rd, peer)) => {
+                            self.announce_rdma(&mut announce, i, r, &intents[i]);
+                            rdma.push((i, rd, peer));
+                        }
+                        None => results[i] = Err(e),
+                    },
+                    done => {
+                        results[i] = done.map_err(StoreError::from);
+                        // As for shared memory: the catalog record goes over TCP once the
+                        // bytes landed.
+                        if results[i].is_ok() && self.catalog.enabled(&r.transport_endpoint) {
+                            late.push(i);
+                        }
+                    }
+                }
             }
         }
         self.run_groups(groups, &mut results);
@@ -721,6 +732,25 @@ impl Peers {
             self.run_groups(groups, &mut results);
         }
         results
+    }
+
+    /// Queues the intent of item `i`'s write to `r` over RDMA, if its owner takes intents: it
+    /// is answered before the first RDMA byte goes (the owner's CPU sees none of them).
+    fn announce_rdma<'a, 'b>(
+        &self,
+        announce: &mut Vec<Group<'a, 'b>>,
+        i: usize,
+        r: &'a ReplicaDescriptor,
+        intent: &'b [u8],
+    ) {
+        if self.catalog.intents(&r.transport_endpoint) {
+            let op = TransferOp::CatalogIntent {
+                remote_addr: r.buffer_address,
+                record: Src::from(intent),
+            };
+            let g = group_for(announce, &r.transport_endpoint, Some(r.version.term));
+            g.push(i, op, intent.len());
+        }
     }
 
     /// Buries removed replicas in their owners' catalogs (a tombstone `CATALOG_PUT` each, or

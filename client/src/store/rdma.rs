@@ -6,7 +6,10 @@
 //! after [`NOT_RDMA_RECHECK`]. An RDMA peer towards which every device failed
 //! (`ERR_ENDPOINT`: the owner died, is cut off, or restarted with new keys) is reached over
 //! TCP for that long (the TCP path's endpoint back-off then bounds what a dead owner costs),
-//! and its descriptor is read again after it.
+//! and its descriptor is read again after it. An owner that refuses our keys (it changed them
+//! at a new term, `RdmaSide::rekey`) fails the transfer with [`RdmaFail::StaleKeys`] and its
+//! descriptor is forgotten, so the next lookup reads the new keys: a read retries at once, a
+//! write only after its caller announced it again (`super::peers`).
 //!
 //! Bytes move with one-sided RDMA WRITE (put) and READ (get) into the owner's segment; the
 //! owner's CPU is not involved. The local side of a work request must lie in registered
@@ -193,8 +196,13 @@ impl RdmaPeers {
             .insert(segment.to_string(), PeerState::NotRdma(Instant::now()));
     }
 
-    /// Runs `reqs` against `peer`; the first failure, as a store error.
-    fn run(&self, peer: &RdmaPeer, reqs: &[Request]) -> Result<(), StoreError> {
+    /// Forgets what `segment` published, so that the next [`RdmaPeers::peer`] reads it again.
+    fn forget(&self, segment: &str) {
+        self.peers.lock().remove(segment);
+    }
+
+    /// Runs `reqs` against `peer`; the first failure.
+    fn run(&self, peer: &RdmaPeer, reqs: &[Request]) -> Result<(), RdmaFail> {
         let p = Peer {
             name: &peer.name,
             rpc: &peer.rpc,
@@ -215,23 +223,32 @@ impl RdmaPeers {
         match first {
             None => Ok(()),
             Some(code) => {
-                if code == dataplane::TeError::Endpoint as i32 {
-                    self.set_aside(&peer.name);
-                }
-                tracing::warn!("RDMA transfer with {} failed: code {code}", peer.name);
-                Err(StoreError::new(
+                let e = StoreError::new(
                     ErrorCode::TransferFail,
                     format!(
                         "RDMA transfer with the segment {} failed (transfer engine code {code})",
                         peer.name
                     ),
-                ))
+                );
+                if code == dataplane::TeError::AddressNotRegistered as i32 {
+                    // Its keys changed (a new term) or the range is not in what we read.
+                    tracing::info!("RDMA keys of {} refused; reading them again", peer.name);
+                    self.forget(&peer.name);
+                    return Err(RdmaFail::StaleKeys(e));
+                }
+                if code == dataplane::TeError::Endpoint as i32 {
+                    self.set_aside(&peer.name);
+                }
+                tracing::warn!("RDMA transfer with {} failed: code {code}", peer.name);
+                Err(RdmaFail::Other(e))
             }
         }
     }
 
-    /// Writes `parts`, concatenated, at the peer's `remote`.
-    pub fn write(&self, peer: &RdmaPeer, remote: u64, parts: &[Src<'_>]) -> Result<(), StoreError> {
+    /// Writes `parts`, concatenated, at the peer's `remote`. Not retried here on
+    /// [`RdmaFail::StaleKeys`]: the write must be announced again first (its intent is what
+    /// refuses a writer of an ended term), which is the caller's.
+    pub fn write(&self, peer: &RdmaPeer, remote: u64, parts: &[Src<'_>]) -> Result<(), RdmaFail> {
         let t = self.side.transport();
         if parts
             .iter()
@@ -283,8 +300,21 @@ impl RdmaPeers {
         Ok(())
     }
 
-    /// Reads `dst.len()` bytes at the peer's `remote`.
-    pub fn read(&self, peer: &RdmaPeer, remote: u64, dst: Dst<'_>) -> Result<(), StoreError> {
+    /// Reads `dst.len()` bytes at the peer's `remote`; once more with the keys the owner
+    /// publishes now if it refused the ones we had (it changed them at a new term).
+    pub fn read(&self, peer: &RdmaPeer, remote: u64, mut dst: Dst<'_>) -> Result<(), StoreError> {
+        match self.read_once(peer, remote, dst.reborrow()) {
+            Err(RdmaFail::StaleKeys(e)) => match self.peer(&peer.name) {
+                Some(fresh) => self
+                    .read_once(&fresh, remote, dst)
+                    .map_err(StoreError::from),
+                None => Err(e),
+            },
+            r => r.map_err(StoreError::from),
+        }
+    }
+
+    fn read_once(&self, peer: &RdmaPeer, remote: u64, dst: Dst<'_>) -> Result<(), RdmaFail> {
         let t = self.side.transport();
         if t.covers(dst.addr(), dst.len() as u64) {
             let req = Request {
@@ -311,6 +341,24 @@ impl RdmaPeers {
             done += n;
         }
         Ok(())
+    }
+}
+
+/// A failed RDMA transfer.
+#[derive(Debug)]
+pub enum RdmaFail {
+    /// The owner refused our memory keys (it changed them at a new term, `RdmaSide::rekey`),
+    /// or the range is not in the descriptor we read: the descriptor is forgotten, so the next
+    /// [`RdmaPeers::peer`] reads the one published now.
+    StaleKeys(StoreError),
+    Other(StoreError),
+}
+
+impl From<RdmaFail> for StoreError {
+    fn from(f: RdmaFail) -> StoreError {
+        match f {
+            RdmaFail::StaleKeys(e) | RdmaFail::Other(e) => e,
+        }
     }
 }
 

@@ -278,11 +278,12 @@ impl Store {
         if own.is_some() {
             peers = peers.with_own_catalog(memory);
         }
+        let side = rdma.as_ref().map(|(side, _)| side.clone());
         if let Some((_, path)) = rdma {
             peers = peers.with_rdma(path);
         }
         let peers = Arc::new(peers);
-        let mut pinger = start_pinger(master.clone(), client_id, mounted.clone());
+        let mut pinger = start_pinger(master.clone(), client_id, mounted.clone(), side);
         if own.is_some() {
             // A store that holds replicas also carries out replica tasks (`super::tasks`).
             pinger.executor = Some(super::tasks::start_executor(
@@ -329,11 +330,13 @@ pub fn cluster_id_from_env() -> String {
 /// Pings every second: drops our catalogs' entries for ranges the master freed, and when the
 /// master does not know us (it restarted, or we were expired) re-mounts every segment mounted
 /// now (the own one and the extra ones, `super::extra`) with every object their catalogs hold
-/// (see `crate::recovery`).
+/// (see `crate::recovery`; `rdma`, the side serving our segment over RDMA, changes its keys
+/// at a new term).
 fn start_pinger(
     master: Arc<MasterClient>,
     client_id: Uuid,
     mounted: super::extra::Mounted,
+    rdma: Option<Arc<crate::rdma::RdmaSide>>,
 ) -> Pinger {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -349,7 +352,7 @@ fn start_pinger(
                         catalog: memory.catalog(),
                     })
                     .collect();
-                match recovery::ping(&master, client_id, &served) {
+                match recovery::ping(&master, client_id, &served, rdma.as_deref()) {
                     Ok(out) if out.status == ClientStatus::NeedRemount => tracing::info!(
                         "master asked for a re-mount: {} objects re-reported",
                         out.reported

@@ -29,6 +29,11 @@
 //! | remote QP in the error state | `REM_OP_ERR` |
 //! | rkey unknown, of another process, range outside it, access missing | `REM_ACCESS_ERR` |
 //!
+//! A region's record is held (`flock`, shared) by each WR moving bytes through it, and
+//! `dereg_mr` takes it exclusively before removing it: once `dereg_mr` returns, no byte moves
+//! through the region's keys, as a NIC's translation table guarantees (a key that changed,
+//! `RdmaTransport::rekey`, fences late writers this way).
+//!
 //! A failed WR completes with its status (signalled or not), moves the QP to ERR (the file
 //! too, so the peer sees it) and every WR posted after it completes with `WR_FLUSH_ERR`, as
 //! real verbs do. Successful WRs complete only when signalled. Completions of a QP come in
@@ -37,7 +42,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -381,8 +386,12 @@ impl SimVerbs {
         ) {
             return WcStatus::REM_OP_ERR;
         }
-        let mr = Self::read_record(&self.mr_path(wr.rkey), MR_RECORD_BYTES)
-            .and_then(|b| MrRecord::decode(&b).ok());
+        // Held (shared) until the bytes have moved: a `dereg_mr` takes it exclusively before
+        // it removes the record, so no byte moves through a region once it is deregistered.
+        let Some((held, rec)) = Self::lock_record(&self.mr_path(wr.rkey)) else {
+            return WcStatus::REM_ACCESS_ERR;
+        };
+        let mr = MrRecord::decode(&rec).ok();
         let need = match wr.op {
             RdmaOp::Write => Access::REMOTE_WRITE,
             RdmaOp::Read => Access::REMOTE_READ,
@@ -393,11 +402,30 @@ impl SimVerbs {
         if !allowed {
             return WcStatus::REM_ACCESS_ERR;
         }
-        match move_bytes(peer.pid, self.pid, wr) {
+        let moved = match move_bytes(peer.pid, self.pid, wr) {
             Ok(()) => WcStatus::SUCCESS,
             Err(e) if e == libc::ESRCH => WcStatus::RETRY_EXC_ERR,
             Err(_) => WcStatus::REM_ACCESS_ERR,
+        };
+        drop(held);
+        moved
+    }
+
+    /// Opens a region's record and locks it shared; `None` if it is gone (never registered,
+    /// or deregistered, even between the open and the lock).
+    fn lock_record(path: &Path) -> Option<(File, Vec<u8>)> {
+        let mut f = File::open(path).ok()?;
+        flock(&f, libc::LOCK_SH)?;
+        // Removed while we waited for the lock: deregistered.
+        if f.metadata().ok()?.nlink() == 0 {
+            return None;
         }
+        let mut v = Vec::with_capacity(MR_RECORD_BYTES);
+        (&mut f)
+            .take(MR_RECORD_BYTES as u64 + 1)
+            .read_to_end(&mut v)
+            .ok()?;
+        Some((f, v))
     }
 }
 
@@ -451,6 +479,20 @@ fn move_bytes(peer_pid: u32, my_pid: u32, wr: &SendWr) -> Result<(), i32> {
         done += n as usize;
     }
     Ok(())
+}
+
+/// `flock(2)` on `f`, retried on `EINTR`.
+fn flock(f: &File, op: i32) -> Option<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: a live descriptor owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Some(());
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
+        }
+    }
 }
 
 fn gid_of(name: &str) -> Gid {
@@ -585,7 +627,15 @@ impl Verbs for SimVerbs {
             .mrs
             .remove(&mr.handle)
             .ok_or(VerbsError::BadHandle("MR"))?;
-        let _ = std::fs::remove_file(self.mr_path(m.key));
+        // Exclusively: waits for the work requests moving bytes through it (each holds the
+        // record shared), so that none does once this returns, as on a NIC.
+        let path = self.mr_path(m.key);
+        let held = File::open(&path).ok();
+        if let Some(f) = &held {
+            let _ = flock(f, libc::LOCK_EX);
+        }
+        let _ = std::fs::remove_file(&path);
+        drop(held);
         Ok(())
     }
 

@@ -357,6 +357,46 @@ impl RdmaTransport {
         true
     }
 
+    /// Registers the buffer starting at `addr` again with every device and deregisters its
+    /// old memory regions, so that its published `rkey`s change: a peer's work request that
+    /// still names an old key fails with `REM_ACCESS_ERR` (`-3` for its request) from the
+    /// moment this returns, and none of its bytes land after that. A storage node does this
+    /// at every change of the master's term, before it re-mounts (`docs/ha.md`, "The bytes,
+    /// by RDMA"). False if no buffer starts at `addr`; an error (the old keys kept) if a
+    /// device refuses the new registration.
+    pub fn rekey(&self, addr: u64) -> Result<bool, String> {
+        let mut bufs = lock(&self.bufs);
+        let Some(b) = bufs.iter_mut().find(|b| b.addr == addr) else {
+            return Ok(false);
+        };
+        let mut fresh = Vec::with_capacity(self.devices.len());
+        for d in &self.devices {
+            // SAFETY: the range is already registered under `register`'s contract (mapped
+            // until `unregister`, which deregisters these regions too); registering it again
+            // adds nothing to that contract.
+            match unsafe { self.verbs.reg_mr(d.pd, b.addr, b.len, Access::ALL_RDMA) } {
+                Ok(m) => fresh.push(m),
+                Err(e) => {
+                    for m in fresh {
+                        let _ = self.verbs.dereg_mr(m);
+                    }
+                    return Err(format!(
+                        "registering {} bytes at {addr:#x} again on {}: {e}",
+                        b.len, d.name
+                    ));
+                }
+            }
+        }
+        let old = std::mem::replace(&mut b.mrs, fresh);
+        drop(bufs);
+        for m in old {
+            if let Err(e) = self.verbs.dereg_mr(m) {
+                tracing::error!(addr, error = %e, "deregistering a replaced memory region");
+            }
+        }
+        Ok(true)
+    }
+
     /// The descriptor of this engine with its registered buffers.
     pub fn segment_desc(&self, name: &str, data_port: u16, timestamp: String) -> RdmaSegmentDesc {
         self.segment_desc_where(name, data_port, timestamp, |_| true)
@@ -1015,6 +1055,50 @@ mod tests {
         assert_eq!(a.t.transfer(&peer, &[r]), vec![Ok(())]);
         assert!(a.mem[..65543] == b.mem[4096..4096 + 65543]);
         assert_eq!(b.t.stats().passive_qps.load(Ordering::Relaxed), 1);
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&f);
+    }
+
+    #[test]
+    fn a_rekeyed_buffer_refuses_its_old_keys_and_serves_its_new_ones() {
+        let f = fabric("tr-rekey");
+        let mut a = side(&f, "a", cfg());
+        let b = side(&f, "b", cfg());
+        pattern(&mut a.mem, 5);
+        let old = desc(&b);
+        let (la, lb) = (a.mem.as_ptr() as u64, b.mem.as_ptr() as u64);
+        let w = Request {
+            op: RdmaOp::Write,
+            local: la,
+            remote: lb,
+            len: 8192,
+        };
+        let with = |d: &RdmaSegmentDesc| {
+            let peer = Peer {
+                name: "b",
+                rpc: &b.rpc,
+                desc: d,
+            };
+            a.t.transfer(&peer, &[w])
+        };
+        assert_eq!(with(&old), vec![Ok(())]);
+        assert_eq!(b.t.rekey(lb), Ok(true));
+        assert_eq!(b.t.rekey(lb + 1), Ok(false), "no buffer starts there");
+        let new = desc(&b);
+        assert_ne!(
+            new.buffers[0].rkey, old.buffers[0].rkey,
+            "new keys published"
+        );
+        // A writer still holding the old keys: refused, and nothing of it lands.
+        pattern(&mut a.mem, 6);
+        assert_eq!(with(&old), vec![Err(NOT_REGISTERED)]);
+        let landed = b.mem[..8192].to_vec();
+        pattern(&mut a.mem, 5);
+        assert!(landed == a.mem[..8192], "the refused write left its bytes");
+        // One with the new keys writes as before.
+        pattern(&mut a.mem, 7);
+        assert_eq!(with(&new), vec![Ok(())]);
+        assert!(a.mem[..8192] == b.mem[..8192]);
         drop((a, b));
         let _ = std::fs::remove_dir_all(&f);
     }
