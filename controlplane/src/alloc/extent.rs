@@ -54,17 +54,35 @@ impl ExtentAllocator {
         self.free_bytes -= len;
     }
 
-    /// Takes `len` bytes (> 0) from the smallest free extent that holds them.
-    pub fn allocate(&mut self, len: u64) -> Option<u64> {
+    /// Takes `len` bytes (> 0) starting at a multiple of `align` (a power of two) from the
+    /// smallest free extent that holds them so aligned. Free extents start unaligned after
+    /// exact reservations (objects re-reported after a master restart); the bytes skipped
+    /// before the aligned start stay free.
+    pub fn allocate(&mut self, len: u64, align: u64) -> Option<u64> {
+        debug_assert!(align.is_power_of_two());
         if len == 0 {
             return None;
         }
-        let &(ext_len, addr) = self.by_size.range((len, 0)..).next()?;
-        self.remove(addr, ext_len);
-        if ext_len > len {
-            self.insert(addr + len, ext_len - len);
+        // The first extents by size that are long enough unaligned; one that starts
+        // unaligned needs at most `align - 1` bytes more, so the scan stops past that.
+        let (ext_len, ext, at) = self
+            .by_size
+            .range((len, 0)..)
+            .take_while(|&&(l, _)| l < len.saturating_add(align))
+            .chain(self.by_size.range((len.saturating_add(align), 0)..).take(1))
+            .find_map(|&(l, a)| {
+                let at = a.checked_next_multiple_of(align)?;
+                (at - a + len <= l).then_some((l, a, at))
+            })?;
+        self.remove(ext, ext_len);
+        if at > ext {
+            self.insert(ext, at - ext);
         }
-        Some(addr)
+        let end = at + len;
+        if ext + ext_len > end {
+            self.insert(end, ext + ext_len - end);
+        }
+        Some(at)
     }
 
     /// Returns `[addr, addr + len)` to free space, merging with its neighbours. Refuses (and
@@ -162,13 +180,13 @@ mod tests {
     #[test]
     fn best_fit_and_coalescing() {
         let mut a = ExtentAllocator::new(1000, 100);
-        let x = a.allocate(10).unwrap();
-        let y = a.allocate(20).unwrap();
-        let z = a.allocate(30).unwrap();
+        let x = a.allocate(10, 1).unwrap();
+        let y = a.allocate(20, 1).unwrap();
+        let z = a.allocate(30, 1).unwrap();
         assert_eq!((x, y, z), (1000, 1010, 1030));
         assert!(a.free(y, 20));
         // A 15-byte request fits the 20-byte hole better than the 40-byte tail.
-        assert_eq!(a.allocate(15), Some(1010));
+        assert_eq!(a.allocate(15, 1), Some(1010));
         assert!(a.free(1010, 15));
         assert!(!a.free(1010, 15), "double free is refused");
         assert!(!a.free(1005, 10), "overlapping free is refused");
@@ -178,8 +196,29 @@ mod tests {
         assert_eq!(a.free_extents(), 1);
         assert_eq!(a.largest_free(), 100);
         assert!(!a.free(990, 5), "outside the range");
-        assert_eq!(a.allocate(101), None);
-        assert_eq!(a.allocate(0), None);
+        assert_eq!(a.allocate(101, 1), None);
+        assert_eq!(a.allocate(0, 1), None);
+    }
+
+    #[test]
+    fn allocations_start_aligned_after_exact_reservations() {
+        let mut a = ExtentAllocator::new(0, 1024);
+        // An object re-reported at an odd length leaves the free space after it unaligned.
+        assert!(a.reserve(0, 100));
+        assert_eq!(a.allocate(64, 64), Some(128), "the next aligned start");
+        a.check();
+        // The skipped head (100..128) stays free, and a hole that fits only unaligned is
+        // passed over for one that fits aligned.
+        assert_eq!(a.free_bytes(), 1024 - 100 - 64);
+        assert!(a.reserve(192, 70));
+        assert!(a.reserve(300, 10));
+        // Free now: [100,128) [262,300) [310,1024): 38 bytes at 262 hold 30 bytes only
+        // unaligned (the next multiple of 64, 320, is past it).
+        assert_eq!(a.allocate(30, 64), Some(320));
+        assert_eq!(a.allocate(30, 1), Some(262), "best fit without alignment");
+        a.check();
+        assert_eq!(a.allocate(2048, 64), None);
+        assert_eq!(a.allocate(u64::MAX, 64), None);
     }
 
     #[test]

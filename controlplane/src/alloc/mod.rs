@@ -7,6 +7,10 @@
 //!
 //! Invariants (property-tested against a list of live ranges below):
 //! - every [`Span`] handed out lies inside the segment and overlaps no other live span;
+//! - every span [`SegmentAllocator::allocate`] hands out outside slabs starts at a multiple
+//!   of [`EXTENT_ALIGN_BYTES`] (segments start page-aligned), and so does every slab (whose
+//!   chunks are multiples of 16 bytes), even when exact reservations of re-reported objects
+//!   left free space starting anywhere;
 //! - `used_bytes` is the sum of the lengths of live spans (a span's `len` is what the object
 //!   really occupies: its size rounded up to the class or to [`EXTENT_ALIGN_BYTES`]);
 //! - freeing every span leaves zero used bytes, no slab and one free extent (nothing leaks).
@@ -20,7 +24,7 @@ pub mod slab;
 use extent::ExtentAllocator;
 use slab::{SlabFree, SlabSet};
 
-/// Extent allocations are rounded up to this many bytes.
+/// Extent allocations are rounded up to this many bytes and start at a multiple of it.
 pub const EXTENT_ALIGN_BYTES: u64 = 64;
 /// A segment devotes at most `1 / SLAB_SHARE_DIVISOR` of its capacity to any one slab, so a
 /// small segment is not eaten by half-empty slabs of many classes.
@@ -99,7 +103,7 @@ impl SegmentAllocator {
             }
         }
         let len = size.checked_next_multiple_of(EXTENT_ALIGN_BYTES)?;
-        let addr = self.extents.allocate(len)?;
+        let addr = self.extents.allocate(len, EXTENT_ALIGN_BYTES)?;
         self.used += len;
         Some(Span { addr, len })
     }
@@ -110,7 +114,7 @@ impl SegmentAllocator {
             Some(a) => a,
             None => {
                 let slab_len = SlabSet::slab_len(c, self.slab_target)?;
-                let at = self.extents.allocate(slab_len)?;
+                let at = self.extents.allocate(slab_len, EXTENT_ALIGN_BYTES)?;
                 self.slabs.add_slab_and_take(c, at, slab_len)
             }
         };
@@ -221,12 +225,14 @@ mod tests {
     #[test]
     fn overflow_and_oversize_are_refused() {
         assert!(SegmentAllocator::new(u64::MAX - 10, 100).is_none());
-        let mut a = SegmentAllocator::new(u64::MAX - 4096, 4096).unwrap();
+        // The last bytes of the address space, from an aligned start.
+        let mut a = SegmentAllocator::new(u64::MAX - 4159, 4159).unwrap();
         assert_eq!(a.allocate(u64::MAX), None);
-        assert_eq!(a.allocate(4097), None);
+        assert_eq!(a.allocate(4160), None);
         assert_eq!(a.allocate(0), None);
         let all = a.allocate(4096).unwrap();
-        assert_eq!(all.end(), u64::MAX);
+        assert_eq!(all.addr, u64::MAX - 4159);
+        assert!(a.allocate(64).is_none(), "63 bytes left");
         assert!(a.free(all));
     }
 
@@ -280,6 +286,10 @@ mod tests {
                     Op::Alloc(n) => {
                         if let Some(s) = a.allocate(n) {
                             prop_assert!(s.len >= n);
+                            // Even after odd-sized reservations (the base is page-aligned):
+                            // extents at a multiple of 64, slab chunks of 16.
+                            let align = if slab::class_of(n).is_some() { 16 } else { 64 };
+                            prop_assert_eq!(s.addr % align, 0, "{:?}", s);
                             prop_assert!(s.addr >= base && s.end() <= base + size);
                             for o in &live {
                                 prop_assert!(s.end() <= o.addr || o.end() <= s.addr,
