@@ -698,7 +698,7 @@ impl Etcd {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(std::env::temp_dir().join(format!("mooncake-etcd-{}.log", self.port)))
+            .open(self.log_path())
             .expect("etcd log file");
         let child = program_in(self.ns.as_deref(), ETCD_BIN)
             .args([
@@ -735,10 +735,22 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    fn log_path(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("mooncake-etcd-{}.log", self.port))
+    }
+}
+
 impl Drop for Etcd {
+    /// Stops etcd and removes its data; its log stays only for a test that failed.
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            eprintln!("etcd's log: {}", self.log_path().display());
+        } else {
+            let _ = std::fs::remove_file(self.log_path());
+        }
     }
 }
 

@@ -30,8 +30,9 @@
 //!
 //! At the end the workers stop, a leader is awaited, and every hot key is read once more.
 //! Every call and fault goes to a JSON-lines history (`MC_FAULT_HISTORY`, default
-//! `$TMPDIR/mooncake-faults-<seed>-<pid>.jsonl`), which the checker then judges; the test
-//! fails with the first violations, the seed and the history's path.
+//! `$TMPDIR/mooncake-faults-<seed>-<pid>.jsonl`, removed after a passing run unless named),
+//! which the checker then judges; the test fails with the first violations, the seed and the
+//! history's path.
 //!
 //! Soft pins lost in an election are a violation like any other (`tests/checker.rs`); the
 //! masters run with `--allow_evict_soft_pinned_objects=false` so that memory pressure cannot
@@ -308,7 +309,8 @@ fn randomized_faults_keep_the_history_consistent() {
     };
     // etcd and the masters listen where both hosts reach them.
     let host = net.as_ref().map_or("127.0.0.1", |n| n.host_addr.as_str());
-    let path = std::env::var("MC_FAULT_HISTORY").unwrap_or_else(|_| {
+    let named = std::env::var("MC_FAULT_HISTORY").ok();
+    let path = named.clone().unwrap_or_else(|| {
         std::env::temp_dir()
             .join(format!(
                 "mooncake-faults-{seed}-{}.jsonl",
@@ -765,6 +767,12 @@ fn randomized_faults_keep_the_history_consistent() {
         report.violations[0].key,
         report.violations[0].detail
     );
+    // A passing run's history goes unless it was asked for by name (CI's runs would
+    // otherwise leave 16 MB each in the temporary directory).
+    if named.is_none() {
+        let _ = std::fs::remove_file(&path);
+        println!("  the run passed: history removed (MC_FAULT_HISTORY=<path> keeps it)");
+    }
 }
 
 /// Checks a recorded history again: `MC_FAULT_CHECK=<history.jsonl>`; passes (printing why)
