@@ -185,9 +185,13 @@ impl RdmaSide {
         let mut first_err = None;
         let mut changed = 0;
         for (name, addr, port) in published {
-            let done = match self.transport.rekey(addr) {
-                Ok(true) => self.publish(&name, addr, port).map(|()| true),
-                Ok(false) => Ok(false),
+            // Published before the old keys go, so a peer they refuse finds the new ones.
+            let done = match self
+                .transport
+                .rekey(addr, || self.publish(&name, addr, port))
+            {
+                Ok(Some(published)) => published.map(|()| true),
+                Ok(None) => Ok(false),
                 Err(e) => Err(format!("segment {name}: {e}")),
             };
             match done {

@@ -475,37 +475,49 @@ impl DyingWriter {
                 unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
             }
             DyingWriter::Rdma => {
-                use client::store::rdma::RdmaPeers;
-
-                let keys = client::dataplane::metadata::Keys::for_store(
-                    &client::store::cluster_id_from_env(),
-                );
-                let side = client::rdma::RdmaSide::open(
-                    "dying-writer",
-                    "",
-                    Duration::from_secs(5),
-                    "127.0.0.1".parse().unwrap(),
-                    metadata,
-                    keys,
-                )
-                .expect("RDMA on the software verbs model");
-                let peers = RdmaPeers::new(side).expect("staging");
+                let peers = rdma_writer("dying-writer", metadata);
                 let peer = peers
                     .peer(&r.segment_name)
                     .expect("the node serves its segment over RDMA");
-                let data = data_client(&r.transport_endpoint, r.version.term)
-                    .expect("connect to the node's data port");
-                let mut ops = [TransferOp::CatalogIntent {
-                    remote_addr: r.buffer_address,
-                    record: Src::from(&intent[..]),
-                }];
-                assert_eq!(data.submit(&mut ops), [Ok(())], "intent");
+                announce(r, key);
                 peers
                     .write(&peer, r.buffer_address, &[Src::from(bytes)])
                     .expect("RDMA write");
             }
         }
     }
+}
+
+/// An RDMA writer in this process (on the software verbs model of `MOONCAKE_RDMA_SIM`), the
+/// path a store uses, reading descriptors from `metadata`.
+fn rdma_writer(name: &str, metadata: &str) -> client::store::rdma::RdmaPeers {
+    let keys = client::dataplane::metadata::Keys::for_store(&client::store::cluster_id_from_env());
+    let side = client::rdma::RdmaSide::open(
+        name,
+        "",
+        Duration::from_secs(5),
+        "127.0.0.1".parse().unwrap(),
+        metadata,
+        keys,
+    )
+    .expect("RDMA on the software verbs model");
+    client::store::rdma::RdmaPeers::new(side).expect("staging")
+}
+
+/// Sends the intent of `key`'s write to `r` to its owner and waits for the answer, as a store
+/// does before its RDMA bytes.
+fn announce(r: &protocol::ReplicaDescriptor, key: &str) {
+    use client::dataplane::mem::Src;
+    use client::dataplane::transport::client::TransferOp;
+
+    let intent = CatalogRecord::intent(r.size, key, r.version).encode();
+    let data = data_client(&r.transport_endpoint, r.version.term)
+        .expect("connect to the node's data port");
+    let mut ops = [TransferOp::CatalogIntent {
+        remote_addr: r.buffer_address,
+        record: Src::from(&intent[..]),
+    }];
+    assert_eq!(data.submit(&mut ops), [Ok(())], "intent of {key}");
 }
 
 /// A range the master freed and handed out again before its owner heard of the free keeps
@@ -659,7 +671,7 @@ fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
 #[test]
 fn an_rdma_write_of_an_ended_term_does_not_land() {
     use client::dataplane::mem::Src;
-    use client::store::rdma::{RdmaFail, RdmaPeers};
+    use client::store::rdma::RdmaFail;
     use client::MasterClient;
     use protocol::message::PutStart;
 
@@ -695,29 +707,11 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
         .expect("rpc")
         .expect("put start");
     let r = started[0].clone();
-    let keys = client::dataplane::metadata::Keys::for_store(&client::store::cluster_id_from_env());
-    let side = client::rdma::RdmaSide::open(
-        "late-writer",
-        "",
-        Duration::from_secs(5),
-        "127.0.0.1".parse().unwrap(),
-        &master.metadata_url(),
-        keys,
-    )
-    .expect("RDMA on the software verbs model");
-    let peers = RdmaPeers::new(side).expect("staging");
+    let peers = rdma_writer("late-writer", &master.metadata_url());
     let peer = peers
         .peer(&r.segment_name)
         .expect("the node serves its segment over RDMA");
-    let intent = CatalogRecord::intent(r.size, "rk/late", r.version).encode();
-    let data = data_client(&r.transport_endpoint, r.version.term).expect("data port");
-    let mut ops = [
-        client::dataplane::transport::client::TransferOp::CatalogIntent {
-            remote_addr: r.buffer_address,
-            record: Src::from(&intent[..]),
-        },
-    ];
-    assert_eq!(data.submit(&mut ops), [Ok(())], "intent of the first term");
+    announce(&r, "rk/late");
 
     let _master = restart(master);
     wait_listed(&rdma, "rk/kept");

@@ -362,12 +362,14 @@ impl RdmaTransport {
     /// still names an old key fails with `REM_ACCESS_ERR` (`-3` for its request) from the
     /// moment this returns, and none of its bytes land after that. A storage node does this
     /// at every change of the master's term, before it re-mounts (`docs/ha.md`, "The bytes,
-    /// by RDMA"). False if no buffer starts at `addr`; an error (the old keys kept) if a
-    /// device refuses the new registration.
-    pub fn rekey(&self, addr: u64) -> Result<bool, String> {
+    /// by RDMA"). `between` runs once the new keys are in place and before the old ones go:
+    /// the owner publishes them there, so that a peer refused the old keys finds the new
+    /// ones. `None` if no buffer starts at `addr`; an error (the old keys kept, `between` not
+    /// run) if a device refuses the new registration.
+    pub fn rekey<R>(&self, addr: u64, between: impl FnOnce() -> R) -> Result<Option<R>, String> {
         let mut bufs = lock(&self.bufs);
         let Some(b) = bufs.iter_mut().find(|b| b.addr == addr) else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut fresh = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
@@ -389,12 +391,13 @@ impl RdmaTransport {
         }
         let old = std::mem::replace(&mut b.mrs, fresh);
         drop(bufs);
+        let r = between();
         for m in old {
             if let Err(e) = self.verbs.dereg_mr(m) {
                 tracing::error!(addr, error = %e, "deregistering a replaced memory region");
             }
         }
-        Ok(true)
+        Ok(Some(r))
     }
 
     /// The descriptor of this engine with its registered buffers.
@@ -1082,9 +1085,15 @@ mod tests {
             a.t.transfer(&peer, &[w])
         };
         assert_eq!(with(&old), vec![Ok(())]);
-        assert_eq!(b.t.rekey(lb), Ok(true));
-        assert_eq!(b.t.rekey(lb + 1), Ok(false), "no buffer starts there");
-        let new = desc(&b);
+        // Between the new keys and the old ones' end both serve (an owner publishes there).
+        let between = b.t.rekey(lb, || (desc(&b), with(&old))).unwrap().unwrap();
+        assert_eq!(
+            between.1,
+            vec![Ok(())],
+            "the old keys still serve until they go"
+        );
+        let new = between.0;
+        assert_eq!(b.t.rekey(lb + 1, || ()), Ok(None), "no buffer starts there");
         assert_ne!(
             new.buffers[0].rkey, old.buffers[0].rkey,
             "new keys published"
