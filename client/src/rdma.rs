@@ -43,6 +43,9 @@ pub struct RdmaSide {
     server: Mutex<Option<HandshakeServer>>,
     /// Served segments: name, start address and TCP data port.
     published: Mutex<Vec<(String, u64, u16)>>,
+    /// Served segments whose new keys could not be published (the metadata store was
+    /// unreachable): published again at each ping ([`RdmaSide::publish_pending`]).
+    unpublished: Mutex<Vec<String>>,
 }
 
 impl RdmaSide {
@@ -86,6 +89,7 @@ impl RdmaSide {
             state,
             server: Mutex::new(Some(server)),
             published: Mutex::new(Vec::new()),
+            unpublished: Mutex::new(Vec::new()),
         }))
     }
 
@@ -179,7 +183,8 @@ impl RdmaSide {
     /// Writers of the new term find their old keys refused, read the new descriptor and
     /// announce their write again (`crate::store::rdma`). A segment whose new registration
     /// failed keeps its keys (an error naming it); a failed publication is an error too, the
-    /// old keys being gone all the same (peers then fall back to TCP until it is published).
+    /// old keys being gone all the same: peers' RDMA transfers to the segment fail until
+    /// [`RdmaSide::publish_pending`] gets it through.
     pub fn rekey(&self) -> Result<usize, String> {
         let published = self.published.lock().clone();
         let mut first_err = None;
@@ -197,11 +202,42 @@ impl RdmaSide {
             match done {
                 Ok(c) => changed += usize::from(c),
                 Err(e) => {
+                    let mut unpublished = self.unpublished.lock();
+                    if !unpublished.contains(&name) {
+                        unpublished.push(name);
+                    }
                     first_err.get_or_insert(e);
                 }
             }
         }
         first_err.map_or(Ok(changed), Err)
+    }
+
+    /// Publishes again the descriptors whose publication failed after a change of keys
+    /// ([`RdmaSide::rekey`]); called at every ping. Returns how many went through.
+    pub fn publish_pending(&self) -> usize {
+        let pending = std::mem::take(&mut *self.unpublished.lock());
+        if pending.is_empty() {
+            return 0;
+        }
+        let published = self.published.lock().clone();
+        let mut done = 0;
+        for name in pending {
+            let Some(&(_, addr, port)) = published.iter().find(|p| p.0 == name) else {
+                continue; // withdrawn meanwhile
+            };
+            match self.publish(&name, addr, port) {
+                Ok(()) => {
+                    tracing::info!("segment {name}: new RDMA keys published");
+                    done += 1;
+                }
+                Err(e) => {
+                    tracing::debug!("segment {name}: still not published: {e}");
+                    self.unpublished.lock().push(name);
+                }
+            }
+        }
+        done
     }
 
     /// Removes the published keys, deregisters the served segments (peers' work requests on

@@ -11,9 +11,10 @@
 //! re-mounted to it (`Catalog::fence`), so a late record of an earlier term cannot replace
 //! the entry of an object that master placed; a segment served over RDMA has new memory keys
 //! before it is re-mounted to a master of a new term (`RdmaSide::rekey`), so an RDMA write of
-//! an earlier term cannot land on a range that master hands out; a re-mount repeats every segment in each of
-//! its calls, so the held objects of a chunk are never refused for an unknown segment, and
-//! repeating a call is harmless (the master skips objects it already has).
+//! an earlier term cannot land on a range that master hands out; a re-mount repeats every
+//! segment in each of its calls, so the held objects of a chunk are never refused for an
+//! unknown segment, and repeating a call is harmless (the master skips objects it already
+//! has).
 
 use dataplane::mem::Catalog;
 use protocol::message::{Ping, ReMountSegment};
@@ -135,9 +136,13 @@ pub fn ping(
             ),
             Err(e) => tracing::error!(
                 "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
-                 earlier terms may still land on ranges the master hands out again"
+                 earlier terms may still land on ranges the master hands out again, or new \
+                 keys are not published yet (retried at each ping)"
             ),
         }
+    }
+    if let Some(side) = rdma {
+        side.publish_pending();
     }
     let mut forgotten = 0;
     for (s, &mark) in served.iter().zip(&marks) {

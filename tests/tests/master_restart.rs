@@ -748,3 +748,60 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
     assert_eq!(rdma.get("rk/kept"), Ok(value(3)));
     rdma.close();
 }
+
+/// New memory keys that could not be published (the metadata store was down when the term
+/// changed) are published at a later ping: RDMA to the segment comes back by itself instead
+/// of failing on the old keys, which etcd still holds, until the next term.
+#[test]
+fn new_rdma_keys_are_published_once_the_metadata_store_is_back() {
+    let Some(mut etcd) = mooncake_tests::Etcd::start() else {
+        return;
+    };
+    let fabric = SimFabric::new();
+    std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
+    std::env::set_var("MC_STORE_SHM", "0");
+    let meta = format!("etcd://{}", etcd.addr());
+    let master = Master::start(&[]);
+    let _node = Node::start_at(
+        &master.rpc_addr(),
+        &meta,
+        &[
+            "--shards=1",
+            "--global_segment_size=64 MB",
+            "--protocol=rdma",
+        ],
+        &[("MOONCAKE_RDMA_SIM", fabric.path()), ("MC_STORE_SHM", "0")],
+    );
+    let rdma = client::Store::setup(client::StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: meta,
+        global_segment_size: 0,
+        local_buffer_size: 16 << 20,
+        protocol: "rdma".into(),
+        rdma_devices: String::new(),
+        master_server_addr: master.rpc_addr(),
+        tenant_id: String::new(),
+    })
+    .expect("RDMA store");
+    let one = ReplicateConfig::default();
+    assert_eq!(rdma.put("pub/a", &value(2), &one, false), Ok(()));
+    assert!(rdma.path_counts().rdma_bytes > 0, "by RDMA");
+
+    // The term changes while etcd is down: the node's new keys cannot be published.
+    etcd.stop();
+    let _master = restart(master);
+    wait_listed(&rdma, "pub/a");
+    etcd.restart();
+    // Within a few pings the new keys are published and puts go by RDMA again.
+    let mut n = 0;
+    let back = mooncake_tests::wait_until(RECOVERY_BOUND, || {
+        n += 1;
+        let before = rdma.path_counts().rdma_bytes;
+        rdma.put(&format!("pub/{n}"), &value(1), &one, false)
+            .is_ok()
+            && rdma.path_counts().rdma_bytes > before
+    });
+    assert!(back.is_some(), "RDMA puts never came back after etcd did");
+    assert_eq!(rdma.get("pub/a"), Ok(value(2)));
+    rdma.close();
+}
