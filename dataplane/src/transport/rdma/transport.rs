@@ -319,7 +319,24 @@ impl RdmaTransport {
     /// As [`Verbs::reg_mr`]: mapped until [`RdmaTransport::unregister`], and peers may read
     /// and write it at any time.
     pub unsafe fn register(&self, addr: u64, len: u64, location: &str) -> Result<(), String> {
-        let mut mrs = Vec::new();
+        // SAFETY: forwarded from this function's contract.
+        let mrs = unsafe { self.reg_on_every_device(addr, len)? };
+        lock(&self.bufs).push(LocalBuf {
+            addr,
+            len,
+            location: location.to_string(),
+            mrs,
+        });
+        Ok(())
+    }
+
+    /// One memory region of `[addr, addr + len)` per device, in device order; none (those
+    /// made deregistered again) if a device refuses.
+    ///
+    /// # Safety
+    /// As [`RdmaTransport::register`].
+    unsafe fn reg_on_every_device(&self, addr: u64, len: u64) -> Result<Vec<Mr>, String> {
+        let mut mrs = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
             // SAFETY: forwarded from this function's contract.
             match unsafe { self.verbs.reg_mr(d.pd, addr, len, Access::ALL_RDMA) } {
@@ -335,13 +352,7 @@ impl RdmaTransport {
                 }
             }
         }
-        lock(&self.bufs).push(LocalBuf {
-            addr,
-            len,
-            location: location.to_string(),
-            mrs,
-        });
-        Ok(())
+        Ok(mrs)
     }
 
     /// Deregisters the buffer starting at `addr`; false if none does. The caller ensures no
@@ -371,24 +382,10 @@ impl RdmaTransport {
         let Some(b) = bufs.iter_mut().find(|b| b.addr == addr) else {
             return Ok(None);
         };
-        let mut fresh = Vec::with_capacity(self.devices.len());
-        for d in &self.devices {
-            // SAFETY: the range is already registered under `register`'s contract (mapped
-            // until `unregister`, which deregisters these regions too); registering it again
-            // adds nothing to that contract.
-            match unsafe { self.verbs.reg_mr(d.pd, b.addr, b.len, Access::ALL_RDMA) } {
-                Ok(m) => fresh.push(m),
-                Err(e) => {
-                    for m in fresh {
-                        let _ = self.verbs.dereg_mr(m);
-                    }
-                    return Err(format!(
-                        "registering {} bytes at {addr:#x} again on {}: {e}",
-                        b.len, d.name
-                    ));
-                }
-            }
-        }
+        // SAFETY: the range is already registered under `register`'s contract (mapped until
+        // `unregister`, which deregisters these regions too); registering it again adds
+        // nothing to that contract.
+        let fresh = unsafe { self.reg_on_every_device(b.addr, b.len)? };
         let old = std::mem::replace(&mut b.mrs, fresh);
         drop(bufs);
         let r = between();
