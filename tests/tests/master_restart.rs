@@ -504,6 +504,22 @@ fn rdma_writer(name: &str, metadata: &str) -> client::store::rdma::RdmaPeers {
     client::store::rdma::RdmaPeers::new(side).expect("staging")
 }
 
+/// A store client of `master` running `protocol="rdma"` (on the software verbs model of
+/// `MOONCAKE_RDMA_SIM`), with no segment of its own, reading descriptors from `metadata`.
+fn rdma_store(master: &Master, metadata: &str) -> client::Store {
+    client::Store::setup(client::StoreConfig {
+        local_hostname: "127.0.0.1".into(),
+        metadata_server: metadata.into(),
+        global_segment_size: 0,
+        local_buffer_size: 16 << 20,
+        protocol: "rdma".into(),
+        rdma_devices: String::new(),
+        master_server_addr: master.rpc_addr(),
+        tenant_id: String::new(),
+    })
+    .expect("RDMA store")
+}
+
 /// Sends the intent of `key`'s write to `r` to its owner and waits for the answer, as a store
 /// does before its RDMA bytes.
 fn announce(r: &protocol::ReplicaDescriptor, key: &str) {
@@ -679,17 +695,7 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
     std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
     std::env::set_var("MC_STORE_SHM", "0");
     let (master, _node, _tcp) = DyingWriter::Rdma.cluster(&fabric);
-    let rdma = client::Store::setup(client::StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: master.metadata_url(),
-        global_segment_size: 0,
-        local_buffer_size: 16 << 20,
-        protocol: "rdma".into(),
-        rdma_devices: String::new(),
-        master_server_addr: master.rpc_addr(),
-        tenant_id: String::new(),
-    })
-    .expect("RDMA store");
+    let rdma = rdma_store(&master, &master.metadata_url());
     let one = ReplicateConfig::default();
     // Above the slab sizes: a best-fit extent, as the next master's put of this size gets.
     let size = (3 << 20) / 2;
@@ -772,17 +778,7 @@ fn new_rdma_keys_are_published_once_the_metadata_store_is_back() {
         ],
         &[("MOONCAKE_RDMA_SIM", fabric.path()), ("MC_STORE_SHM", "0")],
     );
-    let rdma = client::Store::setup(client::StoreConfig {
-        local_hostname: "127.0.0.1".into(),
-        metadata_server: meta,
-        global_segment_size: 0,
-        local_buffer_size: 16 << 20,
-        protocol: "rdma".into(),
-        rdma_devices: String::new(),
-        master_server_addr: master.rpc_addr(),
-        tenant_id: String::new(),
-    })
-    .expect("RDMA store");
+    let rdma = rdma_store(&master, &meta);
     let one = ReplicateConfig::default();
     assert_eq!(rdma.put("pub/a", &value(2), &one, false), Ok(()));
     assert!(rdma.path_counts().rdma_bytes > 0, "by RDMA");
