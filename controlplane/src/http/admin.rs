@@ -654,9 +654,8 @@ mod tests {
             .starts_with("Invalid JSON body: "));
 
         // With a policy file, on a real master.
-        let dir = std::env::temp_dir().join(format!("mc-quota-http-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("q.yaml");
+        let dir = crate::model::ScratchDir::new("quota-http");
+        let path = dir.0.join("q.yaml");
         std::fs::write(
             &path,
             "version: 1\ntenants:\n  - name: t1\n    quota: 1MB\n",

@@ -79,6 +79,24 @@ pub(crate) fn cfg() -> ServiceConfig {
     }
 }
 
+/// A directory of its own under the temporary directory for a test's files (a quota policy),
+/// removed when dropped.
+pub(crate) struct ScratchDir(pub(crate) std::path::PathBuf);
+
+impl ScratchDir {
+    pub(crate) fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("mc-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The master under test on a manual clock, with the calls the model makes. The unit tests
 /// (`service/tests.rs`) use the same harness and add their own calls to it.
 pub(crate) struct T {

@@ -10,18 +10,18 @@ use protocol::*;
 
 use super::quota::{parse_policy, QuotaPolicy};
 use super::ServiceConfig;
-use crate::model::{cfg, T};
+use crate::model::{cfg, ScratchDir, T};
 use crate::view::AdminView;
 
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 
-fn policy_file(name: &str, tenants: &[(&str, u64)]) -> QuotaPolicy {
-    let dir = std::env::temp_dir().join(format!("mc-quota-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A policy file, and the directory holding it: keep the directory while the policy is used.
+fn policy_file(name: &str, tenants: &[(&str, u64)]) -> (ScratchDir, QuotaPolicy) {
+    let dir = ScratchDir::new(&format!("quota-{name}"));
     let tenants: BTreeMap<String, u64> = tenants.iter().map(|&(t, b)| (t.to_string(), b)).collect();
-    let path: PathBuf = dir.join("quota.yaml");
+    let path: PathBuf = dir.0.join("quota.yaml");
     std::fs::write(&path, super::quota::render_policy(&tenants)).unwrap();
-    QuotaPolicy { path, tenants }
+    (dir, QuotaPolicy { path, tenants })
 }
 
 fn quota_cfg(policy: QuotaPolicy) -> ServiceConfig {
@@ -111,7 +111,7 @@ impl T {
 
 #[test]
 fn tenants_without_a_policy_are_refused_and_a_full_tenant_evicts_its_own_objects() {
-    let policy = policy_file("admit", &[("t1", 1000), ("t2", 10_000)]);
+    let (_dir, policy) = policy_file("admit", &[("t1", 1000), ("t2", 10_000)]);
     let t = T::with(quota_cfg(policy.clone()));
     t.mount_on(C1, 1, "seg1", 1 << 20, "h1");
     t.mount_on(C1, 2, "seg2", 1 << 20, "h2");
@@ -186,7 +186,7 @@ fn tenants_without_a_policy_are_refused_and_a_full_tenant_evicts_its_own_objects
 
 #[test]
 fn the_admin_api_changes_the_policy_and_its_file() {
-    let policy = policy_file("admin", &[("t1", 1000)]);
+    let (_dir, policy) = policy_file("admin", &[("t1", 1000)]);
     let path = policy.path.clone();
     let t = T::with(quota_cfg(policy));
     t.mount_on(C1, 1, "seg1", 1 << 20, "h1");
@@ -231,10 +231,8 @@ fn the_admin_api_changes_the_policy_and_its_file() {
 
 #[test]
 fn policies_asking_for_more_than_the_cluster_holds_are_scaled_down() {
-    let t = T::with(quota_cfg(policy_file(
-        "scale",
-        &[("t1", 3 << 20), ("t2", 1 << 20)],
-    )));
+    let (_dir, policy) = policy_file("scale", &[("t1", 3 << 20), ("t2", 1 << 20)]);
+    let t = T::with(quota_cfg(policy));
     assert_eq!(
         t.svc.tenant_quotas(Some("t1")).unwrap()["effective_quota_bytes"],
         0
@@ -255,7 +253,7 @@ fn policies_asking_for_more_than_the_cluster_holds_are_scaled_down() {
 /// re-mounts in three tenants.
 #[test]
 fn the_ledger_follows_every_path() {
-    let policy = policy_file(
+    let (_dir, policy) = policy_file(
         "ledger",
         &[("t1", 1 << 20), ("t2", 2 << 20), ("t3", 4 << 20)],
     );
