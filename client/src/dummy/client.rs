@@ -19,7 +19,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::Duration;
 
-use dataplane::mem::shm::{Offer, ShmExport};
+use dataplane::mem::shm::{Guards, Offer, ShmExport};
 use dataplane::mem::{Dst, Segment, SegmentOptions, Src};
 use parking_lot::Mutex;
 use protocol::wire::Wire;
@@ -219,8 +219,7 @@ impl DummyClient {
         let offer = Offer {
             base: region.addr() as u64,
             len: region.len() as u64,
-            intents: false,
-            fenced: false,
+            guards: Guards::None,
         };
         let export = ShmExport::start(&shm_name, fd, offer, None).map_err(|e| {
             (

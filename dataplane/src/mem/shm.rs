@@ -169,8 +169,7 @@ pub fn export_segment(
     let offer = Offer {
         base: segment.addr() as u64,
         len: segment.len() as u64,
-        intents: true,
-        fenced: true,
+        guards: Guards::IntentsAndPage,
     };
     match ShmExport::start(endpoint, fd, offer, Some(memory.clone())) {
         Ok(e) => Some(e),
@@ -195,27 +194,51 @@ fn le_u64(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
 
-/// An offer: where the segment lives in the exporter's address space.
+/// An offer: where the segment lives in the exporter's address space, and what the exporter
+/// asks of its importers' copies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Offer {
     pub base: u64,
     pub len: u64,
-    /// The exporter reads write intents (offer version 2 or 3).
-    pub intents: bool,
-    /// The exporter sends a write page after the offer (version 3; implies `intents`).
-    pub fenced: bool,
+    pub guards: Guards,
+}
+
+/// What an exporter asks of an importer's copies, one step per offer version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guards {
+    /// Nothing (version 1): an exporter without a catalog, such as a dummy client's region.
+    None,
+    /// A write intent before each copy (version 2).
+    Intents,
+    /// Intents, and a write page sent after the offer that fences copies by term (version 3).
+    IntentsAndPage,
+}
+
+impl Guards {
+    /// The importer announces each copy with a write intent.
+    pub fn intents(self) -> bool {
+        self != Guards::None
+    }
+
+    /// A write page follows the offer.
+    pub fn page(self) -> bool {
+        self == Guards::IntentsAndPage
+    }
+
+    fn version(self) -> u32 {
+        match self {
+            Guards::None => OFFER_VERSION_NO_INTENTS,
+            Guards::Intents => OFFER_VERSION_NO_PAGE,
+            Guards::IntentsAndPage => OFFER_VERSION,
+        }
+    }
 }
 
 impl Offer {
     pub fn encode(&self) -> [u8; OFFER_BYTES] {
         let mut b = [0u8; OFFER_BYTES];
         b[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
-        let version = match (self.intents, self.fenced) {
-            (true, true) => OFFER_VERSION,
-            (true, false) => OFFER_VERSION_NO_PAGE,
-            (false, _) => OFFER_VERSION_NO_INTENTS,
-        };
-        b[4..8].copy_from_slice(&version.to_le_bytes());
+        b[4..8].copy_from_slice(&self.guards.version().to_le_bytes());
         b[8..16].copy_from_slice(&self.base.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
         b
@@ -230,17 +253,16 @@ impl Offer {
         if u32_at(0) != OFFER_MAGIC {
             return Err("bad offer magic");
         }
-        let (intents, fenced) = match u32_at(4) {
-            OFFER_VERSION => (true, true),
-            OFFER_VERSION_NO_PAGE => (true, false),
-            OFFER_VERSION_NO_INTENTS => (false, false),
+        let guards = match u32_at(4) {
+            OFFER_VERSION => Guards::IntentsAndPage,
+            OFFER_VERSION_NO_PAGE => Guards::Intents,
+            OFFER_VERSION_NO_INTENTS => Guards::None,
             _ => return Err("unknown offer version"),
         };
         let offer = Offer {
             base: u64_at(8),
             len: u64_at(16),
-            intents,
-            fenced,
+            guards,
         };
         if offer.len == 0 || offer.base.checked_add(offer.len).is_none() {
             return Err("offer range is empty or wraps");
@@ -411,8 +433,8 @@ impl ShmExport {
     /// Listens on the abstract socket of `endpoint` and offers `fd` (the memfd of a segment at
     /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
     /// intents go to its catalog and their copies are fenced by its fence, each importer
-    /// getting a write page (and the offer says so, whatever `offer.intents` and
-    /// `offer.fenced` were); without, the offer says neither. Fails if the name is taken.
+    /// getting a write page (and the offer says so, whatever `offer.guards` was); without,
+    /// the offer asks for neither. Fails if the name is taken.
     pub fn start(
         endpoint: &str,
         fd: BorrowedFd<'_>,
@@ -423,8 +445,10 @@ impl ShmExport {
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
         let fd = fd.try_clone_to_owned()?;
-        offer.intents = memory.is_some();
-        offer.fenced = memory.is_some();
+        offer.guards = match memory {
+            Some(_) => Guards::IntentsAndPage,
+            None => Guards::None,
+        };
         let importers = Arc::new(Importers::default());
         if let Some(m) = &memory {
             let source: Arc<dyn PendingWrites> = importers.clone();
@@ -774,7 +798,7 @@ impl ShmMapping {
             Ok(x) => x,
             Err(e) => return refused(e),
         };
-        let writes = match offer.fenced.then(|| recv_page(&conn)).transpose() {
+        let writes = match offer.guards.page().then(|| recv_page(&conn)).transpose() {
             Ok(w) => w,
             Err(e) => return refused(e),
         };
@@ -867,7 +891,7 @@ impl ShmMapping {
         key: &str,
         version: Version,
     ) -> io::Result<()> {
-        if !self.offer.intents {
+        if !self.offer.guards.intents() {
             return Ok(());
         }
         let bytes = Intent {
@@ -913,8 +937,7 @@ mod tests {
         let offer = Offer {
             base: seg.addr() as u64,
             len: seg.len() as u64,
-            intents: false,
-            fenced: false,
+            guards: Guards::None,
         };
         let fd = seg.shared_fd().expect("memfd-backed");
         let export = ShmExport::start(endpoint, fd, offer, None).unwrap();
@@ -949,17 +972,18 @@ mod tests {
         let o = Offer {
             base: 0x7f00_0000_0000,
             len: 1 << 30,
-            intents: true,
-            fenced: true,
+            guards: Guards::IntentsAndPage,
         };
         assert_eq!(&o.encode()[4..8], &3u32.to_le_bytes());
         assert_eq!(Offer::decode(&o.encode()), Ok(o));
-        let v2 = Offer { fenced: false, ..o };
+        let v2 = Offer {
+            guards: Guards::Intents,
+            ..o
+        };
         assert_eq!(&v2.encode()[4..8], &2u32.to_le_bytes());
         assert_eq!(Offer::decode(&v2.encode()), Ok(v2));
         let v1 = Offer {
-            intents: false,
-            fenced: false,
+            guards: Guards::None,
             ..o
         };
         assert_eq!(&v1.encode()[4..8], &1u32.to_le_bytes());
@@ -974,15 +998,13 @@ mod tests {
         let wraps = Offer {
             base: u64::MAX - 1,
             len: 4,
-            intents: true,
-            fenced: true,
+            guards: Guards::IntentsAndPage,
         };
         assert!(Offer::decode(&wraps.encode()).is_err());
         let empty = Offer {
             base: 1,
             len: 0,
-            intents: true,
-            fenced: true,
+            guards: Guards::IntentsAndPage,
         };
         assert!(Offer::decode(&empty.encode()).is_err());
     }
@@ -1041,7 +1063,7 @@ mod tests {
         let keys = || -> Vec<String> { catalog.entries().into_iter().map(|e| e.key).collect() };
 
         let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
-        assert!(m.offer().intents);
+        assert!(m.offer().guards.intents());
         m.announce_write(base, 4096, "new", v(6, 1)).unwrap();
         assert_eq!(keys(), ["far"], "the snapshot applied the intent first");
         // The writer's own record, whenever the intent is applied, stays; so does an
@@ -1093,7 +1115,7 @@ mod tests {
         catalog.fence(5);
 
         let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
-        assert!(m.offer().fenced);
+        assert!(m.offer().guards.page());
         assert_eq!(fence.watched(), 1);
         assert!(
             matches!(
