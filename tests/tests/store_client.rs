@@ -323,6 +323,43 @@ fn a_get_session_never_reads_a_list_past_its_window() {
     a.get_session_end(&keys);
 }
 
+/// A plain read of a replica list must end inside the list's window, counted from before the
+/// lookup was sent. A reader held up between the master's answer and the end of its read (a
+/// late reply, a descheduled thread, a slow copy) past the window could otherwise read buffers
+/// the master has since handed to another key: an upsert with a new size parks the old ones
+/// only until the last window ends. Counting from the start of the read instead, as the client
+/// did when the fault harness found violation 2 (`docs/reliability.md`), accepts this read.
+#[test]
+fn a_read_that_ends_after_its_lookups_window_is_refused() {
+    const TTL_MS: u64 = 300;
+    let m = Master::start(&[&format!("--default_kv_lease_ttl={TTL_MS}")]);
+    let a = store(&m, 64, 16);
+    let cfg = ReplicateConfig::default();
+    let size = 2usize << 20; // extent-sized: the next put of this size reuses a freed range
+    a.put("k", &pattern(1, size), &cfg, false).unwrap();
+    a.put("pad", &pattern(4, size), &cfg, false).unwrap(); // k's range stays a hole of its own
+    let lookup = a.replicas("k").unwrap();
+    let old = lookup.replicas[0].buffer_address;
+
+    std::thread::sleep(std::time::Duration::from_millis(2 * TTL_MS));
+    a.put("k", &pattern(3, 2 * size), &cfg, true).unwrap();
+    a.put("other", &pattern(2, size), &cfg, false).unwrap();
+    let reused = a.replicas("other").unwrap().replicas[0].buffer_address == old;
+    let mut dst = vec![0u8; size];
+    let r = a.read_from(&lookup, 0, Dst::from(&mut dst[..]));
+    assert_eq!(
+        r.map_err(|e| e.code),
+        Err(ErrorCode::LeaseExpired),
+        "range reused: {reused}"
+    );
+    assert!(reused, "the next put of the same size took k's old range");
+    assert!(
+        dst != pattern(2, size),
+        "the read returned another key's bytes"
+    );
+    assert_eq!(a.get("k").unwrap(), pattern(3, 2 * size));
+}
+
 /// A failed put or lookup carries its reason beside the code (`client::store::StoreError`):
 /// what the master was asked to place, and the master's address once it is gone. The Python
 /// binding logs exactly this text.
