@@ -57,6 +57,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use client::store::Dst;
 use client::Store;
 use mooncake_tests::checker::{check, History, Kind, Mark, Op, Outcome};
 use mooncake_tests::{bin_path, env_or, try_http_at, wait_until, Etcd, Master, Netns, Node, Rng};
@@ -110,11 +111,6 @@ fn decode(key: usize, bytes: &[u8]) -> Outcome {
 /// Prints what foreign bytes are (whose write they start like) and where the key's replicas
 /// are now, for the one who has to explain the violation.
 fn explain_foreign(store: &Store, name: &str, bytes: &[u8]) {
-    let word = |i: usize| {
-        bytes
-            .get(i..i + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-    };
     let replicas = store.replicas(name).map(|l| {
         l.replicas
             .iter()
@@ -122,11 +118,52 @@ fn explain_foreign(store: &Store, name: &str, bytes: &[u8]) {
             .collect::<Vec<_>>()
     });
     println!(
-        "FOREIGN {name}: {} bytes, starting like write {:?} of hot/{:?}; replicas now {replicas:?}",
+        "FOREIGN {name}: {} bytes, {}; replicas now {replicas:?}",
         bytes.len(),
-        word(0),
-        word(8),
+        whose(bytes),
     );
+    // Each replica of the key as it is now, read alone: which of them holds the foreign bytes.
+    let Ok(lookup) = store.replicas(name) else {
+        return;
+    };
+    for r in &lookup.replicas {
+        let mut one = lookup.clone();
+        one.list.replicas = vec![r.clone()];
+        let mut b = vec![0u8; r.size as usize];
+        let read = store.read_from(&one, 0, Dst::from(&mut b[..]));
+        println!(
+            "FOREIGN {name} at {} {:#x}: {}",
+            r.segment_name,
+            r.buffer_address,
+            match read {
+                Ok(()) => whose(&b),
+                Err(e) => format!("read failed: {e}"),
+            }
+        );
+    }
+}
+
+/// Whose bytes these are, as far as their pattern tells: a write of this harness (its id and
+/// key, or the inside of one), a `fault_slow_writer`'s half-written object, or unknown.
+fn whose(bytes: &[u8]) -> String {
+    let word = |i: usize| {
+        bytes
+            .get(i..i + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let steps_by = |d: u8| {
+        let n = bytes.len().min(64);
+        n > 1 && bytes[..n].windows(2).all(|w| w[1].wrapping_sub(w[0]) == d)
+    };
+    if steps_by(13) {
+        // fault_slow_writer's byte i is i * 13 + 0x5a; 197 is 13's inverse mod 256.
+        let at = bytes[0].wrapping_sub(0x5a).wrapping_mul(197);
+        return format!("a fault_slow_writer's bytes (from its offset {at} mod 256)");
+    }
+    if steps_by(131) {
+        return "the inside of a write's value (not its start)".into();
+    }
+    format!("starting like write {:?} of hot/{:?}", word(0), word(8))
 }
 
 /// The history being recorded: kept in memory for the checker and written line by line.
@@ -542,9 +579,11 @@ fn randomized_faults_keep_the_history_consistent() {
                         let _ = tx.send(line);
                     }
                 });
-                let mid = rx
-                    .recv_timeout(Duration::from_secs(5))
-                    .is_ok_and(|l| l.starts_with("half-written"));
+                let mid = rx.recv_timeout(Duration::from_secs(5)).is_ok_and(|l| {
+                    // Where its bytes are, to match a foreign read to them.
+                    println!("  {key}: {l}");
+                    l.starts_with("half-written")
+                });
                 let _ = child.kill();
                 let _ = child.wait();
                 rec.fault(if mid {
@@ -799,5 +838,28 @@ fn recheck_a_recorded_history() {
         report.ok(),
         "{path}: {} violations",
         report.violations.len()
+    );
+}
+
+/// The foreign-read diagnostic names what it sees: the seed-1 reproduction of violation 2 on
+/// the code of its run read `fault_slow_writer` bytes (`docs/reliability.md`).
+#[test]
+fn foreign_bytes_are_told_apart() {
+    let slow: Vec<u8> = (0..4096usize)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(0x5a))
+        .collect();
+    assert_eq!(
+        whose(&slow[512..]),
+        "a fault_slow_writer's bytes (from its offset 0 mod 256)"
+    );
+    assert_eq!(
+        whose(&slow[3..]),
+        "a fault_slow_writer's bytes (from its offset 3 mod 256)"
+    );
+    let v = value(7, 42);
+    assert_eq!(whose(&v), "starting like write Some(42) of hot/Some(7)");
+    assert_eq!(
+        whose(&v[100..]),
+        "the inside of a write's value (not its start)"
     );
 }
