@@ -195,6 +195,9 @@ pub struct Metrics {
     pub put_start_partial_allocations: AtomicU64,
     pub put_start_discards: AtomicU64,
     pub put_start_releases: AtomicU64,
+    /// Starts its own writer sent again while the put was in flight: answered with the same
+    /// allocation.
+    pub put_start_retries: AtomicU64,
     pub expired_clients: AtomicU64,
     pub quarantined_clients: AtomicU64,
     pub unquarantined_clients: AtomicU64,
@@ -321,7 +324,7 @@ impl Metrics {
         for (name, help, v) in gauges {
             metric(&mut s, name, help, "gauge", v);
         }
-        let counters: [(&str, &str, &AtomicU64); 11] = [
+        let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "master_evicted_key_count",
                 "Total number of keys evicted",
@@ -361,6 +364,11 @@ impl Metrics {
                 "master_put_start_release_cnt",
                 "Buffers of discarded puts released after put_start_release_timeout",
                 &self.put_start_releases,
+            ),
+            (
+                "master_put_start_retries_total",
+                "PutStarts their writer sent again while the put was in flight, answered with the same allocation",
+                &self.put_start_retries,
             ),
             (
                 "master_expired_clients_total",

@@ -317,6 +317,23 @@ impl State {
         if upsert && self.tasks.active(&key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
+        // The same start again, from the client still writing this key: its answer was lost,
+        // or the client sent the call again after giving up its connection with the request
+        // still in it (`client::master`), and the two copies may arrive in either order. It
+        // gets the same buffers and version. Executed anew, a copy arriving after the one
+        // answered would move the object to buffers its writer never hears of, and the
+        // writer's commit would then complete buffers nobody wrote (violation 2,
+        // `docs/reliability.md`). A store client starts one put of a key at a time, so an
+        // in-flight put of this key by this client is this put.
+        let retried = self
+            .objects
+            .get(&key)
+            .is_some_and(|obj| obj.writer == client && obj.size == size && obj.all_processing());
+        if retried {
+            Metrics::inc(&m.put_start_retries);
+            let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
+            return Ok((obj, &self.segs));
+        }
         let version = self.next_version();
         let mut pin_now = SoftPin::None;
         let mut group_now = None;

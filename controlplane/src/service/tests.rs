@@ -759,6 +759,50 @@ fn upsert_cfg(
     )
 }
 
+/// A start sent again by its own writer while its put is in flight (the answer was lost, or
+/// the client sent the call again after giving up its connection with the request still in
+/// it) gets the same buffers and version, whichever copy the master executes first. Executed
+/// anew, the copy executed second moved an upsert to new buffers its writer never heard of,
+/// and the writer's commit completed those unwritten buffers: the seed-1 reproduction of
+/// violation 2 read a killed writer's bytes through them (`docs/reliability.md`).
+#[test]
+fn a_start_sent_again_by_its_writer_gets_the_same_allocation() {
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    t.mount(2, 64 * MIB);
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    let addresses =
+        |r: &[ReplicaDescriptor]| -> Vec<u64> { r.iter().map(|d| d.buffer_address).collect() };
+    // An upsert of a key that exists, as in the reproduction: the answered copy, then the
+    // late one.
+    t.put_cfg("k", 4096, two.clone());
+    let answered = upsert_cfg(&t, C1, "k", 4096, two.clone()).unwrap();
+    let late = upsert_cfg(&t, C1, "k", 4096, two.clone()).unwrap();
+    assert_eq!(late, answered, "the late copy moved the upsert");
+    t.end(C1, "k").unwrap();
+    let list = t.get("k").unwrap();
+    assert_eq!(addresses(&list.replicas), addresses(&answered.replicas));
+    assert_eq!(list.replicas[0].version, answered.replicas[0].version);
+
+    // A put of a new key: the same (it was refused as if another writer held the key).
+    let first = t.start_with(C1, "p", 8192, two.clone()).unwrap();
+    assert_eq!(t.start_with(C1, "p", 8192, two.clone()), Ok(first));
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_retries), 2);
+    // Another writer, or another size, is another put, refused or placed as before.
+    assert_eq!(
+        t.start_with(C2, "p", 8192, two.clone()),
+        Err(ErrorCode::ObjectAlreadyExists)
+    );
+    let resized = upsert_cfg(&t, C1, "p", 4096, two.clone()).unwrap();
+    assert_eq!(resized.replicas[0].size, 4096);
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_retries), 2);
+    t.end(C1, "p").unwrap();
+    assert_eq!(t.get("p").unwrap().replicas[0].size, 4096);
+}
+
 #[test]
 fn upsert_reuses_same_size_and_reallocates_other_sizes() {
     let t = T::new();
