@@ -28,6 +28,10 @@
 //! again, every [`UNAVAILABLE_RETRY`] until the call timeout, or until no leader can be
 //! looked up (etcd down), when the last answer is returned. A put's commit or revoke is
 //! settled instead ([`MasterClient::call_settling`]): retried for up to [`SETTLE_WINDOW`].
+//! Leaving a connection that way never fails the calls other threads have in flight on it:
+//! they get their own answers there, so that no request is sent again while its first copy
+//! may still be executed (the master answers a put's start sent again by its writer with the
+//! same allocation all the same).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -337,12 +341,16 @@ impl MasterClient {
         })
     }
 
-    /// Drops the current connection (if it is still `conn`), so the next call reconnects.
+    /// Stops using the current connection (if it is still `conn`), so the next call
+    /// reconnects. Calls other threads have in flight on it are left to their answers, and the
+    /// connection closes with the last of them: failing them would send each again on the new
+    /// connection while the master may still execute the first copy, still in its socket, after
+    /// the second. A start executed twice out of order moved a put to buffers its writer never
+    /// heard of (violation 2, `docs/reliability.md`); a commit executed late could complete
+    /// the next put of the key before its bytes.
     fn forget(&self, conn: &Arc<Conn>) {
         let mut guard = self.conn.lock();
         if guard.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-            let _ = conn.writer.lock().shutdown(std::net::Shutdown::Both);
-            conn.fail_all("leaving a master that may not serve");
             *guard = None;
         }
     }
