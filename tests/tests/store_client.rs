@@ -264,6 +264,18 @@ fn batches_report_per_key() {
     assert_eq!(s.remove_all(true), Ok(9));
 }
 
+/// A master granting `ttl_ms` read leases, a store on it, and `k` put there with
+/// `pattern(1, size)`, `size` extent-sized so that the next put of that size can reuse the
+/// range once it is freed.
+fn store_holding_k(ttl_ms: u64) -> (Master, Store, usize) {
+    let m = Master::start(&[&format!("--default_kv_lease_ttl={ttl_ms}")]);
+    let a = store(&m, 64, 16);
+    let size = 2usize << 20;
+    a.put("k", &pattern(1, size), &ReplicateConfig::default(), false)
+        .unwrap();
+    (m, a, size)
+}
+
 /// A get session keeps replica lists across calls; a list read after its window (the lease
 /// the master gave it) could point at buffers the master has handed to another key. The
 /// session looks such a list up again; a key removed meanwhile fails with `LEASE_EXPIRED`
@@ -271,11 +283,8 @@ fn batches_report_per_key() {
 #[test]
 fn a_get_session_never_reads_a_list_past_its_window() {
     const TTL_MS: u64 = 300;
-    let m = Master::start(&[&format!("--default_kv_lease_ttl={TTL_MS}")]);
-    let a = store(&m, 64, 16);
+    let (_m, a, size) = store_holding_k(TTL_MS);
     let cfg = ReplicateConfig::default();
-    let size = 2usize << 20; // extent-sized: the next put of this size reuses a freed range
-    a.put("k", &pattern(1, size), &cfg, false).unwrap();
     let keys = vec!["k".to_string()];
     assert_eq!(a.get_session_start(&keys), vec![Ok(())]);
     let old = a.replicas("k").unwrap().replicas[0].buffer_address;
@@ -332,11 +341,8 @@ fn a_get_session_never_reads_a_list_past_its_window() {
 #[test]
 fn a_read_that_ends_after_its_lookups_window_is_refused() {
     const TTL_MS: u64 = 300;
-    let m = Master::start(&[&format!("--default_kv_lease_ttl={TTL_MS}")]);
-    let a = store(&m, 64, 16);
+    let (_m, a, size) = store_holding_k(TTL_MS);
     let cfg = ReplicateConfig::default();
-    let size = 2usize << 20; // extent-sized: the next put of this size reuses a freed range
-    a.put("k", &pattern(1, size), &cfg, false).unwrap();
     a.put("pad", &pattern(4, size), &cfg, false).unwrap(); // k's range stays a hole of its own
     let lookup = a.replicas("k").unwrap();
     let old = lookup.replicas[0].buffer_address;
