@@ -16,7 +16,7 @@ use protocol::{
 
 use super::clear::Cleared;
 use super::metrics::{BatchOp, Metrics, Op};
-use super::object::{check_key, Object};
+use super::object::{check_key, Object, Start};
 use super::removals::{Pick, Removal};
 use super::segments::Segments;
 use super::tenant;
@@ -364,7 +364,8 @@ fn put_start(
             [g] => Some(g.as_str()),
             _ => return Err(ErrorCode::InvalidParams),
         };
-        let (obj, segs) = st.put_start(m, now, client, key, size, cfg, group, upsert)?;
+        let (obj, segs) =
+            st.put_start(m, now, client, key, size, cfg, group, upsert, Start::Call)?;
         encode_started(o, obj, segs, now, upsert);
         Ok(())
     })
@@ -440,10 +441,15 @@ fn batch_put_start(
         m.batch(op, n as u64, n as u64);
         return;
     }
+    let mut named = std::collections::HashSet::with_capacity(n);
     for (i, (key, size)) in keys.into_iter().zip(sizes).enumerate() {
         let group = cfg.group_ids.get(i).map(String::as_str);
+        let start = match named.insert(key.clone()) {
+            true => Start::Call,
+            false => Start::Repeat,
+        };
         let ok = reply(out, |o| {
-            let (obj, segs) = st.put_start(m, now, client, key, size, cfg, group, upsert)?;
+            let (obj, segs) = st.put_start(m, now, client, key, size, cfg, group, upsert, start)?;
             encode_started(o, obj, segs, now, upsert);
             Ok(())
         });

@@ -308,6 +308,7 @@ impl State {
         cfg: &ReplicateConfig,
         group: Option<&str>,
         upsert: bool,
+        start: Start,
     ) -> Result<Found<'_>, ErrorCode> {
         check_key(&key)?;
         check_put(cfg, size)?;
@@ -324,11 +325,12 @@ impl State {
         // answered would move the object to buffers its writer never hears of, and the
         // writer's commit would then complete buffers nobody wrote (violation 2,
         // `docs/reliability.md`). A store client starts one put of a key at a time, so an
-        // in-flight put of this key by this client is this put.
-        let retried = self
-            .objects
-            .get(&key)
-            .is_some_and(|obj| obj.writer == client && obj.size == size && obj.all_processing());
+        // in-flight put of this key by this client is this put (but for a key named twice
+        // in one batch, `Start::Repeat`, whose second start replaces the first as before).
+        let retried = start == Start::Call
+            && self.objects.get(&key).is_some_and(|obj| {
+                obj.writer == client && obj.size == size && obj.all_processing()
+            });
         if retried {
             Metrics::inc(&m.put_start_retries);
             let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
@@ -779,4 +781,13 @@ impl Groups {
         }
         g
     }
+}
+
+/// How a start reached `put_start`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// A call, or a key's first start in a batch: maybe this put's start sent again.
+    Call,
+    /// A key named again in the same batch: a new start that replaces the one before it.
+    Repeat,
 }

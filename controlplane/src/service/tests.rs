@@ -801,6 +801,24 @@ fn a_start_sent_again_by_its_writer_gets_the_same_allocation() {
     assert_eq!(Metrics::get(&t.svc.metrics().put_start_retries), 2);
     t.end(C1, "p").unwrap();
     assert_eq!(t.get("p").unwrap().replicas[0].size, 4096);
+
+    // A key named twice in one batch is two starts, as before: the second upsert replaces
+    // the first, in new buffers.
+    let upserts = t
+        .call(
+            Request::BatchUpsertStart,
+            BatchUpsertStart {
+                client_id: C1,
+                keys: vec!["b".into(), "b".into()],
+                sizes: vec![4096, 4096],
+                config: two.clone(),
+            },
+        )
+        .unwrap();
+    let (first, second) = (upserts[0].as_ref().unwrap(), upserts[1].as_ref().unwrap());
+    assert_ne!(addresses(&first.replicas), addresses(&second.replicas));
+    t.end(C1, "b").unwrap();
+    assert_eq!(Metrics::get(&t.svc.metrics().put_start_retries), 2);
 }
 
 #[test]
