@@ -111,7 +111,8 @@ fn decode(key: usize, bytes: &[u8]) -> Outcome {
 /// Prints what foreign bytes are (whose write they start like) and where the key's replicas
 /// are now, for the one who has to explain the violation.
 fn explain_foreign(store: &Store, name: &str, bytes: &[u8]) {
-    let replicas = store.replicas(name).map(|l| {
+    let lookup = store.replicas(name);
+    let replicas = lookup.as_ref().map(|l| {
         l.replicas
             .iter()
             .map(|r| format!("{r:?}"))
@@ -123,7 +124,7 @@ fn explain_foreign(store: &Store, name: &str, bytes: &[u8]) {
         whose(bytes),
     );
     // Each replica of the key as it is now, read alone: which of them holds the foreign bytes.
-    let Ok(lookup) = store.replicas(name) else {
+    let Ok(lookup) = lookup else {
         return;
     };
     for r in &lookup.replicas {
