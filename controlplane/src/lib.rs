@@ -13,6 +13,7 @@
 //! - [`ha`]: leader election in etcd under a lease, and the "may this master serve" gate;
 //! - [`rpc`]: the tokio server speaking the control frames of `protocol`;
 //! - [`http`]: the HTTP metadata server and the admin/metrics server;
+//! - [`limits`]: the numeric bounds of what a peer can make the master hold;
 //! - [`clock`]: time enters through a trait so tests can move it by hand;
 //! - [`cli`]: the `mooncake_master` program as a function (binary and Python entry point).
 
@@ -22,6 +23,7 @@ pub mod clock;
 pub mod config;
 pub mod ha;
 pub mod http;
+pub mod limits;
 pub mod rpc;
 pub mod service;
 pub mod signals;

@@ -111,3 +111,51 @@ fn admin_port_reports_keys_segments_and_metrics() {
     assert!(detail.contains("\"total_segments\":1"), "{detail}");
     assert_eq!(http("GET", port, "/health", b"").status, 200);
 }
+
+/// Half-sent requests (a request line and one header, never the blank line) to the admin
+/// and metadata ports are closed within the servers' header timeout (10 s), while
+/// `/metrics` and `/health` keep answering meanwhile. Before the servers had a timer, none of
+/// 300 such connections was closed after 32 s.
+#[test]
+fn half_sent_requests_are_closed_within_the_header_timeout() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let m = Master::start(&["--enable_http_metadata_server=true"]);
+    let mut held = Vec::new();
+    for i in 0..300 {
+        let port = if i % 2 == 0 {
+            m.metrics_port
+        } else {
+            m.http_metadata_port
+        };
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .unwrap();
+        held.push(s);
+    }
+    let start = Instant::now();
+    assert_eq!(http("GET", m.metrics_port, "/metrics", b"").status, 200);
+    assert_eq!(
+        http("GET", m.http_metadata_port, "/health", b"").status,
+        200
+    );
+    let deadline = start + Duration::from_secs(20);
+    let mut open = 0;
+    for mut s in held {
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
+            .unwrap();
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(_) => open += 1,
+        }
+    }
+    assert_eq!(
+        open, 0,
+        "{open} of 300 half-sent requests still open after 20 s"
+    );
+    assert_eq!(http("GET", m.metrics_port, "/metrics", b"").status, 200);
+}

@@ -1,0 +1,18 @@
+//! The master's numeric limits that bound what a peer can make it hold, in one place
+//! (docs/STYLE.md: limits live in `limits.rs`, units in their names).
+
+use std::time::Duration;
+
+/// Connections the admin and metadata HTTP servers hold open at once, each server on its own.
+/// A connection past the cap is closed at once (the RPC port, which shares the process's file
+/// descriptors, keeps its own budget). Prometheus, a browser and a few tools need a handful.
+pub const HTTP_MAX_CONNECTIONS: usize = 1024;
+
+/// Time a client has to send a request's head, counted from the connection's start or from the
+/// end of the previous response (hyper's header read timeout, so an idle keep-alive connection
+/// is also closed after it). A half-sent request cannot hold a connection past it.
+pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Time a request has from its head to its answer, body included: a trickled body ends in
+/// 408 and the connection closes.
+pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
