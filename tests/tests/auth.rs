@@ -240,7 +240,8 @@ fn a_stranger_cannot_use_a_cluster_with_a_secret() {
     s.write_all(&service_ready_frame(10)).unwrap();
     assert_eq!(read_answer(&mut s), (10, 0));
 
-    // Metadata: writes need the derived bearer; reads stay open.
+    // Metadata: reads and writes need the derived bearer (descriptors carry addresses and
+    // RDMA keys); /health stays open.
     let port = master.http_metadata_port;
     let path = "/metadata?key=auth_test";
     assert_eq!(http_status("PUT", port, path, None), 401);
@@ -250,10 +251,20 @@ fn a_stranger_cannot_use_a_cluster_with_a_secret() {
     );
     let bearer = format!("Bearer {}", right.http_bearer());
     assert_eq!(http_status("PUT", port, path, Some(&bearer)), 200);
-    assert_eq!(http_status("GET", port, path, None), 200);
+    assert_eq!(http_status("GET", port, path, None), 401);
+    assert_eq!(http_status("GET", port, path, Some(&bearer)), 200);
+    assert_eq!(http_status("GET", port, "/health", None), 200);
     assert_eq!(http_status("DELETE", port, path, None), 401);
     assert_eq!(http_status("DELETE", port, path, Some(&bearer)), 200);
-    // The admin server has only read-only routes; they stay open.
+    // The admin server's writes (tenant quotas) need the bearer; its reads stay open.
+    let quota = "/api/v1/tenant_quotas?tenant=intruder";
+    for method in ["PUT", "DELETE"] {
+        assert_eq!(http_status(method, master.metrics_port, quota, None), 401);
+        let wrong = Some("Bearer 00");
+        assert_eq!(http_status(method, master.metrics_port, quota, wrong), 401);
+        let with = http_status(method, master.metrics_port, quota, Some(&bearer));
+        assert_ne!(with, 401, "{method} with the bearer");
+    }
     assert_eq!(http("GET", master.metrics_port, "/health", b"").status, 200);
 }
 

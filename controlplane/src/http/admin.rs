@@ -1,5 +1,7 @@
-//! The admin and metrics HTTP server on `--metrics_port`, a read-only window on the master
-//! through [`AdminView`] (upstream `master_admin_service.cpp`).
+//! The admin and metrics HTTP server on `--metrics_port`, a window on the master through
+//! [`AdminView`] (upstream `master_admin_service.cpp`). Its only writes are the tenant quota
+//! `PUT` and `DELETE`: with a cluster secret set they need `Authorization: Bearer
+//! <Token::http_bearer>` (401 and nothing changed without it); every `GET` stays open.
 //!
 //! Routes (`GET` unless said):
 //! - `/metrics`: Prometheus text, `Content-Type: text/plain; version=0.0.4`;
@@ -39,10 +41,11 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::FromRef;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use protocol::auth::{self, Token};
 use protocol::ReplicaStatus;
 use serde::Deserialize;
 use serde_json::json;
@@ -83,8 +86,14 @@ pub fn admin_router(view: View) -> Router {
     admin_router_ha(view, None)
 }
 
-/// The routes of the admin server over `view`, reporting the HA role in `ha`.
+/// The routes of the admin server over `view`, reporting the HA role in `ha`, with this
+/// process's cluster secret (`protocol::auth::process_token`) guarding the writes.
 pub fn admin_router_ha(view: View, ha: Ha) -> Router {
+    admin_router_with_auth(view, ha, auth::process_token_or_none())
+}
+
+/// [`admin_router_ha`] with an explicit secret (`None`: writes are open).
+pub fn admin_router_with_auth(view: View, ha: Ha, auth: Option<&'static Token>) -> Router {
     let data = Router::new()
         .route("/query_key", get(query_key))
         .route("/get_all_keys", get(all_keys))
@@ -98,7 +107,8 @@ pub fn admin_router_ha(view: View, ha: Ha) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(
             ha.clone(),
             require_serving,
-        ));
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(auth, writes_proven));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(metrics_summary))
@@ -111,6 +121,22 @@ pub fn admin_router_ha(view: View, ha: Ha) -> Router {
         .route("/status.json", get(status_json))
         .merge(data)
         .with_state(Admin { view, ha })
+}
+
+/// Lets a request that may change state (any method but `GET` and `HEAD`) through only with
+/// the secret's bearer, when a secret is set.
+async fn writes_proven(
+    State(auth): State<Option<&'static Token>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let reads = matches!(*req.method(), Method::GET | Method::HEAD);
+    if !reads {
+        if let Some(refusal) = super::bearer_refusal(auth, req.headers()) {
+            return refusal;
+        }
+    }
+    next.run(req).await
 }
 
 /// Serves the admin routes on `listener` until `shutdown` resolves.
@@ -513,7 +539,21 @@ async fn put_quota(
             None => return bad("Failed to parse number".into()),
         },
     };
-    quota_answer(view.set_tenant_quota(&tenant, bytes))
+    quota_answer(off_worker(move || view.set_tenant_quota(&tenant, bytes)).await)
+}
+
+/// Runs a quota change on tokio's blocking pool: it rewrites and fsyncs the policy file under
+/// the master's lock, which must not stall an async worker the RPC shares.
+async fn off_worker(change: impl FnOnce() -> QuotaAnswer + Send + 'static) -> QuotaAnswer {
+    tokio::task::spawn_blocking(change)
+        .await
+        .unwrap_or_else(|e| {
+            Err(QuotaRefusal::new(
+                500,
+                protocol::ErrorCode::InternalError,
+                format!("quota change failed: {e}"),
+            ))
+        })
 }
 
 /// `DELETE /api/v1/tenant_quotas?tenant_id=T`.
@@ -522,7 +562,7 @@ async fn delete_quota(
     query: Result<Query<TenantQuery>, QueryRejection>,
 ) -> Response {
     match required_tenant(query) {
-        Ok(t) => quota_answer(view.delete_tenant_quota(&t)),
+        Ok(t) => quota_answer(off_worker(move || view.delete_tenant_quota(&t)).await),
         Err(r) => quota_refused(r),
     }
 }

@@ -13,9 +13,11 @@
 //!   [`MAX_KEY_BYTES`] → 400; a body larger than [`MAX_BODY_BYTES`] → 413;
 //! - `GET /health` → 200 `OK`.
 //!
-//! With a cluster secret (`protocol::auth`), `PUT` and `DELETE` (the requests that change
-//! state) need `Authorization: Bearer <Token::http_bearer>`; without it they get 401 and
-//! change nothing. `GET` stays open.
+//! With a cluster secret (`protocol::auth`), every `/metadata` request needs
+//! `Authorization: Bearer <Token::http_bearer>`: `PUT` and `DELETE` change state, and `GET`
+//! returns segment descriptors (addresses, and for RDMA the remote keys that let a peer read
+//! and write the segment). Without it they get 401 and change and return nothing. `/health`
+//! stays open.
 //!
 //! Keys are percent-decoded from the query string (the transfer engine escapes them with
 //! `curl_easy_escape`), so the store holds `mooncake/ram/host:port`, and the master can remove
@@ -114,7 +116,7 @@ impl MetadataStore {
     }
 }
 
-/// What the handlers share: the store and the secret writers must prove (`None`: none).
+/// What the handlers share: the store and the secret callers must prove (`None`: none).
 #[derive(Clone)]
 struct Shared {
     store: Arc<MetadataStore>,
@@ -122,12 +124,12 @@ struct Shared {
 }
 
 /// The routes of the metadata server over `store`, with this process's cluster secret
-/// (`protocol::auth::process_token`) guarding `PUT` and `DELETE` when one is configured.
+/// (`protocol::auth::process_token`) guarding `/metadata` when one is configured.
 pub fn metadata_router(store: Arc<MetadataStore>) -> Router {
     metadata_router_with_auth(store, auth::process_token_or_none())
 }
 
-/// [`metadata_router`] with an explicit secret (`None`: writes are open).
+/// [`metadata_router`] with an explicit secret (`None`: open to all).
 pub fn metadata_router_with_auth(
     store: Arc<MetadataStore>,
     auth: Option<&'static Token>,
@@ -140,23 +142,6 @@ pub fn metadata_router_with_auth(
         .route("/health", get(|| async { "OK" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Shared { store, auth })
-}
-
-/// `None` when the request may change state, else the 401 to send.
-fn unauthorized(shared: &Shared, headers: &HeaderMap) -> Option<Response> {
-    let token = shared.auth?;
-    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    if token.check_authorization(given) {
-        return None;
-    }
-    Some(
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "cluster secret required: Authorization: Bearer <derived token>, see docs/security.md",
-        )
-            .into_response(),
-    )
 }
 
 /// Serves the metadata protocol on `listener` until `shutdown` resolves.
@@ -189,7 +174,14 @@ fn key_of(params: Params) -> Result<String, (StatusCode, String)> {
     Ok(key)
 }
 
-async fn get_metadata(State(shared): State<Shared>, params: Params) -> Response {
+async fn get_metadata(
+    State(shared): State<Shared>,
+    headers: HeaderMap,
+    params: Params,
+) -> Response {
+    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
+        return refusal;
+    }
     let store = shared.store;
     let key = match key_of(params) {
         Ok(key) => key,
@@ -207,7 +199,7 @@ async fn put_metadata(
     params: Params,
     body: Bytes,
 ) -> Response {
-    if let Some(refusal) = unauthorized(&shared, &headers) {
+    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
         return refusal;
     }
     let store = shared.store;
@@ -231,7 +223,7 @@ async fn delete_metadata(
     headers: HeaderMap,
     params: Params,
 ) -> Response {
-    if let Some(refusal) = unauthorized(&shared, &headers) {
+    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
         return refusal;
     }
     let store = shared.store;

@@ -22,8 +22,8 @@ const USAGE: &str =
 
 Serves the Mooncake transfer-engine metadata protocol:
   GET|PUT|DELETE /metadata?key=KEY, GET /health
-With MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE set, PUT and DELETE need the cluster's bearer
-(see docs/security.md).
+With MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE set, every /metadata request needs the
+cluster's bearer (see docs/security.md).
 
 Options:
   --port PORT         port to listen on (default 8080; 0 = any free port)
