@@ -234,11 +234,15 @@ impl Token {
         })
     }
 
-    /// Reads the secret from a file. Errors name the file.
+    /// Reads the secret from a file. Errors name the file. A file that group or others may
+    /// read works, with a warning: whoever reads it can pass as a member.
     pub fn from_file(path: &Path) -> Result<Token, AuthError> {
         let bytes = std::fs::read(path).map_err(|e| {
             AuthError::Config(format!("cannot read token file {}: {e}", path.display()))
         })?;
+        if let Some(why) = loose_mode(path) {
+            tracing::warn!("{why}");
+        }
         Token::new(&bytes)
             .map_err(|e| AuthError::Config(format!("token file {}: {e}", path.display())))
     }
@@ -320,6 +324,21 @@ impl Token {
         }
         self.mac(HTTP_LABEL, b"", b"").verify_slice(&got).is_ok()
     }
+}
+
+/// Why the token file at `path` is readable beyond its owner, or `None` when it is not (or its
+/// mode cannot be read: reading it just succeeded, so that is not worth a second error).
+pub fn loose_mode(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "token file {} has mode {:o}: group or others can read or change the cluster \
+             secret; chmod 600 it",
+            path.display(),
+            mode & 0o777
+        )
+    })
 }
 
 fn hex_digit(c: u8) -> Option<u8> {
@@ -672,6 +691,20 @@ mod tests {
         assert_eq!(hs.on_frame(&[0u8; FRAME_BYTES]), ServerStep::NotHandshake);
         assert_eq!(hs.on_frame(b"MCDQ"), ServerStep::NotHandshake);
         assert!(!hs.is_done());
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("mc-token-mode-{}", std::process::id()));
+        std::fs::write(&path, "s3cret\n").unwrap();
+        for (mode, loose) in [(0o600, false), (0o400, false), (0o640, true), (0o604, true)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let why = loose_mode(&path);
+            assert_eq!(why.is_some(), loose, "mode {mode:o}: {why:?}");
+            assert!(Token::from_file(&path).is_ok(), "a loose mode still works");
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

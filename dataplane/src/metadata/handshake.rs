@@ -23,9 +23,17 @@
 //! frame whose first byte is above 3, a length of 0 or above the maximum, bad JSON for a
 //! notify) or on an unsupported type.
 //!
+//! With a cluster secret (`protocol::auth`), every connection starts with the secret's
+//! challenge-response (the same 32-byte frames as the data plane's, both sides proving it)
+//! before its first frame: a peer that cannot prove it gets no descriptor, queue pair or
+//! notify in, and the connection closes. Without a secret the port is open, as upstream's,
+//! and the server says so at start when it listens beyond loopback.
+//!
 //! Invariants: the server never panics on network bytes; it serves at most
 //! [`CONNECTIONS_MAX`] connections at once; the notify inbox holds at most [`INBOX_MAX`]
-//! messages (more are counted and dropped).
+//! messages and [`INBOX_MAX_BYTES`] of them: past either, the oldest are dropped and
+//! counted, so a flood costs the receiver a bounded amount of memory however long nobody
+//! calls `get_notifies`.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -35,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use protocol::auth::{self, Token};
 use serde::{Deserialize, Serialize};
 
 use super::MetadataError;
@@ -50,6 +59,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTIONS_MAX: usize = 256;
 /// Notifies kept until `get_notifies` drains them.
 pub const INBOX_MAX: usize = 65536;
+/// Bytes of notifies (names and messages) kept until `get_notifies` drains them.
+pub const INBOX_MAX_BYTES: usize = 64 << 20;
 
 /// Handshake request types (`HandShakeRequestType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,8 +147,9 @@ pub fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>), FrameError> {
 pub struct HandshakeState {
     /// Our segment descriptor JSON, re-set on every registration change.
     descriptor: Mutex<Vec<u8>>,
-    inbox: Mutex<VecDeque<NotifyMsg>>,
+    inbox: Mutex<Inbox>,
     notifies_dropped: AtomicU64,
+    unauthenticated: AtomicU64,
     connection: Mutex<Option<ConnectionHandler>>,
 }
 
@@ -178,33 +190,68 @@ impl HandshakeState {
             .clone()
     }
 
-    /// Adds a notify to the inbox (dropped and counted when the inbox is full).
+    /// Adds a notify to the inbox; when that takes it past [`INBOX_MAX`] messages or
+    /// [`INBOX_MAX_BYTES`], the oldest go (counted in [`Self::notifies_dropped`]).
     pub fn push_notify(&self, msg: NotifyMsg) {
-        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
-        if inbox.len() >= INBOX_MAX {
-            self.notifies_dropped.fetch_add(1, Ordering::Relaxed);
-            return;
+        let dropped = self
+            .inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(msg);
+        if dropped > 0 {
+            self.notifies_dropped.fetch_add(dropped, Ordering::Relaxed);
         }
-        inbox.push_back(msg);
     }
 
     /// Drains the inbox, oldest first.
     pub fn drain_notifies(&self) -> Vec<NotifyMsg> {
-        self.inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect()
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        inbox.bytes = 0;
+        inbox.messages.drain(..).collect()
     }
 
     /// Notifies dropped because the inbox was full.
     pub fn notifies_dropped(&self) -> u64 {
         self.notifies_dropped.load(Ordering::Relaxed)
     }
+
+    /// Connections closed because the peer did not prove the cluster secret.
+    pub fn unauthenticated(&self) -> u64 {
+        self.unauthenticated.load(Ordering::Relaxed)
+    }
+}
+
+/// The notifies not yet drained and the bytes they hold.
+#[derive(Debug, Default)]
+struct Inbox {
+    messages: VecDeque<NotifyMsg>,
+    bytes: usize,
+}
+
+impl Inbox {
+    fn cost(m: &NotifyMsg) -> usize {
+        m.name.len() + m.notify_msg.len()
+    }
+
+    /// Appends `msg`, dropping the oldest until both bounds hold; how many went.
+    fn push(&mut self, msg: NotifyMsg) -> u64 {
+        self.bytes += Inbox::cost(&msg);
+        self.messages.push_back(msg);
+        let mut dropped = 0;
+        while self.messages.len() > INBOX_MAX || self.bytes > INBOX_MAX_BYTES {
+            let Some(old) = self.messages.pop_front() else {
+                break;
+            };
+            self.bytes -= Inbox::cost(&old);
+            dropped += 1;
+        }
+        dropped
+    }
 }
 
 struct Shared {
     state: Arc<HandshakeState>,
+    auth: Option<&'static Token>,
     stop: AtomicBool,
     live: AtomicUsize,
 }
@@ -218,11 +265,29 @@ pub struct HandshakeServer {
 }
 
 impl HandshakeServer {
-    /// Serves `state` on `listener`.
+    /// Serves `state` on `listener`, with this process's cluster secret
+    /// (`protocol::auth::process_token`) when one is set.
     pub fn start(listener: TcpListener, state: Arc<HandshakeState>) -> io::Result<Self> {
+        Self::start_with_auth(listener, state, auth::process_token_or_none())
+    }
+
+    /// [`Self::start`] with an explicit secret (`None`: the port is open).
+    pub fn start_with_auth(
+        listener: TcpListener,
+        state: Arc<HandshakeState>,
+        auth: Option<&'static Token>,
+    ) -> io::Result<Self> {
         let local_addr = listener.local_addr()?;
+        if auth.is_none() && !local_addr.ip().is_loopback() {
+            tracing::warn!(
+                "transfer-engine handshake port {local_addr} accepts anyone: no cluster secret \
+                 is set (MC_AUTH_TOKEN / MC_AUTH_TOKEN_FILE), so any host that reaches it can \
+                 read this engine's segment descriptor and send it notifies (docs/security.md)"
+            );
+        }
         let shared = Arc::new(Shared {
             state,
+            auth,
             stop: AtomicBool::new(false),
             live: AtomicUsize::new(0),
         });
@@ -292,6 +357,13 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
         return;
     }
     let _ = stream.set_nodelay(true);
+    if let Some(token) = shared.auth {
+        if let Err(why) = auth::server_handshake(&mut stream, token) {
+            shared.state.unauthenticated.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("handshake port: a peer did not prove the cluster secret: {why:?}");
+            return;
+        }
+    }
     while !shared.stop.load(Ordering::Relaxed) {
         let Ok((ty, body)) = read_frame(&mut stream) else {
             return;
@@ -327,8 +399,19 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
     }
 }
 
-/// Sends one request to the handshake server at `host:port` and returns the reply's JSON.
+/// Sends one request to the handshake server at `host:port` and returns the reply's JSON,
+/// proving this process's cluster secret first when one is set.
 pub fn call(peer: &str, ty: FrameType, body: &[u8]) -> Result<Vec<u8>, MetadataError> {
+    call_with_auth(peer, ty, body, auth::process_token_or_none())
+}
+
+/// [`call`] with an explicit secret (`None`: no proof sent).
+pub fn call_with_auth(
+    peer: &str,
+    ty: FrameType,
+    body: &[u8],
+    token: Option<&Token>,
+) -> Result<Vec<u8>, MetadataError> {
     let io = |source| MetadataError::Io {
         peer: peer.to_string(),
         source,
@@ -342,6 +425,12 @@ pub fn call(peer: &str, ty: FrameType, body: &[u8]) -> Result<Vec<u8>, MetadataE
     stream.set_read_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(RECV_TIMEOUT)).map_err(io)?;
     let _ = stream.set_nodelay(true);
+    if let Some(token) = token {
+        auth::client_handshake(&mut stream, token).map_err(|e| MetadataError::Rejected {
+            peer: peer.to_string(),
+            why: format!("cluster secret: {e}"),
+        })?;
+    }
     write_frame(&mut stream, ty, body).map_err(io)?;
     match read_frame(&mut stream) {
         Ok((t, reply)) if t == ty as u8 => Ok(reply),
@@ -434,6 +523,68 @@ mod tests {
         assert_eq!(st.notifies_dropped(), 3);
         let all = st.drain_notifies();
         assert_eq!(all.len(), INBOX_MAX);
-        assert_eq!(all[0].name, "0");
+        assert_eq!(all[0].name, "3", "the oldest went, the newest stayed");
+    }
+
+    /// A flood of large notifies nobody drains: the inbox holds at most its byte budget,
+    /// keeps the newest, and is empty (and counting from zero) after a drain.
+    #[test]
+    fn inbox_bytes_are_bounded_and_the_oldest_go() {
+        let st = HandshakeState::default();
+        let big = "x".repeat(512 << 10);
+        let flood = 2 * INBOX_MAX_BYTES / big.len();
+        for i in 0..flood {
+            st.push_notify(NotifyMsg {
+                name: i.to_string(),
+                notify_msg: big.clone(),
+            });
+            assert!(st.inbox.lock().unwrap().bytes <= INBOX_MAX_BYTES);
+        }
+        let kept = st.drain_notifies();
+        assert!(kept.len() < flood / 2 + 1, "{} of {flood} kept", kept.len());
+        assert_eq!(kept.last().unwrap().name, (flood - 1).to_string());
+        assert_eq!(st.notifies_dropped() as usize, flood - kept.len());
+        assert_eq!(st.inbox.lock().unwrap().bytes, 0);
+    }
+
+    fn leak(secret: &str) -> &'static Token {
+        Box::leak(Box::new(Token::new(secret.as_bytes()).unwrap()))
+    }
+
+    /// With a secret, a peer that does not prove it gets no descriptor and puts no notify
+    /// in; one that does is served.
+    #[test]
+    fn with_a_secret_only_proven_peers_are_served() {
+        let state = HandshakeState::new();
+        state.set_descriptor(br#"{"name":"me"}"#.to_vec());
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let right = leak("handshake-port-secret");
+        let s = HandshakeServer::start_with_auth(l, state.clone(), Some(right)).unwrap();
+        let addr = s.local_addr().to_string();
+        let n = serde_json::to_vec(&NotifyMsg {
+            name: "stranger".into(),
+            notify_msg: "hi".into(),
+        })
+        .unwrap();
+        for token in [None, Some(leak("a-guess"))] {
+            assert!(call_with_auth(&addr, FrameType::Metadata, b"{}", token).is_err());
+            assert!(call_with_auth(&addr, FrameType::Notify, &n, token).is_err());
+        }
+        // Raw frames with no handshake at all: closed without a reply.
+        let mut raw = TcpStream::connect(&addr).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write_frame(&mut raw, FrameType::Notify, &n).unwrap();
+        let mut b = Vec::new();
+        let _ = raw.read_to_end(&mut b);
+        assert!(!b.windows(7).any(|w| w == b"success"), "{b:?}");
+        assert!(
+            state.drain_notifies().is_empty(),
+            "a stranger's notify got in"
+        );
+        assert!(state.unauthenticated() >= 5);
+        let got = call_with_auth(&addr, FrameType::Metadata, b"{}", Some(right)).unwrap();
+        assert_eq!(got, br#"{"name":"me"}"#);
+        call_with_auth(&addr, FrameType::Notify, &n, Some(right)).unwrap();
+        assert_eq!(state.drain_notifies().len(), 1);
     }
 }
