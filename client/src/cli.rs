@@ -44,6 +44,19 @@ pub fn node_main(args: Vec<String>) -> i32 {
     // The cluster secret, before any port opens: a bad setting must stop the start.
     match protocol::auth::init_process(cfg.auth_token_file.as_deref()) {
         Ok(Some(_)) => tracing::info!("cluster secret set: peers must authenticate"),
+        Ok(None)
+            if !cfg
+                .host
+                .parse()
+                .is_ok_and(|ip: std::net::IpAddr| ip.is_loopback()) =>
+        {
+            tracing::warn!(
+                "--host={}: this node's data ports answer anyone who can reach them (read and \
+                 write of its segments): no cluster secret is set (--auth_token_file, \
+                 MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE; docs/security.md)",
+                cfg.host
+            )
+        }
         Ok(None) => {}
         Err(e) => {
             eprintln!("mooncake_client: {e}");
@@ -66,12 +79,14 @@ pub fn node_main(args: Vec<String>) -> i32 {
     let _metrics = if cfg.metrics_port != 0 {
         let n = node.clone();
         let render: crate::node::metrics::Render = std::sync::Arc::new(move || n.render_metrics());
-        let bind = std::net::SocketAddr::new(
-            cfg.host
-                .parse()
-                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
-            cfg.metrics_port,
-        );
+        let bind = match http_bind(&cfg.http_host, cfg.metrics_port) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("mooncake_client: --metrics_port: {e}");
+                node.shutdown();
+                return 1;
+            }
+        };
         match crate::node::metrics::MetricsServer::start(bind, render) {
             Ok(m) => {
                 println!("metrics http://{}/metrics", m.local_addr());
@@ -89,12 +104,14 @@ pub fn node_main(args: Vec<String>) -> i32 {
     let _http = match cfg.http_port {
         None => None,
         Some(port) => {
-            let bind = std::net::SocketAddr::new(
-                cfg.host
-                    .parse()
-                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
-                port,
-            );
+            let bind = match http_bind(&cfg.http_host, port) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("mooncake_client: --http_port: {e}");
+                    node.shutdown();
+                    return 1;
+                }
+            };
             match crate::node::metrics::serve_client_http(bind, node.clone()) {
                 Ok(h) => {
                     println!("client http http://{}/health", h.local_addr());
@@ -174,4 +191,15 @@ fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::Du
 fn init_logging() {
     use protocol::log::{Ansi, Level, Writer};
     protocol::log::init_logging(Level::Default("info"), Writer::Stderr, Ansi::IfTerminal);
+}
+
+/// The address an HTTP endpoint of the node binds: `--http_host` (an address, or a name
+/// resolved here) with `port`. A name that does not resolve is an error, never 0.0.0.0.
+fn http_bind(host: &str, port: u16) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("--http_host={host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--http_host={host} resolves to no address"))
 }

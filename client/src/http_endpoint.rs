@@ -1,15 +1,19 @@
 //! A small HTTP/1.1 endpoint for observability: `GET` requests answered from a routes
-//! callback by one thread, one answer per connection. The storage node serves its
+//! callback by a few threads, one answer per connection. The storage node serves its
 //! `/metrics` and `/health` with it (`node::metrics`), and a store client its
 //! `enable_client_http_server` endpoint (the Python binding). Nothing here knows what the
 //! routes say.
+//!
+//! A request has [`REQUEST_DEADLINE`] from its connection's accept to its answer, however it
+//! trickles its bytes, and [`WORKERS`] threads answer: a few slow or silent clients can hold
+//! the endpoint for one deadline at most, never starve `/health` for longer.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The Prometheus text content type.
 pub const PROMETHEUS: &str = "text/plain; version=0.0.4";
@@ -18,8 +22,11 @@ pub const CLIENT_HTTP_PORT_DEFAULT: u16 = 9300;
 
 /// Bytes of request head read at most.
 const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
-/// A client that sends nothing for this long is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time from a connection's accept to its answer sent; a client still sending its head
+/// then is dropped.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// Threads accepting and answering; each answers one connection at a time.
+pub const WORKERS: usize = 4;
 /// How often the accept loop checks for shutdown.
 const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
@@ -61,38 +68,31 @@ pub type Routes = Arc<dyn Fn(&str) -> Option<Reply> + Send + Sync>;
 pub struct HttpEndpoint {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl HttpEndpoint {
-    /// Binds `addr` (port 0 picks one) and serves `routes` on a thread called `name` until
-    /// dropped.
+    /// Binds `addr` (port 0 picks one) and serves `routes` on [`WORKERS`] threads called
+    /// `name` until dropped.
     pub fn start(addr: SocketAddr, name: &str, routes: Routes) -> std::io::Result<HttpEndpoint> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                while !s.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((sock, _)) => {
-                            let _ = answer(sock, &routes);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(ACCEPT_POLL)
-                        }
-                        Err(_) => std::thread::sleep(ACCEPT_POLL),
-                    }
-                }
-            })?;
-        Ok(HttpEndpoint {
+        let mut endpoint = HttpEndpoint {
             addr,
             stop,
-            thread: Some(thread),
-        })
+            threads: Vec::with_capacity(WORKERS),
+        };
+        for _ in 0..WORKERS {
+            let (listener, stop, routes) =
+                (listener.try_clone()?, endpoint.stop.clone(), routes.clone());
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || serve(&listener, &stop, &routes))?;
+            endpoint.threads.push(thread);
+        }
+        Ok(endpoint)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -103,20 +103,43 @@ impl HttpEndpoint {
 impl Drop for HttpEndpoint {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-/// Reads one request head and answers it; every connection is closed after one answer.
+/// One worker: accepts and answers until `stop`.
+fn serve(listener: &TcpListener, stop: &AtomicBool, routes: &Routes) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((sock, _)) => {
+                let _ = answer(sock, routes);
+            }
+            Err(_) => std::thread::sleep(ACCEPT_POLL),
+        }
+    }
+}
+
+/// Time left before `deadline`, as a socket timeout (never zero, which means "none").
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    Ok(left)
+}
+
+/// Reads one request head and answers it within [`REQUEST_DEADLINE`]; every connection is
+/// closed after one answer.
 fn answer(mut sock: TcpStream, routes: &Routes) -> std::io::Result<()> {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
     sock.set_nonblocking(false)?;
-    sock.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    sock.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    sock.set_write_timeout(Some(REQUEST_DEADLINE))?;
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        sock.set_read_timeout(Some(left(deadline)?))?;
         let n = sock.read(&mut buf)?;
         if n == 0 {
             return Ok(());

@@ -105,9 +105,22 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
     .map_err(fail)?;
     socket.set_reuseaddr(true).map_err(fail)?;
     socket.bind(sock_addr).map_err(fail)?;
+    warn_if_open(what, sock_addr);
     // A deep accept queue: clients (re)connecting in a burst, e.g. every node after a master
     // restart, must not overflow it (an overflowed SYN costs the client a 1 s retransmit).
     socket.listen(LISTEN_BACKLOG).map_err(fail)
+}
+
+/// Says loudly that a port bound beyond loopback answers anyone, when no cluster secret is
+/// set (the master's defaults bind every interface, as upstream's do).
+fn warn_if_open(what: &str, addr: SocketAddr) {
+    if addr.ip().is_loopback() || protocol::auth::process_token_or_none().is_some() {
+        return;
+    }
+    warn!(
+        "{what} on {addr} answers anyone who can reach it: no cluster secret is set \
+         (--auth_token_file, MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE; docs/security.md)"
+    );
 }
 
 async fn run(cfg: MasterConfig) -> Result<(), String> {

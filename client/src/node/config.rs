@@ -33,6 +33,10 @@ pub struct NodeConfig {
     pub data_port: u16,
     /// `/metrics` and `/health` port (0: off).
     pub metrics_port: u16,
+    /// `--http_host` (default 127.0.0.1): the address the node's two HTTP endpoints
+    /// (`--metrics_port`, `--enable_http_server`) bind; a name is resolved, never replaced by
+    /// 0.0.0.0. Reaching them from another host needs this set (e.g. 0.0.0.0 for a scraper).
+    pub http_host: String,
     /// `--enable_http_server` with `--http_port` (default 9300): upstream's client HTTP
     /// server (`/health` as JSON, `/metrics`, `/metrics/summary`); `None`: off.
     pub http_port: Option<u16>,
@@ -65,6 +69,7 @@ impl Default for NodeConfig {
             shards: 1,
             data_port: 0,
             metrics_port: 0,
+            http_host: "127.0.0.1".into(),
             http_port: None,
             prefault: false,
             replica_tasks: true,
@@ -103,6 +108,8 @@ flags (--flag=value or --flag value):
   --metrics_port=0               serve /metrics and /health on this port; 0 = off
   --enable_http_server=false     upstream's client HTTP server on --http_port (default 9300):
                                  /health (JSON), /metrics, /metrics/summary
+  --http_host=127.0.0.1          address both HTTP endpoints bind (0.0.0.0: every interface,
+                                 e.g. for a Prometheus on another host)
   --prefault=false               fault segment pages in at start-up
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
                                  to this node (false: leave them to store clients)
@@ -212,6 +219,10 @@ impl NodeConfig {
                         .try_into()
                         .map_err(|_| "--metrics_port out of range")?
                 }
+                "http_host" if value.trim().is_empty() => {
+                    return Err("--http_host must not be empty".into())
+                }
+                "http_host" => c.http_host = value.trim().to_string(),
                 "http_port" => {
                     http_port = u16::try_from(num(&value)?)
                         .ok()
