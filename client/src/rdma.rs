@@ -113,19 +113,18 @@ impl RdmaSide {
             .map_or(0, |s| s.local_addr().port())
     }
 
-    /// Registers `[addr, addr + len)` with every device, without publishing it (staging
-    /// memory, a caller's registered buffer).
+    /// Registers `[addr, addr + len)` with every device for this process's own transfers
+    /// (staging memory, a caller's registered buffer): no remote access, not published.
     ///
     /// # Safety
-    /// The range stays mapped until [`RdmaSide::unregister`]; peers holding its keys may read
-    /// and write it meanwhile (its keys are not published, so only this process uses them).
+    /// The range stays mapped until [`RdmaSide::unregister`]; the device writes into it for
+    /// this process's reads.
     pub unsafe fn register(&self, addr: u64, len: u64) -> Result<(), String> {
-        let location = match dataplane::transport::rdma::discovery::numa_node_of(addr) {
-            Some(n) => format!("cpu:{n}"),
-            None => "cpu:0".to_string(),
-        };
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.transport.register(addr, len, &location) }
+        unsafe {
+            self.transport
+                .register_private(addr, len, &numa_location(addr))
+        }
     }
 
     pub fn unregister(&self, addr: u64) -> bool {
@@ -145,8 +144,8 @@ impl RdmaSide {
         len: u64,
         data_port: u16,
     ) -> Result<(), String> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.register(addr, len)? };
+        // SAFETY: forwarded from this function's contract (served: peers read and write it).
+        unsafe { self.transport.register(addr, len, &numa_location(addr))? };
         self.published
             .lock()
             .push((name.to_string(), addr, data_port));
@@ -257,5 +256,13 @@ impl RdmaSide {
 impl Drop for RdmaSide {
     fn drop(&mut self) {
         self.server.lock().take();
+    }
+}
+
+/// The `cpu:N` location of the memory at `addr` (its NUMA node; `cpu:0` when unknown).
+fn numa_location(addr: u64) -> String {
+    match dataplane::transport::rdma::discovery::numa_node_of(addr) {
+        Some(n) => format!("cpu:{n}"),
+        None => "cpu:0".to_string(),
     }
 }

@@ -145,6 +145,10 @@ struct LocalBuf {
     len: u64,
     location: String,
     mrs: Vec<Mr>,
+    /// What peers may do through its keys: read and write for served memory
+    /// ([`RdmaTransport::register`]), nothing for private memory
+    /// ([`RdmaTransport::register_private`]), which descriptors never list either.
+    access: Access,
 }
 
 struct Endpoint {
@@ -313,19 +317,51 @@ impl RdmaTransport {
             .collect()
     }
 
-    /// Registers `[addr, addr + len)` with every device.
+    /// Registers `[addr, addr + len)` with every device, served: peers holding its keys may
+    /// read and write it, and descriptors list it.
     ///
     /// # Safety
     /// As [`Verbs::reg_mr`]: mapped until [`RdmaTransport::unregister`], and peers may read
     /// and write it at any time.
     pub unsafe fn register(&self, addr: u64, len: u64, location: &str) -> Result<(), String> {
         // SAFETY: forwarded from this function's contract.
-        let mrs = unsafe { self.reg_on_every_device(addr, len)? };
+        unsafe { self.register_with(addr, len, location, Access::ALL_RDMA) }
+    }
+
+    /// Registers `[addr, addr + len)` with every device for this process's own transfers only
+    /// (staging memory, a caller's buffer): local write access, no remote access, so a peer
+    /// that learns its keys still cannot read or write it; descriptors do not list it.
+    ///
+    /// # Safety
+    /// Mapped until [`RdmaTransport::unregister`]; the device writes into it for this
+    /// process's reads.
+    pub unsafe fn register_private(
+        &self,
+        addr: u64,
+        len: u64,
+        location: &str,
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.register_with(addr, len, location, Access::LOCAL_WRITE) }
+    }
+
+    /// # Safety
+    /// As [`RdmaTransport::register`].
+    unsafe fn register_with(
+        &self,
+        addr: u64,
+        len: u64,
+        location: &str,
+        access: Access,
+    ) -> Result<(), String> {
+        // SAFETY: forwarded from this function's contract.
+        let mrs = unsafe { self.reg_on_every_device(addr, len, access)? };
         lock(&self.bufs).push(LocalBuf {
             addr,
             len,
             location: location.to_string(),
             mrs,
+            access,
         });
         Ok(())
     }
@@ -335,11 +371,16 @@ impl RdmaTransport {
     ///
     /// # Safety
     /// As [`RdmaTransport::register`].
-    unsafe fn reg_on_every_device(&self, addr: u64, len: u64) -> Result<Vec<Mr>, String> {
+    unsafe fn reg_on_every_device(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Vec<Mr>, String> {
         let mut mrs = Vec::with_capacity(self.devices.len());
         for d in &self.devices {
             // SAFETY: forwarded from this function's contract.
-            match unsafe { self.verbs.reg_mr(d.pd, addr, len, Access::ALL_RDMA) } {
+            match unsafe { self.verbs.reg_mr(d.pd, addr, len, access) } {
                 Ok(m) => mrs.push(m),
                 Err(e) => {
                     for m in mrs {
@@ -385,7 +426,7 @@ impl RdmaTransport {
         // SAFETY: the range is already registered under `register`'s contract (mapped until
         // `unregister`, which deregisters these regions too); registering it again adds
         // nothing to that contract.
-        let fresh = unsafe { self.reg_on_every_device(b.addr, b.len)? };
+        let fresh = unsafe { self.reg_on_every_device(b.addr, b.len, b.access)? };
         let old = std::mem::replace(&mut b.mrs, fresh);
         drop(bufs);
         let r = between();
@@ -439,7 +480,7 @@ impl RdmaTransport {
         RdmaSegmentDesc {
             buffers: lock(&self.bufs)
                 .iter()
-                .filter(|b| keep(b))
+                .filter(|b| b.access.contains(Access::REMOTE_READ) && keep(b))
                 .map(|b| RdmaBufferDesc {
                     addr: b.addr,
                     length: b.len,
@@ -1106,6 +1147,71 @@ mod tests {
         assert_eq!(with(&new), vec![Ok(())]);
         assert!(a.mem[..8192] == b.mem[..8192]);
         drop((a, b));
+        let _ = std::fs::remove_dir_all(&f);
+    }
+
+    /// Memory registered privately (a caller's buffer, staging) is not in descriptors, and a
+    /// peer that learns its keys anyway can neither write nor read it; its own process still
+    /// reads into it.
+    #[test]
+    fn private_memory_refuses_peers_that_know_its_keys() {
+        let f = fabric("tr-private");
+        let mut a = side(&f, "a", cfg());
+        let b = side(&f, "b", cfg());
+        let mut private = vec![0x11u8; 8192];
+        let lp = private.as_mut_ptr() as u64;
+        // SAFETY: `private` outlives `b` (dropped explicitly below, before it).
+        unsafe { b.t.register_private(lp, 8192, "cpu:0") }.unwrap();
+        assert_eq!(
+            desc(&b).buffers.len(),
+            1,
+            "only the served buffer is listed"
+        );
+        // A descriptor forged with the private buffer's real keys.
+        let mut forged = desc(&b);
+        {
+            let bufs = lock(&b.t.bufs);
+            let p = bufs.iter().find(|x| x.addr == lp).unwrap();
+            forged.buffers[0].addr = lp;
+            forged.buffers[0].length = 8192;
+            forged.buffers[0].rkey = p.mrs.iter().map(|m| m.rkey).collect();
+        }
+        pattern(&mut a.mem, 3);
+        let la = a.mem.as_ptr() as u64;
+        let peer = Peer {
+            name: "b",
+            rpc: &b.rpc,
+            desc: &forged,
+        };
+        for op in [RdmaOp::Write, RdmaOp::Read] {
+            let r = Request {
+                op,
+                local: la,
+                remote: lp,
+                len: 4096,
+            };
+            assert!(a.t.transfer(&peer, &[r])[0].is_err(), "{op:?} went through");
+        }
+        assert!(
+            private.iter().all(|&x| x == 0x11),
+            "a peer wrote private memory"
+        );
+        // b itself reads a's served memory into its private buffer.
+        let mine = Peer {
+            name: "a",
+            rpc: &a.rpc,
+            desc: &desc(&a),
+        };
+        let r = Request {
+            op: RdmaOp::Read,
+            local: lp,
+            remote: la,
+            len: 4096,
+        };
+        assert_eq!(b.t.transfer(&mine, &[r]), vec![Ok(())]);
+        assert!(private[..4096] == a.mem[..4096]);
+        drop((a, b));
+        drop(private);
         let _ = std::fs::remove_dir_all(&f);
     }
 
