@@ -240,7 +240,9 @@ async fn status_json(State(view): State<View>, State(ha): State<Ha>) -> Response
     };
     // A standby's index is empty or stale: it shows only its role.
     let cluster = if serving {
-        serde_json::to_value(view.status()).unwrap_or(serde_json::Value::Null)
+        whole_index(move || serde_json::to_value(view.status()).unwrap_or_default())
+            .await
+            .unwrap_or_default()
     } else {
         serde_json::Value::Null
     };
@@ -354,19 +356,48 @@ fn lines(items: Vec<String>) -> String {
 }
 
 async fn all_keys(State(view): State<View>) -> Response {
-    text_response(StatusCode::OK, lines(view.all_keys()))
+    match whole_index(move || lines(view.all_keys())).await {
+        Ok(text) => text_response(StatusCode::OK, text),
+        Err(e) => e,
+    }
 }
 
 async fn all_segments(State(view): State<View>) -> Response {
-    text_response(StatusCode::OK, lines(view.all_segments()))
+    match whole_index(move || lines(view.all_segments())).await {
+        Ok(text) => text_response(StatusCode::OK, text),
+        Err(e) => e,
+    }
 }
 
 async fn segments_detail(State(view): State<View>) -> Response {
-    let segments: Vec<_> = view.segments_detail().iter().map(segment_json).collect();
-    json_response(
-        StatusCode::OK,
-        json!({"total_segments": segments.len(), "segments": segments}),
-    )
+    let segments = whole_index(move || {
+        let all: Vec<_> = view.segments_detail().iter().map(segment_json).collect();
+        json!({"total_segments": all.len(), "segments": all})
+    });
+    match segments.await {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(e) => e,
+    }
+}
+
+/// Reads of the whole index (every key, every segment, the status page's cluster) in flight
+/// at once; more wait their turn, so a request loop cannot multiply the master's memory.
+const WHOLE_INDEX_READS: usize = 2;
+static WHOLE_INDEX: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(WHOLE_INDEX_READS);
+
+/// Runs `read`, which walks the index under the master's lock, on tokio's blocking pool
+/// (an async worker the RPC shares must not wait on that lock), at most
+/// [`WHOLE_INDEX_READS`] at a time. A 500 if the read panicked.
+async fn whole_index<T: Send + 'static>(
+    read: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Response> {
+    let _turn = WHOLE_INDEX.acquire().await;
+    tokio::task::spawn_blocking(read).await.map_err(|e| {
+        text_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the index failed: {e}"),
+        )
+    })
 }
 
 fn segment_json(s: &SegmentDetail) -> serde_json::Value {
