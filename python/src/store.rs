@@ -517,8 +517,12 @@ impl PyStore {
         drop(self.http.lock().take());
         let s = self.inner.write().take();
         if let Some(s) = s {
-            py.detach(|| s.close());
+            py.detach(|| {
+                s.close();
+                wait_for_calls_in_flight(&s);
+            });
         }
+        // No call holds the store now, so none still reads or writes a pool block.
         self.pool.reset(0);
         0
     }
@@ -819,10 +823,24 @@ impl PyStore {
     /// 0 on failure.
     #[pyo3(signature = (size, /))]
     fn alloc_from_mem_pool(&self, size: u64) -> u64 {
-        if self.store().is_none() {
+        let Some(s) = self.store() else {
+            return 0;
+        };
+        let addr = self.pool.alloc(size);
+        if addr == 0 {
             return 0;
         }
-        self.pool.alloc(size)
+        // Registered, so a call given more bytes than the block holds is refused as for any
+        // registered buffer (rather than writing past it into the heap).
+        // SAFETY: the block stays allocated until `close`, which frees the pool only after
+        // every call holding this store has returned and the store (and its registry) is gone.
+        match unsafe { s.register_buffer(addr, size) } {
+            Ok(()) => addr,
+            Err(e) => {
+                tracing::warn!("alloc_from_mem_pool: {e}");
+                0
+            }
+        }
     }
 
     /// Internal (`_cluster_ops.allocate_and_mount_segment`): `(ret, segment_id, size)`; see
@@ -1498,4 +1516,19 @@ pub(crate) fn task_fields(t: protocol::TaskInfo) -> TaskFields {
         (t.assigned_client.hi, t.assigned_client.lo),
         t.message,
     )
+}
+
+/// Waits until `s` is held here only: every call that took the store before `close` took it
+/// away has returned (each holds a clone while it runs, the GIL released), so nothing writes
+/// into memory `close` frees next. Says so when that takes a while.
+fn wait_for_calls_in_flight(s: &Arc<Store>) {
+    let start = std::time::Instant::now();
+    let mut told = false;
+    while Arc::strong_count(s) > 1 {
+        if !told && start.elapsed() > std::time::Duration::from_secs(1) {
+            tracing::info!("close: waiting for calls in flight on other threads to return");
+            told = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }

@@ -30,6 +30,9 @@
 //! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no
 //!   progress (each blocking send/receive of a lane); a stalled transfer fails with
 //!   `TRANSFER_FAIL` and the put is revoked or the get tries the next replica.
+//! - `MC_STORE_REQUIRE_REGISTERED` (default off; ours): the zero-copy calls accept only caller
+//!   memory inside a buffer registered with `register_buffer` (or handed out by
+//!   `alloc_from_mem_pool`), never any other mapped address (see [`Store::caller_range`]).
 //! - `MC_STORE_CLUSTER_ID` (default `mooncake_cluster`): the HA cluster whose leader an
 //!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
 //!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
@@ -200,6 +203,9 @@ pub struct Store {
     writing: keylock::KeyLocks,
     /// Open put and get sessions (`session.rs`).
     sessions: session::Sessions,
+    /// `MC_STORE_REQUIRE_REGISTERED`: caller memory must lie in a registered buffer (see
+    /// [`Store::caller_range`]).
+    require_registered: bool,
 }
 
 /// A master call's outcome as a store error: the master's answer as it came (the caller adds
@@ -1045,7 +1051,8 @@ impl Store {
     /// buffer, or (as upstream over TCP, which copies from any address) it starts outside
     /// every registered buffer and is mapped (readable, and writable with `write`) right now.
     /// A range that starts in a registered buffer and runs past its end is refused: the
-    /// registration stated the buffer's bounds.
+    /// registration stated the buffer's bounds. With `MC_STORE_REQUIRE_REGISTERED` set, only
+    /// registered memory is accepted.
     fn caller_ok(&self, addr: u64, len: u64, write: bool) -> bool {
         if len == 0 {
             return true;
@@ -1055,7 +1062,7 @@ impl Store {
             if b.check(addr, len) {
                 return true;
             }
-            if b.find(addr).is_some() {
+            if b.find(addr).is_some() || self.require_registered {
                 return false;
             }
         }

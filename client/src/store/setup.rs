@@ -301,6 +301,7 @@ impl Store {
             cluster_id: cluster_id_from_env(),
             budget: LocalBudget::new(cfg.local_buffer_size),
             buffers: RwLock::new(Registry::new()),
+            require_registered: protocol::env::flag("MC_STORE_REQUIRE_REGISTERED", false),
             own,
             ip,
             extra: Mutex::new(Vec::new()),
