@@ -239,6 +239,17 @@ impl DummyClient {
         let addr = SocketAddr::from_abstract_name(super::wire::socket_name(port).as_bytes())
             .map_err(gone)?;
         let mut stream = UnixStream::connect_addr(&addr).map_err(gone)?;
+        // The name belongs to the network namespace, not to a user: a process of another user
+        // could hold it and see our keys and sizes. Only ours or root's is a standalone client.
+        if !dataplane::mem::shm::peer_is_trusted(&stream) {
+            return Err((
+                ErrorCode::InternalError,
+                format!(
+                    "the process serving dummy clients at {server_address} runs as another \
+                     user: refused"
+                ),
+            ));
+        }
         stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(gone)?;
         let hello = Request::Hello {
             version: WIRE_VERSION,
