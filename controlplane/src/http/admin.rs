@@ -41,7 +41,7 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::FromRef;
 use axum::extract::{Query, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -108,7 +108,13 @@ pub fn admin_router_with_auth(view: View, ha: Ha, auth: Option<&'static Token>) 
             ha.clone(),
             require_serving,
         ))
-        .route_layer(axum::middleware::from_fn_with_state(auth, writes_proven));
+        .route_layer(axum::middleware::from_fn_with_state(
+            super::BearerGuard {
+                auth,
+                reads_open: true,
+            },
+            super::require_bearer,
+        ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(metrics_summary))
@@ -121,22 +127,6 @@ pub fn admin_router_with_auth(view: View, ha: Ha, auth: Option<&'static Token>) 
         .route("/status.json", get(status_json))
         .merge(data)
         .with_state(Admin { view, ha })
-}
-
-/// Lets a request that may change state (any method but `GET` and `HEAD`) through only with
-/// the secret's bearer, when a secret is set.
-async fn writes_proven(
-    State(auth): State<Option<&'static Token>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let reads = matches!(*req.method(), Method::GET | Method::HEAD);
-    if !reads {
-        if let Some(refusal) = super::bearer_refusal(auth, req.headers()) {
-            return refusal;
-        }
-    }
-    next.run(req).await
 }
 
 /// Serves the admin routes on `listener` until `shutdown` resolves.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -116,13 +116,6 @@ impl MetadataStore {
     }
 }
 
-/// What the handlers share: the store and the secret callers must prove (`None`: none).
-#[derive(Clone)]
-struct Shared {
-    store: Arc<MetadataStore>,
-    auth: Option<&'static Token>,
-}
-
 /// The routes of the metadata server over `store`, with this process's cluster secret
 /// (`protocol::auth::process_token`) guarding `/metadata` when one is configured.
 pub fn metadata_router(store: Arc<MetadataStore>) -> Router {
@@ -134,14 +127,22 @@ pub fn metadata_router_with_auth(
     store: Arc<MetadataStore>,
     auth: Option<&'static Token>,
 ) -> Router {
+    let guard = super::BearerGuard {
+        auth,
+        reads_open: false,
+    };
     Router::new()
         .route(
             "/metadata",
             get(get_metadata).put(put_metadata).delete(delete_metadata),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            guard,
+            super::require_bearer,
+        ))
         .route("/health", get(|| async { "OK" }))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(Shared { store, auth })
+        .with_state(store)
 }
 
 /// Serves the metadata protocol on `listener` until `shutdown` resolves.
@@ -174,15 +175,7 @@ fn key_of(params: Params) -> Result<String, (StatusCode, String)> {
     Ok(key)
 }
 
-async fn get_metadata(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    params: Params,
-) -> Response {
-    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
-        return refusal;
-    }
-    let store = shared.store;
+async fn get_metadata(State(store): State<Arc<MetadataStore>>, params: Params) -> Response {
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),
@@ -194,15 +187,10 @@ async fn get_metadata(
 }
 
 async fn put_metadata(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
+    State(store): State<Arc<MetadataStore>>,
     params: Params,
     body: Bytes,
 ) -> Response {
-    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
-        return refusal;
-    }
-    let store = shared.store;
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),
@@ -218,15 +206,7 @@ async fn put_metadata(
     }
 }
 
-async fn delete_metadata(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    params: Params,
-) -> Response {
-    if let Some(refusal) = super::bearer_refusal(shared.auth, &headers) {
-        return refusal;
-    }
-    let store = shared.store;
+async fn delete_metadata(State(store): State<Arc<MetadataStore>>, params: Params) -> Response {
     let key = match key_of(params) {
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),

@@ -31,7 +31,7 @@ pub(crate) mod test_client;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -112,20 +112,39 @@ async fn request_deadline(req: axum::extract::Request, next: axum::middleware::N
     }
 }
 
-/// `None` when the request may go on: no secret is set, or it carries the secret's bearer
-/// (`Authorization: Bearer <Token::http_bearer>`); else the 401 to send.
-pub(crate) fn bearer_refusal(auth: Option<&Token>, headers: &HeaderMap) -> Option<Response> {
-    let token = auth?;
-    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    if token.check_authorization(given) {
-        return None;
+/// Which requests a route's [`require_bearer`] lets through without the cluster secret's
+/// bearer.
+#[derive(Clone, Copy)]
+pub(crate) struct BearerGuard {
+    /// The secret (`None`: no secret set, every request goes on).
+    pub(crate) auth: Option<&'static Token>,
+    /// `GET` and `HEAD` go on without it (routes whose reads are public).
+    pub(crate) reads_open: bool,
+}
+
+/// Middleware: a request goes on when no secret is set, when it is a read of a route whose
+/// reads are open, or when it carries `Authorization: Bearer <Token::http_bearer>`; else 401
+/// before its handler runs (and before its body is read).
+pub(crate) async fn require_bearer(
+    axum::extract::State(guard): axum::extract::State<BearerGuard>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = guard.auth else {
+        return next.run(req).await;
+    };
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    if (guard.reads_open && read) || token.check_authorization(given) {
+        return next.run(req).await;
     }
-    Some(
-        (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "cluster secret required: Authorization: Bearer <derived token>, see docs/security.md",
-        )
-            .into_response(),
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "cluster secret required: Authorization: Bearer <derived token>, see docs/security.md",
     )
+        .into_response()
 }
