@@ -1,12 +1,15 @@
 """`mooncake.mooncake_store_service` and `mc_store_rest_server`: the REST answers upstream's
 service gives (same paths, status codes and JSON bodies, recorded from its 0.3.13 wheel's
-`mc_store_rest_server`), against a real master."""
+`mc_store_rest_server`), against a real master. The service is started as upstream's is: its
+async methods awaited on an event loop (here one on a thread of its own)."""
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,6 +34,24 @@ def call(port, method, path, body=None):
     return status, (json.loads(raw) if kind.startswith("application/json") else raw)
 
 
+class LoopThread:
+    """An asyncio event loop running on its own thread, as `asyncio.run(main())` runs the
+    service; `run` awaits a coroutine there."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout=60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
 @pytest.fixture
 def service(master, tmp_path):
     cfg = tmp_path / "mc.json"
@@ -39,11 +60,17 @@ def service(master, tmp_path):
         "master_server_address": master.addr, "global_segment_size": 64 * MIB,
         "local_buffer_size": 32 * MIB,
     }))
+    loop = LoopThread()
     s = MooncakeStoreService(str(cfg))
-    assert s.start_store_service(max_wait_time=20)
-    port = s.start_http_service(0, "127.0.0.1")
-    yield port
-    s.stop()
+    try:
+        assert loop.run(s.start_store_service(max_wait_time=20))
+        port = free_port()
+        assert loop.run(s.start_http_service(port)) is True
+        assert s.port == port
+        yield port
+    finally:
+        loop.run(s.stop())
+        loop.close()
 
 
 def test_data_endpoints(service):
@@ -95,6 +122,30 @@ def test_segment_endpoints(service):
     assert call(p, "POST", "/api/unmount_local_disk", {"grace_period_seconds": 4000})[0] == 400
     assert call(p, "POST", "/api/reconfigure", {"mode": "prefill"}) == \
         (200, {"status": "success", "mode": "prefill"})
+    # Decode mounts a /dev/shm file, a second decode replaces it (mount first, then unmount the
+    # previous one), prefill unmounts; a failed mount with nothing mounted rolls back.
+    assert call(p, "POST", "/api/reconfigure", {"mode": "decode", "name": name, "size": 1 << 20}) \
+        == (500, {"error": "Mount failed, ret=-1; rolled back to prefill", "mode": "prefill"})
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.truncate(2 << 20)
+    try:
+        status, first = call(p, "POST", "/api/reconfigure",
+                             {"mode": "decode", "path": f"/dev/shm/{name}", "size": 1 << 20})
+        assert status == 200 and first["status"] == "success" and first["mode"] == "decode"
+        assert len(first["segment_ids"]) == 1
+        status, second = call(p, "POST", "/api/reconfigure",
+                              {"mode": "decode", "name": name, "size": 1 << 20})
+        assert status == 200 and second["mode"] == "decode"
+        assert len(second["segment_ids"]) == 1 and second["segment_ids"] != first["segment_ids"]
+        # The first one is gone: unmounting it again fails.
+        assert call(p, "POST", "/api/unmount_shm", {"segment_ids": first["segment_ids"]})[0] \
+            == 500
+        assert call(p, "POST", "/api/reconfigure", {"mode": "prefill"}) == \
+            (200, {"status": "success", "mode": "prefill"})
+        assert call(p, "POST", "/api/unmount_shm", {"segment_ids": second["segment_ids"]})[0] \
+            == 500
+    finally:
+        os.unlink(f"/dev/shm/{name}")
     assert call(p, "POST", "/api/reconfigure", {"mode": "decode"}) == \
         (400, {"error": "Missing path or size for decode mode"})
     assert call(p, "POST", "/api/reconfigure", {"mode": "other"}) == \
