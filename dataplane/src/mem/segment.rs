@@ -12,8 +12,10 @@
 //!
 //! A segment made by [`Segment::new_shared`] is instead a shared mapping of a memfd (hugetlb
 //! pages when wanted and available), whose descriptor [`Segment::shared_fd`] can be handed to
-//! another process on the same host so that it maps the same pages (`mem::shm`). Shared
-//! memory gets transparent hugepages only where `shmem_enabled` allows them.
+//! another process on the same host so that it maps the same pages (`mem::shm`). The memfd is
+//! sealed at its size once sized (`F_SEAL_SHRINK | F_SEAL_GROW`), so that no holder can
+//! shrink it under another's mapping. Shared memory gets transparent hugepages only where
+//! `shmem_enabled` allows them.
 //!
 //! Invariants: `ptr` is page aligned and `ptr..ptr+len` is mapped readable and writable for
 //! the whole life of the value; nothing else unmaps it; `Drop` unmaps exactly that range.
@@ -172,9 +174,10 @@ impl Segment {
     /// The whole range must lie inside the file (a page past its end would fault with
     /// `SIGBUS` when served), and `offset` must be a multiple of the page size (`mmap`'s
     /// rule); both are `InvalidInput` otherwise. The mapping is served as the file is: whoever
-    /// shrinks the file while it is mounted breaks that contract. With `offset` 0 the
-    /// descriptor is kept for same-host peers to map ([`Self::shared_fd`]); with another
-    /// offset it is not (they map a descriptor from its start), and peers use TCP.
+    /// shrinks the file while it is mounted breaks that contract. The file is not offered to
+    /// same-host peers ([`Self::shared_fd`] is `None`; they use TCP): a file takes no seals,
+    /// so nothing would stop it shrinking under their mappings (`mem::shm` maps sealed memfds
+    /// only).
     pub fn map_file(path: &std::path::Path, len_bytes: usize, offset: u64) -> io::Result<Segment> {
         use std::os::fd::{AsFd, OwnedFd};
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
@@ -210,11 +213,12 @@ impl Segment {
             len,
             kind: SegmentKind::Plain,
             page_bytes: page,
-            fd: (offset == 0).then_some(fd),
+            fd: None,
         })
     }
 
-    /// The memfd (or file, [`Self::map_file`]) of a shared segment (`None` for private memory).
+    /// The memfd of a shared segment, sealed at its size (`None` for private memory and for
+    /// a mapped file).
     pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.fd.as_ref().map(|f| f.as_fd())
@@ -395,22 +399,73 @@ fn mmap_shared_at(
     NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
-/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
-/// at `mmap`, so a later fault cannot fail).
-fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
-    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+/// The seals every memfd handed to another process carries ([`sized_memfd`]), and which an
+/// importer checks ([`size_sealed`]): nobody, the exporter included, can shrink the file
+/// under a mapping (a page past its end faults with `SIGBUS` in every process mapping it) or
+/// grow it.
+pub(crate) const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// A new memfd named `name` of `len` bytes, sealed with [`SIZE_SEALS`] and `F_SEAL_SEAL` (so
+/// that no holder adds a seal later, such as a write seal that would stop the next importer
+/// from mapping it writable); hugetlb pages with `huge`. Linux supports seals on hugetlb
+/// memfds since 4.16; where it does not, `memfd_create` refuses the pair of flags and the
+/// caller falls back to ordinary pages: a memfd that leaves this process is always sealed.
+pub(crate) fn sized_memfd(
+    name: &std::ffi::CStr,
+    len: usize,
+    huge: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let flags =
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
     // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-    let raw = unsafe { libc::memfd_create(c"mooncake-segment".as_ptr(), flags) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `raw` is a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd size overflows"))?;
     // SAFETY: ftruncate on our own descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: fcntl on our own descriptor; the seals are constants.
+    if unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            SIZE_SEALS | libc::F_SEAL_SEAL,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Whether `fd` carries both [`SIZE_SEALS`], so that its size cannot change while it is
+/// mapped. False for a file that takes no seals (`EINVAL`: not a memfd or tmpfs file).
+pub(crate) fn size_sealed(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor the caller holds open; F_GET_SEALS reads only.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EINVAL) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(seals & SIZE_SEALS == SIZE_SEALS)
+}
+
+/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
+/// at `mmap`, so a later fault cannot fail), sealed at that size ([`sized_memfd`]).
+fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
+    use std::os::fd::AsFd;
+    let fd = sized_memfd(c"mooncake-segment", len, huge)?;
     let ptr = mmap_shared(fd.as_fd(), len)?;
     let (kind, page_bytes) = if huge {
         (SegmentKind::HugeTlb, HUGE_PAGE_BYTES)
@@ -490,10 +545,6 @@ mod tests {
 
         let seg = Segment::map_file(&path, page, page as u64).unwrap();
         assert_eq!((seg.len(), seg.kind()), (page, SegmentKind::Plain));
-        assert!(
-            seg.shared_fd().is_none(),
-            "a mapping at an offset is not offered"
-        );
         // SAFETY: inside the live mapping; no references to it exist.
         unsafe {
             assert_eq!(seg.as_ptr().read(), 42);
@@ -507,7 +558,7 @@ mod tests {
         );
         let whole = Segment::map_file(&path, 3 * page - 1, 0).unwrap();
         assert_eq!(whole.len(), 3 * page);
-        assert!(whole.shared_fd().is_some());
+        assert!(whole.shared_fd().is_none(), "a file takes no seals");
 
         for (len, offset) in [
             (0, 0),

@@ -7,8 +7,10 @@
 //! listen on abstract unix socket                        connect("\0mooncake-shm/<te_endpoint>")
 //!   "\0mooncake-shm/<te_endpoint>"                        (refused: not on this host / no export)
 //! accept; check SO_PEERCRED: same uid, or root         check SO_PEERCRED: same uid, or root
-//! send the offer, the memfd attached (SCM_RIGHTS) ───▶  mmap(memfd, MAP_SHARED) read+write
-//! send this importer's write page (a memfd)       ───▶  mmap it (`mem::inflight`)
+//! send the offer, the memfd attached (SCM_RIGHTS) ───▶  check the memfd's seals (no shrink,
+//!                                                         no grow); mmap(memfd, MAP_SHARED)
+//!                                                         read+write
+//! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`mem::inflight`)
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
 //!                                                       before each memcpy into the segment:
@@ -64,8 +66,10 @@
 //! memory anyway. The same rule holds the other way ([`trusted`], checked by the importer on
 //! the listener's credentials before it reads the offer): abstract names belong to the
 //! network namespace, not to a user, so another user's process could bind a node's name
-//! first and hand out its own memfd, to serve forged objects and receive our puts. A refused
-//! exporter is counted ([`exporters_refused`]) and logged, and the caller uses TCP.
+//! first and hand out its own memfd, to serve forged objects and receive our puts. Both
+//! memfds (segment and write page) must carry `F_SEAL_SHRINK | F_SEAL_GROW`: an exporter that
+//! shrank one after the importer checked its size would crash the importer with `SIGBUS`.
+//! A refused exporter is counted ([`exporters_refused`]) and logged, and the caller uses TCP.
 //! `docs/security.md` has the threat model.
 //!
 //! Invariants: an importer touches only `[base, base + len)` of the exporter's address space,
@@ -439,13 +443,20 @@ impl ShmExport {
     /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
     /// intents go to its catalog and their copies are fenced by its fence, each importer
     /// getting a write page (and the offer says so, whatever `offer.guards` was); without,
-    /// the offer asks for neither. Fails if the name is taken.
+    /// the offer asks for neither. Fails if the name is taken, and (`InvalidInput`) if `fd`
+    /// is not sealed at its size: every importer would refuse it.
     pub fn start(
         endpoint: &str,
         fd: BorrowedFd<'_>,
         mut offer: Offer,
         memory: Option<Arc<ServedMemory>>,
     ) -> io::Result<ShmExport> {
+        if !crate::mem::segment::size_sealed(fd)? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the descriptor is not a memfd sealed at its size, which importers require",
+            ));
+        }
         let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
@@ -610,9 +621,10 @@ fn peer_cred(conn: &UnixStream) -> Option<libc::ucred> {
     (rc == 0).then_some(cred)
 }
 
-/// Exporters this process refused to map so far: those running as another user than ours or
-/// root's (one could have bound a node's name first, to hand out forged objects and receive
-/// our puts).
+/// Exporters this process refused to map so far: one running as another user than ours or
+/// root's (it could have bound a node's name first, to hand out forged objects and receive
+/// our puts), or one whose memfd is not sealed against shrinking (a shrink would crash us
+/// with `SIGBUS`).
 pub fn exporters_refused() -> u64 {
     EXPORTERS_REFUSED.load(Ordering::Relaxed)
 }
@@ -734,6 +746,35 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
     Ok((offer, fd))
 }
 
+/// Connects to the exporter of `endpoint`; `None` when nobody on this host exports it.
+fn connect(endpoint: &str) -> io::Result<Option<UnixStream>> {
+    let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
+    match UnixStream::connect_addr(&addr) {
+        Ok(c) => Ok(Some(c)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An offered memfd must be sealed against shrinking and growing (`PermissionDenied`
+/// otherwise): its size, checked once before it is mapped, must hold for the mapping's life.
+fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
+    if crate::mem::segment::size_sealed(fd)? {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "its memfd is not sealed against shrinking and growing",
+    ))
+}
+
 /// Receives the write page that follows a version 3 offer, and maps it.
 fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
     let mut bytes = [0u8; 8];
@@ -821,34 +862,25 @@ impl ShmMapping {
     /// when we refuse the exporter ([`exporters_refused`]: another user's process answers on
     /// that name). Either way the caller reaches the segment over TCP.
     pub fn import(endpoint: &str) -> io::Result<Option<ShmMapping>> {
-        let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
-        let conn = match UnixStream::connect_addr(&addr) {
-            Ok(c) => c,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) => return Err(e),
+        let Some(conn) = connect(endpoint)? else {
+            return Ok(None);
         };
         check_exporter(&conn, endpoint)?;
         conn.set_read_timeout(Some(OFFER_TIMEOUT))?;
         conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
-        let refused = |e: io::Error| match e.kind() {
-            // Refused (EOF, no fd): not ours to map.
-            io::ErrorKind::InvalidData => Ok(None),
-            _ => Err(e),
-        };
-        let (offer, fd) = match recv_offer(&conn) {
+        let received = recv_offer(&conn).and_then(|(offer, fd)| {
+            let writes = offer.guards.page().then(|| recv_page(&conn)).transpose()?;
+            check_sealed(fd.as_fd())?;
+            Ok((offer, fd, writes))
+        });
+        let (offer, fd, writes) = match received {
             Ok(x) => x,
-            Err(e) => return refused(e),
-        };
-        let writes = match offer.guards.page().then(|| recv_page(&conn)).transpose() {
-            Ok(w) => w,
-            Err(e) => return refused(e),
+            // Refused (EOF, no fd): not ours to map.
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(refuse_exporter(endpoint, e.to_string()))
+            }
+            Err(e) => return Err(e),
         };
         let len = usize::try_from(offer.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
@@ -1325,8 +1357,116 @@ mod tests {
         assert!(!d.resident());
     }
 
+    /// A memfd of `len` bytes, sealed at its size as a segment's is, or not sealed at all.
+    fn memfd(len: usize, sealed: bool) -> OwnedFd {
+        if sealed {
+            return crate::mem::segment::sized_memfd(c"mc-test", len, false).unwrap();
+        }
+        // SAFETY: a valid NUL-terminated name; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"mc-test-unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: a descriptor just returned to us.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: our own descriptor.
+        let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) };
+        assert_eq!(rc, 0);
+        fd
+    }
+
+    /// Binds `endpoint`'s name and serves one importer as an exporter would, but with the
+    /// descriptors given: `offer` with `segment` attached, then (with `page`) the write page
+    /// message with `page` attached; then holds the connection until the importer closes it.
+    fn raw_exporter(
+        endpoint: &str,
+        offer: Offer,
+        segment: OwnedFd,
+        page: Option<OwnedFd>,
+    ) -> JoinHandle<()> {
+        let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            // Errors are the importer's to see: it may close before the page goes.
+            let _ = send_with_fd(&conn, &offer.encode(), segment.as_raw_fd());
+            if let Some(page) = page {
+                let _ = send_with_fd(&conn, &page_message(), page.as_raw_fd());
+            }
+            let mut byte = [0u8; 1];
+            let _ = rawio::recv(conn.as_raw_fd(), &mut Dst::from(&mut byte[..]), 0);
+        })
+    }
+
+    /// An exporter will not offer a memfd its holders could shrink, and an importer maps
+    /// neither a segment memfd nor a write page that lacks the seals; with both sealed the
+    /// same exporter is mapped.
+    #[test]
+    fn memfds_without_size_seals_are_neither_offered_nor_mapped() {
+        let endpoint = format!("test-unsealed-{}:1", std::process::id());
+        let offer = Offer {
+            base: 1 << 30,
+            len: 1 << 20,
+            guards: Guards::None,
+        };
+        let unsealed = memfd(1 << 20, false);
+        let e = ShmExport::start(&endpoint, unsealed.as_fd(), offer, None)
+            .err()
+            .expect("an unsealed memfd was offered");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+
+        let refused = exporters_refused();
+        let t = raw_exporter(&endpoint, offer, unsealed, None);
+        let e = ShmMapping::import(&endpoint).expect_err("an unsealed segment was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("not sealed"), "{e}");
+        t.join().unwrap();
+
+        let paged = Offer {
+            guards: Guards::IntentsAndPage,
+            ..offer
+        };
+        let page = memfd(WRITE_PAGE_BYTES, false);
+        let t = raw_exporter(&endpoint, paged, memfd(1 << 20, true), Some(page));
+        let e = ShmMapping::import(&endpoint).expect_err("an unsealed write page was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("write page"), "{e}");
+        t.join().unwrap();
+        assert!(exporters_refused() >= refused + 2);
+
+        let page = memfd(WRITE_PAGE_BYTES, true);
+        let t = raw_exporter(&endpoint, paged, memfd(1 << 20, true), Some(page));
+        let m = ShmMapping::import(&endpoint)
+            .unwrap()
+            .expect("sealed: mapped");
+        assert_eq!(m.offer(), paged);
+        drop(m);
+        t.join().unwrap();
+    }
+
+    /// Nobody holding an exported segment's memfd or a write page, its exporter included,
+    /// can shrink or grow it, nor add a seal.
+    #[test]
+    fn an_exported_memfd_cannot_be_resized() {
+        let (seg, _memory, endpoint, _export) = served_export("sealed");
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        let (_page, page_fd) = WritePage::shared().unwrap();
+        let fds = [seg.shared_fd().expect("memfd-backed"), page_fd.as_fd()];
+        for fd in fds {
+            let len = crate::mem::segment::fstat(fd).unwrap().st_size;
+            for size in [0, len / 2, len + 1, 2 * len] {
+                // SAFETY: ftruncate on a descriptor we hold; refused, as asserted.
+                let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), size) };
+                let e = io::Error::last_os_error();
+                assert_eq!((rc, e.raw_os_error()), (-1, Some(libc::EPERM)), "to {size}");
+            }
+            // SAFETY: fcntl on a descriptor we hold; refused, as asserted.
+            let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+            assert_eq!(rc, -1, "a seal added after F_SEAL_SEAL");
+        }
+        assert!(m.exporter_alive());
+    }
+
     /// A process of another user (uid and gid 65534) listening on an endpoint's name, as a
-    /// local user who bound a node's name first would, offering a memfd named
+    /// local user who bound a node's name first would, offering a sealed memfd named
     /// `mc-stranger` to the importer that connects. Killed and reaped on drop.
     struct Stranger(libc::pid_t);
 
@@ -1387,7 +1527,7 @@ mod tests {
     }
 
     /// The stranger's life: become `NOBODY`, listen on `addr`, say so on `ready`, offer a
-    /// memfd to the first importer and wait for it to close. Exits with a status
+    /// sealed memfd to the first importer and wait for it to close. Exits with a status
     /// naming the step that failed; killed after 10 s at the latest.
     ///
     /// # Safety
@@ -1420,8 +1560,11 @@ mod tests {
             if sock < 0 || libc::bind(sock, sa, addr_len) != 0 || libc::listen(sock, 4) != 0 {
                 libc::_exit(4);
             }
-            let memfd = libc::memfd_create(c"mc-stranger".as_ptr(), 0);
-            if memfd < 0 || libc::ftruncate(memfd, 1 << 20) != 0 {
+            let memfd = libc::memfd_create(c"mc-stranger".as_ptr(), libc::MFD_ALLOW_SEALING);
+            if memfd < 0
+                || libc::ftruncate(memfd, 1 << 20) != 0
+                || libc::fcntl(memfd, libc::F_ADD_SEALS, crate::mem::segment::SIZE_SEALS) != 0
+            {
                 libc::_exit(5);
             }
             if libc::write(3, b"r".as_ptr().cast(), 1) != 1 {
@@ -1441,7 +1584,7 @@ mod tests {
 
     /// Another user's process that took a node's name first is refused before a byte of its
     /// offer is read: the import fails naming its uid, is counted, and its memfd is never
-    /// mapped.
+    /// mapped. (The seals are in order: only the uid is wrong.)
     #[test]
     fn an_exporter_of_another_user_is_refused() {
         // SAFETY: geteuid has no preconditions.
