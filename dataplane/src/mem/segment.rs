@@ -25,7 +25,7 @@
 use std::io;
 use std::ptr::NonNull;
 
-use crate::limits::HUGE_PAGE_BYTES;
+use crate::limits::{HUGE_PAGE_BYTES, MAPPED_FILE_MAX_BYTES};
 
 /// Which kind of pages back a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,9 +171,14 @@ impl Segment {
     /// `offset`, shared (`mount_segment(path, size, offset)`): a file in `/dev/shm`, on a
     /// tmpfs or a disk, whose pages other processes may map too.
     ///
-    /// The whole range must lie inside the file (a page past its end would fault with
-    /// `SIGBUS` when served), and `offset` must be a multiple of the page size (`mmap`'s
-    /// rule); both are `InvalidInput` otherwise. The mapping is served as the file is: whoever
+    /// The path comes from outside (Python, the REST service), so only a regular file of
+    /// ours in an allowed directory is opened, never through a symbolic link
+    /// ([`super::file::open_for_mapping`]: `/dev/shm` and `MC_MOUNT_FILE_DIRS`); otherwise
+    /// `PermissionDenied` or `InvalidInput`. A size over
+    /// [`MAPPED_FILE_MAX_BYTES`](crate::limits::MAPPED_FILE_MAX_BYTES) is `InvalidInput`. The whole
+    /// range must lie inside the file (a page past its end would fault with `SIGBUS` when
+    /// served), and `offset` must be a multiple of the page size (`mmap`'s rule); both are
+    /// `InvalidInput` otherwise. The mapping is served as the file is: whoever
     /// shrinks the file while it is mounted breaks that contract. The file is not offered to
     /// same-host peers ([`Self::shared_fd`] is `None`; they use TCP): a file takes no seals,
     /// so nothing would stop it shrinking under their mappings (`mem::shm` maps sealed memfds
@@ -184,6 +189,11 @@ impl Segment {
         if len_bytes == 0 {
             return Err(invalid("segment of 0 bytes".into()));
         }
+        if len_bytes as u64 > MAPPED_FILE_MAX_BYTES {
+            return Err(invalid(format!(
+                "{len_bytes} bytes is over the {MAPPED_FILE_MAX_BYTES} a file segment may map"
+            )));
+        }
         let page = base_page_bytes();
         if !offset.is_multiple_of(page as u64) {
             return Err(invalid(format!(
@@ -191,11 +201,8 @@ impl Segment {
             )));
         }
         let len = round_up(len_bytes, page)?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)?;
-        let file_len = file.metadata()?.len();
+        let (file, meta) = super::file::open_for_mapping(path)?;
+        let file_len = meta.len();
         let end = offset
             .checked_add(len as u64)
             .ok_or_else(|| invalid("offset + size overflows".into()))?;
@@ -538,7 +545,7 @@ mod tests {
     #[test]
     fn a_file_mapping_shares_the_files_bytes_and_refuses_what_it_cannot_serve() {
         let page = base_page_bytes();
-        let path = std::env::temp_dir().join(format!("mc-map-file-{}", std::process::id()));
+        let path = std::path::PathBuf::from(format!("/dev/shm/mc-map-file-{}", std::process::id()));
         let mut bytes = vec![0u8; 3 * page];
         bytes[page] = 42;
         std::fs::write(&path, &bytes).unwrap();
@@ -575,6 +582,125 @@ mod tests {
         }
         assert!(Segment::map_file(&path.with_extension("none"), page, 0).is_err());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Paths made for a test under `/dev/shm` and the temp dir, removed on drop.
+    struct Scratch {
+        tag: String,
+    }
+
+    impl Scratch {
+        fn new(test: &str) -> Scratch {
+            Scratch {
+                tag: format!("mc-{test}-{}", std::process::id()),
+            }
+        }
+
+        fn shm(&self, name: &str) -> std::path::PathBuf {
+            format!("/dev/shm/{}-{name}", self.tag).into()
+        }
+
+        /// A directory of its own in the temp dir (not an allowed one).
+        fn elsewhere(&self) -> std::path::PathBuf {
+            let dir = std::env::temp_dir().join(&self.tag);
+            std::fs::create_dir_all(&dir).unwrap();
+            dir
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&self.tag));
+            for e in std::fs::read_dir("/dev/shm")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if e.file_name().to_string_lossy().starts_with(&self.tag) {
+                    let p = e.path();
+                    let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir(&p));
+                }
+            }
+        }
+    }
+
+    /// `mount_segment`'s path comes from outside: only a regular file of ours in an allowed
+    /// directory is mapped, each rule broken is refused with its kind and a message naming
+    /// it, and the file that passes maps as before.
+    #[test]
+    fn a_file_mapping_maps_only_a_regular_file_of_ours_in_an_allowed_directory() {
+        use std::os::unix::ffi::OsStrExt;
+        let page = base_page_bytes();
+        let t = Scratch::new("map-rules");
+        let ok = t.shm("ok");
+        std::fs::write(&ok, vec![0u8; page]).unwrap();
+        let refused = |path: &std::path::Path, kind: io::ErrorKind, says: &str| {
+            let e = Segment::map_file(path, page, 0).expect_err(&path.display().to_string());
+            assert_eq!(e.kind(), kind, "{}: {e}", path.display());
+            assert!(e.to_string().contains(says), "{}: {e}", path.display());
+        };
+
+        let link = t.shm("link");
+        std::os::unix::fs::symlink(&ok, &link).unwrap();
+        refused(&link, io::ErrorKind::PermissionDenied, "symbolic link");
+
+        let outside = t.elsewhere().join("file");
+        std::fs::write(&outside, vec![0u8; page]).unwrap();
+        refused(&outside, io::ErrorKind::PermissionDenied, "not in /dev/shm");
+        // An allowed-looking path whose directory is elsewhere (a link to a directory).
+        let dir_link = t.shm("dir-link");
+        std::os::unix::fs::symlink(t.elsewhere(), &dir_link).unwrap();
+        refused(
+            &dir_link.join("file"),
+            io::ErrorKind::PermissionDenied,
+            "not in /dev/shm",
+        );
+
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = t.shm("theirs");
+            std::fs::write(&theirs, vec![0u8; page]).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            refused(
+                &theirs,
+                io::ErrorKind::PermissionDenied,
+                "owned by uid 65534",
+            );
+        } else {
+            eprintln!("not root: a file of another user cannot be made; not checked");
+        }
+
+        let fifo = t.shm("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || tx.send(Segment::map_file(&f, page, 0).err()));
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO blocked")
+            .expect("a FIFO was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+
+        let dir = t.shm("dir");
+        std::fs::create_dir(&dir).unwrap();
+        refused(&dir, io::ErrorKind::InvalidInput, "directory");
+
+        // A sparse file larger than the cap costs nothing; a size past the cap is refused.
+        let huge = t.shm("huge");
+        let over = MAPPED_FILE_MAX_BYTES + page as u64;
+        std::fs::File::create(&huge).unwrap().set_len(over).unwrap();
+        let e = Segment::map_file(&huge, over as usize, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("a file segment may map"), "{e}");
+
+        let seg = Segment::map_file(&ok, page, 0).unwrap();
+        // SAFETY: inside the live mapping; no references to it exist.
+        unsafe { seg.as_ptr().add(5).write(9) };
+        drop(seg);
+        assert_eq!(std::fs::read(&ok).unwrap()[5], 9, "the allowed file maps");
     }
 
     #[test]
