@@ -1458,9 +1458,18 @@ mod tests {
                 let e = io::Error::last_os_error();
                 assert_eq!((rc, e.raw_os_error()), (-1, Some(libc::EPERM)), "to {size}");
             }
+            // A future-write seal would stop the next importer from mapping it writable (a
+            // write seal fails anyway while a writable mapping exists).
             // SAFETY: fcntl on a descriptor we hold; refused, as asserted.
-            let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
-            assert_eq!(rc, -1, "a seal added after F_SEAL_SEAL");
+            let rc = unsafe {
+                libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE)
+            };
+            let e = io::Error::last_os_error();
+            assert_eq!(
+                (rc, e.raw_os_error()),
+                (-1, Some(libc::EPERM)),
+                "a seal added"
+            );
         }
         assert!(m.exporter_alive());
     }
