@@ -5,17 +5,20 @@
 //! writes the file, so a path must not lead it to a file nobody meant to share (a token file,
 //! a `.py` of the service, `authorized_keys`) or hang it on a FIFO.
 //!
-//! [`open_for_mapping`] is the one way in, and its rules are checked on the opened
-//! descriptor, not on the path, so that a rename or a symbolic link swapped in between
-//! changes nothing:
+//! [`open_for_mapping`] is the one way in, and its rules are checked on a descriptor, not on
+//! the path, so that a rename or a symbolic link swapped in between changes nothing:
 //!
-//! - opened `O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK`: a symbolic link as the last
-//!   component is refused, and a FIFO or a device cannot block the open;
+//! - the path is first opened `O_PATH | O_NOFOLLOW | O_CLOEXEC`, which opens nothing: no
+//!   device acts on its open (a watchdog would start), no FIFO blocks, and a symbolic link as
+//!   the last component is the link itself, refused;
 //! - a regular file (`fstat`): no directory, FIFO, socket or device;
 //! - owned by this process's effective uid;
 //! - in an allowed directory: the directory the descriptor's file is in (its canonical path,
 //!   read back from `/proc/self/fd`) is `/dev/shm`, or a directory named in
-//!   `MC_MOUNT_FILE_DIRS` (colon-separated absolute paths), or lies under one of them.
+//!   `MC_MOUNT_FILE_DIRS` (colon-separated absolute paths), or lies under one of them;
+//! - only then is that same file opened for the mapping, `O_RDWR | O_CLOEXEC | O_NONBLOCK`,
+//!   through the descriptor's `/proc/self/fd` entry (the inode, whatever the path names by
+//!   now).
 //!
 //! A broken rule is `InvalidInput` (not a regular file) or `PermissionDenied` (a link, another
 //! owner, another directory), with a message that names it; never a panic.
@@ -56,19 +59,39 @@ pub fn allowed_dirs(raw: Option<&str>) -> Vec<PathBuf> {
 
 /// [`open_for_mapping`] with the allowed directories given.
 pub fn open_in(path: &Path, dirs: &[PathBuf]) -> io::Result<(File, Metadata)> {
-    let shown = path.display();
+    let shown = path.display().to_string();
+    let probe = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)?;
+    let meta = probe.metadata()?;
+    check_kind_and_owner(&meta, &shown)?;
+    let at = check_dir(&probe, &shown, dirs)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => denied(format!("{shown} is a symbolic link")),
-            Some(libc::EISDIR) => invalid(format!("{shown} is a directory, not a regular file")),
-            _ => e,
-        })?;
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&at)?;
+    let opened = file.metadata()?;
+    if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
+        return Err(denied(format!("{shown} changed while it was opened")));
+    }
+    Ok((file, opened))
+}
+
+/// A regular file (a link, a directory, a FIFO, a socket or a device is refused), owned by
+/// this process's effective uid.
+fn check_kind_and_owner(meta: &Metadata, shown: &str) -> io::Result<()> {
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(denied(format!("{shown} is a symbolic link")));
+    }
+    if kind.is_dir() {
+        return Err(invalid(format!(
+            "{shown} is a directory, not a regular file"
+        )));
+    }
+    if !kind.is_file() {
         return Err(invalid(format!("{shown} is not a regular file")));
     }
     // SAFETY: geteuid has no preconditions.
@@ -79,14 +102,15 @@ pub fn open_in(path: &Path, dirs: &[PathBuf]) -> io::Result<(File, Metadata)> {
             meta.uid()
         )));
     }
-    check_dir(&file, &shown.to_string(), dirs)?;
-    Ok((file, meta))
+    Ok(())
 }
 
 /// The directory of the file `file` has open (as the kernel names it now) must be one of
 /// `dirs` or lie under one, each taken canonical (one that does not exist allows nothing).
-fn check_dir(file: &File, shown: &str, dirs: &[PathBuf]) -> io::Result<()> {
-    let at = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+/// Returns the descriptor's `/proc/self/fd` entry, which opens that very file.
+fn check_dir(file: &File, shown: &str, dirs: &[PathBuf]) -> io::Result<PathBuf> {
+    let entry = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let at = std::fs::read_link(&entry)
         .map_err(|e| denied(format!("where {shown} lies cannot be read back: {e}")))?;
     let dir = at.parent().unwrap_or(Path::new("/"));
     let allowed = dirs
@@ -94,7 +118,7 @@ fn check_dir(file: &File, shown: &str, dirs: &[PathBuf]) -> io::Result<()> {
         .filter_map(|d| std::fs::canonicalize(d).ok())
         .any(|d| dir.starts_with(d));
     if allowed {
-        return Ok(());
+        return Ok(entry);
     }
     Err(denied(format!(
         "{shown} lies in {}, not in {DEFAULT_DIR} nor in a directory of {MOUNT_FILE_DIRS_VAR}",
@@ -148,5 +172,13 @@ mod tests {
         let e = open_in(&other.join("f"), &allowed_dirs(None)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// A device is refused as not a regular file, wherever it is allowed to be.
+    #[test]
+    fn a_device_is_not_a_regular_file() {
+        let e = open_in(Path::new("/dev/null"), &[PathBuf::from("/dev")]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }
