@@ -174,15 +174,14 @@ impl Segment {
     /// The path comes from outside (Python, the REST service), so only a regular file of
     /// ours in an allowed directory is opened, never through a symbolic link
     /// ([`super::file::open_for_mapping`]: `/dev/shm` and `MC_MOUNT_FILE_DIRS`); otherwise
-    /// `PermissionDenied` or `InvalidInput`. A size over
-    /// [`MAPPED_FILE_MAX_BYTES`](crate::limits::MAPPED_FILE_MAX_BYTES) is `InvalidInput`. The whole
-    /// range must lie inside the file (a page past its end would fault with `SIGBUS` when
-    /// served), and `offset` must be a multiple of the page size (`mmap`'s rule); both are
-    /// `InvalidInput` otherwise. The mapping is served as the file is: whoever
-    /// shrinks the file while it is mounted breaks that contract. The file is not offered to
-    /// same-host peers ([`Self::shared_fd`] is `None`; they use TCP): a file takes no seals,
-    /// so nothing would stop it shrinking under their mappings (`mem::shm` maps sealed memfds
-    /// only).
+    /// `PermissionDenied` or `InvalidInput`. A size over [`MAPPED_FILE_MAX_BYTES`] is
+    /// `InvalidInput`. The whole range must lie inside the file (a page past its end would
+    /// fault with `SIGBUS` when served), and `offset` must be a multiple of the page size
+    /// (`mmap`'s rule); both are `InvalidInput` otherwise. The mapping is served as the file
+    /// is: whoever shrinks the file while it is mounted breaks that contract. The file is not
+    /// offered to same-host peers ([`Self::shared_fd`] is `None`; they use TCP): a file takes
+    /// no seals, so nothing would stop it shrinking under their mappings (`mem::shm` maps
+    /// sealed memfds only).
     pub fn map_file(path: &std::path::Path, len_bytes: usize, offset: u64) -> io::Result<Segment> {
         use std::os::fd::{AsFd, OwnedFd};
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);

@@ -63,7 +63,7 @@
 //!
 //! Security: the memfd gives read and write access to the whole segment, so it goes only to a
 //! peer whose uid is ours or root's (`SO_PEERCRED`), i.e. to a process that could read our
-//! memory anyway. The same rule holds the other way ([`trusted`], checked by the importer on
+//! memory anyway. The same rule holds the other way (`trusted`, checked by the importer on
 //! the listener's credentials before it reads the offer): abstract names belong to the
 //! network namespace, not to a user, so another user's process could bind a node's name
 //! first and hand out its own memfd, to serve forged objects and receive our puts. Both
