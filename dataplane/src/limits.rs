@@ -28,6 +28,11 @@ pub const CATALOG_RECORD_MAX_BYTES: u64 = (CATALOG_RECORD_HEADER_BYTES
 /// version is dropped (`docs/ha.md`, "windows").
 pub const CATALOG_TOMBSTONES_MAX: usize = 1 << 16;
 
+/// Largest range of a file one `mount_segment(path, size, offset)` maps
+/// (`mem::Segment::map_file`): 1 TiB, above any host's memory today, so that a size from a
+/// caller cannot ask for an absurd mapping of a sparse file.
+pub const MAPPED_FILE_MAX_BYTES: u64 = 1 << 40;
+
 /// Chunk used to drain and discard the payload of a rejected WRITE.
 pub const DRAIN_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -97,6 +102,8 @@ pub const SLAB_CLASS_COUNT: usize =
     (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
 
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
+const _: () = assert!(MAPPED_FILE_MAX_BYTES.is_multiple_of(HUGE_PAGE_BYTES as u64));
+const _: () = assert!(MAPPED_FILE_MAX_BYTES <= isize::MAX as u64);
 const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= REQUEST_PAYLOAD_MAX_BYTES);
 const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= u32::MAX as u64);
 const _: () = assert!(SLAB_BYTES.is_power_of_two() && SLAB_CLASS_MIN_BYTES.is_power_of_two());

@@ -4,8 +4,8 @@ upstream answers when it cannot do them, with the reason logged (never a silent 
 - extra segments: `allocate_and_mount_segment` mounts new memory as one more segment of this
   client (`client::store::extra`); `unmount_segment` / `unmount_and_free_segment` unmount
   them (the master drops the replicas held there; the memory is freed after the grace
-  period). `mount_segment(path, size, offset)` mounts the bytes of a file (in /dev/shm, a
-  tmpfs or a disk) the same way.
+  period). `mount_segment(path, size, offset)` mounts the bytes of a file of ours (in
+  /dev/shm, or under a directory of `MC_MOUNT_FILE_DIRS`) the same way.
 - replica tasks are real: `create_copy_task(key, targets)` / `create_move_task(key, source,
   target)` answer `((hi, lo), 0)` with the task's id, or `((0, 0), code)` (`-704` no key, `-101`
   a segment that is not mounted, `-708` the object already has a task, `-1401` too many
@@ -98,10 +98,11 @@ class ClusterOps:
     # ---- segments -------------------------------------------------------------------------
 
     def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
-        """Maps `size` bytes of the file at `path` (in /dev/shm, a tmpfs or a disk) from
-        `offset` (a multiple of the page size) and mounts them as one more segment of this
-        client, served and re-mounted as `allocate_and_mount_segment`'s. The range must lie
-        inside the file; the file stays when the segment is unmounted."""
+        """Maps `size` bytes of the file at `path` from `offset` (a multiple of the page
+        size) and mounts them as one more segment of this client, served and re-mounted as
+        `allocate_and_mount_segment`'s. The file must be a regular file of this process's
+        user in /dev/shm or under a directory of `MC_MOUNT_FILE_DIRS`, and the range must
+        lie inside it; the file stays when the segment is unmounted."""
         failed = {"ret": -1, "segment_ids": []}
         if not self._ready("mount_segment") or not _tcp_only("mount_segment", protocol):
             return failed

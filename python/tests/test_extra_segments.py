@@ -145,9 +145,10 @@ def test_refusals(cluster):
 
 
 def test_mount_segment_serves_a_shared_memory_file(cluster, tmp_path):
-    """`mount_segment(path, size, offset)`: the bytes of a file in /dev/shm (or anywhere)
-    become one more segment of the client: objects put there are the file's bytes, other
-    clients read them, unmounting leaves the file. What the file cannot back is refused."""
+    """`mount_segment(path, size, offset)`: the bytes of a file in /dev/shm (or under a
+    directory of MC_MOUNT_FILE_DIRS) become one more segment of the client: objects put there
+    are the file's bytes, other clients read them, unmounting leaves the file. What the file
+    cannot back is refused."""
     import os
     _, client = cluster
     owner, reader = client(), client()

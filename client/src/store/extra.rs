@@ -4,8 +4,8 @@
 //!
 //! Each extra segment is served like a storage-node shard: its own [`Segment`] (a memfd, or
 //! the file mapped shared), its own [`ServedMemory`] table (and catalog), its own data server
-//! on an ephemeral port of the client's address, and its same-host offer (none for a file
-//! mapped from a non-zero offset: peers then use TCP), mounted at the master under the name
+//! on an ephemeral port of the client's address, and its same-host offer (none for a mapped
+//! file, which takes no seals: peers then use TCP), mounted at the master under the name
 //! `ip:data_port` with `te_endpoint` the same. Writers reach it as any remote segment (memcpy
 //! through the offer on this host, TCP elsewhere); the pinger re-mounts it with its catalog
 //! after a master failover exactly as it does the first segment ([`Mounted`]).
@@ -90,10 +90,11 @@ impl Store {
         })
     }
 
-    /// Maps `size` bytes of the file at `path` from `offset` (a file in `/dev/shm`, a tmpfs or
-    /// a disk; see [`Segment::map_file`]), serves them and mounts them as a new segment of
-    /// this client, as [`Self::allocate_and_mount_segment`]: its id and the size mapped.
-    /// Unmounting unmaps it; the file stays.
+    /// Maps `size` bytes of the file at `path` from `offset` (a regular file of ours in
+    /// `/dev/shm` or under a directory of `MC_MOUNT_FILE_DIRS`; see [`Segment::map_file`]),
+    /// serves them and mounts them as a new segment of this client, as
+    /// [`Self::allocate_and_mount_segment`]: its id and the size mapped. Same-host peers reach
+    /// it over TCP (a file takes no seals). Unmounting unmaps it; the file stays.
     pub fn mount_file_segment(
         &self,
         path: &str,

@@ -54,7 +54,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
-use crate::mem::segment::{fstat, mmap_shared};
+use crate::mem::file::open_for_mapping;
+use crate::mem::segment::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
@@ -177,23 +178,19 @@ impl Segment {
     }
 
     /// Maps a peer's segment and checks that it belongs to a group of `ranks` as rank `rank`.
+    /// The path comes from the peer, so it is opened as every path from outside is
+    /// ([`crate::mem::file::open_for_mapping`]: a regular file of ours in `/dev/shm`, no
+    /// link, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Segment> {
-        let c = cpath(path)?;
-        // SAFETY: `c` is a valid C string.
-        let raw = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let (file, meta) = open_for_mapping(std::path::Path::new(path))?;
+        let fd = OwnedFd::from(file);
         let len = segment_bytes(ranks);
-        let st = fstat(fd.as_fd())?;
-        if st.st_size as usize != len {
+        if meta.len() != len as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
                     "{path}: {} bytes, a group of {ranks} needs {len}",
-                    st.st_size
+                    meta.len()
                 ),
             ));
         }
@@ -610,6 +607,39 @@ mod tests {
         let peer = Segment::open(&path, 2, 0).expect("open");
         std::fs::remove_file(&path).expect("unlink");
         (own, peer)
+    }
+
+    /// A peer names the path of its segment: a link to a real segment, a FIFO and a file
+    /// outside `/dev/shm` are refused (the FIFO without blocking), the real path opens.
+    #[test]
+    fn a_peer_path_opens_only_a_segment_file_of_ours_in_dev_shm() {
+        let path = format!("/dev/shm/mc-pg-seg-test-paths-{}", std::process::id());
+        let (link, fifo) = (format!("{path}-link"), format!("{path}-fifo"));
+        let outside = std::env::temp_dir().join(format!("mc-pg-seg-test-{}", std::process::id()));
+        let _own = Segment::create(&path, 2, 0).expect("segment");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let c = cpath(&fifo).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        std::fs::copy(&path, &outside).unwrap();
+        let kind = |p: &str| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = p.to_string();
+            std::thread::spawn(move || tx.send(Segment::open(&p, 2, 0).err().map(|e| e.kind())));
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("the open blocked")
+        };
+        assert_eq!(kind(&link), Some(io::ErrorKind::PermissionDenied));
+        assert_eq!(kind(&fifo), Some(io::ErrorKind::InvalidInput));
+        assert_eq!(
+            kind(outside.to_str().unwrap()),
+            Some(io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(kind(&path), None, "the segment itself opens");
+        for p in [&path, &link, &fifo] {
+            std::fs::remove_file(p).unwrap();
+        }
+        std::fs::remove_file(&outside).unwrap();
     }
 
     #[test]

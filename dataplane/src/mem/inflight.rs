@@ -21,7 +21,8 @@
 //! (`docs/ha.md`, "Late writes of an earlier term").
 //!
 //! Page layout (`WRITE_PAGE_BYTES`, little-endian u64 words, one page per importer, in a memfd
-//! both processes map): word 0 the fence term, words 1.. the slots (0: free, else the term of
+//! both processes map, sealed at its size so that neither can shrink it under the other's
+//! mapping): word 0 the fence term, words 1.. the slots (0: free, else the term of
 //! the write in progress). A write of term 0 (the raw transfer engine's, undeclared) takes no
 //! slot: nothing fences it. A process holds [`WRITE_SLOTS`] writes at once per page; more are
 //! refused ([`Refused::Full`]) and go another way.
@@ -105,22 +106,20 @@ impl WritePage {
     /// A new page in a memfd, for the owner: the descriptor goes to the writer, who maps it
     /// with [`WritePage::map`].
     pub fn shared() -> io::Result<(WritePage, OwnedFd)> {
-        // SAFETY: a valid NUL-terminated name; flags are constants.
-        let raw = unsafe { libc::memfd_create(c"mooncake-writes".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just returned to us.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: our own open descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), WRITE_PAGE_BYTES as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = super::segment::sized_memfd(c"mooncake-writes", WRITE_PAGE_BYTES, false)?;
         Ok((WritePage::map(&fd)?, fd))
     }
 
-    /// Maps the page in `fd` (the writer's side). Refused if the memfd is smaller than a page.
+    /// Maps the page in `fd` (the writer's side). Refused (`PermissionDenied`) unless the
+    /// memfd is sealed at its size, so that the owner cannot shrink it under our mapping, and
+    /// (`InvalidData`) if it is smaller than a page.
     pub fn map(fd: &OwnedFd) -> io::Result<WritePage> {
+        if !super::segment::size_sealed(fd.as_fd())? {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "write page memfd is not sealed against shrinking and growing",
+            ));
+        }
         let st = super::segment::fstat(fd.as_fd())?;
         if (st.st_size as u64) < WRITE_PAGE_BYTES as u64 {
             return Err(io::Error::new(

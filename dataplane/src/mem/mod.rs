@@ -4,6 +4,8 @@
 //!   plain pages), sized to a whole number of its pages and unmapped on drop.
 //!   [`Segment::new_shared`] backs one with a memfd instead, which [`shm`] offers to other
 //!   processes on the same host so that they read and write it with memcpy.
+//! - [`file`]: the checks a path from outside passes before its file is mapped shared (a
+//!   regular file of ours in `/dev/shm` or a directory of `MC_MOUNT_FILE_DIRS`, no link).
 //! - [`Registry`]: the table of registered buffers. A remote access is served only when its
 //!   whole range lies inside one registered buffer.
 //! - [`Catalog`]: which committed object (key, length, pin) starts at which address of a
@@ -27,6 +29,7 @@ pub mod bytes;
 pub mod catalog;
 pub mod copier;
 pub mod fence;
+pub mod file;
 pub mod inflight;
 pub mod registry;
 pub mod segment;

@@ -12,8 +12,10 @@
 //!
 //! A segment made by [`Segment::new_shared`] is instead a shared mapping of a memfd (hugetlb
 //! pages when wanted and available), whose descriptor [`Segment::shared_fd`] can be handed to
-//! another process on the same host so that it maps the same pages (`mem::shm`). Shared
-//! memory gets transparent hugepages only where `shmem_enabled` allows them.
+//! another process on the same host so that it maps the same pages (`mem::shm`). The memfd is
+//! sealed at its size once sized (`F_SEAL_SHRINK | F_SEAL_GROW`), so that no holder can
+//! shrink it under another's mapping. Shared memory gets transparent hugepages only where
+//! `shmem_enabled` allows them.
 //!
 //! Invariants: `ptr` is page aligned and `ptr..ptr+len` is mapped readable and writable for
 //! the whole life of the value; nothing else unmaps it; `Drop` unmaps exactly that range.
@@ -23,7 +25,7 @@
 use std::io;
 use std::ptr::NonNull;
 
-use crate::limits::HUGE_PAGE_BYTES;
+use crate::limits::{HUGE_PAGE_BYTES, MAPPED_FILE_MAX_BYTES};
 
 /// Which kind of pages back a segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,17 +171,27 @@ impl Segment {
     /// `offset`, shared (`mount_segment(path, size, offset)`): a file in `/dev/shm`, on a
     /// tmpfs or a disk, whose pages other processes may map too.
     ///
-    /// The whole range must lie inside the file (a page past its end would fault with
-    /// `SIGBUS` when served), and `offset` must be a multiple of the page size (`mmap`'s
-    /// rule); both are `InvalidInput` otherwise. The mapping is served as the file is: whoever
-    /// shrinks the file while it is mounted breaks that contract. With `offset` 0 the
-    /// descriptor is kept for same-host peers to map ([`Self::shared_fd`]); with another
-    /// offset it is not (they map a descriptor from its start), and peers use TCP.
+    /// The path comes from outside (Python, the REST service), so only a regular file of
+    /// ours in an allowed directory is opened, never through a symbolic link
+    /// ([`super::file::open_for_mapping`]: `/dev/shm` and `MC_MOUNT_FILE_DIRS`); otherwise
+    /// `PermissionDenied` or `InvalidInput`. A size over [`MAPPED_FILE_MAX_BYTES`] is
+    /// `InvalidInput`. The whole range must lie inside the file (a page past its end would
+    /// fault with `SIGBUS` when served), and `offset` must be a multiple of the page size
+    /// (`mmap`'s rule); both are `InvalidInput` otherwise. The mapping is served as the file
+    /// is: whoever shrinks the file while it is mounted breaks that contract. The file is not
+    /// offered to same-host peers ([`Self::shared_fd`] is `None`; they use TCP): a file takes
+    /// no seals, so nothing would stop it shrinking under their mappings (`mem::shm` maps
+    /// sealed memfds only).
     pub fn map_file(path: &std::path::Path, len_bytes: usize, offset: u64) -> io::Result<Segment> {
         use std::os::fd::{AsFd, OwnedFd};
         let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
         if len_bytes == 0 {
             return Err(invalid("segment of 0 bytes".into()));
+        }
+        if len_bytes as u64 > MAPPED_FILE_MAX_BYTES {
+            return Err(invalid(format!(
+                "{len_bytes} bytes is over the {MAPPED_FILE_MAX_BYTES} a file segment may map"
+            )));
         }
         let page = base_page_bytes();
         if !offset.is_multiple_of(page as u64) {
@@ -188,11 +200,8 @@ impl Segment {
             )));
         }
         let len = round_up(len_bytes, page)?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)?;
-        let file_len = file.metadata()?.len();
+        let (file, meta) = super::file::open_for_mapping(path)?;
+        let file_len = meta.len();
         let end = offset
             .checked_add(len as u64)
             .ok_or_else(|| invalid("offset + size overflows".into()))?;
@@ -210,11 +219,12 @@ impl Segment {
             len,
             kind: SegmentKind::Plain,
             page_bytes: page,
-            fd: (offset == 0).then_some(fd),
+            fd: None,
         })
     }
 
-    /// The memfd (or file, [`Self::map_file`]) of a shared segment (`None` for private memory).
+    /// The memfd of a shared segment, sealed at its size (`None` for private memory and for
+    /// a mapped file).
     pub fn shared_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsFd;
         self.fd.as_ref().map(|f| f.as_fd())
@@ -395,22 +405,73 @@ fn mmap_shared_at(
     NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
-/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
-/// at `mmap`, so a later fault cannot fail).
-fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
-    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-    let flags = libc::MFD_CLOEXEC | if huge { libc::MFD_HUGETLB } else { 0 };
+/// The seals every memfd handed to another process carries ([`sized_memfd`]), and which an
+/// importer checks ([`size_sealed`]): nobody, the exporter included, can shrink the file
+/// under a mapping (a page past its end faults with `SIGBUS` in every process mapping it) or
+/// grow it.
+pub(crate) const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// A new memfd named `name` of `len` bytes, sealed with [`SIZE_SEALS`] and `F_SEAL_SEAL` (so
+/// that no holder adds a seal later, such as a write seal that would stop the next importer
+/// from mapping it writable); hugetlb pages with `huge`. Linux supports seals on hugetlb
+/// memfds since 4.16; where it does not, `memfd_create` refuses the pair of flags and the
+/// caller falls back to ordinary pages: a memfd that leaves this process is always sealed.
+pub(crate) fn sized_memfd(
+    name: &std::ffi::CStr,
+    len: usize,
+    huge: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let flags =
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
     // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-    let raw = unsafe { libc::memfd_create(c"mooncake-segment".as_ptr(), flags) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `raw` is a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd size overflows"))?;
     // SAFETY: ftruncate on our own descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: fcntl on our own descriptor; the seals are constants.
+    if unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            SIZE_SEALS | libc::F_SEAL_SEAL,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Whether `fd` carries both [`SIZE_SEALS`], so that its size cannot change while it is
+/// mapped. False for a file that takes no seals (`EINVAL`: not a memfd or tmpfs file).
+pub(crate) fn size_sealed(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor the caller holds open; F_GET_SEALS reads only.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EINVAL) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    Ok(seals & SIZE_SEALS == SIZE_SEALS)
+}
+
+/// A memfd of `len` bytes mapped shared (hugetlb pages with `huge`; the kernel reserves them
+/// at `mmap`, so a later fault cannot fail), sealed at that size ([`sized_memfd`]).
+fn map_memfd(len: usize, huge: bool) -> io::Result<Segment> {
+    use std::os::fd::AsFd;
+    let fd = sized_memfd(c"mooncake-segment", len, huge)?;
     let ptr = mmap_shared(fd.as_fd(), len)?;
     let (kind, page_bytes) = if huge {
         (SegmentKind::HugeTlb, HUGE_PAGE_BYTES)
@@ -483,17 +544,13 @@ mod tests {
     #[test]
     fn a_file_mapping_shares_the_files_bytes_and_refuses_what_it_cannot_serve() {
         let page = base_page_bytes();
-        let path = std::env::temp_dir().join(format!("mc-map-file-{}", std::process::id()));
+        let path = std::path::PathBuf::from(format!("/dev/shm/mc-map-file-{}", std::process::id()));
         let mut bytes = vec![0u8; 3 * page];
         bytes[page] = 42;
         std::fs::write(&path, &bytes).unwrap();
 
         let seg = Segment::map_file(&path, page, page as u64).unwrap();
         assert_eq!((seg.len(), seg.kind()), (page, SegmentKind::Plain));
-        assert!(
-            seg.shared_fd().is_none(),
-            "a mapping at an offset is not offered"
-        );
         // SAFETY: inside the live mapping; no references to it exist.
         unsafe {
             assert_eq!(seg.as_ptr().read(), 42);
@@ -507,7 +564,7 @@ mod tests {
         );
         let whole = Segment::map_file(&path, 3 * page - 1, 0).unwrap();
         assert_eq!(whole.len(), 3 * page);
-        assert!(whole.shared_fd().is_some());
+        assert!(whole.shared_fd().is_none(), "a file takes no seals");
 
         for (len, offset) in [
             (0, 0),
@@ -524,6 +581,125 @@ mod tests {
         }
         assert!(Segment::map_file(&path.with_extension("none"), page, 0).is_err());
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Paths made for a test under `/dev/shm` and the temp dir, removed on drop.
+    struct Scratch {
+        tag: String,
+    }
+
+    impl Scratch {
+        fn new(test: &str) -> Scratch {
+            Scratch {
+                tag: format!("mc-{test}-{}", std::process::id()),
+            }
+        }
+
+        fn shm(&self, name: &str) -> std::path::PathBuf {
+            format!("/dev/shm/{}-{name}", self.tag).into()
+        }
+
+        /// A directory of its own in the temp dir (not an allowed one).
+        fn elsewhere(&self) -> std::path::PathBuf {
+            let dir = std::env::temp_dir().join(&self.tag);
+            std::fs::create_dir_all(&dir).unwrap();
+            dir
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&self.tag));
+            for e in std::fs::read_dir("/dev/shm")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if e.file_name().to_string_lossy().starts_with(&self.tag) {
+                    let p = e.path();
+                    let _ = std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir(&p));
+                }
+            }
+        }
+    }
+
+    /// `mount_segment`'s path comes from outside: only a regular file of ours in an allowed
+    /// directory is mapped, each rule broken is refused with its kind and a message naming
+    /// it, and the file that passes maps as before.
+    #[test]
+    fn a_file_mapping_maps_only_a_regular_file_of_ours_in_an_allowed_directory() {
+        use std::os::unix::ffi::OsStrExt;
+        let page = base_page_bytes();
+        let t = Scratch::new("map-rules");
+        let ok = t.shm("ok");
+        std::fs::write(&ok, vec![0u8; page]).unwrap();
+        let refused = |path: &std::path::Path, kind: io::ErrorKind, says: &str| {
+            let e = Segment::map_file(path, page, 0).expect_err(&path.display().to_string());
+            assert_eq!(e.kind(), kind, "{}: {e}", path.display());
+            assert!(e.to_string().contains(says), "{}: {e}", path.display());
+        };
+
+        let link = t.shm("link");
+        std::os::unix::fs::symlink(&ok, &link).unwrap();
+        refused(&link, io::ErrorKind::PermissionDenied, "symbolic link");
+
+        let outside = t.elsewhere().join("file");
+        std::fs::write(&outside, vec![0u8; page]).unwrap();
+        refused(&outside, io::ErrorKind::PermissionDenied, "not in /dev/shm");
+        // An allowed-looking path whose directory is elsewhere (a link to a directory).
+        let dir_link = t.shm("dir-link");
+        std::os::unix::fs::symlink(t.elsewhere(), &dir_link).unwrap();
+        refused(
+            &dir_link.join("file"),
+            io::ErrorKind::PermissionDenied,
+            "not in /dev/shm",
+        );
+
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = t.shm("theirs");
+            std::fs::write(&theirs, vec![0u8; page]).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            refused(
+                &theirs,
+                io::ErrorKind::PermissionDenied,
+                "owned by uid 65534",
+            );
+        } else {
+            eprintln!("not root: a file of another user cannot be made; not checked");
+        }
+
+        let fifo = t.shm("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f = fifo.clone();
+        std::thread::spawn(move || tx.send(Segment::map_file(&f, page, 0).err()));
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO blocked")
+            .expect("a FIFO was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+
+        let dir = t.shm("dir");
+        std::fs::create_dir(&dir).unwrap();
+        refused(&dir, io::ErrorKind::InvalidInput, "directory");
+
+        // A sparse file larger than the cap costs nothing; a size past the cap is refused.
+        let huge = t.shm("huge");
+        let over = MAPPED_FILE_MAX_BYTES + page as u64;
+        std::fs::File::create(&huge).unwrap().set_len(over).unwrap();
+        let e = Segment::map_file(&huge, over as usize, 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("a file segment may map"), "{e}");
+
+        let seg = Segment::map_file(&ok, page, 0).unwrap();
+        // SAFETY: inside the live mapping; no references to it exist.
+        unsafe { seg.as_ptr().add(5).write(9) };
+        drop(seg);
+        assert_eq!(std::fs::read(&ok).unwrap()[5], 9, "the allowed file maps");
     }
 
     #[test]

@@ -6,9 +6,11 @@
 //! exporter (storage node shard, store client)          importer (store client on the same host)
 //! listen on abstract unix socket                        connect("\0mooncake-shm/<te_endpoint>")
 //!   "\0mooncake-shm/<te_endpoint>"                        (refused: not on this host / no export)
-//! accept; check SO_PEERCRED: same uid, or root
-//! send the offer, the memfd attached (SCM_RIGHTS) ───▶  mmap(memfd, MAP_SHARED) read+write
-//! send this importer's write page (a memfd)       ───▶  mmap it (`mem::inflight`)
+//! accept; check SO_PEERCRED: same uid, or root         check SO_PEERCRED: same uid, or root
+//! send the offer, the memfd attached (SCM_RIGHTS) ───▶  check the memfd's seals (no shrink,
+//!                                                         no grow); mmap(memfd, MAP_SHARED)
+//!                                                         read+write
+//! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`mem::inflight`)
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
 //!                                                       before each memcpy into the segment:
@@ -61,7 +63,14 @@
 //!
 //! Security: the memfd gives read and write access to the whole segment, so it goes only to a
 //! peer whose uid is ours or root's (`SO_PEERCRED`), i.e. to a process that could read our
-//! memory anyway. `docs/security.md` has the threat model.
+//! memory anyway. The same rule holds the other way (`trusted`, checked by the importer on
+//! the listener's credentials before it reads the offer): abstract names belong to the
+//! network namespace, not to a user, so another user's process could bind a node's name
+//! first and hand out its own memfd, to serve forged objects and receive our puts. Both
+//! memfds (segment and write page) must carry `F_SEAL_SHRINK | F_SEAL_GROW`: an exporter that
+//! shrank one after the importer checked its size would crash the importer with `SIGBUS`.
+//! A refused exporter is counted ([`exporters_refused`]) and logged, and the caller uses TCP.
+//! `docs/security.md` has the threat model.
 //!
 //! Invariants: an importer touches only `[base, base + len)` of the exporter's address space,
 //! translated into its own mapping ([`ShmMapping::translate`] checks every range); decoding an
@@ -72,7 +81,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -434,13 +443,20 @@ impl ShmExport {
     /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
     /// intents go to its catalog and their copies are fenced by its fence, each importer
     /// getting a write page (and the offer says so, whatever `offer.guards` was); without,
-    /// the offer asks for neither. Fails if the name is taken.
+    /// the offer asks for neither. Fails if the name is taken, and (`InvalidInput`) if `fd`
+    /// is not sealed at its size: every importer would refuse it.
     pub fn start(
         endpoint: &str,
         fd: BorrowedFd<'_>,
         mut offer: Offer,
         memory: Option<Arc<ServedMemory>>,
     ) -> io::Result<ShmExport> {
+        if !crate::mem::segment::size_sealed(fd)? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the descriptor is not a memfd sealed at its size, which importers require",
+            ));
+        }
         let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
         listener.set_nonblocking(true)?;
@@ -573,7 +589,8 @@ fn page_message() -> [u8; 8] {
 }
 
 /// True when the process at the other end of `conn` runs as this process's user or as root:
-/// the only peers a local socket that hands out memory may serve (`SO_PEERCRED`).
+/// the only peers a local socket that hands out memory may serve (`SO_PEERCRED`), and the
+/// only exporters an importer maps.
 pub fn peer_is_trusted(conn: &UnixStream) -> bool {
     peer_cred(conn).as_ref().is_some_and(trusted)
 }
@@ -602,6 +619,46 @@ fn peer_cred(conn: &UnixStream) -> Option<libc::ucred> {
         )
     };
     (rc == 0).then_some(cred)
+}
+
+/// Exporters this process refused to map so far: one running as another user than ours or
+/// root's (it could have bound a node's name first, to hand out forged objects and receive
+/// our puts), or one whose memfd is not sealed against shrinking (a shrink would crash us
+/// with `SIGBUS`).
+pub fn exporters_refused() -> u64 {
+    EXPORTERS_REFUSED.load(Ordering::Relaxed)
+}
+
+static EXPORTERS_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts and logs a refused exporter of `endpoint`; the error says why.
+fn refuse_exporter(endpoint: &str, why: String) -> io::Error {
+    EXPORTERS_REFUSED.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("same-host segment of {endpoint} not mapped ({why}): reached over TCP");
+    io::Error::new(io::ErrorKind::PermissionDenied, why)
+}
+
+/// The importer's half of [`trusted`]: the process listening on `conn`'s name (its
+/// credentials when it called `listen`) runs as our user or as root. Checked before a byte of
+/// the offer is read.
+fn check_exporter(conn: &UnixStream, endpoint: &str) -> io::Result<()> {
+    match peer_cred(conn) {
+        Some(cred) if trusted(&cred) => Ok(()),
+        Some(cred) => Err(refuse_exporter(
+            endpoint,
+            format!(
+                "its exporter, pid {}, runs as uid {}: neither ours ({}) nor root's",
+                cred.pid,
+                cred.uid,
+                // SAFETY: getuid has no preconditions.
+                unsafe { libc::getuid() }
+            ),
+        )),
+        None => Err(refuse_exporter(
+            endpoint,
+            "its exporter's credentials cannot be read".into(),
+        )),
+    }
 }
 
 /// False once the peer closed its end (a peek returns 0 bytes or an error other than "no
@@ -689,6 +746,35 @@ fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
     Ok((offer, fd))
 }
 
+/// Connects to the exporter of `endpoint`; `None` when nobody on this host exports it.
+fn connect(endpoint: &str) -> io::Result<Option<UnixStream>> {
+    let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
+    match UnixStream::connect_addr(&addr) {
+        Ok(c) => Ok(Some(c)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An offered memfd must be sealed against shrinking and growing (`PermissionDenied`
+/// otherwise): its size, checked once before it is mapped, must hold for the mapping's life.
+fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
+    if crate::mem::segment::size_sealed(fd)? {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "its memfd is not sealed against shrinking and growing",
+    ))
+}
+
 /// Receives the write page that follows a version 3 offer, and maps it.
 fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
     let mut bytes = [0u8; 8];
@@ -772,35 +858,29 @@ unsafe impl Sync for ShmMapping {}
 
 impl ShmMapping {
     /// Maps the segment exported for `endpoint` on this host: `Ok(None)` when nothing there
-    /// exports it (a remote endpoint, or an exporter that refused us).
+    /// exports it (a remote endpoint, or an exporter that refused us); `PermissionDenied`
+    /// when we refuse the exporter ([`exporters_refused`]: another user's process answers on
+    /// that name). Either way the caller reaches the segment over TCP.
     pub fn import(endpoint: &str) -> io::Result<Option<ShmMapping>> {
-        let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
-        let conn = match UnixStream::connect_addr(&addr) {
-            Ok(c) => c,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) => return Err(e),
+        let Some(conn) = connect(endpoint)? else {
+            return Ok(None);
         };
+        check_exporter(&conn, endpoint)?;
         conn.set_read_timeout(Some(OFFER_TIMEOUT))?;
         conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
-        let refused = |e: io::Error| match e.kind() {
-            // Refused (EOF, no fd): not ours to map.
-            io::ErrorKind::InvalidData => Ok(None),
-            _ => Err(e),
-        };
-        let (offer, fd) = match recv_offer(&conn) {
+        let received = recv_offer(&conn).and_then(|(offer, fd)| {
+            let writes = offer.guards.page().then(|| recv_page(&conn)).transpose()?;
+            check_sealed(fd.as_fd())?;
+            Ok((offer, fd, writes))
+        });
+        let (offer, fd, writes) = match received {
             Ok(x) => x,
-            Err(e) => return refused(e),
-        };
-        let writes = match offer.guards.page().then(|| recv_page(&conn)).transpose() {
-            Ok(w) => w,
-            Err(e) => return refused(e),
+            // Refused (EOF, no fd): not ours to map.
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(refuse_exporter(endpoint, e.to_string()))
+            }
+            Err(e) => return Err(e),
         };
         let len = usize::try_from(offer.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
@@ -1275,5 +1355,264 @@ mod tests {
         // SAFETY: inside the mapping (translate checks), no reference formed over it.
         let d = unsafe { crate::mem::Dst::from_raw(m.translate(offer.base, 4096).unwrap(), 4096) };
         assert!(!d.resident());
+    }
+
+    /// A memfd of `len` bytes, sealed at its size as a segment's is, or not sealed at all.
+    fn memfd(len: usize, sealed: bool) -> OwnedFd {
+        if sealed {
+            return crate::mem::segment::sized_memfd(c"mc-test", len, false).unwrap();
+        }
+        // SAFETY: a valid NUL-terminated name; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"mc-test-unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: a descriptor just returned to us.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: our own descriptor.
+        let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) };
+        assert_eq!(rc, 0);
+        fd
+    }
+
+    /// Binds `endpoint`'s name and serves one importer as an exporter would, but with the
+    /// descriptors given: `offer` with `segment` attached, then (with `page`) the write page
+    /// message with `page` attached; then holds the connection until the importer closes it.
+    fn raw_exporter(
+        endpoint: &str,
+        offer: Offer,
+        segment: OwnedFd,
+        page: Option<OwnedFd>,
+    ) -> JoinHandle<()> {
+        let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            // Errors are the importer's to see: it may close before the page goes.
+            let _ = send_with_fd(&conn, &offer.encode(), segment.as_raw_fd());
+            if let Some(page) = page {
+                let _ = send_with_fd(&conn, &page_message(), page.as_raw_fd());
+            }
+            let mut byte = [0u8; 1];
+            let _ = rawio::recv(conn.as_raw_fd(), &mut Dst::from(&mut byte[..]), 0);
+        })
+    }
+
+    /// An exporter will not offer a memfd its holders could shrink, and an importer maps
+    /// neither a segment memfd nor a write page that lacks the seals; with both sealed the
+    /// same exporter is mapped.
+    #[test]
+    fn memfds_without_size_seals_are_neither_offered_nor_mapped() {
+        let endpoint = format!("test-unsealed-{}:1", std::process::id());
+        let offer = Offer {
+            base: 1 << 30,
+            len: 1 << 20,
+            guards: Guards::None,
+        };
+        let unsealed = memfd(1 << 20, false);
+        let e = ShmExport::start(&endpoint, unsealed.as_fd(), offer, None)
+            .err()
+            .expect("an unsealed memfd was offered");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+
+        let refused = exporters_refused();
+        let t = raw_exporter(&endpoint, offer, unsealed, None);
+        let e = ShmMapping::import(&endpoint).expect_err("an unsealed segment was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("not sealed"), "{e}");
+        t.join().unwrap();
+
+        let paged = Offer {
+            guards: Guards::IntentsAndPage,
+            ..offer
+        };
+        let page = memfd(WRITE_PAGE_BYTES, false);
+        let t = raw_exporter(&endpoint, paged, memfd(1 << 20, true), Some(page));
+        let e = ShmMapping::import(&endpoint).expect_err("an unsealed write page was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("write page"), "{e}");
+        t.join().unwrap();
+        assert!(exporters_refused() >= refused + 2);
+
+        let page = memfd(WRITE_PAGE_BYTES, true);
+        let t = raw_exporter(&endpoint, paged, memfd(1 << 20, true), Some(page));
+        let m = ShmMapping::import(&endpoint)
+            .unwrap()
+            .expect("sealed: mapped");
+        assert_eq!(m.offer(), paged);
+        drop(m);
+        t.join().unwrap();
+    }
+
+    /// Nobody holding an exported segment's memfd or a write page, its exporter included,
+    /// can shrink or grow it, nor add a seal.
+    #[test]
+    fn an_exported_memfd_cannot_be_resized() {
+        let (seg, _memory, endpoint, _export) = served_export("sealed");
+        let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+        let (_page, page_fd) = WritePage::shared().unwrap();
+        let fds = [seg.shared_fd().expect("memfd-backed"), page_fd.as_fd()];
+        for fd in fds {
+            let len = crate::mem::segment::fstat(fd).unwrap().st_size;
+            for size in [0, len / 2, len + 1, 2 * len] {
+                // SAFETY: ftruncate on a descriptor we hold; refused, as asserted.
+                let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), size) };
+                let e = io::Error::last_os_error();
+                assert_eq!((rc, e.raw_os_error()), (-1, Some(libc::EPERM)), "to {size}");
+            }
+            // A future-write seal would stop the next importer from mapping it writable (a
+            // write seal fails anyway while a writable mapping exists).
+            // SAFETY: fcntl on a descriptor we hold; refused, as asserted.
+            let rc = unsafe {
+                libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_FUTURE_WRITE)
+            };
+            let e = io::Error::last_os_error();
+            assert_eq!(
+                (rc, e.raw_os_error()),
+                (-1, Some(libc::EPERM)),
+                "a seal added"
+            );
+        }
+        assert!(m.exporter_alive());
+    }
+
+    /// A process of another user (uid and gid 65534) listening on an endpoint's name, as a
+    /// local user who bound a node's name first would, offering a sealed memfd named
+    /// `mc-stranger` to the importer that connects. Killed and reaped on drop.
+    struct Stranger(libc::pid_t);
+
+    const NOBODY: libc::uid_t = 65534;
+
+    impl Stranger {
+        /// Forks the stranger and waits until it listens.
+        fn start(endpoint: &str) -> Stranger {
+            let name = socket_name(endpoint);
+            // SAFETY: sockaddr_un is plain data; all-zero is valid.
+            let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+            addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            assert!(name.len() < addr.sun_path.len());
+            for (d, b) in addr.sun_path[1..].iter_mut().zip(name.bytes()) {
+                *d = b as libc::c_char;
+            }
+            let addr_len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+            let offer = Offer {
+                base: 1 << 30,
+                len: 1 << 20,
+                guards: Guards::None,
+            }
+            .encode();
+            let mut ready = [-1 as RawFd; 2];
+            // SAFETY: `ready` has room for the two descriptors.
+            let rc = unsafe { libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) };
+            assert_eq!(rc, 0);
+            // SAFETY: the child runs `stranger_child` only, which makes system calls only.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+            if pid == 0 {
+                // SAFETY: we are the child just forked; the arguments were made before.
+                unsafe { stranger_child(ready[1], &addr, addr_len as libc::socklen_t, &offer) }
+            }
+            let stranger = Stranger(pid); // reaped even if the checks below fail
+            let mut byte = 0u8;
+            // SAFETY: our pipe's ends; one writable byte.
+            let n = unsafe {
+                libc::close(ready[1]);
+                let n = libc::read(ready[0], (&mut byte as *mut u8).cast(), 1);
+                libc::close(ready[0]);
+                n
+            };
+            assert_eq!(n, 1, "the stranger did not get to listen");
+            stranger
+        }
+    }
+
+    impl Drop for Stranger {
+        fn drop(&mut self) {
+            let mut status = 0;
+            // SAFETY: our own child; reaping it.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, &mut status, 0);
+            }
+        }
+    }
+
+    /// The stranger's life: become `NOBODY`, listen on `addr`, say so on `ready`, offer a
+    /// sealed memfd to the first importer and wait for it to close. Exits with a status
+    /// naming the step that failed; killed after 10 s at the latest.
+    ///
+    /// # Safety
+    ///
+    /// Only in a child just forked from this (multi-threaded) test process: it makes system
+    /// calls only, no allocation and no lock, since the fork copied the other threads' locks
+    /// in whatever state they were.
+    unsafe fn stranger_child(
+        ready: RawFd,
+        addr: &libc::sockaddr_un,
+        addr_len: libc::socklen_t,
+        offer: &[u8; OFFER_BYTES],
+    ) -> ! {
+        // SAFETY: system calls on our own descriptors and buffers (see the function's doc).
+        unsafe {
+            libc::alarm(10);
+            // Keep only stdio and `ready` (as 3): the other tests' descriptors stay theirs.
+            if libc::dup2(ready, 3) != 3 {
+                libc::_exit(2);
+            }
+            libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setgid, NOBODY) != 0
+                || libc::syscall(libc::SYS_setuid, NOBODY) != 0
+            {
+                libc::_exit(3);
+            }
+            let sock = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let sa = (addr as *const libc::sockaddr_un).cast::<libc::sockaddr>();
+            if sock < 0 || libc::bind(sock, sa, addr_len) != 0 || libc::listen(sock, 4) != 0 {
+                libc::_exit(4);
+            }
+            let memfd = libc::memfd_create(c"mc-stranger".as_ptr(), libc::MFD_ALLOW_SEALING);
+            if memfd < 0
+                || libc::ftruncate(memfd, 1 << 20) != 0
+                || libc::fcntl(memfd, libc::F_ADD_SEALS, crate::mem::segment::SIZE_SEALS) != 0
+            {
+                libc::_exit(5);
+            }
+            if libc::write(3, b"r".as_ptr().cast(), 1) != 1 {
+                libc::_exit(6);
+            }
+            let conn = libc::accept(sock, std::ptr::null_mut(), std::ptr::null_mut());
+            if conn < 0 {
+                libc::_exit(7);
+            }
+            let conn = UnixStream::from_raw_fd(conn);
+            let _ = send_with_fd(&conn, offer, memfd);
+            let mut byte = 0u8;
+            libc::read(conn.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0)
+        }
+    }
+
+    /// Another user's process that took a node's name first is refused before a byte of its
+    /// offer is read: the import fails naming its uid, is counted, and its memfd is never
+    /// mapped. (The seals are in order: only the uid is wrong.)
+    #[test]
+    fn an_exporter_of_another_user_is_refused() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: no process of another user to start; not checked");
+            return;
+        }
+        let endpoint = format!("test-stranger-{}:1", std::process::id());
+        let stranger = Stranger::start(&endpoint);
+        let refused = exporters_refused();
+        let e = ShmMapping::import(&endpoint).expect_err("another user's memfd was mapped");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+        assert!(exporters_refused() > refused);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("mc-stranger"),
+            "the stranger's memfd is mapped"
+        );
+        drop(stranger);
     }
 }

@@ -32,7 +32,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{EP_HEADER_BYTES, EP_MAX_RANKS};
-use crate::mem::segment::{fstat, mmap_shared};
+use crate::mem::segment::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCEPSEG1");
 const LINES_OFF: usize = 1024;
@@ -161,17 +161,15 @@ impl EpSegment {
         Ok(seg)
     }
 
-    /// Maps a peer's buffer and checks it belongs to a group of `ranks` as rank `rank`.
+    /// Maps a peer's buffer and checks it belongs to a group of `ranks` as rank `rank`. The
+    /// path comes from the peer, so it is opened as every path from outside is
+    /// ([`crate::mem::file::open_for_mapping`]: a regular file of ours in `/dev/shm`, no
+    /// link, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Self> {
-        let c = cpath(path)?;
-        // SAFETY: `c` is a valid C string.
-        let raw = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = fstat(fd.as_fd())?.st_size as usize;
+        let (file, meta) = crate::mem::file::open_for_mapping(std::path::Path::new(path))?;
+        let fd = OwnedFd::from(file);
+        let len = usize::try_from(meta.len())
+            .map_err(|_| invalid(format!("{path}: {} bytes", meta.len())))?;
         if len < EP_HEADER_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -292,5 +290,36 @@ impl Drop for EpSegment {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping; no reference into it outlives self.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer names the path of its buffer: a link to a real buffer and a FIFO are refused
+    /// (the FIFO without blocking), the real path opens.
+    #[test]
+    fn a_peer_path_opens_only_a_buffer_file_of_ours() {
+        let path = format!("/dev/shm/mc-ep-seg-test-paths-{}", std::process::id());
+        let (link, fifo) = (format!("{path}-link"), format!("{path}-fifo"));
+        let _own = EpSegment::create(&path, 2, 1, 4096).expect("buffer");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let c = cpath(&fifo).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let kind = |p: &str| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = p.to_string();
+            std::thread::spawn(move || tx.send(EpSegment::open(&p, 2, 1).err().map(|e| e.kind())));
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the open blocked")
+        };
+        assert_eq!(kind(&link), Some(io::ErrorKind::PermissionDenied));
+        assert_eq!(kind(&fifo), Some(io::ErrorKind::InvalidInput));
+        assert_eq!(kind(&path), None, "the buffer itself opens");
+        for p in [&path, &link, &fifo] {
+            std::fs::remove_file(p).unwrap();
+        }
     }
 }
