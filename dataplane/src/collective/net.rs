@@ -17,7 +17,8 @@
 //! in its own mailbox for that slot (the low half `u32::MAX`: "a replica, ask the network
 //! layer", [`Net::joiner`]); the member switches to that replica when it adopts the view
 //! naming the pid. A member refuses a joiner while the group reads peers' memory directly
-//! (a remote process cannot serve `process_vm_readv`). Frames (little-endian, 24-byte header):
+//! (a remote process cannot serve `process_vm_readv`), and keeps at most
+//! [`PG_NET_JOINERS_MAX`] joiners admitted at once. Frames (little-endian, 24-byte header):
 //!
 //! ```text
 //! hello (once, writer -> reader):  magic "MCPGNET1" u64 | ranks u32 | from u32 | to u32 | 0 u32
@@ -28,6 +29,41 @@
 //!         kind 2 STORE:     store n (u64, Release) into the header counter at `offset`
 //!         kind 3 HEARTBEAT: nothing (liveness only)
 //! ```
+//!
+//! Who may link ([`LinkAuth`]). With a cluster secret (`protocol::auth`), every connection
+//! (a founder's link, a joiner's, an EP link, [`super::ep::net`]) starts with the cluster-secret
+//! handshake, the connecting side as client, before its hello; the listener reads the hello
+//! only after an ACCEPT, and gives the whole exchange [`PG_NET_HELLO_TIMEOUT_MS`]. The key is
+//! not the cluster secret itself but one derived from it and the group, so a process with the
+//! secret but of another group (or an EP link knocking on a pg listener) fails the same way
+//! as a stranger:
+//!
+//! ```text
+//!  connecting side                                  listener
+//!    | auth HELLO      nonce_c                 32 B   |
+//!    |----------------------------------------------->|
+//!    |               auth CHALLENGE nonce_s    32 B   |
+//!    |<-----------------------------------------------|
+//!    | auth PROOF      mac_c                   32 B   |
+//!    |----------------------------------------------->|  wrong: REFUSE, close, counted
+//!    |               auth ACCEPT mac_s         32 B   |
+//!    |<-----------------------------------------------|  the connecting side checks mac_s
+//!    | hello (MCPGNET1 / MCPGJOIN / MCEPNET1)  24 B   |
+//!    |----------------------------------------------->|  then frames as above
+//!
+//!  key   = HMAC-SHA256(cluster secret, "mooncake-rs auth v1 derive" || kind || 0 || group)
+//!  mac_c = HMAC-SHA256(key, "mooncake-rs auth v1 client" || nonce_c || nonce_s)[..24]
+//!  mac_s = HMAC-SHA256(key, "mooncake-rs auth v1 server" || nonce_c || nonce_s)[..24]
+//!  kind  = "pg" or "ep"; group = the id every member agrees on (mooncake.pg: a random id
+//!          rank 0 puts in the torch store; EP: every rank's host, endpoint, size and path)
+//! ```
+//!
+//! A refused connection is closed before any byte of the group's data is sent to it, takes
+//! no rank's place (the real rank can still connect), is logged and counted
+//! ([`refused_links`]). Without a secret nothing of the handshake is sent (the hello comes
+//! first, as always), and links that listen beyond loopback log a warning once. Because each
+//! outgoing link now waits for its peer's listener to answer, a rank connects to its peers on
+//! a thread of its own while it accepts theirs (`connect_while_accepting`).
 //!
 //! What is pushed ([`Link::sync`]), in this order on one connection, so that a STORE of a
 //! counter always follows the bytes it publishes (the same Release/Acquire pairing as shared
@@ -81,7 +117,8 @@ const JOIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Hello of a process joining the group later (a replacement on another host).
 pub const JOIN_MAGIC: u64 = u64::from_le_bytes(*b"MCPGJOIN");
 const HELLO_TIMEOUT: Duration = Duration::from_millis(PG_NET_HELLO_TIMEOUT_MS);
-pub(crate) const FRAME_BYTES: usize = 24;
+/// Bytes of a hello and of a frame header.
+pub const FRAME_BYTES: usize = 24;
 const KIND_WRITE: u32 = 1;
 const KIND_STORE: u32 = 2;
 pub(crate) const KIND_HEARTBEAT: u32 = 3;

@@ -20,6 +20,12 @@
 //! phase: 0 dispatch, 1 combine
 //! ```
 //!
+//! With a cluster secret, every connection first runs `mooncake.pg`'s handshake under a key
+//! derived from the secret and the group (kind `"ep"`; the group is named by every rank's
+//! host, endpoint, size and path, which all ranks pass alike), before its hello: see "Who may
+//! link" in [`crate::collective::net`]. A peer that fails is closed before its hello is read
+//! and takes no rank's place.
+//!
 //! The writer of a frame is the rank at the other end of the connection (fixed by the
 //! hello), so a frame can only touch the fields that rank owns. Every frame is checked: a
 //! WRITE must lie inside the data area, a DESC must name a phase, a set 0/1 and carry 16
@@ -215,7 +221,7 @@ impl EpNet {
         let connect = || {
             let mut links = Vec::new();
             for r in remotes {
-                let at = |e: io::Error| {
+                let sock = connect_until(&r.endpoint, deadline).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!(
@@ -223,10 +229,11 @@ impl EpNet {
                             r.rank, r.endpoint
                         ),
                     )
-                };
-                let sock = connect_until(&r.endpoint, deadline).map_err(at)?;
+                })?;
                 sock.set_nodelay(true)?;
-                auth.connect(&sock, deadline).map_err(at)?;
+                auth.connect(&sock, deadline).map_err(|e| {
+                    io::Error::new(e.kind(), format!("rank {} at {}: {e}", r.rank, r.endpoint))
+                })?;
                 let hello = Hello {
                     magic: HELLO_MAGIC,
                     ranks: ranks as u32,
