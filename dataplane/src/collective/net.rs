@@ -258,7 +258,7 @@ impl LinkAuth {
         client_handshake(&mut Timed { sock, until }, key).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("{e} (the same cluster secret and group on both sides?)"),
+                format!("{e}; a link proves the cluster secret and its group's id"),
             )
         })
     }
