@@ -156,5 +156,17 @@ pub const PG_NET_INLINE_BYTES: usize = 64 * 1024;
 pub const PG_NET_HEARTBEAT_MIN_MS: u64 = 5;
 pub const PG_NET_HEARTBEAT_MAX_MS: u64 = 500;
 
+/// How long a `mooncake.pg` or EP listener gives one incoming connection to finish the
+/// cluster-secret handshake (with a secret) and send its hello. Listeners serve connections
+/// one at a time, so a silent stranger delays the next one by at most this much.
+pub const PG_NET_HELLO_TIMEOUT_MS: u64 = 5_000;
+/// Processes on other hosts a `mooncake.pg` rank keeps admitted at once (joiners whose link
+/// is alive, waiting for activation or members since): each costs a replica memfd, a receive
+/// thread and a link. One per other slot of the largest group, and one to spare (a
+/// replacement retrying while its predecessor's link has not yet timed out).
+pub const PG_NET_JOINERS_MAX: usize = PG_MAX_RANKS;
+
 const _: () = assert!(PG_NET_INLINE_BYTES <= PG_NET_RX_BUFFER_BYTES);
+const _: () = assert!(PG_NET_HELLO_TIMEOUT_MS < PG_NET_CONNECT_TIMEOUT_MS);
+const _: () = assert!(PG_NET_JOINERS_MAX >= PG_MAX_RANKS - 1);
 const _: () = assert!(PG_NET_HEARTBEAT_MIN_MS <= PG_NET_HEARTBEAT_MAX_MS);

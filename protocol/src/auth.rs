@@ -37,6 +37,11 @@
 //! request first gets an error response, not a hang). The master reads a 16-byte frame
 //! header first and does the same.
 //!
+//! A narrower door runs the same handshake under a secret derived from the cluster secret
+//! and a context ([`Token::derive`]: `HMAC-SHA256(secret, "mooncake-rs auth v1 derive" ||
+//! context)`): `mooncake.pg` and EP links name their group in the context, so only peers that
+//! know both pass.
+//!
 //! This module is sans-I/O for the servers ([`ServerHandshake`] turns each received frame
 //! into the frame to send back) and offers blocking helpers over `Read + Write` for the
 //! clients and the blocking server ([`client_handshake`], [`server_handshake`]).
@@ -69,6 +74,7 @@ pub const ENV_TOKEN: &str = "MC_AUTH_TOKEN";
 pub const ENV_TOKEN_FILE: &str = "MC_AUTH_TOKEN_FILE";
 
 const CLIENT_LABEL: &[u8] = b"mooncake-rs auth v1 client";
+const DERIVE_LABEL: &[u8] = b"mooncake-rs auth v1 derive";
 const HTTP_LABEL: &[u8] = b"mooncake-rs auth v1 http";
 const SERVER_LABEL: &[u8] = b"mooncake-rs auth v1 server";
 
@@ -326,6 +332,24 @@ impl Token {
     }
 }
 
+impl Token {
+    /// The secret of one narrower door: `HMAC-SHA256(secret, "mooncake-rs auth v1 derive" ||
+    /// context)` (32 bytes), for a handshake that only peers which know both the cluster
+    /// secret and `context` pass. `mooncake.pg` and EP bind their links to one group this
+    /// way (`context` names the link kind and the group), so a member of another group with
+    /// the same secret fails the handshake, and a derived secret seen by one group's members
+    /// opens no other door (it is not the cluster secret, nor another context's).
+    pub fn derive(&self, context: &[u8]) -> Token {
+        Token {
+            secret: self
+                .mac(DERIVE_LABEL, context, b"")
+                .finalize()
+                .into_bytes()
+                .to_vec(),
+        }
+    }
+}
+
 /// Why the token file at `path` is readable beyond its owner, or `None` when it is not (or its
 /// mode cannot be read: reading it just succeeded, so that is not worth a second error).
 pub fn loose_mode(path: &Path) -> Option<String> {
@@ -395,7 +419,7 @@ fn fresh_nonce() -> [u8; VALUE_BYTES] {
 /// The server's side of one handshake, fed one received frame at a time.
 #[derive(Debug)]
 pub struct ServerHandshake {
-    token: &'static Token,
+    token: Token,
     state: ServerState,
 }
 
@@ -428,9 +452,9 @@ fn refuse(why: AuthError) -> ServerStep {
 }
 
 impl ServerHandshake {
-    pub fn new(token: &'static Token) -> ServerHandshake {
+    pub fn new(token: &Token) -> ServerHandshake {
         ServerHandshake {
-            token,
+            token: token.clone(),
             state: ServerState::AwaitHello,
         }
     }
@@ -556,10 +580,7 @@ pub enum ServerRefusal {
 
 /// Runs the server's side on an accepted connection (bounded by the socket's timeouts).
 /// `Ok(())`: the peer proved the secret and got our ACCEPT.
-pub fn server_handshake<S: Read + Write>(
-    s: &mut S,
-    token: &'static Token,
-) -> Result<(), ServerRefusal> {
+pub fn server_handshake<S: Read + Write>(s: &mut S, token: &Token) -> Result<(), ServerRefusal> {
     let mut hs = ServerHandshake::new(token);
     loop {
         let b = read_frame(s, "waiting for a handshake frame").map_err(ServerRefusal::Failed)?;
@@ -637,6 +658,31 @@ mod tests {
         let (c, s) = pair(leak("wrong"), leak("s3cret"));
         assert_eq!(c, Err(AuthError::Refused));
         assert!(!s);
+    }
+
+    #[test]
+    fn a_derived_secret_binds_the_context() {
+        let t = leak("s3cret");
+        let (g1, g2) = (t.derive(b"pg\0group-1"), t.derive(b"pg\0group-2"));
+        let d = |tok: Token| &*Box::leak(Box::new(tok));
+        // Same secret, same context: both sides pass.
+        assert_eq!(
+            pair(d(t.derive(b"pg\0group-1")), d(g1.clone())),
+            (Ok(()), true)
+        );
+        // Another context (another group, or EP instead of pg) fails both ways, as does the
+        // cluster secret itself or the same context under another secret.
+        assert_eq!(
+            pair(d(g2.clone()), d(g1.clone())),
+            (Err(AuthError::Refused), false)
+        );
+        assert!(!pair(d(g1.clone()), d(t.derive(b"ep\0group-1"))).1);
+        assert!(!pair(t, d(g1.clone())).1);
+        assert!(!pair(d(leak("other").derive(b"pg\0group-1")), d(g1.clone())).1);
+        // The derived secret is neither the cluster secret nor the HTTP bearer's input.
+        assert_ne!(&g1, t);
+        assert_eq!(g1.secret.len(), 32);
+        assert_ne!(g1.http_bearer(), t.http_bearer());
     }
 
     #[test]

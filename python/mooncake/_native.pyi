@@ -904,26 +904,30 @@ class PgComm:
         auto_deactivate: bool,
         endpoints: Sequence[str] | None = None,
         founders: int | None = None,
+        group: str | None = None,
     ) -> None:
         """Maps every same-host peer's segment (`paths[r]` for rank `r`), links to the
         ranks on other hosts (`endpoints[r]` = `host:port` non-empty; `paths[r]` unused)
         and starts the workers. Releases the GIL while it connects. `founders` (default:
         every slot) is how many slots the group starts with: slots from `founders` on are
         empty, inactive places a process may later join by extension (`max_group_size` >
-        group size; their `paths` entries are unused).
+        group size; their `paths` entries are unused). `group` is the group's id, the same
+        on every rank: with a cluster secret, only peers that prove the secret and this id
+        link (docs/pg.md).
         """
     def connect_extension(
         self,
         paths: Sequence[str | None],
         auto_deactivate: bool,
         endpoints: Sequence[str | None] | None = None,
+        group: str | None = None,
     ) -> None:
         """Joins an existing group as a new process for this rank (`is_extension`): maps
         every live member's segment on this host (`paths[r]`, `None` for this rank or a
         member that is gone), links to the members on other hosts (`endpoints[r]` =
         `host:port` of their listener; needs `listen()` first), starts in the group's newest
         view with only this rank active (isolated until `join`), and announces itself to
-        every member.
+        every member. `group` is the group's id, as in `connect`.
         """
     def proc_path(self) -> tuple[int, int]:
         """`(pid, fd)` of this rank's segment: `/proc/<pid>/fd/<fd>` reopens it."""
@@ -1014,6 +1018,8 @@ class EpBuffer:
     ) -> None:
         """Connects to every peer: `hosts[r]` equal to this rank's maps `paths[r]`, another
         host is linked over TCP to `endpoints[r]` (whose data area has `sizes[r]` bytes).
+        Every rank passes the same lists, so they name the group: with a cluster secret,
+        only peers that prove the secret and these lists link (docs/ep.md).
         """
     @staticmethod
     def need_bytes(ranks: int, tokens_max: int, hidden: int, experts: int) -> int:

@@ -16,6 +16,7 @@ import warnings
 
 from mooncake import _native
 from mooncake.pg import (
+    _GROUP_KEY,
     ProposalStatus,
     ProposeViewUpdateResponse,
     _host_id,
@@ -109,7 +110,9 @@ def connect_extension(store, rank, slots, auto_deactivate, global_ranks, host_ip
                 )
             paths.append(None)
             endpoints.append(rest[0] if rest else None)
-        comm.connect_extension(paths, auto_deactivate, endpoints)
+        group = (store.get(_GROUP_KEY).decode()
+                 if founders is not None and store.check([_GROUP_KEY]) else "")
+        comm.connect_extension(paths, auto_deactivate, endpoints, group)
         if group_cma and not comm.cma_probe():
             raise RuntimeError(
                 "the group reads peers' memory directly (process_vm_readv) but this process "

@@ -98,6 +98,10 @@ _OP_CODES = {
 # --------------------------------------------------------------------------------------------
 # process-wide settings
 
+# Store key of the group's id (random, chosen by rank 0): with a cluster secret every TCP link
+# of the group proves it knows both (docs/pg.md, Security).
+_GROUP_KEY = "mooncake_pg/group"
+
 
 class _Settings:
     host_ip = "127.0.0.1"
@@ -493,9 +497,14 @@ class MooncakeProcessGroup(dist.ProcessGroup):
             me = _host_id()
             ip = _Settings.host_ip
             endpoint = f"[{ip}]:{comm.listen(ip)}" if ":" in ip else f"{ip}:{comm.listen(ip)}"
+            if rank == 0:
+                # The group's id, which every link proves with the cluster secret (if one is
+                # set): set before rank 0's segment key, so a rank that saw that key reads it.
+                store.set(_GROUP_KEY, uuid.uuid4().hex)
             store.set(f"mooncake_pg/seg/{rank}", f"{me}\n{endpoint}\n{path}")
             keys = [f"mooncake_pg/seg/{r}" for r in range(size)]
             store.wait(keys)
+            group = store.get(_GROUP_KEY).decode()
             paths, endpoints = [], []
             for k in keys:
                 host, ep, p = store.get(k).decode().split("\n", 2)
@@ -504,7 +513,7 @@ class MooncakeProcessGroup(dist.ProcessGroup):
                 endpoints.append("" if host == me else ep)
             # Slots past the torch group's size are empty until a process extends the group.
             pad = [""] * (slots - size)
-            comm.connect(paths + pad, auto_deactivate, endpoints + pad, size)
+            comm.connect(paths + pad, auto_deactivate, endpoints + pad, size, group)
             # Single-copy reads of peers' tensors (process_vm_readv) only if every rank can
             # read every peer: the same decision everywhere.
             cma = os.environ.get("MC_PG_CMA", "1").lower() not in ("0", "false", "no", "off")

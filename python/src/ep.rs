@@ -18,6 +18,7 @@ use dataplane::collective::ep::net::{EpNet, Remote};
 use dataplane::collective::ep::{
     dispatch::DispatchOut, size_hint, EpPeer, EpRuntime, EpSegment, LocalPeer, Shape,
 };
+use dataplane::collective::net::LinkAuth;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -29,6 +30,21 @@ fn shape(ranks: usize, tokens_max: usize, hidden: usize, experts: usize) -> Shap
         experts,
         ranks,
     }
+}
+
+/// The id of an EP group: every rank's host, endpoint, size and buffer path (which holds a
+/// random part), each field length-prefixed. Every rank gets the same lists from one
+/// `all_gather`, and no two buffers share an endpoint and path.
+fn group_id(paths: &[String], hosts: &[String], endpoints: &[String], sizes: &[usize]) -> Vec<u8> {
+    let mut id = Vec::new();
+    for (((p, h), e), s) in paths.iter().zip(hosts).zip(endpoints).zip(sizes) {
+        let size = s.to_string();
+        for f in [h.as_str(), e.as_str(), size.as_str(), p.as_str()] {
+            id.extend_from_slice(&(f.len() as u64).to_le_bytes());
+            id.extend_from_slice(f.as_bytes());
+        }
+    }
+    id
 }
 
 fn err(e: String) -> PyErr {
@@ -101,7 +117,9 @@ impl PyEpBuffer {
     }
 
     /// Connects to every peer: `hosts[r]` equal to this rank's maps `paths[r]`, another host
-    /// is linked over TCP to `endpoints[r]` (whose data area has `sizes[r]` bytes).
+    /// is linked over TCP to `endpoints[r]` (whose data area has `sizes[r]` bytes). Every rank
+    /// passes the same lists, so they name the group: with a cluster secret, only peers that
+    /// prove the secret and these lists link (docs/ep.md).
     fn connect(
         &self,
         py: Python<'_>,
@@ -152,8 +170,9 @@ impl PyEpBuffer {
             None
         } else {
             let (rank, o) = (self.rank, own.clone());
+            let auth = LinkAuth::process(b"ep", &group_id(&paths, &hosts, &endpoints, &sizes));
             let (net, remote_peers) = py
-                .detach(|| EpNet::establish(listener, o, rank, n, &remotes))
+                .detach(|| EpNet::establish(listener, o, rank, n, &remotes, &auth))
                 .map_err(|e| {
                     PyRuntimeError::new_err(format!("Mooncake EP: linking to other hosts: {e}"))
                 })?;

@@ -13,8 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dataplane::collective::{
-    membership, net::Net, seg::Segment, CollOp, Comm, Completion, DType, ReduceOp,
-    COLLECTIVE_TIMEOUT_US, P2P_TIMEOUT_US, RECONCILIATION_WINDOW_US,
+    membership,
+    net::{LinkAuth, Net},
+    seg::Segment,
+    CollOp, Comm, Completion, DType, ReduceOp, COLLECTIVE_TIMEOUT_US, P2P_TIMEOUT_US,
+    RECONCILIATION_WINDOW_US,
 };
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -72,7 +75,14 @@ type NetMaker = fn(
     usize,
     &[(usize, String)],
     Vec<(usize, Segment)>,
+    &LinkAuth,
 ) -> std::io::Result<Net>;
+
+/// Who may link to this group: peers that prove this process's cluster secret (if one is
+/// set) and the group's id (`group`, which every rank reads from the torch store).
+fn auth(group: Option<&str>) -> LinkAuth {
+    LinkAuth::process(b"pg", group.unwrap_or("").as_bytes())
+}
 
 /// One rank's communicator: created with its segment, connected once every rank's segment
 /// path is known.
@@ -121,14 +131,17 @@ impl PyPgComm {
 
     /// The links to the ranks on other hosts (`remotes`, with their replicas' receive
     /// sides), made by `make` (`Net::establish` for a founder, `Net::join` for a process
-    /// joining later) on the listener `listen()` made, with the GIL released. `None` without
-    /// a listener when no rank is remote. `who` / `doing` word the errors.
+    /// joining later) on the listener `listen()` made, with the GIL released, every link
+    /// passing `auth`. `None` without a listener when no rank is remote. `who` / `doing` word
+    /// the errors.
+    #[allow(clippy::too_many_arguments)]
     fn link(
         &self,
         py: Python<'_>,
         make: NetMaker,
         remotes: Vec<(usize, String)>,
         replicas: Vec<(usize, Segment)>,
+        auth: LinkAuth,
         who: &str,
         doing: &str,
     ) -> PyResult<Option<Net>> {
@@ -141,7 +154,7 @@ impl PyPgComm {
             )));
         };
         let (me, n) = (self.rank, self.ranks);
-        py.detach(move || make(l, me, n, &remotes, replicas))
+        py.detach(move || make(l, me, n, &remotes, replicas, &auth))
             .map(Some)
             .map_err(|e| PyRuntimeError::new_err(format!("Mooncake PG: {doing} other hosts: {e}")))
     }
@@ -188,8 +201,9 @@ impl PyPgComm {
     /// the workers. Releases the GIL while it connects. `founders` (default: every slot) is
     /// how many slots the group starts with: slots from `founders` on are empty, inactive
     /// places a process may later join by extension (`max_group_size` > group size; their
-    /// `paths` entries are unused).
-    #[pyo3(signature = (paths, auto_deactivate, endpoints=None, founders=None))]
+    /// `paths` entries are unused). `group` is the group's id, the same on every rank: with a
+    /// cluster secret, only peers that prove the secret and this id link (docs/pg.md).
+    #[pyo3(signature = (paths, auto_deactivate, endpoints=None, founders=None, group=None))]
     fn connect(
         &self,
         py: Python<'_>,
@@ -197,6 +211,7 @@ impl PyPgComm {
         auto_deactivate: bool,
         endpoints: Option<Vec<String>>,
         founders: Option<usize>,
+        group: Option<&str>,
     ) -> PyResult<()> {
         if paths.len() != self.ranks {
             return Err(PyValueError::new_err("one segment path per rank is needed"));
@@ -244,7 +259,15 @@ impl PyPgComm {
         }
         // With a listener (mooncake.pg always makes one) the links are built even when every
         // founder is on this host: a process on another host may take a slot over later.
-        let net = self.link(py, Net::establish, remotes, replicas, "ranks", "linking to")?;
+        let net = self.link(
+            py,
+            Net::establish,
+            remotes,
+            replicas,
+            auth(group),
+            "ranks",
+            "linking to",
+        )?;
         let own = self
             .own
             .lock()
@@ -265,14 +288,16 @@ impl PyPgComm {
     /// live member's segment on this host (`paths[r]`, `None` for this rank or a member that
     /// is gone), links to the members on other hosts (`endpoints[r]` = `host:port` of their
     /// listener; needs `listen()` first), starts in the group's newest view with only this
-    /// rank active (isolated until `join`), and announces itself to every member.
-    #[pyo3(signature = (paths, auto_deactivate, endpoints=None))]
+    /// rank active (isolated until `join`), and announces itself to every member. `group`
+    /// is the group's id, as in `connect`.
+    #[pyo3(signature = (paths, auto_deactivate, endpoints=None, group=None))]
     fn connect_extension(
         &self,
         py: Python<'_>,
         paths: Vec<Option<String>>,
         auto_deactivate: bool,
         endpoints: Option<Vec<Option<String>>>,
+        group: Option<&str>,
     ) -> PyResult<()> {
         if paths.len() != self.ranks {
             return Err(PyValueError::new_err("one segment path per rank is needed"));
@@ -313,6 +338,7 @@ impl PyPgComm {
             Net::join,
             remotes,
             replicas,
+            auth(group),
             "members",
             "joining the members on",
         )?;

@@ -25,17 +25,20 @@ from test_ep import free_port  # noqa: E402
 # (scenario, hosts of the ranks, victim SIGKILLs itself)
 GROUPS = {
     "basic-ab": ("basic", "ab", False),
+    "secret-ab": ("basic", "ab", False),
     "basic-aab": ("basic", "aab", False),
     "dead-aab": ("dead", "aab", False),
     "killed-aab": ("dead", "aab", True),
 }
 
 
-def start_group(scenario, hosts, kill, tmp):
+def start_group(scenario, hosts, kill, tmp, secret=False):
     port = free_port()
     procs = []
     for r, h in enumerate(hosts):
         env = dict(os.environ, MC_PG_HOST_ID=f"ep-tcp-host-{h}", EP_HOSTS=hosts)
+        if secret:
+            env["MC_AUTH_TOKEN"] = "ep-tcp-test-cluster-secret"
         if kill:
             env["EP_VICTIM_SIGKILL"] = "1"
         procs.append(subprocess.Popen(
@@ -46,7 +49,8 @@ def start_group(scenario, hosts, kill, tmp):
 
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory):
-    started = {name: start_group(s, h, k, tmp_path_factory.mktemp(name))
+    started = {name: start_group(s, h, k, tmp_path_factory.mktemp(name),
+                                 secret=name.startswith("secret"))
                for name, (s, h, k) in GROUPS.items()}
     yield started
     for procs in started.values():
@@ -78,6 +82,13 @@ def finish(groups, name, timeout=150):
 @pytest.mark.parametrize("name", ["basic-ab", "basic-aab"])
 def test_ep_tcp_dispatch_combine_against_reference(groups, name):
     finish(groups, name)
+
+
+def test_ep_tcp_with_a_cluster_secret(groups):
+    """With the same MC_AUTH_TOKEN on both ranks, each link proves the secret and the group
+    (every rank's host, endpoint, size and buffer name) before its hello, and dispatch and
+    combine give the reference results (docs/ep.md)."""
+    finish(groups, "secret-ab")
 
 
 def test_ep_tcp_rank_that_never_dispatches_is_marked_after_timeout(groups):

@@ -113,8 +113,18 @@ def test_membership_replacement_process(hosts):
     Across hosts (``hosts``: the founders' host ids; the new process runs on rank 2's) it
     maps the members on its host and links to the others over TCP; "linked-only": it is
     alone on its host."""
+    replace_rank_2(None if hosts is None else {"PG_HOST_IDS": hosts})
+
+
+def test_membership_replacement_process_with_a_cluster_secret():
+    """As the "linked-only" case with MC_AUTH_TOKEN on every process: the new process on
+    another host proves the secret and the group's id (read from the store) to each member
+    before its join hello, and is admitted (docs/pg.md, Security)."""
+    replace_rank_2({"PG_HOST_IDS": "a,a,b", "MC_AUTH_TOKEN": "pg-membership-test-secret"})
+
+
+def replace_rank_2(env):
     world, port = 3, free_port()
-    env = None if hosts is None else {"PG_HOST_IDS": hosts}
     procs = [(r, spawn("replace", r, world, port, env)) for r in range(world)]
     victim = procs[2][1]
     try:

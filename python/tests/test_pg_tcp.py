@@ -65,6 +65,14 @@ def test_pg_tcp_mixed_group():
     run_group("tcp_ops", "a,a,b", timeout=150, env={"PG_TCP_LIGHT": "1"})
 
 
+def test_pg_tcp_with_a_cluster_secret():
+    """With the same MC_AUTH_TOKEN on every rank, each TCP link first proves the secret and
+    the group's id (which rank 0 put in the store), and every op runs as without it
+    (docs/pg.md, Security)."""
+    run_group("tcp_ops", "a,a,b", timeout=150,
+              env={"PG_TCP_LIGHT": "1", "MC_AUTH_TOKEN": "pg-tcp-test-cluster-secret"})
+
+
 def test_pg_tcp_bad_input():
     """Mismatched calls across hosts fail everywhere, without a hang."""
     run_group("bad_input", "a,b")

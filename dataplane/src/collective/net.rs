@@ -17,7 +17,8 @@
 //! in its own mailbox for that slot (the low half `u32::MAX`: "a replica, ask the network
 //! layer", [`Net::joiner`]); the member switches to that replica when it adopts the view
 //! naming the pid. A member refuses a joiner while the group reads peers' memory directly
-//! (a remote process cannot serve `process_vm_readv`). Frames (little-endian, 24-byte header):
+//! (a remote process cannot serve `process_vm_readv`), and keeps at most
+//! [`PG_NET_JOINERS_MAX`] joiners admitted at once. Frames (little-endian, 24-byte header):
 //!
 //! ```text
 //! hello (once, writer -> reader):  magic "MCPGNET1" u64 | ranks u32 | from u32 | to u32 | 0 u32
@@ -28,6 +29,41 @@
 //!         kind 2 STORE:     store n (u64, Release) into the header counter at `offset`
 //!         kind 3 HEARTBEAT: nothing (liveness only)
 //! ```
+//!
+//! Who may link ([`LinkAuth`]). With a cluster secret (`protocol::auth`), every connection
+//! (a founder's link, a joiner's, an EP link, [`super::ep::net`]) starts with the cluster-secret
+//! handshake, the connecting side as client, before its hello; the listener reads the hello
+//! only after an ACCEPT, and gives the whole exchange [`PG_NET_HELLO_TIMEOUT_MS`]. The key is
+//! not the cluster secret itself but one derived from it and the group, so a process with the
+//! secret but of another group (or an EP link knocking on a pg listener) fails the same way
+//! as a stranger:
+//!
+//! ```text
+//!  connecting side                                  listener
+//!    | auth HELLO      nonce_c                 32 B   |
+//!    |----------------------------------------------->|
+//!    |               auth CHALLENGE nonce_s    32 B   |
+//!    |<-----------------------------------------------|
+//!    | auth PROOF      mac_c                   32 B   |
+//!    |----------------------------------------------->|  wrong: REFUSE, close, counted
+//!    |               auth ACCEPT mac_s         32 B   |
+//!    |<-----------------------------------------------|  the connecting side checks mac_s
+//!    | hello (MCPGNET1 / MCPGJOIN / MCEPNET1)  24 B   |
+//!    |----------------------------------------------->|  then frames as above
+//!
+//!  key   = HMAC-SHA256(cluster secret, "mooncake-rs auth v1 derive" || kind || 0 || group)
+//!  mac_c = HMAC-SHA256(key, "mooncake-rs auth v1 client" || nonce_c || nonce_s)[..24]
+//!  mac_s = HMAC-SHA256(key, "mooncake-rs auth v1 server" || nonce_c || nonce_s)[..24]
+//!  kind  = "pg" or "ep"; group = the id every member agrees on (mooncake.pg: a random id
+//!          rank 0 puts in the torch store; EP: every rank's host, endpoint, size and path)
+//! ```
+//!
+//! A refused connection is closed before any byte of the group's data is sent to it, takes
+//! no rank's place (the real rank can still connect), is logged and counted
+//! ([`refused_links`]). Without a secret nothing of the handshake is sent (the hello comes
+//! first, as always), and links that listen beyond loopback log a warning once. Because each
+//! outgoing link now waits for its peer's listener to answer, a rank connects to its peers on
+//! a thread of its own while it accepts theirs (`connect_while_accepting`).
 //!
 //! What is pushed ([`Link::sync`]), in this order on one connection, so that a STORE of a
 //! counter always follows the bytes it publishes (the same Release/Acquire pairing as shared
@@ -60,23 +96,29 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
+
+use protocol::auth::{client_handshake, server_handshake, ServerRefusal, Token};
 
 use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES, MEMBER_WORDS};
 use super::{Shared, COLLECTIVE_TIMEOUT_US};
 use crate::limits::{
     PG_COLL_SLOT_BYTES, PG_NET_CONNECT_TIMEOUT_MS, PG_NET_HEARTBEAT_MAX_MS,
-    PG_NET_HEARTBEAT_MIN_MS, PG_NET_INLINE_BYTES, PG_NET_RX_BUFFER_BYTES, PG_P2P_SLOT_BYTES,
+    PG_NET_HEARTBEAT_MIN_MS, PG_NET_HELLO_TIMEOUT_MS, PG_NET_INLINE_BYTES, PG_NET_JOINERS_MAX,
+    PG_NET_RX_BUFFER_BYTES, PG_P2P_SLOT_BYTES,
 };
 
-const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCPGNET1");
+/// Hello of a founding rank's link.
+pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCPGNET1");
 /// How long a joining process tries to reach a member before taking it as dead.
 const JOIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Hello of a process joining the group later (a replacement on another host).
-const JOIN_MAGIC: u64 = u64::from_le_bytes(*b"MCPGJOIN");
-pub(crate) const FRAME_BYTES: usize = 24;
+pub const JOIN_MAGIC: u64 = u64::from_le_bytes(*b"MCPGJOIN");
+const HELLO_TIMEOUT: Duration = Duration::from_millis(PG_NET_HELLO_TIMEOUT_MS);
+/// Bytes of a hello and of a frame header.
+pub const FRAME_BYTES: usize = 24;
 const KIND_WRITE: u32 = 1;
 const KIND_STORE: u32 = 2;
 pub(crate) const KIND_HEARTBEAT: u32 = 3;
@@ -169,6 +211,141 @@ pub(crate) fn send_all(
         }
     }
     Ok(())
+}
+
+/// Who may link to this rank. With a cluster secret every link (a founder's, a joiner's, an
+/// EP link) opens with the challenge-response of `protocol::auth`, run under a key derived
+/// from the secret and the group (`Token::derive` of `kind || 0 || group`), before its hello
+/// (module docs): a peer that does not know both is dropped before its hello is read, and
+/// never gets a byte of the group's data. Without a secret there is no handshake.
+#[derive(Clone, Debug, Default)]
+pub struct LinkAuth {
+    /// The group's key; `None`: no secret, no handshake.
+    key: Option<Token>,
+}
+
+impl LinkAuth {
+    /// Links of kind `kind` (`b"pg"`, `b"ep"`) bound to the group every member names `group`,
+    /// under the cluster secret `token` (`None`: no secret, links open to anyone).
+    pub fn new(token: Option<&Token>, kind: &[u8], group: &[u8]) -> LinkAuth {
+        let key = token.map(|t| {
+            let mut context = Vec::with_capacity(kind.len() + 1 + group.len());
+            context.extend_from_slice(kind);
+            context.push(0);
+            context.extend_from_slice(group);
+            t.derive(&context)
+        });
+        LinkAuth { key }
+    }
+
+    /// [`LinkAuth::new`] under this process's cluster secret
+    /// (`protocol::auth::process_token_or_none`), what the Python bindings use.
+    pub fn process(kind: &[u8], group: &[u8]) -> LinkAuth {
+        LinkAuth::new(protocol::auth::process_token_or_none(), kind, group)
+    }
+
+    /// No secret: the links take any peer whose hello fits.
+    pub fn open() -> LinkAuth {
+        LinkAuth { key: None }
+    }
+
+    /// Proves the key on a fresh outgoing connection, and checks the peer's proof, by
+    /// `until`. Errors: the peer refused us, or could not prove it knows the key.
+    pub(crate) fn connect(&self, sock: &TcpStream, until: Instant) -> io::Result<()> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        client_handshake(&mut Timed { sock, until }, key).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{e}; a link proves the cluster secret and its group's id"),
+            )
+        })
+    }
+
+    /// Checks an incoming connection's proof of the key by `until`, before its hello.
+    /// `Err`: why the peer is refused (a REFUSE was sent if it got that far).
+    pub(crate) fn accept(&self, sock: &TcpStream, until: Instant) -> Result<(), String> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        server_handshake(&mut Timed { sock, until }, key).map_err(|e| match e {
+            ServerRefusal::NotHandshake(b) => format!(
+                "it sent {:02x?}.. instead of a proof of the cluster secret (a peer without \
+                 the secret?)",
+                &b[..8]
+            ),
+            ServerRefusal::Failed(e) => e.to_string(),
+        })
+    }
+
+    /// Warns once per process when links listen beyond loopback without a secret.
+    pub(crate) fn warn_if_open(&self, listener: &TcpListener, who: &str) {
+        static WARNED: Once = Once::new();
+        let Ok(at) = listener.local_addr() else {
+            return;
+        };
+        if self.key.is_none() && !at.ip().is_loopback() {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    "{who}: links listen on {at} with no cluster secret: anyone who can reach \
+                     it can join a group and read its pushes; set MC_AUTH_TOKEN or \
+                     MC_AUTH_TOKEN_FILE on every rank (docs/security.md)"
+                )
+            });
+        }
+    }
+}
+
+/// A socket whose reads and writes give up at `until`: one deadline for a whole exchange
+/// (the handshake, the hello), not per call, so a peer dribbling bytes cannot stretch it.
+struct Timed<'a> {
+    sock: &'a TcpStream,
+    until: Instant,
+}
+
+impl Timed<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.sock.set_read_timeout(Some(self.left()?))?;
+        let mut s = self.sock;
+        s.read(buf)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.sock.set_write_timeout(Some(self.left()?))?;
+        let mut s = self.sock;
+        s.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Connections this process's pg and EP listeners refused (no proof of the key, a hello
+/// that does not fit, a joiner over the cap): [`refused_links`].
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// How many incoming pg and EP connections this process refused so far.
+pub fn refused_links() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+fn refuse(who: &str, from: SocketAddr, why: &str) {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("{who}: refused a connection from {from}: {why}");
 }
 
 /// The sending half of the connection to one remote rank, and what has been pushed to it.
@@ -357,6 +534,8 @@ struct Inner {
     stop: AtomicBool,
     /// The communicator, for admitting joiners ([`Net::attach`]).
     shared: OnceLock<Weak<Shared>>,
+    /// Who may join.
+    auth: LinkAuth,
 }
 
 /// This rank's links to the ranks on other hosts, and the listener through which a process
@@ -369,42 +548,62 @@ impl Net {
     /// Connects rank `me` of `ranks` to every remote rank `r` listed in `remotes` (its
     /// advertised `host:port`) and accepts their connections on `listener`. `replicas[r]` is
     /// the receive side of rank `r`'s replica ([`Segment::replica`]). The listener then
-    /// keeps admitting processes on other hosts that join the group ([`Net::join`]).
+    /// keeps admitting processes on other hosts that join the group ([`Net::join`]). Every
+    /// link, both ways, and every joiner passes `auth` first.
     pub fn establish(
         listener: TcpListener,
         me: usize,
         ranks: usize,
         remotes: &[(usize, String)],
         replicas: Vec<(usize, Segment)>,
+        auth: &LinkAuth,
     ) -> io::Result<Net> {
+        auth.warn_if_open(&listener, "mooncake.pg");
         let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
-        let mut links = Vec::new();
         let mut alive_of: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
         for (r, seg) in &replicas {
             if let Some(a) = seg.remote_flag() {
                 alive_of.insert(*r, a.clone());
             }
         }
-        for (r, addr) in remotes {
-            let sock = connect_until(addr, deadline).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("connecting to rank {r} at {addr}: {e} (is pg.set_host_ip right?)"),
-                )
-            })?;
-            sock.set_nodelay(true)?;
-            (&sock).write_all(&hello(HELLO_MAGIC, ranks, me, *r, 0))?;
-            sock.set_write_timeout(Some(POLL))?;
-            let alive = alive_of.get(r).cloned().ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("no replica for rank {r}"),
-                )
-            })?;
-            links.push(Arc::new(Mutex::new(Link::new(*r, sock, alive, None))));
-        }
-        let mut incoming = accept_all(HELLO_MAGIC, &listener, me, ranks, remotes, deadline)?;
-        let inner = Inner::new(me, ranks, links);
+        let connect = || {
+            let mut links = Vec::new();
+            for (r, addr) in remotes {
+                let sock = connect_until(addr, deadline).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("connecting to rank {r} at {addr}: {e} (is pg.set_host_ip right?)"),
+                    )
+                })?;
+                sock.set_nodelay(true)?;
+                auth.connect(&sock, deadline)
+                    .map_err(|e| io::Error::new(e.kind(), format!("rank {r} at {addr}: {e}")))?;
+                (&sock).write_all(&hello(HELLO_MAGIC, ranks, me, *r, 0))?;
+                sock.set_write_timeout(Some(POLL))?;
+                let alive = alive_of.get(r).cloned().ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("no replica for rank {r}"),
+                    )
+                })?;
+                links.push(Arc::new(Mutex::new(Link::new(*r, sock, alive, None))));
+            }
+            Ok(links)
+        };
+        let accept = |abort: &AtomicBool| {
+            accept_all(
+                HELLO_MAGIC,
+                &listener,
+                me,
+                ranks,
+                remotes,
+                deadline,
+                auth,
+                abort,
+            )
+        };
+        let (links, mut incoming) = connect_while_accepting(connect, accept)?;
+        let inner = Inner::new(me, ranks, links, auth.clone());
         for (r, seg) in replicas {
             let sock = incoming.remove(&r).ok_or_else(|| {
                 io::Error::new(
@@ -427,16 +626,18 @@ impl Net {
     /// it connects to member `r`'s listener and announces itself (with its pid); the member
     /// answers on the same connection with a snapshot of its segment, applied to `replicas[r]`
     /// before this returns, and from then on both sides push over it. `listener` then admits
-    /// later joiners, as on every member.
+    /// later joiners, as on every member. Every link passes `auth` first.
     pub fn join(
         listener: TcpListener,
         me: usize,
         ranks: usize,
         members: &[(usize, String)],
         replicas: Vec<(usize, Segment)>,
+        auth: &LinkAuth,
     ) -> io::Result<Net> {
+        auth.warn_if_open(&listener, "mooncake.pg");
         let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
-        let inner = Inner::new(me, ranks, Vec::new());
+        let inner = Inner::new(me, ranks, Vec::new(), auth.clone());
         let pid = std::process::id();
         for (r, seg) in replicas {
             let addr = members
@@ -463,6 +664,12 @@ impl Net {
                 }
             };
             sock.set_nodelay(true)?;
+            auth.connect(&sock, deadline).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("rank {r} at {addr} did not admit this process: {e}"),
+                )
+            })?;
             (&sock).write_all(&hello(JOIN_MAGIC, ranks, me, r, pid))?;
             sock.set_write_timeout(Some(POLL))?;
             let mut rx = Rx::new(sock.try_clone()?);
@@ -574,7 +781,7 @@ impl Net {
 }
 
 impl Inner {
-    fn new(me: usize, ranks: usize, links: Vec<Arc<Mutex<Link>>>) -> Arc<Inner> {
+    fn new(me: usize, ranks: usize, links: Vec<Arc<Mutex<Link>>>, auth: LinkAuth) -> Arc<Inner> {
         Arc::new(Inner {
             me,
             ranks,
@@ -583,6 +790,7 @@ impl Inner {
             inbound: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             shared: OnceLock::new(),
+            auth,
         })
     }
 }
@@ -606,15 +814,85 @@ impl Drop for Net {
     }
 }
 
+/// The 24-byte hello that opens every pg and EP link (after the handshake, with a secret):
+/// `magic`, group size, sender, receiver, and `extra` (a joiner's pid, else 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub magic: u64,
+    pub ranks: u32,
+    pub from: u32,
+    pub to: u32,
+    pub extra: u32,
+}
+
+impl Hello {
+    /// The wire bytes.
+    pub fn encode(&self) -> [u8; FRAME_BYTES] {
+        let mut h = [0u8; FRAME_BYTES];
+        h[0..8].copy_from_slice(&self.magic.to_le_bytes());
+        h[8..12].copy_from_slice(&self.ranks.to_le_bytes());
+        h[12..16].copy_from_slice(&self.from.to_le_bytes());
+        h[16..20].copy_from_slice(&self.to.to_le_bytes());
+        h[20..24].copy_from_slice(&self.extra.to_le_bytes());
+        h
+    }
+
+    /// Decodes the first [`FRAME_BYTES`] of `b`; `None` when it is shorter. Never panics.
+    pub fn decode(b: &[u8]) -> Option<Hello> {
+        let h = b.first_chunk::<FRAME_BYTES>()?;
+        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(&h[0..8]);
+        Some(Hello {
+            magic: u64::from_le_bytes(magic),
+            ranks: u32_at(8),
+            from: u32_at(12),
+            to: u32_at(16),
+            extra: u32_at(20),
+        })
+    }
+
+    /// The sending rank, if this is a founder's hello (`magic`) for rank `me` of `ranks`
+    /// from another rank of the group.
+    pub fn founder(&self, magic: u64, me: usize, ranks: usize) -> Result<usize, String> {
+        let (n, r, to) = (self.ranks as usize, self.from as usize, self.to as usize);
+        if self.magic != magic || n != ranks || to != me || r >= n || r == me {
+            return Err(format!(
+                "hello for rank {to} of {n} from rank {r}, this is rank {me} of {ranks}"
+            ));
+        }
+        Ok(r)
+    }
+
+    /// `(slot, pid)`, if this is a join hello for rank `me` of `ranks` from a process with
+    /// a pid that asks for another slot of the group.
+    pub fn joiner(&self, me: usize, ranks: usize) -> Result<(usize, u32), String> {
+        let (n, r, to, pid) = (
+            self.ranks as usize,
+            self.from as usize,
+            self.to as usize,
+            self.extra,
+        );
+        if self.magic != JOIN_MAGIC || n != ranks || to != me || r >= n || r == me || pid == 0 {
+            return Err(format!(
+                "hello for rank {to} of {n} from slot {r} (pid {pid}); this is rank {me} of \
+                 {ranks}"
+            ));
+        }
+        Ok((r, pid))
+    }
+}
+
 /// A 24-byte hello: `magic`, group size, sender, receiver, and `extra` (a joiner's pid).
 fn hello(magic: u64, ranks: usize, from: usize, to: usize, extra: u32) -> [u8; FRAME_BYTES] {
-    let mut h = [0u8; FRAME_BYTES];
-    h[0..8].copy_from_slice(&magic.to_le_bytes());
-    h[8..12].copy_from_slice(&(ranks as u32).to_le_bytes());
-    h[12..16].copy_from_slice(&(from as u32).to_le_bytes());
-    h[16..20].copy_from_slice(&(to as u32).to_le_bytes());
-    h[20..24].copy_from_slice(&extra.to_le_bytes());
-    h
+    Hello {
+        magic,
+        ranks: ranks as u32,
+        from: from as u32,
+        to: to as u32,
+        extra,
+    }
+    .encode()
 }
 
 /// Admits processes on other hosts joining the group, until the communicator stops.
@@ -629,7 +907,11 @@ fn admit_joiners(inner: &Arc<Inner>, listener: TcpListener) {
         match listener.accept() {
             Ok((sock, from)) => {
                 if let Err(e) = admit(inner, sock) {
-                    tracing::warn!("mooncake.pg: refused a joining process from {from}: {e}");
+                    refuse(
+                        "mooncake.pg",
+                        from,
+                        &format!("not admitted as a joiner: {e}"),
+                    );
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -650,28 +932,27 @@ fn admit_joiners(inner: &Arc<Inner>, listener: TcpListener) {
 fn admit(inner: &Arc<Inner>, sock: TcpStream) -> io::Result<()> {
     let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     sock.set_nonblocking(false)?;
-    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let until = Instant::now() + HELLO_TIMEOUT;
+    inner
+        .auth
+        .accept(&sock, until)
+        .map_err(|why| io::Error::new(io::ErrorKind::PermissionDenied, why))?;
     let mut h = [0u8; FRAME_BYTES];
-    (&sock).read_exact(&mut h)?;
-    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
-    let (n, r, to, pid) = (
-        u32_at(8) as usize,
-        u32_at(12) as usize,
-        u32_at(16) as usize,
-        u32_at(20),
-    );
-    if magic != JOIN_MAGIC
-        || n != inner.ranks
-        || to != inner.me
-        || r >= n
-        || r == inner.me
-        || pid == 0
+    Timed { sock: &sock, until }.read_exact(&mut h)?;
+    let n = inner.ranks;
+    let (r, pid) = Hello::decode(&h)
+        .expect("a full hello")
+        .joiner(inner.me, n)
+        .map_err(bad)?;
     {
-        return Err(bad(format!(
-            "hello for rank {to} of {n} from slot {r} (pid {pid}); this is rank {} of {}",
-            inner.me, inner.ranks
-        )));
+        let mut j = inner.joiners.lock().unwrap_or_else(|e| e.into_inner());
+        j.retain(|x| x.2.owner_alive());
+        if j.len() >= PG_NET_JOINERS_MAX {
+            return Err(bad(format!(
+                "{} processes on other hosts are admitted already, the most at once",
+                j.len()
+            )));
+        }
     }
     let sh = inner
         .shared
@@ -741,7 +1022,38 @@ pub(crate) fn connect_until(addr: &str, deadline: Instant) -> io::Result<TcpStre
     }
 }
 
-/// Accepts one connection from every remote rank, checking its hello.
+/// Runs `connect` (a group's outgoing links) on a thread of its own while `accept` (its
+/// incoming ones) runs on this one, and returns both. With a secret, every outgoing link
+/// waits for the peer's accepting side to answer its handshake, so a rank that connected
+/// to every peer before it accepted would wait for peers doing the same. `accept` is told
+/// to give up (its `abort`) when `connect` fails; `connect`'s error comes first.
+pub(crate) fn connect_while_accepting<A: Send, B>(
+    connect: impl FnOnce() -> io::Result<A> + Send,
+    accept: impl FnOnce(&AtomicBool) -> io::Result<B>,
+) -> io::Result<(A, B)> {
+    let abort = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let c = std::thread::Builder::new()
+            .name("mc-pg-connect".into())
+            .spawn_scoped(sc, || {
+                let r = connect();
+                if r.is_err() {
+                    abort.store(true, Ordering::Release);
+                }
+                r
+            })?;
+        let b = accept(&abort);
+        let a = c
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the connecting thread panicked")));
+        Ok((a?, b?))
+    })
+}
+
+/// Accepts one connection from every remote rank: each proves the key (`auth`, with a
+/// secret) and sends a hello that fits; any other connection is refused (closed, counted)
+/// and takes no rank's place. Gives up at `deadline` or when `abort` is set.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn accept_all(
     magic: u64,
     listener: &TcpListener,
@@ -749,13 +1061,23 @@ pub(crate) fn accept_all(
     ranks: usize,
     remotes: &[(usize, String)],
     deadline: Instant,
+    auth: &LinkAuth,
+    abort: &AtomicBool,
 ) -> io::Result<HashMap<usize, TcpStream>> {
+    let who = if magic == HELLO_MAGIC {
+        "mooncake.pg"
+    } else {
+        "Mooncake EP"
+    };
     listener.set_nonblocking(true)?;
     let mut got: HashMap<usize, TcpStream> = HashMap::new();
     while got.len() < remotes.len() {
-        let (mut sock, from) = match listener.accept() {
+        let (sock, from) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if abort.load(Ordering::Acquire) {
+                    return Err(io::Error::other("gave up: the outgoing links failed"));
+                }
                 if Instant::now() >= deadline {
                     let missing: Vec<usize> = remotes
                         .iter()
@@ -773,24 +1095,33 @@ pub(crate) fn accept_all(
             Err(e) => return Err(e),
         };
         sock.set_nonblocking(false)?;
-        sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let until = Instant::now() + HELLO_TIMEOUT;
+        if let Err(why) = auth.accept(&sock, until) {
+            refuse(who, from, &why);
+            continue;
+        }
         let mut h = [0u8; FRAME_BYTES];
-        if sock.read_exact(&mut h).is_err() {
-            tracing::warn!("mooncake.pg: dropped a connection from {from} without a hello");
+        if let Err(e) = (Timed { sock: &sock, until }).read_exact(&mut h) {
+            refuse(who, from, &format!("no hello ({e})"));
             continue;
         }
-        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) as usize;
-        let got_magic = u64::from_le_bytes(h[0..8].try_into().expect("8 bytes"));
-        let (n, r, to) = (u32_at(8), u32_at(12), u32_at(16));
-        let expected = remotes.iter().any(|x| x.0 == r) && !got.contains_key(&r);
-        if got_magic != magic || n != ranks || to != me || !expected {
-            tracing::warn!(
-                "mooncake.pg: dropped a connection from {from}: hello for rank {to} of {n} \
-                 from rank {r}, this is rank {me} of {ranks}"
-            );
-            continue;
+        let r = Hello::decode(&h)
+            .expect("a full hello")
+            .founder(magic, me, ranks)
+            .and_then(|r| {
+                let expected = remotes.iter().any(|x| x.0 == r) && !got.contains_key(&r);
+                if expected {
+                    Ok(r)
+                } else {
+                    Err(format!("rank {r} is not a remote rank still to connect"))
+                }
+            });
+        match r {
+            Ok(r) => {
+                got.insert(r, sock);
+            }
+            Err(why) => refuse(who, from, &why),
         }
-        got.insert(r, sock);
     }
     Ok(got)
 }
@@ -1007,10 +1338,23 @@ mod tests {
 
     /// As [`pair`], with the address rank 0 listens on.
     fn pair_at() -> (Comm, Comm, String) {
-        let (l0, l1) = (
+        pair_with(&LinkAuth::open())
+    }
+
+    /// As [`pair_at`], every link passing `auth`.
+    fn pair_with(auth: &LinkAuth) -> (Comm, Comm, String) {
+        pair_on(listeners(), auth)
+    }
+
+    fn listeners() -> (TcpListener, TcpListener) {
+        (
             TcpListener::bind("127.0.0.1:0").expect("bind"),
             TcpListener::bind("127.0.0.1:0").expect("bind"),
-        );
+        )
+    }
+
+    /// Two communicators linked through the listeners `(l0, l1)`, every link passing `auth`.
+    fn pair_on((l0, l1): (TcpListener, TcpListener), auth: &LinkAuth) -> (Comm, Comm, String) {
         let (e0, e1) = (
             l0.local_addr().expect("addr").to_string(),
             l1.local_addr().expect("addr").to_string(),
@@ -1018,8 +1362,10 @@ mod tests {
         let (of1, rx1) = Segment::replica(2, 1).expect("replica");
         let (of0, rx0) = Segment::replica(2, 0).expect("replica");
         let at0 = e0.clone();
-        let t = std::thread::spawn(move || Net::establish(l1, 1, 2, &[(0, e0)], vec![(0, rx0)]));
-        let n0 = Net::establish(l0, 0, 2, &[(1, e1)], vec![(1, rx1)]).expect("net 0");
+        let a1 = auth.clone();
+        let t =
+            std::thread::spawn(move || Net::establish(l1, 1, 2, &[(0, e0)], vec![(0, rx0)], &a1));
+        let n0 = Net::establish(l0, 0, 2, &[(1, e1)], vec![(1, rx1)], auth).expect("net 0");
         let n1 = t.join().expect("thread").expect("net 1");
         let c0 =
             Comm::start_with_net(seg(0), 0, vec![None, Some(of1)], Some(n0), true).expect("c0");
@@ -1067,7 +1413,8 @@ mod tests {
 
         let (of0, rx0) = Segment::replica(2, 0).expect("replica");
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let net = Net::join(l, 1, 2, &[(0, at0)], vec![(0, rx0)]).expect("admitted");
+        let net =
+            Net::join(l, 1, 2, &[(0, at0)], vec![(0, rx0)], &LinkAuth::open()).expect("admitted");
         // No view was committed yet (bootstrap's is implicit), as the Python binding expects.
         let view = membership::newest_view(&[&of0]).unwrap_or(membership::View::initial(0b11));
         // Membership word 0 counts rank 0's ops (two so far): its snapshot arrived.
@@ -1256,6 +1603,177 @@ mod tests {
             "no joiner recorded"
         );
         all_reduce_both(&c0, &c1, 8);
+    }
+
+    fn secret() -> Token {
+        Token::new(b"pg-test-cluster-secret").expect("token")
+    }
+
+    /// The links of group `group` under [`secret`].
+    fn group(kind: &[u8], group: &[u8]) -> LinkAuth {
+        LinkAuth::new(Some(&secret()), kind, group)
+    }
+
+    /// Whether the peer closes `s` without sending a byte (within 10 s; a read timeout is
+    /// not a close: a listener that keeps a stranger's connection open has taken it).
+    fn closed_without_a_byte(s: &TcpStream) -> Result<(), String> {
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut b = [0u8; 64];
+        match (&*s).read(&mut b) {
+            Ok(0) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(()),
+            r => Err(format!("not closed without a byte: {r:?} {:?}", &b[..8])),
+        }
+    }
+
+    /// With a secret, a process that cannot prove it and the group's id is not admitted:
+    /// a bare join hello (what every joiner sent before), and join hellos after a
+    /// handshake under a wrong secret, under the right secret with another group's id, and
+    /// with the right group's id for EP links instead of pg. Each is closed without a byte
+    /// of the member's segment, is recorded nowhere, and is counted; a real joiner of
+    /// another group gets an error from `Net::join`; then the real replacement process
+    /// (secret and group) is admitted and gets its snapshot.
+    #[test]
+    fn a_joiner_must_prove_the_secret_and_the_group() {
+        let auth = group(b"pg", b"group-a");
+        let (c0, c1, at0) = pair_with(&auth);
+        all_reduce_both(&c0, &c1, 8);
+        let refused = refused_links();
+        let wrong = Token::new(b"not-the-secret").expect("token");
+        let strangers = [
+            None,
+            Some(LinkAuth::new(Some(&wrong), b"pg", b"group-a")),
+            Some(group(b"pg", b"group-b")),
+            Some(group(b"ep", b"group-a")),
+        ];
+        for (i, stranger) in strangers.iter().enumerate() {
+            let pid = 7 + i as u32;
+            let s = TcpStream::connect(&at0).expect("connect");
+            if let Some(a) = stranger {
+                let until = Instant::now() + Duration::from_secs(10);
+                let r = a.connect(&s, until);
+                assert!(r.is_err(), "stranger {i} passed the handshake");
+            }
+            let _ = (&s).write_all(&hello(JOIN_MAGIC, 2, 1, 0, pid));
+            let _ = s.shutdown(std::net::Shutdown::Write);
+            closed_without_a_byte(&s).unwrap_or_else(|e| panic!("stranger {i}: {e}"));
+            assert!(c0.shared().remote_joiner(1, pid).is_none(), "stranger {i}");
+        }
+        // Counted once the admission thread is back from each (it closes first).
+        let until = Instant::now() + Duration::from_secs(10);
+        while refused_links() < refused + strangers.len() as u64 {
+            assert!(Instant::now() < until, "every stranger is counted");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+
+        let (_, rx0) = Segment::replica(2, 0).expect("replica");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let other = group(b"pg", b"group-b");
+        let e = Net::join(l, 1, 2, &[(0, at0.clone())], vec![(0, rx0)], &other)
+            .err()
+            .expect("a member of another group is refused");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+
+        drop(c1);
+        let (of0, rx0) = Segment::replica(2, 0).expect("replica");
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let _net = Net::join(l, 1, 2, &[(0, at0)], vec![(0, rx0)], &auth).expect("admitted");
+        assert_eq!(load(of0.member_word(0)), 1, "rank 0's snapshot");
+        // Recorded right after the snapshot is sent.
+        let until = Instant::now() + Duration::from_secs(10);
+        while c0.shared().remote_joiner(1, std::process::id()).is_none() {
+            assert!(Instant::now() < until, "the real joiner is recorded");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// With a secret, a connection that claims a founder's rank before the real one cannot
+    /// take its place: an impostor without the secret (its hello and a frame, as a rank
+    /// pushing data sends them) and one with the secret but another group's id are both
+    /// closed without a byte; the real rank 1 then links, and collectives run over both.
+    #[test]
+    fn an_impostor_cannot_take_a_founders_place() {
+        let auth = group(b"pg", b"group-a");
+        let (l0, l1) = listeners();
+        let at0 = l0.local_addr().expect("addr");
+        // Both connect before the group forms, so rank 0 meets them before rank 1.
+        let bare = TcpStream::connect(at0).expect("connect");
+        (&bare)
+            .write_all(&hello(HELLO_MAGIC, 2, 1, 0, 0))
+            .expect("hello");
+        (&bare)
+            .write_all(&frame(KIND_HEARTBEAT, 0, 0))
+            .expect("frame");
+        let other = TcpStream::connect(at0).expect("connect");
+        let t = std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(30);
+            let proof = group(b"pg", b"group-b").connect(&other, until);
+            let _ = (&other).write_all(&hello(HELLO_MAGIC, 2, 1, 0, 0));
+            (proof, closed_without_a_byte(&other))
+        });
+        let (c0, c1, _) = pair_on((l0, l1), &auth);
+        closed_without_a_byte(&bare).expect("the impostor without the secret");
+        let (proof, closed) = t.join().expect("impostor");
+        assert!(
+            proof.is_err(),
+            "another group's member passed the handshake"
+        );
+        closed.expect("the impostor of another group");
+        all_reduce_both(&c0, &c1, 1000);
+    }
+
+    /// No more than `PG_NET_JOINERS_MAX` processes on other hosts are admitted at once: the
+    /// next join hello is closed without a snapshot (without a secret, as here, the hello
+    /// alone is what a joiner sends); once one leaves, a newcomer is admitted again.
+    #[test]
+    fn joiners_admitted_at_once_are_capped() {
+        let (c0, _c1, at0) = pair_at();
+        let join = |pid: u32| {
+            let s = TcpStream::connect(&at0).expect("connect");
+            (&s).write_all(&hello(JOIN_MAGIC, 2, 1, 0, pid))
+                .expect("hello");
+            s
+        };
+        let snapshot = |s: &TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            matches!((&*s).read(&mut [0u8; 1]), Ok(1))
+        };
+        let mut admitted = Vec::new();
+        for pid in 1..=PG_NET_JOINERS_MAX as u32 {
+            let s = join(pid);
+            assert!(snapshot(&s), "joiner {pid} is admitted");
+            admitted.push(s);
+        }
+        let s = join(999);
+        closed_without_a_byte(&s).expect("the joiner over the cap");
+        assert!(c0.shared().remote_joiner(1, 999).is_none());
+        // One leaves: once its member sees its link end, its place is free again.
+        drop(admitted.pop());
+        let until = Instant::now() + Duration::from_secs(20);
+        while !snapshot(&join(1000)) {
+            assert!(Instant::now() < until, "a freed place is given again");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The hello codec: canonical, and the checks of both kinds.
+    #[test]
+    fn hellos_decode_and_check() {
+        let h = hello(JOIN_MAGIC, 4, 2, 1, 9);
+        let d = Hello::decode(&h).expect("24 bytes");
+        assert_eq!(d.encode(), h);
+        assert_eq!(d.joiner(1, 4), Ok((2, 9)));
+        assert!(d.joiner(1, 3).is_err() && d.joiner(2, 4).is_err());
+        assert!(
+            d.founder(HELLO_MAGIC, 1, 4).is_err(),
+            "a join hello is no founder's"
+        );
+        let f = Hello::decode(&hello(HELLO_MAGIC, 4, 3, 0, 0)).expect("24 bytes");
+        assert_eq!(f.founder(HELLO_MAGIC, 0, 4), Ok(3));
+        assert!(f.joiner(0, 4).is_err(), "a founder's hello is no joiner's");
+        assert!(Hello::decode(&h[..23]).is_none());
     }
 
     /// A malformed frame ends the link and marks the peer dead; it never writes outside the

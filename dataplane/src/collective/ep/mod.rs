@@ -496,7 +496,17 @@ mod tests {
                     data_bytes: bytes,
                 }];
                 let o = own[r].clone();
-                std::thread::spawn(move || net::EpNet::establish(l, o, r, 2, &remote).unwrap())
+                std::thread::spawn(move || {
+                    net::EpNet::establish(
+                        l,
+                        o,
+                        r,
+                        2,
+                        &remote,
+                        &crate::collective::net::LinkAuth::open(),
+                    )
+                    .unwrap()
+                })
             })
             .collect();
         nets.into_iter()

@@ -20,6 +20,12 @@
 //! phase: 0 dispatch, 1 combine
 //! ```
 //!
+//! With a cluster secret, every connection first runs `mooncake.pg`'s handshake under a key
+//! derived from the secret and the group (kind `"ep"`; the group is named by every rank's
+//! host, endpoint, size and path, which all ranks pass alike), before its hello: see "Who may
+//! link" in [`crate::collective::net`]. A peer that fails is closed before its hello is read
+//! and takes no rank's place.
+//!
 //! The writer of a frame is the rank at the other end of the connection (fixed by the
 //! hello), so a frame can only touch the fields that rank owns. Every frame is checked: a
 //! WRITE must lie inside the data area, a DESC must name a phase, a set 0/1 and carry 16
@@ -46,12 +52,13 @@ use std::time::{Duration, Instant};
 use super::seg::{EpDesc, EpSegment, Phase};
 use super::EpPeer;
 use crate::collective::net::{
-    accept_all, connect_until, frame, heartbeat_every, send_all, Rx, FRAME_BYTES, KIND_HEARTBEAT,
-    POLL,
+    accept_all, connect_until, connect_while_accepting, frame, heartbeat_every, send_all, Hello,
+    LinkAuth, Rx, FRAME_BYTES, KIND_HEARTBEAT, POLL,
 };
 use crate::limits::{PG_NET_CONNECT_TIMEOUT_MS, PG_NET_INLINE_BYTES};
 
-const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCEPNET1");
+/// Hello of an EP link.
+pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCEPNET1");
 const KIND_WRITE: u32 = 1;
 const KIND_DESC: u32 = 4;
 const KIND_POST: u32 = 5;
@@ -199,50 +206,73 @@ pub struct Remote {
 impl EpNet {
     /// Connects to every remote rank's listener and accepts one connection from each (60 s
     /// limit), starting a receive thread per remote that applies its frames to `own`.
-    /// Returns the links and a [`RemotePeer`] per remote rank.
+    /// Every link, both ways, passes `auth` first (`mooncake.pg`'s rule,
+    /// [`crate::collective::net`]). Returns the links and a [`RemotePeer`] per remote rank.
     pub fn establish(
         listener: TcpListener,
         own: Arc<EpSegment>,
         me: usize,
         ranks: usize,
         remotes: &[Remote],
+        auth: &LinkAuth,
     ) -> io::Result<(EpNet, Vec<(usize, RemotePeer)>)> {
+        auth.warn_if_open(&listener, "Mooncake EP");
         let deadline = Instant::now() + Duration::from_millis(PG_NET_CONNECT_TIMEOUT_MS);
-        let mut links = Vec::new();
-        for r in remotes {
-            let sock = connect_until(&r.endpoint, deadline).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "connecting to rank {} at {}: {e} (is pg.set_host_ip right?)",
-                        r.rank, r.endpoint
-                    ),
-                )
-            })?;
-            sock.set_nodelay(true)?;
-            let mut hello = [0u8; FRAME_BYTES];
-            hello[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-            hello[8..12].copy_from_slice(&(ranks as u32).to_le_bytes());
-            hello[12..16].copy_from_slice(&(me as u32).to_le_bytes());
-            hello[16..20].copy_from_slice(&(r.rank as u32).to_le_bytes());
-            (&sock).write_all(&hello)?;
-            sock.set_write_timeout(Some(POLL))?;
-            links.push(Arc::new(Link {
-                peer: r.rank,
-                data_bytes: r.data_bytes,
-                tx: Mutex::new(Tx {
-                    sock,
-                    out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
-                    last_send: Instant::now(),
-                }),
-                alive: Arc::new(AtomicBool::new(true)),
-            }));
-        }
+        let connect = || {
+            let mut links = Vec::new();
+            for r in remotes {
+                let sock = connect_until(&r.endpoint, deadline).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "connecting to rank {} at {}: {e} (is pg.set_host_ip right?)",
+                            r.rank, r.endpoint
+                        ),
+                    )
+                })?;
+                sock.set_nodelay(true)?;
+                auth.connect(&sock, deadline).map_err(|e| {
+                    io::Error::new(e.kind(), format!("rank {} at {}: {e}", r.rank, r.endpoint))
+                })?;
+                let hello = Hello {
+                    magic: HELLO_MAGIC,
+                    ranks: ranks as u32,
+                    from: me as u32,
+                    to: r.rank as u32,
+                    extra: 0,
+                };
+                (&sock).write_all(&hello.encode())?;
+                sock.set_write_timeout(Some(POLL))?;
+                links.push(Arc::new(Link {
+                    peer: r.rank,
+                    data_bytes: r.data_bytes,
+                    tx: Mutex::new(Tx {
+                        sock,
+                        out: Vec::with_capacity(PG_NET_INLINE_BYTES + 4 * FRAME_BYTES),
+                        last_send: Instant::now(),
+                    }),
+                    alive: Arc::new(AtomicBool::new(true)),
+                }));
+            }
+            Ok(links)
+        };
         let named: Vec<(usize, String)> = remotes
             .iter()
             .map(|r| (r.rank, r.endpoint.clone()))
             .collect();
-        let mut incoming = accept_all(HELLO_MAGIC, &listener, me, ranks, &named, deadline)?;
+        let accept = |abort: &AtomicBool| {
+            accept_all(
+                HELLO_MAGIC,
+                &listener,
+                me,
+                ranks,
+                &named,
+                deadline,
+                auth,
+                abort,
+            )
+        };
+        let (links, mut incoming) = connect_while_accepting(connect, accept)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut inbound = Vec::new();
         for l in &links {
@@ -442,6 +472,85 @@ mod tests {
         }
     }
 
+    /// With a secret, no EP link takes a peer that cannot prove it and the group: three
+    /// impostors claim rank 1 on rank 0's listener before the real rank 1 does (one without
+    /// the secret, sending its hello and a POST as a writer would; one with the secret and
+    /// the group's id for `mooncake.pg` links instead of EP; one with another EP group's
+    /// id). Each is closed without a byte; then the real pair links and a POST lands.
+    #[test]
+    fn a_link_must_prove_the_secret_and_the_group() {
+        let secret = protocol::auth::Token::new(b"ep-test-cluster-secret").expect("token");
+        let auth = |kind: &[u8], group: &[u8]| LinkAuth::new(Some(&secret), kind, group);
+        let (s0, s1) = (own_segment("auth0", 4096), own_segment("auth1", 4096));
+        let (l0, l1) = (
+            TcpListener::bind("127.0.0.1:0").expect("bind"),
+            TcpListener::bind("127.0.0.1:0").expect("bind"),
+        );
+        let at0 = l0.local_addr().expect("addr");
+        let hello = Hello {
+            magic: HELLO_MAGIC,
+            ranks: 2,
+            from: 1,
+            to: 0,
+            extra: 0,
+        }
+        .encode();
+        let bare = TcpStream::connect(at0).expect("connect");
+        (&bare).write_all(&hello).expect("hello");
+        (&bare).write_all(&frame(KIND_POST, 0, 99)).expect("frame");
+        let impostors: Vec<_> = [auth(b"pg", b"group-a"), auth(b"ep", b"group-b")]
+            .into_iter()
+            .map(|a| {
+                let s = TcpStream::connect(at0).expect("connect");
+                std::thread::spawn(move || {
+                    let proof = a.connect(&s, Instant::now() + Duration::from_secs(30));
+                    let _ = (&s).write_all(&hello);
+                    (proof, closed_without_a_byte(&s))
+                })
+            })
+            .collect();
+        let remote = |l: &TcpListener, rank| Remote {
+            rank,
+            endpoint: l.local_addr().expect("addr").to_string(),
+            data_bytes: 4096,
+        };
+        let (to0, to1) = ([remote(&l0, 0)], [remote(&l1, 1)]);
+        let (s1c, a1) = (s1.clone(), auth(b"ep", b"group-a"));
+        let t = std::thread::spawn(move || EpNet::establish(l1, s1c, 1, 2, &to0, &a1));
+        let a0 = auth(b"ep", b"group-a");
+        let (_n0, _p0) = EpNet::establish(l0, s0.clone(), 0, 2, &to1, &a0).expect("net 0");
+        let (_n1, mut p1) = t.join().expect("thread").expect("net 1");
+        closed_without_a_byte(&bare).expect("the impostor without the secret");
+        for (i, t) in impostors.into_iter().enumerate() {
+            let (proof, closed) = t.join().expect("impostor");
+            assert!(proof.is_err(), "impostor {i} passed the handshake");
+            closed.unwrap_or_else(|e| panic!("impostor {i}: {e}"));
+        }
+        assert_eq!(s0.posted(Phase::Dispatch, 1), 0, "the impostor's POST");
+        p1.remove(0).1.post(Phase::Dispatch, 1, 3);
+        let t0 = Instant::now();
+        while s0.posted(Phase::Dispatch, 1) != 3 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "rank 1's POST lands"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// Whether the peer closes `s` without sending a byte (within 10 s).
+    fn closed_without_a_byte(s: &TcpStream) -> Result<(), String> {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut b = [0u8; 64];
+        match (&*s).read(&mut b) {
+            Ok(0) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(()),
+            r => Err(format!("not closed without a byte: {r:?}")),
+        }
+    }
+
     /// Two ranks in this process, linked over TCP: data, descriptor, post and ack arrive in
     /// the receiver's own buffer; closing one side marks it dead on the other.
     #[test]
@@ -458,8 +567,10 @@ mod tests {
         };
         let (to0, to1) = ([remote(&l0, 0)], [remote(&l1, 1)]);
         let s1c = s1.clone();
-        let t = std::thread::spawn(move || EpNet::establish(l1, s1c, 1, 2, &to0));
-        let (n0, mut p0) = EpNet::establish(l0, s0.clone(), 0, 2, &to1).expect("net 0");
+        let t =
+            std::thread::spawn(move || EpNet::establish(l1, s1c, 1, 2, &to0, &LinkAuth::open()));
+        let (n0, mut p0) =
+            EpNet::establish(l0, s0.clone(), 0, 2, &to1, &LinkAuth::open()).expect("net 0");
         let (n1, mut p1) = t.join().expect("thread").expect("net 1");
         let (to_1, to_0) = (p0.remove(0).1, p1.remove(0).1);
         let big: Vec<u8> = (0..300_000).map(|i| (i % 251) as u8).collect();
