@@ -6,7 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+# Seconds of fuzzing in all, shared by every target (scripts/fuzz.sh).
+FUZZ_SECONDS=${FUZZ_SECONDS:-900}
 export CARGO_TERM_COLOR=never
 results=()
 failed=0

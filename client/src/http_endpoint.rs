@@ -149,17 +149,36 @@ fn answer(mut sock: TcpStream, routes: &Routes) -> std::io::Result<()> {
             return respond(&mut sock, 431, "text/plain", "request header too large\n");
         }
     }
+    let head = parse_head(&head);
+    if head.method != "GET" {
+        return respond(&mut sock, 405, "text/plain", "method not allowed\n");
+    }
+    match routes(&head.path) {
+        Some(r) => respond(&mut sock, r.status, r.content_type, &r.body),
+        None => respond(&mut sock, 404, "text/plain", "404 Not Found"),
+    }
+}
+
+/// What a request line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Head {
+    /// The first word of the request line (`""` when there is none).
+    pub method: String,
+    /// The second word, without its query (`""` when there is none). Never holds `?`.
+    pub path: String,
+}
+
+/// Reads the method and path from the request line at the start of `head` (bytes up to the
+/// first `\r`; not UTF-8 is read lossily). Pure, for the `http_endpoint` fuzz target.
+pub fn parse_head(head: &[u8]) -> Head {
     let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
-    if method != "GET" {
-        return respond(&mut sock, 405, "text/plain", "method not allowed\n");
-    }
-    match routes(path) {
-        Some(r) => respond(&mut sock, r.status, r.content_type, &r.body),
-        None => respond(&mut sock, 404, "text/plain", "404 Not Found"),
+    Head {
+        method: method.to_string(),
+        path: path.to_string(),
     }
 }
 
@@ -178,4 +197,20 @@ fn respond(sock: &mut TcpStream, status: u16, ctype: &str, body: &str) -> std::i
     );
     sock.write_all(head.as_bytes())?;
     sock.write_all(body.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_names_its_method_and_its_path_without_the_query() {
+        let h = parse_head(b"GET /metrics?x=1&y HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!((h.method.as_str(), h.path.as_str()), ("GET", "/metrics"));
+        let h = parse_head(b"POST\r\n\r\n");
+        assert_eq!((h.method.as_str(), h.path.as_str()), ("POST", ""));
+        let h = parse_head(b"\xff /?\r\n");
+        assert_eq!((h.method.as_str(), h.path.as_str()), ("\u{fffd}", "/"));
+        assert_eq!(parse_head(b"").path, "");
+    }
 }

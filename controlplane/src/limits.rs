@@ -16,3 +16,17 @@ pub const HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a request has from its head to its answer, body included: a trickled body ends in
 /// 408 and the connection closes.
 pub const HTTP_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Time a control-RPC frame has to arrive whole once the master waits for its rest: at least
+/// this, and longer for a frame its header says is large ([`RPC_FRAME_MIN_BYTES_PER_S`]). A
+/// connection that leaves a frame half-sent past it is closed, so a stranger cannot hold a
+/// 64 MiB buffer with a trickle. Between frames a connection may stay silent as long as it
+/// likes: clients keep idle connections to the master.
+pub const RPC_FRAME_TIMEOUT_MIN: Duration = Duration::from_secs(5);
+
+/// The slowest rate a frame may arrive at, once past [`RPC_FRAME_TIMEOUT_MIN`]: a frame of
+/// `n` bytes has `max(RPC_FRAME_TIMEOUT_MIN, n / RPC_FRAME_MIN_BYTES_PER_S)` (64 s for the
+/// largest, 64 MiB).
+pub const RPC_FRAME_MIN_BYTES_PER_S: u64 = 1024 * 1024;
+
+const _: () = assert!(RPC_FRAME_MIN_BYTES_PER_S > 0);

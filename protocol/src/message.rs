@@ -6,6 +6,7 @@
 //! so one bad key never fails its neighbours.
 
 use crate::error::ErrorCode;
+use crate::limits::BATCH_MAX_ITEMS;
 use crate::types::*;
 use crate::wire::{DecodeError, Reader, Wire};
 use crate::wire_struct;
@@ -83,10 +84,12 @@ macro_rules! messages {
         pub enum Request { $($name($name),)* InTenant(InTenant), }
 
         impl Request {
-            /// Decodes the body of a request frame with the given opcode.
+            /// Decodes the body of a request frame with the given opcode. No list in it may
+            /// hold more than [`BATCH_MAX_ITEMS`] items (keys, sizes, segments, held objects,
+            /// a config's names), checked before anything is reserved.
             pub fn decode(opcode: u16, body: &[u8]) -> Result<Request, DecodeError> {
                 match opcode {
-                    $($op => Ok(Request::$name($name::from_bytes(body)?)),)*
+                    $($op => Ok(Request::$name(capped(body)?)),)*
                     IN_TENANT_OP => Ok(Request::InTenant(InTenant::decode_body(body)?)),
                     other => Err(DecodeError::Invalid { what: "opcode", got: other as u64 }),
                 }
@@ -122,6 +125,14 @@ macro_rules! messages {
             }
         }
     };
+}
+
+/// Decodes a whole request body with every list capped at [`BATCH_MAX_ITEMS`].
+fn capped<T: Wire>(body: &[u8]) -> Result<T, DecodeError> {
+    let mut r = Reader::with_count_max(body, BATCH_MAX_ITEMS);
+    let v = T::decode(&mut r)?;
+    r.finish()?;
+    Ok(v)
 }
 
 /// Opcode of the tenant envelope ([`InTenant`], [`Tenanted`]).
@@ -265,9 +276,177 @@ messages! {
     39 KeepRemoved { keys: Vec<String>, versions: Vec<Version> } -> ();
 }
 
+/// Opcodes whose requests carry no list (everything else is in [`list_bodies`]).
+pub const LISTLESS_OPCODES: &[u16] = &[
+    Ping::OP,
+    MountSegment::OP,
+    UnmountSegment::OP,
+    GracefulUnmountSegment::OP,
+    ServiceReady::OP,
+    QueryTask::OP,
+    FetchTasks::OP,
+    CompleteTask::OP,
+    PutEnd::OP,
+    PutRevoke::OP,
+    UpsertEnd::OP,
+    UpsertRevoke::OP,
+    GetReplicaList::OP,
+    ExistKey::OP,
+    Remove::OP,
+    RemoveByRegex::OP,
+    RemoveAll::OP,
+    CreateMoveTask::OP,
+];
+
+/// Every list a request can carry, as `(opcode, what, body)`: a request body whose list
+/// `what` holds `n` items (its other lists empty, its items the smallest valid ones). For
+/// tests of [`BATCH_MAX_ITEMS`]; a new request with a list belongs here.
+pub fn list_bodies(n: usize) -> Vec<(u16, &'static str, Vec<u8>)> {
+    let id = Uuid::NIL.to_bytes();
+    let key = String::new().to_bytes();
+    let keys = list(n, &key);
+    let none = list(0, &[]);
+    let cfg = ReplicateConfig::default().to_bytes();
+    let put = |cfg: &[u8]| [&id[..], &key, &0u64.to_bytes(), cfg].concat();
+    let batch_put = |k: &[u8], s: &[u8], cfg: &[u8]| [&id[..], k, s, cfg].concat();
+    let sizes = list(n, &0u64.to_bytes());
+    let mut v = vec![
+        (
+            ReMountSegment::OP,
+            "segments",
+            [&id[..], &list(n, &segment()), &none].concat(),
+        ),
+        (
+            ReMountSegment::OP,
+            "held",
+            [&id[..], &none, &list(n, &held())].concat(),
+        ),
+        (
+            BatchReplicaClear::OP,
+            "keys",
+            [&id[..], &keys, &key].concat(),
+        ),
+        (CreateCopyTask::OP, "targets", [&key[..], &keys].concat()),
+        (BatchPutEnd::OP, "keys", [&id[..], &keys].concat()),
+        (BatchPutRevoke::OP, "keys", [&id[..], &keys].concat()),
+        (BatchUpsertEnd::OP, "keys", [&id[..], &keys].concat()),
+        (BatchUpsertRevoke::OP, "keys", [&id[..], &keys].concat()),
+        (BatchGetReplicaList::OP, "keys", keys.clone()),
+        (BatchExistKey::OP, "keys", keys.clone()),
+        (BatchRemove::OP, "keys", [&keys[..], &[0]].concat()),
+        (KeepRemoved::OP, "keys", [&keys[..], &none].concat()),
+        (
+            KeepRemoved::OP,
+            "versions",
+            [&none[..], &list(n, &Version::default().to_bytes())].concat(),
+        ),
+    ];
+    for op in [PutStart::OP, UpsertStart::OP] {
+        v.push((op, "preferred_segments", put(&config(&keys, &none))));
+        v.push((op, "group_ids", put(&config(&none, &keys))));
+    }
+    for op in [BatchPutStart::OP, BatchUpsertStart::OP] {
+        v.push((op, "keys", batch_put(&keys, &none, &cfg)));
+        v.push((op, "sizes", batch_put(&none, &sizes, &cfg)));
+        v.push((
+            op,
+            "preferred_segments",
+            batch_put(&none, &none, &config(&keys, &none)),
+        ));
+        v.push((
+            op,
+            "group_ids",
+            batch_put(&none, &none, &config(&none, &keys)),
+        ));
+    }
+    let in_tenant = [
+        &"t".to_string().to_bytes()[..],
+        &BatchRemove::OP.to_bytes(),
+        &keys,
+        &[0],
+    ];
+    v.push((IN_TENANT_OP, "keys", in_tenant.concat()));
+    v
+}
+
+/// A list of `n` copies of the encoded `item`.
+fn list(n: usize, item: &[u8]) -> Vec<u8> {
+    let mut out = (n as u32).to_bytes();
+    out.reserve(n * item.len());
+    for _ in 0..n {
+        out.extend_from_slice(item);
+    }
+    out
+}
+
+/// A default `ReplicateConfig` with these encoded lists.
+fn config(preferred_segments: &[u8], group_ids: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    1u32.encode(&mut out);
+    SoftPinAction::Preserve.encode(&mut out);
+    None::<u64>.encode(&mut out);
+    false.encode(&mut out);
+    out.extend_from_slice(preferred_segments);
+    String::new().encode(&mut out);
+    false.encode(&mut out);
+    ObjectDataType::Unknown.encode(&mut out);
+    out.extend_from_slice(group_ids);
+    out
+}
+
+fn segment() -> Vec<u8> {
+    Segment {
+        id: Uuid::NIL,
+        name: String::new(),
+        base: 0,
+        size: 0,
+        te_endpoint: String::new(),
+        protocol: String::new(),
+        host_id: String::new(),
+    }
+    .to_bytes()
+}
+
+fn held() -> Vec<u8> {
+    HeldObject {
+        key: String::new(),
+        size: 0,
+        segment_name: String::new(),
+        buffer_address: 0,
+        with_hard_pin: false,
+        version: Version::default(),
+        soft_pin_ttl_ms: None,
+    }
+    .to_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_list_of_every_request_is_capped() {
+        let listed: std::collections::HashSet<u16> =
+            list_bodies(0).iter().map(|(op, ..)| *op).collect();
+        for (op, name) in OPCODES {
+            assert!(
+                listed.contains(op) != LISTLESS_OPCODES.contains(op),
+                "{name}: in list_bodies or in LISTLESS_OPCODES, not both or neither"
+            );
+        }
+        let at = list_bodies(BATCH_MAX_ITEMS);
+        let over = list_bodies(BATCH_MAX_ITEMS + 1);
+        for ((op, what, at), (_, _, over)) in at.iter().zip(&over) {
+            assert!(Request::decode(*op, at).is_ok(), "{op} {what} at the cap");
+            let got = Request::decode(*op, over);
+            let want = DecodeError::TooLong {
+                what: "vec",
+                len: BATCH_MAX_ITEMS + 1,
+                max: BATCH_MAX_ITEMS,
+            };
+            assert_eq!(got, Err(want), "{op} {what} over the cap");
+        }
+    }
 
     #[test]
     fn request_round_trips_through_opcode() {

@@ -13,9 +13,12 @@
 //! | structs         | their fields in declaration order                           |
 //! | enums (C-like)  | `u8` discriminant                                           |
 //!
-//! Invariant: [`Wire::decode`] never panics and never allocates more than a small multiple of
-//! the input it was given: a count is checked against the bytes that remain before anything is
-//! reserved.
+//! Invariant: [`Wire::decode`] never panics and never reserves more than the input it was given
+//! justifies: a count is checked against the bytes that remain (each element takes at least
+//! its `MIN_BYTES`), and a list reserves room for no more elements than the remaining bytes
+//! would hold in memory, so a claimed count only costs memory once its elements are decoded.
+//! A reader made with [`Reader::with_count_max`] also refuses any count above that maximum
+//! (requests: `BATCH_MAX_ITEMS`), before anything is reserved.
 
 use crate::limits::STRING_MAX_BYTES;
 
@@ -42,11 +45,22 @@ pub enum DecodeError {
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Largest element count [`Reader::count`] accepts (besides the bytes-left bound).
+    count_max: usize,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
+        Self::with_count_max(buf, usize::MAX)
+    }
+
+    /// A reader that refuses every list longer than `count_max` elements, at any depth.
+    pub fn with_count_max(buf: &'a [u8], count_max: usize) -> Self {
+        Reader {
+            buf,
+            pos: 0,
+            count_max,
+        }
     }
 
     pub fn remaining(&self) -> usize {
@@ -94,14 +108,21 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Reads a `u32` element count and checks it against the bytes left, given that every
-    /// element takes at least `min_elem_bytes` bytes.
+    /// Reads a `u32` element count and checks it against the reader's count maximum and the
+    /// bytes left, given that every element takes at least `min_elem_bytes` bytes.
     pub fn count(
         &mut self,
         what: &'static str,
         min_elem_bytes: usize,
     ) -> Result<usize, DecodeError> {
         let n = u32::decode(self)? as usize;
+        if n > self.count_max {
+            return Err(DecodeError::TooLong {
+                what,
+                len: n,
+                max: self.count_max,
+            });
+        }
         let need = n.saturating_mul(min_elem_bytes.max(1));
         if need > self.remaining() {
             return Err(DecodeError::TooLong {
@@ -216,12 +237,21 @@ impl<T: Wire> Wire for Vec<T> {
     }
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let n = r.count("vec", T::MIN_BYTES)?;
-        let mut v = Vec::with_capacity(n);
+        let mut v = Vec::with_capacity(reserve_for::<T>(n, r.remaining()));
         for _ in 0..n {
             v.push(T::decode(r)?);
         }
         Ok(v)
     }
+}
+
+/// Elements to reserve for a list of `n` with `remaining` bytes left to decode: no more than
+/// those bytes would hold in memory. An element can take several times its smallest encoding
+/// in memory (a `String` is 24 bytes, its encoding 4), so reserving `n` would let a frame make
+/// the decoder reserve several times the frame before one element is known to be there; past
+/// this, the list grows as its elements decode.
+pub fn reserve_for<T>(n: usize, remaining: usize) -> usize {
+    n.min(remaining / std::mem::size_of::<T>().max(1))
 }
 
 impl<T: Wire> Wire for Option<T> {
@@ -335,6 +365,32 @@ mod tests {
             String::from_bytes(&buf),
             Err(DecodeError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn lists_reserve_no_more_than_the_bytes_left() {
+        // 1,000 empty strings: 4 bytes each on the wire, 24 in memory.
+        let n = 1000;
+        assert_eq!(reserve_for::<String>(n, 4 * n), 4 * n / 24);
+        assert_eq!(reserve_for::<u64>(n, 8 * n), n);
+        assert_eq!(reserve_for::<()>(n, 0), 0);
+        let v = Vec::<String>::from_bytes(&vec![String::new(); n].to_bytes()).unwrap();
+        assert_eq!(v.len(), n);
+    }
+
+    #[test]
+    fn a_count_maximum_refuses_longer_lists_at_any_depth() {
+        let flat = vec![1u8, 2, 3].to_bytes();
+        let nested = vec![vec![1u8, 2, 3]].to_bytes();
+        for (bytes, max, ok) in [(&flat, 3, true), (&flat, 2, false), (&nested, 2, false)] {
+            let mut r = Reader::with_count_max(bytes, max);
+            let got = if bytes == &flat {
+                Vec::<u8>::decode(&mut r).map(|_| ())
+            } else {
+                Vec::<Vec<u8>>::decode(&mut r).map(|_| ())
+            };
+            assert_eq!(got.is_ok(), ok, "{bytes:?} with max {max}");
+        }
     }
 
     #[test]

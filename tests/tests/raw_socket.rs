@@ -19,7 +19,7 @@ use client::dataplane::transport::header::{
 use client::MasterClient;
 use mooncake_tests::{Master, Node, NodeSegment};
 use protocol::frame::{self, Kind};
-use protocol::message::{Ping, Request, ServiceReady, OPCODES};
+use protocol::message::{Ping, Request, Rpc, ServiceReady, OPCODES};
 use protocol::Uuid;
 
 /// How long a server may take to answer or close a bad stream.
@@ -235,6 +235,50 @@ fn master_refuses_bad_frames_and_keeps_serving() {
         cases.len(),
         started.elapsed().as_secs_f64()
     );
+}
+
+/// What the master gives a frame of 1 MiB to arrive whole once it waits for its rest
+/// (`controlplane::limits::RPC_FRAME_TIMEOUT_MIN`: the minimum, as 1 MiB at the slowest rate
+/// allowed takes 1 s).
+const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A frame whose header promises 1 MiB, followed by silence, is closed once its deadline has
+/// passed, while other clients are served; a connection silent between frames is not closed.
+#[test]
+fn master_closes_a_frame_left_half_sent_but_not_an_idle_connection() {
+    let mut m = Master::start(&[]);
+    let addr: SocketAddr = m.rpc_addr().parse().unwrap();
+    let mut idle = connect(addr);
+    let mut stalled = connect(addr);
+    let mut head = Vec::new();
+    frame::write_header(&mut head, Kind::Request, ServiceReady::OP, 9, 1 << 20);
+    head.extend_from_slice(&[0; 100]);
+    stalled.write_all(&head).unwrap();
+    let sent = Instant::now();
+    assert_master_serves(&mut m, "with a frame half-sent");
+    let give_up = FRAME_TIMEOUT + VERDICT_TIMEOUT;
+    let mut buf = [0u8; 64];
+    let answer = loop {
+        assert!(
+            sent.elapsed() < give_up,
+            "a half-sent frame still open after {give_up:?}"
+        );
+        match stalled.read(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break 0,
+        }
+    };
+    assert_eq!(answer, 0, "the master answered a frame it never got whole");
+    // The idle connection outlived the half-sent frame's deadline and is answered.
+    assert!(sent.elapsed() >= FRAME_TIMEOUT.saturating_sub(Duration::from_millis(500)));
+    idle.write_all(&frame_bytes(ServiceReady::OP, &[])).unwrap();
+    idle.set_read_timeout(Some(VERDICT_TIMEOUT)).unwrap();
+    let mut got = vec![0u8; frame::HEADER_BYTES];
+    idle.read_exact(&mut got)
+        .expect("the idle connection is answered");
+    let header = frame::Header::parse(got[..].try_into().unwrap()).unwrap();
+    assert_eq!((header.kind, header.request_id), (Kind::Response, 42));
 }
 
 fn data_client(seg: &NodeSegment) -> TcpClient {

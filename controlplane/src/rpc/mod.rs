@@ -6,7 +6,11 @@
 //! and the cost of a syscall is shared by every request that arrived with it.
 //!
 //! A frame with a bad header (length, version, kind) closes the connection: the byte stream
-//! can no longer be trusted to be in step. A well-framed request whose body does not decode
+//! can no longer be trusted to be in step. So does a frame left half-sent past its deadline
+//! ([`frame_timeout`]: at least `RPC_FRAME_TIMEOUT_MIN`, longer by the length its header
+//! promises, counted from when the master first waits for its rest), so a peer cannot hold a
+//! frame's buffer with a trickle. A connection silent between frames is never closed:
+//! clients keep idle connections to the master. A well-framed request whose body does not decode
 //! gets an `INVALID_PARAMS` answer and the connection stays open.
 //!
 //! In HA mode a master that may not serve (a standby, or a leader that cannot prove its etcd
@@ -22,9 +26,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use protocol::auth::{self, ServerHandshake, ServerStep, Token};
 use protocol::frame::{self, Kind};
+use protocol::limits::FRAME_PAYLOAD_MAX_BYTES;
 use protocol::wire::Wire;
 use protocol::{ErrorCode, Uuid};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +38,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use crate::ha::HaState;
+use crate::limits::{RPC_FRAME_MIN_BYTES_PER_S, RPC_FRAME_TIMEOUT_MIN};
 use crate::service::removals::Removal;
 use crate::service::MasterService;
 
@@ -127,15 +134,15 @@ async fn serve_conn(
     let mut out: Vec<u8> = Vec::new();
     // Bytes to have room for before a read: small until the connection shows it is busy.
     let mut chunk = BUFFER_INITIAL_BYTES;
+    // When the master began to wait for the rest of the frame at the start of `inbuf`.
+    let mut partial_since: Option<Instant> = None;
     loop {
         if inbuf.capacity() - inbuf.len() < chunk / 4 {
             inbuf.reserve(chunk);
         }
         let room = inbuf.capacity() - inbuf.len();
-        let n = match poll_read(&sock, &mut inbuf).await {
-            Some(n) => n,
-            None => sock.read_buf(&mut inbuf).await.map_err(|e| e.to_string())?,
-        };
+        let deadline = partial_since.map(|t| t + frame_timeout(&inbuf));
+        let n = read_more(&mut sock, &mut inbuf, deadline).await?;
         if n == 0 {
             return Ok(());
         }
@@ -178,7 +185,52 @@ async fn serve_conn(
                 out = Vec::new();
             }
         }
+        // A frame left half-read: its clock starts now that the master waits for its rest
+        // (the answers above do not count against it), or keeps running when it is the one
+        // that was half-read before this read. No clock between frames.
+        partial_since = match (inbuf.is_empty(), used, partial_since) {
+            (true, ..) => None,
+            (false, 0, Some(t)) => Some(t),
+            (false, ..) => Some(Instant::now()),
+        };
     }
+}
+
+/// Time the frame whose first bytes are `partial` has to arrive whole (`limits.rs`,
+/// [`RPC_FRAME_TIMEOUT_MIN`]): longer for a large frame once its whole header is in (a
+/// length the header may not promise counts as the largest it may).
+pub fn frame_timeout(partial: &[u8]) -> Duration {
+    let largest = (frame::HEADER_BYTES + FRAME_PAYLOAD_MAX_BYTES) as u64;
+    let promised = partial
+        .first_chunk::<{ frame::HEADER_BYTES }>()
+        .map_or(0, |h| {
+            u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])) + 4
+        });
+    let secs = promised.min(largest) / RPC_FRAME_MIN_BYTES_PER_S;
+    RPC_FRAME_TIMEOUT_MIN.max(Duration::from_secs(secs))
+}
+
+/// Reads what the socket has into `inbuf` (trying [`poll_read`] first); with a `deadline`,
+/// fails when nothing comes before it. Returns the bytes read (0: closed).
+async fn read_more(
+    sock: &mut TcpStream,
+    inbuf: &mut Vec<u8>,
+    deadline: Option<Instant>,
+) -> Result<usize, String> {
+    let allowed = frame_timeout(inbuf);
+    let read = async {
+        match poll_read(sock, inbuf).await {
+            Some(n) => Ok(n),
+            None => sock.read_buf(inbuf).await,
+        }
+    };
+    let res = match deadline {
+        None => read.await,
+        Some(d) => tokio::time::timeout_at(d.into(), read)
+            .await
+            .map_err(|_| format!("a frame not sent whole within {allowed:?}"))?,
+    };
+    res.map_err(|e| e.to_string())
 }
 
 /// Answers every complete frame at the start of `buf` with `UNAVAILABLE_IN_CURRENT_STATUS`
@@ -340,4 +392,25 @@ pub fn answer_frames(
         })
         .unwrap_or_default();
     Ok((used, durable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_has_the_minimum_until_its_header_is_in_then_time_by_its_length() {
+        let header = |len: u32| {
+            let mut h = len.to_le_bytes().to_vec();
+            h.resize(frame::HEADER_BYTES, 0);
+            h
+        };
+        let min = RPC_FRAME_TIMEOUT_MIN;
+        assert_eq!(frame_timeout(&[]), min);
+        assert_eq!(frame_timeout(&u32::MAX.to_le_bytes()), min);
+        assert_eq!(frame_timeout(&header(1 << 20)), min);
+        assert_eq!(frame_timeout(&header(64 << 20)), Duration::from_secs(64));
+        // A length no header may promise counts as the largest frame.
+        assert_eq!(frame_timeout(&header(u32::MAX)), Duration::from_secs(64));
+    }
 }

@@ -476,7 +476,7 @@ fn batch_status(
 }
 
 /// `BatchExistKey` straight from its frame body (keys borrowed, not allocated). Decodes exactly
-/// as `BatchExistKey::from_bytes` would; on a decode error nothing is appended to `out`.
+/// as `Request::decode` would (at most `BATCH_MAX_ITEMS` keys); on a decode error nothing is appended to `out`.
 pub(crate) fn batch_exist_borrowed(
     st: &mut State,
     m: &Metrics,
@@ -484,7 +484,7 @@ pub(crate) fn batch_exist_borrowed(
     body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), protocol::wire::DecodeError> {
-    let mut r = protocol::wire::Reader::new(body);
+    let mut r = protocol::wire::Reader::with_count_max(body, protocol::limits::BATCH_MAX_ITEMS);
     let n = r.count("vec", <String as Wire>::MIN_BYTES)?;
     let start = out.len();
     out.reserve(8 + 5 * n);

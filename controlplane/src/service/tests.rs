@@ -1825,6 +1825,35 @@ fn borrowed_exist_paths_match_the_decoding_path() {
         .is_err());
 }
 
+/// Every list a request carries is capped at `BATCH_MAX_ITEMS`: one item more and the body does
+/// not decode (the RPC answers `INVALID_PARAMS` without running it); at the cap it runs.
+#[test]
+fn every_batch_over_the_cap_is_refused_and_one_at_it_is_served() {
+    use protocol::frame::{self, Kind};
+    use protocol::limits::BATCH_MAX_ITEMS;
+    let t = T::new();
+    t.mount(1, 64 * MIB);
+    for (op, what, body) in list_bodies(BATCH_MAX_ITEMS + 1) {
+        let res = t.svc.batch().handle_frame(op, &body, &mut Vec::new());
+        assert!(res.is_err(), "{op} {what}: over the cap, yet it ran");
+        let mut req = Vec::new();
+        frame::encode_with(&mut req, Kind::Request, op, 7, |o| {
+            o.extend_from_slice(&body)
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        let (used, _) = crate::rpc::answer_frames(&req, &t.svc, &mut out).unwrap();
+        assert_eq!(used, req.len());
+        let (answer, _) = frame::split_frame(&out).unwrap().unwrap();
+        let status = ErrorCode::decode(&mut protocol::wire::Reader::new(answer.body));
+        assert_eq!(status, Ok(ErrorCode::InvalidParams), "{op} {what}");
+    }
+    for (op, what, body) in list_bodies(BATCH_MAX_ITEMS) {
+        let res = t.svc.batch().handle_frame(op, &body, &mut Vec::new());
+        assert!(res.is_ok(), "{op} {what}: at the cap, refused: {res:?}");
+    }
+}
+
 // ---- Quarantine of silent clients --------------------------------------------------------
 
 impl T {

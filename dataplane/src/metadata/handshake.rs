@@ -29,6 +29,9 @@
 //! notify in, and the connection closes. Without a secret the port is open, as upstream's,
 //! and the server says so at start when it listens beyond loopback.
 //!
+//! Decoding is pure ([`decode_frame`], [`decode_notify`]; [`read_frame`] uses the same checks)
+//! and fuzzed (`fuzz/fuzz_targets/te_handshake.rs`).
+//!
 //! Invariants: the server never panics on network bytes; it serves at most
 //! [`CONNECTIONS_MAX`] connections at once; the notify inbox holds at most [`INBOX_MAX`]
 //! messages and [`INBOX_MAX_BYTES`] of them: past either, the oldest are dropped and
@@ -91,14 +94,22 @@ pub struct NotifyMsg {
     pub notify_msg: String,
 }
 
-/// Writes one frame.
-pub fn write_frame(stream: &mut TcpStream, ty: FrameType, json: &[u8]) -> io::Result<()> {
+/// Bytes of the length field before a frame's type byte.
+pub const LEN_BYTES: usize = 8;
+
+/// One frame's bytes: length, type, JSON.
+pub fn encode_frame(ty: FrameType, json: &[u8]) -> Vec<u8> {
     let len = json.len() as u64 + 1;
-    let mut buf = Vec::with_capacity(9 + json.len());
+    let mut buf = Vec::with_capacity(LEN_BYTES + 1 + json.len());
     buf.extend_from_slice(&len.to_le_bytes());
     buf.push(ty as u8);
     buf.extend_from_slice(json);
-    stream.write_all(&buf)
+    buf
+}
+
+/// Writes one frame.
+pub fn write_frame(stream: &mut TcpStream, ty: FrameType, json: &[u8]) -> io::Result<()> {
+    stream.write_all(&encode_frame(ty, json))
 }
 
 /// Why a frame could not be read.
@@ -113,9 +124,9 @@ pub enum FrameError {
 
 /// Reads one frame: its type byte and JSON text.
 pub fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>), FrameError> {
-    let mut len_raw = [0u8; 8];
+    let mut len_raw = [0u8; LEN_BYTES];
     let mut got = 0;
-    while got < 8 {
+    while got < LEN_BYTES {
         match stream.read(&mut len_raw[got..]) {
             Ok(0) if got == 0 => return Err(FrameError::Closed),
             Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
@@ -124,22 +135,53 @@ pub fn read_frame(stream: &mut TcpStream) -> Result<(u8, Vec<u8>), FrameError> {
             Err(e) => return Err(FrameError::Io(e)),
         }
     }
+    let mut body = vec![0u8; frame_len(len_raw)?];
+    stream.read_exact(&mut body).map_err(FrameError::Io)?;
+    let ty = frame_type(&body)?;
+    body.remove(0);
+    Ok((ty, body))
+}
+
+/// A frame decoded from bytes: its type, its JSON, and the bytes it took.
+pub type Decoded<'a> = (u8, &'a [u8], usize);
+
+/// Decodes the frame at the start of `buf` as [`read_frame`] reads it from a stream, or
+/// `None` while it is incomplete.
+pub fn decode_frame(buf: &[u8]) -> Result<Option<Decoded<'_>>, FrameError> {
+    let Some(len_raw) = buf.first_chunk::<LEN_BYTES>() else {
+        return Ok(None);
+    };
+    let end = LEN_BYTES + frame_len(*len_raw)?;
+    let Some(body) = buf.get(LEN_BYTES..end) else {
+        return Ok(None);
+    };
+    Ok(Some((frame_type(body)?, &body[1..], end)))
+}
+
+/// The body length (type byte and JSON) a length field announces, when it is one we accept.
+fn frame_len(len_raw: [u8; LEN_BYTES]) -> Result<usize, FrameError> {
     let len = u64::from_le_bytes(len_raw);
     if len == 0 || len > FRAME_MAX_BYTES {
         return Err(FrameError::Malformed(format!(
             "frame length {len}, expected 1..={FRAME_MAX_BYTES}"
         )));
     }
-    let mut body = vec![0u8; len as usize];
-    stream.read_exact(&mut body).map_err(FrameError::Io)?;
-    let ty = body[0];
-    if ty > FrameType::Probe as u8 {
-        return Err(FrameError::Malformed(format!(
-            "frame type {ty}: legacy untyped frames are not supported, expected 0..=3"
-        )));
+    Ok(len as usize)
+}
+
+/// The type byte of a (non-empty) frame body, when it is one of ours.
+fn frame_type(body: &[u8]) -> Result<u8, FrameError> {
+    match body.first() {
+        Some(&ty) if ty <= FrameType::Probe as u8 => Ok(ty),
+        ty => Err(FrameError::Malformed(format!(
+            "frame type {ty:?}: legacy untyped frames are not supported, expected 0..=3"
+        ))),
     }
-    body.remove(0);
-    Ok((ty, body))
+}
+
+/// The body of a Notify frame, when it is the JSON of a [`NotifyMsg`].
+pub fn decode_notify(json: &[u8]) -> Option<NotifyMsg> {
+    serde_json::from_slice(json).ok()
 }
 
 /// What the handshake server answers with, shared with the engine that owns it.
@@ -370,12 +412,12 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
         };
         let reply = match FrameType::from_u8(ty) {
             Some(FrameType::Metadata) => shared.state.descriptor(),
-            Some(FrameType::Notify) => match serde_json::from_slice::<NotifyMsg>(&body) {
-                Ok(msg) => {
+            Some(FrameType::Notify) => match decode_notify(&body) {
+                Some(msg) => {
                     shared.state.push_notify(msg);
                     br#"{"name":"","notify_msg":"success"}"#.to_vec()
                 }
-                Err(_) => return,
+                None => return,
             },
             Some(FrameType::Probe) => br#"{"status":"success"}"#.to_vec(),
             Some(FrameType::Connection) => {
@@ -509,6 +551,29 @@ mod tests {
         let mut s = TcpStream::connect(&addr).unwrap();
         s.write_all(&100u64.to_le_bytes()).unwrap();
         assert!(call(&addr, FrameType::Probe, b"").is_ok());
+    }
+
+    #[test]
+    fn frames_decode_from_bytes_as_from_a_stream() {
+        let f = encode_frame(FrameType::Notify, b"{}");
+        assert_eq!(decode_frame(&f).unwrap(), Some((2, &b"{}"[..], f.len())));
+        assert!(matches!(decode_frame(&f[..f.len() - 1]), Ok(None)));
+        assert!(matches!(decode_frame(&f[..7]), Ok(None)));
+        for bad in [
+            0u64.to_le_bytes().to_vec(),
+            (FRAME_MAX_BYTES + 1).to_le_bytes().to_vec(),
+            [&1u64.to_le_bytes()[..], &[4]].concat(),
+        ] {
+            assert!(matches!(decode_frame(&bad), Err(FrameError::Malformed(_))));
+        }
+        assert_eq!(
+            decode_notify(br#"{"name":"a","notify_msg":"b"}"#),
+            Some(NotifyMsg {
+                name: "a".into(),
+                notify_msg: "b".into()
+            })
+        );
+        assert_eq!(decode_notify(b"{"), None);
     }
 
     #[test]
