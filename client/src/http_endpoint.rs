@@ -213,4 +213,45 @@ mod tests {
         assert_eq!((h.method.as_str(), h.path.as_str()), ("\u{fffd}", "/"));
         assert_eq!(parse_head(b"").path, "");
     }
+
+    /// Four clients trickle a byte of their heads every 500 ms: each is dropped at its
+    /// deadline, and `/health` is answered meanwhile. One slow client used to hold the only
+    /// thread for as long as it kept sending.
+    #[test]
+    fn trickling_clients_do_not_starve_health() {
+        use std::io::{Read, Write};
+        let routes: Routes = Arc::new(|p: &str| (p == "/health").then(|| health_json(0)));
+        let ep = HttpEndpoint::start("127.0.0.1:0".parse().unwrap(), "t-http", routes).unwrap();
+        let addr = ep.local_addr();
+        let slow: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    let start = Instant::now();
+                    for b in b"GET /health HTTP/1.1\r\nHost: a\r\nX-Slow: aaaaaaaaaaaaaaaa" {
+                        if s.write_all(&[*b]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let asked = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        let waited = asked.elapsed();
+        assert!(waited < REQUEST_DEADLINE * 2, "/health waited {waited:?}");
+        for t in slow {
+            let held = t.join().unwrap();
+            assert!(held < REQUEST_DEADLINE * 3, "a trickler was held {held:?}");
+        }
+    }
 }

@@ -53,8 +53,9 @@ below.
 - `mount_shm` and decode mode take only a plain `/dev/shm` name (`name`; or, for decode mode
   when no `name` is given, a `path` that is exactly `/dev/shm/<name>`), and an existing entry
   must be a regular file, not a symlink; anything else is 400 and nothing is mapped. (The
-  check comes before the store opens the file, and the store's open follows symlinks: a local
-  user who swaps a symlink in between the two is not stopped here.) `size` (also `/api/mount`'s)
+  store's own open checks again on the descriptor it maps, refusing links, other owners and
+  anything outside `/dev/shm` or `MC_MOUNT_FILE_DIRS`, so a link swapped in after this check
+  is refused too.) `size` (also `/api/mount`'s)
   must be an int in 1..=the mount cap (1 TiB, or `MC_STORE_SERVICE_MAX_MOUNT_BYTES`), `offset`
   a non-negative int; else 400.
 - Limits: the constants below. A connection whose first request head has not arrived within
