@@ -994,6 +994,16 @@ mod tests {
     }
 
     fn side(f: &Path, name: &str, cfg: RdmaConfig) -> Side {
+        side_with_auth(f, name, cfg, None)
+    }
+
+    /// A side whose handshake port asks for `auth`'s proof (`None`: open).
+    fn side_with_auth(
+        f: &Path,
+        name: &str,
+        cfg: RdmaConfig,
+        auth: Option<&'static protocol::auth::Token>,
+    ) -> Side {
         let sim = Arc::new(SimVerbs::new(f, &["sim0", "sim1"]).unwrap());
         let chosen: Vec<HcaInfo> = ["sim0", "sim1"]
             .iter()
@@ -1014,7 +1024,7 @@ mod tests {
         }))));
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let rpc = l.local_addr().unwrap().to_string();
-        let hs = HandshakeServer::start(l, state).unwrap();
+        let hs = HandshakeServer::start_with_auth(l, state, auth).unwrap();
         let mut mem = vec![0u8; 1 << 20];
         // SAFETY: `mem` is never reallocated and outlives the transport in every test
         // (fields drop in order: `t` before `mem`).
@@ -1212,6 +1222,37 @@ mod tests {
         assert!(private[..4096] == a.mem[..4096]);
         drop((a, b));
         drop(private);
+        let _ = std::fs::remove_dir_all(&f);
+    }
+
+    /// With a cluster secret on the owner's handshake port, a peer that cannot prove it gets
+    /// no queue pair: its writes and reads fail, nothing lands, and the owner made no QP.
+    #[test]
+    fn a_connect_without_the_proof_gets_no_queue_pair() {
+        let f = fabric("tr-auth");
+        let mut a = side(&f, "a", cfg());
+        let secret = protocol::auth::Token::new(b"rdma-handshake-secret").unwrap();
+        let b = side_with_auth(&f, "b", cfg(), Some(Box::leak(Box::new(secret))));
+        pattern(&mut a.mem, 4);
+        let d = desc(&b);
+        let peer = Peer {
+            name: "b",
+            rpc: &b.rpc,
+            desc: &d,
+        };
+        let (la, lb) = (a.mem.as_ptr() as u64, b.mem.as_ptr() as u64);
+        for op in [RdmaOp::Write, RdmaOp::Read] {
+            let r = Request {
+                op,
+                local: la,
+                remote: lb,
+                len: 4096,
+            };
+            assert!(a.t.transfer(&peer, &[r])[0].is_err(), "{op:?} went through");
+        }
+        assert!(b.mem.iter().all(|&x| x == 0), "a stranger's write landed");
+        assert_eq!(b.t.stats().passive_qps.load(Ordering::Relaxed), 0);
+        drop((a, b));
         let _ = std::fs::remove_dir_all(&f);
     }
 
