@@ -197,6 +197,8 @@ impl PyStore {
             }
             Err(e) => {
                 tracing::error!("setup: the client HTTP server on {host}:{port}: {e}");
+                // `close` waits until no one else holds the store: this call lets go first.
+                drop(s);
                 self.close(py);
                 -1
             }
