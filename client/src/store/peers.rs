@@ -1074,6 +1074,7 @@ mod tests {
         let p = Peers::new(None, None, TransferSettings::default());
         let r = ReplicaDescriptor {
             status: protocol::ReplicaStatus::Complete,
+            medium: protocol::ReplicaMedium::Memory,
             segment_name: "s".into(),
             transport_endpoint: "127.0.0.1:1".into(),
             buffer_address: 4096,
