@@ -60,6 +60,7 @@ pub mod extra;
 pub mod http;
 mod keylock;
 pub mod mapped;
+mod paths;
 mod peers;
 pub mod ranges;
 pub mod rdma;
