@@ -101,8 +101,8 @@ impl Peers {
                 merge(&mut left, path.read(&mut rc, mine));
             }
         }
-        let replicas: Vec<_> = rc.items.iter().map(|it| it.replica).collect();
-        unreached(&left, &mut rc.results, |i| replicas[i]);
+        let items = &*rc.items;
+        unreached(&left, &mut rc.results, |i| items[i].replica);
         rc.results
     }
 }
