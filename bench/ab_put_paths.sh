@@ -1,9 +1,10 @@
 #!/bin/bash
-# A/B of put service time over TCP, RDMA (software verbs model) and same-host memcpy for two
-# builds.
+# A/B of put (or, with OP=get, get) service time over TCP, RDMA (software verbs model) and
+# same-host memcpy for two builds.
 #
 #   bench/ab_put_paths.sh RUNS DIR_A DIR_B
 #   CONFIGS="shm:4096 shm:65536" bench/ab_put_paths.sh RUNS DIR_A DIR_B
+#   OP=get bench/ab_put_paths.sh RUNS DIR_A DIR_B      # gets instead of puts
 #
 # CONFIGS lists path:value_size pairs (path tcp, rdma or shm; default: TCP and RDMA at 4 KiB
 # and 64 KiB). shm is the TCP protocol with same-host memcpy on (MC_STORE_SHM=1): the bench's
@@ -24,7 +25,7 @@ for r in $(seq 1 "$runs"); do
     set -- "$path" "$size"
     for d in "${dirs[@]}"; do
       fabric=$(mktemp -d /dev/shm/mc-ab-fabric.XXXX)
-      out=$(MOONCAKE_RDMA_SIM=$fabric MC_STORE_SHM=$shm "$d/mooncake_bench" --local --op put \
+      out=$(MOONCAKE_RDMA_SIM=$fabric MC_STORE_SHM=$shm "$d/mooncake_bench" --local --op "${OP:-put}" \
         --rate 2000 --seconds 10 --threads 2 --pin --value_size "$size" --protocol "$protocol" \
         2>/dev/null)
       rm -rf "$fabric"

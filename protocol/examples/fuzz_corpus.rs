@@ -138,6 +138,7 @@ fn main() {
     // body as its opcode's answer): a fetched task and a task's state.
     let replica = ReplicaDescriptor {
         status: ReplicaStatus::Complete,
+        medium: protocol::ReplicaMedium::Memory,
         segment_name: "127.0.0.1:1".into(),
         transport_endpoint: "127.0.0.1:15000".into(),
         buffer_address: 1 << 40,
@@ -147,7 +148,14 @@ fn main() {
     let work = TaskWork {
         task_id: id,
         key: "k".into(),
-        sources: vec![replica.clone()],
+        // A disk replica too: its medium rides in the status byte's high nibble.
+        sources: vec![
+            replica.clone(),
+            ReplicaDescriptor {
+                medium: protocol::ReplicaMedium::LocalDisk,
+                ..replica.clone()
+            },
+        ],
         targets: vec![replica],
         with_hard_pin: false,
         soft_pin_ttl_ms: Some(1000),

@@ -270,10 +270,37 @@ impl std::fmt::Display for Version {
     }
 }
 
-/// Where one memory replica of an object lives: a contiguous range in a mounted segment.
+/// What holds a replica's bytes (upstream's `ReplicaType`, whose numbers it keeps: `allocator.h`
+/// `MEMORY = 0, DISK = 1, LOCAL_DISK = 2`; only the two kinds this store has or prepares).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReplicaMedium {
+    /// A range of a mounted memory segment: every replica so far.
+    #[default]
+    Memory = 0,
+    /// A copy on its owner's local disk (the SSD tier, `LOCAL_DISK`); read through its owner.
+    /// Nothing creates one yet.
+    LocalDisk = 2,
+}
+
+impl ReplicaMedium {
+    fn from_u8(b: u8) -> Option<ReplicaMedium> {
+        match b {
+            0 => Some(ReplicaMedium::Memory),
+            2 => Some(ReplicaMedium::LocalDisk),
+            _ => None,
+        }
+    }
+}
+
+/// Where one replica of an object lives: for a memory replica, a contiguous range in a mounted
+/// segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaDescriptor {
     pub status: ReplicaStatus,
+    /// What holds the bytes. On the wire it shares the status byte (its high nibble, `docs/
+    /// protocol.md`), so a memory replica encodes to the bytes it always has.
+    pub medium: ReplicaMedium,
     /// The segment (and so the storage process) holding it.
     pub segment_name: String,
     /// Transfer-engine endpoint of that segment (`host:port` of its data plane).
@@ -285,14 +312,61 @@ pub struct ReplicaDescriptor {
     /// catalog; a remove's answer names the version removed).
     pub version: Version,
 }
-wire_struct!(ReplicaDescriptor {
-    status: ReplicaStatus,
-    segment_name: String,
-    transport_endpoint: String,
-    buffer_address: u64,
-    size: u64,
-    version: Version,
-});
+
+/// The status byte of a replica descriptor: status in the low nibble, medium in the high one.
+fn encode_status_medium(status: ReplicaStatus, medium: ReplicaMedium, out: &mut Vec<u8>) {
+    out.push(status as u8 | (medium as u8) << 4);
+}
+
+fn decode_status_medium(
+    r: &mut crate::wire::Reader<'_>,
+) -> Result<(ReplicaStatus, ReplicaMedium), crate::wire::DecodeError> {
+    use crate::wire::{DecodeError, Wire};
+    let b = u8::decode(r)?;
+    let medium = ReplicaMedium::from_u8(b >> 4).ok_or(DecodeError::Invalid {
+        what: "ReplicaMedium",
+        got: u64::from(b >> 4),
+    })?;
+    let status = ReplicaStatus::decode(&mut crate::wire::Reader::new(&[b & 0x0f]))?;
+    Ok((status, medium))
+}
+
+impl crate::wire::Wire for ReplicaDescriptor {
+    const MIN_BYTES: usize = 1
+        + <String as crate::wire::Wire>::MIN_BYTES * 2
+        + 16
+        + <Version as crate::wire::Wire>::MIN_BYTES;
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.as_ref().encode(out);
+    }
+    fn decode(r: &mut crate::wire::Reader<'_>) -> Result<Self, crate::wire::DecodeError> {
+        let (status, medium) = decode_status_medium(r)?;
+        Ok(ReplicaDescriptor {
+            status,
+            medium,
+            segment_name: String::decode(r)?,
+            transport_endpoint: String::decode(r)?,
+            buffer_address: u64::decode(r)?,
+            size: u64::decode(r)?,
+            version: Version::decode(r)?,
+        })
+    }
+}
+
+impl ReplicaDescriptor {
+    /// The same descriptor with borrowed names.
+    pub fn as_ref(&self) -> ReplicaDescriptorRef<'_> {
+        ReplicaDescriptorRef {
+            status: self.status,
+            medium: self.medium,
+            segment_name: &self.segment_name,
+            transport_endpoint: &self.transport_endpoint,
+            buffer_address: self.buffer_address,
+            size: self.size,
+            version: self.version,
+        }
+    }
+}
 
 /// A [`ReplicaDescriptor`] whose names are borrowed, for an encoder that answers from its own
 /// tables (the master) without allocating two strings per replica. It encodes to exactly the
@@ -300,6 +374,7 @@ wire_struct!(ReplicaDescriptor {
 #[derive(Clone, Copy, Debug)]
 pub struct ReplicaDescriptorRef<'a> {
     pub status: ReplicaStatus,
+    pub medium: ReplicaMedium,
     pub segment_name: &'a str,
     pub transport_endpoint: &'a str,
     pub buffer_address: u64,
@@ -310,7 +385,7 @@ pub struct ReplicaDescriptorRef<'a> {
 impl ReplicaDescriptorRef<'_> {
     pub fn encode(&self, out: &mut Vec<u8>) {
         use crate::wire::{encode_str, Wire};
-        self.status.encode(out);
+        encode_status_medium(self.status, self.medium, out);
         encode_str(self.segment_name, out);
         encode_str(self.transport_endpoint, out);
         self.buffer_address.encode(out);
@@ -509,6 +584,7 @@ mod tests {
     fn a_borrowed_replica_descriptor_encodes_as_the_owned_one() {
         let owned = ReplicaDescriptor {
             status: ReplicaStatus::Complete,
+            medium: ReplicaMedium::Memory,
             segment_name: "node-a:17001".to_string(),
             transport_endpoint: "127.0.0.1:17001".to_string(),
             buffer_address: 0x7f00_0000_1000,
@@ -517,6 +593,7 @@ mod tests {
         };
         let borrowed = ReplicaDescriptorRef {
             status: owned.status,
+            medium: ReplicaMedium::Memory,
             segment_name: &owned.segment_name,
             transport_endpoint: &owned.transport_endpoint,
             buffer_address: owned.buffer_address,
@@ -529,6 +606,42 @@ mod tests {
         assert_eq!(a, b);
         let mut r = crate::wire::Reader::new(&b);
         assert_eq!(ReplicaDescriptor::decode(&mut r).unwrap(), owned);
+    }
+
+    /// The medium shares the status byte: a memory replica's bytes are those of a descriptor
+    /// from before it had a medium (its fields in order, status alone in the first byte), so
+    /// old frames decode as memory replicas; a disk replica round-trips; an unknown medium or
+    /// status is an error.
+    #[test]
+    fn a_replicas_medium_rides_in_its_status_byte() {
+        let memory = ReplicaDescriptor {
+            status: ReplicaStatus::Complete,
+            medium: ReplicaMedium::Memory,
+            segment_name: "s".to_string(),
+            transport_endpoint: "127.0.0.1:1".to_string(),
+            buffer_address: 4096,
+            size: 10,
+            version: Version { term: 1, seq: 2 },
+        };
+        let mut old = vec![ReplicaStatus::Complete as u8];
+        crate::wire::encode_str("s", &mut old);
+        crate::wire::encode_str("127.0.0.1:1", &mut old);
+        for v in [4096u64, 10, 1, 2] {
+            v.encode(&mut old);
+        }
+        assert_eq!(memory.to_bytes(), old);
+        let disk = ReplicaDescriptor {
+            medium: ReplicaMedium::LocalDisk,
+            ..memory.clone()
+        };
+        let bytes = disk.to_bytes();
+        assert_eq!(bytes[0], 0x23);
+        assert_eq!(ReplicaDescriptor::from_bytes(&bytes).unwrap(), disk);
+        for bad in [0x13u8, 0xf3, 0x06, 0x26] {
+            let mut b = bytes.clone();
+            b[0] = bad;
+            assert!(ReplicaDescriptor::from_bytes(&b).is_err(), "{bad:#x}");
+        }
     }
 
     #[test]
@@ -587,6 +700,7 @@ mod tests {
     fn upsert_answers_round_trip_with_their_soft_pin() {
         let replica = ReplicaDescriptor {
             status: ReplicaStatus::Processing,
+            medium: ReplicaMedium::Memory,
             segment_name: "node:1".into(),
             transport_endpoint: "127.0.0.1:1".into(),
             buffer_address: 1 << 40,
@@ -620,6 +734,7 @@ mod tests {
         assert_eq!(TaskInfo::from_bytes(&info.to_bytes()).unwrap(), info);
         let r = ReplicaDescriptor {
             status: ReplicaStatus::Complete,
+            medium: ReplicaMedium::Memory,
             segment_name: "s".into(),
             transport_endpoint: "127.0.0.1:1".into(),
             buffer_address: 4096,

@@ -278,6 +278,7 @@ impl PyMemoryDescriptor {
 #[pyclass(module = "mooncake.store", name = "ReplicaDescriptor", frozen)]
 pub struct PyReplicaDescriptor {
     status: PyReplicaStatus,
+    medium: protocol::ReplicaMedium,
     desc: PyDescriptor,
 }
 
@@ -285,6 +286,7 @@ impl From<&protocol::ReplicaDescriptor> for PyReplicaDescriptor {
     fn from(r: &protocol::ReplicaDescriptor) -> Self {
         PyReplicaDescriptor {
             status: r.status.into(),
+            medium: r.medium,
             desc: PyDescriptor {
                 size: r.size,
                 buffer_address: r.buffer_address,
@@ -302,32 +304,44 @@ impl PyReplicaDescriptor {
         self.status
     }
 
-    /// True: every replica here lives in memory.
+    /// True for a replica in a memory segment (upstream's `MEMORY` kind).
     fn is_memory_replica(&self) -> bool {
-        true
+        self.medium == protocol::ReplicaMedium::Memory
     }
 
-    /// False: there are no disk replicas here (upstream's offload is not implemented).
+    /// False: upstream's `DISK` kind (a shared file system) does not exist here; a copy on its
+    /// owner's disk is a local-disk replica.
     fn is_disk_replica(&self) -> bool {
         false
     }
 
-    /// False: there are no local-disk replicas here.
+    /// True for a copy on its owner's local disk (upstream's `LOCAL_DISK` kind).
     fn is_local_disk_replica(&self) -> bool {
-        false
+        self.medium == protocol::ReplicaMedium::LocalDisk
     }
 
-    /// The `MemoryDescriptor` of this memory replica.
-    fn get_memory_descriptor(&self) -> PyMemoryDescriptor {
-        PyMemoryDescriptor {
-            desc: self.desc.clone(),
+    /// The `MemoryDescriptor` of this memory replica; a `RuntimeError` for a disk one (as
+    /// upstream's variant access fails).
+    fn get_memory_descriptor(&self) -> PyResult<PyMemoryDescriptor> {
+        if !self.is_memory_replica() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "not a memory replica",
+            ));
         }
+        Ok(PyMemoryDescriptor {
+            desc: self.desc.clone(),
+        })
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "<ReplicaDescriptor status={} memory {}>",
+            "<ReplicaDescriptor status={} {} {}>",
             self.status.name(),
+            if self.is_memory_replica() {
+                "memory"
+            } else {
+                "local_disk"
+            },
             self.desc.__repr__()
         )
     }

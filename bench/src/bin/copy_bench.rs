@@ -12,7 +12,7 @@
 //! freshly allocated range, rarely cached), with `copy_to`, `stream_to` and `copy_all`, and
 //! prints GB/s per round. `fresh` writes 4 MiB into pages of a second mapping that nobody has
 //! touched yet, where each page fault allocates and zeroes the page: the case
-//! `peers::write_parts` leaves to memcpy (`Dst::resident`).
+//! `paths::copy::write_parts` leaves to memcpy (`Dst::resident`).
 
 use std::time::Instant;
 

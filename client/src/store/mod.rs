@@ -13,7 +13,9 @@
 //!
 //! Transfers are batched (`peers`): all replicas of a put, and all keys of a batch call, go out
 //! as one submission per endpoint, large objects cut into slices that spread over the data-plane
-//! client's lanes; batches for different endpoints run in parallel.
+//! client's lanes; batches for different endpoints run in parallel. Each replica moves by the
+//! first of the paths in `paths/` that reaches it (own segment, same-host mapping, RDMA, TCP:
+//! one file each behind one trait, the recovery steps they share in `paths/call.rs`).
 //!
 //! Environment (read at set-up, upstream's names):
 //! - `MC_STORE_MEMCPY` (default on): a replica in this process's own segment is read and
@@ -60,6 +62,7 @@ pub mod extra;
 pub mod http;
 mod keylock;
 pub mod mapped;
+mod paths;
 mod peers;
 pub mod ranges;
 pub mod rdma;

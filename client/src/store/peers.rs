@@ -1,14 +1,10 @@
-//! Moving bytes between local memory and replicas.
+//! Moving bytes between local memory and replicas: the state the paths share.
 //!
-//! A replica in this process's own segment is copied with memcpy (after a range check against
-//! the segment) unless `MC_STORE_MEMCPY` is false. A replica in a segment another process on
-//! this host shares (`dataplane::mem::shm`: storage nodes and store clients offer their
-//! segments' memfds) is mapped once and copied with memcpy too, unless `MC_STORE_SHM` is
-//! false; a write there is then recorded in the owner's catalog with a CATALOG_PUT over TCP.
-//! With `protocol="rdma"`, a replica whose owner published an RDMA descriptor is read and
-//! written with one-sided RDMA (`super::rdma`; its intent and its catalog record still go
-//! over TCP, the intent answered before the first RDMA write: `super::catalog`). Any
-//! other replica is reached through a pooled [`TcpClient`] per data-plane endpoint.
+//! How a replica's bytes move is one of the paths of `super::paths` (own segment, same-host
+//! mapping, RDMA, TCP), offered each item in preference order; what they share lives here:
+//! our own segment, the same-host mappings found on this host (`dataplane::mem::shm`), the
+//! RDMA peers (`super::rdma`), the pooled [`TcpClient`] per data-plane endpoint with its
+//! back-off, the catalog writer (`super::catalog`) and the bytes each path moved.
 //!
 //! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
 //! a call (all replicas of a put, all keys of a batch), group them by endpoint, cut requests
@@ -38,9 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dataplane::mem::copier::{self, Way};
 use dataplane::mem::served::ServedMemory;
-use dataplane::mem::shm::WriteRefused;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use dataplane::transport::client::{
     ClientConfig, TcpClient, TransferError, TransferOp, TransferResult,
@@ -48,7 +42,7 @@ use dataplane::transport::client::{
 use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
-use super::rdma::{RdmaFail, RdmaPeer, RdmaPeers};
+use super::rdma::{RdmaPeer, RdmaPeers};
 use super::StoreError;
 
 use super::catalog::CatalogWriter;
@@ -77,7 +71,7 @@ pub struct OwnSegment {
 }
 
 impl OwnSegment {
-    fn contains(&self, addr: u64, len: u64) -> bool {
+    pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.base
             && addr
                 .checked_add(len)
@@ -138,7 +132,7 @@ pub struct WriteItem<'a> {
 }
 
 impl WriteItem<'_> {
-    fn pins(&self) -> (bool, Option<u64>) {
+    pub(super) fn pins(&self) -> (bool, Option<u64>) {
         (self.hard_pin, self.soft_pin_ttl_ms)
     }
 }
@@ -158,7 +152,7 @@ struct Down {
 
 pub struct Peers {
     own_endpoint: Option<String>,
-    own: Option<OwnSegment>,
+    pub(super) own: Option<OwnSegment>,
     /// Pooled clients: (endpoint, the term their lanes declared, client), one per endpoint,
     /// the last one dialed (`mem::fence`: a node refuses the WRITEs of an ended term).
     clients: Mutex<Vec<(String, u64, Arc<TcpClient>)>>,
@@ -167,10 +161,10 @@ pub struct Peers {
     dialing: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     config: ClientConfig,
     settings: TransferSettings,
-    catalog: CatalogWriter,
+    pub(super) catalog: CatalogWriter,
     /// Same-host segments by endpoint: mapped (and when last checked), or found not shared.
     shared: Mutex<HashMap<String, SharedState>>,
-    stats: PathStats,
+    pub(super) stats: PathStats,
     /// The RDMA path, when the store runs `protocol="rdma"`.
     rdma: Option<Arc<RdmaPeers>>,
 }
@@ -193,6 +187,16 @@ pub struct PathStats {
     pub write_bytes: AtomicU64,
 }
 
+impl PathStats {
+    pub(super) fn add_own(&self, bytes: u64) {
+        self.own_memcpy_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(super) fn add_shm(&self, bytes: u64) {
+        self.shm_memcpy_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 /// A snapshot of [`PathStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PathCounts {
@@ -209,7 +213,7 @@ pub struct PathCounts {
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
-struct Group<'a, 'b> {
+pub(super) struct Group<'a, 'b> {
     endpoint: &'a str,
     /// The term the WRITEs belong to (their put's version), declared on the client's lanes;
     /// `None` for reads and catalog records, which any client of the endpoint carries.
@@ -220,14 +224,14 @@ struct Group<'a, 'b> {
 }
 
 impl<'a, 'b> Group<'a, 'b> {
-    fn push(&mut self, owner: usize, op: TransferOp<'b>, len: usize) {
+    pub(super) fn push(&mut self, owner: usize, op: TransferOp<'b>, len: usize) {
         self.ops.push(op);
         self.owners.push(owner);
         self.bytes += len as u64;
     }
 }
 
-fn group_for<'a, 'b, 'g>(
+pub(super) fn group_for<'a, 'b, 'g>(
     groups: &'g mut Vec<Group<'a, 'b>>,
     ep: &'a str,
     term: Option<u64>,
@@ -290,7 +294,7 @@ impl Peers {
         self.rdma.as_ref()
     }
 
-    fn rdma_peer(&self, r: &ReplicaDescriptor) -> Option<(&RdmaPeers, Arc<RdmaPeer>)> {
+    pub(super) fn rdma_peer(&self, r: &ReplicaDescriptor) -> Option<(&RdmaPeers, Arc<RdmaPeer>)> {
         let rd = self.rdma.as_deref()?;
         Some((rd, rd.peer(&r.segment_name)?))
     }
@@ -314,26 +318,11 @@ impl Peers {
         }
     }
 
-    /// The same-host mappings of a call's endpoints, each looked up (and its exporter's
-    /// liveness checked) once per call.
-    fn shared_for_call<'e>(
-        &self,
-        cache: &mut Vec<(&'e str, Option<Arc<ShmMapping>>)>,
-        endpoint: &'e str,
-    ) -> Option<Arc<ShmMapping>> {
-        if let Some((_, m)) = cache.iter().find(|(e, _)| *e == endpoint) {
-            return m.clone();
-        }
-        let m = self.shared_segment(endpoint);
-        cache.push((endpoint, m.clone()));
-        m
-    }
-
     /// The same-host mapping of `endpoint`'s segment, if another process here shares it and
     /// is alive. Liveness is checked on every lookup (one non-blocking syscall): a dead
     /// exporter's end of the socket is closed by the kernel as it exits, before any process
     /// can serve the same endpoint again, so a mapping is never used for its successor.
-    fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
+    pub(super) fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
         if !self.settings.shm {
             return None;
         }
@@ -375,8 +364,14 @@ impl Peers {
         self
     }
 
+    /// Forgets `endpoint`'s same-host mapping (its owner could not take a write's intent):
+    /// the next call looks again.
+    pub(super) fn forget_shared(&self, endpoint: &str) {
+        self.shared.lock().remove(endpoint);
+    }
+
     /// Whether `r` is read and written with memcpy.
-    fn is_local(&self, r: &ReplicaDescriptor) -> bool {
+    pub(super) fn is_local(&self, r: &ReplicaDescriptor) -> bool {
         self.settings.memcpy && self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
     }
 
@@ -536,7 +531,7 @@ impl Peers {
         .unwrap_or(Ok(()))
     }
 
-    /// Runs every write; one result per item, in order.
+    /// Runs every write (`super::paths`); one result per item, in order.
     pub fn write_many(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), StoreError>> {
         let results = self.write_by_path(items);
         let bytes = items
@@ -547,210 +542,6 @@ impl Peers {
             .sum::<u64>();
         self.stats.write_bytes.fetch_add(bytes, Ordering::Relaxed);
         results
-    }
-
-    fn write_by_path(&self, items: &[WriteItem<'_>]) -> Vec<Result<(), StoreError>> {
-        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
-        let mut shared = Vec::new();
-        let records: Vec<Vec<u8>> = items
-            .iter()
-            .map(|it| CatalogWriter::record(it.replica, it.key, it.pins()))
-            .collect();
-        let intents: Vec<Vec<u8>> = items
-            .iter()
-            .map(|it| CatalogWriter::intent(it.replica, it.key))
-            .collect();
-        // Objects of several slices: recorded once every slice has landed.
-        let mut late: Vec<usize> = Vec::new();
-        let mut groups: Vec<Group<'_, '_>> = Vec::new();
-        // Replicas reached over RDMA, written once their owners have taken their intents
-        // (over TCP, in `announce`: the owner's CPU sees none of the RDMA bytes).
-        let mut rdma = Vec::new();
-        let mut announce: Vec<Group<'_, '_>> = Vec::new();
-        for (i, it) in items.iter().enumerate() {
-            let r = it.replica;
-            let total: u64 = it.parts.iter().map(|p| p.len() as u64).sum();
-            if total != r.size {
-                results[i] = Err(StoreError::invalid(format!(
-                    "{total} bytes for a replica of {} bytes",
-                    r.size
-                )));
-                continue;
-            }
-            if self.is_local(r) {
-                let _claim = match self.catalog.begin_local(r, it.key) {
-                    Ok(c) => c,
-                    Err(fence) => {
-                        results[i] = Err(ended_term(it.key, r, fence));
-                        continue;
-                    }
-                };
-                results[i] = self.copy_in(r, it.parts);
-                if results[i].is_ok() {
-                    results[i] = self
-                        .catalog
-                        .record_local(r, it.key, it.pins())
-                        .map_err(|e| own_catalog_refused("record", it.key, r, e));
-                }
-                continue;
-            }
-            if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
-                // The owner's fence sees the copy (a slot of its write page) and hears of it
-                // before its first byte (`mem::shm`, intents); if it cannot, the write goes
-                // over TCP, whose WRITE it does see.
-                let begun = match m.translate(r.buffer_address, r.size) {
-                    None => None,
-                    Some(p) => match m.begin_write(r.buffer_address, r.size, it.key, r.version) {
-                        Ok(claim) => Some((p, claim)),
-                        Err(WriteRefused::Fenced { fence }) => {
-                            results[i] = Err(ended_term(it.key, r, fence));
-                            continue;
-                        }
-                        Err(WriteRefused::Unavailable(e)) => {
-                            tracing::warn!(
-                                "{}: same-host write not announced ({e}); over TCP",
-                                r.transport_endpoint
-                            );
-                            self.shared.lock().remove(&r.transport_endpoint);
-                            None
-                        }
-                    },
-                };
-                if let Some((p, _claim)) = begun {
-                    // SAFETY: the whole object [buffer_address, + size) lies in the mapping
-                    // (checked), which `shared` keeps mapped for the call; no reference is
-                    // formed over the owner's segment.
-                    let dst = unsafe { Dst::from_raw(p, r.size as usize) };
-                    // The parts add up to `size` (checked above).
-                    write_parts(
-                        it.parts,
-                        dst,
-                        Mapping::Peer {
-                            hugetlb: m.hugetlb(),
-                        },
-                    );
-                    self.stats
-                        .shm_memcpy_bytes
-                        .fetch_add(r.size, Ordering::Relaxed);
-                    // The owner's catalog still learns of the object, over TCP.
-                    if self.catalog.enabled(&r.transport_endpoint) {
-                        late.push(i);
-                    }
-                    continue;
-                }
-            }
-            if let Some((rd, peer)) = self.rdma_peer(r) {
-                self.announce_rdma(&mut announce, i, r, &intents[i]);
-                rdma.push((i, rd, peer));
-                continue;
-            }
-            let g = group_for(&mut groups, &r.transport_endpoint, Some(r.version.term));
-            let catalogued = self.catalog.enabled(&r.transport_endpoint);
-            let announced = self.catalog.intents(&r.transport_endpoint);
-            let mut slices = 0;
-            let mut at = r.buffer_address;
-            for p in it.parts {
-                for s in p.chunks(TRANSFER_SLICE_BYTES) {
-                    // Each slice's WRITE right behind the intent, on its lane: the owner drops
-                    // the entries the object goes over before any of its bytes land there.
-                    if announced {
-                        let op = TransferOp::CatalogIntent {
-                            remote_addr: r.buffer_address,
-                            record: Src::from(&intents[i][..]),
-                        };
-                        g.push(i, op, intents[i].len());
-                    }
-                    slices += 1;
-                    g.push(
-                        i,
-                        TransferOp::Write {
-                            remote_addr: at,
-                            src: s,
-                        },
-                        s.len(),
-                    );
-                    at += s.len() as u64;
-                }
-            }
-            if catalogued {
-                if slices == 1 {
-                    let record = &records[i];
-                    let op = TransferOp::CatalogPut {
-                        remote_addr: r.buffer_address,
-                        record: Src::from(&record[..]),
-                    };
-                    g.push(i, op, record.len());
-                } else {
-                    late.push(i);
-                }
-            }
-        }
-        // A write whose owner refused our memory keys (it changed them at a new term) is
-        // announced again and written with the keys it publishes now, once: if its own term
-        // is the one that ended, the owner refuses that intent and no byte goes.
-        for round in 0..2 {
-            if !announce.is_empty() {
-                self.run_groups(std::mem::take(&mut announce), &mut results);
-            }
-            for (i, rd, peer) in std::mem::take(&mut rdma) {
-                // An intent lost or refused (its term has ended) stops the write before its
-                // bytes.
-                if results[i].is_err() {
-                    continue;
-                }
-                let r = items[i].replica;
-                match rd.write(&peer, r.buffer_address, items[i].parts) {
-                    Err(RdmaFail::StaleKeys(e)) if round == 0 => match self.rdma_peer(r) {
-                        Some((rd, peer)) => {
-                            self.announce_rdma(&mut announce, i, r, &intents[i]);
-                            rdma.push((i, rd, peer));
-                        }
-                        None => results[i] = Err(e),
-                    },
-                    done => {
-                        results[i] = done.map_err(StoreError::from);
-                        // As for shared memory: the catalog record goes over TCP once the
-                        // bytes landed.
-                        if results[i].is_ok() && self.catalog.enabled(&r.transport_endpoint) {
-                            late.push(i);
-                        }
-                    }
-                }
-            }
-        }
-        self.run_groups(groups, &mut results);
-        let mut groups: Vec<Group<'_, '_>> = Vec::new();
-        for i in late.into_iter().filter(|&i| results[i].is_ok()) {
-            let r = items[i].replica;
-            let op = TransferOp::CatalogPut {
-                remote_addr: r.buffer_address,
-                record: Src::from(&records[i][..]),
-            };
-            group_for(&mut groups, &r.transport_endpoint, None).push(i, op, records[i].len());
-        }
-        if !groups.is_empty() {
-            self.run_groups(groups, &mut results);
-        }
-        results
-    }
-
-    /// Queues the intent of item `i`'s write to `r` over RDMA, if its owner takes intents: it
-    /// is answered before the first RDMA byte goes (the owner's CPU sees none of them).
-    fn announce_rdma<'a, 'b>(
-        &self,
-        announce: &mut Vec<Group<'a, 'b>>,
-        i: usize,
-        r: &'a ReplicaDescriptor,
-        intent: &'b [u8],
-    ) {
-        if self.catalog.intents(&r.transport_endpoint) {
-            let op = TransferOp::CatalogIntent {
-                remote_addr: r.buffer_address,
-                record: Src::from(intent),
-            };
-            let g = group_for(announce, &r.transport_endpoint, Some(r.version.term));
-            g.push(i, op, intent.len());
-        }
     }
 
     /// Buries removed replicas in their owners' catalogs (a tombstone `CATALOG_PUT` each, or
@@ -767,7 +558,7 @@ impl Peers {
         for (i, (r, key)) in items.iter().enumerate() {
             if self.is_local(r) {
                 if let Err(e) = self.catalog.bury_local(r, key) {
-                    results[i] = Err(own_catalog_refused("tombstone", key, r, e));
+                    results[i] = Err(super::paths::own_catalog_refused("tombstone", key, r, e));
                 }
                 continue;
             }
@@ -786,7 +577,7 @@ impl Peers {
         results
     }
 
-    /// Runs every read; one result per item, in order.
+    /// Runs every read (`super::paths`); one result per item, in order.
     pub fn read_many(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), StoreError>> {
         let results = self.read_by_path(items);
         let bytes = items
@@ -799,67 +590,13 @@ impl Peers {
         results
     }
 
-    fn read_by_path(&self, items: &mut [ReadItem<'_>]) -> Vec<Result<(), StoreError>> {
-        let mut results: Vec<Result<(), StoreError>> = vec![Ok(()); items.len()];
-        let mut groups: Vec<Group<'_, '_>> = Vec::new();
-        let mut shared = Vec::new();
-        for (i, it) in items.iter_mut().enumerate() {
-            let r = it.replica;
-            let len = it.dst.len() as u64;
-            if it.offset.checked_add(len).is_none_or(|end| end > r.size) {
-                results[i] = Err(StoreError::invalid(format!(
-                    "a read of {len} bytes at {} of a {}-byte replica",
-                    it.offset, r.size
-                )));
-                continue;
-            }
-            if len == 0 {
-                continue;
-            }
-            let src = r.buffer_address + it.offset;
-            if self.is_local(r) {
-                results[i] = self.copy_out(src, it.dst.reborrow());
-                continue;
-            }
-            if let Some(m) = self.shared_for_call(&mut shared, &r.transport_endpoint) {
-                if let Some(p) = m.translate(src, len) {
-                    // SAFETY: `translate` checked [src, src + len) lies in the mapping of the
-                    // owner's segment, which `m` keeps mapped for the call; no reference is
-                    // formed over it. Concurrent writers of other objects touch other ranges.
-                    let from = unsafe { Src::from_raw(p, len as usize) };
-                    copier::copy_all(vec![(from, it.dst.reborrow())], Way::Plain);
-                    self.stats
-                        .shm_memcpy_bytes
-                        .fetch_add(len, Ordering::Relaxed);
-                    continue;
-                }
-            }
-            if let Some((rd, peer)) = self.rdma_peer(r) {
-                results[i] = rd.read(&peer, src, it.dst.reborrow());
-                continue;
-            }
-            let g = group_for(&mut groups, &r.transport_endpoint, None);
-            let mut at = src;
-            for d in it.dst.reborrow().chunks(TRANSFER_SLICE_BYTES) {
-                let n = d.len();
-                g.push(
-                    i,
-                    TransferOp::Read {
-                        remote_addr: at,
-                        dst: d,
-                    },
-                    n,
-                );
-                at += n as u64;
-            }
-        }
-        self.run_groups(groups, &mut results);
-        results
-    }
-
     /// Submits each endpoint's batch (in parallel when several endpoints carry enough bytes)
     /// and folds the per-request results into per-item ones.
-    fn run_groups(&self, mut groups: Vec<Group<'_, '_>>, results: &mut [Result<(), StoreError>]) {
+    pub(super) fn run_groups(
+        &self,
+        mut groups: Vec<Group<'_, '_>>,
+        results: &mut [Result<(), StoreError>],
+    ) {
         let total: u64 = groups.iter().map(|g| g.bytes).sum();
         let outcomes: Vec<Vec<Result<(), StoreError>>> =
             if groups.len() > 1 && total >= PARALLEL_ENDPOINTS_MIN_BYTES {
@@ -936,118 +673,6 @@ impl Peers {
             )
         })
     }
-
-    fn copy_in(&self, r: &ReplicaDescriptor, parts: &[Src<'_>]) -> Result<(), StoreError> {
-        let own = self.own.ok_or(ErrorCode::TransferFail)?;
-        if !own.contains(r.buffer_address, r.size) {
-            return Err(StoreError::new(
-                ErrorCode::InvalidWrite,
-                format!(
-                    "replica at {:#x} is outside our own segment",
-                    r.buffer_address
-                ),
-            ));
-        }
-        // SAFETY: the whole object lies inside our own segment (checked above), mapped for as
-        // long as the store; no reference is formed over it.
-        let dst = unsafe { Dst::from_raw(r.buffer_address as *mut u8, r.size as usize) };
-        // The parts add up to `size` (checked by the caller). Our own mapping's residency is
-        // exact, hugetlb or not.
-        write_parts(parts, dst, Mapping::Own);
-        self.stats
-            .own_memcpy_bytes
-            .fetch_add(r.size, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn copy_out(&self, src: u64, mut dst: Dst<'_>) -> Result<(), StoreError> {
-        let own = self.own.ok_or(ErrorCode::TransferFail)?;
-        if !own.contains(src, dst.len() as u64) {
-            return Err(StoreError::new(
-                ErrorCode::InvalidRead,
-                format!("replica at {src:#x} is outside our own segment"),
-            ));
-        }
-        // SAFETY: [src, src + len) lies inside our own segment (checked above), mapped for as
-        // long as the store; no reference is formed over it.
-        let from = unsafe { Src::from_raw(src as *const u8, dst.len()) };
-        copier::copy_all(vec![(from, dst.reborrow())], Way::Plain);
-        self.stats
-            .own_memcpy_bytes
-            .fetch_add(dst.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// Whose mapping a put writes through, for [`write_parts`].
-#[derive(Clone, Copy)]
-enum Mapping {
-    /// Our own segment.
-    Own,
-    /// A same-host peer's segment, mapped into this process (`ShmMapping`).
-    Peer { hugetlb: bool },
-}
-
-/// The error of a write refused because its put's term has ended: the owner heard of a newer
-/// master (its fence is at `fence`), which may hand the range to a put of its own.
-/// Our own catalog refused `what` (a record or a tombstone) of `key`: its term has ended.
-fn own_catalog_refused(
-    what: &str,
-    key: &str,
-    r: &ReplicaDescriptor,
-    e: dataplane::TeError,
-) -> StoreError {
-    StoreError::new(
-        ErrorCode::TransferFail,
-        format!(
-            "our own catalog refused the {what} of {key} (version {}): {e}; its term has ended",
-            r.version
-        ),
-    )
-}
-
-fn ended_term(key: &str, r: &ReplicaDescriptor, fence: u64) -> StoreError {
-    StoreError::new(
-        ErrorCode::TransferFail,
-        format!(
-            "the put of {key} (version {}) is of a term that has ended: the owner of {:#x} \
-             fences writes below term {fence}",
-            r.version, r.buffer_address
-        ),
-    )
-}
-
-/// Writes a put's parts, which add up to `dst`'s length, into `dst`: an object's range in a
-/// segment, which this core does not read next (`bench/README.md`, "Same-host 4 MiB put",
-/// has the figures for each choice here).
-///
-/// - Streamed past the cache ([`Src::stream_to`]) when every page under it is allocated
-///   already ([`Dst::resident`]); plain when one may still be (a first write into fresh
-///   segment memory, where the kernel zeroes each page through the cache and streaming over
-///   those lines is slower than a memcpy).
-/// - Into a peer's segment, the resident pages are first mapped 16 at a time
-///   ([`Dst::map_ahead`]): this process maps the segment for itself, and its first write to
-///   each page would otherwise trap once per page, though the page exists.
-/// - A peer's hugetlb segment is taken as allocated: the owner takes its pages from the pool
-///   (and prefaults them, as `docs/deploy.md` advises), and our mapping's residency says only
-///   whether we touched them; two traps per 4 MiB need no mapping ahead.
-/// - From `copier::WIDE_MIN` bytes up, idle helper threads copy pieces beside the caller
-///   ([`copier`]).
-fn write_parts(parts: &[Src<'_>], dst: Dst<'_>, mapping: Mapping) {
-    let way = match mapping {
-        Mapping::Peer { hugetlb: true } => Way::Stream,
-        _ if !dst.worth_streaming(dst.len()) => Way::Plain,
-        Mapping::Peer { hugetlb: false } => Way::MapAheadStream,
-        Mapping::Own => Way::Stream,
-    };
-    let mut rest = dst;
-    let mut pairs = Vec::with_capacity(parts.len());
-    for &p in parts {
-        let (head, tail) = rest.split_at(p.len());
-        pairs.push((p, head));
-        rest = tail;
-    }
-    copier::copy_all(pairs, way);
 }
 
 /// The error of a transfer to a node that failed recently and is not retried yet.
@@ -1062,6 +687,19 @@ fn down(endpoint: &str) -> StoreError {
 mod tests {
     use super::*;
 
+    /// A complete replica of `size` bytes at 4096 of a node nothing listens for.
+    fn replica(medium: protocol::ReplicaMedium, size: u64) -> ReplicaDescriptor {
+        ReplicaDescriptor {
+            status: protocol::ReplicaStatus::Complete,
+            medium,
+            segment_name: "s".into(),
+            transport_endpoint: "127.0.0.1:1".into(),
+            buffer_address: 4096,
+            size,
+            version: protocol::Version::ZERO,
+        }
+    }
+
     #[test]
     fn settings_from_values() {
         let d = TransferSettings::default();
@@ -1072,14 +710,7 @@ mod tests {
     #[test]
     fn bad_ranges_fail_before_any_io() {
         let p = Peers::new(None, None, TransferSettings::default());
-        let r = ReplicaDescriptor {
-            status: protocol::ReplicaStatus::Complete,
-            segment_name: "s".into(),
-            transport_endpoint: "127.0.0.1:1".into(),
-            buffer_address: 4096,
-            size: 10,
-            version: protocol::Version::ZERO,
-        };
+        let r = replica(protocol::ReplicaMedium::Memory, 10);
         let mut buf = [0u8; 8];
         let code = |r: Result<(), StoreError>| r.map_err(|e| e.code);
         assert_eq!(
@@ -1088,5 +719,20 @@ mod tests {
         );
         assert_eq!(code(p.write(&r, &[&buf])), Err(ErrorCode::InvalidParams));
         assert_eq!(p.read(&r, 2, Dst::from(&mut [][..])), Ok(()));
+    }
+
+    #[test]
+    fn a_replica_no_path_moves_fails_without_io() {
+        let p = Peers::new(None, None, TransferSettings::default());
+        let r = replica(protocol::ReplicaMedium::LocalDisk, 8);
+        let mut buf = [0u8; 8];
+        // Not read as memory over TCP (a connect to port 1 would fail too: the cause tells).
+        let why = |r: Result<(), StoreError>| r.map_err(|e| (e.code, e.to_string()));
+        for got in [p.read(&r, 0, Dst::from(&mut buf[..])), p.write(&r, &[&buf])] {
+            let (code, text) = why(got).unwrap_err();
+            assert_eq!(code, ErrorCode::TransferFail);
+            assert!(text.contains("no path reaches"), "{text}");
+        }
+        assert_eq!(p.path_counts(), PathCounts::default());
     }
 }

@@ -602,6 +602,7 @@ mod tests {
             match key {
                 "mooncake/k:1" => Ok(vec![ReplicaDescriptor {
                     status: ReplicaStatus::Complete,
+                    medium: protocol::ReplicaMedium::Memory,
                     segment_name: "127.0.0.1:12345".into(),
                     transport_endpoint: "127.0.0.1:12346".into(),
                     buffer_address: 0x7f00_0000_1000,

@@ -68,6 +68,7 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
         };
         ReplicaDescriptorRef {
             status: r.status,
+            medium: protocol::ReplicaMedium::Memory,
             segment_name: &seg.name,
             transport_endpoint: &seg.te_endpoint,
             buffer_address: r.span.addr,

@@ -334,6 +334,7 @@ impl State {
                 let seg = self.segs.get(r.seg)?;
                 Some(ReplicaDescriptor {
                     status: r.status,
+                    medium: protocol::ReplicaMedium::Memory,
                     segment_name: seg.name.clone(),
                     transport_endpoint: seg.te_endpoint.clone(),
                     buffer_address: r.span.addr,
@@ -348,6 +349,7 @@ impl State {
                 let seg = self.segs.get(r)?;
                 Some(ReplicaDescriptor {
                     status: ReplicaStatus::Processing,
+                    medium: protocol::ReplicaMedium::Memory,
                     segment_name: seg.name.clone(),
                     transport_endpoint: seg.te_endpoint.clone(),
                     buffer_address: span.addr,

@@ -1261,7 +1261,8 @@ mod tests {
         let (export, m, offer) = export_and_import(&seg, &endpoint);
         assert!(!m.hugetlb());
         // The page the exporter wrote is resident in our mapping before we touch it (the
-        // memfd's page cache); one nobody wrote is not (`peers::write_parts` relies on both).
+        // memfd's page cache); one nobody wrote is not (`paths::copy::write_parts` relies on
+        // both).
         let page = |at: u64| {
             // SAFETY: inside the mapping (translate checks), no reference formed over it.
             unsafe { crate::mem::Dst::from_raw(m.translate(offer.base + at, 4096).unwrap(), 4096) }
