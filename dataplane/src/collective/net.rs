@@ -27,8 +27,13 @@
 //!         | kind u32 | 0 u32 | offset u64    | n u64 |  then n payload bytes for WRITE
 //!         kind 1 WRITE:     copy the n bytes at `offset` of the replica
 //!         kind 2 STORE:     store n (u64, Release) into the header counter at `offset`
-//!         kind 3 HEARTBEAT: nothing (liveness only)
+//!         kind 3 HEARTBEAT: nothing (liveness only; offset and n are 0)
 //! ```
+//!
+//! The receive thread decodes and checks each header with [`decode_frame`] (a pure function,
+//! fuzzed) before it touches the replica: a reserved word not 0, an unknown kind, a WRITE
+//! that does not lie inside the replica or a STORE that does not name a header counter ends
+//! the link before its payload is read.
 //!
 //! Who may link ([`LinkAuth`]). With a cluster secret (`protocol::auth`), every connection
 //! (a founder's link, a joiner's, an EP link, [`super::ep::net`]) starts with the cluster-secret
@@ -125,12 +130,85 @@ pub(crate) const KIND_HEARTBEAT: u32 = 3;
 /// How often a blocked send or receive wakes to check liveness and the stop flag.
 pub(crate) const POLL: Duration = Duration::from_millis(20);
 
-pub(crate) fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
+/// The 24-byte header of a frame: `kind`, reserved zero, `offset`, `n` (module docs).
+pub fn frame(kind: u32, offset: u64, n: u64) -> [u8; FRAME_BYTES] {
     let mut h = [0u8; FRAME_BYTES];
     h[0..4].copy_from_slice(&kind.to_le_bytes());
     h[8..16].copy_from_slice(&offset.to_le_bytes());
     h[16..24].copy_from_slice(&n.to_le_bytes());
     h
+}
+
+/// A frame header's fields, `(kind, offset, n)`, from the first [`FRAME_BYTES`] of `b`;
+/// `Err` when `b` is shorter or the reserved word is not 0 (every sender writes 0, so a
+/// stream that lost its place fails here rather than later). Shared by the pg and EP links.
+pub fn frame_fields(b: &[u8]) -> Result<(u32, u64, u64), String> {
+    let h = b
+        .first_chunk::<FRAME_BYTES>()
+        .ok_or_else(|| format!("a frame header of {} bytes, want {FRAME_BYTES}", b.len()))?;
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let u64_at = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&h[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let (kind, reserved) = (u32_at(0), u32_at(4));
+    if reserved != 0 {
+        return Err(format!(
+            "frame kind {kind} with reserved word {reserved:#x}, want 0"
+        ));
+    }
+    Ok((kind, u64_at(8), u64_at(16)))
+}
+
+/// A pg frame, decoded and checked against the receiving replica ([`decode_frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Liveness only.
+    Heartbeat,
+    /// Store `value` into the header counter at byte `offset` (8-aligned, inside the header).
+    Store { offset: usize, value: u64 },
+    /// The next `len` payload bytes go to `offset..offset + len` of the replica, a range
+    /// that lies inside it.
+    Write { offset: usize, len: usize },
+}
+
+impl Frame {
+    /// The header bytes this frame was decoded from.
+    pub fn encode(&self) -> [u8; FRAME_BYTES] {
+        match *self {
+            Frame::Heartbeat => frame(KIND_HEARTBEAT, 0, 0),
+            Frame::Store { offset, value } => frame(KIND_STORE, offset as u64, value),
+            Frame::Write { offset, len } => frame(KIND_WRITE, offset as u64, len as u64),
+        }
+    }
+}
+
+/// Decodes the frame header at the start of `b` and checks it against a replica of
+/// `seg_len` bytes: a STORE must name a header counter ([`super::seg::counter_offset`]), a
+/// WRITE must lie inside the replica, a HEARTBEAT carries zeros. `Err` (why) ends the link.
+/// The receive thread calls this before it touches the replica; a pure function, so the
+/// `pg_frame` fuzz target drives it.
+pub fn decode_frame(b: &[u8], seg_len: usize) -> Result<Frame, String> {
+    let (kind, off, n) = frame_fields(b)?;
+    match kind {
+        KIND_HEARTBEAT if off == 0 && n == 0 => Ok(Frame::Heartbeat),
+        KIND_HEARTBEAT => Err(format!("HEARTBEAT with fields {off}, {n}, want 0, 0")),
+        KIND_STORE => usize::try_from(off)
+            .ok()
+            .filter(|&o| super::seg::counter_offset(o) && o + 8 <= seg_len)
+            .map(|offset| Frame::Store { offset, value: n })
+            .ok_or_else(|| format!("STORE at offset {off}: not a header counter")),
+        KIND_WRITE => match (usize::try_from(off), usize::try_from(n)) {
+            (Ok(offset), Ok(len)) if offset.checked_add(len).is_some_and(|e| e <= seg_len) => {
+                Ok(Frame::Write { offset, len })
+            }
+            _ => Err(format!(
+                "WRITE of {n} bytes at {off}: the segment has {seg_len}"
+            )),
+        },
+        k => Err(format!("unknown frame kind {k}")),
+    }
 }
 
 /// Liveness timeout: the collective timeout (process-wide, read on every check), but at
@@ -677,7 +755,7 @@ impl Net {
             // The member's snapshot ends with a HEARTBEAT.
             loop {
                 match rx.frame(&seg, &inner.stop) {
-                    Ok(KIND_HEARTBEAT) => break,
+                    Ok(Frame::Heartbeat) => break,
                     Ok(_) if Instant::now() < deadline => {}
                     Ok(_) => {
                         return Err(io::Error::new(
@@ -1248,40 +1326,26 @@ impl Rx {
         Ok(())
     }
 
-    /// Applies one frame to `seg`; returns its kind.
-    fn frame(&mut self, seg: &Segment, stop: &AtomicBool) -> io::Result<u32> {
+    /// Applies one frame to `seg` ([`decode_frame`] checks it first).
+    fn frame(&mut self, seg: &Segment, stop: &AtomicBool) -> io::Result<Frame> {
         self.need(FRAME_BYTES, stop)?;
-        let h = &self.buf[self.lo..self.lo + FRAME_BYTES];
-        let kind = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
-        let off = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-        let n = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let f = decode_frame(&self.buf[self.lo..self.hi], seg.len_bytes())
+            .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
         self.lo += FRAME_BYTES;
-        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-        match kind {
-            KIND_HEARTBEAT => Ok(kind),
-            KIND_STORE => {
-                let c = usize::try_from(off)
-                    .ok()
-                    .and_then(|o| seg.counter_at(o))
-                    .ok_or_else(|| bad(format!("STORE at offset {off}: not a header counter")))?;
-                c.store(n, Ordering::Release);
-                Ok(kind)
+        match f {
+            Frame::Heartbeat => {}
+            Frame::Store { offset, value } => seg
+                .counter_at(offset)
+                .expect("decode_frame checked the counter")
+                .store(value, Ordering::Release),
+            Frame::Write { offset, len } => {
+                // SAFETY: `offset + len <= len_bytes()` (decode_frame): inside the replica.
+                let dst = unsafe { seg.base_ptr().add(offset) };
+                // SAFETY: `dst` is valid for `len` bytes of writes (inside the replica).
+                unsafe { self.read_into(dst, len, stop) }?;
             }
-            KIND_WRITE => {
-                let len = seg.len_bytes();
-                let (o, l) = (off as usize, n as usize);
-                if off > len as u64 || n > (len as u64) - off {
-                    return Err(bad(format!(
-                        "WRITE of {n} bytes at {off}: the segment has {len}"
-                    )));
-                }
-                // SAFETY: `o + l <= len` (checked above): inside the replica mapping.
-                let dst = unsafe { seg.base_ptr().add(o) };
-                // SAFETY: `dst` is valid for `l` bytes of writes (inside the replica).
-                unsafe { self.read_into(dst, l, stop) }.map(|_| kind)
-            }
-            k => Err(bad(format!("unknown frame kind {k}"))),
         }
+        Ok(f)
     }
 }
 
@@ -1776,17 +1840,53 @@ mod tests {
         assert!(Hello::decode(&h[..23]).is_none());
     }
 
+    /// The frame codec: canonical, and the checks against the replica's size.
+    #[test]
+    fn frames_decode_and_check() {
+        let len = crate::collective::seg::segment_bytes(2);
+        let ok = [
+            Frame::Heartbeat,
+            Frame::Store {
+                offset: 64,
+                value: 7,
+            },
+            Frame::Write { offset: 0, len },
+            Frame::Write {
+                offset: len,
+                len: 0,
+            },
+        ];
+        for f in ok {
+            assert_eq!(decode_frame(&f.encode(), len), Ok(f));
+        }
+        let mut reserved = frame(KIND_HEARTBEAT, 0, 0);
+        reserved[4] = 1;
+        let bad = [
+            reserved,
+            frame(KIND_HEARTBEAT, 1, 0),
+            frame(KIND_WRITE, len as u64, 1),
+            frame(KIND_WRITE, 1, u64::MAX),
+            frame(KIND_STORE, u64::MAX - 7, 1),
+            frame(KIND_STORE, crate::limits::PG_HEADER_BYTES as u64, 1),
+        ];
+        for h in bad {
+            assert!(decode_frame(&h, len).is_err(), "{h:?}");
+        }
+        assert!(decode_frame(&frame(KIND_HEARTBEAT, 0, 0)[..23], len).is_err());
+    }
+
     /// A malformed frame ends the link and marks the peer dead; it never writes outside the
     /// replica nor panics. Well-formed frames before it are applied.
     #[test]
     fn bad_frames_end_the_link() {
         let len = crate::collective::seg::segment_bytes(2) as u64;
-        let bad: [(u32, u64, u64); 5] = [
-            (KIND_WRITE, len - 4, 8),  // runs past the end
-            (KIND_WRITE, u64::MAX, 1), // offset overflow
-            (KIND_STORE, 68, 1),       // unaligned counter
-            (KIND_STORE, len, 1),      // outside the header
-            (9, 0, 0),                 // unknown kind
+        let bad: [(u32, u64, u64); 6] = [
+            (KIND_WRITE, len - 4, 8),      // runs past the end
+            (KIND_WRITE, u64::MAX, 1),     // offset overflow
+            (KIND_STORE, 68, 1),           // unaligned counter
+            (KIND_STORE, len, 1),          // outside the header
+            (KIND_STORE, u64::MAX - 7, 1), // aligned, and `+ 8` wraps to 0
+            (9, 0, 0),                     // unknown kind
         ];
         for (kind, off, n) in bad {
             let (mine, rx) = Segment::replica(2, 1).expect("replica");

@@ -118,6 +118,12 @@ pub fn segment_bytes(ranks: usize) -> usize {
     PG_HEADER_BYTES + 2 * PG_COLL_SLOT_BYTES + ranks * 2 * CHANNEL_SLOT_STRIDE
 }
 
+/// Whether byte `off` of a segment is a header counter: 8-aligned, inside the header (an
+/// offset near `usize::MAX` is not: no sum here can wrap). What a remote STORE may name.
+pub fn counter_offset(off: usize) -> bool {
+    off.is_multiple_of(8) && off.checked_add(8).is_some_and(|end| end <= PG_HEADER_BYTES)
+}
+
 fn cpath(path: &str) -> io::Result<CString> {
     CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
@@ -320,7 +326,7 @@ impl Segment {
 
     /// The counter at header offset `off`, if `off` is an aligned header offset.
     pub(crate) fn counter_at(&self, off: usize) -> Option<&AtomicU64> {
-        (off + 8 <= PG_HEADER_BYTES && off.is_multiple_of(8)).then(|| self.atomic(off))
+        counter_offset(off).then(|| self.atomic(off))
     }
 
     /// A stand-in for a rank whose segment cannot be mapped (its process is gone): an

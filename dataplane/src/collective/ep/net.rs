@@ -17,7 +17,7 @@
 //!                           (tokens_max, hidden, experts, flags: u32 each)
 //!         kind 5 POST:      posted[phase a][writer] = n   (Release, after everything before it)
 //!         kind 6 ACK:       acked[phase a][writer] = n
-//! phase: 0 dispatch, 1 combine
+//! phase: 0 dispatch, 1 combine; kind 3 carries a = n = 0; the reserved word is 0
 //! ```
 //!
 //! With a cluster secret, every connection first runs `mooncake.pg`'s handshake under a key
@@ -27,7 +27,8 @@
 //! and takes no rank's place.
 //!
 //! The writer of a frame is the rank at the other end of the connection (fixed by the
-//! hello), so a frame can only touch the fields that rank owns. Every frame is checked: a
+//! hello), so a frame can only touch the fields that rank owns. Every frame is checked
+//! ([`decode_frame`], a pure function, fuzzed) before its payload is read: a
 //! WRITE must lie inside the data area, a DESC must name a phase, a set 0/1 and carry 16
 //! bytes, a POST/ACK must name a phase; anything else ends the link and marks the peer dead,
 //! never a write outside the buffer nor a panic. Since one connection carries a writer's
@@ -63,8 +64,6 @@ const KIND_WRITE: u32 = 1;
 const KIND_DESC: u32 = 4;
 const KIND_POST: u32 = 5;
 const KIND_ACK: u32 = 6;
-const DESC_BYTES: usize = 16;
-
 const _: () = assert!(std::mem::size_of::<EpDesc>() == DESC_BYTES);
 
 fn phase_code(p: Phase) -> u64 {
@@ -164,15 +163,9 @@ impl EpPeer for RemotePeer {
     }
 
     fn set_desc(&self, phase: Phase, set: usize, _from: usize, d: EpDesc) {
-        let mut p = [0u8; DESC_BYTES];
-        for (i, v) in [d.tokens_max, d.hidden, d.experts, d.flags]
-            .iter()
-            .enumerate()
-        {
-            p[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-        }
         let a = phase_code(phase) | ((set as u64 & 1) << 8);
-        self.0.send(KIND_DESC, a, DESC_BYTES as u64, &p, false);
+        self.0
+            .send(KIND_DESC, a, DESC_BYTES as u64, &desc_encode(&d), false);
     }
 
     fn post(&self, phase: Phase, _from: usize, seq: u64) {
@@ -339,59 +332,138 @@ fn receive(sock: TcpStream, own: &EpSegment, peer: usize, alive: &AtomicBool, st
     }
 }
 
-/// Applies one frame from rank `peer` to `own`.
+/// An EP frame, decoded and checked against the receiver's data area ([`decode_frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Liveness only.
+    Heartbeat,
+    /// The next `len` payload bytes go to `offset..offset + len` of the data area, a range
+    /// that lies inside it.
+    Write { offset: usize, len: usize },
+    /// The next [`DESC_BYTES`] payload bytes are the writer's descriptor of `phase`, set
+    /// `set` (0 or 1) ([`desc_decode`]).
+    Desc { phase: Phase, set: usize },
+    /// `posted[phase][writer] = value`.
+    Post { phase: Phase, value: u64 },
+    /// `acked[phase][writer] = value`.
+    Ack { phase: Phase, value: u64 },
+}
+
+impl Frame {
+    /// The header bytes this frame was decoded from.
+    pub fn encode(&self) -> [u8; FRAME_BYTES] {
+        match *self {
+            Frame::Heartbeat => frame(KIND_HEARTBEAT, 0, 0),
+            Frame::Write { offset, len } => frame(KIND_WRITE, offset as u64, len as u64),
+            Frame::Desc { phase, set } => frame(
+                KIND_DESC,
+                phase_code(phase) | ((set as u64 & 1) << 8),
+                DESC_BYTES as u64,
+            ),
+            Frame::Post { phase, value } => frame(KIND_POST, phase_code(phase), value),
+            Frame::Ack { phase, value } => frame(KIND_ACK, phase_code(phase), value),
+        }
+    }
+}
+
+/// Bytes of a DESC frame's payload.
+pub const DESC_BYTES: usize = 16;
+
+/// A DESC payload: `tokens_max`, `hidden`, `experts`, `flags`, u32 little-endian each.
+pub fn desc_encode(d: &EpDesc) -> [u8; DESC_BYTES] {
+    let mut p = [0u8; DESC_BYTES];
+    for (i, v) in [d.tokens_max, d.hidden, d.experts, d.flags]
+        .iter()
+        .enumerate()
+    {
+        p[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+/// The descriptor in a DESC payload (every 16 bytes are one: the reader compares it with
+/// its own shape before it reads data).
+pub fn desc_decode(b: &[u8; DESC_BYTES]) -> EpDesc {
+    let u = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+    EpDesc {
+        tokens_max: u(0),
+        hidden: u(1),
+        experts: u(2),
+        flags: u(3),
+    }
+}
+
+/// Decodes the frame header at the start of `b` and checks it against a data area of
+/// `data_bytes`: a WRITE must lie inside it, a DESC must name a phase, a set 0/1 and carry
+/// 16 bytes, a POST/ACK must name a phase, a HEARTBEAT carries zeros. `Err` (why) ends the
+/// link. The receive thread calls this before it touches its buffer; a pure function, so
+/// the `ep_frame` fuzz target drives it.
+pub fn decode_frame(b: &[u8], data_bytes: usize) -> Result<Frame, String> {
+    let (kind, a, n) = crate::collective::net::frame_fields(b)?;
+    let phase = || phase_of(a).ok_or_else(|| format!("kind {kind}: phase {a} is not 0 or 1"));
+    match kind {
+        KIND_HEARTBEAT if a == 0 && n == 0 => Ok(Frame::Heartbeat),
+        KIND_HEARTBEAT => Err(format!("HEARTBEAT with fields {a}, {n}, want 0, 0")),
+        KIND_WRITE => match (usize::try_from(a), usize::try_from(n)) {
+            (Ok(offset), Ok(len)) if offset.checked_add(len).is_some_and(|e| e <= data_bytes) => {
+                Ok(Frame::Write { offset, len })
+            }
+            _ => Err(format!(
+                "WRITE of {n} bytes at {a}: the data area has {data_bytes}"
+            )),
+        },
+        KIND_DESC => match (phase_of(a & 0xff), a >> 8) {
+            (Some(phase), set @ 0..=1) if n == DESC_BYTES as u64 => Ok(Frame::Desc {
+                phase,
+                set: set as usize,
+            }),
+            _ => Err(format!(
+                "DESC with selector {a:#x} and {n} bytes: want phase 0/1, set 0/1, 16 bytes"
+            )),
+        },
+        KIND_POST => Ok(Frame::Post {
+            phase: phase()?,
+            value: n,
+        }),
+        KIND_ACK => Ok(Frame::Ack {
+            phase: phase()?,
+            value: n,
+        }),
+        k => Err(format!("unknown frame kind {k}")),
+    }
+}
+
+/// Applies one frame from rank `peer` to `own` ([`decode_frame`] checks it first).
 fn apply(rx: &mut Rx, own: &EpSegment, peer: usize, stop: &AtomicBool) -> io::Result<()> {
     rx.need(FRAME_BYTES, stop)?;
-    let h = &rx.buf[rx.lo..rx.lo + FRAME_BYTES];
-    let kind = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
-    let a = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-    let n = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+    let f = decode_frame(&rx.buf[rx.lo..rx.hi], own.data_bytes())
+        .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
     rx.lo += FRAME_BYTES;
-    let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let phase = || phase_of(a).ok_or_else(|| bad(format!("kind {kind}: phase {a} is not 0 or 1")));
-    match kind {
-        KIND_HEARTBEAT => Ok(()),
-        KIND_WRITE => {
-            let len = own.data_bytes() as u64;
-            if a > len || n > len - a {
-                return Err(bad(format!(
-                    "WRITE of {n} bytes at {a}: the data area has {len}"
-                )));
-            }
-            // SAFETY: `a + n <= data_bytes` (checked above): inside this rank's data area,
-            // which the protocol gives to this writer until it posts (module docs).
-            unsafe { rx.read_into(own.data().add(a as usize), n as usize, stop) }
+    match f {
+        Frame::Heartbeat => Ok(()),
+        Frame::Write { offset, len } => {
+            // SAFETY: `offset + len <= data_bytes` (decode_frame): inside this rank's data
+            // area, which the protocol gives to this writer until it posts (module docs).
+            unsafe { rx.read_into(own.data().add(offset), len, stop) }
         }
-        KIND_DESC => {
-            let p = phase_of(a & 0xff);
-            let set = a >> 8;
-            let (Some(p), true, true) = (p, set <= 1, n == DESC_BYTES as u64) else {
-                return Err(bad(format!(
-                    "DESC with selector {a:#x} and {n} bytes: want phase 0/1, set 0/1, 16 bytes"
-                )));
-            };
+        Frame::Desc { phase, set } => {
             rx.need(DESC_BYTES, stop)?;
-            let b = &rx.buf[rx.lo..rx.lo + DESC_BYTES];
-            let u = |i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4"));
-            let d = EpDesc {
-                tokens_max: u(0),
-                hidden: u(1),
-                experts: u(2),
-                flags: u(3),
-            };
+            let b = rx.buf[rx.lo..]
+                .first_chunk::<DESC_BYTES>()
+                .expect("need() buffered the payload");
+            let d = desc_decode(b);
             rx.lo += DESC_BYTES;
-            own.set_desc(p, set as usize, peer, d);
+            own.set_desc(phase, set, peer, d);
             Ok(())
         }
-        KIND_POST => {
-            own.set_posted(phase()?, peer, n);
+        Frame::Post { phase, value } => {
+            own.set_posted(phase, peer, value);
             Ok(())
         }
-        KIND_ACK => {
-            own.set_acked(phase()?, peer, n);
+        Frame::Ack { phase, value } => {
+            own.set_acked(phase, peer, value);
             Ok(())
         }
-        k => Err(bad(format!("unknown frame kind {k}"))),
     }
 }
 
