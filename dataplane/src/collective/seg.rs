@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
-use crate::mem::file::open_for_mapping;
+use crate::mem::file::open_peer_segment;
 use crate::mem::segment::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
@@ -185,10 +185,10 @@ impl Segment {
 
     /// Maps a peer's segment and checks that it belongs to a group of `ranks` as rank `rank`.
     /// The path comes from the peer, so it is opened as every path from outside is
-    /// ([`crate::mem::file::open_for_mapping`]: a regular file of ours in `/dev/shm`, no
-    /// link, an open that cannot block).
+    /// ([`crate::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
+    /// named by its owner's `/proc/<pid>/fd/<n>`, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Segment> {
-        let (file, meta) = open_for_mapping(std::path::Path::new(path))?;
+        let (file, meta) = open_peer_segment(std::path::Path::new(path))?;
         let fd = OwnedFd::from(file);
         let len = segment_bytes(ranks);
         if meta.len() != len as u64 {

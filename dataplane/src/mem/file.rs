@@ -43,6 +43,35 @@ pub fn open_for_mapping(path: &Path) -> io::Result<(File, Metadata)> {
     open_in(path, &allowed_dirs(raw.as_deref()))
 }
 
+/// A segment a pg or EP peer names: `/proc/<pid>/fd/<n>`, a descriptor of a process on this
+/// host (how members reach a segment whose file is already unlinked), is opened through that
+/// link, which the kernel allows only to a process that may trace `pid` (our user, or root);
+/// any other path by [`open_for_mapping`]'s rules. Either way the result is a regular file
+/// of this process's effective uid, opened without blocking.
+pub fn open_peer_segment(path: &Path) -> io::Result<(File, Metadata)> {
+    if !is_proc_fd(path) {
+        return open_for_mapping(path);
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    check_kind_and_owner(&meta, &path.display().to_string())?;
+    Ok((file, meta))
+}
+
+/// Whether `path` is exactly `/proc/<digits>/fd/<digits>`.
+fn is_proc_fd(path: &Path) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = path.to_str().and_then(|p| p.strip_prefix("/proc/")) else {
+        return false;
+    };
+    rest.split_once("/fd/")
+        .is_some_and(|(pid, fd)| digits(pid) && digits(fd))
+}
+
 /// `/dev/shm` and the absolute paths of `raw` (the value of [`MOUNT_FILE_DIRS_VAR`]); a
 /// relative entry is left out, with a warning.
 pub fn allowed_dirs(raw: Option<&str>) -> Vec<PathBuf> {
@@ -137,6 +166,39 @@ fn denied(why: String) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer's `/proc/<pid>/fd/<n>` opens through the link when it names a regular file of
+    /// ours; a FIFO behind it is refused without blocking, and a look-alike path is not one.
+    #[test]
+    fn a_peer_segment_may_be_named_by_its_owners_descriptor() {
+        let path = format!("/dev/shm/mc-peer-seg-test-{}", std::process::id());
+        let held = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let via = format!("/proc/{}/fd/{}", std::process::id(), held.as_raw_fd());
+        let (file, meta) = open_peer_segment(Path::new(&via)).expect("a descriptor of ours");
+        assert!(meta.is_file() && file.metadata().unwrap().ino() == held.metadata().unwrap().ino());
+        let fifo = std::env::temp_dir().join(format!("mc-peer-fifo-{}", std::process::id()));
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let via_fifo = format!("/proc/self/fd/{}", reader.as_raw_fd());
+        assert!(open_peer_segment(Path::new(&via_fifo)).is_err());
+        std::fs::remove_file(&fifo).unwrap();
+        for fake in [
+            "/proc/self/fd/3",
+            "/proc/1/fd/x",
+            "/proc/1/fdx/3",
+            "/dev/shm/proc/1/fd/3",
+        ] {
+            assert!(!is_proc_fd(Path::new(fake)), "{fake}");
+        }
+        assert!(is_proc_fd(Path::new(&via)));
+    }
 
     #[test]
     fn the_allowed_directories_are_dev_shm_and_the_absolute_ones_named() {

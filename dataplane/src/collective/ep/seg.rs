@@ -163,10 +163,10 @@ impl EpSegment {
 
     /// Maps a peer's buffer and checks it belongs to a group of `ranks` as rank `rank`. The
     /// path comes from the peer, so it is opened as every path from outside is
-    /// ([`crate::mem::file::open_for_mapping`]: a regular file of ours in `/dev/shm`, no
-    /// link, an open that cannot block).
+    /// ([`crate::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
+    /// named by its owner's `/proc/<pid>/fd/<n>`, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Self> {
-        let (file, meta) = crate::mem::file::open_for_mapping(std::path::Path::new(path))?;
+        let (file, meta) = crate::mem::file::open_peer_segment(std::path::Path::new(path))?;
         let fd = OwnedFd::from(file);
         let len = usize::try_from(meta.len())
             .map_err(|_| invalid(format!("{path}: {} bytes", meta.len())))?;
