@@ -612,6 +612,23 @@ mod tests {
         assert_eq!(st.inbox.lock().unwrap().bytes, 0);
     }
 
+    /// The same flood over the socket, as a stranger would send it to a receiver that never
+    /// calls `get_notifies`: 160 notifies of 512 KiB (80 MiB) leave at most 64 MiB held.
+    #[test]
+    fn a_notify_flood_over_the_socket_holds_at_most_the_budget() {
+        let (_s, state, addr) = server();
+        let body = serde_json::to_vec(&NotifyMsg {
+            name: "flood".into(),
+            notify_msg: "x".repeat(512 << 10),
+        })
+        .unwrap();
+        for _ in 0..160 {
+            call(&addr, FrameType::Notify, &body).unwrap();
+        }
+        assert!(state.inbox.lock().unwrap().bytes <= INBOX_MAX_BYTES);
+        assert!(state.notifies_dropped() >= 160 - (INBOX_MAX_BYTES / (512 << 10)) as u64);
+    }
+
     fn leak(secret: &str) -> &'static Token {
         Box::leak(Box::new(Token::new(secret.as_bytes()).unwrap()))
     }

@@ -1160,6 +1160,19 @@ mod tests {
         let _ = std::fs::remove_dir_all(&f);
     }
 
+    /// A 4 KiB write and a 4 KiB read from `local` of `a` to `remote` of `peer` both fail.
+    fn refused_both_ways(a: &Side, peer: &Peer<'_>, local: u64, remote: u64) {
+        for op in [RdmaOp::Write, RdmaOp::Read] {
+            let r = Request {
+                op,
+                local,
+                remote,
+                len: 4096,
+            };
+            assert!(a.t.transfer(peer, &[r])[0].is_err(), "{op:?} went through");
+        }
+    }
+
     /// Memory registered privately (a caller's buffer, staging) is not in descriptors, and a
     /// peer that learns its keys anyway can neither write nor read it; its own process still
     /// reads into it.
@@ -1193,15 +1206,7 @@ mod tests {
             rpc: &b.rpc,
             desc: &forged,
         };
-        for op in [RdmaOp::Write, RdmaOp::Read] {
-            let r = Request {
-                op,
-                local: la,
-                remote: lp,
-                len: 4096,
-            };
-            assert!(a.t.transfer(&peer, &[r])[0].is_err(), "{op:?} went through");
-        }
+        refused_both_ways(&a, &peer, la, lp);
         assert!(
             private.iter().all(|&x| x == 0x11),
             "a peer wrote private memory"
@@ -1241,15 +1246,7 @@ mod tests {
             desc: &d,
         };
         let (la, lb) = (a.mem.as_ptr() as u64, b.mem.as_ptr() as u64);
-        for op in [RdmaOp::Write, RdmaOp::Read] {
-            let r = Request {
-                op,
-                local: la,
-                remote: lb,
-                len: 4096,
-            };
-            assert!(a.t.transfer(&peer, &[r])[0].is_err(), "{op:?} went through");
-        }
+        refused_both_ways(&a, &peer, la, lb);
         assert!(b.mem.iter().all(|&x| x == 0), "a stranger's write landed");
         assert_eq!(b.t.stats().passive_qps.load(Ordering::Relaxed), 0);
         drop((a, b));
