@@ -27,6 +27,7 @@ fn main() {
         te_endpoint: "127.0.0.1:12300".into(),
         protocol: "tcp".into(),
         host_id: "127.0.0.1".into(),
+        ..Default::default()
     };
     c.call(&MountSegment {
         client_id: me,

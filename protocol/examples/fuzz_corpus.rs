@@ -44,6 +44,7 @@ fn main() {
         te_endpoint: "127.0.0.1:15000".into(),
         protocol: "tcp".into(),
         host_id: "h".into(),
+        ..Default::default()
     };
     let keys = vec!["a".to_string(), "bb".to_string()];
     let held = HeldObject {

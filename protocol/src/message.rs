@@ -403,6 +403,7 @@ fn segment() -> Vec<u8> {
         te_endpoint: String::new(),
         protocol: String::new(),
         host_id: String::new(),
+        ..Default::default()
     }
     .to_bytes()
 }

@@ -279,9 +279,9 @@ pub enum ReplicaMedium {
     #[default]
     Memory = 0,
     /// A copy on its owner's local disk (the SSD tier, `LOCAL_DISK`); read through its owner.
-    /// Nothing creates one yet.
     LocalDisk = 2,
 }
+wire_enum!(ReplicaMedium { Memory = 0, LocalDisk = 2 });
 
 impl ReplicaMedium {
     fn from_u8(b: u8) -> Option<ReplicaMedium> {
@@ -394,8 +394,27 @@ impl ReplicaDescriptorRef<'_> {
     }
 }
 
-/// A memory segment contributed by a client or storage node (`types.h` `Segment`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How the master keeps a disk segment within its owner's limits (the owner's
+/// `MOONCAKE_OFFLOAD_*` settings; all zero for a memory segment).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskPolicy {
+    /// Start evicting disk replicas above this share of the segment, in thousandths (0: no
+    /// eviction ahead of need).
+    pub high_watermark_permille: u16,
+    /// Stop at this share, in thousandths (below `high_watermark_permille`).
+    pub low_watermark_permille: u16,
+    /// Most objects the segment holds (0: no limit).
+    pub keys_limit: u64,
+}
+wire_struct!(DiskPolicy {
+    high_watermark_permille: u16,
+    low_watermark_permille: u16,
+    keys_limit: u64,
+});
+
+/// A segment contributed by a client or storage node (`types.h` `Segment`): a range of memory,
+/// or (medium `LocalDisk`) an address range its owner maps onto files of its disk tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Segment {
     pub id: Uuid,
     /// Unique name; for store clients it is their `host:port`.
@@ -408,6 +427,10 @@ pub struct Segment {
     pub protocol: String,
     /// Host identity, so that replicas can be spread over distinct hosts.
     pub host_id: String,
+    /// What holds its bytes: memory, or its owner's disk tier.
+    pub medium: ReplicaMedium,
+    /// For a disk segment, its owner's limits.
+    pub disk: DiskPolicy,
 }
 wire_struct!(Segment {
     id: Uuid,
@@ -417,6 +440,8 @@ wire_struct!(Segment {
     te_endpoint: String,
     protocol: String,
     host_id: String,
+    medium: ReplicaMedium,
+    disk: DiskPolicy,
 });
 
 /// Reply to `GetReplicaList`.

@@ -60,6 +60,7 @@ fn admin_port_reports_keys_segments_and_metrics() {
         te_endpoint: "127.0.0.1:14007".into(),
         protocol: "tcp".into(),
         host_id: "127.0.0.1".into(),
+        ..Default::default()
     };
     c.call(&MountSegment {
         client_id: me,

@@ -16,6 +16,7 @@ fn segment(client: Uuid, name: &str, base: u64, size: u64) -> Segment {
         te_endpoint: name.into(),
         protocol: "tcp".into(),
         host_id: name.split(':').next().unwrap_or("").into(),
+        ..Default::default()
     }
 }
 

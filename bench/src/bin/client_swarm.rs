@@ -391,6 +391,7 @@ fn main() {
                 te_endpoint: "127.0.0.1:9".into(),
                 protocol: "tcp".into(),
                 host_id: "127.0.0.1".into(),
+                ..Default::default()
             };
             let mounted = rt.block_on(conn.call(&MountSegment {
                 client_id: id,

@@ -130,6 +130,7 @@ fn populate(addr: &str, keys: usize) {
         te_endpoint: "127.0.0.1:19999".into(),
         protocol: "tcp".into(),
         host_id: "127.0.0.1".into(),
+        ..Default::default()
     };
     c.call(&MountSegment {
         client_id: me,

@@ -462,6 +462,7 @@ fn start_shard(
         te_endpoint: SocketAddr::new(ip, data_port).to_string(),
         protocol: "tcp".into(),
         host_id: ip.to_string(),
+        ..Default::default()
     };
     let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
     tracing::info!(

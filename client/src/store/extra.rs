@@ -153,6 +153,7 @@ impl Store {
             te_endpoint: endpoint.clone(),
             protocol: "tcp".into(),
             host_id: self.ip.to_string(),
+            ..Default::default()
         };
         rpc(self.master.call(&MountSegment {
             client_id: self.client_id,

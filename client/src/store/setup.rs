@@ -239,6 +239,7 @@ impl Store {
                 te_endpoint: endpoint.clone(),
                 protocol: if rdma.is_some() { "rdma" } else { "tcp" }.into(),
                 host_id: ip.to_string(),
+                ..Default::default()
             };
             super::rpc(master.call(&MountSegment {
                 client_id,

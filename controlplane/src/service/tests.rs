@@ -37,6 +37,7 @@ impl T {
             te_endpoint: format!("{name}-te"),
             protocol: "tcp".into(),
             host_id: host.into(),
+            ..Default::default()
         };
         let r = self.call(
             Request::MountSegment,
@@ -144,6 +145,7 @@ fn mount_is_idempotent_and_names_are_unique() {
         te_endpoint: "e".into(),
         protocol: "tcp".into(),
         host_id: String::new(),
+        ..Default::default()
     };
     let mount = |client: Uuid, s: Segment| {
         t.call(
@@ -1328,6 +1330,7 @@ fn remount_rebuilds_the_index_after_a_restart() {
         te_endpoint: "seg1-te".into(),
         protocol: "tcp".into(),
         host_id: "host1".into(),
+        ..Default::default()
     };
     let held = |key: &str, d: &ReplicaDescriptor, seg: &str| HeldObject {
         key: key.into(),
@@ -1398,6 +1401,7 @@ fn remount_refuses_held_objects_that_do_not_fit() {
         te_endpoint: format!("seg{n}-te"),
         protocol: "tcp".into(),
         host_id: format!("h{n}"),
+        ..Default::default()
     };
     let held = |key: &str, size: u64, seg: &str, addr: u64| HeldObject {
         key: key.into(),
@@ -2043,6 +2047,7 @@ fn version_segments() -> (Segment, Segment) {
         te_endpoint: format!("{name}-te"),
         protocol: "tcp".into(),
         host_id: format!("h{n}"),
+        ..Default::default()
     };
     (seg(1, "seg1"), seg(2, "seg2"))
 }

@@ -393,6 +393,7 @@ impl Model {
                     te_endpoint: format!("seg{n}-te"),
                     protocol: "tcp".into(),
                     host_id: format!("h{n}"),
+                    ..Default::default()
                 },
                 cat: BTreeMap::new(),
                 seq: 0,
