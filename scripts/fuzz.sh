@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every fuzz target on top of the committed seeds, sharing TOTAL_SECONDS (default 900)
+# Runs every fuzz target on top of the committed seeds, sharing TOTAL_SECONDS (default 480)
 # evenly between them (at least 10 s each).
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them, and
 # `-s none` skips AddressSanitizer (the code under test is safe Rust).
@@ -11,7 +11,7 @@
 # shorter one does not, only runs slower.
 set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
-TOTAL_SECONDS=${1:-900}
+TOTAL_SECONDS=${1:-480}
 MAX_LEN_BYTES=$((1024 * 1024 + 64))
 targets=$(cargo fuzz list)
 count=$(echo "$targets" | wc -w)

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # Seconds of fuzzing in all, shared by every target (scripts/fuzz.sh).
-FUZZ_SECONDS=${FUZZ_SECONDS:-900}
+FUZZ_SECONDS=${FUZZ_SECONDS:-480}
 export CARGO_TERM_COLOR=never
 results=()
 failed=0
