@@ -1,4 +1,4 @@
-//! The history checker of the randomized fault harness (issue 19, `tests/tests/fault_harness.rs`,
+//! The history checker of the randomized fault harness (`tests/tests/fault_harness.rs`,
 //! rules in `docs/reliability.md`, "Randomized faults").
 //!
 //! A history is what the harness's clients did (one [`Op`] per call: invoke and complete time,

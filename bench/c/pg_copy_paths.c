@@ -12,7 +12,7 @@
  *   /tmp/pg_copy_paths [C bytes, default 65536] [K chunks, default 4]
  *
  * Prints the median over 15 rounds as seen by process 0. Results: bench/README.md,
- * "Issue 12: a quiet run". */
+ * "Process groups: a quiet run". */
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdint.h>

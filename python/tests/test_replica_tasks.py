@@ -1,4 +1,4 @@
-"""Replica copy and move tasks end to end (issue 14), as upstream's scripts/test_copy_move_api.py
+"""Replica copy and move tasks end to end, as upstream's scripts/test_copy_move_api.py
 checks them: three store clients, each contributing a segment and executing the tasks the
 master assigns it; replica endpoints read through get_replica_desc. Storage nodes execute
 tasks too (the last test)."""

@@ -1,4 +1,4 @@
-//! Issue 19: randomized fault schedules under a mixed workload, with the history checked
+//! Randomized fault schedules under a mixed workload, with the history checked
 //! mechanically (`tests/checker.rs`; rules and runs in `docs/reliability.md`, "Randomized
 //! faults").
 //!

@@ -1,6 +1,6 @@
-//! Issue 20's two remaining windows (`docs/ha.md`, "removals the owners have not heard of"):
-//! removes acknowledged just before the leader dies stay removed after the failover, even
-//! when the owners of the removed replicas have not been told yet.
+//! The two windows versions and tombstones left open (`docs/ha.md`, "removals the owners have
+//! not heard of"): removes acknowledged just before the leader dies stay removed after the
+//! failover, even when the owners of the removed replicas have not been told yet.
 //!
 //! - `pattern_removes_survive_a_leader_kill`: `remove_by_regex` and `remove_all` free ranges
 //!   at the master alone (no remover buries them in the owners' catalogs). The leader is
@@ -14,10 +14,11 @@
 //!   killed, a new one elected, the owner resumes and re-reports: the key stays removed.
 //!   (The resumed owner may also apply the write it had buffered while stopped, so the last
 //!   check alone would not always catch a missing hand-off; the metric does.)
-//! - `a_key_of_an_owner_stopped_across_an_election_is_not_answered_missing` (issue 19): the
-//!   owner of a key's only replica is stopped across an election, past the recovery fence; a
-//!   get after the fence must wait for the owner's late re-report (the new leader knows it
-//!   from the owners' registry in etcd) instead of answering `OBJECT_NOT_FOUND`.
+//! - `a_key_of_an_owner_stopped_across_an_election_is_not_answered_missing` (the owners'
+//!   registry, `docs/ha.md`): the owner of a key's only replica is stopped across an
+//!   election, past the recovery fence; a get after the fence must wait for the owner's late
+//!   re-report (the new leader knows it from the owners' registry in etcd) instead of
+//!   answering `OBJECT_NOT_FOUND`.
 //!
 //! One etcd, three masters (HA), two storage nodes. Skips (passes, printing why) when
 //! Debian's etcd-server is not installed.

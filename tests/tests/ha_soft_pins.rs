@@ -1,4 +1,4 @@
-//! Issue 19 (`docs/ha.md`, "Soft pins after a failover"): soft pins survive a leader kill.
+//! Soft pins after a failover (`docs/ha.md`): soft pins survive a leader kill.
 //!
 //! `soft_pins_survive_a_leader_kill_and_eviction_pressure`: one etcd, two masters (eviction
 //! of soft-pinned objects not allowed), one storage node with a 64 MB segment, one store

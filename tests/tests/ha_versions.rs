@@ -1,4 +1,4 @@
-//! Issue 20 (`docs/ha.md`, "versions and tombstones"): across leader failovers, a read returns
+//! Versions and tombstones (`docs/ha.md`): across leader failovers, a read returns
 //! the value of the last acknowledged write of its key, or nothing after an acknowledged remove.
 //!
 //! `hot_keys_keep_their_last_acknowledged_write_across_failovers`: one etcd, three masters,

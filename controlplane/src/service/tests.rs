@@ -919,7 +919,7 @@ fn upsert_of_a_leased_object_parks_old_buffers_until_the_lease_ends() {
     assert_eq!(t.used(), 8192);
 }
 
-/// Found by the fault harness (issue 19, seed 1, 600 s): a forced remove freed the buffers of
+/// Found by the randomized fault harness (seed 1, 600 s): a forced remove freed the buffers of
 /// an object a reader had just located; another key's put took them and the reader returned
 /// that put's bytes. The buffers now stay parked until the read lease ends.
 #[test]
@@ -2154,9 +2154,10 @@ fn remount_keeps_the_newest_version_of_each_key() {
     assert_eq!(t.get("k").unwrap().replicas.len(), 2);
 }
 
-/// Issue 19: a soft pin survives a failover. The owners re-report the pin their puts asked for;
-/// the new leader pins the object for a full ttl from the re-report (never less than the
-/// original deadline, at most one ttl more), and eviction passes it over.
+/// A soft pin survives a failover (`docs/ha.md`, "Soft pins after a failover"). The owners
+/// re-report the pin their puts asked for; the new leader pins the object for a full ttl from
+/// the re-report (never less than the original deadline, at most one ttl more), and eviction
+/// passes it over.
 #[test]
 fn re_reported_soft_pins_are_restored_and_block_eviction() {
     let (s1, s2) = version_segments();
@@ -2215,11 +2216,12 @@ fn re_reported_soft_pins_are_restored_and_block_eviction() {
     );
 }
 
-/// Issue 19: an upsert answers the soft pin its object will carry, which the writer records in
-/// the owners' catalogs for a new leader to restore. For `PRESERVE` that is the master's own
-/// pin, which the writer cannot know otherwise: what is left of a running one (so that a pin
-/// restored for that long from a later re-report ends no earlier than this one), the full ttl
-/// of one that starts when the object becomes readable, none for a lapsed one.
+/// An upsert answers the soft pin its object will carry (`docs/ha.md`, "Soft pins after a
+/// failover"), which the writer records in the owners' catalogs for a new leader to restore.
+/// For `PRESERVE` that is the master's own pin, which the writer cannot know otherwise: what
+/// is left of a running one (so that a pin restored for that long from a later re-report ends
+/// no earlier than this one), the full ttl of one that starts when the object becomes
+/// readable, none for a lapsed one.
 #[test]
 fn upserts_answer_the_soft_pin_the_object_will_carry() {
     let t = T::new();
