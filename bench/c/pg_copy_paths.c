@@ -12,7 +12,7 @@
  *   /tmp/pg_copy_paths [C bytes, default 65536] [K chunks, default 4]
  *
  * Prints the median over 15 rounds as seen by process 0. Results: bench/README.md,
- * "Process groups: a quiet run". */
+ * "`mooncake.pg` against Gloo", "A quiet run". */
 #define _GNU_SOURCE
 #include <stdatomic.h>
 #include <stdint.h>
