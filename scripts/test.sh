@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: format and lint checks, unit and property tests, multi-process
-# integration tests against the real binaries on 127.0.0.1, the Python suite through the
-# installed package (with torch from PyPI), and a bounded fuzzing run of every decoder.
+# Runs the whole test suite: format, house-rule (scripts/tidy.py) and lint checks, unit and
+# property tests, multi-process integration tests against the real binaries on 127.0.0.1, the
+# Python suite through the installed package (with torch from PyPI), and a bounded fuzzing run
+# of every decoder.
 # Ends with a summary line per step and exits non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,9 @@ fi
 echo "hugetlb pages: $(grep HugePages_Free /proc/meminfo | awk '{print $2}') free"
 
 step fmt cargo fmt --all -- --check
+# The house rules a tool can check (docs/STYLE.md): its self-test first, so a tidy that can
+# no longer fail fails here; then the tree against scripts/tidy-baseline.txt.
+step tidy sh -c 'python3 scripts/tidy.py --self-test && python3 scripts/tidy.py'
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step build cargo build --workspace --bins
 if cargo nextest --version >/dev/null 2>&1; then
