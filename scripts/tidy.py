@@ -3,24 +3,24 @@
 
 Usage:
     python3 scripts/tidy.py                    # check the tree; exit 1 on any violation
-    python3 scripts/tidy.py --update-baseline  # record today's long functions and files
+    python3 scripts/tidy.py --update-baseline  # record today's exceptions (then check)
     python3 scripts/tidy.py --self-test        # show that every rule fires on bad input
 
 Each violation is printed as `path:line: rule: reason`. The rules:
 
 - `work-item`: no reference to a numbered work item (the word issue or session, perhaps
-  plural or possessive, then a number) in the docs (docs/, README.md, python/README.md, bench/README.md) or in the
-  comments and docstrings of .rs, .py, .pyi, .sh, .c and .h files. A newcomer cannot look
-  those numbers up: name the change instead. `issue #N` (with the `#`, as in "upstream issue
-  #2187") is a public reference and is allowed.
-- `fn-length`: a Rust function is at most FN_LINES_MAX lines, counted from the line of its
+  plural or possessive, then a number) in the docs (docs/, README.md, python/README.md,
+  bench/README.md) or in the comments and docstrings of .rs, .py, .pyi, .sh, .c and .h files.
+  A newcomer cannot look those numbers up: name the change instead. `issue #N` (with the `#`,
+  as in "upstream issue #2187") is a public reference and is allowed.
+- `fn-length`: a Rust function is at most 70 lines (FN_LINES_MAX), counted from the line of its
   `fn` to the line of its closing brace. Production code only: test files (a `tests` path
   component, a `tests.rs`, or a file that starts `#![cfg(test)]`) and `#[test]` or
   `#[cfg(test)]` items are not counted, nor fuzz targets. A function over the limit today is
   recorded in the baseline and may not grow past its recorded length; any other function
   over the limit fails.
 - `file-length`: a source file (.rs, .py, .pyi, .sh, .c, .h, tests included) is at most
-  FILE_LINES_MAX lines; the same ratchet through the baseline.
+  1,500 lines (FILE_LINES_MAX); the same ratchet through the baseline.
 - `fuzz`: every fuzz/fuzz_targets/<target>.rs is a `[[bin]]` of fuzz/Cargo.toml (which is
   what scripts/fuzz.sh runs, through `cargo fuzz list`) and has at least one seed file in
   fuzz/seeds/<target>/.
@@ -38,11 +38,12 @@ changed, and then checks the tree as usual. It never hides a `work-item` or `fuz
 violation. Run it only for a deliberate change, and let the diff of the baseline be reviewed
 with the code.
 
-Python 3 standard library only; the whole tree takes about a second.
+Python 3 standard library only; the whole tree takes about two seconds.
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -169,9 +170,10 @@ def lex_rust(text):
                 i = m.end() if m else j
         elif c.isalpha() or c == "_":
             m = IDENT.match(text, i)
-            if m.group(0) == "r" and text.startswith("#", m.end()) and IDENT.match(text, m.end() + 1):
-                m2 = IDENT.match(text, m.end() + 1)  # a raw identifier, r#type
-                tokens.append((m2.group(0), line))
+            raw = m.group(0) == "r" and text.startswith("#", m.end())
+            if raw and IDENT.match(text, m.end() + 1):
+                m2 = IDENT.match(text, m.end() + 1)  # a raw identifier: r#mod is no keyword
+                tokens.append(("r#" + m2.group(0), line))
                 i = m2.end()
             else:
                 tokens.append((m.group(0), line))
@@ -265,7 +267,7 @@ def rust_functions(text):
                 continue
         if t in ("fn", "mod", "trait", "impl") and i + 1 < len(tokens):
             name_tok = tokens[i + 1][0]
-            if t != "impl" and not IDENT.fullmatch(name_tok):
+            if t != "impl" and not re.fullmatch(r"(r#)?[A-Za-z_][A-Za-z0-9_]*", name_tok):
                 i += 1  # `fn(u8) -> u8`, a fn pointer type
                 continue
             # The header runs to the first `{` or `;` outside parentheses and brackets.
@@ -451,7 +453,9 @@ def check_fuzz(root, files):
         name = by_path.get(rel)
         if name is None:
             out.append(
-                Violation(path, 1, "fuzz", f"not a [[bin]] of {toml} (path = \"{rel}\"), so never fuzzed")
+                Violation(
+                    path, 1, "fuzz", f'not a [[bin]] of {toml} (path = "{rel}"), so never fuzzed'
+                )
             )
             name = target
         elif not runs_all and not re.search(rf"\b{re.escape(name)}\b", sh):
@@ -463,15 +467,20 @@ def check_fuzz(root, files):
             out.append(Violation(path, 1, "fuzz", f"no seed file in fuzz/seeds/{name}/"))
     for name, p in sorted(bins.items()):
         if not os.path.isfile(os.path.join(root, "fuzz", p)):
-            out.append(Violation(toml, 1, "fuzz", f"[[bin]] {name} names {p}, which does not exist"))
+            why = f"[[bin]] {name} names {p}, which does not exist"
+            out.append(Violation(toml, 1, "fuzz", why))
     return out
 
 
 UNITS = {"BYTES", "MS", "US", "NS", "SECS", "ITEMS", "ENTRIES", "COUNT"}
 TIME_UNITS = {"MS", "US", "NS", "SECS", "S", "SEC"}
 QUALIFIERS = {"MAX", "MIN", "DEFAULT"}
-TIME_WORDS = {"TIMEOUT", "INTERVAL", "DELAY", "TTL", "PERIOD", "TICK", "DEADLINE", "LATENCY", "AGE", "WAIT"}
-CONST_DECL = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?const\s+([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([^=;]+)")
+TIME_WORDS = {
+    "TIMEOUT", "INTERVAL", "DELAY", "TTL", "PERIOD", "TICK", "DEADLINE", "LATENCY", "AGE", "WAIT"
+}
+CONST_DECL = re.compile(
+    r"^\s*(?:pub(?:\([^)]*\))?\s+)?const\s+([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([^=;]+)"
+)
 
 
 def limit_name_problem(name, ty):
@@ -572,7 +581,8 @@ def write_baseline(root, fns, big, consts, old):
         for key in sorted(set(old[kind]) | set(new[kind])):
             a, b = old[kind].get(key), new[kind].get(key)
             if a is None:
-                changes.append(f"  + {kind} {key} ({b} lines)" if kind != "const" else f"  + const {key}")
+                size = f" ({b} lines)" if kind != "const" else ""
+                changes.append(f"  + {kind} {key}{size}")
             elif b is None:
                 changes.append(f"  - {kind} {key} (gone or within the limit)")
             elif a != b:
@@ -628,14 +638,24 @@ def run(root, update=False, quiet=False):
 
 def self_test():
     """Builds small bad trees in a temporary directory and checks that each rule fires."""
+    top = tempfile.mkdtemp(prefix="tidy-self-test-")
+    try:
+        return self_test_in(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
+
+def self_test_in(top):
+
+    # In the samples "~" stands for a space, so that this file passes its own work-item rule
+    # (and a plain grep for references): "issue~19" is written to the tree as the real thing.
     def tree(files):
-        d = tempfile.mkdtemp(prefix="tidy-self-test-")
+        d = tempfile.mkdtemp(dir=top)
         for path, text in files.items():
             full = os.path.join(d, path)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "w", encoding="utf-8") as f:
-                f.write(text)
+                f.write(text.replace("~", " "))
         return d
 
     def rules(root, update=False):
@@ -654,9 +674,9 @@ def self_test():
     good.update(
         {
             "docs/a.md": "Upstream issue #2187 is public. The issue of sessions is prose.\n",
-            "src/lib.rs": "/// Since write intents.\n" + long_fn("short", FN_LINES_MAX)
+            "src/lib.rs": "/// Since write intents.\n" + long_fn("short", 70)
             + "#[cfg(test)]\nmod tests {\n" + long_fn("long_test", 90) + "}\n"
-            + 'const S: &str = "issue 5 in a string is code, not a comment";\n'
+            + 'const S: &str = "issue~5 in a string is code, not a comment";\n'
             + "fn c() -> char { '{' }\nfn l<'a>(x: &'a str) -> &'a str { x }\n",
             "core/src/limits.rs": "pub const A_MAX_BYTES: usize = 1;\npub const LANES_MAX: usize = 2;\n"
             "pub const T: Duration = Duration::from_secs(1);\npub const R_BYTES_PER_S: u64 = 1;\n"
@@ -665,6 +685,9 @@ def self_test():
         }
     )
     failures = []
+    # The limits themselves are the ones STYLE.md states: a tidy loosened by accident fails.
+    if (FN_LINES_MAX, FILE_LINES_MAX) != (70, 1500):
+        failures.append(f"limits {FN_LINES_MAX}/{FILE_LINES_MAX}, STYLE.md says 70/1500")
 
     def expect(what, got, want):
         if got != want:
@@ -672,16 +695,16 @@ def self_test():
 
     expect("a clean tree", rules(tree(good)), [])
     for what, files, want in (
-        ("issue in a doc", {"docs/a.md": "Fixed in issue 19.\n"}, ["work-item"]),
-        ("session in a README", {"README.md": "Since session 21.\n"}, ["work-item"]),
-        ("plural, case, possessive", {"docs/b.md": "Issues 18 and 19; Issue 16's list\n"}, ["work-item"]),
-        ("issue in a Rust comment", {"src/x.rs": "// see issue 4\nfn f() {}\n"}, ["work-item"]),
-        ("issue in a docstring", {"m.py": '"""Tasks (issue 14)."""\n'}, ["work-item"]),
-        ("issue in a Python comment", {"m.py": "x = 1  # session 3\n"}, ["work-item"]),
-        ("issue in a shell comment", {"s.sh": "# issue 2\necho\n"}, ["work-item"]),
-        ("a long new fn", {"src/y.rs": long_fn("long", FN_LINES_MAX + 1)}, ["fn-length"]),
+        ("issue in a doc", {"docs/a.md": "Fixed in issue~19.\n"}, ["work-item"]),
+        ("session in a README", {"README.md": "Since session~21.\n"}, ["work-item"]),
+        ("plural, case, possessive", {"docs/b.md": "Issues~18 and 19; Issue~16's list\n"}, ["work-item"]),
+        ("issue in a Rust comment", {"src/x.rs": "// see issue~4\nfn f() {}\n"}, ["work-item"]),
+        ("issue in a docstring", {"m.py": '"""Tasks (issue~14)."""\n'}, ["work-item"]),
+        ("issue in a Python comment", {"m.py": "x = 1  # session~3\n"}, ["work-item"]),
+        ("issue in a shell comment", {"s.sh": "# issue~2\necho\n"}, ["work-item"]),
+        ("a 71-line fn", {"src/y.rs": long_fn("long", 71)}, ["fn-length"]),
         ("a long method", {"src/y.rs": "impl<T> A for B<T> {\n" + long_fn("m", 80) + "}\n"}, ["fn-length"]),
-        ("a long file", {"src/z.py": "x = 1\n" * (FILE_LINES_MAX + 1)}, ["file-length"]),
+        ("a 1,501-line file", {"src/z.py": "x = 1\n" * 1501}, ["file-length"]),
         ("a unit-less limit", {"core/src/limits.rs": "pub const QUEUE_DEPTH: usize = 4;\n"}, ["limit-unit"]),
         ("a time limit in u64", {"core/src/limits.rs": "pub const IO_TIMEOUT_MAX: u64 = 4;\n"}, ["limit-unit"]),
         ("a target not a [[bin]]", {"fuzz/fuzz_targets/u.rs": "fn main() {}\n", "fuzz/seeds/u/s": "x"}, ["fuzz"]),
@@ -716,7 +739,7 @@ def self_test():
     expect("file grown", rules(d), ["file-length", "fn-length"])
     # --update-baseline never hides a work-item or fuzz violation.
     with open(os.path.join(d, "docs/a.md"), "w") as f:
-        f.write("issue 7\n")
+        f.write("issue~7\n".replace("~", " "))
     os.remove(os.path.join(d, "fuzz/seeds/t/one"))
     expect("update keeps the others", rules(d, update=True), ["fuzz", "work-item"])
 
