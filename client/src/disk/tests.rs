@@ -1,0 +1,469 @@
+//! The disk store on real files: a temporary directory on the build machine's filesystem
+//! (under the target directory, a real disk) and, for the buffered fallback, `/dev/shm`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dataplane::mem::{CatalogRecord, Dst, RecordKind, Src};
+use dataplane::transport::client::{ClientConfig, TcpClient, TransferError, TransferOp};
+use protocol::Version;
+
+use super::*;
+
+const BASE: u64 = 1 << 60;
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(under: &Path, tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = under.join(format!("mc-disk-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    /// On the real filesystem the build runs on (never tmpfs).
+    fn real(tag: &str) -> TempDir {
+        let under = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/disk-tests");
+        std::fs::create_dir_all(&under).unwrap();
+        TempDir::new(&under, tag)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cfg(dir: &Path, uring: bool) -> DiskConfig {
+    let mut c = DiskConfig::new(dir);
+    c.size_limit_bytes = 1 << 30;
+    c.use_uring = uring;
+    c.workers = 2;
+    c
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn v(seq: u64) -> Version {
+    Version { term: 1, seq }
+}
+
+fn put(t: &DiskTier, addr: u64, key: &str, data: &[u8]) -> Result<(), DiskError> {
+    t.write(addr, key, v(1), Pins::default(), Src::from(data))
+}
+
+fn get(t: &DiskTier, addr: u64, len: usize) -> Result<Vec<u8>, DiskError> {
+    let mut out = vec![0u8; len];
+    t.read(addr, Dst::from(&mut out[..]))?;
+    Ok(out)
+}
+
+fn file_of(t: &DiskTier, addr: u64) -> PathBuf {
+    t.shared.path_of(addr)
+}
+
+fn round_trip(uring: bool) {
+    let d = TempDir::real(if uring { "rt-uring" } else { "rt-blocking" });
+    let t = DiskTier::open(cfg(&d.0, uring), BASE).unwrap();
+    assert!(t.direct_io(), "ext4 under target/ takes O_DIRECT");
+    if uring {
+        // The kernel may refuse io_uring (seccomp); then the test covers the fallback twice.
+        if !t.uring() {
+            eprintln!("io_uring refused here; blocking path tested instead");
+        }
+    } else {
+        assert!(!t.uring());
+    }
+    let sizes = [1usize, 4096, (4 << 20) + 1, 3 * 4096 + 7];
+    let mut addr = BASE;
+    let mut placed = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = pattern(n, i as u8);
+        put(&t, addr, &format!("k{i}"), &data).unwrap();
+        placed.push((addr, data));
+        addr += (n as u64).next_multiple_of(1 << 23);
+    }
+    for (a, data) in &placed {
+        assert_eq!(&get(&t, *a, data.len()).unwrap(), data);
+    }
+    // Ranged reads: from inside the object, across bounce-buffer boundaries.
+    let (a, data) = &placed[2];
+    let got = get(&t, a + 1_000_000, 3_000_000).unwrap();
+    assert_eq!(&got[..], &data[1_000_000..4_000_000]);
+    assert_eq!(
+        get(&t, a + data.len() as u64 - 1, 1).unwrap(),
+        [data[data.len() - 1]]
+    );
+    // Past an object's end, or between objects: not found.
+    assert!(matches!(
+        get(&t, a + data.len() as u64 - 1, 2),
+        Err(DiskError::NotFound { .. })
+    ));
+    assert!(matches!(
+        get(&t, BASE + 2, 4096),
+        Err(DiskError::NotFound { .. })
+    ));
+    let s = t.stats();
+    assert_eq!(s.objects, 4);
+    assert_eq!(s.logical_bytes, sizes.iter().sum::<usize>() as u64);
+    assert!(s.physical_bytes >= s.logical_bytes);
+    assert_eq!(s.writes, 4);
+    assert_eq!(s.reads, 6);
+    assert!(t.last_read(placed[0].0).is_some());
+    // Replacing an object at the same address.
+    put(&t, placed[0].0, "k0", b"xy").unwrap();
+    assert_eq!(get(&t, placed[0].0, 2).unwrap(), b"xy");
+    assert_eq!(t.stats().objects, 4);
+}
+
+#[test]
+fn disk_round_trip_uring() {
+    round_trip(true);
+}
+
+#[test]
+fn disk_round_trip_blocking() {
+    round_trip(false);
+}
+
+#[test]
+fn disk_restart_reads_everything_back() {
+    let d = TempDir::real("restart");
+    let a = pattern(5000, 1);
+    let b = pattern(1 << 20, 2);
+    {
+        let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+        t.write(
+            BASE,
+            "a",
+            v(3),
+            Pins {
+                hard: true,
+                soft_ttl_ms: None,
+            },
+            Src::from(&a[..]),
+        )
+        .unwrap();
+        t.write(
+            BASE + (1 << 24),
+            "b",
+            v(4),
+            Pins {
+                hard: false,
+                soft_ttl_ms: Some(7),
+            },
+            Src::from(&b[..]),
+        )
+        .unwrap();
+    }
+    // Another worker count: files move to their new owners.
+    let mut c = cfg(&d.0, false);
+    c.workers = 3;
+    let t = DiskTier::open(c, BASE).unwrap();
+    assert_eq!(get(&t, BASE, a.len()).unwrap(), a);
+    assert_eq!(get(&t, BASE + (1 << 24), b.len()).unwrap(), b);
+    let held = t.held();
+    assert_eq!(held.len(), 2);
+    assert_eq!(
+        (held[0].key.as_str(), held[0].version, held[0].hard_pin),
+        ("a", v(3), true)
+    );
+    assert_eq!(
+        (held[1].key.as_str(), held[1].soft_pin_ttl_ms),
+        ("b", Some(7))
+    );
+    assert_eq!(t.stats().scan_dropped, 0);
+}
+
+#[test]
+fn disk_flipped_byte_is_corrupt_and_dropped() {
+    let d = TempDir::real("flip");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    let data = pattern(10_000, 3);
+    put(&t, BASE, "k", &data).unwrap();
+    let path = file_of(&t, BASE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[4096 + 9_999] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    // A ranged read that does not cover the flipped byte still checks the whole object.
+    assert!(matches!(get(&t, BASE, 10), Err(DiskError::Corrupt { .. })));
+    assert!(!path.exists());
+    assert_eq!(t.stats().checksum_failures, 1);
+    assert_eq!(t.stats().objects, 0);
+    assert!(matches!(get(&t, BASE, 10), Err(DiskError::NotFound { .. })));
+}
+
+#[test]
+fn disk_scan_drops_truncated_and_temp_files() {
+    let d = TempDir::real("scan");
+    let (good, cut) = (BASE, BASE + (1 << 24));
+    let temp;
+    {
+        let t = DiskTier::open(cfg(&d.0, false), BASE).unwrap();
+        put(&t, good, "good", &pattern(9000, 1)).unwrap();
+        put(&t, cut, "cut", &pattern(9000, 2)).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(file_of(&t, cut))
+            .unwrap();
+        f.set_len(4096 + 4096).unwrap();
+        temp = file_of(&t, BASE + 4096).with_extension("mco.tmp");
+        std::fs::write(&temp, b"half a write").unwrap();
+        // Something that is not ours stays.
+        std::fs::write(d.0.join("README"), b"x").unwrap();
+    }
+    let t = DiskTier::open(cfg(&d.0, false), BASE).unwrap();
+    let s = t.stats();
+    assert_eq!((s.objects, s.scan_dropped, s.scan_temp_removed), (1, 1, 1));
+    assert!(!temp.exists());
+    assert!(d.0.join("README").exists());
+    assert_eq!(get(&t, good, 9000).unwrap(), pattern(9000, 1));
+}
+
+#[test]
+fn disk_key_limit_and_physical_cap_refuse() {
+    let d = TempDir::real("limits");
+    let mut c = cfg(&d.0, true);
+    c.keys_limit = 2;
+    c.max_physical_bytes = Some(3 * 4096 + 2 * 4096);
+    let t = DiskTier::open(c, BASE).unwrap();
+    put(&t, BASE, "a", b"1").unwrap(); // 2 blocks
+    put(&t, BASE + 4096, "b", b"2").unwrap(); // 2 blocks
+    let e = put(&t, BASE + 8192, "c", b"3").unwrap_err();
+    assert!(matches!(e, DiskError::KeysLimit { limit: 2 }), "{e}");
+    // Replacing does not add a key; a bigger one breaks the physical cap.
+    put(&t, BASE, "a", b"11").unwrap();
+    let e = put(&t, BASE, "a", &pattern(3 * 4096, 0)).unwrap_err();
+    assert!(matches!(e, DiskError::PhysicalCap { .. }), "{e}");
+    assert!(e
+        .to_string()
+        .contains("MOONCAKE_OFFLOAD_BUCKET_MAX_PHYSICAL_BYTES"));
+    assert_eq!(t.stats().write_refusals, 2);
+    assert_eq!(get(&t, BASE, 2).unwrap(), b"11");
+    assert!(!t.writes_stopped());
+}
+
+#[test]
+fn disk_bad_directories_are_clear_errors() {
+    let d = TempDir::real("dirs");
+    let file = d.0.join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = DiskTier::open(cfg(&file, true), BASE).err().unwrap();
+    assert!(e.to_string().contains("not a directory"), "{e}");
+    // A missing directory is created.
+    let missing = d.0.join("a/b");
+    assert!(DiskTier::open(cfg(&missing, true), BASE).is_ok());
+    assert!(missing.is_dir());
+    // A path under a file cannot be created.
+    let e = DiskTier::open(cfg(&file.join("sub"), true), BASE)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("is a file, not a directory"), "{e}");
+    // Not writable: a read-only directory (root ignores modes: then /proc's, which nobody
+    // may create files in).
+    let ro = if unsafe_free_is_root() {
+        PathBuf::from("/proc/self")
+    } else {
+        let p = d.0.join("ro");
+        std::fs::create_dir(&p).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o555)).unwrap();
+        p
+    };
+    let e = DiskTier::open(cfg(&ro, true), BASE).err().unwrap();
+    assert!(e.to_string().contains("not writable"), "{e}");
+}
+
+fn unsafe_free_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// tmpfs: before Linux 6.6 it refuses `O_DIRECT` and the probe falls back to buffered I/O;
+/// from 6.6 it accepts it. Either way the probe's answer must work.
+#[test]
+fn disk_tmpfs_works_with_whatever_the_probe_finds() {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("no /dev/shm here");
+        return;
+    }
+    let d = TempDir::new(shm, "tmpfs");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    eprintln!("tmpfs O_DIRECT: {}", t.direct_io());
+    let data = pattern(70_000, 9);
+    put(&t, BASE, "k", &data).unwrap();
+    assert_eq!(get(&t, BASE + 5, 60_000).unwrap(), &data[5..60_005]);
+}
+
+/// The buffered path, forced by the configuration, on both I/O engines.
+#[test]
+fn disk_buffered_io_round_trip() {
+    for uring in [true, false] {
+        let d = TempDir::real("buffered");
+        let mut c = cfg(&d.0, uring);
+        c.direct_io = false;
+        let t = DiskTier::open(c, BASE).unwrap();
+        assert!(!t.direct_io());
+        let data = pattern((1 << 20) + 4097, 4);
+        put(&t, BASE, "k", &data).unwrap();
+        assert_eq!(get(&t, BASE, data.len()).unwrap(), data);
+        assert_eq!(get(&t, BASE + 4097, 1 << 20).unwrap(), &data[4097..]);
+    }
+}
+
+#[test]
+fn disk_forget_and_bury_delete_files() {
+    let d = TempDir::real("forget");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    for i in 0..4u64 {
+        put(&t, BASE + i * 8192, &format!("k{i}"), b"abc").unwrap();
+    }
+    let f1 = file_of(&t, BASE + 8192);
+    assert_eq!(t.forget(BASE + 8192, 2 * 8192), 2);
+    assert!(!f1.exists());
+    assert_eq!(t.stats().objects, 2);
+    // A tombstone of another key or an older version deletes nothing.
+    assert_eq!(t.bury(BASE, 3, "other", v(9)), 0);
+    assert_eq!(t.bury(BASE, 3, "k0", Version::ZERO), 0);
+    assert_eq!(t.bury(BASE, 3, "k0", v(1)), 1);
+    assert_eq!(t.held().len(), 1);
+}
+
+#[test]
+fn disk_out_of_segment_writes_are_refused() {
+    let d = TempDir::real("range");
+    let t = DiskTier::open(cfg(&d.0, false), BASE).unwrap();
+    assert!(matches!(
+        put(&t, BASE - 1, "k", b"x"),
+        Err(DiskError::InvalidArgument(_))
+    ));
+    let end = BASE + t.size_limit();
+    assert!(put(&t, end - 1, "k", b"xy").is_err());
+    assert!(put(&t, BASE, "", b"x").is_err());
+    assert!(put(&t, BASE, "k", b"").is_err());
+}
+
+fn listener_tier(tag: &str) -> (TempDir, Arc<DiskTier>, Vec<u8>) {
+    let d = TempDir::real(tag);
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    let data = pattern(300_000, 5);
+    put(&t, BASE, "obj", &data).unwrap();
+    (d, t, data)
+}
+
+fn client_cfg(auth: Option<&'static protocol::auth::Token>) -> ClientConfig {
+    ClientConfig {
+        auth,
+        lanes: 1,
+        ..ClientConfig::default()
+    }
+}
+
+#[test]
+fn disk_listener_serves_reads_to_the_dataplane_client() {
+    let (_d, t, data) = listener_tier("listen");
+    let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let c = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    let mut out = vec![0u8; 100_000];
+    let mut ops = [TransferOp::Read {
+        remote_addr: BASE + 7,
+        dst: Dst::from(&mut out[..]),
+    }];
+    let r = c.submit(&mut ops);
+    assert_eq!(r, vec![Ok(())]);
+    assert_eq!(&out[..], &data[7..100_007]);
+    // Unknown address: not registered.
+    let mut small = [0u8; 8];
+    assert_eq!(
+        c.read(BASE + 1_000_000, &mut small),
+        Err(TransferError::Refused { status: -3 })
+    );
+    // A WRITE is refused and the connection goes on.
+    assert_eq!(
+        c.write(BASE, b"nope"),
+        Err(TransferError::Refused { status: -303 })
+    );
+    // A tombstone deletes the file.
+    let rec = CatalogRecord {
+        len: data.len() as u64,
+        hard_pin: false,
+        key: "obj",
+        version: v(1),
+        kind: RecordKind::Tombstone,
+        soft_pin_ttl_ms: None,
+    }
+    .encode();
+    let mut ops = [TransferOp::CatalogPut {
+        remote_addr: BASE,
+        record: Src::from(&rec[..]),
+    }];
+    assert_eq!(c.submit(&mut ops), vec![Ok(())]);
+    assert_eq!(t.stats().objects, 0);
+    assert_eq!(
+        c.read(BASE, &mut small),
+        Err(TransferError::Refused { status: -3 })
+    );
+}
+
+#[test]
+fn disk_listener_reports_corruption_distinctly() {
+    let (_d, t, _data) = listener_tier("listen-bad");
+    let path = file_of(&t, BASE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[4096 + 1] ^= 0x80;
+    std::fs::write(&path, &bytes).unwrap();
+    let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let c = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    let mut out = [0u8; 16];
+    assert_eq!(
+        c.read(BASE, &mut out),
+        Err(TransferError::Refused { status: -302 })
+    );
+    assert_eq!(t.stats().checksum_failures, 1);
+}
+
+#[test]
+fn disk_listener_asks_for_the_cluster_secret() {
+    let (_d, t, data) = listener_tier("listen-auth");
+    let secret: &'static protocol::auth::Token = Box::leak(Box::new(
+        protocol::auth::Token::new(b"disk-tier-test-secret-0123456789").unwrap(),
+    ));
+    let wrong: &'static protocol::auth::Token = Box::leak(Box::new(
+        protocol::auth::Token::new(b"another-secret-entirely-98765432").unwrap(),
+    ));
+    let l = t
+        .serve("127.0.0.1:0".parse().unwrap(), Some(secret))
+        .unwrap();
+    let c = TcpClient::connect(l.local_addr(), client_cfg(Some(secret))).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.read(BASE, &mut out).unwrap();
+    assert_eq!(out, data);
+    // A wrong secret, or none, gets nothing.
+    let bad = TcpClient::connect(l.local_addr(), client_cfg(Some(wrong)));
+    let refused = match bad {
+        Err(_) => true,
+        Ok(c) => c.read(BASE, &mut out[..8]).is_err(),
+    };
+    assert!(refused);
+    let none = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    assert!(none.read(BASE, &mut out[..8]).is_err());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while l.connections_unauthenticated() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(l.connections_unauthenticated(), 2);
+}
