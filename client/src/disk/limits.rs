@@ -23,6 +23,9 @@ pub const DISK_LISTENER_CONNECTIONS_MAX: usize = 64;
 pub const DISK_LISTENER_IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of a refused WRITE's payload read per step while it is drained.
 pub const DISK_DRAIN_CHUNK_BYTES: usize = 64 * 1024;
+/// A connection keeps its READ buffer for the next request up to this size (a larger one
+/// is freed after its answer).
+pub const DISK_LISTENER_KEPT_BUFFER_BYTES: usize = 64 << 20;
 /// Largest READ the listener answers (one object is read whole into a buffer first).
 pub const DISK_LISTENER_READ_MAX_BYTES: u64 = dataplane::limits::REQUEST_PAYLOAD_MAX_BYTES;
 

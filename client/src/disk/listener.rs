@@ -37,7 +37,7 @@ use protocol::auth::Token;
 
 use super::limits::{
     DISK_DRAIN_CHUNK_BYTES, DISK_LISTENER_CONNECTIONS_MAX, DISK_LISTENER_IO_TIMEOUT,
-    DISK_LISTENER_READ_MAX_BYTES,
+    DISK_LISTENER_KEPT_BUFFER_BYTES, DISK_LISTENER_READ_MAX_BYTES,
 };
 use super::{DiskError, DiskTier};
 
@@ -264,18 +264,33 @@ fn serve_request(
             }
             buf.clear();
             buf.resize(req.len as usize, 0);
-            match shared.tier.read(req.addr, Dst::from(&mut buf[..])) {
-                Ok(()) => respond(stream, id, 0, buf),
-                Err(e) => {
-                    let code = match e {
-                        DiskError::NotFound { .. } => TeError::AddressNotRegistered,
-                        DiskError::Corrupt { .. } => TeError::Memory,
-                        _ => TeError::Context,
-                    };
-                    tracing::debug!(error = %e, "disk listener: READ refused");
-                    respond(stream, id, code.code(), &[])
-                }
+            let read = shared.tier.read(req.addr, Dst::from(&mut buf[..]));
+            if buf.capacity() > DISK_LISTENER_KEPT_BUFFER_BYTES {
+                // Answered below from the bytes; not kept for the next request.
+                let big = std::mem::take(buf);
+                return answer_read(stream, id, read, &big);
             }
+            answer_read(stream, id, read, buf)
+        }
+    }
+}
+
+fn answer_read(
+    stream: &TcpStream,
+    id: u64,
+    read: Result<(), DiskError>,
+    buf: &[u8],
+) -> io::Result<()> {
+    match read {
+        Ok(()) => respond(stream, id, 0, buf),
+        Err(e) => {
+            let code = match e {
+                DiskError::NotFound { .. } => TeError::AddressNotRegistered,
+                DiskError::Corrupt { .. } => TeError::Memory,
+                _ => TeError::Context,
+            };
+            tracing::debug!(error = %e, "disk listener: READ refused");
+            respond(stream, id, code.code(), &[])
         }
     }
 }

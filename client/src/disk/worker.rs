@@ -208,7 +208,12 @@ impl Worker {
 
     fn read(&mut self, start: u64, offset: u64, mut dst: Dst<'static>) -> Result<(), DiskError> {
         let sh = Arc::clone(&self.shared);
-        let Some((key, size)) = sh.lookup(start) else {
+        // Looked up again here, on the address's worker: the object may have been replaced
+        // (by a shorter one) or deleted since the caller found it.
+        let found = sh
+            .lookup(start)
+            .filter(|&(_, size)| offset.saturating_add(dst.len() as u64) <= size);
+        let Some((key, size)) = found else {
             return Err(DiskError::NotFound {
                 addr: start + offset,
                 len: dst.len() as u64,
