@@ -17,6 +17,9 @@ pub const DISK_WORKERS_MAX: usize = 64;
 pub const DISK_WORKERS_DEFAULT_MAX: usize = 4;
 /// Requests queued to one worker before a caller waits to queue.
 pub const DISK_WORKER_QUEUE_MAX: usize = 256;
+/// After writes stopped (a full disk, an I/O error), a refused write probes whether the disk
+/// recovered at most this often.
+pub const DISK_STOPPED_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 /// Connections the disk listener serves at once (one thread each); more are closed.
 pub const DISK_LISTENER_CONNECTIONS_MAX: usize = 64;
 /// A connection without progress for this long is closed (as the data-plane server's).

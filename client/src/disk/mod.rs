@@ -42,7 +42,8 @@
 //! Limits: the key limit and the physical cap are checked before a write (the write is
 //! refused, the memory copy stays); a write that hits `ENOSPC`, `EDQUOT` or `EIO` stops all
 //! further writes ([`DiskStats::writes_stopped`], one log line) until [`DiskTier::resume`]
-//! succeeds, while reads go on.
+//! succeeds or, at most every `DISK_STOPPED_PROBE_INTERVAL`, a refused write finds room
+//! for twice its file and a probe write works; reads go on meanwhile.
 //!
 //! Invariants: every operation on one address's file runs on its worker, in order; an index
 //! entry exists only for a file that was written whole and renamed (or passed the scan); the
@@ -67,7 +68,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use dataplane::mem::{CatalogEntry, Dst, Src};
 use parking_lot::Mutex;
@@ -76,7 +77,7 @@ use protocol::Version;
 pub use config::{default_workers, DiskConfig};
 pub use listener::DiskListener;
 
-use limits::{DISK_BLOCK_BYTES, DISK_WORKER_QUEUE_MAX};
+use limits::{DISK_BLOCK_BYTES, DISK_STOPPED_PROBE_INTERVAL, DISK_WORKER_QUEUE_MAX};
 use worker::{Answer, Op, Request, Worker};
 
 /// What the disk store refuses or fails with. Each says what was expected and what was found.
@@ -232,6 +233,13 @@ impl Index {
     }
 }
 
+/// Writes stopped after a failure, and when the next write may probe whether the disk
+/// recovered.
+struct Stop {
+    why: String,
+    next_probe: Instant,
+}
+
 /// What the workers share: the settings, the index and the counters.
 struct Shared {
     cfg: DiskConfig,
@@ -243,7 +251,7 @@ struct Shared {
     index: Mutex<Index>,
     stats: Counters,
     /// Why writes are stopped; `None` while they are accepted.
-    stopped: Mutex<Option<String>>,
+    stopped: Mutex<Option<Stop>>,
     stopped_flag: AtomicBool,
 }
 
@@ -259,9 +267,23 @@ impl Shared {
 
     /// Reserves room for a write of a `file_len`-byte file at `addr`, or refuses it.
     fn reserve(&self, addr: u64, file_len: u64) -> Result<(), DiskError> {
-        if let Some(why) = self.stopped.lock().clone() {
-            bump(&self.stats.write_refusals);
-            return Err(DiskError::Stopped { why });
+        {
+            let mut s = self.stopped.lock();
+            if let Some(stop) = s.as_mut() {
+                let now = Instant::now();
+                if now >= stop.next_probe && self.has_room_for(file_len) {
+                    tracing::info!(dir = %self.cfg.dir.display(),
+                        "disk tier: a probe write succeeded; writes resumed");
+                    *s = None;
+                    self.stopped_flag.store(false, Ordering::SeqCst);
+                } else {
+                    stop.next_probe = stop.next_probe.max(now + DISK_STOPPED_PROBE_INTERVAL);
+                    bump(&self.stats.write_refusals);
+                    return Err(DiskError::Stopped {
+                        why: stop.why.clone(),
+                    });
+                }
+            }
         }
         let mut ix = self.index.lock();
         let replaced = ix.by_addr.get(&addr).map(|e| e.physical);
@@ -324,7 +346,10 @@ impl Shared {
                     "disk tier: a write failed; offload to this disk stops (memory copies \
                      keep serving) until it is resumed"
                 );
-                *s = Some(e.to_string());
+                *s = Some(Stop {
+                    why: e.to_string(),
+                    next_probe: Instant::now() + DISK_STOPPED_PROBE_INTERVAL,
+                });
                 self.stopped_flag.store(true, Ordering::SeqCst);
             }
         }
@@ -333,6 +358,13 @@ impl Shared {
             path: self.path_of(addr),
             source: e,
         }
+    }
+
+    /// Whether the filesystem has room for twice a `file_len`-byte file and takes a probe
+    /// write (the automatic way out of stopped writes).
+    fn has_room_for(&self, file_len: u64) -> bool {
+        scan::free_bytes(&self.cfg.dir).is_some_and(|free| free >= file_len.saturating_mul(2))
+            && probe_direct(&self.cfg.dir).is_ok()
     }
 
     fn lookup(&self, start: u64) -> Option<(String, u64)> {
@@ -640,7 +672,8 @@ impl DiskTier {
         self.shared.stopped_flag.load(Ordering::SeqCst)
     }
 
-    /// Accepts writes again if a probe write to the directory succeeds.
+    /// Accepts writes again if a probe write to the directory succeeds (an operator's or the
+    /// node's way out of stopped writes without waiting for the automatic probe).
     pub fn resume(&self) -> Result<(), DiskError> {
         probe_direct(&self.shared.cfg.dir)?;
         let mut s = self.shared.stopped.lock();

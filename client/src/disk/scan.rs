@@ -161,7 +161,7 @@ pub(super) fn cap_to_filesystem(cfg: &DiskConfig, index: &Index) -> u64 {
     }
 }
 
-fn free_bytes(dir: &Path) -> Option<u64> {
+pub(super) fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.

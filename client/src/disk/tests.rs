@@ -541,8 +541,17 @@ fn disk_full_filesystem_stops_writes() {
         "the temporary file is gone"
     );
     std::fs::remove_file(&filler).unwrap();
-    t.resume().unwrap();
+    // Before the probe interval: still refused, though there is room again.
+    assert!(matches!(
+        put(&t, BASE, "small", b"x"),
+        Err(DiskError::Stopped { .. })
+    ));
+    // At the interval, the refused write's probe finds room and the write goes through.
+    if let Some(stop) = t.shared.stopped.lock().as_mut() {
+        stop.next_probe = std::time::Instant::now();
+    }
     put(&t, BASE, "big", &pattern(200 * 1024, 1)).unwrap();
+    assert!(!t.writes_stopped());
     assert_eq!(get(&t, BASE, 200 * 1024).unwrap(), pattern(200 * 1024, 1));
 }
 
