@@ -262,6 +262,11 @@ fn serve_request(
             if req.len == 0 || req.len > DISK_LISTENER_READ_MAX_BYTES {
                 return respond(stream, id, TeError::InvalidArgument.code(), &[]);
             }
+            // Nothing is allocated for a range that names no object: a peer cannot make the
+            // listener hold `len` bytes per connection for nothing.
+            if shared.tier.object_of(req.addr, req.len).is_none() {
+                return respond(stream, id, TeError::AddressNotRegistered.code(), &[]);
+            }
             buf.clear();
             buf.resize(req.len as usize, 0);
             let read = shared.tier.read(req.addr, Dst::from(&mut buf[..]));

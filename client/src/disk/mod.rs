@@ -31,7 +31,8 @@
 //! How the I/O runs: `workers` threads ([`DiskConfig::workers`]), each with its own
 //! io_uring ring, its own aligned bounce buffers registered with that ring, and its own
 //! subdirectory `<dir>/<worker>/`; an object belongs to a worker by its address
-//! (`worker_of`), so workers share nothing but the index. A call sends its request to the
+//! (`worker_of`), so workers share nothing but the index (one exception: a write whose range
+//! overlaps older objects deletes their files, wherever they are). A call sends its request to the
 //! owning worker and blocks for the answer. Files are opened with `O_DIRECT` (the page cache
 //! would only duplicate memory the tier exists to free) where the filesystem allows it
 //! (tmpfs does not: buffered I/O then, with a warning). Where io_uring is refused or turned
@@ -586,17 +587,7 @@ impl DiskTier {
     /// and the object is gone afterwards.
     pub fn read(&self, addr: u64, mut dst: Dst<'_>) -> Result<(), DiskError> {
         let len = dst.len() as u64;
-        let found = {
-            let ix = self.shared.index.lock();
-            ix.by_addr
-                .range(..=addr)
-                .next_back()
-                .filter(|(&a, e)| {
-                    len > 0 && addr.checked_add(len).is_some_and(|end| end <= a + e.size)
-                })
-                .map(|(&a, _)| a)
-        };
-        let Some(start) = found else {
+        let Some(start) = self.object_of(addr, len) else {
             return Err(DiskError::NotFound { addr, len });
         };
         // SAFETY: as in `write`: the worker writes this range only while serving the request,
@@ -611,6 +602,16 @@ impl DiskTier {
             Answer::Done(r) => r,
             Answer::Deleted(_) => Err(DiskError::WorkerGone),
         }
+    }
+
+    /// The start of the stored object that `[addr, addr + len)` lies inside, if any.
+    pub(super) fn object_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let ix = self.shared.index.lock();
+        ix.by_addr
+            .range(..=addr)
+            .next_back()
+            .filter(|(&a, e)| len > 0 && addr.checked_add(len).is_some_and(|end| end <= a + e.size))
+            .map(|(&a, _)| a)
     }
 
     fn delete(&self, addr: u64, tomb: Option<(String, Version)>) -> bool {

@@ -377,7 +377,12 @@ fn client_cfg(auth: Option<&'static protocol::auth::Token>) -> ClientConfig {
 fn disk_listener_serves_reads_to_the_dataplane_client() {
     let (_d, t, data) = listener_tier("listen");
     let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
-    let c = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    // A writer's client declares its term with a FENCE on connect: answered OK.
+    let fenced = ClientConfig {
+        term: 3,
+        ..client_cfg(None)
+    };
+    let c = TcpClient::connect(l.local_addr(), fenced).unwrap();
     let mut out = vec![0u8; 100_000];
     let mut ops = [TransferOp::Read {
         remote_addr: BASE + 7,
@@ -390,6 +395,12 @@ fn disk_listener_serves_reads_to_the_dataplane_client() {
     let mut small = [0u8; 8];
     assert_eq!(
         c.read(BASE + 1_000_000, &mut small),
+        Err(TransferError::Refused { status: -3 })
+    );
+    // A READ beyond the object's end, though it starts inside: not registered either.
+    let mut past = vec![0u8; 16];
+    assert_eq!(
+        c.read(BASE + data.len() as u64 - 8, &mut past),
         Err(TransferError::Refused { status: -3 })
     );
     // A WRITE is refused and the connection goes on.
