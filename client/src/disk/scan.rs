@@ -24,6 +24,8 @@ pub(super) fn scan(
     let mut index = Index::default();
     let top = read_dir(&cfg.dir)?;
     let mut found: Vec<(u64, Entry, std::path::PathBuf)> = Vec::new();
+    // Subdirectories of workers that no longer exist (the count went down): emptied below.
+    let mut stale_dirs: Vec<std::path::PathBuf> = Vec::new();
     for entry in top {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -34,6 +36,12 @@ pub(super) fn scan(
         if !(path.is_dir() && name.bytes().all(|c| c.is_ascii_digit())) {
             continue;
         }
+        stale_dirs.extend(
+            name.parse::<usize>()
+                .ok()
+                .filter(|&w| w >= workers)
+                .map(|_| path.clone()),
+        );
         for file in read_dir(&path)? {
             let fpath = file.path();
             let fname = file.file_name().to_string_lossy().into_owned();
@@ -87,6 +95,10 @@ pub(super) fn scan(
         }
         end_of_kept = end.unwrap_or(u64::MAX);
         index.insert(addr, e);
+    }
+    for d in stale_dirs {
+        // Fails, harmlessly, when something that is not ours is left in it.
+        let _ = std::fs::remove_dir(d);
     }
     Ok(index)
 }

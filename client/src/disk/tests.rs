@@ -182,6 +182,14 @@ fn disk_restart_reads_everything_back() {
         ("b", Some(7))
     );
     assert_eq!(t.stats().scan_dropped, 0);
+    drop(t);
+    // Down to one worker: everything moves to 0/, the others' directories go.
+    let mut c = cfg(&d.0, true);
+    c.workers = 1;
+    let t = DiskTier::open(c, BASE).unwrap();
+    assert_eq!(get(&t, BASE, a.len()).unwrap(), a);
+    assert_eq!(t.held().len(), 2);
+    assert!(!d.0.join("1").exists() && !d.0.join("2").exists());
 }
 
 #[test]
@@ -268,10 +276,18 @@ fn disk_bad_directories_are_clear_errors() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("is a file, not a directory"), "{e}");
-    // Not writable: a read-only directory (root ignores modes: then /proc's, which nobody
-    // may create files in).
+    // Not writable: a read-only directory. Root ignores modes: then a read-only tmpfs, or
+    // where mounting is not allowed, /proc/self, where nobody may create files.
+    let ro_mount = d.0.join("ro-mount");
+    std::fs::create_dir(&ro_mount).unwrap();
+    let _m;
     let ro = if unsafe_free_is_root() {
-        PathBuf::from("/proc/self")
+        if mount_tmpfs(&ro_mount, "ro,size=64k") {
+            _m = Mount(ro_mount.clone());
+            ro_mount
+        } else {
+            PathBuf::from("/proc/self")
+        }
     } else {
         let p = d.0.join("ro");
         std::fs::create_dir(&p).unwrap();
@@ -514,17 +530,21 @@ impl Drop for Mount {
     }
 }
 
+/// Mounts a tmpfs with `options` on `at`; false where this process may not mount.
+fn mount_tmpfs(at: &Path, options: &str) -> bool {
+    std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+        .arg(at)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// A real full filesystem (a 1 MiB tmpfs): needs the right to mount, else skipped.
 #[test]
 fn disk_full_filesystem_stops_writes() {
     let d = TempDir::real("full");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&d.0)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    if !mount_tmpfs(&d.0, "size=1m") {
         eprintln!("cannot mount a tmpfs here; the injected-error test covers the logic");
         return;
     }
