@@ -204,8 +204,7 @@ fn read_header(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<bool> {
 
 fn serve_connection(stream: &TcpStream, shared: &Shared) {
     if let Some(token) = shared.token {
-        if !dataplane::transport::server::handshake(stream, token) {
-            shared.unauthenticated.fetch_add(1, Ordering::Relaxed);
+        if !dataplane::transport::server::handshake(stream, token, &shared.unauthenticated) {
             return;
         }
     }

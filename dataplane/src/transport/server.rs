@@ -253,23 +253,22 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
 /// The handshake on a new connection; false when the connection must close (a peer that
 /// sent a request first has had its `ERR_REJECT_HANDSHAKE` answer).
 fn authenticate(stream: &TcpStream, shared: &Shared, token: &'static Token) -> bool {
-    let proven = handshake(stream, token);
-    if !proven {
-        bump(&shared.stats.connections_unauthenticated);
-    }
-    proven
+    handshake(stream, token, &shared.stats.connections_unauthenticated)
 }
 
 /// The server's side of the cluster-secret handshake on an accepted connection, exactly as
 /// this server runs it: true when the peer proved the secret; false when the connection must
 /// close (a peer that sent a request first has had its `ERR_REJECT_HANDSHAKE` answer and a
-/// short linger). Exported for the other blocking listeners that speak these frames (the
-/// disk tier's, `client::disk`), so every data-plane port refuses strangers the same way.
-pub fn handshake(stream: &TcpStream, token: &Token) -> bool {
+/// short linger). `refused` counts a failure before anything is answered, so a peer that
+/// saw its refusal finds it counted. Exported for the other blocking listeners that speak
+/// these frames (the disk tier's, `client::disk`), so every data-plane port refuses
+/// strangers the same way.
+pub fn handshake(stream: &TcpStream, token: &Token, refused: &AtomicU64) -> bool {
     let mut s = stream;
     match auth::server_handshake(&mut s, token) {
         Ok(()) => true,
         Err(ServerRefusal::NotHandshake(raw)) => {
+            bump(refused);
             let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
             if respond(stream, id, TeError::RejectHandshake.code(), 0, false).is_ok() {
                 linger(stream);
@@ -278,6 +277,7 @@ pub fn handshake(stream: &TcpStream, token: &Token) -> bool {
         }
         Err(ServerRefusal::Failed(why)) => {
             tracing::debug!(error = %why, "data-plane peer failed authentication");
+            bump(refused);
             false
         }
     }
