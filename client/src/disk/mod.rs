@@ -478,6 +478,9 @@ impl DiskTier {
             threads.push(t);
         }
         match &refused {
+            Some(why) if !shared.cfg.use_uring => {
+                tracing::info!("disk tier: {why}; {workers} workers use pread/pwrite")
+            }
             Some(why) => tracing::warn!("disk tier: {why}; {workers} workers use pread/pwrite"),
             None => tracing::info!("disk tier: {workers} workers, one io_uring ring each"),
         }
