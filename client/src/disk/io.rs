@@ -136,7 +136,13 @@ impl Io {
         // SAFETY: the buffers stay allocated as long as the ring: both live in this `Io`, and
         // `Io::poison` leaks them together; `Drop` drops the ring (field order: `engine`
         // first) before the buffers.
-        let fixed = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        let registered = unsafe { ring.submitter().register_buffers(&iovecs) };
+        if let Err(e) = &registered {
+            // Old kernels count registered buffers against RLIMIT_MEMLOCK.
+            tracing::info!(error = %e, "disk tier: bounce buffers not registered with the \
+                ring; plain READ/WRITE operations instead of the fixed-buffer ones");
+        }
+        let fixed = registered.is_ok();
         (
             Io {
                 engine: Engine::Uring {

@@ -31,14 +31,20 @@
 //! How the I/O runs: `workers` threads ([`DiskConfig::workers`]), each with its own
 //! io_uring ring, its own aligned bounce buffers registered with that ring, and its own
 //! subdirectory `<dir>/<worker>/`; an object belongs to a worker by its address
-//! (`worker_of`), so workers share nothing but the index (one exception: a write whose range
-//! overlaps older objects deletes their files, wherever they are). A call sends its request to the
-//! owning worker and blocks for the answer. Files are opened with `O_DIRECT` (the page cache
-//! would only duplicate memory the tier exists to free) where the filesystem allows it
-//! (tmpfs does not: buffered I/O then, with a warning). Where io_uring is refused or turned
-//! off, the same workers use `pread`/`pwrite` ([`DiskTier::uring`] says which). A read
-//! copies each piece once, from the bounce buffer into the caller's range; reading straight
-//! into an aligned destination is left for later.
+//! (`worker_of`), so workers share nothing but the index (one exception: a write whose
+//! range overlaps older objects deletes their files, wherever they are). A call sends its
+//! request to the owning worker and blocks for the answer. Files are opened with `O_DIRECT`
+//! (the page cache would only duplicate memory the tier exists to free) where the
+//! filesystem allows it (tmpfs before Linux 6.6 does not: buffered I/O then, with a
+//! warning). Where io_uring is refused or turned off, the same workers use
+//! `pread`/`pwrite` ([`DiskTier::uring`] says which).
+//!
+//! A read copies each piece once, from the bounce buffer into the caller's range, and the
+//! checksum runs over the bounce buffer. Reading straight into an aligned destination would
+//! save that copy but would have to checksum the bytes in the caller's memory, which is a
+//! raw range another thread may write (`dataplane::mem::bytes`): that needs a slice over it
+//! (against the house rules) or trusting bytes after the check. Left for later, with a
+//! benchmark to say whether the copy matters next to the disk.
 //!
 //! Limits: the key limit and the physical cap are checked before a write (the write is
 //! refused, the memory copy stays); a write that hits `ENOSPC`, `EDQUOT` or `EIO` stops all
