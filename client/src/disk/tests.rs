@@ -608,3 +608,73 @@ fn disk_concurrent_writers_and_readers() {
     });
     assert_eq!(t.stats().objects, 80);
 }
+
+/// A file swapped or deleted behind the tier's back is a miss, never another key's bytes.
+#[test]
+fn disk_foreign_or_missing_file_is_corrupt() {
+    let d = TempDir::real("foreign");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    let (a, b) = (BASE, BASE + (1 << 20));
+    put(&t, a, "a", &pattern(5000, 1)).unwrap();
+    put(&t, b, "b", &pattern(5000, 2)).unwrap();
+    std::fs::copy(file_of(&t, a), file_of(&t, b)).unwrap();
+    let e = get(&t, b, 5000).unwrap_err();
+    assert!(
+        matches!(&e, DiskError::Corrupt { why, .. } if why.contains("header names")),
+        "{e}"
+    );
+    std::fs::remove_file(file_of(&t, a)).unwrap();
+    let e = get(&t, a, 10).unwrap_err();
+    assert!(
+        matches!(&e, DiskError::Corrupt { why, .. } if why.contains("missing")),
+        "{e}"
+    );
+    let s = t.stats();
+    assert_eq!((s.checksum_failures, s.objects), (2, 0));
+}
+
+/// Two files whose ranges overlap (left by hand, or by a bug): the scan keeps the first.
+#[test]
+fn disk_scan_drops_an_overlapping_file() {
+    let d = TempDir::real("overlap");
+    let c = cfg(&d.0, false);
+    let data = pattern(9000, 1);
+    {
+        let t = DiskTier::open(c.clone(), BASE).unwrap();
+        put(&t, BASE, "a", &data).unwrap();
+        std::fs::copy(file_of(&t, BASE), file_of(&t, BASE + 4096)).unwrap();
+    }
+    let t = DiskTier::open(c, BASE).unwrap();
+    assert_eq!(t.stats().scan_dropped, 1);
+    assert_eq!(t.held().len(), 1);
+    assert_eq!(get(&t, BASE, 9000).unwrap(), data);
+    // A write over part of a stored object's range replaces it (the master reused it).
+    put(&t, BASE + 4096, "b", b"new").unwrap();
+    assert_eq!(t.held().len(), 1);
+    assert!(!file_of(&t, BASE).exists());
+}
+
+/// A header that does not decode closes the connection after an ERR_INVALID_ARGUMENT.
+#[test]
+fn disk_listener_closes_on_a_malformed_header() {
+    use std::io::{Read, Write};
+    let (_d, t, _data) = listener_tier("listen-malformed");
+    let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let mut s = std::net::TcpStream::connect(l.local_addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut bad = dataplane::transport::header::RequestHeader {
+        opcode: dataplane::transport::header::Opcode::Read,
+        request_id: 42,
+        addr: BASE,
+        len: 8,
+    }
+    .encode();
+    bad[6] = 1; // flags must be 0
+    s.write_all(&bad).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let h = dataplane::transport::header::ResponseHeader::decode(&answer).unwrap();
+    assert_eq!((h.status, h.request_id, h.len), (-1, 42, 0));
+    assert_eq!(answer.len(), 24, "closed after the answer");
+}
