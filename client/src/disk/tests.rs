@@ -678,3 +678,36 @@ fn disk_listener_closes_on_a_malformed_header() {
     assert_eq!((h.status, h.request_id, h.len), (-1, 42, 0));
     assert_eq!(answer.len(), 24, "closed after the answer");
 }
+
+/// Past `DISK_LISTENER_CONNECTIONS_MAX` connections, a new one is closed at once and counted;
+/// the ones already served are not disturbed.
+#[test]
+fn disk_listener_bounds_its_connections() {
+    use std::io::Read;
+    let (_d, t, data) = listener_tier("listen-cap");
+    let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let first = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    let mut out = vec![0u8; 64];
+    first.read(BASE, &mut out).unwrap();
+    let idle: Vec<std::net::TcpStream> = (1..limits::DISK_LISTENER_CONNECTIONS_MAX)
+        .map(|_| std::net::TcpStream::connect(l.local_addr()).unwrap())
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut extra = std::net::TcpStream::connect(l.local_addr()).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        extra.read(&mut byte).unwrap_or(0),
+        0,
+        "closed without an answer"
+    );
+    while l.connections_refused() < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(l.connections_refused(), 1);
+    first.read(BASE + 64, &mut out).unwrap();
+    assert_eq!(&out[..], &data[64..128]);
+    drop(idle);
+}
