@@ -281,7 +281,7 @@ fn disk_bad_directories_are_clear_errors() {
     let ro_mount = d.0.join("ro-mount");
     std::fs::create_dir(&ro_mount).unwrap();
     let _m;
-    let ro = if unsafe_free_is_root() {
+    let ro = if running_as_root() {
         if mount_tmpfs(&ro_mount, "ro,size=64k") {
             _m = Mount(ro_mount.clone());
             ro_mount
@@ -299,7 +299,7 @@ fn disk_bad_directories_are_clear_errors() {
     assert!(e.to_string().contains("not writable"), "{e}");
 }
 
-fn unsafe_free_is_root() -> bool {
+fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .map(|s| {
             s.lines()
