@@ -10,9 +10,12 @@
 //!   own segment and data port, mounted at the master as separate segments. Its flags are
 //!   [`node::NodeConfig`], its `/metrics` endpoint is [`node::metrics`], and the program
 //!   around it (signals, logging, the dummy-client service) is [`cli`].
+//! - [`disk`]: an owner's disk store for the disk tier (files of a local directory) and the
+//!   listener that serves them to readers (`docs/tiering.md`).
 
 pub mod auth;
 pub mod cli;
+pub mod disk;
 pub mod dummy;
 pub mod http_endpoint;
 pub mod master;

@@ -253,11 +253,22 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
 /// The handshake on a new connection; false when the connection must close (a peer that
 /// sent a request first has had its `ERR_REJECT_HANDSHAKE` answer).
 fn authenticate(stream: &TcpStream, shared: &Shared, token: &'static Token) -> bool {
+    handshake(stream, token, &shared.stats.connections_unauthenticated)
+}
+
+/// The server's side of the cluster-secret handshake on an accepted connection, exactly as
+/// this server runs it: true when the peer proved the secret; false when the connection must
+/// close (a peer that sent a request first has had its `ERR_REJECT_HANDSHAKE` answer and a
+/// short linger). `refused` counts a failure before anything is answered, so a peer that
+/// saw its refusal finds it counted. Exported for the other blocking listeners that speak
+/// these frames (the disk tier's, `client::disk`), so every data-plane port refuses
+/// strangers the same way.
+pub fn handshake(stream: &TcpStream, token: &Token, refused: &AtomicU64) -> bool {
     let mut s = stream;
     match auth::server_handshake(&mut s, token) {
         Ok(()) => true,
         Err(ServerRefusal::NotHandshake(raw)) => {
-            bump(&shared.stats.connections_unauthenticated);
+            bump(refused);
             let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
             if respond(stream, id, TeError::RejectHandshake.code(), 0, false).is_ok() {
                 linger(stream);
@@ -266,7 +277,7 @@ fn authenticate(stream: &TcpStream, shared: &Shared, token: &'static Token) -> b
         }
         Err(ServerRefusal::Failed(why)) => {
             tracing::debug!(error = %why, "data-plane peer failed authentication");
-            bump(&shared.stats.connections_unauthenticated);
+            bump(refused);
             false
         }
     }

@@ -1,0 +1,40 @@
+//! The disk tier's bounds, in one place.
+
+use std::time::Duration;
+
+/// The block every file offset and length is a multiple of (`O_DIRECT` alignment; also the
+/// alignment of the bounce buffers).
+pub const DISK_BLOCK_BYTES: usize = 4096;
+/// One bounce buffer: the largest piece of a file one I/O moves.
+pub const DISK_BOUNCE_BYTES: usize = 1 << 20;
+/// Bounce buffers per worker: the reads or writes of one object a worker keeps in flight.
+pub const DISK_WORKER_BUFFERS: usize = 4;
+/// Entries of a worker's ring: room for every buffer's operation.
+pub const DISK_RING_ENTRIES: u32 = 8;
+/// Most I/O workers, whatever the configuration asks.
+pub const DISK_WORKERS_MAX: usize = 64;
+/// Default I/O workers: the available cores, at most this many.
+pub const DISK_WORKERS_DEFAULT_MAX: usize = 4;
+/// Requests queued to one worker before a caller waits to queue.
+pub const DISK_WORKER_QUEUE_MAX: usize = 256;
+/// After writes stopped (a full disk, an I/O error), a refused write probes whether the disk
+/// recovered at most this often.
+pub const DISK_STOPPED_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// Connections the disk listener serves at once (one thread each); more are closed.
+pub const DISK_LISTENER_CONNECTIONS_MAX: usize = 64;
+/// A connection without progress for this long is closed (as the data-plane server's).
+pub const DISK_LISTENER_IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of a refused WRITE's payload read per step while it is drained.
+pub const DISK_DRAIN_CHUNK_BYTES: usize = 64 * 1024;
+/// A connection keeps its READ buffer for the next request up to this size (a larger one
+/// is freed after its answer).
+pub const DISK_LISTENER_KEPT_BUFFER_BYTES: usize = 64 << 20;
+/// Largest READ the listener answers (one object is read whole into a buffer first).
+pub const DISK_LISTENER_READ_MAX_BYTES: u64 = dataplane::limits::REQUEST_PAYLOAD_MAX_BYTES;
+
+const _: () = assert!(DISK_BOUNCE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
+const _: () = assert!(DISK_RING_ENTRIES as usize >= DISK_WORKER_BUFFERS);
+const _: () = assert!(DISK_WORKERS_DEFAULT_MAX <= DISK_WORKERS_MAX);
+// The largest header (64 bytes and the longest key, rounded up) fits in one bounce buffer,
+// so the first buffer of a read always holds the whole header.
+const _: () = assert!(64 + protocol::limits::KEY_MAX_BYTES + DISK_BLOCK_BYTES <= DISK_BOUNCE_BYTES);

@@ -1,0 +1,312 @@
+//! The disk listener: a small blocking server that answers the data plane's frames
+//! (`dataplane::transport::header`) from the disk store, so any reader's existing TCP
+//! data-plane client reads a disk replica exactly as it reads a memory one.
+//!
+//! | request | answer |
+//! |---|---|
+//! | (secret set) anything before the handshake | `ERR_REJECT_HANDSHAKE`, closed, as the data-plane server does (`dataplane::transport::server::handshake`) |
+//! | READ `addr, len` inside one stored object | OK and `len` bytes |
+//! | READ elsewhere | `ERR_ADDRESS_NOT_REGISTERED` (-3) |
+//! | READ of an object whose checksum fails | `ERR_MEMORY` (-302): the bytes are bad; the file is gone |
+//! | READ that fails for another reason (I/O error) | `ERR_CONTEXT` (-202) |
+//! | READ of `len` 0 | `ERR_INVALID_ARGUMENT` (-1) |
+//! | FENCE | OK |
+//! | CATALOG_PUT of a tombstone record | that object's file deleted; OK |
+//! | CATALOG_PUT of another record | `ERR_NOT_IMPLEMENTED` (-303) (payload read) |
+//! | WRITE | `ERR_NOT_IMPLEMENTED` (-303), its payload drained; the owner writes its own files |
+//! | a header that does not decode | `ERR_INVALID_ARGUMENT`, closed |
+//!
+//! Bounds: at most `DISK_LISTENER_CONNECTIONS_MAX` connections (one thread each; more are
+//! closed at once), and a connection without progress for `DISK_LISTENER_IO_TIMEOUT` is
+//! closed. A READ is read into a buffer of its length first (the checksum must pass before a
+//! byte goes out), at most `DISK_LISTENER_READ_MAX_BYTES`.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use dataplane::mem::{CatalogRecord, Dst, RecordKind};
+use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES};
+use dataplane::TeError;
+use parking_lot::Mutex;
+use protocol::auth::Token;
+
+use super::limits::{
+    DISK_DRAIN_CHUNK_BYTES, DISK_LISTENER_CONNECTIONS_MAX, DISK_LISTENER_IO_TIMEOUT,
+    DISK_LISTENER_KEPT_BUFFER_BYTES, DISK_LISTENER_READ_MAX_BYTES,
+};
+use super::{DiskError, DiskTier};
+
+struct Shared {
+    tier: Arc<DiskTier>,
+    token: Option<&'static Token>,
+    stop: AtomicBool,
+    connections: Mutex<HashMap<u64, TcpStream>>,
+    refused: AtomicU64,
+    unauthenticated: AtomicU64,
+}
+
+/// A running disk listener. Dropping it stops accepting, closes its connections and joins
+/// its threads.
+pub struct DiskListener {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<Vec<JoinHandle<()>>>>,
+}
+
+impl DiskTier {
+    /// Serves this store's objects on `bind` (port 0 picks one) with the data plane's READ
+    /// frames; with `token`, every connection first proves the cluster secret.
+    pub fn serve(
+        self: &Arc<Self>,
+        bind: SocketAddr,
+        token: Option<&'static Token>,
+    ) -> io::Result<DiskListener> {
+        let listener = TcpListener::bind(bind)?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            tier: Arc::clone(self),
+            token,
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(HashMap::new()),
+            refused: AtomicU64::new(0),
+            unauthenticated: AtomicU64::new(0),
+        });
+        let s = Arc::clone(&shared);
+        let accept = std::thread::Builder::new()
+            .name(format!("disk-accept-{}", local_addr.port()))
+            .spawn(move || accept_loop(listener, s))?;
+        if token.is_none() && !bind.ip().is_loopback() {
+            tracing::warn!(%local_addr, "disk listener without a cluster secret: anyone who \
+                can reach the port can read the disk tier");
+        }
+        Ok(DiskListener {
+            local_addr,
+            shared,
+            accept: Some(accept),
+        })
+    }
+}
+
+impl DiskListener {
+    /// The address actually bound (the disk segment's `te_endpoint`).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Connections closed at accept because the listener was full.
+    pub fn connections_refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed because the peer did not prove the cluster secret.
+    pub fn connections_unauthenticated(&self) -> u64 {
+        self.shared.unauthenticated.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for DiskListener {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+        let handles = self
+            .accept
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        for s in self.shared.connections.lock().values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let mut handles: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 0u64;
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::SeqCst) {
+            return handles;
+        }
+        let Ok((stream, _)) = accepted else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        handles.retain(|h| !h.is_finished());
+        let id = next_id;
+        next_id += 1;
+        let registered = {
+            let mut conns = shared.connections.lock();
+            conns.len() < DISK_LISTENER_CONNECTIONS_MAX
+                && stream
+                    .set_read_timeout(Some(DISK_LISTENER_IO_TIMEOUT))
+                    .is_ok()
+                && stream
+                    .set_write_timeout(Some(DISK_LISTENER_IO_TIMEOUT))
+                    .is_ok()
+                && stream.set_nodelay(true).is_ok()
+                && stream.try_clone().map(|c| conns.insert(id, c)).is_ok()
+        };
+        if !registered {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let s = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("disk-conn-{id}"))
+            .spawn(move || {
+                serve_connection(&stream, &s);
+                let _ = stream.shutdown(Shutdown::Both);
+                s.connections.lock().remove(&id);
+            });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(_) => {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                shared.connections.lock().remove(&id);
+            }
+        }
+    }
+}
+
+fn respond(mut stream: &TcpStream, id: u64, status: i32, payload: &[u8]) -> io::Result<()> {
+    let header = ResponseHeader {
+        status,
+        request_id: id,
+        len: payload.len() as u64,
+    }
+    .encode();
+    stream.write_all(&header)?;
+    stream.write_all(payload)
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean close before the first byte.
+fn read_header(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+fn serve_connection(stream: &TcpStream, shared: &Shared) {
+    if let Some(token) = shared.token {
+        if !dataplane::transport::server::handshake(stream, token, &shared.unauthenticated) {
+            return;
+        }
+    }
+    let mut raw = [0u8; REQUEST_HEADER_BYTES];
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        match read_header(stream, &mut raw) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
+        }
+        let req = match RequestHeader::decode(&raw) {
+            Ok(r) => r,
+            Err(_) => {
+                let id = RequestHeader::salvage_request_id(&raw).unwrap_or(u64::MAX);
+                let _ = respond(stream, id, TeError::InvalidArgument.code(), &[]);
+                return;
+            }
+        };
+        if serve_request(stream, shared, &req, &mut buf).is_err() {
+            return;
+        }
+    }
+}
+
+fn serve_request(
+    stream: &TcpStream,
+    shared: &Shared,
+    req: &RequestHeader,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
+    let id = req.request_id;
+    match req.opcode {
+        Opcode::Fence => respond(stream, id, 0, &[]),
+        Opcode::Write => {
+            drain(stream, req.len)?;
+            respond(stream, id, TeError::NotImplemented.code(), &[])
+        }
+        Opcode::CatalogPut => {
+            // Decoding bounded the length to CATALOG_RECORD_MAX_BYTES.
+            let mut record = vec![0u8; req.len as usize];
+            let mut s = stream;
+            s.read_exact(&mut record)?;
+            let status = match CatalogRecord::decode(&record) {
+                Ok(r) if r.kind == RecordKind::Tombstone => {
+                    shared.tier.bury(req.addr, r.len, r.key, r.version);
+                    0
+                }
+                Ok(_) => TeError::NotImplemented.code(),
+                Err(code) => code.code(),
+            };
+            respond(stream, id, status, &[])
+        }
+        Opcode::Read => {
+            if req.len == 0 || req.len > DISK_LISTENER_READ_MAX_BYTES {
+                return respond(stream, id, TeError::InvalidArgument.code(), &[]);
+            }
+            // Nothing is allocated for a range that names no object: a peer cannot make the
+            // listener hold `len` bytes per connection for nothing.
+            if shared.tier.object_of(req.addr, req.len).is_none() {
+                return respond(stream, id, TeError::AddressNotRegistered.code(), &[]);
+            }
+            buf.clear();
+            buf.resize(req.len as usize, 0);
+            let read = shared.tier.read(req.addr, Dst::from(&mut buf[..]));
+            if buf.capacity() > DISK_LISTENER_KEPT_BUFFER_BYTES {
+                // Answered below from the bytes; not kept for the next request.
+                let big = std::mem::take(buf);
+                return answer_read(stream, id, read, &big);
+            }
+            answer_read(stream, id, read, buf)
+        }
+    }
+}
+
+fn answer_read(
+    stream: &TcpStream,
+    id: u64,
+    read: Result<(), DiskError>,
+    buf: &[u8],
+) -> io::Result<()> {
+    match read {
+        Ok(()) => respond(stream, id, 0, buf),
+        Err(e) => {
+            let code = match e {
+                DiskError::NotFound { .. } => TeError::AddressNotRegistered,
+                DiskError::Corrupt { .. } => TeError::Memory,
+                _ => TeError::Context,
+            };
+            tracing::debug!(error = %e, "disk listener: READ refused");
+            respond(stream, id, code.code(), &[])
+        }
+    }
+}
+
+/// Reads and discards `len` payload bytes of a refused WRITE.
+fn drain(mut stream: &TcpStream, len: u64) -> io::Result<()> {
+    let mut scratch = [0u8; DISK_DRAIN_CHUNK_BYTES];
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(DISK_DRAIN_CHUNK_BYTES as u64) as usize;
+        stream.read_exact(&mut scratch[..chunk])?;
+        left -= chunk as u64;
+    }
+    Ok(())
+}
