@@ -781,6 +781,7 @@ pub fn remote_store_at(
         rdma_devices: String::new(),
         master_server_addr: master_addr.to_string(),
         tenant_id: String::new(),
+        ssd_offload: None,
     })
 }
 

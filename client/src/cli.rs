@@ -162,6 +162,7 @@ fn start_dummy_service(cfg: &NodeConfig, node: &Node) -> Option<crate::dummy::Du
         rdma_devices: String::new(),
         master_server_addr: cfg.master_server_address.clone(),
         tenant_id: String::new(),
+        ssd_offload: None,
     };
     let store: crate::dummy::server::StoreFactory = Box::new(move || {
         crate::Store::setup(store_cfg.clone()).inspect_err(|e| {

@@ -23,6 +23,7 @@ pub mod node;
 pub mod rdma;
 pub mod recovery;
 pub mod store;
+pub mod tier;
 
 /// The data plane this client is built on, re-exported so that integration tests and tools
 /// holding only this crate reach the same `TcpClient` and memory types.

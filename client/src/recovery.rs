@@ -21,6 +21,7 @@ use protocol::message::{Ping, ReMountSegment};
 use protocol::{ClientStatus, HeldObject, Segment, Uuid};
 
 use crate::master::MasterClient;
+use crate::tier::OwnerDisk;
 
 /// Key bytes of held objects sent in one `ReMountSegment` (the frame limit is 64 MiB).
 pub const REMOUNT_HELD_BYTES_MAX: usize = 4 << 20;
@@ -75,15 +76,19 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
 
 /// Pings the master; drops catalog entries for the ranges it freed; on `NEED_REMOUNT`
 /// re-mounts every segment with every catalogued object. `rdma`: the side serving these
-/// segments over RDMA, whose memory keys change when the term does. Errors are described for
+/// segments over RDMA, whose memory keys change when the term does. `disk`: this process's
+/// disk tier (`crate::tier`), whose files of freed ranges are deleted, whose lost copies are
+/// reported, and which a re-mount reports with the memory segments. Errors are described for
 /// the log.
 pub fn ping(
     master: &MasterClient,
     client_id: Uuid,
     served: &[Served<'_>],
+    disk: Option<&OwnerDisk>,
     rdma: Option<&crate::rdma::RdmaSide>,
 ) -> Result<PingOutcome, String> {
     let marks: Vec<u64> = served.iter().map(|s| s.catalog.mark()).collect();
+    let disk_mark = disk.map(|d| d.tier.mark());
     let r = master
         .call(&Ping { client_id })
         .map_err(|e| e.to_string())?
@@ -91,6 +96,58 @@ pub fn ping(
     // The fence goes up before the re-mount below, so no range of a re-mounted segment can
     // be handed out by this master while a record of an earlier term is still accepted.
     let term = u64::try_from(r.view_version).unwrap_or(0);
+    let ended = raise_fences(served, term);
+    // RDMA writes of earlier terms pass no server either, and once their intent was answered
+    // nothing stops them but their memory keys: new keys (the old ones deregistered) before
+    // the re-mount, as for the memcpy slots above.
+    if let Some(side) = rdma.filter(|_| ended) {
+        match side.rekey() {
+            Ok(n) => tracing::info!(
+                "the master's term is {term}: {n} segment(s) served over RDMA have new memory \
+                 keys; RDMA writes of earlier terms are refused"
+            ),
+            Err(e) => tracing::error!(
+                "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
+                 earlier terms may still land on ranges the master hands out again, or new \
+                 keys are not published yet (retried at each ping)"
+            ),
+        }
+    }
+    if let Some(side) = rdma {
+        side.publish_pending();
+    }
+    let mut forgotten = 0;
+    for (s, &mark) in served.iter().zip(&marks) {
+        let end = s.desc.base.saturating_add(s.desc.size);
+        for &(addr, len) in &r.freed {
+            if addr >= s.desc.base && addr < end {
+                forgotten += s.catalog.forget(addr, len, mark);
+            }
+        }
+    }
+    if let (Some(d), Some(mark)) = (disk, disk_mark) {
+        forgotten += d.forget_freed(&r.freed, mark);
+    }
+    let mut reported = 0;
+    if r.status == ClientStatus::NeedRemount {
+        reported = remount(master, client_id, served)?;
+        if let Some(d) = disk {
+            reported += d.mount(master, client_id)?;
+        }
+    } else if let Some(d) = disk {
+        d.report_lost(master, client_id);
+    }
+    Ok(PingOutcome {
+        status: r.status,
+        forgotten,
+        reported,
+    })
+}
+
+/// Fences every catalog of `served` at `term` and waits (for one bound in all) for the memcpy
+/// copies of earlier terms already under way; whether a term ended (not our first), so
+/// writers of it may still hold our memory keys.
+fn raise_fences(served: &[Served<'_>], term: u64) -> bool {
     let raised: Vec<&Served<'_>> = served
         .iter()
         .filter(|s| s.catalog.fence_term() != term)
@@ -125,43 +182,7 @@ pub fn ping(
             );
         }
     }
-    // RDMA writes of earlier terms pass no server either, and once their intent was answered
-    // nothing stops them but their memory keys: new keys (the old ones deregistered) before
-    // the re-mount, as for the memcpy slots above.
-    if let Some(side) = rdma.filter(|_| ended) {
-        match side.rekey() {
-            Ok(n) => tracing::info!(
-                "the master's term is {term}: {n} segment(s) served over RDMA have new memory \
-                 keys; RDMA writes of earlier terms are refused"
-            ),
-            Err(e) => tracing::error!(
-                "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
-                 earlier terms may still land on ranges the master hands out again, or new \
-                 keys are not published yet (retried at each ping)"
-            ),
-        }
-    }
-    if let Some(side) = rdma {
-        side.publish_pending();
-    }
-    let mut forgotten = 0;
-    for (s, &mark) in served.iter().zip(&marks) {
-        let end = s.desc.base.saturating_add(s.desc.size);
-        for &(addr, len) in &r.freed {
-            if addr >= s.desc.base && addr < end {
-                forgotten += s.catalog.forget(addr, len, mark);
-            }
-        }
-    }
-    let mut reported = 0;
-    if r.status == ClientStatus::NeedRemount {
-        reported = remount(master, client_id, served)?;
-    }
-    Ok(PingOutcome {
-        status: r.status,
-        forgotten,
-        reported,
-    })
+    ended
 }
 
 /// `ReMountSegment` with every segment and every catalogued object, in calls of at most

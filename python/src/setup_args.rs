@@ -121,8 +121,7 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             })
         })
     };
-    // Optional arguments are type-checked like pybind11 would; `engine` is not needed, and
-    // what this build cannot do (see `unsupported`) is refused, never accepted and dropped.
+    // Optional arguments are type-checked like pybind11 would; `engine` is not needed.
     for (i, check) in [
         (8usize, "bool"),
         (9, "str"),
@@ -150,7 +149,7 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             .is_some_and(|v| v.is_truthy().unwrap_or(true))
     };
     let tenant_id = bound[10].as_ref().map(|_| s(10)).transpose()?;
-    if let Some(e) = unsupported(flag(8), &s(9)?, tenant_id.clone()) {
+    if let Some(e) = unsupported(tenant_id.clone()) {
         return Ok(Setup::Reject(e));
     }
     let port = bound[12].as_ref().map(|v| v.extract::<i64>()).transpose()?;
@@ -168,6 +167,7 @@ pub fn parse(args: &Bound<'_, PyTuple>, kwargs: Option<&Bound<'_, PyDict>>) -> P
             rdma_devices: s(5)?,
             master_server_addr: s(6)?,
             tenant_id: tenant_id.unwrap_or_default(),
+            ssd_offload: flag(8).then(|| s(9)).transpose()?,
         },
         http,
     ))
@@ -203,11 +203,7 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
             .and_then(|v| protocol::env::parse_bool(v))
             .unwrap_or(false)
     };
-    if let Some(e) = unsupported(
-        on("enable_ssd_offload"),
-        &get("ssd_offload_path", ""),
-        m.get("tenant_id").cloned(),
-    ) {
+    if let Some(e) = unsupported(m.get("tenant_id").cloned()) {
         return Setup::Reject(e);
     }
     let port = match m.get("client_http_port").map(|v| v.trim().parse::<i64>()) {
@@ -234,19 +230,17 @@ pub fn from_map(m: &HashMap<String, String>) -> Setup {
             rdma_devices: get("rdma_devices", ""),
             master_server_addr: get("master_server_addr", "127.0.0.1:50051"),
             tenant_id: get("tenant_id", protocol::tenant::DEFAULT_TENANT),
+            ssd_offload: on("enable_ssd_offload").then(|| get("ssd_offload_path", "")),
         },
         http,
     )
 }
 
-/// Setup options this build has no implementation for: the SSD offload tier; and a
-/// `tenant_id` that cannot name a tenant (NUL, over `protocol::limits::TENANT_MAX_BYTES`;
-/// empty is the default tenant, as upstream). Asking for one fails the setup with
-/// `INVALID_PARAMS` and a logged reason, so nobody runs believing they have it.
-fn unsupported(ssd_offload: bool, ssd_path: &str, tenant_id: Option<String>) -> Option<ErrorCode> {
-    let why = if ssd_offload || !ssd_path.is_empty() {
-        "SSD offload (enable_ssd_offload / ssd_offload_path) is not supported by this build"
-    } else if tenant_id
+/// A `tenant_id` that cannot name a tenant (NUL, over `protocol::limits::TENANT_MAX_BYTES`;
+/// empty is the default tenant, as upstream) fails the setup with `INVALID_PARAMS` and a
+/// logged reason.
+fn unsupported(tenant_id: Option<String>) -> Option<ErrorCode> {
+    let why = if tenant_id
         .as_deref()
         .is_some_and(|t| !t.is_empty() && !protocol::tenant::valid_tenant(t))
     {

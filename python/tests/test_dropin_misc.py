@@ -133,23 +133,24 @@ def test_before_setup():
 
 
 @pytest.mark.parametrize("kw", [
-    {"enable_ssd_offload": True},
-    {"ssd_offload_path": "/tmp/offload"},
+    {"enable_ssd_offload": True, "global_segment_size": 0},
     {"tenant_id": "bad\0tenant"},
     {"enable_client_http_server": True, "client_http_port": 70000},
 ])
 def test_unsupported_setup_options_are_refused(master, kw):
-    """Accepting these and dropping them would leave a caller believing it has an SSD tier:
-    refused with INVALID_PARAMS instead. A tenant name with NUL cannot name a key space
-    (upstream's master would take it; ours refuses it at setup), nor a port past 65535 an
-    endpoint."""
+    """An SSD tier with no segment to offload from would be a tier that never fills:
+    refused with INVALID_PARAMS. A tenant name with NUL cannot name a key space (upstream's
+    master would take it; ours refuses it at setup), nor a port past 65535 an endpoint."""
     from mooncake.store import MooncakeDistributedStore
 
     s = MooncakeDistributedStore()
-    args = ("localhost", master.metadata, 16 * MIB, 16 * MIB, "tcp", "", master.addr)
+    kw = dict(kw)
+    segment = kw.pop("global_segment_size", 16 * MIB)
+    args = ("localhost", master.metadata, segment, 16 * MIB, "tcp", "", master.addr)
     assert s.setup(*args, **kw) == INVALID
     cfg = {"local_hostname": "localhost", "metadata_server": master.metadata,
-           "master_server_addr": master.addr, **{k: str(v) for k, v in kw.items()}}
+           "master_server_addr": master.addr, "global_segment_size": str(segment),
+           **{k: str(v) for k, v in kw.items()}}
     assert s.setup(cfg) == INVALID
     assert s.setup(*args, enable_ssd_offload=False, tenant_id="default",
                    enable_client_http_server=False) == 0

@@ -516,6 +516,7 @@ fn rdma_store(master: &Master, metadata: &str) -> client::Store {
         rdma_devices: String::new(),
         master_server_addr: master.rpc_addr(),
         tenant_id: String::new(),
+        ssd_offload: None,
     })
     .expect("RDMA store")
 }

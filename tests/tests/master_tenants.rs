@@ -22,6 +22,7 @@ fn store(m: &Master, tenant: &str) -> Store {
         rdma_devices: String::new(),
         master_server_addr: m.rpc_addr(),
         tenant_id: tenant.into(),
+        ssd_offload: None,
     })
     .expect("setup")
 }

@@ -421,6 +421,7 @@ fn client_in(net: &Net, role: char, etcd: &str) -> RemoteClient {
             rdma_devices: String::new(),
             master_server_addr: format!("etcd://{etcd}"),
             tenant_id: String::new(),
+            ssd_offload: None,
         },
     )
 }

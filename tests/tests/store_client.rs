@@ -17,6 +17,7 @@ fn store(m: &Master, seg_mib: u64, buf_mib: u64) -> Store {
         rdma_devices: String::new(),
         master_server_addr: m.rpc_addr(),
         tenant_id: String::new(),
+        ssd_offload: None,
     })
     .expect("setup")
 }

@@ -42,6 +42,7 @@ fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Sto
         rdma_devices: String::new(),
         master_server_addr: m.rpc_addr(),
         tenant_id: String::new(),
+        ssd_offload: None,
     })
 }
 

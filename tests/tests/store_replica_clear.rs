@@ -120,6 +120,7 @@ fn a_tenant_clears_its_own_key_only() {
             rdma_devices: String::new(),
             master_server_addr: m.rpc_addr(),
             tenant_id: t.into(),
+            ssd_offload: None,
         })
         .expect("setup")
     };

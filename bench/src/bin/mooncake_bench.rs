@@ -229,6 +229,7 @@ fn main() {
             rdma_devices: String::new(),
             master_server_addr: master_addr.clone(),
             tenant_id: String::new(),
+            ssd_offload: None,
         })
         .unwrap_or_else(|e| panic!("store setup against {master_addr}: {e:?}")),
     );

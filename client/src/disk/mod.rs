@@ -197,6 +197,9 @@ struct Entry {
     physical: u64,
     /// Unix ms of its last successful read; 0: never read.
     last_read_ms: u64,
+    /// When it was recorded, on the index's write clock ([`DiskTier::mark`]); 0 for what the
+    /// scan at start found.
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -207,10 +210,17 @@ struct Index {
     /// Objects and bytes of writes in progress (checked against the limits with the rest).
     reserved_keys: u64,
     reserved_physical: u64,
+    /// The write clock: the `seq` the next recorded object gets.
+    next_seq: u64,
+    /// Keys whose copy failed its checksum (and is deleted), for the owner to tell the
+    /// master ([`DiskTier::take_lost`]).
+    lost: Vec<String>,
 }
 
 impl Index {
-    fn insert(&mut self, addr: u64, e: Entry) {
+    fn insert(&mut self, addr: u64, mut e: Entry) {
+        self.next_seq += 1;
+        e.seq = self.next_seq;
         self.logical += e.size;
         self.physical += e.physical;
         if let Some(old) = self.by_addr.insert(addr, e) {
@@ -390,6 +400,14 @@ impl Shared {
 
     fn remove(&self, addr: u64) {
         self.index.lock().remove(addr);
+    }
+
+    /// Drops a copy that failed its checksum, and remembers its key for the master.
+    fn lose(&self, addr: u64) {
+        let mut ix = self.index.lock();
+        if let Some(e) = ix.remove(addr) {
+            ix.lost.push(e.key);
+        }
     }
 
     /// Whether the object at `addr` exists (and, for a tombstone, is its key at or below its
@@ -630,15 +648,38 @@ impl DiskTier {
         )
     }
 
-    /// Deletes the objects that start in `[addr, addr + len)` (the master freed them).
+    /// The write clock now: objects recorded from here on are newer than this mark. A ping
+    /// takes one before it is sent, so that [`DiskTier::forget`] of the ranges its answer
+    /// names spares a file written into a reused range meanwhile.
+    pub fn mark(&self) -> u64 {
+        self.shared.index.lock().next_seq
+    }
+
+    /// Deletes the objects that start in `[addr, addr + len)` (the master freed them) and were
+    /// recorded at or before `mark` ([`DiskTier::mark`]; `u64::MAX`: whatever is there).
     /// Returns how many.
-    pub fn forget(&self, addr: u64, len: u64) -> usize {
+    pub fn forget(&self, addr: u64, len: u64, mark: u64) -> usize {
         let end = addr.saturating_add(len);
         let doomed: Vec<u64> = {
             let ix = self.shared.index.lock();
-            ix.by_addr.range(addr..end).map(|(&a, _)| a).collect()
+            ix.by_addr
+                .range(addr..end)
+                .filter(|(_, e)| e.seq <= mark)
+                .map(|(&a, _)| a)
+                .collect()
         };
         doomed.into_iter().filter(|&a| self.delete(a, None)).count()
+    }
+
+    /// The keys whose copies failed their checksum since the last call (their files are
+    /// gone); the owner tells the master, which drops those replicas.
+    pub fn take_lost(&self) -> Vec<String> {
+        std::mem::take(&mut self.shared.index.lock().lost)
+    }
+
+    /// Puts back keys [`DiskTier::take_lost`] gave that the master could not be told of.
+    pub fn return_lost(&self, keys: Vec<String>) {
+        self.shared.index.lock().lost.extend(keys);
     }
 
     /// A tombstone (`key` removed at `version`, a `CATALOG_PUT` tombstone record): deletes

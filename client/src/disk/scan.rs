@@ -62,6 +62,7 @@ pub(super) fn scan(
                         soft_pin_ttl_ms: h.soft_pin_ttl_ms,
                         physical,
                         last_read_ms: 0,
+                        seq: 0,
                     };
                     found.push((addr, e, fpath));
                 }

@@ -349,7 +349,7 @@ fn disk_forget_and_bury_delete_files() {
         put(&t, BASE + i * 8192, &format!("k{i}"), b"abc").unwrap();
     }
     let f1 = file_of(&t, BASE + 8192);
-    assert_eq!(t.forget(BASE + 8192, 2 * 8192), 2);
+    assert_eq!(t.forget(BASE + 8192, 2 * 8192, u64::MAX), 2);
     assert!(!f1.exists());
     assert_eq!(t.stats().objects, 2);
     // A tombstone of another key or an older version deletes nothing.

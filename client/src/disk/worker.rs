@@ -132,6 +132,7 @@ impl Worker {
                         soft_pin_ttl_ms: pins.soft_ttl_ms,
                         physical,
                         last_read_ms: 0,
+                        seq: 0,
                     },
                     file_len,
                     |a| self.shared.path_of(a),
@@ -247,7 +248,7 @@ impl Worker {
                     "disk tier: {why}; file deleted, the replica is lost (readers fall back)"
                 );
                 let _ = std::fs::remove_file(&path);
-                sh.remove(start);
+                sh.lose(start);
                 Err(DiskError::Corrupt { addr: start, why })
             }
         }

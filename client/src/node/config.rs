@@ -5,8 +5,8 @@
 //! Invariants: a `NodeConfig` that [`NodeConfig::parse_args`] returns has 1..=[`SHARDS_MAX`]
 //! shards, at least one byte of segment per shard, `--protocol` tcp, rdma or empty (every
 //! shard serves tcp; with rdma also RDMA) and data ports that fit below 65536. Upstream flags whose features are
-//! not built here are accepted and ignored, except `--enable_offload=true`, which is refused
-//! rather than dropped.
+//! not built here are accepted and ignored. `--enable_offload=true` gives the node a disk tier
+//! (`docs/tiering.md`), configured by the `MOONCAKE_OFFLOAD_*` variables as upstream's.
 //! Sizes are read by [`protocol::env::parse_size`], booleans by
 //! [`protocol::env::parse_flag_bool`], as in every other program of the workspace.
 
@@ -45,6 +45,9 @@ pub struct NodeConfig {
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
+    /// `--enable_offload` (default false): a disk tier under the node's memory, in the
+    /// directory and within the limits of the `MOONCAKE_OFFLOAD_*` variables.
+    pub enable_offload: bool,
     /// `--cluster_id` (default `MC_STORE_CLUSTER_ID`, else `mooncake_cluster`): which HA
     /// leader an `etcd://` master address follows, and the namespace of published descriptors
     /// (see [`dataplane::metadata::Keys::for_store`]).
@@ -73,6 +76,7 @@ impl Default for NodeConfig {
             http_port: None,
             prefault: false,
             replica_tasks: true,
+            enable_offload: false,
             cluster_id: crate::store::cluster_id_from_env(),
             auth_token_file: None,
         }
@@ -113,7 +117,11 @@ flags (--flag=value or --flag value):
   --prefault=false               fault segment pages in at start-up
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
                                  to this node (false: leave them to store clients)
-  --enable_offload=false         upstream's SSD offload tier: not in this build, true is refused
+  --enable_offload=false         a disk tier under this node's memory: objects the master
+                                 offloads live in files of MOONCAKE_OFFLOAD_FILE_STORAGE_PATH
+                                 (default /data/file_storage) and are read back from there;
+                                 limits from the other MOONCAKE_OFFLOAD_* variables
+                                 (docs/tiering.md). Needs the master's --enable_offload.
   --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
                                  MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
 ";
@@ -147,19 +155,11 @@ impl NodeConfig {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
                 None => (flag.to_string(), None),
             };
-            // Upstream's SSD offload tier: accepting it without one would drop what it asks for.
             if name == "enable_offload" || name == "noenable_offload" {
-                let on = match inline {
+                c.enable_offload = match inline {
                     Some(v) => parse_bool(&v)?,
                     None => name == "enable_offload",
                 };
-                if on {
-                    return Err(
-                        "--enable_offload: this build has no SSD offload tier (objects \
-                                live in memory only); drop the flag"
-                            .into(),
-                    );
-                }
                 continue;
             }
             if name == "prefault" || name == "noprefault" {
@@ -331,7 +331,25 @@ mod tests {
         );
         assert_eq!(args(&[]).unwrap().unwrap(), NodeConfig::default());
         assert_eq!(args(&["--help"]).unwrap(), None);
-        assert!(args(&["--enable_offload=false", "--noenable_offload"]).is_ok());
+        assert!(
+            !args(&["--enable_offload=false"])
+                .unwrap()
+                .unwrap()
+                .enable_offload
+        );
+        assert!(args(&["--enable_offload"]).unwrap().unwrap().enable_offload);
+        assert!(
+            args(&["--enable_offload=true"])
+                .unwrap()
+                .unwrap()
+                .enable_offload
+        );
+        assert!(
+            !args(&["--enable_offload", "--noenable_offload"])
+                .unwrap()
+                .unwrap()
+                .enable_offload
+        );
         for bad in [
             &["--nope=1"][..],
             &["--port"],
@@ -343,8 +361,7 @@ mod tests {
             &["--global_segment_size=4 XB"],
             &["--local_buffer_size=50%"],
             &["--cluster_id="],
-            &["--enable_offload"],
-            &["--enable_offload=true"],
+            &["--enable_offload=sometimes"],
         ] {
             assert!(args(bad).is_err(), "{bad:?}");
         }

@@ -99,6 +99,9 @@ pub struct Node {
     shut_down: AtomicBool,
     /// The replica-task executor (`--replica_tasks`): its stop flag and thread.
     tasks: parking_lot::Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
+    /// `--enable_offload`: the disk tier under the shards' memory (`crate::tier`), mounted as
+    /// one disk segment named after shard 0.
+    disk: Option<Arc<crate::tier::OwnerDisk>>,
 }
 
 /// The address to advertise for `host`: itself when it names one interface; for an
@@ -197,6 +200,12 @@ impl Node {
         } else {
             None
         };
+        let disk = cfg
+            .enable_offload
+            .then(|| start_disk(&shards[0].descriptor.name, bind_ip, ip))
+            .transpose()
+            .map_err(|e| NodeError::Config(format!("--enable_offload: {e}")))?
+            .map(Arc::new);
         let node = Node {
             rdma,
             shards,
@@ -205,11 +214,26 @@ impl Node {
             metadata,
             shut_down: AtomicBool::new(false),
             tasks: parking_lot::Mutex::new(None),
+            disk,
         };
         node.publish();
-        for s in &node.shards {
-            let mounted = node.master.call(&MountSegment {
-                client_id: node.client_id,
+        if let Err(e) = node.mount() {
+            node.shutdown();
+            return Err(e);
+        }
+        if cfg.replica_tasks || node.disk.is_some() {
+            // The disk tier's offloads and promotions are replica tasks: a node with a disk
+            // carries them out whatever `--replica_tasks` says.
+            node.start_tasks(cfg);
+        }
+        Ok(node)
+    }
+
+    /// Mounts every shard's segment, then the disk segment with what its files hold.
+    fn mount(&self) -> Result<(), NodeError> {
+        for s in &self.shards {
+            let mounted = self.master.call(&MountSegment {
+                client_id: self.client_id,
                 segment: s.descriptor.clone(),
             });
             let why = match mounted {
@@ -217,16 +241,19 @@ impl Node {
                 Ok(Err(code)) => format!("{code:?}"),
                 Err(e) => e.to_string(),
             };
-            node.shutdown();
             return Err(NodeError::Mount {
                 name: s.descriptor.name.clone(),
                 why,
             });
         }
-        if cfg.replica_tasks {
-            node.start_tasks(cfg);
+        if let Some(d) = &self.disk {
+            d.mount(&self.master, self.client_id)
+                .map_err(|why| NodeError::Mount {
+                    name: d.desc.name.clone(),
+                    why,
+                })?;
         }
-        Ok(node)
+        Ok(())
     }
 
     /// Starts the replica-task executor: its own master connection, and the store's transfer
@@ -246,8 +273,11 @@ impl Node {
             tracing::warn!("replica tasks off: {e}");
             return;
         }
-        let peers =
+        let mut peers =
             crate::store::Peers::new(None, None, crate::store::TransferSettings::from_env());
+        if let Some(d) = &self.disk {
+            peers = peers.with_disk(d.clone());
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let thread = crate::store::start_executor(
             Arc::new(master),
@@ -270,7 +300,11 @@ impl Node {
     /// Prometheus text of the node: per shard, its memory kind, server backend (and why it fell
     /// back), request and connection counters, and the event-loop stall detector.
     pub fn render_metrics(&self) -> String {
-        metrics::render(&self.shards)
+        let mut text = metrics::render(&self.shards);
+        if let Some(d) = &self.disk {
+            text.push_str(&d.render_metrics());
+        }
+        text
     }
 
     /// Each shard's server backend (`io_uring` or `blocking`) and why it fell back, if it did.
@@ -323,7 +357,13 @@ impl Node {
                 catalog: s.memory.catalog(),
             })
             .collect();
-        let out = recovery::ping(&self.master, self.client_id, &served, self.rdma.as_deref())?;
+        let out = recovery::ping(
+            &self.master,
+            self.client_id,
+            &served,
+            self.disk.as_deref(),
+            self.rdma.as_deref(),
+        )?;
         if out.status == ClientStatus::NeedRemount {
             eprintln!(
                 "mooncake_client: the master asked for a re-mount; {} segments re-mounted, {} \
@@ -365,16 +405,15 @@ impl Node {
             thread.thread().unpark();
             let _ = thread.join();
         }
-        for s in &self.shards {
+        // The disk first (its files stay for the next start on the directory), then memory.
+        let disk = self.disk.iter().map(|d| &d.desc);
+        for d in disk.chain(self.shards.iter().map(|s| &s.descriptor)) {
             let r = self.master.call(&UnmountSegment {
                 client_id: self.client_id,
-                segment_id: s.descriptor.id,
+                segment_id: d.id,
             });
             if !matches!(r, Ok(Ok(()))) {
-                eprintln!(
-                    "mooncake_client: unmount of {} failed: {r:?}",
-                    s.descriptor.name
-                );
+                eprintln!("mooncake_client: unmount of {} failed: {r:?}", d.name);
             }
         }
         if let Some(r) = &self.rdma {
@@ -386,6 +425,13 @@ impl Node {
             }
         }
     }
+}
+
+/// `--enable_offload`: the node's disk tier, in the directory and limits of the
+/// `MOONCAKE_OFFLOAD_*` variables, named after shard 0's segment.
+fn start_disk(shard0: &str, bind_ip: IpAddr, ip: IpAddr) -> Result<crate::tier::OwnerDisk, String> {
+    let cfg = crate::disk::DiskConfig::from_env(None).map_err(|e| e.to_string())?;
+    crate::tier::OwnerDisk::start(cfg, shard0, bind_ip, ip, &ip.to_string())
 }
 
 /// `--protocol=rdma`: opens the devices (`--device_names`, or auto-discovery), registers every

@@ -192,6 +192,8 @@ pub struct Store {
     budget: LocalBudget,
     buffers: RwLock<Registry>,
     own: Option<setup::OwnSegmentState>,
+    /// The disk tier under the own segment (`setup(..., enable_ssd_offload=True)`).
+    disk: Option<std::sync::Arc<crate::tier::OwnerDisk>>,
     /// The client's address (extra segments are served on it).
     ip: std::net::IpAddr,
     /// Segments mounted after setup (`extra.rs`).
@@ -283,6 +285,13 @@ impl Store {
             p.stop();
         }
         self.unmount_all_extra();
+        if let Some(d) = &self.disk {
+            // The files stay: a store set up again on the directory reports them.
+            let _ = self.master.call(&UnmountSegment {
+                client_id: self.client_id,
+                segment_id: d.desc.id,
+            });
+        }
         if let Some(own) = &self.own {
             let _ = self.master.call(&UnmountSegment {
                 client_id: self.client_id,

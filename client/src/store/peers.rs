@@ -167,6 +167,8 @@ pub struct Peers {
     pub(super) stats: PathStats,
     /// The RDMA path, when the store runs `protocol="rdma"`.
     rdma: Option<Arc<RdmaPeers>>,
+    /// This process's disk tier, when it owns one (`crate::tier`).
+    disk: Option<Arc<crate::tier::OwnerDisk>>,
 }
 
 enum SharedState {
@@ -280,7 +282,22 @@ impl Peers {
             shared: Mutex::new(HashMap::new()),
             stats: PathStats::default(),
             rdma: None,
+            disk: None,
         }
+    }
+
+    /// Reads and writes the replicas on `disk`'s segment in its files directly (the `disk`
+    /// replica path); other disk replicas are read from their owners' listeners.
+    pub fn with_disk(mut self, disk: Arc<crate::tier::OwnerDisk>) -> Peers {
+        self.disk = Some(disk);
+        self
+    }
+
+    /// Our own disk tier, when `r` is one of its replicas.
+    pub(super) fn own_disk(&self, r: &ReplicaDescriptor) -> Option<&crate::tier::OwnerDisk> {
+        self.disk
+            .as_deref()
+            .filter(|d| d.desc.name == r.segment_name)
     }
 
     /// Reaches segments their owners serve over RDMA with `rdma` (after our own segment and
@@ -722,17 +739,22 @@ mod tests {
     }
 
     #[test]
-    fn a_replica_no_path_moves_fails_without_io() {
+    fn another_owners_disk_replica_is_read_from_its_listener_and_never_written() {
         let p = Peers::new(None, None, TransferSettings::default());
         let r = replica(protocol::ReplicaMedium::LocalDisk, 8);
         let mut buf = [0u8; 8];
-        // Not read as memory over TCP (a connect to port 1 would fail too: the cause tells).
         let why = |r: Result<(), StoreError>| r.map_err(|e| (e.code, e.to_string()));
-        for got in [p.read(&r, 0, Dst::from(&mut buf[..])), p.write(&r, &[&buf])] {
-            let (code, text) = why(got).unwrap_err();
-            assert_eq!(code, ErrorCode::TransferFail);
-            assert!(text.contains("no path reaches"), "{text}");
-        }
+        // Written by its owner only: refused before any I/O.
+        let (code, text) = why(p.write(&r, &[&buf])).unwrap_err();
+        assert_eq!(code, ErrorCode::TransferFail);
+        assert!(text.contains("written by its owner only"), "{text}");
         assert_eq!(p.path_counts(), PathCounts::default());
+        // Read from the owner's disk listener at the replica's endpoint (nothing listens on
+        // port 1): never as memory.
+        let (code, text) = why(p.read(&r, 0, Dst::from(&mut buf[..]))).unwrap_err();
+        assert_eq!(code, ErrorCode::TransferFail);
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert_eq!(p.path_counts().own_memcpy_bytes, 0);
+        assert_eq!(p.path_counts().shm_memcpy_bytes, 0);
     }
 }

@@ -39,6 +39,9 @@ pub struct StoreConfig {
     /// `tenant_id`: the key space this client works in (`tenant.rs`); empty or `"default"`
     /// is the default tenant.
     pub tenant_id: String,
+    /// `enable_ssd_offload` (with `ssd_offload_path`, empty: `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`
+    /// or its default): a disk tier under this client's own segment (`docs/tiering.md`).
+    pub ssd_offload: Option<String>,
 }
 
 /// The segment this client contributes, and the server that serves it.
@@ -176,34 +179,7 @@ impl Store {
         };
         let endpoint = SocketAddr::new(ip, data_port).to_string();
         let settings = TransferSettings::from_env();
-        // `protocol="rdma"` (unless MC_FORCE_TCP): the devices, a handshake server, and the
-        // metadata store our segment is published in (`crate::rdma`). No usable device is an
-        // error, as for an engine.
-        let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
-            let keys = dataplane::metadata::Keys::for_store(&cluster_id_from_env());
-            let side = crate::rdma::RdmaSide::open(
-                &name,
-                &cfg.rdma_devices,
-                settings.timeout,
-                ip,
-                &cfg.metadata_server,
-                keys,
-            )
-            .and_then(|side| {
-                super::rdma::RdmaPeers::new(side.clone())
-                    .map(|p| (side, Arc::new(p)))
-                    .map_err(|e| format!("registering the RDMA staging pool: {e}"))
-            });
-            match side {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::error!("setup: {e}");
-                    return Err(ErrorCode::InternalError);
-                }
-            }
-        } else {
-            None
-        };
+        let rdma = open_rdma(&cfg, &name, &settings, ip)?;
         let own = if cfg.global_segment_size > 0 {
             // `MC_STORE_USE_HUGEPAGE` (read by `SegmentOptions::default`) backs the segment with
             // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
@@ -265,6 +241,18 @@ impl Store {
             drop(server);
             None
         };
+        let disk = match start_own_disk(&cfg, own.as_ref(), ip, &master, client_id) {
+            Ok(d) => d,
+            Err(code) => {
+                if let Some(o) = &own {
+                    let _ = master.call(&protocol::message::UnmountSegment {
+                        client_id,
+                        segment_id: o.desc.id,
+                    });
+                }
+                return Err(code);
+            }
+        };
         let own_seg = own.as_ref().map(|o| OwnSegment {
             base: o.desc.base,
             len: o.desc.size,
@@ -283,8 +271,17 @@ impl Store {
         if let Some((_, path)) = rdma {
             peers = peers.with_rdma(path);
         }
+        if let Some(d) = &disk {
+            peers = peers.with_disk(d.clone());
+        }
         let peers = Arc::new(peers);
-        let mut pinger = start_pinger(master.clone(), client_id, mounted.clone(), side);
+        let mut pinger = start_pinger(
+            master.clone(),
+            client_id,
+            mounted.clone(),
+            disk.clone(),
+            side,
+        );
         if own.is_some() {
             // A store that holds replicas also carries out replica tasks (`super::tasks`).
             pinger.executor = Some(super::tasks::start_executor(
@@ -304,6 +301,7 @@ impl Store {
             buffers: RwLock::new(Registry::new()),
             require_registered: protocol::env::flag("MC_STORE_REQUIRE_REGISTERED", false),
             own,
+            disk,
             ip,
             extra: Mutex::new(Vec::new()),
             mounted,
@@ -313,6 +311,71 @@ impl Store {
             sessions: Default::default(),
         })
     }
+}
+
+/// The side serving our segment over RDMA, and the RDMA path to peers.
+type RdmaParts = (Arc<crate::rdma::RdmaSide>, Arc<super::rdma::RdmaPeers>);
+
+/// `protocol="rdma"` (unless MC_FORCE_TCP): the devices, a handshake server, the metadata
+/// store our segment is published in (`crate::rdma`) and the RDMA path. No usable device is
+/// an error, as for an engine.
+fn open_rdma(
+    cfg: &StoreConfig,
+    name: &str,
+    settings: &TransferSettings,
+    ip: IpAddr,
+) -> Result<Option<RdmaParts>, ErrorCode> {
+    if !crate::rdma::rdma_wanted(&cfg.protocol) {
+        return Ok(None);
+    }
+    let keys = dataplane::metadata::Keys::for_store(&cluster_id_from_env());
+    let side = crate::rdma::RdmaSide::open(
+        name,
+        &cfg.rdma_devices,
+        settings.timeout,
+        ip,
+        &cfg.metadata_server,
+        keys,
+    )
+    .and_then(|side| {
+        super::rdma::RdmaPeers::new(side.clone())
+            .map(|p| (side, Arc::new(p)))
+            .map_err(|e| format!("registering the RDMA staging pool: {e}"))
+    });
+    side.map(Some).map_err(|e| {
+        tracing::error!("setup: {e}");
+        ErrorCode::InternalError
+    })
+}
+
+/// `enable_ssd_offload`: a disk tier under our own segment, mounted with what its directory
+/// already holds (`crate::tier`). Needs a segment to offload from; a directory that cannot
+/// serve fails the setup, with the reason logged.
+fn start_own_disk(
+    cfg: &StoreConfig,
+    own: Option<&OwnSegmentState>,
+    ip: IpAddr,
+    master: &MasterClient,
+    client_id: Uuid,
+) -> Result<Option<Arc<crate::tier::OwnerDisk>>, ErrorCode> {
+    let Some(path) = &cfg.ssd_offload else {
+        return Ok(None);
+    };
+    let Some(own) = own else {
+        tracing::error!(
+            "setup refused: enable_ssd_offload needs a segment to offload from \
+             (global_segment_size > 0)"
+        );
+        return Err(ErrorCode::InvalidParams);
+    };
+    crate::disk::DiskConfig::from_env(Some(path.as_str()).filter(|p| !p.is_empty()))
+        .map_err(|e| e.to_string())
+        .and_then(|dc| crate::tier::OwnerDisk::start(dc, &own.desc.name, ip, ip, &ip.to_string()))
+        .and_then(|d| d.mount(master, client_id).map(|_| Some(Arc::new(d))))
+        .map_err(|e| {
+            tracing::error!("setup: the SSD offload tier: {e}");
+            ErrorCode::InvalidParams
+        })
 }
 
 /// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
@@ -338,6 +401,7 @@ fn start_pinger(
     master: Arc<MasterClient>,
     client_id: Uuid,
     mounted: super::extra::Mounted,
+    disk: Option<Arc<crate::tier::OwnerDisk>>,
     rdma: Option<Arc<crate::rdma::RdmaSide>>,
 ) -> Pinger {
     let stop = Arc::new(AtomicBool::new(false));
@@ -354,7 +418,13 @@ fn start_pinger(
                         catalog: memory.catalog(),
                     })
                     .collect();
-                match recovery::ping(&master, client_id, &served, rdma.as_deref()) {
+                match recovery::ping(
+                    &master,
+                    client_id,
+                    &served,
+                    disk.as_deref(),
+                    rdma.as_deref(),
+                ) {
                     Ok(out) if out.status == ClientStatus::NeedRemount => tracing::info!(
                         "master asked for a re-mount: {} objects re-reported",
                         out.reported

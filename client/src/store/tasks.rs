@@ -118,13 +118,29 @@ pub(crate) fn run_fetched(
             ok,
             message,
         });
+        let taken = matches!(report, Ok(Ok(())));
         match report {
             Ok(Ok(())) => {}
             Ok(Err(code)) => tracing::warn!("replica task report refused: {code}"),
             Err(e) => tracing::warn!("replica task report failed: {e}"),
         }
+        if !ok || !taken {
+            drop_own_disk_targets(peers, w);
+        }
     }
     Ok(work.len())
+}
+
+/// Deletes the files a failed or refused task left on our own disk: the master does not
+/// count them as replicas (the task failed, or a remove took the object meanwhile), and no
+/// later write can have reused their ranges yet, since this executor writes our disk alone
+/// and one task at a time.
+fn drop_own_disk_targets(peers: &Peers, w: &TaskWork) {
+    for t in &w.targets {
+        if let Some(d) = peers.own_disk(t) {
+            d.tier.forget(t.buffer_address, t.size, u64::MAX);
+        }
+    }
 }
 
 /// Reads the object from a source and writes it into every target.

@@ -15,15 +15,15 @@
 //! `ended`, `announce`, `intent_op`, `record_op`, `record_after`), so a path file holds only how its bytes
 //! move.
 //!
-//! **A new medium is a new file.** The disk tier's path (a `LOCAL_DISK` replica, read and
-//! written through its owner's file) plugs in as `disk.rs`: a unit struct implementing
-//! [`ReplicaPath`] whose [`ReplicaPath::medium`] is [`ReplicaMedium::LocalDisk`], added to
+//! **A new medium is a new file.** The disk tier's path ([`disk`]: a `LOCAL_DISK` replica,
+//! read from its owner's files and written by its owner only) is a unit struct implementing
+//! [`ReplicaPath`] whose [`ReplicaPath::medium`] is [`ReplicaMedium::LocalDisk`], in
 //! [`PATHS`]. Items are only offered to the paths of their replica's medium, so the memory
-//! paths never see a disk replica, and until such a path exists a disk replica fails with
-//! `TRANSFER_FAIL` ("no path reaches it") instead of being read as memory.
+//! paths never see a disk replica, nor the disk path a memory one.
 
 mod call;
 mod copy;
+mod disk;
 mod own;
 mod rdma;
 mod shm;
@@ -57,7 +57,8 @@ pub(super) trait ReplicaPath: Sync {
 }
 
 /// The paths in preference order.
-pub(super) const PATHS: [&dyn ReplicaPath; 4] = [&own::Own, &shm::Shm, &rdma::Rdma, &tcp::Tcp];
+pub(super) const PATHS: [&dyn ReplicaPath; 5] =
+    [&own::Own, &shm::Shm, &rdma::Rdma, &tcp::Tcp, &disk::Disk];
 
 impl Peers {
     /// Runs every write by the first path that reaches it; one result per item, in order.

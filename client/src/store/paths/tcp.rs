@@ -40,6 +40,15 @@ impl ReplicaPath for Tcp {
     }
 
     fn read(&self, rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) -> Vec<usize> {
+        read_items(rc, mine);
+        Vec::new()
+    }
+}
+
+/// Reads items `mine` through the pooled clients of their replicas' endpoints (also a disk
+/// replica's: its owner's disk listener answers the same READ frames).
+pub(super) fn read_items(rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) {
+    {
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
         for (i, it) in picked(rc.items, &mine) {
             let g = group_for(&mut groups, &it.replica.transport_endpoint, None);
@@ -58,7 +67,6 @@ impl ReplicaPath for Tcp {
             }
         }
         rc.reach.peers.run_groups(groups, &mut rc.results);
-        Vec::new()
     }
 }
 

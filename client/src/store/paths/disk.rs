@@ -1,0 +1,92 @@
+//! The disk tier: `LOCAL_DISK` replicas, files of their owner's disk tier (`docs/tiering.md`).
+//!
+//! A disk replica is read where its files are: by this process's own tier directly when the
+//! replica is on our disk segment, else from its owner's disk listener, which answers the data
+//! plane's READ frames from files (so the read goes through the same pooled TCP client and
+//! lanes as a memory replica's, [`super::tcp::read_items`]). Every read checks the object's
+//! checksum at the owner; a copy that fails it is an error here (the reader falls back to
+//! another replica, or misses), and its owner drops it from the index.
+//!
+//! A disk replica is written only by its owner: the master hands the disk range to the owner
+//! of the disk segment in an offload task, and the owner's executor writes the file from its
+//! own memory. A write to another process's disk is refused.
+
+use dataplane::mem::Src;
+use protocol::{ErrorCode, ReplicaDescriptor, ReplicaMedium};
+
+use super::call::{Reach, ReadCall, WriteCall};
+use super::{picked, ReplicaPath};
+use crate::store::StoreError;
+
+pub(super) struct Disk;
+
+impl ReplicaPath for Disk {
+    fn medium(&self) -> ReplicaMedium {
+        ReplicaMedium::LocalDisk
+    }
+
+    fn reaches(&self, _: &mut Reach<'_>, _: &ReplicaDescriptor, _: u64, _: u64) -> bool {
+        true
+    }
+
+    fn write(&self, w: &mut WriteCall<'_, '_>, mine: Vec<usize>) -> Vec<usize> {
+        let peers = w.peers();
+        for i in mine {
+            let it = &w.items[i];
+            let r = it.replica;
+            let Some(disk) = peers.own_disk(r) else {
+                w.results[i] = Err(StoreError::new(
+                    ErrorCode::TransferFail,
+                    format!(
+                        "the disk replica of {} on {} is written by its owner only",
+                        it.key, r.segment_name
+                    ),
+                ));
+                continue;
+            };
+            let (hard, soft_ttl_ms) = it.pins();
+            let pins = crate::disk::Pins { hard, soft_ttl_ms };
+            // The executor hands one buffer; a write of several parts is gathered once.
+            let gathered: Vec<u8>;
+            let src = match it.parts {
+                [one] => *one,
+                parts => {
+                    gathered = parts.iter().flat_map(|p| p.to_vec()).collect();
+                    Src::from(&gathered[..])
+                }
+            };
+            w.results[i] = disk
+                .tier
+                .write(r.buffer_address, it.key, r.version, pins, src)
+                .map_err(|e| {
+                    StoreError::new(
+                        ErrorCode::TransferFail,
+                        format!("writing {} to disk: {e}", it.key),
+                    )
+                });
+        }
+        Vec::new()
+    }
+
+    fn read(&self, rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) -> Vec<usize> {
+        let peers = rc.peers();
+        let mut remote = Vec::new();
+        for (i, it) in picked(rc.items, &mine) {
+            let Some(disk) = peers.own_disk(it.replica) else {
+                remote.push(i);
+                continue;
+            };
+            let at = it.replica.buffer_address + it.offset;
+            rc.results[i] = disk.tier.read(at, it.dst.reborrow()).map_err(|e| {
+                StoreError::new(
+                    ErrorCode::TransferFail,
+                    format!("reading {:#x} from our disk: {e}", at),
+                )
+            });
+        }
+        if !remote.is_empty() {
+            super::tcp::read_items(rc, remote);
+        }
+        Vec::new()
+    }
+}

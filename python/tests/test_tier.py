@@ -1,0 +1,253 @@
+"""The disk tier (`docs/tiering.md`), end to end: a real `mooncake_master --enable_offload`, real
+storage nodes `mooncake_client --enable_offload=true` whose directory is a real one on this
+machine's disk, and store clients that put and get through the upstream Python API. Each
+test checks what a user of the original's SSD offload expects: objects that no longer fit in
+memory still read back byte-exact; a disk copy shows as a `LOCAL_DISK` replica; removes remove
+files; a node killed and started again on its directory serves what its disk holds; a flipped
+byte on disk is a miss, never wrong bytes; a full disk stops offload while memory serves."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import MIB, Master, Node, console_script, free_port, make_store, stop_process
+
+NO_SPACE = -200  # NO_AVAILABLE_HANDLE: the pool is full now, try again later
+
+
+def value_of(key, size):
+    """Deterministic bytes for `key`, so a read can be checked without keeping every value."""
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def wait_for(pred, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def kinds(store, key):
+    """The mediums of `key`'s replicas, memory first, as `get_replica_desc` shows them."""
+    return ["disk" if r.is_local_disk_replica() else "memory"
+            for r in store.get_replica_desc(key)]
+
+
+def files_in(d):
+    return sorted(p for p in Path(d).rglob("*.mco"))
+
+
+def put_retrying(store, key, value, timeout=30.0):
+    """A put that waits out NO_AVAILABLE_HANDLE (the pool is full until offload or eviction
+    makes room), as a connector that acts on the code does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rc = store.put(key, value)
+        if rc != NO_SPACE or time.monotonic() > deadline:
+            return rc
+        time.sleep(0.02)
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class DiskNode(Node):
+    """A storage node with a disk tier in `directory`."""
+
+    def __init__(self, master, segment, directory, port=None, extra=(), env=None):
+        old = dict(os.environ)
+        os.environ.update({"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": str(directory), **(env or {})})
+        try:
+            self.metrics_port = free_port()
+            super().__init__(master, segment, port=port,
+                             extra=["--enable_offload=true",
+                                    f"--metrics_port={self.metrics_port}", *extra])
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.directory = directory
+
+
+@pytest.fixture
+def tier_master():
+    m = Master(extra=["--enable_offload=true"])
+    yield m
+    m.stop()
+
+
+def test_a_working_set_four_times_dram_reads_back(tier_master, tmp_path):
+    """64 MiB of memory, 256 MiB of objects: every put succeeds (eager offload gives every
+    object a disk copy, so eviction drops memory copies without losing anything), and every
+    object reads back byte-exact, most of them from disk."""
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=64 * MIB)
+    try:
+        keys = [f"big-{i}" for i in range(256)]
+        for k in keys:
+            assert put_retrying(client, k, value_of(k, MIB)) == 0, k
+        on_disk = 0
+        for k in keys:
+            assert client.get(k) == value_of(k, MIB), k
+            on_disk += kinds(client, k) == ["disk"]
+        assert on_disk >= 128, f"only {on_disk} objects were disk-only"
+        assert len(files_in(tmp_path)) >= on_disk
+    finally:
+        client.close()
+        node.stop()
+
+
+def test_on_evict_mode_moves_what_eviction_picks(tmp_path):
+    """`--offload_on_evict`: nothing is written to disk until eviction picks it; then the
+    object moves (its memory copy goes once the disk copy is complete) and reads back."""
+    master = Master(extra=["--enable_offload=true", "--offload_on_evict=true"])
+    node = DiskNode(master, "32MB", tmp_path)
+    client = make_store(master, segment=0, local_buffer=64 * MIB)
+    try:
+        assert client.put("first", value_of("first", MIB)) == 0
+        time.sleep(1.5)
+        assert kinds(client, "first") == ["memory"], "eager offload is off"
+        keys = [f"ev-{i}" for i in range(96)]
+        for k in keys:
+            assert put_retrying(client, k, value_of(k, MIB)) == 0, k
+        for k in ["first", *keys]:
+            assert client.get(k) == value_of(k, MIB), k
+        assert any(kinds(client, k) == ["disk"] for k in ["first", *keys])
+    finally:
+        client.close()
+        node.stop()
+        master.stop()
+
+
+def test_remove_and_remove_all_remove_disk_copies(tier_master, tmp_path):
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    try:
+        for i in range(8):
+            assert client.put(f"rm-{i}", value_of(f"rm-{i}", 64 * 1024)) == 0
+        assert wait_for(lambda: all("disk" in kinds(client, f"rm-{i}") for i in range(8)), 20)
+        assert len(files_in(tmp_path)) == 8
+        assert client.remove("rm-0") == 0
+        assert client.is_exist("rm-0") == 0
+        assert wait_for(lambda: len(files_in(tmp_path)) == 7, 10), files_in(tmp_path)
+        time.sleep(0.6)  # the read lease of the gets above
+        assert client.remove_all() >= 7
+        assert wait_for(lambda: files_in(tmp_path) == [], 10), files_in(tmp_path)
+    finally:
+        client.close()
+        node.stop()
+
+
+def test_a_killed_node_serves_its_disk_after_a_restart(tier_master, tmp_path):
+    """SIGKILL loses the node's memory; started again on the same directory it reports what
+    its disk holds, and those objects read back."""
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    port = node.port
+    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    try:
+        keys = [f"kill-{i}" for i in range(16)]
+        for k in keys:
+            assert client.put(k, value_of(k, 256 * 1024)) == 0
+        assert wait_for(lambda: all("disk" in kinds(client, k) for k in keys), 20)
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait()
+        # The master forgets the dead node's segments at its client TTL; the restarted node
+        # then re-reports its disk.
+        node = DiskNode(tier_master, "64MB", tmp_path, port=port)
+        assert wait_for(lambda: all(client.get(k) == value_of(k, 256 * 1024) for k in keys),
+                        30), "the disk copies come back"
+        assert all(kinds(client, k) == ["disk"] for k in keys)
+    finally:
+        client.close()
+        node.stop()
+
+
+def test_a_flipped_byte_on_disk_is_a_miss(tier_master, tmp_path):
+    """The checksum is checked on every read: a corrupted copy is never returned; the read is
+    a miss, the node counts it, and the copy is dropped."""
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    try:
+        value = value_of("flip", 128 * 1024)
+        assert client.put("flip", value) == 0
+        assert wait_for(lambda: "disk" in kinds(client, "flip"), 20)
+        seg = next(r.get_memory_descriptor().buffer_descriptor
+                   for r in client.get_replica_desc("flip") if r.is_memory_replica())
+        # Take the memory copy away, so that the only copy left is the one on disk.
+        time.sleep(0.6)
+        task, rc = client.create_move_task("flip", node_segment(node), node_segment(node) +
+                                           "/disk")
+        assert seg is not None
+        [path] = files_in(tmp_path)
+        data = bytearray(path.read_bytes())
+        data[-(64 * 1024)] ^= 0x5A
+        path.write_bytes(bytes(data))
+        assert wait_for(lambda: kinds(client, "flip") == ["disk"], 20)
+        got = client.get("flip")
+        assert got != value or got == b""
+        assert got == b""
+        assert wait_for(lambda: metric(metrics(node.metrics_port),
+                                       "mooncake_disk_checksum_failures_total") == 1, 5)
+        assert wait_for(lambda: client.is_exist("flip") == 0, 10), "the copy is dropped"
+    finally:
+        client.close()
+        node.stop()
+
+
+def node_segment(node):
+    return f"127.0.0.1:{node.port}"
+
+
+def test_a_missing_or_unwritable_directory_fails_at_start(tier_master, tmp_path):
+    missing = tmp_path / "nope" / "deeper"
+    (tmp_path / "file").write_bytes(b"x")
+    for bad in [tmp_path / "file"]:
+        env = dict(os.environ, MOONCAKE_OFFLOAD_FILE_STORAGE_PATH=str(bad))
+        args = console_script("mooncake_client") + [
+            "--host=127.0.0.1", f"--port={free_port()}", "--global_segment_size=16MB",
+            f"--master_server_address={tier_master.addr}", "--metadata_server=P2PHANDSHAKE",
+            "--enable_offload=true"]
+        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode != 0
+        assert str(bad) in p.stderr + p.stdout
+    del missing
+
+
+def test_embedded_store_with_ssd_offload(tier_master, tmp_path):
+    """`setup(..., enable_ssd_offload=True, ssd_offload_path=...)`: a Python process's own
+    segment gets a disk tier; its objects are offloaded and read back from disk by another
+    client once the memory copy is gone."""
+    from mooncake.store import MooncakeDistributedStore
+
+    owner = MooncakeDistributedStore()
+    rc = owner.setup("localhost", tier_master.metadata, 32 * MIB, 16 * MIB, "tcp", "",
+                     tier_master.addr, enable_ssd_offload=True, ssd_offload_path=str(tmp_path))
+    assert rc == 0
+    reader = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    try:
+        keys = [f"emb-{i}" for i in range(96)]
+        for k in keys:
+            assert put_retrying(owner, k, value_of(k, MIB)) == 0, k
+        for k in keys:
+            assert reader.get(k) == value_of(k, MIB), k
+        assert any(kinds(reader, k) == ["disk"] for k in keys)
+    finally:
+        reader.close()
+        owner.close()
