@@ -177,6 +177,9 @@ pub(crate) struct Object {
     /// The end of the last read window handed out (see the module's "Read windows").
     pub read_window_until: u64,
     pub probe_lease_until: u64,
+    /// Reads answered while its only COMPLETE replicas were on disk, since its last
+    /// promotion (`offload.rs`, promotion on hit). Saturates; reset when promoted.
+    pub disk_hits: u32,
     /// Last `GetReplicaList` (or completion): the recency eviction orders by.
     pub last_read_ms: u64,
     pub soft_pin: SoftPin,
@@ -318,6 +321,11 @@ impl State {
         if upsert && self.tasks.active(&key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
+        // An internal (offload or promotion) task never refuses a write: it fails instead,
+        // since the value it copies is about to change (`tasks.rs`).
+        if upsert {
+            self.fail_internal(now, &key, "the object is being rewritten");
+        }
         // The same start again, from the client still writing this key: its answer was lost,
         // or the client sent the call again after giving up its connection with the request
         // still in it (`client::master`), and the two copies may arrive in either order. It
@@ -356,15 +364,16 @@ impl State {
                 // completed, and then a remove or eviction could hand the buffers to another
                 // key under that late write), nor while a reader holds a lease (it would read
                 // a mix of both values), nor in a segment closed to new allocations (draining,
-                // or quarantined: the write would most likely fail). Otherwise the old buffers
+                // or quarantined: the write would most likely fail), nor on a disk segment
+                // (a writer cannot write another process's files). Otherwise the old buffers
                 // are parked (`drop_object`) and new ones allocated, as for a new size.
                 let segs = &self.segs;
                 let idle = obj.is_complete()
                     && obj.read_hold_until() <= now
-                    && obj
-                        .replicas
-                        .iter()
-                        .all(|r| segs.get(r.seg).is_some_and(|s| s.writable()));
+                    && obj.replicas.iter().all(|r| {
+                        segs.get(r.seg)
+                            .is_some_and(|s| s.writable() && !s.is_disk())
+                    });
                 if obj.size == size && idle {
                     obj.soft_pin = resolve_soft_pin(
                         cfg,
@@ -429,6 +438,7 @@ impl State {
             read_lease_until: 0,
             read_window_until: 0,
             probe_lease_until: 0,
+            disk_hits: 0,
             last_read_ms: now,
             soft_pin,
             hard_pin: cfg.with_hard_pin,
@@ -475,6 +485,7 @@ impl State {
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
+        self.fail_internal(now, key, "the object was replaced");
         self.tombstones.add(key, obj.version);
         for r in obj.replicas {
             self.release(r.seg, r.span, hold_until, now);
@@ -488,6 +499,7 @@ impl State {
     /// recovery fence re-reports after reads resumed.
     pub(crate) fn retire(&mut self, now: u64, key: &str) -> Option<Object> {
         let obj = self.objects.remove(key)?;
+        self.fail_internal(now, key, "the object was removed");
         self.tombstones.add(key, obj.version);
         let hold_until = obj.read_hold_until();
         for r in &obj.replicas {
@@ -536,6 +548,8 @@ impl State {
             }
             self.evict_epoch += 1;
             self.done_inflight(started);
+            // Eager offload: a complete object gets a copy on its owner's disk (`offload.rs`).
+            self.offload_eager(now, key);
         }
         Ok(())
     }
@@ -571,6 +585,11 @@ impl State {
         if !obj.has_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
+        if lease {
+            // Counts a read answered from disk only, maybe queueing a promotion (`offload.rs`).
+            self.disk_only_hit(now, key);
+        }
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         if lease {
             obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
             if let Some(g) = &obj.group {
@@ -684,6 +703,7 @@ impl State {
         } = self;
         let mut n = 0;
         let mut kept = Vec::new();
+        let mut with_internal = Vec::new();
         objects.retain(|k, obj| {
             if !pick(k) {
                 return true;
@@ -699,9 +719,15 @@ impl State {
                 let hold_until = obj.read_hold_until();
                 Self::release_span(segs, zombies, r.seg, r.span, hold_until, now);
             }
+            if tasks.internal_active(k) {
+                with_internal.push(k.clone());
+            }
             n += 1;
             false
         });
+        for k in with_internal {
+            self.fail_internal(now, &k, "the object was removed");
+        }
         let at = self.next_version();
         let removal = Removal {
             term: at.term,
