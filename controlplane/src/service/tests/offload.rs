@@ -710,3 +710,98 @@ fn objects_on_a_disk_only_client_are_not_offloaded_when_disabled() {
     assert!(t.fetch_work(C1).is_empty());
     assert_eq!(t.replicas("k"), [mem("n1")]);
 }
+
+#[test]
+fn internal_tasks_stand_apart_from_users_tasks() {
+    let mut c = offload_cfg();
+    c.tasks.max_processing = 0;
+    let t = T::with(c);
+    t.owner(C1, 1, "n1", 64 * MIB, 64 * MIB, DiskPolicy::default());
+    t.mount_segment(C2, memory(2, "m2", 64 * MIB));
+    t.put_by(C1, "k", MIB, "n1");
+    // A user's copy of an object with an offload in flight is accepted: the two are
+    // independent (each checks the object's version when it commits).
+    let id = t.call(
+        Request::CreateCopyTask,
+        CreateCopyTask {
+            key: "k".into(),
+            targets: vec!["m2".into()],
+        },
+    );
+    assert!(id.is_ok(), "{id:?}");
+    // --max_total_processing_tasks (0 here) holds the user's task, not the offload.
+    let w = t.fetch_work(C1);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].targets[0].medium, ReplicaMedium::LocalDisk);
+    assert!(t.fetch_work(C2).is_empty());
+    t.finish(C1, w[0].task_id, true).unwrap();
+    assert_eq!(t.replicas("k"), [mem("n1"), on_disk("n1")]);
+}
+
+#[test]
+fn an_expired_disk_owner_takes_its_internal_tasks_with_it() {
+    let c = ServiceConfig {
+        client_ttl_s: 10,
+        ..offload_cfg()
+    };
+    let t = T::with(c);
+    t.owner(C1, 1, "n1", 64 * MIB, 64 * MIB, DiskPolicy::default());
+    t.mount_segment(C2, memory(2, "m2", 64 * MIB));
+    t.put_by(C1, "a", MIB, "n1");
+    t.put_by(C1, "b", MIB, "n1");
+    let w = t.fetch_work(C1);
+    assert_eq!(w.len(), 2);
+    t.put_by(C1, "c", MIB, "n1");
+    for _ in 0..11 {
+        t.advance(1_000);
+        t.freed(C2);
+        t.svc.tick();
+    }
+    // Its segments, objects and tasks are gone; none went to another executor.
+    assert!(t.fetch_work(C2).is_empty());
+    let g = t.tier();
+    assert_eq!((g.internal_pending, g.internal_processing), (0, 0));
+    assert_eq!(g.stats.offloads_failed, 3);
+    assert_eq!(g.disk_segments, 0);
+}
+
+#[test]
+fn metrics_and_status_show_each_medium() {
+    use crate::view::AdminView;
+    let t = T::with(offload_cfg());
+    t.owner(C1, 1, "n1", 64 * MIB, 32 * MIB, DiskPolicy::default());
+    t.put_by(C1, "k", MIB, "n1");
+    assert_eq!(t.run_tasks(C1), 1);
+    let text = t.metrics_text();
+    for want in [
+        "master_total_capacity_bytes 67108864",
+        "master_allocated_bytes 1048576",
+        "master_disk_capacity_bytes 33554432",
+        "master_disk_allocated_bytes 1048576",
+        "master_disk_segment_count 1",
+        "master_offload_queued_total 1",
+        "master_offload_completed_total 1",
+        "master_offload_skipped_total 0",
+        "master_promotion_queued_total 0",
+        "master_disk_evicted_replicas_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == want), "missing {want}");
+    }
+    let s = t.svc.status();
+    assert_eq!(
+        (s.capacity_bytes, s.disk_capacity_bytes),
+        (64 * MIB, 32 * MIB)
+    );
+    assert_eq!(s.disk_allocated_bytes, MIB);
+    let mut rows: Vec<(&str, &str, u64)> = s
+        .segments
+        .iter()
+        .map(|g| (g.name.as_str(), g.medium, g.objects))
+        .collect();
+    rows.sort();
+    assert_eq!(rows, [("n1", "memory", 1), ("n1/disk", "disk", 1)]);
+    assert!(s
+        .counters
+        .iter()
+        .any(|(n, v)| n == "offload_completed" && *v == 1));
+}
