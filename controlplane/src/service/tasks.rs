@@ -137,6 +137,10 @@ pub(crate) struct Task {
     /// While PROCESSING: the version being copied, and one range per target.
     pub version: Version,
     pub ranges: Vec<(SegRef, Span)>,
+    /// An internal task, while PROCESSING: the source replicas handed to the executor. A
+    /// user's call may take one away meanwhile (internal tasks refuse nothing), and then the
+    /// executor may have copied bytes of a reused range: the task must not commit.
+    pub sources: Vec<(SegRef, Span)>,
 }
 
 #[derive(Default)]
@@ -274,6 +278,7 @@ impl State {
                 attempts: 0,
                 version: obj.version,
                 ranges: Vec::new(),
+                sources: Vec::new(),
             },
         );
         t.by_key.insert(key.to_string(), id);
@@ -329,6 +334,7 @@ impl State {
                 attempts: 0,
                 version,
                 ranges: Vec::new(),
+                sources: Vec::new(),
             },
         );
         t.internal_by_key.insert(key.to_string(), id);
@@ -518,8 +524,12 @@ impl State {
             with_hard_pin: obj.hard_pin,
             soft_pin_ttl_ms: obj.soft_pin_left_ms(now),
         };
+        let handed: Vec<(SegRef, Span)> = obj.replicas.iter().map(|r| (r.seg, r.span)).collect();
         let t = &mut self.tasks;
         let task = t.all.get_mut(&id).ok_or(Some(String::new()))?;
+        if task.internal.is_some() {
+            task.sources = handed;
+        }
         task.status = TaskStatus::Processing;
         task.updated_ms = now;
         task.ranges = ranges;
@@ -577,6 +587,12 @@ impl State {
         };
         if task.ranges.iter().any(|&(r, _)| self.segs.get(r).is_none()) {
             return Err("a target segment was unmounted meanwhile".into());
+        }
+        let kept = |&(seg, span): &(SegRef, Span)| {
+            obj.replicas.iter().any(|r| r.seg == seg && r.span == span)
+        };
+        if !task.sources.iter().all(kept) {
+            return Err("a source replica was cleared while it was being copied".into());
         }
         let source = match &task.source {
             None => None,

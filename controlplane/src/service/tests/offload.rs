@@ -805,3 +805,36 @@ fn metrics_and_status_show_each_medium() {
         .iter()
         .any(|(n, v)| n == "offload_completed" && *v == 1));
 }
+
+#[test]
+fn an_offload_whose_source_was_cleared_meanwhile_does_not_commit() {
+    let t = T::with(offload_cfg());
+    t.owner(C1, 1, "n1", 64 * MIB, 64 * MIB, DiskPolicy::default());
+    t.mount_segment(C2, memory(2, "m2", 64 * MIB));
+    let config = ReplicateConfig {
+        replica_num: 2,
+        ..Default::default()
+    };
+    t.start_with(C1, "k", MIB, config).unwrap();
+    t.end(C1, "k").unwrap();
+    let w = t.fetch_work(C1);
+    assert_eq!(
+        w[0].sources[0].segment_name, "n1",
+        "the executor's own replica first"
+    );
+    // The writer clears the replica the executor is reading (an internal task refuses
+    // nothing); its range may be reused under the copy, so the copy must not count.
+    let r = t.call(
+        Request::BatchReplicaClear,
+        BatchReplicaClear {
+            client_id: C1,
+            keys: vec!["k".into()],
+            segment_name: "n1".into(),
+        },
+    );
+    assert!(r.unwrap()[0].is_ok());
+    t.finish(C1, w[0].task_id, true).unwrap();
+    assert_eq!(t.replicas("k"), [mem("m2")]);
+    let g = t.tier();
+    assert_eq!((g.stats.offloads_failed, g.disk_used_bytes), (1, 0));
+}
