@@ -88,6 +88,8 @@ impl State {
         };
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let hold_until = obj.read_hold_until();
+        let release_ms = self.cfg.release_timeout_ms();
+        let hold_until = hold_until.max(self.tasks.executor_hold(key, now, release_ms));
         let r = obj.replicas.swap_remove(at);
         self.objects.settle(key);
         self.release(r.seg, r.span, hold_until, now);

@@ -321,11 +321,6 @@ impl State {
         if upsert && self.tasks.active(&key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
-        // An internal (offload or promotion) task never refuses a write: it fails instead,
-        // since the value it copies is about to change (`tasks.rs`).
-        if upsert {
-            self.fail_internal(now, &key, "the object is being rewritten");
-        }
         // The same start again, from the client still writing this key: its answer was lost,
         // or the client sent the call again after giving up its connection with the request
         // still in it (`client::master`), and the two copies may arrive in either order. It
@@ -368,7 +363,11 @@ impl State {
                 // (a writer cannot write another process's files). Otherwise the old buffers
                 // are parked (`drop_object`) and new ones allocated, as for a new size.
                 let segs = &self.segs;
-                let idle = obj.is_complete()
+                // Nor while the disk tier copies it (`tasks.rs`, "Internal tasks"): the
+                // executor records its copy under the old version, so the bytes it reads
+                // must stay that version's; `drop_object` fails the task and parks them.
+                let idle = !self.tasks.internal_active(&key)
+                    && obj.is_complete()
                     && obj.read_hold_until() <= now
                     && obj.replicas.iter().all(|r| {
                         segs.get(r.seg)
@@ -481,7 +480,7 @@ impl State {
             self.discard_put(m, key);
             return;
         }
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(self.executor_hold(now, key));
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
@@ -498,10 +497,11 @@ impl State {
     /// re-report replaced (a newer version) or buried (a tombstone): an owner slower than the
     /// recovery fence re-reports after reads resumed.
     pub(crate) fn retire(&mut self, now: u64, key: &str) -> Option<Object> {
+        let executor_hold = self.executor_hold(now, key);
         let obj = self.objects.remove(key)?;
         self.fail_internal(now, key, "the object was removed");
         self.tombstones.add(key, obj.version);
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(executor_hold);
         for r in &obj.replicas {
             self.release(r.seg, r.span, hold_until, now);
         }
@@ -693,6 +693,7 @@ impl State {
         record: impl FnOnce(Vec<String>) -> Pick,
     ) -> Result<u64, ErrorCode> {
         self.fenced_all(now)?;
+        let release_ms = self.cfg.release_timeout_ms();
         let State {
             objects,
             segs,
@@ -715,8 +716,10 @@ impl State {
                 return true;
             }
             tombstones.add(k, obj.version);
+            let hold_until = obj
+                .read_hold_until()
+                .max(tasks.executor_hold(k, now, release_ms));
             for r in &obj.replicas {
-                let hold_until = obj.read_hold_until();
                 Self::release_span(segs, zombies, r.seg, r.span, hold_until, now);
             }
             if tasks.internal_active(k) {

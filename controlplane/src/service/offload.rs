@@ -130,6 +130,12 @@ impl State {
         }
     }
 
+    /// [`super::tasks::Tasks::executor_hold`] with this master's release timeout.
+    pub(crate) fn executor_hold(&self, now: u64, key: &str) -> u64 {
+        let release_ms = self.cfg.release_timeout_ms();
+        self.tasks.executor_hold(key, now, release_ms)
+    }
+
     /// The disk segment `client` mounted, if it is open to new allocations.
     fn disk_of(&self, client: Uuid) -> Option<SegRef> {
         let c = self.clients.get(&client)?;

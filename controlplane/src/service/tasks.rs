@@ -179,6 +179,23 @@ impl Tasks {
         self.internal_by_key.contains_key(key)
     }
 
+    /// Until when buffers taken from `key`'s object must stay parked because an executor may
+    /// be reading them for an internal task (`release_ms` from now), or 0. The executor
+    /// records its copy in the target's catalog under the object's version before it reports,
+    /// so bytes it reads must not become another write's under it (module docs).
+    pub fn executor_hold(&self, key: &str, now: u64, release_ms: u64) -> u64 {
+        let reading = self
+            .internal_by_key
+            .get(key)
+            .and_then(|id| self.all.get(id))
+            .is_some_and(|t| t.status == TaskStatus::Processing);
+        if reading {
+            now.saturating_add(release_ms)
+        } else {
+            0
+        }
+    }
+
     /// Internal tasks (PENDING, PROCESSING).
     pub fn internal_counts(&self) -> (usize, usize) {
         (self.internal_pending, self.internal_processing)
@@ -580,6 +597,15 @@ impl State {
     /// Adds a PROCESSING task's ranges to its object as COMPLETE replicas, then drops a move's
     /// source replica. On error nothing changed.
     fn commit_task(&mut self, now: u64, id: Uuid) -> Result<(), String> {
+        // A user's move may drop the very replica an offload is reading; an internal task's
+        // own executor is done reading when it reports.
+        let executor_hold = match self.tasks.all.get(&id) {
+            Some(t) if t.internal.is_none() => {
+                let release_ms = self.cfg.release_timeout_ms();
+                self.tasks.executor_hold(&t.key, now, release_ms)
+            }
+            _ => 0,
+        };
         let task = self.tasks.all.get_mut(&id).ok_or("task lost")?;
         let obj = match self.objects.get_mut(&task.key) {
             Some(o) if o.version == task.version && o.is_complete() => o,
@@ -605,7 +631,7 @@ impl State {
                 Some(at)
             }
         };
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(executor_hold);
         let dropped = source.map(|at| obj.replicas.swap_remove(at));
         for (seg, span) in std::mem::take(&mut task.ranges) {
             obj.replicas.push(super::object::Replica {
