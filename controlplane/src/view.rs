@@ -30,6 +30,9 @@ pub struct ClusterStatus {
     /// Disk segments' figures (`docs/tiering.md`); the two above are memory's.
     pub disk_allocated_bytes: u64,
     pub disk_capacity_bytes: u64,
+    /// Objects with a disk replica, and those with disk replicas only.
+    pub disk_objects: u64,
+    pub disk_only_objects: u64,
     pub segments: Vec<SegmentStatus>,
     pub clients: Vec<ClientStatus>,
     /// Running totals (requests per operation, evictions): the page turns them into rates.

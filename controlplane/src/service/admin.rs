@@ -182,6 +182,8 @@ impl AdminView for MasterService {
             capacity_bytes: g.total_capacity_bytes,
             disk_allocated_bytes: g.tier.disk_used_bytes,
             disk_capacity_bytes: g.tier.disk_capacity_bytes,
+            disk_objects: g.tier.disk_objects,
+            disk_only_objects: g.tier.disk_only_objects,
             segments,
             clients,
             counters,

@@ -449,7 +449,22 @@ impl Metrics {
 /// figures above (`master_allocated_bytes`, `master_total_capacity_bytes`) leave disk out.
 fn render_tier(s: &mut String, t: &super::TierGauges) {
     let st = &t.stats;
-    let gauges: [(&str, &str, u64); 5] = [
+    let gauges: [(&str, &str, u64); 8] = [
+        (
+            "master_memory_object_count",
+            "Objects with at least one memory replica",
+            t.memory_objects,
+        ),
+        (
+            "master_disk_object_count",
+            "Objects with a disk replica",
+            t.disk_objects,
+        ),
+        (
+            "master_disk_only_object_count",
+            "Objects whose only replicas are on disk",
+            t.disk_only_objects,
+        ),
         (
             "master_disk_allocated_bytes",
             "Bytes allocated on disk segments (disk replicas and offloads in flight)",

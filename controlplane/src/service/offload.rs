@@ -114,19 +114,46 @@ pub struct TierGauges {
     /// Internal tasks PENDING and PROCESSING.
     pub internal_pending: u64,
     pub internal_processing: u64,
+    /// Objects with a memory replica, with a disk replica, and with disk replicas only.
+    pub memory_objects: u64,
+    pub disk_objects: u64,
+    pub disk_only_objects: u64,
 }
 
 impl State {
     pub(crate) fn tier_gauges(&self) -> TierGauges {
         let (used, cap) = self.disk_usage();
         let (p, x) = self.tasks.internal_counts();
+        let disk_segments = self.segs.iter().filter(|s| s.is_disk()).count() as u64;
+        // Counting per medium walks the index (as the soft-pin gauge does); without a disk
+        // segment every object is in memory.
+        let (mut memory_objects, mut disk_objects, mut disk_only_objects) =
+            (self.objects.len() as u64, 0, 0);
+        if disk_segments > 0 {
+            memory_objects = 0;
+            for obj in self.objects.values() {
+                let (mut m, mut d) = (false, false);
+                for r in &obj.replicas {
+                    match self.segs.get(r.seg) {
+                        Some(s) if s.is_disk() => d = true,
+                        _ => m = true,
+                    }
+                }
+                memory_objects += u64::from(m);
+                disk_objects += u64::from(d);
+                disk_only_objects += u64::from(d && !m);
+            }
+        }
         TierGauges {
             stats: self.tier,
             disk_used_bytes: used,
             disk_capacity_bytes: cap,
-            disk_segments: self.segs.iter().filter(|s| s.is_disk()).count() as u64,
+            disk_segments,
             internal_pending: p as u64,
             internal_processing: x as u64,
+            memory_objects,
+            disk_objects,
+            disk_only_objects,
         }
     }
 

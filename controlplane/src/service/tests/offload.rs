@@ -277,6 +277,14 @@ fn memory_eviction_of_an_object_with_a_disk_replica_keeps_it_readable_from_disk(
     let g = t.svc.gauges();
     assert_eq!(g.allocated_bytes, 14 * MIB);
     assert_eq!(g.tier.stats.memory_evictions_to_disk, 1);
+    assert_eq!(
+        (
+            g.tier.memory_objects,
+            g.tier.disk_objects,
+            g.tier.disk_only_objects
+        ),
+        (7, 1, 1)
+    );
     assert_eq!(g.tier.stats.disk_only_hits, 1, "the read above");
     assert!(t
         .metrics_text()
@@ -779,6 +787,9 @@ fn metrics_and_status_show_each_medium() {
         "master_disk_capacity_bytes 33554432",
         "master_disk_allocated_bytes 1048576",
         "master_disk_segment_count 1",
+        "master_memory_object_count 1",
+        "master_disk_object_count 1",
+        "master_disk_only_object_count 0",
         "master_offload_queued_total 1",
         "master_offload_completed_total 1",
         "master_offload_skipped_total 0",
@@ -793,6 +804,7 @@ fn metrics_and_status_show_each_medium() {
         (64 * MIB, 32 * MIB)
     );
     assert_eq!(s.disk_allocated_bytes, MIB);
+    assert_eq!((s.disk_objects, s.disk_only_objects), (1, 0));
     let mut rows: Vec<(&str, &str, u64)> = s
         .segments
         .iter()
