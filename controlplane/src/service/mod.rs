@@ -234,6 +234,9 @@ pub(crate) struct State {
     pub tier: TierStats,
     /// When the next disk-watermark check runs (`offload.rs`, at most once a second).
     pub next_disk_check_ms: u64,
+    /// A synchronous disk eviction that found nothing: at this time, on this disk
+    /// (`offload.rs`, `allocate_target`).
+    pub disk_futile: Option<(u64, SegRef)>,
 }
 
 impl State {
@@ -274,6 +277,7 @@ impl State {
             quotas,
             tier: TierStats::default(),
             next_disk_check_ms: 0,
+            disk_futile: None,
         }
     }
 

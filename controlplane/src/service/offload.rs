@@ -314,14 +314,46 @@ impl State {
 
     /// Allocates a task's range of `size` bytes on segment `r`. On a disk segment the
     /// cluster-wide byte cap is kept, and a full disk (or cap) first evicts disk replicas of
-    /// that segment, least recently read first, as a put evicts memory.
+    /// that segment, least recently read first, as a put evicts memory: at least
+    /// `eviction_ratio` of the disk at a time, so that the next offloads of the same fetch
+    /// find room without another walk of the index, and not again in the same millisecond
+    /// on a disk where a walk found nothing.
     pub(crate) fn allocate_target(&mut self, now: u64, r: SegRef, size: u64) -> Option<Span> {
         let seg = self.segs.get(r).filter(|s| s.writable())?;
         if !seg.is_disk() {
             return self.segs.get_mut(r)?.allocate(size);
         }
+        let batch = (seg.size as f64 * self.cfg.eviction_ratio).ceil() as u64;
+        if let Some(span) = self.try_disk(r, size) {
+            return Some(span);
+        }
+        if self.disk_futile == Some((now, r)) {
+            return None;
+        }
+        let freed = self.make_disk_room(now, r, size, batch);
+        let span = self.try_disk(r, size);
+        if span.is_none() && freed == 0 {
+            self.disk_futile = Some((now, r));
+        }
+        span
+    }
+
+    /// A range on disk segment `r` if both the segment and the cluster cap have room.
+    fn try_disk(&mut self, r: SegRef, size: u64) -> Option<Span> {
         let limit = self.cfg.offload.total_bytes_limit;
         if limit > 0 && self.disk_usage().0 + size > limit {
+            return None;
+        }
+        self.segs.get_mut(r)?.allocate(size)
+    }
+
+    /// Evicts disk replicas so that `size` bytes fit on `r` (at least `batch` from it) and
+    /// under the cluster cap (at least `eviction_ratio` of the cap). Returns bytes freed.
+    fn make_disk_room(&mut self, now: u64, r: SegRef, size: u64, batch: u64) -> u64 {
+        let mut freed = 0;
+        let limit = self.cfg.offload.total_bytes_limit;
+        let cap_blocked = limit > 0 && self.disk_usage().0 + size > limit;
+        if cap_blocked {
             // The cap is the cluster's: make room on this disk first, then on the fullest
             // others, as a put makes room in memory.
             let mut disks: Vec<(u64, SegRef)> = self
@@ -337,17 +369,21 @@ impl State {
                 if over == 0 {
                     break;
                 }
-                self.evict_disk(now, d, over, 0);
-            }
-            if self.disk_usage().0 + size > limit {
-                return None;
+                // The cap's own share, not the disk's: the cap may be far below a disk.
+                let cap_batch = (limit as f64 * self.cfg.eviction_ratio).ceil() as u64;
+                freed += self.evict_disk(now, d, over.max(cap_batch), 0);
             }
         }
-        if let Some(span) = self.segs.get_mut(r)?.allocate(size) {
-            return Some(span);
+        // Under the cap now, the disk itself may have had room all along; otherwise it was
+        // the disk that was full.
+        let free = self
+            .segs
+            .get(r)
+            .map_or(0, |s| s.alloc.capacity() - s.alloc.used_bytes());
+        if !cap_blocked || free < size {
+            freed += self.evict_disk(now, r, size.max(batch), 0);
         }
-        self.evict_disk(now, r, size, 0);
-        self.segs.get_mut(r)?.allocate(size)
+        freed
     }
 
     /// Disk eviction from `tick`: every disk segment above its high watermark, in bytes or

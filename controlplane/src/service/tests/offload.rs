@@ -850,3 +850,41 @@ fn an_offload_whose_source_was_cleared_meanwhile_does_not_commit() {
     let g = t.tier();
     assert_eq!((g.stats.offloads_failed, g.disk_used_bytes), (1, 0));
 }
+
+#[test]
+fn an_offload_onto_a_full_disk_evicts_the_least_recently_read_first() {
+    let t = T::with(offload_cfg());
+    // No watermarks: only the synchronous eviction of a full disk makes room.
+    t.owner(C1, 1, "n1", 64 * MIB, 8 * MIB, DiskPolicy::default());
+    for k in ["a", "b", "c", "d"] {
+        t.put_by(C1, k, 2 * MIB, "n1");
+        t.advance(1);
+    }
+    assert_eq!(t.run_tasks(C1), 4);
+    for k in ["a", "c", "d"] {
+        t.advance(1);
+        t.get(k).unwrap();
+    }
+    t.advance(1_000);
+    t.svc.tick();
+    assert_eq!(
+        t.tier().stats.disk_evicted_replicas,
+        0,
+        "no policy, no eviction ahead"
+    );
+    t.put_by(C1, "e", 2 * MIB, "n1");
+    assert_eq!(t.run_tasks(C1), 1);
+    // b was read least recently (at its put): its disk replica made room.
+    assert_eq!(t.replicas("b"), [mem("n1")]);
+    assert_eq!(t.replicas("e"), [mem("n1"), on_disk("n1")]);
+    assert_eq!(t.tier().disk_used_bytes, 8 * MIB);
+    // Every disk replica leased: the next offload waits for a later fetch.
+    for k in ["a", "c", "d", "e"] {
+        t.get(k).unwrap();
+    }
+    t.put_by(C1, "f", 2 * MIB, "n1");
+    assert!(t.fetch_work(C1).is_empty());
+    assert_eq!(t.tier().internal_pending, 1);
+    t.advance(1_000);
+    assert_eq!(t.fetch_work(C1).len(), 1, "room once the leases ended");
+}
