@@ -57,6 +57,9 @@ pub(crate) struct Replica {
     pub seg: SegRef,
     pub span: Span,
     pub status: ReplicaStatus,
+    /// On a disk segment (`docs/tiering.md`): not charged to its tenant's quota, which
+    /// weighs memory.
+    pub on_disk: bool,
 }
 
 /// Soft-pin state of an object.

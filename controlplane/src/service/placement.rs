@@ -154,6 +154,7 @@ impl State {
                 seg: r,
                 span,
                 status: ReplicaStatus::Processing,
+                on_disk: false,
             });
         }
         true

@@ -351,6 +351,7 @@ impl State {
             seg: r,
             span,
             status: ReplicaStatus::Complete,
+            on_disk: seg.is_disk(),
         };
         match objects.get_mut(&h.key) {
             Some(obj) => {

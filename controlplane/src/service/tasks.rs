@@ -638,6 +638,7 @@ impl State {
                 seg,
                 span,
                 status: ReplicaStatus::Complete,
+                on_disk: self.segs.get(seg).is_some_and(|s| s.is_disk()),
             });
         }
         let key = task.key.clone();
