@@ -10,8 +10,9 @@
 //! target)`); counting bytes is the same for uniform objects and right for mixed sizes.
 //!
 //! **Candidates.** An object is evictable when it is not hard-pinned, every replica is
-//! COMPLETE, its *read* lease has expired and it has no replica task (a user's or an internal
-//! one, `tasks.rs`). Candidates go oldest `last_read_ms` first (approximate LRU; ties broken
+//! COMPLETE, its *read* lease has expired and it has no replica task (a user's, or an internal
+//! one that is a move or already handed to its executor, `tasks.rs`: an eager offload still
+//! waiting for its executor does not pin memory, it fails with the object). Candidates go oldest `last_read_ms` first (approximate LRU; ties broken
 //! arbitrarily). Soft-pinned objects (pin deadline in the future) come only after every other
 //! candidate, and only with `allow_evict_soft_pinned_objects`.
 //!
@@ -151,7 +152,7 @@ impl State {
             if obj.hard_pin
                 || !obj.is_complete()
                 || self.tasks.active(k)
-                || self.tasks.internal_active(k)
+                || self.tasks.internal_blocks_eviction(k)
             {
                 continue;
             }
@@ -200,9 +201,10 @@ impl State {
         let (mut keys, mut freed) = (0u64, 0u64);
         // Picked objects left for an offload decision (on-evict mode), oldest read first.
         let mut to_offload: Vec<(u64, String)> = Vec::new();
+        let mut dropped_with_task: Vec<String> = Vec::new();
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if !evictable(obj, k, now, tasks) || tasks.internal_active(k) {
+            if !evictable(obj, k, now, tasks) || tasks.internal_blocks_eviction(k) {
                 return true;
             }
             let (bytes, on_disk) = memory_bytes(obj, segs);
@@ -241,9 +243,16 @@ impl State {
                 segs.free_span(r.seg, r.span);
             }
             tombstones.add(k, obj.version);
+            if tasks.internal_active(k) {
+                dropped_with_task.push(k.clone());
+            }
             keys += 1;
             false
         });
+        for k in dropped_with_task {
+            // A copy not handed out yet: nothing was allocated for it, nobody reads for it.
+            self.fail_internal(now, &k, "the object was evicted");
+        }
         let (k2, f2, moved) = self.offload_picked(now, to_offload);
         keys += k2;
         freed += f2;

@@ -196,6 +196,17 @@ impl Tasks {
         }
     }
 
+    /// Whether `key`'s internal task keeps memory eviction off it: a move (on-evict: the
+    /// object waits in memory for it) or a task its executor may be reading for. An eager
+    /// offload still PENDING does not: under memory pressure an object waiting for its copy
+    /// goes as it would without a disk, and its task fails.
+    pub fn internal_blocks_eviction(&self, key: &str) -> bool {
+        self.internal_by_key
+            .get(key)
+            .and_then(|id| self.all.get(id))
+            .is_some_and(|t| t.source.is_some() || t.status != TaskStatus::Pending)
+    }
+
     /// Internal tasks (PENDING, PROCESSING).
     pub fn internal_counts(&self) -> (usize, usize) {
         (self.internal_pending, self.internal_processing)

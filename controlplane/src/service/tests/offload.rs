@@ -260,11 +260,12 @@ fn memory_eviction_of_an_object_with_a_disk_replica_keeps_it_readable_from_disk(
     t.put_by(C1, "k", 2 * MIB, "n1");
     assert_eq!(t.run_tasks(C1), 1);
     t.advance(10);
-    // Fill memory; the fillers' offloads stay queued, so only `k` has a disk copy and
-    // objects with an offload in flight are not evicted.
+    // Fill memory; the fillers' offloads are handed out and not reported, so only `k` has a
+    // disk copy, and objects whose copy is being made are not evicted.
     for i in 0..7 {
         t.put_by(C1, &format!("f{i}"), 2 * MIB, "n1");
     }
+    assert_eq!(t.fetch_work(C1).len(), 7);
     t.advance(10);
     t.svc.tick();
     assert_eq!(t.keys(), 8, "nothing lost");
@@ -887,4 +888,21 @@ fn an_offload_onto_a_full_disk_evicts_the_least_recently_read_first() {
     assert_eq!(t.tier().internal_pending, 1);
     t.advance(1_000);
     assert_eq!(t.fetch_work(C1).len(), 1, "room once the leases ended");
+}
+
+#[test]
+fn an_object_still_waiting_for_its_offload_is_evicted_as_without_a_disk() {
+    let t = T::with(offload_cfg());
+    t.owner(C1, 1, "n1", 16 * MIB, 64 * MIB, DiskPolicy::default());
+    for i in 0..8 {
+        t.put_by(C1, &format!("f{i}"), 2 * MIB, "n1");
+        t.advance(1);
+    }
+    // Nobody fetched the offloads: memory pressure does not wait for them.
+    t.svc.tick();
+    assert_eq!(t.keys(), 6, "the two least recently read went");
+    let g = t.tier();
+    assert_eq!(g.stats.offloads_failed, 2, "their offloads with them");
+    assert_eq!(g.internal_pending, 6);
+    assert_eq!(t.fetch_work(C1).len(), 6);
 }
