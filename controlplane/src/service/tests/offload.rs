@@ -906,3 +906,49 @@ fn an_object_still_waiting_for_its_offload_is_evicted_as_without_a_disk() {
     assert_eq!(g.internal_pending, 6);
     assert_eq!(t.fetch_work(C1).len(), 6);
 }
+
+#[test]
+fn promotions_in_flight_are_capped_cluster_wide() {
+    let mut c = offload_cfg();
+    c.offload.promotion_on_hit = true;
+    c.offload.promotion_threshold = 1;
+    c.offload.promotion_queue_limit = 1;
+    let t = T::with(c);
+    remount(&t, C1, 1, &[("a", MIB, 0, 1), ("b", MIB, 4 * MIB, 2)]);
+    t.get("a").unwrap();
+    t.get("b").unwrap();
+    assert_eq!(
+        t.tier().stats.promotions_queued,
+        1,
+        "b waits for a's to finish"
+    );
+    assert_eq!(t.run_tasks(C1), 1);
+    t.get("b").unwrap();
+    assert_eq!(t.tier().stats.promotions_queued, 2);
+}
+
+#[test]
+fn a_remove_frees_the_disk_replica_into_the_owners_outbox() {
+    let t = T::with(offload_cfg());
+    t.owner(C1, 1, "n1", 64 * MIB, 64 * MIB, DiskPolicy::default());
+    t.put_by(C1, "k", MIB, "n1");
+    let w = t.fetch_work(C1);
+    let addr = w[0].targets[0].buffer_address;
+    t.finish(C1, w[0].task_id, true).unwrap();
+    t.freed(C1);
+    let gone = t
+        .call(
+            Request::Remove,
+            Remove {
+                key: "k".into(),
+                force: false,
+            },
+        )
+        .unwrap();
+    // The remover is told both replicas (to bury them in both catalogs); the owner hears of
+    // the disk range at its ping and deletes the file.
+    let media: Vec<ReplicaMedium> = gone.iter().map(|r| r.medium).collect();
+    assert_eq!(media, [ReplicaMedium::Memory, ReplicaMedium::LocalDisk]);
+    assert!(t.freed(C1).contains(&(addr, MIB)));
+    assert_eq!(t.tier().disk_used_bytes, 0);
+}
