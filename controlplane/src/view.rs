@@ -27,6 +27,12 @@ pub struct ClusterStatus {
     pub soft_pinned_keys: u64,
     pub allocated_bytes: u64,
     pub capacity_bytes: u64,
+    /// Disk segments' figures (`docs/tiering.md`); the two above are memory's.
+    pub disk_allocated_bytes: u64,
+    pub disk_capacity_bytes: u64,
+    /// Objects with a disk replica, and those with disk replicas only.
+    pub disk_objects: u64,
+    pub disk_only_objects: u64,
     pub segments: Vec<SegmentStatus>,
     pub clients: Vec<ClientStatus>,
     /// Running totals (requests per operation, evictions): the page turns them into rates.
@@ -48,6 +54,8 @@ pub struct SegmentStatus {
     pub objects: u64,
     /// `ok`, `draining` (graceful unmount) or `quarantined` (its owner stopped pinging).
     pub state: &'static str,
+    /// `memory`, or `disk` for an owner's disk segment (`docs/tiering.md`).
+    pub medium: &'static str,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -389,6 +389,45 @@ fn resolve_tasks(values: &Values) -> Result<crate::service::TaskConfig, ConfigEr
     })
 }
 
+/// The disk tier's flags (`service::OffloadConfig`).
+fn resolve_offload(values: &Values) -> Result<crate::service::OffloadConfig, ConfigError> {
+    let ranged = |name: &str, lo: i64, hi: i64, expected: &'static str| {
+        values.get(name, |raw| value::parse_in_range(raw, lo, hi, expected))
+    };
+    Ok(crate::service::OffloadConfig {
+        enabled: values.get("enable_offload", value::parse_bool)?,
+        on_evict: values.get("offload_on_evict", value::parse_bool)?,
+        force_evict: values.get("offload_force_evict", value::parse_bool)?,
+        queue_limit: ranged(
+            "offloading_queue_limit",
+            1,
+            100_000_000,
+            "a count in 1..=100000000",
+        )? as u64,
+        cap_ratio: values.get("offload_cap_ratio", value::parse_ratio)?,
+        promotion_on_hit: values.get("promotion_on_hit", value::parse_bool)?,
+        promotion_threshold: ranged(
+            "promotion_admission_threshold",
+            1,
+            u32::MAX as i64,
+            "a count in 1..=4294967295",
+        )? as u32,
+        promotion_max_per_heartbeat: ranged(
+            "promotion_max_per_heartbeat",
+            1,
+            u32::MAX as i64,
+            "a count in 1..=4294967295",
+        )? as u32,
+        promotion_queue_limit: ranged(
+            "promotion_queue_limit",
+            0,
+            u32::MAX as i64,
+            "a count in 0..=4294967295",
+        )? as u64,
+        total_bytes_limit: values.get("offload_total_bytes_limit", value::parse_u64)?,
+    })
+}
+
 /// The tenant quota policy file (`service/quota.rs`), read now so that a bad one stops the
 /// master with the reason. Only with `--enable_multi_tenants`; without a URI there are no
 /// quotas (upstream refuses to start then).
@@ -441,6 +480,7 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         multi_tenants: values.get("enable_multi_tenants", value::parse_bool)?,
         tenant_quota: resolve_tenant_quota(values)?,
         tasks: resolve_tasks(values)?,
+        offload: resolve_offload(values)?,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {
         return Err(ConfigError::Conflict(format!(

@@ -344,8 +344,36 @@ fn rejected_values_name_flag_expectation_and_input() {
         (&["--ha_lease_ttl_sec=1"], &["--ha_lease_ttl_sec", "2..=60"]),
         // Flags accepted for compatibility are still type-checked.
         (
+            &["--enable_kv_events=sometimes"],
+            &["--enable_kv_events", "boolean"],
+        ),
+        (
             &["--enable_offload=sometimes"],
             &["--enable_offload", "boolean"],
+        ),
+        (
+            &["--offloading_queue_limit=0"],
+            &["--offloading_queue_limit", "1..=100000000", "\"0\""],
+        ),
+        (
+            &["--offloading_queue_limit=100000001"],
+            &["--offloading_queue_limit", "1..=100000000"],
+        ),
+        (
+            &["--offload_cap_ratio=1.5"],
+            &["--offload_cap_ratio", "[0, 1]", "1.5"],
+        ),
+        (
+            &["--promotion_admission_threshold=0"],
+            &["--promotion_admission_threshold", "1..="],
+        ),
+        (
+            &["--promotion_max_per_heartbeat=0"],
+            &["--promotion_max_per_heartbeat", "1..="],
+        ),
+        (
+            &["--offload_total_bytes_limit=-5"],
+            &["--offload_total_bytes_limit", "non-negative"],
         ),
         (&["--enable_ha"], &["invalid flag combination"]),
         (
@@ -355,7 +383,7 @@ fn rejected_values_name_flag_expectation_and_input() {
         (&["--v=loud"], &["--v", "integer"]),
         (
             &["--promotion_queue_limit=-1"],
-            &["--promotion_queue_limit", "non-negative"],
+            &["--promotion_queue_limit", "0..=4294967295"],
         ),
     ];
     for (args, needles) in cases {
@@ -415,9 +443,45 @@ fn syntax_errors() {
 }
 
 #[test]
+fn offload_flags_resolve() {
+    let (config, warnings) = run(&[
+        "--enable_offload",
+        "--offload_on_evict=true",
+        "--offload_force_evict",
+        "--offloading_queue_limit=100",
+        "--offload_cap_ratio=0.25",
+        "--offload_total_bytes_limit=1073741824",
+        "--promotion_on_hit",
+        "--promotion_admission_threshold=3",
+        "--promotion_max_per_heartbeat=4",
+        "--promotion_queue_limit=7",
+    ]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        config.service.offload,
+        crate::service::OffloadConfig {
+            enabled: true,
+            on_evict: true,
+            force_evict: true,
+            queue_limit: 100,
+            cap_ratio: 0.25,
+            promotion_on_hit: true,
+            promotion_threshold: 3,
+            promotion_max_per_heartbeat: 4,
+            promotion_queue_limit: 7,
+            total_bytes_limit: 1 << 30,
+        }
+    );
+    assert_eq!(
+        run(&[]).0.service.offload,
+        crate::service::OffloadConfig::default()
+    );
+}
+
+#[test]
 fn compat_flags_warn_only_when_set_away_from_default() {
     let cases: &[(&[&str], &[&str])] = &[
-        (&["--enable_offload"], &["enable_offload"]),
+        (&["--enable_kv_events"], &["enable_kv_events"]),
         (&["--log_dir=/tmp/logs"], &["log_dir"]),
         (
             &[
@@ -583,8 +647,8 @@ fn config_file_warnings_and_errors() {
         ),
         (
             "a.json",
-            r#"{"enable_offload": true}"#,
-            Ok(&["flag --enable_offload is accepted for compatibility but not supported"]),
+            r#"{"enable_kv_events": true}"#,
+            Ok(&["flag --enable_kv_events is accepted for compatibility but not supported"]),
         ),
         (
             "a.json",

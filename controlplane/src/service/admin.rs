@@ -122,6 +122,7 @@ impl AdminView for MasterService {
                     } else {
                         "ok"
                     },
+                    medium: if s.is_disk() { "disk" } else { "memory" },
                 })
                 .collect();
             let clients: Vec<ClientStatus> = st
@@ -159,11 +160,30 @@ impl AdminView for MasterService {
         }
         counters.push(("evicted_keys".into(), Metrics::get(&m.evicted_keys)));
         counters.push(("evicted_bytes".into(), Metrics::get(&m.evicted_bytes)));
+        let t = &g.tier.stats;
+        if g.tier.disk_segments > 0 {
+            for (name, v) in [
+                ("offload_queued", t.offloads_queued),
+                ("offload_completed", t.offloads_completed),
+                ("offload_failed", t.offloads_failed),
+                ("offload_skipped", t.offloads_skipped),
+                ("promotion_queued", t.promotions_queued),
+                ("promotion_completed", t.promotions_completed),
+                ("disk_only_read_hits", t.disk_only_hits),
+                ("disk_evicted_replicas", t.disk_evicted_replicas),
+            ] {
+                counters.push((name.into(), v));
+            }
+        }
         ClusterStatus {
             keys: g.key_count,
             soft_pinned_keys: g.soft_pin_key_count,
             allocated_bytes: g.allocated_bytes,
             capacity_bytes: g.total_capacity_bytes,
+            disk_allocated_bytes: g.tier.disk_used_bytes,
+            disk_capacity_bytes: g.tier.disk_capacity_bytes,
+            disk_objects: g.tier.disk_objects,
+            disk_only_objects: g.tier.disk_only_objects,
             segments,
             clients,
             counters,

@@ -6,6 +6,11 @@
 //! COMPLETE (no put or upsert in flight). Anything else skips the key with the reason as its
 //! status; the client reports the cleared keys only.
 //!
+//! **A disk's owner** may also clear the replica on its own disk segment (the segment named),
+//! whoever wrote the object: it does so when that copy's file failed its checksum or went
+//! missing (`docs/tiering.md`). Leases and tasks do not stop it, since the bytes are already
+//! lost; a reader that holds the range keeps it parked until its window ends, as always.
+//!
 //! Two kinds of clear, which differ in what they leave behind:
 //! - **the whole object** (no segment named, or the named segment held its last replica): as
 //!   `Remove`, through [`State::retire`]: a tombstone, the buffers parked while a read window
@@ -45,16 +50,20 @@ impl State {
         check_key(key)?;
         self.fenced(now)?;
         let obj = self.objects.get(key).ok_or_else(|| self.missing(now))?;
-        if obj.writer != client {
+        let disk_owner = segment
+            .and_then(|name| self.segs.by_name(name))
+            .and_then(|r| self.segs.get(r))
+            .is_some_and(|s| s.is_disk() && s.client == client);
+        if obj.writer != client && !disk_owner {
             return Err(ErrorCode::IllegalClient);
         }
-        if obj.remove_blocked(now) {
+        if !disk_owner && obj.remove_blocked(now) {
             return Err(ErrorCode::ObjectHasLease);
         }
         if !obj.is_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
-        if self.tasks.active(key) {
+        if !disk_owner && self.tasks.active(key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
         // The replica to drop alone, or `None` to clear the whole object (no segment named,
@@ -79,6 +88,8 @@ impl State {
         };
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let hold_until = obj.read_hold_until();
+        let release_ms = self.cfg.release_timeout_ms();
+        let hold_until = hold_until.max(self.tasks.executor_hold(key, now, release_ms));
         let r = obj.replicas.swap_remove(at);
         self.objects.settle(key);
         self.release(r.seg, r.span, hold_until, now);

@@ -48,18 +48,22 @@ fn status(out: &mut Vec<u8>, r: Result<(), ErrorCode>) -> bool {
     r.is_ok()
 }
 
-/// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones. Replicas in
-/// quarantined segments come last, so a reader tries the reachable ones first.
+/// `Vec<ReplicaDescriptor>` of an object: all replicas, or only COMPLETE ones. Memory replicas
+/// come before disk replicas (a memory read is the fast one; a disk replica is the fallback,
+/// `docs/tiering.md`), and within each medium replicas in quarantined segments come last, so
+/// a reader tries the reachable ones first.
 pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, readable: bool) {
     let count_at = out.len();
     out.extend_from_slice(&[0; 4]);
     let mut n = 0u32;
-    let quarantined_last = [false, true].into_iter().flat_map(|q| {
-        obj.replicas
-            .iter()
-            .filter(move |r| segs.get(r.seg).is_some_and(|s| s.quarantined == q))
+    let order = [(false, false), (false, true), (true, false), (true, true)];
+    let ordered = order.into_iter().flat_map(|(disk, q)| {
+        obj.replicas.iter().filter(move |r| {
+            segs.get(r.seg)
+                .is_some_and(|s| s.quarantined == q && s.is_disk() == disk)
+        })
     });
-    for r in quarantined_last {
+    for r in ordered {
         if readable && r.status != ReplicaStatus::Complete {
             continue;
         }
@@ -68,7 +72,7 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
         };
         ReplicaDescriptorRef {
             status: r.status,
-            medium: protocol::ReplicaMedium::Memory,
+            medium: seg.medium,
             segment_name: &seg.name,
             transport_endpoint: &seg.te_endpoint,
             buffer_address: r.span.addr,

@@ -10,10 +10,19 @@
 //! target)`); counting bytes is the same for uniform objects and right for mixed sizes.
 //!
 //! **Candidates.** An object is evictable when it is not hard-pinned, every replica is
-//! COMPLETE, and its *read* lease has expired. Candidates go oldest `last_read_ms` first
-//! (approximate LRU; ties broken arbitrarily). Soft-pinned objects (pin deadline in the
-//! future) come only after every other candidate, and only with
-//! `allow_evict_soft_pinned_objects`.
+//! COMPLETE, its *read* lease has expired and it has no replica task (a user's, or an internal
+//! one that is a move or already handed to its executor, `tasks.rs`: an eager offload still
+//! waiting for its executor does not pin memory, it fails with the object). Candidates go oldest `last_read_ms` first (approximate LRU; ties broken
+//! arbitrarily). Soft-pinned objects (pin deadline in the future) come only after every other
+//! candidate, and only with `allow_evict_soft_pinned_objects`.
+//!
+//! **Disk tier** (`offload.rs`). Only memory counts here: capacity, usage and the bytes an
+//! object frees are its memory replicas'; an object on disk only is no candidate. Objects
+//! with a COMPLETE disk replica go first (their memory replicas are dropped and the object
+//! stays, readable from disk: nothing is lost). With `--offload_on_evict` an object without
+//! a disk replica whose owner has a disk is not dropped but gets an offload move, at most
+//! `offload_cap_ratio × offloading_queue_limit` per pass; the rest of what the pass picked
+//! stays in memory, or is dropped with `--offload_force_evict`.
 //!
 //! **The probe rule (upstream issue #2187).** Only `GetReplicaList` (a real read) grants the
 //! read lease that protects an object from eviction, and only it refreshes `last_read_ms`.
@@ -79,11 +88,25 @@ pub(crate) fn evictable(
 }
 
 impl State {
-    /// Used and total bytes over mounted segments.
+    /// Used and total bytes over mounted memory segments: what memory eviction and its
+    /// watermark look at. Disk segments have their own totals ([`State::disk_usage`]).
     pub(crate) fn usage(&self) -> (u64, u64) {
-        self.segs.iter().fold((0, 0), |(u, c), s| {
-            (u + s.alloc.used_bytes(), c + s.alloc.capacity())
-        })
+        self.segs
+            .iter()
+            .filter(|s| !s.is_disk())
+            .fold((0, 0), |(u, c), s| {
+                (u + s.alloc.used_bytes(), c + s.alloc.capacity())
+            })
+    }
+
+    /// Used and total bytes over mounted disk segments.
+    pub(crate) fn disk_usage(&self) -> (u64, u64) {
+        self.segs
+            .iter()
+            .filter(|s| s.is_disk())
+            .fold((0, 0), |(u, c), s| {
+                (u + s.alloc.used_bytes(), c + s.alloc.capacity())
+            })
     }
 
     /// Runs a pass if the watermark is crossed or a put asked for one.
@@ -117,19 +140,30 @@ impl State {
         let need = ((target * cap as f64).ceil() as u64).max(min_bytes).max(1);
         let allow_pinned = self.cfg.allow_evict_soft_pinned_objects;
 
+        // Three classes, taken in this order: objects with a disk replica (dropping their
+        // memory replicas loses nothing, `offload.rs`), then the others, then soft-pinned
+        // ones. Objects with no memory replica free nothing here and are not candidates.
+        let mut backed: Vec<(u64, u64)> = Vec::new();
         let mut plain: Vec<(u64, u64)> = Vec::new();
         let mut pinned: Vec<(u64, u64)> = Vec::new();
         let mut retry_at = u64::MAX;
         for (k, obj) in &self.objects {
             // An object with a replication task stays until the task ends (`tasks.rs`).
-            if obj.hard_pin || !obj.is_complete() || self.tasks.active(k) {
+            if obj.hard_pin
+                || !obj.is_complete()
+                || self.tasks.active(k)
+                || self.tasks.internal_blocks_eviction(k)
+            {
                 continue;
             }
             if obj.read_leased_until() > now {
                 retry_at = retry_at.min(obj.read_leased_until());
                 continue;
             }
-            let bytes = obj.replicas.iter().map(|r| r.span.len).sum();
+            let (bytes, on_disk) = memory_bytes(obj, &self.segs);
+            if bytes == 0 {
+                continue;
+            }
             if obj.soft_pinned(now) {
                 if allow_pinned {
                     pinned.push((obj.last_read_ms, bytes));
@@ -138,33 +172,70 @@ impl State {
                 }
                 continue;
             }
-            plain.push((obj.last_read_ms, bytes));
+            if on_disk {
+                backed.push((obj.last_read_ms, bytes));
+            } else {
+                plain.push((obj.last_read_ms, bytes));
+            }
         }
-        let (mut cut_plain, short) = cutoff(&mut plain, need);
+        let (mut cut_backed, short) = cutoff(&mut backed, need);
+        let (mut cut_plain, short) = if short > 0 {
+            cutoff(&mut plain, short)
+        } else {
+            (None, 0)
+        };
         let mut cut_pinned = None;
         if short > 0 && allow_pinned {
             cut_pinned = cutoff(&mut pinned, short).0;
         }
 
+        let on_evict = self.cfg.offload.enabled && self.cfg.offload.on_evict;
         let State {
             objects,
             segs,
             tombstones,
             tasks,
+            tier,
             ..
         } = self;
         let (mut keys, mut freed) = (0u64, 0u64);
+        // Picked objects left for an offload decision (on-evict mode), oldest read first.
+        let mut to_offload: Vec<(u64, String)> = Vec::new();
+        let mut dropped_with_task: Vec<String> = Vec::new();
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if !evictable(obj, k, now, tasks) {
+            if !evictable(obj, k, now, tasks) || tasks.internal_blocks_eviction(k) {
+                return true;
+            }
+            let (bytes, on_disk) = memory_bytes(obj, segs);
+            if bytes == 0 {
                 return true;
             }
             let evict = if obj.soft_pinned(now) {
                 allow_pinned && take(&mut cut_pinned, obj.last_read_ms)
+            } else if on_disk {
+                take(&mut cut_backed, obj.last_read_ms)
             } else {
                 take(&mut cut_plain, obj.last_read_ms)
             };
             if !evict {
+                return true;
+            }
+            if on_disk {
+                // Lossless: the memory replicas go, the object stays readable from disk.
+                obj.replicas.retain(|r| {
+                    let disk = segs.get(r.seg).is_some_and(|s| s.is_disk());
+                    if !disk {
+                        segs.free_span(r.seg, r.span);
+                    }
+                    disk
+                });
+                freed += bytes;
+                tier.memory_evictions_to_disk += 1;
+                return true;
+            }
+            if on_evict {
+                to_offload.push((obj.last_read_ms, k.clone()));
                 return true;
             }
             for r in &obj.replicas {
@@ -172,12 +243,22 @@ impl State {
                 segs.free_span(r.seg, r.span);
             }
             tombstones.add(k, obj.version);
+            if tasks.internal_active(k) {
+                dropped_with_task.push(k.clone());
+            }
             keys += 1;
             false
         });
+        for k in dropped_with_task {
+            // A copy not handed out yet: nothing was allocated for it, nobody reads for it.
+            self.fail_internal(now, &k, "the object was evicted");
+        }
+        let (k2, f2, moved) = self.offload_picked(now, to_offload);
+        keys += k2;
+        freed += f2;
 
         self.need_eviction = false;
-        if keys == 0 {
+        if keys == 0 && freed == 0 && moved == 0 {
             self.evict_blocked = Some((self.evict_epoch, retry_at));
         } else {
             self.evict_blocked = None;
@@ -187,6 +268,62 @@ impl State {
         }
         freed
     }
+
+    /// Offload on evict (`offload.rs`): the objects this pass picked, oldest read first, get
+    /// an offload move while the per-pass cap (`offload_cap_ratio × offloading_queue_limit`)
+    /// lasts. An object whose owner has no disk is dropped as eviction always did; one past
+    /// the cap (or whose disk's queue is full) stays in memory, or is dropped with
+    /// `--offload_force_evict`. Returns (keys dropped, bytes freed, moves queued).
+    fn offload_picked(&mut self, now: u64, mut picked: Vec<(u64, String)>) -> (u64, u64, u64) {
+        if picked.is_empty() {
+            return (0, 0, 0);
+        }
+        picked.sort_unstable();
+        let o = &self.cfg.offload;
+        let mut cap = (o.cap_ratio * o.queue_limit as f64).floor() as u64;
+        let force = o.force_evict;
+        let (mut keys, mut freed, mut moved) = (0u64, 0u64, 0u64);
+        for (_, k) in picked {
+            let queued = if cap > 0 {
+                self.offload_on_evict(now, &k)
+            } else {
+                self.offload_route_exists(&k).then_some(false)
+            };
+            let drop = match queued {
+                Some(true) => {
+                    cap -= 1;
+                    moved += 1;
+                    false
+                }
+                Some(false) => force,
+                None => true,
+            };
+            if drop {
+                if let Some(obj) = self.objects.remove(&k) {
+                    for r in &obj.replicas {
+                        freed += r.span.len;
+                        self.segs.free_span(r.seg, r.span);
+                    }
+                    self.tombstones.add(&k, obj.version);
+                    keys += 1;
+                }
+            }
+        }
+        (keys, freed, moved)
+    }
+}
+
+/// The bytes of `obj`'s memory replicas, and whether it has a disk replica.
+fn memory_bytes(obj: &super::object::Object, segs: &super::segments::Segments) -> (u64, bool) {
+    let mut bytes = 0;
+    let mut on_disk = false;
+    for r in &obj.replicas {
+        match segs.get(r.seg) {
+            Some(s) if s.is_disk() => on_disk = true,
+            _ => bytes += r.span.len,
+        }
+    }
+    (bytes, on_disk)
 }
 
 #[cfg(test)]

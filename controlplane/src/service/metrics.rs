@@ -219,6 +219,8 @@ pub struct Gauges {
     pub quarantined_segments: u64,
     /// Registered owners the current HA term still waits for (`owners.rs`).
     pub owners_awaited: u64,
+    /// The disk tier (`offload.rs`).
+    pub tier: super::TierGauges,
 }
 
 impl Metrics {
@@ -324,6 +326,7 @@ impl Metrics {
         for (name, help, v) in gauges {
             metric(&mut s, name, help, "gauge", v);
         }
+        render_tier(&mut s, &g.tier);
         let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "master_evicted_key_count",
@@ -439,6 +442,117 @@ impl Metrics {
             }
         }
         s
+    }
+}
+
+/// The disk tier's gauges and counters (`offload.rs`, `docs/tiering.md`). Memory's own
+/// figures above (`master_allocated_bytes`, `master_total_capacity_bytes`) leave disk out.
+fn render_tier(s: &mut String, t: &super::TierGauges) {
+    let st = &t.stats;
+    let gauges: [(&str, &str, u64); 8] = [
+        (
+            "master_memory_object_count",
+            "Objects with at least one memory replica",
+            t.memory_objects,
+        ),
+        (
+            "master_disk_object_count",
+            "Objects with a disk replica",
+            t.disk_objects,
+        ),
+        (
+            "master_disk_only_object_count",
+            "Objects whose only replicas are on disk",
+            t.disk_only_objects,
+        ),
+        (
+            "master_disk_allocated_bytes",
+            "Bytes allocated on disk segments (disk replicas and offloads in flight)",
+            t.disk_used_bytes,
+        ),
+        (
+            "master_disk_capacity_bytes",
+            "Total size of mounted disk segments",
+            t.disk_capacity_bytes,
+        ),
+        (
+            "master_disk_segment_count",
+            "Mounted disk segments",
+            t.disk_segments,
+        ),
+        (
+            "master_tier_tasks_pending",
+            "Offload and promotion tasks waiting for their executor",
+            t.internal_pending,
+        ),
+        (
+            "master_tier_tasks_processing",
+            "Offload and promotion tasks handed to their executor",
+            t.internal_processing,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        metric(s, name, help, "gauge", v);
+    }
+    let counters: [(&str, &str, u64); 11] = [
+        (
+            "master_offload_queued_total",
+            "Offload tasks queued",
+            st.offloads_queued,
+        ),
+        (
+            "master_offload_completed_total",
+            "Offload tasks completed into a disk replica",
+            st.offloads_completed,
+        ),
+        (
+            "master_offload_failed_total",
+            "Offload tasks failed (executor error, timeout, object removed meanwhile)",
+            st.offloads_failed,
+        ),
+        (
+            "master_offload_skipped_total",
+            "Offloads not queued because the disk's queue was at offloading_queue_limit",
+            st.offloads_skipped,
+        ),
+        (
+            "master_promotion_queued_total",
+            "Promotion tasks queued",
+            st.promotions_queued,
+        ),
+        (
+            "master_promotion_completed_total",
+            "Promotion tasks completed into a memory replica",
+            st.promotions_completed,
+        ),
+        (
+            "master_promotion_failed_total",
+            "Promotion tasks failed",
+            st.promotions_failed,
+        ),
+        (
+            "master_disk_only_read_hits_total",
+            "Replica lookups answered with disk replicas only",
+            st.disk_only_hits,
+        ),
+        (
+            "master_disk_evicted_replicas_total",
+            "Disk replicas dropped by disk eviction",
+            st.disk_evicted_replicas,
+        ),
+        (
+            "master_disk_evicted_bytes_total",
+            "Bytes of disk replicas dropped by disk eviction",
+            st.disk_evicted_bytes,
+        ),
+        (
+            "master_memory_evictions_to_disk_total",
+            "Objects whose memory replicas eviction dropped, leaving them on disk",
+            st.memory_evictions_to_disk,
+        ),
+    ];
+    for (name, help, v) in counters {
+        metric(s, name, help, "counter", v);
     }
 }
 

@@ -14,7 +14,8 @@
 //! replicas), `segments.rs` (segments, clients, liveness), `freed.rs` (ranges freed in a
 //! segment, told to its owner for its catalog, see `docs/recovery.md`), `evict.rs` (eviction and the
 //! probe-lease rule), `dispatch.rs` (requests to reply bytes), `metrics.rs` (counters and
-//! Prometheus text), `admin.rs` (the admin view), `tasks.rs` (replica copy and move tasks).
+//! Prometheus text), `admin.rs` (the admin view), `tasks.rs` (replica copy and move tasks),
+//! `offload.rs` (the disk tier: offload, promotion, disk eviction; `docs/tiering.md`).
 //!
 //! Invariants of `State` beyond those of each file:
 //! - `zombies` holds spans owned by no object (buffers of discarded puts, or of replaced
@@ -29,6 +30,10 @@ mod freed;
 pub mod metrics;
 mod object;
 mod objects;
+mod offload;
+#[cfg(test)]
+#[path = "tests/offload.rs"]
+mod offload_tests;
 mod owners;
 mod placement;
 pub mod quota;
@@ -60,6 +65,7 @@ use crate::alloc::Span;
 use crate::clock::Clock;
 pub use dispatch::VERSION;
 pub use metrics::{BatchOp, Metrics, Op};
+pub use offload::{OffloadConfig, TierGauges, TierStats};
 use segments::{Client, SegRef, Segments};
 pub use tasks::TaskConfig;
 
@@ -110,6 +116,8 @@ pub struct ServiceConfig {
     /// The replica-task limits and timeouts (`--max_total_*_tasks`, `--*_task_timeout_sec`,
     /// `--max_retry_attempts`; `tasks.rs`).
     pub tasks: TaskConfig,
+    /// The disk tier's switches (`--enable_offload` and its family; `offload.rs`).
+    pub offload: OffloadConfig,
 }
 
 impl Default for ServiceConfig {
@@ -130,6 +138,7 @@ impl Default for ServiceConfig {
             multi_tenants: false,
             tenant_quota: None,
             tasks: TaskConfig::default(),
+            offload: OffloadConfig::default(),
         }
     }
 }
@@ -221,6 +230,13 @@ pub(crate) struct State {
     pub tasks: tasks::Tasks,
     /// Tenant quotas (`quota.rs`): with `--enable_multi_tenants` and a policy file.
     pub quotas: Option<quota::Quotas>,
+    /// The disk tier's counters (`offload.rs`), read by the metrics page under the lock.
+    pub tier: TierStats,
+    /// When the next disk-watermark check runs (`offload.rs`, at most once a second).
+    pub next_disk_check_ms: u64,
+    /// A synchronous disk eviction that found nothing: at this time, on this disk
+    /// (`offload.rs`, `allocate_target`).
+    pub disk_futile: Option<(u64, SegRef)>,
 }
 
 impl State {
@@ -259,6 +275,9 @@ impl State {
             liveness_from_ms: 0,
             tasks: tasks::Tasks::default(),
             quotas,
+            tier: TierStats::default(),
+            next_disk_check_ms: 0,
+            disk_futile: None,
         }
     }
 
@@ -346,7 +365,10 @@ impl State {
         let mut parked = 0u64;
         zombies.retain(|z| {
             if z.release_at_ms > now {
-                parked += z.span.len;
+                // Parked disk ranges do not crowd memory: only memory counts here.
+                if segs.get(z.seg).is_some_and(|s| !s.is_disk()) {
+                    parked += z.span.len;
+                }
                 return true;
             }
             segs.free_span(z.seg, z.span);
@@ -522,6 +544,7 @@ impl MasterService {
         st.expire_tasks(now);
         st.release_zombies(m, now);
         st.maybe_evict(m, now);
+        st.maybe_evict_disks(now);
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -542,6 +565,7 @@ impl MasterService {
             segments: st.segs.len() as u64,
             quarantined_segments: st.quarantined_segments() as u64,
             owners_awaited: st.owners.awaited(now) as u64,
+            tier: st.tier_gauges(),
         }
     }
 

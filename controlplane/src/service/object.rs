@@ -57,6 +57,9 @@ pub(crate) struct Replica {
     pub seg: SegRef,
     pub span: Span,
     pub status: ReplicaStatus,
+    /// On a disk segment (`docs/tiering.md`): not charged to its tenant's quota, which
+    /// weighs memory.
+    pub on_disk: bool,
 }
 
 /// Soft-pin state of an object.
@@ -177,6 +180,9 @@ pub(crate) struct Object {
     /// The end of the last read window handed out (see the module's "Read windows").
     pub read_window_until: u64,
     pub probe_lease_until: u64,
+    /// Reads answered while its only COMPLETE replicas were on disk, since its last
+    /// promotion (`offload.rs`, promotion on hit). Saturates; reset when promoted.
+    pub disk_hits: u32,
     /// Last `GetReplicaList` (or completion): the recency eviction orders by.
     pub last_read_ms: u64,
     pub soft_pin: SoftPin,
@@ -356,15 +362,20 @@ impl State {
                 // completed, and then a remove or eviction could hand the buffers to another
                 // key under that late write), nor while a reader holds a lease (it would read
                 // a mix of both values), nor in a segment closed to new allocations (draining,
-                // or quarantined: the write would most likely fail). Otherwise the old buffers
+                // or quarantined: the write would most likely fail), nor on a disk segment
+                // (a writer cannot write another process's files). Otherwise the old buffers
                 // are parked (`drop_object`) and new ones allocated, as for a new size.
                 let segs = &self.segs;
-                let idle = obj.is_complete()
+                // Nor while the disk tier copies it (`tasks.rs`, "Internal tasks"): the
+                // executor records its copy under the old version, so the bytes it reads
+                // must stay that version's; `drop_object` fails the task and parks them.
+                let idle = !self.tasks.internal_active(&key)
+                    && obj.is_complete()
                     && obj.read_hold_until() <= now
-                    && obj
-                        .replicas
-                        .iter()
-                        .all(|r| segs.get(r.seg).is_some_and(|s| s.writable()));
+                    && obj.replicas.iter().all(|r| {
+                        segs.get(r.seg)
+                            .is_some_and(|s| s.writable() && !s.is_disk())
+                    });
                 if obj.size == size && idle {
                     obj.soft_pin = resolve_soft_pin(
                         cfg,
@@ -429,6 +440,7 @@ impl State {
             read_lease_until: 0,
             read_window_until: 0,
             probe_lease_until: 0,
+            disk_hits: 0,
             last_read_ms: now,
             soft_pin,
             hard_pin: cfg.with_hard_pin,
@@ -471,10 +483,11 @@ impl State {
             self.discard_put(m, key);
             return;
         }
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(self.executor_hold(now, key));
         let Some(obj) = self.objects.remove(key) else {
             return;
         };
+        self.fail_internal(now, key, "the object was replaced");
         self.tombstones.add(key, obj.version);
         for r in obj.replicas {
             self.release(r.seg, r.span, hold_until, now);
@@ -487,9 +500,11 @@ impl State {
     /// re-report replaced (a newer version) or buried (a tombstone): an owner slower than the
     /// recovery fence re-reports after reads resumed.
     pub(crate) fn retire(&mut self, now: u64, key: &str) -> Option<Object> {
+        let executor_hold = self.executor_hold(now, key);
         let obj = self.objects.remove(key)?;
+        self.fail_internal(now, key, "the object was removed");
         self.tombstones.add(key, obj.version);
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(executor_hold);
         for r in &obj.replicas {
             self.release(r.seg, r.span, hold_until, now);
         }
@@ -536,6 +551,8 @@ impl State {
             }
             self.evict_epoch += 1;
             self.done_inflight(started);
+            // Eager offload: a complete object gets a copy on its owner's disk (`offload.rs`).
+            self.offload_eager(now, key);
         }
         Ok(())
     }
@@ -571,6 +588,11 @@ impl State {
         if !obj.has_complete() {
             return Err(ErrorCode::ReplicaIsNotReady);
         }
+        if lease {
+            // Counts a read answered from disk only, maybe queueing a promotion (`offload.rs`).
+            self.disk_only_hit(now, key);
+        }
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         if lease {
             obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
             if let Some(g) = &obj.group {
@@ -674,6 +696,7 @@ impl State {
         record: impl FnOnce(Vec<String>) -> Pick,
     ) -> Result<u64, ErrorCode> {
         self.fenced_all(now)?;
+        let release_ms = self.cfg.release_timeout_ms();
         let State {
             objects,
             segs,
@@ -684,6 +707,7 @@ impl State {
         } = self;
         let mut n = 0;
         let mut kept = Vec::new();
+        let mut with_internal = Vec::new();
         objects.retain(|k, obj| {
             if !pick(k) {
                 return true;
@@ -695,13 +719,21 @@ impl State {
                 return true;
             }
             tombstones.add(k, obj.version);
+            let hold_until = obj
+                .read_hold_until()
+                .max(tasks.executor_hold(k, now, release_ms));
             for r in &obj.replicas {
-                let hold_until = obj.read_hold_until();
                 Self::release_span(segs, zombies, r.seg, r.span, hold_until, now);
+            }
+            if tasks.internal_active(k) {
+                with_internal.push(k.clone());
             }
             n += 1;
             false
         });
+        for k in with_internal {
+            self.fail_internal(now, &k, "the object was removed");
+        }
         let at = self.next_version();
         let removal = Removal {
             term: at.term,

@@ -1,7 +1,8 @@
 //! The index of objects by key, and the bytes each tenant holds in it.
 //!
 //! With tenant quotas on (`quota.rs`) every object is *charged* to its tenant: its size times
-//! its replica count, as upstream charges. The ledger is kept here, by the only code that can
+//! its replica count, as upstream charges, counting memory replicas only (a quota shares out
+//! the memory pool; disk replicas live in their owners' disk tiers, `docs/tiering.md`). The ledger is kept here, by the only code that can
 //! change the index, so no path that adds, drops or changes an object can forget it:
 //! [`Objects::insert`], [`Objects::remove`] and [`Objects::retain`] move whole charges (and
 //! `retain` settles the objects it changed), and a path that changes an object's replica
@@ -28,9 +29,10 @@ pub(crate) struct Objects {
     ledger: Option<FastMap<String, u64>>,
 }
 
-/// What an object is charged: its size times its replica count.
+/// What an object is charged: its size times its memory replica count.
 fn charge_of(obj: &Object) -> u64 {
-    obj.size.saturating_mul(obj.replicas.len() as u64)
+    let memory = obj.replicas.iter().filter(|r| !r.on_disk).count();
+    obj.size.saturating_mul(memory as u64)
 }
 
 /// The tenant a held key belongs to.

@@ -9,6 +9,9 @@
 //! preferred: a quarantined segment's owner stopped pinging, so a put there would most likely
 //! fail in the transfer; when nothing else has room the put gets `NO_AVAILABLE_HANDLE`.
 //!
+//! Disk segments (`docs/tiering.md`) are never chosen either: a writer cannot write a file on
+//! another process's disk; objects reach a disk only through offload tasks (`offload.rs`).
+//!
 //! Fewer replicas than asked is a success (as upstream, with a partial-allocation metric);
 //! none is `NO_AVAILABLE_HANDLE`, after one synchronous eviction pass and retry.
 
@@ -50,7 +53,9 @@ impl State {
 
     /// Whether evicting could ever make room: some writable segment is big enough.
     fn some_segment_could_hold(&self, size: u64) -> bool {
-        self.segs.iter().any(|s| s.writable() && s.size >= size)
+        self.segs
+            .iter()
+            .any(|s| s.writable() && !s.is_disk() && s.size >= size)
     }
 
     fn try_place(&mut self, size: u64, want: usize, cfg: &ReplicateConfig) -> Vec<Replica> {
@@ -79,6 +84,7 @@ impl State {
                 let mut v: Vec<(f64, u32)> = self
                     .segs
                     .iter_indexed()
+                    .filter(|(_, s)| !s.is_disk())
                     .map(|(i, s)| {
                         let free = s.size - s.alloc.used_bytes();
                         (free as f64 / s.size as f64, i)
@@ -140,7 +146,7 @@ impl State {
         let Some(seg) = segs.get_mut(r) else {
             return true;
         };
-        if !seg.writable() {
+        if !seg.writable() || seg.is_disk() {
             return true;
         }
         if let Some(span) = seg.allocate(size) {
@@ -148,6 +154,7 @@ impl State {
                 seg: r,
                 span,
                 status: ReplicaStatus::Processing,
+                on_disk: false,
             });
         }
         true

@@ -303,7 +303,9 @@ impl State {
             .objects
             .iter()
             .filter(|(k, obj)| {
+                // An object charged nothing (on disk only, `docs/tiering.md`) frees nothing.
                 k.as_str() != except
+                    && obj.charge > 0
                     && tenant_of(k) == tenant
                     && evictable(obj, k, now, &self.tasks)
                     && (allow_pinned || !obj.soft_pinned(now))
@@ -323,15 +325,19 @@ impl State {
             if freed >= need {
                 break;
             }
+            // An offload may be reading it (`tasks.rs`, "Internal tasks"): its buffers are
+            // parked until the executor is done, and the task fails.
+            let hold_until = self.executor_hold(now, &key);
             let Some(obj) = self.objects.remove(&key) else {
                 continue;
             };
+            self.fail_internal(now, &key, "the object was evicted for its tenant's quota");
             freed += obj.charge;
             keys += 1;
             self.tombstones.add(&key, obj.version);
             for r in &obj.replicas {
                 bytes += r.span.len;
-                self.segs.free_span(r.seg, r.span);
+                self.release(r.seg, r.span, hold_until, now);
             }
         }
         if keys > 0 {

@@ -18,7 +18,9 @@
 
 use std::collections::HashMap;
 
-use protocol::{ErrorCode, HeldObject, ReplicaStatus, Segment, Uuid, Version};
+use protocol::{
+    DiskPolicy, ErrorCode, HeldObject, ReplicaMedium, ReplicaStatus, Segment, Uuid, Version,
+};
 
 use super::freed::FreedOutbox;
 use super::object::{check_key, Object, Replica, SoftPin};
@@ -41,6 +43,11 @@ pub(crate) struct Seg {
     pub te_endpoint: String,
     pub protocol: String,
     pub host_id: String,
+    /// Memory, or its owner's disk tier (`docs/tiering.md`): a disk segment takes no put's
+    /// replica, only offload copies, and counts in the disk totals, never in memory's.
+    pub medium: ReplicaMedium,
+    /// A disk segment's watermarks and key limit (`evict.rs`, disk eviction).
+    pub disk: DiskPolicy,
     pub alloc: SegmentAllocator,
     /// Set by a graceful unmount: no new allocation, unmounted at this time.
     pub draining_until: Option<u64>,
@@ -54,6 +61,11 @@ impl Seg {
     /// Whether placement may allocate here.
     pub fn writable(&self) -> bool {
         self.draining_until.is_none() && !self.quarantined
+    }
+
+    /// Whether this is a disk segment (its addresses name files of its owner's disk tier).
+    pub fn is_disk(&self) -> bool {
+        self.medium == ReplicaMedium::LocalDisk
     }
 
     /// Allocates `size` bytes, claiming the span from the freed-range outbox.
@@ -233,6 +245,8 @@ impl State {
             te_endpoint: s.te_endpoint,
             protocol: s.protocol,
             host_id: s.host_id,
+            medium: s.medium,
+            disk: s.disk,
             alloc,
             draining_until: None,
             quarantined: false,
@@ -337,6 +351,7 @@ impl State {
             seg: r,
             span,
             status: ReplicaStatus::Complete,
+            on_disk: seg.is_disk(),
         };
         match objects.get_mut(&h.key) {
             Some(obj) => {
@@ -357,6 +372,7 @@ impl State {
                         read_lease_until: lease_until,
                         read_window_until: lease_until,
                         probe_lease_until: 0,
+                        disk_hits: 0,
                         last_read_ms: now,
                         soft_pin,
                         hard_pin: h.with_hard_pin,

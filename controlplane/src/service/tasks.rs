@@ -26,11 +26,26 @@
 //! reported (it is done writing), parked until `--put_start_release_timeout_sec` when the
 //! task timed out (it may still be writing).
 //!
-//! While a task is PENDING or PROCESSING its object *has a replication task*: `Remove`
+//! While a user's task is PENDING or PROCESSING its object *has a replication task*: `Remove`
 //! (unless forced), `RemoveAll`, `RemoveByRegex`, `BatchReplicaClear` and `UpsertStart`
 //! refuse it with `OBJECT_HAS_REPLICATION_TASK` (-708) or skip it, eviction skips it, and a
 //! second task on it is refused with -708. A forced remove, an unmount or an expiry may still
 //! take the object or a target away; the task then fails when its executor reports.
+//!
+//! **Internal tasks.** The disk tier (`offload.rs`) books its own copies here: an *offload*
+//! (a copy, or a move for on-evict, from a memory replica onto its owner's disk segment) and
+//! a *promotion* (a copy of a disk-only object onto a memory segment). They are executed
+//! like user tasks (the same `FetchTasks`/`CompleteTask`, the same wire form: a client tells
+//! them apart only by the targets' and sources' `medium`), but the master started them, so
+//! they never stand in a user's way: they are kept out of `by_key`, so `Remove`,
+//! `RemoveAll`, `RemoveByRegex`, `BatchReplicaClear`, `UpsertStart` and a user's own
+//! `Create*Task` proceed as if they were not there. When their object leaves the index or is
+//! rewritten the internal task fails at once (`fail_internal`), its ranges parked for the
+//! put release timeout if its executor may be writing them, then freed into the owner's
+//! freed outbox (the owner deletes the file). Eviction skips objects with one in flight.
+//! They count in their own limits (`--offloading_queue_limit` per disk segment,
+//! `--promotion_queue_limit` cluster-wide), not in `--max_total_*_tasks`, and are not
+//! handed to another executor: only a disk's owner can read or write its files.
 //!
 //! Tasks are soft state: they live in `State` only, so a restarted master or a new HA leader
 //! knows none of them (`QueryTask` answers `TASK_NOT_FOUND`, and an executor's late report is
@@ -94,9 +109,20 @@ impl Default for TaskConfig {
     }
 }
 
+/// What the master booked an internal task for (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Internal {
+    /// A copy (eager) or move (on-evict) of a memory replica onto its owner's disk segment.
+    Offload,
+    /// A copy of a disk-only object onto a memory segment.
+    Promotion,
+}
+
 pub(crate) struct Task {
     pub id: Uuid,
     pub kind: TaskType,
+    /// `Some` for a task the master booked itself (module docs).
+    pub internal: Option<Internal>,
     pub status: TaskStatus,
     pub key: String,
     /// A move's source segment.
@@ -111,12 +137,26 @@ pub(crate) struct Task {
     /// While PROCESSING: the version being copied, and one range per target.
     pub version: Version,
     pub ranges: Vec<(SegRef, Span)>,
+    /// An internal task, while PROCESSING: the source replicas handed to the executor. A
+    /// user's call may take one away meanwhile (internal tasks refuse nothing), and then the
+    /// executor may have copied bytes of a reused range: the task must not commit.
+    pub sources: Vec<(SegRef, Span)>,
 }
 
 #[derive(Default)]
 pub(crate) struct Tasks {
     all: FastMap<Uuid, Task>,
+    /// Users' PENDING and PROCESSING tasks by key.
     by_key: FastMap<String, Uuid>,
+    /// Internal PENDING and PROCESSING tasks by key (at most one per key).
+    internal_by_key: FastMap<String, Uuid>,
+    /// Offloads PENDING or PROCESSING per disk segment name (`--offloading_queue_limit`).
+    pub offloads_by_disk: FastMap<String, usize>,
+    /// Promotions PENDING or PROCESSING (`--promotion_queue_limit`).
+    pub promotions: usize,
+    /// Internal tasks PENDING and PROCESSING.
+    internal_pending: usize,
+    internal_processing: usize,
     /// PENDING tasks by executor, in creation order.
     queued: FastMap<Uuid, VecDeque<Uuid>>,
     /// Clients that fetch tasks (executors), by the time of their last fetch.
@@ -128,9 +168,48 @@ pub(crate) struct Tasks {
 }
 
 impl Tasks {
-    /// Whether `key` has a PENDING or PROCESSING task.
+    /// Whether `key` has a user's PENDING or PROCESSING task (internal ones do not count:
+    /// they never refuse a user's call).
     pub fn active(&self, key: &str) -> bool {
         self.by_key.contains_key(key)
+    }
+
+    /// Whether `key` has an internal (offload or promotion) task in flight.
+    pub fn internal_active(&self, key: &str) -> bool {
+        self.internal_by_key.contains_key(key)
+    }
+
+    /// Until when buffers taken from `key`'s object must stay parked because an executor may
+    /// be reading them for an internal task (`release_ms` from now), or 0. The executor
+    /// records its copy in the target's catalog under the object's version before it reports,
+    /// so bytes it reads must not become another write's under it (module docs).
+    pub fn executor_hold(&self, key: &str, now: u64, release_ms: u64) -> u64 {
+        let reading = self
+            .internal_by_key
+            .get(key)
+            .and_then(|id| self.all.get(id))
+            .is_some_and(|t| t.status == TaskStatus::Processing);
+        if reading {
+            now.saturating_add(release_ms)
+        } else {
+            0
+        }
+    }
+
+    /// Whether `key`'s internal task keeps memory eviction off it: a move (on-evict: the
+    /// object waits in memory for it) or a task its executor may be reading for. An eager
+    /// offload still PENDING does not: under memory pressure an object waiting for its copy
+    /// goes as it would without a disk, and its task fails.
+    pub fn internal_blocks_eviction(&self, key: &str) -> bool {
+        self.internal_by_key
+            .get(key)
+            .and_then(|id| self.all.get(id))
+            .is_some_and(|t| t.source.is_some() || t.status != TaskStatus::Pending)
+    }
+
+    /// Internal tasks (PENDING, PROCESSING).
+    pub fn internal_counts(&self) -> (usize, usize) {
+        (self.internal_pending, self.internal_processing)
     }
 
     /// The state of a task; times stay on the master's clock.
@@ -215,6 +294,7 @@ impl State {
                 } else {
                     TaskType::ReplicaCopy
                 },
+                internal: None,
                 status: TaskStatus::Pending,
                 key: key.to_string(),
                 source: source.map(str::to_string),
@@ -226,12 +306,82 @@ impl State {
                 attempts: 0,
                 version: obj.version,
                 ranges: Vec::new(),
+                sources: Vec::new(),
             },
         );
         t.by_key.insert(key.to_string(), id);
         t.queued.entry(assigned).or_default().push_back(id);
         t.pending += 1;
         Ok(id)
+    }
+
+    /// Books an internal task (module docs): a copy onto `target`, or a move from `source`,
+    /// executed by `executor` (the disk's owner). The caller checked the object and limits.
+    pub(crate) fn create_internal(
+        &mut self,
+        now: u64,
+        key: &str,
+        internal: Internal,
+        source: Option<String>,
+        target: String,
+        executor: Uuid,
+    ) -> Option<Uuid> {
+        let version = self.objects.get(key)?.version;
+        let t = &mut self.tasks;
+        if t.internal_by_key.contains_key(key) {
+            return None;
+        }
+        let id = loop {
+            let id = Uuid::random();
+            if id != Uuid::NIL && !t.all.contains_key(&id) {
+                break id;
+            }
+        };
+        match internal {
+            Internal::Offload => *t.offloads_by_disk.entry(target.clone()).or_insert(0) += 1,
+            Internal::Promotion => t.promotions += 1,
+        }
+        t.all.insert(
+            id,
+            Task {
+                id,
+                kind: if source.is_some() {
+                    TaskType::ReplicaMove
+                } else {
+                    TaskType::ReplicaCopy
+                },
+                internal: Some(internal),
+                status: TaskStatus::Pending,
+                key: key.to_string(),
+                source,
+                targets: vec![target],
+                created_ms: now,
+                updated_ms: now,
+                assigned: executor,
+                message: String::new(),
+                attempts: 0,
+                version,
+                ranges: Vec::new(),
+                sources: Vec::new(),
+            },
+        );
+        t.internal_by_key.insert(key.to_string(), id);
+        t.queued.entry(executor).or_default().push_back(id);
+        t.internal_pending += 1;
+        Some(id)
+    }
+
+    /// Fails `key`'s internal task, if any, because its object left the index or is being
+    /// rewritten. Its ranges are parked: the executor may be writing them right now.
+    pub(crate) fn fail_internal(&mut self, now: u64, key: &str, why: &str) {
+        if let Some(&id) = self.tasks.internal_by_key.get(key) {
+            let may_write = self
+                .tasks
+                .all
+                .get(&id)
+                .is_some_and(|t| t.status == TaskStatus::Processing);
+            self.finish_task(now, id, TaskStatus::Failed, why.to_string(), may_write);
+        }
     }
 
     /// `FetchTasks`: the executor's pending tasks, now PROCESSING with their ranges allocated.
@@ -241,9 +391,12 @@ impl State {
         self.tasks.executors.insert(client, now);
         let mut work = Vec::new();
         let mut retry = Vec::new();
-        while work.len() < TASKS_PER_FETCH_MAX
-            && self.tasks.processing < self.cfg.tasks.max_processing as usize
-        {
+        let mut promotions = 0u32;
+        // Tasks looked at in one fetch: those that cannot start now (no space, over a limit)
+        // go back to the queue, and must not make a fetch walk a queue of 50 000 offloads.
+        let mut budget = 4 * TASKS_PER_FETCH_MAX;
+        while work.len() < TASKS_PER_FETCH_MAX && budget > 0 {
+            budget -= 1;
             let Some(id) = self
                 .tasks
                 .queued
@@ -252,6 +405,23 @@ impl State {
             else {
                 break;
             };
+            // User tasks are held by `--max_total_processing_tasks`, promotions by
+            // `--promotion_max_per_heartbeat` per fetch; offloads by their queue limit only.
+            let internal = self.tasks.all.get(&id).and_then(|t| t.internal);
+            let held = match internal {
+                None => self.tasks.processing >= self.cfg.tasks.max_processing as usize,
+                Some(Internal::Promotion) => {
+                    promotions >= self.cfg.offload.promotion_max_per_heartbeat
+                }
+                Some(Internal::Offload) => false,
+            };
+            if held {
+                retry.push(id);
+                continue;
+            }
+            if internal == Some(Internal::Promotion) {
+                promotions += 1;
+            }
             match self.start_task(now, id) {
                 // Every target already holds a replica: nothing to copy, done here (a move
                 // drops its source).
@@ -283,26 +453,26 @@ impl State {
         let Some(task) = self.tasks.all.get(&id) else {
             return Err(Some("task lost".into()));
         };
-        let obj = match self.objects.get(&task.key) {
-            Some(o) if o.is_complete() && o.version == task.version => o,
+        let (key, targets, version) = (task.key.clone(), task.targets.clone(), task.version);
+        let (size, held) = match self.objects.get(&key) {
+            Some(o) if o.is_complete() && o.version == version => {
+                (o.size, o.replicas.iter().map(|x| x.seg).collect::<Vec<_>>())
+            }
             _ => return Err(Some("the object was removed or replaced".into())),
         };
-        let mut ranges: Vec<(SegRef, Span)> = Vec::with_capacity(task.targets.len());
+        let mut ranges: Vec<(SegRef, Span)> = Vec::with_capacity(targets.len());
         let mut lack = None;
-        for t in &task.targets {
+        for t in &targets {
             let Some(r) = self.segs.by_name(t) else {
                 lack = Some(Some(format!("target segment {t} is not mounted")));
                 break;
             };
-            if obj.replicas.iter().any(|x| x.seg == r) {
+            if held.contains(&r) {
                 continue;
             }
-            match self
-                .segs
-                .get_mut(r)
-                .filter(|s| s.writable())
-                .and_then(|s| s.allocate(obj.size))
-            {
+            // A disk target may evict disk replicas to make room (`offload.rs`); the
+            // object itself is never among them while it has this task in flight.
+            match self.allocate_target(now, r, size) {
                 Some(span) => ranges.push((r, span)),
                 None => {
                     lack = Some(None);
@@ -310,6 +480,15 @@ impl State {
                 }
             }
         }
+        let Some(task) = self.tasks.all.get(&id) else {
+            return Err(Some("task lost".into()));
+        };
+        let Some(obj) = self.objects.get(&key).filter(|o| o.version == version) else {
+            for (r, span) in ranges {
+                self.segs.free_span(r, span);
+            }
+            return Err(Some("the object was removed meanwhile".into()));
+        };
         if let Some(why) = lack {
             for (r, span) in ranges {
                 self.segs.free_span(r, span);
@@ -327,29 +506,36 @@ impl State {
                 })
             }));
         }
-        let sources = obj
+        // The executor's own replicas first: an offload reads its owner's memory replica,
+        // a promotion its owner's disk file, without a network hop.
+        let mut sources: Vec<(bool, ReplicaDescriptor)> = obj
             .replicas
             .iter()
             .filter_map(|r| {
                 let seg = self.segs.get(r.seg)?;
-                Some(ReplicaDescriptor {
-                    status: r.status,
-                    medium: protocol::ReplicaMedium::Memory,
-                    segment_name: seg.name.clone(),
-                    transport_endpoint: seg.te_endpoint.clone(),
-                    buffer_address: r.span.addr,
-                    size: obj.size,
-                    version: obj.version,
-                })
+                Some((
+                    seg.client != task.assigned,
+                    ReplicaDescriptor {
+                        status: r.status,
+                        medium: seg.medium,
+                        segment_name: seg.name.clone(),
+                        transport_endpoint: seg.te_endpoint.clone(),
+                        buffer_address: r.span.addr,
+                        size: obj.size,
+                        version: obj.version,
+                    },
+                ))
             })
             .collect();
+        sources.sort_by_key(|s| s.0);
+        let sources = sources.into_iter().map(|s| s.1).collect();
         let targets = ranges
             .iter()
             .filter_map(|&(r, span)| {
                 let seg = self.segs.get(r)?;
                 Some(ReplicaDescriptor {
                     status: ReplicaStatus::Processing,
-                    medium: protocol::ReplicaMedium::Memory,
+                    medium: seg.medium,
                     segment_name: seg.name.clone(),
                     transport_endpoint: seg.te_endpoint.clone(),
                     buffer_address: span.addr,
@@ -366,13 +552,22 @@ impl State {
             with_hard_pin: obj.hard_pin,
             soft_pin_ttl_ms: obj.soft_pin_left_ms(now),
         };
+        let handed: Vec<(SegRef, Span)> = obj.replicas.iter().map(|r| (r.seg, r.span)).collect();
         let t = &mut self.tasks;
         let task = t.all.get_mut(&id).ok_or(Some(String::new()))?;
+        if task.internal.is_some() {
+            task.sources = handed;
+        }
         task.status = TaskStatus::Processing;
         task.updated_ms = now;
         task.ranges = ranges;
-        t.pending -= 1;
-        t.processing += 1;
+        if task.internal.is_some() {
+            t.internal_pending -= 1;
+            t.internal_processing += 1;
+        } else {
+            t.pending -= 1;
+            t.processing += 1;
+        }
         Ok(w)
     }
 
@@ -413,6 +608,15 @@ impl State {
     /// Adds a PROCESSING task's ranges to its object as COMPLETE replicas, then drops a move's
     /// source replica. On error nothing changed.
     fn commit_task(&mut self, now: u64, id: Uuid) -> Result<(), String> {
+        // A user's move may drop the very replica an offload is reading; an internal task's
+        // own executor is done reading when it reports.
+        let executor_hold = match self.tasks.all.get(&id) {
+            Some(t) if t.internal.is_none() => {
+                let release_ms = self.cfg.release_timeout_ms();
+                self.tasks.executor_hold(&t.key, now, release_ms)
+            }
+            _ => 0,
+        };
         let task = self.tasks.all.get_mut(&id).ok_or("task lost")?;
         let obj = match self.objects.get_mut(&task.key) {
             Some(o) if o.version == task.version && o.is_complete() => o,
@@ -420,6 +624,12 @@ impl State {
         };
         if task.ranges.iter().any(|&(r, _)| self.segs.get(r).is_none()) {
             return Err("a target segment was unmounted meanwhile".into());
+        }
+        let kept = |&(seg, span): &(SegRef, Span)| {
+            obj.replicas.iter().any(|r| r.seg == seg && r.span == span)
+        };
+        if !task.sources.iter().all(kept) {
+            return Err("a source replica was cleared while it was being copied".into());
         }
         let source = match &task.source {
             None => None,
@@ -432,13 +642,14 @@ impl State {
                 Some(at)
             }
         };
-        let hold_until = obj.read_hold_until();
+        let hold_until = obj.read_hold_until().max(executor_hold);
         let dropped = source.map(|at| obj.replicas.swap_remove(at));
         for (seg, span) in std::mem::take(&mut task.ranges) {
             obj.replicas.push(super::object::Replica {
                 seg,
                 span,
                 status: ReplicaStatus::Complete,
+                on_disk: self.segs.get(seg).is_some_and(|s| s.is_disk()),
             });
         }
         let key = task.key.clone();
@@ -464,17 +675,49 @@ impl State {
         let Some(task) = t.all.get_mut(&id) else {
             return;
         };
+        let internal = task.internal.is_some();
         match task.status {
             TaskStatus::Pending => {
-                t.pending -= 1;
+                if internal {
+                    t.internal_pending -= 1;
+                } else {
+                    t.pending -= 1;
+                }
                 if let Some(q) = t.queued.get_mut(&task.assigned) {
                     q.retain(|x| *x != id);
                 }
             }
+            TaskStatus::Processing if internal => t.internal_processing -= 1,
             TaskStatus::Processing => t.processing -= 1,
             TaskStatus::Success | TaskStatus::Failed => return,
         }
-        if status == TaskStatus::Failed {
+        match task.internal {
+            None => {}
+            Some(Internal::Offload) => {
+                if let Some(target) = task.targets.first() {
+                    if let Some(n) = t.offloads_by_disk.get_mut(target) {
+                        *n -= 1;
+                        if *n == 0 {
+                            t.offloads_by_disk.remove(target);
+                        }
+                    }
+                }
+                if status == TaskStatus::Success {
+                    self.tier.offloads_completed += 1;
+                } else {
+                    self.tier.offloads_failed += 1;
+                }
+            }
+            Some(Internal::Promotion) => {
+                t.promotions -= 1;
+                if status == TaskStatus::Success {
+                    self.tier.promotions_completed += 1;
+                } else {
+                    self.tier.promotions_failed += 1;
+                }
+            }
+        }
+        if status == TaskStatus::Failed && !internal {
             tracing::info!(
                 "replica task {}-{} on {:?} failed: {message}",
                 id.hi,
@@ -496,7 +739,11 @@ impl State {
                 self.segs.free_span(seg, span);
             }
         }
-        t.by_key.remove(&task.key);
+        if internal {
+            t.internal_by_key.remove(&task.key);
+        } else {
+            t.by_key.remove(&task.key);
+        }
         t.finished.push_back(id);
         while t.finished.len() > self.cfg.tasks.max_finished as usize {
             if let Some(old) = t.finished.pop_front() {
@@ -508,7 +755,9 @@ impl State {
     /// Fails tasks past their pending or processing timeout; forgets executors that left.
     /// Called by `tick`, scans at most once a second.
     pub(crate) fn expire_tasks(&mut self, now: u64) {
-        if now < self.tasks.next_scan_ms || (self.tasks.pending + self.tasks.processing) == 0 {
+        let t = &self.tasks;
+        let active = t.pending + t.processing + t.internal_pending + t.internal_processing;
+        if now < self.tasks.next_scan_ms || active == 0 {
             return;
         }
         self.tasks.next_scan_ms = now + TIMEOUT_SCAN_INTERVAL_MS;
@@ -519,12 +768,21 @@ impl State {
             self.cfg.tasks.pending_timeout_ms,
             self.cfg.tasks.processing_timeout_ms,
         );
+        let objects = &self.objects;
         let late: Vec<(Uuid, &str)> = self
             .tasks
             .by_key
             .values()
+            .chain(self.tasks.internal_by_key.values())
             .filter_map(|id| {
                 let t = self.tasks.all.get(id)?;
+                // An internal task whose object went another way (an unmount, an expiry)
+                // fails now rather than at its timeout (module docs).
+                if t.internal.is_some()
+                    && objects.get(&t.key).is_none_or(|o| o.version != t.version)
+                {
+                    return Some((*id, "its object was removed or replaced"));
+                }
                 let over = |timeout: u64, since: u64| timeout > 0 && now >= since + timeout;
                 match t.status {
                     TaskStatus::Pending if over(pt, t.created_ms) => {
@@ -552,7 +810,8 @@ impl State {
         }
     }
 
-    /// Hands the PENDING tasks of executors that expired to a live executor, if any.
+    /// Hands the PENDING tasks of executors that expired to a live executor, if any. Internal
+    /// tasks fail instead: only a disk's owner can read or write its files.
     fn reassign_orphans(&mut self, now: u64) {
         let clients = &self.clients;
         let orphaned: Vec<Uuid> = self
@@ -562,20 +821,31 @@ impl State {
             .copied()
             .filter(|c| !clients.contains_key(c))
             .collect();
-        let Some(heir) = self.tasks.executors.keys().copied().min() else {
-            return;
-        };
+        let heir = self.tasks.executors.keys().copied().min();
         for gone in orphaned {
             let Some(ids) = self.tasks.queued.remove(&gone) else {
                 continue;
             };
-            for id in &ids {
+            let (internal, user): (Vec<Uuid>, Vec<Uuid>) = ids
+                .into_iter()
+                .partition(|id| self.tasks.all.get(id).is_some_and(|t| t.internal.is_some()));
+            for id in internal {
+                let why = "the disk's owner expired".to_string();
+                self.finish_task(now, id, TaskStatus::Failed, why, false);
+            }
+            let Some(heir) = heir else {
+                if !user.is_empty() {
+                    self.tasks.queued.insert(gone, user.into());
+                }
+                continue;
+            };
+            for id in &user {
                 if let Some(t) = self.tasks.all.get_mut(id) {
                     t.assigned = heir;
                     t.updated_ms = now;
                 }
             }
-            self.tasks.queued.entry(heir).or_default().extend(ids);
+            self.tasks.queued.entry(heir).or_default().extend(user);
         }
     }
 

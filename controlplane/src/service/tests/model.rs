@@ -12,6 +12,13 @@
 //! step of a put, ping or re-mount is a separate event, so the seeded schedule interleaves
 //! them with each other, with ticks and with elections (`MasterService::reset`).
 //!
+//! Each owner also has a disk segment (`docs/tiering.md`) and the master runs with
+//! `--enable_offload`: a completed put queues an offload, which the owner fetches and, at a
+//! later step, executes as `client::store::tasks` does (reads its source replica's bytes,
+//! writes them at the disk target, records them in its catalog, reports); disk eviction runs
+//! on a small disk. Disk addresses (from `1 << 60`) never meet memory ones, so one catalog and
+//! one byte map per owner hold both, as the owner's catalog does.
+//!
 //! The check: every read after the recovery fence returns, for each replica, bytes that are
 //! exactly the bytes of the write of that key at that version.
 //!
@@ -105,6 +112,7 @@ pub(crate) struct T {
 }
 
 impl T {
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new() -> T {
         Self::with(cfg())
     }
@@ -176,10 +184,14 @@ struct Entry {
     seq: u64,
 }
 
-/// One owner: its segment, catalog and bytes.
+/// One owner: its segments, catalog and bytes.
 struct Owner {
     client: Uuid,
     seg: Segment,
+    /// Its disk segment: same client, addresses from `1 << 60`.
+    disk: Segment,
+    /// Tasks fetched and not yet executed.
+    works: Vec<TaskWork>,
     cat: BTreeMap<u64, Entry>,
     seq: u64,
     tombs: HashMap<String, Version>,
@@ -265,11 +277,29 @@ impl Owner {
         }
     }
 
+    /// The base of this owner's segment `name`.
+    fn seg_base(&self, name: &str) -> u64 {
+        if name == self.disk.name {
+            self.disk.base
+        } else {
+            self.seg.base
+        }
+    }
+
+    /// The segment an address of this owner lies in.
+    fn seg_of(&self, addr: u64) -> &str {
+        if addr >= self.disk.base {
+            &self.disk.name
+        } else {
+            &self.seg.name
+        }
+    }
+
     fn held(&self) -> Vec<HeldObject> {
         let objects = self.cat.iter().map(|(&a, e)| HeldObject {
             key: e.key.clone(),
             size: e.len,
-            segment_name: self.seg.name.clone(),
+            segment_name: self.seg_of(a).to_string(),
             buffer_address: a,
             with_hard_pin: false,
             version: e.version,
@@ -367,6 +397,8 @@ struct Model {
     /// (or a copy stalled past the owner's wait), which nothing in the owner stops.
     fenced_bytes: bool,
     gets_checked: u64,
+    /// Replicas on disk among those the checked reads read.
+    disk_reads_checked: u64,
     /// Reads whose replica list was granted (with its lease) and whose bytes are read at a
     /// later step: (key, list, granted at ms).
     reads: Vec<(String, ReplicaList, u64)>,
@@ -380,8 +412,21 @@ const KEYS: u64 = 12;
 const WRITERS: [Uuid; 2] = [Uuid { hi: 9, lo: 1 }, Uuid { hi: 9, lo: 2 }];
 
 impl Model {
-    fn new(rng: Rng, seg_size: u64) -> Model {
-        let t = T::new();
+    fn new(mut rng: Rng, seg_size: u64) -> Model {
+        // Eager offload or offload on evict; promotion on the first disk-only read or never.
+        let on_evict = rng.chance(50);
+        let promotion_on_hit = rng.chance(50);
+        let t = T::with(ServiceConfig {
+            offload: crate::service::OffloadConfig {
+                enabled: true,
+                on_evict,
+                force_evict: rng.chance(50),
+                promotion_on_hit,
+                promotion_threshold: 1,
+                ..Default::default()
+            },
+            ..cfg()
+        });
         let owners = (1..=2u64)
             .map(|n| Owner {
                 client: Uuid::from_parts(50, n),
@@ -395,6 +440,23 @@ impl Model {
                     host_id: format!("h{n}"),
                     ..Default::default()
                 },
+                // Smaller than memory, with watermarks: disk eviction runs too.
+                disk: Segment {
+                    id: Uuid::from_parts(200, n),
+                    name: format!("seg{n}/disk"),
+                    base: (1 << 60) + (n << 40),
+                    size: seg_size / 2,
+                    te_endpoint: format!("seg{n}-disk"),
+                    protocol: "tcp".into(),
+                    host_id: format!("h{n}"),
+                    medium: ReplicaMedium::LocalDisk,
+                    disk: DiskPolicy {
+                        high_watermark_permille: 900,
+                        low_watermark_permille: 700,
+                        keys_limit: 0,
+                    },
+                },
+                works: Vec::new(),
                 cat: BTreeMap::new(),
                 seq: 0,
                 tombs: HashMap::new(),
@@ -403,7 +465,7 @@ impl Model {
                 fence: 0,
             })
             .collect();
-        let m = Model {
+        let mut m = Model {
             t,
             rng,
             owners,
@@ -415,16 +477,23 @@ impl Model {
             late_writes: false,
             fenced_bytes: true,
             gets_checked: 0,
+            disk_reads_checked: 0,
             reads: Vec::new(),
             now_step: 0,
             stalled_until: vec![0, 0],
         };
         m.t.svc.reset(m.term, &[]);
+        m.log.push(format!(
+            "offload on_evict={on_evict}, promotion_on_hit={promotion_on_hit}"
+        ));
         m
     }
 
     fn owner_of(&self, seg: &str) -> usize {
-        self.owners.iter().position(|o| o.seg.name == seg).unwrap()
+        self.owners
+            .iter()
+            .position(|o| o.seg.name == seg || o.disk.name == seg)
+            .unwrap()
     }
 
     fn size(&mut self) -> u64 {
@@ -617,6 +686,11 @@ impl Model {
             }
         }
         self.gets_checked += 1;
+        self.disk_reads_checked += list
+            .replicas
+            .iter()
+            .filter(|r| r.medium == ReplicaMedium::LocalDisk)
+            .count() as u64;
         self.log
             .push(format!("read {key} ok ({} replicas)", list.replicas.len()));
         Ok(())
@@ -671,7 +745,7 @@ impl Model {
                         Request::ReMountSegment,
                         ReMountSegment {
                             client_id: client,
-                            segments: vec![self.owners[o].seg.clone()],
+                            segments: vec![self.owners[o].seg.clone(), self.owners[o].disk.clone()],
                             held: held.clone(),
                         },
                     );
@@ -679,6 +753,67 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// Owner `o`'s executor: fetches its tasks, or executes one fetched before, as
+    /// `client::store::tasks` does: the bytes of its first source go to each target and are
+    /// recorded in the target's catalog (refused for an ended term, as a put's), then the
+    /// master hears the outcome (a report to a master that no longer knows the task is
+    /// refused, and the recorded copy comes back with the next re-mount).
+    fn executor_step(&mut self, o: usize) {
+        if self.now_step < self.stalled_until[o] {
+            return;
+        }
+        let client = self.owners[o].client;
+        let Some(w) = self.owners[o].works.pop() else {
+            let r = self
+                .t
+                .call(Request::FetchTasks, FetchTasks { client_id: client });
+            if let Ok(w) = r {
+                self.log
+                    .push(format!("owner {o} fetches {} tasks", w.len()));
+                self.owners[o].works = w;
+            }
+            return;
+        };
+        let Some(src) = w.sources.first() else {
+            return;
+        };
+        let so = self.owner_of(&src.segment_name);
+        // Bytes of one write copy as that write; anything else is garbage (0), which a
+        // later read of the copy reports.
+        let seen = self.owners[so].read(src.buffer_address, src.size);
+        let id = match seen.as_slice() {
+            [id] => *id,
+            _ => 0,
+        };
+        let mut ok = true;
+        for t in &w.targets {
+            let to = self.owner_of(&t.segment_name);
+            let refused = self.fenced_bytes && t.version.term < self.owners[to].fence;
+            if !refused {
+                self.owners[to].write(t.buffer_address, t.size, id);
+            }
+            ok &= !refused && self.owners[to].insert(t.buffer_address, t.size, &w.key, t.version);
+            self.log.push(format!(
+                "owner {o} copies {}@{:?} (write {id}) to {}+{:#x} recorded={ok}",
+                w.key,
+                t.version,
+                t.segment_name,
+                t.buffer_address - self.owners[to].seg_base(&t.segment_name),
+            ));
+        }
+        let r = self.t.call(
+            Request::CompleteTask,
+            CompleteTask {
+                client_id: client,
+                task_id: w.task_id,
+                ok,
+                message: String::new(),
+            },
+        );
+        self.log
+            .push(format!("owner {o} completes {} -> {r:?}", w.key));
     }
 
     fn elect(&mut self) {
@@ -736,9 +871,13 @@ impl Model {
                         self.finish_read(i)?;
                     }
                 }
-                750..900 => {
+                750..870 => {
                     let o = self.rng.below(self.owners.len() as u64) as usize;
                     self.owner_step(o);
+                }
+                870..900 => {
+                    let o = self.rng.below(self.owners.len() as u64) as usize;
+                    self.executor_step(o);
                 }
                 900..997 => {
                     // Mostly short steps; now and then long enough for leases, parked
@@ -767,6 +906,7 @@ fn model_reads_never_see_another_writes_bytes_across_elections() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
     let (mut checked, mut evicted, mut discarded, mut elections) = (0, 0, 0, 0);
+    let (mut offloaded, mut disk_evicted, mut disk_reads, mut promoted) = (0, 0, 0, 0);
     let first: u64 = std::env::var("MC_MODEL_FIRST")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -791,10 +931,28 @@ fn model_reads_never_see_another_writes_bytes_across_elections() {
         evicted += mt.evicted_keys.load(Relaxed);
         discarded += mt.put_start_discards.load(Relaxed);
         elections += m.log.iter().filter(|l| l.starts_with("election")).count();
+        let tier = m.t.svc.gauges().tier.stats;
+        offloaded += tier.offloads_completed;
+        // Counters restart with each election; the log does not: a promotion's copy is one
+        // whose target is a memory segment.
+        promoted += m
+            .log
+            .iter()
+            .filter(|l| l.contains(" copies ") && !l.contains("/disk+"))
+            .count();
+        disk_evicted += tier.disk_evicted_replicas;
+        disk_reads += m.disk_reads_checked;
     }
     println!(
-        "{seeds} schedules, {elections} elections, {checked} reads checked, {evicted} keys \
-         evicted, {discarded} puts discarded"
+        "{seeds} schedules, {elections} elections, {checked} reads checked ({disk_reads} of \
+         disk replicas), {evicted} keys evicted, {discarded} puts discarded, {offloaded} \
+         offloads completed, {promoted} promotion copies made, {disk_evicted} disk replicas \
+         evicted"
+    );
+    // Offload counters restart with each election's fresh state; reads are counted whole.
+    assert!(
+        disk_reads > seeds && offloaded > 0,
+        "the schedules hardly use the disk tier: {disk_reads} disk reads, {offloaded} offloads"
     );
     assert!(
         checked > seeds * 20,

@@ -104,7 +104,8 @@ impl T {
         let st = self.svc.state.lock();
         assert_eq!(st.objects.kept_ledger(), st.objects.recomputed());
         for obj in st.objects.values() {
-            assert_eq!(obj.charge, obj.size * obj.replicas.len() as u64);
+            let memory = obj.replicas.iter().filter(|r| !r.on_disk).count();
+            assert_eq!(obj.charge, obj.size * memory as u64);
         }
     }
 }
@@ -352,4 +353,65 @@ fn the_ledger_follows_every_path() {
         !text.contains("mooncake_tenant_evict_bytes_total{tenant_id=\"t1\"} 0\n"),
         "{text}"
     );
+}
+
+#[test]
+fn disk_replicas_are_not_charged_and_disk_only_objects_are_not_evicted_for_a_quota() {
+    let (_dir, policy) = policy_file("disk", &[("t1", 1000)]);
+    let mut c = quota_cfg(policy);
+    c.offload.enabled = true;
+    let t = T::with(c);
+    t.mount_on(C1, 1, "seg1", 1 << 20, "h1");
+    let disk = Segment {
+        id: Uuid::from_parts(200, 1),
+        name: "seg1/disk".into(),
+        base: 1 << 60,
+        size: 1 << 20,
+        te_endpoint: "seg1-disk".into(),
+        protocol: "tcp".into(),
+        host_id: "h1".into(),
+        medium: ReplicaMedium::LocalDisk,
+        disk: DiskPolicy::default(),
+    };
+    let r = t.call(
+        Request::MountSegment,
+        MountSegment {
+            client_id: C1,
+            segment: disk,
+        },
+    );
+    assert_eq!(r, Ok(()));
+    assert_eq!(t.put_in("t1", "a", 600, 1, false), Ok(()));
+    let w = t
+        .call(Request::FetchTasks, FetchTasks { client_id: C1 })
+        .unwrap();
+    assert_eq!(w.len(), 1, "the offload");
+    let done = CompleteTask {
+        client_id: C1,
+        task_id: w[0].task_id,
+        ok: true,
+        message: String::new(),
+    };
+    assert_eq!(t.call(Request::CompleteTask, done), Ok(()));
+    assert_eq!(t.charged("t1"), 600, "memory only");
+    t.ledger_matches_the_index();
+    // Its writer drops the memory replica: on disk only, charged nothing.
+    let clear = BatchReplicaClear {
+        client_id: C1,
+        keys: vec!["a".into()],
+        segment_name: "seg1".into(),
+    };
+    let r = t
+        .in_tenant("t1", Request::BatchReplicaClear, clear)
+        .unwrap();
+    assert!(r[0].is_ok());
+    assert_eq!(t.charged("t1"), 0);
+    // Past the quota, the charged object goes, not the disk-only one (it frees nothing).
+    assert_eq!(t.put_in("t1", "b", 600, 1, false), Ok(()));
+    t.advance(1);
+    assert_eq!(t.put_in("t1", "c", 600, 1, false), Ok(()));
+    assert!(t.exists_in("t1", "a"));
+    assert!(!t.exists_in("t1", "b"));
+    assert_eq!(t.charged("t1"), 600);
+    t.ledger_matches_the_index();
 }
