@@ -711,7 +711,7 @@ fn a_disk_owner_clears_its_disk_replica_even_when_another_client_wrote_it() {
 }
 
 #[test]
-fn objects_on_a_disk_only_client_are_not_offloaded_when_disabled() {
+fn without_enable_offload_a_disk_segment_takes_nothing() {
     // Without --enable_offload a mounted disk segment takes nothing.
     let t = T::with(cfg());
     t.owner(C1, 1, "n1", 64 * MIB, 64 * MIB, DiskPolicy::default());
