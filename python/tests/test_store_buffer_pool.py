@@ -1,5 +1,5 @@
 """`mooncake.BufferPool` / `RegisteredBufferPool` (upstream's test_buffer_pool_native.py
-surface): acquire/release, reuse, size classes, overflow, blocking and timeouts, prewarm,
+surface): acquire/release, reuse, size classes, oversize requests, blocking and timeouts, prewarm,
 views and their lifetime, close, and the leased memory working with put_from/get_into."""
 
 import ctypes
@@ -74,12 +74,14 @@ def test_size_classes_alignment_and_capacity(pstore):
 def test_blocking_acquire_waits_for_a_release(pstore):
     from mooncake import BufferPool
 
-    pool = BufferPool(pstore, max_bytes=1 * MIB, min_size_class=1 * MIB, alignment=1 * MIB)
-    held = pool.acquire(MIB)
+    # The pool is the store's whole local buffer (4 MiB), so there is no room for an overflow
+    # lease either (test_dropin_buffer_pool.py): the second acquire has to wait.
+    pool = BufferPool(pstore, max_bytes=4 * MIB, min_size_class=4 * MIB, alignment=1 * MIB)
+    held = pool.acquire(4 * MIB)
     got = []
 
     def waiter():
-        with pool.acquire(MIB, timeout=10) as l2:
+        with pool.acquire(4 * MIB, timeout=10) as l2:
             got.append(l2.ptr)
 
     t = threading.Thread(target=waiter)
