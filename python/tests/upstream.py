@@ -10,9 +10,11 @@ two results; without the wheel the test is skipped with the reason.
 `run(source)` runs `scenario()` alone.
 """
 
+import functools
 import json
 import os
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -84,9 +86,35 @@ finally:
 '''
 
 
-def _run(code, timeout):
+@functools.lru_cache(maxsize=None)
+def _numpy_path():
+    """A directory holding only this interpreter's numpy, for an upstream venv without one
+    (the wheel does not depend on numpy; its `_fast_copy` needs it). None when the venv has
+    numpy; skips when it has none and the Python versions differ."""
+    probe = subprocess.run([python(), "-c", "import numpy"], capture_output=True, timeout=60,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if probe.returncode == 0:
+        return None
+    import numpy
+    import sys
+    theirs = subprocess.run([python(), "-c", "import sys; print(sys.version_info[:2])"],
+                            capture_output=True, text=True, timeout=60).stdout.strip()
+    if theirs != str(tuple(sys.version_info[:2])):
+        pytest.skip("the upstream venv has no numpy, and ours is for another Python")
+    src = Path(numpy.__file__).parent.parent
+    out = Path(tempfile.mkdtemp(prefix="mooncake-upstream-numpy-"))
+    for name in ("numpy", "numpy.libs"):
+        if (src / name).exists():
+            (out / name).symlink_to(src / name)
+    return str(out)
+
+
+def _run(code, timeout, with_numpy=False):
     # Without PYTHONPATH: it may point at our package, which would shadow the wheel's.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    extra = _numpy_path() if with_numpy else None
+    if extra:
+        env["PYTHONPATH"] = extra
     env["MC_LOG_LEVEL"] = "ERROR"
     proc = subprocess.run([python(), "-c", code], capture_output=True, timeout=timeout, env=env)
     out = proc.stdout.decode(errors="replace")
@@ -105,7 +133,7 @@ def run_with_store(source, segment=16 << 20, local_buffer=4 << 20, timeout=120):
     return _run(code, timeout)
 
 
-def run(source, timeout=60):
+def run(source, timeout=60, with_numpy=False):
     """`scenario()` of `source` in upstream's interpreter; its JSON result."""
     code = textwrap.dedent(source) + "\nimport json\nprint('\\nRESULT ' + json.dumps(scenario()))\n"
-    return _run(code, timeout)
+    return _run(code, timeout, with_numpy)
