@@ -47,8 +47,10 @@ import time
 __all__ = [
     "BufferPool",
     "BufferLease",
+    "BufferLeaseView",
     "RegisteredBufferPool",
     "RegisteredBufferLease",
+    "RegisteredBufferLeaseView",
 ]
 
 _PAGE = mmap.PAGESIZE
@@ -298,7 +300,7 @@ class BufferPool:
         """A `BufferLease` of at least `size` bytes: a free buffer of its size class, else a
         new one (evicting free buffers of other classes to make room). Waits when the pool is
         exhausted and `block` (else raises `RuntimeError`), at most `timeout` seconds."""
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        if not isinstance(size, int) or size < 0:  # bool included, as pybind11 takes it
             raise TypeError(
                 "acquire(): incompatible function arguments. The following argument types are "
                 "supported:\n    1. (self: mooncake.store.BufferPool, size: int, block: object "
@@ -414,5 +416,17 @@ def _local_buffer_capacity(store):
         return 0
 
 
+class BufferLeaseView:
+    """The name of the object behind a lease's `buffer` in upstream's binding (there a
+    `memoryview` over a `BufferLeaseView`; here over the pool's mapping). It cannot be made
+    from Python, as upstream's cannot."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        raise TypeError("mooncake.store.BufferLeaseView: No constructor defined!")
+
+
 RegisteredBufferPool = BufferPool
 RegisteredBufferLease = BufferLease
+RegisteredBufferLeaseView = BufferLeaseView
