@@ -103,7 +103,8 @@ class BufferLease:
     @property
     def buffer(self):
         if self._region is None:
-            raise RuntimeError("buffer lease is closed")
+            # Upstream's view export fails this way on a released lease.
+            raise BufferError("Error getting buffer")
         v = self._region.view[: self._size]
         self._views.append(v)
         return v

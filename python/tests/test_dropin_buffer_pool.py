@@ -54,6 +54,7 @@ def scenario(s, BufferPool, MIB):
     ptr = leases["empty"].ptr
     leases["empty"].release()
     step("released_ptr", lambda: leases["empty"].ptr)
+    step("released_buffer", lambda: leases["empty"].buffer and None)
     step("release_twice", lambda: leases["empty"].release())
     take("after_pool_release", MIB, block=False)
     step("reused", lambda: leases["after_pool_release"].ptr == ptr)
@@ -143,6 +144,7 @@ def test_overflow_states_without_the_wheel(pstore):
                                         "cannot close buffer pool with active leases"]
     assert got["after_overflow_release"][0] == "ok"
     assert got["released_ptr"] == ["RuntimeError", "buffer lease is closed"]
+    assert got["released_buffer"] == ["BufferError", "Error getting buffer"]
     assert got["reused"] == ["ok", True]
     assert got["close"] == ["ok", None] and got["after_close"][0] == "RuntimeError"
     assert got["default_capacity"][0] == 8
