@@ -148,12 +148,14 @@ def test_cli_modules_pass_flags_through():
 
 def test_cli_client_runs_a_storage_node(master):
     """`python -m mooncake.cli_client` is a storage node: it joins the master and stops with
-    exit code 0 on SIGTERM, in the same process (as upstream's execv keeps the pid)."""
+    exit code 0 on SIGTERM, in the same process (as upstream's execv keeps the pid). Upstream's
+    allocator flags are taken."""
     port = free_port()
     p = subprocess.Popen(
         [sys.executable, "-m", "mooncake.cli_client", f"--master_server_address={master.addr}",
          f"--port={port}", "--host=127.0.0.1", "--global_segment_size=16MB",
-         f"--metadata_server={master.metadata}"], stdout=subprocess.PIPE, text=True)
+         f"--metadata_server={master.metadata}", "--use_mmap_arena_allocator=true",
+         "--mmap_arena_pool_size", "1048576"], stdout=subprocess.PIPE, text=True)
     try:
         for line in p.stdout:
             if "mooncake_client ready" in line:
@@ -169,3 +171,11 @@ def test_call_rejects_non_string_arguments():
 
     with pytest.raises(TypeError, match="must be a str"):
         call("transfer_engine_bench", "run_transfer_engine_bench", ["--help", 3])
+
+
+@pytest.mark.parametrize("args", [["--use_mmap_arena_allocator=maybe"],
+                                  ["--mmap_arena_pool_size=-1"], ["--mmap_arena_pool_size"]])
+def test_cli_client_checks_the_flags_it_ignores(args):
+    p = subprocess.run([sys.executable, "-m", "mooncake.cli_client", *args],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "mooncake_client: " in p.stderr
