@@ -179,3 +179,15 @@ def test_cli_client_checks_the_flags_it_ignores(args):
     p = subprocess.run([sys.executable, "-m", "mooncake.cli_client", *args],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "mooncake_client: " in p.stderr
+
+
+def test_master_takes_upstreams_allocator_flags():
+    """The only flags of upstream's mooncake_master ours lacks are its mmap arena allocator's:
+    accepted (here with --help, which then lists the master's flags), values checked."""
+    p = subprocess.run([sys.executable, "-m", "mooncake.cli", "--use_mmap_arena_allocator",
+                        "--mmap_arena_pool_size=8589934592", "--help"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "--rpc_port" in p.stdout + p.stderr
+    p = subprocess.run([sys.executable, "-m", "mooncake.cli", "--mmap_arena_pool_size=x"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "mooncake_master: invalid value" in p.stderr
