@@ -25,8 +25,12 @@ error messages follow upstream's:
   (`"buffer pool is exhausted"`). A request no pool region and no overflow lease could ever
   hold is `"requested buffer size exceeds pool capacity"`. Overflow leases count against
   `max_regions`.
-* `prewarm(size, count)` registers `count` regions of `size`'s class ahead of time; `close()`
-  unregisters everything (it raises while leases are active).
+* `prewarm(size, count)` registers up to `count` regions of `size`'s class ahead of time
+  (best effort, as upstream: it stops where the pool is full, and skips oversize classes and
+  closed pools); `close()` unregisters everything (it raises while leases are active).
+* Arguments are checked as upstream's binding checks them: a wrong type, or a negative size
+  or count, is pybind11's `TypeError` ("incompatible ... arguments") or its `RuntimeError`
+  ("Unable to cast ...") for the `object` parameters.
 
 Regions are anonymous memory mappings (page aligned; over-allocated and offset when
 `alignment` asks for more), so memory is touched only when used. `release()` refuses
@@ -152,6 +156,21 @@ class BufferPool:
     def __init__(self, store, max_bytes=0, min_size_class=64 * 1024, max_size_class=None,
                  alignment=8 * 1024 * 1024, block_on_exhaustion=True, default_timeout=None,
                  max_regions=None, prewarm_size=None, prewarm_count=0):
+        for value in (max_bytes, min_size_class, alignment, prewarm_count):
+            if not isinstance(value, int) or value < 0:
+                raise TypeError(_signature_error("__init__", "constructor"))
+        if not (block_on_exhaustion is None or hasattr(type(block_on_exhaustion), "__bool__")):
+            raise TypeError(_signature_error("__init__", "constructor"))
+        block_on_exhaustion = bool(block_on_exhaustion)
+        if default_timeout is not None:
+            default_timeout = _cast_double(default_timeout)
+        max_size_class, max_regions, prewarm_size = (
+            None if v is None else _cast_unsigned_long(v)
+            for v in (max_size_class, max_regions, prewarm_size))
+        if store is not None and not (hasattr(store, "register_buffer")
+                                      and hasattr(store, "get_hostname")):
+            raise RuntimeError("BufferPool store parameter must be a PyClient or store wrapper "
+                               "that implements _get_pyclient_capsule()")
         if store is None or not _is_set_up(store):
             raise RuntimeError("MooncakeDistributedStore is not initialized")
         if min_size_class <= 0 or alignment <= 0:
@@ -302,11 +321,7 @@ class BufferPool:
         new one (evicting free buffers of other classes to make room). Waits when the pool is
         exhausted and `block` (else raises `RuntimeError`), at most `timeout` seconds."""
         if not isinstance(size, int) or size < 0:  # bool included, as pybind11 takes it
-            raise TypeError(
-                "acquire(): incompatible function arguments. The following argument types are "
-                "supported:\n    1. (self: mooncake.store.BufferPool, size: int, block: object "
-                f"= None, timeout: object = None) -> mooncake.store.BufferLease\n\nInvoked with: "
-                f"{self!r}, {size!r}")
+            raise TypeError(_signature_error("acquire", "function"))
         block = self._block if block is None else _cast_bool(block)
         timeout = self._default_timeout if timeout is None else _cast_double(timeout)
         if timeout is not None and timeout < 0:
@@ -348,15 +363,19 @@ class BufferPool:
         return self.acquire(size, block=block, timeout=timeout)
 
     def prewarm(self, size, count):
-        """Allocates `count` free buffers of `size`'s class now, so later `acquire`s find them."""
+        """Allocates up to `count` free buffers of `size`'s class now, so later `acquire`s find
+        them. Best effort, as upstream's: it stops where the pool is full, and does nothing for
+        an oversize class or a closed pool."""
+        for value in (size, count):
+            if not isinstance(value, int) or value < 0:
+                raise TypeError(_signature_error("prewarm", "function"))
         size_class, oversize = self._class_of(size)
         if oversize:
-            raise RuntimeError("cannot prewarm oversize buffers")
+            return
         with self._cond:
-            for _ in range(int(count)):
-                self._check_open()
-                if not self._has_capacity(size_class):
-                    raise RuntimeError("buffer pool capacity exceeded")
+            for _ in range(count):
+                if self._closed or not self._has_capacity(size_class):
+                    return
                 self._free.setdefault(size_class, []).append(self._new_region(size_class))
                 self._cond.notify_all()
 
@@ -385,6 +404,32 @@ class BufferPool:
     def __repr__(self):
         return (f"<BufferPool max_bytes={self._max_bytes} regions={self._regions} "
                 f"in_use={len(self._in_use)}{' closed' if self._closed else ''}>")
+
+
+_SIGNATURES = {
+    "__init__": "(self: mooncake.store.BufferPool, store: object, max_bytes: int = 0, "
+                "min_size_class: int = 65536, max_size_class: object = None, alignment: int = "
+                "8388608, block_on_exhaustion: bool = True, default_timeout: object = None, "
+                "max_regions: object = None, prewarm_size: object = None, prewarm_count: int = "
+                "0) -> None",
+    "acquire": "(self: mooncake.store.BufferPool, size: int, block: object = None, timeout: "
+               "object = None) -> mooncake.store.BufferLease",
+    "prewarm": "(self: mooncake.store.BufferPool, size: int, count: int) -> None",
+}
+
+
+def _signature_error(name, kind):
+    """pybind11's message for arguments that do not fit `name`'s signature."""
+    return (f"{name}(): incompatible {kind} arguments. The following argument types are "
+            f"supported:\n    1. {_SIGNATURES[name]}\n")
+
+
+def _cast_unsigned_long(value):
+    """pybind11's conversion of an `object` argument to `size_t`."""
+    if isinstance(value, int) and 0 <= value < 1 << 64:
+        return value
+    raise RuntimeError(f"Unable to cast Python instance of type {type(value)} to C++ type "
+                       "'unsigned long'")
 
 
 def _cast_bool(value):

@@ -104,6 +104,41 @@ def scenario(s, BufferPool, MIB):
     pool = BufferPool(s, max_bytes=2 * MIB, max_size_class=MIB, min_size_class=MIB, alignment=MIB)
     step("oversize", lambda: pool.acquire(3 * MIB // 2, block=False).size)
     pool.close()
+
+    # prewarm: best effort, never an error for capacity, oversize classes or a closed pool.
+    pool = BufferPool(s, min_size_class=MIB, alignment=MIB, prewarm_size=MIB, prewarm_count=2)
+    step("prewarm_past_capacity", lambda: pool.prewarm(MIB, 3))
+    step("prewarm_oversize", lambda: pool.prewarm(8 * MIB, 1))
+    step("prewarm_zero", lambda: pool.prewarm(MIB, 0))
+    for bad in ((MIB, -1), ("x", 1), (1.5, 1)):
+        step(f"prewarm_bad_{bad!r}", lambda: pool.prewarm(*bad))
+        out[-1][2] = out[-1][2].splitlines()[0]
+    held = []
+    for i in range(10):
+        try:
+            held.append(pool.acquire(MIB, block=False))
+        except RuntimeError:
+            break
+    out.append(["prewarmed_then_acquired", len(held)])
+    for lease in held:
+        lease.release()
+    pool.close()
+    step("prewarm_closed", lambda: pool.prewarm(MIB, 1))
+
+    # Constructor arguments: pybind11's checks.
+    for kw in (dict(max_bytes="x"), dict(max_bytes=-1), dict(max_bytes=1.5),
+               dict(min_size_class=0), dict(min_size_class="x"), dict(alignment=3),
+               dict(alignment=0), dict(block_on_exhaustion="x"),
+               dict(block_on_exhaustion=None), dict(block_on_exhaustion=1),
+               dict(default_timeout="x"), dict(default_timeout=-1), dict(max_regions="x"),
+               dict(max_regions=-1), dict(max_regions=0), dict(max_size_class="x"),
+               dict(max_size_class=-5), dict(prewarm_size="x", prewarm_count=1),
+               dict(prewarm_size=1000, prewarm_count=-1),
+               dict(max_bytes=MIB, prewarm_size=MIB, prewarm_count=2)):
+        step(f"init_{sorted(kw.items())!r}", lambda: BufferPool(s, **kw).close())
+        out[-1][2] = out[-1][2].splitlines()[0] if isinstance(out[-1][2], str) else out[-1][2]
+    step("init_store_none", lambda: BufferPool(None))
+    step("init_store_str", lambda: BufferPool("x"))
     return out
 '''
 
@@ -154,3 +189,6 @@ def test_overflow_states_without_the_wheel(pstore):
     assert got["default_pool_5m"] == ["ok", 5 * MIB] and got["oversize"] == ["ok", 3 * MIB // 2]
     assert got["bad_size_-1"][0] == got["bad_size_None"][0] == "TypeError"
     assert got["bad_block"][0] == got["bad_timeout"][0] == "RuntimeError"
+    assert got["prewarm_past_capacity"] == ["ok", None] and got["prewarmed_then_acquired"] == [8]
+    assert got["prewarm_bad_('x', 1)"][0] == "TypeError"
+    assert got["init_store_str"][0] == "RuntimeError"

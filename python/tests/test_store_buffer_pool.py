@@ -121,13 +121,14 @@ def test_prewarm_and_default_capacity(pstore):
     from mooncake import BufferPool
 
     # max_bytes=0 means the store's local buffer (4 MiB here), like upstream.
+    # Prewarming is best effort, as upstream's: past the pool's 4 MiB, or for an oversize
+    # class, it adds nothing and does not raise.
     pool = BufferPool(pstore, min_size_class=MIB, alignment=MIB, prewarm_size=MIB, prewarm_count=2)
-    with pytest.raises(RuntimeError, match="capacity exceeded"):
-        pool.prewarm(MIB, 3)
-    with pytest.raises(RuntimeError, match="oversize"):
-        pool.prewarm(8 * MIB, 1)
-    leases = [pool.acquire(MIB) for _ in range(2)]
-    assert len({x.ptr for x in leases}) == 2
+    pool.prewarm(MIB, 3)
+    pool.prewarm(8 * MIB, 1)
+    assert pool._regions == 4
+    leases = [pool.acquire(MIB) for _ in range(4)]
+    assert len({x.ptr for x in leases}) == 4 and pool._regions == 4  # all prewarmed
     for x in leases:
         x.release()
     pool.close()
