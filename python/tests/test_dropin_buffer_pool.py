@@ -137,6 +137,20 @@ def scenario(s, BufferPool, MIB):
                dict(max_bytes=MIB, prewarm_size=MIB, prewarm_count=2)):
         step(f"init_{sorted(kw.items())!r}", lambda: BufferPool(s, **kw).close())
         out[-1][2] = out[-1][2].splitlines()[0] if isinstance(out[-1][2], str) else out[-1][2]
+    # max_regions bounds pool regions and overflow leases together.
+    for limit in (0, 1, 2):
+        pool = BufferPool(s, max_bytes=2 * MIB, min_size_class=MIB, alignment=MIB,
+                          max_regions=limit)
+        held = []
+        for i in range(8):
+            try:
+                held.append(pool.acquire(MIB, block=False))
+            except RuntimeError as e:
+                out.append([f"max_regions_{limit}", len(held), str(e)])
+                break
+        for lease in held:
+            lease.release()
+        pool.close()
     step("init_store_none", lambda: BufferPool(None))
     step("init_store_str", lambda: BufferPool("x"))
     return out
@@ -192,3 +206,4 @@ def test_overflow_states_without_the_wheel(pstore):
     assert got["prewarm_past_capacity"] == ["ok", None] and got["prewarmed_then_acquired"] == [8]
     assert got["prewarm_bad_('x', 1)"][0] == "TypeError"
     assert got["init_store_str"][0] == "RuntimeError"
+    assert [got[f"max_regions_{n}"][0] for n in (0, 1, 2)] == [0, 1, 2]
