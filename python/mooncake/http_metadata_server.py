@@ -5,7 +5,8 @@ Two faces, as upstream's module has:
 * `main()` (the `mooncake_http_metadata_server` console script, also
   `python -m mooncake.http_metadata_server`) takes upstream's arguments, `--port` (default
   8080), `--host` (default 0.0.0.0) and `--log-level` (DEBUG, INFO, WARNING, ERROR, CRITICAL;
-  default INFO), parsed by the same argparse parser (`parse_args()`), and runs this package's
+  when not given, `RUST_LOG` / `MC_LOG_LEVEL` set it, else INFO, as for every program here),
+  parsed by the same argparse parser (`parse_args()`), and runs this package's
   native metadata server (`controlplane::http`, the one `mooncake_master
   --enable_http_metadata_server` embeds) until SIGINT or SIGTERM; it returns 0 then, or 1
   when the port cannot be bound. It answers as upstream's master-embedded C++ server does
@@ -174,6 +175,10 @@ class KVBootstrapServer:
 
 def parse_args(argv=None):
     """Parse command line arguments (upstream's parser)."""
+    return _parser().parse_args(argv)
+
+
+def _parser():
     parser = argparse.ArgumentParser(
         description="HTTP Metadata Server for Mooncake",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -183,21 +188,25 @@ def parse_args(argv=None):
     parser.add_argument("--log-level", type=str,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         default="INFO", help="Logging level")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main():
     """Main entry point for the mooncake_http_metadata_server command: upstream's arguments,
     this package's native server."""
-    args = parse_args()
-    logging.basicConfig(level=getattr(logging, args.log_level),
+    # log_level stays None unless given (argparse fills in only missing attributes), so that
+    # without --log-level the native server's level follows RUST_LOG / MC_LOG_LEVEL.
+    args = _parser().parse_args(namespace=argparse.Namespace(log_level=None))
+    logging.basicConfig(level=getattr(logging, args.log_level or "INFO"),
                         format="%(asctime)s - %(name)s - %(levelname)s - %(message)s")
     from mooncake import _native
 
+    native_args = ["--port", str(args.port), "--host", args.host]
+    if args.log_level is not None:
+        native_args += ["--log-level", args.log_level]
     # The native server stops on SIGINT / SIGTERM itself (the GIL released meanwhile).
     try:
-        return _native.run_http_metadata_server(
-            ["--port", str(args.port), "--host", args.host, "--log-level", args.log_level])
+        return _native.run_http_metadata_server(native_args)
     except KeyboardInterrupt:
         return 0
 

@@ -194,3 +194,19 @@ def cli(python, args, upstream_side):
                                   ["--bogus"]])
 def test_main_arguments_are_upstreams(args):
     assert cli(sys.executable, args, False) == cli(upstream.python(), args, True)
+
+
+def test_main_passes_upstreams_arguments_to_the_native_server(monkeypatch):
+    """--log-level reaches the native server only when given, so that otherwise RUST_LOG /
+    MC_LOG_LEVEL set its level, as for every program here."""
+    from mooncake import _native, http_metadata_server
+
+    seen = []
+    monkeypatch.setattr(_native, "run_http_metadata_server", lambda a: seen.append(a) or 7)
+    monkeypatch.setattr(sys, "argv", ["x", "--port", "0", "--host", "127.0.0.1"])
+    assert http_metadata_server.main() == 7
+    monkeypatch.setattr(sys, "argv", ["x", "--log-level", "ERROR"])
+    assert http_metadata_server.main() == 7
+    assert seen == [["--port", "0", "--host", "127.0.0.1"],
+                    ["--port", "8080", "--host", "0.0.0.0", "--log-level", "ERROR"]]
+    assert http_metadata_server.parse_args([]).log_level == "INFO"  # upstream's parser
