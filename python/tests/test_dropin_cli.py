@@ -206,3 +206,37 @@ def test_master_takes_upstreams_allocator_flags():
     p = subprocess.run([sys.executable, "-m", "mooncake.cli", "--mmap_arena_pool_size=x"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "mooncake_master: invalid value" in p.stderr
+
+
+def upstream_flags(binary):
+    """`{flag: default}` of the Mooncake sources' section of a wheel program's `--help`
+    (gflags' own flags left out)."""
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    flags = {}
+    for section in re.split(r"\n  Flags from ", out.stdout + out.stderr)[1:]:
+        head, _, body = section.partition("\n")
+        if "Mooncake/Mooncake" not in head:
+            continue
+        for entry in re.split(r"\n    -(?=\w+ \()", "\n" + body)[1:]:
+            m = re.search(r"type: (\w+)\s+default: (.*?)\s*$", " ".join(entry.split()))
+            if m:
+                default = m.group(2)
+                if default.startswith('"') and default.endswith('"'):
+                    default = default[1:-1]
+                flags[entry.split(" ", 1)[0]] = default
+    return flags
+
+
+@pytest.mark.parametrize("program,module", [("mooncake_master", "mooncake.cli"),
+                                            ("mooncake_client", "mooncake.cli_client"),
+                                            ("transfer_engine_bench", "mooncake.cli_bench")])
+def test_every_upstream_flag_is_taken(program, module):
+    """Each flag of upstream's program, at its default value, is taken by ours (with --help,
+    which exits 0 only when every flag before it is known and well-formed)."""
+    flags = upstream_flags(str(Path(upstream.bin_dir()) / program))
+    assert len(flags) > 5, "the wheel's --help was not parsed"
+    p = subprocess.run([sys.executable, "-m", module,
+                        *(f"--{k}={v}" for k, v in flags.items()), "--help"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
