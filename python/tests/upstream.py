@@ -10,9 +10,11 @@ two results; without the wheel the test is skipped with the reason.
 `run(source)` runs `scenario()` alone.
 """
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import textwrap
@@ -103,6 +105,7 @@ def _numpy_path():
         pytest.skip("the upstream venv has no numpy, and ours is for another Python")
     src = Path(numpy.__file__).parent.parent
     out = Path(tempfile.mkdtemp(prefix="mooncake-upstream-numpy-"))
+    atexit.register(shutil.rmtree, out, True)
     for name in ("numpy", "numpy.libs"):
         if (src / name).exists():
             (out / name).symlink_to(src / name)
