@@ -38,10 +38,13 @@ from mooncake._tensor import TensorMethods, _deserialize_tensor, _serialize_tens
 from mooncake.error_codes import ErrorCode
 from mooncake.buffer_pool import (  # noqa: F401  (upstream binds the pool in this module)
     BufferLease,
+    BufferLeaseView,
     BufferPool,
     RegisteredBufferLease,
+    RegisteredBufferLeaseView,
     RegisteredBufferPool,
 )
+from mooncake._numa import bind_to_numa_node  # noqa: F401  (upstream's, in this module)
 
 
 class MooncakeDistributedStore(
@@ -86,6 +89,9 @@ __all__ = [
     "BufferLease",
     "RegisteredBufferPool",
     "RegisteredBufferLease",
+    "BufferLeaseView",
+    "RegisteredBufferLeaseView",
+    "bind_to_numa_node",
     "ParallelAxis",
     "TensorParallelism",
     "ReadTarget",
