@@ -185,87 +185,69 @@ impl OwnerDisk {
 }
 
 impl OwnerDisk {
-    /// The tier's counters as Prometheus text (appended to the node's `/metrics`).
+    /// The tier's counters as Prometheus text (appended to the node's `/metrics`), each
+    /// named `mooncake_disk_<name>`.
     pub fn render_metrics(&self) -> String {
-        use std::fmt::Write;
         let s = self.tier.stats();
-        let seg = &self.desc.name;
-        let mut out = String::new();
-        let gauges: [(&str, &str, u64); 6] = [
+        let gauges = [
+            ("objects", "objects in the disk tier", s.objects),
+            ("bytes", "object bytes in the disk tier", s.logical_bytes),
             (
-                "mooncake_disk_objects",
-                "objects in the disk tier",
-                s.objects,
-            ),
-            (
-                "mooncake_disk_bytes",
-                "object bytes in the disk tier (logical)",
-                s.logical_bytes,
-            ),
-            (
-                "mooncake_disk_physical_bytes",
-                "disk usage of the tier's files (st_blocks)",
+                "physical_bytes",
+                "disk usage of its files",
                 s.physical_bytes,
             ),
+            ("capacity_bytes", "the disk segment's size", self.desc.size),
             (
-                "mooncake_disk_capacity_bytes",
-                "the disk segment's logical size",
-                self.desc.size,
+                "writes_stopped",
+                "1 while offload to it is stopped",
+                s.writes_stopped.into(),
             ),
             (
-                "mooncake_disk_writes_stopped",
-                "1 while offload to this disk is stopped (full disk or I/O error)",
-                u64::from(s.writes_stopped),
-            ),
-            (
-                "mooncake_disk_io_uring",
-                "1 when the tier's I/O runs on io_uring, 0 on blocking threads",
-                u64::from(self.tier.uring()),
+                "io_uring",
+                "1 when its I/O runs on io_uring",
+                self.tier.uring().into(),
             ),
         ];
-        let counters: [(&str, &str, u64); 7] = [
+        let counters = [
+            ("reads_total", "objects read from disk", s.reads),
+            ("writes_total", "objects written to disk", s.writes),
+            ("read_bytes_total", "bytes read from disk", s.bytes_read),
             (
-                "mooncake_disk_reads_total",
-                "objects read from disk",
-                s.reads,
-            ),
-            (
-                "mooncake_disk_writes_total",
-                "objects written to disk",
-                s.writes,
-            ),
-            (
-                "mooncake_disk_read_bytes_total",
-                "bytes read from disk",
-                s.bytes_read,
-            ),
-            (
-                "mooncake_disk_written_bytes_total",
+                "written_bytes_total",
                 "bytes written to disk",
                 s.bytes_written,
             ),
             (
-                "mooncake_disk_checksum_failures_total",
-                "reads whose copy failed its checksum (a miss; the copy is dropped)",
+                "checksum_failures_total",
+                "copies that failed their checksum",
                 s.checksum_failures,
             ),
             (
-                "mooncake_disk_io_errors_total",
+                "io_errors_total",
                 "disk reads and writes that failed",
                 s.io_errors,
             ),
             (
-                "mooncake_disk_write_refusals_total",
-                "writes refused: key limit, physical cap, stopped writes",
+                "write_refusals_total",
+                "writes refused (limits, stopped)",
                 s.write_refusals,
             ),
         ];
-        for (kind, rows) in [("gauge", &gauges[..]), ("counter", &counters[..])] {
-            for (name, help, v) in rows {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                let _ = writeln!(out, "{name}{{segment=\"{seg}\"}} {v}");
-            }
-        }
+        let mut out = prometheus_rows("gauge", &self.desc.name, &gauges);
+        out.push_str(&prometheus_rows("counter", &self.desc.name, &counters));
         out
     }
+}
+
+/// Prometheus text of `rows` (name, help, value), each labelled with the disk segment.
+fn prometheus_rows(kind: &str, segment: &str, rows: &[(&str, &str, u64)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (name, help, v) in rows {
+        let name = format!("mooncake_disk_{name}");
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name}{{segment=\"{segment}\"}} {v}");
+    }
+    out
 }

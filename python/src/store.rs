@@ -507,8 +507,7 @@ impl PyStore {
                 protocol,
                 rdma_devices: device_name,
                 master_server_addr: "127.0.0.1:50051".into(),
-                tenant_id: String::new(),
-                ssd_offload: None,
+                ..Default::default()
             },
         )
     }

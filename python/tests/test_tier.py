@@ -144,6 +144,7 @@ def test_remove_and_remove_all_remove_disk_copies(tier_master, tmp_path):
             assert client.put(f"rm-{i}", value_of(f"rm-{i}", 64 * 1024)) == 0
         assert wait_for(lambda: all("disk" in kinds(client, f"rm-{i}") for i in range(8)), 20)
         assert len(files_in(tmp_path)) == 8
+        time.sleep(0.6)  # the read lease of the replica lists above
         assert client.remove("rm-0") == 0
         assert client.is_exist("rm-0") == 0
         assert wait_for(lambda: len(files_in(tmp_path)) == 7, 10), files_in(tmp_path)
@@ -155,12 +156,13 @@ def test_remove_and_remove_all_remove_disk_copies(tier_master, tmp_path):
         node.stop()
 
 
-def test_a_killed_node_serves_its_disk_after_a_restart(tier_master, tmp_path):
+def test_a_killed_node_serves_its_disk_after_a_restart(tmp_path):
     """SIGKILL loses the node's memory; started again on the same directory it reports what
     its disk holds, and those objects read back."""
-    node = DiskNode(tier_master, "64MB", tmp_path)
+    master = Master(extra=["--enable_offload=true", "--client_ttl=2"])
+    node = DiskNode(master, "64MB", tmp_path)
     port = node.port
-    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    client = make_store(master, segment=0, local_buffer=16 * MIB)
     try:
         keys = [f"kill-{i}" for i in range(16)]
         for k in keys:
@@ -168,44 +170,44 @@ def test_a_killed_node_serves_its_disk_after_a_restart(tier_master, tmp_path):
         assert wait_for(lambda: all("disk" in kinds(client, k) for k in keys), 20)
         node.proc.send_signal(signal.SIGKILL)
         node.proc.wait()
-        # The master forgets the dead node's segments at its client TTL; the restarted node
-        # then re-reports its disk.
-        node = DiskNode(tier_master, "64MB", tmp_path, port=port)
+        # The master forgets the dead node's segments at its client TTL (and with them every
+        # replica: the keys are gone); the restarted node then re-reports its disk.
+        assert wait_for(lambda: client.is_exist(keys[0]) == 0, 10)
+        node = DiskNode(master, "64MB", tmp_path, port=port)
         assert wait_for(lambda: all(client.get(k) == value_of(k, 256 * 1024) for k in keys),
                         30), "the disk copies come back"
         assert all(kinds(client, k) == ["disk"] for k in keys)
     finally:
         client.close()
         node.stop()
+        master.stop()
 
 
 def test_a_flipped_byte_on_disk_is_a_miss(tier_master, tmp_path):
     """The checksum is checked on every read: a corrupted copy is never returned; the read is
-    a miss, the node counts it, and the copy is dropped."""
+    a miss, the node counts it, and the copy leaves the index."""
     node = DiskNode(tier_master, "64MB", tmp_path)
     client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
     try:
         value = value_of("flip", 128 * 1024)
         assert client.put("flip", value) == 0
         assert wait_for(lambda: "disk" in kinds(client, "flip"), 20)
-        seg = next(r.get_memory_descriptor().buffer_descriptor
-                   for r in client.get_replica_desc("flip") if r.is_memory_replica())
-        # Take the memory copy away, so that the only copy left is the one on disk.
+        # Move the object off memory (its disk copy exists, so the move only drops the
+        # memory replica): the copy on disk is the only one left.
         time.sleep(0.6)
-        task, rc = client.create_move_task("flip", node_segment(node), node_segment(node) +
-                                           "/disk")
-        assert seg is not None
+        task, rc = client.create_move_task("flip", node_segment(node),
+                                           node_segment(node) + "/disk")
+        assert rc == 0
+        assert wait_for(lambda: kinds(client, "flip") == ["disk"], 20)
         [path] = files_in(tmp_path)
         data = bytearray(path.read_bytes())
-        data[-(64 * 1024)] ^= 0x5A
+        data[len(data) - 64 * 1024] ^= 0x5A
         path.write_bytes(bytes(data))
-        assert wait_for(lambda: kinds(client, "flip") == ["disk"], 20)
-        got = client.get("flip")
-        assert got != value or got == b""
-        assert got == b""
-        assert wait_for(lambda: metric(metrics(node.metrics_port),
-                                       "mooncake_disk_checksum_failures_total") == 1, 5)
+        assert client.get("flip") == b"", "a corrupted copy is a miss, never wrong bytes"
+        text = metrics(node.metrics_port)
+        assert metric(text, "mooncake_disk_checksum_failures_total") == 1
         assert wait_for(lambda: client.is_exist("flip") == 0, 10), "the copy is dropped"
+        assert files_in(tmp_path) == []
     finally:
         client.close()
         node.stop()

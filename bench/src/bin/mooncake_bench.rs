@@ -228,8 +228,7 @@ fn main() {
             protocol: a.protocol.clone(),
             rdma_devices: String::new(),
             master_server_addr: master_addr.clone(),
-            tenant_id: String::new(),
-            ssd_offload: None,
+            ..Default::default()
         })
         .unwrap_or_else(|e| panic!("store setup against {master_addr}: {e:?}")),
     );

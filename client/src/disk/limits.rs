@@ -29,6 +29,11 @@ pub const DISK_DRAIN_CHUNK_BYTES: usize = 64 * 1024;
 /// A connection keeps its READ buffer for the next request up to this size (a larger one
 /// is freed after its answer).
 pub const DISK_LISTENER_KEPT_BUFFER_BYTES: usize = 64 << 20;
+/// How often an owner with a disk asks the master for offload tasks when its last fetch was
+/// empty (an owner without one asks once per ping). Offload must keep pace with puts: an
+/// object waiting for its disk copy holds its memory, so a second between fetches would hold
+/// a second of puts in memory.
+pub const DISK_OFFLOAD_FETCH_INTERVAL: Duration = Duration::from_millis(50);
 /// Largest READ the listener answers (one object is read whole into a buffer first).
 pub const DISK_LISTENER_READ_MAX_BYTES: u64 = dataplane::limits::REQUEST_PAYLOAD_MAX_BYTES;
 

@@ -293,6 +293,11 @@ impl Peers {
         self
     }
 
+    /// Whether this process owns a disk tier.
+    pub fn has_disk(&self) -> bool {
+        self.disk.is_some()
+    }
+
     /// Our own disk tier, when `r` is one of its replicas.
     pub(super) fn own_disk(&self, r: &ReplicaDescriptor) -> Option<&crate::tier::OwnerDisk> {
         self.disk

@@ -1,7 +1,8 @@
 //! Replica tasks on the client side (`docs/master.md`, "Replica tasks"): any store creates and
 //! queries them; a store that contributes a segment, and a storage node (`crate::node`,
 //! unless `--replica_tasks=false`), also carries out the ones the master assigns to it (its
-//! *executor*, a thread fetching on the ping cadence).
+//! *executor*, a thread fetching on the ping cadence, or every 50 ms on an owner with a disk
+//! tier, whose offloads must keep pace with puts).
 //!
 //! Executing a task: the master's `FetchTasks` answer names, per task, the object's replicas
 //! (`sources`) and one freshly allocated range per target. The executor reads the object from
@@ -74,6 +75,11 @@ pub(crate) fn start_executor(
     client_id: Uuid,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
+    let interval = if peers.has_disk() {
+        crate::disk::limits::DISK_OFFLOAD_FETCH_INTERVAL
+    } else {
+        PING_INTERVAL
+    };
     std::thread::Builder::new()
         .name("mc-store-tasks".into())
         .spawn(move || {
@@ -88,7 +94,7 @@ pub(crate) fn start_executor(
                     }
                     Err(e) => tracing::debug!("fetching replica tasks failed: {e}"),
                 }
-                std::thread::park_timeout(PING_INTERVAL);
+                std::thread::park_timeout(interval);
             }
         })
         .expect("spawn task executor thread")

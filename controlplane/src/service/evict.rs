@@ -11,8 +11,8 @@
 //!
 //! **Candidates.** An object is evictable when it is not hard-pinned, every replica is
 //! COMPLETE, its *read* lease has expired and it has no replica task (a user's, or an internal
-//! one that is a move or already handed to its executor, `tasks.rs`: an eager offload still
-//! waiting for its executor does not pin memory, it fails with the object). Candidates go oldest `last_read_ms` first (approximate LRU; ties broken
+//! one, `tasks.rs`: an object waiting for its eager offload stays until its disk copy is made,
+//! unless `--offload_force_evict`, when it goes and its offload fails). Candidates go oldest `last_read_ms` first (approximate LRU; ties broken
 //! arbitrarily). Soft-pinned objects (pin deadline in the future) come only after every other
 //! candidate, and only with `allow_evict_soft_pinned_objects`.
 //!
@@ -139,6 +139,7 @@ impl State {
         let target = ratio.max(used_ratio - self.cfg.eviction_high_watermark_ratio + ratio);
         let need = ((target * cap as f64).ceil() as u64).max(min_bytes).max(1);
         let allow_pinned = self.cfg.allow_evict_soft_pinned_objects;
+        let force_evict = self.cfg.offload.force_evict;
 
         // Three classes, taken in this order: objects with a disk replica (dropping their
         // memory replicas loses nothing, `offload.rs`), then the others, then soft-pinned
@@ -152,7 +153,7 @@ impl State {
             if obj.hard_pin
                 || !obj.is_complete()
                 || self.tasks.active(k)
-                || self.tasks.internal_blocks_eviction(k)
+                || self.tasks.internal_blocks_eviction(k, force_evict)
             {
                 continue;
             }
@@ -204,7 +205,7 @@ impl State {
         let mut dropped_with_task: Vec<String> = Vec::new();
         objects.retain(|k, obj| {
             // The same eligibility as the scan above (nothing changed in between).
-            if !evictable(obj, k, now, tasks) || tasks.internal_blocks_eviction(k) {
+            if !evictable(obj, k, now, tasks) || tasks.internal_blocks_eviction(k, force_evict) {
                 return true;
             }
             let (bytes, on_disk) = memory_bytes(obj, segs);

@@ -197,14 +197,17 @@ impl Tasks {
     }
 
     /// Whether `key`'s internal task keeps memory eviction off it: a move (on-evict: the
-    /// object waits in memory for it) or a task its executor may be reading for. An eager
-    /// offload still PENDING does not: under memory pressure an object waiting for its copy
-    /// goes as it would without a disk, and its task fails.
-    pub fn internal_blocks_eviction(&self, key: &str) -> bool {
+    /// object waits in memory for it), a task its executor may be reading for, and an eager
+    /// offload still PENDING unless `force` (`--offload_force_evict`). Keeping an object that
+    /// waits for its disk copy is what makes the tier lossless: while offload lags behind a
+    /// burst of puts, memory fills and puts answer `NO_AVAILABLE_HANDLE` (the caller retries)
+    /// rather than dropping acknowledged objects that were on their way to disk. A disk that
+    /// cannot take them fails their tasks, which releases the objects.
+    pub fn internal_blocks_eviction(&self, key: &str, force: bool) -> bool {
         self.internal_by_key
             .get(key)
             .and_then(|id| self.all.get(id))
-            .is_some_and(|t| t.source.is_some() || t.status != TaskStatus::Pending)
+            .is_some_and(|t| t.source.is_some() || t.status != TaskStatus::Pending || !force)
     }
 
     /// Internal tasks (PENDING, PROCESSING).
@@ -671,6 +674,9 @@ impl State {
         executor_may_write: bool,
     ) {
         let release_at = now.saturating_add(self.cfg.release_timeout_ms());
+        // A task that ends may leave its object evictable (a disk copy now, or nothing it
+        // waits for): a pass that found nothing to evict looks again.
+        self.evict_epoch += 1;
         let t = &mut self.tasks;
         let Some(task) = t.all.get_mut(&id) else {
             return;

@@ -891,14 +891,40 @@ fn an_offload_onto_a_full_disk_evicts_the_least_recently_read_first() {
 }
 
 #[test]
-fn an_object_still_waiting_for_its_offload_is_evicted_as_without_a_disk() {
+fn an_object_waiting_for_its_offload_stays_in_memory_until_its_copy_is_made() {
     let t = T::with(offload_cfg());
     t.owner(C1, 1, "n1", 16 * MIB, 64 * MIB, DiskPolicy::default());
     for i in 0..8 {
         t.put_by(C1, &format!("f{i}"), 2 * MIB, "n1");
         t.advance(1);
     }
-    // Nobody fetched the offloads: memory pressure does not wait for them.
+    // Nobody fetched the offloads yet: memory pressure does not drop what is on its way to
+    // disk (a put meanwhile is told there is no space now).
+    t.svc.tick();
+    assert_eq!(t.keys(), 8, "nothing lost");
+    assert_eq!(t.tier().stats.offloads_failed, 0);
+    // Once the copies are made, eviction drops memory replicas only, and everything stays.
+    assert_eq!(t.run_tasks(C1), 8);
+    t.advance(10);
+    t.svc.tick();
+    assert_eq!(
+        t.keys(),
+        8,
+        "still nothing lost: the evicted ones are on disk"
+    );
+    assert!(t.tier().disk_only_objects > 0, "some now live on disk only");
+}
+
+#[test]
+fn with_force_evict_an_object_still_waiting_for_its_offload_is_evicted_as_without_a_disk() {
+    let mut c = offload_cfg();
+    c.offload.force_evict = true;
+    let t = T::with(c);
+    t.owner(C1, 1, "n1", 16 * MIB, 64 * MIB, DiskPolicy::default());
+    for i in 0..8 {
+        t.put_by(C1, &format!("f{i}"), 2 * MIB, "n1");
+        t.advance(1);
+    }
     t.svc.tick();
     assert_eq!(t.keys(), 6, "the two least recently read went");
     let g = t.tier();
