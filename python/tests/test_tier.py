@@ -253,3 +253,187 @@ def test_embedded_store_with_ssd_offload(tier_master, tmp_path):
     finally:
         reader.close()
         owner.close()
+
+
+def test_a_remove_racing_offload_leaves_nothing_behind(tier_master, tmp_path):
+    """Keys removed while their offloads are queued or being written: once the dust settles
+    (the owner hears of the freed ranges at its pings), no file is left, none reads back."""
+    node = DiskNode(tier_master, "256MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=64 * MIB)
+    try:
+        keys = [f"race-{i}" for i in range(64)]
+        for k in keys:
+            assert client.put(k, value_of(k, 512 * 1024)) == 0
+            # Remove every other key at once, while its offload is queued or under way.
+            if int(k.split("-")[1]) % 2 == 0:
+                assert client.remove(k) == 0
+        kept = [k for k in keys if int(k.split("-")[1]) % 2 == 1]
+        assert wait_for(lambda: all("disk" in kinds(client, k) for k in kept), 30)
+        assert wait_for(lambda: len(files_in(tmp_path)) == len(kept), 30), \
+            f"{len(files_in(tmp_path))} files for {len(kept)} kept keys"
+        time.sleep(0.6)
+        assert client.remove_all() == len(kept)
+        assert wait_for(lambda: files_in(tmp_path) == [], 30), files_in(tmp_path)
+        assert all(client.is_exist(k) == 0 for k in keys)
+    finally:
+        client.close()
+        node.stop()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 24 MiB filesystem of its own (a size-capped tmpfs), so the disk fills for real."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-capped filesystem needs root")
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_full_disk_stops_offload_while_memory_serves(small_fs):
+    """A disk far smaller than the tier's logical limit: offload stops with a log line and a
+    metric once the filesystem is full, and every object the store still lists reads back
+    byte-exact (memory copies keep serving)."""
+    master = Master(extra=["--enable_offload=true"])
+    # The logical limit is set above the filesystem on purpose: only the disk itself stops it.
+    node = DiskNode(master, "128MB", small_fs,
+                    env={"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(1 << 30),
+                         "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION": "false"})
+    client = make_store(master, segment=0, local_buffer=16 * MIB)
+    try:
+        keys = [f"full-{i}" for i in range(48)]
+        for k in keys:
+            assert client.put(k, value_of(k, MIB)) == 0
+        time.sleep(3)
+        text = metrics(node.metrics_port)
+        assert metric(text, "mooncake_disk_writes_stopped") == 1 or \
+            metric(text, "mooncake_disk_write_refusals_total") > 0 or \
+            metric(text, "mooncake_disk_io_errors_total") > 0, text
+        for k in keys:
+            got = client.get(k)
+            assert got == value_of(k, MIB), k
+        assert len(files_in(small_fs)) < len(keys)
+    finally:
+        client.close()
+        node.stop()
+        master.stop()
+
+
+def test_a_dummy_client_reads_disk_objects_through_its_standalone_client(tier_master,
+                                                                         tmp_path):
+    """`setup_dummy`: a light client's gets go through its standalone `mooncake_client`,
+    which reads a disk-only object from the disk tier."""
+    from mooncake.store import MooncakeDistributedStore
+
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    dummy = MooncakeDistributedStore()
+    try:
+        value = value_of("dummy-disk", 300 * 1024)
+        assert client.put("dummy-disk", value) == 0
+        assert wait_for(lambda: "disk" in kinds(client, "dummy-disk"), 20)
+        time.sleep(0.6)
+        _, rc = client.create_move_task("dummy-disk", node_segment(node),
+                                        node_segment(node) + "/disk")
+        assert rc == 0
+        assert wait_for(lambda: kinds(client, "dummy-disk") == ["disk"], 20)
+        assert dummy.setup_dummy(64 * MIB, 16 * MIB, f"127.0.0.1:{node.port}") == 0
+        assert dummy.is_exist("dummy-disk") == 1
+        assert dummy.get("dummy-disk") == value
+    finally:
+        dummy.close()
+        client.close()
+        node.stop()
+
+
+def test_promotion_brings_a_disk_only_object_back_to_memory(tmp_path):
+    """`--promotion_on_hit` with the admission threshold at 2: the second read of a
+    disk-only object queues its promotion, and it soon has a memory replica again."""
+    master = Master(extra=["--enable_offload=true", "--promotion_on_hit=true",
+                           "--promotion_admission_threshold=2"])
+    node = DiskNode(master, "64MB", tmp_path)
+    client = make_store(master, segment=0, local_buffer=16 * MIB)
+    try:
+        value = value_of("promo", 256 * 1024)
+        assert client.put("promo", value) == 0
+        assert wait_for(lambda: "disk" in kinds(client, "promo"), 20)
+        time.sleep(0.6)
+        _, rc = client.create_move_task("promo", node_segment(node),
+                                        node_segment(node) + "/disk")
+        assert rc == 0
+        assert wait_for(lambda: kinds(client, "promo") == ["disk"], 20)
+        assert client.get("promo") == value
+        assert client.get("promo") == value
+        assert wait_for(lambda: kinds(client, "promo") == ["memory", "disk"], 20)
+        assert client.get("promo") == value
+    finally:
+        client.close()
+        node.stop()
+        master.stop()
+
+
+class _EtcdMaster:
+    """What `Node` needs of a master, for a node that follows the HA leader through etcd."""
+
+    def __init__(self, etcd):
+        self.addr = f"etcd://{etcd.addr}"
+        self.metadata = f"etcd://{etcd.addr}"
+
+
+def test_disk_only_objects_survive_a_leader_failover(monkeypatch, tmp_path):
+    """Two masters in a real etcd, a node with a disk tier following the leader: objects whose
+    only copy is on disk read back after the leader is SIGKILLed (the node re-reports its
+    disk to the new leader with its memory)."""
+    from test_engine_etcd import ETCD_BIN, Etcd
+    from test_ha import role
+
+    if not os.path.exists(ETCD_BIN):
+        pytest.skip(f"{ETCD_BIN} not found (install Debian's etcd-server)")
+    cluster = "py_tier_ha"
+    monkeypatch.setenv("MC_STORE_CLUSTER_ID", cluster)
+    etcd = Etcd()
+    assert etcd.healthy(), "etcd did not become healthy"
+    flags = ["--enable_ha=true", f"--etcd_endpoints={etcd.addr}", f"--cluster_id={cluster}",
+             "--enable_offload=true"]
+    masters = [Master(extra=flags), Master(extra=flags)]
+    node = client = None
+    try:
+        assert wait_for(lambda: any(role(m) == "leading" for m in masters), 10)
+        node = DiskNode(_EtcdMaster(etcd), "64MB", tmp_path)
+        from mooncake.store import MooncakeDistributedStore
+
+        client = MooncakeDistributedStore()
+        assert client.setup("localhost", f"etcd://{etcd.addr}", 0, 16 * MIB, "tcp", "",
+                            f"etcd://{etcd.addr}") == 0
+        keys = [f"ha-disk-{i}" for i in range(12)]
+        for k in keys:
+            assert client.put(k, value_of(k, 200 * 1024)) == 0
+        assert wait_for(lambda: all("disk" in kinds(client, k) for k in keys), 20)
+        time.sleep(0.6)
+        for k in keys[:6]:
+            _, rc = client.create_move_task(k, node_segment(node), node_segment(node) + "/disk")
+            assert rc == 0
+        assert wait_for(lambda: all(kinds(client, k) == ["disk"] for k in keys[:6]), 20)
+        leader = next(m for m in masters if role(m) == "leading")
+        leader.proc.send_signal(signal.SIGKILL)
+        leader.proc.wait()
+        survivor = next(m for m in masters if m is not leader)
+        assert wait_for(lambda: role(survivor) == "leading", 15), "the standby takes over"
+        assert wait_for(lambda: all(client.get(k) == value_of(k, 200 * 1024) for k in keys),
+                        20), "every value reads back from the new leader"
+        assert all("disk" in kinds(client, k) for k in keys), "the disk copies came back too"
+    finally:
+        if client is not None:
+            client.close()
+        if node is not None:
+            node.stop()
+        for m in masters:
+            if m.proc.poll() is None:
+                m.proc.kill()
+                m.proc.wait()
+        etcd.stop()
