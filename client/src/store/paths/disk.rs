@@ -3,7 +3,7 @@
 //! A disk replica is read where its files are: by this process's own tier directly when the
 //! replica is on our disk segment, else from its owner's disk listener, which answers the data
 //! plane's READ frames from files (so the read goes through the same pooled TCP client and
-//! lanes as a memory replica's, [`super::tcp::read_items`]). Every read checks the object's
+//! lanes as a memory replica's, one READ per object: [`read_remote`]). Every read checks the object's
 //! checksum at the owner; a copy that fails it is an error here (the reader falls back to
 //! another replica, or misses), and its owner drops it from the index.
 //!
@@ -12,10 +12,12 @@
 //! own memory. A write to another process's disk is refused.
 
 use dataplane::mem::Src;
+use dataplane::transport::client::TransferOp;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaMedium};
 
 use super::call::{Reach, ReadCall, WriteCall};
 use super::{picked, ReplicaPath};
+use crate::store::peers::{group_for, Group};
 use crate::store::StoreError;
 
 pub(super) struct Disk;
@@ -85,8 +87,28 @@ impl ReplicaPath for Disk {
             });
         }
         if !remote.is_empty() {
-            super::tcp::read_items(rc, remote);
+            read_remote(rc, remote);
         }
         Vec::new()
     }
+}
+
+/// Reads items `mine` from their owners' disk listeners, one READ per item: the listener
+/// reads and checks a whole object for every READ, so the slices a memory read is cut into
+/// (to spread it over lanes) would each cost a read of the whole file.
+fn read_remote(rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) {
+    let mut groups: Vec<Group<'_, '_>> = Vec::new();
+    for (i, it) in picked(rc.items, &mine) {
+        let g = group_for(&mut groups, &it.replica.transport_endpoint, None);
+        let n = it.dst.len();
+        g.push(
+            i,
+            TransferOp::Read {
+                remote_addr: it.replica.buffer_address + it.offset,
+                dst: it.dst.reborrow(),
+            },
+            n,
+        );
+    }
+    rc.reach.peers.run_groups(groups, &mut rc.results);
 }

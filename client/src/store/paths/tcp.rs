@@ -45,9 +45,9 @@ impl ReplicaPath for Tcp {
     }
 }
 
-/// Reads items `mine` through the pooled clients of their replicas' endpoints (also a disk
-/// replica's: its owner's disk listener answers the same READ frames).
-pub(super) fn read_items(rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) {
+/// Reads items `mine` through the pooled clients of their replicas' endpoints, each cut into
+/// slices of `TRANSFER_SLICE_BYTES`.
+fn read_items(rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) {
     {
         let mut groups: Vec<Group<'_, '_>> = Vec::new();
         for (i, it) in picked(rc.items, &mine) {
