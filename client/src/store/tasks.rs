@@ -155,6 +155,9 @@ fn copy(peers: &Peers, w: &TaskWork) -> Result<(), String> {
     if size == 0 || w.targets.iter().any(|t| t.size != size) {
         return Err(format!("{}: bad targets", ErrorCode::InvalidParams));
     }
+    if let Some(r) = offload_in_place(peers, w, size) {
+        return r;
+    }
     let mut buf = vec![0u8; size as usize];
     let mut read: Result<(), StoreError> = Err(ErrorCode::InvalidReplica.into());
     for s in w.sources.iter().filter(|s| s.size == size) {
@@ -164,7 +167,45 @@ fn copy(peers: &Peers, w: &TaskWork) -> Result<(), String> {
         }
     }
     read.map_err(|e| format!("reading a source replica: {e}"))?;
-    let parts = [Src::from(&buf[..])];
+    write_targets(peers, w, Src::from(&buf[..]))
+}
+
+/// An offload onto our own disk from a memory replica mapped in this process (our own
+/// segment, or a node's own shards through their shared mapping): the file is written
+/// straight from the mapping, without reading the object into a buffer first. `None` when
+/// the task is not such an offload. The master keeps an offload's source bytes still until
+/// its executor reports (`docs/tiering.md`, "Internal tasks"), and the file's checksum is
+/// computed from the bytes as they are written.
+fn offload_in_place(peers: &Peers, w: &TaskWork, size: u64) -> Option<Result<(), String>> {
+    if !w.targets.iter().all(|t| peers.own_disk(t).is_some()) {
+        return None;
+    }
+    for s in w.sources.iter().filter(|s| s.size == size) {
+        if s.medium != protocol::ReplicaMedium::Memory {
+            continue;
+        }
+        let own = peers
+            .own
+            .filter(|o| peers.is_local(s) && o.contains(s.buffer_address, size))
+            .map(|_| s.buffer_address as *mut u8);
+        let mapping = peers.shared_segment(&s.transport_endpoint);
+        let shared = mapping
+            .as_ref()
+            .and_then(|m| m.translate(s.buffer_address, size));
+        if let Some(p) = own.or(shared) {
+            // SAFETY: the range lies inside our own segment (checked by `contains`) or inside
+            // a shared mapping (checked by `translate`) that `mapping` keeps mapped until the
+            // write returns; no reference is formed over it.
+            let src = unsafe { Src::from_raw(p, size as usize) };
+            return Some(write_targets(peers, w, src));
+        }
+    }
+    None
+}
+
+/// Writes `src` (the whole object) into every target of `w`.
+fn write_targets(peers: &Peers, w: &TaskWork, src: Src<'_>) -> Result<(), String> {
+    let parts = [src];
     let items: Vec<WriteItem<'_>> = w
         .targets
         .iter()
