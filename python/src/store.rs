@@ -969,10 +969,11 @@ impl PyStore {
         self.store().map(|s| s.cluster_id().to_string())
     }
 
-    /// Upstream's count of reads served from offloaded storage; always 0 (no offload here).
+    /// Upstream's count of reads served from offloaded storage: our disk-replica reads.
     #[pyo3(signature = ())]
     fn get_offload_rpc_read_count(&self) -> i64 {
-        0
+        self.store()
+            .map_or(0, |s| s.path_counts().disk_reads as i64)
     }
 
     // ---- zero copy -------------------------------------------------------------------------

@@ -108,6 +108,8 @@ def test_a_working_set_four_times_dram_reads_back(tier_master, tmp_path):
             assert client.get(k) == value_of(k, MIB), k
             on_disk += kinds(client, k) == ["disk"]
         assert on_disk >= 128, f"only {on_disk} objects were disk-only"
+        # Upstream's count of reads served from offloaded storage.
+        assert client.get_offload_rpc_read_count() >= on_disk
         assert len(files_in(tmp_path)) >= on_disk
     finally:
         client.close()

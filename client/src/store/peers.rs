@@ -187,6 +187,8 @@ pub struct PathStats {
     /// their path.
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
+    /// Reads of disk replicas that succeeded (items, on our disk or an owner's listener).
+    pub disk_reads: AtomicU64,
 }
 
 impl PathStats {
@@ -212,6 +214,8 @@ pub struct PathCounts {
     /// Bytes read and written (per replica) by calls that succeeded.
     pub read_bytes: u64,
     pub write_bytes: u64,
+    /// Reads of disk replicas that succeeded (upstream's offload read count).
+    pub disk_reads: u64,
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
@@ -337,6 +341,7 @@ impl Peers {
                 .map_or(0, |r| r.staged_bytes.load(Ordering::Relaxed)),
             read_bytes: self.stats.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.stats.write_bytes.load(Ordering::Relaxed),
+            disk_reads: self.stats.disk_reads.load(Ordering::Relaxed),
         }
     }
 

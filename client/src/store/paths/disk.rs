@@ -73,7 +73,7 @@ impl ReplicaPath for Disk {
     fn read(&self, rc: &mut ReadCall<'_, '_>, mine: Vec<usize>) -> Vec<usize> {
         let peers = rc.peers();
         let mut remote = Vec::new();
-        for (i, it) in picked(rc.items, &mine) {
+        for (i, it) in picked(rc.items, &mine.clone()) {
             let Some(disk) = peers.own_disk(it.replica) else {
                 remote.push(i);
                 continue;
@@ -89,6 +89,11 @@ impl ReplicaPath for Disk {
         if !remote.is_empty() {
             read_remote(rc, remote);
         }
+        let done = mine.iter().filter(|&&i| rc.results[i].is_ok()).count();
+        let stats = &rc.peers().stats;
+        stats
+            .disk_reads
+            .fetch_add(done as u64, std::sync::atomic::Ordering::Relaxed);
         Vec::new()
     }
 }
