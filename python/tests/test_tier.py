@@ -439,3 +439,34 @@ def test_disk_only_objects_survive_a_leader_failover(monkeypatch, tmp_path):
                 m.proc.kill()
                 m.proc.wait()
         etcd.stop()
+
+
+def test_the_disk_stays_within_its_logical_cap_by_its_watermarks(tmp_path):
+    """A 16 MiB disk under a 64 MiB memory segment: eager offload writes every object, and
+    the master evicts disk copies ahead of need (above 90% down to 80%), least recently read
+    first, so the files never hold more than the cap; the objects read most recently keep
+    their disk copies."""
+    master = Master(extra=["--enable_offload=true"])
+    node = DiskNode(master, "64MB", tmp_path,
+                    env={"MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(16 * MIB)})
+    client = make_store(master, segment=0, local_buffer=16 * MIB)
+    try:
+        keys = [f"cap-{i}" for i in range(40)]
+        most = 0
+        for k in keys:
+            assert put_retrying(client, k, value_of(k, MIB)) == 0, k
+            most = max(most, len(files_in(tmp_path)))
+        assert wait_for(lambda: len(files_in(tmp_path)) <= 16, 20)
+        for _ in range(40):
+            most = max(most, len(files_in(tmp_path)))
+            time.sleep(0.05)
+        assert most <= 16, f"{most} files of 1 MiB on a 16 MiB disk"
+        data = sum(p.stat().st_size for p in files_in(tmp_path))
+        assert data <= 16 * MIB + 16 * 8192
+        # Every object is still in memory (64 MiB holds them all) and reads back.
+        for k in keys:
+            assert client.get(k) == value_of(k, MIB), k
+    finally:
+        client.close()
+        node.stop()
+        master.stop()
