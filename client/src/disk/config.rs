@@ -118,36 +118,7 @@ impl DiskConfig {
         };
         cfg.watermark_eviction = boolean("MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION", true)?;
         cfg.use_uring = boolean("MOONCAKE_OFFLOAD_USE_URING", true)?;
-        let ratio = |long: &str, short: &str, default: f64| -> Result<(f64, String), DiskError> {
-            let (name, v) = match (get(long), get(short)) {
-                (Some(v), _) => (long, v),
-                (None, Some(v)) => (short, v),
-                (None, None) => return Ok((default, long.to_string())),
-            };
-            match v.trim().parse::<f64>() {
-                Ok(r) if r > 0.0 && r <= 1.0 => Ok((r, name.to_string())),
-                _ => Err(bad(name, &v, "expected a ratio in (0, 1]")),
-            }
-        };
-        let (high, high_name) = ratio(
-            "MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO",
-            "MOONCAKE_DISK_EVICTION_HIGH_WATERMARK_RATIO",
-            DEFAULT_HIGH_WATERMARK,
-        )?;
-        let (low, _) = ratio(
-            "MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO",
-            "MOONCAKE_DISK_EVICTION_LOW_WATERMARK_RATIO",
-            DEFAULT_LOW_WATERMARK,
-        )?;
-        if high <= low {
-            return Err(bad(
-                &high_name,
-                &high.to_string(),
-                &format!("the high watermark must exceed the low one ({low})"),
-            ));
-        }
-        cfg.high_watermark = high;
-        cfg.low_watermark = low;
+        (cfg.high_watermark, cfg.low_watermark) = watermarks(&get)?;
         Ok(cfg)
     }
 
@@ -189,6 +160,40 @@ impl DiskConfig {
         };
         Err(DiskError::InvalidConfig(why))
     }
+}
+
+/// The high and low disk-eviction watermark ratios (long name first, then the short one),
+/// each in (0, 1], the high above the low.
+fn watermarks(get: &impl Fn(&str) -> Option<String>) -> Result<(f64, f64), DiskError> {
+    let ratio = |long: &str, short: &str, default: f64| -> Result<(f64, String), DiskError> {
+        let (name, v) = match (get(long), get(short)) {
+            (Some(v), _) => (long, v),
+            (None, Some(v)) => (short, v),
+            (None, None) => return Ok((default, long.to_string())),
+        };
+        match v.trim().parse::<f64>() {
+            Ok(r) if r > 0.0 && r <= 1.0 => Ok((r, name.to_string())),
+            _ => Err(bad(name, &v, "expected a ratio in (0, 1]")),
+        }
+    };
+    let (high, high_name) = ratio(
+        "MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO",
+        "MOONCAKE_DISK_EVICTION_HIGH_WATERMARK_RATIO",
+        DEFAULT_HIGH_WATERMARK,
+    )?;
+    let (low, _) = ratio(
+        "MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO",
+        "MOONCAKE_DISK_EVICTION_LOW_WATERMARK_RATIO",
+        DEFAULT_LOW_WATERMARK,
+    )?;
+    if high <= low {
+        return Err(bad(
+            &high_name,
+            &high.to_string(),
+            &format!("the high watermark must exceed the low one ({low})"),
+        ));
+    }
+    Ok((high, low))
 }
 
 /// The available cores, at most `DISK_WORKERS_DEFAULT_MAX`.

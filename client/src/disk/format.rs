@@ -160,41 +160,7 @@ impl FileHeader {
 
     /// Decodes the header at the start of `b` (at least its `hdr_len` bytes).
     pub fn decode(b: &[u8]) -> Result<FileHeader, HeaderError> {
-        if b.len() < FILE_HEADER_FIXED_BYTES {
-            return Err(HeaderError::Short {
-                expected: FILE_HEADER_FIXED_BYTES,
-                got: b.len(),
-            });
-        }
-        let mut magic = [0u8; 4];
-        magic.copy_from_slice(&b[0..4]);
-        if magic != FILE_MAGIC {
-            return Err(HeaderError::BadMagic { got: magic });
-        }
-        let format = u32_at(b, 4);
-        if format != FILE_FORMAT {
-            return Err(HeaderError::BadFormat { got: format });
-        }
-        let hdr_len = u32_at(b, 8);
-        let key_len = u32_at(b, 12);
-        let max = protocol::limits::KEY_MAX_BYTES;
-        if key_len == 0 || key_len as usize > max {
-            return Err(HeaderError::BadKeyLength { got: key_len, max });
-        }
-        let expected = header_len(key_len as usize);
-        if u64::from(hdr_len) != expected {
-            return Err(HeaderError::BadHeaderLength {
-                expected,
-                got: hdr_len,
-                key_len,
-            });
-        }
-        if b.len() < hdr_len as usize {
-            return Err(HeaderError::Short {
-                expected: hdr_len as usize,
-                got: b.len(),
-            });
-        }
+        let (hdr_len, key_len) = Self::decode_lengths(b)?;
         let flags = u32_at(b, 44);
         let ttl = u64_at(b, 48);
         if flags & !(FLAG_HARD_PIN | FLAG_SOFT_PIN) != 0 || (flags & FLAG_SOFT_PIN == 0 && ttl != 0)
@@ -232,6 +198,47 @@ impl FileHeader {
             hard_pin: flags & FLAG_HARD_PIN != 0,
             soft_pin_ttl_ms: (flags & FLAG_SOFT_PIN != 0).then_some(ttl),
         })
+    }
+
+    /// Checks the magic, the format, the key length and the header length at the start of
+    /// `b`, and that `b` holds the whole header block; returns (header length, key length).
+    fn decode_lengths(b: &[u8]) -> Result<(u32, u32), HeaderError> {
+        if b.len() < FILE_HEADER_FIXED_BYTES {
+            return Err(HeaderError::Short {
+                expected: FILE_HEADER_FIXED_BYTES,
+                got: b.len(),
+            });
+        }
+        let mut magic = [0u8; 4];
+        magic.copy_from_slice(&b[0..4]);
+        if magic != FILE_MAGIC {
+            return Err(HeaderError::BadMagic { got: magic });
+        }
+        let format = u32_at(b, 4);
+        if format != FILE_FORMAT {
+            return Err(HeaderError::BadFormat { got: format });
+        }
+        let hdr_len = u32_at(b, 8);
+        let key_len = u32_at(b, 12);
+        let max = protocol::limits::KEY_MAX_BYTES;
+        if key_len == 0 || key_len as usize > max {
+            return Err(HeaderError::BadKeyLength { got: key_len, max });
+        }
+        let expected = header_len(key_len as usize);
+        if u64::from(hdr_len) != expected {
+            return Err(HeaderError::BadHeaderLength {
+                expected,
+                got: hdr_len,
+                key_len,
+            });
+        }
+        if b.len() < hdr_len as usize {
+            return Err(HeaderError::Short {
+                expected: hdr_len as usize,
+                got: b.len(),
+            });
+        }
+        Ok((hdr_len, key_len))
     }
 }
 

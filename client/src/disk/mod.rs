@@ -429,6 +429,14 @@ fn worker_of(addr: u64, workers: usize) -> usize {
     ((mixed >> 32) % workers as u64) as usize
 }
 
+/// The workers [`DiskTier::start_workers`] started: their queues, their threads, and
+/// whether every one drives an io_uring ring.
+struct Workers {
+    senders: Vec<SyncSender<Request>>,
+    threads: Vec<JoinHandle<()>>,
+    uring: bool,
+}
+
 /// An owner's disk store. Cheap to share (`Arc`); every method may be called from any thread.
 pub struct DiskTier {
     shared: Arc<Shared>,
@@ -474,6 +482,34 @@ impl DiskTier {
             stopped: Mutex::new(None),
             stopped_flag: AtomicBool::new(false),
         });
+        let Workers {
+            senders,
+            threads,
+            uring,
+        } = Self::start_workers(&shared)?;
+        let tier = DiskTier {
+            shared,
+            senders,
+            threads,
+            uring,
+        };
+        let s = tier.stats();
+        tracing::info!(
+            dir = %tier.shared.cfg.dir.display(),
+            objects = s.objects,
+            logical_bytes = s.logical_bytes,
+            size_limit = tier.shared.size_limit,
+            direct_io = direct,
+            "disk tier open"
+        );
+        Ok(Arc::new(tier))
+    }
+
+    /// Starts one I/O thread per worker, each with its own queue and I/O backend (io_uring
+    /// when asked for and allowed); returns the queues, the threads, and whether every
+    /// worker got a ring.
+    fn start_workers(shared: &Arc<Shared>) -> Result<Workers, DiskError> {
+        let workers = shared.workers;
         let mut senders = Vec::with_capacity(workers);
         let mut threads = Vec::with_capacity(workers);
         let mut refused: Option<String> = None;
@@ -487,7 +523,7 @@ impl DiskTier {
             let (tx, rx) = sync_channel(DISK_WORKER_QUEUE_MAX);
             let w = Worker {
                 dir: shared.worker_dir(id),
-                shared: Arc::clone(&shared),
+                shared: Arc::clone(shared),
                 io,
             };
             let t = std::thread::Builder::new()
@@ -508,22 +544,11 @@ impl DiskTier {
             Some(why) => tracing::warn!("disk tier: {why}; {workers} workers use pread/pwrite"),
             None => tracing::info!("disk tier: {workers} workers, one io_uring ring each"),
         }
-        let tier = DiskTier {
-            shared,
+        Ok(Workers {
             senders,
             threads,
             uring,
-        };
-        let s = tier.stats();
-        tracing::info!(
-            dir = %tier.shared.cfg.dir.display(),
-            objects = s.objects,
-            logical_bytes = s.logical_bytes,
-            size_limit = tier.shared.size_limit,
-            direct_io = direct,
-            "disk tier open"
-        );
-        Ok(Arc::new(tier))
+        })
     }
 
     /// Whether the files are opened with `O_DIRECT` (false: the filesystem refused it).

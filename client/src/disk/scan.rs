@@ -15,13 +15,14 @@ use std::path::Path;
 use super::format::{self, FileHeader, FILE_HEADER_FIXED_BYTES, TEMP_SUFFIX};
 use super::{bump, worker_of, Counters, DiskConfig, DiskError, Entry, Index};
 
+/// The index of what the directory holds: temporary files deleted, every object file checked
+/// and kept or dropped, kept files moved to their owners' subdirectories.
 pub(super) fn scan(
     cfg: &DiskConfig,
     base: u64,
     workers: usize,
     counters: &Counters,
 ) -> Result<Index, DiskError> {
-    let mut index = Index::default();
     let top = read_dir(&cfg.dir)?;
     let mut found: Vec<(u64, Entry, std::path::PathBuf)> = Vec::new();
     // Subdirectories of workers that no longer exist (the count went down): emptied below.
@@ -42,34 +43,63 @@ pub(super) fn scan(
                 .filter(|&w| w >= workers)
                 .map(|_| path.clone()),
         );
-        for file in read_dir(&path)? {
-            let fpath = file.path();
-            let fname = file.file_name().to_string_lossy().into_owned();
-            if fname.ends_with(TEMP_SUFFIX) {
-                remove_temp(&fpath, counters);
-                continue;
+        scan_worker_dir(&path, counters, &mut found)?;
+    }
+    let index = keep_found(cfg, base, workers, found, counters);
+    for d in stale_dirs {
+        // Fails, harmlessly, when something that is not ours is left in it.
+        let _ = std::fs::remove_dir(d);
+    }
+    Ok(index)
+}
+
+/// Adds the object files of one worker subdirectory whose headers check to `found`; deletes
+/// temporary files and drops files that fail.
+fn scan_worker_dir(
+    dir: &Path,
+    counters: &Counters,
+    found: &mut Vec<(u64, Entry, std::path::PathBuf)>,
+) -> Result<(), DiskError> {
+    for file in read_dir(dir)? {
+        let fpath = file.path();
+        let fname = file.file_name().to_string_lossy().into_owned();
+        if fname.ends_with(TEMP_SUFFIX) {
+            remove_temp(&fpath, counters);
+            continue;
+        }
+        let Some(addr) = format::parse_object_name(&fname) else {
+            continue;
+        };
+        match check_file(&fpath) {
+            Ok((h, physical)) => {
+                let e = Entry {
+                    key: h.key,
+                    size: h.size,
+                    version: h.version,
+                    hard_pin: h.hard_pin,
+                    soft_pin_ttl_ms: h.soft_pin_ttl_ms,
+                    physical,
+                    last_read_ms: 0,
+                    seq: 0,
+                };
+                found.push((addr, e, fpath));
             }
-            let Some(addr) = format::parse_object_name(&fname) else {
-                continue;
-            };
-            match check_file(&fpath) {
-                Ok((h, physical)) => {
-                    let e = Entry {
-                        key: h.key,
-                        size: h.size,
-                        version: h.version,
-                        hard_pin: h.hard_pin,
-                        soft_pin_ttl_ms: h.soft_pin_ttl_ms,
-                        physical,
-                        last_read_ms: 0,
-                        seq: 0,
-                    };
-                    found.push((addr, e, fpath));
-                }
-                Err(why) => drop_file(&fpath, &why, counters),
-            }
+            Err(why) => drop_file(&fpath, &why, counters),
         }
     }
+    Ok(())
+}
+
+/// The index of the found files in address order: drops those outside the segment or
+/// overlapping one kept before, and moves each kept file to its owner's subdirectory.
+fn keep_found(
+    cfg: &DiskConfig,
+    base: u64,
+    workers: usize,
+    mut found: Vec<(u64, Entry, std::path::PathBuf)>,
+    counters: &Counters,
+) -> Index {
+    let mut index = Index::default();
     found.sort_by_key(|(a, _, _)| *a);
     let mut end_of_kept = 0u64;
     for (addr, e, path) in found {
@@ -97,11 +127,7 @@ pub(super) fn scan(
         end_of_kept = end.unwrap_or(u64::MAX);
         index.insert(addr, e);
     }
-    for d in stale_dirs {
-        // Fails, harmlessly, when something that is not ours is left in it.
-        let _ = std::fs::remove_dir(d);
-    }
-    Ok(index)
+    index
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<std::fs::DirEntry>, DiskError> {

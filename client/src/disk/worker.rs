@@ -278,20 +278,7 @@ impl Worker {
         let mut stored_crc: Option<u32> = None;
         let mut pos = 0u64;
         while pos < file_len {
-            let mut pieces: Vec<Piece> = Vec::with_capacity(DISK_WORKER_BUFFERS);
-            let mut at = pos;
-            for buf in 0..DISK_WORKER_BUFFERS {
-                if at >= file_len {
-                    break;
-                }
-                let len = (file_len - at).min(DISK_BOUNCE_BYTES as u64) as usize;
-                pieces.push(Piece {
-                    buf,
-                    offset: at,
-                    len,
-                });
-                at += len as u64;
-            }
+            let (pieces, at) = read_batch(pos, file_len);
             let results = self.io.run(&file, Dir::Read, &pieces);
             for (p, r) in pieces.iter().zip(results) {
                 let n = r.map_err(ReadFailure::Io)?;
@@ -303,15 +290,7 @@ impl Worker {
                 }
                 let b = &self.io.buf(p.buf)[..p.len];
                 if p.offset == 0 {
-                    let h = FileHeader::decode(b)
-                        .map_err(|e| ReadFailure::Corrupt(format!("bad header: {e}")))?;
-                    if h.key != key || h.size != size {
-                        return Err(ReadFailure::Corrupt(format!(
-                            "header names {:?} of {} bytes, the index {key:?} of {size}",
-                            h.key, h.size
-                        )));
-                    }
-                    stored_crc = Some(h.data_crc);
+                    stored_crc = Some(check_header(b, key, size)?);
                 }
                 // The data bytes of this piece: [lo, hi) in data offsets.
                 let piece_lo = p.offset.max(hdr_len);
@@ -357,6 +336,39 @@ impl Worker {
         sh.remove(addr);
         true
     }
+}
+
+/// The next batch of reads from `pos` in `file_len`: up to one piece per bounce buffer, each
+/// at most a buffer long; returns the pieces and where the batch ends.
+fn read_batch(pos: u64, file_len: u64) -> (Vec<Piece>, u64) {
+    let mut pieces: Vec<Piece> = Vec::with_capacity(DISK_WORKER_BUFFERS);
+    let mut at = pos;
+    for buf in 0..DISK_WORKER_BUFFERS {
+        if at >= file_len {
+            break;
+        }
+        let len = (file_len - at).min(DISK_BOUNCE_BYTES as u64) as usize;
+        pieces.push(Piece {
+            buf,
+            offset: at,
+            len,
+        });
+        at += len as u64;
+    }
+    (pieces, at)
+}
+
+/// Decodes the header at the start of `b` and checks it names `key` of `size` bytes;
+/// returns its data crc.
+fn check_header(b: &[u8], key: &str, size: u64) -> Result<u32, ReadFailure> {
+    let h = FileHeader::decode(b).map_err(|e| ReadFailure::Corrupt(format!("bad header: {e}")))?;
+    if h.key != key || h.size != size {
+        return Err(ReadFailure::Corrupt(format!(
+            "header names {:?} of {} bytes, the index {key:?} of {size}",
+            h.key, h.size
+        )));
+    }
+    Ok(h.data_crc)
 }
 
 enum ReadFailure {

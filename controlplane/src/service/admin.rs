@@ -6,7 +6,7 @@ use protocol::{ErrorCode, ReplicaDescriptor};
 
 use super::dispatch::encode_replicas;
 use super::metrics::{BatchOp, Hist, Op};
-use super::{MasterService, Metrics};
+use super::{MasterService, Metrics, State, TierGauges};
 use crate::alloc::Fragmentation;
 use crate::view::{
     AdminView, ClientStatus, ClusterStatus, Percentiles, QuotaAnswer, SegmentDetail, SegmentStatus,
@@ -99,82 +99,10 @@ impl AdminView for MasterService {
         let now = self.clock.now_ms();
         let (segments, clients) = {
             let st = self.state.lock();
-            let mut objects = std::collections::HashMap::new();
-            for obj in st.objects.values() {
-                for r in &obj.replicas {
-                    *objects.entry(r.seg.idx).or_insert(0u64) += 1;
-                }
-            }
-            let segments: Vec<SegmentStatus> = st
-                .segs
-                .iter_indexed()
-                .map(|(r, s)| SegmentStatus {
-                    name: s.name.clone(),
-                    client_id: s.client.to_string(),
-                    te_endpoint: s.te_endpoint.clone(),
-                    capacity_bytes: s.alloc.capacity(),
-                    used_bytes: s.alloc.used_bytes(),
-                    objects: objects.get(&r).copied().unwrap_or(0),
-                    state: if s.quarantined {
-                        "quarantined"
-                    } else if s.draining_until.is_some() {
-                        "draining"
-                    } else {
-                        "ok"
-                    },
-                    medium: if s.is_disk() { "disk" } else { "memory" },
-                })
-                .collect();
-            let clients: Vec<ClientStatus> = st
-                .clients
-                .iter()
-                .map(|(id, c)| ClientStatus {
-                    client_id: id.to_string(),
-                    last_ping_ms_ago: now.saturating_sub(c.last_seen_ms),
-                    segments: c.segments.len() as u64,
-                    quarantined: c.quarantined,
-                })
-                .collect();
-            (segments, clients)
+            members(&st, now)
         };
         let m = &self.metrics;
-        let mut counters = Vec::new();
-        for (name, op) in [
-            ("put", Op::PutStart),
-            ("upsert", Op::UpsertStart),
-            ("get", Op::GetReplicaList),
-            ("exist", Op::ExistKey),
-            ("remove", Op::Remove),
-            ("ping", Op::Ping),
-        ] {
-            counters.push((name.to_string(), m.op_counts(op).0));
-        }
-        for (name, op) in [
-            ("batch_put_items", BatchOp::PutStart),
-            ("batch_upsert_items", BatchOp::UpsertStart),
-            ("batch_get_items", BatchOp::GetReplicaList),
-            ("batch_exist_items", BatchOp::ExistKey),
-            ("batch_remove_items", BatchOp::Remove),
-        ] {
-            counters.push((name.to_string(), m.batch_counts(op).2));
-        }
-        counters.push(("evicted_keys".into(), Metrics::get(&m.evicted_keys)));
-        counters.push(("evicted_bytes".into(), Metrics::get(&m.evicted_bytes)));
-        let t = &g.tier.stats;
-        if g.tier.disk_segments > 0 {
-            for (name, v) in [
-                ("offload_queued", t.offloads_queued),
-                ("offload_completed", t.offloads_completed),
-                ("offload_failed", t.offloads_failed),
-                ("offload_skipped", t.offloads_skipped),
-                ("promotion_queued", t.promotions_queued),
-                ("promotion_completed", t.promotions_completed),
-                ("disk_only_read_hits", t.disk_only_hits),
-                ("disk_evicted_replicas", t.disk_evicted_replicas),
-            ] {
-                counters.push((name.into(), v));
-            }
-        }
+        let counters = status_counters(m, &g.tier);
         ClusterStatus {
             keys: g.key_count,
             soft_pinned_keys: g.soft_pin_key_count,
@@ -191,6 +119,90 @@ impl AdminView for MasterService {
             lookup_us: percentiles(&m.lookup_us),
         }
     }
+}
+
+/// Each mounted segment (with how many replicas it holds) and each client, for `status`.
+fn members(st: &State, now: u64) -> (Vec<SegmentStatus>, Vec<ClientStatus>) {
+    let mut objects = std::collections::HashMap::new();
+    for obj in st.objects.values() {
+        for r in &obj.replicas {
+            *objects.entry(r.seg.idx).or_insert(0u64) += 1;
+        }
+    }
+    let segments: Vec<SegmentStatus> = st
+        .segs
+        .iter_indexed()
+        .map(|(r, s)| SegmentStatus {
+            name: s.name.clone(),
+            client_id: s.client.to_string(),
+            te_endpoint: s.te_endpoint.clone(),
+            capacity_bytes: s.alloc.capacity(),
+            used_bytes: s.alloc.used_bytes(),
+            objects: objects.get(&r).copied().unwrap_or(0),
+            state: if s.quarantined {
+                "quarantined"
+            } else if s.draining_until.is_some() {
+                "draining"
+            } else {
+                "ok"
+            },
+            medium: if s.is_disk() { "disk" } else { "memory" },
+        })
+        .collect();
+    let clients: Vec<ClientStatus> = st
+        .clients
+        .iter()
+        .map(|(id, c)| ClientStatus {
+            client_id: id.to_string(),
+            last_ping_ms_ago: now.saturating_sub(c.last_seen_ms),
+            segments: c.segments.len() as u64,
+            quarantined: c.quarantined,
+        })
+        .collect();
+    (segments, clients)
+}
+
+/// The counters `status` shows: requests per operation, items per batch operation,
+/// evictions, and the disk tier's when a disk is mounted.
+fn status_counters(m: &Metrics, tier: &TierGauges) -> Vec<(String, u64)> {
+    let mut counters = Vec::new();
+    for (name, op) in [
+        ("put", Op::PutStart),
+        ("upsert", Op::UpsertStart),
+        ("get", Op::GetReplicaList),
+        ("exist", Op::ExistKey),
+        ("remove", Op::Remove),
+        ("ping", Op::Ping),
+    ] {
+        counters.push((name.to_string(), m.op_counts(op).0));
+    }
+    for (name, op) in [
+        ("batch_put_items", BatchOp::PutStart),
+        ("batch_upsert_items", BatchOp::UpsertStart),
+        ("batch_get_items", BatchOp::GetReplicaList),
+        ("batch_exist_items", BatchOp::ExistKey),
+        ("batch_remove_items", BatchOp::Remove),
+    ] {
+        counters.push((name.to_string(), m.batch_counts(op).2));
+    }
+    counters.push(("evicted_keys".into(), Metrics::get(&m.evicted_keys)));
+    counters.push(("evicted_bytes".into(), Metrics::get(&m.evicted_bytes)));
+    let t = &tier.stats;
+    if tier.disk_segments > 0 {
+        for (name, v) in [
+            ("offload_queued", t.offloads_queued),
+            ("offload_completed", t.offloads_completed),
+            ("offload_failed", t.offloads_failed),
+            ("offload_skipped", t.offloads_skipped),
+            ("promotion_queued", t.promotions_queued),
+            ("promotion_completed", t.promotions_completed),
+            ("disk_only_read_hits", t.disk_only_hits),
+            ("disk_evicted_replicas", t.disk_evicted_replicas),
+        ] {
+            counters.push((name.into(), v));
+        }
+    }
+    counters
 }
 
 fn percentiles(h: &Hist) -> Percentiles {

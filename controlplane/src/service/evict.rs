@@ -41,6 +41,33 @@ use super::metrics::Metrics;
 use super::object::SoftPin;
 use super::State;
 
+/// The cutoff of each eviction class (see [`cutoff`]); `None` takes nothing from it.
+struct Cutoffs {
+    backed: Option<(u64, u64)>,
+    plain: Option<(u64, u64)>,
+    pinned: Option<(u64, u64)>,
+}
+
+impl Cutoffs {
+    /// Whether an object last read at `last_read` is within its class's cutoff (see
+    /// [`take`]); a soft-pinned one only when `allow_pinned`.
+    fn take(
+        &mut self,
+        soft_pinned: bool,
+        allow_pinned: bool,
+        on_disk: bool,
+        last_read: u64,
+    ) -> bool {
+        if soft_pinned {
+            allow_pinned && take(&mut self.pinned, last_read)
+        } else if on_disk {
+            take(&mut self.backed, last_read)
+        } else {
+            take(&mut self.plain, last_read)
+        }
+    }
+}
+
 /// Sorts candidates `(last_read_ms, bytes)` oldest first and finds where `need` bytes are
 /// covered: everything read before `.0`, plus `.1` of the objects read exactly at `.0`.
 /// Returns the cut and the bytes still needed after taking the whole list if it falls short.
@@ -138,9 +165,27 @@ impl State {
         let used_ratio = used as f64 / cap as f64;
         let target = ratio.max(used_ratio - self.cfg.eviction_high_watermark_ratio + ratio);
         let need = ((target * cap as f64).ceil() as u64).max(min_bytes).max(1);
+
+        let (cuts, retry_at) = self.eviction_cutoffs(now, need);
+        let (mut keys, mut freed, to_offload, dropped_with_task) = self.evict_picked(now, cuts);
+        for k in dropped_with_task {
+            // A copy not handed out yet: nothing was allocated for it, nobody reads for it.
+            self.fail_internal(now, &k, "the object was evicted");
+        }
+        let (k2, f2, moved) = self.offload_picked(now, to_offload);
+        keys += k2;
+        freed += f2;
+
+        self.record_eviction(m, keys, freed, moved, retry_at);
+        freed
+    }
+
+    /// Sorts the eligible objects that hold memory into the three classes and picks, in
+    /// each, the cutoff that frees `need` bytes (the next class covers what one lacks).
+    /// Also returns when a skipped object (read-leased, soft-pinned) may become evictable.
+    fn eviction_cutoffs(&self, now: u64, need: u64) -> (Cutoffs, u64) {
         let allow_pinned = self.cfg.allow_evict_soft_pinned_objects;
         let force_evict = self.cfg.offload.force_evict;
-
         // Three classes, taken in this order: objects with a disk replica (dropping their
         // memory replicas loses nothing, `offload.rs`), then the others, then soft-pinned
         // ones. Objects with no memory replica free nothing here and are not candidates.
@@ -179,8 +224,8 @@ impl State {
                 plain.push((obj.last_read_ms, bytes));
             }
         }
-        let (mut cut_backed, short) = cutoff(&mut backed, need);
-        let (mut cut_plain, short) = if short > 0 {
+        let (cut_backed, short) = cutoff(&mut backed, need);
+        let (cut_plain, short) = if short > 0 {
             cutoff(&mut plain, short)
         } else {
             (None, 0)
@@ -189,7 +234,25 @@ impl State {
         if short > 0 && allow_pinned {
             cut_pinned = cutoff(&mut pinned, short).0;
         }
+        let cuts = Cutoffs {
+            backed: cut_backed,
+            plain: cut_plain,
+            pinned: cut_pinned,
+        };
+        (cuts, retry_at)
+    }
 
+    /// Drops the memory replicas of the objects within the cutoffs: a disk-backed object
+    /// keeps its disk replica, an object for offload on evict is only picked, any other is
+    /// removed. Returns (keys removed, bytes freed, objects picked for offload, removed keys
+    /// that had an internal task).
+    fn evict_picked(
+        &mut self,
+        now: u64,
+        mut cuts: Cutoffs,
+    ) -> (u64, u64, Vec<(u64, String)>, Vec<String>) {
+        let allow_pinned = self.cfg.allow_evict_soft_pinned_objects;
+        let force_evict = self.cfg.offload.force_evict;
         let on_evict = self.cfg.offload.enabled && self.cfg.offload.on_evict;
         let State {
             objects,
@@ -204,7 +267,7 @@ impl State {
         let mut to_offload: Vec<(u64, String)> = Vec::new();
         let mut dropped_with_task: Vec<String> = Vec::new();
         objects.retain(|k, obj| {
-            // The same eligibility as the scan above (nothing changed in between).
+            // The same eligibility as `eviction_cutoffs` (nothing changed in between).
             if !evictable(obj, k, now, tasks) || tasks.internal_blocks_eviction(k, force_evict) {
                 return true;
             }
@@ -212,25 +275,17 @@ impl State {
             if bytes == 0 {
                 return true;
             }
-            let evict = if obj.soft_pinned(now) {
-                allow_pinned && take(&mut cut_pinned, obj.last_read_ms)
-            } else if on_disk {
-                take(&mut cut_backed, obj.last_read_ms)
-            } else {
-                take(&mut cut_plain, obj.last_read_ms)
-            };
+            let evict = cuts.take(
+                obj.soft_pinned(now),
+                allow_pinned,
+                on_disk,
+                obj.last_read_ms,
+            );
             if !evict {
                 return true;
             }
             if on_disk {
-                // Lossless: the memory replicas go, the object stays readable from disk.
-                obj.replicas.retain(|r| {
-                    let disk = segs.get(r.seg).is_some_and(|s| s.is_disk());
-                    if !disk {
-                        segs.free_span(r.seg, r.span);
-                    }
-                    disk
-                });
+                drop_memory_replicas(obj, segs);
                 freed += bytes;
                 tier.memory_evictions_to_disk += 1;
                 return true;
@@ -250,14 +305,12 @@ impl State {
             keys += 1;
             false
         });
-        for k in dropped_with_task {
-            // A copy not handed out yet: nothing was allocated for it, nobody reads for it.
-            self.fail_internal(now, &k, "the object was evicted");
-        }
-        let (k2, f2, moved) = self.offload_picked(now, to_offload);
-        keys += k2;
-        freed += f2;
+        (keys, freed, to_offload, dropped_with_task)
+    }
 
+    /// Ends a pass: a pass that did nothing blocks the next until the state changes or
+    /// `retry_at`; one that did counts its success, keys and bytes.
+    fn record_eviction(&mut self, m: &Metrics, keys: u64, freed: u64, moved: u64, retry_at: u64) {
         self.need_eviction = false;
         if keys == 0 && freed == 0 && moved == 0 {
             self.evict_blocked = Some((self.evict_epoch, retry_at));
@@ -267,7 +320,6 @@ impl State {
             Metrics::add(&m.evicted_keys, keys);
             Metrics::add(&m.evicted_bytes, freed);
         }
-        freed
     }
 
     /// Offload on evict (`offload.rs`): the objects this pass picked, oldest read first, get
@@ -312,6 +364,18 @@ impl State {
         }
         (keys, freed, moved)
     }
+}
+
+/// Frees `obj`'s memory replicas and keeps its disk ones. Lossless: the memory replicas go,
+/// the object stays readable from disk.
+fn drop_memory_replicas(obj: &mut super::object::Object, segs: &mut super::segments::Segments) {
+    obj.replicas.retain(|r| {
+        let disk = segs.get(r.seg).is_some_and(|s| s.is_disk());
+        if !disk {
+            segs.free_span(r.seg, r.span);
+        }
+        disk
+    });
 }
 
 /// The bytes of `obj`'s memory replicas, and whether it has a disk replica.

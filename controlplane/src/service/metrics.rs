@@ -280,53 +280,17 @@ impl Metrics {
     /// The Prometheus text of every metric.
     pub fn render(&self, g: &Gauges) -> String {
         let mut s = String::with_capacity(16 * 1024);
-        let gauges: [(&str, &str, u64); 8] = [
-            (
-                "master_key_count",
-                "Total number of keys managed by the master",
-                g.key_count,
-            ),
-            (
-                "master_allocated_bytes",
-                "Total memory bytes currently allocated across all segments",
-                g.allocated_bytes,
-            ),
-            (
-                "master_total_capacity_bytes",
-                "Total memory capacity across all mounted segments",
-                g.total_capacity_bytes,
-            ),
-            (
-                "master_active_clients",
-                "Total number of active clients",
-                g.active_clients,
-            ),
-            (
-                "master_soft_pin_key_count",
-                "Total number of soft-pinned keys managed by the master",
-                g.soft_pin_key_count,
-            ),
-            (
-                "master_segment_count",
-                "Number of mounted segments",
-                g.segments,
-            ),
-            (
-                "master_quarantined_segments",
-                "Mounted segments taking no new allocation because their owner stopped pinging",
-                g.quarantined_segments,
-            ),
-            (
-                "master_owners_awaited",
-                "Owners registered by an earlier HA term that have not re-reported yet \
-                 (a key the master lacks is answered -1010 meanwhile)",
-                g.owners_awaited,
-            ),
-        ];
-        for (name, help, v) in gauges {
-            metric(&mut s, name, help, "gauge", v);
-        }
+        render_gauges(&mut s, g);
         render_tier(&mut s, &g.tier);
+        self.render_counters(&mut s);
+        self.render_ops(&mut s);
+        self.render_hists(&mut s);
+        self.render_batches(&mut s);
+        s
+    }
+
+    /// The counters of eviction, puts and clients.
+    fn render_counters(&self, s: &mut String) {
         let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "master_evicted_key_count",
@@ -390,8 +354,12 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in counters {
-            metric(&mut s, name, help, "counter", Self::get(v));
+            metric(s, name, help, "counter", Self::get(v));
         }
+    }
+
+    /// The received and failed requests of each operation.
+    fn render_ops(&self, s: &mut String) {
         for ((short, long), c) in OP_NAMES.iter().zip(&self.ops) {
             let parts = [
                 ("requests", "received", &c.requests),
@@ -400,9 +368,13 @@ impl Metrics {
             for (suffix, what, v) in parts {
                 let name = format!("master_{short}_{suffix}_total");
                 let help = format!("Total number of {what} {long} requests");
-                metric(&mut s, &name, &help, "counter", Self::get(v));
+                metric(s, &name, &help, "counter", Self::get(v));
             }
         }
+    }
+
+    /// The latency summaries: quantiles, sum and count.
+    fn render_hists(&self, s: &mut String) {
         let hists: [(&str, &str, &Hist); 2] = [
             (
                 "master_put_duration_ms",
@@ -423,6 +395,10 @@ impl Metrics {
             }
             let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", h.sum(), h.count());
         }
+    }
+
+    /// The requests, failures and items of each batch operation.
+    fn render_batches(&self, s: &mut String) {
         for ((short, long), c) in BATCH_NAMES.iter().zip(&self.batches) {
             let parts = [
                 ("requests", "received requests", &c.requests),
@@ -438,17 +414,71 @@ impl Metrics {
             for (suffix, what, v) in parts {
                 let name = format!("master_{short}_{suffix}_total");
                 let help = format!("{long}: total number of {what}");
-                metric(&mut s, &name, &help, "counter", Self::get(v));
+                metric(s, &name, &help, "counter", Self::get(v));
             }
         }
-        s
+    }
+}
+
+/// The master's own gauges: keys, memory, clients, segments, owners awaited.
+fn render_gauges(s: &mut String, g: &Gauges) {
+    let gauges: [(&str, &str, u64); 8] = [
+        (
+            "master_key_count",
+            "Total number of keys managed by the master",
+            g.key_count,
+        ),
+        (
+            "master_allocated_bytes",
+            "Total memory bytes currently allocated across all segments",
+            g.allocated_bytes,
+        ),
+        (
+            "master_total_capacity_bytes",
+            "Total memory capacity across all mounted segments",
+            g.total_capacity_bytes,
+        ),
+        (
+            "master_active_clients",
+            "Total number of active clients",
+            g.active_clients,
+        ),
+        (
+            "master_soft_pin_key_count",
+            "Total number of soft-pinned keys managed by the master",
+            g.soft_pin_key_count,
+        ),
+        (
+            "master_segment_count",
+            "Number of mounted segments",
+            g.segments,
+        ),
+        (
+            "master_quarantined_segments",
+            "Mounted segments taking no new allocation because their owner stopped pinging",
+            g.quarantined_segments,
+        ),
+        (
+            "master_owners_awaited",
+            "Owners registered by an earlier HA term that have not re-reported yet \
+             (a key the master lacks is answered -1010 meanwhile)",
+            g.owners_awaited,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        metric(s, name, help, "gauge", v);
     }
 }
 
 /// The disk tier's gauges and counters (`offload.rs`, `docs/tiering.md`). Memory's own
 /// figures above (`master_allocated_bytes`, `master_total_capacity_bytes`) leave disk out.
 fn render_tier(s: &mut String, t: &super::TierGauges) {
-    let st = &t.stats;
+    render_tier_gauges(s, t);
+    render_tier_counters(s, &t.stats);
+}
+
+/// The disk tier's gauges: objects per tier, disk bytes and segments, tasks in flight.
+fn render_tier_gauges(s: &mut String, t: &super::TierGauges) {
     let gauges: [(&str, &str, u64); 8] = [
         (
             "master_memory_object_count",
@@ -494,6 +524,10 @@ fn render_tier(s: &mut String, t: &super::TierGauges) {
     for (name, help, v) in gauges {
         metric(s, name, help, "gauge", v);
     }
+}
+
+/// The disk tier's counters: offloads, promotions, disk-only hits, disk evictions.
+fn render_tier_counters(s: &mut String, st: &super::TierStats) {
     let counters: [(&str, &str, u64); 11] = [
         (
             "master_offload_queued_total",

@@ -292,6 +292,31 @@ pub(crate) fn resolve_soft_pin(
     }
 }
 
+/// Whether an upsert may reuse `obj`'s buffers in place: only when nobody may touch them.
+/// Not while a put is in flight (its writer may still be writing when this upsert has
+/// completed, and then a remove or eviction could hand the buffers to another key under that
+/// late write), nor while a reader holds a lease (it would read a mix of both values), nor in
+/// a segment closed to new allocations (draining, or quarantined: the write would most likely
+/// fail), nor on a disk segment (a writer cannot write another process's files).
+fn reusable_in_place(
+    obj: &Object,
+    key: &str,
+    now: u64,
+    segs: &Segments,
+    tasks: &super::tasks::Tasks,
+) -> bool {
+    // Nor while the disk tier copies it (`tasks.rs`, "Internal tasks"): the executor
+    // records its copy under the old version, so the bytes it reads must stay that
+    // version's; `drop_object` fails the task and parks them.
+    !tasks.internal_active(key)
+        && obj.is_complete()
+        && obj.read_hold_until() <= now
+        && obj.replicas.iter().all(|r| {
+            segs.get(r.seg)
+                .is_some_and(|s| s.writable() && !s.is_disk())
+        })
+}
+
 /// Checks of a put's parameters that do not depend on the index.
 pub(crate) fn check_put(cfg: &ReplicateConfig, size: u64) -> Result<(), ErrorCode> {
     if size == 0 || cfg.replica_num == 0 {
@@ -324,20 +349,7 @@ impl State {
         if upsert && self.tasks.active(&key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
-        // The same start again, from the client still writing this key: its answer was lost,
-        // or the client sent the call again after giving up its connection with the request
-        // still in it (`client::master`), and the two copies may arrive in either order. It
-        // gets the same buffers and version. Executed anew, a copy arriving after the one
-        // answered would move the object to buffers its writer never hears of, and the
-        // writer's commit would then complete buffers nobody wrote (violation 2,
-        // `docs/reliability.md`). A store client starts one put of a key at a time, so an
-        // in-flight put of this key by this client is this put (but for a key named twice
-        // in one batch, `Start::Repeat`, whose second start replaces the first as before).
-        let retried = start == Start::Call
-            && self.objects.get(&key).is_some_and(|obj| {
-                obj.writer == client && obj.size == size && obj.all_processing()
-            });
-        if retried {
+        if self.is_retried_start(start, &key, client, size) {
             Metrics::inc(&m.put_start_retries);
             let obj = self.objects.get(&key).ok_or(ErrorCode::InternalError)?;
             return Ok((obj, &self.segs));
@@ -357,25 +369,9 @@ impl State {
                     return Err(ErrorCode::InvalidParams);
                 }
                 group_now = obj.group.clone();
-                // Reuse the buffers in place only when nobody may touch them: not while a
-                // put is in flight (its writer may still be writing when this upsert has
-                // completed, and then a remove or eviction could hand the buffers to another
-                // key under that late write), nor while a reader holds a lease (it would read
-                // a mix of both values), nor in a segment closed to new allocations (draining,
-                // or quarantined: the write would most likely fail), nor on a disk segment
-                // (a writer cannot write another process's files). Otherwise the old buffers
-                // are parked (`drop_object`) and new ones allocated, as for a new size.
-                let segs = &self.segs;
-                // Nor while the disk tier copies it (`tasks.rs`, "Internal tasks"): the
-                // executor records its copy under the old version, so the bytes it reads
-                // must stay that version's; `drop_object` fails the task and parks them.
-                let idle = !self.tasks.internal_active(&key)
-                    && obj.is_complete()
-                    && obj.read_hold_until() <= now
-                    && obj.replicas.iter().all(|r| {
-                        segs.get(r.seg)
-                            .is_some_and(|s| s.writable() && !s.is_disk())
-                    });
+                // Otherwise the old buffers are parked (`drop_object`) and new ones
+                // allocated, as for a new size.
+                let idle = reusable_in_place(obj, &key, now, &self.segs, &self.tasks);
                 if obj.size == size && idle {
                     obj.soft_pin = resolve_soft_pin(
                         cfg,
@@ -449,6 +445,23 @@ impl State {
         };
         let obj = self.objects.insert_get(key, obj);
         Ok((obj, &self.segs))
+    }
+
+    /// Whether this start is the same start again, from the client still writing this key:
+    /// its answer was lost, or the client sent the call again after giving up its connection
+    /// with the request still in it (`client::master`), and the two copies may arrive in
+    /// either order. It gets the same buffers and version. Executed anew, a copy arriving
+    /// after the one answered would move the object to buffers its writer never hears of,
+    /// and the writer's commit would then complete buffers nobody wrote (violation 2,
+    /// `docs/reliability.md`). A store client starts one put of a key at a time, so an
+    /// in-flight put of this key by this client is this put (but for a key named twice in
+    /// one batch, `Start::Repeat`, whose second start replaces the first as before).
+    fn is_retried_start(&self, start: Start, key: &str, client: Uuid, size: u64) -> bool {
+        start == Start::Call
+            && self
+                .objects
+                .get(key)
+                .is_some_and(|obj| obj.writer == client && obj.size == size && obj.all_processing())
     }
 
     /// Forgets an in-flight put whose writer went quiet; its buffers stay parked until

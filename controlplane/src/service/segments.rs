@@ -299,34 +299,15 @@ impl State {
         if check_key(&h.key).is_err() {
             return false;
         }
-        let Some(r) = self.segs.by_name(&h.segment_name) else {
+        let Some(r) = self.held_segment(client, &h) else {
             return false;
         };
-        if self.segs.get(r).is_none_or(|seg| seg.client != client) {
-            return false;
-        }
         if h.size == 0 {
             self.learn_tombstone(now, &h.key, h.version);
             return true;
         }
-        if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version)
-            || self.removals.covers(&h.key, h.version)
-        {
-            self.release_stale(r, h.buffer_address, h.size);
+        if !self.held_is_newest(now, r, &h) {
             return false;
-        }
-        if let Some(obj) = self.objects.get(&h.key) {
-            if obj.version > h.version {
-                self.release_stale(r, h.buffer_address, h.size);
-                return false;
-            }
-            if obj.version < h.version {
-                if obj.all_processing() {
-                    // A put of this term is in flight; it will settle the key.
-                    return false;
-                }
-                self.retire(now, &h.key);
-            }
         }
         // Conservative restart: a reader may hold a lease granted by the previous master (or
         // leader); the re-reported object keeps the longest such lease could have run.
@@ -361,25 +342,43 @@ impl State {
                 objects.settle(&h.key);
             }
             None => {
-                objects.insert(
-                    h.key,
-                    Object {
-                        size: h.size,
-                        version: h.version,
-                        writer: client,
-                        put_start_ms: now,
-                        replicas: vec![replica],
-                        read_lease_until: lease_until,
-                        read_window_until: lease_until,
-                        probe_lease_until: 0,
-                        disk_hits: 0,
-                        last_read_ms: now,
-                        soft_pin,
-                        hard_pin: h.with_hard_pin,
-                        group: None,
-                        charge: 0,
-                    },
-                );
+                let obj = held_object(&h, client, now, replica, lease_until, soft_pin);
+                objects.insert(h.key, obj);
+            }
+        }
+        true
+    }
+
+    /// The segment a held object names, if mounted and owned by `client`.
+    fn held_segment(&self, client: Uuid, h: &HeldObject) -> Option<SegRef> {
+        let r = self.segs.by_name(&h.segment_name)?;
+        if self.segs.get(r).is_none_or(|seg| seg.client != client) {
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Whether held object `h` (in segment `r`) may be re-inserted as its key's newest
+    /// version. One older than the key's tombstone or object has its range released; one
+    /// newer than the key's settled object retires that object.
+    fn held_is_newest(&mut self, now: u64, r: SegRef, h: &HeldObject) -> bool {
+        if self.tombstones.get(&h.key).is_some_and(|v| v >= h.version)
+            || self.removals.covers(&h.key, h.version)
+        {
+            self.release_stale(r, h.buffer_address, h.size);
+            return false;
+        }
+        if let Some(obj) = self.objects.get(&h.key) {
+            if obj.version > h.version {
+                self.release_stale(r, h.buffer_address, h.size);
+                return false;
+            }
+            if obj.version < h.version {
+                if obj.all_processing() {
+                    // A put of this term is in flight; it will settle the key.
+                    return false;
+                }
+                self.retire(now, &h.key);
             }
         }
         true
@@ -582,5 +581,33 @@ fn later_soft_pin(a: SoftPin, b: SoftPin) -> SoftPin {
         (SoftPin::Pending { .. }, _) | (_, SoftPin::None) => a,
         (_, SoftPin::Pending { .. }) | (SoftPin::None, _) => b,
         (SoftPin::Until(x), SoftPin::Until(y)) => SoftPin::Until(x.max(y)),
+    }
+}
+
+/// The object a re-reported `h` becomes when the master has none for its key: one COMPLETE
+/// `replica`, read-leased until `lease_until`.
+fn held_object(
+    h: &HeldObject,
+    client: Uuid,
+    now: u64,
+    replica: Replica,
+    lease_until: u64,
+    soft_pin: SoftPin,
+) -> Object {
+    Object {
+        size: h.size,
+        version: h.version,
+        writer: client,
+        put_start_ms: now,
+        replicas: vec![replica],
+        read_lease_until: lease_until,
+        read_window_until: lease_until,
+        probe_lease_until: 0,
+        disk_hits: 0,
+        last_read_ms: now,
+        soft_pin,
+        hard_pin: h.with_hard_pin,
+        group: None,
+        charge: 0,
     }
 }

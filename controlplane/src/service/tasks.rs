@@ -66,8 +66,8 @@ use protocol::{
     Version,
 };
 
-use super::object::check_key;
-use super::segments::SegRef;
+use super::object::{check_key, Object};
+use super::segments::{Client, SegRef};
 use super::{FastMap, State, Zombie};
 use crate::alloc::Span;
 
@@ -219,6 +219,77 @@ impl Tasks {
     pub fn get(&self, id: &Uuid) -> Option<&Task> {
         self.all.get(id)
     }
+
+    /// Who executes a user's task: `owner` if it fetches tasks, else the smallest live
+    /// executor, else `owner`.
+    fn executor_for(&self, owner: Uuid, clients: &FastMap<Uuid, Client>) -> Uuid {
+        if self.executors.contains_key(&owner) {
+            owner
+        } else {
+            self.executors
+                .keys()
+                .copied()
+                .filter(|c| clients.contains_key(c))
+                .min()
+                .unwrap_or(owner)
+        }
+    }
+
+    /// Takes task `id` off its PENDING or PROCESSING count (and a PENDING one off its
+    /// executor's queue); false when it is gone or already finished.
+    fn leave_active(&mut self, id: Uuid) -> bool {
+        let Some(task) = self.all.get(&id) else {
+            return false;
+        };
+        let internal = task.internal.is_some();
+        match task.status {
+            TaskStatus::Pending => {
+                if internal {
+                    self.internal_pending -= 1;
+                } else {
+                    self.pending -= 1;
+                }
+                if let Some(q) = self.queued.get_mut(&task.assigned) {
+                    q.retain(|x| *x != id);
+                }
+            }
+            TaskStatus::Processing if internal => self.internal_processing -= 1,
+            TaskStatus::Processing => self.processing -= 1,
+            TaskStatus::Success | TaskStatus::Failed => return false,
+        }
+        true
+    }
+
+    /// Records `id` among the finished tasks, forgetting the oldest beyond `max`.
+    fn remember_finished(&mut self, id: Uuid, max: usize) {
+        self.finished.push_back(id);
+        while self.finished.len() > max {
+            if let Some(old) = self.finished.pop_front() {
+                self.all.remove(&old);
+            }
+        }
+    }
+
+    /// A random task id, not nil and not in use.
+    fn fresh_id(&self) -> Uuid {
+        loop {
+            let id = Uuid::random();
+            if id != Uuid::NIL && !self.all.contains_key(&id) {
+                break id;
+            }
+        }
+    }
+}
+
+/// `targets` without repeats, in order.
+fn unique_targets(targets: Vec<String>) -> Vec<String> {
+    // A target named twice is copied once (upstream accepts the list, and then makes two
+    // replicas on one segment).
+    let mut seen = HashSet::new();
+    targets
+        .into_iter()
+        .filter(|t| seen.insert(t.clone()))
+        .collect()
 }
 
 impl State {
@@ -232,13 +303,7 @@ impl State {
     ) -> Result<Uuid, ErrorCode> {
         check_key(key)?;
         self.fenced(now)?;
-        // A target named twice is copied once (upstream accepts the list, and then makes two
-        // replicas on one segment).
-        let mut seen = HashSet::new();
-        let targets: Vec<String> = targets
-            .into_iter()
-            .filter(|t| seen.insert(t.clone()))
-            .collect();
+        let targets = unique_targets(targets);
         if targets.is_empty()
             || targets.len() > TASK_TARGETS_MAX
             || source.is_some_and(|s| targets.iter().any(|t| t == s))
@@ -252,42 +317,13 @@ impl State {
         if self.tasks.active(key) {
             return Err(ErrorCode::ObjectHasReplicationTask);
         }
-        // As upstream: a segment that is not mounted, or a move source without a replica, is
-        // INVALID_PARAMS; a target that already holds a replica is accepted (nothing is
-        // copied there, and a move then only drops its source).
-        let mut owner = None;
-        for t in &targets {
-            let seg = self.segs.by_name(t).ok_or(ErrorCode::InvalidParams)?;
-            owner.get_or_insert(self.segs.get(seg).map(|s| s.client));
-        }
-        if let Some(s) = source {
-            let seg = self.segs.by_name(s).ok_or(ErrorCode::InvalidParams)?;
-            if !obj.replicas.iter().any(|r| r.seg == seg) {
-                return Err(ErrorCode::InvalidParams);
-            }
-        }
+        let owner = self.task_owner(obj, source, &targets)?;
         let t = &mut self.tasks;
         if t.pending >= self.cfg.tasks.max_pending as usize {
             return Err(ErrorCode::TaskPendingLimitExceeded);
         }
-        let owner = owner.flatten().unwrap_or(Uuid::NIL);
-        let clients = &self.clients;
-        let assigned = if t.executors.contains_key(&owner) {
-            owner
-        } else {
-            t.executors
-                .keys()
-                .copied()
-                .filter(|c| clients.contains_key(c))
-                .min()
-                .unwrap_or(owner)
-        };
-        let id = loop {
-            let id = Uuid::random();
-            if id != Uuid::NIL && !t.all.contains_key(&id) {
-                break id;
-            }
-        };
+        let assigned = t.executor_for(owner, &self.clients);
+        let id = t.fresh_id();
         t.all.insert(
             id,
             Task {
@@ -316,6 +352,31 @@ impl State {
         t.queued.entry(assigned).or_default().push_back(id);
         t.pending += 1;
         Ok(id)
+    }
+
+    /// The client owning the first target segment (nil if none), checking every target is
+    /// mounted and a move's `source` is mounted and holds a replica of `obj`.
+    fn task_owner(
+        &self,
+        obj: &Object,
+        source: Option<&str>,
+        targets: &[String],
+    ) -> Result<Uuid, ErrorCode> {
+        // As upstream: a segment that is not mounted, or a move source without a replica, is
+        // INVALID_PARAMS; a target that already holds a replica is accepted (nothing is
+        // copied there, and a move then only drops its source).
+        let mut owner = None;
+        for t in targets {
+            let seg = self.segs.by_name(t).ok_or(ErrorCode::InvalidParams)?;
+            owner.get_or_insert(self.segs.get(seg).map(|s| s.client));
+        }
+        if let Some(s) = source {
+            let seg = self.segs.by_name(s).ok_or(ErrorCode::InvalidParams)?;
+            if !obj.replicas.iter().any(|r| r.seg == seg) {
+                return Err(ErrorCode::InvalidParams);
+            }
+        }
+        Ok(owner.flatten().unwrap_or(Uuid::NIL))
     }
 
     /// Books an internal task (module docs): a copy onto `target`, or a move from `source`,
@@ -463,26 +524,7 @@ impl State {
             }
             _ => return Err(Some("the object was removed or replaced".into())),
         };
-        let mut ranges: Vec<(SegRef, Span)> = Vec::with_capacity(targets.len());
-        let mut lack = None;
-        for t in &targets {
-            let Some(r) = self.segs.by_name(t) else {
-                lack = Some(Some(format!("target segment {t} is not mounted")));
-                break;
-            };
-            if held.contains(&r) {
-                continue;
-            }
-            // A disk target may evict disk replicas to make room (`offload.rs`); the
-            // object itself is never among them while it has this task in flight.
-            match self.allocate_target(now, r, size) {
-                Some(span) => ranges.push((r, span)),
-                None => {
-                    lack = Some(None);
-                    break;
-                }
-            }
-        }
+        let (ranges, lack) = self.allocate_targets(now, &targets, &held, size);
         let Some(task) = self.tasks.all.get(&id) else {
             return Err(Some("task lost".into()));
         };
@@ -509,6 +551,69 @@ impl State {
                 })
             }));
         }
+        let w = self.task_work(now, id, task, obj, &ranges);
+        let handed: Vec<(SegRef, Span)> = obj.replicas.iter().map(|r| (r.seg, r.span)).collect();
+        let t = &mut self.tasks;
+        let task = t.all.get_mut(&id).ok_or(Some(String::new()))?;
+        if task.internal.is_some() {
+            task.sources = handed;
+        }
+        task.status = TaskStatus::Processing;
+        task.updated_ms = now;
+        task.ranges = ranges;
+        if task.internal.is_some() {
+            t.internal_pending -= 1;
+            t.internal_processing += 1;
+        } else {
+            t.pending -= 1;
+            t.processing += 1;
+        }
+        Ok(w)
+    }
+
+    /// Allocates a range for `size` bytes on each target that does not hold a replica
+    /// (`held`). Stops at the first that fails: the second value is then `Some(Some(why))`
+    /// (the task fails) or `Some(None)` (no space now).
+    fn allocate_targets(
+        &mut self,
+        now: u64,
+        targets: &[String],
+        held: &[SegRef],
+        size: u64,
+    ) -> (Vec<(SegRef, Span)>, Option<Option<String>>) {
+        let mut ranges: Vec<(SegRef, Span)> = Vec::with_capacity(targets.len());
+        let mut lack = None;
+        for t in targets {
+            let Some(r) = self.segs.by_name(t) else {
+                lack = Some(Some(format!("target segment {t} is not mounted")));
+                break;
+            };
+            if held.contains(&r) {
+                continue;
+            }
+            // A disk target may evict disk replicas to make room (`offload.rs`); the
+            // object itself is never among them while it has this task in flight.
+            match self.allocate_target(now, r, size) {
+                Some(span) => ranges.push((r, span)),
+                None => {
+                    lack = Some(None);
+                    break;
+                }
+            }
+        }
+        (ranges, lack)
+    }
+
+    /// What the executor of task `id` gets: the object's replicas as sources (its own
+    /// first) and the allocated `ranges` as PROCESSING targets.
+    fn task_work(
+        &self,
+        now: u64,
+        id: Uuid,
+        task: &Task,
+        obj: &Object,
+        ranges: &[(SegRef, Span)],
+    ) -> TaskWork {
         // The executor's own replicas first: an offload reads its owner's memory replica,
         // a promotion its owner's disk file, without a network hop.
         let mut sources: Vec<(bool, ReplicaDescriptor)> = obj
@@ -547,31 +652,14 @@ impl State {
                 })
             })
             .collect();
-        let w = TaskWork {
+        TaskWork {
             task_id: id,
             key: task.key.clone(),
             sources,
             targets,
             with_hard_pin: obj.hard_pin,
             soft_pin_ttl_ms: obj.soft_pin_left_ms(now),
-        };
-        let handed: Vec<(SegRef, Span)> = obj.replicas.iter().map(|r| (r.seg, r.span)).collect();
-        let t = &mut self.tasks;
-        let task = t.all.get_mut(&id).ok_or(Some(String::new()))?;
-        if task.internal.is_some() {
-            task.sources = handed;
         }
-        task.status = TaskStatus::Processing;
-        task.updated_ms = now;
-        task.ranges = ranges;
-        if task.internal.is_some() {
-            t.internal_pending -= 1;
-            t.internal_processing += 1;
-        } else {
-            t.pending -= 1;
-            t.processing += 1;
-        }
-        Ok(w)
     }
 
     /// `CompleteTask` from the task's executor: `ok` commits the copied ranges as COMPLETE
@@ -678,25 +766,13 @@ impl State {
         // waits for): a pass that found nothing to evict looks again.
         self.evict_epoch += 1;
         let t = &mut self.tasks;
+        if !t.leave_active(id) {
+            return;
+        }
         let Some(task) = t.all.get_mut(&id) else {
             return;
         };
         let internal = task.internal.is_some();
-        match task.status {
-            TaskStatus::Pending => {
-                if internal {
-                    t.internal_pending -= 1;
-                } else {
-                    t.pending -= 1;
-                }
-                if let Some(q) = t.queued.get_mut(&task.assigned) {
-                    q.retain(|x| *x != id);
-                }
-            }
-            TaskStatus::Processing if internal => t.internal_processing -= 1,
-            TaskStatus::Processing => t.processing -= 1,
-            TaskStatus::Success | TaskStatus::Failed => return,
-        }
         match task.internal {
             None => {}
             Some(Internal::Offload) => {
@@ -734,7 +810,25 @@ impl State {
         task.status = status;
         task.updated_ms = now;
         task.message = message;
-        for (seg, span) in std::mem::take(&mut task.ranges) {
+        let ranges = std::mem::take(&mut task.ranges);
+        if internal {
+            t.internal_by_key.remove(&task.key);
+        } else {
+            t.by_key.remove(&task.key);
+        }
+        t.remember_finished(id, self.cfg.tasks.max_finished as usize);
+        self.release_task_ranges(ranges, executor_may_write, release_at);
+    }
+
+    /// Frees a finished task's ranges, or parks them until `release_at` when its executor
+    /// may still write them.
+    fn release_task_ranges(
+        &mut self,
+        ranges: Vec<(SegRef, Span)>,
+        executor_may_write: bool,
+        release_at: u64,
+    ) {
+        for (seg, span) in ranges {
             if executor_may_write {
                 self.zombies.push(Zombie {
                     seg,
@@ -743,17 +837,6 @@ impl State {
                 });
             } else {
                 self.segs.free_span(seg, span);
-            }
-        }
-        if internal {
-            t.internal_by_key.remove(&task.key);
-        } else {
-            t.by_key.remove(&task.key);
-        }
-        t.finished.push_back(id);
-        while t.finished.len() > self.cfg.tasks.max_finished as usize {
-            if let Some(old) = t.finished.pop_front() {
-                t.all.remove(&old);
             }
         }
     }
