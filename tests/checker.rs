@@ -32,8 +32,11 @@
 //! 4. `lost-write`: a get answered `OBJECT_NOT_FOUND` (or a probe `false`) when every allowed
 //!    effect is a value: an acknowledged write vanished. Accepted (counted apart, not a
 //!    violation) when a storage node was SIGKILLed after the oldest allowed write was invoked
-//!    (its replicas may have died with it) or the masters' eviction counters moved before the
-//!    read completed (eviction is allowed and visible in metrics).
+//!    (its replicas may have died with it), or the `disk` fault destroyed a disk copy of that
+//!    key (a `disk-damage <key>` mark) after the oldest allowed write was invoked and before the
+//!    read completed (the disk tier is a cache tier: a copy destroyed there is a miss, like an
+//!    eviction of that copy), or the masters' eviction counters moved before the read
+//!    completed (eviction is allowed and visible in metrics).
 //! 5. `soft-pin-lost`: after an election the new leader counts fewer soft-pinned keys than
 //!    the harness pinned (pinned keys are never removed). The owners re-report each object's
 //!    soft pin (`HeldObject::soft_pin_ttl_ms`) and the new leader pins it again for a full ttl
@@ -165,6 +168,8 @@ pub struct Report {
     pub lost_with_node: usize,
     /// Vanished values accepted because evictions happened.
     pub lost_to_eviction: usize,
+    /// Vanished values accepted because the disk fault destroyed a disk copy of that key.
+    pub lost_to_disk_fault: usize,
 }
 
 impl Report {
@@ -256,6 +261,19 @@ pub fn check(h: &History) -> Report {
         .iter()
         .filter_map(|m| match m {
             Mark::Fault { at, what } if what == "node-kill" => Some(*at),
+            _ => None,
+        })
+        .collect();
+    // `disk-damage <key> ...`: a disk copy of that key destroyed (the disk tier is a cache
+    // tier: a destroyed copy is a miss, like an eviction of that copy).
+    let disk_damage: Vec<(&str, u64)> = h
+        .marks
+        .iter()
+        .filter_map(|m| match m {
+            Mark::Fault { at, what } => {
+                let key = what.strip_prefix("disk-damage ")?.split(' ').next()?;
+                Some((key, *at))
+            }
             _ => None,
         })
         .collect();
@@ -361,6 +379,11 @@ pub fn check(h: &History) -> Report {
                 let oldest = allowed.iter().map(|c| c.invoke).min().unwrap_or(0);
                 if node_kills.iter().any(|&t| t > oldest && t < r.complete) {
                     rep.lost_with_node += 1;
+                } else if disk_damage
+                    .iter()
+                    .any(|&(k, t)| k == r.key && t > oldest && t < r.complete)
+                {
+                    rep.lost_to_disk_fault += 1;
                 } else if first_eviction.is_some_and(|t| t < r.complete) {
                     rep.lost_to_eviction += 1;
                 } else {
@@ -738,6 +761,22 @@ mod tests {
         let r = check(&h);
         assert!(r.ok());
         assert_eq!(r.lost_to_eviction, 1);
+        // A disk copy of this key destroyed after the write: the copy may have been the last.
+        let key = ops()[1].key.clone();
+        let disk = |at: u64, key: &str| Mark::Fault {
+            at,
+            what: format!("disk-damage {key} node0 delete of 0/1000000000001000.mco"),
+        };
+        let h = History {
+            ops: ops(),
+            marks: vec![disk(3, &key)],
+        };
+        let r = check(&h);
+        assert!(r.ok());
+        assert_eq!(r.lost_to_disk_fault, 1);
+        // Another key's copy, or one destroyed before the write: no excuse.
+        assert_eq!(rules(ops(), vec![disk(3, "other")]), ["lost-write"]);
+        assert_eq!(rules(ops(), vec![disk(0, &key)]), ["lost-write"]);
     }
 
     #[test]

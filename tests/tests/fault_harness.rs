@@ -2,7 +2,11 @@
 //! mechanically (`tests/checker.rs`; rules and runs in `docs/reliability.md`, "Randomized
 //! faults").
 //!
-//! One etcd, three HA masters, two storage nodes, two store clients (`client::Store`, what the
+//! One etcd, three HA masters (`--enable_offload=true`), two storage nodes (`--enable_offload=true`,
+//! each with a disk directory of its own under `$TMPDIR/mooncake-faults-<seed>-<pid>/`, or
+//! `/var/tmp` when the temporary directory is a tmpfs; a node replaced by a fault starts on the
+//! same directory and re-reports its files), so every completed object is copied to its
+//! owner's disk (eager offload, `docs/tiering.md`), two store clients (`client::Store`, what the
 //! Python layer wraps) with two worker threads each doing a seeded mix of upsert, put, remove
 //! (forced or not), get and is_exist on 48 overlapping hot keys (`replica_num = 2`). Values
 //! carry their key and a unique id in their first 16 bytes and are a function of both, so a
@@ -25,7 +29,11 @@
 //! leader itself: it loses etcd, a master on the other side takes over, and the cut one, still
 //! reachable by the node beside it, must not act as leader; a stall (a storage node SIGSTOPped,
 //! the leader killed, the node resumed 2.5-3.5 s after the new leader serves: past the
-//! recovery fence, within `client_ttl`). A thread polls every master's
+//! recovery fence, within `client_ttl`); a disk fault (`disk`: on a random node, one object file
+//! whose copy the master lists, if any, has a data byte flipped, or is cut to half its length,
+//! or is deleted; the mark `disk-damage <key> ...` names the key; the damaged copy is then read
+//! alone and the key read with an ordinary get: a copy destroyed on disk may be lost, like an
+//! evicted one, but no read may return bytes that were not written). A thread polls every master's
 //! `master_evicted_key_count` and records when the sum moves.
 //!
 //! At the end the workers stop, a leader is awaited, and every hot key is read once more.
@@ -41,7 +49,7 @@
 //!
 //! Settings: `MC_FAULT_SEED` (default 19), `MC_FAULT_SECONDS` (default 60, the CI run; the
 //! issue's long run is 600), `MC_FAULT_KINDS` (comma-separated subset of `node`, `leader`,
-//! `etcd`, `client`, `memory`, `kmem`, `partition`, `stall`; default all but `kmem`, which
+//! `etcd`, `client`, `memory`, `kmem`, `partition`, `stall`, `disk`; default all but `kmem`, which
 //! takes a minute or more per fault on a VM whose memory the hypervisor backs lazily, and
 //! `stall`, added after the CI run's schedule was fixed), `MC_FAULT_FAR_MASTER` (default 1; 0
 //! keeps all three masters on the first host), `MC_FAULT_ETCD_FAR` (default 0; 1 runs etcd on
@@ -61,7 +69,7 @@ use client::store::Dst;
 use client::Store;
 use mooncake_tests::checker::{check, History, Kind, Mark, Op, Outcome};
 use mooncake_tests::{bin_path, env_or, try_http_at, wait_until, Etcd, Master, Netns, Node, Rng};
-use protocol::{ErrorCode, ReplicateConfig, SoftPinAction};
+use protocol::{ErrorCode, ReplicaMedium, ReplicateConfig, SoftPinAction};
 
 const KEYS: usize = 48;
 const PINS: usize = 8;
@@ -165,6 +173,126 @@ fn whose(bytes: &[u8]) -> String {
         return "the inside of a write's value (not its start)".into();
     }
     format!("starting like write {:?} of hot/{:?}", word(0), word(8))
+}
+
+/// Where the nodes' disk directories go: the temporary directory, unless it is a tmpfs (the disk
+/// tier is meant for a real disk, and a tmpfs may refuse `O_DIRECT`), then `/var/tmp`.
+fn scratch_dir() -> std::path::PathBuf {
+    let tmp = std::env::temp_dir();
+    let Ok(c) = std::ffi::CString::new(tmp.to_string_lossy().as_bytes()) else {
+        return tmp;
+    };
+    // SAFETY: `statfs` is plain data, for which all zeros is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs(2) on a NUL-terminated path into a struct we own.
+    let ok = unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0;
+    let tmpfs = ok && st.f_type == libc::TMPFS_MAGIC;
+    if tmpfs {
+        "/var/tmp".into()
+    } else {
+        tmp
+    }
+}
+
+/// The `disk` fault: one object file of a node's disk directory (`<dir>/<worker>/<addr>.mco`,
+/// `docs/tiering.md`, "Files"), picked by the seed, has one byte of its data flipped, or is cut
+/// to half its length, or is deleted. Hot keys are rewritten many times a second, so most files
+/// there are copies of superseded versions waiting for the owner to hear their ranges were
+/// freed: the pick starts at a seeded file and takes the first one whose copy the master lists
+/// now (`listed(key, addr)`), else the seeded one. Says what it did and to which key (read from
+/// the file's header), for the history, and the damaged copy's key and disk address when there
+/// was one.
+fn damage_disk(
+    dir: &str,
+    rng: &mut Rng,
+    listed: impl Fn(&str, u64) -> bool,
+) -> (String, Option<(String, u64)>) {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .flat_map(|w| std::fs::read_dir(w.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "mco"))
+        .collect();
+    files.sort();
+    let how = rng.below(3);
+    if files.is_empty() {
+        return ("(no object file to damage)".into(), None);
+    }
+    let addr_of = |f: &std::path::Path| {
+        f.file_stem()
+            .and_then(|s| u64::from_str_radix(&s.to_string_lossy(), 16).ok())
+            .unwrap_or(0)
+    };
+    // The header: hdr_len (u32 at 8), key_len (u32 at 12), size (u64 at 32), the key at 64.
+    let header = |f: &std::path::Path| -> Option<(u64, u64, String)> {
+        let mut head = vec![0u8; 4096];
+        let got = std::fs::File::open(f)
+            .and_then(|mut f| f.read(&mut head))
+            .ok()?;
+        if got < 64 {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(head[o..o + 4].try_into().unwrap()) as u64;
+        let (hdr_len, key_len) = (u32_at(8), u32_at(12) as usize);
+        let size = u64::from_le_bytes(head[32..40].try_into().unwrap());
+        let key = String::from_utf8_lossy(&head[64..(64 + key_len).min(got)]).into_owned();
+        Some((hdr_len, size, key))
+    };
+    let first = rng.below(files.len() as u64) as usize;
+    let file = (0..files.len())
+        .map(|j| &files[(first + j) % files.len()])
+        .find(|f| header(f).is_some_and(|(_, _, key)| listed(&key, addr_of(f))))
+        .unwrap_or(&files[first])
+        .clone();
+    let name = file
+        .strip_prefix(dir)
+        .map_or_else(|_| file.display().to_string(), |p| p.display().to_string());
+    let Some((hdr_len, size, key)) = header(&file) else {
+        return (
+            format!("(file {name} gone or unreadable before the fault)"),
+            None,
+        );
+    };
+    let done = match how {
+        0 if size > 0 => {
+            let at = hdr_len + rng.below(size);
+            let mask = 1 + rng.below(255) as u8;
+            let flip = || -> std::io::Result<()> {
+                let mut f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&file)?;
+                let mut b = [0u8; 1];
+                f.seek(SeekFrom::Start(at))?;
+                f.read_exact(&mut b)?;
+                f.seek(SeekFrom::Start(at))?;
+                f.write_all(&[b[0] ^ mask])
+            };
+            flip().map(|()| format!("flip byte {at} (data byte {}) ^{mask:#04x}", at - hdr_len))
+        }
+        0 | 1 => {
+            let cut = || -> std::io::Result<u64> {
+                let f = std::fs::OpenOptions::new().write(true).open(&file)?;
+                let len = f.metadata()?.len();
+                f.set_len(len / 2)?;
+                Ok(len)
+            };
+            cut().map(|len| format!("truncate {len} -> {} bytes", len / 2))
+        }
+        _ => std::fs::remove_file(&file).map(|()| "delete".to_string()),
+    };
+    let addr = addr_of(&file);
+    match done {
+        Ok(what) => (
+            format!("{key} {what} of {name}, {size} bytes"),
+            Some((key, addr)),
+        ),
+        Err(e) => (format!("(file {name}, key {key:?}: {e})"), None),
+    }
 }
 
 /// The history being recorded: kept in memory for the checker and written line by line.
@@ -329,7 +457,7 @@ fn randomized_faults_keep_the_history_consistent() {
     let seconds: u64 = env_or("MC_FAULT_SECONDS", SECONDS_DEFAULT);
     let kinds: String = env_or(
         "MC_FAULT_KINDS",
-        "node,leader,etcd,client,memory,partition".to_string(),
+        "node,leader,etcd,client,memory,partition,disk".to_string(),
     );
     let mut kinds: Vec<&str> = kinds.split(',').map(str::trim).collect();
     // Partitions need a second "host": storage node 1 runs in a network namespace.
@@ -380,6 +508,8 @@ fn randomized_faults_keep_the_history_consistent() {
         "--client_ttl=4".into(),
         // Pinned keys are never evicted, so a new leader must count every one of them.
         "--allow_evict_soft_pinned_objects=false".into(),
+        // The disk tier: every completed object is copied to its owner's disk (eager offload).
+        "--enable_offload=true".into(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     // With a second host, the third master lives there too (`MC_FAULT_FAR_MASTER`, default
@@ -398,7 +528,18 @@ fn randomized_faults_keep_the_history_consistent() {
     let addr = format!("etcd://{}", etcd.addr());
     let env = [("MC_STORE_CLUSTER_ID", cluster.as_str())];
     let seg = format!("--global_segment_size={SEGMENT}");
-    let node_flags = ["--shards=1", seg.as_str()];
+    let node_flags = ["--shards=1", seg.as_str(), "--enable_offload=true"];
+    // Each node's disk directory, on a real filesystem (not tmpfs), kept across its restarts:
+    // a node replaced by the `node` fault starts on the same directory and re-reports its files.
+    let scratch = scratch_dir().join(format!("mooncake-faults-{seed}-{}", std::process::id()));
+    let disks: Vec<String> = (0..2)
+        .map(|i| {
+            let d = scratch.join(format!("node{i}-disk"));
+            std::fs::create_dir_all(&d).expect("node disk directory");
+            d.to_string_lossy().into_owned()
+        })
+        .collect();
+    println!("fault_harness: node disks {disks:?}");
     // Node 1 lives in the namespace when there is one. Its pings give up quickly, so a ping
     // stuck on the cut link does not delay the next one past the client TTL.
     let far_env = [
@@ -406,11 +547,18 @@ fn randomized_faults_keep_the_history_consistent() {
         ("MC_RPC_TIMEOUT_MS", "1500"),
         ("MC_RPC_CONNECT_TIMEOUT_MS", "1000"),
     ];
-    let start_node = |i: usize| match (&net, i) {
-        (Some(n), 1) => {
-            Node::start_in(Some(&n.ns), &n.ns_addr, &addr, &addr, &node_flags, &far_env)
+    let start_node = |i: usize| {
+        let disk = ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", disks[i].as_str());
+        match (&net, i) {
+            (Some(n), 1) => {
+                let env: Vec<_> = far_env.iter().copied().chain([disk]).collect();
+                Node::start_in(Some(&n.ns), &n.ns_addr, &addr, &addr, &node_flags, &env)
+            }
+            _ => {
+                let env: Vec<_> = env.iter().copied().chain([disk]).collect();
+                Node::start_at(&addr, &addr, &node_flags, &env)
+            }
         }
-        _ => Node::start_at(&addr, &addr, &node_flags, &env),
     };
     let mut nodes: Vec<Node> = (0..2).map(start_node).collect();
     std::env::set_var("MC_STORE_CLUSTER_ID", &cluster);
@@ -703,6 +851,78 @@ fn randomized_faults_keep_the_history_consistent() {
                 n.link(true);
                 rec.fault("partition-end");
             }
+            "disk" => {
+                let i = rng.below(nodes.len() as u64) as usize;
+                let listed = |key: &str, addr: u64| {
+                    stores[0].replicas(key).is_ok_and(|l| {
+                        l.list.replicas.iter().any(|r| {
+                            r.medium == ReplicaMedium::LocalDisk && r.buffer_address == addr
+                        })
+                    })
+                };
+                let (what, hit) = damage_disk(&disks[i], &mut rng, listed);
+                match &hit {
+                    // `disk-damage <key> ...`: the checker accepts that key's loss after it.
+                    Some(_) => rec.fault(&format!("disk-damage {what} (node{i})")),
+                    None => rec.fault(&format!("disk node{i} {what}")),
+                }
+                // The damaged copy read alone, if the master still lists it (its owner drops
+                // it on the failed read), then an ordinary get: neither may return bytes that
+                // were not written.
+                // A pinned key's value is `value(1000 + i, 0)` (`pin`), a hot key's a write's.
+                let probe = hit.as_ref().and_then(|(k, a)| {
+                    let (n, base) = match k.strip_prefix("hot/") {
+                        Some(n) => (n, 0),
+                        None => (k.strip_prefix("pin/")?, 1000),
+                    };
+                    Some((base + n.parse::<usize>().ok()?, k.clone(), *a))
+                });
+                if let Some((k, key, addr)) = probe {
+                    let invoke = rec.now();
+                    let read = stores[0].replicas(&key).map(|l| {
+                        let r = l.list.replicas.iter().find(|r| {
+                            r.medium == ReplicaMedium::LocalDisk && r.buffer_address == addr
+                        });
+                        r.map(|r| {
+                            let mut one = l.clone();
+                            one.list.replicas = vec![r.clone()];
+                            let mut b = vec![0u8; r.size as usize];
+                            match stores[0].read_from(&one, 0, Dst::from(&mut b[..])) {
+                                Ok(()) => decode(k, &b),
+                                Err(e) => Outcome::Err(ErrorCode::from(e).code()),
+                            }
+                        })
+                    });
+                    match read {
+                        // A pinned key is not in the checker's registers: its bytes are known.
+                        Ok(Some(outcome)) if k >= 1000 => {
+                            println!("  {key}: the damaged copy read alone: {outcome:?}");
+                            assert!(
+                                matches!(outcome, Outcome::Value(0) | Outcome::Err(_)),
+                                "seed {seed}: {key}'s damaged disk copy read as {outcome:?}"
+                            );
+                        }
+                        Ok(Some(outcome)) => {
+                            println!("  {key}: the damaged copy read alone: {outcome:?}");
+                            rec.op(Op {
+                                client: 97,
+                                kind: Kind::Get,
+                                key: key.clone(),
+                                value: None,
+                                force: false,
+                                invoke,
+                                complete: rec.now(),
+                                outcome,
+                            });
+                        }
+                        Ok(None) => println!("  {key}: the damaged copy is not listed"),
+                        Err(e) => println!("  {key}: lookup failed: {e}"),
+                    }
+                    if k < 1000 {
+                        call(&stores[0], &rec, 97, Kind::Get, k, 0, false);
+                    }
+                }
+            }
             other => panic!("unknown fault kind {other:?} in MC_FAULT_KINDS"),
         }
     }
@@ -759,12 +979,13 @@ fn randomized_faults_keep_the_history_consistent() {
     println!(
         "fault_harness figures: seed {seed}, {seconds} s, {} operations, fault rounds \
          {counts:?} ({faults} fault events), {} reads checked, {evicted} keys evicted, \
-         {} vanished values accepted (node killed), {} (evictions), {} violations, {} in known \
-         open windows; history {path}",
+         {} vanished values accepted (node killed), {} (evictions), {} (disk copy destroyed), \
+         {} violations, {} in known open windows; history {path}",
         hist.ops.len(),
         report.reads_checked,
         report.lost_with_node,
         report.lost_to_eviction,
+        report.lost_to_disk_fault,
         report.violations.len(),
         report.known.len()
     );
@@ -813,6 +1034,9 @@ fn randomized_faults_keep_the_history_consistent() {
         let _ = std::fs::remove_file(&path);
         println!("  the run passed: history removed (MC_FAULT_HISTORY=<path> keeps it)");
     }
+    // The nodes' disk directories go after a passing run (a failed one keeps them).
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 /// Checks a recorded history again: `MC_FAULT_CHECK=<history.jsonl>`; passes (printing why)
