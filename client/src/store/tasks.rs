@@ -127,6 +127,11 @@ pub(crate) fn run_fetched(
         let taken = matches!(report, Ok(Ok(())));
         match report {
             Ok(Ok(())) => {}
+            // The task ended without us (a remove or an upsert took its object, or it timed
+            // out): expected for an offload whose object changed first.
+            Ok(Err(ErrorCode::ObjectNoReplicationTask)) => {
+                tracing::debug!("replica task on {:?} ended before its report", w.key)
+            }
             Ok(Err(code)) => tracing::warn!("replica task report refused: {code}"),
             Err(e) => tracing::warn!("replica task report failed: {e}"),
         }
