@@ -5,11 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
-BIN=.venv/bin
 RPC_PORT=${RPC_PORT:-50051}
 META_PORT=${META_PORT:-8080}
 ADMIN_PORT=${ADMIN_PORT:-9003}
+# A port already taken (another mooncake_master, most likely) would let the demo's clients
+# meet that process instead and fail in confusing ways ("master closed the connection"):
+# say which one is taken, before anything is built or started.
+for port in "$RPC_PORT" "$META_PORT" "$ADMIN_PORT"; do
+  if ! python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+    echo "[demo] port $port on 127.0.0.1 is already in use (another mooncake_master?)." >&2
+    echo "[demo] Stop it, or choose free ports: RPC_PORT=... META_PORT=... ADMIN_PORT=... bash scripts/demo.sh" >&2
+    exit 1
+  fi
+done
+
+bash scripts/setup.sh
+BIN=.venv/bin
 LOGS=$(mktemp -d)
 pids=()
 cleanup() {
