@@ -8,9 +8,25 @@ pub mod engine;
 pub mod openloop;
 pub mod procs;
 
+/// Prints `usage` and exits 0 when the command line asks for help (`--help`, `-h`); every
+/// benchmark binary calls it before it parses its flags.
+pub fn help(usage: &str) {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{}", usage.trim());
+        std::process::exit(0);
+    }
+}
+
+/// Ends the program on a bad command line: `why` and a pointer to `--help`, exit status 2
+/// (no panic, no backtrace).
+pub fn usage_error(why: impl std::fmt::Display) -> ! {
+    eprintln!("{why} (--help for usage)");
+    std::process::exit(2)
+}
+
 /// Splits command-line flag `arg` into its name and value: `--flag=value`, or `--flag value`
-/// with the value taken from `argv[*next]` (then `*next` moves past it). Panics, naming the
-/// flag, when the value is missing.
+/// with the value taken from `argv[*next]` (then `*next` moves past it). A missing value ends
+/// the program with a usage error naming the flag.
 pub fn flag_value(arg: &str, argv: &[String], next: &mut usize) -> (String, String) {
     match arg.split_once('=') {
         Some((f, v)) => (f.to_string(), v.to_string()),
@@ -18,7 +34,7 @@ pub fn flag_value(arg: &str, argv: &[String], next: &mut usize) -> (String, Stri
             let v = argv
                 .get(*next)
                 .cloned()
-                .unwrap_or_else(|| panic!("{arg} wants a value"));
+                .unwrap_or_else(|| usage_error(format_args!("{arg} wants a value")));
             *next += 1;
             (arg.to_string(), v)
         }

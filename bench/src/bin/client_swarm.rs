@@ -91,8 +91,9 @@ fn parse_args() -> Args {
         i += 1;
         let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
         let num = || -> u64 {
-            val.parse()
-                .unwrap_or_else(|_| panic!("{flag} wants a number, got {val:?}"))
+            val.parse().unwrap_or_else(|_| {
+                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
+            })
         };
         match flag.as_str() {
             "--master" => a.master = Some(val.clone()),
@@ -105,7 +106,7 @@ fn parse_args() -> Args {
             "--burst" => a.burst = num() as usize,
             "--burst_every_ms" => a.burst_every_ms = num().max(1),
             "--threads" => a.threads = num().max(1) as usize,
-            other => panic!("unknown flag {other}"),
+            other => mooncake_bench::usage_error(format_args!("unknown flag {other}")),
         }
     }
     assert!(a.idle_pct + a.bursty_pct <= 100, "idle + bursty > 100%");
@@ -310,7 +311,17 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
 }
 
+/// `--help`.
+const USAGE: &str = "client_swarm: many store clients against one master
+
+client_swarm [--clients 1000] [--seconds 60] [--sample_secs 5] [--idle_pct 20] [--bursty_pct 20]
+             [--burst 32] [--burst_every_ms 5000] [--threads 2]
+             [--master 127.0.0.1:50051 --master_pid PID]
+
+Without --master it starts target/release/mooncake_master on a free loopback port.";
+
 fn main() {
+    mooncake_bench::help(USAGE);
     let a = Arc::new(parse_args());
     let limit = fd_limit().unwrap_or(u64::MAX);
     assert!(

@@ -29,17 +29,27 @@ fn shared_segment(len: usize) -> Segment {
     Segment::new_shared(len, opts).expect("a shared segment")
 }
 
+/// `--help`.
+const USAGE: &str = "copy_bench: copies into a shared segment, cold and warm pages
+
+copy_bench [--segment-mib 1024] [--rounds 3]";
+
 fn main() {
+    mooncake_bench::help(USAGE);
     let mut segment_mib = 1024usize;
     let mut rounds = 3usize;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut value = || it.next().and_then(|v| v.parse().ok()).expect("a number");
+        let mut value = || {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| mooncake_bench::usage_error(format_args!("{a} wants a number")))
+        };
         match a.as_str() {
             "--segment-mib" => segment_mib = value(),
             "--rounds" => rounds = value(),
-            _ => panic!("unknown argument {a} (see the module docs)"),
+            _ => mooncake_bench::usage_error(format_args!("unknown argument {a}")),
         }
     }
     let len = segment_mib << 20;

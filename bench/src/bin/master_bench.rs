@@ -52,8 +52,9 @@ fn parse_args() -> Args {
             }
         };
         let num = || {
-            val.parse::<usize>()
-                .unwrap_or_else(|_| panic!("{flag} wants a number, got {val:?}"))
+            val.parse::<usize>().unwrap_or_else(|_| {
+                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
+            })
         };
         match flag.as_str() {
             "--master" => a.master = Some(val.clone()),
@@ -63,7 +64,7 @@ fn parse_args() -> Args {
             "--batch" => a.batch = num(),
             "--keys" => a.keys = num(),
             "--batch_window" => a.batch_window = num(),
-            other => panic!("unknown flag {other}"),
+            other => mooncake_bench::usage_error(format_args!("unknown flag {other}")),
         }
         i += 1;
     }
@@ -208,7 +209,16 @@ fn run_phase(
     (calls, (calls as f64 * items_per_call as f64) / secs, total)
 }
 
+/// `--help`.
+const USAGE: &str = "master_bench: pipelined and batched RPC throughput of one master
+
+master_bench [--master 127.0.0.1:50051] [--clients 4] [--seconds 5] [--window 64] [--batch 128]
+             [--batch_window 8] [--keys 16384]
+
+Without --master it starts target/release/mooncake_master on a free loopback port.";
+
 fn main() {
+    mooncake_bench::help(USAGE);
     let a = parse_args();
     let (addr, _guard) = match &a.master {
         Some(m) => (m.clone(), None),

@@ -60,6 +60,19 @@ struct Args {
     protocol: String,
 }
 
+/// `--op`'s value.
+fn parse_op(val: &str) -> Op {
+    match val {
+        "put" => Op::Put,
+        "get" => Op::Get,
+        "exist" => Op::Exist,
+        "mixed" => Op::Mixed,
+        other => mooncake_bench::usage_error(format_args!(
+            "--op is put, get, exist or mixed, not {other:?}"
+        )),
+    }
+}
+
 fn parse_args() -> Args {
     let mut a = Args {
         master: None,
@@ -95,21 +108,14 @@ fn parse_args() -> Args {
         }
         let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
         let num = || -> f64 {
-            val.parse()
-                .unwrap_or_else(|_| panic!("{flag} wants a number, got {val:?}"))
+            val.parse().unwrap_or_else(|_| {
+                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
+            })
         };
         match flag.as_str() {
             "--master" => a.master = Some(val.clone()),
             "--metadata" => a.metadata = Some(val.clone()),
-            "--op" => {
-                a.op = match val.as_str() {
-                    "put" => Op::Put,
-                    "get" => Op::Get,
-                    "exist" => Op::Exist,
-                    "mixed" => Op::Mixed,
-                    other => panic!("--op is put, get, exist or mixed, not {other:?}"),
-                }
-            }
+            "--op" => a.op = parse_op(&val),
             "--value_size" => a.value_size = num() as usize,
             "--keys" => a.keys = num() as u64,
             "--rate" => a.rate = num(),
@@ -119,7 +125,7 @@ fn parse_args() -> Args {
             "--json" => a.json = Some(val.clone()),
             "--csv" => a.csv = Some(val.clone()),
             "--protocol" => a.protocol = val.clone(),
-            other => panic!("unknown flag {other}"),
+            other => mooncake_bench::usage_error(format_args!("unknown flag {other}")),
         }
     }
     assert!(a.rate > 0.0 && a.seconds > 0.0, "--rate and --seconds > 0");
@@ -205,7 +211,18 @@ fn json_percentiles(h: &Histogram<u64>) -> String {
     format!("{{{}}}", fields.join(", "))
 }
 
+/// `--help`.
+const USAGE: &str = "mooncake_bench: open-loop store latency at a fixed request rate
+
+mooncake_bench --local --op get|put|exist|mixed --rate 2000 --seconds 10 --threads 2 [--pin]
+               [--value_size 4096] [--keys 1024] [--segment_size BYTES] [--protocol tcp|rdma]
+               [--json out.json] [--csv out.csv]
+mooncake_bench --master 127.0.0.1:50051 --metadata http://127.0.0.1:8080/metadata --op mixed ...
+
+--local starts a master and one storage node on free loopback ports.";
+
 fn main() {
+    mooncake_bench::help(USAGE);
     let a = parse_args();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let (_master, _node, master_addr, metadata) = if a.local {

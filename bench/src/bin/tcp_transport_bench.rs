@@ -374,7 +374,14 @@ fn report(backend: Backend, pass: Pass, dir: Dir, size: usize, runs: Vec<Measure
     );
 }
 
+/// `--help`.
+const USAGE: &str = "tcp_transport_bench: the TCP data plane against a plain loopback stream
+
+tcp_transport_bench [--secs S] [--runs R] [--lanes N] [--batch N] [--sizes 4096,65536]
+                    [--backends plain,blocking,uring,uring+zc]";
+
 fn main() {
+    mooncake_bench::help(USAGE);
     let args = parse_args();
     let segment = Arc::new(
         Segment::new(
