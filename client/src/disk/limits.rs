@@ -9,6 +9,12 @@ pub const DISK_BLOCK_BYTES: usize = 4096;
 pub const DISK_BOUNCE_BYTES: usize = 1 << 20;
 /// Bounce buffers per worker: the reads or writes of one object a worker keeps in flight.
 pub const DISK_WORKER_BUFFERS: usize = 4;
+/// The pieces a streamed read (the listener's) is read in: a quarter of a bounce buffer, so
+/// the first pieces of an object go out on the network while the next are read from disk.
+pub const DISK_STREAM_PIECE_BYTES: usize = DISK_BOUNCE_BYTES / 4;
+/// The tail of a streamed READ held back until the whole object's checksum has passed: a
+/// reader never receives all the bytes of an object that fails it.
+pub const DISK_STREAM_HOLD_BYTES: u64 = DISK_BLOCK_BYTES as u64;
 /// Entries of a worker's ring: room for every buffer's operation.
 pub const DISK_RING_ENTRIES: u32 = 8;
 /// Most I/O workers, whatever the configuration asks.
@@ -38,8 +44,12 @@ pub const DISK_OFFLOAD_FETCH_INTERVAL: Duration = Duration::from_millis(50);
 pub const DISK_LISTENER_READ_MAX_BYTES: u64 = dataplane::limits::REQUEST_PAYLOAD_MAX_BYTES;
 
 const _: () = assert!(DISK_BOUNCE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
+const _: () = assert!(DISK_STREAM_PIECE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
 const _: () = assert!(DISK_RING_ENTRIES as usize >= DISK_WORKER_BUFFERS);
 const _: () = assert!(DISK_WORKERS_DEFAULT_MAX <= DISK_WORKERS_MAX);
 // The largest header (64 bytes and the longest key, rounded up) fits in one bounce buffer,
 // so the first buffer of a read always holds the whole header.
 const _: () = assert!(64 + protocol::limits::KEY_MAX_BYTES + DISK_BLOCK_BYTES <= DISK_BOUNCE_BYTES);
+// The same for the first piece of a streamed read.
+const _: () =
+    assert!(64 + protocol::limits::KEY_MAX_BYTES + DISK_BLOCK_BYTES <= DISK_STREAM_PIECE_BYTES);

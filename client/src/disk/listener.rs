@@ -18,8 +18,12 @@
 //!
 //! Bounds: at most `DISK_LISTENER_CONNECTIONS_MAX` connections (one thread each; more are
 //! closed at once), and a connection without progress for `DISK_LISTENER_IO_TIMEOUT` is
-//! closed. A READ is read into a buffer of its length first (the checksum must pass before a
-//! byte goes out), at most `DISK_LISTENER_READ_MAX_BYTES`.
+//! closed. A READ is read into a buffer of its length (at most `DISK_LISTENER_READ_MAX_BYTES`)
+//! and sent as the worker fills it, all but its last `DISK_STREAM_HOLD_BYTES`, which wait for
+//! the whole object's checksum: a READ whose object fails it after bytes went out ends with
+//! the connection closed short of its length, so the reader's READ fails and no wrong bytes
+//! are ever returned. Reading and sending overlap, which is what lets a disk read run near
+//! the device's rate.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -37,7 +41,7 @@ use protocol::auth::Token;
 
 use super::limits::{
     DISK_DRAIN_CHUNK_BYTES, DISK_LISTENER_CONNECTIONS_MAX, DISK_LISTENER_IO_TIMEOUT,
-    DISK_LISTENER_KEPT_BUFFER_BYTES, DISK_LISTENER_READ_MAX_BYTES,
+    DISK_LISTENER_KEPT_BUFFER_BYTES, DISK_LISTENER_READ_MAX_BYTES, DISK_STREAM_HOLD_BYTES,
 };
 use super::{DiskError, DiskTier};
 
@@ -268,15 +272,102 @@ fn serve_request(
             }
             buf.clear();
             buf.resize(req.len as usize, 0);
-            let read = shared.tier.read(req.addr, Dst::from(&mut buf[..]));
+            let sent = stream_read(stream, shared, req, buf);
             if buf.capacity() > DISK_LISTENER_KEPT_BUFFER_BYTES {
-                // Answered below from the bytes; not kept for the next request.
-                let big = std::mem::take(buf);
-                return answer_read(stream, id, read, &big);
+                // Not kept for the next request.
+                *buf = Vec::new();
             }
-            answer_read(stream, id, read, buf)
+            sent
         }
     }
+}
+
+/// Answers a READ while the object is read: the bytes go out as the worker fills `buf`,
+/// all but the last `DISK_STREAM_HOLD_BYTES`, which wait for the whole object's checksum.
+/// A read that fails before its first byte is answered with its error; one that fails
+/// after (a bad checksum found at the end) closes the connection, so the reader's READ
+/// fails short of its length and never returns the bytes.
+fn stream_read(
+    stream: &TcpStream,
+    shared: &Shared,
+    req: &RequestHeader,
+    buf: &mut [u8],
+) -> io::Result<()> {
+    let len = req.len;
+    let progress = super::worker::Progress {
+        filled: Arc::new(AtomicU64::new(0)),
+        wake: std::thread::current(),
+    };
+    let filled = progress.filled.clone();
+    let base = buf.as_mut_ptr();
+    // SAFETY: `buf` is ours and `len` bytes long; no reference to it is formed until the
+    // worker is done with it (below, after the answer).
+    let dst = unsafe { Dst::from_raw(base, buf.len()) };
+    // SAFETY: `buf` outlives the worker's use of it: the loop below returns only once it has
+    // received the answer, and until then reads only the filled part.
+    let rx = match unsafe { shared.tier.read_streamed(req.addr, dst, progress) } {
+        Ok(rx) => rx,
+        Err(e) => return answer_read(stream, req.request_id, Err(e), &[]),
+    };
+    let mut sent = 0u64;
+    let mut answer = None;
+    let mut io_result = Ok(());
+    while answer.is_none() {
+        answer = match rx.try_recv() {
+            Ok(a) => Some(a),
+            Err(std::sync::mpsc::TryRecvError::Empty) => None,
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Some(super::worker::Answer::Done(Err(DiskError::WorkerGone)))
+            }
+        };
+        let ready = filled
+            .load(Ordering::Acquire)
+            .min(len.saturating_sub(DISK_STREAM_HOLD_BYTES));
+        if ready > sent && io_result.is_ok() {
+            if sent == 0 {
+                io_result = respond_head(stream, req.request_id, 0, len);
+            }
+            // SAFETY: `[sent, ready)` lies in the filled part of `buf`, which the worker no
+            // longer writes (it published the count after copying, `Release`/`Acquire`).
+            let part = unsafe {
+                std::slice::from_raw_parts(base.add(sent as usize), (ready - sent) as usize)
+            };
+            io_result = io_result.and_then(|()| write_all(stream, part));
+            sent = ready;
+        } else if answer.is_none() {
+            std::thread::park_timeout(Duration::from_millis(5));
+        }
+    }
+    io_result?;
+    let read = match answer {
+        Some(super::worker::Answer::Done(r)) => r,
+        _ => Err(DiskError::WorkerGone),
+    };
+    match read {
+        Ok(()) if sent == 0 => answer_read(stream, req.request_id, Ok(()), buf),
+        Ok(()) => write_all(stream, &buf[sent as usize..]),
+        Err(e) if sent == 0 => answer_read(stream, req.request_id, Err(e), &[]),
+        Err(e) => {
+            tracing::debug!(error = %e, "disk listener: READ failed after {sent} bytes; closing");
+            let _ = stream.shutdown(Shutdown::Both);
+            Err(io::Error::other(e.to_string()))
+        }
+    }
+}
+
+/// The response header alone (its payload follows in pieces).
+fn respond_head(mut stream: &TcpStream, id: u64, status: i32, len: u64) -> io::Result<()> {
+    let header = ResponseHeader {
+        status,
+        request_id: id,
+        len,
+    }
+    .encode();
+    stream.write_all(&header)
+}
+
+fn write_all(mut stream: &TcpStream, bytes: &[u8]) -> io::Result<()> {
+    stream.write_all(bytes)
 }
 
 fn answer_read(

@@ -649,11 +649,48 @@ impl DiskTier {
             start,
             offset: addr - start,
             dst,
+            progress: None,
         };
         match self.call(start, op)? {
             Answer::Done(r) => r,
             Answer::Deleted(_) => Err(DiskError::WorkerGone),
         }
+    }
+
+    /// Starts a streamed read of `[addr, addr + dst.len())` (inside one stored object) into
+    /// `dst` and returns at once: `progress` tells how much of `dst` is filled as the object
+    /// is read, the answer comes on the receiver once the whole object's checksum is checked.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid for writes, and its filled part is the only part the caller may
+    /// read, until the caller has received the answer (or the receiver reports the worker
+    /// gone): the worker writes into it until it sends the answer.
+    unsafe fn read_streamed(
+        &self,
+        addr: u64,
+        mut dst: Dst<'_>,
+        progress: worker::Progress,
+    ) -> Result<std::sync::mpsc::Receiver<Answer>, DiskError> {
+        let len = dst.len() as u64;
+        let Some(start) = self.object_of(addr, len) else {
+            return Err(DiskError::NotFound { addr, len });
+        };
+        // SAFETY: the caller keeps the range valid until it has the answer (this function's
+        // contract), which the worker sends after its last use of it.
+        let dst = unsafe { Dst::from_raw(dst.as_mut_ptr(), dst.len()) };
+        let op = Op::Read {
+            start,
+            offset: addr - start,
+            dst,
+            progress: Some(progress),
+        };
+        let (tx, rx) = sync_channel(1);
+        let w = worker_of(start, self.shared.workers);
+        self.senders[w]
+            .send(Request { op, reply: tx })
+            .map_err(|_| DiskError::WorkerGone)?;
+        Ok(rx)
     }
 
     /// The start of the stored object that `[addr, addr + len)` lies inside, if any.

@@ -711,3 +711,32 @@ fn disk_listener_bounds_its_connections() {
     assert_eq!(&out[..], &data[64..128]);
     drop(idle);
 }
+
+#[test]
+fn disk_listener_streams_a_large_object_and_cuts_a_bad_one_short() {
+    let d = TempDir::real("listen-stream");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    let data = pattern(3 << 20, 9);
+    put(&t, BASE, "big", &data).unwrap();
+    let l = t.serve("127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let c = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.read(BASE, &mut out).unwrap();
+    assert_eq!(out, data, "streamed in pieces, byte-exact");
+    // A byte flipped near the end: its pieces go out before the checksum is known, so the
+    // reply is cut short and the read fails; never a success with wrong bytes.
+    let path = file_of(&t, BASE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 8192;
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let mut out = vec![0u8; data.len()];
+    assert!(c.read(BASE, &mut out).is_err());
+    assert_eq!(t.stats().checksum_failures, 1);
+    // The object is gone; the listener still serves (a fresh connection is refused -3).
+    let c = TcpClient::connect(l.local_addr(), client_cfg(None)).unwrap();
+    assert_eq!(
+        c.read(BASE, &mut out[..16]),
+        Err(TransferError::Refused { status: -3 })
+    );
+}

@@ -20,7 +20,7 @@ use protocol::Version;
 
 use super::format::{self, FileHeader};
 use super::io::{Dir, Io, Piece};
-use super::limits::{DISK_BOUNCE_BYTES, DISK_WORKER_BUFFERS};
+use super::limits::{DISK_BOUNCE_BYTES, DISK_STREAM_PIECE_BYTES, DISK_WORKER_BUFFERS};
 use super::{bump, now_ms, DiskError, Entry, Pins, Shared};
 
 /// What a worker is asked.
@@ -36,6 +36,9 @@ pub(super) enum Op {
         start: u64,
         offset: u64,
         dst: Dst<'static>,
+        /// A streamed read (the listener's): told after each batch how much of `dst` is
+        /// filled, and read in smaller pieces so that sending overlaps reading.
+        progress: Option<Progress>,
     },
     /// Delete the object at `addr`; with `tomb`, only if it is that key at or below that
     /// version. Answers whether it deleted.
@@ -43,6 +46,21 @@ pub(super) enum Op {
         addr: u64,
         tomb: Option<(String, Version)>,
     },
+}
+
+/// How far a streamed read has filled its destination: bytes from its start, published
+/// (`Release`) after they are copied, and the thread to wake.
+#[derive(Clone)]
+pub(super) struct Progress {
+    pub filled: Arc<std::sync::atomic::AtomicU64>,
+    pub wake: std::thread::Thread,
+}
+
+impl Progress {
+    fn publish(&self, filled: u64) {
+        self.filled.store(filled, Ordering::Release);
+        self.wake.unpark();
+    }
 }
 
 pub(super) enum Answer {
@@ -72,7 +90,12 @@ impl Worker {
                     pins,
                     src,
                 } => Answer::Done(self.write(addr, &key, version, pins, src)),
-                Op::Read { start, offset, dst } => Answer::Done(self.read(start, offset, dst)),
+                Op::Read {
+                    start,
+                    offset,
+                    dst,
+                    progress,
+                } => Answer::Done(self.read(start, offset, dst, progress.as_ref())),
                 Op::Delete { addr, tomb } => Answer::Deleted(self.delete(addr, tomb)),
             };
             // The caller waits for this; if it is gone there is nobody to tell.
@@ -207,7 +230,13 @@ impl Worker {
         Ok(meta.blocks() * 512)
     }
 
-    fn read(&mut self, start: u64, offset: u64, mut dst: Dst<'static>) -> Result<(), DiskError> {
+    fn read(
+        &mut self,
+        start: u64,
+        offset: u64,
+        mut dst: Dst<'static>,
+        progress: Option<&Progress>,
+    ) -> Result<(), DiskError> {
         let sh = Arc::clone(&self.shared);
         // Looked up again here, on the address's worker: the object may have been replaced
         // (by a shorter one) or deleted since the caller found it.
@@ -221,7 +250,7 @@ impl Worker {
             });
         };
         let path = self.path(start);
-        let checked = self.read_checked(&path, &key, size, offset, &mut dst);
+        let checked = self.read_checked(&path, &key, size, offset, &mut dst, progress);
         match checked {
             Ok(()) => {
                 sh.touch(start, now_ms());
@@ -255,7 +284,8 @@ impl Worker {
     }
 
     /// Reads the whole object, checks its crc and copies `[offset, offset + dst.len())` of
-    /// its data into `dst` (one copy, from the bounce buffer).
+    /// its data into `dst` (one copy, from the bounce buffer). With `progress`, publishes
+    /// after each batch how much of `dst` is filled.
     fn read_checked(
         &mut self,
         path: &PathBuf,
@@ -263,22 +293,22 @@ impl Worker {
         size: u64,
         offset: u64,
         dst: &mut Dst<'_>,
+        progress: Option<&Progress>,
     ) -> Result<(), ReadFailure> {
-        let file = match self.open(path, false) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ReadFailure::Corrupt("the file is missing".into()))
-            }
-            Err(e) => return Err(ReadFailure::Io(e)),
-        };
+        let file = self.open_to_read(path)?;
         let hdr_len = format::header_len(key.len());
         let file_len = hdr_len + format::round_up(size).unwrap_or(u64::MAX);
         let want_end = offset + dst.len() as u64;
         let mut crc = crc32fast::Hasher::new();
         let mut stored_crc: Option<u32> = None;
         let mut pos = 0u64;
+        let piece = match progress {
+            Some(_) => DISK_STREAM_PIECE_BYTES,
+            None => DISK_BOUNCE_BYTES,
+        };
+        let mut filled = 0u64;
         while pos < file_len {
-            let (pieces, at) = read_batch(pos, file_len);
+            let (pieces, at) = read_batch(pos, file_len, piece);
             let results = self.io.run(&file, Dir::Read, &pieces);
             for (p, r) in pieces.iter().zip(results) {
                 let n = r.map_err(ReadFailure::Io)?;
@@ -305,17 +335,25 @@ impl Worker {
                 if c_lo < c_hi {
                     let from = &data[(c_lo - lo) as usize..(c_hi - lo) as usize];
                     Src::from(from).copy_to(&mut dst.tail((c_lo - offset) as usize));
+                    filled = c_hi - offset;
                 }
+            }
+            if let Some(p) = progress {
+                p.publish(filled);
             }
             pos = at;
         }
-        let computed = crc.finalize();
-        match stored_crc {
-            Some(stored) if stored == computed => Ok(()),
-            Some(stored) => Err(ReadFailure::Corrupt(format!(
-                "data checksum {computed:#010x} does not match the header's {stored:#010x}"
-            ))),
-            None => Err(ReadFailure::Corrupt("no header".into())),
+        crc_matches(stored_crc, crc.finalize())
+    }
+
+    /// Opens an object's file for reading; a missing file is a lost copy.
+    fn open_to_read(&self, path: &PathBuf) -> Result<File, ReadFailure> {
+        match self.open(path, false) {
+            Ok(f) => Ok(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(ReadFailure::Corrupt("the file is missing".into()))
+            }
+            Err(e) => Err(ReadFailure::Io(e)),
         }
     }
 
@@ -340,14 +378,14 @@ impl Worker {
 
 /// The next batch of reads from `pos` in `file_len`: up to one piece per bounce buffer, each
 /// at most a buffer long; returns the pieces and where the batch ends.
-fn read_batch(pos: u64, file_len: u64) -> (Vec<Piece>, u64) {
+fn read_batch(pos: u64, file_len: u64, piece: usize) -> (Vec<Piece>, u64) {
     let mut pieces: Vec<Piece> = Vec::with_capacity(DISK_WORKER_BUFFERS);
     let mut at = pos;
     for buf in 0..DISK_WORKER_BUFFERS {
         if at >= file_len {
             break;
         }
-        let len = (file_len - at).min(DISK_BOUNCE_BYTES as u64) as usize;
+        let len = (file_len - at).min(piece as u64) as usize;
         pieces.push(Piece {
             buf,
             offset: at,
@@ -356,6 +394,17 @@ fn read_batch(pos: u64, file_len: u64) -> (Vec<Piece>, u64) {
         at += len as u64;
     }
     (pieces, at)
+}
+
+/// Whether the data's checksum is the one its header stored.
+fn crc_matches(stored: Option<u32>, computed: u32) -> Result<(), ReadFailure> {
+    match stored {
+        Some(stored) if stored == computed => Ok(()),
+        Some(stored) => Err(ReadFailure::Corrupt(format!(
+            "data checksum {computed:#010x} does not match the header's {stored:#010x}"
+        ))),
+        None => Err(ReadFailure::Corrupt("no header".into())),
+    }
 }
 
 /// Decodes the header at the start of `b` and checks it names `key` of `size` bytes;
