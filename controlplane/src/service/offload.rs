@@ -48,7 +48,8 @@ pub struct OffloadConfig {
     /// `--offload_on_evict`: offload when eviction picks an object instead of at `PutEnd`.
     pub on_evict: bool,
     /// `--offload_force_evict`: objects picked beyond the per-pass cap are dropped instead of
-    /// kept in memory.
+    /// kept in memory, and an object still waiting for its eager offload does not hold its
+    /// memory (`Tasks::internal_blocks_eviction`).
     pub force_evict: bool,
     /// `--offloading_queue_limit`: offloads PENDING or PROCESSING per disk segment.
     pub queue_limit: u64,
