@@ -86,6 +86,11 @@ pub(super) fn render(shards: &[Shard]) -> String {
     );
     // Each family is one group, its TYPE line first: the text format asks for it, and a
     // parser that reads family by family would otherwise split a family in two.
+    let _ = writeln!(
+        out,
+        "# TYPE mooncake_rdma_tcp_fallbacks_total counter\nmooncake_rdma_tcp_fallbacks_total {}",
+        crate::rdma::tcp_fallbacks()
+    );
     let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
     for (i, sh) in shards.iter().enumerate() {
         let _ = writeln!(

@@ -195,7 +195,9 @@ impl Node {
                 None
             }
         };
-        let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
+        let rdma = if crate::rdma::rdma_or_fallback(&cfg.protocol, &cfg.device_names, "node")
+            .map_err(NodeError::Config)?
+        {
             Some(serve_rdma(cfg, ip, &mut shards)?)
         } else {
             None
@@ -436,8 +438,9 @@ fn start_disk(shard0: &str, bind_ip: IpAddr, ip: IpAddr) -> Result<crate::tier::
 
 /// `--protocol=rdma`: opens the devices (`--device_names`, or auto-discovery), registers every
 /// shard's segment, publishes their RDMA descriptors and handshake port, and marks the
-/// segments `rdma` for the master. No usable device, or no HTTP/etcd metadata server, fails
-/// start-up with the reason (`MC_FORCE_TCP=1` runs TCP instead).
+/// segments `rdma` for the master. The caller found the devices (without any the node runs
+/// TCP, see `crate::rdma::rdma_or_fallback`); no HTTP/etcd metadata server fails start-up
+/// with the reason.
 fn serve_rdma(
     cfg: &NodeConfig,
     ip: IpAddr,
