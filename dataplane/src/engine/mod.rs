@@ -5,7 +5,7 @@
 //! Lifecycle: [`TransferEngine::new`] then [`TransferEngine::initialize`] with a server name,
 //! a metadata connection string (`http://host:port/metadata`; `etcd://host:port[,host:port]`
 //! or a bare `host:port` for etcd; `P2PHANDSHAKE`), a protocol (`tcp`, or `rdma`: see
-//! [`rdma`] for device choice, `MC_FORCE_TCP` and the software model) and a device list
+//! [`rdma`] for device choice, the TCP fall-back, `MC_FORCE_TCP` and the software model) and a device list
 //! (`rdma` only). Initialisation
 //!
 //! 1. binds the handshake server on the rpc port (random in `[MC_MIN_RPC_PORT,
