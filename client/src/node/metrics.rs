@@ -141,6 +141,13 @@ pub(super) fn render(shards: &[Shard]) -> String {
         ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
         ("loop_stall_max_us", |s| s.loop_stall_max_us.load(Relaxed)),
     ];
+    write_counters(&mut out, shards, &counters);
+    out
+}
+
+/// Each counter as one family, one sample per shard.
+fn write_counters(out: &mut String, shards: &[Shard], counters: &[StatCounter]) {
+    use std::fmt::Write;
     for (name, read) in counters {
         let kind = if name.ends_with("_total") {
             "counter"
@@ -156,7 +163,6 @@ pub(super) fn render(shards: &[Shard]) -> String {
             );
         }
     }
-    out
 }
 
 #[cfg(test)]
