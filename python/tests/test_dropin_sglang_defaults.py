@@ -103,3 +103,30 @@ def test_engine_with_mc_require_rdma_fails():
     r = _engine_in_subprocess({"MC_REQUIRE_RDMA": "1"})
     assert r.stdout.strip() == "-1", r.stderr
     assert "MC_REQUIRE_RDMA" in r.stderr, r.stderr
+
+
+def _metric(port, name):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return int(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics:\n{text}")
+
+
+def test_fallback_is_counted_on_the_client_http_server(master, no_rdma_env):
+    from conftest import free_port
+    from mooncake.store import MooncakeDistributedStore
+
+    port = free_port()
+    s = MooncakeDistributedStore()
+    rc = s.setup("localhost", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "rdma", "", master.addr,
+                 enable_client_http_server=True, client_http_port=port)
+    assert rc == 0
+    try:
+        # Process-wide: at least this setup's fall-back (others in this process count too).
+        assert _metric(port, "mooncake_rdma_tcp_fallbacks_total") >= 1
+    finally:
+        s.close()
