@@ -232,8 +232,13 @@ mod tests {
                 "not in its family's group, after its TYPE line: {line}"
             );
         }
-        assert_eq!(typed.len(), 14, "{text}");
-        for family in &typed[1..] {
+        assert_eq!(typed.len(), 15, "{text}");
+        assert!(
+            text.contains("\nmooncake_rdma_tcp_fallbacks_total "),
+            "{text}"
+        );
+        // The first two (shards, RDMA fall-backs) are the process's; the others per shard.
+        for family in &typed[2..] {
             for shard in 0..shards.len() {
                 let sample = format!("{family}{{shard=\"{shard}\"");
                 let n = text.lines().filter(|l| l.starts_with(&sample)).count();
