@@ -31,7 +31,7 @@ use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
 use dataplane::transport::rdma::transport::RdmaTransport;
 use parking_lot::Mutex;
 
-pub use dataplane::engine::rdma::{force_tcp, rdma_wanted};
+pub use dataplane::engine::rdma::{force_tcp, rdma_or_fallback, rdma_wanted, tcp_fallbacks};
 
 /// A process's RDMA transport, handshake server and published segments.
 pub struct RdmaSide {
@@ -65,7 +65,8 @@ impl RdmaSide {
         let Some(store) = backend.open() else {
             return Err(format!(
                 "protocol \"rdma\" needs an HTTP or etcd metadata server (got {metadata_server:?}): \
-                 peers read a segment's memory keys and handshake port there"
+                 peers read a segment's memory keys and handshake port there (exchanging them \
+                 peer to peer over the handshake port is not implemented yet; docs/rdma.md)"
             ));
         };
         let transport = dataplane::engine::rdma::open_rdma(name, devices, transfer_timeout)?;

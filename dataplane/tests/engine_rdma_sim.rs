@@ -1,7 +1,7 @@
 //! The transfer engine with `protocol="rdma"` over the software verbs model (`SimVerbs`,
 //! selected by `MOONCAKE_RDMA_SIM=<fabric dir>`), between two processes: the target is this
 //! test binary re-executed with `MC_RDMA_CHILD` set. Also the protocol choice without a
-//! device (`MC_FORCE_TCP`, the clear error).
+//! device (TCP, counted; `MC_FORCE_TCP`; the clear error under `MC_REQUIRE_RDMA`).
 //!
 //! Run with nextest (one process per test): the tests set process environment variables.
 
@@ -181,7 +181,7 @@ fn engine_rdma_sim_between_processes() {
 }
 
 #[test]
-fn rdma_without_a_device_is_an_error_unless_mc_force_tcp() {
+fn rdma_without_a_device_runs_tcp_unless_mc_require_rdma() {
     std::env::remove_var("MOONCAKE_RDMA_SIM");
     let real_devices = dataplane::transport::rdma::ibv::IbVerbs::load()
         .ok()
@@ -192,17 +192,30 @@ fn rdma_without_a_device_is_an_error_unless_mc_force_tcp() {
         .is_some_and(|d| !d.is_empty());
     if !real_devices {
         std::env::remove_var("MC_FORCE_TCP");
+        // As upstream: TCP, warned and counted.
+        let before = dataplane::engine::rdma::tcp_fallbacks();
+        let e = engine("rdma").expect("rdma without a device runs TCP");
+        assert_eq!(e.rdma_verbs(), None);
+        drop(e);
+        // A device list naming a device that does not exist runs TCP the same way.
+        let e = TransferEngine::new();
+        e.initialize("127.0.0.1:1", "P2PHANDSHAKE", "rdma", "mlx5_404")
+            .expect("a missing named device runs TCP");
+        drop(e);
+        assert_eq!(dataplane::engine::rdma::tcp_fallbacks(), before + 2);
+        // MC_REQUIRE_RDMA: the clear error, naming the variable.
+        std::env::set_var("MC_REQUIRE_RDMA", "1");
         let err = engine("rdma")
             .err()
-            .expect("rdma without a device must fail");
+            .expect("MC_REQUIRE_RDMA without a device must fail");
         assert_eq!(err.code(), TeError::DeviceNotFound);
-        assert!(err.message().contains("MC_FORCE_TCP"), "{}", err.message());
-        // A device list naming a device that does not exist fails the same way.
-        let e = TransferEngine::new();
-        let err = e
-            .initialize("127.0.0.1:1", "P2PHANDSHAKE", "rdma", "mlx5_404")
-            .unwrap_err();
-        assert_eq!(err.code(), TeError::DeviceNotFound);
+        assert!(
+            err.message().contains("MC_REQUIRE_RDMA"),
+            "{}",
+            err.message()
+        );
+        std::env::remove_var("MC_REQUIRE_RDMA");
+        assert_eq!(dataplane::engine::rdma::tcp_fallbacks(), before + 2);
     }
     // MC_FORCE_TCP: rdma runs TCP, and transfers work.
     std::env::set_var("MC_FORCE_TCP", "1");

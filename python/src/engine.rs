@@ -336,8 +336,9 @@ impl PyTransferEngine {
         metadata_type: &str,
     ) -> i32 {
         let conn = conn_string(metadata_server, metadata_type);
-        // "rdma" runs the RDMA transport (ERR_DEVICE_NOT_FOUND without a device, see
-        // docs/rdma.md); MC_FORCE_TCP makes every protocol TCP, as upstream's flag does.
+        // "rdma" runs the RDMA transport; without a device TCP, warned, as upstream
+        // (ERR_DEVICE_NOT_FOUND under MC_REQUIRE_RDMA; docs/rdma.md). MC_FORCE_TCP makes
+        // every protocol TCP, as upstream's flag does.
         let protocol = if env_true("MC_FORCE_TCP") {
             "tcp"
         } else {

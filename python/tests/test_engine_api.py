@@ -63,11 +63,14 @@ def test_initialize_variants(caplog, monkeypatch):
     assert e.initialize("127.0.0.1:12345", f"etcd://{dead}", "tcp", "") == -1
     assert e.initialize_ext("127.0.0.1:12345", dead, "tcp", "", "etcd") == -1
     assert e.initialize("127.0.0.1:12345", "redis://127.0.0.1:6379", "tcp", "") == -1
-    # rdma needs an RDMA device (none here: -1, ERR_DEVICE_NOT_FOUND logged) unless
-    # MC_FORCE_TCP says TCP; a real or simulated device is tested in dataplane/tests.
+    # rdma without an RDMA device (none here) runs TCP with a warning, as upstream; with
+    # MC_REQUIRE_RDMA it is -1 (ERR_DEVICE_NOT_FOUND logged). A real or simulated device is
+    # tested in dataplane/tests.
     if not os.environ.get("MOONCAKE_RDMA_SIM"):
         monkeypatch.delenv("MC_FORCE_TCP", raising=False)
+        monkeypatch.setenv("MC_REQUIRE_RDMA", "1")
         assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_404") == -1
+        monkeypatch.delenv("MC_REQUIRE_RDMA")
     monkeypatch.setenv("MC_FORCE_TCP", "1")
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
     assert 15000 <= e.get_rpc_port() <= 17000

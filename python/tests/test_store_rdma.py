@@ -92,10 +92,19 @@ def test_store_over_rdma_to_an_rdma_node(master, fabric):
 
 def test_rdma_setup_without_a_device(master, fabric, monkeypatch):
     monkeypatch.setenv("MOONCAKE_RDMA_SIM_DEVICES", "")
+    # As upstream: TCP instead (warned), even with P2PHANDSHAKE.
+    s, rc = rdma_store(master, segment=16 * MIB, metadata="P2PHANDSHAKE")
+    assert rc == 0
+    assert s.put("fallback/tcp", b"y") == 0 and s.get("fallback/tcp") == b"y"
+    assert s.remove("fallback/tcp", True) == 0
+    s.close()
+    # MC_REQUIRE_RDMA: the error it was.
+    monkeypatch.setenv("MC_REQUIRE_RDMA", "1")
     s, rc = rdma_store(master)
     assert rc == -1
     s, rc = rdma_store(master, metadata="P2PHANDSHAKE")
     assert rc == -1
+    monkeypatch.delenv("MC_REQUIRE_RDMA")
     monkeypatch.setenv("MC_FORCE_TCP", "1")
     s, rc = rdma_store(master, segment=16 * MIB)
     assert rc == 0

@@ -9,8 +9,9 @@
 //! - a store client's own segment is served over RDMA to another store client, and a
 //!   segment served over TCP only is reached over TCP;
 //! - a dead node fails reads with `TRANSFER_FAIL`, at once;
-//! - no device, or no metadata server to publish in, is refused with a reason, and
-//!   `MC_FORCE_TCP=1` runs TCP.
+//! - no device runs TCP (counted, `MC_REQUIRE_RDMA=1` refuses instead, `MC_FORCE_TCP=1`
+//!   asks for TCP), even with `P2PHANDSHAKE`; a device without a metadata server to publish
+//!   in is refused with a reason.
 //!
 //! Run with nextest (one process per test): the tests set process environment variables.
 
@@ -33,7 +34,11 @@ fn rdma_env() -> SimFabric {
 }
 
 fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Store, ErrorCode> {
-    Store::setup(StoreConfig {
+    Store::setup(store_config(m, protocol, segment, metadata))
+}
+
+fn store_config(m: &Master, protocol: &str, segment: u64, metadata: &str) -> StoreConfig {
+    StoreConfig {
         local_hostname: "127.0.0.1".into(),
         metadata_server: metadata.into(),
         global_segment_size: segment,
@@ -43,7 +48,7 @@ fn store(m: &Master, protocol: &str, segment: u64, metadata: &str) -> Result<Sto
         master_server_addr: m.rpc_addr(),
         tenant_id: String::new(),
         ssd_offload: None,
-    })
+    }
 }
 
 fn rdma_node(m: &Master, f: &SimFabric) -> Node {
@@ -281,34 +286,94 @@ fn a_store_clients_own_segment_is_served_over_rdma() {
     assert_ne!(published("rpc_meta"), 200);
 }
 
+/// `mooncake_rdma_tcp_fallbacks_total` on a `/metrics` page.
+fn fallbacks_metric(port: u16) -> Option<u64> {
+    http("GET", port, "/metrics", b"")
+        .text()
+        .lines()
+        .find(|l| l.starts_with("mooncake_rdma_tcp_fallbacks_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// As upstream: `rdma` on a host without an RDMA device runs TCP (with a warning), even with
+/// `P2PHANDSHAKE` (SGLang HiCache's defaults), and the fall-back is counted.
 #[test]
-fn rdma_without_a_device_or_a_metadata_server_is_refused() {
+fn rdma_without_a_device_falls_back_to_tcp() {
     let f = rdma_env();
     let m = Master::start(&[]);
     // The model with no devices: as a host with libibverbs and no HCA.
     std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
-    assert_eq!(
-        store(&m, "rdma", 0, &m.metadata_url()).err(),
-        Some(ErrorCode::InternalError)
-    );
+    let before = client::rdma::tcp_fallbacks();
+    for (i, metadata) in ["P2PHANDSHAKE".to_string(), m.metadata_url()]
+        .iter()
+        .enumerate()
+    {
+        let s = store(&m, "rdma", 16 << 20, metadata).expect("rdma falls back to TCP");
+        let key = format!("t/{i}");
+        let cfg = ReplicateConfig::default();
+        assert_eq!(s.put(&key, b"tcp", &cfg, false), Ok(()));
+        assert_eq!(s.get(&key), Ok(b"tcp".to_vec()));
+        assert_eq!(s.path_counts().rdma_bytes, 0);
+        s.close();
+    }
+    assert_eq!(client::rdma::tcp_fallbacks(), before + 2);
+    // Named devices that do not exist: TCP too.
     std::env::remove_var("MOONCAKE_RDMA_SIM_DEVICES");
-    // Devices, but nowhere to publish the keys.
-    assert_eq!(
-        store(&m, "rdma", 16 << 20, "P2PHANDSHAKE").err(),
-        Some(ErrorCode::InternalError)
-    );
-    // MC_FORCE_TCP runs TCP.
-    std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
+    let mut cfg = store_config(&m, "rdma", 16 << 20, "P2PHANDSHAKE");
+    cfg.rdma_devices = "mlx5_missing".into();
+    Store::setup(cfg)
+        .expect("missing named device falls back")
+        .close();
+    assert_eq!(client::rdma::tcp_fallbacks(), before + 3);
+    // MC_FORCE_TCP asks for TCP: no fall-back to count.
     std::env::set_var("MC_FORCE_TCP", "1");
-    let s = store(&m, "rdma", 16 << 20, &m.metadata_url()).expect("forced TCP");
-    assert_eq!(
-        s.put("t", b"tcp", &ReplicateConfig::default(), false),
-        Ok(())
-    );
-    assert_eq!(s.get("t"), Ok(b"tcp".to_vec()));
-    assert_eq!(s.path_counts().rdma_bytes, 0);
-    s.close();
+    store(&m, "rdma", 16 << 20, "P2PHANDSHAKE")
+        .expect("forced TCP")
+        .close();
+    assert_eq!(client::rdma::tcp_fallbacks(), before + 3);
     std::env::remove_var("MC_FORCE_TCP");
+
+    // The node starts over TCP and counts the fall-back on its /metrics.
+    let port = free_port();
+    let node = Node::start_with_env(
+        &m,
+        &[
+            "--protocol=rdma",
+            "--global_segment_size=16 MB",
+            &format!("--metrics_port={port}"),
+        ],
+        &[
+            ("MOONCAKE_RDMA_SIM", f.path()),
+            ("MOONCAKE_RDMA_SIM_DEVICES", ""),
+        ],
+    );
+    let counted = wait_until(Duration::from_secs(10), || {
+        fallbacks_metric(port) == Some(1)
+    });
+    assert!(counted.is_some(), "metric: {:?}", fallbacks_metric(port));
+    drop(node);
+}
+
+/// `MC_REQUIRE_RDMA=1` makes a missing device the error it was: the store's setup fails, the
+/// node refuses to start, each naming the variable.
+#[test]
+fn rdma_required_without_a_device_is_refused() {
+    let f = rdma_env();
+    let m = Master::start(&[]);
+    std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
+    std::env::set_var("MC_REQUIRE_RDMA", "1");
+    let before = client::rdma::tcp_fallbacks();
+    for metadata in ["P2PHANDSHAKE".to_string(), m.metadata_url()] {
+        assert_eq!(
+            store(&m, "rdma", 16 << 20, &metadata).err(),
+            Some(ErrorCode::InternalError)
+        );
+    }
+    assert_eq!(client::rdma::tcp_fallbacks(), before);
+    let err = client::rdma::rdma_or_fallback("rdma", "", "test").unwrap_err();
+    assert!(err.contains("MC_REQUIRE_RDMA"), "{err}");
+    std::env::remove_var("MC_REQUIRE_RDMA");
+    std::env::remove_var("MOONCAKE_RDMA_SIM_DEVICES");
 
     // The node says why it cannot start, and exits.
     let out = Command::new(bin_path("mooncake_client"))
@@ -321,11 +386,34 @@ fn rdma_without_a_device_or_a_metadata_server_is_refused() {
         ])
         .env("MOONCAKE_RDMA_SIM", f.path())
         .env("MOONCAKE_RDMA_SIM_DEVICES", "")
+        .env("MC_REQUIRE_RDMA", "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
         .expect("run mooncake_client");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("MC_FORCE_TCP=1"), "{err}");
+    assert!(err.contains("MC_REQUIRE_RDMA"), "{err}");
+}
+
+/// With a device, `rdma` runs RDMA (no fall-back counted), and `P2PHANDSHAKE` stays refused:
+/// peers would have nowhere to read a segment's keys.
+#[test]
+fn rdma_with_a_device_uses_it_and_needs_a_metadata_server() {
+    let _f = rdma_env();
+    let m = Master::start(&[]);
+    let before = client::rdma::tcp_fallbacks();
+    assert_eq!(
+        store(&m, "rdma", 16 << 20, "P2PHANDSHAKE").err(),
+        Some(ErrorCode::InternalError)
+    );
+    let a = store(&m, "rdma", 16 << 20, &m.metadata_url()).expect("rdma store");
+    let b = store(&m, "rdma", 0, &m.metadata_url()).expect("rdma store");
+    let cfg = ReplicateConfig::default();
+    assert_eq!(b.put("d", &value(3), &cfg, false), Ok(()));
+    assert_eq!(b.get("d"), Ok(value(3)));
+    assert!(b.path_counts().rdma_bytes > 0, "{:?}", b.path_counts());
+    assert_eq!(client::rdma::tcp_fallbacks(), before);
+    b.close();
+    a.close();
 }

@@ -86,6 +86,11 @@ pub(super) fn render(shards: &[Shard]) -> String {
     );
     // Each family is one group, its TYPE line first: the text format asks for it, and a
     // parser that reads family by family would otherwise split a family in two.
+    let _ = writeln!(
+        out,
+        "# TYPE mooncake_rdma_tcp_fallbacks_total counter\nmooncake_rdma_tcp_fallbacks_total {}",
+        crate::rdma::tcp_fallbacks()
+    );
     let _ = writeln!(out, "# TYPE mooncake_node_segment_bytes gauge");
     for (i, sh) in shards.iter().enumerate() {
         let _ = writeln!(
@@ -136,6 +141,13 @@ pub(super) fn render(shards: &[Shard]) -> String {
         ("loop_stalls_total", |s| s.loop_stalls.load(Relaxed)),
         ("loop_stall_max_us", |s| s.loop_stall_max_us.load(Relaxed)),
     ];
+    write_counters(&mut out, shards, &counters);
+    out
+}
+
+/// Each counter as one family, one sample per shard.
+fn write_counters(out: &mut String, shards: &[Shard], counters: &[StatCounter]) {
+    use std::fmt::Write;
     for (name, read) in counters {
         let kind = if name.ends_with("_total") {
             "counter"
@@ -151,7 +163,6 @@ pub(super) fn render(shards: &[Shard]) -> String {
             );
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -221,8 +232,13 @@ mod tests {
                 "not in its family's group, after its TYPE line: {line}"
             );
         }
-        assert_eq!(typed.len(), 14, "{text}");
-        for family in &typed[1..] {
+        assert_eq!(typed.len(), 15, "{text}");
+        assert!(
+            text.contains("\nmooncake_rdma_tcp_fallbacks_total "),
+            "{text}"
+        );
+        // The first two (shards, RDMA fall-backs) are the process's; the others per shard.
+        for family in &typed[2..] {
             for shard in 0..shards.len() {
                 let sample = format!("{family}{{shard=\"{shard}\"");
                 let n = text.lines().filter(|l| l.starts_with(&sample)).count();

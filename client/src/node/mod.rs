@@ -195,11 +195,7 @@ impl Node {
                 None
             }
         };
-        let rdma = if crate::rdma::rdma_wanted(&cfg.protocol) {
-            Some(serve_rdma(cfg, ip, &mut shards)?)
-        } else {
-            None
-        };
+        let rdma = serve_rdma(cfg, ip, &mut shards)?;
         let disk = cfg
             .enable_offload
             .then(|| start_disk(&shards[0].descriptor.name, bind_ip, ip))
@@ -436,13 +432,19 @@ fn start_disk(shard0: &str, bind_ip: IpAddr, ip: IpAddr) -> Result<crate::tier::
 
 /// `--protocol=rdma`: opens the devices (`--device_names`, or auto-discovery), registers every
 /// shard's segment, publishes their RDMA descriptors and handshake port, and marks the
-/// segments `rdma` for the master. No usable device, or no HTTP/etcd metadata server, fails
-/// start-up with the reason (`MC_FORCE_TCP=1` runs TCP instead).
+/// segments `rdma` for the master. `None` for TCP: another protocol, or no RDMA device (then
+/// with a warning, see `crate::rdma::rdma_or_fallback`; `MC_REQUIRE_RDMA=1` makes that an
+/// error). No HTTP/etcd metadata server fails start-up with the reason.
 fn serve_rdma(
     cfg: &NodeConfig,
     ip: IpAddr,
     shards: &mut [Shard],
-) -> Result<Arc<crate::rdma::RdmaSide>, NodeError> {
+) -> Result<Option<Arc<crate::rdma::RdmaSide>>, NodeError> {
+    if !crate::rdma::rdma_or_fallback(&cfg.protocol, &cfg.device_names, "node")
+        .map_err(NodeError::Config)?
+    {
+        return Ok(None);
+    }
     // `MC_TRANSFER_TIMEOUT`, read as the store reads it.
     let timeout = crate::store::TransferSettings::from_env().timeout;
     let name = format!("{}:{}", cfg.host_for_names(ip), cfg.port);
@@ -471,7 +473,7 @@ fn serve_rdma(
         shards.len(),
         side.rpc_port()
     );
-    Ok(side)
+    Ok(Some(side))
 }
 
 fn start_shard(

@@ -81,6 +81,13 @@ fn metrics(s: &Store) -> String {
     ] {
         let _ = writeln!(out, "{name}{{path=\"{path}\"}} {v}");
     }
+    let name = "mooncake_rdma_tcp_fallbacks_total";
+    let _ = write!(
+        out,
+        "# HELP {name} Setups that asked for rdma, found no RDMA device and ran TCP\n\
+         # TYPE {name} counter\n{name} {}\n",
+        crate::rdma::tcp_fallbacks()
+    );
     out
 }
 

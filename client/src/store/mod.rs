@@ -39,8 +39,8 @@
 //!   `etcd://h1:p1;h2:p2` `master_server_addr` follows (etcd key
 //!   `mooncake-store/<id>/master_view`, `docs/ha.md`); kept as `Store::cluster_id`.
 //! - `protocol="rdma"`: replicas on segments whose owners serve RDMA are read and written
-//!   with one-sided RDMA (`rdma`, `crate::rdma`, `docs/rdma.md`); no usable device fails the
-//!   setup unless `MC_FORCE_TCP` is set, which runs TCP. `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
+//!   with one-sided RDMA (`rdma`, `crate::rdma`, `docs/rdma.md`); no usable device runs TCP
+//!   with a warning (`MC_REQUIRE_RDMA=1`: fails the setup). `RUST_LOG` / `MC_YLT_LOG_LEVEL` / `MC_LOG_LEVEL` set the log filter of
 //!   the Python module and the programs (`protocol::log`). `MC_RPC_TIMEOUT_MS` / `MC_RPC_CONNECT_TIMEOUT_MS` bound
 //!   master calls (`master`).
 //!

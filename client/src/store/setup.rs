@@ -317,16 +317,22 @@ impl Store {
 type RdmaParts = (Arc<crate::rdma::RdmaSide>, Arc<super::rdma::RdmaPeers>);
 
 /// `protocol="rdma"` (unless MC_FORCE_TCP): the devices, a handshake server, the metadata
-/// store our segment is published in (`crate::rdma`) and the RDMA path. No usable device is
-/// an error, as for an engine.
+/// store our segment is published in (`crate::rdma`) and the RDMA path. No RDMA device runs
+/// TCP with a warning, checked before the metadata server (so `P2PHANDSHAKE` works on such a
+/// host, as upstream); an error under `MC_REQUIRE_RDMA`.
 fn open_rdma(
     cfg: &StoreConfig,
     name: &str,
     settings: &TransferSettings,
     ip: IpAddr,
 ) -> Result<Option<RdmaParts>, ErrorCode> {
-    if !crate::rdma::rdma_wanted(&cfg.protocol) {
-        return Ok(None);
+    match crate::rdma::rdma_or_fallback(&cfg.protocol, &cfg.rdma_devices, "store setup") {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) => {
+            tracing::error!("setup: {e}");
+            return Err(ErrorCode::InternalError);
+        }
     }
     let keys = dataplane::metadata::Keys::for_store(&cluster_id_from_env());
     let side = crate::rdma::RdmaSide::open(

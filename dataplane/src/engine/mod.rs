@@ -5,7 +5,7 @@
 //! Lifecycle: [`TransferEngine::new`] then [`TransferEngine::initialize`] with a server name,
 //! a metadata connection string (`http://host:port/metadata`; `etcd://host:port[,host:port]`
 //! or a bare `host:port` for etcd; `P2PHANDSHAKE`), a protocol (`tcp`, or `rdma`: see
-//! [`rdma`] for device choice, `MC_FORCE_TCP` and the software model) and a device list
+//! [`rdma`] for device choice, the TCP fall-back, `MC_FORCE_TCP` and the software model) and a device list
 //! (`rdma` only). Initialisation
 //!
 //! 1. binds the handshake server on the rpc port (random in `[MC_MIN_RPC_PORT,
@@ -148,8 +148,9 @@ impl TransferEngine {
     /// Starts the engine; see the module docs. `protocol` is `tcp` (or `""`) or `rdma`;
     /// `device` is the comma-separated RDMA device list (empty: auto-discovery).
     ///
-    /// `rdma` without libibverbs or a usable device fails with `ERR_DEVICE_NOT_FOUND` (-6)
-    /// unless `MC_FORCE_TCP` is set, which runs TCP.
+    /// `rdma` without libibverbs or a usable device runs TCP, with a WARNING (as upstream);
+    /// with `MC_REQUIRE_RDMA` set it fails with `ERR_DEVICE_NOT_FOUND` (-6). `MC_FORCE_TCP`
+    /// runs TCP without a warning.
     pub fn initialize(
         &self,
         local_server_name: &str,
@@ -177,8 +178,11 @@ impl TransferEngine {
         // here, not leave the data port open to anyone.
         protocol::auth::process_token()
             .map_err(|e| EngineError::new(TeError::InvalidArgument, e.to_string()))?;
-        let rdma_device = rdma::rdma_wanted(protocol).then_some(device);
-        if protocol.trim().eq_ignore_ascii_case("rdma") && rdma_device.is_none() {
+        // No RDMA device is TCP (warned, counted), or an error under MC_REQUIRE_RDMA.
+        let rdma_device = rdma::rdma_or_fallback(protocol, device, "transfer engine")
+            .map_err(|e| EngineError::new(TeError::DeviceNotFound, e))?
+            .then_some(device);
+        if protocol.trim().eq_ignore_ascii_case("rdma") && rdma::force_tcp() {
             tracing::info!("protocol rdma: MC_FORCE_TCP is set, running TCP");
         }
         let running = Running::start(

@@ -6,13 +6,18 @@
 //! - `MOONCAKE_RDMA_SIM=<dir>`: the software model ([`SimVerbs`], devices from
 //!   `MOONCAKE_RDMA_SIM_DEVICES`, default `sim0,sim1`) instead of libibverbs;
 //! - otherwise libibverbs (`dlopen`), devices from sysfs, `device_name`, `MC_MS_AUTO_DISC`,
-//!   `MC_MS_FILTERS`. No library or no usable device is `ERR_DEVICE_NOT_FOUND` (-6) with a
-//!   message that says why and that `MC_FORCE_TCP=1` runs TCP instead.
+//!   `MC_MS_FILTERS`.
+//!
+//! No library, no device, or none of the named devices ([`rdma_or_fallback`]): TCP instead,
+//! as upstream does, with one WARNING per setup that says what was missing, counted in
+//! [`tcp_fallbacks`]. `MC_REQUIRE_RDMA=1` makes that an error (`ERR_DEVICE_NOT_FOUND`, -6)
+//! instead. A device that exists but cannot be opened is always an error.
 //!
 //! A peer whose descriptor is an RDMA one is reached over RDMA when this engine runs RDMA;
 //! otherwise over TCP (an RDMA engine still serves its TCP data port).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +46,94 @@ pub fn force_tcp() -> bool {
 /// Whether `protocol` asks for the RDMA transport (after `MC_FORCE_TCP`).
 pub fn rdma_wanted(protocol: &str) -> bool {
     protocol.trim().eq_ignore_ascii_case("rdma") && !force_tcp()
+}
+
+/// `MC_REQUIRE_RDMA` makes "no RDMA device" an error instead of a fall-back to TCP.
+pub fn require_rdma() -> bool {
+    protocol::env::flag("MC_REQUIRE_RDMA", false)
+}
+
+static TCP_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many setups in this process asked for `rdma`, found no RDMA device and ran TCP
+/// (the metric `mooncake_rdma_tcp_fallbacks_total`).
+pub fn tcp_fallbacks() -> u64 {
+    TCP_FALLBACKS.load(Ordering::Relaxed)
+}
+
+/// Why `rdma` cannot run here: no device (TCP can stand in), or a broken setting.
+enum Probe {
+    Missing(String),
+    Broken(String),
+}
+
+/// Whether `protocol` runs the RDMA transport on this host: `Ok(true)` when it asks for
+/// `rdma` (and `MC_FORCE_TCP` is not set) and the devices `device_name` names (or
+/// auto-discovery) exist; `Ok(false)` for TCP. `rdma` with no device is TCP, with one WARNING
+/// naming what was missing and `who` (the setup, for the log), counted in [`tcp_fallbacks`];
+/// with `MC_REQUIRE_RDMA` set it is an error that names the variable.
+pub fn rdma_or_fallback(protocol: &str, device_name: &str, who: &str) -> Result<bool, String> {
+    if !rdma_wanted(protocol) {
+        return Ok(false);
+    }
+    let why = match probe(device_name) {
+        Ok(_) => return Ok(true),
+        Err(Probe::Broken(why)) => return Err(no_device_text(why)),
+        Err(Probe::Missing(why)) => why,
+    };
+    if require_rdma() {
+        return Err(format!(
+            "protocol \"rdma\": {why}; MC_REQUIRE_RDMA is set, so this is an error rather \
+             than a fall-back to TCP (unset it, or set MC_FORCE_TCP=1 to run over TCP)"
+        ));
+    }
+    TCP_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        "{who}: protocol \"rdma\" asked for, but {why}: running over TCP instead. \
+         Set MC_FORCE_TCP=1 to ask for TCP explicitly (no warning), or MC_REQUIRE_RDMA=1 to \
+         make a missing RDMA device an error"
+    );
+    Ok(false)
+}
+
+/// The verbs and the devices `device_name` (or auto-discovery) chooses.
+fn probe(device_name: &str) -> Result<(Arc<dyn Verbs>, Vec<HcaInfo>), Probe> {
+    let req = DeviceRequest::from_env(device_name);
+    let root = Path::new(discovery::SYSFS_ROOT);
+    let (verbs, available): (Arc<dyn Verbs>, Vec<HcaInfo>) = match SimVerbs::from_env() {
+        Some(sim) => {
+            let sim = sim.map_err(|e| Probe::Broken(e.to_string()))?;
+            let names = sim
+                .device_names()
+                .map_err(|e| Probe::Broken(e.to_string()))?;
+            let infos = names
+                .iter()
+                .map(|n| HcaInfo {
+                    name: n.clone(),
+                    numa_node: None,
+                    ports: Vec::new(),
+                })
+                .collect();
+            (Arc::new(sim), infos)
+        }
+        None => {
+            let ib = IbVerbs::load()
+                .map_err(|e| Probe::Missing(format!("no RDMA device found ({e})")))?;
+            let listed = ib
+                .device_names()
+                .map_err(|e| Probe::Missing(format!("no RDMA device found ({e})")))?;
+            let infos = listed
+                .iter()
+                .map(|n| discovery::hca_from_sysfs(root, n))
+                .collect();
+            (ib, infos)
+        }
+    };
+    if available.is_empty() && req.auto_discovery {
+        return Err(Probe::Missing("no RDMA device found".into()));
+    }
+    let chosen = discovery::choose(&available, &req).map_err(Probe::Missing)?;
+    Ok((verbs, chosen))
 }
 
 fn no_device(why: impl std::fmt::Display) -> EngineError {
@@ -78,34 +171,11 @@ fn open_verbs(
     device_name: &str,
     transfer_timeout: Duration,
 ) -> Result<Arc<RdmaTransport>, String> {
-    let req = DeviceRequest::from_env(device_name);
     let cfg = RdmaConfig::from_env(transfer_timeout);
     let root = Path::new(discovery::SYSFS_ROOT);
-    let (verbs, available): (Arc<dyn Verbs>, Vec<HcaInfo>) = match SimVerbs::from_env() {
-        Some(sim) => {
-            let sim = sim.map_err(|e| e.to_string())?;
-            let names = sim.device_names().map_err(|e| e.to_string())?;
-            let infos = names
-                .iter()
-                .map(|n| HcaInfo {
-                    name: n.clone(),
-                    numa_node: None,
-                    ports: Vec::new(),
-                })
-                .collect();
-            (Arc::new(sim), infos)
-        }
-        None => {
-            let ib = IbVerbs::load().map_err(|e| e.to_string())?;
-            let listed = ib.device_names().map_err(|e| e.to_string())?;
-            let infos = listed
-                .iter()
-                .map(|n| discovery::hca_from_sysfs(root, n))
-                .collect();
-            (ib, infos)
-        }
-    };
-    let chosen = discovery::choose(&available, &req).map_err(|e| e.to_string())?;
+    let (verbs, chosen) = probe(device_name).map_err(|p| match p {
+        Probe::Missing(why) | Probe::Broken(why) => why,
+    })?;
     let t = RdmaTransport::open(verbs, &chosen, name, cfg, &|dev, port| {
         discovery::roce_v2_gid_index(root, dev, port)
     })?;
