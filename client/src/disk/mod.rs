@@ -72,7 +72,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -577,13 +577,42 @@ impl DiskTier {
         &self.shared.cfg
     }
 
-    fn call(&self, addr: u64, op: Op) -> Result<Answer, DiskError> {
+    /// Queues `op` to the worker of `addr`; its answer comes on the receiver.
+    fn submit(&self, addr: u64, op: Op) -> Result<Receiver<Answer>, DiskError> {
         let (tx, rx) = sync_channel(1);
         let w = worker_of(addr, self.shared.workers);
         self.senders[w]
             .send(Request { op, reply: tx })
             .map_err(|_| DiskError::WorkerGone)?;
-        rx.recv().map_err(|_| DiskError::WorkerGone)
+        Ok(rx)
+    }
+
+    /// Runs `op` on the worker of `addr` and waits for its answer.
+    fn call(&self, addr: u64, op: Op) -> Result<Answer, DiskError> {
+        self.submit(addr, op)?
+            .recv()
+            .map_err(|_| DiskError::WorkerGone)
+    }
+
+    /// The read of `[addr, addr + dst.len())` (inside one stored object), for the worker of
+    /// the object's start.
+    fn read_op(
+        &self,
+        addr: u64,
+        dst: Dst<'static>,
+        progress: Option<worker::Progress>,
+    ) -> Result<(u64, Op), DiskError> {
+        let len = dst.len() as u64;
+        let Some(start) = self.object_of(addr, len) else {
+            return Err(DiskError::NotFound { addr, len });
+        };
+        let op = Op::Read {
+            start,
+            offset: addr - start,
+            dst,
+            progress,
+        };
+        Ok((start, op))
     }
 
     /// Stores `src` as the object `key` at `addr` (replacing what was stored there). Refused
@@ -638,19 +667,10 @@ impl DiskTier {
     /// `dst`. The whole object's checksum is checked; a mismatch is [`DiskError::Corrupt`]
     /// and the object is gone afterwards.
     pub fn read(&self, addr: u64, mut dst: Dst<'_>) -> Result<(), DiskError> {
-        let len = dst.len() as u64;
-        let Some(start) = self.object_of(addr, len) else {
-            return Err(DiskError::NotFound { addr, len });
-        };
         // SAFETY: as in `write`: the worker writes this range only while serving the request,
         // and this call blocks until its answer.
         let dst = unsafe { Dst::from_raw(dst.as_mut_ptr(), dst.len()) };
-        let op = Op::Read {
-            start,
-            offset: addr - start,
-            dst,
-            progress: None,
-        };
+        let (start, op) = self.read_op(addr, dst, None)?;
         match self.call(start, op)? {
             Answer::Done(r) => r,
             Answer::Deleted(_) => Err(DiskError::WorkerGone),
@@ -671,26 +691,12 @@ impl DiskTier {
         addr: u64,
         mut dst: Dst<'_>,
         progress: worker::Progress,
-    ) -> Result<std::sync::mpsc::Receiver<Answer>, DiskError> {
-        let len = dst.len() as u64;
-        let Some(start) = self.object_of(addr, len) else {
-            return Err(DiskError::NotFound { addr, len });
-        };
+    ) -> Result<Receiver<Answer>, DiskError> {
         // SAFETY: the caller keeps the range valid until it has the answer (this function's
         // contract), which the worker sends after its last use of it.
         let dst = unsafe { Dst::from_raw(dst.as_mut_ptr(), dst.len()) };
-        let op = Op::Read {
-            start,
-            offset: addr - start,
-            dst,
-            progress: Some(progress),
-        };
-        let (tx, rx) = sync_channel(1);
-        let w = worker_of(start, self.shared.workers);
-        self.senders[w]
-            .send(Request { op, reply: tx })
-            .map_err(|_| DiskError::WorkerGone)?;
-        Ok(rx)
+        let (start, op) = self.read_op(addr, dst, Some(progress))?;
+        self.submit(start, op)
     }
 
     /// The start of the stored object that `[addr, addr + len)` lies inside, if any.
