@@ -193,14 +193,7 @@ def test_a_flipped_byte_on_disk_is_a_miss(tier_master, tmp_path):
     try:
         value = value_of("flip", 128 * 1024)
         assert client.put("flip", value) == 0
-        assert wait_for(lambda: "disk" in kinds(client, "flip"), 20)
-        # Move the object off memory (its disk copy exists, so the move only drops the
-        # memory replica): the copy on disk is the only one left.
-        time.sleep(0.6)
-        task, rc = client.create_move_task("flip", node_segment(node),
-                                           node_segment(node) + "/disk")
-        assert rc == 0
-        assert wait_for(lambda: kinds(client, "flip") == ["disk"], 20)
+        make_disk_only(client, node, ["flip"])
         [path] = files_in(tmp_path)
         data = bytearray(path.read_bytes())
         data[len(data) - 64 * 1024] ^= 0x5A
@@ -217,6 +210,17 @@ def test_a_flipped_byte_on_disk_is_a_miss(tier_master, tmp_path):
 
 def node_segment(node):
     return f"127.0.0.1:{node.port}"
+
+
+def make_disk_only(client, node, keys):
+    """Waits for each key's disk copy, then moves the key off memory: its disk copy exists,
+    so the move only drops the memory replica, and the copy on disk is the only one left."""
+    assert wait_for(lambda: all("disk" in kinds(client, k) for k in keys), 20)
+    time.sleep(0.6)  # the read lease of the replica lists above
+    for k in keys:
+        _, rc = client.create_move_task(k, node_segment(node), node_segment(node) + "/disk")
+        assert rc == 0, k
+    assert wait_for(lambda: all(kinds(client, k) == ["disk"] for k in keys), 20)
 
 
 def test_a_missing_or_unwritable_directory_fails_at_start(tier_master, tmp_path):
@@ -338,12 +342,7 @@ def test_a_dummy_client_reads_disk_objects_through_its_standalone_client(tier_ma
     try:
         value = value_of("dummy-disk", 300 * 1024)
         assert client.put("dummy-disk", value) == 0
-        assert wait_for(lambda: "disk" in kinds(client, "dummy-disk"), 20)
-        time.sleep(0.6)
-        _, rc = client.create_move_task("dummy-disk", node_segment(node),
-                                        node_segment(node) + "/disk")
-        assert rc == 0
-        assert wait_for(lambda: kinds(client, "dummy-disk") == ["disk"], 20)
+        make_disk_only(client, node, ["dummy-disk"])
         assert dummy.setup_dummy(64 * MIB, 16 * MIB, f"127.0.0.1:{node.port}") == 0
         assert dummy.is_exist("dummy-disk") == 1
         assert dummy.get("dummy-disk") == value
@@ -363,12 +362,7 @@ def test_promotion_brings_a_disk_only_object_back_to_memory(tmp_path):
     try:
         value = value_of("promo", 256 * 1024)
         assert client.put("promo", value) == 0
-        assert wait_for(lambda: "disk" in kinds(client, "promo"), 20)
-        time.sleep(0.6)
-        _, rc = client.create_move_task("promo", node_segment(node),
-                                        node_segment(node) + "/disk")
-        assert rc == 0
-        assert wait_for(lambda: kinds(client, "promo") == ["disk"], 20)
+        make_disk_only(client, node, ["promo"])
         assert client.get("promo") == value
         assert client.get("promo") == value
         assert wait_for(lambda: kinds(client, "promo") == ["memory", "disk"], 20)
@@ -416,11 +410,7 @@ def test_disk_only_objects_survive_a_leader_failover(monkeypatch, tmp_path):
         for k in keys:
             assert client.put(k, value_of(k, 200 * 1024)) == 0
         assert wait_for(lambda: all("disk" in kinds(client, k) for k in keys), 20)
-        time.sleep(0.6)
-        for k in keys[:6]:
-            _, rc = client.create_move_task(k, node_segment(node), node_segment(node) + "/disk")
-            assert rc == 0
-        assert wait_for(lambda: all(kinds(client, k) == ["disk"] for k in keys[:6]), 20)
+        make_disk_only(client, node, keys[:6])
         leader = next(m for m in masters if role(m) == "leading")
         leader.proc.send_signal(signal.SIGKILL)
         leader.proc.wait()
