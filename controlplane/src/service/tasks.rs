@@ -143,6 +143,43 @@ pub(crate) struct Task {
     pub sources: Vec<(SegRef, Span)>,
 }
 
+impl Task {
+    /// A new PENDING task: a move when it has a `source`, else a copy.
+    #[allow(clippy::too_many_arguments)]
+    fn pending(
+        id: Uuid,
+        internal: Option<Internal>,
+        key: &str,
+        source: Option<String>,
+        targets: Vec<String>,
+        now: u64,
+        assigned: Uuid,
+        version: Version,
+    ) -> Task {
+        Task {
+            id,
+            kind: if source.is_some() {
+                TaskType::ReplicaMove
+            } else {
+                TaskType::ReplicaCopy
+            },
+            internal,
+            status: TaskStatus::Pending,
+            key: key.to_string(),
+            source,
+            targets,
+            created_ms: now,
+            updated_ms: now,
+            assigned,
+            message: String::new(),
+            attempts: 0,
+            version,
+            ranges: Vec::new(),
+            sources: Vec::new(),
+        }
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct Tasks {
     all: FastMap<Uuid, Task>,
@@ -324,30 +361,17 @@ impl State {
         }
         let assigned = t.executor_for(owner, &self.clients);
         let id = t.fresh_id();
-        t.all.insert(
+        let task = Task::pending(
             id,
-            Task {
-                id,
-                kind: if source.is_some() {
-                    TaskType::ReplicaMove
-                } else {
-                    TaskType::ReplicaCopy
-                },
-                internal: None,
-                status: TaskStatus::Pending,
-                key: key.to_string(),
-                source: source.map(str::to_string),
-                targets,
-                created_ms: now,
-                updated_ms: now,
-                assigned,
-                message: String::new(),
-                attempts: 0,
-                version: obj.version,
-                ranges: Vec::new(),
-                sources: Vec::new(),
-            },
+            None,
+            key,
+            source.map(str::to_string),
+            targets,
+            now,
+            assigned,
+            obj.version,
         );
+        t.all.insert(id, task);
         t.by_key.insert(key.to_string(), id);
         t.queued.entry(assigned).or_default().push_back(id);
         t.pending += 1;
@@ -405,30 +429,17 @@ impl State {
             Internal::Offload => *t.offloads_by_disk.entry(target.clone()).or_insert(0) += 1,
             Internal::Promotion => t.promotions += 1,
         }
-        t.all.insert(
+        let task = Task::pending(
             id,
-            Task {
-                id,
-                kind: if source.is_some() {
-                    TaskType::ReplicaMove
-                } else {
-                    TaskType::ReplicaCopy
-                },
-                internal: Some(internal),
-                status: TaskStatus::Pending,
-                key: key.to_string(),
-                source,
-                targets: vec![target],
-                created_ms: now,
-                updated_ms: now,
-                assigned: executor,
-                message: String::new(),
-                attempts: 0,
-                version,
-                ranges: Vec::new(),
-                sources: Vec::new(),
-            },
+            Some(internal),
+            key,
+            source,
+            vec![target],
+            now,
+            executor,
+            version,
         );
+        t.all.insert(id, task);
         t.internal_by_key.insert(key.to_string(), id);
         t.queued.entry(executor).or_default().push_back(id);
         t.internal_pending += 1;
