@@ -219,6 +219,16 @@ impl OwnerDisk {
                 s.bytes_written,
             ),
             (
+                "direct_reads_total",
+                "reads straight into the reader's memory (no bounce buffer)",
+                s.direct_reads,
+            ),
+            (
+                "direct_writes_total",
+                "writes straight from the object's memory (no bounce buffer)",
+                s.direct_writes,
+            ),
+            (
                 "checksum_failures_total",
                 "copies that failed their checksum",
                 s.checksum_failures,

@@ -22,7 +22,10 @@ use std::ptr::NonNull;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::limits::{DISK_BLOCK_BYTES, DISK_BOUNCE_BYTES, DISK_RING_ENTRIES, DISK_WORKER_BUFFERS};
+use super::limits::{
+    DISK_BLOCK_BYTES, DISK_BOUNCE_BYTES, DISK_RING_ENTRIES, DISK_RING_STUCK_AFTER,
+    DISK_WORKER_BUFFERS,
+};
 
 /// A zeroed heap buffer aligned to [`DISK_BLOCK_BYTES`], as `O_DIRECT` needs.
 pub(super) struct AlignedBuf {
@@ -49,6 +52,10 @@ impl AlignedBuf {
             std::alloc::handle_alloc_error(layout)
         };
         AlignedBuf { ptr, len }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     pub(super) fn as_slice(&self) -> &[u8] {
@@ -225,6 +232,244 @@ impl Io {
         std::mem::forget(old);
         std::mem::forget(engine);
     }
+}
+
+/// Where a [`Span`]'s bytes are: one of the worker's bounce buffers, or memory of the
+/// caller's that the kernel reads or fills in place (no copy through a bounce buffer).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Mem {
+    Bounce(usize),
+    Caller(*mut u8),
+}
+
+/// One operation of a windowed run ([`Io::run_window`]): `len` bytes between `mem` and file
+/// offset `offset`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
+    pub mem: Mem,
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl Io {
+    /// Moves every span, keeping up to `window` of them in flight (at most the ring's
+    /// entries), and calls `done(bufs, i, result)` as span `i` completes, in completion order.
+    /// Returns only once every span submitted has completed: on the ring, a failure to enter
+    /// it is retried until every operation in flight is reaped (the kernel may be writing
+    /// caller memory), and a ring that keeps failing for [`DISK_RING_STUCK_AFTER`] aborts the
+    /// process rather than hand that memory back while the kernel may still use it.
+    ///
+    /// # Safety
+    ///
+    /// Every [`Mem::Caller`] span's `len` bytes must stay valid (readable for a write,
+    /// writable for a read, and not read by anyone for a read until its `done`) until this
+    /// returns.
+    pub(super) unsafe fn run_window(
+        &mut self,
+        file: &File,
+        dir: Dir,
+        spans: &[Span],
+        window: usize,
+        mut done: impl FnMut(&[AlignedBuf], usize, io::Result<usize>),
+    ) {
+        let Engine::Uring { ring, fixed } = &mut self.engine else {
+            for (i, s) in spans.iter().enumerate() {
+                // SAFETY: the caller's promise for caller spans; bounce spans are ours.
+                let r = unsafe { blocking_span(&mut self.bufs, file, dir, s) };
+                done(&self.bufs, i, r);
+            }
+            return;
+        };
+        let window = window.clamp(1, DISK_RING_ENTRIES as usize);
+        let fd = types::Fd(file.as_raw_fd());
+        let (mut next, mut inflight) = (0usize, 0usize);
+        let mut stuck_since: Option<std::time::Instant> = None;
+        let mut reaped: Vec<(usize, i32)> = Vec::with_capacity(window);
+        while next < spans.len() || inflight > 0 {
+            while next < spans.len() && inflight < window {
+                let entry =
+                    span_entry(fd, *fixed, &self.bufs, dir, &spans[next]).user_data(next as u64);
+                // SAFETY: the span's memory stays valid until its completion is reaped (the
+                // caller's promise, or our bounce buffer); the queue has room: at most
+                // `window <= DISK_RING_ENTRIES` operations are ever queued or in flight.
+                if unsafe { ring.submission().push(&entry) }.is_err() {
+                    break;
+                }
+                next += 1;
+                inflight += 1;
+            }
+            match ring.submit_and_wait(1) {
+                Ok(_) => stuck_since = None,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
+                Err(e) => {
+                    let since = *stuck_since.get_or_insert_with(std::time::Instant::now);
+                    if since.elapsed() > DISK_RING_STUCK_AFTER {
+                        tracing::error!(error = %e, "disk tier: a worker's io_uring has failed \
+                            for too long with operations on caller memory in flight; aborting");
+                        std::process::abort();
+                    }
+                    tracing::warn!(error = %e, "disk tier: io_uring enter failed; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            reaped.clear();
+            reaped.extend(
+                ring.completion()
+                    .map(|c| (c.user_data() as usize, c.result())),
+            );
+            for &(i, res) in &reaped {
+                let Some(s) = spans.get(i) else { continue };
+                inflight -= 1;
+                let r = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else {
+                    // SAFETY: as above: the span's memory is valid until `done`.
+                    unsafe { finish_short(&mut self.bufs, file, dir, s, res as usize) }
+                };
+                done(&self.bufs, i, r);
+            }
+        }
+    }
+}
+
+/// The ring operation for `s`.
+fn span_entry(
+    fd: types::Fd,
+    fixed: bool,
+    bufs: &[AlignedBuf],
+    dir: Dir,
+    s: &Span,
+) -> io_uring::squeue::Entry {
+    let len = s.len as u32;
+    match s.mem {
+        Mem::Bounce(b) => {
+            let ptr = bufs[b].ptr.as_ptr();
+            match (dir, fixed) {
+                (Dir::Read, true) => opcode::ReadFixed::new(fd, ptr, len, b as u16)
+                    .offset(s.offset)
+                    .build(),
+                (Dir::Read, false) => opcode::Read::new(fd, ptr, len).offset(s.offset).build(),
+                (Dir::Write, true) => opcode::WriteFixed::new(fd, ptr, len, b as u16)
+                    .offset(s.offset)
+                    .build(),
+                (Dir::Write, false) => opcode::Write::new(fd, ptr, len).offset(s.offset).build(),
+            }
+        }
+        Mem::Caller(ptr) => match dir {
+            Dir::Read => opcode::Read::new(fd, ptr, len).offset(s.offset).build(),
+            Dir::Write => opcode::Write::new(fd, ptr, len).offset(s.offset).build(),
+        },
+    }
+}
+
+/// The span's memory as a pointer.
+fn span_ptr(bufs: &mut [AlignedBuf], s: &Span) -> *mut u8 {
+    match s.mem {
+        Mem::Bounce(b) => bufs[b].ptr.as_ptr(),
+        Mem::Caller(p) => p,
+    }
+}
+
+/// A completed ring operation that moved `n` bytes: a short read is finished with `pread`
+/// (a ring may end a read early; only `pread`'s 0 means the file ended), a short write is
+/// a full disk.
+///
+/// # Safety
+///
+/// The span's memory is valid for `s.len` bytes.
+unsafe fn finish_short(
+    bufs: &mut [AlignedBuf],
+    file: &File,
+    dir: Dir,
+    s: &Span,
+    n: usize,
+) -> io::Result<usize> {
+    if n >= s.len {
+        return Ok(n);
+    }
+    match dir {
+        Dir::Write => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+        Dir::Read => {
+            let ptr = span_ptr(bufs, s);
+            // SAFETY: `[n, len)` of the span's memory (the caller's promise).
+            unsafe { pread_full_raw(file, ptr.add(n), s.len - n, s.offset + n as u64) }
+                .map(|m| n + m)
+        }
+    }
+}
+
+/// One span through `pread`/`pwrite`.
+///
+/// # Safety
+///
+/// The span's memory is valid for `s.len` bytes.
+unsafe fn blocking_span(
+    bufs: &mut [AlignedBuf],
+    file: &File,
+    dir: Dir,
+    s: &Span,
+) -> io::Result<usize> {
+    let ptr = span_ptr(bufs, s);
+    match dir {
+        // SAFETY: the caller's promise.
+        Dir::Read => unsafe { pread_full_raw(file, ptr, s.len, s.offset) },
+        Dir::Write => {
+            let mut done = 0usize;
+            while done < s.len {
+                // SAFETY: `[done, len)` of the span's readable memory.
+                let r = unsafe {
+                    libc::pwrite(
+                        file.as_raw_fd(),
+                        ptr.add(done).cast(),
+                        s.len - done,
+                        (s.offset + done as u64) as libc::off_t,
+                    )
+                };
+                match r {
+                    0 => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+                    r if r > 0 => done += r as usize,
+                    _ => {
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            Ok(done)
+        }
+    }
+}
+
+/// `pread` into raw memory until `len` bytes are read or the file ends.
+///
+/// # Safety
+///
+/// `ptr` is valid for writes of `len` bytes.
+unsafe fn pread_full_raw(file: &File, ptr: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: `[done, len)` of the caller's writable memory.
+        let r = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                ptr.add(done).cast(),
+                len - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match r {
+            0 => break,
+            r if r > 0 => done += r as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// `pread` until `buf` is full or the file ends.

@@ -15,8 +15,21 @@ pub const DISK_STREAM_PIECE_BYTES: usize = DISK_BOUNCE_BYTES / 4;
 /// The tail of a streamed READ held back until the whole object's checksum has passed: a
 /// reader never receives all the bytes of an object that fails it.
 pub const DISK_STREAM_HOLD_BYTES: u64 = DISK_BLOCK_BYTES as u64;
-/// Entries of a worker's ring: room for every buffer's operation.
-pub const DISK_RING_ENTRIES: u32 = 8;
+/// Entries of a worker's ring: room for every buffer's operation, and for the window of a
+/// read or write straight to or from the caller's memory.
+pub const DISK_RING_ENTRIES: u32 = 16;
+/// The pieces an object is moved in straight to or from the caller's memory (no bounce
+/// buffer), all in flight at once up to [`DISK_DIRECT_WINDOW`]: a 4 MiB object is eight
+/// operations the device works on together, as one large `O_DIRECT` read is split by the
+/// block layer.
+pub const DISK_DIRECT_PIECE_BYTES: usize = 512 << 10;
+/// Operations of one object in flight at once on the direct path (its header and tail
+/// blocks included).
+pub const DISK_DIRECT_WINDOW: usize = 12;
+/// A ring whose `io_uring_enter` keeps failing this long, with operations on a caller's
+/// memory in flight, aborts the process (that memory cannot be handed back while the kernel
+/// may still write it). Never seen; a healthy ring fails only with EINTR/EBUSY, retried.
+pub const DISK_RING_STUCK_AFTER: Duration = Duration::from_secs(30);
 /// Most I/O workers, whatever the configuration asks.
 pub const DISK_WORKERS_MAX: usize = 64;
 /// Default I/O workers: the available cores, at most this many.
@@ -46,6 +59,8 @@ pub const DISK_LISTENER_READ_MAX_BYTES: u64 = dataplane::limits::REQUEST_PAYLOAD
 const _: () = assert!(DISK_BOUNCE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
 const _: () = assert!(DISK_STREAM_PIECE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
 const _: () = assert!(DISK_RING_ENTRIES as usize >= DISK_WORKER_BUFFERS);
+const _: () = assert!(DISK_DIRECT_WINDOW <= DISK_RING_ENTRIES as usize);
+const _: () = assert!(DISK_DIRECT_PIECE_BYTES.is_multiple_of(DISK_BLOCK_BYTES));
 const _: () = assert!(DISK_WORKERS_DEFAULT_MAX <= DISK_WORKERS_MAX);
 // The largest header (64 bytes and the longest key, rounded up) fits in one bounce buffer,
 // so the first buffer of a read always holds the whole header.

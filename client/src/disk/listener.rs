@@ -18,7 +18,7 @@
 //!
 //! Bounds: at most `DISK_LISTENER_CONNECTIONS_MAX` connections (one thread each; more are
 //! closed at once), and a connection without progress for `DISK_LISTENER_IO_TIMEOUT` is
-//! closed. A READ is read into a buffer of its length (at most `DISK_LISTENER_READ_MAX_BYTES`)
+//! closed. A READ is read into a block-aligned buffer of its length (at most `DISK_LISTENER_READ_MAX_BYTES`)
 //! and sent as the worker fills it, all but its last `DISK_STREAM_HOLD_BYTES`, which wait for
 //! the whole object's checksum: a READ whose object fails it after bytes went out ends with
 //! the connection closed short of its length, so the reader's READ fails and no wrong bytes
@@ -39,6 +39,7 @@ use dataplane::TeError;
 use parking_lot::Mutex;
 use protocol::auth::Token;
 
+use super::io::AlignedBuf;
 use super::limits::{
     DISK_DRAIN_CHUNK_BYTES, DISK_LISTENER_CONNECTIONS_MAX, DISK_LISTENER_IO_TIMEOUT,
     DISK_LISTENER_KEPT_BUFFER_BYTES, DISK_LISTENER_READ_MAX_BYTES, DISK_STREAM_HOLD_BYTES,
@@ -213,7 +214,7 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
         }
     }
     let mut raw = [0u8; REQUEST_HEADER_BYTES];
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf: Option<AlignedBuf> = None;
     loop {
         match read_header(stream, &mut raw) {
             Ok(true) => {}
@@ -237,7 +238,7 @@ fn serve_request(
     stream: &TcpStream,
     shared: &Shared,
     req: &RequestHeader,
-    buf: &mut Vec<u8>,
+    buf: &mut Option<AlignedBuf>,
 ) -> io::Result<()> {
     let id = req.request_id;
     match req.opcode {
@@ -270,12 +271,24 @@ fn serve_request(
             if shared.tier.object_of(req.addr, req.len).is_none() {
                 return respond(stream, id, TeError::AddressNotRegistered.code(), &[]);
             }
-            buf.clear();
-            buf.resize(req.len as usize, 0);
-            let sent = stream_read(stream, shared, req, buf);
-            if buf.capacity() > DISK_LISTENER_KEPT_BUFFER_BYTES {
+            // Block-aligned, so the worker reads the object straight into it (the direct
+            // path, `super::direct`), and kept (up to a size) for the next READ: a fresh
+            // buffer's pages would fault in on every request.
+            let need = super::format::round_up(req.len).unwrap_or(u64::MAX) as usize;
+            let b = match buf.take() {
+                Some(b) if b.len() >= need => b,
+                _ => AlignedBuf::new(need),
+            };
+            let b = buf.insert(b);
+            let sent = stream_read(
+                stream,
+                shared,
+                req,
+                &mut b.as_mut_slice()[..req.len as usize],
+            );
+            if b.len() > DISK_LISTENER_KEPT_BUFFER_BYTES {
                 // Not kept for the next request.
-                *buf = Vec::new();
+                *buf = None;
             }
             sent
         }

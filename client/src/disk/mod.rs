@@ -57,6 +57,7 @@
 //! index's byte and object counts are the sums over its entries.
 
 mod config;
+mod direct;
 pub mod format;
 mod io;
 pub mod limits;
@@ -149,6 +150,10 @@ pub struct DiskStats {
     pub writes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Reads and writes that moved the data straight between the file and the caller's
+    /// memory, no bounce buffer (`direct`).
+    pub direct_reads: u64,
+    pub direct_writes: u64,
     /// Reads that found bad bytes (`mooncake_disk_checksum_failures_total`).
     pub checksum_failures: u64,
     pub io_errors: u64,
@@ -167,6 +172,8 @@ struct Counters {
     writes: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
+    direct_reads: AtomicU64,
+    direct_writes: AtomicU64,
     checksum_failures: AtomicU64,
     io_errors: AtomicU64,
     write_refusals: AtomicU64,
@@ -816,6 +823,8 @@ impl DiskTier {
             writes: get(&c.writes),
             bytes_read: get(&c.bytes_read),
             bytes_written: get(&c.bytes_written),
+            direct_reads: get(&c.direct_reads),
+            direct_writes: get(&c.direct_writes),
             checksum_failures: get(&c.checksum_failures),
             io_errors: get(&c.io_errors),
             write_refusals: get(&c.write_refusals),

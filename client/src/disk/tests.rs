@@ -740,3 +740,98 @@ fn disk_listener_streams_a_large_object_and_cuts_a_bad_one_short() {
         Err(TransferError::Refused { status: -3 })
     );
 }
+
+/// `len` bytes of `pattern` at `skew` bytes past a block-aligned address (`skew` 0: aligned,
+/// so the direct path takes them).
+fn placed(len: usize, skew: usize, seed: u8) -> (super::io::AlignedBuf, usize) {
+    let mut b = super::io::AlignedBuf::new(format::round_up((len + skew) as u64).unwrap() as usize);
+    b.as_mut_slice()[skew..skew + len].copy_from_slice(&pattern(len, seed));
+    (b, skew)
+}
+
+#[test]
+fn disk_direct_and_bounce_paths_read_each_others_files() {
+    // Sizes: one block, a partial block, whole pieces, a partial last block after many pieces.
+    let sizes = [
+        4096usize,
+        13,
+        4 << 20,
+        (4 << 20) + 100,
+        (1 << 20) + 4095,
+        3 * (512 << 10) + 1,
+    ];
+    for uring in [true, false] {
+        let d = TempDir::real(if uring {
+            "direct-uring"
+        } else {
+            "direct-blocking"
+        });
+        let t = DiskTier::open(cfg(&d.0, uring), BASE).unwrap();
+        assert!(t.direct_io(), "ext4 under target/ takes O_DIRECT");
+        let mut addr = BASE;
+        for (n, &len) in sizes.iter().enumerate() {
+            for write_skew in [0usize, 64] {
+                let (src, s) = placed(len, write_skew, n as u8);
+                let data = &src.as_slice()[s..s + len];
+                let before = t.stats();
+                put(&t, addr, "k", data).unwrap();
+                let after = t.stats();
+                assert_eq!(
+                    after.direct_writes - before.direct_writes,
+                    u64::from(write_skew == 0)
+                );
+                for read_skew in [0usize, 64] {
+                    let (mut dst, s) = placed(len, read_skew, 0xee);
+                    let before = t.stats();
+                    t.read(addr, Dst::from(&mut dst.as_mut_slice()[s..s + len]))
+                        .unwrap();
+                    let direct = t.stats().direct_reads - before.direct_reads;
+                    assert_eq!(direct, u64::from(read_skew == 0), "size {len}");
+                    assert!(
+                        dst.as_slice()[s..s + len] == *data,
+                        "size {len} uring {uring}"
+                    );
+                }
+                // A part of the object takes the bounce path and checks the whole.
+                if len > 100 {
+                    assert_eq!(get(&t, addr + 50, len - 50).unwrap(), &data[50..]);
+                }
+                addr += format::round_up(len as u64).unwrap() + 4096;
+            }
+        }
+    }
+}
+
+#[test]
+fn disk_direct_read_finds_a_flipped_byte_in_any_piece() {
+    let len = (4 << 20) + 100;
+    let d = TempDir::real("direct-flip");
+    let t = DiskTier::open(cfg(&d.0, true), BASE).unwrap();
+    // In the header's key, in the third and the last whole piece, in the partial last block.
+    for (n, at) in [
+        70usize,
+        4096 + (1 << 20) + 5,
+        4096 + (4 << 20) - 1,
+        4096 + (4 << 20) + 99,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let addr = BASE + n as u64 * (8 << 20);
+        let (src, _) = placed(len, 0, 9);
+        put(&t, addr, "key", &src.as_slice()[..len]).unwrap();
+        let path = file_of(&t, addr);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut dst, _) = placed(len, 0, 0);
+        let r = t.read(addr, Dst::from(&mut dst.as_mut_slice()[..len]));
+        assert!(
+            matches!(r, Err(DiskError::Corrupt { .. })),
+            "flip at {at}: {r:?}"
+        );
+        assert!(!path.exists(), "flip at {at}");
+    }
+    assert_eq!(t.stats().checksum_failures, 4);
+    assert_eq!(t.stats().direct_reads, 4);
+}

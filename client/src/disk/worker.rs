@@ -57,7 +57,7 @@ pub(super) struct Progress {
 }
 
 impl Progress {
-    fn publish(&self, filled: u64) {
+    pub(super) fn publish(&self, filled: u64) {
         self.filled.store(filled, Ordering::Release);
         self.wake.unpark();
     }
@@ -107,7 +107,7 @@ impl Worker {
         self.dir.join(format::object_name(addr))
     }
 
-    fn open(&self, path: &PathBuf, write: bool) -> io::Result<File> {
+    pub(super) fn open(&self, path: &PathBuf, write: bool) -> io::Result<File> {
         let mut o = OpenOptions::new();
         if write {
             o.write(true).create(true).truncate(true).mode(0o600);
@@ -140,7 +140,11 @@ impl Worker {
         let file_len = header.file_len();
         sh.reserve(addr, file_len)?;
         let temp = self.dir.join(format::temp_name(addr));
-        let result = self.write_file(&temp, &mut header, src);
+        let result = if self.can_write_direct(&src) {
+            self.write_direct(&temp, &mut header, src)
+        } else {
+            self.write_file(&temp, &mut header, src)
+        };
         let outcome =
             result.and_then(|physical| std::fs::rename(&temp, self.path(addr)).map(|()| physical));
         match outcome {
@@ -296,6 +300,9 @@ impl Worker {
         progress: Option<&Progress>,
     ) -> Result<(), ReadFailure> {
         let file = self.open_to_read(path)?;
+        if self.can_read_direct(size, offset, dst) {
+            return self.read_direct(&file, key, size, dst, progress);
+        }
         let hdr_len = format::header_len(key.len());
         let file_len = hdr_len + format::round_up(size).unwrap_or(u64::MAX);
         let want_end = offset + dst.len() as u64;
@@ -397,7 +404,7 @@ fn read_batch(pos: u64, file_len: u64, piece: usize) -> (Vec<Piece>, u64) {
 }
 
 /// Whether the data's checksum is the one its header stored.
-fn crc_matches(stored: Option<u32>, computed: u32) -> Result<(), ReadFailure> {
+pub(super) fn crc_matches(stored: Option<u32>, computed: u32) -> Result<(), ReadFailure> {
     match stored {
         Some(stored) if stored == computed => Ok(()),
         Some(stored) => Err(ReadFailure::Corrupt(format!(
@@ -409,7 +416,7 @@ fn crc_matches(stored: Option<u32>, computed: u32) -> Result<(), ReadFailure> {
 
 /// Decodes the header at the start of `b` and checks it names `key` of `size` bytes;
 /// returns its data crc.
-fn check_header(b: &[u8], key: &str, size: u64) -> Result<u32, ReadFailure> {
+pub(super) fn check_header(b: &[u8], key: &str, size: u64) -> Result<u32, ReadFailure> {
     let h = FileHeader::decode(b).map_err(|e| ReadFailure::Corrupt(format!("bad header: {e}")))?;
     if h.key != key || h.size != size {
         return Err(ReadFailure::Corrupt(format!(
@@ -420,7 +427,7 @@ fn check_header(b: &[u8], key: &str, size: u64) -> Result<u32, ReadFailure> {
     Ok(h.data_crc)
 }
 
-enum ReadFailure {
+pub(super) enum ReadFailure {
     Io(io::Error),
     Corrupt(String),
 }
