@@ -201,6 +201,11 @@ def test_a_flipped_byte_on_disk_is_a_miss(tier_master, tmp_path):
         assert client.get("flip") == b"", "a corrupted copy is a miss, never wrong bytes"
         text = metrics(node.metrics_port)
         assert metric(text, "mooncake_disk_checksum_failures_total") == 1
+        # The object sits at the start of the node's segment (block-aligned), so it was
+        # written to disk straight from the segment, and the listener read it straight into
+        # its aligned buffer: the direct path found the bad byte.
+        assert metric(text, "mooncake_disk_direct_writes_total") == 1
+        assert metric(text, "mooncake_disk_direct_reads_total") == 1
         assert wait_for(lambda: client.is_exist("flip") == 0, 10), "the copy is dropped"
         assert files_in(tmp_path) == []
     finally:
