@@ -16,7 +16,9 @@
 //! piece checked in order. The crc is taken through a small scratch copy: the caller's bytes
 //! are never formed into a Rust slice (`dataplane::mem::bytes`).
 //!
-//! Writes take the crc of the source first, then write header, data and tail together.
+//! Writes take the crc of the source first, then write header, data and tail as one
+//! vectored write (`Mem::Gather`): as separate operations, each extending the new file, they
+//! queued on ext4's inode lock in the kernel's io_uring workers (seen in `perf`).
 //!
 //! Which objects take it: a whole-object read into block-aligned memory (the disk listener's
 //! buffers are; a store's own get into a user buffer usually is not and takes the bounce
@@ -179,15 +181,38 @@ impl Worker {
                 .copy_to(&mut Dst::from(&mut tail[..n]));
             tail[n..].fill(0);
         }
-        // The kernel only reads the caller spans of a write.
-        let spans = spans_of(hdr_len, size, src.as_ptr().cast_mut());
+        // One vectored write of header, data and tail: the file's pieces written as
+        // separate operations queue on the filesystem's inode lock (each extends the file).
+        let mut parts = vec![libc::iovec {
+            iov_base: self.io.buf_mut(0).as_mut_ptr().cast(),
+            iov_len: hdr_len as usize,
+        }];
+        if whole > 0 {
+            parts.push(libc::iovec {
+                iov_base: src.as_ptr().cast_mut().cast(),
+                iov_len: whole as usize,
+            });
+        }
+        if whole < size {
+            parts.push(libc::iovec {
+                iov_base: self.io.buf_mut(1).as_mut_ptr().cast(),
+                iov_len: DISK_BLOCK_BYTES,
+            });
+        }
+        let total = parts.iter().map(|p| p.iov_len).sum();
+        let span = Span {
+            mem: Mem::Gather(parts.as_ptr(), parts.len()),
+            offset: 0,
+            len: total,
+        };
         let mut first_error: Option<io::Error> = None;
-        // SAFETY: every caller span lies inside `src` (`spans_of` cuts `[0, size)` of it),
-        // readable for this call.
+        // SAFETY: the iovecs (alive in `parts` until after this call) name the header and
+        // tail bounce buffers and `[0, whole)` of `src`, all readable for this call; the
+        // kernel only reads them.
         unsafe {
             self.io
-                .run_window(&file, Dir::Write, &spans, DISK_DIRECT_WINDOW, |_, _, r| {
-                    if let (Err(e), None) = (r, &first_error) {
+                .run_window(&file, Dir::Write, &[span], 1, |_, _, r| {
+                    if let Err(e) = r {
                         first_error = Some(e);
                     }
                 })
@@ -235,6 +260,7 @@ fn check_piece(
             Src::from(bytes).copy_to(&mut d);
             st.filled = size;
         }
+        Mem::Gather(..) => st.failure = Some(ReadFailure::Corrupt("a gathered read".into())),
         Mem::Caller(p) => {
             // SAFETY: the piece completed; its `s.len` bytes at `p` lie inside the
             // destination and nobody writes them now.

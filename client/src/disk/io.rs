@@ -240,6 +240,10 @@ impl Io {
 pub(super) enum Mem {
     Bounce(usize),
     Caller(*mut u8),
+    /// Writes only: `count` iovecs at the pointer, written back to back as one vectored
+    /// operation (one submission, one inode lock: the pieces of a file being written would
+    /// otherwise queue on the filesystem's lock for a write that extends the file).
+    Gather(*const libc::iovec, usize),
 }
 
 /// One operation of a windowed run ([`Io::run_window`]): `len` bytes between `mem` and file
@@ -359,14 +363,18 @@ fn span_entry(
             Dir::Read => opcode::Read::new(fd, ptr, len).offset(s.offset).build(),
             Dir::Write => opcode::Write::new(fd, ptr, len).offset(s.offset).build(),
         },
+        Mem::Gather(iov, count) => opcode::Writev::new(fd, iov, count as u32)
+            .offset(s.offset)
+            .build(),
     }
 }
 
 /// The span's memory as a pointer.
-fn span_ptr(bufs: &mut [AlignedBuf], s: &Span) -> *mut u8 {
+fn span_ptr(bufs: &mut [AlignedBuf], s: &Span) -> Option<*mut u8> {
     match s.mem {
-        Mem::Bounce(b) => bufs[b].ptr.as_ptr(),
-        Mem::Caller(p) => p,
+        Mem::Bounce(b) => Some(bufs[b].ptr.as_ptr()),
+        Mem::Caller(p) => Some(p),
+        Mem::Gather(..) => None,
     }
 }
 
@@ -390,7 +398,9 @@ unsafe fn finish_short(
     match dir {
         Dir::Write => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
         Dir::Read => {
-            let ptr = span_ptr(bufs, s);
+            let Some(ptr) = span_ptr(bufs, s) else {
+                return Err(io::Error::other("a gathered span is written, never read"));
+            };
             // SAFETY: `[n, len)` of the span's memory (the caller's promise).
             unsafe { pread_full_raw(file, ptr.add(n), s.len - n, s.offset + n as u64) }
                 .map(|m| n + m)
@@ -409,7 +419,27 @@ unsafe fn blocking_span(
     dir: Dir,
     s: &Span,
 ) -> io::Result<usize> {
-    let ptr = span_ptr(bufs, s);
+    let ptr = match (span_ptr(bufs, s), s.mem, dir) {
+        (Some(p), _, _) => p,
+        (None, Mem::Gather(iov, count), Dir::Write) => {
+            // The parts one after the other: the same bytes at the same offsets.
+            let mut at = s.offset;
+            for i in 0..count {
+                // SAFETY: `count` iovecs at `iov`, each readable (the caller's promise).
+                let part = unsafe { *iov.add(i) };
+                let one = Span {
+                    mem: Mem::Caller(part.iov_base.cast()),
+                    offset: at,
+                    len: part.iov_len,
+                };
+                // SAFETY: as above.
+                unsafe { blocking_span(bufs, file, dir, &one) }?;
+                at += part.iov_len as u64;
+            }
+            return Ok(s.len);
+        }
+        (None, ..) => return Err(io::Error::other("a gathered span is written, never read")),
+    };
     match dir {
         // SAFETY: the caller's promise.
         Dir::Read => unsafe { pread_full_raw(file, ptr, s.len, s.offset) },

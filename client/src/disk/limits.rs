@@ -30,6 +30,9 @@ pub const DISK_DIRECT_WINDOW: usize = 12;
 /// memory in flight, aborts the process (that memory cannot be handed back while the kernel
 /// may still write it). Never seen; a healthy ring fails only with EINTR/EBUSY, retried.
 pub const DISK_RING_STUCK_AFTER: Duration = Duration::from_secs(30);
+/// The nice value a worker runs offload writes at (`priority`): below the puts and reads a
+/// user waits for, above nothing else.
+pub const DISK_WRITE_NICE: i32 = 10;
 /// Most I/O workers, whatever the configuration asks.
 pub const DISK_WORKERS_MAX: usize = 64;
 /// Default I/O workers: the available cores, at most this many.

@@ -62,6 +62,7 @@ pub mod format;
 mod io;
 pub mod limits;
 mod listener;
+mod priority;
 mod scan;
 mod worker;
 

@@ -81,7 +81,9 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn run(mut self, rx: Receiver<Request>) {
+        let mut priority = super::priority::Priority::probe();
         while let Ok(req) = rx.recv() {
+            priority.set_background(matches!(req.op, Op::Write { .. }));
             let answer = match req.op {
                 Op::Write {
                     addr,
