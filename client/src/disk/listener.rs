@@ -18,25 +18,24 @@
 //!
 //! Bounds: at most `DISK_LISTENER_CONNECTIONS_MAX` connections (one thread each; more are
 //! closed at once), and a connection without progress for `DISK_LISTENER_IO_TIMEOUT` is
-//! closed. A READ is read into a block-aligned buffer of its length (at most `DISK_LISTENER_READ_MAX_BYTES`)
-//! and sent as the worker fills it, all but its last `DISK_STREAM_HOLD_BYTES`, which wait for
-//! the whole object's checksum: a READ whose object fails it after bytes went out ends with
-//! the connection closed short of its length, so the reader's READ fails and no wrong bytes
-//! are ever returned. Reading and sending overlap, which is what lets a disk read run near
-//! the device's rate.
+//! closed; accepting is the data-plane server's (`dataplane::transport::acceptor`). A READ
+//! is read into a block-aligned buffer of its length (at most
+//! `DISK_LISTENER_READ_MAX_BYTES`) and sent as the worker fills it, all but its last
+//! `DISK_STREAM_HOLD_BYTES`, which wait for the whole object's checksum: a READ whose object
+//! fails it after bytes went out ends with the connection closed short of its length, so the
+//! reader's READ fails and no wrong bytes are ever returned. Reading and sending overlap,
+//! which is what lets a disk read run near the device's rate.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dataplane::mem::{CatalogRecord, Dst, RecordKind};
+use dataplane::transport::acceptor::{AcceptPolicy, Acceptor, Connections};
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES};
 use dataplane::TeError;
-use parking_lot::Mutex;
 use protocol::auth::Token;
 
 use super::io::AlignedBuf;
@@ -49,18 +48,24 @@ use super::{DiskError, DiskTier};
 struct Shared {
     tier: Arc<DiskTier>,
     token: Option<&'static Token>,
-    stop: AtomicBool,
-    connections: Mutex<HashMap<u64, TcpStream>>,
     refused: AtomicU64,
     unauthenticated: AtomicU64,
 }
 
+impl Connections for Shared {
+    fn serve(&self, stream: &TcpStream) {
+        serve_connection(stream, self);
+    }
+
+    fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// A running disk listener. Dropping it stops accepting, closes its connections and joins
-/// its threads.
+/// its threads (`dataplane::transport::acceptor`).
 pub struct DiskListener {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<Vec<JoinHandle<()>>>>,
+    acceptor: Acceptor<Shared>,
 }
 
 impl DiskTier {
@@ -76,108 +81,40 @@ impl DiskTier {
         let shared = Arc::new(Shared {
             tier: Arc::clone(self),
             token,
-            stop: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
             refused: AtomicU64::new(0),
             unauthenticated: AtomicU64::new(0),
         });
-        let s = Arc::clone(&shared);
-        let accept = std::thread::Builder::new()
-            .name(format!("disk-accept-{}", local_addr.port()))
-            .spawn(move || accept_loop(listener, s))?;
+        let policy = AcceptPolicy {
+            name: "disk",
+            max_connections: DISK_LISTENER_CONNECTIONS_MAX,
+            io_timeout: DISK_LISTENER_IO_TIMEOUT,
+        };
+        let acceptor = Acceptor::spawn(listener, policy, shared)?;
         if token.is_none() && !bind.ip().is_loopback() {
             tracing::warn!(%local_addr, "disk listener without a cluster secret: anyone who \
                 can reach the port can read the disk tier");
         }
-        Ok(DiskListener {
-            local_addr,
-            shared,
-            accept: Some(accept),
-        })
+        Ok(DiskListener { acceptor })
     }
 }
 
 impl DiskListener {
     /// The address actually bound (the disk segment's `te_endpoint`).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.acceptor.local_addr()
     }
 
     /// Connections closed at accept because the listener was full.
     pub fn connections_refused(&self) -> u64 {
-        self.shared.refused.load(Ordering::Relaxed)
+        self.acceptor.handler().refused.load(Ordering::Relaxed)
     }
 
     /// Connections closed because the peer did not prove the cluster secret.
     pub fn connections_unauthenticated(&self) -> u64 {
-        self.shared.unauthenticated.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for DiskListener {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
-        let handles = self
-            .accept
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default();
-        for s in self.shared.connections.lock().values() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        for h in handles {
-            let _ = h.join();
-        }
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let mut handles: Vec<JoinHandle<()>> = Vec::new();
-    let mut next_id = 0u64;
-    loop {
-        let accepted = listener.accept();
-        if shared.stop.load(Ordering::SeqCst) {
-            return handles;
-        }
-        let Ok((stream, _)) = accepted else {
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        handles.retain(|h| !h.is_finished());
-        let id = next_id;
-        next_id += 1;
-        let registered = {
-            let mut conns = shared.connections.lock();
-            conns.len() < DISK_LISTENER_CONNECTIONS_MAX
-                && stream
-                    .set_read_timeout(Some(DISK_LISTENER_IO_TIMEOUT))
-                    .is_ok()
-                && stream
-                    .set_write_timeout(Some(DISK_LISTENER_IO_TIMEOUT))
-                    .is_ok()
-                && stream.set_nodelay(true).is_ok()
-                && stream.try_clone().map(|c| conns.insert(id, c)).is_ok()
-        };
-        if !registered {
-            shared.refused.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let s = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("disk-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&stream, &s);
-                let _ = stream.shutdown(Shutdown::Both);
-                s.connections.lock().remove(&id);
-            });
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(_) => {
-                shared.refused.fetch_add(1, Ordering::Relaxed);
-                shared.connections.lock().remove(&id);
-            }
-        }
+        self.acceptor
+            .handler()
+            .unauthenticated
+            .load(Ordering::Relaxed)
     }
 }
 

@@ -13,6 +13,7 @@
 //! Invariants: a request touches memory only after its whole range was found inside one
 //! registered buffer; a malformed or truncated frame affects only its own connection.
 
+pub mod acceptor;
 pub mod backend;
 pub mod client;
 pub mod header;

@@ -30,15 +30,14 @@
 //! io_uring shards check ranges against their own copy of the table instead
 //! (`crate::mem::served`, "generations and gates").
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::acceptor::{AcceptPolicy, Acceptor, Connections};
 use super::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
@@ -49,9 +48,6 @@ use crate::mem::{Declared, RecordKind, Registry};
 use crate::TeError;
 use protocol::auth::{self, ServerRefusal, Token};
 
-/// Pause after a failed `accept` before trying again.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
-
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -60,17 +56,28 @@ struct Shared {
     memory: Arc<ServedMemory>,
     config: ServerConfig,
     stats: ServerStats,
+    /// Set when the server stops: a connection cut then is not counted as aborted.
     stop: AtomicBool,
-    /// Live connections by id, to shut them down when the server stops.
-    connections: Mutex<HashMap<u64, TcpStream>>,
+}
+
+impl Connections for Shared {
+    fn serve(&self, stream: &TcpStream) {
+        serve_connection(stream, self);
+    }
+
+    fn accepted(&self) {
+        bump(&self.stats.connections_accepted);
+    }
+
+    fn refused(&self) {
+        bump(&self.stats.connections_refused);
+    }
 }
 
 /// A running server. Dropping it stops accepting, closes every connection and joins its
 /// threads.
 pub struct TcpServer {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept_thread: Option<JoinHandle<Vec<JoinHandle<()>>>>,
+    acceptor: Acceptor<Shared>,
 }
 
 impl TcpServer {
@@ -88,121 +95,42 @@ impl TcpServer {
         }
         let listener = TcpListener::bind(addr)?;
         rawio::tune_listener(listener.as_raw_fd());
-        let local_addr = listener.local_addr()?;
+        let policy = AcceptPolicy {
+            name: "dp",
+            max_connections: config.max_connections.min(BLOCKING_CONNECTIONS_MAX),
+            io_timeout: config.io_timeout,
+        };
         let shared = Arc::new(Shared {
             memory,
             config,
             stats: ServerStats::default(),
             stop: AtomicBool::new(false),
-            connections: Mutex::new(HashMap::new()),
         });
-        let accept_shared = Arc::clone(&shared);
-        let accept_thread = std::thread::Builder::new()
-            .name(format!("dp-accept-{}", local_addr.port()))
-            .spawn(move || accept_loop(listener, accept_shared))?;
         Ok(TcpServer {
-            local_addr,
-            shared,
-            accept_thread: Some(accept_thread),
+            acceptor: Acceptor::spawn(listener, policy, shared)?,
         })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.acceptor.local_addr()
     }
 
     /// The server's counters.
     pub fn stats(&self) -> &ServerStats {
-        &self.shared.stats
+        &self.acceptor.handler().stats
     }
 
     /// Number of connections being served now.
     pub fn connection_count(&self) -> usize {
-        self.shared
-            .connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.acceptor.connection_count()
     }
 }
 
 impl Drop for TcpServer {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the blocking accept; failure means the listener is already gone.
-        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
-        let handles = self
-            .accept_thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default();
-        for stream in self
-            .shared
-            .connections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
-        for h in handles {
-            let _ = h.join();
-        }
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>> {
-    let mut handles: Vec<JoinHandle<()>> = Vec::new();
-    let mut next_id = 0u64;
-    loop {
-        let accepted = listener.accept();
-        if shared.stop.load(Ordering::SeqCst) {
-            return handles;
-        }
-        let Ok((stream, _peer)) = accepted else {
-            // EMFILE/ENFILE/ENOBUFS persist for a while: back off instead of spinning.
-            std::thread::sleep(ACCEPT_ERROR_BACKOFF);
-            continue;
-        };
-        handles.retain(|h| !h.is_finished());
-        let id = next_id;
-        next_id += 1;
-        {
-            let mut conns = shared.connections.lock().unwrap_or_else(|e| e.into_inner());
-            let cap = shared.config.max_connections.min(BLOCKING_CONNECTIONS_MAX);
-            let registered = conns.len() < cap
-                && rawio::tune_stream(&stream, shared.config.io_timeout).is_ok()
-                && stream.try_clone().map(|c| conns.insert(id, c)).is_ok();
-            if !registered {
-                bump(&shared.stats.connections_refused);
-                continue;
-            }
-        }
-        bump(&shared.stats.connections_accepted);
-        let conn_shared = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("dp-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&stream, &conn_shared);
-                let _ = stream.shutdown(Shutdown::Both);
-                conn_shared
-                    .connections
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-            });
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(_) => {
-                bump(&shared.stats.connections_refused);
-                shared
-                    .connections
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-            }
-        }
+        // Before the acceptor (a field, dropped after this) cuts the connections.
+        self.acceptor.handler().stop.store(true, Ordering::SeqCst);
     }
 }
 
