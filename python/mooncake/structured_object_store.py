@@ -49,14 +49,16 @@ parts as ``leaf.{j}.{part}`` plus ``leaf.{j}.missing``.
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import json
 import math
-import struct
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Optional, Protocol, Sequence
 
+import msgpack as _msgpack
 import numpy as np
 
 try:
@@ -68,6 +70,13 @@ from mooncake import _native
 from mooncake import _tensor as _tensor_codec
 from mooncake.error_codes import ErrorCode
 
+def _public() -> Any:
+    """The public module, looked up at call time: a helper patched on it (as upstream's tests
+    do, ``monkeypatch.setattr(sos, "_choose_leaf_codec", ...)``) is the one called."""
+    return sys.modules.get(_PUBLIC) or importlib.import_module(_PUBLIC)
+
+
+_PUBLIC = "mooncake.structured_object_store"
 DEFAULT_BUNDLE_CHUNK_BYTES = 64 * 1024**2
 AUTO_PARALLEL_MIN_BYTES = DEFAULT_BUNDLE_CHUNK_BYTES
 AUTO_PARALLEL_MIN_CHUNKS = 8
@@ -81,209 +90,11 @@ _WRAPPED_KEY = "__mooncake_wrapped_object__"
 _TYPED_RAGGED_DEFAULT_DTYPE = "int64"
 _RAGGED_TENSOR_DEFAULT_DTYPE = "torch.float32"
 # Inference limits (the same thresholds as upstream, so both pick the same codec).
-_MAX_DICT_KEYS = 64
-_MAX_LIST_EXPAND = 8
-_MAX_SAMPLE_ROWS = 128
-_MAX_SAMPLE_BYTES = 1 << 20
-_MAX_DEPTH = 32
-
-
-# ---------------------------------------------------------------------------------------------
-# MessagePack, the subset the msgpack_ragged codec writes (upstream packs with
-# use_bin_type=True and strict_types=True and reads with raw=False): nil, bool, int, float64,
-# str, bin, list (exact type: tuples are refused, as strict_types does) and dict.
-# Kept in-tree so the package needs no msgpack dependency.
-# ---------------------------------------------------------------------------------------------
-
-
-_MP_MAX_DEPTH = 128
-
-
-def _mp_pack(value: Any, out: bytearray, depth: int = 0) -> None:
-    # Exact types only (strict_types): most frequent first, fix-size forms inlined.
-    if depth > _MP_MAX_DEPTH:
-        raise ValueError("msgpack value nests too deeply")
-    kind = type(value)
-    if kind is str:
-        data = value.encode("utf-8")
-        if len(data) < 32:
-            out.append(0xA0 | len(data))
-        else:
-            _mp_header(out, len(data), None, 0, (0xD9, 0xDA, 0xDB))
-        out += data
-    elif kind is int:
-        if 0 <= value < 0x80:
-            out.append(value)
-        elif -32 <= value < 0:
-            out.append(value & 0xFF)
-        else:
-            _mp_int(value, out)
-    elif kind is dict:
-        if len(value) < 16:
-            out.append(0x80 | len(value))
-        else:
-            _mp_header(out, len(value), None, 0, (None, 0xDE, 0xDF))
-        for key, item in value.items():
-            _mp_pack(key, out, depth + 1)
-            _mp_pack(item, out, depth + 1)
-    elif kind is list:
-        if len(value) < 16:
-            out.append(0x90 | len(value))
-        else:
-            _mp_header(out, len(value), None, 0, (None, 0xDC, 0xDD))
-        for item in value:
-            _mp_pack(item, out, depth + 1)
-    elif kind is float:
-        out.append(0xCB)
-        out += struct.pack(">d", value)
-    elif value is None:
-        out.append(0xC0)
-    elif kind is bool:
-        out.append(0xC3 if value else 0xC2)
-    elif kind is bytes or kind is bytearray or kind is memoryview:
-        data = bytes(value)
-        _mp_header(out, len(data), None, 0, (0xC4, 0xC5, 0xC6))
-        out += data
-    else:
-        raise TypeError(f"can not serialize {_type_label(kind)!r} object")
-
-
-def _mp_int(value: int, out: bytearray) -> None:
-    if value >= 0:
-        forms = ((0xCC, ">B", 0xFF), (0xCD, ">H", 0xFFFF), (0xCE, ">I", 0xFFFFFFFF),
-                 (0xCF, ">Q", 2**64 - 1))
-        for tag, fmt, top in forms:
-            if value <= top:
-                out.append(tag)
-                out += struct.pack(fmt, value)
-                return
-    else:
-        forms = ((0xD0, ">b", -(2**7)), (0xD1, ">h", -(2**15)), (0xD2, ">i", -(2**31)),
-                 (0xD3, ">q", -(2**63)))
-        for tag, fmt, low in forms:
-            if value >= low:
-                out.append(tag)
-                out += struct.pack(fmt, value)
-                return
-    raise OverflowError("Integer value out of range")
-
-
-def _type_label(kind: type) -> str:
-    """The type's C-level name, as msgpack reports it: dotted for extension types."""
-    heap = bool(kind.__flags__ & (1 << 9))
-    if heap or kind.__module__ == "builtins":
-        return kind.__name__
-    return f"{kind.__module__}.{kind.__name__}"
-
-
-def _mp_header(out: bytearray, n: int, fix: int | None, fix_limit: int, tags) -> None:
-    if fix is not None and n < fix_limit:
-        out.append(fix | n)
-    elif tags[0] is not None and n <= 0xFF:
-        out += bytes((tags[0], n))
-    elif n <= 0xFFFF:
-        out.append(tags[1])
-        out += struct.pack(">H", n)
-    elif n <= 0xFFFFFFFF:
-        out.append(tags[2])
-        out += struct.pack(">I", n)
-    else:
-        raise ValueError("msgpack object too large")
-
-
-def _mp_packb(value: Any) -> bytes:
-    out = bytearray()
-    _mp_pack(value, out)
-    return bytes(out)
-
-
-_MP_FIXED = {  # type byte -> (struct format, size) of fixed-width values
-    0xCA: (">f", 4), 0xCB: (">d", 8), 0xCC: (">B", 1), 0xCD: (">H", 2), 0xCE: (">I", 4),
-    0xCF: (">Q", 8), 0xD0: (">b", 1), 0xD1: (">h", 2), 0xD2: (">i", 4), 0xD3: (">q", 8),
-}
-_MP_SIZED = {  # type byte -> (kind, struct format of the length, its size)
-    0xD9: ("str", ">B", 1), 0xDA: ("str", ">H", 2), 0xDB: ("str", ">I", 4),
-    0xC4: ("bin", ">B", 1), 0xC5: ("bin", ">H", 2), 0xC6: ("bin", ">I", 4),
-    0xDC: ("array", ">H", 2), 0xDD: ("array", ">I", 4),
-    0xDE: ("map", ">H", 2), 0xDF: ("map", ">I", 4),
-}
-_MP_TRUNCATED = "msgpack data is truncated"
-
-
-def _mp_read(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
-    """One value starting at ``pos``: (value, position after it)."""
-    if depth > _MP_MAX_DEPTH:
-        raise ValueError("msgpack data nests too deeply")
-    end = len(data)
-    if pos >= end:
-        raise ValueError(_MP_TRUNCATED)
-    tag = data[pos]
-    pos += 1
-    if tag < 0x80:
-        return tag, pos
-    if tag >= 0xE0:
-        return tag - 0x100, pos
-    if tag >= 0xA0 and tag <= 0xBF:
-        kind, n = "str", tag & 0x1F
-    elif tag >= 0x90 and tag <= 0x9F:
-        kind, n = "array", tag & 0x0F
-    elif tag >= 0x80 and tag <= 0x8F:
-        kind, n = "map", tag & 0x0F
-    elif tag == 0xC0:
-        return None, pos
-    elif tag == 0xC2:
-        return False, pos
-    elif tag == 0xC3:
-        return True, pos
-    elif tag in _MP_FIXED:
-        fmt, size = _MP_FIXED[tag]
-        if pos + size > end:
-            raise ValueError(_MP_TRUNCATED)
-        return struct.unpack_from(fmt, data, pos)[0], pos + size
-    elif tag in _MP_SIZED:
-        kind, fmt, size = _MP_SIZED[tag]
-        if pos + size > end:
-            raise ValueError(_MP_TRUNCATED)
-        n = struct.unpack_from(fmt, data, pos)[0]
-        pos += size
-    else:
-        raise ValueError(f"unsupported msgpack type byte 0x{tag:02x}")
-    if kind == "str" or kind == "bin":
-        if pos + n > end:
-            raise ValueError(_MP_TRUNCATED)
-        raw = data[pos : pos + n]
-        if kind == "bin":
-            return raw, pos + n
-        try:
-            return raw.decode("utf-8"), pos + n
-        except UnicodeDecodeError as error:
-            raise ValueError(f"msgpack str is not UTF-8: {error}") from error
-    # Every element takes at least one byte: a count past the data left is corrupt, and
-    # refusing it early keeps a forged count from allocating.
-    if (n if kind == "array" else 2 * n) > end - pos:
-        raise ValueError(_MP_TRUNCATED)
-    if kind == "array":
-        items = []
-        for _ in range(n):
-            item, pos = _mp_read(data, pos, depth + 1)
-            items.append(item)
-        return items, pos
-    mapping = {}
-    for _ in range(n):
-        key, pos = _mp_read(data, pos, depth + 1)
-        if type(key) is not str and type(key) is not bytes:
-            raise ValueError(f"{type(key).__name__} is not allowed for map key")
-        mapping[key], pos = _mp_read(data, pos, depth + 1)
-    return mapping, pos
-
-
-def _mp_unpack_all(data: bytes) -> list[Any]:
-    data = bytes(data)
-    values, pos = [], 0
-    while pos < len(data):
-        value, pos = _mp_read(data, pos, 0)
-        values.append(value)
-    return values
+_INFER_MAX_STRUCT_KEYS = 64
+_INFER_MAX_LIST_LEN = 8
+_INFER_MAX_SAMPLE_ROWS = 128
+_INFER_MAX_JSON_BYTES = 1 << 20
+_INFER_MAX_DEPTH = 32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +230,7 @@ class StructuredObjectReadSpec:
 
 
 @dataclass(frozen=True)
-class _TensorObjectBuffer:
+class _TensorObjectBufferPayload:
     """Memory of this process at ``ptr`` holding one tensor object (``[TensorMetadata][data]``,
     as ``put_tensor`` stores it, e.g. a BufferPool buffer): a member to store as is, or a
     destination a tensor member is read into. ``owner`` keeps the memory alive."""
@@ -436,7 +247,7 @@ class _TensorObjectBuffer:
 
 
 @dataclass(frozen=True)
-class _RawDestination:
+class _RawDestinationBuffer:
     """Memory of this process at ``ptr`` that a member is read into."""
 
     ptr: int
@@ -446,19 +257,19 @@ class _RawDestination:
 
 
 def tensor_object_buffer(ptr: int, size: int, owner: Any = None,
-                         batch_size: int | None = None) -> _TensorObjectBuffer:
+                         batch_size: int | None = None) -> _TensorObjectBufferPayload:
     """A tensor object in caller memory (registered with the store, or mapped): stored with
     ``put_from``, or filled by a read. The address is checked by the store, never trusted."""
-    return _TensorObjectBuffer(int(ptr), int(size), owner, batch_size)
+    return _TensorObjectBufferPayload(int(ptr), int(size), owner, batch_size)
 
 
 def raw_destination(ptr: int, size: int, owner: Any = None, *,
-                    pre_registered: bool = False) -> _RawDestination:
+                    pre_registered: bool = False) -> _RawDestinationBuffer:
     """Caller memory a member is read into (an ndarray member's C-order bytes, or a tensor
     member's tensor object). The address is checked by the store before any byte is written.
     (Upstream 0.3.13.post1's ``raw_destination`` raises ``TypeError``: its class takes no
     arguments.)"""
-    return _RawDestination(int(ptr), int(size), owner, bool(pre_registered))
+    return _RawDestinationBuffer(int(ptr), int(size), owner, bool(pre_registered))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,17 +281,17 @@ def is_dataproto_ref_handle(value: Any) -> bool:
     return isinstance(value, Mapping) and value.get("type") == DATAPROTO_REF_HANDLE_TYPE
 
 
-def _json_safe(value: Any) -> Any:
+def _json_safe_value(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
+        return _json_safe_value(value.tolist())
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): _json_safe_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [_json_safe_value(v) for v in value]
     raise TypeError(
         f"DataProto ref handles support only JSON-safe values, got {type(value).__name__}"
     )
@@ -497,14 +308,14 @@ def export_dataproto_ref(ref: MooncakeDataProtoRef) -> dict[str, Any]:
         "batch_size": int(ref.batch_size),
         "namespace": ref.namespace,
         "partition": ref.partition,
-        "global_indexes": _json_safe(ref.global_indexes),
+        "global_indexes": _json_safe_value(ref.global_indexes),
         "stage_refs": {s: {"manifest_key": r.manifest_key} for s, r in ref.stage_refs.items()},
         "field_index": {
             name: {"stage": loc.stage, "member": loc.member, "section": loc.section}
             for name, loc in ref.field_index.items()
         },
-        "meta_info": _json_safe(ref.meta_info),
-        "encoded_non_tensor": _json_safe(ref.encoded_non_tensor),
+        "meta_info": _json_safe_value(ref.meta_info),
+        "encoded_non_tensor": _json_safe_value(ref.encoded_non_tensor),
     }
     if ref._storage_group_id is not None:
         handle[STORAGE_GROUP_ID] = ref._storage_group_id
@@ -591,7 +402,7 @@ export_ref = export_dataproto_ref
 import_ref = import_dataproto_ref
 
 
-def _as_dataproto_ref(ref: Any) -> MooncakeDataProtoRef:
+def _resolve_dataproto_ref(ref: Any) -> MooncakeDataProtoRef:
     if isinstance(ref, MooncakeDataProtoRef):
         return ref
     if is_dataproto_ref_handle(ref):
@@ -606,12 +417,12 @@ def _as_dataproto_ref(ref: Any) -> MooncakeDataProtoRef:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_segment(value: Any, what: str) -> None:
+def _validate_key_segment(value: Any, what: str) -> None:
     if not _nonempty_str(value) or "/" in value or any(ord(c) < 32 for c in value):
         raise ValueError(f"invalid bundle {what}: {value!r}")
 
 
-def _clean_prefix(prefix: str) -> str:
+def _normalize_key_prefix(prefix: str) -> str:
     if not isinstance(prefix, str):
         raise ValueError("key_prefix must be a non-empty key prefix")
     stripped = prefix.strip("/")
@@ -620,7 +431,7 @@ def _clean_prefix(prefix: str) -> str:
     return stripped
 
 
-def _check_chunk_bytes(value: Any) -> int:
+def _validate_chunk_bytes(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError("chunk_bytes must be positive")
     return value
@@ -638,14 +449,14 @@ def _byte_view(value: Any, name: str) -> memoryview:
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
-def _dumps(value: Mapping[str, Any], what: str) -> bytes:
+def _encode_json_dict(value: Mapping[str, Any], what: str) -> bytes:
     try:
         return json.dumps(value, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as error:
         raise TypeError(f"{what} must be JSON-serializable") from error
 
 
-def _loads(payload: bytes, what: str) -> dict[str, Any]:
+def _decode_json_dict(payload: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(bytes(payload).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
@@ -655,12 +466,12 @@ def _loads(payload: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def _status_ok(status: Any, op: str, key: str) -> None:
+def _check_status(status: Any, op: str, key: str) -> None:
     if status not in (None, 0):
         raise RuntimeError(f"{op} failed for {key}: {status}")
 
 
-def _write(fn: Any, *args: Any, config: Any = None) -> Any:
+def _call_write_with_optional_config(fn: Any, *args: Any, config: Any = None) -> Any:
     config = _single_group(config)
     return fn(*args) if config is None else fn(*args, config=config)
 
@@ -675,19 +486,19 @@ def _batch_config(config: Any, count: int) -> Any:
     groups = getattr(single, "group_ids", None)
     if not groups:
         return single
-    clone = _copy_config(single)
+    clone = _copy_write_config(single)
     clone.group_ids = [groups[0]] * count
     return clone
 
 
-_CONFIG_FIELDS = (
+_WRITE_CONFIG_COPY_FIELDS = (
     "data_type", "group_ids", "nof_replica_num", "prefer_alloc_in_same_node",
     "preferred_nof_segments", "preferred_segment", "preferred_segments", "replica_num",
     "with_hard_pin", "with_soft_pin",
 )
 
 
-def _copy_config(config: Any) -> Any:
+def _copy_write_config(config: Any) -> Any:
     try:
         return copy.copy(config)
     except TypeError:
@@ -698,7 +509,7 @@ def _copy_config(config: Any) -> Any:
         raise TypeError(
             "structured object store config must be copyable or default-constructible"
         ) from error
-    for name in _CONFIG_FIELDS:
+    for name in _WRITE_CONFIG_COPY_FIELDS:
         if not hasattr(config, name):
             continue
         try:
@@ -724,7 +535,7 @@ def _single_group(config: Any) -> Any:
     as_str = isinstance(groups, str)
     groups = [groups] if as_str else list(groups)
     if not groups:
-        clone = _copy_config(config)
+        clone = _copy_write_config(config)
         clone.group_ids = None
         return clone
     if len(groups) != 1:
@@ -733,7 +544,7 @@ def _single_group(config: Any) -> Any:
             "group id; it is expanded across internal Mooncake keys")
     if not as_str:
         return config
-    clone = _copy_config(config)
+    clone = _copy_write_config(config)
     clone.group_ids = groups
     return clone
 
@@ -774,12 +585,12 @@ def _grouped(config: Any, group: str | None) -> Any:
 
         clone = ReplicateConfig()
     else:
-        clone = _copy_config(config)
+        clone = _copy_write_config(config)
     clone.group_ids = [group]
     return clone
 
 
-def _remove_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
+def _cleanup_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
     failures = []
     for key in dict.fromkeys(keys):
         try:
@@ -794,15 +605,15 @@ def _remove_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
         raise RuntimeError(f"failed to remove {len(failures)} Mooncake keys: {failures[:3]}")
 
 
-def _torch_dtype(name: str) -> Any:
+def _parse_torch_dtype(name: str) -> Any:
     dtype = getattr(_torch, str(name).removeprefix("torch."), None)
     if not isinstance(dtype, _torch.dtype):
         raise ValueError(f"unknown torch dtype: {name}")
     return dtype
 
 
-def _numpy_of_torch(name: str) -> np.dtype:
-    dtype = _torch_dtype(name)
+def _torch_dtype_to_numpy(name: str) -> np.dtype:
+    dtype = _parse_torch_dtype(name)
     if dtype == _torch.bfloat16:
         raise ValueError("torch.bfloat16 has no value-preserving numpy dtype")
     return _torch.empty(0, dtype=dtype).numpy().dtype
@@ -822,7 +633,7 @@ class BundleNotFoundError(KeyError, ValueError):
 
 
 @dataclass(frozen=True)
-class _Tensor:
+class _TensorPayload:
     tensor: Any
 
 
@@ -845,7 +656,7 @@ class _Bundles:
             if pending is not None:
                 pending.append((name, piece))
                 continue
-            _status_ok(_write(self.store.put, name, piece, config=config), "put", name)
+            _check_status(_call_write_with_optional_config(self.store.put, name, piece, config=config), "put", name)
             written.append(name)
         return {
             "key": key,
@@ -857,7 +668,7 @@ class _Bundles:
         put_tensor = getattr(self.store, "put_tensor" if config is None else "pub_tensor", None)
         if callable(put_tensor):
             header = _tensor_codec._HEADER_BYTES
-            _status_ok(_write(put_tensor, key, tensor, config=config), "put_tensor", key)
+            _check_status(_call_write_with_optional_config(put_tensor, key, tensor, config=config), "put_tensor", key)
             written.append(key)
             total = header + int(tensor.nbytes)
             return {
@@ -884,7 +695,7 @@ class _Bundles:
         spec["metadata_bytes"] = len(header)
         return spec
 
-    def _put_tensor_object(self, key: str, value: _TensorObjectBuffer, config: Any,
+    def _put_tensor_object(self, key: str, value: _TensorObjectBufferPayload, config: Any,
                            written: list) -> dict[str, Any]:
         """A ``tensor_object_buffer`` member, stored as is with ``put_from`` (upstream's way),
         after the store checked the memory and its header was checked against ``size``."""
@@ -899,15 +710,15 @@ class _Bundles:
         except ValueError as error:
             raise ValueError(f"tensor_object_buffer at {value.ptr:#x}: {error}") from None
         args = (key, value.ptr, value.size) + (() if config is None else (config,))
-        _status_ok(self.store.put_from(*args), "put_from", key)
+        _check_status(self.store.put_from(*args), "put_from", key)
         written.append(key)
         return {"key": key, "bytes": value.size, "chunks": [{"key": key, "bytes": value.size}]}
 
     def put_bundle(self, meta, buffers, partition, chunk_bytes, config=None,
                    zero_copy=False) -> RemoteBundleRef:
-        _check_segment(partition, "partition")
+        _validate_key_segment(partition, "partition")
         meta_view = _byte_view(meta, "meta")
-        chunk = _check_chunk_bytes(self.chunk_bytes if chunk_bytes is None else chunk_bytes)
+        chunk = _validate_chunk_bytes(self.chunk_bytes if chunk_bytes is None else chunk_bytes)
         object_id = f"{partition}/{uuid.uuid4().hex}"
         base = f"{self.prefix}/{object_id}"
         written: list[str] = []
@@ -917,16 +728,16 @@ class _Bundles:
                                         pending)
             specs: dict[str, Any] = {}
             for name, value in buffers.items():
-                _check_segment(name, "buffer name")
+                _validate_key_segment(name, "buffer name")
                 key = f"{base}/buffer/{name}"
-                if isinstance(value, _TensorObjectBuffer):
+                if isinstance(value, _TensorObjectBufferPayload):
                     specs[name] = self._put_tensor_object(key, value, config, written)
-                elif zero_copy and isinstance(value, _Tensor):
+                elif zero_copy and isinstance(value, _TensorPayload):
                     raise ValueError("zero-copy structured tensor fields require a BufferPool "
                                      "tensor-object buffer")
                 elif zero_copy:
                     raise RuntimeError("zero-copy put requires tensor-object buffers")
-                elif isinstance(value, _Tensor):
+                elif isinstance(value, _TensorPayload):
                     specs[name] = self._put_tensor(key, value.tensor, config, written)
                 else:
                     specs[name] = self._put_bytes(
@@ -941,12 +752,12 @@ class _Bundles:
                 "buffers": specs,
             }
             manifest_key = f"{base}/manifest"
-            status = _write(self.store.put, manifest_key, _dumps(manifest, "bundle manifest"),
+            status = _call_write_with_optional_config(self.store.put, manifest_key, _encode_json_dict(manifest, "bundle manifest"),
                             config=config)
-            _status_ok(status, "put", manifest_key)
+            _check_status(status, "put", manifest_key)
             written.append(manifest_key)
         except BaseException:
-            _remove_keys(self.store, written, strict=False)
+            _cleanup_keys(self.store, written, strict=False)
             raise
         return RemoteBundleRef(manifest_key=manifest_key, manifest=manifest)
 
@@ -958,10 +769,10 @@ class _Bundles:
             written.extend(keys)  # on failure some may exist: all are cleaned up
             batch_config = _batch_config(config, len(keys))
             status = _write_raw(put_batch, keys, [v for _, v in pending], config=batch_config)
-            _status_ok(status, "put_batch", keys[0])
+            _check_status(status, "put_batch", keys[0])
             return
         for key, view in pending:
-            _status_ok(_write(self.store.put, key, view, config=config), "put", key)
+            _check_status(_call_write_with_optional_config(self.store.put, key, view, config=config), "put", key)
             written.append(key)
 
     def put_manifest(self, meta: bytes, buffers: Mapping[str, Any], partition: str,
@@ -989,12 +800,12 @@ class _Bundles:
                 manifest["cleanup_keys"] = cleanup
             self.validate(manifest)
             manifest_key = f"{base}/manifest"
-            status = _write(self.store.put, manifest_key, _dumps(manifest, "bundle manifest"),
+            status = _call_write_with_optional_config(self.store.put, manifest_key, _encode_json_dict(manifest, "bundle manifest"),
                             config=config)
-            _status_ok(status, "put", manifest_key)
+            _check_status(status, "put", manifest_key)
             written.append(manifest_key)
         except BaseException:
-            _remove_keys(self.store, written, strict=False)
+            _cleanup_keys(self.store, written, strict=False)
             raise
         return RemoteBundleRef(manifest_key=manifest_key, manifest=manifest)
 
@@ -1073,7 +884,7 @@ class _Bundles:
         if not isinstance(buffers, dict):
             raise ValueError("bundle manifest buffers must be a dict")
         for name, spec in buffers.items():
-            _check_segment(name, "buffer name")
+            _validate_key_segment(name, "buffer name")
             self._check_payload(spec, bases)
 
     def resolve(self, ref: Any) -> dict[str, Any]:
@@ -1095,7 +906,7 @@ class _Bundles:
         blob = self.store.get(key)
         if not blob:
             raise BundleNotFoundError(f"bundle manifest {key!r} not found")
-        return _loads(blob, "bundle manifest")
+        return _decode_json_dict(blob, "bundle manifest")
 
     def manifest_key(self, ref: Any, manifest: Mapping[str, Any]) -> str:
         expected = f"{self.prefix}/{manifest['object_id']}/manifest"
@@ -1160,8 +971,8 @@ class _Bundles:
                 raise RuntimeError(f"is_exist failed for {key}: {status}")
         manifest = self.resolve(ref)
         keys = self.keys_of(manifest) + list(manifest.get("cleanup_keys", []))
-        _remove_keys(self.store, keys, strict=True)
-        _remove_keys(self.store, [self.manifest_key(ref, manifest)], strict=True)
+        _cleanup_keys(self.store, keys, strict=True)
+        _cleanup_keys(self.store, [self.manifest_key(ref, manifest)], strict=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1169,8 +980,8 @@ class _Bundles:
 # ---------------------------------------------------------------------------------------------
 
 
-def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
-    if isinstance(value, _TensorObjectBuffer):
+def _encode_structured_field(value: Any) -> tuple[dict[str, Any], Any]:
+    if isinstance(value, _TensorObjectBufferPayload):
         return {"encoding": "torch_tensor"}, value
     if _is_tensor(value):
         if value.is_nested:
@@ -1185,7 +996,7 @@ def _encode_member(value: Any) -> tuple[dict[str, Any], Any]:
             "dtype": str(tensor.dtype),
             "shape": list(tensor.shape),
             "element_size": int(tensor.element_size()),
-        }, _Tensor(tensor.contiguous())
+        }, _TensorPayload(tensor.contiguous())
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError("object ndarray members are not bytes-like; use put(type='dict')")
@@ -1297,11 +1108,11 @@ def _check_destination(name: str, fspec: Mapping[str, Any], target: Any) -> None
         if fspec.get("nested"):
             raise ValueError(f"structured nested tensor member {name} does not support "
                              "destinations")
-        if not isinstance(target, (_TensorObjectBuffer, _RawDestination)):
+        if not isinstance(target, (_TensorObjectBufferPayload, _RawDestinationBuffer)):
             raise ValueError(f"structured tensor member {name} only supports "
                              "tensor_object_buffer or raw_destination destinations")
         return
-    if not isinstance(target, (np.ndarray, _RawDestination)):
+    if not isinstance(target, (np.ndarray, _RawDestinationBuffer)):
         raise TypeError(f"structured ndarray field {name} destination must be a numpy.ndarray "
                         "or raw_destination")
 
@@ -1322,10 +1133,10 @@ def _write_caller(store: Any, target: Any, data: bytes, what: str) -> None:
 
 
 def _fill_destination(store: Any, name: str, target: Any, value: Any) -> Any:
-    if isinstance(target, (_TensorObjectBuffer, _RawDestination)) and _is_tensor(value):
+    if isinstance(target, (_TensorObjectBufferPayload, _RawDestinationBuffer)) and _is_tensor(value):
         _write_caller(store, target, _tensor_bytes(value.contiguous()), "tensor destination")
         return target
-    if isinstance(target, _RawDestination):
+    if isinstance(target, _RawDestinationBuffer):
         array = np.ascontiguousarray(value)
         _write_caller(store, target, array.tobytes(), "raw destination")
         if array.nbytes == 0:
@@ -1361,7 +1172,7 @@ def _slice_member(value: Any, sl: StructuredMemberSlice) -> Any:
     return out.clone() if _is_tensor(out) else np.array(out)
 
 
-def _prepare_structured(metadata: Mapping[str, Any], members: Mapping[str, Any]):
+def _encode_structured_fields(metadata: Mapping[str, Any], members: Mapping[str, Any]):
     if not isinstance(metadata, Mapping):
         raise TypeError("structured metadata must be a mapping")
     meta = dict(metadata)
@@ -1372,8 +1183,8 @@ def _prepare_structured(metadata: Mapping[str, Any], members: Mapping[str, Any])
     meta.setdefault("layout", "structured")
     specs, encoded = {}, {}
     for name, value in members.items():
-        _check_segment(name, "buffer name")
-        specs[name], encoded[name] = _encode_member(value)
+        _validate_key_segment(name, "buffer name")
+        specs[name], encoded[name] = _encode_structured_field(value)
     if specs:
         meta[STRUCTURED_FIELD_SPECS_KEY] = specs
     return meta, encoded
@@ -1395,161 +1206,349 @@ MISSING = _Missing()
 
 
 @dataclass
-class _Choice:
-    ok: bool
+class _CodecDecision:
+    """Which codec a column of row values takes, and why (``metadata`` lands in the column's
+    encoding record, e.g. the common ``dtype``)."""
+
+    accepted: bool
     codec: str
     reason: str
-    kind: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    normalized_type: str
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class _Encoded:
+class _EncodedStructuredLeaf:
     codec: str
     rows: int
     payload: dict[str, Any]
     metadata: dict[str, Any]
 
 
-def _present(values: Sequence[Any]) -> list[Any]:
+@dataclass
+class _InferredLeaf:
+    path: str
+    values: list[Any]
+    decision: _CodecDecision
+
+
+@dataclass
+class _InferredNode:
+    path: str
+    node_type: str  # "dict" or "list"
+    children: list[Any]
+    lengths: list[int] | None = None
+    row_mask: list[bool] | None = None
+
+
+def _non_null(values: Sequence[Any]) -> list[Any]:
     return [v for v in values if v is not None and not isinstance(v, _Missing)]
 
 
-def _is_bytes(value: Any) -> bool:
+def _is_bytes_like(value: Any) -> bool:
     return isinstance(value, (bytes, bytearray, memoryview))
 
 
-def _is_image(value: Any) -> bool:
+def _is_pil_image(value: Any) -> bool:
     module = getattr(type(value), "__module__", "") or ""
     return module.startswith("PIL.") and hasattr(value, "save")
 
 
 def _is_media_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(_is_image(i) or _is_bytes(i) for i in value)
+    return isinstance(value, (list, tuple)) and all(
+        _is_pil_image(i) or _is_bytes_like(i) for i in value)
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (bool, int, float, np.number))
 
 
-def _choose_codec(values: Sequence[Any]) -> _Choice:
-    rows = _present(values)
+# The single-codec probes: each says whether every non-null row fits one codec. Inference
+# itself goes through `_choose_leaf_codec`; these answer for one codec at a time.
+
+
+def _check_all(values: Sequence[Any], predicate: Any, codec: str,
+               normalized_type: str) -> _CodecDecision:
+    rows = _non_null(values)
     if not rows:
-        return _Choice(False, "msgpack_ragged", "all rows are null", "msgpack")
+        return _CodecDecision(False, codec, "all rows are null", normalized_type)
+    if not all(predicate(v) for v in rows):
+        return _CodecDecision(False, codec, f"not all rows are {normalized_type}",
+                              normalized_type)
+    return _CodecDecision(True, codec, f"all non-null rows are {normalized_type}",
+                          normalized_type)
+
+
+def _can_media_list(values: Sequence[Any]) -> _CodecDecision:
+    decision = _check_all(values, _is_media_list, "media_list_ragged", "media list")
+    if decision.accepted and not any(len(v) for v in _non_null(values)):
+        return _CodecDecision(False, "media_list_ragged", "all media lists are empty",
+                              "media list")
+    return decision
+
+
+def _can_tensor(values: Sequence[Any]) -> _CodecDecision:
+    if _torch is None:
+        return _CodecDecision(False, "ragged_tensor", "torch is not available", "torch.Tensor")
+    decision = _check_all(values, _is_tensor, "ragged_tensor", "Tensor")
+    decision.normalized_type = "torch.Tensor"
+    if not decision.accepted:
+        return decision
+    rows = _non_null(values)
+    dtypes = sorted({str(v.dtype) for v in rows})
+    if len(dtypes) != 1:
+        return _CodecDecision(False, "ragged_tensor", f"mixed dtypes: {dtypes}", "torch.Tensor")
+    ndims = {v.ndim for v in rows}
+    if len(ndims) != 1:
+        return _CodecDecision(False, "ragged_tensor", f"mixed dimensions: {ndims}",
+                              "torch.Tensor")
+    return _CodecDecision(True, "ragged_tensor", "all non-null rows are Tensor", "torch.Tensor",
+                          {"dtype": dtypes[0]})
+
+
+def _can_numeric_sequence(values: Sequence[Any]) -> _CodecDecision:
+    kind = "numeric sequence"
+    rows = _non_null(values)
+    if not rows:
+        return _CodecDecision(False, "typed_ragged", "all rows are null", kind)
+    dtypes = []
+    for v in rows:
+        if not isinstance(v, (np.ndarray, list, tuple)):
+            return _CodecDecision(False, "typed_ragged", "row is not array-like", kind)
+        try:
+            array = np.asarray(v)
+        except (ValueError, TypeError):
+            return _CodecDecision(False, "typed_ragged", "row cannot be converted to ndarray",
+                                  kind)
+        if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+            return _CodecDecision(False, "typed_ragged", f"non-numeric dtype: {array.dtype}",
+                                  kind)
+        dtypes.append(array.dtype)
+    try:
+        dtype = np.result_type(*dtypes)
+    except (TypeError, ValueError, OverflowError):
+        return _CodecDecision(False, "typed_ragged", "cannot determine common dtype", kind)
+    return _CodecDecision(True, "typed_ragged", "all rows promote to common numeric dtype",
+                          kind, {"dtype": str(dtype)})
+
+
+def _can_numeric_scalar(values: Sequence[Any]) -> _CodecDecision:
+    decision = _check_all(values, _is_number, "ndarray", "numeric scalar")
+    if not decision.accepted:
+        return decision
+    try:
+        dtype = np.result_type(*_non_null(values))
+    except (TypeError, ValueError, OverflowError):
+        return _CodecDecision(False, "ndarray", "cannot determine common dtype", "numeric scalar")
+    return _CodecDecision(True, "ndarray", "all rows are numeric scalar", "numeric scalar",
+                          {"dtype": str(dtype)})
+
+
+def _can_serialize(values: Sequence[Any], codec: str, kind: str, encode: Any,
+                   structured_only: bool) -> _CodecDecision:
+    rows = _non_null(values)
+    if not rows:
+        return _CodecDecision(False, codec, "all rows are null", kind)
+    if structured_only and not all(isinstance(v, (dict, list, tuple)) for v in rows):
+        return _CodecDecision(False, codec, "not all rows are structured objects", kind)
+    sampled = 0
+    for i, v in enumerate(rows):
+        try:
+            size = len(encode(v))
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            return _CodecDecision(False, codec, "serialization failed", kind)
+        if i < _INFER_MAX_SAMPLE_ROWS:
+            sampled += size
+    if sampled > _INFER_MAX_JSON_BYTES:
+        return _CodecDecision(False, codec, "sampled payload too large", kind)
+    return _CodecDecision(True, codec, f"all rows pass {kind.upper() if kind == 'json' else kind}"
+                          " serialization", kind)
+
+
+def _can_msgpack(values: Sequence[Any]) -> _CodecDecision:
+    return _can_serialize(
+        values, "msgpack_ragged", "msgpack",
+        lambda v: _msgpack.packb(v, use_bin_type=True, strict_types=True), True)
+
+
+def _can_json(values: Sequence[Any]) -> _CodecDecision:
+    return _can_serialize(
+        values, "json_ragged", "json",
+        lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode("utf-8"),
+        False)
+
+
+def _choose_leaf_codec(values: Sequence[Any]) -> _CodecDecision:
+    rows = _non_null(values)
+    if not rows:
+        return _CodecDecision(False, "msgpack_ragged", "all rows are null", "msgpack")
     if all(_is_tensor(v) for v in rows):
         dtypes = {v.dtype for v in rows}
         if len(dtypes) != 1:
             names = sorted(str(d) for d in dtypes)
-            return _Choice(False, "ragged_tensor", f"mixed tensor dtype: {names}", "torch.Tensor")
-        return _Choice(True, "ragged_tensor", "all non-null rows are Tensor", "torch.Tensor",
+            return _CodecDecision(False, "ragged_tensor", f"mixed tensor dtype: {names}", "torch.Tensor")
+        return _CodecDecision(True, "ragged_tensor", "all non-null rows are Tensor", "torch.Tensor",
                        {"dtype": str(rows[0].dtype)})
     if all(_is_media_list(v) for v in rows):
-        return _Choice(True, "media_list_ragged", "all rows are media lists", "media list")
+        return _CodecDecision(True, "media_list_ragged", "all rows are media lists", "media list")
     if all(isinstance(v, np.ndarray) for v in rows):
         if all(np.issubdtype(v.dtype, np.number) for v in rows):
-            return _Choice(True, "typed_ragged", "all rows are numeric ndarray",
+            return _CodecDecision(True, "typed_ragged", "all rows are numeric ndarray",
                            "numeric sequence", {"recursive_source": "ndarray"})
-        return _Choice(False, "msgpack_ragged", "object ndarray rows", "python object")
+        return _CodecDecision(False, "msgpack_ragged", "object ndarray rows", "python object")
     if all(isinstance(v, (list, tuple)) for v in rows):
         try:
             common = np.result_type(*[np.asarray(v).dtype for v in rows])
         except (TypeError, ValueError, OverflowError):
             common = None
         if common is not None and np.issubdtype(common, np.number):
-            return _Choice(True, "typed_ragged", "all rows are numeric sequences",
+            return _CodecDecision(True, "typed_ragged", "all rows are numeric sequences",
                            "numeric sequence", {"dtype": str(common)})
     if all(_is_number(v) for v in rows):
-        return _Choice(True, "ndarray", "all rows are numeric scalar", "numeric scalar",
+        return _CodecDecision(True, "ndarray", "all rows are numeric scalar", "numeric scalar",
                        {"dtype": str(np.result_type(*rows))})
-    if all(_is_bytes(v) for v in rows):
-        return _Choice(True, "bytes_ragged", "all rows are bytes-like", "bytes-like")
-    if all(_is_image(v) for v in rows):
-        return _Choice(True, "media_bytes", "all rows are media", "media")
+    if all(_is_bytes_like(v) for v in rows):
+        return _CodecDecision(True, "bytes_ragged", "all rows are bytes-like", "bytes-like")
+    if all(_is_pil_image(v) for v in rows):
+        return _CodecDecision(True, "media_bytes", "all rows are media", "media")
     if all(isinstance(v, str) for v in rows):
-        return _Choice(True, "utf8_ragged", "all rows are str", "str")
+        return _CodecDecision(True, "utf8_ragged", "all rows are str", "str")
     if all(isinstance(v, (dict, list, tuple)) for v in rows):
-        return _Choice(True, "msgpack_ragged", "all rows are msgpack-like", "msgpack")
-    return _Choice(False, "msgpack_ragged", "no codec matched", "python object")
+        return _CodecDecision(True, "msgpack_ragged", "all rows are msgpack-like", "msgpack")
+    return _CodecDecision(False, "msgpack_ragged", "no codec matched", "python object")
 
 
-def _escape(key: str) -> str:
+def _try_expand_dict(values: Sequence[Any]) -> list[str] | None:
+    """The sorted keys when every non-null row is a dict of at most
+    ``_INFER_MAX_STRUCT_KEYS`` string keys, else None."""
+    rows = _non_null(values)
+    if not rows or not all(isinstance(v, dict) for v in rows):
+        return None
+    keys = {k for v in rows for k in v}
+    if not all(isinstance(k, str) for k in keys) or len(keys) > _INFER_MAX_STRUCT_KEYS:
+        return None
+    return sorted(keys)
+
+
+def _try_expand_list(values: Sequence[Any]) -> tuple[int, list[int]] | None:
+    """(longest, per-row lengths) when every non-null row is a list of at most
+    ``_INFER_MAX_LIST_LEN`` containers or Nones, else None."""
+    rows = _non_null(values)
+    if not rows or not all(isinstance(v, (list, tuple)) for v in rows):
+        return None
+    longest = max(len(v) for v in rows)
+    if longest > _INFER_MAX_LIST_LEN:
+        return None
+    if not all(i is None or isinstance(i, (dict, list, tuple)) for v in rows for i in v):
+        return None
+    return longest, [len(v) if isinstance(v, (list, tuple)) else 0 for v in values]
+
+
+def _escape_key(key: str) -> str:
     return key.replace("\\", "\\\\").replace(".", "\\.").replace("[", "\\[")
 
 
-@dataclass
-class _Leaf:
-    path: str
-    tokens: tuple
-    values: list[Any]
-    choice: _Choice
+def infer_structure(path: str, values: list[Any], leaves: list[_InferredLeaf],
+                    nodes: list[_InferredNode], *, _depth: int = 0) -> None:
+    """Walk a column of row values into ``nodes`` (dicts and short lists of containers) and
+    ``leaves`` (every other column, with the codec `_choose_leaf_codec` picks). A dict key
+    absent from a row is ``MISSING`` in its child column, a None parent is None; each node's
+    ``row_mask`` says which rows had a real container."""
+    if _depth > _INFER_MAX_DEPTH:
+        raise ValueError(f"infer_structure exceeded max depth {_INFER_MAX_DEPTH} at {path!r}")
+    sos = _public()
+    keys = sos._try_expand_dict(values)
+    if keys is not None:
+        nodes.append(_InferredNode(path, "dict", keys,
+                                   row_mask=[isinstance(v, dict) for v in values]))
+        for key in keys:
+            column = [v.get(key, MISSING) if isinstance(v, dict) else None for v in values]
+            infer_structure(f"{path}.{sos._escape_key(key)}", column, leaves, nodes,
+                            _depth=_depth + 1)
+        return
+    expanded = sos._try_expand_list(values)
+    if expanded is not None:
+        longest, lengths = expanded
+        nodes.append(_InferredNode(path, "list", list(range(longest)), lengths,
+                                   row_mask=[isinstance(v, (list, tuple)) for v in values]))
+        for i in range(longest):
+            column = [
+                (v[i] if i < len(v) else MISSING) if isinstance(v, (list, tuple)) else None
+                for v in values
+            ]
+            infer_structure(f"{path}[{i}]", column, leaves, nodes, _depth=_depth + 1)
+        return
+    leaves.append(_InferredLeaf(path, values, sos._choose_leaf_codec(values)))
 
 
-@dataclass
-class _Node:
-    path: str
-    tokens: tuple
-    kind: str  # "dict" or "list"
-    children: list[Any]
-    lengths: list[int] | None
-    row_mask: list[bool]
+def _should_encode_recursive_structure(leaves: Sequence[_InferredLeaf]) -> bool:
+    return any(_public()._should_encode_recursive_leaf(leaf) for leaf in leaves)
 
 
-def _split_structure(path, tokens, values, leaves, nodes, depth=0) -> None:
-    """Walk a column of row values: containers become nodes, everything else leaf columns."""
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"infer_structure exceeded max depth {_MAX_DEPTH} at {path!r}")
-    rows = _present(values)
-    if rows and all(isinstance(v, dict) for v in rows):
-        keys = {k for v in rows for k in v}
-        if all(isinstance(k, str) for k in keys) and len(keys) <= _MAX_DICT_KEYS:
-            keys = sorted(keys)
-            nodes.append(_Node(path, tokens, "dict", keys, None,
-                               [isinstance(v, dict) for v in values]))
-            for key in keys:
-                column = [v.get(key, MISSING) if isinstance(v, dict) else None for v in values]
-                _split_structure(f"{path}.{_escape(key)}", tokens + (key,), column, leaves,
-                                 nodes, depth + 1)
-            return
-    if rows and all(isinstance(v, (list, tuple)) for v in rows):
-        longest = max(len(v) for v in rows)
-        if longest <= _MAX_LIST_EXPAND and all(
-            i is None or isinstance(i, (dict, list, tuple)) for v in rows for i in v
-        ):
-            lengths = [len(v) if isinstance(v, (list, tuple)) else 0 for v in values]
-            nodes.append(_Node(path, tokens, "list", list(range(longest)), lengths,
-                               [isinstance(v, (list, tuple)) for v in values]))
-            for i in range(longest):
-                column = [
-                    (v[i] if i < len(v) else MISSING) if isinstance(v, (list, tuple)) else None
-                    for v in values
-                ]
-                _split_structure(f"{path}[{i}]", tokens + (i,), column, leaves, nodes,
-                                 depth + 1)
-            return
-    leaves.append(_Leaf(path, tokens, list(values), _choose_codec(values)))
-
-
-def _needs_recursive(leaf: _Leaf) -> bool:
-    if leaf.choice.codec in ("ragged_tensor", "bytes_ragged", "media_bytes", "media_list_ragged"):
+def _should_encode_recursive_leaf(leaf: _InferredLeaf) -> bool:
+    """A nested column is split when a leaf holds what a JSON-like codec would bloat:
+    tensors, bytes, media, or ndarray rows."""
+    codec = leaf.decision.codec
+    if codec in ("ragged_tensor", "bytes_ragged", "media_bytes", "media_list_ragged"):
         return True
-    if leaf.choice.codec == "typed_ragged":
-        return any(isinstance(v, np.ndarray) for v in _present(leaf.values))
+    if codec == "typed_ragged":
+        return any(isinstance(v, np.ndarray) for v in _non_null(leaf.values))
     return False
 
 
-def _absent_at(row: Any, tokens: tuple) -> bool:
-    current = row
-    for token in tokens:
+def _recursive_leaf_decision(values: Sequence[Any], decision: _CodecDecision) -> _CodecDecision:
+    """A leaf with no value at all (every row null or missing) is kept as json_ragged."""
+    if decision.accepted:
+        return decision
+    if all(v is None or isinstance(v, _Missing) for v in values):
+        return _CodecDecision(True, "json_ragged", "all rows are null or missing", "json")
+    return decision
+
+
+def _structured_path_tokens(path: str) -> list[Any]:
+    """A leaf/node path (``root.key[2].a\\.b``) as its dict keys and list indices."""
+    tokens: list[Any] = []
+    current: list[str] = []
+    i = 0
+    while i < len(path):
+        char = path[i]
+        if char == "\\" and i + 1 < len(path):
+            current.append(path[i + 1])
+            i += 2
+            continue
+        if char in ".[" and current:
+            tokens.append("".join(current))
+            current = []
+        if char == ".":
+            i += 1
+        elif char == "[":
+            end = path.index("]", i)
+            tokens.append(int(path[i + 1:end]))
+            i = end + 1
+        else:
+            current.append(char)
+            i += 1
+    if current:
+        tokens.append("".join(current))
+    return tokens
+
+
+def _lookup_structured_path(value: Any, root_path: str, target_path: str) -> Any:
+    """The value at ``target_path`` inside one row of the column rooted at ``root_path``,
+    or ``MISSING`` where a key or list item is absent on the way."""
+    suffix = target_path[len(root_path):].removeprefix(".")
+    current = value
+    for token in _structured_path_tokens(suffix) if suffix else ():
         if isinstance(token, str):
             if not isinstance(current, dict) or token not in current:
-                return True
+                return MISSING
         elif not isinstance(current, (list, tuple)) or token >= len(current):
-            return True
+            return MISSING
         current = current[token]
-    return False
+    return current
 
 
-def _ragged_numbers(values: Sequence[Any], dtype: Any = None):
+def _encode_typed_ragged_values(values: Sequence[Any], dtype: Any = None):
     """The typed_ragged layout: flat data, int64 offsets, int64 shapes, int16 ndims, nulls."""
     if dtype is None:
         present = [np.asarray(v) for v in values if v is not None]
@@ -1604,7 +1603,7 @@ def _ragged_numbers(values: Sequence[Any], dtype: Any = None):
     return payload, meta
 
 
-def _ragged_numbers_decode(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
+def _decode_typed_ragged_values(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
     dtype = _plain_dtype(meta.get("dtype", _TYPED_RAGGED_DEFAULT_DTYPE))
     data = _as_array(payload["data"], dtype)
     offsets, shapes = payload["offsets"], np.asarray(payload["shapes"])
@@ -1667,12 +1666,12 @@ def _check_rows(codec: str, rows: int, offsets=None, nulls=None, ndims=None) -> 
         raise ValueError(f"{codec} ndims length {len(ndims)} does not match rows {rows}")
 
 
-def _media_item(value: Any) -> tuple[bytes, str | None, dict[str, Any]]:
+def _value_to_media_bytes(value: Any) -> tuple[bytes, str | None, dict[str, Any]]:
     """A row or list item as bytes, its media type and its encoding record: a PIL image as its
     raw pixels (``pil_raw``, mode, size, format), anything else as its bytes."""
     if value is None:
         return b"", None, {"kind": "null"}
-    if _is_image(value):
+    if _is_pil_image(value):
         image = value.convert(value.mode) if getattr(value, "readonly", False) else value
         return image.tobytes(), "image/raw", {
             "kind": "pil_raw",
@@ -1683,7 +1682,7 @@ def _media_item(value: Any) -> tuple[bytes, str | None, dict[str, Any]]:
     return bytes(value), None, {"kind": "bytes"}
 
 
-def _media_decode(data: bytes, encoding: Mapping[str, Any] | None) -> Any:
+def _decode_media_bytes(data: bytes, encoding: Mapping[str, Any] | None) -> Any:
     """A ``pil_raw`` item back as a PIL image (its bytes when Pillow is not installed, as
     upstream), anything else as bytes."""
     if not encoding or encoding.get("kind") != "pil_raw":
@@ -1709,10 +1708,10 @@ def _media_meta(kinds: list[dict[str, Any]], types: list[str | None]) -> dict[st
     return meta
 
 
-def _byte_rows(values: Sequence[Any]):
+def _encode_bytes_like_values(values: Sequence[Any]):
     parts, kinds, types = [], [], []
     for v in values:
-        data, media_type, kind = _media_item(v)
+        data, media_type, kind = _value_to_media_bytes(v)
         parts.append(data)
         kinds.append(kind)
         types.append(media_type)
@@ -1725,7 +1724,7 @@ def _byte_rows(values: Sequence[Any]):
     }, _media_meta(kinds, types)
 
 
-def _byte_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None = None):
+def _decode_bytes_like_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None = None):
     encodings = (meta or {}).get("media_encodings") or []
     data = bytes(payload["data"])
     offsets, nulls = payload["offsets"], payload["nulls"]
@@ -1738,17 +1737,17 @@ def _byte_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | Non
         begin, end = int(offsets[row]), int(offsets[row + 1])
         if not 0 <= begin <= end <= len(data):
             raise ValueError(f"bytes offsets out of range at row {row}")
-        out.append(_media_decode(data[begin:end],
+        out.append(_decode_media_bytes(data[begin:end],
                                  encodings[row] if row < len(encodings) else None))
     return out
 
 
-def _media_lists(values: Sequence[Any]):
+def _encode_media_list_values(values: Sequence[Any]):
     row_offsets, byte_offsets, parts, encodings, types = [0], [0], [], [], []
     for value in values:
         items = [] if value is None else list(value)
         for item in items:
-            data, media_type, kind = _media_item(item)
+            data, media_type, kind = _value_to_media_bytes(item)
             parts.append(data)
             encodings.append(kind)
             types.append(media_type)
@@ -1767,7 +1766,7 @@ def _media_lists(values: Sequence[Any]):
     }, meta
 
 
-def _media_lists_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None):
+def _decode_media_list_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None):
     encodings = (meta or {}).get("media_encodings", [])
     data = bytes(payload["data"])
     row_offsets, byte_offsets = payload["row_offsets"], payload["byte_offsets"]
@@ -1786,18 +1785,34 @@ def _media_lists_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | N
             begin, end = int(byte_offsets[i]), int(byte_offsets[i + 1])
             if not 0 <= begin <= end <= len(data):
                 raise ValueError(f"media_list_ragged offsets out of range at row {row}")
-            items.append(_media_decode(data[begin:end],
+            items.append(_decode_media_bytes(data[begin:end],
                                        encodings[i] if i < len(encodings) else None))
         out.append(items)
     return out
 
 
-def _msgpack_rows_decode(payload: Mapping[str, Any], rows: int) -> list:
+def _encode_msgpack_ragged_values(path: str, values: Sequence[Any]):
+    """The msgpack_ragged layout: each non-null row packed (bin type for bytes, exact types
+    only, so a tuple is refused as upstream refuses it), offsets int64[n+1], nulls bool[n]."""
+    packer = _msgpack.Packer(use_bin_type=True, strict_types=True)
+    try:
+        rows = [None if v is None else packer.pack(v) for v in values]
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"unsupported structured non-tensor field {path}: "
+                         "msgpack codec cannot encode value") from error
+    payload, _meta = _encode_bytes_like_values(rows)
+    payload["data"] = bytearray(payload["data"])
+    return payload, {}
+
+
+def _decode_msgpack_ragged_values(payload: Mapping[str, Any], rows: int) -> list:
     offsets, nulls = payload["offsets"], payload["nulls"]
     _check_rows("msgpack_ragged", rows, offsets=offsets, nulls=nulls)
+    unpacker = _msgpack.Unpacker(raw=False)
+    unpacker.feed(bytes(payload["data"]))
     try:
-        decoded = _mp_unpack_all(bytes(payload["data"]))
-    except (ValueError, struct.error) as error:
+        decoded = list(unpacker)
+    except (ValueError, _msgpack.UnpackException, RecursionError) as error:
         raise ValueError(f"msgpack_ragged payload is corrupt: {error}") from error
     wanted = int(rows - int(np.count_nonzero(nulls)))
     if len(decoded) != wanted:
@@ -1806,7 +1821,7 @@ def _msgpack_rows_decode(payload: Mapping[str, Any], rows: int) -> list:
     return [None if bool(null) else next(it) for null in nulls]
 
 
-def _tensor_rows(values: Sequence[Any]):
+def _encode_ragged_tensor_values(values: Sequence[Any]):
     if _torch is None:
         raise RuntimeError("torch is required to encode ragged tensor fields")
     dtype, arrays = None, []
@@ -1827,21 +1842,21 @@ def _tensor_rows(values: Sequence[Any]):
         if t.dtype != dtype:
             raise ValueError(f"mixed tensor dtype: {dtype} vs {t.dtype}")
         arrays.append(t.numpy())
-    dtype = dtype or _torch_dtype(_RAGGED_TENSOR_DEFAULT_DTYPE)
-    payload, meta = _ragged_numbers(arrays, _numpy_of_torch(str(dtype)))
+    dtype = dtype or _parse_torch_dtype(_RAGGED_TENSOR_DEFAULT_DTYPE)
+    payload, meta = _encode_typed_ragged_values(arrays, _torch_dtype_to_numpy(str(dtype)))
     meta["dtype"] = str(dtype)
     return payload, meta
 
 
-def _tensor_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None) -> list:
+def _decode_ragged_tensor_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None) -> list:
     if _torch is None:
         raise RuntimeError("torch is required to decode ragged tensor fields")
     name = (meta or {}).get("dtype", _RAGGED_TENSOR_DEFAULT_DTYPE)
     np_meta = dict(meta or {})
-    np_meta["dtype"] = str(_numpy_of_torch(name))
-    dtype = _torch_dtype(name)
+    np_meta["dtype"] = str(_torch_dtype_to_numpy(name))
+    dtype = _parse_torch_dtype(name)
     out = []
-    for v in _ragged_numbers_decode(payload, rows, np_meta):
+    for v in _decode_typed_ragged_values(payload, rows, np_meta):
         if v is None:
             out.append(None)
         elif isinstance(v, np.ndarray):
@@ -1866,7 +1881,7 @@ def _dict_keys(keys: Any) -> list[str]:
     return out
 
 
-def _tensor_dict_rows(values: Sequence[Any], schema: FieldSchema) -> _Encoded:
+def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema) -> _EncodedStructuredLeaf:
     """Rows of {name: tensor} (or None): one ragged_tensor column per name, ``{name}.{part}``,
     plus ``null_mask``. Names come from ``metadata['keys']`` or, sorted, from the rows."""
     declared = (schema.metadata or {}).get("keys")
@@ -1898,17 +1913,17 @@ def _tensor_dict_rows(values: Sequence[Any], schema: FieldSchema) -> _Encoded:
     per_key = {}
     for key in keys:
         try:
-            part, meta = _tensor_rows([None if v is None else v.get(key) for v in values])
+            part, meta = _encode_ragged_tensor_values([None if v is None else v.get(key) for v in values])
         except (TypeError, ValueError, OverflowError, RuntimeError, RecursionError) as error:
             raise ValueError(f"failed to encode ragged_tensor_dict key {key!r}") from error
         for name, value in part.items():
             payload[f"{key}.{name}"] = value
         per_key[key] = meta
-    return _Encoded("ragged_tensor_dict", len(values), payload,
+    return _EncodedStructuredLeaf("ragged_tensor_dict", len(values), payload,
                     {"keys": keys, "key_codecs": per_key})
 
 
-def _tensor_dict_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
+def _decode_ragged_tensor_dict_values(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
     mask = payload["null_mask"]
     if isinstance(mask, (bytes, bytearray)):
         mask = np.frombuffer(mask, dtype=np.bool_)
@@ -1917,7 +1932,7 @@ def _tensor_dict_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mappin
     columns = {}
     for key in keys:
         part = {n[len(key) + 1:]: v for n, v in payload.items() if n.startswith(f"{key}.")}
-        columns[key] = _tensor_rows_decode(part, rows, meta.get("key_codecs", {}).get(key))
+        columns[key] = _decode_ragged_tensor_values(part, rows, meta.get("key_codecs", {}).get(key))
     out: list[Any] = []
     for row in range(rows):
         if bool(mask[row]):
@@ -1927,16 +1942,18 @@ def _tensor_dict_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mappin
     return out
 
 
-def _scalar_rows(values: Sequence[Any], dtype: Any):
-    dtype = np.dtype(dtype)
+def _encode_numeric_scalar_values(values: Sequence[Any], decision: _CodecDecision):
+    """The ndarray layout: one numeric array (nulls filled with 0/False) plus nulls bool[n]."""
+    dtype = np.dtype(decision.metadata["dtype"])
     fill = False if dtype == np.bool_ else 0
     data = np.asarray([fill if v is None else v for v in values], dtype=dtype)
     nulls = np.asarray([v is None for v in values], dtype=np.bool_)
     return {"data": data, "nulls": nulls}, {"dtype": str(data.dtype), "shape": list(data.shape)}
 
 
-def _scalar_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | None) -> list:
+def _decode_numeric_scalar_values(payload: Mapping[str, Any], rows: int | None = None) -> list:
     data, nulls = payload["data"], payload["nulls"]
+    rows = len(data) if rows is None else rows
     if len(data) != rows or len(nulls) != rows:
         raise ValueError(f"ndarray codec holds {len(data)} rows, expected {rows}")
     if not bool(np.any(nulls)):
@@ -1946,28 +1963,34 @@ def _scalar_rows_decode(payload: Mapping[str, Any], rows: int, meta: Mapping | N
     return boxed.tolist()
 
 
-def _encode_leaf(path: str, values: Sequence[Any], choice: _Choice) -> _Encoded:
-    if not choice.ok:
+def _encode_structured_leaf(values: Sequence[Any], decision: _CodecDecision,
+                            path: str = "") -> _EncodedStructuredLeaf:
+    """Encode one column of rows with the codec ``decision`` names (refused when it was not
+    accepted); the decision's reason, type and metadata go into the encoding record."""
+    choice = decision
+    if not choice.accepted:
         raise ValueError(f"unsupported structured non-tensor field: {choice.reason}")
     codec = choice.codec
     if codec == "ragged_tensor":
-        payload, meta = _tensor_rows(values)
+        payload, meta = _encode_ragged_tensor_values(values)
     elif codec == "typed_ragged":
-        payload, meta = _ragged_numbers(values)
+        payload, meta = _encode_typed_ragged_values(values)
     elif codec == "media_list_ragged":
-        payload, meta = _media_lists(values)
+        payload, meta = _encode_media_list_values(values)
     elif codec == "ndarray":
-        payload, meta = _scalar_rows(values, choice.extra["dtype"])
+        payload, meta = _public()._encode_numeric_scalar_values(values, choice)
     elif codec in ("bytes_ragged", "media_bytes"):
-        payload, meta = _byte_rows(values)
+        payload, meta = _encode_bytes_like_values(values)
     elif codec == "utf8_ragged":
-        payload, meta = _byte_rows([None if v is None else v.encode("utf-8") for v in values])
+        payload, meta = _encode_bytes_like_values([None if v is None else v.encode("utf-8") for v in values])
     elif codec == "msgpack_ragged":
-        payload, meta = _byte_rows(
-            [None if v is None else _mp_packb(v) for v in values]
-        )
+        # Packed here, not by _encode_msgpack_ragged_values: an inferred column that msgpack
+        # refuses raises msgpack's own TypeError, which the fallback search reports.
+        payload, meta = _encode_bytes_like_values(
+            [None if v is None else _msgpack.packb(v, use_bin_type=True, strict_types=True)
+             for v in values])
     elif codec == "json_ragged":
-        payload, meta = _byte_rows(
+        payload, meta = _encode_bytes_like_values(
             [None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
              .encode("utf-8") for v in values]
         )
@@ -1976,55 +1999,57 @@ def _encode_leaf(path: str, values: Sequence[Any], choice: _Choice) -> _Encoded:
     meta.update(
         schema_source="inferred_from_runtime_values",
         decision_reason=choice.reason,
-        normalized_type=choice.kind,
-        **choice.extra,
+        normalized_type=choice.normalized_type,
+        **choice.metadata,
     )
-    return _Encoded(codec, len(values), payload, meta)
+    return _EncodedStructuredLeaf(codec, len(values), payload, meta)
 
 
-def _decode_leaf(codec: str, payload: Mapping[str, Any], rows: int, meta: Mapping | None):
+def _decode_structured_leaf(codec: str, payload: Mapping[str, Any], rows: int, meta: Mapping | None):
     if codec == "ragged_tensor":
-        return _tensor_rows_decode(payload, rows, meta)
+        return _decode_ragged_tensor_values(payload, rows, meta)
     if codec == "typed_ragged":
-        return _ragged_numbers_decode(payload, rows, meta or {})
+        return _decode_typed_ragged_values(payload, rows, meta or {})
     if codec == "media_list_ragged":
-        return _media_lists_decode(payload, rows, meta)
+        return _decode_media_list_values(payload, rows, meta)
     if codec == "ndarray":
-        return _scalar_rows_decode(payload, rows, meta)
+        return _decode_numeric_scalar_values(payload, rows)
     if codec in ("bytes_ragged", "media_bytes"):
-        return _byte_rows_decode(payload, rows, meta)
+        return _decode_bytes_like_values(payload, rows, meta)
     if codec == "utf8_ragged":
-        return [None if v is None else v.decode("utf-8") for v in _byte_rows_decode(payload, rows)]
+        return [None if v is None else v.decode("utf-8") for v in _decode_bytes_like_values(payload, rows)]
     if codec == "msgpack_ragged":
-        return _msgpack_rows_decode(payload, rows)
+        return _decode_msgpack_ragged_values(payload, rows)
     if codec == "json_ragged":
-        return [None if v is None else json.loads(v) for v in _byte_rows_decode(payload, rows)]
+        return [None if v is None else json.loads(v) for v in _decode_bytes_like_values(payload, rows)]
     if codec == "ragged_tensor_dict":
-        return _tensor_dict_rows_decode(payload, rows, meta or {})
+        return _decode_ragged_tensor_dict_values(payload, rows, meta or {})
     raise ValueError(f"unknown structured non-tensor codec: {codec}")
 
 
-def _encode_column(path: str, column: np.ndarray) -> _Encoded:
+def _encode_structured_non_tensor_field(path: str, column: np.ndarray) -> _EncodedStructuredLeaf:
     values = list(column)
-    leaves: list[_Leaf] = []
-    nodes: list[_Node] = []
-    _split_structure(path, (), values, leaves, nodes)
-    if nodes and any(_needs_recursive(leaf) for leaf in leaves):
-        return _encode_recursive(path, values, leaves, nodes)
-    return _encode_leaf(path, values, _choose_codec(values))
+    leaves: list[_InferredLeaf] = []
+    nodes: list[_InferredNode] = []
+    sos = _public()
+    sos.infer_structure(path, values, leaves, nodes)
+    if nodes and sos._should_encode_recursive_structure(leaves):
+        return sos._encode_recursive_structured_non_tensor_field(path, values, leaves, nodes)
+    return sos._encode_structured_leaf(values, sos._choose_leaf_codec(values), path)
 
 
-def _encode_recursive(path, values, leaves, nodes, explicit: bool = False) -> _Encoded:
+def _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes, explicit: bool = False) -> _EncodedStructuredLeaf:
     """One column per leaf path plus node masks. ``explicit`` encodes each leaf as an explicit
     FieldSchema of its inferred codec (upstream's fallback search does so), which records no
     inference metadata and lets a rejected codec try anyway."""
     payload: dict[str, Any] = {}
     node_specs = []
     for i, node in enumerate(nodes):
-        spec: dict[str, Any] = {"id": i, "path": node.path, "node_type": node.kind,
+        spec: dict[str, Any] = {"id": i, "path": node.path, "node_type": node.node_type,
                                 "children": list(node.children)}
         payload[f"node.{i}.missing"] = np.asarray(
-            [_absent_at(v, node.tokens) for v in values], dtype=np.bool_)
+            [_lookup_structured_path(v, path, node.path) is MISSING for v in values],
+            dtype=np.bool_)
         spec["missing_payload"] = f"node.{i}.missing"
         payload[f"node.{i}.row_mask"] = np.asarray(node.row_mask, dtype=np.bool_)
         spec["row_mask_payload"] = f"node.{i}.row_mask"
@@ -2036,15 +2061,13 @@ def _encode_recursive(path, values, leaves, nodes, explicit: bool = False) -> _E
     for i, leaf in enumerate(leaves):
         missing = np.asarray([isinstance(v, _Missing) for v in leaf.values], dtype=np.bool_)
         plain = [None if m else v for m, v in zip(missing, leaf.values)]
-        choice = leaf.choice
-        if not choice.ok and all(v is None or isinstance(v, _Missing) for v in leaf.values):
-            choice = _Choice(True, "json_ragged", "all rows are null or missing", "json")
+        choice = _recursive_leaf_decision(leaf.values, leaf.decision)
         if explicit:
-            column = np.asarray(_plain_values(plain, choice.codec), dtype=object)
+            column = np.asarray(_normalize_values_for_fallback_codec(plain, choice.codec), dtype=object)
             encoded = _encode_with_schema(leaf.path, column,
-                                          FieldSchema(choice.codec, metadata=choice.extra))
+                                          FieldSchema(choice.codec, metadata=choice.metadata))
         else:
-            encoded = _encode_leaf(leaf.path, plain, choice)
+            encoded = _public()._encode_structured_leaf(plain, choice, leaf.path)
         members = {}
         for name, value in encoded.payload.items():
             payload[f"leaf.{i}.{name}"] = value
@@ -2054,7 +2077,7 @@ def _encode_recursive(path, values, leaves, nodes, explicit: bool = False) -> _E
         leaf_specs.append({"id": i, "path": leaf.path, "codec": encoded.codec,
                            "rows": encoded.rows, "metadata": encoded.metadata,
                            "payload_members": members})
-    return _Encoded("structured_recursive", len(values), payload, {
+    return _EncodedStructuredLeaf("structured_recursive", len(values), payload, {
         "schema_source": "inferred_from_runtime_values",
         "structure_version": 1,
         "root_path": path,
@@ -2065,26 +2088,28 @@ def _encode_recursive(path, values, leaves, nodes, explicit: bool = False) -> _E
 
 def _child_path(node: Mapping[str, Any], child: Any) -> str:
     if node["node_type"] == "dict":
-        return f"{node['path']}.{_escape(str(child))}"
+        return f"{node['path']}.{_escape_key(str(child))}"
     return f"{node['path']}[{int(child)}]"
 
 
-def _depth_of(path: str) -> int:
+def _path_depth(path: str) -> int:
     # Escaped '.' and '[' inside keys count too; only the order among a node's own
     # descendants matters, and a child path is always strictly longer in both counts.
     return path.count(".") + path.count("[")
 
 
-def _decode_recursive(meta: Mapping[str, Any], payload: Mapping[str, Any], rows: int) -> list:
+def _decode_structured_recursive_field(encoded: Mapping[str, Any], payload: Mapping[str, Any],
+                                       rows: int) -> list:
+    meta = encoded.get("metadata") or {}
     columns: dict[str, list[Any]] = {}
     for leaf in meta.get("leaves", []):
         members = leaf["payload_members"]
         sub = {n: payload[g] for n, g in members.items() if n != "missing"}
-        decoded = _decode_leaf(leaf["codec"], sub, rows, leaf.get("metadata"))
+        decoded = _decode_structured_leaf(leaf["codec"], sub, rows, leaf.get("metadata"))
         missing = payload[members["missing"]]
         _check_rows("structured_recursive leaf", rows, nulls=missing)
         columns[leaf["path"]] = [MISSING if bool(missing[r]) else decoded[r] for r in range(rows)]
-    nodes = sorted(meta.get("nodes", []), key=lambda n: _depth_of(n["path"]), reverse=True)
+    nodes = sorted(meta.get("nodes", []), key=lambda n: _path_depth(n["path"]), reverse=True)
     for node in nodes:
         missing = payload.get(node.get("missing_payload"))
         mask = payload.get(node.get("row_mask_payload"))
@@ -2126,18 +2151,18 @@ def _decode_recursive(meta: Mapping[str, Any], payload: Mapping[str, Any], rows:
     return columns[root]
 
 
-def _decode_column(encoded: Mapping[str, Any], payload: Mapping[str, Any], rows: int) -> list:
+def _decode_structured_non_tensor_encoded(encoded: Mapping[str, Any], payload: Mapping[str, Any], rows: int) -> list:
     codec = encoded.get("codec")
     try:
         if codec == "structured_recursive":
-            return _decode_recursive(encoded.get("metadata") or {}, payload, rows)
-        return _decode_leaf(codec, payload, rows, encoded.get("metadata"))
+            return _decode_structured_recursive_field(encoded, payload, rows)
+        return _decode_structured_leaf(codec, payload, rows, encoded.get("metadata"))
     except (IndexError, KeyError, TypeError, OverflowError, AttributeError,
             UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{codec} column payload is corrupt: {error!r}") from error
 
 
-def _object_array(values: Sequence[Any]) -> np.ndarray:
+def _object_array_from_decoded_values(values: Sequence[Any]) -> np.ndarray:
     array = np.empty(len(values), dtype=object)
     array[:] = list(values)
     return array
@@ -2148,7 +2173,7 @@ def _object_array(values: Sequence[Any]) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
+def _mapping_to_dict(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, Mapping):
@@ -2159,19 +2184,28 @@ def _as_dict(value: Any) -> dict[str, Any]:
     raise TypeError(f"expected mapping-like value, got {type(value).__name__}")
 
 
-def _split_sections(data: Any):
+def _split_dataproto_like(data: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(batch, non_tensor_batch, meta_info) of a DataProto, an envelope mapping, or a plain
+    mapping of batch fields."""
     if isinstance(data, Mapping):
-        envelope = {"batch", "non_tensor_batch", "meta_info"}
-        if data and set(data) <= envelope and all(
-            v is None or isinstance(v, Mapping) or callable(getattr(v, "items", None))
-            for v in data.values()
-        ):
-            return (_as_dict(data.get("batch")), _as_dict(data.get("non_tensor_batch")),
-                    _as_dict(data.get("meta_info")))
+        if _is_dataproto_envelope_mapping(data):
+            return (_mapping_to_dict(data.get("batch")),
+                    _mapping_to_dict(data.get("non_tensor_batch")),
+                    _mapping_to_dict(data.get("meta_info")))
         return dict(data), {}, {}
-    return (_as_dict(getattr(data, "batch", None)),
-            _as_dict(getattr(data, "non_tensor_batch", None)),
-            _as_dict(getattr(data, "meta_info", None)))
+    return (_mapping_to_dict(getattr(data, "batch", None)),
+            _mapping_to_dict(getattr(data, "non_tensor_batch", None)),
+            _mapping_to_dict(getattr(data, "meta_info", None)))
+
+
+def _is_dataproto_envelope_mapping(data: Mapping[str, Any]) -> bool:
+    """A mapping of only ``batch``/``non_tensor_batch``/``meta_info``, each mapping-like."""
+    return bool(data) and set(data) <= {"batch", "non_tensor_batch", "meta_info"} and all(
+        _is_mapping_like_or_none(v) for v in data.values())
+
+
+def _is_mapping_like_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, Mapping) or callable(getattr(value, "items", None))
 
 
 def _is_sequence(value: Any) -> bool:
@@ -2186,7 +2220,7 @@ def _dense(value: Any) -> bool:
 _SECTIONS = ("batch", "non_tensor_batch", "meta_info")
 
 
-def _declared_section(name: str, schema: FieldSchema) -> str | None:
+def _schema_section(name: str, schema: FieldSchema) -> str | None:
     section = (schema.metadata or {}).get("section")
     if section is not None and section not in _SECTIONS:
         raise ValueError(
@@ -2228,16 +2262,16 @@ def _as_column(name: str, value: Any, rows: int, schema: FieldSchema | None) -> 
         if len(value) != rows:
             raise ValueError(f"flat dict non_tensor_batch field {name!r} has batch size "
                              f"{len(value)}, expected {rows}")
-        return _object_array(value)
+        return _object_array_from_decoded_values(value)
     raise TypeError(f"flat dict non_tensor_batch field {name!r} must be an ndarray or "
                     "non-string sequence")
 
 
-def _flat_to_sections(data: Any, schemas: Mapping[str, FieldSchema] | None = None):
+def _flat_dict_to_envelope(data: Any, schemas: Mapping[str, FieldSchema] | None = None):
     if not isinstance(data, Mapping):
         raise TypeError("flat dict payload must be a mapping")
     schemas = schemas or {}
-    pinned = {n: _declared_section(n, sc) for n, sc in schemas.items()}
+    pinned = {n: _schema_section(n, sc) for n, sc in schemas.items()}
     declared_rows = {_rows_of(n, data[n]) for n, sec in pinned.items()
                      if n in data and sec in ("batch", "non_tensor_batch")}
     if len(declared_rows) > 1:
@@ -2289,7 +2323,7 @@ def _check_pinned_sections(sections, schemas) -> None:
         for name in fields:
             where.setdefault(name, set()).add(section)
     for name, schema in (schemas or {}).items():
-        declared = _declared_section(name, schema)
+        declared = _schema_section(name, schema)
         actual = where.get(name)
         if declared is None or not actual or declared in actual:
             continue
@@ -2299,101 +2333,98 @@ def _check_pinned_sections(sections, schemas) -> None:
             f"in {found}")
 
 
-_FALLBACK_ERRORS = (TypeError, ValueError, OverflowError, RuntimeError, RecursionError)
+_ENCODING_FALLBACK_ERRORS = (TypeError, ValueError, OverflowError, RuntimeError, RecursionError)
 
 
-def _plain(value: Any) -> Any:
+def _normalize_structured_scalar(value: Any) -> Any:
     """numpy values as Python ones, recursively (for the msgpack/json fallbacks)."""
     if isinstance(value, np.ndarray):
-        return _plain(value.tolist()) if value.dtype == object else value.tolist()
+        return _normalize_structured_scalar(value.tolist()) if value.dtype == object else value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _normalize_structured_scalar(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
+        return [_normalize_structured_scalar(v) for v in value]
     return value
 
 
-def _plain_values(values: Sequence[Any], codec: str) -> list[Any]:
+def _normalize_values_for_fallback_codec(values: Sequence[Any], codec: str) -> list[Any]:
     if codec in ("msgpack_ragged", "json_ragged"):
-        return [_plain(v) for v in values]
+        return [_normalize_structured_scalar(v) for v in values]
     return list(values)
 
 
-def _encode_fallback(path: str, column: np.ndarray) -> _Encoded:
+def _encode_with_fallback(path: str, column: np.ndarray) -> _EncodedStructuredLeaf:
     """Upstream's search for a codec that works: a recursive split when a leaf needs it, then
     the inferred codec, then msgpack, then JSON (numpy values made plain for the last two)."""
     values = list(column)
     errors: list[str] = []
     try:
-        leaves: list[_Leaf] = []
-        nodes: list[_Node] = []
-        _split_structure(path, (), values, leaves, nodes)
+        leaves: list[_InferredLeaf] = []
+        nodes: list[_InferredNode] = []
+        _public().infer_structure(path, values, leaves, nodes)
         if nodes and any(
-            (leaf.choice.codec == "typed_ragged"
-             and leaf.choice.extra.get("recursive_source") == "ndarray")
-            or leaf.choice.codec in ("ragged_tensor", "bytes_ragged", "media_bytes",
-                                     "media_list_ragged")
+            (leaf.decision.codec == "typed_ragged"
+             and leaf.decision.metadata.get("recursive_source") == "ndarray")
+            or leaf.decision.codec in ("ragged_tensor", "bytes_ragged", "media_bytes",
+                                       "media_list_ragged")
             for leaf in leaves
         ):
-            return _encode_recursive(path, values, leaves, nodes, explicit=True)
-    except _FALLBACK_ERRORS as error:
+            return _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes, explicit=True)
+    except _ENCODING_FALLBACK_ERRORS as error:
         errors.append(f"structured_recursive: {error}")
-    choice = _choose_codec(values)
+    choice = _public()._choose_leaf_codec(values)
     codecs = [choice.codec] + [c for c in ("msgpack_ragged", "json_ragged") if c != choice.codec]
     for codec in codecs:
-        meta = dict(choice.extra) if codec == choice.codec else {}
-        candidate = np.asarray(_plain_values(values, codec), dtype=object)
+        meta = dict(choice.metadata) if codec == choice.codec else {}
+        candidate = np.asarray(_normalize_values_for_fallback_codec(values, codec), dtype=object)
         try:
             return _encode_with_schema(path, candidate, FieldSchema(codec, metadata=meta))
-        except _FALLBACK_ERRORS as error:
+        except _ENCODING_FALLBACK_ERRORS as error:
             errors.append(f"{codec}: {error}")
     raise ValueError(f"unable to infer a safe codec for structured non-tensor field {path!r}; "
                      f"tried {errors}")
 
 
-def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _Encoded:
+def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _EncodedStructuredLeaf:
     values = list(column)
     if not schema.nullable and any(v is None for v in values):
         raise ValueError(f"FieldSchema for {path!r} is not nullable")
     codec = schema.codec
     if codec == "auto":
-        return _encode_fallback(path, column)
+        return _encode_with_fallback(path, column)
     if codec == "ragged_tensor_dict":
-        return _tensor_dict_rows(values, schema)
+        return _encode_ragged_tensor_dict_values(values, schema)
     if codec == "ragged_tensor":
-        payload, meta = _tensor_rows(values)
+        payload, meta = _encode_ragged_tensor_values(values)
     elif codec == "typed_ragged":
-        payload, meta = _ragged_numbers(values, _schema_dtype(schema))
+        payload, meta = _encode_typed_ragged_values(values, _schema_dtype(schema))
     elif codec == "ndarray":
         dtype = _schema_dtype(schema)
         if dtype is None:
-            return _encode_fallback(path, column)
-        payload, meta = _scalar_rows(values, dtype)
+            return _encode_with_fallback(path, column)
+        payload, meta = _encode_numeric_scalar_values(
+            values, _CodecDecision(True, "ndarray", "schema", "numeric scalar",
+                                   {"dtype": str(dtype)}))
     elif codec in ("bytes_ragged", "media_bytes"):
-        payload, meta = _byte_rows(values)
+        payload, meta = _encode_bytes_like_values(values)
     elif codec == "media_list_ragged":
-        payload, meta = _media_lists(values)
+        payload, meta = _encode_media_list_values(values)
     elif codec == "utf8_ragged":
-        payload, meta = _byte_rows([None if v is None else v.encode("utf-8") for v in values])
+        payload, meta = _encode_bytes_like_values([None if v is None else v.encode("utf-8") for v in values])
     elif codec == "msgpack_ragged":
-        try:
-            payload, meta = _byte_rows([None if v is None else _mp_packb(v) for v in values])
-        except TypeError as error:
-            raise ValueError(f"unsupported structured non-tensor field {path}: msgpack codec "
-                             "cannot encode value") from error
-        payload["data"] = bytearray(payload["data"])
+        payload, meta = _public()._encode_msgpack_ragged_values(path, values)
     elif codec == "json_ragged":
-        payload, meta = _byte_rows(
+        payload, meta = _encode_bytes_like_values(
             [None if v is None else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
              .encode("utf-8") for v in values])
     else:
         raise ValueError(f"unsupported schema codec: {codec!r}")
-    return _Encoded(codec, len(values), payload, meta)
+    return _EncodedStructuredLeaf(codec, len(values), payload, meta)
 
 
-def _row_count(batch: Mapping[str, Any], non_tensor: Mapping[str, Any]) -> int:
+def _dataproto_batch_size(batch: Mapping[str, Any], non_tensor: Mapping[str, Any]) -> int:
     sizes = set()
     for section in (batch, non_tensor):
         for name, value in section.items():
@@ -2454,8 +2485,8 @@ class MooncakeBundleTransfer:
         buffer_pool: Any = None,
     ) -> None:
         self.store = store
-        self.key_prefix = _clean_prefix(key_prefix)
-        self.default_chunk_bytes = _check_chunk_bytes(default_chunk_bytes)
+        self.key_prefix = _normalize_key_prefix(key_prefix)
+        self.default_chunk_bytes = _validate_chunk_bytes(default_chunk_bytes)
         # Reads and writes go through store.get/put; a BufferPool only changes where bytes
         # are staged, so it is accepted and kept for callers that read it back.
         self.buffer_pool = buffer_pool
@@ -2495,9 +2526,9 @@ class MooncakeBundleTransfer:
         if not isinstance(payload, StructuredObjectPayload):
             raise TypeError("put_structured_object needs a StructuredObjectPayload")
         zero_copy = self._check_policy(policy, max_inflight_put).copy_mode == "zero_copy"
-        meta, encoded = _prepare_structured(payload.metadata, payload.buffers)
+        meta, encoded = _encode_structured_fields(payload.metadata, payload.buffers)
         return self._bundles.put_bundle(
-            _dumps(meta, "structured metadata"), encoded, partition, chunk_bytes, config,
+            _encode_json_dict(meta, "structured metadata"), encoded, partition, chunk_bytes, config,
             zero_copy)
 
     def put_object(self, obj: Any, partition="default", chunk_bytes=None, policy=None,
@@ -2533,7 +2564,7 @@ class MooncakeBundleTransfer:
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
         manifest = self._bundles.resolve(spec.ref)
-        metadata = _loads(self._bundles.read(manifest["meta"]), "structured metadata")
+        metadata = _decode_json_dict(self._bundles.read(manifest["meta"]), "structured metadata")
         field_specs = metadata.get(STRUCTURED_FIELD_SPECS_KEY, {})
         if not isinstance(field_specs, dict):
             raise ValueError("structured field specs must be a dict")
@@ -2570,9 +2601,9 @@ class MooncakeBundleTransfer:
             policy=None, config=None, field_schemas=None) -> MooncakeDataProtoRef:
         """Store a DataProto-like object (type='dataproto') or a flat dict of rows ('dict')."""
         if type == "dataproto":
-            sections = _split_sections(data)
+            sections = _split_dataproto_like(data)
         elif type == "dict":
-            sections = _flat_to_sections(data, field_schemas)
+            sections = _flat_dict_to_envelope(data, field_schemas)
         else:
             raise ValueError(f"unsupported Mooncake payload type: {type!r}")
         return self._put_stage(None, sections, namespace=namespace, partition=partition,
@@ -2590,8 +2621,8 @@ class MooncakeBundleTransfer:
                                 chunk_bytes=None, policy=None, field_schemas=None,
                                 config=None) -> MooncakeDataProtoRef:
         """Add fields (as a new stage, or merged into an existing one) and return a new ref."""
-        ref = _as_dataproto_ref(ref)
-        return self._put_stage(ref, _split_sections(data), namespace=ref.namespace,
+        ref = _resolve_dataproto_ref(ref)
+        return self._put_stage(ref, _split_dataproto_like(data), namespace=ref.namespace,
                                partition=ref.partition, stage=stage, chunk_bytes=chunk_bytes,
                                policy=policy, overwrite=overwrite, config=config,
                                schemas=field_schemas)
@@ -2626,11 +2657,11 @@ class MooncakeBundleTransfer:
 
     def dataproto_manifest_view(self, ref: Any) -> dict[str, Any]:
         """What a DataProto ref holds, per field, as its stage manifests describe it."""
-        ref = _as_dataproto_ref(ref)
+        ref = _resolve_dataproto_ref(ref)
         metas = {}
         for stage, stage_ref in ref.stage_refs.items():
             manifest = self._bundles.resolve(stage_ref)
-            metas[stage] = _loads(self._bundles.read(manifest["meta"]), "structured metadata")
+            metas[stage] = _decode_json_dict(self._bundles.read(manifest["meta"]), "structured metadata")
         by_section: dict[str, dict[str, Any]] = {"batch": {}, "non_tensor_batch": {}}
         for name, loc in ref.field_index.items():
             specs = metas[loc.stage].get(STRUCTURED_FIELD_SPECS_KEY, {})
@@ -2664,7 +2695,7 @@ class MooncakeBundleTransfer:
 
     def cleanup_dataproto(self, ref: Any) -> None:
         """Remove every stage a DataProto ref points at."""
-        ref = _as_dataproto_ref(ref)
+        ref = _resolve_dataproto_ref(ref)
         seen = set()
         for stage_ref in ref.stage_refs.values():
             if stage_ref.manifest_key not in seen:
@@ -2674,8 +2705,8 @@ class MooncakeBundleTransfer:
     def cleanup_dataproto_append(self, previous: Any, appended: Any) -> None:
         """Delete what an append wrote (for an append that was never published), leaving
         every object the previous ref still uses."""
-        previous = _as_dataproto_ref(previous)
-        appended = _as_dataproto_ref(appended)
+        previous = _resolve_dataproto_ref(previous)
+        appended = _resolve_dataproto_ref(appended)
         bundles = self._bundles
         for stage, stage_ref in appended.stage_refs.items():
             before = previous.stage_refs.get(stage)
@@ -2698,8 +2729,8 @@ class MooncakeBundleTransfer:
             doomed += [c["key"] for spec in fresh for c in spec["chunks"]]
             doomed += [k for k in manifest.get("cleanup_keys", [])
                        if bundles.object_id_of(k) in owners]
-            _remove_keys(self.store, doomed, strict=True)
-            _remove_keys(self.store, [stage_ref.manifest_key], strict=True)
+            _cleanup_keys(self.store, doomed, strict=True)
+            _cleanup_keys(self.store, [stage_ref.manifest_key], strict=True)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -2707,7 +2738,7 @@ class MooncakeBundleTransfer:
                    overwrite, config, schemas=None) -> MooncakeDataProtoRef:
         batch, non_tensor, meta_info = sections
         _check_pinned_sections(sections, schemas)
-        rows = _row_count(batch, non_tensor)
+        rows = _dataproto_batch_size(batch, non_tensor)
         if ref is not None and rows != ref.batch_size:
             raise ValueError(
                 f"DataProto append batch size {rows} does not match ref batch size "
@@ -2725,7 +2756,7 @@ class MooncakeBundleTransfer:
             member = f"non_tensor_batch.{name}"
             locations[name] = StructuredFieldLocation(stage, member, "non_tensor_batch")
             schema = (schemas or {}).get(name)
-            if schema is not None and _declared_section(name, schema) not in (
+            if schema is not None and _schema_section(name, schema) not in (
                     None, "non_tensor_batch"):
                 schema = None
             encoded = None
@@ -2736,7 +2767,7 @@ class MooncakeBundleTransfer:
                         if not _is_sequence(value):
                             raise TypeError(f"non_tensor_batch field {name!r} with FieldSchema "
                                             "must be an ndarray or non-string sequence")
-                        column = _object_array(value)
+                        column = _object_array_from_decoded_values(value)
                     if schema.codec == "auto":
                         if not schema.nullable and any(v is None for v in column):
                             raise ValueError(f"FieldSchema for {member!r} is not nullable")
@@ -2747,7 +2778,7 @@ class MooncakeBundleTransfer:
                         f"failed to encode non_tensor_batch field {name!r} with FieldSchema "
                         f"codec {schema.codec!r}: {error}") from error
             if encoded is None and isinstance(value, np.ndarray) and value.dtype == object:
-                encoded = _encode_column(member, value)
+                encoded = _encode_structured_non_tensor_field(member, value)
             if encoded is not None:
                 names = {}
                 for part, part_value in encoded.payload.items():
@@ -2816,8 +2847,8 @@ class MooncakeBundleTransfer:
         try:
             old_m = bundles.resolve(old_ref)
             new_m = bundles.resolve(new_ref)
-            old_meta = _loads(bundles.read(old_m["meta"]), "structured metadata")
-            new_meta = _loads(bundles.read(new_m["meta"]), "structured metadata")
+            old_meta = _decode_json_dict(bundles.read(old_m["meta"]), "structured metadata")
+            new_meta = _decode_json_dict(bundles.read(new_m["meta"]), "structured metadata")
             if old_meta.get("dataproto") != new_meta.get("dataproto"):
                 raise ValueError("DataProto stage metadata mismatch during manifest merge")
             specs = dict(old_meta.get(STRUCTURED_FIELD_SPECS_KEY, {}))
@@ -2839,19 +2870,19 @@ class MooncakeBundleTransfer:
                 bundles.manifest_key(new_ref, new_m),
                 *[c["key"] for c in new_m["meta"]["chunks"]],
             ]
-            merged = bundles.put_manifest(_dumps(merged_meta, "structured metadata"), buffers,
+            merged = bundles.put_manifest(_encode_json_dict(merged_meta, "structured metadata"), buffers,
                                           partition, cleanup, config)
         except BaseException:
             self.remove_bundle(new_ref)
             raise
         obsolete = [bundles.manifest_key(new_ref, new_m),
                     *[c["key"] for c in new_m["meta"]["chunks"]]]
-        _remove_keys(self.store, obsolete, strict=False)
+        _cleanup_keys(self.store, obsolete, strict=False)
         return merged
 
     def _read_sections(self, ref, fields, batch_fields, non_tensor_fields, meta_keys, rows,
                        flat, destinations):
-        ref = _as_dataproto_ref(ref)
+        ref = _resolve_dataproto_ref(ref)
         indices = _rows_selection(rows, ref.batch_size)
         index = ref.field_index
         if fields is not None and (batch_fields is not None or non_tensor_fields is not None):
@@ -2895,10 +2926,10 @@ class MooncakeBundleTransfer:
                 enc = ref.encoded_non_tensor.get(name)
                 if loc.section == "non_tensor_batch" and enc is not None:
                     parts = {p: objs[m] for p, m in enc["payload_members"].items()}
-                    values = _decode_column(enc, parts, int(enc.get("rows", ref.batch_size)))
+                    values = _decode_structured_non_tensor_encoded(enc, parts, int(enc.get("rows", ref.batch_size)))
                     if indices is not None:
                         values = [values[i] for i in indices]
-                    non_tensor[name] = values if flat else _object_array(values)
+                    non_tensor[name] = values if flat else _object_array_from_decoded_values(values)
                 else:
                     value = objs[loc.member]
                     if indices is not None:
