@@ -374,13 +374,7 @@ def import_dataproto_ref(handle: Mapping[str, Any]) -> MooncakeDataProtoRef:
     group = handle.get(STORAGE_GROUP_ID)
     if (version == 2 and group is None) or (group is not None and not _nonempty_str(group)):
         raise ValueError("DataProto ref handle has invalid storage_group_id")
-    indexes = handle.get("global_indexes")
-    if indexes is not None:
-        if not isinstance(indexes, list) or any(
-            isinstance(i, bool) or not isinstance(i, int) for i in indexes
-        ):
-            raise ValueError("DataProto ref handle global_indexes must be a list of integers")
-        indexes = list(indexes)
+    indexes = _import_global_indexes(handle.get("global_indexes"))
     try:
         batch_size = int(handle["batch_size"])
     except (KeyError, TypeError, ValueError) as error:
@@ -400,6 +394,22 @@ def import_dataproto_ref(handle: Mapping[str, Any]) -> MooncakeDataProtoRef:
 
 export_ref = export_dataproto_ref
 import_ref = import_dataproto_ref
+
+
+def _require_mapping(value: Any, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"DataProto ref handle {name} must be a mapping")
+    return value
+
+
+def _import_global_indexes(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError("DataProto ref handle global_indexes must be a list or null")
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        raise ValueError("DataProto ref handle global_indexes must contain integers")
+    return list(value)
 
 
 def _resolve_dataproto_ref(ref: Any) -> MooncakeDataProtoRef:
@@ -466,6 +476,85 @@ def _decode_json_dict(payload: bytes, what: str) -> dict[str, Any]:
     return value
 
 
+def _encode_manifest(manifest: Mapping[str, Any]) -> bytes:
+    """A bundle manifest as stored: compact JSON."""
+    return _encode_json_dict(manifest, "bundle manifest")
+
+
+def _decode_manifest(payload: bytes) -> dict[str, Any]:
+    return _decode_json_dict(payload, "bundle manifest")
+
+
+def _encode_structured_metadata(metadata: Mapping[str, Any]) -> bytes:
+    return _encode_json_dict(metadata, "structured metadata")
+
+
+def _decode_structured_metadata(payload: bytes) -> dict[str, Any]:
+    return _decode_json_dict(payload, "structured metadata")
+
+
+def _structured_field_specs(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-member decode records of structured metadata (empty when it has none)."""
+    specs = metadata.get(STRUCTURED_FIELD_SPECS_KEY, {})
+    if not isinstance(specs, dict):
+        raise ValueError("structured field specs must be a dict")
+    return specs
+
+
+def _chunk_offsets(chunks: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Where each chunk of a payload starts within it."""
+    offsets = [0]
+    for chunk in chunks[:-1]:
+        offsets.append(offsets[-1] + int(chunk["bytes"]))
+    return offsets
+
+
+def _payload_range_fragments(chunks: Sequence[Mapping[str, Any]], byte_offset: int,
+                             byte_length: int, destination_offset: int = 0):
+    """The pieces of chunks a byte range of a payload covers: (key, chunk size, destination
+    offset, offset in the chunk, length) each."""
+    fragments = []
+    end = byte_offset + byte_length
+    start_of_chunk = 0
+    for chunk in chunks:
+        size = int(chunk["bytes"])
+        lo, hi = max(byte_offset, start_of_chunk), min(end, start_of_chunk + size)
+        if lo < hi:
+            fragments.append((chunk["key"], size, destination_offset + lo - byte_offset,
+                              lo - start_of_chunk, hi - lo))
+        start_of_chunk += size
+    return fragments
+
+
+def _is_duplicate_buffer_registration(status: Any) -> bool:
+    # Mooncake returns -600 when a caller-owned buffer is already registered.
+    return status == -600
+
+
+def _put_with_optional_config(store: Any, key: str, value: Any, config: Any = None) -> int:
+    return _call_write_with_optional_config(store.put, key, value, config=config)
+
+
+def _put_from_with_optional_config(store: Any, key: str, ptr: int, size: int,
+                                   config: Any = None) -> int:
+    config = _config_for_grouped_keys(config, 1)
+    put_tensor_from = getattr(store, "put_tensor_from", None)
+    if config is None and callable(put_tensor_from):
+        return put_tensor_from(key, ptr, size)
+    put_from = getattr(store, "put_from", None)
+    if callable(put_from):
+        return _call_write_with_optional_config(put_from, key, ptr, size, config=config)
+    raise RuntimeError("put_from is unavailable")
+
+
+def _batch_put_from_with_optional_config(batch_put_from: Any, keys: Sequence[str],
+                                         ptrs: Sequence[int], sizes: Sequence[int],
+                                         config: Any = None) -> Sequence[int]:
+    return _call_write_with_optional_config(batch_put_from, list(keys), list(ptrs),
+                                            list(sizes),
+                                            config=_config_for_grouped_keys(config, len(keys)))
+
+
 def _check_status(status: Any, op: str, key: str) -> None:
     if status not in (None, 0):
         raise RuntimeError(f"{op} failed for {key}: {status}")
@@ -480,7 +569,7 @@ def _write_raw(fn: Any, *args: Any, config: Any = None) -> Any:
     return fn(*args) if config is None else fn(*args, config=config)
 
 
-def _batch_config(config: Any, count: int) -> Any:
+def _config_for_grouped_keys(config: Any, count: int) -> Any:
     """A batch write's config: the one logical group id repeated for every key."""
     single = _single_group(config)
     groups = getattr(single, "group_ids", None)
@@ -574,7 +663,7 @@ def _storage_group(config: Any) -> str | None:
     return group or None
 
 
-def _grouped(config: Any, group: str | None) -> Any:
+def _config_with_group_id(config: Any, group: str | None) -> Any:
     if group is None:
         return config
     current = getattr(_single_group(config), "group_ids", None)
@@ -635,6 +724,63 @@ class BundleNotFoundError(KeyError, ValueError):
 @dataclass(frozen=True)
 class _TensorPayload:
     tensor: Any
+
+
+@dataclass(frozen=True)
+class _MultiBufferPayload:
+    """A member given as several byte buffers stored back to back (with ``dtype`` and
+    ``shape``, decoded as that ndarray; else as bytes)."""
+
+    buffers: tuple[memoryview, ...]
+    owners: tuple[Any, ...] = ()
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return _buffer_group_nbytes(self.buffers)
+
+
+@dataclass(frozen=True)
+class _DirectCopyPayload:
+    """A member given as flat ndarrays stored back to back (upstream copies them straight
+    into pool memory at put time)."""
+
+    arrays: list[np.ndarray]
+    total_bytes: int
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.total_bytes
+
+    @staticmethod
+    def from_flat_arrays(flat_arrays: list[np.ndarray], dtype: Any,
+                         total_elems: int) -> "_DirectCopyPayload":
+        return _DirectCopyPayload(arrays=flat_arrays,
+                                  total_bytes=sum(a.nbytes for a in flat_arrays),
+                                  dtype=np.dtype(dtype).str, shape=(total_elems,))
+
+
+def _bytes_view(value: Any, name: str) -> memoryview:
+    """A flat byte view of a bytes-like value (copied when not contiguous)."""
+    try:
+        view = memoryview(value)
+    except TypeError as error:
+        raise TypeError(f"{name} must be bytes-like, got {type(value).__name__}") from error
+    if not view.contiguous:
+        view = memoryview(bytes(view))
+    return view.cast("B")
+
+
+def _buffer_group_nbytes(buffers: Sequence[memoryview]) -> int:
+    return sum(len(buffer) for buffer in buffers)
+
+
+def _multi_buffer_bytes_payload(parts: Sequence[Any]) -> _MultiBufferPayload:
+    return _MultiBufferPayload(tuple(_bytes_view(p, "payload part") for p in parts if p),
+                               tuple(parts))
 
 
 class _Bundles:
@@ -752,7 +898,7 @@ class _Bundles:
                 "buffers": specs,
             }
             manifest_key = f"{base}/manifest"
-            status = _call_write_with_optional_config(self.store.put, manifest_key, _encode_json_dict(manifest, "bundle manifest"),
+            status = _call_write_with_optional_config(self.store.put, manifest_key, _public()._encode_manifest(manifest),
                             config=config)
             _check_status(status, "put", manifest_key)
             written.append(manifest_key)
@@ -767,7 +913,7 @@ class _Bundles:
         if len(pending) > 1 and callable(put_batch):
             keys = [k for k, _ in pending]
             written.extend(keys)  # on failure some may exist: all are cleaned up
-            batch_config = _batch_config(config, len(keys))
+            batch_config = _config_for_grouped_keys(config, len(keys))
             status = _write_raw(put_batch, keys, [v for _, v in pending], config=batch_config)
             _check_status(status, "put_batch", keys[0])
             return
@@ -800,7 +946,7 @@ class _Bundles:
                 manifest["cleanup_keys"] = cleanup
             self.validate(manifest)
             manifest_key = f"{base}/manifest"
-            status = _call_write_with_optional_config(self.store.put, manifest_key, _encode_json_dict(manifest, "bundle manifest"),
+            status = _call_write_with_optional_config(self.store.put, manifest_key, _public()._encode_manifest(manifest),
                             config=config)
             _check_status(status, "put", manifest_key)
             written.append(manifest_key)
@@ -906,7 +1052,7 @@ class _Bundles:
         blob = self.store.get(key)
         if not blob:
             raise BundleNotFoundError(f"bundle manifest {key!r} not found")
-        return _decode_json_dict(blob, "bundle manifest")
+        return _public()._decode_manifest(blob)
 
     def manifest_key(self, ref: Any, manifest: Mapping[str, Any]) -> str:
         expected = f"{self.prefix}/{manifest['object_id']}/manifest"
@@ -981,22 +1127,20 @@ class _Bundles:
 
 
 def _encode_structured_field(value: Any) -> tuple[dict[str, Any], Any]:
+    """One member's decode record and what to store for it."""
     if isinstance(value, _TensorObjectBufferPayload):
         return {"encoding": "torch_tensor"}, value
+    if isinstance(value, _TensorPayload):
+        return _encode_torch_tensor_field(value.tensor)
+    if isinstance(value, (_MultiBufferPayload, _DirectCopyPayload)):
+        # Ours stores the parts joined (one copy); upstream copies them into pool memory.
+        parts = value.buffers if isinstance(value, _MultiBufferPayload) else value.arrays
+        data = b"".join(bytes(_bytes_view(p, "payload part")) for p in parts)
+        if value.dtype is not None and value.shape is not None:
+            return {"encoding": "ndarray", "dtype": value.dtype, "shape": list(value.shape)}, data
+        return {"encoding": "bytes"}, data
     if _is_tensor(value):
-        if value.is_nested:
-            if value.layout != _torch.jagged:
-                raise ValueError("structured nested tensor fields require torch.jagged layout")
-            return _encode_jagged(value)
-        tensor = value.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        return {
-            "encoding": "torch_tensor",
-            "dtype": str(tensor.dtype),
-            "shape": list(tensor.shape),
-            "element_size": int(tensor.element_size()),
-        }, _TensorPayload(tensor.contiguous())
+        return _encode_torch_tensor_field(value)
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError("object ndarray members are not bytes-like; use put(type='dict')")
@@ -1007,6 +1151,68 @@ def _encode_structured_field(value: Any) -> tuple[dict[str, Any], Any]:
             "shape": list(array.shape),
         }, array.reshape(-1).view(np.uint8)
     return {"encoding": "bytes"}, value
+
+
+def _encode_torch_tensor_field(value: Any) -> tuple[dict[str, Any], Any]:
+    if value.is_nested:
+        if value.layout != _torch.jagged:
+            raise ValueError("structured nested tensor fields require torch.jagged layout")
+        return _encode_jagged(value)
+    tensor = value.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    return {
+        "encoding": "torch_tensor",
+        "dtype": str(tensor.dtype),
+        "shape": list(tensor.shape),
+        "element_size": int(tensor.element_size()),
+    }, _TensorPayload(tensor.contiguous())
+
+
+def _torch_save_payload_bytes(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    _torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _deserialize_torch_save_payload(payload: bytes) -> Any:
+    return _torch.load(io.BytesIO(payload), weights_only=True)
+
+
+def _tensor_codec_helper(name: str) -> Any:
+    """``mooncake.store``'s tensor (de)serializer ``name`` (``_serialize_tensor``, ...)."""
+    from mooncake import store as _store
+
+    helper = getattr(_store, name, None)
+    if not callable(helper):
+        raise RuntimeError("mooncake.store tensor serialization helpers are required for "
+                           "structured tensor fields")
+    return helper
+
+
+def _has_tensor_codec_helpers() -> bool:
+    from mooncake import store as _store
+
+    return all(callable(getattr(_store, n, None))
+               for n in ("_serialize_tensor", "_deserialize_tensor"))
+
+
+def _tensor_metadata_size() -> int:
+    """Bytes of the tensor header in front of a stored tensor's data."""
+    from mooncake import store as _store
+
+    helper = getattr(_store, "_tensor_metadata_size", None)
+    return int(helper()) if callable(helper) else 0
+
+
+def _tensor_payload_bytes(value: _TensorPayload) -> tuple[bytes, int]:
+    """(header + data as stored by put_tensor, header size) of a tensor member."""
+    blob = _tensor_bytes(value.tensor)
+    return blob, len(blob) - int(value.tensor.numel() * value.tensor.element_size())
+
+
+def _deserialize_tensor_payload(payload: bytes) -> Any:
+    return _tensor_codec_helper("_deserialize_tensor")(payload)
 
 
 def _tensor_bytes(tensor: Any) -> bytes:
@@ -1172,7 +1378,8 @@ def _slice_member(value: Any, sl: StructuredMemberSlice) -> Any:
     return out.clone() if _is_tensor(out) else np.array(out)
 
 
-def _encode_structured_fields(metadata: Mapping[str, Any], members: Mapping[str, Any]):
+def _normalize_structured_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's metadata with ``layout`` defaulted; the field-spec key is reserved."""
     if not isinstance(metadata, Mapping):
         raise TypeError("structured metadata must be a mapping")
     meta = dict(metadata)
@@ -1181,6 +1388,12 @@ def _encode_structured_fields(metadata: Mapping[str, Any], members: Mapping[str,
     if not isinstance(meta.get("layout", "structured"), str):
         raise ValueError("structured metadata layout must be a string")
     meta.setdefault("layout", "structured")
+    return meta
+
+
+def _encode_structured_fields(metadata: Mapping[str, Any], members: Mapping[str, Any]):
+    """(metadata with each member's decode record, each member's bytes to store)."""
+    meta = _normalize_structured_metadata(metadata)
     specs, encoded = {}, {}
     for name, value in members.items():
         _validate_key_segment(name, "buffer name")
@@ -1866,7 +2079,7 @@ def _decode_ragged_tensor_values(payload: Mapping[str, Any], rows: int, meta: Ma
     return out
 
 
-def _dict_keys(keys: Any) -> list[str]:
+def _normalize_ragged_tensor_dict_keys(keys: Any) -> list[str]:
     out: list[str] = []
     for key in (keys.keys() if isinstance(keys, Mapping) else keys):
         if not isinstance(key, str):
@@ -1885,7 +2098,7 @@ def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema
     """Rows of {name: tensor} (or None): one ragged_tensor column per name, ``{name}.{part}``,
     plus ``null_mask``. Names come from ``metadata['keys']`` or, sorted, from the rows."""
     declared = (schema.metadata or {}).get("keys")
-    keys = None if declared is None else _dict_keys(declared)
+    keys = None if declared is None else _normalize_ragged_tensor_dict_keys(declared)
     seen: set[str] = set()
     for row, item in enumerate(values):
         if item is None:
@@ -1897,7 +2110,7 @@ def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema
         if nones:
             raise TypeError("ragged_tensor_dict rows cannot contain explicit None tensor "
                             f"values; row {row} has explicit None for {nones}")
-        names = _dict_keys(item.keys())
+        names = _normalize_ragged_tensor_dict_keys(item.keys())
         if keys is None:
             seen.update(names)
         elif set(names) - set(keys):
@@ -1906,7 +2119,7 @@ def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema
                 f"metadata['keys']; row {row} has keys not declared: "
                 f"{sorted(set(names) - set(keys))}")
     if keys is None:
-        keys = _dict_keys(sorted(seen))
+        keys = _normalize_ragged_tensor_dict_keys(sorted(seen))
     if keys and _torch is None:
         raise RuntimeError("torch is required to encode ragged_tensor_dict fields")
     payload: dict[str, Any] = {"null_mask": np.asarray([v is None for v in values], np.bool_)}
@@ -2208,8 +2421,52 @@ def _is_mapping_like_or_none(value: Any) -> bool:
     return value is None or isinstance(value, Mapping) or callable(getattr(value, "items", None))
 
 
-def _is_sequence(value: Any) -> bool:
+def _is_non_string_sequence(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))
+
+
+def _field_len(name: str, value: Any) -> int:
+    try:
+        return len(value)
+    except TypeError as error:
+        raise ValueError(f"flat dict row-aligned field {name!r} must be sized") from error
+
+
+def _select_mapping(value: Mapping[str, Any], keys: Optional[Sequence[str]]) -> dict[str, Any]:
+    if keys is None:
+        return dict(value)
+    return {key: value[key] for key in keys if key in value}
+
+
+def _validate_schema_nullable(path: str, value: Any, schema: FieldSchema) -> None:
+    if not schema.nullable and any(item is None for item in value):
+        raise ValueError(f"FieldSchema for {path!r} is not nullable")
+
+
+def _should_encode_non_tensor_field(value: Any) -> bool:
+    """A non_tensor_batch column needs a row codec when it is an object array."""
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _is_recursive_encoded_non_tensor(encoded: Mapping[str, Any]) -> bool:
+    return encoded.get("codec") == "structured_recursive"
+
+
+def _normalize_dataproto_row_index(index: Any, total_rows: int) -> int:
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise TypeError("DataProto row indices must be integers")
+    normalized = int(index) + (total_rows if int(index) < 0 else 0)
+    if not 0 <= normalized < total_rows:
+        raise IndexError(f"DataProto row index {index} out of range for {total_rows} rows")
+    return normalized
+
+
+def _copy_transfer_policy(policy: BundleTransferPolicy) -> BundleTransferPolicy:
+    """The same policy with copy_mode="copy"."""
+    if policy.copy_mode == "copy":
+        return policy
+    return BundleTransferPolicy(max_inflight_put=policy.max_inflight_put,
+                                put_mode=policy.put_mode, copy_mode="copy")
 
 
 def _dense(value: Any) -> bool:
@@ -2217,20 +2474,23 @@ def _dense(value: Any) -> bool:
         isinstance(value, np.ndarray) and value.dtype != object and value.ndim > 0)
 
 
-_SECTIONS = ("batch", "non_tensor_batch", "meta_info")
+_DATAPROTO_SCHEMA_SECTIONS = ("batch", "non_tensor_batch", "meta_info")
+_RAGGED_TENSOR_PAYLOAD_NAMES = frozenset({"data", "offsets", "shapes", "ndims", "nulls"})
 
 
 def _schema_section(name: str, schema: FieldSchema) -> str | None:
     section = (schema.metadata or {}).get("section")
-    if section is not None and section not in _SECTIONS:
+    if section is not None and section not in _DATAPROTO_SCHEMA_SECTIONS:
         raise ValueError(
-            f"FieldSchema for {name!r} metadata['section'] must be one of {sorted(_SECTIONS)}")
+            f"FieldSchema for {name!r} metadata['section'] must be one of {sorted(_DATAPROTO_SCHEMA_SECTIONS)}")
     return section
 
 
-def _schema_dtype(schema: FieldSchema) -> np.dtype | None:
+def _schema_ndarray_dtype(schema: FieldSchema, *, required: bool = False) -> np.dtype | None:
     name = (schema.metadata or {}).get("dtype")
     if name is None:
+        if required:
+            raise ValueError("FieldSchema metadata['dtype'] is required")
         return None
     try:
         dtype = np.dtype(name)
@@ -2253,12 +2513,12 @@ def _as_column(name: str, value: Any, rows: int, schema: FieldSchema | None) -> 
         if len(value) != rows:
             raise ValueError(f"flat dict non_tensor_batch field {name!r} has batch size "
                              f"{len(value)}, expected {rows}")
-        dtype = _schema_dtype(schema) if schema is not None else None
+        dtype = _schema_ndarray_dtype(schema) if schema is not None else None
         if (schema is not None and schema.codec == "ndarray" and dtype is not None
                 and (value.dtype != object or all(v is not None for v in value))):
             return np.asarray(value, dtype=dtype)
         return value
-    if _is_sequence(value):
+    if _is_non_string_sequence(value):
         if len(value) != rows:
             raise ValueError(f"flat dict non_tensor_batch field {name!r} has batch size "
                              f"{len(value)}, expected {rows}")
@@ -2290,7 +2550,7 @@ def _flat_dict_to_envelope(data: Any, schemas: Mapping[str, FieldSchema] | None 
             rows = dense_sizes.pop()
         else:
             sizes = {len(v) for v in considered.values()
-                     if (isinstance(v, np.ndarray) and v.ndim > 0) or _is_sequence(v)}
+                     if (isinstance(v, np.ndarray) and v.ndim > 0) or _is_non_string_sequence(v)}
             if len(sizes) > 1:
                 raise ValueError(
                     f"flat dict fields have ambiguous batch sizes: {sorted(sizes)}; "
@@ -2304,7 +2564,7 @@ def _flat_dict_to_envelope(data: Any, schemas: Mapping[str, FieldSchema] | None 
                     isinstance(value, np.ndarray) and value.dtype != object
                     and value.shape[:1] == (rows,))):
                 batch[key] = value
-            elif not schema_rows and _is_sequence(value) and len(value) == rows:
+            elif not schema_rows and _is_non_string_sequence(value) and len(value) == rows:
                 non_tensor[key] = _as_column(key, value, rows, schemas.get(key))
             else:
                 meta[key] = value
@@ -2319,7 +2579,7 @@ def _flat_dict_to_envelope(data: Any, schemas: Mapping[str, FieldSchema] | None 
 
 def _check_pinned_sections(sections, schemas) -> None:
     where: dict[str, set[str]] = {}
-    for section, fields in zip(_SECTIONS, sections):
+    for section, fields in zip(_DATAPROTO_SCHEMA_SECTIONS, sections):
         for name in fields:
             where.setdefault(name, set()).add(section)
     for name, schema in (schemas or {}).items():
@@ -2389,8 +2649,7 @@ def _encode_with_fallback(path: str, column: np.ndarray) -> _EncodedStructuredLe
 
 def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _EncodedStructuredLeaf:
     values = list(column)
-    if not schema.nullable and any(v is None for v in values):
-        raise ValueError(f"FieldSchema for {path!r} is not nullable")
+    _validate_schema_nullable(path, values, schema)
     codec = schema.codec
     if codec == "auto":
         return _encode_with_fallback(path, column)
@@ -2399,9 +2658,9 @@ def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _
     if codec == "ragged_tensor":
         payload, meta = _encode_ragged_tensor_values(values)
     elif codec == "typed_ragged":
-        payload, meta = _encode_typed_ragged_values(values, _schema_dtype(schema))
+        payload, meta = _encode_typed_ragged_values(values, _schema_ndarray_dtype(schema))
     elif codec == "ndarray":
-        dtype = _schema_dtype(schema)
+        dtype = _schema_ndarray_dtype(schema)
         if dtype is None:
             return _encode_with_fallback(path, column)
         payload, meta = _encode_numeric_scalar_values(
@@ -2528,7 +2787,7 @@ class MooncakeBundleTransfer:
         zero_copy = self._check_policy(policy, max_inflight_put).copy_mode == "zero_copy"
         meta, encoded = _encode_structured_fields(payload.metadata, payload.buffers)
         return self._bundles.put_bundle(
-            _encode_json_dict(meta, "structured metadata"), encoded, partition, chunk_bytes, config,
+            _encode_structured_metadata(meta), encoded, partition, chunk_bytes, config,
             zero_copy)
 
     def put_object(self, obj: Any, partition="default", chunk_bytes=None, policy=None,
@@ -2564,8 +2823,8 @@ class MooncakeBundleTransfer:
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
         manifest = self._bundles.resolve(spec.ref)
-        metadata = _decode_json_dict(self._bundles.read(manifest["meta"]), "structured metadata")
-        field_specs = metadata.get(STRUCTURED_FIELD_SPECS_KEY, {})
+        metadata = _decode_structured_metadata(self._bundles.read(manifest["meta"]))
+        field_specs = _structured_field_specs(metadata)
         if not isinstance(field_specs, dict):
             raise ValueError("structured field specs must be a dict")
         buffers = manifest["buffers"]
@@ -2661,10 +2920,10 @@ class MooncakeBundleTransfer:
         metas = {}
         for stage, stage_ref in ref.stage_refs.items():
             manifest = self._bundles.resolve(stage_ref)
-            metas[stage] = _decode_json_dict(self._bundles.read(manifest["meta"]), "structured metadata")
+            metas[stage] = _decode_structured_metadata(self._bundles.read(manifest["meta"]))
         by_section: dict[str, dict[str, Any]] = {"batch": {}, "non_tensor_batch": {}}
         for name, loc in ref.field_index.items():
-            specs = metas[loc.stage].get(STRUCTURED_FIELD_SPECS_KEY, {})
+            specs = _structured_field_specs(metas[loc.stage])
             enc = ref.encoded_non_tensor.get(name)
             if enc is None:
                 spec = dict(specs.get(loc.member, {"encoding": "bytes"}))
@@ -2764,7 +3023,7 @@ class MooncakeBundleTransfer:
                 try:
                     column = value
                     if not isinstance(value, np.ndarray):
-                        if not _is_sequence(value):
+                        if not _is_non_string_sequence(value):
                             raise TypeError(f"non_tensor_batch field {name!r} with FieldSchema "
                                             "must be an ndarray or non-string sequence")
                         column = _object_array_from_decoded_values(value)
@@ -2810,7 +3069,7 @@ class MooncakeBundleTransfer:
                         f"DataProto overwrite for stage {stage!r} must include existing "
                         f"fields: {dangling}")
         group = ref._storage_group_id if ref is not None else _storage_group(config)
-        config = _grouped(config, group)
+        config = _config_with_group_id(config, group)
         payload = StructuredObjectPayload(
             metadata={"layout": "dataproto_stage",
                       "dataproto": {"version": 1, "namespace": namespace,
@@ -2847,12 +3106,12 @@ class MooncakeBundleTransfer:
         try:
             old_m = bundles.resolve(old_ref)
             new_m = bundles.resolve(new_ref)
-            old_meta = _decode_json_dict(bundles.read(old_m["meta"]), "structured metadata")
-            new_meta = _decode_json_dict(bundles.read(new_m["meta"]), "structured metadata")
+            old_meta = _decode_structured_metadata(bundles.read(old_m["meta"]))
+            new_meta = _decode_structured_metadata(bundles.read(new_m["meta"]))
             if old_meta.get("dataproto") != new_meta.get("dataproto"):
                 raise ValueError("DataProto stage metadata mismatch during manifest merge")
-            specs = dict(old_meta.get(STRUCTURED_FIELD_SPECS_KEY, {}))
-            added = new_meta.get(STRUCTURED_FIELD_SPECS_KEY, {})
+            specs = dict(_structured_field_specs(old_meta))
+            added = _structured_field_specs(new_meta)
             clash = sorted(set(specs) & set(added)) or sorted(
                 set(old_m["buffers"]) & set(new_m["buffers"]))
             if clash:
@@ -2870,7 +3129,7 @@ class MooncakeBundleTransfer:
                 bundles.manifest_key(new_ref, new_m),
                 *[c["key"] for c in new_m["meta"]["chunks"]],
             ]
-            merged = bundles.put_manifest(_encode_json_dict(merged_meta, "structured metadata"), buffers,
+            merged = bundles.put_manifest(_encode_structured_metadata(merged_meta), buffers,
                                           partition, cleanup, config)
         except BaseException:
             self.remove_bundle(new_ref)
@@ -2919,7 +3178,7 @@ class MooncakeBundleTransfer:
                     wanted_members.append(index[name].member)
             result = self.materialize(
                 self.read_spec(ref.stage_refs[stage]).select_members(wanted_members))
-            specs = result.metadata.get(STRUCTURED_FIELD_SPECS_KEY, {})
+            specs = _structured_field_specs(result.metadata)
             objs = result.objects
             for name in stage_names:
                 loc = index[name]
