@@ -137,7 +137,7 @@ def test_jagged_nested_tensors_round_trip(transfer, store):
     assert [x.tolist() for x in got.unbind()] == [[0.0, 1.0], [5.0, 6.0, 7.0], [8.0]]
     assert got.lengths() is not None
     with pytest.raises(ValueError, match="nested tensor payload is truncated"):
-        S._decode_jagged(b"\x00" * 10, {"format": "tensor_parts", "part_bytes": [20, 4]})
+        S._deserialize_nested_tensor_payload(b"\x00" * 10, {"format": "tensor_parts", "part_bytes": [20, 4]})
 
 
 def test_read_spec_selects_and_slices_members(transfer):

@@ -21,7 +21,6 @@ from mooncake._structured.common import (
     BundleNotFoundError,
     _TensorPayload,
     _byte_view,
-    _call_write_with_optional_config,
     _public,
     _write_raw,
 )
@@ -55,7 +54,7 @@ class _Bundles:
             if pending is not None:
                 pending.append((name, piece))
                 continue
-            _public()._check_status(_call_write_with_optional_config(self.store.put, name, piece, config=config), "put", name)
+            _public()._check_status(_public()._call_write_with_optional_config(self.store.put, name, piece, config=config), "put", name)
             written.append(name)
         return {
             "key": key,
@@ -67,7 +66,7 @@ class _Bundles:
         put_tensor = getattr(self.store, "put_tensor" if config is None else "pub_tensor", None)
         if callable(put_tensor):
             header = _tensor_codec._HEADER_BYTES
-            _public()._check_status(_call_write_with_optional_config(put_tensor, key, tensor, config=config), "put_tensor", key)
+            _public()._check_status(_public()._call_write_with_optional_config(put_tensor, key, tensor, config=config), "put_tensor", key)
             written.append(key)
             total = header + int(tensor.nbytes)
             return {
@@ -171,7 +170,7 @@ class _Bundles:
             _public()._check_status(status, "put_batch", keys[0])
             return
         for key, view in pending:
-            _public()._check_status(_call_write_with_optional_config(self.store.put, key, view, config=config), "put", key)
+            _public()._check_status(_public()._call_write_with_optional_config(self.store.put, key, view, config=config), "put", key)
             written.append(key)
 
     def put_manifest(self, meta: bytes, buffers: Mapping[str, Any], partition: str,

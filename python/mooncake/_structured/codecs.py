@@ -23,7 +23,6 @@ from mooncake._structured.common import (
     _RAGGED_TENSOR_DEFAULT_DTYPE,
     _TYPED_RAGGED_DEFAULT_DTYPE,
     _public,
-    _torch_dtype_to_numpy,
 )
 from mooncake._structured.types import (
     FieldSchema,
@@ -36,6 +35,9 @@ from mooncake._structured.inference import (
     _InferredNode,
     _Missing,
 )
+
+# The parts of one ragged_tensor (and typed_ragged) column.
+_RAGGED_TENSOR_PAYLOAD_NAMES = frozenset({"data", "offsets", "shapes", "ndims", "nulls"})
 
 
 def _encode_typed_ragged_values(values: Sequence[Any], dtype_hint: Any = None):
@@ -344,7 +346,7 @@ def _decode_ragged_tensor_values(payload: Mapping[str, Any], rows: int, meta: Ma
         raise RuntimeError("torch is required to decode ragged tensor fields")
     name = (meta or {}).get("dtype", _RAGGED_TENSOR_DEFAULT_DTYPE)
     np_meta = dict(meta or {})
-    np_meta["dtype"] = str(_torch_dtype_to_numpy(name))
+    np_meta["dtype"] = str(_public()._torch_dtype_to_numpy(name))
     dtype = _public()._parse_torch_dtype(name)
     out = []
     for v in _decode_typed_ragged_values(payload, rows, np_meta):
@@ -767,3 +769,46 @@ def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _
     else:
         raise ValueError(f"unsupported schema codec: {codec!r}")
     return _EncodedStructuredLeaf(codec, len(values), payload, meta)
+
+
+def _encode_recursive_if_structured(path: str, values: list[Any]):
+    """The structured_recursive encoding of a column when its nested values hold a leaf
+    that needs it (tensors, bytes, media, ndarray rows), else None."""
+    leaves: list[_InferredLeaf] = []
+    nodes: list[_InferredNode] = []
+    sos = _public()
+    sos.infer_structure(path, values, leaves, nodes)
+    if not nodes or not any(
+        (leaf.decision.codec == "typed_ragged"
+         and leaf.decision.metadata.get("recursive_source") == "ndarray")
+        or leaf.decision.codec in ("ragged_tensor", "bytes_ragged", "media_bytes",
+                                   "media_list_ragged")
+        for leaf in leaves
+    ):
+        return None
+    return sos._encode_recursive_structured_non_tensor_field(path, values, leaves, nodes,
+                                                             explicit=True)
+
+
+def _ragged_tensor_dict_payload_items(payload: Mapping[str, Any], key: str, *,
+                                      kind: str) -> dict[str, Any]:
+    """One key's ragged_tensor payload parts inside a ragged_tensor_dict payload."""
+    prefix = f"{key}."
+    items = {n[len(prefix):]: v for n, v in payload.items() if n.startswith(prefix)}
+    missing = sorted(_RAGGED_TENSOR_PAYLOAD_NAMES - set(items))
+    if missing:
+        raise ValueError(
+            f"ragged_tensor_dict {kind} for key {key!r} is missing payloads: {missing}")
+    return items
+
+
+def _coerce_schema_non_tensor_value(name: str, value: Any) -> np.ndarray:
+    """A non_tensor_batch field with a FieldSchema as an ndarray (a sequence boxed)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        boxed = np.empty(len(value), dtype=object)
+        boxed[:] = list(value)
+        return boxed
+    raise TypeError(f"non_tensor_batch field {name!r} with FieldSchema must be an ndarray or "
+                    "non-string sequence")

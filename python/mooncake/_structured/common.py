@@ -130,6 +130,24 @@ def _structured_field_specs(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return specs
 
 
+def _merge_structured_stage_metadata(old_metadata: Mapping[str, Any],
+                                     new_metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata of two parts of one DataProto stage merged: the same ``dataproto``
+    record, the union of their member specs (a member in both is refused)."""
+    if old_metadata.get("dataproto") != new_metadata.get("dataproto"):
+        raise ValueError("DataProto stage metadata mismatch during manifest merge")
+    merged = dict(old_metadata)
+    specs = dict(_structured_field_specs(old_metadata))
+    added = _structured_field_specs(new_metadata)
+    clash = sorted(set(specs) & set(added))
+    if clash:
+        raise ValueError(f"structured members already exist: {clash}")
+    specs.update(added)
+    if specs:
+        merged[STRUCTURED_FIELD_SPECS_KEY] = specs
+    return merged
+
+
 def _chunk_offsets(chunks: Sequence[Mapping[str, Any]]) -> list[int]:
     """Where each chunk of a payload starts within it."""
     offsets = [0]
@@ -409,3 +427,50 @@ def _multi_buffer_bytes_payload(parts: Sequence[Any]) -> _MultiBufferPayload:
 
 def _nonempty_str(value: Any) -> bool:
     return isinstance(value, str) and bool(value)
+
+
+def _buffer_ptr(value: Any) -> int:
+    """The address of a writable buffer (bytearray, ndarray)."""
+    import ctypes
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(value))
+
+
+def _buffer_nbytes(value: Any) -> int:
+    return int(value.nbytes) if isinstance(value, np.ndarray) else len(value)
+
+
+def _split_view(view: memoryview, chunk_bytes: int) -> list[memoryview]:
+    """A payload's chunks as views (one empty view for an empty payload)."""
+    if len(view) == 0:
+        return [view]
+    return [view[i:i + chunk_bytes] for i in range(0, len(view), chunk_bytes)]
+
+
+def _copy_memoryviews(buffers: Sequence[memoryview], destination: memoryview) -> None:
+    """Copy the buffers back to back into ``destination``."""
+    out = destination.cast("B")
+    offset = 0
+    for buffer in buffers:
+        part = buffer.cast("B")
+        out[offset:offset + len(part)] = part
+        offset += len(part)
+
+
+def _as_contiguous_array_preserve_ndim(value: Any, dtype: Any) -> np.ndarray:
+    """``value`` as a C-contiguous array of ``dtype``, a 0-d value staying 0-d."""
+    if isinstance(value, np.ndarray) and value.dtype == dtype and value.flags.c_contiguous:
+        return value
+    array = np.asarray(value, dtype=dtype)
+    return array if array.flags.c_contiguous else np.array(array, dtype=dtype, order="C")
+
+
+def _regular_offsets_width(offsets: np.ndarray, rows: int) -> int | None:
+    """The common row width when ragged offsets are in fact regular, else None."""
+    if rows <= 0 or int(offsets[0]) != 0:
+        return None
+    total = int(offsets[-1])
+    if total < 0 or total % rows:
+        return None
+    width = total // rows
+    return width if bool(np.all(np.diff(offsets) == width)) else None

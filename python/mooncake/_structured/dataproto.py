@@ -115,7 +115,6 @@ def _dense(value: Any) -> bool:
 
 
 _DATAPROTO_SCHEMA_SECTIONS = ("batch", "non_tensor_batch", "meta_info")
-_RAGGED_TENSOR_PAYLOAD_NAMES = frozenset({"data", "offsets", "shapes", "ndims", "nulls"})
 
 
 def _schema_section(name: str, schema: FieldSchema) -> str | None:
@@ -261,3 +260,40 @@ def _take_rows(value: Any, indices: list[int]) -> Any:
     if isinstance(value, list):
         return [value[i] for i in indices]
     raise TypeError(f"cannot select rows of {type(value).__name__}")
+
+
+def _schema_for_section(field_schemas: Optional[Mapping[str, FieldSchema]], name: str,
+                        section: str) -> FieldSchema | None:
+    """The schema of ``name`` when it applies to ``section`` (unpinned or pinned there)."""
+    schema = (field_schemas or {}).get(name)
+    if schema is None:
+        return None
+    declared = _schema_section(name, schema)
+    return schema if declared is None or declared == section else None
+
+
+def _is_row_aligned_dense_field(value: Any, row_count: int) -> bool:
+    """A tensor or non-object array with one entry per row."""
+    if row_count == 0:
+        return False
+    if _is_tensor(value):
+        return tuple(value.shape[:1]) == (row_count,)
+    return (isinstance(value, np.ndarray) and value.dtype != object
+            and value.shape[:1] == (row_count,))
+
+
+def _envelope_to_flat_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """An envelope as one flat dict (meta_info, batch, then non_tensor_batch as lists)."""
+    meta = _mapping_to_dict(data.get("meta_info"))
+    batch = _mapping_to_dict(data.get("batch"))
+    non_tensor = _mapping_to_dict(data.get("non_tensor_batch"))
+    overlap = (set(meta) & set(batch)) | (set(meta) & set(non_tensor)) \
+        | (set(batch) & set(non_tensor))
+    if overlap:
+        raise ValueError(f"Duplicate keys found across DataProto sections: {sorted(overlap)}")
+    flat = dict(meta)
+    flat.update(batch)
+    for name, value in non_tensor.items():
+        flat[name] = value.tolist() if isinstance(value, np.ndarray) and value.dtype == object \
+            else value
+    return flat

@@ -8,7 +8,7 @@ Part of `mooncake.structured_object_store` (the public face; see its docstring).
 from __future__ import annotations
 
 import io
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -23,7 +23,6 @@ from mooncake._structured.common import (
     _DirectCopyPayload,
     _MultiBufferPayload,
     _TensorPayload,
-    _bytes_view,
     _is_tensor,
     _public,
 )
@@ -54,7 +53,7 @@ def _encode_structured_field(value: Any) -> tuple[dict[str, Any], Any]:
     if isinstance(value, (_MultiBufferPayload, _DirectCopyPayload)):
         # Ours stores the parts joined (one copy); upstream copies them into pool memory.
         parts = value.buffers if isinstance(value, _MultiBufferPayload) else value.arrays
-        data = b"".join(bytes(_bytes_view(p, "payload part")) for p in parts)
+        data = b"".join(bytes(_public()._bytes_view(p, "payload part")) for p in parts)
         if value.dtype is not None and value.shape is not None:
             return {"encoding": "ndarray", "dtype": value.dtype, "shape": list(value.shape)}, data
         return {"encoding": "bytes"}, data
@@ -76,7 +75,7 @@ def _encode_torch_tensor_field(value: Any) -> tuple[dict[str, Any], Any]:
     if value.is_nested:
         if value.layout != _torch.jagged:
             raise ValueError("structured nested tensor fields require torch.jagged layout")
-        return _encode_jagged(value)
+        return _encode_nested_tensor_field(value)
     tensor = value.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -141,7 +140,7 @@ def _tensor_bytes(tensor: Any) -> bytes:
     return bytes(header) + (ctypes.string_at(ptr, nbytes) if nbytes else b"")
 
 
-def _encode_jagged(value: Any) -> tuple[dict[str, Any], bytes]:
+def _encode_nested_tensor_field(value: Any) -> tuple[dict[str, Any], bytes]:
     """A jagged nested tensor as its values, offsets and (if any) lengths tensors, each in the
     304-byte tensor format, one after the other ("tensor_parts", as upstream writes them)."""
     parts_of = [value.values(), value.offsets()]
@@ -161,11 +160,11 @@ def _encode_jagged(value: Any) -> tuple[dict[str, Any], bytes]:
     return spec, buf.getvalue()
 
 
-def _decode_jagged(blob: bytes, fspec: Mapping[str, Any]) -> Any:
+def _deserialize_nested_tensor_payload(blob: bytes, fspec: Mapping[str, Any]) -> Any:
     fmt = fspec.get("format", "torch_save")
     if fmt == "torch_save":
         saved = _torch.load(io.BytesIO(blob), weights_only=True)
-        return _jagged_from(saved.values(), saved.offsets(), saved.lengths(),
+        return _nested_tensor_from_parts(saved.values(), saved.offsets(), saved.lengths(),
                             int(getattr(saved, "_ragged_idx", 1)))
     if fmt != "tensor_parts":
         raise ValueError(f"unsupported nested tensor payload format: {fmt}")
@@ -183,11 +182,11 @@ def _decode_jagged(blob: bytes, fspec: Mapping[str, Any]) -> Any:
         at += size
     if at != len(blob):
         raise ValueError("nested tensor payload has trailing bytes")
-    return _jagged_from(tensors[0], tensors[1], tensors[2] if count == 3 else None,
+    return _nested_tensor_from_parts(tensors[0], tensors[1], tensors[2] if count == 3 else None,
                         int(fspec.get("ragged_idx", 1)))
 
 
-def _jagged_from(values: Any, offsets: Any, lengths: Any, ragged_idx: int) -> Any:
+def _nested_tensor_from_parts(values: Any, offsets: Any, lengths: Any, ragged_idx: int) -> Any:
     seq = lengths if lengths is not None else offsets.diff()
     low = int(seq.min().item()) if seq.numel() else 0
     high = int(seq.max().item()) if seq.numel() else 0
@@ -205,7 +204,7 @@ def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec:
         if _torch is None:
             raise RuntimeError("torch is required to read torch_tensor members")
         if fspec.get("nested"):
-            return _decode_jagged(blob, fspec)
+            return _deserialize_nested_tensor_payload(blob, fspec)
         return bundles.decode_tensor(spec, blob)
     if encoding == "ndarray":
         dtype = _plain_dtype(fspec.get("dtype"))
@@ -320,3 +319,29 @@ def _encode_structured_fields(metadata: Mapping[str, Any], members: Mapping[str,
     if specs:
         meta[STRUCTURED_FIELD_SPECS_KEY] = specs
     return meta, encoded
+
+
+def _normalized_member_slice(member_slice: StructuredMemberSlice,
+                             total_rows: int) -> tuple[int, int, int]:
+    """(start, stop, step) of a member slice over ``total_rows`` rows."""
+    if member_slice.step <= 0:
+        raise ValueError("structured ndarray slicing step must be positive")
+    return slice(member_slice.start, member_slice.end, member_slice.step).indices(total_rows)
+
+
+def _slice_length(member_slice: StructuredMemberSlice, total_rows: int) -> int:
+    return len(range(*_normalized_member_slice(member_slice, total_rows)))
+
+
+def _select_nested_tensor_rows(value: Any, indices: Sequence[int]) -> Any:
+    """The given rows of a jagged nested tensor, as a nested tensor."""
+    rows = value.unbind()
+    picked = [rows[int(i)] for i in indices]
+    if picked:
+        result = _torch.nested.as_nested_tensor(picked, layout=value.layout)
+    else:
+        offsets = _torch.zeros(1, dtype=value.offsets().dtype, device=value.offsets().device)
+        result = _torch.nested.nested_tensor_from_jagged(value.values()[:0], offsets=offsets)
+    if hasattr(value, "_ragged_idx"):
+        result._ragged_idx = value._ragged_idx
+    return result

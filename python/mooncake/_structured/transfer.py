@@ -12,11 +12,9 @@ import numpy as np
 
 from mooncake._structured.common import (
     DEFAULT_BUNDLE_CHUNK_BYTES,
-    STRUCTURED_FIELD_SPECS_KEY,
     _WRAPPED_KEY,
     _public,
     _storage_group,
-    _structured_field_specs,
 )
 from mooncake._structured.types import (
     BundleTransferPolicy,
@@ -220,7 +218,7 @@ class MooncakeBundleTransfer:
             out.update(batch)
             out.update(non_tensor)
             return out
-        return _build_result(batch, non_tensor, meta, data_cls)
+        return _build_dataproto_like_result(batch, non_tensor, meta, data_cls)
 
     def get_dataproto(self, ref: Any, *, fields=None, batch_fields=None,
                       non_tensor_fields=None, meta_info_keys=None, data_cls=None,
@@ -423,18 +421,10 @@ class MooncakeBundleTransfer:
             new_m = bundles.resolve(new_ref)
             old_meta = _public()._decode_structured_metadata(bundles.read(old_m["meta"]))
             new_meta = _public()._decode_structured_metadata(bundles.read(new_m["meta"]))
-            if old_meta.get("dataproto") != new_meta.get("dataproto"):
-                raise ValueError("DataProto stage metadata mismatch during manifest merge")
-            specs = dict(_structured_field_specs(old_meta))
-            added = _public()._structured_field_specs(new_meta)
-            clash = sorted(set(specs) & set(added)) or sorted(
-                set(old_m["buffers"]) & set(new_m["buffers"]))
+            merged_meta = _public()._merge_structured_stage_metadata(old_meta, new_meta)
+            clash = sorted(set(old_m["buffers"]) & set(new_m["buffers"]))
             if clash:
                 raise ValueError(f"structured members already exist: {clash}")
-            specs.update(added)
-            merged_meta = dict(old_meta)
-            if specs:
-                merged_meta[STRUCTURED_FIELD_SPECS_KEY] = specs
             buffers = dict(old_m["buffers"])
             buffers.update(new_m["buffers"])
             cleanup = [
@@ -523,7 +513,7 @@ class MooncakeBundleTransfer:
         return batch, non_tensor, meta
 
 
-def _build_result(batch, non_tensor, meta, data_cls):
+def _build_dataproto_like_result(batch, non_tensor, meta, data_cls):
     if data_cls is None or data_cls is dict:
         return {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": meta}
     try:
@@ -535,3 +525,8 @@ def _build_result(batch, non_tensor, meta, data_cls):
         raise TypeError(
             f"{getattr(data_cls, '__name__', data_cls)!r} cannot be constructed from batch, "
             "non_tensor_batch, and meta_info") from error
+
+
+def _dataproto_manifest_view(transfer: MooncakeBundleTransfer, ref: Any) -> dict[str, Any]:
+    """Upstream's module-level form of `MooncakeBundleTransfer.dataproto_manifest_view`."""
+    return transfer.dataproto_manifest_view(ref)
