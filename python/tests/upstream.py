@@ -162,7 +162,19 @@ def run_with_store(source, segment=16 << 20, local_buffer=4 << 20, timeout=120,
     return _run(code, timeout, with_site=with_site)
 
 
-def run(source, timeout=60, with_numpy=False):
+def run(source, timeout=60, with_numpy=False, with_site=False):
     """`scenario()` of `source` in upstream's interpreter; its JSON result."""
     code = textwrap.dedent(source) + "\nimport json\nprint('\\nRESULT ' + json.dumps(scenario()))\n"
-    return _run(code, timeout, with_numpy)
+    return _run(code, timeout, with_numpy, with_site)
+
+
+def module_file(module):
+    """The source file of upstream's `module` (found without importing it), or skip."""
+    code = ("import importlib.util, sys; "
+            f"print(importlib.util.find_spec({module!r}).origin)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([python(), "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env)
+    if proc.returncode != 0:
+        pytest.skip(f"upstream has no {module}: {proc.stderr.strip()[-200:]}")
+    return proc.stdout.strip()

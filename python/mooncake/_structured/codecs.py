@@ -96,7 +96,9 @@ def _encode_typed_ragged_values(values: Sequence[Any], dtype_hint: Any = None):
     return payload, meta
 
 
-def _decode_typed_ragged_values(payload: Mapping[str, Any], rows: int, meta: Mapping) -> list:
+def _decode_typed_ragged_values(payload: Mapping[str, Any], rows: int,
+                                metadata: Mapping | None = None) -> list:
+    meta = metadata or {}
     dtype = _plain_dtype(meta.get("dtype", _TYPED_RAGGED_DEFAULT_DTYPE))
     data = _as_array(payload["data"], dtype)
     offsets, shapes = payload["offsets"], np.asarray(payload["shapes"])
@@ -217,8 +219,9 @@ def _encode_bytes_like_values(values: Sequence[Any]):
     }, _media_meta(kinds, types)
 
 
-def _decode_bytes_like_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None = None):
-    encodings = (meta or {}).get("media_encodings") or []
+def _decode_bytes_like_values(payload: Mapping[str, Any], rows: int,
+                              metadata: Mapping | None = None):
+    encodings = (metadata or {}).get("media_encodings") or []
     data = bytes(payload["data"])
     offsets, nulls = payload["offsets"], payload["nulls"]
     _check_rows("bytes", rows, offsets=offsets, nulls=nulls)
@@ -259,8 +262,9 @@ def _encode_media_list_values(values: Sequence[Any]):
     }, meta
 
 
-def _decode_media_list_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None):
-    encodings = (meta or {}).get("media_encodings", [])
+def _decode_media_list_values(payload: Mapping[str, Any], rows: int,
+                              metadata: Mapping | None = None):
+    encodings = (metadata or {}).get("media_encodings", [])
     data = bytes(payload["data"])
     row_offsets, byte_offsets = payload["row_offsets"], payload["byte_offsets"]
     nulls = payload["nulls"]
@@ -341,7 +345,9 @@ def _encode_ragged_tensor_values(values: Sequence[Any]):
     return payload, meta
 
 
-def _decode_ragged_tensor_values(payload: Mapping[str, Any], rows: int, meta: Mapping | None) -> list:
+def _decode_ragged_tensor_values(payload: Mapping[str, Any], rows: int,
+                                 metadata: Mapping | None = None) -> list:
+    meta = metadata
     if _torch is None:
         raise RuntimeError("torch is required to decode ragged tensor fields")
     name = (meta or {}).get("dtype", _RAGGED_TENSOR_DEFAULT_DTYPE)
@@ -498,7 +504,9 @@ def _encode_structured_leaf(values: Sequence[Any], decision: _CodecDecision,
     return _EncodedStructuredLeaf(codec, len(values), payload, meta)
 
 
-def _decode_structured_leaf(codec: str, payload: Mapping[str, Any], rows: int, meta: Mapping | None):
+def _decode_structured_leaf(codec: str, payload: Mapping[str, Any], rows: int,
+                            metadata: Mapping | None = None):
+    meta = metadata
     if codec == "ragged_tensor":
         return _decode_ragged_tensor_values(payload, rows, meta)
     if codec == "typed_ragged":
@@ -644,12 +652,17 @@ def _decode_structured_recursive_field(encoded: Mapping[str, Any], payload: Mapp
     return columns[root]
 
 
-def _decode_structured_non_tensor_encoded(encoded: Mapping[str, Any], payload: Mapping[str, Any], rows: int) -> list:
+def _decode_structured_non_tensor_encoded(encoded: Mapping[str, Any], payload: Mapping[str, Any],
+                                          rows: int, metadata: Mapping | None = None) -> list:
+    """A column's rows from its payload parts (``metadata`` overrides the encoding's own)."""
     codec = encoded.get("codec")
+    if metadata is None:
+        metadata = encoded.get("metadata")
     try:
         if codec == "structured_recursive":
-            return _decode_structured_recursive_field(encoded, payload, rows)
-        return _decode_structured_leaf(codec, payload, rows, encoded.get("metadata"))
+            return _decode_structured_recursive_field({**encoded, "metadata": metadata},
+                                                      payload, rows)
+        return _decode_structured_leaf(codec, payload, rows, metadata)
     except (IndexError, KeyError, TypeError, OverflowError, AttributeError,
             UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{codec} column payload is corrupt: {error!r}") from error
