@@ -7,7 +7,8 @@ two results; without the wheel the test is skipped with the reason.
 
 `run_with_store(source)` runs `scenario(store, BufferPool, MIB)` there against upstream's own
 `mooncake_master` (free loopback ports for RPC, metadata and metrics, HTTP metadata embedded) and returns its JSON result;
-`run(source)` runs `scenario()` alone.
+`run(source)` runs `scenario()` alone. `with_site=True` lends that venv our numpy and torch
+(it has neither); `module_file(name)` is the source file of one of upstream's modules.
 """
 
 import atexit
