@@ -30,11 +30,6 @@ from mooncake._structured.types import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Bundles: manifest + meta payload + named buffer payloads
-# ---------------------------------------------------------------------------------------------
-
-
 class _Bundles:
     def __init__(self, store: Any, prefix: str, chunk_bytes: int) -> None:
         self.store = store
@@ -54,7 +49,7 @@ class _Bundles:
             if pending is not None:
                 pending.append((name, piece))
                 continue
-            _public()._check_status(_public()._call_write_with_optional_config(self.store.put, name, piece, config=config), "put", name)
+            self._put_one(name, piece, config)
             written.append(name)
         return {
             "key": key,
@@ -66,7 +61,10 @@ class _Bundles:
         put_tensor = getattr(self.store, "put_tensor" if config is None else "pub_tensor", None)
         if callable(put_tensor):
             header = _tensor_codec._HEADER_BYTES
-            _public()._check_status(_public()._call_write_with_optional_config(put_tensor, key, tensor, config=config), "put_tensor", key)
+            sos = _public()
+            sos._check_status(
+                sos._call_write_with_optional_config(put_tensor, key, tensor, config=config),
+                "put_tensor", key)
             written.append(key)
             total = header + int(tensor.nbytes)
             return {
@@ -116,7 +114,8 @@ class _Bundles:
                    zero_copy=False) -> RemoteBundleRef:
         _public()._validate_key_segment(partition, "partition")
         meta_view = _byte_view(meta, "meta")
-        chunk = _public()._validate_chunk_bytes(self.chunk_bytes if chunk_bytes is None else chunk_bytes)
+        chunk = _public()._validate_chunk_bytes(
+            self.chunk_bytes if chunk_bytes is None else chunk_bytes)
         object_id = f"{partition}/{uuid.uuid4().hex}"
         base = f"{self.prefix}/{object_id}"
         written: list[str] = []
@@ -150,14 +149,17 @@ class _Bundles:
                 "buffers": specs,
             }
             manifest_key = f"{base}/manifest"
-            status = _public()._call_write_with_optional_config(self.store.put, manifest_key, _public()._encode_manifest(manifest),
-                            config=config)
-            _public()._check_status(status, "put", manifest_key)
+            self._put_one(manifest_key, _public()._encode_manifest(manifest), config)
             written.append(manifest_key)
         except BaseException:
             _public()._cleanup_keys(self.store, written, strict=False)
             raise
         return RemoteBundleRef(manifest_key=manifest_key, manifest=manifest)
+
+    def _put_one(self, key: str, value: Any, config: Any) -> None:
+        sos = _public()
+        sos._check_status(sos._put_with_optional_config(self.store, key, value, config), "put",
+                          key)
 
     def _flush(self, pending: list, config: Any, written: list) -> None:
         """Write the queued chunks: one put_batch when the store has it, else one put each."""
@@ -170,7 +172,7 @@ class _Bundles:
             _public()._check_status(status, "put_batch", keys[0])
             return
         for key, view in pending:
-            _public()._check_status(_public()._call_write_with_optional_config(self.store.put, key, view, config=config), "put", key)
+            self._put_one(key, view, config)
             written.append(key)
 
     def put_manifest(self, meta: bytes, buffers: Mapping[str, Any], partition: str,
@@ -198,9 +200,7 @@ class _Bundles:
                 manifest["cleanup_keys"] = cleanup
             self.validate(manifest)
             manifest_key = f"{base}/manifest"
-            status = _public()._call_write_with_optional_config(self.store.put, manifest_key, _public()._encode_manifest(manifest),
-                            config=config)
-            _public()._check_status(status, "put", manifest_key)
+            self._put_one(manifest_key, _public()._encode_manifest(manifest), config)
             written.append(manifest_key)
         except BaseException:
             _public()._cleanup_keys(self.store, written, strict=False)

@@ -380,7 +380,8 @@ def _normalize_ragged_tensor_dict_keys(keys: Any) -> list[str]:
     return out
 
 
-def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema) -> _EncodedStructuredLeaf:
+def _encode_ragged_tensor_dict_values(values: Sequence[Any],
+                                      schema: FieldSchema) -> _EncodedStructuredLeaf:
     """Rows of {name: tensor} (or None): one ragged_tensor column per name, ``{name}.{part}``,
     plus ``null_mask``. Names come from ``metadata['keys']`` or, sorted, from the rows."""
     declared = (schema.metadata or {}).get("keys")
@@ -412,7 +413,8 @@ def _encode_ragged_tensor_dict_values(values: Sequence[Any], schema: FieldSchema
     per_key = {}
     for key in keys:
         try:
-            part, meta = _encode_ragged_tensor_values([None if v is None else v.get(key) for v in values])
+            part, meta = _encode_ragged_tensor_values(
+                [None if v is None else v.get(key) for v in values])
         except (TypeError, ValueError, OverflowError, RuntimeError, RecursionError) as error:
             raise ValueError(f"failed to encode ragged_tensor_dict key {key!r}") from error
         for name, value in part.items():
@@ -481,7 +483,8 @@ def _encode_structured_leaf(values: Sequence[Any], decision: _CodecDecision,
     elif codec in ("bytes_ragged", "media_bytes"):
         payload, meta = _encode_bytes_like_values(values)
     elif codec == "utf8_ragged":
-        payload, meta = _encode_bytes_like_values([None if v is None else v.encode("utf-8") for v in values])
+        payload, meta = _encode_bytes_like_values(
+            [None if v is None else v.encode("utf-8") for v in values])
     elif codec == "msgpack_ragged":
         # Packed here, not by _encode_msgpack_ragged_values: an inferred column that msgpack
         # refuses raises msgpack's own TypeError, which the fallback search reports.
@@ -518,11 +521,13 @@ def _decode_structured_leaf(codec: str, payload: Mapping[str, Any], rows: int,
     if codec in ("bytes_ragged", "media_bytes"):
         return _decode_bytes_like_values(payload, rows, meta)
     if codec == "utf8_ragged":
-        return [None if v is None else v.decode("utf-8") for v in _decode_bytes_like_values(payload, rows)]
+        return [None if v is None else v.decode("utf-8")
+                for v in _decode_bytes_like_values(payload, rows)]
     if codec == "msgpack_ragged":
         return _decode_msgpack_ragged_values(payload, rows)
     if codec == "json_ragged":
-        return [None if v is None else json.loads(v) for v in _decode_bytes_like_values(payload, rows)]
+        return [None if v is None else json.loads(v)
+                for v in _decode_bytes_like_values(payload, rows)]
     if codec == "ragged_tensor_dict":
         return _decode_ragged_tensor_dict_values(payload, rows, meta or {})
     raise ValueError(f"unknown structured non-tensor codec: {codec}")
@@ -539,7 +544,8 @@ def _encode_structured_non_tensor_field(path: str, column: np.ndarray) -> _Encod
     return sos._encode_structured_leaf(values, sos._choose_leaf_codec(values), path)
 
 
-def _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes, explicit: bool = False) -> _EncodedStructuredLeaf:
+def _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes,
+                                                  explicit: bool = False) -> _EncodedStructuredLeaf:
     """One column per leaf path plus node masks. ``explicit`` encodes each leaf as an explicit
     FieldSchema of its inferred codec (upstream's fallback search does so), which records no
     inference metadata and lets a rejected codec try anyway."""
@@ -564,7 +570,8 @@ def _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes, e
         plain = [None if m else v for m, v in zip(missing, leaf.values)]
         choice = _public()._recursive_leaf_decision(leaf.values, leaf.decision)
         if explicit:
-            column = np.asarray(_normalize_values_for_fallback_codec(plain, choice.codec), dtype=object)
+            column = np.asarray(_normalize_values_for_fallback_codec(plain, choice.codec),
+                                dtype=object)
             encoded = _encode_with_schema(leaf.path, column,
                                           FieldSchema(choice.codec, metadata=choice.metadata))
         else:
@@ -700,7 +707,9 @@ _ENCODING_FALLBACK_ERRORS = (TypeError, ValueError, OverflowError, RuntimeError,
 def _normalize_structured_scalar(value: Any) -> Any:
     """numpy values as Python ones, recursively (for the msgpack/json fallbacks)."""
     if isinstance(value, np.ndarray):
-        return _normalize_structured_scalar(value.tolist()) if value.dtype == object else value.tolist()
+        if value.dtype == object:
+            return _normalize_structured_scalar(value.tolist())
+        return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
@@ -732,7 +741,8 @@ def _encode_with_fallback(path: str, column: np.ndarray) -> _EncodedStructuredLe
                                        "media_list_ragged")
             for leaf in leaves
         ):
-            return _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes, explicit=True)
+            return _encode_recursive_structured_non_tensor_field(path, values, leaves, nodes,
+                                                                 explicit=True)
     except _ENCODING_FALLBACK_ERRORS as error:
         errors.append(f"structured_recursive: {error}")
     choice = _public()._choose_leaf_codec(values)
@@ -748,7 +758,8 @@ def _encode_with_fallback(path: str, column: np.ndarray) -> _EncodedStructuredLe
                      f"tried {errors}")
 
 
-def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _EncodedStructuredLeaf:
+def _encode_with_schema(path: str, column: np.ndarray,
+                        schema: FieldSchema) -> _EncodedStructuredLeaf:
     values = list(column)
     _validate_schema_nullable(path, values, schema)
     codec = schema.codec
@@ -772,7 +783,8 @@ def _encode_with_schema(path: str, column: np.ndarray, schema: FieldSchema) -> _
     elif codec == "media_list_ragged":
         payload, meta = _encode_media_list_values(values)
     elif codec == "utf8_ragged":
-        payload, meta = _encode_bytes_like_values([None if v is None else v.encode("utf-8") for v in values])
+        payload, meta = _encode_bytes_like_values(
+            [None if v is None else v.encode("utf-8") for v in values])
     elif codec == "msgpack_ragged":
         payload, meta = _public()._encode_msgpack_ragged_values(path, values)
     elif codec == "json_ragged":

@@ -26,11 +26,6 @@ from mooncake._structured.types import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# DataProto helpers
-# ---------------------------------------------------------------------------------------------
-
-
 def _mapping_to_dict(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -121,7 +116,8 @@ def _schema_section(name: str, schema: FieldSchema) -> str | None:
     section = (schema.metadata or {}).get("section")
     if section is not None and section not in _DATAPROTO_SCHEMA_SECTIONS:
         raise ValueError(
-            f"FieldSchema for {name!r} metadata['section'] must be one of {sorted(_DATAPROTO_SCHEMA_SECTIONS)}")
+            f"FieldSchema for {name!r} metadata['section'] must be one of "
+            f"{sorted(_DATAPROTO_SCHEMA_SECTIONS)}")
     return section
 
 

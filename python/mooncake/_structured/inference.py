@@ -30,11 +30,6 @@ from mooncake._structured.common import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Codec inference for per-row Python values (non_tensor_batch columns)
-# ---------------------------------------------------------------------------------------------
-
-
 class _Missing:
     __slots__ = ()
 
@@ -226,7 +221,8 @@ def _choose_leaf_codec(values: Sequence[Any]) -> _CodecDecision:
         dtypes = {v.dtype for v in rows}
         if len(dtypes) != 1:
             names = sorted(str(d) for d in dtypes)
-            return _CodecDecision(False, "ragged_tensor", f"mixed tensor dtype: {names}", "torch.Tensor")
+            return _CodecDecision(False, "ragged_tensor", f"mixed tensor dtype: {names}",
+                                  "torch.Tensor")
         return _CodecDecision(True, "ragged_tensor", "all non-null rows are Tensor", "torch.Tensor",
                        {"dtype": str(rows[0].dtype)})
     if all(_is_media_list(v) for v in rows):

@@ -39,11 +39,6 @@ from mooncake._structured.bundles import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Structured object members: torch tensors, numpy arrays, bytes
-# ---------------------------------------------------------------------------------------------
-
-
 def _encode_structured_field(value: Any) -> tuple[dict[str, Any], Any]:
     """One member's decode record and what to store for it."""
     if isinstance(value, _TensorObjectBufferPayload):
@@ -257,7 +252,8 @@ def _write_caller(store: Any, target: Any, data: bytes, what: str) -> None:
 
 
 def _fill_destination(store: Any, name: str, target: Any, value: Any) -> Any:
-    if isinstance(target, (_TensorObjectBufferPayload, _RawDestinationBuffer)) and _is_tensor(value):
+    if isinstance(target, (_TensorObjectBufferPayload, _RawDestinationBuffer)) \
+            and _is_tensor(value):
         _write_caller(store, target, _tensor_bytes(value.contiguous()), "tensor destination")
         return target
     if isinstance(target, _RawDestinationBuffer):

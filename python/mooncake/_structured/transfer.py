@@ -41,11 +41,6 @@ from mooncake._structured.dataproto import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# The public transfer object
-# ---------------------------------------------------------------------------------------------
-
-
 class MooncakeBundleTransfer:
     """Stores structured objects, DataProtos and flat dicts of rows on a Mooncake store."""
 
@@ -233,7 +228,8 @@ class MooncakeBundleTransfer:
         metas = {}
         for stage, stage_ref in ref.stage_refs.items():
             manifest = self._bundles.resolve(stage_ref)
-            metas[stage] = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
+            metas[stage] = _public()._decode_structured_metadata(
+                self._bundles.read(manifest["meta"]))
         by_section: dict[str, dict[str, Any]] = {"batch": {}, "non_tensor_batch": {}}
         for name, loc in ref.field_index.items():
             specs = _public()._structured_field_specs(metas[loc.stage])
@@ -434,8 +430,8 @@ class MooncakeBundleTransfer:
                 bundles.manifest_key(new_ref, new_m),
                 *[c["key"] for c in new_m["meta"]["chunks"]],
             ]
-            merged = bundles.put_manifest(_public()._encode_structured_metadata(merged_meta), buffers,
-                                          partition, cleanup, config)
+            merged = bundles.put_manifest(_public()._encode_structured_metadata(merged_meta),
+                                          buffers, partition, cleanup, config)
         except BaseException:
             self.remove_bundle(new_ref)
             raise
@@ -490,10 +486,12 @@ class MooncakeBundleTransfer:
                 enc = ref.encoded_non_tensor.get(name)
                 if loc.section == "non_tensor_batch" and enc is not None:
                     parts = {p: objs[m] for p, m in enc["payload_members"].items()}
-                    values = _public()._decode_structured_non_tensor_encoded(enc, parts, int(enc.get("rows", ref.batch_size)))
+                    values = _public()._decode_structured_non_tensor_encoded(
+                        enc, parts, int(enc.get("rows", ref.batch_size)))
                     if indices is not None:
                         values = [values[i] for i in indices]
-                    non_tensor[name] = values if flat else _public()._object_array_from_decoded_values(values)
+                    non_tensor[name] = values if flat \
+                        else _public()._object_array_from_decoded_values(values)
                 else:
                     value = objs[loc.member]
                     if indices is not None:

@@ -20,11 +20,6 @@ from mooncake._structured.common import (
 )
 
 
-# ---------------------------------------------------------------------------------------------
-# Public data types
-# ---------------------------------------------------------------------------------------------
-
-
 class BundleStore(Protocol):
     def put(self, key: str, value: Any, config: Any = None) -> int: ...
 
