@@ -166,6 +166,8 @@ def _value_to_media_bytes(value: Any) -> tuple[bytes, str | None, dict[str, Any]
     raw pixels (``pil_raw``, mode, size, format), anything else as its bytes."""
     if value is None:
         return b"", None, {"kind": "null"}
+    if type(value) is bytes:  # the common row, and never an image
+        return value, None, {"kind": "bytes"}
     if _public()._is_pil_image(value):
         image = value.convert(value.mode) if getattr(value, "readonly", False) else value
         return image.tobytes(), "image/raw", {
@@ -628,6 +630,8 @@ def _decode_structured_recursive_field(encoded: Mapping[str, Any], payload: Mapp
                                  f"{len(part)} rows, expected {rows}")
         if node.get("node_type") not in ("dict", "list"):
             raise ValueError(f"unknown structured_recursive node type {node.get('node_type')!r}")
+        # Each child's column, found once per node rather than once per row.
+        child_columns = {child: columns[_child_path(node, child)] for child in node["children"]}
         out = []
         for r in range(rows):
             if missing is not None and bool(missing[r]):
@@ -637,7 +641,7 @@ def _decode_structured_recursive_field(encoded: Mapping[str, Any], payload: Mapp
             elif node["node_type"] == "dict":
                 item = {}
                 for child in node["children"]:
-                    value = columns[_child_path(node, child)][r]
+                    value = child_columns[child][r]
                     if not isinstance(value, _Missing):
                         item[child] = value
                 out.append(item)
@@ -648,7 +652,7 @@ def _decode_structured_recursive_field(encoded: Mapping[str, Any], payload: Mapp
                 item = [None] * n
                 for child in node["children"]:
                     if int(child) < n:
-                        value = columns[_child_path(node, child)][r]
+                        value = child_columns[child][r]
                         if not isinstance(value, _Missing):
                             item[int(child)] = value
                 out.append(item)

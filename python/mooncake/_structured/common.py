@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib
 import json
-import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -26,8 +25,15 @@ from mooncake.error_codes import ErrorCode
 
 def _public() -> Any:
     """The public module, looked up at call time: a helper patched on it (as upstream's tests
-    do, ``monkeypatch.setattr(sos, "_choose_leaf_codec", ...)``) is the one called."""
-    return sys.modules.get(_PUBLIC) or importlib.import_module(_PUBLIC)
+    do, ``monkeypatch.setattr(sos, "_choose_leaf_codec", ...)``) is the one called. The
+    module object is kept once found; its attributes are read at each call."""
+    global _public_module
+    if _public_module is None:
+        _public_module = importlib.import_module(_PUBLIC)
+    return _public_module
+
+
+_public_module: Any = None
 
 
 _PUBLIC = "mooncake.structured_object_store"
