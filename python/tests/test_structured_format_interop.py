@@ -44,6 +44,10 @@ def col(rows):
     return out
 
 
+# Small chunks, so most payloads span several `{key}/chunk/{i}` keys.
+CHUNK = 40
+
+
 def schemas():
     from mooncake.structured_object_store import FieldSchema
     return {"as_json": FieldSchema(codec="json_ragged")}
@@ -77,7 +81,10 @@ def build():
         "ragged_t": col([torch.arange(2, dtype=torch.float32), None,
                          torch.arange(3, dtype=torch.float32),
                          torch.arange(1, dtype=torch.float32)]),
-        "json": col([{"a": 1}, None, {"b": [2, 3], "s": "x"}, {"c": None}]),
+        # Dicts and lists mixed, so not split: one msgpack_ragged column (bin, str8, float64,
+        # uint64 forms included).
+        "json": col([{"a": 1}, None, [2, "x" * 40, b"\x00\xff"],
+                     {"c": None, "f": -2.5, "big": 2**40}]),
         # Kept as JSON text by a schema (upstream infers msgpack_ragged for such rows).
         "as_json": col([[1, "a"], None, {"k": [1, 2.5]}, "plain"]),
         "nested": col([
@@ -148,9 +155,9 @@ def codecs(handle):
 
 _ns = {}
 exec(compile(_SHARED, "<shared>", "exec"), _ns)
-build, describe, describe_object, describe_dataproto, codecs, schemas = (
+build, describe, describe_object, describe_dataproto, codecs, schemas, CHUNK = (
     _ns["build"], _ns["describe"], _ns["describe_object"], _ns["describe_dataproto"],
-    _ns["codecs"], _ns["schemas"])
+    _ns["codecs"], _ns["schemas"], _ns["CHUNK"])
 
 # Upstream: write both, dump every key, read both back.
 _UPSTREAM_WRITE = _SHARED + r'''
@@ -160,9 +167,10 @@ def scenario(store, BufferPool, MIB):
         MooncakeBundleTransfer, StructuredObjectPayload, export_dataproto_ref)
     transfer = MooncakeBundleTransfer(store, key_prefix="interop-up")
     obj, envelope = build()
-    obj_ref = transfer.put_structured_object(StructuredObjectPayload(buffers=obj))
+    obj_ref = transfer.put_structured_object(StructuredObjectPayload(buffers=obj),
+                                             chunk_bytes=CHUNK)
     handle = export_dataproto_ref(transfer.put_dataproto(
-        envelope, namespace="ns", partition="part", stage="rollout",
+        envelope, namespace="ns", partition="part", stage="rollout", chunk_bytes=CHUNK,
         field_schemas=schemas()))
     keys = []
     import json as _json
@@ -292,9 +300,10 @@ def test_our_bundles_read_back_through_upstream(upstream_written, store):
 
     transfer = MooncakeBundleTransfer(store, key_prefix="interop-ours")
     obj, envelope = build()
-    obj_ref = transfer.put_structured_object(StructuredObjectPayload(buffers=obj))
+    obj_ref = transfer.put_structured_object(StructuredObjectPayload(buffers=obj),
+                                             chunk_bytes=CHUNK)
     handle = export_dataproto_ref(transfer.put_dataproto(
-        envelope, namespace="ns", partition="part", stage="rollout",
+        envelope, namespace="ns", partition="part", stage="rollout", chunk_bytes=CHUNK,
         field_schemas=schemas()))
     # Each column chose the codec upstream chose for the same rows.
     assert codecs(handle) == codecs(upstream_written["handle"])
@@ -310,6 +319,10 @@ def test_our_bundles_read_back_through_upstream(upstream_written, store):
     assert_same(got["object"], want_obj, "object")
     assert_same(got["dataproto"], want_dataproto, "dataproto")
     assert_same(got["rows"], want_rows, "rows")
+
+
+def test_the_payloads_span_chunks(upstream_written):
+    assert sum("/chunk/" in key for key in upstream_written["kv"]) > 20
 
 
 def test_the_codecs_cover_both_json_like_leaf_codecs(upstream_written):

@@ -144,7 +144,12 @@ def _run(code, timeout, with_numpy=False, with_site=False):
     if extra:
         env["PYTHONPATH"] = extra
     env["MC_LOG_LEVEL"] = "ERROR"
-    proc = subprocess.run([python(), "-c", code], capture_output=True, timeout=timeout, env=env)
+    # From a file, not `-c`: a scenario may carry more data than an argument can.
+    with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="upstream-scenario-") as script:
+        script.write(code)
+        script.flush()
+        proc = subprocess.run([python(), script.name], capture_output=True, timeout=timeout,
+                              env=env)
     out = proc.stdout.decode(errors="replace")
     for line in reversed(out.splitlines()):
         if line.startswith("RESULT "):
