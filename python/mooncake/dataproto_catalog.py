@@ -348,10 +348,13 @@ class DataProtoCatalog:
 def _rows_in(data: Any) -> int:
     """Rows of a DataProto-like object: len() of a DataProto, the field length of an envelope."""
     if isinstance(data, Mapping):
-        from mooncake.structured_object_store import _row_count, _split_sections
+        from mooncake.structured_object_store import (
+            _dataproto_batch_size,
+            _split_dataproto_like,
+        )
 
-        batch, non_tensor, _meta = _split_sections(data)
-        return _row_count(batch, non_tensor)
+        batch, non_tensor, _meta = _split_dataproto_like(data)
+        return _dataproto_batch_size(batch, non_tensor)
     return len(data)
 
 

@@ -137,7 +137,7 @@ def test_jagged_nested_tensors_round_trip(transfer, store):
     assert [x.tolist() for x in got.unbind()] == [[0.0, 1.0], [5.0, 6.0, 7.0], [8.0]]
     assert got.lengths() is not None
     with pytest.raises(ValueError, match="nested tensor payload is truncated"):
-        S._decode_jagged(b"\x00" * 10, {"format": "tensor_parts", "part_bytes": [20, 4]})
+        S._deserialize_nested_tensor_payload(b"\x00" * 10, {"format": "tensor_parts", "part_bytes": [20, 4]})
 
 
 def test_read_spec_selects_and_slices_members(transfer):
@@ -952,7 +952,7 @@ def test_unsupported_calls_fail_loudly(transfer):
         transfer.put_object({"n": strided})
 
 
-# -- the in-tree msgpack codec -----------------------------------------------------------------
+# -- the msgpack_ragged codec ------------------------------------------------------------------
 
 # oracle: msgpack.packb(value, use_bin_type=True, strict_types=True), hex or sha256 prefix
 MSGPACK_GOLDEN = [
@@ -974,20 +974,44 @@ MSGPACK_GOLDEN = [
 ]
 
 
+def msgpack_row(value):
+    """One row through the msgpack_ragged codec: its packed bytes (a None row stores none)."""
+    payload, meta = S._encode_msgpack_ragged_values("c", [value])
+    assert meta == {}
+    assert list(payload["offsets"]) == [0, len(payload["data"])]
+    return bytes(payload["data"]) if not payload["nulls"][0] else None
+
+
 @pytest.mark.parametrize("expr, expect", MSGPACK_GOLDEN)
 def test_msgpack_bytes_match_upstream(expr, expect):
     value = eval(expr)
-    packed = S._mp_packb(value)
+    packed = msgpack_row([value])[1:] if value is None else msgpack_row(value)
     got = packed.hex() if not expect.startswith("sha:") else \
         "sha:" + hashlib.sha256(packed).hexdigest()[:16]
     assert got == expect
-    back = S._mp_unpack_all(packed)
-    assert back == [bytes(value) if isinstance(value, bytearray) else value]
+    if value is None:
+        return
+    payload, _ = S._encode_msgpack_ragged_values("c", [value, None])
+    back = S._decode_msgpack_ragged_values(payload, 2)
+    assert back == [bytes(value) if isinstance(value, bytearray) else value, None]
+
+
+def test_msgpack_codec_refuses_what_upstream_refuses():
+    # strict_types, as upstream: a tuple is not a list.
+    with pytest.raises(ValueError, match="msgpack codec cannot encode value"):
+        S._encode_msgpack_ragged_values("c", [(1, 2)])
 
 
 def test_msgpack_decoder_rejects_damaged_input():
     rng = random.Random(14)
-    samples = [b for b in (S._mp_packb(eval(e)) for e, _ in MSGPACK_GOLDEN) if len(b) < 4096]
+    samples = [msgpack_row(eval(e)) for e, _ in MSGPACK_GOLDEN if e != "None"]
+    samples = [b for b in samples if len(b) < 4096]
+
+    def decode(blob, rows=1):
+        offsets = np.asarray([0] * rows + [len(blob)], dtype=np.int64)
+        payload = {"data": bytes(blob), "offsets": offsets, "nulls": np.zeros(rows, np.bool_)}
+        return S._decode_msgpack_ragged_values(payload, rows)
+
     for _ in range(3000):
         blob = bytearray(rng.choice(samples))
         op = rng.randrange(3)
@@ -998,14 +1022,16 @@ def test_msgpack_decoder_rejects_damaged_input():
         else:
             blob += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
         try:
-            S._mp_unpack_all(bytes(blob))
+            decode(blob)
         except ValueError:
             pass
-    for bad, why in [(b"\xc1", "type byte 0xc1"), (b"\xd4\x00\x00", "type byte 0xd4"),
-                     (b"\xdd\xff\xff\xff\xff", "truncated"), (b"\x81\x01\x02", "map key"),
-                     (b"\xa2\xff\xfe", "not UTF-8"), (b"\x91" * 200 + b"\xc0", "too deeply")]:
-        with pytest.raises(ValueError, match=why):
-            S._mp_unpack_all(bad)
+    # A reserved type byte, a forged array count, an int map key, bad UTF-8, deep nesting.
+    for bad in [b"\xc1", b"\xdd\xff\xff\xff\xff", b"\x81\x01\x02", b"\xa2\xff\xfe",
+                b"\x91" * 2000 + b"\xc0"]:
+        with pytest.raises(ValueError, match="msgpack_ragged payload is corrupt"):
+            decode(bad)
+    with pytest.raises(ValueError, match="decoded 2 rows, expected 1"):
+        decode(b"\xc0\xc0")
 
 
 # -- damaged payloads --------------------------------------------------------------------------
@@ -1019,7 +1045,8 @@ def test_column_decoders_reject_damaged_payloads():
     samples.append([{"a": [{"v": np.arange(3)}, None]}, None, {"a": []}])
     encoded = []
     for rows in samples:
-        enc = S._encode_column("non_tensor_batch.c", S._object_array(rows))
+        enc = S._encode_structured_non_tensor_field("non_tensor_batch.c",
+                                                     S._object_array_from_decoded_values(rows))
         payload = {}
         for name, value in enc.payload.items():
             if isinstance(value, np.ndarray):
@@ -1062,7 +1089,7 @@ def test_column_decoders_reject_damaged_payloads():
         else:
             rows = rng.randrange(6)
         try:
-            S._decode_column(enc, damaged, rows)
+            S._decode_structured_non_tensor_encoded(enc, damaged, rows)
         except ValueError:
             pass
         tried += 1

@@ -7,7 +7,8 @@ two results; without the wheel the test is skipped with the reason.
 
 `run_with_store(source)` runs `scenario(store, BufferPool, MIB)` there against upstream's own
 `mooncake_master` (free loopback ports for RPC, metadata and metrics, HTTP metadata embedded) and returns its JSON result;
-`run(source)` runs `scenario()` alone.
+`run(source)` runs `scenario()` alone. `with_site=True` lends that venv our numpy and torch
+(it has neither); `module_file(name)` is the source file of one of upstream's modules.
 """
 
 import atexit
@@ -112,14 +113,43 @@ def _numpy_path():
     return str(out)
 
 
-def _run(code, timeout, with_numpy=False):
+@functools.lru_cache(maxsize=None)
+def _site_path():
+    """A directory lending this interpreter's third-party packages (numpy, torch and what
+    torch imports) to the upstream venv, which has none of them: symlinks to every entry of
+    our site-packages except our own package (`mooncake*`), so the wheel's `mooncake` and its
+    own `msgpack` stay the ones imported. Skips when the Python versions differ."""
+    import sys
+    import sysconfig
+    theirs = subprocess.run([python(), "-c", "import sys; print(sys.version_info[:2])"],
+                            capture_output=True, text=True, timeout=60).stdout.strip()
+    if theirs != str(tuple(sys.version_info[:2])):
+        pytest.skip("the upstream venv runs another Python; ours cannot lend it numpy/torch")
+    src = Path(sysconfig.get_paths()["purelib"])
+    out = Path(tempfile.mkdtemp(prefix="mooncake-upstream-site-"))
+    atexit.register(shutil.rmtree, out, True)
+    for entry in src.iterdir():
+        name = entry.name
+        if name.startswith(("mooncake", "msgpack", "_distutils_hack", "pip")) \
+                or name.endswith(".pth"):
+            continue
+        (out / name).symlink_to(entry)
+    return str(out)
+
+
+def _run(code, timeout, with_numpy=False, with_site=False):
     # Without PYTHONPATH: it may point at our package, which would shadow the wheel's.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    extra = _numpy_path() if with_numpy else None
+    extra = _site_path() if with_site else _numpy_path() if with_numpy else None
     if extra:
         env["PYTHONPATH"] = extra
     env["MC_LOG_LEVEL"] = "ERROR"
-    proc = subprocess.run([python(), "-c", code], capture_output=True, timeout=timeout, env=env)
+    # From a file, not `-c`: a scenario may carry more data than an argument can.
+    with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="upstream-scenario-") as script:
+        script.write(code)
+        script.flush()
+        proc = subprocess.run([python(), script.name], capture_output=True, timeout=timeout,
+                              env=env)
     out = proc.stdout.decode(errors="replace")
     for line in reversed(out.splitlines()):
         if line.startswith("RESULT "):
@@ -128,15 +158,29 @@ def _run(code, timeout, with_numpy=False):
                          + proc.stderr.decode(errors="replace")[-4000:])
 
 
-def run_with_store(source, segment=16 << 20, local_buffer=4 << 20, timeout=120):
-    """`scenario(store, BufferPool, MIB)` of `source` on upstream's store; its JSON result."""
+def run_with_store(source, segment=16 << 20, local_buffer=4 << 20, timeout=120,
+                   with_site=False):
+    """`scenario(store, BufferPool, MIB)` of `source` on upstream's store; its JSON result.
+    `with_site`: lend it our numpy and torch (see `_site_path`)."""
     code = (_STORE_HARNESS.replace("SEGMENT", str(segment))
             .replace("LOCAL_BUFFER", str(local_buffer))
             .replace("    SCENARIO", textwrap.indent(textwrap.dedent(source), "    ")))
-    return _run(code, timeout)
+    return _run(code, timeout, with_site=with_site)
 
 
-def run(source, timeout=60, with_numpy=False):
+def run(source, timeout=60, with_numpy=False, with_site=False):
     """`scenario()` of `source` in upstream's interpreter; its JSON result."""
     code = textwrap.dedent(source) + "\nimport json\nprint('\\nRESULT ' + json.dumps(scenario()))\n"
-    return _run(code, timeout, with_numpy)
+    return _run(code, timeout, with_numpy, with_site)
+
+
+def module_file(module):
+    """The source file of upstream's `module` (found without importing it), or skip."""
+    code = ("import importlib.util, sys; "
+            f"print(importlib.util.find_spec({module!r}).origin)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([python(), "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env)
+    if proc.returncode != 0:
+        pytest.skip(f"upstream has no {module}: {proc.stderr.strip()[-200:]}")
+    return proc.stdout.strip()
