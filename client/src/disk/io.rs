@@ -440,35 +440,8 @@ unsafe fn blocking_span(
         }
         (None, ..) => return Err(io::Error::other("a gathered span is written, never read")),
     };
-    match dir {
-        // SAFETY: the caller's promise.
-        Dir::Read => unsafe { pread_full_raw(file, ptr, s.len, s.offset) },
-        Dir::Write => {
-            let mut done = 0usize;
-            while done < s.len {
-                // SAFETY: `[done, len)` of the span's readable memory.
-                let r = unsafe {
-                    libc::pwrite(
-                        file.as_raw_fd(),
-                        ptr.add(done).cast(),
-                        s.len - done,
-                        (s.offset + done as u64) as libc::off_t,
-                    )
-                };
-                match r {
-                    0 => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
-                    r if r > 0 => done += r as usize,
-                    _ => {
-                        let e = io::Error::last_os_error();
-                        if e.kind() != io::ErrorKind::Interrupted {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-            Ok(done)
-        }
-    }
+    // SAFETY: the caller's promise.
+    unsafe { full_raw(file, dir, ptr, s.len, s.offset) }
 }
 
 /// `pread` into raw memory until `len` bytes are read or the file ends.
@@ -477,20 +450,39 @@ unsafe fn blocking_span(
 ///
 /// `ptr` is valid for writes of `len` bytes.
 unsafe fn pread_full_raw(file: &File, ptr: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+    // SAFETY: the caller's promise.
+    unsafe { full_raw(file, Dir::Read, ptr, len, offset) }
+}
+
+/// `pread`s or `pwrite`s `len` bytes at `ptr` from file offset `offset` until done, retrying
+/// interruptions. A read stops early where the file ends (the count says how far); a write
+/// that moves nothing is a full disk.
+///
+/// # Safety
+///
+/// `ptr` is valid for `len` bytes: writable for a read, readable for a write.
+unsafe fn full_raw(
+    file: &File,
+    dir: Dir,
+    ptr: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    let fd = file.as_raw_fd();
     let mut done = 0usize;
     while done < len {
-        // SAFETY: `[done, len)` of the caller's writable memory.
+        let at = (offset + done as u64) as libc::off_t;
+        // SAFETY: `[done, len)` of the caller's memory, as the call needs it.
         let r = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                ptr.add(done).cast(),
-                len - done,
-                (offset + done as u64) as libc::off_t,
-            )
+            match dir {
+                Dir::Read => libc::pread(fd, ptr.add(done).cast(), len - done, at),
+                Dir::Write => libc::pwrite(fd, ptr.add(done).cast(), len - done, at),
+            }
         };
-        match r {
-            0 => break,
-            r if r > 0 => done += r as usize,
+        match (r, dir) {
+            (0, Dir::Read) => break,
+            (0, Dir::Write) => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            (r, _) if r > 0 => done += r as usize,
             _ => {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
