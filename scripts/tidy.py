@@ -31,6 +31,13 @@ Each violation is printed as `path:line: rule: reason`. The rules:
   a bare `_MAX`/`_MIN`/`_DEFAULT` bounds a count of the noun before it (`CLIENT_LANES_MAX`)
   unless that noun is a time (`CONNECT_TIMEOUT_MAX` needs `_MS`). Exceptions live in the
   baseline.
+- `stray-limit`: a constant that looks like a limit (an integer or `Duration` whose name ends
+  in a unit, or has a word such as MAX, MIN, LIMIT, TIMEOUT, INTERVAL, BACKOFF, TTL) lives in
+  a `limits.rs` of its crate (`src/limits.rs`, or a module's own, as `disk/limits.rs`), where a
+  reader finds every bound in one place; not in the library code of client, controlplane,
+  dataplane, protocol or the Python binding. Tests are not counted. The ones left where they
+  are used when the rule was written are in the baseline (`limit 0 <path>::<NAME>`); a new
+  one, or one moved to another file, fails.
 
 The baseline (scripts/tidy-baseline.txt) is the ratchet: `--update-baseline` rewrites it
 from the tree as it is (lengths may go down or up, entries come and go), prints what it
@@ -523,6 +530,43 @@ def measure_limits(root, files):
     return found
 
 
+# Library code whose bounds belong in a limits.rs.
+LIMIT_HOMES = ("client/src/", "controlplane/src/", "dataplane/src/", "protocol/src/", "python/src/")
+LIMIT_TYPE = re.compile(r"(?:u8|u16|u32|u64|usize|i32|i64|f64|(?:std::time::)?Duration)")
+LIMIT_WORDS = {
+    "MAX", "MIN", "LIMIT", "TIMEOUT", "INTERVAL", "BACKOFF", "CAP", "CAPACITY", "DEADLINE", "TTL"
+}
+
+
+def measure_stray_limits(root, files):
+    """{key: (path, line)} for every limit-like constant outside a limits.rs."""
+    found = {}
+    for path in files:
+        if not path.endswith(".rs") or path.endswith("/limits.rs") or is_test_path(path):
+            continue
+        if not path.startswith(LIMIT_HOMES):
+            continue
+        for k, line in enumerate(read(root, path).splitlines(), 1):
+            if line.startswith("#[cfg(test)]"):
+                break  # a file's test module comes last
+            m = CONST_DECL.match(line)
+            if not m or m.group(1) == "_" or not LIMIT_TYPE.fullmatch(m.group(2).strip()):
+                continue
+            words = m.group(1).split("_")
+            if words[-1] in UNITS or "Duration" in m.group(2) or LIMIT_WORDS & set(words):
+                found.setdefault(f"{path}::{m.group(1)}", (path, k))
+    return found
+
+
+def check_stray_limits(found, baseline):
+    return [
+        Violation(path, line, "stray-limit",
+                  f"{key.split('::', 1)[1]} looks like a limit: put it in a limits.rs")
+        for key, (path, line) in sorted(found.items())
+        if key not in baseline["limit"]
+    ]
+
+
 def check_limits(found, baseline):
     return [
         Violation(path, line, "limit-unit", f"{key.split('::', 1)[1]}: {why}")
@@ -539,13 +583,14 @@ BASELINE_HEADER = f"""\
 # `fn <lines> <path>::<name>`: a function over {FN_LINES_MAX} lines, which may shrink but not grow.
 # `file <lines> <path>`: a source file over {FILE_LINES_MAX} lines, the same.
 # `const 0 <path>::<NAME>`: a limits.rs constant whose name lacks a unit.
+# `limit 0 <path>::<NAME>`: a limit-like constant outside a limits.rs.
 # Regenerate with `python3 scripts/tidy.py --update-baseline` for a deliberate change only, and
 # let the diff be reviewed with the code. Shrinking an entry needs no regeneration.
 """
 
 
 def load_baseline(root):
-    base = {"fn": {}, "file": {}, "const": {}}
+    base = {"fn": {}, "file": {}, "const": {}, "limit": {}}
     path = os.path.join(root, BASELINE)
     if not os.path.isfile(path):
         return base
@@ -561,7 +606,7 @@ def load_baseline(root):
     return base
 
 
-def write_baseline(root, fns, big, consts, old):
+def write_baseline(root, fns, big, consts, strays, old):
     lines = [BASELINE_HEADER]
     for key, (_, _, length) in sorted(fns.items()):
         lines.append(f"fn {length} {key}\n")
@@ -569,19 +614,22 @@ def write_baseline(root, fns, big, consts, old):
         lines.append(f"file {length} {key}\n")
     for key in sorted(consts):
         lines.append(f"const 0 {key}\n")
+    for key in sorted(strays):
+        lines.append(f"limit 0 {key}\n")
     with open(os.path.join(root, BASELINE), "w", encoding="utf-8") as f:
         f.write("".join(lines))
     new = {
         "fn": {k: v[2] for k, v in fns.items()},
         "file": {k: v[2] for k, v in big.items()},
         "const": {k: 0 for k in consts},
+        "limit": {k: 0 for k in strays},
     }
     changes = []
-    for kind in ("fn", "file", "const"):
+    for kind in ("fn", "file", "const", "limit"):
         for key in sorted(set(old[kind]) | set(new[kind])):
             a, b = old[kind].get(key), new[kind].get(key)
             if a is None:
-                size = f" ({b} lines)" if kind != "const" else ""
+                size = f" ({b} lines)" if kind in ("fn", "file") else ""
                 changes.append(f"  + {kind} {key}{size}")
             elif b is None:
                 changes.append(f"  - {kind} {key} (gone or within the limit)")
@@ -590,7 +638,7 @@ def write_baseline(root, fns, big, consts, old):
     return changes
 
 
-def stale_notes(fns, big, consts, baseline):
+def stale_notes(fns, big, consts, strays, baseline):
     """Entries that may be tightened: not a failure, a hint."""
     notes = []
     for kind, found in (("fn", fns), ("file", big)):
@@ -602,6 +650,9 @@ def stale_notes(fns, big, consts, baseline):
     for key in sorted(baseline["const"]):
         if key not in consts:
             notes.append(f"const {key}: fixed or gone")
+    for key in sorted(baseline["limit"]):
+        if key not in strays:
+            notes.append(f"limit {key}: moved or gone")
     return notes
 
 
@@ -613,9 +664,10 @@ def run(root, update=False, quiet=False):
     files = list_files(root)
     fns, big = measure(root, files)
     consts = measure_limits(root, files)
+    strays = measure_stray_limits(root, files)
     baseline = load_baseline(root)
     if update:
-        changes = write_baseline(root, fns, big, consts, baseline)
+        changes = write_baseline(root, fns, big, consts, strays, baseline)
         if not quiet:
             print(f"tidy: wrote {BASELINE}" + (":" if changes else ", unchanged"))
             for c in changes:
@@ -625,10 +677,11 @@ def run(root, update=False, quiet=False):
         check_work_items(root, files)
         + check_ratchet(fns, big, baseline)
         + check_limits(consts, baseline)
+        + check_stray_limits(strays, baseline)
         + check_fuzz(root, files)
     )
     if not quiet:
-        notes = stale_notes(fns, big, consts, baseline)
+        notes = stale_notes(fns, big, consts, strays, baseline)
         if notes and not update:
             print(f"tidy: {len(notes)} baseline entries can be tightened (--update-baseline):")
             for n in notes:
@@ -707,6 +760,10 @@ def self_test_in(top):
         ("a 1,501-line file", {"src/z.py": "x = 1\n" * 1501}, ["file-length"]),
         ("a unit-less limit", {"core/src/limits.rs": "pub const QUEUE_DEPTH: usize = 4;\n"}, ["limit-unit"]),
         ("a time limit in u64", {"core/src/limits.rs": "pub const IO_TIMEOUT_MAX: u64 = 4;\n"}, ["limit-unit"]),
+        ("a limit outside limits.rs", {"client/src/x.rs": "pub const READ_TIMEOUT: Duration = D;\n"}, ["stray-limit"]),
+        ("a byte cap outside limits.rs", {"client/src/x.rs": "const BUF_BYTES: usize = 4;\n"}, ["stray-limit"]),
+        ("a limit in a test module", {"client/src/x.rs": "fn f() {}\n#[cfg(test)]\nconst T_MAX: u64 = 1;\n"}, []),
+        ("a limit in a module's limits.rs", {"client/src/d/limits.rs": "pub const Q_MAX_BYTES: u64 = 1;\n"}, []),
         ("a target not a [[bin]]", {"fuzz/fuzz_targets/u.rs": "fn main() {}\n", "fuzz/seeds/u/s": "x"}, ["fuzz"]),
         ("a target without seeds", {"fuzz/seeds/t/one": None}, ["fuzz"]),
         ("a target fuzz.sh skips", {"scripts/fuzz.sh": "for x in other; do :; done\n"}, ["fuzz"]),
@@ -724,8 +781,9 @@ def self_test_in(top):
     bad["src/y.rs"] = long_fn("long", 80)
     bad["src/z.py"] = "x = 1\n" * (FILE_LINES_MAX + 10)
     bad["core/src/limits.rs"] = "pub const QUEUE_DEPTH: usize = 4;\n"
+    bad["client/src/w.rs"] = "const WAIT_MS: u64 = 4;\n"
     d = tree(bad)
-    expect("before the baseline", rules(d), ["file-length", "fn-length", "limit-unit"])
+    expect("before the baseline", rules(d), ["file-length", "fn-length", "limit-unit", "stray-limit"])
     expect("--update-baseline", rules(d, update=True), [])
     expect("as recorded", rules(d), [])
     with open(os.path.join(d, "src/y.rs"), "w") as f:
@@ -737,6 +795,9 @@ def self_test_in(top):
     with open(os.path.join(d, "src/z.py"), "w") as f:
         f.write("x = 1\n" * (FILE_LINES_MAX + 11))
     expect("file grown", rules(d), ["file-length", "fn-length"])
+    with open(os.path.join(d, "client/src/v.rs"), "w") as f:
+        f.write("const WAIT_MS: u64 = 4;\n")
+    expect("a recorded limit moved to another file", rules(d), ["file-length", "fn-length", "stray-limit"])
     # --update-baseline never hides a work-item or fuzz violation.
     with open(os.path.join(d, "docs/a.md"), "w") as f:
         f.write("issue~7\n".replace("~", " "))

@@ -56,7 +56,7 @@ def value_of(key, size):
 class Cluster:
     """A master and one storage node; with `disk`, both with the tier on."""
 
-    def __init__(self, segment, disk=None, master_flags=()):
+    def __init__(self, segment, disk=None, master_flags=(), node_flags=()):
         self.procs = []
         self.rpc = free_port()
         self.http = free_port()
@@ -76,7 +76,7 @@ class Cluster:
         node = [str(BIN / "mooncake_client"), "--host=127.0.0.1", f"--port={free_port()}",
                 f"--metrics_port={self.node_metrics}",
                 f"--global_segment_size={segment}", f"--master_server_address={self.addr}",
-                f"--metadata_server={self.metadata}"]
+                f"--metadata_server={self.metadata}", *node_flags]
         if disk:
             env["MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"] = str(disk)
             node.append("--enable_offload=true")

@@ -8,6 +8,7 @@
 //! trickles its bytes, and [`WORKERS`] threads answer: a few slow or silent clients can hold
 //! the endpoint for one deadline at most, never starve `/health` for longer.
 
+use crate::limits::{ACCEPT_POLL, REQUEST_DEADLINE, REQUEST_HEAD_MAX_BYTES};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,15 +21,8 @@ pub const PROMETHEUS: &str = "text/plain; version=0.0.4";
 /// Upstream's default port of the client HTTP server (`client_http_port`, `--http_port`).
 pub const CLIENT_HTTP_PORT_DEFAULT: u16 = 9300;
 
-/// Bytes of request head read at most.
-const REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
-/// Time from a connection's accept to its answer sent; a client still sending its head
-/// then is dropped.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Threads accepting and answering; each answers one connection at a time.
 pub const WORKERS: usize = 4;
-/// How often the accept loop checks for shutdown.
-const ACCEPT_POLL: Duration = Duration::from_millis(50);
 
 /// One answer.
 pub struct Reply {

@@ -21,12 +21,15 @@
 //! - [`auth`]: the cluster secret on this crate's connections to the master.
 //! - [`http_endpoint`]: the small HTTP server of the node's `/metrics` and the client HTTP
 //!   server.
+//! - [`limits`]: every timeout, pause, size and count the crate holds to, in one place (the
+//!   disk tier's are in `disk::limits`).
 
 pub mod auth;
 pub mod cli;
 pub mod disk;
 pub mod dummy;
 pub mod http_endpoint;
+pub mod limits;
 pub mod master;
 pub mod node;
 pub mod rdma;

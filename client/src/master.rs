@@ -49,30 +49,11 @@ use protocol::message::Rpc;
 use protocol::wire::{DecodeError, Wire};
 use protocol::ErrorCode;
 
-/// Default time a call waits for its answer (`MC_RPC_TIMEOUT_MS` overrides it).
-pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default time to establish the connection (`MC_RPC_CONNECT_TIMEOUT_MS` overrides it).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Bytes the leader asks the socket for at once.
-const READ_CHUNK_BYTES: usize = 256 * 1024;
-/// Longest a leader blocks in one `read` before re-checking its deadline.
-const LEAD_READ_SLICE: Duration = Duration::from_millis(50);
-/// Longest a follower sleeps before checking again whether it can lead.
-const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
-/// How often a client without a reachable leader looks at etcd again.
-const LEADER_POLL: Duration = Duration::from_millis(50);
-/// Pause between two tries of a call a master answered `UNAVAILABLE_IN_CURRENT_STATUS`.
-pub const UNAVAILABLE_RETRY: Duration = Duration::from_millis(100);
-/// How long a put's commit or revoke is retried while no master may execute it
-/// ([`MasterClient::call_settling`]): longer than an etcd restart or an election, well under
-/// the master's default 30 s discard timeout for puts left in flight.
-pub const SETTLE_WINDOW: Duration = Duration::from_secs(10);
-/// Pause between two tries of a commit or revoke.
-pub const SETTLE_RETRY: Duration = Duration::from_millis(200);
-/// How long etcd may fail to answer before a client stops waiting for a leader.
-const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
-/// Longest a connect to a published leader may take before the leader is looked up again.
-const LEADER_CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
+use crate::limits::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RPC_TIMEOUT, ETCD_DOWN_GIVE_UP, FOLLOWER_RECHECK,
+    LEADER_CONNECT_TIMEOUT, LEADER_POLL, LEAD_READ_SLICE, READ_CHUNK_BYTES, SETTLE_RETRY,
+    SETTLE_WINDOW, UNAVAILABLE_RETRY,
+};
 /// The cluster of a store when `MC_STORE_CLUSTER_ID` is unset (upstream's default).
 pub use protocol::DEFAULT_CLUSTER_ID;
 

@@ -20,11 +20,9 @@ use dataplane::mem::Catalog;
 use protocol::message::{Ping, ReMountSegment};
 use protocol::{ClientStatus, HeldObject, Segment, Uuid};
 
+use crate::limits::REMOUNT_HELD_BYTES_MAX;
 use crate::master::MasterClient;
 use crate::tier::OwnerDisk;
-
-/// Key bytes of held objects sent in one `ReMountSegment` (the frame limit is 64 MiB).
-pub const REMOUNT_HELD_BYTES_MAX: usize = 4 << 20;
 
 /// A segment this process serves, and its catalog.
 pub struct Served<'a> {

@@ -133,7 +133,7 @@ impl OwnerDisk {
         for h in held {
             bytes += h.key.len() + 64;
             chunk.push(h);
-            if bytes > crate::recovery::REMOUNT_HELD_BYTES_MAX {
+            if bytes > crate::limits::REMOUNT_HELD_BYTES_MAX {
                 send(std::mem::take(&mut chunk))?;
                 bytes = 0;
             }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use client::master::DEFAULT_CONNECT_TIMEOUT;
+use client::limits::DEFAULT_CONNECT_TIMEOUT;
 use hdrhistogram::Histogram;
 use mooncake_bench::procs::{cpu_time, fd_count, load_average, rss_bytes, LocalMaster};
 use mooncake_bench::{latency_histogram, record};
@@ -44,7 +44,7 @@ use protocol::{ClientStatus, ErrorCode, ReplicateConfig, Segment, Uuid};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The store client's ping interval (`client::store::setup::PING_INTERVAL`).
+/// The store client's ping interval (`client::limits::PING_INTERVAL`).
 const PING_INTERVAL: Duration = Duration::from_secs(1);
 /// Size of each simulated client's (unserved) segment.
 const SEGMENT_BYTES: u64 = 16 << 20;

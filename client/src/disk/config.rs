@@ -2,15 +2,12 @@
 
 use std::path::PathBuf;
 
+use super::limits::{DEFAULT_KEYS_LIMIT, DEFAULT_SIZE_LIMIT_BYTES};
 use super::limits::{DISK_WORKERS_DEFAULT_MAX, DISK_WORKERS_MAX};
 use super::DiskError;
 
 /// The directory when `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH` is unset.
 pub const DEFAULT_DIR: &str = "/data/file_storage";
-/// Logical bytes when `MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES` is unset: 2 TiB.
-pub const DEFAULT_SIZE_LIMIT_BYTES: u64 = 2 << 40;
-/// Objects when `MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT` is unset.
-pub const DEFAULT_KEYS_LIMIT: u64 = 10_000_000;
 /// Watermarks when unset.
 pub const DEFAULT_HIGH_WATERMARK: f64 = 0.90;
 pub const DEFAULT_LOW_WATERMARK: f64 = 0.80;

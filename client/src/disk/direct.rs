@@ -34,12 +34,9 @@ use dataplane::mem::{Dst, Src};
 
 use super::format::{self, FileHeader};
 use super::io::{AlignedBuf, Dir, Mem, Span};
+use super::limits::CRC_SCRATCH_BYTES;
 use super::limits::{DISK_BLOCK_BYTES, DISK_DIRECT_PIECE_BYTES, DISK_DIRECT_WINDOW};
 use super::worker::{check_header, crc_matches, Progress, ReadFailure, Worker};
-
-/// Bytes of the scratch copy the crc of caller memory is taken through: small enough to stay
-/// in the core's cache.
-const CRC_SCRATCH_BYTES: usize = 32 << 10;
 
 /// Adds the bytes of `src` to `crc`, through `scratch`.
 fn crc_of(crc: &mut crc32fast::Hasher, src: Src<'_>, scratch: &mut [u8]) {

@@ -71,3 +71,13 @@ const _: () = assert!(64 + protocol::limits::KEY_MAX_BYTES + DISK_BLOCK_BYTES <=
 // The same for the first piece of a streamed read.
 const _: () =
     assert!(64 + protocol::limits::KEY_MAX_BYTES + DISK_BLOCK_BYTES <= DISK_STREAM_PIECE_BYTES);
+
+/// Objects when `MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT` is unset.
+pub const DEFAULT_KEYS_LIMIT: u64 = 10_000_000;
+
+/// Logical bytes when `MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES` is unset: 2 TiB.
+pub const DEFAULT_SIZE_LIMIT_BYTES: u64 = 2 << 40;
+
+/// Bytes of the scratch copy the crc of caller memory is taken through: small enough to stay
+/// in the core's cache.
+pub const CRC_SCRATCH_BYTES: usize = 32 << 10;

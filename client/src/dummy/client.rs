@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
-use std::time::Duration;
 
 use dataplane::mem::shm::{Guards, Offer, ShmExport};
 use dataplane::mem::{Dst, Segment, SegmentOptions, Src};
@@ -28,9 +27,8 @@ use protocol::{ErrorCode, ReplicateConfig, TaskInfo, Uuid};
 use super::wire::{
     read_frame, write_frame, Item, Range, RangeRead, Request, Response, WIRE_VERSION,
 };
+use crate::limits::REPLY_TIMEOUT;
 
-/// How long a call waits for the standalone client's answer before the connection is given up.
-pub const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 /// Allocation granularity in the shared region.
 const ALIGN: u64 = 64;
 

@@ -28,6 +28,7 @@ use protocol::ErrorCode;
 use super::wire::{
     read_frame, write_frame, Item, Range, RangeRead, Request, Response, WIRE_VERSION,
 };
+use crate::limits::{ACCEPT_POLL_MS, DUMMIES_MAX};
 use crate::store::{ObjectRead, StoreError};
 use crate::Store;
 
@@ -51,10 +52,6 @@ impl LazyStore {
         Ok(s)
     }
 }
-
-/// Most dummy clients served at once.
-pub const DUMMIES_MAX: usize = 1024;
-const ACCEPT_POLL_MS: i32 = 100;
 
 /// The dummy-client service of a standalone `mooncake_client`.
 pub struct DummyServer {

@@ -15,14 +15,13 @@
 //! Invariant: decoding never panics and never allocates more than a small multiple of its
 //! input (fuzzed by `fuzz/fuzz_targets/dummy_wire.rs`).
 
+use crate::limits::FRAME_MAX_BYTES;
 use protocol::wire::{DecodeError, Reader, Wire};
 use protocol::{wire_struct, ReplicateConfig, TaskInfo, Uuid};
 
 /// Version in `Hello`; a server refuses any other (2 since `ReplicateConfig` carries
 /// `group_ids`, 3 since ranged reads and replica tasks).
 pub const WIRE_VERSION: u32 = 3;
-/// Largest frame payload either side accepts.
-pub const FRAME_MAX_BYTES: usize = protocol::limits::FRAME_PAYLOAD_MAX_BYTES;
 
 /// The abstract unix socket name (without the leading NUL) a standalone client started with
 /// `--port=port` listens on for dummy clients.

@@ -52,14 +52,8 @@ use crate::recovery;
 mod config;
 pub mod metrics;
 
+use crate::limits::{MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX};
 pub use config::{NodeConfig, USAGE};
-
-/// How often the node pings the master.
-pub const PING_INTERVAL: Duration = Duration::from_secs(1);
-/// How long start-up keeps trying to reach the master.
-pub const MASTER_CONNECT_PATIENCE: Duration = Duration::from_secs(10);
-/// Most shards one node runs.
-pub const SHARDS_MAX: usize = 256;
 
 /// Why the node could not start.
 #[derive(Debug, thiserror::Error)]

@@ -27,13 +27,11 @@ use protocol::{ErrorCode, Segment as SegmentDesc, Uuid};
 
 use super::error::bytes;
 use super::{rpc, Store, StoreError};
+use crate::limits::EXTRA_SEGMENTS_MAX;
 
 /// The segments the pinger reports and re-mounts: the client's own (first, when it has one)
 /// and every extra segment mounted now.
 pub type Mounted = Arc<RwLock<Vec<(SegmentDesc, Arc<ServedMemory>)>>>;
-
-/// Most extra segments one client mounts.
-pub const EXTRA_SEGMENTS_MAX: usize = 64;
 
 /// One extra segment and what serves it.
 pub struct ExtraSegment {

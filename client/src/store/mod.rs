@@ -85,7 +85,7 @@ pub use caller::CallerRange;
 pub use dataplane::mem::{Dst, Src};
 pub use error::StoreError;
 pub(crate) use peers::Peers;
-pub use peers::{PathCounts, TransferSettings, TRANSFER_SLICE_BYTES};
+pub use peers::{PathCounts, TransferSettings};
 pub use setup::{cluster_id_from_env, StoreConfig};
 pub(crate) use tasks::start_executor;
 

@@ -8,7 +8,7 @@
 //!
 //! Transfers are batched: [`Peers::write_many`] and [`Peers::read_many`] take every transfer of
 //! a call (all replicas of a put, all keys of a batch), group them by endpoint, cut requests
-//! larger than [`TRANSFER_SLICE_BYTES`] into slices so that one large object spreads over the
+//! larger than [`crate::limits::TRANSFER_SLICE_BYTES`] into slices so that one large object spreads over the
 //! client's lanes, and submit one batch per endpoint. Batches for different endpoints run on
 //! scoped threads when there is enough data to make that worthwhile, so the replicas of a put
 //! are written at the same time rather than one after another.
@@ -46,22 +46,10 @@ use super::rdma::{RdmaPeer, RdmaPeers};
 use super::StoreError;
 
 use super::catalog::CatalogWriter;
-
-/// Requests larger than this are cut into slices of this size, so that one object uses several
-/// lanes at once (upstream's TCP transport slices at 64 KiB; larger slices cost fewer headers).
-pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
-/// Below this many bytes in total, batches for several endpoints run one after another on the
-/// calling thread (a thread spawn costs more than the transfers).
-pub const PARALLEL_ENDPOINTS_MIN_BYTES: u64 = 256 * 1024;
-/// How long an endpoint found not to be shared on this host is not asked again.
-const SHM_ABSENT_RECHECK: Duration = Duration::from_secs(5);
-/// First back-off after an endpoint failed; doubled per consecutive failure.
-pub const REDIAL_BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest back-off: how late, at worst, a store notices that an endpoint is back.
-pub const REDIAL_BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-/// Most requests handed to one `TcpClient::submit` (its `BATCH_REQUESTS_MAX`).
-const SUBMIT_REQUESTS_MAX: usize = dataplane::limits::BATCH_REQUESTS_MAX;
+use crate::limits::{
+    PARALLEL_ENDPOINTS_MIN_BYTES, REDIAL_BACKOFF_MAX, REDIAL_BACKOFF_MIN, SHM_ABSENT_RECHECK,
+    SUBMIT_REQUESTS_MAX,
+};
 
 /// This process's own segment, for the memcpy path.
 #[derive(Clone, Copy, Debug)]

@@ -4,7 +4,6 @@ use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{Registry, Segment, SegmentOptions};
@@ -18,13 +17,8 @@ use super::{LocalBudget, Store};
 use crate::master::MasterClient;
 use crate::recovery;
 
-/// Ports tried for a client that gives no port (upstream's `MC_STORE_CLIENT_MIN/MAX_PORT`).
-const CLIENT_PORT_MIN: u16 = 12300;
-const CLIENT_PORT_MAX: u16 = 14300;
 /// Attempts at finding a free port (upstream's `MC_STORE_CLIENT_SETUP_RETRIES`).
 const CLIENT_PORT_ATTEMPTS: usize = 20;
-/// How often the client tells the master it is alive.
-pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `setup(...)` arguments.
 #[derive(Clone, Debug, Default)]
@@ -384,6 +378,7 @@ fn start_own_disk(
         })
 }
 
+use crate::limits::{CLIENT_PORT_MAX, CLIENT_PORT_MIN, PING_INTERVAL};
 /// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
 pub use protocol::DEFAULT_CLUSTER_ID;
 

@@ -24,8 +24,8 @@ use protocol::message::{CompleteTask, CreateCopyTask, CreateMoveTask, FetchTasks
 use protocol::{ErrorCode, TaskInfo, TaskWork, Uuid};
 
 use super::peers::{Peers, WriteItem};
-use super::setup::PING_INTERVAL;
 use super::{Store, StoreError};
+use crate::limits::PING_INTERVAL;
 use crate::master::MasterClient;
 use dataplane::mem::{Dst, Src};
 

@@ -14,7 +14,8 @@ use protocol::ReplicaDescriptor;
 
 use super::call::{Reach, ReadCall, WriteCall};
 use super::{picked, ReplicaPath};
-use crate::store::peers::{group_for, Group, WriteItem, TRANSFER_SLICE_BYTES};
+use crate::limits::TRANSFER_SLICE_BYTES;
+use crate::store::peers::{group_for, Group, WriteItem};
 
 pub(super) struct Tcp;
 
