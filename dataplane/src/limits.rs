@@ -101,6 +101,10 @@ pub const SLAB_CLASS_MIN_BYTES: usize = 256;
 pub const SLAB_CLASS_COUNT: usize =
     (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
 
+/// Pause after a failed `accept` (EMFILE, ENFILE, ENOBUFS persist for a while) before trying
+/// again: both servers, blocking (`transport::acceptor`) and io_uring (`shard::reactor`).
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
 const _: () = assert!(MAPPED_FILE_MAX_BYTES.is_multiple_of(HUGE_PAGE_BYTES as u64));
 const _: () = assert!(MAPPED_FILE_MAX_BYTES <= isize::MAX as u64);

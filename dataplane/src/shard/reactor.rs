@@ -44,9 +44,6 @@ use crate::transport::header::{Opcode, RequestHeader, REQUEST_HEADER_BYTES};
 use crate::transport::rawio;
 use crate::TeError;
 
-/// Pause before re-arming an accept that failed (EMFILE and friends persist for a while).
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
-
 /// What the owner of a shard and the shard share: counters, the stop flag and its doorbell.
 pub(crate) struct ShardShared {
     pub(crate) stats: ServerStats,
@@ -310,7 +307,7 @@ impl Reactor {
             return;
         }
         if res < 0 {
-            self.accept_retry_at = Some(Instant::now() + ACCEPT_ERROR_BACKOFF);
+            self.accept_retry_at = Some(Instant::now() + crate::limits::ACCEPT_ERROR_BACKOFF);
             return;
         }
         // SAFETY: `res` is a connected socket the kernel just created for us alone.

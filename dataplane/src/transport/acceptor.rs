@@ -25,9 +25,6 @@ use std::time::Duration;
 
 use super::rawio;
 
-/// Pause after a failed `accept` before trying again.
-const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
-
 /// What a server does with its connections.
 pub trait Connections: Send + Sync + 'static {
     /// Serves one connection until it ends; the acceptor shuts it down afterwards.
@@ -141,7 +138,7 @@ fn accept_loop<C: Connections>(
             return handles;
         }
         let Ok((stream, _peer)) = accepted else {
-            std::thread::sleep(ACCEPT_ERROR_BACKOFF);
+            std::thread::sleep(crate::limits::ACCEPT_ERROR_BACKOFF);
             continue;
         };
         handles.retain(|h| !h.is_finished());
