@@ -83,8 +83,14 @@ impl Default for NodeConfig {
     }
 }
 
-/// Upstream flags accepted and ignored (the features behind them are not built here).
-const IGNORED_FLAGS: &[&str] = &["tenant_id", "start_offload_rpc_server"];
+/// Upstream flags accepted and ignored (the features behind them are not built here; the
+/// mmap arena is upstream 0.3.13's allocator for its buffers, ours maps segments its own way).
+const IGNORED_FLAGS: &[&str] = &[
+    "tenant_id",
+    "start_offload_rpc_server",
+    "use_mmap_arena_allocator",
+    "mmap_arena_pool_size",
+];
 
 /// Usage text for `--help`.
 pub const USAGE: &str = "mooncake_client: a storage node contributing memory to a Mooncake store,
@@ -313,6 +319,8 @@ mod tests {
             "--metadata_server",
             "P2PHANDSHAKE",
             "--tenant_id=x",
+            "--use_mmap_arena_allocator=true",
+            "--mmap_arena_pool_size=1073741824",
             "--prefault",
             "--noreplica_tasks",
         ])

@@ -444,6 +444,9 @@ pub const FLAGS: &[FlagSpec] = &[
     compat("cxl_path", Str, "/dev/dax0.0"),
     compat("cxl_size", UInt64, "8589934592"),
     compat("enable_cxl", Bool, "false"),
+    // Upstream's mmap arena for its buffers (0.3.13); ours allocates segments its own way.
+    compat("use_mmap_arena_allocator", Bool, "false"),
+    compat("mmap_arena_pool_size", UInt64, "8589934592"),
     // glog's flags (logging goes through `tracing` and MC_LOG_LEVEL instead).
     compat("log_dir", Str, ""),
     compat("v", Int32, "0"),
@@ -453,6 +456,19 @@ pub const FLAGS: &[FlagSpec] = &[
     compat("colorlogtostderr", Bool, "false"),
     compat("minloglevel", Int32, "0"),
     compat("stderrthreshold", Int32, "2"),
+    compat("log_prefix", Bool, "true"),
+    compat("log_link", Str, ""),
+    compat("logfile_mode", Int32, "436"),
+    compat("max_log_size", UInt32, "1800"),
+    compat("stop_logging_if_full_disk", Bool, "false"),
+    compat("logbuflevel", Int32, "0"),
+    compat("logbufsecs", Int32, "30"),
+    compat("log_backtrace_at", Str, ""),
+    compat("symbolize_stacktrace", Bool, "true"),
+    compat("drop_log_memory", Bool, "true"),
+    compat("alsologtoemail", Str, ""),
+    compat("logemaillevel", Int32, "999"),
+    compat("logmailer", Str, "/bin/mail"),
 ];
 
 /// The spec of a flag by exact name.

@@ -483,6 +483,19 @@ fn compat_flags_warn_only_when_set_away_from_default() {
     let cases: &[(&[&str], &[&str])] = &[
         (&["--enable_kv_events"], &["enable_kv_events"]),
         (&["--log_dir=/tmp/logs"], &["log_dir"]),
+        // Upstream 0.3.13's launch lines: its mmap arena, and glog's file settings.
+        (
+            &[
+                "--use_mmap_arena_allocator=true",
+                "--max_log_size=100",
+                "--nolog_prefix",
+            ],
+            &["use_mmap_arena_allocator", "max_log_size", "log_prefix"],
+        ),
+        (
+            &["--stop_logging_if_full_disk", "--logbufsecs=0"],
+            &["stop_logging_if_full_disk", "logbufsecs"],
+        ),
         (
             &[
                 "--v=2",
