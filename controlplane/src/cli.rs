@@ -131,6 +131,15 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         cfg.service.clone(),
         Arc::new(SystemClock::new()),
     ));
+    // The KV event socket before anything else listens: a bad endpoint stops the start.
+    let kv_events = if cfg.kv_events.enabled {
+        let publisher = Arc::new(crate::events::start(&cfg.kv_events)?);
+        info!("KV events published on {}", publisher.endpoint());
+        service.set_kv_events(publisher.clone());
+        Some(publisher)
+    } else {
+        None
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -278,6 +287,10 @@ async fn run(cfg: MasterConfig) -> Result<(), String> {
         .is_err()
     {
         warn!("some tasks did not stop within 5 s");
+    }
+    if let Some(p) = kv_events {
+        // Sends what is still queued; blocking, but the servers are down by now.
+        tokio::task::block_in_place(|| p.stop());
     }
     Ok(())
 }
