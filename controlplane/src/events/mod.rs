@@ -146,6 +146,22 @@ impl Sink {
             }
         }
     }
+
+    /// Events dropped so far.
+    pub fn dropped(&self) -> u64 {
+        Counters::get(&self.counters.dropped_events)
+    }
+}
+
+/// A sink over a queue of `capacity` that the caller drains itself (the service's tests).
+#[cfg(test)]
+pub(crate) fn test_channel(capacity: usize) -> (Sink, std::sync::mpsc::Receiver<Event>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+    let sink = Sink {
+        tx,
+        counters: Arc::default(),
+    };
+    (sink, rx)
 }
 
 /// What `GET /kv_events/status` and the metrics page report.

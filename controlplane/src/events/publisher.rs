@@ -187,3 +187,82 @@ impl Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Kind, Medium};
+    use super::*;
+
+    fn event(key: &str) -> Event {
+        Event {
+            kind: Kind::Stored,
+            medium: Medium::Cpu,
+            key: key.into(),
+            group: None,
+        }
+    }
+
+    /// Receives one batch: (sequence number, payload).
+    fn recv(sub: &zmq::Socket) -> (u64, Vec<u8>) {
+        let frames = sub.recv_multipart(0).expect("a batch");
+        assert_eq!(frames.len(), 3);
+        assert!(frames[0].is_empty(), "the topic frame is empty");
+        let seq = u64::from_be_bytes(frames[1].as_slice().try_into().expect("8 bytes"));
+        (seq, frames[2].clone())
+    }
+
+    #[test]
+    fn batches_go_out_in_three_frames_with_growing_sequence_numbers() {
+        let cfg = KvEventsConfig {
+            enabled: true,
+            endpoint: "tcp://127.0.0.1:*".into(),
+            ..Default::default()
+        };
+        let p = start(&cfg).expect("bind");
+        assert!(p.endpoint().starts_with("tcp://127.0.0.1:"));
+        assert_ne!(p.endpoint(), "tcp://127.0.0.1:*", "the port as bound");
+        let ctx = zmq::Context::new();
+        let sub = ctx.socket(zmq::SUB).unwrap();
+        sub.set_subscribe(b"").unwrap();
+        sub.set_rcvtimeo(5000).unwrap();
+        sub.connect(p.endpoint()).unwrap();
+        // The slow joiner: send until one batch arrives.
+        let sink = p.sink();
+        let mut seen = None;
+        for i in 0..100 {
+            sink.push(event(&i.to_string()));
+            sub.set_rcvtimeo(50).unwrap();
+            if let Ok(frames) = sub.recv_multipart(0) {
+                seen = Some(frames);
+                break;
+            }
+        }
+        assert!(seen.is_some(), "no batch reached the subscriber");
+        sub.set_rcvtimeo(5000).unwrap();
+        let before = p.status();
+        sink.push(event("a"));
+        let (seq, payload) = recv(&sub);
+        assert_eq!(seq, before.published_batches + 1, "no drop, no gap");
+        let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
+        assert_eq!(v[1].as_array().unwrap().len(), 1);
+        assert_eq!(v[1][0]["object_key"].as_str(), Some("a"));
+        let st = p.status();
+        assert!(st.enabled);
+        assert_eq!(st.published_events, before.published_events + 1);
+        assert_eq!((st.dropped_events, st.non_hash_keys), (0, 1));
+        p.stop();
+        sink.push(event("late"));
+        assert_eq!(p.status().dropped_events, 1, "a stopped publisher drops");
+    }
+
+    #[test]
+    fn a_bad_endpoint_is_refused_with_the_reason() {
+        let cfg = KvEventsConfig {
+            enabled: true,
+            endpoint: "nonsense://x".into(),
+            ..Default::default()
+        };
+        let e = start(&cfg).err().expect("refused");
+        assert!(e.contains("nonsense://x"), "{e}");
+    }
+}
