@@ -69,7 +69,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # mypy: python/tests/test_stubs.py checks mooncake/_native.pyi against the built module (stubtest).
-PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy aiohttp)
+# pyzmq, msgpack: python/tests/test_kv_events.py subscribes to the master's KV-cache events as
+# a router does.
+PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy aiohttp pyzmq msgpack)
 # WITH_K8S_SCHEMAS=1 (the test suite): python/tests/test_deploy_manifests.py validates
 # deploy/k8s against the schemas this package bundles, and test_dropin_structured.py stores
 # PIL images (Pillow; the package itself does not need it).

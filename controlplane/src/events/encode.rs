@@ -139,19 +139,7 @@ fn encode_event(opts: &EncodeOptions, ts: u64, id: u64, e: &Event, out: &mut Vec
     if opts.object_key {
         str_field(out, "object_key", key);
     }
-    let _ = w::write_str(out, "seq_hashes");
-    let _ = w::write_array_len(out, u32::from(hash.is_some()));
-    if let Some(h) = hash {
-        let _ = w::write_uint(out, h);
-    }
-    if opts.legacy {
-        let _ = w::write_str(out, "block_hashes");
-        let _ = w::write_array_len(out, u32::from(hash.is_some()));
-        if let Some(h) = hash {
-            // The legacy field carries the same 64 bits as a signed integer.
-            let _ = w::write_sint(out, h as i64);
-        }
-    }
+    hashes(out, hash, opts.legacy);
     if stored {
         let _ = w::write_str(out, "base_block_idx");
         let _ = w::write_uint(out, 0);
@@ -164,6 +152,23 @@ fn encode_event(opts: &EncodeOptions, ts: u64, id: u64, e: &Event, out: &mut Vec
         nil_field(out, "base_block_idx");
     }
     hash.is_some()
+}
+
+/// `seq_hashes`, and legacy `block_hashes`: the key's hash, or empty lists.
+fn hashes(out: &mut Vec<u8>, hash: Option<u64>, legacy: bool) {
+    let _ = w::write_str(out, "seq_hashes");
+    let _ = w::write_array_len(out, u32::from(hash.is_some()));
+    if let Some(h) = hash {
+        let _ = w::write_uint(out, h);
+    }
+    if legacy {
+        let _ = w::write_str(out, "block_hashes");
+        let _ = w::write_array_len(out, u32::from(hash.is_some()));
+        if let Some(h) = hash {
+            // The legacy field carries the same 64 bits as a signed integer.
+            let _ = w::write_sint(out, h as i64);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -425,10 +425,8 @@ impl State {
         }
         let replicas = self.place(m, now, size, cfg)?;
         self.note_inflight(now);
-        let group = match group_now {
-            Some(member) => Some(member),
-            None => group.map(|name| GroupMember::join(self.groups.join(name))),
-        };
+        let group =
+            group_now.or_else(|| group.map(|name| GroupMember::join(self.groups.join(name))));
         let obj = Object {
             size,
             version,
