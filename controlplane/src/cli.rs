@@ -124,7 +124,7 @@ fn warn_if_open(what: &str, addr: SocketAddr) {
 }
 
 /// Stops the KV event publisher when the master stops, after it sent what is queued (a
-/// blocking wait of at most one idle wake, on the thread that runs `run`, not a worker).
+/// blocking wait of at most one poll interval, on the thread that runs `run`, not a worker).
 struct KvEventsGuard(Option<Arc<crate::events::Publisher>>);
 
 impl Drop for KvEventsGuard {

@@ -46,5 +46,6 @@ pub const KV_EVENT_SOCKET_BATCHES_MAX: i32 = 1 << 16;
 /// How long closing the PUB socket waits for queued messages to leave (ZeroMQ's linger).
 pub const KV_EVENT_SOCKET_LINGER: Duration = Duration::from_millis(100);
 
-/// How often an idle publisher thread wakes to see whether it should stop.
-pub const KV_EVENT_IDLE_WAKE: Duration = Duration::from_millis(100);
+/// How often the KV-cache event publisher looks at its queue when it found it empty: the
+/// most an event waits before it is sent, and the wake-ups of an idle master's publisher.
+pub const KV_EVENT_POLL_INTERVAL: Duration = Duration::from_millis(1);

@@ -2,17 +2,18 @@
 //!
 //! The socket is bound in [`start`], on the caller's thread, so that a bad endpoint stops
 //! the master with the reason; then socket and queue move to the thread `mc-kv-events`,
-//! which owns them until [`Publisher::stop`]. A batch is what the queue holds when the
-//! thread wakes, up to `KV_EVENT_BATCH_EVENTS_MAX` events.
+//! which owns them until [`Publisher::stop`]. The thread polls the queue every
+//! `KV_EVENT_POLL_INTERVAL` (see [`Worker::run`] for why it does not block on it); a batch
+//! is what the queue holds when it looks, up to `KV_EVENT_BATCH_EVENTS_MAX` events.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{encode_batch, status_of, Counters, EncodeOptions, Event, KvEventsConfig, Sink};
 use crate::limits::{
-    KV_EVENT_BATCH_EVENTS_MAX, KV_EVENT_IDLE_WAKE, KV_EVENT_SOCKET_BATCHES_MAX,
+    KV_EVENT_BATCH_EVENTS_MAX, KV_EVENT_POLL_INTERVAL, KV_EVENT_SOCKET_BATCHES_MAX,
     KV_EVENT_SOCKET_LINGER,
 };
 
@@ -100,7 +101,7 @@ impl Publisher {
         status_of(&self.cfg, &self.endpoint, &self.counters)
     }
 
-    /// Sends what is queued, then ends the thread (at most one idle wake later).
+    /// Sends what is queued, then ends the thread (at most one poll interval later).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.lock().take();
@@ -129,23 +130,34 @@ struct Worker {
 }
 
 impl Worker {
+    /// Polls the queue rather than blocking on it: a receiver blocked in `recv` makes every
+    /// push wake it (a futex call, under the master's lock), which cost the put path a
+    /// quarter of its throughput in `master_bench --kv_events_ab`; a push into a queue
+    /// nobody waits on is one atomic operation. Events wait at most one poll interval.
     fn run(mut self) {
         let mut batch = Vec::with_capacity(KV_EVENT_BATCH_EVENTS_MAX);
         let mut payload = Vec::with_capacity(64 * 1024);
         loop {
-            match self.rx.recv_timeout(KV_EVENT_IDLE_WAKE) {
-                Ok(e) => batch.push(e),
-                Err(RecvTimeoutError::Timeout) if !self.stop.load(Ordering::Relaxed) => continue,
-                Err(_) => return,
-            }
+            let mut gone = false;
             while batch.len() < KV_EVENT_BATCH_EVENTS_MAX {
                 match self.rx.try_recv() {
                     Ok(e) => batch.push(e),
-                    Err(_) => break,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
                 }
             }
-            self.send(&batch, &mut payload);
-            batch.clear();
+            if !batch.is_empty() {
+                self.send(&batch, &mut payload);
+                batch.clear();
+                continue;
+            }
+            if gone || self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(KV_EVENT_POLL_INTERVAL);
         }
     }
 
