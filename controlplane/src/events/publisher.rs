@@ -249,16 +249,27 @@ mod tests {
                 break;
             }
         }
-        assert!(seen.is_some(), "no batch reached the subscriber");
+        let seen = seen.expect("no batch reached the subscriber");
+        let seen_seq = u64::from_be_bytes(seen[1].as_slice().try_into().expect("8 bytes"));
+        // The counters move just after the send: wait for them to show that batch.
+        let settled = |want: u64| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while p.status().published_batches < want {
+                assert!(std::time::Instant::now() < deadline, "counters stuck");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            p.status()
+        };
+        let before = settled(seen_seq);
+        assert_eq!(before.published_batches, seen_seq, "no drop, no gap");
         sub.set_rcvtimeo(5000).unwrap();
-        let before = p.status();
         sink.push(event("a"));
         let (seq, payload) = recv(&sub);
-        assert_eq!(seq, before.published_batches + 1, "no drop, no gap");
+        assert_eq!(seq, seen_seq + 1, "no drop, no gap");
         let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
         assert_eq!(v[1].as_array().unwrap().len(), 1);
         assert_eq!(v[1][0]["object_key"].as_str(), Some("a"));
-        let st = p.status();
+        let st = settled(seq);
         assert!(st.enabled);
         assert_eq!(st.published_events, before.published_events + 1);
         assert_eq!((st.dropped_events, st.non_hash_keys), (0, 1));
