@@ -70,8 +70,9 @@ fi
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # mypy: python/tests/test_stubs.py checks mooncake/_native.pyi against the built module (stubtest).
 # aiohttp and msgpack are the package's own dependencies (python/pyproject.toml), installed
-# here too so the --no-build-isolation install below finds them in place.
-PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy aiohttp "msgpack>=1.0")
+# here too so the --no-build-isolation install below finds them in place. pyzmq:
+# python/tests/test_kv_events.py subscribes to the master's KV-cache events as a router does.
+PIP_PACKAGES=("maturin>=1.5,<2" pytest numpy mypy aiohttp "msgpack>=1.0" pyzmq)
 # WITH_K8S_SCHEMAS=1 (the test suite): python/tests/test_deploy_manifests.py validates
 # deploy/k8s against the schemas this package bundles, and test_dropin_structured.py stores
 # PIL images (Pillow; the package itself does not need it).

@@ -123,14 +123,37 @@ fn warn_if_open(what: &str, addr: SocketAddr) {
     );
 }
 
+/// Stops the KV event publisher when the master stops, after it sent what is queued (a
+/// blocking wait of at most one poll interval, on the thread that runs `run`, not a worker).
+struct KvEventsGuard(Option<Arc<crate::events::Publisher>>);
+
+impl Drop for KvEventsGuard {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            p.stop();
+        }
+    }
+}
+
+/// The service, and with `--enable_kv_events` its event publisher, bound and started.
+fn new_service(cfg: &MasterConfig) -> Result<(Arc<MasterService>, KvEventsGuard), String> {
+    let clock = Arc::new(SystemClock::new());
+    let service = Arc::new(MasterService::new(cfg.service.clone(), clock));
+    if !cfg.kv_events.enabled {
+        return Ok((service, KvEventsGuard(None)));
+    }
+    let publisher = Arc::new(crate::events::start(&cfg.kv_events)?);
+    info!("KV events published on {}", publisher.endpoint());
+    service.set_kv_events(publisher.clone());
+    Ok((service, KvEventsGuard(Some(publisher))))
+}
+
 async fn run(cfg: MasterConfig) -> Result<(), String> {
     // Handlers first: a SIGTERM that arrives once the ports are open must shut down cleanly,
     // not kill the process with the default action.
     let signals = Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
-    let service = Arc::new(MasterService::new(
-        cfg.service.clone(),
-        Arc::new(SystemClock::new()),
-    ));
+    // The KV event socket before anything listens: a bad endpoint stops the start.
+    let (service, _kv_events) = new_service(&cfg)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();

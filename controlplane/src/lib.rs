@@ -13,6 +13,7 @@
 //! - [`ha`]: leader election in etcd under a lease, and the "may this master serve" gate;
 //! - [`rpc`]: the tokio server speaking the control frames of `protocol`;
 //! - [`http`]: the HTTP metadata server and the admin/metrics server;
+//! - [`events`]: KV-cache events for cache-aware routers, on a ZeroMQ PUB socket;
 //! - [`limits`]: the numeric bounds of what a peer can make the master hold;
 //! - [`clock`]: time enters through a trait so tests can move it by hand;
 //! - [`cli`]: the `mooncake_master` program as a function (binary and Python entry point).
@@ -21,6 +22,7 @@ pub mod alloc;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod events;
 pub mod ha;
 pub mod http;
 pub mod limits;

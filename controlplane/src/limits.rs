@@ -30,3 +30,22 @@ pub const RPC_FRAME_TIMEOUT_MIN: Duration = Duration::from_secs(5);
 pub const RPC_FRAME_MIN_BYTES_PER_S: u64 = 1024 * 1024;
 
 const _: () = assert!(RPC_FRAME_MIN_BYTES_PER_S > 0);
+
+/// Events the KV-cache event publisher encodes into one message (`events/`): a burst larger
+/// than this goes out as several batches.
+pub const KV_EVENT_BATCH_EVENTS_MAX: usize = 1024;
+
+/// The most events `--kv_events_queue_capacity` may ask the queue to hold (about 100 bytes
+/// and a key each): past it a stalled publisher could hold gigabytes of the master's memory.
+pub const KV_EVENT_QUEUE_EVENTS_MAX: u32 = 1 << 24;
+
+/// Messages (batches) the PUB socket queues for one slow subscriber before it drops for that
+/// subscriber (ZeroMQ's send high-water mark): at most the queue's worth of events.
+pub const KV_EVENT_SOCKET_BATCHES_MAX: i32 = 1 << 16;
+
+/// How long closing the PUB socket waits for queued messages to leave (ZeroMQ's linger).
+pub const KV_EVENT_SOCKET_LINGER: Duration = Duration::from_millis(100);
+
+/// How often the KV-cache event publisher looks at its queue when it found it empty: the
+/// most an event waits before it is sent, and the wake-ups of an idle master's publisher.
+pub const KV_EVENT_POLL_INTERVAL: Duration = Duration::from_millis(1);

@@ -111,6 +111,10 @@ pub trait AdminView: Send + Sync + 'static {
     fn render_metrics(&self) -> String;
     /// The cluster at a glance (one pass over the index under the lock).
     fn status(&self) -> ClusterStatus;
+    /// `GET /kv_events/status`: the KV-cache event publisher (`crate::events`).
+    fn kv_events(&self) -> crate::events::Status {
+        crate::events::Status::disabled()
+    }
     /// `GET /api/v1/tenant_quotas`: every tenant's row, or `tenant`'s (`service/quota.rs`).
     fn tenant_quotas(&self, tenant: Option<&str>) -> QuotaAnswer {
         let _ = tenant;

@@ -4,9 +4,15 @@
 //! ```text
 //! cargo run --release -p mooncake-bench --bin master_bench -- \
 //!     [--master 127.0.0.1:50051] [--clients 4] [--seconds 5] [--window 64] [--batch 128]
-//!     [--batch_window 8] [--keys 16384]
+//!     [--batch_window 8] [--keys 16384] [--kv_events_ab ROUNDS]
 //! ```
 //! Without `--master` it starts `target/release/mooncake_master` on a free loopback port.
+//!
+//! `--kv_events_ab ROUNDS` measures only the put path with KV-cache events off and on
+//! (`docs/kv-events.md`): two masters side by side, one with `--enable_kv_events`, and
+//! ROUNDS rounds alternating between them of `--seconds` each, every client repeating
+//! BatchPutStart + BatchPutEnd + BatchRemove of `--batch` keys of its own (decimal hashes,
+//! 4 KiB objects): each item is announced stored, then removed.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +32,7 @@ struct Args {
     batch: usize,
     keys: usize,
     batch_window: usize,
+    kv_events_ab: usize,
 }
 
 fn parse_args() -> Args {
@@ -37,6 +44,7 @@ fn parse_args() -> Args {
         batch: 128,
         keys: 16384,
         batch_window: 8,
+        kv_events_ab: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -64,6 +72,7 @@ fn parse_args() -> Args {
             "--batch" => a.batch = num(),
             "--keys" => a.keys = num(),
             "--batch_window" => a.batch_window = num(),
+            "--kv_events_ab" => a.kv_events_ab = num(),
             other => mooncake_bench::usage_error(format_args!("unknown flag {other}")),
         }
         i += 1;
@@ -79,7 +88,7 @@ impl Drop for Spawned {
     }
 }
 
-fn spawn_master() -> (String, Spawned) {
+fn spawn_master(extra: &[String]) -> (String, Spawned) {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().join("mooncake_master");
     assert!(
@@ -104,6 +113,7 @@ fn spawn_master() -> (String, Spawned) {
             format!("--metrics_port={mport}"),
             "--metrics_host=127.0.0.1".into(),
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn master");
@@ -209,24 +219,134 @@ fn run_phase(
     (calls, (calls as f64 * items_per_call as f64) / secs, total)
 }
 
+/// One put-path phase: every client puts, completes and removes `batch` keys of its own in a
+/// loop for `seconds`; returns (items/s, per-loop latency histogram).
+fn put_phase(a: &Args, addr: &str) -> (f64, hdrhistogram::Histogram<u64>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let me = Uuid::from_parts(0xbe7c, 1);
+    let handles: Vec<_> = (0..a.clients)
+        .map(|t| {
+            let c = MasterClient::new(addr).unwrap();
+            let stop = stop.clone();
+            let keys: Vec<String> = (0..a.batch)
+                .map(|i| (((t as u64 + 1) << 32) | i as u64).to_string())
+                .collect();
+            std::thread::spawn(move || {
+                let start = BatchPutStart {
+                    client_id: me,
+                    keys: keys.clone(),
+                    sizes: vec![4096; keys.len()],
+                    config: ReplicateConfig::default(),
+                };
+                let end = BatchPutEnd {
+                    client_id: me,
+                    keys: keys.clone(),
+                };
+                let remove = BatchRemove { keys, force: false };
+                let mut h = latency_histogram();
+                let mut loops = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let ok = c.call(&start).unwrap().unwrap();
+                    assert!(ok.iter().all(|x| x.is_ok()), "put start");
+                    c.call(&end).unwrap().unwrap();
+                    c.call(&remove).unwrap().unwrap();
+                    record(&mut h, t0.elapsed());
+                    loops += 1;
+                }
+                (loops, h)
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(a.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut total = latency_histogram();
+    let mut loops = 0;
+    for h in handles {
+        let (n, hist) = h.join().unwrap();
+        loops += n;
+        total.add(&hist).unwrap();
+    }
+    let items = loops as f64 * a.batch as f64;
+    (items / t0.elapsed().as_secs_f64(), total)
+}
+
+/// `--kv_events_ab`: the put path against a master without and one with KV-cache events, in
+/// alternating rounds of the same run.
+fn kv_events_ab(a: &Args) {
+    let endpoint = format!("--kv_events_bind_endpoint=tcp://127.0.0.1:{}", free_port());
+    let sides = [
+        ("off", spawn_master(&[])),
+        ("on", spawn_master(&["--enable_kv_events".into(), endpoint])),
+    ];
+    for (_, (addr, _)) in &sides {
+        populate(addr, 1);
+    }
+    println!(
+        "master_bench --kv_events_ab: clients={} seconds={} batch={} rounds={}",
+        a.clients, a.seconds, a.batch, a.kv_events_ab
+    );
+    let mut rates = [Vec::new(), Vec::new()];
+    let mut hists = [latency_histogram(), latency_histogram()];
+    for round in 0..a.kv_events_ab {
+        for i in [round % 2, 1 - round % 2] {
+            let (rate, h) = put_phase(a, &sides[i].1 .0);
+            println!("round {round} events {}: {rate:.0} items/s", sides[i].0);
+            rates[i].push(rate);
+            hists[i].add(&h).unwrap();
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (off, on) = (median(&mut rates[0]), median(&mut rates[1]));
+    for (i, rate) in [off, on].into_iter().enumerate() {
+        println!(
+            "events {}: median {rate:.0} items/s; per-loop latency {}",
+            sides[i].0,
+            summary(&hists[i])
+        );
+    }
+    println!("on / off: {:.3}", on / off);
+}
+
+/// `--master`, or a master started here (and killed when the guard drops).
+fn master_for(a: &Args) -> (String, Option<Spawned>) {
+    match &a.master {
+        Some(m) => (m.clone(), None),
+        None => {
+            let (addr, g) = spawn_master(&[]);
+            (addr, Some(g))
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// `--help`.
 const USAGE: &str = "master_bench: pipelined and batched RPC throughput of one master
 
 master_bench [--master 127.0.0.1:50051] [--clients 4] [--seconds 5] [--window 64] [--batch 128]
-             [--batch_window 8] [--keys 16384]
+             [--batch_window 8] [--keys 16384] [--kv_events_ab ROUNDS]
 
-Without --master it starts target/release/mooncake_master on a free loopback port.";
+Without --master it starts target/release/mooncake_master on a free loopback port.
+--kv_events_ab ROUNDS: only the put path, KV-cache events off and on, in alternating rounds.";
 
 fn main() {
     mooncake_bench::help(USAGE);
     let a = parse_args();
-    let (addr, _guard) = match &a.master {
-        Some(m) => (m.clone(), None),
-        None => {
-            let (addr, g) = spawn_master();
-            (addr, Some(g))
-        }
-    };
+    if a.kv_events_ab > 0 {
+        return kv_events_ab(&a);
+    }
+    let (addr, _guard) = master_for(&a);
     println!(
         "master_bench: master={addr} clients={} seconds={} window={} batch={} keys={}",
         a.clients, a.seconds, a.window, a.batch, a.keys

@@ -84,6 +84,8 @@ pub struct MasterConfig {
     pub ha_lease_ttl_s: i64,
     /// The knobs of the object service, including `cluster_id`.
     pub service: ServiceConfig,
+    /// `--enable_kv_events` and the `--kv_events_*` flags (`crate::events`).
+    pub kv_events: crate::events::KvEventsConfig,
 }
 
 impl Default for MasterConfig {
@@ -108,6 +110,7 @@ impl Default for MasterConfig {
             ha_backend_type: "etcd".to_string(),
             ha_lease_ttl_s: 2,
             service: ServiceConfig::default(),
+            kv_events: Default::default(),
         }
     }
 }
@@ -337,6 +340,7 @@ fn resolve(values: &Values) -> Result<MasterConfig, ConfigError> {
             value::parse_in_range(raw, 2, 60, "an integer number of seconds in 2..=60")
         })?,
         service,
+        kv_events: resolve_kv_events(values)?,
     };
     if config.enable_ha && config.ha_backend_type != "etcd" {
         return Err(ConfigError::Conflict(format!(
@@ -386,6 +390,44 @@ fn resolve_tasks(values: &Values) -> Result<crate::service::TaskConfig, ConfigEr
         pending_timeout_ms: timeout_ms("pending_task_timeout_sec")?,
         processing_timeout_ms: timeout_ms("processing_task_timeout_sec")?,
         max_retry_attempts: count("max_retry_attempts")?,
+    })
+}
+
+/// The KV-cache event flags (`events::KvEventsConfig`).
+fn resolve_kv_events(values: &Values) -> Result<crate::events::KvEventsConfig, ConfigError> {
+    let u32_flag = |name: &str, lo: i64, hi: i64, expected: &'static str| {
+        values
+            .get(name, |raw| value::parse_in_range(raw, lo, hi, expected))
+            .map(|v| v as u32)
+    };
+    Ok(crate::events::KvEventsConfig {
+        enabled: values.get("enable_kv_events", value::parse_bool)?,
+        endpoint: values.string("kv_events_bind_endpoint").trim().to_string(),
+        backend_id: values.string("kv_events_backend_id"),
+        model_name: values.string("kv_events_model_name"),
+        tenant_id: values.string("kv_events_tenant_id"),
+        additional_salt: values.string("kv_events_additional_salt"),
+        lora_name: values.string("kv_events_lora_name"),
+        block_size: u32_flag(
+            "kv_events_block_size",
+            0,
+            u32::MAX as i64,
+            "a count in 0..=4294967295",
+        )?,
+        dp_rank: u32_flag(
+            "kv_events_dp_rank",
+            0,
+            u32::MAX as i64,
+            "a count in 0..=4294967295",
+        )?,
+        emit_legacy_compat: values.get("kv_events_emit_legacy_compat", value::parse_bool)?,
+        emit_object_key: values.get("kv_events_emit_object_key", value::parse_bool)?,
+        queue_capacity: u32_flag(
+            "kv_events_queue_capacity",
+            1,
+            crate::limits::KV_EVENT_QUEUE_EVENTS_MAX.into(),
+            "a count of events in 1..=16777216",
+        )?,
     })
 }
 

@@ -481,7 +481,7 @@ fn offload_flags_resolve() {
 #[test]
 fn compat_flags_warn_only_when_set_away_from_default() {
     let cases: &[(&[&str], &[&str])] = &[
-        (&["--enable_kv_events"], &["enable_kv_events"]),
+        (&["--enable_oplog"], &["enable_oplog"]),
         (&["--log_dir=/tmp/logs"], &["log_dir"]),
         // Upstream 0.3.13's launch lines: its mmap arena, and glog's file settings.
         (
@@ -660,8 +660,8 @@ fn config_file_warnings_and_errors() {
         ),
         (
             "a.json",
-            r#"{"enable_kv_events": true}"#,
-            Ok(&["flag --enable_kv_events is accepted for compatibility but not supported"]),
+            r#"{"enable_oplog": true}"#,
+            Ok(&["flag --enable_oplog is accepted for compatibility but not supported"]),
         ),
         (
             "a.json",
@@ -865,4 +865,38 @@ fn tenant_quota_policy_file() {
         e.contains("tenant_quota_connector_type") && e.contains("file"),
         "{e}"
     );
+}
+
+#[test]
+fn kv_event_flags_resolve() {
+    let (config, warnings) = run(&[
+        "--enable_kv_events",
+        "--kv_events_bind_endpoint=tcp://127.0.0.1:6000",
+        "--kv_events_backend_id=pool-7",
+        "--kv_events_tenant_id=acme",
+        "--kv_events_dp_rank=2",
+        "--nokv_events_emit_legacy_compat",
+        "--kv_events_emit_object_key=false",
+        "--kv_events_queue_capacity=8",
+    ]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let k = &config.kv_events;
+    assert!(k.enabled);
+    assert_eq!(k.endpoint, "tcp://127.0.0.1:6000");
+    assert_eq!(k.backend_id, "pool-7");
+    assert_eq!(k.tenant_id, "acme");
+    assert_eq!(k.dp_rank, 2);
+    assert!(!k.emit_legacy_compat && !k.emit_object_key);
+    assert_eq!(k.queue_capacity, 8);
+    assert_eq!(
+        run(&[]).0.kv_events,
+        crate::events::KvEventsConfig::default()
+    );
+    for bad in [
+        "--kv_events_queue_capacity=0",
+        "--kv_events_queue_capacity=16777217",
+    ] {
+        let message = error(&[bad]);
+        assert!(message.contains("1..=16777216"), "{message}");
+    }
 }

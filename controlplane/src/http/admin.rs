@@ -25,6 +25,9 @@
 //!   `{"success":true,"data":...}`, or a status with `{"success":false,"error_code":N,
 //!   "error_message":S}` (409 `-1011` without quotas, 404 `-704` for an unknown tenant, 409
 //!   `-1702` for one that still holds objects, 400 `-600` for a bad parameter or body).
+//! - `/kv_events/status`: the KV-cache event publisher (`docs/kv-events.md`):
+//!   `{"enabled", "endpoint", "backend_id", "queue_capacity", "published_events",
+//!   "published_batches", "dropped_events", "non_hash_keys"}`.
 //!
 //! - `/` and `/ui`: the status page (`status.html`, served from the binary; no build step, no
 //!   CDN), which polls `/status.json` every second: the HA role and leader, and, while this
@@ -119,6 +122,7 @@ pub fn admin_router_with_auth(view: View, ha: Ha, auth: Option<&'static Token>) 
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(metrics_summary))
         .route("/health", get(health))
+        .route("/kv_events/status", get(kv_events_status))
         .route("/role", get(role))
         .route("/ha_status", get(ha_status))
         .route("/leader", get(leader))
@@ -274,6 +278,11 @@ fn metric_value(text: &str, name: &str) -> Option<String> {
             let mut parts = line.split_whitespace();
             (parts.next()? == name).then(|| parts.next().map(str::to_string))?
         })
+}
+
+/// The KV-cache event publisher: on or off, its endpoint and counters (`docs/kv-events.md`).
+async fn kv_events_status(State(view): State<View>) -> Response {
+    json_response(StatusCode::OK, json!(view.kv_events()))
 }
 
 async fn health(State(ha): State<Ha>) -> Response {

@@ -80,7 +80,12 @@ impl AdminView for MasterService {
         };
         render_fragmentation(&mut text, &frag);
         text.push_str(&quotas);
+        self.kv_events_status().render_metrics(&mut text);
         text
+    }
+
+    fn kv_events(&self) -> crate::events::Status {
+        self.kv_events_status()
     }
 
     fn tenant_quotas(&self, tenant: Option<&str>) -> QuotaAnswer {

@@ -396,6 +396,8 @@ pub struct MasterService {
     state: Mutex<State>,
     metrics: Metrics,
     clock: Arc<dyn Clock>,
+    /// The KV-cache event publisher (`crate::events`), with `--enable_kv_events`.
+    kv_events: std::sync::OnceLock<Arc<crate::events::Publisher>>,
 }
 
 /// The service locked for a run of requests (see [`MasterService::batch`]).
@@ -460,7 +462,24 @@ impl MasterService {
             state: Mutex::new(State::new(cfg, seed)),
             metrics: Metrics::default(),
             clock,
+            kv_events: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Publishes KV-cache events through `publisher` from now on (`objects.rs` says when);
+    /// a second call is ignored.
+    pub fn set_kv_events(&self, publisher: Arc<crate::events::Publisher>) {
+        let sink = publisher.sink();
+        if self.kv_events.set(publisher).is_ok() {
+            self.state.lock().objects.set_events(Some(sink));
+        }
+    }
+
+    /// What `GET /kv_events/status` reports.
+    pub fn kv_events_status(&self) -> crate::events::Status {
+        self.kv_events
+            .get()
+            .map_or_else(crate::events::Status::disabled, |p| p.status())
     }
 
     /// Executes one request and appends the encoded `Result<R::Reply, ErrorCode>` (an `i32`
@@ -592,7 +611,10 @@ impl MasterService {
                 Err(e) => tracing::warn!("{e}; keeping the tenant quota policy in memory"),
             }
         }
+        // The event queue stays: a new term announces what the owners re-report.
+        let events = st.objects.events();
         *st = State::new(cfg, rand::random());
+        st.objects.set_events(events);
         st.view_version = view_version;
         st.term = view_version.max(1) as u64;
         st.fence_until_ms = now.saturating_add(RECOVERY_FENCE_MS);

@@ -191,6 +191,8 @@ pub(crate) struct Object {
     pub group: Option<GroupMember>,
     /// Bytes charged to its tenant (`objects.rs`; 0 without tenant quotas).
     pub charge: u64,
+    /// The medium last announced in a KV-cache event (`objects.rs`; `None`: not announced).
+    pub announced: crate::events::Medium,
 }
 
 impl Object {
@@ -423,10 +425,8 @@ impl State {
         }
         let replicas = self.place(m, now, size, cfg)?;
         self.note_inflight(now);
-        let group = match group_now {
-            Some(member) => Some(member),
-            None => group.map(|name| GroupMember::join(self.groups.join(name))),
-        };
+        let group =
+            group_now.or_else(|| group.map(|name| GroupMember::join(self.groups.join(name))));
         let obj = Object {
             size,
             version,
@@ -442,6 +442,7 @@ impl State {
             hard_pin: cfg.with_hard_pin,
             group,
             charge: 0,
+            announced: Default::default(),
         };
         let obj = self.objects.insert_get(key, obj);
         Ok((obj, &self.segs))
@@ -564,6 +565,8 @@ impl State {
             }
             self.evict_epoch += 1;
             self.done_inflight(started);
+            // Readable now: a KV-cache event says so (`objects.rs`).
+            self.objects.completed(key);
             // Eager offload: a complete object gets a copy on its owner's disk (`offload.rs`).
             self.offload_eager(now, key);
         }

@@ -9,6 +9,14 @@
 //! count through [`Objects::get_mut`] (a copy task's new replica, a re-reported one, one
 //! cleared) calls [`Objects::settle`]. Reads go through `Deref` to the map.
 //!
+//! The same choke points announce KV-cache events (`crate::events`, `docs/kv-events.md`)
+//! when a publisher is set: an object that leaves the index (`remove`, a `retain` that drops
+//! it) is announced removed if it was announced stored; `settle` and a kept object of
+//! `retain` re-read where its COMPLETE replicas are ([`medium_of`]) and announce a new
+//! medium as stored; [`Objects::completed`] (a put's end) announces stored. Each object
+//! remembers what was last announced for it (`Object::announced`), so nothing is said twice
+//! and a removal names the medium the router knows.
+//!
 //! Invariant (checked by `ledger_matches_the_index` in the tests): for every tenant, the
 //! ledger equals the sum of `size × replicas` over its objects, and each object's `charge`
 //! is its own `size × replicas`. Without quotas there is no ledger and `charge` stays 0.
@@ -20,6 +28,7 @@ use protocol::tenant::split_scoped;
 
 use super::object::Object;
 use super::FastMap;
+use crate::events::{Event, Kind, Medium, Sink};
 
 /// The object index (`State::objects`).
 #[derive(Default)]
@@ -27,6 +36,55 @@ pub(crate) struct Objects {
     map: FastMap<String, Object>,
     /// Bytes charged per tenant (`default` for plain keys); `None` without tenant quotas.
     ledger: Option<FastMap<String, u64>>,
+    /// The KV-cache event queue, when `--enable_kv_events` is on.
+    events: Option<Sink>,
+}
+
+/// Where `obj`'s COMPLETE replicas are: memory first, else disk, else none (not readable).
+pub(crate) fn medium_of(obj: &Object) -> Medium {
+    let mut disk = false;
+    for r in &obj.replicas {
+        if r.status == protocol::ReplicaStatus::Complete {
+            if !r.on_disk {
+                return Medium::Cpu;
+            }
+            disk = true;
+        }
+    }
+    if disk {
+        Medium::Disk
+    } else {
+        Medium::None
+    }
+}
+
+fn announce(sink: &Sink, kind: Kind, medium: Medium, key: &str, obj: &Object) {
+    sink.push(Event {
+        kind,
+        medium,
+        key: key.to_string(),
+        group: obj.group.as_ref().map(|g| g.lease.name.clone()),
+    });
+}
+
+/// `obj` left the index: removed, if it was announced.
+fn announce_removed(events: &Option<Sink>, key: &str, obj: &Object) {
+    if let Some(sink) = events {
+        if obj.announced != Medium::None {
+            announce(sink, Kind::Removed, obj.announced, key, obj);
+        }
+    }
+}
+
+/// `obj`'s replicas changed: stored with its new medium, if readable somewhere new.
+fn announce_medium(events: &Option<Sink>, key: &str, obj: &mut Object) {
+    if let Some(sink) = events {
+        let now = medium_of(obj);
+        if now != Medium::None && now != obj.announced {
+            obj.announced = now;
+            announce(sink, Kind::Stored, now, key, obj);
+        }
+    }
 }
 
 /// What an object is charged: its size times its memory replica count.
@@ -76,6 +134,29 @@ impl Objects {
         Objects {
             map: FastMap::default(),
             ledger: quotas.then(FastMap::default),
+            events: None,
+        }
+    }
+
+    /// Announces KV-cache events into `sink` from now on.
+    pub(crate) fn set_events(&mut self, sink: Option<Sink>) {
+        self.events = sink;
+    }
+
+    /// The event queue, to carry over to a new index (`MasterService::reset`).
+    pub(crate) fn events(&self) -> Option<Sink> {
+        self.events.clone()
+    }
+
+    /// `key`'s put completed: announced stored (again, for an upsert) where it is now.
+    pub(crate) fn completed(&mut self, key: &str) {
+        let Objects { map, events, .. } = self;
+        if let (Some(sink), Some(obj)) = (events, map.get_mut(key)) {
+            let now = medium_of(obj);
+            if now != Medium::None {
+                obj.announced = now;
+                announce(sink, Kind::Stored, now, key, obj);
+            }
         }
     }
 
@@ -102,13 +183,24 @@ impl Objects {
     /// [`Self::insert`] for the put path, returning the object now held: one hash lookup
     /// without quotas.
     pub(crate) fn insert_get(&mut self, key: String, mut obj: Object) -> &Object {
-        let Objects { map, ledger } = self;
+        let Objects {
+            map,
+            ledger,
+            events,
+        } = self;
         if let Some(l) = ledger {
             if let Some(old) = map.get(&key) {
                 sub(l, &key, old.charge);
             }
             obj.charge = charge_of(&obj);
             add(l, &key, obj.charge);
+        }
+        if events.is_some() {
+            if let Some(old) = map.get(&key) {
+                announce_removed(events, &key, old);
+            }
+            obj.announced = Medium::None;
+            announce_medium(events, &key, &mut obj);
         }
         match map.entry(key) {
             hash_map::Entry::Occupied(mut o) => {
@@ -124,13 +216,18 @@ impl Objects {
         if let Some(l) = &mut self.ledger {
             sub(l, key, obj.charge);
         }
+        announce_removed(&self.events, key, &obj);
         Some(obj)
     }
 
     /// Keeps the objects `f` accepts (which may change them, e.g. drop replicas); settles
     /// the charges of the ones dropped or changed.
     pub(crate) fn retain(&mut self, mut f: impl FnMut(&String, &mut Object) -> bool) {
-        let Objects { map, ledger } = self;
+        let Objects {
+            map,
+            ledger,
+            events,
+        } = self;
         map.retain(|k, obj| {
             let keep = f(k, obj);
             if let Some(l) = ledger {
@@ -139,6 +236,11 @@ impl Objects {
                 } else {
                     settle(l, k, obj);
                 }
+            }
+            if !keep {
+                announce_removed(events, k, obj);
+            } else {
+                announce_medium(events, k, obj);
             }
             keep
         });
@@ -152,9 +254,18 @@ impl Objects {
 
     /// Moves `key`'s charge to its current `size × replicas` after its replicas changed.
     pub(crate) fn settle(&mut self, key: &str) {
-        if let (Some(l), Some(obj)) = (&mut self.ledger, self.map.get_mut(key)) {
+        let Objects {
+            map,
+            ledger,
+            events,
+        } = self;
+        let Some(obj) = map.get_mut(key) else {
+            return;
+        };
+        if let Some(l) = ledger {
             settle(l, key, obj);
         }
+        announce_medium(events, key, obj);
     }
 
     /// The ledger recomputed from the index (tests: it must equal the kept one).

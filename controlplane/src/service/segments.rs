@@ -609,5 +609,6 @@ fn held_object(
         hard_pin: h.with_hard_pin,
         group: None,
         charge: 0,
+        announced: Default::default(),
     }
 }

@@ -8,6 +8,9 @@ use protocol::*;
 use super::*;
 use crate::model::{cfg, T};
 
+#[path = "kv_events.rs"]
+mod kv_events;
+
 const MIB: u64 = 1 << 20;
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 const C2: Uuid = Uuid { hi: 2, lo: 2 };
