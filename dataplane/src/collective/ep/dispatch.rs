@@ -131,10 +131,14 @@ impl EpRuntime {
                 peer.write(shape.src(set, me, l, 0), &src);
                 for (i, &t) in list.iter().enumerate() {
                     let t = t as usize;
-                    peer.write(
-                        shape.row(set, me, l, i),
-                        &rows[t * row_bytes..(t + 1) * row_bytes],
-                    );
+                    let row = &rows[t * row_bytes..(t + 1) * row_bytes];
+                    if fp8 {
+                        let (q, scales) = row.split_at(h);
+                        peer.write(shape.fp8_data(set, me, l, i), q);
+                        peer.write(shape.fp8_scales(set, me, l, i), scales);
+                    } else {
+                        peer.write(shape.row(set, me, l, i), row);
+                    }
                 }
             }
             peer.write(shape.counts(set, me), &counts);
@@ -233,27 +237,24 @@ impl EpRuntime {
                             4 * c,
                         );
                     }
-                    let src_row = |i: usize| data.add(shape.row(set, s, l, i));
                     if !fp8 {
                         std::ptr::copy_nonoverlapping(
-                            src_row(0),
+                            data.add(shape.row(set, s, l, 0)),
                             (out.recv_x as *mut u8).add(2 * h * (l * n + begin)),
                             2 * h * c,
                         );
                     } else {
-                        for i in 0..c {
-                            let row = l * n + begin + i;
-                            std::ptr::copy_nonoverlapping(
-                                src_row(i),
-                                (out.recv_x as *mut u8).add(h * row),
-                                h,
-                            );
-                            std::ptr::copy_nonoverlapping(
-                                src_row(i).add(h),
-                                (out.scales as *mut u8).add(4 * groups * row),
-                                4 * groups,
-                            );
-                        }
+                        // the block holds the c rows' data, then their scales (layout.rs)
+                        std::ptr::copy_nonoverlapping(
+                            data.add(shape.fp8_data(set, s, l, 0)),
+                            (out.recv_x as *mut u8).add(h * (l * n + begin)),
+                            h * c,
+                        );
+                        std::ptr::copy_nonoverlapping(
+                            data.add(shape.fp8_scales(set, s, l, 0)),
+                            (out.scales as *mut u8).add(4 * groups * (l * n + begin)),
+                            4 * groups * c,
+                        );
                     }
                 }
                 begin += c;

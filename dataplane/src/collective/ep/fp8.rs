@@ -24,7 +24,9 @@
 //! bit patterns (for non-negative non-NaN values the bit order is the value order) in `i16`
 //! lanes, and [`f32_to_e4m3`] rounds with integer adds and one float add, choosing between
 //! the normal, subnormal and NaN results with selects, so the 128-channel loops compile to
-//! SIMD on the baseline x86-64 target (SSE2) as well as wider ones.
+//! SIMD on the baseline x86-64 target (SSE2). The same code is also compiled for AVX2 and
+//! AVX-512 and chosen at run time ([`Build`]): same bytes, 2-4x the throughput
+//! (`bench/src/bin/fp8_bench.rs`).
 
 use super::layout::FP8_GROUP;
 
@@ -75,11 +77,100 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     }
 }
 
-/// Converts a slice elementwise with [`f32_to_e4m3`] (`dst.len() == src.len()`).
-pub fn f32s_to_e4m3(src: &[f32], dst: &mut [u8]) {
+/// Converts a slice elementwise with [`f32_to_e4m3`] (`dst.len() == src.len()`), with the
+/// given build (see [`Build`]; one this CPU lacks falls back to the baseline).
+pub fn f32s_to_e4m3(build: Build, src: &[f32], dst: &mut [u8]) {
     assert_eq!(src.len(), dst.len());
+    match build {
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx512 if Build::Avx512.runs_here() => {
+            // SAFETY: the CPU has the function's target features (runs_here, just above).
+            unsafe { x86::f32s_to_e4m3_avx512(src, dst) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx2 if Build::Avx2.runs_here() => {
+            // SAFETY: the CPU has the function's target features (runs_here, just above).
+            unsafe { x86::f32s_to_e4m3_avx2(src, dst) }
+        }
+        _ => f32s_to_e4m3_inline(src, dst),
+    }
+}
+
+#[inline(always)]
+fn f32s_to_e4m3_inline(src: &[f32], dst: &mut [u8]) {
     for (d, &x) in dst.iter_mut().zip(src) {
         *d = f32_to_e4m3(x);
+    }
+}
+
+/// The same quantiser compiled for wider SIMD, chosen at run time by CPU feature. Every
+/// build gives the same bytes (IEEE f32 and integer operations, which SIMD does lane by lane
+/// exactly as scalar code; the tests run every build the CPU has).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// The target's baseline (SSE2 on x86-64).
+    Baseline,
+    /// x86-64 with AVX2.
+    Avx2,
+    /// x86-64 with AVX-512 F, BW and VL.
+    Avx512,
+}
+
+impl Build {
+    /// Every build, narrowest first.
+    pub const ALL: [Build; 3] = [Build::Baseline, Build::Avx2, Build::Avx512];
+
+    /// Whether this CPU runs the build.
+    pub fn runs_here(self) -> bool {
+        match self {
+            Build::Baseline => true,
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Build::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The widest build this CPU runs.
+    pub fn best() -> Build {
+        let mut best = Build::Baseline;
+        for b in Build::ALL {
+            if b.runs_here() {
+                best = b;
+            }
+        }
+        best
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The wide builds: the inline bodies compiled with more target features.
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn quantize_row_avx2(src: &[u16], dst: &mut [u8]) {
+        super::quantize_row_inline(src, dst);
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) fn quantize_row_avx512(src: &[u16], dst: &mut [u8]) {
+        super::quantize_row_inline(src, dst);
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn f32s_to_e4m3_avx2(src: &[f32], dst: &mut [u8]) {
+        super::f32s_to_e4m3_inline(src, dst);
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) fn f32s_to_e4m3_avx512(src: &[f32], dst: &mut [u8]) {
+        super::f32s_to_e4m3_inline(src, dst);
     }
 }
 
@@ -126,27 +217,27 @@ fn quantize_group(xs: &[u16; FP8_GROUP], q: &mut [u8; FP8_GROUP]) -> f32 {
 }
 
 /// Quantises one bf16 row (`src`, H elements, H a multiple of 128) into `dst`
-/// (`H + 4H/128` bytes: the fp8 values, then the scales). Uses AVX2 where the CPU has it
-/// (the same code compiled for it: the same bytes, checked by the tests on such a CPU).
+/// (`H + 4H/128` bytes: the fp8 values, then the scales), with the widest [`Build`] this CPU
+/// runs.
 pub fn quantize_row(src: &[u16], dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above), which is all that calling a
-        // function compiled with `target_feature(enable = "avx2")` requires.
-        return unsafe { quantize_row_avx2(src, dst) };
+    quantize_row_with(Build::best(), src, dst);
+}
+
+/// [`quantize_row`] with the given build (one this CPU lacks falls back to the baseline).
+pub fn quantize_row_with(build: Build, src: &[u16], dst: &mut [u8]) {
+    match build {
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx512 if Build::Avx512.runs_here() => {
+            // SAFETY: the CPU has the function's target features (runs_here, just above).
+            unsafe { x86::quantize_row_avx512(src, dst) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx2 if Build::Avx2.runs_here() => {
+            // SAFETY: the CPU has the function's target features (runs_here, just above).
+            unsafe { x86::quantize_row_avx2(src, dst) }
+        }
+        _ => quantize_row_inline(src, dst),
     }
-    quantize_row_baseline(src, dst);
-}
-
-/// [`quantize_row`] compiled for the baseline target (SSE2 on x86-64), whatever the CPU.
-pub fn quantize_row_baseline(src: &[u16], dst: &mut [u8]) {
-    quantize_row_inline(src, dst);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn quantize_row_avx2(src: &[u16], dst: &mut [u8]) {
-    quantize_row_inline(src, dst);
 }
 
 #[inline(always)]
@@ -248,21 +339,30 @@ mod tests {
             for k in [k, E4M3_MAX / k] {
                 xs.clear();
                 xs.extend((0..=u16::MAX).map(|h| bf16_to_f32(h) * k));
-                f32s_to_e4m3(&xs, &mut got);
-                for (h, (&x, &g)) in xs.iter().zip(&got).enumerate() {
-                    assert_eq!(g, reference(&pos, x), "bf16 {h:#06x} * {k} = {x:e}");
+                for build in Build::ALL.into_iter().filter(|b| b.runs_here()) {
+                    f32s_to_e4m3(build, &xs, &mut got);
+                    for (h, (&x, &g)) in xs.iter().zip(&got).enumerate() {
+                        let want = reference(&pos, x);
+                        assert_eq!(g, want, "{build:?}: bf16 {h:#06x} * {k} = {x:e}");
+                    }
                 }
             }
         }
     }
 
     /// Every one of the 2^32 f32 bit patterns against the reference, the positive ones in
-    /// increasing order with the reference code advanced at each rounding boundary. About
-    /// ten seconds in release: `cargo test -p mooncake-dataplane --release --lib
-    /// every_f32_bit_pattern -- --ignored`.
+    /// increasing order with the reference code advanced at each rounding boundary, with
+    /// every build this CPU runs. About ten seconds a build in release: `cargo test -p
+    /// mooncake-dataplane --release --lib every_f32_bit_pattern -- --ignored`.
     #[test]
     #[ignore]
     fn every_f32_bit_pattern_matches_the_reference() {
+        for build in Build::ALL.into_iter().filter(|b| b.runs_here()) {
+            every_f32_bit_pattern_with(build);
+        }
+    }
+
+    fn every_f32_bit_pattern_with(build: Build) {
         let pos = positives();
         let mid: Vec<f32> = pos.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
         const CHUNK: u32 = 1 << 16;
@@ -274,7 +374,7 @@ mod tests {
                 for (i, x) in xs.iter_mut().enumerate() {
                     *x = f32::from_bits(sign | (base + i as u32));
                 }
-                f32s_to_e4m3(&xs, &mut got);
+                f32s_to_e4m3(build, &xs, &mut got);
                 let mut c = code;
                 for (&x, &g) in xs.iter().zip(&got) {
                     let a = x.abs();
@@ -286,7 +386,7 @@ mod tests {
                     } else {
                         c as u8 | if sign != 0 { 0x80 } else { 0 }
                     };
-                    assert_eq!(g, want, "{:#010x} ({x:e})", x.to_bits());
+                    assert_eq!(g, want, "{build:?}: {:#010x} ({x:e})", x.to_bits());
                 }
                 if sign != 0 {
                     code = c;
@@ -367,15 +467,14 @@ mod tests {
             }
             src[7 * FP8_GROUP] = f32_to_bf16(448.0);
             let mut got = vec![0u8; h + 4 * (h / FP8_GROUP)];
+            let want = reference_row(&pos, &src);
+            for build in Build::ALL.into_iter().filter(|b| b.runs_here()) {
+                got.fill(0xaa);
+                quantize_row_with(build, &src, &mut got);
+                assert_eq!(got, want, "round {round}, {build:?}");
+            }
             quantize_row(&src, &mut got);
-            assert_eq!(got, reference_row(&pos, &src), "round {round}");
-            // the baseline build (SSE2) gives the same bytes as the one chosen for this CPU
-            quantize_row_baseline(&src, &mut got);
-            assert_eq!(
-                got,
-                reference_row(&pos, &src),
-                "round {round}, baseline build"
-            );
+            assert_eq!(got, want, "round {round}");
         }
     }
 
