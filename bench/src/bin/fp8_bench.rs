@@ -73,8 +73,8 @@ mod scalar {
     }
 }
 
-fn main() {
-    mooncake_bench::help(USAGE);
+/// `--hidden`, `--tokens`, `--rounds`.
+fn args() -> (usize, usize, usize) {
     let (mut hidden, mut tokens, mut rounds) = (7168usize, 128usize, 5usize);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -91,11 +91,17 @@ fn main() {
             _ => mooncake_bench::usage_error(format_args!("unknown argument {a}")),
         }
     }
-    if hidden == 0 || hidden % 128 != 0 || tokens == 0 || rounds == 0 {
+    if hidden == 0 || !hidden.is_multiple_of(128) || tokens == 0 || rounds == 0 {
         mooncake_bench::usage_error(
             "--hidden a positive multiple of 128, --tokens and --rounds > 0",
         );
     }
+    (hidden, tokens, rounds)
+}
+
+fn main() {
+    mooncake_bench::help(USAGE);
+    let (hidden, tokens, rounds) = args();
     let src = random_rows(hidden * tokens);
     let rb = hidden + 4 * (hidden / 128);
     let mut dst = vec![0u8; rb * tokens];

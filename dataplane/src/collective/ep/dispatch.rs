@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::fp8::quantize_row;
 use super::layout::FP8_GROUP;
-use super::{deadline, slice, EpDesc, EpRuntime, Phase, Shape};
+use super::{deadline, slice, EpDesc, EpPeer, EpRuntime, Phase, Shape};
 
 /// Where a dispatch receive puts its results: addresses of CPU tensors the caller allocated
 /// with the shapes of upstream's outputs (`N = ranks * tokens_max`, `L` local experts).
@@ -31,6 +31,24 @@ pub struct DispatchOut {
     pub src_info: usize,
     /// `[L, R]` i64 `begin << 32 | count` per (local expert, source).
     pub layout: usize,
+}
+
+/// Writes row `i` of local expert `l` into `peer`'s block of `me` in data set `set`: a bf16
+/// row in its slot, an fp8 row's data and scales apart (layout.rs).
+fn write_row(
+    peer: &dyn EpPeer,
+    shape: &Shape,
+    (set, me, l, i): (usize, usize, usize, usize),
+    row: &[u8],
+    fp8: bool,
+) {
+    if fp8 {
+        let (q, scales) = row.split_at(shape.hidden);
+        peer.write(shape.fp8_data(set, me, l, i), q);
+        peer.write(shape.fp8_scales(set, me, l, i), scales);
+    } else {
+        peer.write(shape.row(set, me, l, i), row);
+    }
 }
 
 fn desc(shape: &Shape, fp8: bool) -> EpDesc {
@@ -132,13 +150,7 @@ impl EpRuntime {
                 for (i, &t) in list.iter().enumerate() {
                     let t = t as usize;
                     let row = &rows[t * row_bytes..(t + 1) * row_bytes];
-                    if fp8 {
-                        let (q, scales) = row.split_at(h);
-                        peer.write(shape.fp8_data(set, me, l, i), q);
-                        peer.write(shape.fp8_scales(set, me, l, i), scales);
-                    } else {
-                        peer.write(shape.row(set, me, l, i), row);
-                    }
+                    write_row(peer, &shape, (set, me, l, i), row, fp8);
                 }
             }
             peer.write(shape.counts(set, me), &counts);

@@ -243,7 +243,7 @@ pub fn quantize_row_with(build: Build, src: &[u16], dst: &mut [u8]) {
 #[inline(always)]
 fn quantize_row_inline(src: &[u16], dst: &mut [u8]) {
     let h = src.len();
-    assert!(h % FP8_GROUP == 0 && dst.len() == h + 4 * (h / FP8_GROUP));
+    assert!(h.is_multiple_of(FP8_GROUP) && dst.len() == h + 4 * (h / FP8_GROUP));
     let (q, scales) = dst.split_at_mut(h);
     let groups = src
         .chunks_exact(FP8_GROUP)
