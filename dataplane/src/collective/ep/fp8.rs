@@ -1,4 +1,4 @@
-//! FP8 (E4M3, "fn": no infinities, one NaN pattern per sign, max 448) quantisation of bf16
+//! FP8 (E4M3, "fn": no infinities, NaN = 0x7f/0xff, max 448) quantisation of bf16
 //! rows with one float32 scale per 128 channels, bit for bit as upstream's dispatch kernel
 //! (`mooncake_ep_kernel.cu`, the `kUseFP8` branch) does it:
 //!
@@ -25,7 +25,7 @@
 //! lanes, and [`f32_to_e4m3`] rounds with integer adds and one float add, choosing between
 //! the normal, subnormal and NaN results with selects, so the 128-channel loops compile to
 //! SIMD on the baseline x86-64 target (SSE2). The same code is also compiled for AVX2 and
-//! AVX-512 and chosen at run time ([`Build`]): same bytes, 2-4x the throughput
+//! AVX-512 and chosen at run time ([`Build`]): same bytes, about twice the throughput
 //! (`bench/src/bin/fp8_bench.rs`).
 
 use super::layout::FP8_GROUP;
