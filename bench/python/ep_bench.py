@@ -15,6 +15,10 @@ The "TCP" row is a second EP ``Buffer`` whose ranks claim different host ids, so
 writes over the cross-host TCP links (loopback here) instead of shared memory.
 All produce the same outputs (checked once before timing). Per iteration a barrier on the
 Gloo group precedes the timed section; times on rank 0; tokens/s = ranks * tokens / p50.
+The "dispatch bf16" and "dispatch fp8" rows time ``dispatch`` alone (no combine) on the
+shared-memory buffer, the two interleaved iteration by iteration so that both see the same
+load; the last line is their p50 ratio (fp8 moves half the bytes per row, plus its scales,
+and quantises on the sender).
 """
 
 import argparse
@@ -139,7 +143,20 @@ def worker(rank, world, port, a):
     to, tc = mooncake(False, buf_tcp)
     assert torch.equal(tc, mc) and torch.equal(to, mo), "TCP path differs"
 
+    def dispatch_only(fp8):
+        return buf.dispatch(x, topk, active, T, E, 10_000_000, use_fp8=fp8)
+
     res = {}
+    # dispatch alone, bf16 and fp8 interleaved iteration by iteration (same load on both)
+    pair = {"dispatch bf16": [], "dispatch fp8": []}
+    for i in range(a.warmup + a.iters):
+        for name, fp8 in (("dispatch bf16", False), ("dispatch fp8", True)):
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            dispatch_only(fp8)
+            if i >= a.warmup:
+                pair[name].append(time.perf_counter() - t0)
+    res.update(pair)
     for name, fn in (("mooncake EP bf16", lambda: mooncake(False)),
                      ("torch+gloo bf16", baseline),
                      ("mooncake EP fp8", lambda: mooncake(True)),
@@ -198,6 +215,8 @@ def main():
               f"{tps:>16,.0f}")
     print(f"speed-up bf16 (p50): "
           f"{p50['torch+gloo bf16'] / p50['mooncake EP bf16']:.2f}x")
+    print(f"dispatch alone, fp8 / bf16 time (p50): "
+          f"{p50['dispatch fp8'] / p50['dispatch bf16']:.2f}")
 
 
 if __name__ == "__main__":

@@ -58,16 +58,78 @@ def init():
 
 
 def inputs(r, rnd):
-    """Rank r's tokens in round rnd: a few -1 entries and a duplicated expert included."""
+    """Rank r's tokens in round rnd: a few -1 entries and a duplicated expert included.
+    Rounds from EDGE_ROUNDS on carry fp8 edge cases (edge_rows) instead of normal values."""
     g = torch.Generator().manual_seed(7919 * rnd + r)
     n = T - (r + rnd) % 3
     x = torch.randn(n, H, generator=g).to(torch.bfloat16)
+    if rnd >= EDGE_ROUNDS:
+        x = edge_rows(n, g)
     topk = torch.randint(0, E, (n, K), generator=g)
     topk[0, K - 1] = -1
     topk[1, 1] = topk[1, 0]
     topk[2, :] = -1
     w = torch.rand(n, K, generator=g)
     return x, topk, w
+
+
+EDGE_ROUNDS = 100
+# the non-negative finite e4m3 values, increasing, and the midpoints between neighbours
+E4M3_POS = torch.arange(0x7f, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+E4M3_MID = (E4M3_POS[:-1] + E4M3_POS[1:]) / 2
+
+
+def edge_rows(n, g):
+    """n bf16 rows of H = 2 groups, each row one kind of fp8 edge case (row t: kind t % 9)."""
+    G = H // 128
+    x = torch.zeros(n, G, 128)
+    sign = lambda shape: torch.randint(0, 2, shape, generator=g).float() * 2 - 1  # noqa: E731
+    for t in range(n):
+        kind = t % 9
+        if kind == 0:  # all zero, with negative zeros
+            x[t] = torch.zeros(G, 128) * sign((G, 128))
+        elif kind == 1:  # amax below the 1e-4 floor
+            x[t] = torch.rand(G, 128, generator=g) * 9e-5 * sign((G, 128))
+        elif kind == 2:  # amax 448 (k = 1) and 224 (k = 2): values on rounding midpoints
+            mid = E4M3_MID[torch.randint(0, len(E4M3_MID), (G, 128), generator=g)]
+            x[t] = mid * sign((G, 128)) / torch.tensor([1.0, 2.0])[:, None]
+            x[t, :, 0] = torch.tensor([448.0, 224.0])
+        elif kind == 3:  # 2^-30..2^0: many land in the e4m3 subnormals, some at f32's edge
+            x[t] = 2.0 ** (torch.rand(G, 128, generator=g) * -30) * sign((G, 128))
+        elif kind == 4:  # large values, up to bf16's largest finite
+            x[t] = torch.rand(G, 128, generator=g) * 3.38e38 * sign((G, 128))
+        elif kind == 5:  # an inf in group 0, a NaN in group 1
+            x[t] = torch.randn(G, 128, generator=g)
+            x[t, 0, 7] = float("inf") * sign((1,)).item()
+            x[t, 1, 9] = float("nan")
+        elif kind == 6:  # tiny negatives next to a large value: they round to -0
+            x[t] = -torch.rand(G, 128, generator=g) * 1e-6
+            x[t, :, 3] = 100.0
+        elif kind == 8:  # normal values over six decades of amax
+            x[t] = torch.randn(G, 128, generator=g) * 10.0 ** (torch.rand(G, 1, generator=g) * 6 - 3)
+    x = x.view(n, H).to(torch.bfloat16)
+    for t in range(7, n, 9):  # kind 7: any bf16 bit pattern (subnormals, inf, NaN included)
+        x[t] = torch.randint(-32768, 32768, (H,), generator=g, dtype=torch.int16).view(
+            torch.bfloat16)
+    return x
+
+
+def fp8_reference(rows):
+    """The kernel's fp8 quantisation of bf16 rows [c, H] in torch ops, step by step:
+    (e4m3 bytes as uint8 [c, H/128, 128], float32 scales [c, H/128])."""
+    c = rows.shape[0]
+    xs = rows.float().view(c, H // 128, 128)
+    # fmaxf skips NaN (torch's amax would propagate it); 1e-4 floor
+    amax = torch.where(xs.isnan(), 0.0, xs.abs()).amax(-1, keepdim=True).clamp(min=1e-4)
+    # 448 / amax as one IEEE division: torch's `448.0 / amax` multiplies by the reciprocal
+    k = torch.div(torch.full_like(amax, 448.0), amax)
+    y = xs * k
+    # satfinite: clamp first (torch's cast need not saturate), NaN -> 0x7f whatever its sign
+    q = y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    q[y.isnan()] = 0x7F
+    # the kernel's scale_inv = amax * kFP8AmaxInv, kFP8AmaxInv = 1.0f / 448.0f
+    scales = amax * torch.tensor(1.0 / 448.0, dtype=torch.float32)
+    return q, scales.view(c, -1)
 
 
 def expert_out(e, rows):
@@ -118,19 +180,19 @@ def check_dispatch(rnd, active, recv_x, count, handle, fp8, what):
                       f"{what}: bf16 rows of expert {l} from {s}")
             else:
                 data, scales = recv_x
-                xs = rows.float().view(c, H // 128, 128)
-                amax = xs.abs().amax(-1, keepdim=True).clamp(min=1e-4)
-                # 448 / amax as a true division (torch's scalar / tensor multiplies by the
-                # reciprocal, which is one rounding off)
-                q = (xs * torch.div(torch.full_like(amax, 448.0), amax)).to(torch.float8_e4m3fn)
-                check(torch.equal(scales[l, begin:begin + c], (amax / 448.0).view(c, -1)),
+                q, want_scales = fp8_reference(rows)
+                got_s = scales[l, begin:begin + c]
+                check(torch.equal(got_s.view(torch.int32), want_scales.view(torch.int32)),
                       f"{what}: fp8 scales of expert {l} from {s}")
                 got_q = data[l, begin:begin + c].view(c, H // 128, 128)
-                check(torch.equal(got_q.view(torch.uint8), q.view(torch.uint8)),
-                      f"{what}: fp8 bytes of expert {l} from {s}")
-                deq = got_q.float() * scales[l, begin:begin + c].view(c, -1, 1)
-                bound = xs.abs() / 16 + (amax / 448.0) / 512
-                check(bool(((deq - xs).abs() <= bound).all()),
+                bad = (got_q.view(torch.uint8) != q).nonzero()
+                check(len(bad) == 0, f"{what}: fp8 bytes of expert {l} from {s}: "
+                      f"{len(bad)} differ, first at {bad[:4].tolist()}")
+                xs = rows.float().view(c, H // 128, 128)
+                deq = got_q.float() * got_s.view(c, -1, 1)
+                bound = xs.abs() / 16 + got_s.view(c, -1, 1) / 512
+                fin = torch.isfinite(xs).all(-1, keepdim=True)  # groups without inf or NaN
+                check(bool(((deq - xs).abs() <= bound)[fin.expand_as(xs)].all()),
                       f"{what}: fp8 error bound of expert {l} from {s}")
             begin += c
         check(count[l].item() == begin, f"{what}: recv_count[{l}] {count[l].item()} != {begin}")
@@ -365,7 +427,29 @@ def scenario_bad_input():
     dist.barrier()
 
 
-SCENARIOS = {"basic": scenario_basic, "dead": scenario_dead, "bad_input": scenario_bad_input}
+def scenario_fp8():
+    """fp8 dispatch of edge-case rows (edge_rows), bit for bit against fp8_reference, and a
+    bf16 dispatch of the same rows in between (it must carry them unchanged, NaNs too)."""
+    init()
+    buf = new_buffer()
+    active = torch.ones(WORLD, dtype=torch.int32)
+    for rnd in range(EDGE_ROUNDS, EDGE_ROUNDS + 6):
+        x, topk, _ = inputs(RANK, rnd)
+        fp8 = rnd % 3 != 2
+        recv_x, count, handle, _, _ = buf.dispatch(x, topk, active, T, E, 5_000_000,
+                                                   use_fp8=fp8)
+        if fp8:
+            check_dispatch(rnd, [1] * WORLD, recv_x, count, handle, True, f"edge round {rnd}")
+        else:
+            for l, parts in enumerate(expect_dispatch(rnd, [1] * WORLD)):
+                rows = torch.cat([p[2] for p in parts])
+                got = recv_x[l, :len(rows)]
+                check(torch.equal(got.view(torch.int16), rows.view(torch.int16)),
+                      f"edge round {rnd}: bf16 rows of expert {l}")
+    dist.barrier()
+
+
+SCENARIOS = {"fp8": scenario_fp8, "basic": scenario_basic, "dead": scenario_dead, "bad_input": scenario_bad_input}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()

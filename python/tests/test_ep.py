@@ -27,7 +27,7 @@ def free_port():
 
 # Every group starts when the first test needs one, all at once: most of a rank's time is
 # torch's import and the group's set-up, which then overlap instead of adding up.
-GROUPS = [("basic", 2), ("basic", 3), ("dead", 3), ("bad_input", 2)]
+GROUPS = [("basic", 2), ("basic", 3), ("dead", 3), ("bad_input", 2), ("fp8", 2)]
 
 
 def start_group(scenario, world, tmp):
@@ -71,6 +71,10 @@ def finish(groups, scenario, world, timeout=150):
 @pytest.mark.parametrize("world", [2, 3])
 def test_ep_dispatch_combine_against_reference(groups, world):
     finish(groups, "basic", world)
+
+
+def test_ep_fp8_edge_cases_are_bit_identical_to_the_kernels_formula(groups):
+    finish(groups, "fp8", 2)
 
 
 def test_ep_rank_that_never_dispatches_is_marked_after_timeout(groups):

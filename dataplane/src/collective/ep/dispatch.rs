@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::fp8::quantize_row;
 use super::layout::FP8_GROUP;
-use super::{deadline, slice, EpDesc, EpRuntime, Phase, Shape};
+use super::{deadline, slice, EpDesc, EpPeer, EpRuntime, Phase, Shape};
 
 /// Where a dispatch receive puts its results: addresses of CPU tensors the caller allocated
 /// with the shapes of upstream's outputs (`N = ranks * tokens_max`, `L` local experts).
@@ -31,6 +31,24 @@ pub struct DispatchOut {
     pub src_info: usize,
     /// `[L, R]` i64 `begin << 32 | count` per (local expert, source).
     pub layout: usize,
+}
+
+/// Writes row `i` of local expert `l` into `peer`'s block of `me` in data set `set`: a bf16
+/// row in its slot, an fp8 row's data and scales apart (layout.rs).
+fn write_row(
+    peer: &dyn EpPeer,
+    shape: &Shape,
+    (set, me, l, i): (usize, usize, usize, usize),
+    row: &[u8],
+    fp8: bool,
+) {
+    if fp8 {
+        let (q, scales) = row.split_at(shape.hidden);
+        peer.write(shape.fp8_data(set, me, l, i), q);
+        peer.write(shape.fp8_scales(set, me, l, i), scales);
+    } else {
+        peer.write(shape.row(set, me, l, i), row);
+    }
 }
 
 fn desc(shape: &Shape, fp8: bool) -> EpDesc {
@@ -131,10 +149,8 @@ impl EpRuntime {
                 peer.write(shape.src(set, me, l, 0), &src);
                 for (i, &t) in list.iter().enumerate() {
                     let t = t as usize;
-                    peer.write(
-                        shape.row(set, me, l, i),
-                        &rows[t * row_bytes..(t + 1) * row_bytes],
-                    );
+                    let row = &rows[t * row_bytes..(t + 1) * row_bytes];
+                    write_row(peer, &shape, (set, me, l, i), row, fp8);
                 }
             }
             peer.write(shape.counts(set, me), &counts);
@@ -233,27 +249,24 @@ impl EpRuntime {
                             4 * c,
                         );
                     }
-                    let src_row = |i: usize| data.add(shape.row(set, s, l, i));
                     if !fp8 {
                         std::ptr::copy_nonoverlapping(
-                            src_row(0),
+                            data.add(shape.row(set, s, l, 0)),
                             (out.recv_x as *mut u8).add(2 * h * (l * n + begin)),
                             2 * h * c,
                         );
                     } else {
-                        for i in 0..c {
-                            let row = l * n + begin + i;
-                            std::ptr::copy_nonoverlapping(
-                                src_row(i),
-                                (out.recv_x as *mut u8).add(h * row),
-                                h,
-                            );
-                            std::ptr::copy_nonoverlapping(
-                                src_row(i).add(h),
-                                (out.scales as *mut u8).add(4 * groups * row),
-                                4 * groups,
-                            );
-                        }
+                        // the block holds the c rows' data, then their scales (layout.rs)
+                        std::ptr::copy_nonoverlapping(
+                            data.add(shape.fp8_data(set, s, l, 0)),
+                            (out.recv_x as *mut u8).add(h * (l * n + begin)),
+                            h * c,
+                        );
+                        std::ptr::copy_nonoverlapping(
+                            data.add(shape.fp8_scales(set, s, l, 0)),
+                            (out.scales as *mut u8).add(4 * groups * (l * n + begin)),
+                            4 * groups * c,
+                        );
                     }
                 }
                 begin += c;

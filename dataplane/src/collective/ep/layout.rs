@@ -9,7 +9,9 @@
 //!   block of source rank s, at i*DS + s*B, B = 4L + 4LT + LTW:
 //!     counts  [L] u32            rows source s sent to each local expert
 //!     src     [L][T] i32         each row's token index at its source
-//!     rows    [L][T] W bytes     the rows
+//!     rows    [L][T] W bytes     the rows; for fp8 expert l's T*W bytes hold
+//!                                [T][H] fp8 data, then [T][H/128] f32 scales, so that
+//!                                the receiver copies each into its tensor in one piece
 //! combine set i, at 2*DS + i*CS, CS = 4ET + ETW:
 //!     stamps  [E][T] u32         combine call that last wrote row (e, t)
 //!     rows    [E][T] W bytes     expert e's output for this rank's token t
@@ -128,6 +130,18 @@ impl Shape {
         self.block(set, s) + 4 * lo + 4 * lo * t + (l * t + i) * self.row_bytes()
     }
 
+    /// Offset of the fp8 data of row `i` of local expert `l` in a block (fp8 calls).
+    pub fn fp8_data(&self, set: usize, s: usize, l: usize, i: usize) -> usize {
+        self.row(set, s, l, 0) + i * self.hidden
+    }
+
+    /// Offset of the f32 scales of row `i` of local expert `l` in a block (fp8 calls): after
+    /// the expert's `T` rows of data, inside its `T * W` bytes since `H + 4H/128 <= 2H`.
+    pub fn fp8_scales(&self, set: usize, s: usize, l: usize, i: usize) -> usize {
+        let scale_bytes = 4 * (self.hidden / FP8_GROUP);
+        self.row(set, s, l, 0) + self.tokens_max * self.hidden + i * scale_bytes
+    }
+
     fn combine_set(&self, set: usize) -> usize {
         2 * self.dispatch_set_bytes() + (set & 1) * self.combine_set_bytes()
     }
@@ -183,6 +197,15 @@ mod tests {
             assert!(need <= size_hint(t as u64, h as u64, e as u64).unwrap());
             assert!(s.fp8_row_bytes() <= s.row_bytes());
             let l = s.local();
+            // an expert's fp8 data and scales stay inside its T rows, and do not overlap
+            for ex in 0..l {
+                let g = 4 * (h / FP8_GROUP);
+                assert_eq!(s.fp8_data(0, 0, ex, 0), s.row(0, 0, ex, 0));
+                assert!(s.fp8_data(0, 0, ex, t - 1) + h <= s.fp8_scales(0, 0, ex, 0));
+                assert!(
+                    s.fp8_scales(0, 0, ex, t - 1) + g <= s.row(0, 0, ex, t - 1) + s.row_bytes()
+                );
+            }
             // the last byte of each region is below the start of the next one
             assert!(s.row(0, r - 1, l - 1, t - 1) + s.row_bytes() <= s.block(1, 0));
             assert!(s.row(1, r - 1, l - 1, t - 1) + s.row_bytes() <= s.stamp(0, 0, 0));
