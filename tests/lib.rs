@@ -819,3 +819,14 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The lock every test of a test binary takes when one of its tests changes process-wide
+/// environment variables (`std::env::set_var`) that the code under test reads: `cargo test`
+/// runs a binary's tests as threads of one process, so without it one test's variables leak
+/// into another running at the same time (`cargo nextest` runs each test in its own process
+/// and never raced). A test that panicked while holding it does not poison it for the others.
+pub fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -157,6 +157,7 @@ fn name(tag: u32) -> String {
 
 #[test]
 fn engine_http_random_round_trips_every_byte() {
+    let _env = common::env_lock();
     let meta = MetaServer::start();
     let (na, nb) = (name(0), name(1));
     let a = engine(&meta, &na);
@@ -224,6 +225,7 @@ fn engine_http_random_round_trips_every_byte() {
 
 #[test]
 fn engine_http_batch_reports_each_request() {
+    let _env = common::env_lock();
     let meta = MetaServer::start();
     let (na, nb) = (name(2), name(3));
     let a = engine(&meta, &na);
@@ -330,6 +332,7 @@ fn engine_http_batch_reports_each_request() {
 
 #[test]
 fn engine_http_unknown_peer_probe_notify_and_shutdown() {
+    let _env = common::env_lock();
     let meta = MetaServer::start();
     let (na, nb) = (name(4), name(5));
     let a = engine(&meta, &na);
@@ -390,6 +393,7 @@ fn engine_http_unknown_peer_probe_notify_and_shutdown() {
 
 #[test]
 fn engine_http_self_transfer_and_managed_buffers() {
+    let _env = common::env_lock();
     let meta = MetaServer::start();
     let (na, nb) = (name(6), name(7));
     let a = engine(&meta, &na);
@@ -466,6 +470,7 @@ fn engine_http_self_transfer_and_managed_buffers() {
 
 #[test]
 fn engine_refuses_bad_arguments() {
+    let _env = common::env_lock();
     // (etcd metadata: tests/engine_etcd.rs.)
     let e = TransferEngine::with_options(options());
     assert_eq!(
@@ -503,6 +508,7 @@ fn engine_refuses_bad_arguments() {
 
 #[test]
 fn engine_http_peer_restart_is_followed() {
+    let _env = common::env_lock();
     let meta = MetaServer::start();
     let (na, nb) = (name(8), name(9));
     let a = engine(&meta, &na);
@@ -533,6 +539,7 @@ fn engine_http_peer_restart_is_followed() {
 /// lkey per device per buffer, priority matrix) and transfers use it.
 #[test]
 fn engine_http_rdma_descriptor_and_transfers() {
+    let _env = common::env_lock();
     let fabric = std::env::temp_dir().join(format!("mc-rdma-http-{}", std::process::id()));
     std::env::set_var("MOONCAKE_RDMA_SIM", &fabric);
     std::env::remove_var("MC_FORCE_TCP");

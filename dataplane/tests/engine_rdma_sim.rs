@@ -3,7 +3,10 @@
 //! test binary re-executed with `MC_RDMA_CHILD` set. Also the protocol choice without a
 //! device (TCP, counted; `MC_FORCE_TCP`; the clear error under `MC_REQUIRE_RDMA`).
 //!
-//! Run with nextest (one process per test): the tests set process environment variables.
+//! The tests set process environment variables: each takes `common::env_lock()`, so under
+//! `cargo test` (threads of one process) they run one at a time.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -68,6 +71,7 @@ fn fabric() -> PathBuf {
 /// The target process of [`engine_rdma_sim_between_processes`]; a no-op unless re-executed.
 #[test]
 fn engine_rdma_child() {
+    let _env = common::env_lock();
     let Ok(dir) = std::env::var("MC_RDMA_CHILD") else {
         return;
     };
@@ -97,6 +101,7 @@ fn engine_rdma_child() {
 
 #[test]
 fn engine_rdma_sim_between_processes() {
+    let _env = common::env_lock();
     let dir = fabric();
     std::env::set_var("MOONCAKE_RDMA_SIM", &dir);
     std::env::remove_var("MC_FORCE_TCP");
@@ -182,6 +187,7 @@ fn engine_rdma_sim_between_processes() {
 
 #[test]
 fn rdma_without_a_device_runs_tcp_unless_mc_require_rdma() {
+    let _env = common::env_lock();
     std::env::remove_var("MOONCAKE_RDMA_SIM");
     let real_devices = dataplane::transport::rdma::ibv::IbVerbs::load()
         .ok()

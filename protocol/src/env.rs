@@ -58,18 +58,20 @@ pub fn micros(name: &str, default: u64) -> std::time::Duration {
 /// Python module set up their logger through `log::init_logging` (the `logging` feature),
 /// where `RUST_LOG` overrides this.
 pub fn log_level(default: &str) -> String {
+    log_level_from(default, |name| std::env::var(name).ok())
+}
+
+/// [`log_level`] with the variables read through `var` (the environment, or a test's map).
+pub fn log_level_from(default: &str, var: impl Fn(&str) -> Option<String>) -> String {
     let named = |v: &str| match v.trim().to_ascii_lowercase().as_str() {
         "" => None,
         "critical" => Some("error".to_string()),
         other => Some(other.to_string()),
     };
-    if let Some(l) = std::env::var("MC_YLT_LOG_LEVEL")
-        .ok()
-        .and_then(|v| named(&v))
-    {
+    if let Some(l) = var("MC_YLT_LOG_LEVEL").and_then(|v| named(&v)) {
         return l;
     }
-    match std::env::var("MC_LOG_LEVEL").ok().as_deref().map(str::trim) {
+    match var("MC_LOG_LEVEL").as_deref().map(str::trim) {
         Some("0") => "info".to_string(),
         Some("1") => "warn".to_string(),
         Some("2") | Some("3") => "error".to_string(),

@@ -52,19 +52,25 @@ pub enum Ansi {
     Never,
 }
 
-/// The filter [`init_logging`] installs for `level`, as a string (for tests and for a
-/// program that reports its level).
+/// The filter [`init_logging`] installs for `level`, as a string (for a program that reports
+/// its level).
 pub fn filter_for(level: Level<'_>) -> String {
+    filter_from(level, |name| std::env::var(name).ok())
+}
+
+/// [`filter_for`] with the variables read through `var`: the environment is read once, at the
+/// edge, so tests pass a map instead of changing the process's environment under other tests.
+pub fn filter_from(level: Level<'_>, var: impl Fn(&str) -> Option<String>) -> String {
     let valid = |s: &str| EnvFilter::try_new(s).is_ok();
     match level {
         Level::Fixed(f) => f.to_string(),
         Level::Default(default) => {
-            if let Ok(rust_log) = std::env::var(EnvFilter::DEFAULT_ENV) {
+            if let Some(rust_log) = var(EnvFilter::DEFAULT_ENV) {
                 if !rust_log.trim().is_empty() && valid(&rust_log) {
                     return rust_log;
                 }
             }
-            let named = crate::env::log_level(default);
+            let named = crate::env::log_level_from(default, var);
             if valid(&named) {
                 named
             } else {
@@ -100,34 +106,29 @@ pub fn init_logging(level: Level<'_>, writer: Writer, ansi: Ansi) -> bool {
 mod tests {
     use super::*;
 
-    /// The only test in the crate that touches these variables: tests run in parallel threads.
+    /// The variables come from a map, not the process environment, so this test cannot race
+    /// the other tests of the crate (running in parallel threads) over them.
     #[test]
     fn precedence() {
-        let clear = || {
-            for v in ["RUST_LOG", "MC_YLT_LOG_LEVEL", "MC_LOG_LEVEL"] {
-                std::env::remove_var(v);
-            }
+        let mut env = std::collections::HashMap::<&str, &str>::new();
+        let filter = |env: &std::collections::HashMap<&str, &str>, level| {
+            filter_from(level, |k| env.get(k).map(|v| v.to_string()))
         };
-        let set = |k: &str, v: &str| {
-            std::env::set_var(k, v);
-        };
-        clear();
-        assert_eq!(filter_for(Level::Default("warn")), "warn");
-        assert_eq!(filter_for(Level::Fixed("debug")), "debug");
-        set("MC_LOG_LEVEL", "2");
-        assert_eq!(filter_for(Level::Default("warn")), "error");
-        set("MC_YLT_LOG_LEVEL", "critical");
-        set("MC_LOG_LEVEL", "0");
-        assert_eq!(filter_for(Level::Default("warn")), "error");
-        set("RUST_LOG", "client=debug,info");
-        assert_eq!(filter_for(Level::Default("warn")), "client=debug,info");
-        assert_eq!(filter_for(Level::Fixed("trace")), "trace");
+        assert_eq!(filter(&env, Level::Default("warn")), "warn");
+        assert_eq!(filter(&env, Level::Fixed("debug")), "debug");
+        env.insert("MC_LOG_LEVEL", "2");
+        assert_eq!(filter(&env, Level::Default("warn")), "error");
+        env.insert("MC_YLT_LOG_LEVEL", "critical");
+        env.insert("MC_LOG_LEVEL", "0");
+        assert_eq!(filter(&env, Level::Default("warn")), "error");
+        env.insert("RUST_LOG", "client=debug,info");
+        assert_eq!(filter(&env, Level::Default("warn")), "client=debug,info");
+        assert_eq!(filter(&env, Level::Fixed("trace")), "trace");
         // A malformed value falls through to the next source.
-        set("RUST_LOG", "=[bad");
-        assert_eq!(filter_for(Level::Default("warn")), "error");
-        clear();
-        set("MC_LOG_LEVEL", "=[bad");
-        assert_eq!(filter_for(Level::Default("warn")), "warn");
-        clear();
+        env.insert("RUST_LOG", "=[bad");
+        assert_eq!(filter(&env, Level::Default("warn")), "error");
+        env.clear();
+        env.insert("MC_LOG_LEVEL", "=[bad");
+        assert_eq!(filter(&env, Level::Default("warn")), "warn");
     }
 }

@@ -38,8 +38,10 @@ returns None.
 
 import logging
 import struct
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from mooncake._tensor import _INVALID, _from_object, _prepare, _torch_mod
+from mooncake._tensor import Axes, Header, Parts, Tensor
 
 log = logging.getLogger("mooncake.store")
 
@@ -56,15 +58,15 @@ class ParallelAxis:
 
     __module__ = "mooncake.store"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.kind = ""
         self.rank = 0
         self.size = 1
-        self.split_dim = None
-        self.expert_id = None
-        self.stage_id = None
+        self.split_dim: Optional[int] = None
+        self.expert_id: Optional[int] = None
+        self.stage_id: Optional[int] = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"ParallelAxis(kind={self.kind!r}, rank={self.rank}, size={self.size}, "
             f"split_dim={self.split_dim}, expert_id={self.expert_id}, stage_id={self.stage_id})"
@@ -76,10 +78,10 @@ class TensorParallelism:
 
     __module__ = "mooncake.store"
 
-    def __init__(self):
-        self.axes = []
+    def __init__(self) -> None:
+        self.axes: list[ParallelAxis] = []
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TensorParallelism(axes={self.axes!r})"
 
 
@@ -89,22 +91,22 @@ class ReadTarget:
 
     __module__ = "mooncake.store"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._mode = "as_stored"
-        self.parallelism = None
+        self.parallelism: Optional[TensorParallelism] = None
 
     @property
-    def mode(self):
+    def mode(self) -> str:
         return self._mode
 
     @mode.setter
-    def mode(self, value):
+    def mode(self, value: object) -> None:
         if not isinstance(value, str) or value.lower() not in _MODES:
             log.error("Unsupported ReadTarget mode: %r", value)
             raise RuntimeError("Unsupported ReadTarget mode")
         self._mode = value.lower()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ReadTarget(mode={self._mode!r}, parallelism={self.parallelism!r})"
 
 
@@ -113,7 +115,16 @@ class _Axis:
 
     __slots__ = ("code", "name", "rank", "size", "split_dim", "expert_id", "stage_id", "index")
 
-    def token(self):
+    code: int
+    name: str
+    rank: int
+    size: int
+    split_dim: int
+    expert_id: Optional[int]
+    stage_id: Optional[int]
+    index: int
+
+    def token(self) -> str:
         t = f"{self.name}_{self.rank}of{self.size}"
         if self.split_dim >= 0:
             t += f"_sd{self.split_dim}"
@@ -123,12 +134,12 @@ class _Axis:
             t += f"_sid{self.stage_id}"
         return t
 
-    def header_tuple(self, extent):
+    def header_tuple(self, extent: int) -> tuple[int, int, int, int, int, int, int]:
         extra = self.expert_id if self.code == 2 else self.stage_id if self.code == 3 else 0
         return (self.code, self.index, self.rank, self.size, self.split_dim, extra or 0, extent)
 
 
-def _axes_of(parallelism, ndim, what):
+def _axes_of(parallelism: Any, ndim: int, what: str) -> list[_Axis]:
     """The validated axes of a `TensorParallelism`; ValueError (logged by callers) if invalid."""
     axes = getattr(parallelism, "axes", None)
     if not axes:
@@ -159,18 +170,18 @@ def _axes_of(parallelism, ndim, what):
     return out
 
 
-def _shard_key(base, axes):
+def _shard_key(base: str, axes: list[_Axis]) -> str:
     if len(axes) == 1 and axes[0].name == "tp":
         return f"{base}_tp_{axes[0].rank}"
     ordered = sorted(axes, key=lambda a: a.code)
     return base + "".join("__" + a.token() for a in ordered)
 
 
-def _tp_axis(axes):
+def _tp_axis(axes: list[_Axis]) -> Optional[_Axis]:
     return next((a for a in axes if a.name == "tp"), None)
 
 
-def _writer(partition, what):
+def _writer(partition: Any, what: str) -> tuple[int, int, int]:
     try:
         rank, size, sd = int(partition.rank), int(partition.size), int(partition.split_dim)
     except (AttributeError, TypeError, ValueError):
@@ -180,7 +191,7 @@ def _writer(partition, what):
     return rank, size, sd
 
 
-def _slice(t, dim, rank, size, what):
+def _slice(t: Tensor, dim: int, rank: int, size: int, what: str) -> tuple[Tensor, int]:
     extent = t.shape[dim]
     if extent % size:
         raise ValueError(f"{what}: dim {dim} of size {extent} does not split into {size}")
@@ -188,12 +199,14 @@ def _slice(t, dim, rank, size, what):
     return t.narrow(dim, rank * chunk, chunk), chunk
 
 
-def _manifest(code, ndim, split_dim, count, global_shape):
+def _manifest(
+    code: int, ndim: int, split_dim: int, count: int, global_shape: Sequence[int]
+) -> bytes:
     dims = list(global_shape) + [-1] * (_MAX_DIMS - len(global_shape))
     return _MANIFEST.pack(_MANIFEST_MAGIC, 1, 96, code, ndim, split_dim, count, 0, *dims)
 
 
-def _parse_manifest(buf):
+def _parse_manifest(buf: Any) -> Optional[tuple[int, int, int, list[int]]]:
     if buf is None or len(buf) < _MANIFEST.size:
         return None
     magic, ver, hs, code, ndim, sd, count, _r, *dims = _MANIFEST.unpack_from(bytes(buf[:96]))
@@ -204,7 +217,14 @@ def _parse_manifest(buf):
     return code, sd, count, dims[:ndim]
 
 
-def plan_put(base, tensor, parallelism, writer_partition, what, whole=False):
+def plan_put(
+    base: str,
+    tensor: Tensor,
+    parallelism: Any,
+    writer_partition: Any,
+    what: str,
+    whole: bool = False,
+) -> list[tuple[str, Header, Optional[Tensor]]]:
     """[(key, header, contiguous tensor)] for one parallel put; ValueError when invalid.
     `whole`: the tensor is the global one even for a single TP axis (the `_from` forms)."""
     torch = _torch_mod()
@@ -217,8 +237,8 @@ def plan_put(base, tensor, parallelism, writer_partition, what, whole=False):
         if sd >= tensor.dim():
             raise ValueError(f"{what}: split_dim {sd} out of range for {tensor.dim()} dims")
         shard, chunk = _slice(tensor, sd, rank, size, what)
-        axes = [(1, 0, rank, size, sd, 0, chunk)]
-        header, t = _prepare(shard, list(tensor.shape), axes)
+        writer_axes = [(1, 0, rank, size, sd, 0, chunk)]
+        header, t = _prepare(shard, list(tensor.shape), writer_axes)
         code = _header_code(header)
         man = _manifest(code, tensor.dim(), sd, size, list(tensor.shape))
         return [
@@ -247,18 +267,38 @@ def plan_put(base, tensor, parallelism, writer_partition, what, whole=False):
     return out
 
 
-def _header_code(header):
-    return struct.unpack_from("<i", header, 8)[0]
+def _header_code(header: Header) -> int:
+    code: int = struct.unpack_from("<i", header, 8)[0]
+    return code
 
 
 class ParallelMethods:
     """The `*_tensor_with_parallelism*` methods of `MooncakeDistributedStore`."""
 
+    if TYPE_CHECKING:
+        # What the store class this is mixed into provides (`mooncake.store`, `_tensor`).
+        _put_parts_batch: Callable[[list[str], list[Parts], Any, bool], list[int]]
+        _tensor_copy_at: Callable[[int, int], Optional[Tensor]]
+        _tensor_in: Callable[[int, int], Optional[Tensor]]
+        _write_caller: Callable[[int, bytes], int]
+        is_exist: Callable[[str], int]
+        get_buffer: Callable[[str], Any]
+        get_tensor: Callable[[str], Optional[Tensor]]
+        get_tensor_into: Callable[[str, int, int], Optional[Tensor]]
+
     # ---- puts ---------------------------------------------------------------------------
 
     def _put_parallel_many(
-        self, keys, tensors, parallelisms, config, partitions, upsert, what, whole=False
-    ):
+        self,
+        keys: Sequence[str],
+        tensors: Sequence[Tensor],
+        parallelisms: Optional[Sequence[Any]],
+        config: Any,
+        partitions: Optional[Sequence[Any]],
+        upsert: bool,
+        what: str,
+        whole: bool = False,
+    ) -> list[int]:
         keys, tensors = list(keys), list(tensors)
         n = len(keys)
         pars = [None] * n if parallelisms is None else list(parallelisms)
@@ -295,8 +335,13 @@ class ParallelMethods:
         return out
 
     def put_tensor_with_parallelism(
-        self, key, tensor, parallelism=None, config=None, writer_partition=None
-    ):
+        self,
+        key: str,
+        tensor: Tensor,
+        parallelism: Any = None,
+        config: Any = None,
+        writer_partition: Any = None,
+    ) -> int:
         """Stores `tensor` as the shards its `parallelism` (a `TensorParallelism`) or
         `writer_partition` says, plus a manifest where one is needed (module doc). 0, or a negative
         error code."""
@@ -306,8 +351,13 @@ class ParallelMethods:
         )[0]
 
     def upsert_tensor_with_parallelism(
-        self, key, tensor, parallelism=None, config=None, writer_partition=None
-    ):
+        self,
+        key: str,
+        tensor: Tensor,
+        parallelism: Any = None,
+        config: Any = None,
+        writer_partition: Any = None,
+    ) -> int:
         """Like `put_tensor_with_parallelism`, but overwrites existing keys. 0, or a negative
         error code."""
         return self._put_parallel_many(
@@ -316,8 +366,13 @@ class ParallelMethods:
         )[0]
 
     def batch_put_tensor_with_parallelism(
-        self, keys, tensors_list, parallelisms=None, config=None, writer_partitions=None
-    ):
+        self,
+        keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        parallelisms: Optional[Sequence[Any]] = None,
+        config: Any = None,
+        writer_partitions: Optional[Sequence[Any]] = None,
+    ) -> list[int]:
         """`put_tensor_with_parallelism` for each key and tensor; 0 or a negative code per key."""
         return self._put_parallel_many(
             keys, tensors_list, parallelisms, config, writer_partitions, False,
@@ -325,8 +380,13 @@ class ParallelMethods:
         )
 
     def batch_upsert_tensor_with_parallelism(
-        self, keys, tensors_list, parallelisms=None, config=None, writer_partitions=None
-    ):
+        self,
+        keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        parallelisms: Optional[Sequence[Any]] = None,
+        config: Any = None,
+        writer_partitions: Optional[Sequence[Any]] = None,
+    ) -> list[int]:
         """`upsert_tensor_with_parallelism` for each key and tensor; 0 or a negative code per
         key."""
         return self._put_parallel_many(
@@ -334,7 +394,17 @@ class ParallelMethods:
             "batch_upsert_tensor_with_parallelism",
         )
 
-    def _put_parallel_from(self, keys, ptrs, sizes, pars, config, parts, upsert, what):
+    def _put_parallel_from(
+        self,
+        keys: Sequence[str],
+        ptrs: Sequence[int],
+        sizes: Sequence[int],
+        pars: Optional[Sequence[Any]],
+        config: Any,
+        parts: Optional[Sequence[Any]],
+        upsert: bool,
+        what: str,
+    ) -> list[int]:
         keys, ptrs, sizes = list(keys), list(ptrs), list(sizes)
         if not len(keys) == len(ptrs) == len(sizes):
             log.error("%s: keys, buffer_ptrs and sizes differ in length", what)
@@ -347,8 +417,14 @@ class ParallelMethods:
         return [_INVALID if t is None else r for t, r in zip(tensors, out)]
 
     def put_tensor_with_parallelism_from(
-        self, key, buffer_ptr, size, parallelism=None, config=None, writer_partition=None
-    ):
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        parallelism: Any = None,
+        config: Any = None,
+        writer_partition: Any = None,
+    ) -> int:
         """`put_tensor_with_parallelism` of the whole tensor object (`[TensorMetadata][data]`)
         in caller memory at `buffer_ptr`. 0, or a negative error code."""
         return self._put_parallel_from(
@@ -357,8 +433,14 @@ class ParallelMethods:
         )[0]
 
     def upsert_tensor_with_parallelism_from(
-        self, key, buffer_ptr, size, parallelism=None, config=None, writer_partition=None
-    ):
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        parallelism: Any = None,
+        config: Any = None,
+        writer_partition: Any = None,
+    ) -> int:
         """Like `put_tensor_with_parallelism_from`, but overwrites existing keys. 0, or a
         negative error code."""
         return self._put_parallel_from(
@@ -367,8 +449,14 @@ class ParallelMethods:
         )[0]
 
     def batch_put_tensor_with_parallelism_from(
-        self, keys, buffer_ptrs, sizes, parallelisms=None, config=None, writer_partitions=None
-    ):
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        parallelisms: Optional[Sequence[Any]] = None,
+        config: Any = None,
+        writer_partitions: Optional[Sequence[Any]] = None,
+    ) -> list[int]:
         """`put_tensor_with_parallelism_from` for each key and buffer; 0 or a negative code per
         key."""
         return self._put_parallel_from(
@@ -377,8 +465,14 @@ class ParallelMethods:
         )
 
     def batch_upsert_tensor_with_parallelism_from(
-        self, keys, buffer_ptrs, sizes, parallelisms=None, config=None, writer_partitions=None
-    ):
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        parallelisms: Optional[Sequence[Any]] = None,
+        config: Any = None,
+        writer_partitions: Optional[Sequence[Any]] = None,
+    ) -> list[int]:
         """`upsert_tensor_with_parallelism_from` for each key and buffer; 0 or a negative code
         per key."""
         return self._put_parallel_from(
@@ -388,7 +482,9 @@ class ParallelMethods:
 
     # ---- gets ---------------------------------------------------------------------------
 
-    def _read_plan(self, key, target, what):
+    def _read_plan(
+        self, key: str, target: Optional[ReadTarget], what: str
+    ) -> Optional[tuple[str, Any]]:
         """("key", k) to read object k as is, ("tensor", t) for a reassembled tensor, or None.
 
         As upstream: `as_stored` is the plain object; `full` reassembles writer partitions
@@ -428,7 +524,9 @@ class ParallelMethods:
         log.error("%s: no shard matched requested layout for key %s", what, key)
         return None
 
-    def _reassemble(self, key, region, what):
+    def _reassemble(
+        self, key: str, region: Optional[tuple[int, int, int]], what: str
+    ) -> Optional[Tensor]:
         """The global tensor of `key` (or the `(dim, rank, size)` shard of it) cut from the
         shards its manifest names; None when there is no manifest, the request does not line
         up with the stored split (same dim, one shard count a multiple of the other) or a
@@ -468,7 +566,9 @@ class ParallelMethods:
         out = torch.cat(pieces, dim=sd) if len(pieces) > 1 else pieces[0]
         return out.contiguous()
 
-    def get_tensor_with_parallelism(self, key, target=None):
+    def get_tensor_with_parallelism(
+        self, key: str, target: Optional[ReadTarget] = None
+    ) -> Optional[Tensor]:
         """The tensor a `ReadTarget` asks for (`as_stored`, `shard` or `full`, module doc), or
         None with the reason logged."""
         plan = self._read_plan(key, target, "get_tensor_with_parallelism")
@@ -476,7 +576,9 @@ class ParallelMethods:
             return None
         return self.get_tensor(plan[1]) if plan[0] == "key" else plan[1]
 
-    def batch_get_tensor_with_parallelism(self, keys, targets=None):
+    def batch_get_tensor_with_parallelism(
+        self, keys: Sequence[str], targets: Optional[Sequence[Optional[ReadTarget]]] = None
+    ) -> list[Optional[Tensor]]:
         """`get_tensor_with_parallelism` for each key and target: a tensor or None per key."""
         keys = list(keys)
         targets = [None] * len(keys) if targets is None else list(targets)
@@ -485,7 +587,9 @@ class ParallelMethods:
             return [None] * len(keys)
         return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
 
-    def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
+    def get_tensor_with_parallelism_into(
+        self, key: str, buffer_ptr: int, size: int, target: Optional[ReadTarget] = None
+    ) -> Optional[Tensor]:
         """`get_tensor_with_parallelism` written into caller memory at `buffer_ptr` as a tensor
         object; a tensor viewing it, or None."""
         what = "get_tensor_with_parallelism_into"
@@ -501,7 +605,13 @@ class ParallelMethods:
             return None
         return self._tensor_in(buffer_ptr, len(payload))
 
-    def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
+    def batch_get_tensor_with_parallelism_into(
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        targets: Optional[Sequence[Optional[ReadTarget]]] = None,
+    ) -> list[Optional[Tensor]]:
         """`get_tensor_with_parallelism_into` for each key, buffer and target; a tensor or None
         per key."""
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
@@ -515,7 +625,7 @@ class ParallelMethods:
         ]
 
 
-def _object_parts(header, t):
+def _object_parts(header: Header, t: Optional[Tensor]) -> Parts:
     """The parts of one stored object: a header alone (manifests) or header and tensor bytes."""
     if t is None:
         return (header,)

@@ -10,23 +10,33 @@ gets read the object straight into a `BufferHandle` and return a tensor viewing 
 
 import ctypes
 import logging
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from mooncake import _native
 from mooncake.error_codes import ErrorCode
 
 _log = logging.getLogger("mooncake.store")
 
+# torch is optional and imported on first use, so tensors are typed `Any` (a `torch.Tensor`
+# at run time); `Header` is a tensor object's 304-byte header, `Axes` its parallel axes as
+# `(kind, index, rank, size, split_dim, extra, extent)`.
+Tensor = Any
+Header = bytes
+Axes = Sequence[tuple[int, int, int, int, int, int, int]]
+Parts = tuple[Any, ...]
+
 _HEADER_BYTES = _native._tensor_metadata_size()
 _INVALID = int(ErrorCode.INVALID_PARAMS)  # -600, returned as a plain int
 _AXIS_TP = 1
 _MAX_DIMS = 8
 
-_torch = None
-_code_of = {}  # torch.dtype -> header dtype code
-_dtype_of = {}  # header dtype code -> torch.dtype
+_torch: Optional[ModuleType] = None
+_code_of: dict[Any, int] = {}  # torch.dtype -> header dtype code
+_dtype_of: dict[int, Any] = {}  # header dtype code -> torch.dtype
 
 
-def _torch_mod():
+def _torch_mod() -> Any:
     global _torch
     if _torch is None:
         import torch
@@ -40,7 +50,7 @@ def _torch_mod():
     return _torch
 
 
-def _contiguous_cpu(tensor):
+def _contiguous_cpu(tensor: Tensor) -> Tensor:
     """The tensor as a C-contiguous CPU tensor (no copy when it already is one)."""
     t = tensor.detach()
     if t.device.type != "cpu":
@@ -52,15 +62,17 @@ def _contiguous_cpu(tensor):
     return t.contiguous()
 
 
-def _memory_of(t):
+def _memory_of(t: Tensor) -> Optional[ctypes.Array[ctypes.c_ubyte]]:
     """A buffer-protocol view of a contiguous CPU tensor's bytes, or None when empty."""
-    nbytes = t.numel() * t.element_size()
+    nbytes: int = t.numel() * t.element_size()
     if nbytes == 0:
         return None
     return (ctypes.c_ubyte * nbytes).from_address(t.data_ptr())
 
 
-def _prepare(tensor, global_shape=None, axes=None):
+def _prepare(
+    tensor: Tensor, global_shape: Optional[list[int]] = None, axes: Optional[Axes] = None
+) -> tuple[Header, Tensor]:
     """(header bytes, contiguous CPU tensor); ValueError for what the format cannot hold."""
     torch = _torch_mod()
     if not isinstance(tensor, torch.Tensor):
@@ -75,12 +87,12 @@ def _prepare(tensor, global_shape=None, axes=None):
     return header, t
 
 
-def _parts(header, t):
+def _parts(header: Header, t: Tensor) -> Parts:
     mem = _memory_of(t)
     return (header,) if mem is None else (header, mem)
 
 
-def _from_object(buf, total=None):
+def _from_object(buf: Any, total: Optional[int] = None) -> Optional[Tensor]:
     """A tensor viewing `buf` (a writable buffer holding a tensor object), or None."""
     torch = _torch_mod()
     try:
@@ -96,14 +108,14 @@ def _from_object(buf, total=None):
     return flat.view(dtype).reshape(shape)
 
 
-def _serialize_tensor(tensor):
+def _serialize_tensor(tensor: Tensor) -> tuple[Header, int, int, Tensor]:
     """Upstream helper: `(metadata: bytes[304], data_ptr, nbytes, owner)` for a tensor; the
     owner keeps the bytes at `data_ptr` alive. ValueError for an unsupported tensor."""
     header, t = _prepare(tensor)
     return header, t.data_ptr(), t.numel() * t.element_size(), t
 
 
-def _deserialize_tensor(payload):
+def _deserialize_tensor(payload: Any) -> Tensor:
     """Upstream helper: the tensor in a tensor object's bytes. ValueError when invalid."""
     torch = _torch_mod()
     view = memoryview(payload)
@@ -115,11 +127,13 @@ def _deserialize_tensor(payload):
     return t
 
 
-def _first_error(codes):
+def _first_error(codes: Sequence[int]) -> int:
     return next((c for c in codes if c != 0), 0)
 
 
-def _tp_shards(key, tensor, tp_size, split_dim):
+def _tp_shards(
+    key: str, tensor: Tensor, tp_size: int, split_dim: int
+) -> list[tuple[str, Header, Tensor]]:
     """[(shard key, header, shard tensor)] for put_tensor_with_tp; ValueError if unsplittable."""
     _torch_mod()
     if not hasattr(tensor, "dim"):
@@ -145,9 +159,22 @@ def _tp_shards(key, tensor, tp_size, split_dim):
 class TensorMethods:
     """The tensor half of `MooncakeDistributedStore` (upstream §1.5 "Tensor API")."""
 
+    if TYPE_CHECKING:
+        # What the store class this is mixed into provides (`mooncake.store`).
+        put_parts: Callable[..., int]
+        upsert_parts: Callable[..., int]
+        _put_parts_batch: Callable[[list[str], list[Parts], Any, bool], list[int]]
+        get_buffer: Callable[[str], Any]
+        batch_get_buffer: Callable[[list[str]], list[Any]]
+        get_into: Callable[[str, int, int], int]
+        batch_get_into: Callable[[list[str], list[int], list[int]], list[int]]
+        _read_registered: Callable[[int, int], Optional[bytes]]
+        get_hostname: Callable[[], str]
+        batch_put_tensor_from: Callable[[list[str], list[int], list[int]], list[int]]
+
     # ---- puts -------------------------------------------------------------------------
 
-    def _put_tensor(self, key, tensor, config, upsert):
+    def _put_tensor(self, key: str, tensor: Tensor, config: Any, upsert: bool) -> int:
         try:
             header, t = _prepare(tensor)
         except ValueError:
@@ -157,7 +184,9 @@ class TensorMethods:
             return put(key, *_parts(header, t))
         return put(key, *_parts(header, t), config=config)
 
-    def _batch_put_tensor(self, keys, tensors_list, config, upsert):
+    def _batch_put_tensor(
+        self, keys: Sequence[str], tensors_list: Sequence[Tensor], config: Any, upsert: bool
+    ) -> list[int]:
         keys = list(keys)
         tensors_list = list(tensors_list)
         if not keys:
@@ -180,56 +209,62 @@ class TensorMethods:
                 out[i] = r
         return out
 
-    def put_tensor(self, key, tensor, config=None):
+    def put_tensor(self, key: str, tensor: Tensor, config: Any = None) -> int:
         """Upstream's `put_tensor(key, tensor)`; the optional `config` accepts the seed's
         `put_tensor(key, tensor, config)` form (same as `pub_tensor`)."""
         return self._put_tensor(key, tensor, config, False)
 
-    def pub_tensor(self, key, tensor, config=None):
+    def pub_tensor(self, key: str, tensor: Tensor, config: Any = None) -> int:
         """Stores `tensor` under `key` as a tensor object (`[TensorMetadata][data]`), with an
         optional `ReplicateConfig`. 0, or a negative error code."""
         return self._put_tensor(key, tensor, config, False)
 
-    def upsert_tensor(self, key, tensor):
+    def upsert_tensor(self, key: str, tensor: Tensor) -> int:
         """Like `put_tensor`, but overwrites an existing key. 0, or a negative error code."""
         return self._put_tensor(key, tensor, None, True)
 
-    def upsert_pub_tensor(self, key, tensor, config=None):
+    def upsert_pub_tensor(self, key: str, tensor: Tensor, config: Any = None) -> int:
         """Like `pub_tensor`, but overwrites an existing key. 0, or a negative error code."""
         return self._put_tensor(key, tensor, config, True)
 
-    def batch_put_tensor(self, keys, tensors_list):
+    def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Tensor]) -> list[int]:
         """`put_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, None, False)
 
-    def batch_pub_tensor(self, keys, tensors_list, config=None):
+    def batch_pub_tensor(
+        self, keys: Sequence[str], tensors_list: Sequence[Tensor], config: Any = None
+    ) -> list[int]:
         """`pub_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, config, False)
 
-    def batch_upsert_tensor(self, keys, tensors_list):
+    def batch_upsert_tensor(
+        self, keys: Sequence[str], tensors_list: Sequence[Tensor]
+    ) -> list[int]:
         """`upsert_tensor` for each key and tensor, as one batch; 0 or a negative code per key."""
         return self._batch_put_tensor(keys, tensors_list, None, True)
 
-    def batch_upsert_pub_tensor(self, keys, tensors_list, config=None):
+    def batch_upsert_pub_tensor(
+        self, keys: Sequence[str], tensors_list: Sequence[Tensor], config: Any = None
+    ) -> list[int]:
         """`upsert_pub_tensor` for each key and tensor, as one batch; 0 or a negative code
         per key."""
         return self._batch_put_tensor(keys, tensors_list, config, True)
 
     # ---- gets -------------------------------------------------------------------------
 
-    def get_tensor(self, key):
+    def get_tensor(self, key: str) -> Optional[Tensor]:
         """The tensor stored under `key` (a copy), or None on a miss or any error."""
         buf = self.get_buffer(key)
         return None if buf is None else _from_object(buf)
 
-    def batch_get_tensor(self, keys):
+    def batch_get_tensor(self, keys: Sequence[str]) -> list[Optional[Tensor]]:
         """`get_tensor` for each key: a tensor or None per key."""
         keys = list(keys)
         if not keys:
             return []
         return [None if b is None else _from_object(b) for b in self.batch_get_buffer(keys)]
 
-    def _tensor_in(self, buffer_ptr, nread):
+    def _tensor_in(self, buffer_ptr: int, nread: int) -> Optional[Tensor]:
         """The tensor object just read into registered memory, as a tensor viewing it."""
         if nread < _HEADER_BYTES:
             return None
@@ -249,7 +284,7 @@ class TensorMethods:
         mem = (ctypes.c_ubyte * nbytes).from_address(buffer_ptr + offset)
         return torch.frombuffer(mem, dtype=torch.uint8).view(dtype).reshape(shape)
 
-    def _tensor_copy_at(self, buffer_ptr, size):
+    def _tensor_copy_at(self, buffer_ptr: int, size: int) -> Optional[Tensor]:
         """A tensor copied from the tensor object in caller memory (registered or mapped) at
         `buffer_ptr`; None when the range is neither or holds no valid tensor object."""
         raw = self._read_registered(buffer_ptr, size) if size >= _HEADER_BYTES else None
@@ -260,14 +295,16 @@ class TensorMethods:
         except ValueError:
             return None
 
-    def get_tensor_into(self, key, buffer_ptr, size):
+    def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Optional[Tensor]:
         """The tensor read into registered memory at `buffer_ptr` (the buffer receives
         `[TensorMetadata][data]`), as a tensor viewing that memory; None on failure."""
         _torch_mod()
         n = self.get_into(key, buffer_ptr, size)
         return self._tensor_in(buffer_ptr, n) if n > 0 else None
 
-    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+    def batch_get_tensor_into(
+        self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[Any]:
         """`get_tensor_into` for each key with its buffer: a tensor viewing the buffer, or None,
         per key."""
         keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
@@ -279,13 +316,22 @@ class TensorMethods:
 
     # ---- tensor parallelism -------------------------------------------------------------
 
-    def _put_tensor_with_tp(self, key, tensor, config, tp_size, split_dim):
+    def _put_tensor_with_tp(
+        self, key: str, tensor: Tensor, config: Any, tp_size: int, split_dim: int
+    ) -> int:
         if tp_size <= 1:
             return self._put_tensor(key, tensor, config, False)
         r = self._batch_put_tensor_with_tp([key], [tensor], config, tp_size, split_dim)
         return r[0]
 
-    def _batch_put_tensor_with_tp(self, base_keys, tensors_list, config, tp_size, split_dim):
+    def _batch_put_tensor_with_tp(
+        self,
+        base_keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        config: Any,
+        tp_size: int,
+        split_dim: int,
+    ) -> list[int]:
         base_keys, tensors_list = list(base_keys), list(tensors_list)
         if not base_keys:
             return []
@@ -311,50 +357,98 @@ class TensorMethods:
                     out[i] = r
         return out
 
-    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+    def put_tensor_with_tp(
+        self, key: str, tensor: Tensor, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
+    ) -> int:
         """Splits `tensor` into `tp_size` shards along `split_dim` and stores every one as
         `f"{key}_tp_{rank}"` (`tp_rank` is ignored, as upstream)."""
         return self._put_tensor_with_tp(key, tensor, None, tp_size, split_dim)
 
-    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+    def pub_tensor_with_tp(
+        self,
+        key: str,
+        tensor: Tensor,
+        config: Any = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> int:
         """`put_tensor_with_tp` with an optional `ReplicateConfig`. 0, or a negative error code."""
         return self._put_tensor_with_tp(key, tensor, config, tp_size, split_dim)
 
-    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0):
+    def batch_put_tensor_with_tp(
+        self,
+        base_keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]:
         """`put_tensor_with_tp` for each base key and tensor; 0 or a negative code per key."""
         return self._batch_put_tensor_with_tp(base_keys, tensors_list, None, tp_size, split_dim)
 
     def batch_pub_tensor_with_tp(
-        self, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1, split_dim=0
-    ):
+        self,
+        base_keys: Sequence[str],
+        tensors_list: Sequence[Tensor],
+        config: Any = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]:
         """`pub_tensor_with_tp` for each base key and tensor; 0 or a negative code per key."""
         return self._batch_put_tensor_with_tp(base_keys, tensors_list, config, tp_size, split_dim)
 
     @staticmethod
-    def _tp_key(key, tp_rank, tp_size):
+    def _tp_key(key: str, tp_rank: int, tp_size: int) -> str:
         return key if tp_size <= 1 else f"{key}_tp_{tp_rank}"
 
-    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+    def get_tensor_with_tp(
+        self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
+    ) -> Optional[Tensor]:
         """Rank `tp_rank`'s shard of `key` (`f"{key}_tp_{tp_rank}"` when `tp_size > 1`), or None."""
         return self.get_tensor(self._tp_key(key, tp_rank, tp_size))
 
-    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+    def batch_get_tensor_with_tp(
+        self, base_keys: Sequence[str], tp_rank: int = 0, tp_size: int = 1
+    ) -> list[Optional[Tensor]]:
         """`get_tensor_with_tp` for each base key: a tensor or None per key."""
         return self.batch_get_tensor([self._tp_key(k, tp_rank, tp_size) for k in base_keys])
 
-    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+    def get_tensor_with_tp_into(
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> Optional[Tensor]:
         """`get_tensor_into` of rank `tp_rank`'s shard of `key`: a tensor viewing the buffer, or
         None."""
         return self.get_tensor_into(self._tp_key(key, tp_rank, tp_size), buffer_ptr, size)
 
-    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
+    def batch_get_tensor_with_tp_into(
+        self,
+        base_keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+    ) -> list[Any]:
         """`get_tensor_with_tp_into` for each base key with its buffer; a tensor or None per key."""
         keys = [self._tp_key(k, tp_rank, tp_size) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
     def batch_put_tensor_with_tp_from(
-        self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1, split_dim=0
-    ):
+        self,
+        base_keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> list[int]:
         """Each buffer holds a whole tensor object (`[TensorMetadata][data]`); stores its
         `tp_size` shards as `f"{key}_tp_{rank}"` (`tp_rank` ignored, as upstream)."""
         base_keys, buffer_ptrs, sizes = list(base_keys), list(buffer_ptrs), list(sizes)
@@ -371,7 +465,15 @@ class TensorMethods:
         )
         return [_INVALID if t is None else r for t, r in zip(tensors, out)]
 
-    def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+    def put_tensor_with_tp_from(
+        self,
+        key: str,
+        buffer_ptr: int,
+        size: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        split_dim: int = 0,
+    ) -> int:
         """`batch_put_tensor_with_tp_from` for one key. 0, or a negative error code."""
         return self.batch_put_tensor_with_tp_from(
             [key], [buffer_ptr], [size], tp_rank, tp_size, split_dim
@@ -379,12 +481,14 @@ class TensorMethods:
 
     # ---- CUDA ---------------------------------------------------------------------------
 
-    def get_tensor_into_cuda(self, key, tensor):
+    def get_tensor_into_cuda(self, key: str, tensor: Tensor) -> int:
         """-600: this build has no CUDA (upstream serves this only to CUDA dummy clients)."""
         _log.error("get_tensor_into_cuda(%s): no CUDA in this build", key)
         return _INVALID
 
-    def batch_get_tensor_into_cuda(self, keys, tensors_list):
+    def batch_get_tensor_into_cuda(
+        self, keys: Sequence[str], tensors_list: Sequence[Tensor]
+    ) -> list[int]:
         """-600 per key: this build has no CUDA (upstream serves this only to CUDA dummy
         clients)."""
         keys = list(keys)

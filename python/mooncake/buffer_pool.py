@@ -47,6 +47,7 @@ import ctypes
 import mmap
 import threading
 import time
+from typing import Any, Literal, NoReturn, Optional
 
 __all__ = [
     "BufferPool",
@@ -65,19 +66,19 @@ class _Region:
 
     __slots__ = ("mm", "view", "ptr", "size", "overflow")
 
-    def __init__(self, size, alignment, overflow=False):
+    def __init__(self, size: int, alignment: int, overflow: bool = False) -> None:
         self.overflow = overflow
         pad = alignment if alignment > _PAGE else 0
-        self.mm = mmap.mmap(-1, size + pad)
+        self.mm: Optional[mmap.mmap] = mmap.mmap(-1, size + pad)
         probe = ctypes.c_char.from_buffer(self.mm)
         base = ctypes.addressof(probe)
         del probe  # drop the export: only `view` below keeps one
         skip = (-base) % alignment if pad else 0
         self.ptr = base + skip
         self.size = size
-        self.view = memoryview(self.mm)[skip:skip + size]
+        self.view: Optional[memoryview] = memoryview(self.mm)[skip:skip + size]
 
-    def free(self):
+    def free(self) -> None:
         """Drops the pool's references; the mapping goes when its last view does."""
         self.view = None
         self.mm = None
@@ -88,36 +89,38 @@ class BufferLease:
 
     __slots__ = ("_pool", "_region", "_size", "_views", "__weakref__")
 
-    def __init__(self, pool, region, size):
-        self._pool = pool
-        self._region = region
+    def __init__(self, pool: "BufferPool", region: _Region, size: int) -> None:
+        self._pool: Optional[BufferPool] = pool
+        self._region: Optional[_Region] = region
         self._size = size
-        self._views = []
+        self._views: list[memoryview] = []
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
         if self._region is None:
             raise RuntimeError("buffer lease is closed")
         return self._region.ptr
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._size
 
     @property
-    def buffer(self):
+    def buffer(self) -> memoryview:
         if self._region is None:
             # Upstream's view export fails this way on a released lease.
             raise BufferError("Error getting buffer")
-        v = self._region.view[: self._size]
+        view = self._region.view
+        assert view is not None, "a leased region is not freed"
+        v = view[: self._size]
         self._views.append(v)
         return v
 
-    def release(self):
+    def release(self) -> None:
         """Returns the buffer to the pool; a no-op when already released."""
         self._release(check_views=True)
 
-    def _release(self, check_views):
+    def _release(self, check_views: bool) -> None:
         if self._region is None:
             return
         # A view is still in use when anything but our list, the loop variable and
@@ -129,23 +132,24 @@ class BufferLease:
                         "cannot release buffer while exported views exist")
         self._views = []
         region, self._region = self._region, None
+        assert self._pool is not None, "a lease holding a region holds its pool"
         self._pool._release(region, self._size)
         self._pool = None
 
-    def __enter__(self):
+    def __enter__(self) -> "BufferLease":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.release()
         return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._release(check_views=False)
         except Exception:  # noqa: BLE001  (never raise from a finaliser)
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "released" if self._region is None else f"ptr={self._region.ptr:#x}"
         return f"<BufferLease size={self._size} {state}>"
 
@@ -153,9 +157,13 @@ class BufferLease:
 class BufferPool:
     """A pool of registered buffers for the zero-copy calls; see the module docs."""
 
-    def __init__(self, store, max_bytes=0, min_size_class=64 * 1024, max_size_class=None,
-                 alignment=8 * 1024 * 1024, block_on_exhaustion=True, default_timeout=None,
-                 max_regions=None, prewarm_size=None, prewarm_count=0):
+    # The arguments are checked at run time as upstream's binding checks them (module doc),
+    # so the annotations say what is accepted, not only what is meant.
+    def __init__(self, store: Any, max_bytes: int = 0, min_size_class: int = 64 * 1024,
+                 max_size_class: Optional[int] = None, alignment: int = 8 * 1024 * 1024,
+                 block_on_exhaustion: object = True, default_timeout: Optional[float] = None,
+                 max_regions: Optional[int] = None, prewarm_size: Optional[int] = None,
+                 prewarm_count: int = 0) -> None:
         for value in (max_bytes, min_size_class, alignment, prewarm_count):
             if not isinstance(value, int) or value < 0:
                 raise TypeError(_signature_error("__init__", "constructor"))
@@ -195,11 +203,11 @@ class BufferPool:
         self._default_timeout = default_timeout
         self._max_regions = max_regions
         self._cond = threading.Condition()
-        self._free = {}  # size class -> [Region]
+        self._free: dict[int, list[_Region]] = {}  # size class -> [Region]
         self._regions = 0
         self._total_bytes = 0
         self._reserved_bytes = 0
-        self._in_use = set()  # ids of leased regions
+        self._in_use: set[int] = set()  # ids of leased regions
         # Overflow leases (upstream's `allocate_overflow`): one-off regions of the requested
         # size, outside `max_bytes`, handed out when the pool has no room. The bytes leased
         # (overflow and pool leases, as requested) stay within the store's local buffer size
@@ -214,11 +222,11 @@ class BufferPool:
 
     # ---- sizing -------------------------------------------------------------------------
 
-    def _align(self, size):
+    def _align(self, size: int) -> int:
         a = self._alignment
         return (size + a - 1) // a * a
 
-    def _class_of(self, size):
+    def _class_of(self, size: int) -> tuple[int, bool]:
         """`(size_class, oversize)` for a request of `size` bytes."""
         size = max(int(size), 1)
         if size > self._max_class:
@@ -232,25 +240,25 @@ class BufferPool:
             return p, False
         return self._align(size), False
 
-    def _has_capacity(self, size_class):
+    def _has_capacity(self, size_class: int) -> bool:
         used = self._total_bytes + self._reserved_bytes
         if size_class > self._max_bytes or used + size_class > self._max_bytes:
             return False
         return self._max_regions is None or self._regions < self._max_regions
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("buffer pool is closed")
 
     # ---- regions ------------------------------------------------------------------------
 
-    def _has_overflow_room(self, size):
+    def _has_overflow_room(self, size: int) -> bool:
         used = self._overflow_bytes + self._leased_bytes
         if used + size > self._overflow_limit:
             return False
         return self._max_regions is None or self._regions < self._max_regions
 
-    def _new_overflow(self, size):
+    def _new_overflow(self, size: int) -> _Region:
         """An overflow region of `size` bytes (lock held, room checked)."""
         self._overflow_bytes += size
         self._regions += 1
@@ -267,7 +275,7 @@ class BufferPool:
                 self._overflow_bytes -= size
                 self._regions -= 1
 
-    def _new_region(self, size_class):
+    def _new_region(self, size_class: int) -> _Region:
         """Maps and registers a region; called with the lock held, the capacity reserved."""
         self._reserved_bytes += size_class
         self._regions += 1
@@ -286,7 +294,7 @@ class BufferPool:
             else:
                 self._regions -= 1
 
-    def _drop_region(self, region):
+    def _drop_region(self, region: _Region) -> None:
         self._store.unregister_buffer(region.ptr)
         region.free()
         self._regions -= 1
@@ -295,7 +303,7 @@ class BufferPool:
         else:
             self._total_bytes -= region.size
 
-    def _release(self, region, size):
+    def _release(self, region: _Region, size: int) -> None:
         with self._cond:
             self._in_use.discard(id(region))
             if not region.overflow:
@@ -306,7 +314,7 @@ class BufferPool:
                 self._free.setdefault(region.size, []).append(region)
             self._cond.notify_all()
 
-    def _evict_one_free(self, size_class):
+    def _evict_one_free(self, size_class: int) -> bool:
         """Frees an idle region of another class to make room; True if one was freed."""
         for cls, regions in self._free.items():
             if cls != size_class and regions:
@@ -316,7 +324,8 @@ class BufferPool:
 
     # ---- API ----------------------------------------------------------------------------
 
-    def acquire(self, size, block=None, timeout=None):
+    def acquire(self, size: int, block: object = None, timeout: Optional[float] = None
+                ) -> BufferLease:
         """A `BufferLease` of at least `size` bytes: a free buffer of its size class, else a
         new one (evicting free buffers of other classes to make room). Waits when the pool is
         exhausted and `block` (else raises `RuntimeError`), at most `timeout` seconds."""
@@ -358,11 +367,12 @@ class BufferPool:
                         raise RuntimeError("timed out waiting for buffer")
                     self._cond.wait(left)
 
-    def buffer(self, size, block=None, timeout=None):
+    def buffer(self, size: int, block: object = None, timeout: Optional[float] = None
+               ) -> BufferLease:
         """Same as `acquire` (upstream's alias)."""
         return self.acquire(size, block=block, timeout=timeout)
 
-    def prewarm(self, size, count):
+    def prewarm(self, size: int, count: int) -> None:
         """Allocates up to `count` free buffers of `size`'s class now, so later `acquire`s find
         them. Best effort, as upstream's: it stops where the pool is full, and does nothing for
         an oversize class or a closed pool."""
@@ -379,7 +389,7 @@ class BufferPool:
                 self._free.setdefault(size_class, []).append(self._new_region(size_class))
                 self._cond.notify_all()
 
-    def close(self):
+    def close(self) -> None:
         """Frees every buffer of the pool; raises `RuntimeError` while a lease is still held.
         Idempotent."""
         with self._cond:
@@ -394,14 +404,14 @@ class BufferPool:
             self._free.clear()
             self._cond.notify_all()
 
-    def __enter__(self):
+    def __enter__(self) -> "BufferPool":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<BufferPool max_bytes={self._max_bytes} regions={self._regions} "
                 f"in_use={len(self._in_use)}{' closed' if self._closed else ''}>")
 
@@ -418,13 +428,13 @@ _SIGNATURES = {
 }
 
 
-def _signature_error(name, kind):
+def _signature_error(name: str, kind: str) -> str:
     """pybind11's message for arguments that do not fit `name`'s signature."""
     return (f"{name}(): incompatible {kind} arguments. The following argument types are "
             f"supported:\n    1. {_SIGNATURES[name]}\n")
 
 
-def _cast_unsigned_long(value):
+def _cast_unsigned_long(value: Any) -> int:
     """pybind11's conversion of an `object` argument to `size_t`."""
     if isinstance(value, int) and 0 <= value < 1 << 64:
         return value
@@ -432,14 +442,14 @@ def _cast_unsigned_long(value):
                        "'unsigned long'")
 
 
-def _cast_bool(value):
+def _cast_bool(value: Any) -> bool:
     """pybind11's conversion of an `object` argument to `bool`."""
     if value is None or isinstance(value, (bool, int)) or hasattr(type(value), "__bool__"):
         return bool(value)
     raise RuntimeError(f"Unable to cast Python instance of type {type(value)} to C++ type 'bool'")
 
 
-def _cast_double(value):
+def _cast_double(value: Any) -> float:
     """pybind11's conversion of an `object` argument to `double`."""
     if isinstance(value, (int, float)) or hasattr(type(value), "__float__"):
         return float(value)
@@ -447,14 +457,14 @@ def _cast_double(value):
         f"Unable to cast Python instance of type {type(value)} to C++ type 'double'")
 
 
-def _is_set_up(store):
+def _is_set_up(store: Any) -> bool:
     try:
         return bool(store.get_hostname())
     except Exception:  # noqa: BLE001
         return False
 
 
-def _local_buffer_capacity(store):
+def _local_buffer_capacity(store: Any) -> int:
     f = getattr(store, "_local_buffer_capacity", None)
     try:
         return int(f()) if f is not None else 0
@@ -469,7 +479,7 @@ class BufferLeaseView:
 
     __slots__ = ()
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError("mooncake.store.BufferLeaseView: No constructor defined!")
 
 

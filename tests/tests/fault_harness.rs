@@ -453,6 +453,7 @@ fn pin(store: &Store) -> usize {
 
 #[test]
 fn randomized_faults_keep_the_history_consistent() {
+    let _env = mooncake_tests::env_lock();
     let seed: u64 = env_or("MC_FAULT_SEED", SEED_DEFAULT);
     let seconds: u64 = env_or("MC_FAULT_SECONDS", SECONDS_DEFAULT);
     let kinds: String = env_or(
@@ -1043,6 +1044,7 @@ fn randomized_faults_keep_the_history_consistent() {
 /// when the variable is unset.
 #[test]
 fn recheck_a_recorded_history() {
+    let _env = mooncake_tests::env_lock();
     let Ok(path) = std::env::var("MC_FAULT_CHECK") else {
         println!("SKIP: set MC_FAULT_CHECK=<history.jsonl> to check a recorded history");
         return;
@@ -1070,6 +1072,7 @@ fn recheck_a_recorded_history() {
 /// the code of its run read `fault_slow_writer` bytes (`docs/reliability.md`).
 #[test]
 fn foreign_bytes_are_told_apart() {
+    let _env = mooncake_tests::env_lock();
     let slow: Vec<u8> = (0..4096usize)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(0x5a))
         .collect();

@@ -203,6 +203,7 @@ fn netns_or_skip(shape: bool) -> Option<Netns> {
 
 #[test]
 fn an_unreachable_node_is_quarantined_and_comes_back() {
+    let _env = mooncake_tests::env_lock();
     let Some(net) = netns_or_skip(true) else {
         return;
     };
@@ -535,6 +536,7 @@ fn an_unreachable_node_is_quarantined_and_comes_back() {
 /// test keeps reading the second key back.
 #[test]
 fn a_write_given_up_on_a_cut_link_never_lands_later() {
+    let _env = mooncake_tests::env_lock();
     let Some(net) = netns_or_skip(false) else {
         return;
     };

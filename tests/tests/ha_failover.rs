@@ -103,6 +103,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn leader_killed_repeatedly_loses_no_acknowledged_object() {
+    let _env = mooncake_tests::env_lock();
     let Some(etcd) = Etcd::start() else { return };
     let cluster = "ha_failover";
     let flags = ha_flags(&etcd, cluster);
@@ -260,6 +261,7 @@ fn leader_killed_repeatedly_loses_no_acknowledged_object() {
 
 #[test]
 fn etcd_stopped_briefly() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut etcd) = Etcd::start() else {
         return;
     };
@@ -352,6 +354,7 @@ fn etcd_stopped_briefly() {
 
 #[test]
 fn two_clusters_share_one_etcd() {
+    let _env = mooncake_tests::env_lock();
     let Some(etcd) = Etcd::start() else { return };
     let addr = format!("etcd://{}", etcd.addr());
     let mut clusters = Vec::new();
@@ -413,6 +416,7 @@ fn two_clusters_share_one_etcd() {
 
 #[test]
 fn a_leader_whose_key_is_deleted_steps_down() {
+    let _env = mooncake_tests::env_lock();
     let Some(etcd) = Etcd::start() else { return };
     let cluster = "ha_key_deleted";
     let flags = ha_flags(&etcd, cluster);
@@ -454,6 +458,7 @@ fn a_leader_whose_key_is_deleted_steps_down() {
 /// every put and upsert path) keeps asking until etcd is back, and the object is readable.
 #[test]
 fn a_commit_that_meets_an_etcd_outage_lands_when_etcd_returns() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut etcd) = Etcd::start() else {
         return;
     };

@@ -162,6 +162,7 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
 
 #[test]
 fn pattern_removes_survive_a_leader_kill() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut c) = Cluster::start("ha_removals_pattern") else {
         return;
     };
@@ -219,6 +220,7 @@ fn pattern_removes_survive_a_leader_kill() {
 
 #[test]
 fn a_remove_whose_owner_is_stopped_survives_a_leader_kill() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut c) = Cluster::start("ha_removals_stopped") else {
         return;
     };
@@ -259,6 +261,7 @@ fn a_remove_whose_owner_is_stopped_survives_a_leader_kill() {
 
 #[test]
 fn a_key_of_an_owner_stopped_across_an_election_is_not_answered_missing() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut c) = Cluster::start("ha_owners_stopped") else {
         return;
     };

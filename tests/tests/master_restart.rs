@@ -93,6 +93,7 @@ fn wait_listed(store: &client::Store, key: &str) {
 
 #[test]
 fn objects_survive_a_master_restart() {
+    let _env = mooncake_tests::env_lock();
     let mut master = Master::start(&[]);
     let (rpc, metrics, http) = (
         master.rpc_port,
@@ -242,6 +243,7 @@ fn objects_survive_a_master_restart() {
 /// key over the new object's bytes (a read of other bytes) and lost the new object.
 #[test]
 fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
+    let _env = mooncake_tests::env_lock();
     use client::dataplane::mem::Src;
     use client::dataplane::transport::client::TransferOp;
 
@@ -323,6 +325,7 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
 /// copy.
 #[test]
 fn a_same_host_copy_of_an_ended_term_ends_before_the_owner_re_mounts() {
+    let _env = mooncake_tests::env_lock();
     use client::dataplane::mem::shm::WriteRefused;
     use client::dataplane::mem::ShmMapping;
     use client::MasterClient;
@@ -608,16 +611,19 @@ fn written_over_then_restart(writer: DyingWriter) {
 
 #[test]
 fn a_range_written_over_is_not_re_reported_under_its_old_key() {
+    let _env = mooncake_tests::env_lock();
     written_over_then_restart(DyingWriter::Tcp);
 }
 
 #[test]
 fn a_range_memcpyd_over_is_not_re_reported_under_its_old_key() {
+    let _env = mooncake_tests::env_lock();
     written_over_then_restart(DyingWriter::SameHost);
 }
 
 #[test]
 fn a_range_rdma_written_over_is_not_re_reported_under_its_old_key() {
+    let _env = mooncake_tests::env_lock();
     written_over_then_restart(DyingWriter::Rdma);
 }
 
@@ -665,16 +671,19 @@ fn upsert_cut_before_its_record_then_restart(writer: DyingWriter) {
 
 #[test]
 fn an_upsert_cut_before_its_record_keeps_its_key_over_tcp() {
+    let _env = mooncake_tests::env_lock();
     upsert_cut_before_its_record_then_restart(DyingWriter::Tcp);
 }
 
 #[test]
 fn an_upsert_cut_before_its_record_keeps_its_key_same_host() {
+    let _env = mooncake_tests::env_lock();
     upsert_cut_before_its_record_then_restart(DyingWriter::SameHost);
 }
 
 #[test]
 fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
+    let _env = mooncake_tests::env_lock();
     upsert_cut_before_its_record_then_restart(DyingWriter::Rdma);
 }
 
@@ -687,6 +696,7 @@ fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
 /// its write again, still over RDMA.
 #[test]
 fn an_rdma_write_of_an_ended_term_does_not_land() {
+    let _env = mooncake_tests::env_lock();
     use client::dataplane::mem::Src;
     use client::store::rdma::RdmaFail;
     use client::MasterClient;
@@ -761,6 +771,7 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
 /// of failing on the old keys, which etcd still holds, until the next term.
 #[test]
 fn new_rdma_keys_are_published_once_the_metadata_store_is_back() {
+    let _env = mooncake_tests::env_lock();
     let Some(mut etcd) = mooncake_tests::Etcd::start() else {
         return;
     };

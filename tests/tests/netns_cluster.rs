@@ -531,6 +531,7 @@ fn segments_of(net: &Net, i: usize) -> Vec<String> {
 
 #[test]
 fn a_cluster_across_namespaces_survives_a_cut_host_and_a_leader_kill() {
+    let _env = mooncake_tests::env_lock();
     let Some(net) = net_or_skip("netns_cluster") else {
         return;
     };
@@ -708,6 +709,7 @@ struct Probe {
 /// its last window, reads back exactly.
 #[test]
 fn a_leader_cut_off_from_etcd_stops_serving_before_another_is_elected() {
+    let _env = mooncake_tests::env_lock();
     let Some(net) = net_or_skip("the cut-off leader") else {
         return;
     };

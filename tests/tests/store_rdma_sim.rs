@@ -13,7 +13,8 @@
 //!   asks for TCP), even with `P2PHANDSHAKE`; a device without a metadata server to publish
 //!   in is refused with a reason.
 //!
-//! Run with nextest (one process per test): the tests set process environment variables.
+//! The tests set process environment variables: each takes `mooncake_tests::env_lock()`, so
+//! under `cargo test` (threads of one process) they run one at a time.
 
 use client::store::{Dst, Src};
 use std::process::{Command, Stdio};
@@ -79,6 +80,7 @@ fn value(i: usize) -> Vec<u8> {
 
 #[test]
 fn puts_and_gets_move_over_rdma_into_a_storage_node() {
+    let _env = mooncake_tests::env_lock();
     let f = rdma_env();
     let m = Master::start(&[]);
     let mut node = rdma_node(&m, &f);
@@ -197,6 +199,7 @@ fn requests_ok(metrics_port: u16) -> u64 {
 /// its intent and its record; it was one, the record, before.
 #[test]
 fn rdma_puts_announce_each_write_to_its_owner_before_the_bytes() {
+    let _env = mooncake_tests::env_lock();
     let f = rdma_env();
     let m = Master::start(&[]);
     let port = free_port();
@@ -240,6 +243,7 @@ fn rdma_puts_announce_each_write_to_its_owner_before_the_bytes() {
 
 #[test]
 fn a_store_clients_own_segment_is_served_over_rdma() {
+    let _env = mooncake_tests::env_lock();
     let _f = rdma_env();
     let m = Master::start(&[]);
     let owner = store(&m, "rdma", 64 << 20, &m.metadata_url()).expect("owner setup");
@@ -299,6 +303,7 @@ fn fallbacks_metric(port: u16) -> Option<u64> {
 /// `P2PHANDSHAKE` (SGLang HiCache's defaults), and the fall-back is counted.
 #[test]
 fn rdma_without_a_device_falls_back_to_tcp() {
+    let _env = mooncake_tests::env_lock();
     let f = rdma_env();
     let m = Master::start(&[]);
     // The model with no devices: as a host with libibverbs and no HCA.
@@ -358,6 +363,7 @@ fn rdma_without_a_device_falls_back_to_tcp() {
 /// node refuses to start, each naming the variable.
 #[test]
 fn rdma_required_without_a_device_is_refused() {
+    let _env = mooncake_tests::env_lock();
     let f = rdma_env();
     let m = Master::start(&[]);
     std::env::set_var("MOONCAKE_RDMA_SIM_DEVICES", "");
@@ -400,6 +406,7 @@ fn rdma_required_without_a_device_is_refused() {
 /// peers would have nowhere to read a segment's keys.
 #[test]
 fn rdma_with_a_device_uses_it_and_needs_a_metadata_server() {
+    let _env = mooncake_tests::env_lock();
     let _f = rdma_env();
     let m = Master::start(&[]);
     let before = client::rdma::tcp_fallbacks();

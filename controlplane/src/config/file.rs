@@ -53,8 +53,8 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<FileSettings, ConfigError
         _ => !text.trim_start().starts_with('{'),
     };
     let entries: Vec<(String, Scalar)> = if is_yaml {
-        let value: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|e| error(format!("invalid YAML: {e}")))?;
+        let value: yaml_serde::Value =
+            yaml_serde::from_str(text).map_err(|e| error(format!("invalid YAML: {e}")))?;
         yaml_entries(value).map_err(error)?
     } else {
         let value: serde_json::Value =
@@ -127,8 +127,8 @@ fn json_entries(value: serde_json::Value) -> Result<Vec<(String, Scalar)>, Strin
         .collect())
 }
 
-fn yaml_entries(value: serde_yaml::Value) -> Result<Vec<(String, Scalar)>, String> {
-    use serde_yaml::Value;
+fn yaml_entries(value: yaml_serde::Value) -> Result<Vec<(String, Scalar)>, String> {
+    use yaml_serde::Value;
     let map = match value {
         Value::Mapping(map) => map,
         // An empty file: nothing set.

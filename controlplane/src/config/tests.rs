@@ -634,6 +634,46 @@ fn yaml_config_file() {
     assert_eq!(config.service.default_kv_lease_ttl_ms, 1000);
 }
 
+/// YAML details where parsers disagree (YAML 1.1 vs 1.2, strictness), pinned so that a change
+/// of YAML crate that reads our config files differently fails here.
+#[test]
+fn yaml_config_file_details() {
+    let file = TempFile::new(
+        "master.yaml",
+        "port: &p 40000\nmetrics_port: *p\nrpc_port: \"50053\"\ncluster_id: !!str 017\n\
+         rpc_thread_num: 0x10\n",
+    );
+    let (config, warnings) = run(&[&file.arg("config_path")]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(config.port, 40000);
+    assert_eq!(
+        config.metrics_port, 40000,
+        "an alias takes its anchor's value"
+    );
+    assert_eq!(
+        config.rpc_port, 50053,
+        "a quoted integer is a string a flag parses"
+    );
+    assert_eq!(
+        config.cluster_id(),
+        "017",
+        "!!str keeps the digits as written"
+    );
+    assert_eq!(
+        config.rpc_thread_num, 16,
+        "0x10 is an integer, as YAML 1.2 reads it"
+    );
+    for (contents, needle) in [
+        ("rpc_port: 1\nrpc_port: 2\n", "duplicate entry"),
+        ("rpc_port: 1\n---\nrpc_port: 2\n", "more than one document"),
+        ("rpc_port: !custom 5\n", "list or mapping"),
+    ] {
+        let file = TempFile::new("m.yaml", contents);
+        let message = error(&[&file.arg("config_path")]);
+        assert!(message.contains(needle), "{contents:?}: {message}");
+    }
+}
+
 #[test]
 fn config_format_detected_from_content_without_extension() {
     let json = TempFile::new("master.conf", r#"  {"metrics_port": 9200}"#);

@@ -106,8 +106,8 @@ impl QuotaPolicy {
 
 /// Parses a policy file's text: tenant to requested bytes.
 pub fn parse_policy(text: &str) -> Result<BTreeMap<String, u64>, String> {
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
+    let doc: yaml_serde::Value =
+        yaml_serde::from_str(text).map_err(|e| format!("invalid YAML: {e}"))?;
     let map = doc
         .as_mapping()
         .ok_or("tenant quota policy must be a YAML map")?;
@@ -122,7 +122,7 @@ pub fn parse_policy(text: &str) -> Result<BTreeMap<String, u64>, String> {
     }
     let mut tenants = BTreeMap::new();
     let entries = match map.get("tenants") {
-        None | Some(serde_yaml::Value::Null) => return Ok(tenants),
+        None | Some(yaml_serde::Value::Null) => return Ok(tenants),
         Some(v) => v.as_sequence().ok_or("tenants must be a YAML sequence")?,
     };
     for entry in entries {
@@ -139,12 +139,12 @@ pub fn parse_policy(text: &str) -> Result<BTreeMap<String, u64>, String> {
         }
         let quota = entry.get("quota").ok_or("tenant quota is required")?;
         let bytes = match quota {
-            serde_yaml::Value::Number(n) => match n.as_u64() {
+            yaml_serde::Value::Number(n) => match n.as_u64() {
                 Some(b) => check_quota(b),
                 None if n.as_i64().is_some() => Err("quota must be positive".to_string()),
                 None => parse_quota(&n.to_string()),
             },
-            serde_yaml::Value::String(s) => parse_quota(s),
+            yaml_serde::Value::String(s) => parse_quota(s),
             _ => Err("quota must start with an integer".to_string()),
         }
         .map_err(|e| format!("invalid quota for tenant '{name}': {e}"))?;
@@ -155,8 +155,8 @@ pub fn parse_policy(text: &str) -> Result<BTreeMap<String, u64>, String> {
     Ok(tenants)
 }
 
-fn scalar_text(v: &serde_yaml::Value) -> String {
-    serde_yaml::to_string(v)
+fn scalar_text(v: &yaml_serde::Value) -> String {
+    yaml_serde::to_string(v)
         .map(|s| s.trim_end().to_string())
         .unwrap_or_default()
 }

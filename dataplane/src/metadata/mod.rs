@@ -161,8 +161,15 @@ impl Keys {
     /// clusters sharing one etcd do not overwrite each other's descriptors while a default
     /// deployment keeps upstream's key layout.
     pub fn for_store(store_cluster: &str) -> Keys {
-        match std::env::var("MC_METADATA_CLUSTER_ID") {
-            Ok(id) if !id.trim().is_empty() => Keys::with_cluster(Some(&id)),
+        let metadata_cluster = std::env::var("MC_METADATA_CLUSTER_ID").ok();
+        Keys::for_store_in(store_cluster, metadata_cluster.as_deref())
+    }
+
+    /// [`Keys::for_store`] with `MC_METADATA_CLUSTER_ID` given as `metadata_cluster` (read once
+    /// by the caller, so a test does not have to change the process environment).
+    pub fn for_store_in(store_cluster: &str, metadata_cluster: Option<&str>) -> Keys {
+        match metadata_cluster {
+            Some(id) if !id.trim().is_empty() => Keys::with_cluster(Some(id)),
             _ if store_cluster.trim() == protocol::DEFAULT_CLUSTER_ID => Keys::with_cluster(None),
             _ => Keys::with_cluster(Some(store_cluster)),
         }
@@ -226,12 +233,12 @@ mod tests {
 
     #[test]
     fn store_keys_are_namespaced_by_a_non_default_cluster() {
-        std::env::remove_var("MC_METADATA_CLUSTER_ID");
-        assert_eq!(Keys::for_store("mooncake_cluster").prefix, "mooncake/");
-        assert_eq!(Keys::for_store("prod-a").prefix, "mooncake/prod-a/");
-        std::env::set_var("MC_METADATA_CLUSTER_ID", "te");
-        assert_eq!(Keys::for_store("prod-a").prefix, "mooncake/te/");
-        std::env::remove_var("MC_METADATA_CLUSTER_ID");
+        let keys = |store, metadata| Keys::for_store_in(store, metadata).prefix;
+        assert_eq!(keys("mooncake_cluster", None), "mooncake/");
+        assert_eq!(keys("prod-a", None), "mooncake/prod-a/");
+        assert_eq!(keys("prod-a", Some(" ")), "mooncake/prod-a/");
+        assert_eq!(keys("prod-a", Some("te")), "mooncake/te/");
+        assert_eq!(keys("mooncake_cluster", Some("te")), "mooncake/te/");
     }
 
     #[test]

@@ -224,3 +224,14 @@ pub fn rng() -> rand::rngs::StdRng {
     println!("seed {seed}");
     rand::rngs::StdRng::seed_from_u64(seed)
 }
+
+/// The lock every test of a test binary takes when one of its tests changes process-wide
+/// environment variables (`std::env::set_var`) that the code under test reads: `cargo test`
+/// runs a binary's tests as threads of one process, so without it one test's variables leak
+/// into another running at the same time (`cargo nextest` runs each test in its own process
+/// and never raced). A test that panicked while holding it does not poison it for the others.
+pub fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
