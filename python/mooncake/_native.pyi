@@ -953,6 +953,8 @@ class PgComm:
         """Whether this rank can read every peer's memory directly."""
     def set_cma(self, on: bool) -> None:
         """Turns the direct-read path on (same value on every rank, before the first op)."""
+    def close(self) -> None:
+        """Releases the communicator (`destroy_process_group`); later calls raise."""
     def leave(self) -> None:
         """Leaves the group gracefully (see `Shared::leave`)."""
     def take_failures(self) -> int: ...

@@ -101,6 +101,48 @@ _OP_CODES = {
 # Store key of the group's id (random, chosen by rank 0): with a cluster secret every TCP link
 # of the group proves it knows both (docs/pg.md, Security).
 _GROUP_KEY = "mooncake_pg/group"
+# Store key of the current incarnation's prefix (see _incarnation_store).
+_INCARNATION_KEY = "mooncake_pg/incarnation"
+
+
+def _incarnation_store(store, rank, size, is_extension):
+    """The store under which this incarnation of the group keeps its keys.
+
+    ``destroy_process_group()`` does not empty the rendezvous store: torch keeps rank 0's
+    TCPStore server (the same ``host:port``) across a destroy and a new
+    ``init_process_group``, and the group's torch prefix (``default_pg/0/``) repeats. Keys
+    set by the previous incarnation (segment paths, endpoints, the group id, the direct-read
+    votes) are therefore still there when the next one starts, and a rank that re-initialises
+    before a slower peer has overwritten its keys read the peer's *old* entries: an unlinked
+    segment path ("mapping rank r's segment: No such file"), after which it gave up, rank 0
+    took the store down with it and the others hung or failed; about one run in three of
+    four ranks cycling destroy/init (docs/pg.md, Destroy and re-init).
+
+    So each incarnation works under its own prefix: the founders count themselves in with an
+    atomic ``add`` and incarnation ``k`` is the ``k``-th batch of ``size`` arrivals. The
+    batches cannot interleave: a rank arrives for incarnation ``k + 1`` only after its
+    ``init`` of ``k`` returned, which needed every founder of ``k`` to have arrived. The
+    counter is per group size, so a group re-created with another size keeps whole batches.
+    Rank 0 records the current prefix, where a process extending the group looks.
+
+    The store itself is kept alive past ``destroy_process_group()`` (upstream keeps its
+    first store for the process lifetime, for the same reason): rank 0's TCPStore server
+    lives only as long as a store object refers to it, and a new ``init_process_group`` on
+    the same port reuses a live one. Without a reference here, whether it was still alive
+    when rank 0 re-initialised depended on garbage collection: if it had gone, a faster rank
+    that had already connected to it for its own re-init lost the connection mid-rendezvous
+    ("Failed to recv, got 0 bytes"). With it, every incarnation talks to the same server,
+    and the prefixes keep their keys apart."""
+    _Settings.store = store
+    if is_extension:
+        cur = store.get(_INCARNATION_KEY).decode() if store.check([_INCARNATION_KEY]) else "0"
+    else:
+        k = (store.add(f"mooncake_pg/arrivals/{size}", 1) - 1) // size
+        cur = f"{size}x{k}"
+        if rank == 0:
+            store.set(_INCARNATION_KEY, cur)
+    return dist.PrefixStore(f"mooncake_pg/{cur}", store)
+
 
 
 class _Settings:
@@ -108,6 +150,9 @@ class _Settings:
     device_filter: list = []
     transfer_engine = None
     initialized = False
+    # The newest group's rendezvous store, kept past destroy_process_group (see
+    # _incarnation_store).
+    store = None
 
 
 def set_host_ip(host, /):
@@ -470,16 +515,17 @@ class MooncakeProcessGroup(dist.ProcessGroup):
         self._active_ranks = active
         self._auto_sync = options._auto_sync
         self._failures_pending = 0
+        store = _incarnation_store(dist_backend_opts.store, rank, size, options._is_extension)
         if options._is_extension:  # a new process joining an existing group (or slot)
             self._comm = _pg_membership.connect_extension(
-                dist_backend_opts.store, rank, mgs, options._auto_deactivate,
-                self._global_ranks, _Settings.host_ip)
+                store, rank, mgs, options._auto_deactivate, self._global_ranks,
+                _Settings.host_ip)
         else:
             self._comm, endpoint = self._connect(
-                dist_backend_opts.store, rank, size, options._auto_deactivate, mgs)
-            _pg_membership.publish(dist_backend_opts.store, rank, self._comm, endpoint)
+                store, rank, size, options._auto_deactivate, mgs)
+            _pg_membership.publish(store, rank, self._comm, endpoint)
             if rank == 0:
-                _pg_membership.publish_shape(dist_backend_opts.store, mgs, self._global_ranks)
+                _pg_membership.publish_shape(store, mgs, self._global_ranks)
         self._comm.set_mirror(active.data_ptr(), mgs)
         # torch finds some ops' backend by device (batch_isend_irecv asks it whether it
         # coalesces): register a shim that forwards to this group, as upstream does.
@@ -533,6 +579,13 @@ class MooncakeProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self):
         return "mooncake"
+
+    def shutdown(self):
+        """Called by ``destroy_process_group()``: stops this rank's workers and releases its
+        segment and listener (ops already issued still complete). Without it every destroyed
+        incarnation kept its threads and shared memory until the process exited. Later ops
+        on this group raise "not connected"."""
+        self._comm.close()
 
     def size(self):
         return self._size

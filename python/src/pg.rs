@@ -460,6 +460,16 @@ impl PyPgComm {
         Ok(())
     }
 
+    /// Releases the communicator (`destroy_process_group`): its workers end once the ops
+    /// already issued have (the point-to-point thread also waits for its sends'
+    /// acknowledgements, up to the timeout), then the segment is unmapped and its lock
+    /// dropped; the listener closes now. Later calls raise "not connected". Idempotent.
+    fn close(&self) {
+        drop(self.comm.lock().take());
+        drop(self.listener.lock().take());
+        drop(self.own.lock().take());
+    }
+
     /// Leaves the group gracefully (see `Shared::leave`).
     fn leave(&self) -> PyResult<()> {
         self.comm()?.shared().leave();

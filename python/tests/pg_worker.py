@@ -83,13 +83,19 @@ def expected(op, n, dtype):
 
 
 def init(options=None):
+    # PG_EXTERNAL_STORE: the test process hosts the rendezvous store, so that it outlives any
+    # rank (rank 0 too, which otherwise hosts it).
+    where = {"init_method": f"tcp://127.0.0.1:{PORT}"}
+    if os.environ.get("PG_EXTERNAL_STORE"):
+        where = {"store": dist.TCPStore("127.0.0.1", PORT, WORLD, is_master=False,
+                                        timeout=datetime.timedelta(seconds=60))}
     dist.init_process_group(
         backend=os.environ.get("PG_BACKEND", "mooncake-cpu"),
-        init_method=f"tcp://127.0.0.1:{PORT}",
         rank=RANK,
         world_size=WORLD,
         pg_options=options,
         timeout=datetime.timedelta(seconds=60),
+        **where,
     )
 
 
@@ -466,7 +472,95 @@ def scenario_leave():
     dist.barrier()
 
 
-SCENARIOS = {"leave": scenario_leave, "ops": scenario_ops, "bad_input": scenario_bad_input, "sigkill": scenario_sigkill}
+def all_to_all_p2p(n, tag):
+    """One round of send/recv between every pair of ranks through batch_isend_irecv: returns
+    [(kind, peer, work)] and the receive buffers by peer. Rank r sends r * 100 + peer + tag."""
+    ops, meta, bufs = [], [], {}
+    for peer in range(WORLD):
+        if peer == RANK:
+            continue
+        bufs[peer] = torch.full((n,), -1.0)
+        ops.append(dist.P2POp(dist.isend, torch.full((n,), RANK * 100.0 + peer + tag), peer))
+        meta.append(("send", peer))
+        ops.append(dist.P2POp(dist.irecv, bufs[peer], peer))
+        meta.append(("recv", peer))
+    works = dist.batch_isend_irecv(ops)
+    check(len(works) == len(ops), f"one work per op ({len(works)} for {len(ops)})")
+    return [(k, p, w) for (k, p), w in zip(meta, works)], bufs
+
+
+def check_p2p_round(round_, victim, tag, n):
+    """Waits on every work of a round and checks its own op's outcome: the hint marks the
+    victim only on ops addressed to it, and only those lack local success. Reports every
+    wrong work at once."""
+    wrong = []
+    for kind, peer, w in round_[0]:
+        check(w.wait(datetime.timedelta(seconds=30)) is True, f"{kind} {peer}: wait")
+        hint = pg.get_failed_ranks_hint(w).tolist()
+        dead = peer == victim
+        want = [int(dead and r == peer) for r in range(WORLD)]
+        ok, succ = pg.get_local_success(w), w.is_success()
+        if hint != want or ok is dead or succ is dead:
+            wrong.append(f"{kind} peer {peer}: hint {hint} (want {want}), local_success {ok}, "
+                         f"is_success {succ}")
+    check(not wrong, f"tag {tag} n={n}: " + "; ".join(wrong))
+    for peer, buf in round_[1].items():
+        if peer != victim:
+            same(buf, torch.full((n,), peer * 100.0 + RANK + tag), f"tag {tag}: from {peer}")
+
+
+def scenario_p2p_hints():
+    """Every rank exchanges with every other through batch_isend_irecv; the victim (env
+    PG_VICTIM) exits (PG_VICTIM_HOW=kill: SIGKILL, else os._exit) between two rounds. Each
+    survivor's work carries its own op's outcome only."""
+    victim = int(os.environ["PG_VICTIM"])
+    pg.set_p2p_timeout_us(20_000_000)  # a failure must come from the death, not a timeout
+    init()
+    for n in (5, 300_000):  # one chunk, several chunks
+        check_p2p_round(all_to_all_p2p(n, 0), None, 0, n)
+    if RANK == victim:
+        dist.barrier()  # every rank's first rounds are through
+        if os.environ.get("PG_VICTIM_HOW") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+    dist.barrier()
+    # Issued at once, maybe before the victim is gone: the outcome must not depend on that.
+    for tag, n in ((1, 5), (2, 300_000)):
+        check_p2p_round(all_to_all_p2p(n, tag), victim, tag, n)
+    # The survivors go on exchanging among themselves.
+    survivors = [r for r in range(WORLD) if r != victim]
+    ops, bufs = [], {}
+    for peer in survivors:
+        if peer != RANK:
+            bufs[peer] = torch.zeros(3)
+            ops += [dist.P2POp(dist.isend, torch.full((3,), float(RANK)), peer),
+                    dist.P2POp(dist.irecv, bufs[peer], peer)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+        check(pg.get_local_success(w), "survivors' round after the death")
+    for peer, b in bufs.items():
+        same(b, torch.full((3,), float(peer)), f"survivors' round from {peer}")
+
+
+def scenario_reinit():
+    """PG_CYCLES times: all_reduce, destroy_process_group, init_process_group again with the
+    same rendezvous, all_reduce. Prints how long each cycle took."""
+    init()
+    for cycle in range(int(os.environ.get("PG_CYCLES", "1"))):
+        start = time.monotonic()
+        t = torch.full((1000,), float(RANK + cycle))
+        dist.all_reduce(t)
+        same(t, torch.full((1000,), float(sum(range(WORLD)) + WORLD * cycle)), f"cycle {cycle}")
+        dist.destroy_process_group()
+        init()
+        t = torch.ones(10)
+        dist.all_reduce(t)
+        same(t, torch.full((10,), float(WORLD)), f"cycle {cycle}: after re-init")
+        print(f"CYCLE {cycle} {time.monotonic() - start:.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+SCENARIOS = {"reinit": scenario_reinit, "p2p_hints": scenario_p2p_hints, "leave": scenario_leave, "ops": scenario_ops, "bad_input": scenario_bad_input, "sigkill": scenario_sigkill}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()
