@@ -12,8 +12,12 @@
 //! | `mooncake/rpc_meta/<segment name>` | `{"ip_or_host_name", "rpc_port"}` of the handshake server |
 //!
 //! A peer learns from the master only a replica's segment name and address; it reads these two
-//! keys once per segment (`store::rdma`). Without an HTTP or etcd metadata server there is
-//! nowhere to publish them, so `protocol="rdma"` with `P2PHANDSHAKE` is refused with a message.
+//! keys once per segment (`store::rdma`). With `P2PHANDSHAKE` (no metadata server) nothing is
+//! published: the handshake server answers a Metadata request naming a served segment with its
+//! descriptor (`handshake::SegmentRequest`), and segments are named after the handshake
+//! endpoint, `host:port` or `host:port#i` (upstream's P2P naming), so a peer knows whom to ask
+//! from the name alone: a storage node's handshake server listens on its `--port`, a store
+//! client's segment is named `host:<handshake port>`.
 //!
 //! Invariants: memory is registered only while it stays mapped: served segments are
 //! deregistered by [`RdmaSide::withdraw`] (a store's close, a node's shutdown) before their
@@ -36,7 +40,8 @@ pub use dataplane::engine::rdma::{force_tcp, rdma_or_fallback, rdma_wanted, tcp_
 /// A process's RDMA transport, handshake server and published segments.
 pub struct RdmaSide {
     transport: Arc<RdmaTransport>,
-    metadata: Arc<dyn MetadataStore>,
+    /// `None` with `P2PHANDSHAKE`: descriptors are served by the handshake server only.
+    metadata: Option<Arc<dyn MetadataStore>>,
     keys: Keys,
     host: String,
     state: Arc<HandshakeState>,
@@ -50,25 +55,21 @@ pub struct RdmaSide {
 
 impl RdmaSide {
     /// Opens the devices (`devices`: upstream's `device_name` / `rdma_devices` list, empty for
-    /// auto-discovery) and starts the handshake server on `ip`. `name` is this process's name in
-    /// NIC paths. Every error is a sentence for the operator.
+    /// auto-discovery) and starts the handshake server on `ip`, port `rpc_port` (0: any).
+    /// `name` is this process's name in NIC paths. `metadata_server` is where descriptors are
+    /// published, or `P2PHANDSHAKE` to serve them from the handshake server only. Every error
+    /// is a sentence for the operator.
     pub fn open(
         name: &str,
         devices: &str,
         transfer_timeout: Duration,
-        ip: IpAddr,
+        (ip, rpc_port): (IpAddr, u16),
         metadata_server: &str,
         keys: Keys,
     ) -> Result<Arc<RdmaSide>, String> {
         let backend = MetadataBackend::parse(metadata_server)
             .map_err(|e| format!("protocol \"rdma\": metadata server: {e}"))?;
-        let Some(store) = backend.open() else {
-            return Err(format!(
-                "protocol \"rdma\" needs an HTTP or etcd metadata server (got {metadata_server:?}): \
-                 peers read a segment's memory keys and handshake port there (exchanging them \
-                 peer to peer over the handshake port is not implemented yet; docs/rdma.md)"
-            ));
-        };
+        let store = backend.open().map(Arc::from);
         let transport = dataplane::engine::rdma::open_rdma(name, devices, transfer_timeout)?;
         let state = HandshakeState::new();
         let weak = Arc::downgrade(&transport);
@@ -78,13 +79,14 @@ impl RdmaSide {
                 None => b"{\"reply_msg\":\"RDMA transport shut down\"}".to_vec(),
             }
         }))));
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| format!("RDMA handshake server on {ip}: {e}"))?;
+        let at = SocketAddr::new(ip, rpc_port);
+        let listener =
+            TcpListener::bind(at).map_err(|e| format!("RDMA handshake server on {at}: {e}"))?;
         let server = HandshakeServer::start(listener, state.clone())
-            .map_err(|e| format!("RDMA handshake server on {ip}: {e}"))?;
+            .map_err(|e| format!("RDMA handshake server on {at}: {e}"))?;
         Ok(Arc::new(RdmaSide {
             transport,
-            metadata: Arc::from(store),
+            metadata: store,
             keys,
             host: ip.to_string(),
             state,
@@ -98,8 +100,10 @@ impl RdmaSide {
         &self.transport
     }
 
-    pub fn metadata(&self) -> &Arc<dyn MetadataStore> {
-        &self.metadata
+    /// Where descriptors are published; `None` with `P2PHANDSHAKE` (peers ask the handshake
+    /// server named by the segment, `crate::store::rdma`).
+    pub fn metadata(&self) -> Option<&Arc<dyn MetadataStore>> {
+        self.metadata.as_ref()
     }
 
     pub fn keys(&self) -> &Keys {
@@ -154,23 +158,26 @@ impl RdmaSide {
     }
 
     /// Writes the descriptor of the served segment `name` (its current keys) and its
-    /// handshake endpoint to the metadata store.
+    /// handshake endpoint to the metadata store, and has the handshake server answer
+    /// requests naming the segment with it (with `P2PHANDSHAKE`, only that).
     fn publish(&self, name: &str, addr: u64, data_port: u16) -> Result<(), String> {
         let desc = self
             .transport
             .segment_desc_of(name, data_port, timestamp_now(), addr)
             .to_json();
-        let meta = RpcMeta {
-            ip_or_host_name: self.host.clone(),
-            rpc_port: self.rpc_port(),
+        if let Some(store) = &self.metadata {
+            let meta = RpcMeta {
+                ip_or_host_name: self.host.clone(),
+                rpc_port: self.rpc_port(),
+            }
+            .to_json();
+            let put = store
+                .put(&self.keys.ram(name), &desc)
+                .and_then(|()| store.put(&self.keys.rpc_meta(name), &meta));
+            put.map_err(|e| format!("publishing the RDMA descriptor of {name}: {e}"))?;
         }
-        .to_json();
-        let put = self
-            .metadata
-            .put(&self.keys.ram(name), &desc)
-            .and_then(|()| self.metadata.put(&self.keys.rpc_meta(name), &meta));
-        put.map_err(|e| format!("publishing the RDMA descriptor of {name}: {e}"))?;
-        // A peer in P2P mode asks the handshake server itself; the last segment served answers.
+        self.state.set_segment_descriptor(name, desc.clone());
+        // An engine's P2P request (no segment named) gets the last segment served.
         self.state.set_descriptor(desc);
         Ok(())
     }
@@ -245,8 +252,11 @@ impl RdmaSide {
     /// handshake server. Idempotent.
     pub fn withdraw(&self) {
         for (name, addr, _) in std::mem::take(&mut *self.published.lock()) {
-            let _ = self.metadata.remove(&self.keys.ram(&name));
-            let _ = self.metadata.remove(&self.keys.rpc_meta(&name));
+            if let Some(store) = &self.metadata {
+                let _ = store.remove(&self.keys.ram(&name));
+                let _ = store.remove(&self.keys.rpc_meta(&name));
+            }
+            self.state.remove_segment_descriptor(&name);
             self.transport.unregister(addr);
         }
         self.state.set_connection_handler(None);

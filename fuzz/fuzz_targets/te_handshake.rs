@@ -1,12 +1,13 @@
 //! Fuzzes the transfer engine's handshake port decoding (`dataplane::metadata::handshake`):
 //! arbitrary bytes as a stream of frames (length, type, JSON), each Notify body as a
-//! `NotifyMsg`. Nothing may panic; a decoded frame re-encodes to the bytes it came from, a
-//! frame never claims more than the bytes given, and a decoded notify survives a JSON round
-//! trip.
+//! `NotifyMsg`, each Metadata body as a `SegmentRequest`. Nothing may panic; a decoded frame
+//! re-encodes to the bytes it came from, a frame never claims more than the bytes given, and a
+//! decoded notify or segment request survives a JSON round trip.
 #![no_main]
 
 use dataplane::metadata::handshake::{
-    decode_frame, decode_notify, encode_frame, FrameType, FRAME_MAX_BYTES, LEN_BYTES,
+    decode_frame, decode_notify, decode_segment_request, encode_frame, segment_request, FrameType,
+    FRAME_MAX_BYTES, LEN_BYTES,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -31,8 +32,14 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(decode_notify(&again), Some(msg));
             }
         }
+        if ty == FrameType::Metadata as u8 {
+            if let Some(name) = decode_segment_request(json) {
+                assert_eq!(decode_segment_request(&segment_request(&name)), Some(name));
+            }
+        }
         rest = &rest[used..];
     }
     // The same bytes as a notify's JSON body.
     let _ = decode_notify(data);
+    let _ = decode_segment_request(data);
 });

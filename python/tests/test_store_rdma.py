@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import urllib.error
 import urllib.request
 
 import pytest
@@ -111,3 +112,71 @@ def test_rdma_setup_without_a_device(master, fabric, monkeypatch):
     assert s.put("forced/tcp", b"x") == 0 and s.get("forced/tcp") == b"x"
     assert s.remove("forced/tcp", True) == 0
     s.close()
+
+
+def test_p2p_handshake_store_over_rdma_to_an_rdma_node(master, fabric):
+    """`P2PHANDSHAKE` with a device: the node serves its shards' descriptors from its
+    handshake server (on `--port`), publishes nothing, and the store moves bytes by RDMA."""
+    node = Node(master, 64 * MIB, shards=2,
+                extra=["--protocol=rdma", "--metadata_server=P2PHANDSHAKE"])
+    try:
+        seg = f"127.0.0.1:{node.port}"
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{master.metadata}?key=mooncake/ram/{seg}")
+        s, rc = rdma_store(master, metadata="P2PHANDSHAKE")
+        assert rc == 0
+        values = {f"p2p/{n}": os.urandom(n) for n in (1, 4096, 300_000, 5 * MIB + 3)}
+        for k, v in values.items():
+            assert s.put(k, v) == 0, k
+        for k, v in values.items():
+            assert s.get(k) == v, k
+        t, rc = rdma_store(master, protocol="tcp", metadata="P2PHANDSHAKE")
+        assert rc == 0
+        for k, v in values.items():
+            assert t.get(k) == v, k
+        t.close()
+        assert s.remove_all() >= 0
+        s.close()
+    finally:
+        node.stop()
+
+
+def _rdma_bytes(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith('mooncake_client_path_bytes{path="rdma"} '):
+            return int(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no RDMA path counter in /metrics:\n{text}")
+
+
+def test_sglang_defaults_with_a_device_run_rdma(master, fabric):
+    """SGLang HiCache's call (`protocol="rdma"`, `metadata_server="P2PHANDSHAKE"`) with a
+    (simulated) device sets up over RDMA: two such stores write and read each other's
+    segments, byte-exact, by RDMA (the path counter on the client HTTP server)."""
+    from conftest import free_port
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+    stores, ports = [], []
+    try:
+        for _ in range(2):
+            ports.append(free_port())
+            s = MooncakeDistributedStore()
+            assert s.setup("localhost", "P2PHANDSHAKE", 64 * MIB, 16 * MIB, "rdma", "",
+                           master.addr, enable_client_http_server=True,
+                           client_http_port=ports[-1]) == 0
+            stores.append(s)
+        value = os.urandom(3 * MIB + 5)
+        for (writer, port), owner in zip(zip(stores, ports), reversed(stores)):
+            cfg = ReplicateConfig()
+            cfg.preferred_segment = owner.get_hostname()
+            key = f"sglang/{owner.get_hostname()}"
+            before = _rdma_bytes(port)
+            assert writer.put(key, value, cfg) == 0
+            assert writer.get(key) == value
+            assert _rdma_bytes(port) - before == 2 * len(value)
+            assert owner.get(key) == value
+            assert writer.remove(key, True) == 0
+    finally:
+        for s in stores:
+            s.close()

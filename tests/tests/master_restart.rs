@@ -420,20 +420,7 @@ impl DyingWriter {
         let DyingWriter::Rdma = self else {
             return one_node_cluster();
         };
-        let master = Master::start(&[]);
-        let node = Node::start_with_env(
-            &master,
-            &[
-                "--shards=1",
-                "--global_segment_size=64 MB",
-                "--protocol=rdma",
-            ],
-            &[("MOONCAKE_RDMA_SIM", fabric.path())],
-        );
-        let store =
-            mooncake_tests::remote_store(&master.rpc_addr(), &master.metadata_url(), 16 << 20)
-                .expect("setup");
-        (master, node, store)
+        rdma_cluster(fabric, false)
     }
 
     /// Writes `bytes` as the put of `key` the master described with `r` would, and stops
@@ -491,6 +478,31 @@ impl DyingWriter {
     }
 }
 
+/// A master, a one-shard storage node (64 MB) serving over RDMA on `fabric` too, publishing
+/// its descriptor in the master's metadata store or, with `p2p`, serving it from its
+/// handshake server (`P2PHANDSHAKE`), and a TCP store client with no segment of its own.
+fn rdma_cluster(fabric: &SimFabric, p2p: bool) -> (Master, Node, client::Store) {
+    let master = Master::start(&[]);
+    let metadata = if p2p {
+        "P2PHANDSHAKE".to_string()
+    } else {
+        master.metadata_url()
+    };
+    let node = Node::start_at(
+        &master.rpc_addr(),
+        &metadata,
+        &[
+            "--shards=1",
+            "--global_segment_size=64 MB",
+            "--protocol=rdma",
+        ],
+        &[("MOONCAKE_RDMA_SIM", fabric.path())],
+    );
+    let store =
+        mooncake_tests::remote_store(&master.rpc_addr(), &metadata, 16 << 20).expect("setup");
+    (master, node, store)
+}
+
 /// An RDMA writer in this process (on the software verbs model of `MOONCAKE_RDMA_SIM`), the
 /// path a store uses, reading descriptors from `metadata`.
 fn rdma_writer(name: &str, metadata: &str) -> client::store::rdma::RdmaPeers {
@@ -499,7 +511,7 @@ fn rdma_writer(name: &str, metadata: &str) -> client::store::rdma::RdmaPeers {
         name,
         "",
         Duration::from_secs(5),
-        "127.0.0.1".parse().unwrap(),
+        ("127.0.0.1".parse().unwrap(), 0),
         metadata,
         keys,
     )
@@ -694,9 +706,7 @@ fn an_upsert_cut_before_its_record_keeps_its_key_over_rdma() {
 /// (`RdmaSide::rekey`): the late WRITE is refused and the new object keeps its bytes. A
 /// store of the new term, whose keys went stale with it, reads the new ones and announces
 /// its write again, still over RDMA.
-#[test]
-fn an_rdma_write_of_an_ended_term_does_not_land() {
-    let _env = mooncake_tests::env_lock();
+fn rdma_write_of_an_ended_term_does_not_land(p2p: bool) {
     use client::dataplane::mem::Src;
     use client::store::rdma::RdmaFail;
     use client::MasterClient;
@@ -705,8 +715,13 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
     let fabric = SimFabric::new();
     std::env::set_var("MOONCAKE_RDMA_SIM", fabric.path());
     std::env::set_var("MC_STORE_SHM", "0");
-    let (master, _node, _tcp) = DyingWriter::Rdma.cluster(&fabric);
-    let rdma = rdma_store(&master, &master.metadata_url());
+    let (master, _node, _tcp) = rdma_cluster(&fabric, p2p);
+    let metadata = if p2p {
+        "P2PHANDSHAKE".to_string()
+    } else {
+        master.metadata_url()
+    };
+    let rdma = rdma_store(&master, &metadata);
     let one = ReplicateConfig::default();
     // Above the slab sizes: a best-fit extent, as the next master's put of this size gets.
     let size = (3 << 20) / 2;
@@ -724,7 +739,7 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
         .expect("rpc")
         .expect("put start");
     let r = started[0].clone();
-    let peers = rdma_writer("late-writer", &master.metadata_url());
+    let peers = rdma_writer("late-writer", &metadata);
     let peer = peers
         .peer(&r.segment_name)
         .expect("the node serves its segment over RDMA");
@@ -764,6 +779,19 @@ fn an_rdma_write_of_an_ended_term_does_not_land() {
     );
     assert_eq!(rdma.get("rk/kept"), Ok(value(3)));
     rdma.close();
+}
+
+#[test]
+fn an_rdma_write_of_an_ended_term_does_not_land() {
+    let _env = mooncake_tests::env_lock();
+    rdma_write_of_an_ended_term_does_not_land(false);
+}
+
+/// The same with `P2PHANDSHAKE`: the new keys reach readers from the node's handshake server.
+#[test]
+fn an_rdma_write_of_an_ended_term_does_not_land_p2p() {
+    let _env = mooncake_tests::env_lock();
+    rdma_write_of_an_ended_term_does_not_land(true);
 }
 
 /// New memory keys that could not be published (the metadata store was down when the term

@@ -10,8 +10,9 @@
 //!   segment served over TCP only is reached over TCP;
 //! - a dead node fails reads with `TRANSFER_FAIL`, at once;
 //! - no device runs TCP (counted, `MC_REQUIRE_RDMA=1` refuses instead, `MC_FORCE_TCP=1`
-//!   asks for TCP), even with `P2PHANDSHAKE`; a device without a metadata server to publish
-//!   in is refused with a reason.
+//!   asks for TCP), even with `P2PHANDSHAKE`;
+//! - with a device and `P2PHANDSHAKE` (no metadata server) the same puts and gets run over
+//!   RDMA, each segment's descriptor read from its owner's handshake server.
 //!
 //! The tests set process environment variables: each takes `mooncake_tests::env_lock()`, so
 //! under `cargo test` (threads of one process) they run one at a time.
@@ -402,25 +403,123 @@ fn rdma_required_without_a_device_is_refused() {
     assert!(err.contains("MC_REQUIRE_RDMA"), "{err}");
 }
 
-/// With a device, `rdma` runs RDMA (no fall-back counted), and `P2PHANDSHAKE` stays refused:
-/// peers would have nowhere to read a segment's keys.
+/// With a device, `rdma` runs RDMA (no fall-back counted), with a metadata server or with
+/// `P2PHANDSHAKE` (SGLang HiCache's defaults): then nothing is published and a store client's
+/// segment is named after its handshake server, which serves the descriptor.
 #[test]
-fn rdma_with_a_device_uses_it_and_needs_a_metadata_server() {
+fn rdma_with_a_device_uses_it_with_or_without_a_metadata_server() {
     let _env = mooncake_tests::env_lock();
     let _f = rdma_env();
     let m = Master::start(&[]);
     let before = client::rdma::tcp_fallbacks();
-    assert_eq!(
-        store(&m, "rdma", 16 << 20, "P2PHANDSHAKE").err(),
-        Some(ErrorCode::InternalError)
+    for metadata in [m.metadata_url(), "P2PHANDSHAKE".to_string()] {
+        let a = store(&m, "rdma", 16 << 20, &metadata).expect("rdma store");
+        let b = store(&m, "rdma", 0, &metadata).expect("rdma store");
+        let to_a = ReplicateConfig {
+            preferred_segment: a.hostname().to_string(),
+            ..ReplicateConfig::default()
+        };
+        let key = format!("d/{}", metadata.len());
+        assert_eq!(b.put(&key, &value(3), &to_a, false), Ok(()), "{metadata}");
+        let list = b.replicas(&key).expect("listed").replicas.clone();
+        assert_eq!(list[0].segment_name, a.hostname(), "{metadata}");
+        assert_eq!(b.get(&key), Ok(value(3)));
+        assert_eq!(
+            b.path_counts().rdma_bytes,
+            2 * value(3).len() as u64,
+            "{metadata}: {:?}",
+            b.path_counts()
+        );
+        assert_eq!(client::rdma::tcp_fallbacks(), before);
+        let ram = format!("/metadata?key=mooncake/ram/{}", a.hostname());
+        let published = http("GET", m.http_metadata_port, &ram, b"").status == 200;
+        assert_eq!(published, metadata != "P2PHANDSHAKE", "{metadata}");
+        b.close();
+        a.close();
+    }
+}
+
+/// `P2PHANDSHAKE` with a node: its shards (`host:port`, `host:port#1`) are served from the
+/// handshake server on `--port`; a store client reads each descriptor there once and moves
+/// every byte by RDMA; a TCP client reads what RDMA wrote; a store client's own segment is
+/// served to another the same way; nothing is published in the master's metadata store.
+#[test]
+fn p2p_handshake_puts_and_gets_move_over_rdma() {
+    let _env = mooncake_tests::env_lock();
+    let f = rdma_env();
+    let m = Master::start(&[]);
+    let node = Node::start_at(
+        &m.rpc_addr(),
+        "P2PHANDSHAKE",
+        &[
+            "--protocol=rdma",
+            "--shards=2",
+            "--global_segment_size=256 MB",
+        ],
+        &[("MOONCAKE_RDMA_SIM", f.path()), ("MC_STORE_SHM", "0")],
     );
-    let a = store(&m, "rdma", 16 << 20, &m.metadata_url()).expect("rdma store");
-    let b = store(&m, "rdma", 0, &m.metadata_url()).expect("rdma store");
+    let s = store(&m, "rdma", 0, "P2PHANDSHAKE").expect("rdma store setup");
     let cfg = ReplicateConfig::default();
-    assert_eq!(b.put("d", &value(3), &cfg, false), Ok(()));
-    assert_eq!(b.get("d"), Ok(value(3)));
-    assert!(b.path_counts().rdma_bytes > 0, "{:?}", b.path_counts());
-    assert_eq!(client::rdma::tcp_fallbacks(), before);
-    b.close();
-    a.close();
+    let n = 10;
+    let total: u64 = (0..n).map(|i| value(i).len() as u64).sum();
+    let mut segments = std::collections::BTreeSet::new();
+    for i in 0..n {
+        let key = format!("p2p/{i}");
+        assert_eq!(s.put(&key, &value(i), &cfg, false), Ok(()), "put {key}");
+        segments.insert(
+            s.replicas(&key).expect("listed").replicas[0]
+                .segment_name
+                .clone(),
+        );
+    }
+    assert_eq!(s.path_counts().rdma_bytes, total, "{:?}", s.path_counts());
+    assert!(
+        s.path_counts().tcp_bytes < total / 100,
+        "{:?}",
+        s.path_counts()
+    );
+    assert_eq!(segments.len(), 2, "both shards used: {segments:?}");
+    for i in 0..n {
+        assert_eq!(s.get(&format!("p2p/{i}")), Ok(value(i)), "get p2p/{i}");
+    }
+    assert_eq!(s.path_counts().rdma_bytes, 2 * total);
+    let tcp = store(&m, "tcp", 0, "P2PHANDSHAKE").expect("tcp store");
+    for i in 0..n {
+        assert_eq!(
+            tcp.get(&format!("p2p/{i}")),
+            Ok(value(i)),
+            "tcp get p2p/{i}"
+        );
+    }
+    assert_eq!(tcp.path_counts().rdma_bytes, 0);
+    for seg in &segments {
+        let key = format!("/metadata?key=mooncake/ram/{seg}");
+        assert_ne!(
+            http("GET", m.http_metadata_port, &key, b"").status,
+            200,
+            "{seg}"
+        );
+    }
+    // A store client's own segment, served over RDMA to another, named after its handshake
+    // server; a TCP owner's segment is reached over TCP.
+    let owner = store(&m, "rdma", 64 << 20, "P2PHANDSHAKE").expect("owner setup");
+    let tcp_owner = store(&m, "tcp", 64 << 20, "P2PHANDSHAKE").expect("tcp owner");
+    for (o, rdma) in [(&owner, true), (&tcp_owner, false)] {
+        let to = ReplicateConfig {
+            preferred_segment: o.hostname().to_string(),
+            ..ReplicateConfig::default()
+        };
+        let key = format!("own/{rdma}");
+        let before = s.path_counts();
+        assert_eq!(s.put(&key, &value(4), &to, false), Ok(()));
+        assert_eq!(s.get(&key), Ok(value(4)));
+        let moved = s.path_counts().rdma_bytes - before.rdma_bytes;
+        let want = if rdma { 2 * value(4).len() as u64 } else { 0 };
+        assert_eq!(moved, want, "{key}: {:?}", s.path_counts());
+    }
+    tcp_owner.close();
+    owner.close();
+    tcp.close();
+    s.close();
+    drop(node);
 }

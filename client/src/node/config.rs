@@ -109,9 +109,9 @@ flags (--flag=value or --flag value):
   --metadata_server=http://127.0.0.1:8080/metadata   (or etcd://h:p, a bare h:p for etcd,
                                  or P2PHANDSHAKE: publish nothing)
   --protocol=tcp                 or rdma: peers read and write the segments with one-sided
-                                 RDMA (needs an HTTP or etcd --metadata_server; with no RDMA
-                                 device runs TCP with a warning, MC_REQUIRE_RDMA=1 refuses to
-                                 start instead; docs/rdma.md)
+                                 RDMA (with P2PHANDSHAKE the handshake server listens on
+                                 --port; with no RDMA device runs TCP with a warning,
+                                 MC_REQUIRE_RDMA=1 refuses to start instead; docs/rdma.md)
   --device_names=                RDMA devices, comma-separated (empty: auto-discovery)
   --threads=1                    accepted for compatibility
   --shards=1 (alias --cores)     shards, each with its own segment and data port

@@ -428,7 +428,8 @@ fn start_disk(shard0: &str, bind_ip: IpAddr, ip: IpAddr) -> Result<crate::tier::
 /// shard's segment, publishes their RDMA descriptors and handshake port, and marks the
 /// segments `rdma` for the master. `None` for TCP: another protocol, or no RDMA device (then
 /// with a warning, see `crate::rdma::rdma_or_fallback`; `MC_REQUIRE_RDMA=1` makes that an
-/// error). No HTTP/etcd metadata server fails start-up with the reason.
+/// error). With `P2PHANDSHAKE` nothing is published: the handshake server, on `--port`,
+/// serves the descriptors.
 fn serve_rdma(
     cfg: &NodeConfig,
     ip: IpAddr,
@@ -442,11 +443,17 @@ fn serve_rdma(
     // `MC_TRANSFER_TIMEOUT`, read as the store reads it.
     let timeout = crate::store::TransferSettings::from_env().timeout;
     let name = format!("{}:{}", cfg.host_for_names(ip), cfg.port);
+    // With P2PHANDSHAKE peers ask for a shard's descriptor at the `host:port` its name is
+    // made of, so the handshake server listens on `--port` (upstream's RPC port).
+    let p2p = matches!(
+        MetadataBackend::parse(&cfg.metadata_server),
+        Ok(MetadataBackend::P2p)
+    );
     let side = crate::rdma::RdmaSide::open(
         &name,
         &cfg.device_names,
         timeout,
-        ip,
+        (ip, if p2p { cfg.port } else { 0 }),
         &cfg.metadata_server,
         Keys::for_store(&cfg.cluster_id),
     )

@@ -1,9 +1,10 @@
 //! Reaching replicas over RDMA (`protocol="rdma"`).
 //!
 //! A replica names its segment; the segment's owner published an RDMA descriptor and its
-//! handshake port under that name (`crate::rdma`). [`RdmaPeers::peer`] reads both once per
-//! segment and keeps them; a segment published as TCP (or not at all) is looked up again
-//! after [`NOT_RDMA_RECHECK`]. An RDMA peer towards which every device failed
+//! handshake port under that name (`crate::rdma`), or with `P2PHANDSHAKE` serves the
+//! descriptor from the handshake server the name is made of (`host:port[#i]`).
+//! [`RdmaPeers::peer`] reads them once per segment and keeps them; a segment published as TCP
+//! (or not at all) is looked up again after [`NOT_RDMA_RECHECK`]. An RDMA peer towards which every device failed
 //! (`ERR_ENDPOINT`: the owner died, is cut off, or restarted with new keys) is reached over
 //! TCP for that long (the TCP path's endpoint back-off then bounds what a dead owner costs),
 //! and its descriptor is read again after it. An owner that refuses our keys (it changed them
@@ -28,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use dataplane::mem::{Dst, Src};
 use dataplane::metadata::desc::{RpcMeta, SegmentDesc};
+use dataplane::metadata::handshake::{self, FrameType};
 use dataplane::metadata::rdma_desc::RdmaSegmentDesc;
+use dataplane::metadata::MetadataError;
 use dataplane::transport::rdma::transport::{Peer, Request};
 use dataplane::transport::rdma::verbs::RdmaOp;
 use parking_lot::{Condvar, Mutex};
@@ -165,15 +168,16 @@ impl RdmaPeers {
     }
 
     fn look_up(&self, segment: &str) -> Result<Option<Arc<RdmaPeer>>, String> {
-        let (store, keys) = (self.side.metadata(), self.side.keys());
+        let Some(store) = self.side.metadata() else {
+            return look_up_p2p(segment);
+        };
+        let keys = self.side.keys();
         let Some(raw) = store.get(&keys.ram(segment)).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
-        let is_rdma = SegmentDesc::from_json(&raw).is_ok_and(|d| d.protocol == "rdma");
-        if !is_rdma {
+        let Some(desc) = rdma_desc(&raw)? else {
             return Ok(None);
-        }
-        let desc = RdmaSegmentDesc::from_json(&raw).map_err(|e| format!("bad descriptor: {e}"))?;
+        };
         let meta = store
             .get(&keys.rpc_meta(segment))
             .map_err(|e| e.to_string())?
@@ -342,6 +346,46 @@ impl RdmaPeers {
         }
         Ok(())
     }
+}
+
+/// The RDMA descriptor in `raw`; `None` when it describes a segment served over TCP.
+fn rdma_desc(raw: &[u8]) -> Result<Option<RdmaSegmentDesc>, String> {
+    if !SegmentDesc::from_json(raw).is_ok_and(|d| d.protocol == "rdma") {
+        return Ok(None);
+    }
+    RdmaSegmentDesc::from_json(raw)
+        .map(Some)
+        .map_err(|e| format!("bad descriptor: {e}"))
+}
+
+/// `P2PHANDSHAKE`: asks the handshake server the segment is named after (`host:port` of
+/// `host:port` or `host:port#i`) for its descriptor. No handshake server there (a TCP owner's
+/// data port answers with something else, or the segment is not served there): `None`; the
+/// server unreachable: an error.
+fn look_up_p2p(segment: &str) -> Result<Option<Arc<RdmaPeer>>, String> {
+    let owner = segment.split_once('#').map_or(segment, |(o, _)| o);
+    if dataplane::metadata::split_host_port(owner).is_none() {
+        return Ok(None);
+    }
+    let raw = match handshake::call(
+        owner,
+        FrameType::Metadata,
+        &handshake::segment_request(segment),
+    ) {
+        Ok(raw) => raw,
+        Err(e @ MetadataError::Io { .. }) => return Err(e.to_string()),
+        Err(e) => {
+            tracing::debug!("segment {segment}: no RDMA descriptor from {owner}: {e}");
+            return Ok(None);
+        }
+    };
+    Ok(rdma_desc(&raw)?.map(|desc| {
+        Arc::new(RdmaPeer {
+            name: segment.to_string(),
+            rpc: owner.to_string(),
+            desc,
+        })
+    }))
 }
 
 /// A failed RDMA transfer.

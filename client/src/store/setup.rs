@@ -173,7 +173,7 @@ impl Store {
         };
         let endpoint = SocketAddr::new(ip, data_port).to_string();
         let settings = TransferSettings::from_env();
-        let rdma = open_rdma(&cfg, &name, &settings, ip)?;
+        let (rdma, name) = open_rdma(&cfg, name, &host, &settings, ip)?;
         let own = if cfg.global_segment_size > 0 {
             // `MC_STORE_USE_HUGEPAGE` (read by `SegmentOptions::default`) backs the segment with
             // 2 MiB hugetlb pages when the pool has enough free, else transparent hugepages.
@@ -311,18 +311,20 @@ impl Store {
 type RdmaParts = (Arc<crate::rdma::RdmaSide>, Arc<super::rdma::RdmaPeers>);
 
 /// `protocol="rdma"` (unless MC_FORCE_TCP): the devices, a handshake server, the metadata
-/// store our segment is published in (`crate::rdma`) and the RDMA path. No RDMA device runs
-/// TCP with a warning, checked before the metadata server (so `P2PHANDSHAKE` works on such a
-/// host, as upstream); an error under `MC_REQUIRE_RDMA`.
+/// store our segment is published in (none with `P2PHANDSHAKE`: the handshake server serves
+/// it, `crate::rdma`) and the RDMA path, with our segment's name (`name`, or with
+/// `P2PHANDSHAKE` `host:<handshake port>`). No RDMA device runs TCP with a warning, as
+/// upstream; an error under `MC_REQUIRE_RDMA`.
 fn open_rdma(
     cfg: &StoreConfig,
-    name: &str,
+    name: String,
+    host: &str,
     settings: &TransferSettings,
     ip: IpAddr,
-) -> Result<Option<RdmaParts>, ErrorCode> {
+) -> Result<(Option<RdmaParts>, String), ErrorCode> {
     match crate::rdma::rdma_or_fallback(&cfg.protocol, &cfg.rdma_devices, "store setup") {
         Ok(true) => {}
-        Ok(false) => return Ok(None),
+        Ok(false) => return Ok((None, name)),
         Err(e) => {
             tracing::error!("setup: {e}");
             return Err(ErrorCode::InternalError);
@@ -330,10 +332,10 @@ fn open_rdma(
     }
     let keys = dataplane::metadata::Keys::for_store(&cluster_id_from_env());
     let side = crate::rdma::RdmaSide::open(
-        name,
+        &name,
         &cfg.rdma_devices,
         settings.timeout,
-        ip,
+        (ip, 0),
         &cfg.metadata_server,
         keys,
     )
@@ -342,10 +344,17 @@ fn open_rdma(
             .map(|p| (side, Arc::new(p)))
             .map_err(|e| format!("registering the RDMA staging pool: {e}"))
     });
-    side.map(Some).map_err(|e| {
+    let parts = side.map_err(|e| {
         tracing::error!("setup: {e}");
         ErrorCode::InternalError
-    })
+    })?;
+    // P2PHANDSHAKE: peers ask for our segment's descriptor at the endpoint its name is made
+    // of, `host:<handshake port>` (upstream's P2P naming, `crate::rdma`).
+    let name = match parts.0.metadata() {
+        None => format!("{host}:{}", parts.0.rpc_port()),
+        Some(_) => name,
+    };
+    Ok((Some(parts), name))
 }
 
 /// `enable_ssd_offload`: a disk tier under our own segment, mounted with what its directory

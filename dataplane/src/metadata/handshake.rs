@@ -14,6 +14,7 @@
 //! | type | request | reply |
 //! |---|---|---|
 //! | 1 Metadata | the requester's segment descriptor (ignored) | our segment descriptor |
+//! | 1 Metadata | `{"segment_name":N}` ([`SegmentRequest`], ours) | the descriptor of segment N, or [`NO_SUCH_SEGMENT`] |
 //! | 2 Notify | `{"name":..,"notify_msg":..}` | `{"name":"","notify_msg":"success"}` |
 //! | 3 Probe | anything | `{"status":"success"}` |
 //! | 0 Connection | `ConnectBody` (`rdma_desc`) | the handler's reply; refused (connection dropped) when the engine runs no RDMA transport |
@@ -64,6 +65,9 @@ pub const CONNECTIONS_MAX: usize = 256;
 pub const INBOX_MAX: usize = 65536;
 /// Bytes of notifies (names and messages) kept until `get_notifies` drains them.
 pub const INBOX_MAX_BYTES: usize = 64 << 20;
+/// The reply to a [`SegmentRequest`] naming a segment not served here (not a descriptor:
+/// the requester reaches that segment over TCP).
+pub const NO_SUCH_SEGMENT: &[u8] = br#"{"error":"no such segment"}"#;
 
 /// Handshake request types (`HandShakeRequestType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,11 +188,36 @@ pub fn decode_notify(json: &[u8]) -> Option<NotifyMsg> {
     serde_json::from_slice(json).ok()
 }
 
+/// The body of a Metadata request that asks for one named segment's descriptor (a store
+/// process serving several segments over RDMA in P2PHANDSHAKE mode, `client::rdma`).
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRequest {
+    pub segment_name: String,
+}
+
+/// The segment a Metadata request body names, when it is a [`SegmentRequest`]. Upstream's
+/// requests carry the requester's own descriptor, which has no `segment_name` member: `None`.
+pub fn decode_segment_request(json: &[u8]) -> Option<String> {
+    serde_json::from_slice::<SegmentRequest>(json)
+        .ok()
+        .map(|r| r.segment_name)
+}
+
+/// The Metadata request body asking for `segment`'s descriptor.
+pub fn segment_request(segment: &str) -> Vec<u8> {
+    serde_json::to_vec(&SegmentRequest {
+        segment_name: segment.to_string(),
+    })
+    .unwrap_or_default()
+}
+
 /// What the handshake server answers with, shared with the engine that owns it.
 #[derive(Debug, Default)]
 pub struct HandshakeState {
     /// Our segment descriptor JSON, re-set on every registration change.
     descriptor: Mutex<Vec<u8>>,
+    /// Descriptors by segment name, for [`SegmentRequest`]s.
+    segments: Mutex<std::collections::HashMap<String, Vec<u8>>>,
     inbox: Mutex<Inbox>,
     notifies_dropped: AtomicU64,
     unauthenticated: AtomicU64,
@@ -222,6 +251,30 @@ impl HandshakeState {
     /// Replaces the descriptor served to Metadata requests.
     pub fn set_descriptor(&self, json: Vec<u8>) {
         *self.descriptor.lock().unwrap_or_else(|e| e.into_inner()) = json;
+    }
+
+    /// Serves `json` to requests naming `segment` (replacing what it served before).
+    pub fn set_segment_descriptor(&self, segment: &str, json: Vec<u8>) {
+        let mut m = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(segment.to_string(), json);
+    }
+
+    /// Stops serving `segment`: requests naming it get [`NO_SUCH_SEGMENT`].
+    pub fn remove_segment_descriptor(&self, segment: &str) {
+        let mut m = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        m.remove(segment);
+    }
+
+    /// The reply to a Metadata request with `body`: the named segment's descriptor for a
+    /// [`SegmentRequest`] ([`NO_SUCH_SEGMENT`] when it is not served here), else ours.
+    pub fn descriptor_for(&self, body: &[u8]) -> Vec<u8> {
+        let Some(name) = decode_segment_request(body) else {
+            return self.descriptor();
+        };
+        let m = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&name)
+            .cloned()
+            .unwrap_or_else(|| NO_SUCH_SEGMENT.to_vec())
     }
 
     /// The descriptor served now.
@@ -411,7 +464,7 @@ fn serve(mut stream: TcpStream, shared: &Shared) {
             return;
         };
         let reply = match FrameType::from_u8(ty) {
-            Some(FrameType::Metadata) => shared.state.descriptor(),
+            Some(FrameType::Metadata) => shared.state.descriptor_for(&body),
             Some(FrameType::Notify) => match decode_notify(&body) {
                 Some(msg) => {
                     shared.state.push_notify(msg);
@@ -528,6 +581,25 @@ mod tests {
             call(&addr, FrameType::Probe, b"").unwrap(),
             br#"{"status":"success"}"#
         );
+    }
+
+    /// A request naming a segment gets that segment's descriptor (or a refusal once it is
+    /// withdrawn); upstream's request (the requester's descriptor) still gets ours.
+    #[test]
+    fn metadata_requests_may_name_a_segment() {
+        let (_s, state, addr) = server();
+        state.set_segment_descriptor("h:1#1", br#"{"name":"h:1#1"}"#.to_vec());
+        let ask = |name: &str| call(&addr, FrameType::Metadata, &segment_request(name)).unwrap();
+        assert_eq!(ask("h:1#1"), br#"{"name":"h:1#1"}"#);
+        assert_eq!(ask("h:1#2"), NO_SUCH_SEGMENT);
+        let upstream = br#"{"name":"peer","protocol":"rdma","devices":[]}"#;
+        assert_eq!(
+            call(&addr, FrameType::Metadata, upstream).unwrap(),
+            br#"{"name":"me"}"#
+        );
+        state.remove_segment_descriptor("h:1#1");
+        assert_eq!(ask("h:1#1"), NO_SUCH_SEGMENT);
+        assert_eq!(decode_segment_request(b"{\"segment_name\":7}"), None);
     }
 
     #[test]
