@@ -4,7 +4,8 @@
 //! limit.
 #![no_main]
 
-use client::dummy::wire::{read_frame, Request, Response, FRAME_MAX_BYTES};
+use client::dummy::wire::{read_frame, Request, Response};
+use client::limits::FRAME_MAX_BYTES;
 use libfuzzer_sys::fuzz_target;
 use protocol::wire::Wire;
 
