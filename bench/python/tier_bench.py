@@ -181,21 +181,27 @@ class Registered:
         assert store.register_buffer(self.ptr, size) == 0
 
 
+def disk_only_files(s, seg, keys, d):
+    """Puts a 4 MiB object per key, waits for each one's disk copy on segment `seg`, moves
+    it off memory (the disk copy is then its only one) and returns the object files in `d`."""
+    for k in keys:
+        assert put_retrying(s, k, value_of(k, 4 * MIB)) == 0
+    assert wait_for(lambda: all("disk" in kinds(s, k) for k in keys), 60)
+    time.sleep(0.6)  # the read leases of the replica lists above
+    for k in keys:
+        _, rc = s.create_move_task(k, seg, seg + "/disk")
+        assert rc in (0, -708), rc
+    assert wait_for(lambda: all(kinds(s, k) == ["disk"] for k in keys), 60)
+    return sorted(str(p) for p in Path(d).rglob("*.mco"))
+
+
 def phase_read(d, n=48):
     """Disk-only 4 MiB objects through `get`, beside O_DIRECT reads of the same files."""
     c = Cluster("256MB", disk=d)
     try:
         s = c.client()
         keys = [f"r{i}" for i in range(n)]
-        for k in keys:
-            assert put_retrying(s, k, value_of(k, 4 * MIB)) == 0
-        assert wait_for(lambda: all("disk" in kinds(s, k) for k in keys), 60)
-        seg = f"127.0.0.1:{c.procs[1].args[2].split('=')[1]}"
-        for k in keys:
-            tid, rc = s.create_move_task(k, seg, seg + "/disk")
-            assert rc in (0, -708), rc
-        assert wait_for(lambda: all(kinds(s, k) == ["disk"] for k in keys), 60)
-        files = sorted(str(p) for p in Path(d).rglob("*.mco"))
+        files = disk_only_files(s, f"127.0.0.1:{c.procs[1].args[2].split('=')[1]}", keys, d)
         # The VM's disk has a cache of its own on the host, which the guest's drop_caches
         # does not reach: whichever pass reads the files first pays for it. So the files are
         # read with O_DIRECT once before the gets (warming the host alike for both) and once
@@ -238,16 +244,7 @@ def phase_read_own(d, n=48):
         assert s.setup("127.0.0.1", c.metadata, 256 * MIB, 64 * MIB, "tcp", "", c.addr,
                        enable_ssd_offload=True, ssd_offload_path=str(d)) == 0
         keys = [f"o{i}" for i in range(n)]
-        for k in keys:
-            assert put_retrying(s, k, value_of(k, 4 * MIB)) == 0
-        assert wait_for(lambda: all("disk" in kinds(s, k) for k in keys), 60)
-        time.sleep(0.6)  # the read leases of the replica lists above
-        seg = s.get_hostname()
-        for k in keys:
-            _, rc = s.create_move_task(k, seg, seg + "/disk")
-            assert rc in (0, -708), rc
-        assert wait_for(lambda: all(kinds(s, k) == ["disk"] for k in keys), 60)
-        files = sorted(str(p) for p in Path(d).rglob("*.mco"))
+        files = disk_only_files(s, s.get_hostname(), keys, d)
         drop_page_cache()
         plain_first = odirect_read(files)
         drop_page_cache()
