@@ -40,8 +40,21 @@ use crate::service::MasterService;
 /// Time cut from the end of each proven lease window, for clock-rate differences and for the
 /// request a worker is executing when the window closes.
 pub const SAFETY_MARGIN: Duration = Duration::from_millis(300);
-/// How often a standby looks at the leader key.
+/// The longest a leader serves on one proof (`prove`): a keep-alive answered at `sent` lets it
+/// serve until `sent + SERVE_WINDOW - SAFETY_MARGIN`, however long etcd extended the lease.
+/// A new leader serves only `SERVE_WINDOW` after its election, so a predecessor whose lease a
+/// standby revoked (below) has stopped by then, dead or not.
+pub const SERVE_WINDOW: Duration = Duration::from_millis(700);
+/// How often the leader keeps its lease alive (more often for a lease TTL under 600 ms × 4).
+pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(150);
+/// How often a standby looks at the leader key, and probes the leader's RPC port.
 pub const STANDBY_POLL: Duration = Duration::from_millis(100);
+/// Bound of one probe of the leader's RPC port (a TCP connect, answered by its kernel).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// Refused probes in a row after which a standby takes the leader for dead.
+pub const PROBE_REFUSALS_DEAD: u32 = 2;
+/// Time without a probe answered after which a standby takes a silent leader for dead.
+pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(500);
 /// Bound of every single etcd call.
 pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Pause before retrying after etcd could not be reached.
@@ -256,10 +269,11 @@ impl HaState {
         }
     }
 
-    /// Extends the serving window to `sent + ttl - SAFETY_MARGIN`; returns whether the window
-    /// had closed before (serving resumes after a gap).
+    /// Extends the serving window to `sent + min(ttl, SERVE_WINDOW) - SAFETY_MARGIN`; returns
+    /// whether the window had closed before (serving resumes after a gap).
     pub(crate) fn prove(&self, sent: Instant, ttl: Duration) -> bool {
-        let until = self.ms_at(sent + ttl.saturating_sub(SAFETY_MARGIN));
+        let window = ttl.min(SERVE_WINDOW).saturating_sub(SAFETY_MARGIN);
+        let until = self.ms_at(sent + window);
         let before = self.serve_until_ms.swap(until, Ordering::AcqRel);
         before <= self.ms_at(Instant::now())
     }
@@ -507,12 +521,15 @@ async fn campaign_and_lead(
             ])
             .or_else([TxnOp::get(key, None)]);
         let answer = match bounded("campaign", client.txn(txn)).await {
-            Ok(a) => a,
+            // The predecessor's lease ended before this answer: its serving window closes
+            // within `SERVE_WINDOW - SAFETY_MARGIN` of now.
+            Ok(a) => (a, Instant::now()),
             Err(e) => {
                 let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
                 return TermEnd::Lost(e);
             }
         };
+        let (answer, won_at) = answer;
         if answer.succeeded() {
             let term = answer.header().map_or(0, |h| h.revision());
             // Removals earlier leaders acknowledged: the owners' re-reports must not undo them.
@@ -530,6 +547,10 @@ async fn campaign_and_lead(
                     return TermEnd::Lost(e);
                 }
             };
+            // A standby may have revoked the predecessor's lease while it was alive (it took
+            // the leader for dead, `standby_until_vacant`): serve only once its last proof is
+            // over. The loads above overlap the wait.
+            tokio::time::sleep_until((won_at + SERVE_WINDOW).into()).await;
             service.reset(term, &removals);
             service.await_owners(&owners);
             *state.term_store.lock() = Some(TermStore {
@@ -568,32 +589,87 @@ async fn campaign_and_lead(
     }
 }
 
-/// As a standby, polls the leader key (noting who leads) until it is vacant.
+/// As a standby, polls the leader key (noting who leads) until it is vacant, and probes the
+/// leader's RPC port at each poll. A leader whose port refuses [`PROBE_REFUSALS_DEAD`] probes
+/// in a row (its process is gone) or answers none for [`PROBE_SILENCE_DEAD`] (its address
+/// drops packets, as a deleted pod's does) is taken for dead: its lease is revoked, which
+/// vacates the key, rather than waited out for the lease TTL. Taking a live leader for dead
+/// (a partition between it and this standby) costs a needless election, never two leaders:
+/// the revoked leader's keep-alives fail and its proofs last [`SERVE_WINDOW`] at most, which
+/// every new leader waits out before serving (`campaign_and_lead`).
 async fn standby_until_vacant(
     client: &mut Client,
     key: &str,
     state: &HaState,
 ) -> Result<(), String> {
+    let mut probe = LeaderProbe::default();
     loop {
         tokio::time::sleep(STANDBY_POLL).await;
-        match bounded("get", client.get(key, None)).await {
-            Ok(g) => {
-                state.reachable(true);
-                match g.kvs().first() {
-                    Some(kv) => {
-                        let leader = kv.value_str().ok().map(str::to_string);
-                        state.saw_leader(leader, kv.create_revision());
-                    }
-                    None => {
-                        state.saw_leader(None, 0);
-                        return Ok(());
-                    }
-                }
-            }
+        let g = match bounded("get", client.get(key, None)).await {
+            Ok(g) => g,
             Err(e) => {
                 state.reachable(false);
                 return Err(e);
             }
+        };
+        state.reachable(true);
+        let Some(kv) = g.kvs().first() else {
+            state.saw_leader(None, 0);
+            return Ok(());
+        };
+        let leader = kv.value_str().ok().map(str::to_string);
+        state.saw_leader(leader.clone(), kv.create_revision());
+        let (Some(addr), lease) = (leader, kv.lease()) else {
+            continue;
+        };
+        if let Some(why) = probe.dead(&addr, lease).await {
+            warn!("HA: the leader at {addr} {why}; revoking its lease {lease:#x}");
+            let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
+        }
+    }
+}
+
+/// A standby's view of the leader's RPC port, one lease (term) at a time.
+#[derive(Default)]
+struct LeaderProbe {
+    lease: i64,
+    refusals: u32,
+    /// Since when no probe was answered (`None`: the last one was).
+    silent_since: Option<Instant>,
+}
+
+impl LeaderProbe {
+    /// Probes `addr` (the leader of `lease`) once; why it is taken for dead, if it is.
+    async fn dead(&mut self, addr: &str, lease: i64) -> Option<String> {
+        if lease != self.lease {
+            *self = LeaderProbe {
+                lease,
+                ..LeaderProbe::default()
+            };
+        }
+        let started = Instant::now();
+        let tried = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await;
+        match tried {
+            Ok(Ok(_)) => {
+                self.refusals = 0;
+                self.silent_since = None;
+                return None;
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                self.refusals += 1;
+            }
+            _ => self.refusals = 0,
+        }
+        let silent = self.silent_since.get_or_insert(started).elapsed();
+        if self.refusals >= PROBE_REFUSALS_DEAD {
+            Some(format!("refused {} connections in a row", self.refusals))
+        } else if silent >= PROBE_SILENCE_DEAD {
+            Some(format!(
+                "answered no connection for {} ms",
+                silent.as_millis()
+            ))
+        } else {
+            None
         }
     }
 }
@@ -735,7 +811,7 @@ async fn lead(
     state: &HaState,
     service: &MasterService,
 ) -> TermEnd {
-    let every = ttl / 4;
+    let every = (ttl / 4).min(KEEPALIVE_EVERY);
     let mut stream = None;
     // One warning per outage, not one per retry.
     let mut warned = false;
@@ -801,7 +877,7 @@ async fn lead(
                     // Pings were refused while the proof had lapsed: do not expire their
                     // senders for that.
                     service.touch_all_clients();
-                    info!("HA: lease proven again; serving");
+                    info!("HA: lease proven; serving");
                 }
             }
             Ok(Ok(Some(_))) => return TermEnd::Lost("etcd says the lease expired".into()),

@@ -298,6 +298,20 @@ impl State {
         Ok(())
     }
 
+    /// [`Self::fenced`] for a read of `key` (`GetReplicaList`, `ExistKey`): a key whose newest
+    /// write was made in this term, and completed, is answered at once, since every re-report
+    /// carries an older version and cannot replace it. Only keys that may have a newer version
+    /// still to be re-reported wait for the fence (`docs/ha.md`, "A recovery fence").
+    pub(crate) fn fenced_read(&self, now: u64, key: &str) -> Result<(), protocol::ErrorCode> {
+        if now >= self.fence_until_ms {
+            return Ok(());
+        }
+        match self.objects.get(key) {
+            Some(o) if o.version.term == self.term && o.has_complete() => Ok(()),
+            _ => Err(protocol::ErrorCode::UnavailableInCurrentStatus),
+        }
+    }
+
     /// "Ask again" while a registered owner has not re-reported since the election: a key the
     /// index does not hold may be one of its (`owners.rs`).
     pub(crate) fn owners_awaited(&self, now: u64) -> Result<(), protocol::ErrorCode> {

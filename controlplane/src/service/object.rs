@@ -596,7 +596,7 @@ impl State {
         key: &str,
         lease: bool,
     ) -> Result<Found<'_>, ErrorCode> {
-        self.fenced(now)?;
+        self.fenced_read(now, key)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         let short = self.short_read_windows;
         let missing = self.missing(now);
@@ -625,7 +625,7 @@ impl State {
     /// ExistKey: true iff readable; grants a probe lease (blocks remove, not eviction) and
     /// leaves recency alone.
     pub(crate) fn exist(&mut self, now: u64, key: &str) -> Result<bool, ErrorCode> {
-        self.fenced(now)?;
+        self.fenced_read(now, key)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         match self.objects.get_mut(key) {
             Some(obj) if obj.has_complete() => {

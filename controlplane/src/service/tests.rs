@@ -2346,29 +2346,44 @@ fn re_reported_tombstones_keep_removed_keys_removed() {
 
 #[test]
 fn a_new_term_fences_reads_and_removes_while_owners_re_report() {
+    let (_, s2) = version_segments();
     let t = T::new();
     t.svc.reset(41, &[]);
     t.mount(1, 64 * MIB);
+    // An owner re-reports a key written in an earlier term: another owner may still hold a
+    // newer version of it, so it waits for the fence.
+    let old = Version { term: 40, seq: 9 };
+    remount_held(&t, C2, &s2, vec![held_at("old", 4096, &s2, 0, old)]);
     // Writes go on: their versions are above every earlier term's.
     let d = t.put("k", 4096);
     assert_eq!(d[0].version, Version { term: 41, seq: 1 });
     let unavailable = Err(ErrorCode::UnavailableInCurrentStatus);
-    assert_eq!(t.get("k").map(|_| ()), unavailable);
+    assert_eq!(t.get("old").map(|_| ()), unavailable);
     assert_eq!(
-        t.call(Request::ExistKey, ExistKey { key: "k".into() }),
+        t.call(Request::ExistKey, ExistKey { key: "old".into() }),
         unavailable.map(|()| false)
     );
+    // A key whose newest write is this term's is read at once: no re-report can replace it.
+    assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
+    assert!(t.exist("k"));
+    // A key the index does not hold may be a late owner's: ask again.
+    assert_eq!(t.get("nowhere").map(|_| ()), unavailable);
+    // Removes wait for the fence whatever the key's term.
     assert_eq!(t.remove("k", true), unavailable);
     let batch = t
         .call(
             Request::BatchExistKey,
             BatchExistKey {
-                keys: vec!["k".into()],
+                keys: vec!["old".into(), "k".into()],
             },
         )
         .unwrap();
-    assert_eq!(batch, vec![Err(ErrorCode::UnavailableInCurrentStatus)]);
+    assert_eq!(
+        batch,
+        vec![Err(ErrorCode::UnavailableInCurrentStatus), Ok(true)]
+    );
     t.advance(RECOVERY_FENCE_MS);
+    assert!(t.exist("old"));
     assert!(t.exist("k"));
     assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
 }
