@@ -526,6 +526,8 @@ pub struct Netns {
     /// The namespace's name, for `ip netns exec`.
     pub ns: String,
     host_if: String,
+    /// The namespace's end of the veth.
+    ns_if: String,
     pub host_addr: String,
     pub ns_addr: String,
     prefix: String,
@@ -550,12 +552,13 @@ impl Netns {
         let mut n = Netns {
             ns: format!("mcq{pid}"),
             host_if: format!("mqh{pid}"),
+            ns_if: format!("mqn{pid}"),
             host_addr: format!("10.231.{b3}.{}", b4 + 1),
             ns_addr: format!("10.231.{b3}.{}", b4 + 2),
             prefix: format!("10.231.{b3}.{b4}/30"),
             shaped: false,
         };
-        let peer = format!("mqn{pid}");
+        let peer = n.ns_if.clone();
         ip(&["netns", "add", &n.ns])?;
         // From here on, drop cleans up.
         ip(&[
@@ -592,6 +595,42 @@ impl Netns {
                 .status()
                 .is_ok_and(|s| s.success());
         Ok(n)
+    }
+
+    /// Makes the namespace's address silent, as a host that lost power or a deleted pod's
+    /// address is: the namespace's end of the veth goes down and the host keeps sending to it
+    /// (its route and a permanent neighbour entry stay), so every packet is dropped and no
+    /// reset or unreachable answer comes back.
+    pub fn silence(&self) {
+        let mac = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "cat"])
+            .arg(format!("/sys/class/net/{}/address", self.ns_if))
+            .output()
+            .expect("read the namespace end's MAC address");
+        let mac = String::from_utf8_lossy(&mac.stdout).trim().to_string();
+        ip(&[
+            "neigh",
+            "replace",
+            &self.ns_addr,
+            "lladdr",
+            &mac,
+            "dev",
+            &self.host_if,
+            "nud",
+            "permanent",
+        ])
+        .expect("pin the namespace end's neighbour entry");
+        ip(&[
+            "netns",
+            "exec",
+            &self.ns,
+            "ip",
+            "link",
+            "set",
+            &self.ns_if,
+            "down",
+        ])
+        .expect("take the namespace end of the veth down");
     }
 
     /// Takes the host end of the veth down (`false`: the cut) or up again.

@@ -44,8 +44,12 @@ pub const ETCD_DOWN_GIVE_UP: Duration = Duration::from_millis(1000);
 /// Longest a follower sleeps before checking again whether it can lead.
 pub const FOLLOWER_RECHECK: Duration = Duration::from_millis(5);
 
+/// How long a call to an HA leader waits for its answer before checking, in etcd, that the
+/// leader it was sent to still leads (and then again every as long).
+pub const LEADER_WATCH: Duration = Duration::from_millis(250);
+
 /// Longest a connect to a published leader may take before the leader is looked up again.
-pub const LEADER_CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
+pub const LEADER_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// How often a client without a reachable leader looks at etcd again.
 pub const LEADER_POLL: Duration = Duration::from_millis(50);
@@ -74,6 +78,9 @@ pub const MASTER_CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How often a storage node and a store ping the master.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often an owner's pinger looks whether its calls moved to a new HA leader.
+pub const LEADER_EPOCH_CHECK: Duration = Duration::from_millis(50);
 
 /// Most shards one node runs.
 pub const SHARDS_MAX: usize = 256;

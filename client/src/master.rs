@@ -22,7 +22,9 @@
 //! (cluster from `MC_STORE_CLUSTER_ID`, default `mooncake_cluster`) through etcd's JSON
 //! gateway each time it (re)connects, waiting up to the call timeout for a leader to appear.
 //! A call whose connection dies is sent once more after looking the leader up again; the
-//! second answer is final. A call a master answers with `UNAVAILABLE_IN_CURRENT_STATUS` (a
+//! second answer is final. A call waiting longer than [`LEADER_WATCH`] checks etcd every as
+//! long: when the leader it was sent to no longer leads, its connection is taken for dead
+//! (a dead host's address may drop packets rather than reset the connection). A call a master answers with `UNAVAILABLE_IN_CURRENT_STATUS` (a
 //! standby, a leader that cannot prove its lease, or a new leader's recovery fence while the
 //! owners re-report, `docs/ha.md`) was not executed: it is sent again, to the leader looked up
 //! again, every [`UNAVAILABLE_RETRY`] until the call timeout, or until no leader can be
@@ -51,8 +53,8 @@ use protocol::ErrorCode;
 
 use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RPC_TIMEOUT, ETCD_DOWN_GIVE_UP, FOLLOWER_RECHECK,
-    LEADER_CONNECT_TIMEOUT, LEADER_POLL, LEAD_READ_SLICE, READ_CHUNK_BYTES, SETTLE_RETRY,
-    SETTLE_WINDOW, UNAVAILABLE_RETRY,
+    LEADER_CONNECT_TIMEOUT, LEADER_POLL, LEADER_WATCH, LEAD_READ_SLICE, READ_CHUNK_BYTES,
+    SETTLE_RETRY, SETTLE_WINDOW, UNAVAILABLE_RETRY,
 };
 /// The cluster of a store when `MC_STORE_CLUSTER_ID` is unset (upstream's default).
 pub use protocol::DEFAULT_CLUSTER_ID;
@@ -111,6 +113,9 @@ struct Conn {
     reader: Mutex<ReadSide>,
     pending: Mutex<HashMap<u64, (Arc<Waiter>, usize)>>,
     dead: AtomicBool,
+    /// The leader's address as etcd named it when this connection was opened (`None` for a
+    /// fixed master).
+    leader: Option<String>,
 }
 
 impl Conn {
@@ -153,6 +158,10 @@ pub struct MasterClient {
     target: Target,
     addr_text: String,
     conn: Mutex<Option<Arc<Conn>>>,
+    /// Following a leader: bumped each time a connection goes to another leader than the
+    /// last one ([`Self::leader_epoch`]).
+    leader_epoch: AtomicU64,
+    last_leader: Mutex<Option<String>>,
     next_id: AtomicU64,
     timeout: Duration,
     connect_timeout: Duration,
@@ -206,6 +215,8 @@ impl MasterClient {
             target,
             addr_text: addr.to_string(),
             conn: Mutex::new(None),
+            leader_epoch: AtomicU64::new(0),
+            last_leader: Mutex::new(None),
             next_id: AtomicU64::new(1),
             timeout: env_ms("MC_RPC_TIMEOUT_MS").unwrap_or(DEFAULT_RPC_TIMEOUT),
             connect_timeout: env_ms("MC_RPC_CONNECT_TIMEOUT_MS").unwrap_or(DEFAULT_CONNECT_TIMEOUT),
@@ -225,6 +236,13 @@ impl MasterClient {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// How many times this client moved to another leader. An owner's pinger pings at once
+    /// when it changes, so that a new leader hears of its segments (and re-mounts them) without
+    /// waiting out the ping interval.
+    pub fn leader_epoch(&self) -> u64 {
+        self.leader_epoch.load(Ordering::Acquire)
     }
 
     /// Whether this client follows an HA leader through etcd.
@@ -266,7 +284,7 @@ impl MasterClient {
     ) -> std::io::Result<Arc<Conn>> {
         let stream = connect_first(addrs, timeout)?;
         crate::auth::handshake(&stream, self.connect_timeout)?;
-        open_conn(stream)
+        open_conn(stream, None)
     }
 
     /// Looks the leader up in etcd and connects to it, polling until one answers or the call
@@ -296,7 +314,8 @@ impl MasterClient {
                             match connect_first([a], timeout) {
                                 Ok(stream) => {
                                     return crate::auth::handshake(&stream, self.connect_timeout)
-                                        .and_then(|()| open_conn(stream))
+                                        .and_then(|()| open_conn(stream, Some(leader.clone())))
+                                        .inspect(|_| self.note_leader(&leader))
                                         .map_err(|e| ClientError::Connect {
                                             addr: leader.clone(),
                                             source: e,
@@ -320,6 +339,36 @@ impl MasterClient {
             addr: self.addr_text.clone(),
             source: std::io::Error::new(std::io::ErrorKind::NotConnected, why),
         })
+    }
+
+    fn note_leader(&self, leader: &str) {
+        let mut last = self.last_leader.lock();
+        if last.as_deref() != Some(leader) {
+            if last.is_some() {
+                self.leader_epoch.fetch_add(1, Ordering::AcqRel);
+            }
+            *last = Some(leader.to_string());
+        }
+    }
+
+    /// Why `conn` no longer reaches the leader, when etcd names another one or none (the
+    /// lease `conn`'s master was elected under has ended, so it executes nothing sent now):
+    /// a call waiting on it is then sent again to the new leader rather than left to its
+    /// timeout, which a leader whose address went silent would otherwise cost (a dead host
+    /// answers no packet, so no reset ends the connection). `None` while etcd cannot say.
+    fn leader_moved(&self, conn: &Conn) -> Option<String> {
+        let (Target::Leader { etcd, key }, Some(was)) = (&self.target, &conn.leader) else {
+            return None;
+        };
+        match etcd.get(key) {
+            Ok(Some(v)) if String::from_utf8_lossy(&v).trim() == was.as_str() => None,
+            Ok(Some(v)) => Some(format!(
+                "the leader moved from {was} to {}",
+                String::from_utf8_lossy(&v).trim()
+            )),
+            Ok(None) => Some(format!("the leader at {was} lost its lease")),
+            Err(_) => None,
+        }
     }
 
     /// Stops using the current connection (if it is still `conn`), so the next call
@@ -453,15 +502,23 @@ impl MasterClient {
             conn.fail_all(&format!("write failed: {e}"));
         }
         let deadline = Instant::now() + self.timeout;
+        let mut watch = Instant::now() + LEADER_WATCH;
         let mut slots = waiter.slots.lock();
         while slots.missing > 0 && slots.failed.is_none() {
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 break;
             }
             slots.lead = false;
             drop(slots);
+            if now >= watch {
+                watch = now + LEADER_WATCH;
+                if let Some(why) = self.leader_moved(conn) {
+                    conn.fail_all(&why);
+                }
+            }
             if let Some(mut side) = conn.reader.try_lock() {
-                lead(conn, &mut side, &waiter, deadline);
+                lead(conn, &mut side, &waiter, deadline.min(watch));
                 drop(side);
                 conn.hand_over(&waiter);
                 slots = waiter.slots.lock();
@@ -505,7 +562,7 @@ impl Drop for MasterClient {
     }
 }
 
-fn open_conn(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
+fn open_conn(stream: TcpStream, leader: Option<String>) -> std::io::Result<Arc<Conn>> {
     stream.set_nodelay(true)?;
     let reader = stream.try_clone()?;
     reader.set_read_timeout(Some(LEAD_READ_SLICE))?;
@@ -518,6 +575,7 @@ fn open_conn(stream: TcpStream) -> std::io::Result<Arc<Conn>> {
         }),
         pending: Mutex::new(HashMap::new()),
         dead: AtomicBool::new(false),
+        leader,
     }))
 }
 

@@ -14,6 +14,9 @@
 //!   in flight until the master's discard timeout.
 //! - `two_clusters_share_one_etcd`: two HA clusters in one etcd elect a leader each, keep
 //!   their storage nodes, objects and transfer-engine descriptors apart.
+//! - `a_silent_dead_leader_is_replaced_and_the_call_sent_to_it_lands`: the leader's port drops
+//!   every packet (a veth whose far end is down; root only, skipped otherwise) as it is killed; a put sent on the
+//!   client's connection to it lands on the new leader within its call timeout.
 //!
 //! All skip (pass, printing why) when Debian's etcd-server is not installed.
 
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use client::master::MasterClient;
 use client::Store;
-use mooncake_tests::{try_http, wait_until, Etcd, Master, Node};
+use mooncake_tests::{try_http, wait_until, Etcd, Master, Netns, Node};
 use protocol::message::{ExistKey, PutEnd, PutStart};
 use protocol::{ErrorCode, ReplicateConfig, Uuid};
 
@@ -53,7 +56,7 @@ fn start_master(flags: &[String]) -> Master {
 }
 
 fn ha_status(m: &Master) -> String {
-    try_http("GET", m.metrics_port, "/ha_status", b"")
+    m.admin_get("/ha_status")
         .map(|r| r.text())
         .unwrap_or_default()
 }
@@ -520,4 +523,55 @@ fn a_commit_that_meets_an_etcd_outage_lands_when_etcd_returns() {
         store.replicas("settle/b").err().map(|e| e.code),
         Some(ErrorCode::ReplicaIsNotReady)
     );
+}
+
+/// A leader whose address goes silent as it dies (a host lost, a pod's address deleted: no
+/// reset reaches anyone) is replaced without waiting for its lease to expire, and a call sent
+/// on the client's connection to it is sent again to the new leader instead of waiting for
+/// its timeout (`docs/ha.md`, "A dead leader is revoked" and "Clients follow").
+#[test]
+fn a_silent_dead_leader_is_replaced_and_the_call_sent_to_it_lands() {
+    let _env = mooncake_tests::env_lock();
+    let net = match Netns::create(false) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("SKIP: {e}");
+            return;
+        }
+    };
+    // etcd where both sides reach it; the first master, alone in the namespace, leads.
+    let Some(etcd) = Etcd::start_on(&net.host_addr) else {
+        return;
+    };
+    let cluster = "ha_silent";
+    let flags = ha_flags(&etcd, cluster);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut masters = vec![Master::start_in(Some(&net.ns), &net.ns_addr, &args)];
+    wait_until(Duration::from_secs(10), || serving(&masters).is_some())
+        .expect("the namespace's master is elected");
+    masters.push(Master::start_in(None, &net.host_addr, &args));
+    let master_addr = format!("etcd://{}", etcd.addr());
+    let env = [("MC_STORE_CLUSTER_ID", cluster)];
+    let _node = Node::start_at(&master_addr, &master_addr, &["--shards=1"], &env);
+    let store = store_for(&etcd, cluster);
+    let cfg = ReplicateConfig::default();
+    store
+        .put("before", b"one", &cfg, false)
+        .expect("put before the kill");
+    assert_eq!(
+        serving(&masters),
+        Some(0),
+        "the namespace's master still leads"
+    );
+    net.silence();
+    let _ = masters[0].child.kill();
+    let _ = masters[0].child.wait();
+    // Sent on the connection to the dead leader, which answers nothing: the client sees etcd
+    // name another leader (or none) and sends it there, well within the 10 s call timeout.
+    store
+        .put("after", b"two", &cfg, false)
+        .expect("a put sent to a silent dead leader lands on its successor");
+    assert_eq!(store.get("after").expect("get after the kill"), b"two");
+    assert_eq!(store.get("before").expect("get of the old key"), b"one");
+    assert_eq!(serving(&masters[1..]), Some(0), "the standby leads");
 }

@@ -52,7 +52,7 @@ use crate::recovery;
 mod config;
 pub mod metrics;
 
-use crate::limits::{MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX};
+use crate::limits::{LEADER_EPOCH_CHECK, MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX};
 pub use config::{NodeConfig, USAGE};
 
 /// Why the node could not start.
@@ -373,14 +373,18 @@ impl Node {
     /// Pings every [`PING_INTERVAL`] until `stop` is set. Failures are reported and retried.
     pub fn run(&self, stop: &AtomicBool) {
         let mut next = Instant::now();
+        let mut epoch = self.master.leader_epoch();
         while !stop.load(Ordering::SeqCst) {
-            if Instant::now() >= next {
+            // At once, too, when calls moved to a new HA leader: it waits for our re-mount.
+            let moved = self.master.leader_epoch() != epoch;
+            if Instant::now() >= next || moved {
+                epoch = self.master.leader_epoch();
                 if let Err(e) = self.ping() {
                     eprintln!("mooncake_client: ping failed: {e}");
                 }
                 next = Instant::now() + PING_INTERVAL;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(LEADER_EPOCH_CHECK);
         }
     }
 

@@ -39,22 +39,22 @@ use crate::service::MasterService;
 
 /// Time cut from the end of each proven lease window, for clock-rate differences and for the
 /// request a worker is executing when the window closes.
-pub const SAFETY_MARGIN: Duration = Duration::from_millis(300);
+pub const SAFETY_MARGIN: Duration = Duration::from_millis(200);
 /// The longest a leader serves on one proof (`prove`): a keep-alive answered at `sent` lets it
 /// serve until `sent + SERVE_WINDOW - SAFETY_MARGIN`, however long etcd extended the lease.
 /// A new leader serves only `SERVE_WINDOW` after its election, so a predecessor whose lease a
 /// standby revoked (below) has stopped by then, dead or not.
-pub const SERVE_WINDOW: Duration = Duration::from_millis(700);
+pub const SERVE_WINDOW: Duration = Duration::from_millis(600);
 /// How often the leader keeps its lease alive (more often for a lease TTL under 600 ms × 4).
 pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(150);
 /// How often a standby looks at the leader key, and probes the leader's RPC port.
 pub const STANDBY_POLL: Duration = Duration::from_millis(100);
 /// Bound of one probe of the leader's RPC port (a TCP connect, answered by its kernel).
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Refused probes in a row after which a standby takes the leader for dead.
 pub const PROBE_REFUSALS_DEAD: u32 = 2;
 /// Time without a probe answered after which a standby takes a silent leader for dead.
-pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(500);
+pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(400);
 /// Bound of every single etcd call.
 pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Pause before retrying after etcd could not be reached.
@@ -596,7 +596,9 @@ async fn campaign_and_lead(
 /// vacates the key, rather than waited out for the lease TTL. Taking a live leader for dead
 /// (a partition between it and this standby) costs a needless election, never two leaders:
 /// the revoked leader's keep-alives fail and its proofs last [`SERVE_WINDOW`] at most, which
-/// every new leader waits out before serving (`campaign_and_lead`).
+/// every new leader waits out before serving (`campaign_and_lead`). Only a leader this
+/// standby has reached before is probed to death, so a standby cut off from the leader alone
+/// costs at most one such election, not one after another.
 async fn standby_until_vacant(
     client: &mut Client,
     key: &str,
@@ -633,6 +635,11 @@ async fn standby_until_vacant(
 #[derive(Default)]
 struct LeaderProbe {
     lease: i64,
+    /// Whether a probe of this leader was ever answered. Only a leader this standby could
+    /// reach is taken for dead when it stops answering: a standby that never reached it (a
+    /// partition between the two, a firewall) would otherwise revoke every leader it is cut
+    /// off from, one election after another.
+    reached: bool,
     refusals: u32,
     /// Since when no probe was answered (`None`: the last one was).
     silent_since: Option<Instant>,
@@ -651,6 +658,7 @@ impl LeaderProbe {
         let tried = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await;
         match tried {
             Ok(Ok(_)) => {
+                self.reached = true;
                 self.refusals = 0;
                 self.silent_since = None;
                 return None;
@@ -661,7 +669,9 @@ impl LeaderProbe {
             _ => self.refusals = 0,
         }
         let silent = self.silent_since.get_or_insert(started).elapsed();
-        if self.refusals >= PROBE_REFUSALS_DEAD {
+        if !self.reached {
+            None
+        } else if self.refusals >= PROBE_REFUSALS_DEAD {
             Some(format!("refused {} connections in a row", self.refusals))
         } else if silent >= PROBE_SILENCE_DEAD {
             Some(format!(

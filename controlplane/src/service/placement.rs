@@ -13,7 +13,10 @@
 //! another process's disk; objects reach a disk only through offload tasks (`offload.rs`).
 //!
 //! Fewer replicas than asked is a success (as upstream, with a partial-allocation metric);
-//! none is `NO_AVAILABLE_HANDLE`, after one synchronous eviction pass and retry.
+//! none is `NO_AVAILABLE_HANDLE`, after one synchronous eviction pass and retry, except in the
+//! first seconds of an HA term (the recovery fence, or while registered owners have not
+//! re-mounted): then `UNAVAILABLE_IN_CURRENT_STATUS`, "ask again", since the room may not be
+//! re-mounted yet (`docs/ha.md`).
 
 use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig};
 
@@ -42,6 +45,12 @@ impl State {
             }
         }
         if got.is_empty() {
+            // Just after an HA election the pool is still being re-mounted by its owners: the
+            // writer asks again (a client following the leader does so on its own) rather than
+            // hear that there is no room.
+            if self.owners_awaited(now).is_err() || now < self.fence_until_ms {
+                return Err(ErrorCode::UnavailableInCurrentStatus);
+            }
             Metrics::inc(&m.put_start_alloc_failures);
             return Err(ErrorCode::NoAvailableHandle);
         }
