@@ -30,9 +30,10 @@ from mooncake._structured.bundles import (
 )
 from mooncake._structured.members import (
     _check_destination,
-    _decode_member,
     _fill_destination,
-    _slice_member,
+)
+from mooncake._structured.materialize import (
+    _read_structured_member,
 )
 from mooncake._structured.dataproto import (
     _check_pinned_sections,
@@ -54,8 +55,9 @@ class MooncakeBundleTransfer:
         self.store = store
         self.key_prefix = _public()._normalize_key_prefix(key_prefix)
         self.default_chunk_bytes = _public()._validate_chunk_bytes(default_chunk_bytes)
-        # Reads and writes go through store.get/put; a BufferPool only changes where bytes
-        # are staged, so it is accepted and kept for callers that read it back.
+        # Reads go into fresh or caller memory, writes through store.put/put_batch; a
+        # BufferPool only changes where upstream stages bytes, so it is accepted and kept
+        # for callers that read it back.
         self.buffer_pool = buffer_pool
         self._bundles = _Bundles(store, self.key_prefix, self.default_chunk_bytes)
 
@@ -125,8 +127,10 @@ class MooncakeBundleTransfer:
                          destinations: Optional[Mapping[str, Any]]) -> StructuredObjectResult:
         """materialize(), filling the caller's destinations given by member name: numpy
         arrays for ndarray members (C-contiguous, writeable, of the member's dtype and read
-        shape), ``raw_destination`` memory for ndarray or tensor members, and
-        ``tensor_object_buffer`` memory for tensor members."""
+        shape; the store reads into them directly), ``raw_destination`` memory for ndarray or
+        tensor members, and ``tensor_object_buffer`` memory for tensor members. Members are
+        read one by one, each by the cheapest path the store has (`_structured.reads`); a
+        slice moves only the rows it selects (`_structured.materialize`)."""
         destinations = destinations or {}
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
@@ -141,19 +145,12 @@ class MooncakeBundleTransfer:
         if unknown:
             raise KeyError(f"unknown bundle buffers: {unknown}")
         slices = dict(spec.member_slices)
-        blobs = self._bundles.read_many([buffers[n] for n in names])
-        objects = {}
-        for name, blob in zip(names, blobs):
-            fspec = field_specs.get(name, {"encoding": "bytes"})
-            target = destinations.get(name)
-            if target is not None:
-                _check_destination(name, fspec, target)
-            value = _decode_member(name, self._bundles, buffers[name], fspec, blob)
-            if name in slices:
-                value = _slice_member(value, slices[name])
-            if target is not None:
-                value = _fill_destination(self.store, name, target, value)
-            objects[name] = value
+        objects = {
+            name: _read_structured_member(self._bundles, self.store, name, buffers[name],
+                                          field_specs.get(name, {"encoding": "bytes"}),
+                                          slices.get(name), destinations.get(name))
+            for name in names
+        }
         return StructuredObjectResult(metadata=metadata, objects=objects)
 
     @staticmethod

@@ -1,0 +1,176 @@
+"""How a payload's bytes come off the store: the store's fast paths when it has them, plain
+``get`` when it does not, in the order upstream's module tries them.
+
+Part of `mooncake.structured_object_store` (the public face; see its docstring).
+
+A payload is read into memory this process owns (a fresh ``bytearray``, a fresh array, or the
+caller's ``numpy`` destination), never into an address taken on trust:
+
+- a whole payload: ``batch_get_into`` of every chunk into one registered buffer, else one
+  ``get`` per chunk;
+- a byte range of a payload (a whole ndarray member, or the rows a slice asks for):
+  ``get_into`` when the range is exactly the one chunk, else ``get_into_ranges`` of just the
+  pieces of the chunks the range covers, else ``get`` of each chunk it covers, copying the
+  piece.
+
+The fast paths write into registered memory, so they are used only when the store has both
+``register_buffer`` and ``unregister_buffer``. The destination is registered for the call and
+unregistered after it, also when the read fails (then an unregister error is dropped and the
+read's error raised). A registration the store refuses as a duplicate (``-600``, the buffer
+was registered before) is the caller's: it is used and left in place. Any other failed
+registration raises ``RuntimeError`` naming ``register_buffer``, unwinding what was
+registered. A method set to ``None`` (or missing) on the store is a path the store lacks.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
+
+from mooncake._structured.common import _public
+
+
+class _PayloadReads:
+    """The read paths of one store (looked up at each call, so a patched store is honoured)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _fn(self, name: str) -> Any:
+        fn = getattr(self.store, name, None)
+        return fn if callable(fn) else None
+
+    def can_register(self) -> bool:
+        return self._fn("register_buffer") is not None \
+            and self._fn("unregister_buffer") is not None
+
+    @contextmanager
+    def registered(self, buffer: Any, label: str) -> Iterator[int]:
+        """The address of ``buffer``, registered with the store for the block."""
+        sos = _public()
+        ptr, size = sos._buffer_ptr(buffer), sos._buffer_nbytes(buffer)
+        owned = False
+        if size:
+            status = self._fn("register_buffer")(ptr, size)
+            owned = status == 0
+            if not owned and not sos._is_duplicate_buffer_registration(status):
+                sos._check_status(status, "register_buffer", label)
+        if not owned:
+            yield ptr
+            return
+        done = False
+        try:
+            yield ptr
+            done = True
+        finally:
+            try:
+                sos._check_status(self._fn("unregister_buffer")(ptr), "unregister_buffer", label)
+            except Exception:
+                if done:
+                    raise
+
+    # -- whole payloads ---------------------------------------------------------------------------
+
+    def read_payload(self, spec: Mapping[str, Any]) -> bytes:
+        size = int(spec["bytes"])
+        if size == 0:
+            return b""
+        data = bytearray(size)
+        self.read_payload_into(spec, data)
+        return bytes(data)
+
+    def read_payload_into(self, spec: Mapping[str, Any], destination: Any) -> None:
+        chunks = spec["chunks"]
+        offsets = _public()._chunk_offsets(chunks)
+        batch_get_into = self._fn("batch_get_into")
+        if batch_get_into is not None and self.can_register():
+            with self.registered(destination, "bundle payload") as base:
+                keys = [c["key"] for c in chunks]
+                sizes = [int(c["bytes"]) for c in chunks]
+                got = batch_get_into(keys, [base + o for o in offsets], sizes)
+                if len(got) != len(keys):
+                    raise RuntimeError(f"batch_get_into returned {len(got)} results for "
+                                       f"{len(keys)} chunks")
+                for key, want, n in zip(keys, sizes, got):
+                    if n != want:
+                        raise RuntimeError(f"batch_get_into failed for {key}: expected "
+                                           f"{want}, got {n}")
+            return
+        view = memoryview(destination).cast("B")
+        for offset, chunk in zip(offsets, chunks):
+            size = int(chunk["bytes"])
+            if size:
+                view[offset:offset + size] = self._get_chunk(chunk["key"], size)
+
+    # -- byte ranges ------------------------------------------------------------------------------
+
+    def read_range(self, spec: Mapping[str, Any], offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        data = bytearray(length)
+        self.read_range_into(spec, data, offset)
+        return bytes(data)
+
+    def read_range_into(self, spec: Mapping[str, Any], destination: Any, offset: int) -> None:
+        """Bytes ``[offset, offset + len(destination))`` of a payload into ``destination``
+        (a bytearray, or a C-contiguous uint8 array)."""
+        self.read_ranges_into(spec, destination,
+                              [(offset, 0, _public()._buffer_nbytes(destination))])
+
+    def read_ranges_into(self, spec: Mapping[str, Any], destination: Any,
+                         ranges: Sequence[tuple[int, int, int]]) -> None:
+        """Each ``(payload offset, destination offset, length)`` of ``ranges``."""
+        ranges = [r for r in ranges if r[2] > 0]
+        if not ranges:
+            return
+        chunks = spec["chunks"]
+        if self.can_register():
+            with self.registered(destination, "structured ndarray payload") as base:
+                if self._ranges_into(chunks, base, ranges):
+                    return
+        view = memoryview(destination).cast("B")
+        for src, dst, length in ranges:
+            for key, chunk_size, at, within, size in _public()._payload_range_fragments(
+                    chunks, src, length, dst):
+                view[at:at + size] = memoryview(self._get_chunk(key, chunk_size))[
+                    within:within + size]
+
+    def _ranges_into(self, chunks: Sequence[Mapping[str, Any]], base: int,
+                     ranges: Sequence[tuple[int, int, int]]) -> bool:
+        """The ranges through ``get_into`` (one whole chunk) or ``get_into_ranges``; False
+        when the store has neither."""
+        get_into = self._fn("get_into")
+        if get_into is not None and len(ranges) == 1 and len(chunks) == 1:
+            src, dst, length = ranges[0]
+            key = chunks[0]["key"]
+            if src == 0 and int(chunks[0]["bytes"]) == length:
+                n = get_into(key, base + dst, length)
+                if n != length:
+                    raise RuntimeError(f"get_into failed for {key}: expected {length}, got {n}")
+                return True
+        get_into_ranges = self._fn("get_into_ranges")
+        if get_into_ranges is None:
+            return False
+        frags = [f for src, dst, length in ranges
+                 for f in _public()._payload_range_fragments(chunks, src, length, dst)]
+        if not frags:
+            return True
+        keys = [f[0] for f in frags]
+        sizes = [[f[4]] for f in frags]
+        got = get_into_ranges([base], [keys], [[[f[2]] for f in frags]],
+                              [[[f[3]] for f in frags]], [sizes])
+        if len(got) != 1 or len(got[0]) != len(keys):
+            raise RuntimeError("get_into_ranges returned invalid ranged result shape for "
+                               f"{len(keys)} chunks")
+        for key, want, n in zip(keys, sizes, got[0]):
+            if list(n) != want:
+                raise RuntimeError(f"get_into_ranges failed for {key}: expected {want[0]}, "
+                                   f"got {list(n)}")
+        return True
+
+    def _get_chunk(self, key: str, size: int) -> Any:
+        data = self.store.get(key)
+        if data is None or len(data) != size:
+            got = None if data is None else len(data)
+            raise RuntimeError(f"get failed for {key}: expected {size} bytes, got {got}")
+        return data
