@@ -241,6 +241,9 @@ from mooncake._structured.codecs import (  # noqa: F401
 )
 from mooncake._structured.reads import (  # noqa: F401
     _PayloadReads,
+    _auto_pool,
+    _close_quietly,
+    _copy_out,
 )
 from mooncake._structured.bundles import (  # noqa: F401
     _Bundles,

@@ -613,6 +613,12 @@ def test_our_store_reads_whole_members_and_destinations_by_the_fast_paths(logged
     assert np.array_equal(out["grid"], grid) and out["raw"] == b"x" * 1000
     assert len(proxy.named("get_into_ranges")) == 1 and len(proxy.named("batch_get_into")) == 2
     assert not proxy.named("get") and not proxy.named("get_batch")
+    # Fresh memory is staged in the transfer's BufferPool, whose regions stay registered:
+    # once they exist, a read registers nothing.
+    proxy.calls.clear()
+    out = transfer.materialize(transfer.read_spec(ref)).objects
+    assert np.array_equal(out["grid"], grid) and out["raw"] == b"x" * 1000
+    assert not proxy.named("register_buffer") and not proxy.named("unregister_buffer")
     dest = np.zeros((8, ROW_FLOATS), dtype=np.float32)
     spec = transfer.read_spec(ref).select_members(["grid"]).slice_member("grid", 0, 8, 16)
     assert transfer.materialize_into(spec, {"grid": dest}).objects["grid"] is dest

@@ -34,11 +34,12 @@ from mooncake._structured.reads import (
 
 
 class _Bundles:
-    def __init__(self, store: Any, prefix: str, chunk_bytes: int) -> None:
+    def __init__(self, store: Any, prefix: str, chunk_bytes: int,
+                 buffer_pool: Any = None) -> None:
         self.store = store
         self.prefix = prefix
         self.chunk_bytes = chunk_bytes
-        self.reads = _PayloadReads(store)
+        self.reads = _PayloadReads(store, buffer_pool)
 
     # -- writing --------------------------------------------------------------------------------
 

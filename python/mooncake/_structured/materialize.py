@@ -163,22 +163,25 @@ def _read_ndarray_member(bundles: _Bundles, store: Any, name: str, spec: Mapping
     plan = _resolve_ndarray_read_plan(shape, dtype, member_slice)
     if isinstance(destination, _RawDestinationBuffer):
         # Raw memory is written through the store, which checks the address first.
-        value = _read_ndarray_plan(bundles, spec, plan, np.empty(plan.output_shape, dtype))
+        value = _read_ndarray_plan(bundles, spec, plan, np.empty(plan.output_shape, dtype),
+                                   True)
         return _fill_destination(store, name, destination, value)
     target = _resolve_ndarray_destination(name, destination, dtype, plan.output_shape)
-    return _read_ndarray_plan(bundles, spec, plan, target)
+    return _read_ndarray_plan(bundles, spec, plan, target, destination is None)
 
 
 def _read_ndarray_plan(bundles: _Bundles, spec: Mapping[str, Any], plan: _NdarrayReadPlan,
-                       target: np.ndarray) -> np.ndarray:
+                       target: np.ndarray, fresh: bool) -> np.ndarray:
+    """The plan's rows into ``target`` (``fresh``: ours, not the caller's)."""
     if plan.byte_length == 0:
         return target
     if plan.step == 1:
         bundles.reads.read_range_into(spec, target.reshape(-1).view(np.uint8),
-                                      plan.byte_offset)
+                                      plan.byte_offset, fresh)
         return target
     cover = np.empty((plan.cover_row_count, *plan.full_shape[1:]), dtype=plan.dtype)
-    bundles.reads.read_range_into(spec, cover.reshape(-1).view(np.uint8), plan.byte_offset)
+    bundles.reads.read_range_into(spec, cover.reshape(-1).view(np.uint8), plan.byte_offset,
+                                  True)
     target[...] = cover[::plan.step]
     return target
 

@@ -20,10 +20,20 @@ read's error raised). A registration the store refuses as a duplicate (``-600``,
 was registered before) is the caller's: it is used and left in place. Any other failed
 registration raises ``RuntimeError`` naming ``register_buffer``, unwinding what was
 registered. A method set to ``None`` (or missing) on the store is a path the store lacks.
+
+Staging: registering costs our store a look at ``/proc/self/maps`` (it refuses unmapped
+memory), a large part of a small read. So, as upstream's module does on a real store, a read
+into fresh memory goes through a ``BufferPool`` lease when a pool is at hand (given to the
+transfer, or made for a store that has a local buffer to carve it from: ours, set up), whose
+memory stays registered: ``batch_get_into`` (a whole payload) or ``get_into_ranges`` (a
+range) into the lease, then one copy out, and the lease goes back. A caller's destination is
+never staged: it is registered and read into directly. Duck-typed stores without
+``_local_buffer_capacity`` get no pool, so they see upstream's calls exactly.
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -33,8 +43,39 @@ from mooncake._structured.common import _public
 class _PayloadReads:
     """The read paths of one store (looked up at each call, so a patched store is honoured)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, buffer_pool: Any = None) -> None:
         self.store = store
+        self.pool = buffer_pool
+        self._pool_known = buffer_pool is not None
+
+    def staging_pool(self) -> Any:
+        """The BufferPool reads into fresh memory are staged in, or None (made on first use
+        for a store with a local buffer, as upstream makes one for its store)."""
+        if not self._pool_known:
+            self._pool_known = True
+            self.pool = _auto_pool(self.store)
+            if self.pool is not None:
+                # Ours: its regions are unregistered (and unmapped) when we go, so the store
+                # never keeps a registration of memory that is gone.
+                weakref.finalize(self, _close_quietly, self.pool)
+        return self.pool
+
+    @contextmanager
+    def staged(self, nbytes: int) -> Iterator[Any]:
+        """A lease of ``nbytes`` registered bytes for the block, or None without a pool (or
+        when the pool cannot serve it)."""
+        pool = self.staging_pool() if nbytes > 0 else None
+        lease = None
+        if pool is not None:
+            try:
+                lease = pool.acquire(nbytes)
+            except (RuntimeError, ValueError, MemoryError):
+                lease = None
+        try:
+            yield lease
+        finally:
+            if lease is not None:
+                lease.release()
 
     def _fn(self, name: str) -> Any:
         fn = getattr(self.store, name, None)
@@ -76,25 +117,19 @@ class _PayloadReads:
         if size == 0:
             return b""
         data = bytearray(size)
+        with self.staged(size) as lease:
+            if lease is not None and self._whole_into(spec["chunks"], lease.ptr):
+                _copy_out(lease, data)
+                return bytes(data)
         self.read_payload_into(spec, data)
         return bytes(data)
 
     def read_payload_into(self, spec: Mapping[str, Any], destination: Any) -> None:
         chunks = spec["chunks"]
         offsets = _public()._chunk_offsets(chunks)
-        batch_get_into = self._fn("batch_get_into")
-        if batch_get_into is not None and self.can_register():
+        if self._fn("batch_get_into") is not None and self.can_register():
             with self.registered(destination, "bundle payload") as base:
-                keys = [c["key"] for c in chunks]
-                sizes = [int(c["bytes"]) for c in chunks]
-                got = batch_get_into(keys, [base + o for o in offsets], sizes)
-                if len(got) != len(keys):
-                    raise RuntimeError(f"batch_get_into returned {len(got)} results for "
-                                       f"{len(keys)} chunks")
-                for key, want, n in zip(keys, sizes, got):
-                    if n != want:
-                        raise RuntimeError(f"batch_get_into failed for {key}: expected "
-                                           f"{want}, got {n}")
+                self._whole_into(chunks, base)
             return
         view = memoryview(destination).cast("B")
         for offset, chunk in zip(offsets, chunks):
@@ -102,20 +137,47 @@ class _PayloadReads:
             if size:
                 view[offset:offset + size] = self._get_chunk(chunk["key"], size)
 
+    def _whole_into(self, chunks: Sequence[Mapping[str, Any]], base: int) -> bool:
+        """Every chunk into registered memory at ``base`` with one ``batch_get_into``; False
+        when the store has none."""
+        batch_get_into = self._fn("batch_get_into")
+        if batch_get_into is None:
+            return False
+        offsets = _public()._chunk_offsets(chunks)
+        keys = [c["key"] for c in chunks]
+        sizes = [int(c["bytes"]) for c in chunks]
+        got = batch_get_into(keys, [base + o for o in offsets], sizes)
+        if len(got) != len(keys):
+            raise RuntimeError(f"batch_get_into returned {len(got)} results for "
+                               f"{len(keys)} chunks")
+        for key, want, n in zip(keys, sizes, got):
+            if n != want:
+                raise RuntimeError(f"batch_get_into failed for {key}: expected "
+                                   f"{want}, got {n}")
+        return True
+
     # -- byte ranges ------------------------------------------------------------------------------
 
     def read_range(self, spec: Mapping[str, Any], offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         data = bytearray(length)
-        self.read_range_into(spec, data, offset)
+        self.read_range_into(spec, data, offset, fresh=True)
         return bytes(data)
 
-    def read_range_into(self, spec: Mapping[str, Any], destination: Any, offset: int) -> None:
+    def read_range_into(self, spec: Mapping[str, Any], destination: Any, offset: int,
+                        fresh: bool = False) -> None:
         """Bytes ``[offset, offset + len(destination))`` of a payload into ``destination``
-        (a bytearray, or a C-contiguous uint8 array)."""
-        self.read_ranges_into(spec, destination,
-                              [(offset, 0, _public()._buffer_nbytes(destination))])
+        (a bytearray, or a C-contiguous uint8 array). ``fresh``: memory of ours, not the
+        caller's, so it may be staged through the pool."""
+        length = _public()._buffer_nbytes(destination)
+        if fresh and length:
+            with self.staged(length) as lease:
+                if lease is not None and self._ranges_into(
+                        spec["chunks"], lease.ptr, [(offset, 0, length)], allow_get_into=False):
+                    _copy_out(lease, destination)
+                    return
+        self.read_ranges_into(spec, destination, [(offset, 0, length)])
 
     def read_ranges_into(self, spec: Mapping[str, Any], destination: Any,
                          ranges: Sequence[tuple[int, int, int]]) -> None:
@@ -136,10 +198,10 @@ class _PayloadReads:
                     within:within + size]
 
     def _ranges_into(self, chunks: Sequence[Mapping[str, Any]], base: int,
-                     ranges: Sequence[tuple[int, int, int]]) -> bool:
+                     ranges: Sequence[tuple[int, int, int]], allow_get_into: bool = True) -> bool:
         """The ranges through ``get_into`` (one whole chunk) or ``get_into_ranges``; False
         when the store has neither."""
-        get_into = self._fn("get_into")
+        get_into = self._fn("get_into") if allow_get_into else None
         if get_into is not None and len(ranges) == 1 and len(chunks) == 1:
             src, dst, length = ranges[0]
             key = chunks[0]["key"]
@@ -174,3 +236,33 @@ class _PayloadReads:
             got = None if data is None else len(data)
             raise RuntimeError(f"get failed for {key}: expected {size} bytes, got {got}")
         return data
+
+
+def _auto_pool(store: Any) -> Any:
+    """A BufferPool for a store that has a local buffer to carve one from, else None."""
+    capacity = getattr(store, "_local_buffer_capacity", None)
+    try:
+        if not callable(capacity) or int(capacity()) <= 0:
+            return None
+        from mooncake.buffer_pool import BufferPool
+
+        return BufferPool(store)
+    except (ImportError, AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _close_quietly(pool: Any) -> None:
+    try:
+        pool.close()
+    except Exception:  # noqa: BLE001  (a finaliser never raises; a held lease keeps it open)
+        pass
+
+
+def _copy_out(lease: Any, destination: Any) -> None:
+    """The first ``len(destination)`` bytes of a lease into ``destination``."""
+    out = memoryview(destination).cast("B")
+    view = lease.buffer
+    try:
+        out[:] = view[:len(out)]
+    finally:
+        view.release()

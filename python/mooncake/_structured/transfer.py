@@ -55,11 +55,12 @@ class MooncakeBundleTransfer:
         self.store = store
         self.key_prefix = _public()._normalize_key_prefix(key_prefix)
         self.default_chunk_bytes = _public()._validate_chunk_bytes(default_chunk_bytes)
-        # Reads go into fresh or caller memory, writes through store.put/put_batch; a
-        # BufferPool only changes where upstream stages bytes, so it is accepted and kept
-        # for callers that read it back.
+        # Reads into fresh memory are staged in a BufferPool's registered leases (this one,
+        # or one made for a store with a local buffer; `_structured.reads`); writes go
+        # through store.put/put_batch.
         self.buffer_pool = buffer_pool
-        self._bundles = _Bundles(store, self.key_prefix, self.default_chunk_bytes)
+        self._bundles = _Bundles(store, self.key_prefix, self.default_chunk_bytes,
+                                 buffer_pool)
 
     # -- bundles ------------------------------------------------------------------------------
 
