@@ -240,7 +240,9 @@ from mooncake._structured.codecs import (  # noqa: F401
     _value_to_media_bytes,
 )
 from mooncake._structured.reads import (  # noqa: F401
+    PREFETCH_MEMBER_MAX_BYTES,
     _PayloadReads,
+    _Prefetched,
     _auto_pool,
     _close_quietly,
     _copy_out,

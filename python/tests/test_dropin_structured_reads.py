@@ -611,8 +611,13 @@ def test_our_store_reads_whole_members_and_destinations_by_the_fast_paths(logged
     proxy, transfer, ref, grid = logged
     out = transfer.materialize(transfer.read_spec(ref)).objects
     assert np.array_equal(out["grid"], grid) and out["raw"] == b"x" * 1000
-    assert len(proxy.named("get_into_ranges")) == 1 and len(proxy.named("batch_get_into")) == 2
+    # The metadata, then every (small) member at once: two round trips.
+    meta, members = proxy.named("batch_get_into")
+    assert meta[0] == [ref.manifest["meta"]["key"]]
+    assert members[0] == [c["key"] for name in ("grid", "raw")
+                          for c in ref.manifest["buffers"][name]["chunks"]]
     assert not proxy.named("get") and not proxy.named("get_batch")
+    assert not proxy.named("get_into_ranges")
     # Fresh memory is staged in the transfer's BufferPool, whose regions stay registered:
     # once they exist, a read registers nothing.
     proxy.calls.clear()

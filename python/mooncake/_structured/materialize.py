@@ -119,8 +119,10 @@ def _slice_tensor_metadata(metadata: bytes, shape: Any, data_bytes: int) -> byte
 def _read_structured_member(bundles: _Bundles, store: Any, name: str,
                             spec: Mapping[str, Any], fspec: Mapping[str, Any],
                             member_slice: StructuredMemberSlice | None,
-                            destination: Any) -> Any:
-    """One member of a structured object, read as ``fspec`` (its field spec) says."""
+                            destination: Any, reads: Any = None) -> Any:
+    """One member of a structured object, read as ``fspec`` (its field spec) says, through
+    ``reads`` (default: the bundles' store paths; or what a materialize fetched ahead)."""
+    reads = bundles.reads if reads is None else reads
     encoding = fspec.get("encoding", "bytes")
     if encoding == "bytes":
         if member_slice is not None:
@@ -128,15 +130,15 @@ def _read_structured_member(bundles: _Bundles, store: Any, name: str,
         if destination is not None:
             raise ValueError(f"structured bytes member {name} does not support "
                              "materialize_into")
-        return bundles.reads.read_payload(spec)
+        return reads.read_payload(spec)
     if encoding == "torch_tensor":
         if _torch is None:
             raise RuntimeError("torch is required to read torch_tensor members")
-        return _read_tensor_member(bundles, store, name, spec, fspec, member_slice,
+        return _read_tensor_member(bundles, reads, store, name, spec, fspec, member_slice,
                                    destination)
     if encoding != "ndarray":
         raise ValueError(f"unsupported structured field encoding: {encoding}")
-    return _read_ndarray_member(bundles, store, name, spec, fspec, member_slice, destination)
+    return _read_ndarray_member(reads, store, name, spec, fspec, member_slice, destination)
 
 
 def _ndarray_layout(name: str, spec: Mapping[str, Any],
@@ -156,44 +158,42 @@ def _ndarray_layout(name: str, spec: Mapping[str, Any],
     return dtype, shape
 
 
-def _read_ndarray_member(bundles: _Bundles, store: Any, name: str, spec: Mapping[str, Any],
+def _read_ndarray_member(reads: Any, store: Any, name: str, spec: Mapping[str, Any],
                          fspec: Mapping[str, Any], member_slice: StructuredMemberSlice | None,
                          destination: Any) -> np.ndarray:
     dtype, shape = _ndarray_layout(name, spec, fspec)
     plan = _resolve_ndarray_read_plan(shape, dtype, member_slice)
     if isinstance(destination, _RawDestinationBuffer):
         # Raw memory is written through the store, which checks the address first.
-        value = _read_ndarray_plan(bundles, spec, plan, np.empty(plan.output_shape, dtype),
-                                   True)
+        value = _read_ndarray_plan(reads, spec, plan, np.empty(plan.output_shape, dtype), True)
         return _fill_destination(store, name, destination, value)
     target = _resolve_ndarray_destination(name, destination, dtype, plan.output_shape)
-    return _read_ndarray_plan(bundles, spec, plan, target, destination is None)
+    return _read_ndarray_plan(reads, spec, plan, target, destination is None)
 
 
-def _read_ndarray_plan(bundles: _Bundles, spec: Mapping[str, Any], plan: _NdarrayReadPlan,
+def _read_ndarray_plan(reads: Any, spec: Mapping[str, Any], plan: _NdarrayReadPlan,
                        target: np.ndarray, fresh: bool) -> np.ndarray:
     """The plan's rows into ``target`` (``fresh``: ours, not the caller's)."""
     if plan.byte_length == 0:
         return target
     if plan.step == 1:
-        bundles.reads.read_range_into(spec, target.reshape(-1).view(np.uint8),
-                                      plan.byte_offset, fresh)
+        reads.read_range_into(spec, target.reshape(-1).view(np.uint8), plan.byte_offset,
+                              fresh)
         return target
     cover = np.empty((plan.cover_row_count, *plan.full_shape[1:]), dtype=plan.dtype)
-    bundles.reads.read_range_into(spec, cover.reshape(-1).view(np.uint8), plan.byte_offset,
-                                  True)
+    reads.read_range_into(spec, cover.reshape(-1).view(np.uint8), plan.byte_offset, True)
     target[...] = cover[::plan.step]
     return target
 
 
-def _read_tensor_member(bundles: _Bundles, store: Any, name: str, spec: Mapping[str, Any],
-                        fspec: Mapping[str, Any], member_slice: StructuredMemberSlice | None,
-                        destination: Any) -> Any:
+def _read_tensor_member(bundles: _Bundles, reads: Any, store: Any, name: str,
+                        spec: Mapping[str, Any], fspec: Mapping[str, Any],
+                        member_slice: StructuredMemberSlice | None, destination: Any) -> Any:
     if fspec.get("nested"):
         if destination is not None:
             raise ValueError(f"structured nested tensor member {name} does not support "
                              "destinations")
-        value = _deserialize_nested_tensor_payload(bundles.reads.read_payload(spec), fspec)
+        value = _deserialize_nested_tensor_payload(reads.read_payload(spec), fspec)
         if member_slice is None:
             return value
         if member_slice.axis != 0:
@@ -205,29 +205,29 @@ def _read_tensor_member(bundles: _Bundles, store: Any, name: str, spec: Mapping[
         raise ValueError(f"structured tensor member {name} only supports tensor_object_buffer "
                          "or raw_destination destinations")
     if member_slice is None:
-        value = bundles.decode_tensor(spec, bundles.reads.read_payload(spec))
+        value = bundles.decode_tensor(spec, reads.read_payload(spec))
     elif spec.get("format") == "torch_save":
-        value = _read_sliced_torch_save(bundles, name, spec, member_slice, destination)
+        value = _read_sliced_torch_save(reads, name, spec, member_slice, destination)
     else:
-        value = _read_sliced_tensor(bundles, name, spec, fspec, member_slice)
+        value = _read_sliced_tensor(reads, name, spec, fspec, member_slice)
     if destination is None:
         return value
     return _fill_destination(store, name, destination, value)
 
 
-def _read_sliced_torch_save(bundles: _Bundles, name: str, spec: Mapping[str, Any],
+def _read_sliced_torch_save(reads: Any, name: str, spec: Mapping[str, Any],
                             member_slice: StructuredMemberSlice, destination: Any) -> Any:
     if destination is not None:
         raise ValueError(f"structured torch_save tensor member {name} does not support "
                          "destinations")
     if member_slice.axis != 0:
         raise ValueError("structured tensor slicing currently supports axis=0 only")
-    value = _torch.load(io.BytesIO(bundles.reads.read_payload(spec)), weights_only=True)
+    value = _torch.load(io.BytesIO(reads.read_payload(spec)), weights_only=True)
     start, end, step = _normalized_member_slice(member_slice, len(value))
     return value[start:end:step].clone()
 
 
-def _read_sliced_tensor(bundles: _Bundles, name: str, spec: Mapping[str, Any],
+def _read_sliced_tensor(reads: Any, name: str, spec: Mapping[str, Any],
                         fspec: Mapping[str, Any], member_slice: StructuredMemberSlice) -> Any:
     """Rows of a tensor member: its header and the rows' bytes, nothing else."""
     header_bytes = int(spec.get("metadata_bytes", -1))
@@ -244,7 +244,6 @@ def _read_sliced_tensor(bundles: _Bundles, name: str, spec: Mapping[str, Any],
         raise ValueError("structured tensor slicing currently requires step=1")
     rows = max(0, end - start)
     row_bytes = element_size * int(np.prod(shape[1:], dtype=np.int64))
-    reads = bundles.reads
     header = _slice_tensor_metadata(reads.read_range(spec, 0, header_bytes),
                                     (rows, *shape[1:]), rows * row_bytes)
     data = reads.read_range(spec, header_bytes + start * row_bytes, rows * row_bytes)

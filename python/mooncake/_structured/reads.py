@@ -40,6 +40,11 @@ from typing import Any, Iterator, Mapping, Sequence
 from mooncake._structured.common import _public
 
 
+# Whole members up to this size are fetched together, in one call, when a read is staged
+# (`_PayloadReads.prefetch`): for them the round trip, not the bytes, is the cost.
+PREFETCH_MEMBER_MAX_BYTES = 4 << 20
+
+
 class _PayloadReads:
     """The read paths of one store (looked up at each call, so a patched store is honoured)."""
 
@@ -109,6 +114,35 @@ class _PayloadReads:
             except Exception:
                 if done:
                     raise
+
+    @contextmanager
+    def prefetched(self, specs: Sequence[Mapping[str, Any]]) -> Iterator[Any]:
+        """For the block, small whole payloads read ahead with one ``batch_get_into`` into
+        one staged lease and answered from it (`_Prefetched`); None without a pool, or when
+        fewer than two qualify or the pool cannot serve them."""
+        wanted = {s["key"]: s for s in specs
+                  if 0 < int(s["bytes"]) <= PREFETCH_MEMBER_MAX_BYTES}
+        total = sum(int(s["bytes"]) for s in wanted.values())
+        if len(wanted) < 2 or self.staging_pool() is None:
+            total = 0
+        with self.staged(total) as lease:
+            chunks = [c for s in wanted.values() for c in s["chunks"]]
+            if lease is None or not self._whole_into(chunks, lease.ptr):
+                yield None
+                return
+            view = lease.buffer
+            blobs, at, blob = {}, 0, None
+            for key, spec in wanted.items():
+                blobs[key] = view[at:at + int(spec["bytes"])]
+                at += int(spec["bytes"])
+            try:
+                yield _Prefetched(self, blobs)
+            finally:
+                # The lease goes back to the pool: no view of it may outlive the block.
+                for blob in blobs.values():
+                    blob.release()
+                view.release()
+                del blobs, view, blob  # the lease counts who still holds its view
 
     # -- whole payloads ---------------------------------------------------------------------------
 
@@ -236,6 +270,34 @@ class _PayloadReads:
             got = None if data is None else len(data)
             raise RuntimeError(f"get failed for {key}: expected {size} bytes, got {got}")
         return data
+
+
+class _Prefetched:
+    """The reads of one materialize: payloads fetched ahead are answered from memory, any
+    other read passes on to the store's paths."""
+
+    def __init__(self, reads: _PayloadReads, blobs: Mapping[str, memoryview]) -> None:
+        self.reads = reads
+        self.blobs = blobs
+
+    def read_payload(self, spec: Mapping[str, Any]) -> bytes:
+        blob = self.blobs.get(spec["key"])
+        return self.reads.read_payload(spec) if blob is None else bytes(blob)
+
+    def read_range(self, spec: Mapping[str, Any], offset: int, length: int) -> bytes:
+        blob = self.blobs.get(spec["key"])
+        if blob is None:
+            return self.reads.read_range(spec, offset, length)
+        return bytes(blob[offset:offset + max(0, length)])
+
+    def read_range_into(self, spec: Mapping[str, Any], destination: Any, offset: int,
+                        fresh: bool = False) -> None:
+        blob = self.blobs.get(spec["key"])
+        if blob is None:
+            self.reads.read_range_into(spec, destination, offset, fresh)
+            return
+        out = memoryview(destination).cast("B")
+        out[:] = blob[offset:offset + len(out)]
 
 
 def _auto_pool(store: Any) -> Any:

@@ -146,12 +146,15 @@ class MooncakeBundleTransfer:
         if unknown:
             raise KeyError(f"unknown bundle buffers: {unknown}")
         slices = dict(spec.member_slices)
-        objects = {
-            name: _read_structured_member(self._bundles, self.store, name, buffers[name],
-                                          field_specs.get(name, {"encoding": "bytes"}),
-                                          slices.get(name), destinations.get(name))
-            for name in names
-        }
+        # Staged reads (a BufferPool at hand) fetch the small whole members in one call.
+        whole = [buffers[n] for n in names if n not in slices and destinations.get(n) is None]
+        with self._bundles.reads.prefetched(whole) as reads:
+            objects = {
+                name: _read_structured_member(self._bundles, self.store, name, buffers[name],
+                                              field_specs.get(name, {"encoding": "bytes"}),
+                                              slices.get(name), destinations.get(name), reads)
+                for name in names
+            }
         return StructuredObjectResult(metadata=metadata, objects=objects)
 
     @staticmethod
