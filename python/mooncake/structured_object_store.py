@@ -275,6 +275,8 @@ from mooncake._structured.members import (  # noqa: F401
 )
 from mooncake._structured.materialize import (  # noqa: F401
     _NdarrayReadPlan,
+    _member_sliceable,
+    _rows_as_slice,
     _ndarray_layout,
     _read_ndarray_member,
     _read_ndarray_plan,

@@ -363,6 +363,27 @@ def case_put_failure_cleans_up(S):
     return out
 
 
+def dataproto_rows(S, rows, chunk_bytes=48):
+    store = CountingStore()
+    transfer = S.MooncakeBundleTransfer(store, key_prefix="t")
+    ref = transfer.put({"batch": {"ids": np.arange(40).reshape(10, 4),
+                                  "mask": np.arange(30, dtype=np.float32).reshape(10, 3)},
+                        "non_tensor_batch": {}, "meta_info": {"step": 1}},
+                       chunk_bytes=chunk_bytes)
+    store.calls.clear()
+    return attempt(store, lambda: transfer.get(ref, rows=rows)["batch"])
+
+
+def case_dataproto_row_slice(S):
+    return dataproto_rows(S, slice(2, 6))
+
+
+def case_dataproto_row_picks(S):
+    out = dataproto_rows(S, [7, 0, 2])
+    del out["calls"]  # upstream gathers rows one range each; ours reads the member whole
+    return out
+
+
 CASES = {name[len("case_"):]: fn for name, fn in list(globals().items())
          if name.startswith("case_")}
 
@@ -534,6 +555,17 @@ def test_remove_uses_one_forced_batch_remove_per_step():
     assert ours("remove_by_key_only")["stored"] == []
 
 
+def test_a_dataproto_row_slice_moves_only_its_rows():
+    r = ours("dataproto_row_slice")
+    assert r["values"]["ids"] == ["ndarray", "<i8", [4, 4], list(range(8, 24))]
+    assert r["values"]["mask"] == ["ndarray", "<f4", [4, 3], [float(v) for v in range(6, 18)]]
+    moved = {c[1][0][0].split("/")[1]: sum(s for per_key in c[4][0] for s in per_key)
+             for c in calls(r, "get_into_ranges")}
+    assert moved == {"batch.ids": 4 * 32, "batch.mask": 4 * 12}
+    picks = ours("dataproto_row_picks")["values"]
+    assert picks["ids"][3] == [28, 29, 30, 31, 0, 1, 2, 3, 8, 9, 10, 11]
+
+
 def test_puts_go_one_after_another_and_a_failure_leaves_nothing():
     r = ours("put_parallel_policy")
     assert r["max_active_puts"] == 1 and r["error"] is None and set(methods(r)) == {"put"}
@@ -645,3 +677,20 @@ def test_remove_on_our_store_is_two_forced_batch_removes(logged):
                                                        *manifest["buffers"].values()]
                                 for c in spec["chunks"]]]
     assert proxy.batch_is_exist(keys) == [0] * len(keys)
+
+
+def test_a_dataproto_row_slice_on_our_store_moves_only_its_rows(store):
+    import numpy as np
+
+    proxy = Logged(store)
+    transfer = S.MooncakeBundleTransfer(proxy, key_prefix=f"readsdp{id(proxy)}")
+    ids = np.arange(ROWS * 16, dtype=np.int64).reshape(ROWS, 16)  # 128 bytes a row
+    ref = transfer.put_dataproto({"batch": {"ids": ids}, "non_tensor_batch": {},
+                                  "meta_info": {}}, chunk_bytes=128 * 1024)
+    proxy.calls.clear()
+    got = transfer.get_dataproto(ref, rows=slice(1000, 1100))["batch"]["ids"]
+    assert np.array_equal(got, ids[1000:1100])
+    (ranged,) = proxy.named("get_into_ranges")
+    assert sum(size for per_key in ranged[4][0] for size in per_key) == 100 * 128
+    assert not proxy.named("get") and not proxy.named("get_batch")
+

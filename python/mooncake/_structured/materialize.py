@@ -248,3 +248,34 @@ def _read_sliced_tensor(reads: Any, name: str, spec: Mapping[str, Any],
                                     (rows, *shape[1:]), rows * row_bytes)
     data = reads.read_range(spec, header_bytes + start * row_bytes, rows * row_bytes)
     return _tensor_codec._deserialize_tensor(header + data)
+
+
+def _rows_as_slice(indices: Any) -> StructuredMemberSlice | None:
+    """Row indices as an axis-0 slice when they step evenly upwards (a DataProto's
+    ``rows=slice(...)`` always does), else None."""
+    if not indices:
+        return None
+    step = indices[1] - indices[0] if len(indices) > 1 else 1
+    if step <= 0 or any(b - a != step for a, b in zip(indices, indices[1:])):
+        return None
+    return StructuredMemberSlice(0, indices[0], indices[-1] + 1, step)
+
+
+def _member_sliceable(fspec: Any, spec: Any, cut: StructuredMemberSlice) -> bool:
+    """Whether a member reads ``cut`` of its rows by itself (see `_read_structured_member`),
+    rather than failing where a whole read and a pick of the rows would not."""
+    if not isinstance(fspec, Mapping) or not isinstance(spec, Mapping):
+        return False
+    shape = fspec.get("shape")
+    if not isinstance(shape, list) or not shape:
+        return False
+    encoding = fspec.get("encoding")
+    if encoding == "ndarray":
+        return True
+    if encoding != "torch_tensor" or fspec.get("nested"):
+        return False
+    if spec.get("format") == "torch_save":
+        return True
+    return cut.step == 1 and int(spec.get("metadata_bytes", -1)) >= 0 \
+        and int(fspec.get("element_size", 0)) > 0
+

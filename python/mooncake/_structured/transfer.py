@@ -33,7 +33,9 @@ from mooncake._structured.members import (
     _fill_destination,
 )
 from mooncake._structured.materialize import (
+    _member_sliceable,
     _read_structured_member,
+    _rows_as_slice,
 )
 from mooncake._structured.dataproto import (
     _check_pinned_sections,
@@ -132,11 +134,16 @@ class MooncakeBundleTransfer:
         tensor members, and ``tensor_object_buffer`` memory for tensor members. Members are
         read one by one, each by the cheapest path the store has (`_structured.reads`); a
         slice moves only the rows it selects (`_structured.materialize`)."""
-        destinations = destinations or {}
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
         manifest = self._bundles.resolve(spec.ref)
         metadata = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
+        return self._materialize(manifest, metadata, spec, destinations or {})
+
+    def _materialize(self, manifest: Mapping[str, Any], metadata: dict[str, Any],
+                     spec: StructuredObjectReadSpec,
+                     destinations: Mapping[str, Any]) -> StructuredObjectResult:
+        """materialize_into() of a bundle whose manifest and metadata are read already."""
         field_specs = _public()._structured_field_specs(metadata)
         if not isinstance(field_specs, dict):
             raise ValueError("structured field specs must be a dict")
@@ -441,6 +448,25 @@ class MooncakeBundleTransfer:
         _public()._cleanup_keys(self.store, obsolete, strict=False)
         return merged
 
+    def _read_stage(self, ref, stage, names, members, indices):
+        """The members of one stage, and which of them were read as a slice of the rows
+        ``indices`` selects (those rows only moved; the others are read whole)."""
+        stage_ref = ref.stage_refs[stage]
+        manifest = self._bundles.resolve(stage_ref)
+        metadata = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
+        specs = _public()._structured_field_specs(metadata)
+        spec = self.read_spec(stage_ref).select_members(members)
+        cut = _rows_as_slice(indices)
+        sliced = set()
+        for name in names if cut is not None else ():
+            member = ref.field_index[name].member
+            if name in ref.encoded_non_tensor or not isinstance(specs, dict):
+                continue
+            if _member_sliceable(specs.get(member), manifest["buffers"].get(member), cut):
+                spec = spec.slice_member(member, 0, cut.start, cut.end, cut.step)
+                sliced.add(member)
+        return self._materialize(manifest, metadata, spec, {}), sliced
+
     def _read_sections(self, ref, fields, batch_fields, non_tensor_fields, meta_keys, rows,
                        flat, destinations):
         ref = _public()._resolve_dataproto_ref(ref)
@@ -478,8 +504,7 @@ class MooncakeBundleTransfer:
                     wanted_members.extend(enc["payload_members"].values())
                 else:
                     wanted_members.append(index[name].member)
-            result = self.materialize(
-                self.read_spec(ref.stage_refs[stage]).select_members(wanted_members))
+            result, sliced = self._read_stage(ref, stage, stage_names, wanted_members, indices)
             specs = _public()._structured_field_specs(result.metadata)
             objs = result.objects
             for name in stage_names:
@@ -495,7 +520,7 @@ class MooncakeBundleTransfer:
                         else _public()._object_array_from_decoded_values(values)
                 else:
                     value = objs[loc.member]
-                    if indices is not None:
+                    if indices is not None and loc.member not in sliced:
                         value = _take_rows(value, indices)
                     target = destinations.get(name)
                     if target is not None:
