@@ -694,3 +694,62 @@ def test_a_dataproto_row_slice_on_our_store_moves_only_its_rows(store):
     assert sum(size for per_key in ranged[4][0] for size in per_key) == 100 * 128
     assert not proxy.named("get") and not proxy.named("get_batch")
 
+
+
+def test_a_read_never_waits_on_the_pool_for_its_own_lease(store, new_store):
+    # A reader with a 4 MiB local buffer: its pool leases up to 8 MiB. The prefetch of the
+    # small members holds 3.75 MiB while the 4.5 MiB slice of the big one is read: that lease
+    # cannot be had until the first goes back, so the slice takes the unstaged path instead
+    # of waiting for itself.
+    import threading
+
+    import numpy as np
+
+    prefix = f"readslease{id(store)}"
+    big = np.arange(24576 * 64, dtype=np.float32).reshape(24576, 64)  # 6 MiB, 256 B a row
+    small = {f"s{i}": np.full(32768, i, dtype=np.int32) for i in range(30)}  # 128 KiB each
+    ref = S.MooncakeBundleTransfer(store, key_prefix=prefix).put_structured_object(
+        S.StructuredObjectPayload(buffers={"big": big, **small}), chunk_bytes=1 << 20)
+    transfer = S.MooncakeBundleTransfer(new_store(local_buffer=4 << 20), key_prefix=prefix)
+    spec = transfer.read_spec(ref).slice_member("big", 0, 1000, 1000 + 18432)
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(transfer.materialize(spec).objects),
+                              daemon=True)  # a hung reader must not hang the run
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "the read waited on a lease it holds itself"
+    assert np.array_equal(out["big"], big[1000:1000 + 18432])
+    assert all(np.array_equal(out[k], v) for k, v in small.items())
+
+
+def test_threads_sharing_a_transfer_on_a_small_pool_all_read_right(new_store):
+    # A 4 MiB local buffer: the staging pool cannot serve every thread at once.
+    import threading
+
+    import numpy as np
+
+    store = new_store(local_buffer=4 << 20)
+    transfer = S.MooncakeBundleTransfer(store, key_prefix=f"readsmt{id(store)}")
+    grid = np.arange(ROWS * ROW_FLOATS, dtype=np.float32).reshape(ROWS, ROW_FLOATS)
+    small = {f"s{i}": np.full(32768, i, dtype=np.int32) for i in range(12)}  # 128 KiB each
+    ref = transfer.put_structured_object(
+        S.StructuredObjectPayload(buffers={"grid": grid, **small}), chunk_bytes=256 * 1024)
+    spec = transfer.read_spec(ref).slice_member("grid", 0, 100, 3100)
+    errors = []
+
+    def reader():
+        try:
+            for _ in range(8):
+                out = transfer.materialize(spec).objects
+                assert np.array_equal(out["grid"], grid[100:3100])
+                assert all(np.array_equal(out[k], v) for k, v in small.items())
+        except Exception as error:  # reported below, with the thread's failure
+            errors.append(error)
+
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+    assert errors == []

@@ -28,11 +28,14 @@ transfer, or made for a store that has a local buffer to carve it from: ours, se
 memory stays registered: ``batch_get_into`` (a whole payload) or ``get_into_ranges`` (a
 range) into the lease, then one copy out, and the lease goes back. A caller's destination is
 never staged: it is registered and read into directly. Duck-typed stores without
-``_local_buffer_capacity`` get no pool, so they see upstream's calls exactly.
+``_local_buffer_capacity`` get no pool, so they see upstream's calls exactly. With a pool,
+the small whole members of one materialize are fetched together (`prefetched`): one
+``batch_get_into`` for all their chunks instead of a round trip each.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -41,7 +44,7 @@ from mooncake._structured.common import _public
 
 
 # Whole members up to this size are fetched together, in one call, when a read is staged
-# (`_PayloadReads.prefetch`): for them the round trip, not the bytes, is the cost.
+# (`_PayloadReads.prefetched`): for them the round trip, not the bytes, is the cost.
 PREFETCH_MEMBER_MAX_BYTES = 4 << 20
 
 
@@ -52,17 +55,19 @@ class _PayloadReads:
         self.store = store
         self.pool = buffer_pool
         self._pool_known = buffer_pool is not None
+        self._pool_lock = threading.Lock()  # a transfer may be shared by threads
 
     def staging_pool(self) -> Any:
         """The BufferPool reads into fresh memory are staged in, or None (made on first use
         for a store with a local buffer, as upstream makes one for its store)."""
-        if not self._pool_known:
-            self._pool_known = True
-            self.pool = _auto_pool(self.store)
-            if self.pool is not None:
-                # Ours: its regions are unregistered (and unmapped) when we go, so the store
-                # never keeps a registration of memory that is gone.
-                weakref.finalize(self, _close_quietly, self.pool)
+        with self._pool_lock:
+            if not self._pool_known:
+                self._pool_known = True
+                self.pool = _auto_pool(self.store)
+                if self.pool is not None:
+                    # Ours: its regions are unregistered (and unmapped) when we go, so the
+                    # store never keeps a registration of memory that is gone.
+                    weakref.finalize(self, _close_quietly, self.pool)
         return self.pool
 
     @contextmanager
@@ -73,7 +78,9 @@ class _PayloadReads:
         lease = None
         if pool is not None:
             try:
-                lease = pool.acquire(nbytes)
+                # Never wait: this thread may hold the lease another would wait for (a read
+                # inside `prefetched`); a busy pool means the unstaged path.
+                lease = pool.acquire(nbytes, block=False)
             except (RuntimeError, ValueError, MemoryError):
                 lease = None
         try:
