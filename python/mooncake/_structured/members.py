@@ -1,6 +1,6 @@
 """Structured-object members: how a torch tensor, numpy array or bytes member is
-recorded in the metadata and stored, and how it is read back, sliced or written into a
-caller's destination.
+recorded in the metadata and stored, and the decoders, row pickers and destination writers
+that reading one back (`materialize`) uses.
 
 Part of `mooncake.structured_object_store` (the public face; see its docstring).
 """
@@ -30,12 +30,6 @@ from mooncake._structured.types import (
     StructuredMemberSlice,
     _RawDestinationBuffer,
     _TensorObjectBufferPayload,
-)
-from mooncake._structured.codecs import (
-    _plain_dtype,
-)
-from mooncake._structured.bundles import (
-    _Bundles,
 )
 
 
