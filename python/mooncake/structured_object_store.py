@@ -275,7 +275,9 @@ from mooncake._structured.members import (  # noqa: F401
 )
 from mooncake._structured.materialize import (  # noqa: F401
     _NdarrayReadPlan,
+    _member_rows_pickable,
     _member_sliceable,
+    _read_ndarray_rows,
     _rows_as_slice,
     _ndarray_layout,
     _read_ndarray_member,

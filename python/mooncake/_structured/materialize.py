@@ -279,3 +279,23 @@ def _member_sliceable(fspec: Any, spec: Any, cut: StructuredMemberSlice) -> bool
     return cut.step == 1 and int(spec.get("metadata_bytes", -1)) >= 0 \
         and int(fspec.get("element_size", 0)) > 0
 
+
+def _member_rows_pickable(fspec: Any) -> bool:
+    """Whether a member's rows can be read by index, each its own byte range (an ndarray)."""
+    return isinstance(fspec, Mapping) and fspec.get("encoding") == "ndarray" \
+        and isinstance(fspec.get("shape"), list) and bool(fspec["shape"])
+
+
+def _read_ndarray_rows(reads: Any, name: str, spec: Mapping[str, Any],
+                       fspec: Mapping[str, Any], indices: Any) -> np.ndarray:
+    """Rows ``indices`` (axis 0, in that order, repeats allowed) of an ndarray member: only
+    their bytes move."""
+    dtype, shape = _ndarray_layout(name, spec, fspec)
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    target = np.empty((len(indices), *shape[1:]), dtype=dtype)
+    if target.nbytes:
+        reads.read_rows_into(spec, target.reshape(-1).view(np.uint8),
+                             [(int(i) * row_bytes, k * row_bytes, row_bytes)
+                              for k, i in enumerate(indices)])
+    return target
+

@@ -221,15 +221,16 @@ class _PayloadReads:
         self.read_ranges_into(spec, destination, [(offset, 0, length)])
 
     def read_ranges_into(self, spec: Mapping[str, Any], destination: Any,
-                         ranges: Sequence[tuple[int, int, int]]) -> None:
+                         ranges: Sequence[tuple[int, int, int]],
+                         label: str = "structured ndarray payload") -> None:
         """Each ``(payload offset, destination offset, length)`` of ``ranges``."""
         ranges = [r for r in ranges if r[2] > 0]
         if not ranges:
             return
         chunks = spec["chunks"]
         if self.can_register():
-            with self.registered(destination, "structured ndarray payload") as base:
-                if self._ranges_into(chunks, base, ranges):
+            with self.registered(destination, label) as base:
+                if self._ranges_into(chunks, base, ranges, allow_get_into=len(ranges) == 1):
                     return
         view = memoryview(destination).cast("B")
         for src, dst, length in ranges:
@@ -237,6 +238,18 @@ class _PayloadReads:
                     chunks, src, length, dst):
                 view[at:at + size] = memoryview(self._get_chunk(key, chunk_size))[
                     within:within + size]
+
+    def read_rows_into(self, spec: Mapping[str, Any], destination: Any,
+                       ranges: Sequence[tuple[int, int, int]]) -> None:
+        """Scattered ``ranges`` (rows picked by index) into fresh ``destination``: one
+        ``get_into_ranges`` of them all, staged when a pool is at hand."""
+        size = _public()._buffer_nbytes(destination)
+        with self.staged(size) as lease:
+            if lease is not None and self._ranges_into(spec["chunks"], lease.ptr, ranges,
+                                                       allow_get_into=False):
+                _copy_out(lease, destination)
+                return
+        self.read_ranges_into(spec, destination, ranges, "structured ranged payload")
 
     def _ranges_into(self, chunks: Sequence[Mapping[str, Any]], base: int,
                      ranges: Sequence[tuple[int, int, int]], allow_get_into: bool = True) -> bool:

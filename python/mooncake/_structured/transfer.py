@@ -33,7 +33,9 @@ from mooncake._structured.members import (
     _fill_destination,
 )
 from mooncake._structured.materialize import (
+    _member_rows_pickable,
     _member_sliceable,
+    _read_ndarray_rows,
     _read_structured_member,
     _rows_as_slice,
 )
@@ -449,23 +451,34 @@ class MooncakeBundleTransfer:
         return merged
 
     def _read_stage(self, ref, stage, names, members, indices):
-        """The members of one stage, and which of them were read as a slice of the rows
-        ``indices`` selects (those rows only moved; the others are read whole)."""
+        """The members of one stage, and which of them hold only the rows ``indices``
+        selects (read as a slice when the rows step evenly, else an ndarray's rows one byte
+        range each: only those rows moved); the others are read whole."""
         stage_ref = ref.stage_refs[stage]
         manifest = self._bundles.resolve(stage_ref)
         metadata = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
         specs = _public()._structured_field_specs(metadata)
-        spec = self.read_spec(stage_ref).select_members(members)
         cut = _rows_as_slice(indices)
-        sliced = set()
-        for name in names if cut is not None else ():
+        sliced, picked = [], []
+        for name in names if indices is not None and isinstance(specs, dict) else ():
             member = ref.field_index[name].member
-            if name in ref.encoded_non_tensor or not isinstance(specs, dict):
+            if name in ref.encoded_non_tensor:
                 continue
-            if _member_sliceable(specs.get(member), manifest["buffers"].get(member), cut):
-                spec = spec.slice_member(member, 0, cut.start, cut.end, cut.step)
-                sliced.add(member)
-        return self._materialize(manifest, metadata, spec, {}), sliced
+            fspec, pspec = specs.get(member), manifest["buffers"].get(member)
+            if cut is not None and _member_sliceable(fspec, pspec, cut):
+                sliced.append(member)
+            elif cut is None and _member_rows_pickable(fspec) and pspec is not None:
+                picked.append(member)
+        spec = self.read_spec(stage_ref).select_members(
+            [m for m in members if m not in picked])
+        for member in sliced:
+            spec = spec.slice_member(member, 0, cut.start, cut.end, cut.step)
+        result = self._materialize(manifest, metadata, spec, {}) if spec.member_names \
+            else StructuredObjectResult(metadata=metadata, objects={})
+        for member in picked:
+            result.objects[member] = _read_ndarray_rows(
+                self._bundles.reads, member, manifest["buffers"][member], specs[member], indices)
+        return result, {*sliced, *picked}
 
     def _read_sections(self, ref, fields, batch_fields, non_tensor_fields, meta_keys, rows,
                        flat, destinations):
