@@ -13,7 +13,9 @@ of the same name (release 0.3.13.post1), so a bundle written by either can be re
 other given the same reference (python/tests/test_structured_format_interop.py replays the
 exact keys and bytes each side writes through the other). Everything is built on the public
 methods of ``mooncake.store.MooncakeDistributedStore`` (``put``, ``get``, ``put_tensor``,
-``remove``, ``is_exist``). See python/README.md for how it differs from upstream's.
+``remove``, ``is_exist``), and reads and removes take the store's fast paths when it has them,
+as upstream's do: ``batch_get_into``, ``get_into`` and ``get_into_ranges`` into registered
+memory (a slice moves only its rows), ``batch_remove`` (see ``_structured/reads.py``). See python/README.md for how it differs from upstream's.
 
 This module is the public face; the code lives in ``mooncake._structured`` (one module per
 job, listed in its docstring). Every module-level name of upstream's module that a test or
@@ -95,6 +97,7 @@ from mooncake._structured.common import (  # noqa: F401
     _WRITE_CONFIG_COPY_FIELDS,
     _as_contiguous_array_preserve_ndim,
     _batch_put_from_with_optional_config,
+    _batch_remove_leftovers,
     _buffer_group_nbytes,
     _buffer_nbytes,
     _buffer_ptr,
@@ -236,12 +239,19 @@ from mooncake._structured.codecs import (  # noqa: F401
     _validate_schema_nullable,
     _value_to_media_bytes,
 )
+from mooncake._structured.reads import (  # noqa: F401
+    PREFETCH_MEMBER_MAX_BYTES,
+    _PayloadReads,
+    _Prefetched,
+    _auto_pool,
+    _close_quietly,
+    _copy_out,
+)
 from mooncake._structured.bundles import (  # noqa: F401
     _Bundles,
 )
 from mooncake._structured.members import (  # noqa: F401
     _check_destination,
-    _decode_member,
     _deserialize_nested_tensor_payload,
     _deserialize_tensor_payload,
     _deserialize_torch_save_payload,
@@ -256,13 +266,29 @@ from mooncake._structured.members import (  # noqa: F401
     _normalized_member_slice,
     _select_nested_tensor_rows,
     _slice_length,
-    _slice_member,
     _tensor_bytes,
     _tensor_codec_helper,
     _tensor_metadata_size,
     _tensor_payload_bytes,
     _torch_save_payload_bytes,
     _write_caller,
+)
+from mooncake._structured.materialize import (  # noqa: F401
+    _NdarrayReadPlan,
+    _member_rows_pickable,
+    _member_sliceable,
+    _read_ndarray_rows,
+    _rows_as_slice,
+    _ndarray_layout,
+    _read_ndarray_member,
+    _read_ndarray_plan,
+    _read_sliced_tensor,
+    _read_sliced_torch_save,
+    _read_structured_member,
+    _read_tensor_member,
+    _resolve_ndarray_destination,
+    _resolve_ndarray_read_plan,
+    _slice_tensor_metadata,
 )
 from mooncake._structured.dataproto import (  # noqa: F401
     _DATAPROTO_SCHEMA_SECTIONS,

@@ -91,7 +91,7 @@ _ENGINE = ("upstream's transfer engine object; ours moves bundles through _Bundl
 _POOL = ("upstream's BufferPool-lease plumbing (reads into pool memory kept alive by the "
          "returned arrays); ours reads into fresh memory, so there is no lease to own")
 _PLAN = ("an internal step of upstream's read planner; ours resolves the same reads in "
-         "members.py/transfer.py with other intermediate values")
+         "materialize.py/dataproto.py with other intermediate values")
 _FAST = ("an upstream fast path for regular ndarray rows; ours writes the same typed_ragged "
          "bytes through the one general encoder")
 EXCLUDED = {
@@ -105,11 +105,7 @@ EXCLUDED = {
     "_copy_memoryviews_to_lease": _POOL,
     "_prepare_chunk_source_buffer": _POOL,
     "_split_multi_buffer_payload": _POOL,
-    "_NdarrayReadPlan": _PLAN,
-    "_resolve_ndarray_read_plan": _PLAN,
-    "_resolve_ndarray_destination": _PLAN,
     "_tensor_payload_parts": _PLAN,
-    "_slice_tensor_metadata": _PLAN,
     "_DataProtoRowSelection": _PLAN,
     "_coerce_dataproto_row_selection": _PLAN,
     "_resolve_dataproto_field_selection": _PLAN,

@@ -9,8 +9,10 @@ module (`common._public()`), so patching the helper there changes what the packa
     types      public data types and the DataProto ref handle
     inference  codec choice per column, `infer_structure`
     codecs     the per-row column codecs, schemas and the fallback search
+    reads      how payload bytes come off the store: fast paths, registration, fallbacks
     bundles    manifests, chunked buffers, batched/parallel/zero-copy writes, reads
-    members    structured-object members: tensors, arrays, bytes; slices, destinations
+    members    structured-object members: tensors, arrays, bytes; how each is encoded
+    materialize  reading one member back: slices, destinations, partial reads
     dataproto  DataProto sections, row counts, row selection
     transfer   `MooncakeBundleTransfer`
 """

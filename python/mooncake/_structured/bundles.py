@@ -28,13 +28,18 @@ from mooncake._structured.types import (
     RemoteBundleRef,
     _TensorObjectBufferPayload,
 )
+from mooncake._structured.reads import (
+    _PayloadReads,
+)
 
 
 class _Bundles:
-    def __init__(self, store: Any, prefix: str, chunk_bytes: int) -> None:
+    def __init__(self, store: Any, prefix: str, chunk_bytes: int,
+                 buffer_pool: Any = None) -> None:
         self.store = store
         self.prefix = prefix
         self.chunk_bytes = chunk_bytes
+        self.reads = _PayloadReads(store, buffer_pool)
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -316,32 +321,8 @@ class _Bundles:
         return key
 
     def read(self, spec: Mapping[str, Any]) -> bytes:
-        return self.read_many([spec])[0]
-
-    def read_many(self, specs: Sequence[Mapping[str, Any]]) -> list[bytes]:
-        """Every payload's bytes, fetched with one get_batch when the store has it."""
-        chunks = [c for spec in specs for c in spec["chunks"]]
-        get_batch = getattr(self.store, "get_batch", None)
-        if len(chunks) > 1 and callable(get_batch):
-            blobs = get_batch([c["key"] for c in chunks])
-            if len(blobs) != len(chunks):
-                raise RuntimeError(f"get_batch returned {len(blobs)} values for "
-                                   f"{len(chunks)} keys")
-        else:
-            blobs = [self.store.get(c["key"]) for c in chunks]
-        for chunk, blob in zip(chunks, blobs):
-            if len(blob) != int(chunk["bytes"]):
-                raise RuntimeError(
-                    f"bundle chunk {chunk['key']!r} read {len(blob)} bytes, "
-                    f"expected {chunk['bytes']}"
-                )
-        out, at = [], 0
-        for spec in specs:
-            n = len(spec["chunks"])
-            parts = blobs[at : at + n]
-            at += n
-            out.append(b"" if not parts else parts[0] if n == 1 else b"".join(parts))
-        return out
+        """One payload's bytes (see `reads._PayloadReads.read_payload`)."""
+        return self.reads.read_payload(spec)
 
     def decode_tensor(self, spec: Mapping[str, Any], blob: bytes) -> Any:
         if spec.get("format") == "torch_save":
@@ -367,7 +348,13 @@ class _Bundles:
                 return
             if status != 1:
                 raise RuntimeError(f"is_exist failed for {key}: {status}")
-        manifest = self.resolve(ref)
+        try:
+            manifest = self.resolve(ref)
+        except Exception:
+            # Removed meanwhile (its manifest went first): nothing left to remove.
+            if isinstance(key, str) and callable(is_exist) and is_exist(key) == 0:
+                return
+            raise
         keys = self.keys_of(manifest) + list(manifest.get("cleanup_keys", []))
         _public()._cleanup_keys(self.store, keys, strict=True)
         _public()._cleanup_keys(self.store, [self.manifest_key(ref, manifest)], strict=True)

@@ -333,10 +333,25 @@ def _config_with_group_id(config: Any, group: str | None) -> Any:
 
 
 def _cleanup_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
+    """Remove ``keys`` (forced; a missing key is not an error): one ``batch_remove`` when the
+    store has it, then ``remove`` one by one for the keys it did not remove (or for all of
+    them without it). ``strict``: raise on a failure, else carry on."""
+    pending = list(dict.fromkeys(keys))
+    batch_remove = getattr(store, "batch_remove", None)
+    if callable(batch_remove) and pending:
+        try:
+            pending = _batch_remove_leftovers(batch_remove, pending)
+        except Exception:
+            if strict:
+                raise
+        if not pending:
+            return
     failures = []
-    for key in dict.fromkeys(keys):
+    for key in pending:
         try:
             status = store.remove(key, True)
+        except KeyError:
+            continue
         except Exception:
             if strict:
                 raise
@@ -345,6 +360,18 @@ def _cleanup_keys(store: Any, keys: Sequence[str], strict: bool) -> None:
             failures.append((key, status))
     if failures and strict:
         raise RuntimeError(f"failed to remove {len(failures)} Mooncake keys: {failures[:3]}")
+
+
+def _batch_remove_leftovers(batch_remove: Any, keys: list[str]) -> list[str]:
+    """The keys one forced ``batch_remove`` did not remove."""
+    try:
+        results = batch_remove(keys, True)
+    except TypeError:  # a batch_remove without the force argument
+        results = batch_remove(keys)
+    if len(results) != len(keys):
+        raise RuntimeError(f"batch_remove returned {len(results)} results for {len(keys)} keys")
+    return [k for k, status in zip(keys, results)
+            if status not in (None, 0, MISSING_OBJECT_ERROR)]
 
 
 def _parse_torch_dtype(name: str) -> Any:

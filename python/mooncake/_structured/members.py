@@ -1,6 +1,6 @@
 """Structured-object members: how a torch tensor, numpy array or bytes member is
-recorded in the metadata and stored, and how it is read back, sliced or written into a
-caller's destination.
+recorded in the metadata and stored, and the decoders, row pickers and destination writers
+that reading one back (`materialize`) uses.
 
 Part of `mooncake.structured_object_store` (the public face; see its docstring).
 """
@@ -30,12 +30,6 @@ from mooncake._structured.types import (
     StructuredMemberSlice,
     _RawDestinationBuffer,
     _TensorObjectBufferPayload,
-)
-from mooncake._structured.codecs import (
-    _plain_dtype,
-)
-from mooncake._structured.bundles import (
-    _Bundles,
 )
 
 
@@ -190,35 +184,6 @@ def _nested_tensor_from_parts(values: Any, offsets: Any, lengths: Any, ragged_id
         min_seqlen=low, max_seqlen=high)
 
 
-def _decode_member(name: str, bundles: _Bundles, spec: Mapping[str, Any], fspec: Mapping,
-                   blob: bytes) -> Any:
-    encoding = fspec.get("encoding", "bytes")
-    if encoding == "bytes":
-        return bytes(blob)
-    if encoding == "torch_tensor":
-        if _torch is None:
-            raise RuntimeError("torch is required to read torch_tensor members")
-        if fspec.get("nested"):
-            return _deserialize_nested_tensor_payload(blob, fspec)
-        return bundles.decode_tensor(spec, blob)
-    if encoding == "ndarray":
-        dtype = _plain_dtype(fspec.get("dtype"))
-        try:
-            shape = tuple(int(d) for d in fspec["shape"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"structured member {name!r} has no valid shape") from error
-        if any(d < 0 for d in shape):
-            raise ValueError(f"structured member {name!r} has a negative dimension")
-        expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if len(blob) != expected:
-            raise ValueError(
-                f"structured member {name!r} holds {len(blob)} bytes, "
-                f"{dtype} {list(shape)} needs {expected}"
-            )
-        return np.frombuffer(bytearray(blob), dtype=dtype).reshape(shape)
-    raise ValueError(f"unsupported structured field encoding: {encoding}")
-
-
 def _check_destination(name: str, fspec: Mapping[str, Any], target: Any) -> None:
     encoding = fspec.get("encoding", "bytes")
     if encoding == "bytes":
@@ -277,19 +242,6 @@ def _fill_destination(store: Any, name: str, target: Any, value: Any) -> Any:
         raise ValueError(f"structured ndarray field {name} destination must be writeable")
     np.copyto(target, value)
     return target
-
-
-def _slice_member(value: Any, sl: StructuredMemberSlice) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        if sl.axis != 0:
-            raise ValueError("bytes members can be sliced on axis 0 only")
-        return bytes(value[sl.start : sl.end : sl.step])
-    index = [slice(None)] * value.ndim
-    if not 0 <= sl.axis < value.ndim:
-        raise ValueError(f"slice axis {sl.axis} out of range for a {value.ndim}-d member")
-    index[sl.axis] = slice(sl.start, sl.end, sl.step)
-    out = value[tuple(index)]
-    return out.clone() if _is_tensor(out) else np.array(out)
 
 
 def _normalize_structured_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:

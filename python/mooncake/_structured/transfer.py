@@ -30,9 +30,14 @@ from mooncake._structured.bundles import (
 )
 from mooncake._structured.members import (
     _check_destination,
-    _decode_member,
     _fill_destination,
-    _slice_member,
+)
+from mooncake._structured.materialize import (
+    _member_rows_pickable,
+    _member_sliceable,
+    _read_ndarray_rows,
+    _read_structured_member,
+    _rows_as_slice,
 )
 from mooncake._structured.dataproto import (
     _check_pinned_sections,
@@ -54,10 +59,12 @@ class MooncakeBundleTransfer:
         self.store = store
         self.key_prefix = _public()._normalize_key_prefix(key_prefix)
         self.default_chunk_bytes = _public()._validate_chunk_bytes(default_chunk_bytes)
-        # Reads and writes go through store.get/put; a BufferPool only changes where bytes
-        # are staged, so it is accepted and kept for callers that read it back.
+        # Reads into fresh memory are staged in a BufferPool's registered leases (this one,
+        # or one made for a store with a local buffer; `_structured.reads`); writes go
+        # through store.put/put_batch.
         self.buffer_pool = buffer_pool
-        self._bundles = _Bundles(store, self.key_prefix, self.default_chunk_bytes)
+        self._bundles = _Bundles(store, self.key_prefix, self.default_chunk_bytes,
+                                 buffer_pool)
 
     # -- bundles ------------------------------------------------------------------------------
 
@@ -125,13 +132,20 @@ class MooncakeBundleTransfer:
                          destinations: Optional[Mapping[str, Any]]) -> StructuredObjectResult:
         """materialize(), filling the caller's destinations given by member name: numpy
         arrays for ndarray members (C-contiguous, writeable, of the member's dtype and read
-        shape), ``raw_destination`` memory for ndarray or tensor members, and
-        ``tensor_object_buffer`` memory for tensor members."""
-        destinations = destinations or {}
+        shape; the store reads into them directly), ``raw_destination`` memory for ndarray or
+        tensor members, and ``tensor_object_buffer`` memory for tensor members. Members are
+        read one by one, each by the cheapest path the store has (`_structured.reads`); a
+        slice moves only the rows it selects (`_structured.materialize`)."""
         if spec.member_names is not None and not spec.member_names:
             raise ValueError("structured read spec selected no members")
         manifest = self._bundles.resolve(spec.ref)
         metadata = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
+        return self._materialize(manifest, metadata, spec, destinations or {})
+
+    def _materialize(self, manifest: Mapping[str, Any], metadata: dict[str, Any],
+                     spec: StructuredObjectReadSpec,
+                     destinations: Mapping[str, Any]) -> StructuredObjectResult:
+        """materialize_into() of a bundle whose manifest and metadata are read already."""
         field_specs = _public()._structured_field_specs(metadata)
         if not isinstance(field_specs, dict):
             raise ValueError("structured field specs must be a dict")
@@ -141,19 +155,15 @@ class MooncakeBundleTransfer:
         if unknown:
             raise KeyError(f"unknown bundle buffers: {unknown}")
         slices = dict(spec.member_slices)
-        blobs = self._bundles.read_many([buffers[n] for n in names])
-        objects = {}
-        for name, blob in zip(names, blobs):
-            fspec = field_specs.get(name, {"encoding": "bytes"})
-            target = destinations.get(name)
-            if target is not None:
-                _check_destination(name, fspec, target)
-            value = _decode_member(name, self._bundles, buffers[name], fspec, blob)
-            if name in slices:
-                value = _slice_member(value, slices[name])
-            if target is not None:
-                value = _fill_destination(self.store, name, target, value)
-            objects[name] = value
+        # Staged reads (a BufferPool at hand) fetch the small whole members in one call.
+        whole = [buffers[n] for n in names if n not in slices and destinations.get(n) is None]
+        with self._bundles.reads.prefetched(whole) as reads:
+            objects = {
+                name: _read_structured_member(self._bundles, self.store, name, buffers[name],
+                                              field_specs.get(name, {"encoding": "bytes"}),
+                                              slices.get(name), destinations.get(name), reads)
+                for name in names
+            }
         return StructuredObjectResult(metadata=metadata, objects=objects)
 
     @staticmethod
@@ -440,6 +450,36 @@ class MooncakeBundleTransfer:
         _public()._cleanup_keys(self.store, obsolete, strict=False)
         return merged
 
+    def _read_stage(self, ref, stage, names, members, indices):
+        """The members of one stage, and which of them hold only the rows ``indices``
+        selects (read as a slice when the rows step evenly, else an ndarray's rows one byte
+        range each: only those rows moved); the others are read whole."""
+        stage_ref = ref.stage_refs[stage]
+        manifest = self._bundles.resolve(stage_ref)
+        metadata = _public()._decode_structured_metadata(self._bundles.read(manifest["meta"]))
+        specs = _public()._structured_field_specs(metadata)
+        cut = _rows_as_slice(indices)
+        sliced, picked = [], []
+        for name in names if indices is not None and isinstance(specs, dict) else ():
+            member = ref.field_index[name].member
+            if name in ref.encoded_non_tensor:
+                continue
+            fspec, pspec = specs.get(member), manifest["buffers"].get(member)
+            if cut is not None and _member_sliceable(fspec, pspec, cut):
+                sliced.append(member)
+            elif cut is None and _member_rows_pickable(fspec) and pspec is not None:
+                picked.append(member)
+        spec = self.read_spec(stage_ref).select_members(
+            [m for m in members if m not in picked])
+        for member in sliced:
+            spec = spec.slice_member(member, 0, cut.start, cut.end, cut.step)
+        result = self._materialize(manifest, metadata, spec, {}) if spec.member_names \
+            else StructuredObjectResult(metadata=metadata, objects={})
+        for member in picked:
+            result.objects[member] = _read_ndarray_rows(
+                self._bundles.reads, member, manifest["buffers"][member], specs[member], indices)
+        return result, {*sliced, *picked}
+
     def _read_sections(self, ref, fields, batch_fields, non_tensor_fields, meta_keys, rows,
                        flat, destinations):
         ref = _public()._resolve_dataproto_ref(ref)
@@ -477,8 +517,7 @@ class MooncakeBundleTransfer:
                     wanted_members.extend(enc["payload_members"].values())
                 else:
                     wanted_members.append(index[name].member)
-            result = self.materialize(
-                self.read_spec(ref.stage_refs[stage]).select_members(wanted_members))
+            result, sliced = self._read_stage(ref, stage, stage_names, wanted_members, indices)
             specs = _public()._structured_field_specs(result.metadata)
             objs = result.objects
             for name in stage_names:
@@ -494,7 +533,7 @@ class MooncakeBundleTransfer:
                         else _public()._object_array_from_decoded_values(values)
                 else:
                     value = objs[loc.member]
-                    if indices is not None:
+                    if indices is not None and loc.member not in sliced:
                         value = _take_rows(value, indices)
                     target = destinations.get(name)
                     if target is not None:
