@@ -474,23 +474,9 @@ impl MasterClient {
         conn: &Arc<Conn>,
         reqs: &[R],
     ) -> Result<Vec<Result<R::Reply, ErrorCode>>, ClientError> {
-        let waiter = Arc::new(Waiter {
-            slots: Mutex::new(WaiterSlots {
-                answers: vec![None; reqs.len()],
-                missing: reqs.len(),
-                failed: None,
-                lead: false,
-            }),
-            ready: Condvar::new(),
-        });
+        let waiter = Waiter::new(reqs.len());
         let first_id = self.next_id.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        let mut buf = Vec::with_capacity(reqs.len() * 64);
-        for (i, r) in reqs.iter().enumerate() {
-            frame::encode_with(&mut buf, Kind::Request, R::OP, first_id + i as u64, |b| {
-                r.encode(b)
-            })
-            .map_err(|_| ClientError::TooLarge)?;
-        }
+        let buf = encode_requests(reqs, first_id)?;
         {
             let mut p = conn.pending.lock();
             for i in 0..reqs.len() {
@@ -560,6 +546,32 @@ impl Drop for MasterClient {
             let _ = c.writer.lock().shutdown(std::net::Shutdown::Both);
         }
     }
+}
+
+impl Waiter {
+    fn new(n: usize) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            slots: Mutex::new(WaiterSlots {
+                answers: vec![None; n],
+                missing: n,
+                failed: None,
+                lead: false,
+            }),
+            ready: Condvar::new(),
+        })
+    }
+}
+
+/// `reqs` framed back to back, with ids from `first_id` on.
+fn encode_requests<R: Rpc>(reqs: &[R], first_id: u64) -> Result<Vec<u8>, ClientError> {
+    let mut buf = Vec::with_capacity(reqs.len() * 64);
+    for (i, r) in reqs.iter().enumerate() {
+        frame::encode_with(&mut buf, Kind::Request, R::OP, first_id + i as u64, |b| {
+            r.encode(b)
+        })
+        .map_err(|_| ClientError::TooLarge)?;
+    }
+    Ok(buf)
 }
 
 fn open_conn(stream: TcpStream, leader: Option<String>) -> std::io::Result<Arc<Conn>> {

@@ -49,3 +49,25 @@ pub const KV_EVENT_SOCKET_LINGER: Duration = Duration::from_millis(100);
 /// How often the KV-cache event publisher looks at its queue when it found it empty: the
 /// most an event waits before it is sent, and the wake-ups of an idle master's publisher.
 pub const KV_EVENT_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+// High availability (`ha/mod.rs`, `docs/ha.md`).
+
+/// The longest a leader serves on one proof (`ha::HaState::prove`): a keep-alive answered at
+/// `sent` lets it serve until `sent + SERVE_WINDOW - ha::SAFETY_MARGIN`, however long etcd
+/// extended the lease. A new leader serves only `SERVE_WINDOW` after its election, so a
+/// predecessor whose lease a standby revoked (it took it for dead) has stopped by then, dead
+/// or not.
+pub const SERVE_WINDOW: Duration = Duration::from_millis(600);
+
+/// How often the leader keeps its lease alive (more often for a lease TTL under 600 ms × 4).
+pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(150);
+
+/// Bound of one probe of the leader's RPC port by a standby (a TCP connect, answered by the
+/// leader's kernel).
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Refused probes in a row after which a standby takes the leader for dead.
+pub const PROBE_REFUSALS_DEAD_ITEMS: u32 = 2;
+
+/// Time without a probe answered after which a standby takes a silent leader for dead.
+pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(400);

@@ -25,17 +25,22 @@ fn answer<T: Wire>(op: u16, name: &str, value: &T) -> (String, Vec<u8>) {
     (name.to_string(), out)
 }
 
-fn main() {
-    let dir = std::env::args().nth(1).expect("usage: fuzz_corpus <dir>");
-    std::fs::create_dir_all(&dir).unwrap();
-    let id = Uuid::from_parts(1, 2);
-    let cfg = ReplicateConfig {
+/// A replication config with every field set.
+fn config() -> ReplicateConfig {
+    ReplicateConfig {
         replica_num: 2,
         soft_pin_action: SoftPinAction::Enable,
         soft_pin_ttl_ms: Some(1000),
         preferred_segments: vec!["127.0.0.1:1".into()],
         ..Default::default()
-    };
+    }
+}
+
+fn main() {
+    let dir = std::env::args().nth(1).expect("usage: fuzz_corpus <dir>");
+    std::fs::create_dir_all(&dir).unwrap();
+    let id = Uuid::from_parts(1, 2);
+    let cfg = config();
     let seg = Segment {
         id,
         name: "127.0.0.1:12345".into(),

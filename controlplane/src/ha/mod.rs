@@ -34,27 +34,18 @@ use parking_lot::Mutex;
 use protocol::Uuid;
 use tracing::{info, warn};
 
+use crate::limits::{
+    KEEPALIVE_EVERY, PROBE_REFUSALS_DEAD_ITEMS, PROBE_SILENCE_DEAD, PROBE_TIMEOUT, SERVE_WINDOW,
+};
 use crate::service::removals::{Removal, RECORD_BYTES_MAX, REMOVALS_KEPT};
 use crate::service::MasterService;
 
 /// Time cut from the end of each proven lease window, for clock-rate differences and for the
 /// request a worker is executing when the window closes.
 pub const SAFETY_MARGIN: Duration = Duration::from_millis(200);
-/// The longest a leader serves on one proof (`prove`): a keep-alive answered at `sent` lets it
-/// serve until `sent + SERVE_WINDOW - SAFETY_MARGIN`, however long etcd extended the lease.
-/// A new leader serves only `SERVE_WINDOW` after its election, so a predecessor whose lease a
-/// standby revoked (below) has stopped by then, dead or not.
-pub const SERVE_WINDOW: Duration = Duration::from_millis(600);
-/// How often the leader keeps its lease alive (more often for a lease TTL under 600 ms × 4).
-pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(150);
-/// How often a standby looks at the leader key, and probes the leader's RPC port.
+/// How often a standby looks at the leader key, and probes the leader's RPC port
+/// ([`PROBE_TIMEOUT`]).
 pub const STANDBY_POLL: Duration = Duration::from_millis(100);
-/// Bound of one probe of the leader's RPC port (a TCP connect, answered by its kernel).
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
-/// Refused probes in a row after which a standby takes the leader for dead.
-pub const PROBE_REFUSALS_DEAD: u32 = 2;
-/// Time without a probe answered after which a standby takes a silent leader for dead.
-pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(400);
 /// Bound of every single etcd call.
 pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Pause before retrying after etcd could not be reached.
@@ -521,8 +512,7 @@ async fn campaign_and_lead(
             ])
             .or_else([TxnOp::get(key, None)]);
         let answer = match bounded("campaign", client.txn(txn)).await {
-            // The predecessor's lease ended before this answer: its serving window closes
-            // within `SERVE_WINDOW - SAFETY_MARGIN` of now.
+            // The predecessor's lease ended before this answer, its last proof soon after.
             Ok(a) => (a, Instant::now()),
             Err(e) => {
                 let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
@@ -536,20 +526,14 @@ async fn campaign_and_lead(
             // And the owners they registered, whose late re-reports reads must wait for.
             let prefix = removals_prefix(&cfg.cluster_id);
             let owners_prefix = owners_prefix(&cfg.cluster_id);
-            let loaded = match load_removals(client, &prefix).await {
-                Ok(r) => load_owners(client, &owners_prefix).await.map(|o| (r, o)),
-                Err(e) => Err(e),
-            };
-            let (removals, owners) = match loaded {
+            let (removals, owners) = match load_term(client, &prefix, &owners_prefix).await {
                 Ok(l) => l,
                 Err(e) => {
                     let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
                     return TermEnd::Lost(e);
                 }
             };
-            // A standby may have revoked the predecessor's lease while it was alive (it took
-            // the leader for dead, `standby_until_vacant`): serve only once its last proof is
-            // over. The loads above overlap the wait.
+            // Serve once a predecessor revoked alive (`standby_until_vacant`) has stopped.
             tokio::time::sleep_until((won_at + SERVE_WINDOW).into()).await;
             service.reset(term, &removals);
             service.await_owners(&owners);
@@ -590,7 +574,7 @@ async fn campaign_and_lead(
 }
 
 /// As a standby, polls the leader key (noting who leads) until it is vacant, and probes the
-/// leader's RPC port at each poll. A leader whose port refuses [`PROBE_REFUSALS_DEAD`] probes
+/// leader's RPC port at each poll. A leader whose port refuses [`PROBE_REFUSALS_DEAD_ITEMS`] probes
 /// in a row (its process is gone) or answers none for [`PROBE_SILENCE_DEAD`] (its address
 /// drops packets, as a deleted pod's does) is taken for dead: its lease is revoked, which
 /// vacates the key, rather than waited out for the lease TTL. Taking a live leader for dead
@@ -671,7 +655,7 @@ impl LeaderProbe {
         let silent = self.silent_since.get_or_insert(started).elapsed();
         if !self.reached {
             None
-        } else if self.refusals >= PROBE_REFUSALS_DEAD {
+        } else if self.refusals >= PROBE_REFUSALS_DEAD_ITEMS {
             Some(format!("refused {} connections in a row", self.refusals))
         } else if silent >= PROBE_SILENCE_DEAD {
             Some(format!(
@@ -729,6 +713,16 @@ async fn wait_out_a_vacated_leader(
         tokio::time::sleep(ttl).await;
     }
     Ok(Some(rev))
+}
+
+/// What a new term starts from: the removal records and the owners' registry.
+async fn load_term(
+    client: &mut Client,
+    removals: &str,
+    owners: &str,
+) -> Result<(Vec<Removal>, Vec<Uuid>), String> {
+    let r = load_removals(client, removals).await?;
+    Ok((r, load_owners(client, owners).await?))
 }
 
 /// Reads the cluster's removal records, oldest first, pruning those beyond

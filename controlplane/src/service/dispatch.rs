@@ -96,6 +96,23 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, mut req: Request, 
 }
 
 /// Runs a request whose keys are the keys held (scoped for a named tenant).
+/// The answer to a ping: whether the master knows `client`, the ranges freed in its segments,
+/// and the term of this master's versions (the HA view version; without HA the start time in
+/// ms), at which owners fence their catalogs (`Catalog::fence`).
+fn ping(st: &mut State, now: u64, client: Uuid) -> PingResponse {
+    let mut freed = Vec::new();
+    let status = if st.ping(now, client, &mut freed) {
+        ClientStatus::Ok
+    } else {
+        ClientStatus::NeedRemount
+    };
+    PingResponse {
+        view_version: i64::try_from(st.term).unwrap_or(i64::MAX),
+        status,
+        freed,
+    }
+}
+
 pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut Vec<u8>) {
     match req {
         Request::InTenant(env) => {
@@ -103,19 +120,7 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             tenant::dispatch_in_tenant(st, m, now, env, out)
         }
         Request::Ping(r) => {
-            let mut freed = Vec::new();
-            let status = if st.ping(now, r.client_id, &mut freed) {
-                ClientStatus::Ok
-            } else {
-                ClientStatus::NeedRemount
-            };
-            let resp = PingResponse {
-                // The term of this master's versions (the HA view version; without HA the
-                // start time in ms): owners fence their catalogs at it (`Catalog::fence`).
-                view_version: i64::try_from(st.term).unwrap_or(i64::MAX),
-                status,
-                freed,
-            };
+            let resp = ping(st, now, r.client_id);
             m.op(Op::Ping, true);
             Ok::<_, ErrorCode>(resp).encode(out);
         }

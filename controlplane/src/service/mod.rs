@@ -26,6 +26,9 @@ mod admin;
 mod clear;
 mod dispatch;
 mod evict;
+#[cfg(test)]
+#[path = "tests/fence.rs"]
+mod fence_tests;
 mod freed;
 pub mod metrics;
 mod object;

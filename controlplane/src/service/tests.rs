@@ -13,9 +13,9 @@ use crate::clock::ManualClock;
 use crate::model::{cfg, T};
 use crate::view::AdminView;
 
-const MIB: u64 = 1 << 20;
-const C1: Uuid = Uuid { hi: 1, lo: 1 };
-const C2: Uuid = Uuid { hi: 2, lo: 2 };
+pub(super) const MIB: u64 = 1 << 20;
+pub(super) const C1: Uuid = Uuid { hi: 1, lo: 1 };
+pub(super) const C2: Uuid = Uuid { hi: 2, lo: 2 };
 
 fn liveness_cfg() -> ServiceConfig {
     ServiceConfig {
@@ -50,31 +50,31 @@ impl T {
         id
     }
 
-    fn mount(&self, n: u64, size: u64) -> Uuid {
+    pub(super) fn mount(&self, n: u64, size: u64) -> Uuid {
         self.mount_on(C1, n, &format!("seg{n}"), size, &format!("host{n}"))
     }
 
-    fn start(&self, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+    pub(super) fn start(&self, key: &str, size: u64) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         self.start_with(C1, key, size, ReplicateConfig::default())
     }
 
-    fn put(&self, key: &str, size: u64) -> Vec<ReplicaDescriptor> {
+    pub(super) fn put(&self, key: &str, size: u64) -> Vec<ReplicaDescriptor> {
         let d = self.start(key, size).expect("put start");
         self.end(C1, key).expect("put end");
         d
     }
 
-    fn put_cfg(&self, key: &str, size: u64, config: ReplicateConfig) {
+    pub(super) fn put_cfg(&self, key: &str, size: u64, config: ReplicateConfig) {
         self.start_with(C1, key, size, config).expect("put start");
         self.end(C1, key).expect("put end");
     }
 
-    fn exist(&self, key: &str) -> bool {
+    pub(super) fn exist(&self, key: &str) -> bool {
         self.call(Request::ExistKey, ExistKey { key: key.into() })
             .unwrap()
     }
 
-    fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
+    pub(super) fn remove(&self, key: &str, force: bool) -> Result<(), ErrorCode> {
         self.call(
             Request::Remove,
             Remove {
@@ -85,7 +85,7 @@ impl T {
         .map(|_| ())
     }
 
-    fn used(&self) -> u64 {
+    pub(super) fn used(&self) -> u64 {
         self.svc.gauges().allocated_bytes
     }
 }
@@ -2038,7 +2038,7 @@ fn a_client_remounting_while_quarantined_keeps_the_invariant() {
 }
 
 /// Two owners' segments for the version tests: seg1 (C1) and seg2 (C2), 64 MiB each.
-fn version_segments() -> (Segment, Segment) {
+pub(super) fn version_segments() -> (Segment, Segment) {
     let seg = |n: u64, name: &str| Segment {
         id: Uuid::from_parts(100, n),
         name: name.into(),
@@ -2052,7 +2052,13 @@ fn version_segments() -> (Segment, Segment) {
     (seg(1, "seg1"), seg(2, "seg2"))
 }
 
-fn held_at(key: &str, size: u64, seg: &Segment, off: u64, version: Version) -> HeldObject {
+pub(super) fn held_at(
+    key: &str,
+    size: u64,
+    seg: &Segment,
+    off: u64,
+    version: Version,
+) -> HeldObject {
     HeldObject {
         key: key.into(),
         size,
@@ -2064,7 +2070,7 @@ fn held_at(key: &str, size: u64, seg: &Segment, off: u64, version: Version) -> H
     }
 }
 
-fn remount_held(t: &T, client: Uuid, seg: &Segment, held: Vec<HeldObject>) {
+pub(super) fn remount_held(t: &T, client: Uuid, seg: &Segment, held: Vec<HeldObject>) {
     let r = t.call(
         Request::ReMountSegment,
         ReMountSegment {
@@ -2342,57 +2348,6 @@ fn re_reported_tombstones_keep_removed_keys_removed() {
     freed_of(&t, C2);
     remount_held(&t, C2, &s2, vec![held_at("r", 4096, &s2, 0, v(4))]);
     assert_eq!(t.get("r").map(|_| ()), Err(ErrorCode::ObjectNotFound));
-}
-
-#[test]
-fn a_new_term_fences_reads_and_removes_while_owners_re_report() {
-    let (_, s2) = version_segments();
-    let t = T::new();
-    t.svc.reset(41, &[]);
-    t.mount(1, 64 * MIB);
-    // An owner re-reports a key written in an earlier term: another owner may still hold a
-    // newer version of it, so it waits for the fence.
-    let old = Version { term: 40, seq: 9 };
-    remount_held(&t, C2, &s2, vec![held_at("old", 4096, &s2, 0, old)]);
-    // Writes go on: their versions are above every earlier term's.
-    let d = t.put("k", 4096);
-    assert_eq!(d[0].version, Version { term: 41, seq: 1 });
-    let unavailable = Err(ErrorCode::UnavailableInCurrentStatus);
-    assert_eq!(t.get("old").map(|_| ()), unavailable);
-    assert_eq!(
-        t.call(Request::ExistKey, ExistKey { key: "old".into() }),
-        unavailable.map(|()| false)
-    );
-    // A key whose newest write is this term's is read at once: no re-report can replace it.
-    assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
-    assert!(t.exist("k"));
-    // A key the index does not hold may be a late owner's: ask again.
-    assert_eq!(t.get("nowhere").map(|_| ()), unavailable);
-    // So is a remove of it: the tombstone at its version refuses every older re-report. A
-    // remove of an older key waits: a newer version of it may still be re-reported.
-    assert_eq!(t.remove("old", true), unavailable);
-    t.put("gone", 4096);
-    t.remove("gone", true).unwrap();
-    let batch = t
-        .call(
-            Request::BatchExistKey,
-            BatchExistKey {
-                keys: vec!["old".into(), "k".into()],
-            },
-        )
-        .unwrap();
-    assert_eq!(
-        batch,
-        vec![Err(ErrorCode::UnavailableInCurrentStatus), Ok(true)]
-    );
-    t.advance(RECOVERY_FENCE_MS);
-    assert!(t.exist("old"));
-    assert!(t.exist("k"));
-    assert_eq!(t.get("k").unwrap().replicas[0].version, d[0].version);
-    // A late re-report of an older version of the key removed in the fence does not bring
-    // it back.
-    remount_held(&t, C2, &s2, vec![held_at("gone", 4096, &s2, 8192, old)]);
-    assert_eq!(t.get("gone").map(|_| ()), Err(ErrorCode::ObjectNotFound));
 }
 
 #[test]
@@ -2941,48 +2896,4 @@ fn group_ids_fit_the_keys_and_upserts_keep_a_keys_group() {
         Err(ErrorCode::ObjectHasLease),
         "a is still in g after a reallocating upsert without groups"
     );
-}
-
-#[test]
-fn the_fence_ends_once_every_registered_owner_re_reported_in_full() {
-    let (_, s2) = version_segments();
-    let t = T::new();
-    t.svc.reset(41, &[]);
-    t.svc.await_owners(&[C2]);
-    let old = Version { term: 40, seq: 9 };
-    remount_held(&t, C2, &s2, vec![held_at("old", 4096, &s2, 0, old)]);
-    // Re-mounted, but its re-report may go on in more calls: still fenced.
-    let unavailable = Err(ErrorCode::UnavailableInCurrentStatus);
-    assert_eq!(t.get("old").map(|_| ()), unavailable);
-    assert_eq!(
-        t.call(Request::ReMountDone, ReMountDone { client_id: C2 }),
-        Ok(())
-    );
-    assert_eq!(t.get("old").unwrap().replicas[0].version, old);
-    t.remove("old", true).unwrap();
-}
-
-#[test]
-fn the_fence_waits_for_an_owner_that_did_not_say_it_is_done() {
-    let (_, s2) = version_segments();
-    let t = T::new();
-    t.svc.reset(41, &[]);
-    // Two registered owners; only one says it is done.
-    t.svc.await_owners(&[C1, C2]);
-    remount_held(
-        &t,
-        C2,
-        &s2,
-        vec![held_at("old", 4096, &s2, 0, Version { term: 40, seq: 9 })],
-    );
-    assert_eq!(
-        t.call(Request::ReMountDone, ReMountDone { client_id: C2 }),
-        Ok(())
-    );
-    assert_eq!(
-        t.get("old").map(|_| ()),
-        Err(ErrorCode::UnavailableInCurrentStatus)
-    );
-    t.advance(RECOVERY_FENCE_MS);
-    assert!(t.exist("old"));
 }
