@@ -49,3 +49,15 @@ pub const KV_EVENT_SOCKET_LINGER: Duration = Duration::from_millis(100);
 /// How often the KV-cache event publisher looks at its queue when it found it empty: the
 /// most an event waits before it is sent, and the wake-ups of an idle master's publisher.
 pub const KV_EVENT_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// The object index (`service/index.rs`) compacts its key array only when freed key bytes
+/// outweigh the live ones and reach this (less in tests, so that they exercise it).
+pub const KEY_GARBAGE_MIN_BYTES: u64 = if cfg!(test) { 1 << 10 } else { 1 << 20 };
+
+/// The largest object size an index record holds (48 bits, `service/record.rs`): 256 TiB,
+/// more than any segment.
+pub const OBJECT_SIZE_MAX_BYTES: u64 = (1 << 48) - 1;
+
+/// Writers the index's writer table holds before its first sweep (`service/objects.rs`); a
+/// sweep runs when the table has doubled since the last one and exceeds this.
+pub const SWEEP_WRITERS_MIN: usize = 1024;

@@ -27,6 +27,7 @@ mod clear;
 mod dispatch;
 mod evict;
 mod freed;
+mod index;
 pub mod metrics;
 mod object;
 mod objects;
@@ -40,6 +41,7 @@ pub mod quota;
 #[cfg(test)]
 #[path = "tests/quota.rs"]
 mod quota_tests;
+mod record;
 pub mod removals;
 mod segments;
 mod tasks;
@@ -562,6 +564,7 @@ impl MasterService {
         }
         st.expire_tasks(now);
         st.release_zombies(m, now);
+        st.objects.sweep_writers();
         st.maybe_evict(m, now);
         st.maybe_evict_disks(now);
     }
