@@ -80,7 +80,11 @@ impl Keys {
 
     fn add(&mut self, key: &str) -> KeyRef {
         let len = key.len();
-        if let Some(off) = self.holes.get_mut(&(len as u32)).and_then(Vec::pop) {
+        let hole = match self.garbage {
+            0 => None,
+            _ => self.holes.get_mut(&(len as u32)).and_then(Vec::pop),
+        };
+        if let Some(off) = hole {
             self.garbage -= len as u64;
             let at = off as usize;
             self.bytes[at..at + len].copy_from_slice(key.as_bytes());

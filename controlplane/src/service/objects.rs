@@ -358,6 +358,7 @@ impl Objects {
             .collect();
         w.kept_at = ids.len();
         w.ids = ids;
+        w.last = None;
     }
 
     /// The writer table's size (tests).
@@ -376,21 +377,36 @@ struct Writers {
     by_id: FastMap<Uuid, u32>,
     /// Size after the last sweep.
     kept_at: usize,
+    /// The writer interned last, and its id (cleared by a sweep).
+    last: Option<(Uuid, u32)>,
 }
 
 impl Writers {
     fn intern(&mut self, client: Uuid) -> u32 {
-        if let Some(&i) = self.by_id.get(&client) {
-            return i;
+        // A batch put names one writer for all its keys: one hash lookup for the batch.
+        if let Some((c, i)) = self.last {
+            if c == client {
+                return i;
+            }
         }
-        let i = u32::try_from(self.ids.len()).expect("under 2^32 writers");
-        self.ids.push(client);
-        self.by_id.insert(client, i);
+        let i = match self.by_id.get(&client) {
+            Some(&i) => i,
+            None => {
+                let i = u32::try_from(self.ids.len()).expect("under 2^32 writers");
+                self.ids.push(client);
+                self.by_id.insert(client, i);
+                i
+            }
+        };
+        self.last = Some((client, i));
         i
     }
 
     fn id_of(&self, client: Uuid) -> Option<u32> {
-        self.by_id.get(&client).copied()
+        match self.last {
+            Some((c, i)) if c == client => Some(i),
+            _ => self.by_id.get(&client).copied(),
+        }
     }
 }
 
