@@ -11,8 +11,10 @@
 //! 64 GiB segment (address space only: the master never touches object bytes), reads the
 //! master's `VmRSS`, then puts `--objects` keys of `--key_bytes` bytes (hex, unique) with
 //! `--value_bytes`-byte values over the real RPC (BatchPutStart + BatchPutEnd of 1,024 keys,
-//! as a client's batch put does). At each of `--points` object counts it reads the RSS again
-//! and prints the growth per object, then times `--lookups` single `GetReplicaList` calls
+//! as a client's batch put does; the p99 and longest batch are printed, as a batch that
+//! waited behind the index growing shows there). At each of `--points` object counts it reads
+//! the RSS again and prints the growth per object, then times `--lookups` single
+//! `GetReplicaList` calls
 //! and as many `BatchExistKey` calls of 128 keys, on keys drawn at random from those held
 //! (one connection, one call at a time: the latency of a lookup, not the master's rate).
 
