@@ -71,3 +71,15 @@ pub const PROBE_REFUSALS_DEAD_ITEMS: u32 = 2;
 
 /// Time without a probe answered after which a standby takes a silent leader for dead.
 pub const PROBE_SILENCE_DEAD: Duration = Duration::from_millis(400);
+
+/// The object index (`service/index.rs`) compacts its key array only when freed key bytes
+/// outweigh the live ones and reach this (less in tests, so that they exercise it).
+pub const KEY_GARBAGE_MIN_BYTES: u64 = if cfg!(test) { 1 << 10 } else { 1 << 20 };
+
+/// The largest object size an index record holds (48 bits, `service/record.rs`): 256 TiB,
+/// more than any segment.
+pub const OBJECT_SIZE_MAX_BYTES: u64 = (1 << 48) - 1;
+
+/// Writers the index's writer table holds before its first sweep (`service/objects.rs`); a
+/// sweep runs when the table has doubled since the last one and exceeds this.
+pub const SWEEP_WRITERS_MIN: usize = 1024;

@@ -31,9 +31,10 @@ impl AdminView for MasterService {
     fn all_keys(&self) -> Vec<String> {
         let st = self.state.lock();
         st.objects
-            .keys()
+            .iter()
+            .map(|(k, _)| k)
             .filter(|k| protocol::tenant::valid_plain_key(k))
-            .cloned()
+            .map(str::to_string)
             .collect()
     }
 

@@ -54,7 +54,7 @@ impl State {
             .and_then(|name| self.segs.by_name(name))
             .and_then(|r| self.segs.get(r))
             .is_some_and(|s| s.is_disk() && s.client == client);
-        if obj.writer != client && !disk_owner {
+        if !self.objects.written_by(obj, client) && !disk_owner {
             return Err(ErrorCode::IllegalClient);
         }
         if !disk_owner && obj.remove_blocked(now) {

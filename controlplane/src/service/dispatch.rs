@@ -76,7 +76,7 @@ pub(crate) fn encode_replicas(out: &mut Vec<u8>, obj: &Object, segs: &Segments, 
             segment_name: &seg.name,
             transport_endpoint: &seg.te_endpoint,
             buffer_address: r.span.addr,
-            size: obj.size,
+            size: obj.size(),
             version: obj.version,
         }
         .encode(out);
@@ -414,7 +414,7 @@ fn get_replica_list(st: &mut State, now: u64, key: &str, out: &mut Vec<u8>) -> b
         let (obj, segs) = st.read(now, key, true)?;
         encode_replicas(o, obj, segs, true);
         // The reader's window (`object.rs`, "Read windows").
-        super::object::told_window_ms(obj.read_window_until.saturating_sub(now)).encode(o);
+        super::object::told_window_ms(obj.read_window_until().saturating_sub(now)).encode(o);
         Ok(())
     })
 }

@@ -111,7 +111,7 @@ pub(crate) fn evictable(
     now: u64,
     tasks: &super::tasks::Tasks,
 ) -> bool {
-    !obj.hard_pin && obj.is_complete() && obj.read_leased_until() <= now && !tasks.active(key)
+    !obj.hard_pin() && obj.is_complete() && obj.read_leased_until() <= now && !tasks.active(key)
 }
 
 impl State {
@@ -195,7 +195,7 @@ impl State {
         let mut retry_at = u64::MAX;
         for (k, obj) in &self.objects {
             // An object with a replication task stays until the task ends (`tasks.rs`).
-            if obj.hard_pin
+            if obj.hard_pin()
                 || !obj.is_complete()
                 || self.tasks.active(k)
                 || self.tasks.internal_blocks_eviction(k, force_evict)
@@ -212,16 +212,16 @@ impl State {
             }
             if obj.soft_pinned(now) {
                 if allow_pinned {
-                    pinned.push((obj.last_read_ms, bytes));
-                } else if let SoftPin::Until(t) = obj.soft_pin {
+                    pinned.push((obj.last_read_ms(), bytes));
+                } else if let SoftPin::Until(t) = obj.soft_pin() {
                     retry_at = retry_at.min(t);
                 }
                 continue;
             }
             if on_disk {
-                backed.push((obj.last_read_ms, bytes));
+                backed.push((obj.last_read_ms(), bytes));
             } else {
-                plain.push((obj.last_read_ms, bytes));
+                plain.push((obj.last_read_ms(), bytes));
             }
         }
         let (cut_backed, short) = cutoff(&mut backed, need);
@@ -279,7 +279,7 @@ impl State {
                 obj.soft_pinned(now),
                 allow_pinned,
                 on_disk,
-                obj.last_read_ms,
+                obj.last_read_ms(),
             );
             if !evict {
                 return true;
@@ -291,7 +291,7 @@ impl State {
                 return true;
             }
             if on_evict {
-                to_offload.push((obj.last_read_ms, k.clone()));
+                to_offload.push((obj.last_read_ms(), k.to_string()));
                 return true;
             }
             for r in &obj.replicas {
@@ -300,7 +300,7 @@ impl State {
             }
             tombstones.add(k, obj.version);
             if tasks.internal_active(k) {
-                dropped_with_task.push(k.clone());
+                dropped_with_task.push(k.to_string());
             }
             keys += 1;
             false

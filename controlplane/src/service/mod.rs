@@ -30,6 +30,7 @@ mod evict;
 #[path = "tests/fence.rs"]
 mod fence_tests;
 mod freed;
+mod index;
 pub mod metrics;
 mod object;
 mod objects;
@@ -43,6 +44,7 @@ pub mod quota;
 #[cfg(test)]
 #[path = "tests/quota.rs"]
 mod quota_tests;
+mod record;
 pub mod removals;
 mod segments;
 mod tasks;
@@ -589,6 +591,7 @@ impl MasterService {
         }
         st.expire_tasks(now);
         st.release_zombies(m, now);
+        st.objects.sweep_writers();
         st.maybe_evict(m, now);
         st.maybe_evict_disks(now);
     }

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use protocol::limits::KEY_MAX_BYTES;
-use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid, Version};
+use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig, SoftPinAction, Uuid};
 
 use super::metrics::Metrics;
 use super::removals::{Pick, Removal};
@@ -53,14 +53,7 @@ use super::segments::{SegRef, Segments};
 use super::State;
 use crate::alloc::Span;
 
-pub(crate) struct Replica {
-    pub seg: SegRef,
-    pub span: Span,
-    pub status: ReplicaStatus,
-    /// On a disk segment (`docs/tiering.md`): not charged to its tenant's quota, which
-    /// weighs memory.
-    pub on_disk: bool,
-}
+pub(crate) use super::record::{Object, Replica, Replicas};
 
 /// Soft-pin state of an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,33 +161,6 @@ pub(crate) fn group_name(key: &str, group: &str) -> String {
     protocol::tenant::scoped_key(protocol::tenant::split_scoped(key).0, group)
 }
 
-pub(crate) struct Object {
-    pub size: u64,
-    /// The version of the write these replicas hold (`tombstones.rs`).
-    pub version: Version,
-    /// The client whose put is in flight or completed last.
-    pub writer: Uuid,
-    pub put_start_ms: u64,
-    pub replicas: Vec<Replica>,
-    pub read_lease_until: u64,
-    /// The end of the last read window handed out (see the module's "Read windows").
-    pub read_window_until: u64,
-    pub probe_lease_until: u64,
-    /// Reads answered while its only COMPLETE replicas were on disk, since its last
-    /// promotion (`offload.rs`, promotion on hit). Saturates; reset when promoted.
-    pub disk_hits: u32,
-    /// Last `GetReplicaList` (or completion): the recency eviction orders by.
-    pub last_read_ms: u64,
-    pub soft_pin: SoftPin,
-    pub hard_pin: bool,
-    /// Its lease group, if any (module docs).
-    pub group: Option<GroupMember>,
-    /// Bytes charged to its tenant (`objects.rs`; 0 without tenant quotas).
-    pub charge: u64,
-    /// The medium last announced in a KV-cache event (`objects.rs`; `None`: not announced).
-    pub announced: crate::events::Medium,
-}
-
 impl Object {
     pub fn is_complete(&self) -> bool {
         self.replicas
@@ -217,23 +183,23 @@ impl Object {
     /// Any lease that blocks a non-forced remove (its own or its group's).
     pub fn remove_blocked(&self, now: u64) -> bool {
         self.read_leased_until() > now
-            || self.probe_lease_until > now
-            || self.group.as_ref().is_some_and(|g| g.probe_until() > now)
+            || self.probe_lease_until() > now
+            || self.group().is_some_and(|g| g.probe_until() > now)
     }
 
     /// Until when a read lease (its own or its group's) blocks eviction and remove.
     pub fn read_leased_until(&self) -> u64 {
-        let g = self.group.as_ref().map_or(0, GroupMember::read_until);
-        self.read_lease_until.max(g)
+        let g = self.group().map_or(0, GroupMember::read_until);
+        self.read_lease_until().max(g)
     }
 
     fn group_is(&self, name: Option<&str>) -> bool {
-        self.group.as_ref().map(|g| g.lease.name.as_str()) == name
+        self.group().map(|g| g.lease.name.as_str()) == name
     }
 
     /// Until when a reader may still be reading the replicas.
     pub fn read_hold_until(&self) -> u64 {
-        self.read_window_until
+        self.read_window_until()
     }
 
     /// The soft pin as the writer of the current put or upsert records it in the owners'
@@ -241,7 +207,7 @@ impl Object {
     /// becomes readable, what is left of a running one, `None` for none or a lapsed one.
     /// Never `Some(0)`, which a catalog reads as "the master's default ttl".
     pub fn soft_pin_left_ms(&self, now: u64) -> Option<u64> {
-        match self.soft_pin {
+        match self.soft_pin() {
             SoftPin::None => None,
             SoftPin::Pending { ttl_ms } => (ttl_ms > 0).then_some(ttl_ms),
             SoftPin::Until(t) => (t > now).then(|| t - now),
@@ -249,7 +215,7 @@ impl Object {
     }
 
     pub fn soft_pinned(&self, now: u64) -> bool {
-        match self.soft_pin {
+        match self.soft_pin() {
             SoftPin::None => false,
             SoftPin::Pending { .. } => true,
             SoftPin::Until(t) => t > now,
@@ -321,7 +287,8 @@ fn reusable_in_place(
 
 /// Checks of a put's parameters that do not depend on the index.
 pub(crate) fn check_put(cfg: &ReplicateConfig, size: u64) -> Result<(), ErrorCode> {
-    if size == 0 || cfg.replica_num == 0 {
+    // An index record holds 48 bits of size (`record.rs`): no segment is larger.
+    if size == 0 || size > crate::limits::OBJECT_SIZE_MAX_BYTES || cfg.replica_num == 0 {
         return Err(ErrorCode::InvalidParams);
     }
     Ok(())
@@ -362,28 +329,29 @@ impl State {
         // What the new value is charged to its tenant (`quota.rs`).
         let need = size.saturating_mul(u64::from(cfg.replica_num));
         let mut admitted = false;
+        let writer = self.objects.writer_id(client);
         if let Some(obj) = self.objects.get_mut(&key) {
-            pin_now = obj.soft_pin;
+            pin_now = obj.soft_pin();
             if upsert {
                 // A key stays in its group (or out of any): an upsert naming another is
                 // refused; one naming none keeps the key's.
                 if group.is_some() && !obj.group_is(group.as_deref()) {
                     return Err(ErrorCode::InvalidParams);
                 }
-                group_now = obj.group.clone();
+                group_now = obj.group().cloned();
                 // Otherwise the old buffers are parked (`drop_object`) and new ones
                 // allocated, as for a new size.
                 let idle = reusable_in_place(obj, &key, now, &self.segs, &self.tasks);
-                if obj.size == size && idle {
-                    obj.soft_pin = resolve_soft_pin(
+                if obj.size() == size && idle {
+                    obj.set_soft_pin(resolve_soft_pin(
                         cfg,
-                        obj.soft_pin,
+                        obj.soft_pin(),
                         self.cfg.default_kv_soft_pin_ttl_ms,
                         self.cfg.max_kv_soft_pin_ttl_ms,
-                    )?;
-                    obj.writer = client;
-                    obj.put_start_ms = now;
-                    obj.hard_pin = cfg.with_hard_pin;
+                    )?);
+                    obj.set_writer(writer);
+                    obj.set_put_start_ms(now);
+                    obj.set_hard_pin(cfg.with_hard_pin);
                     obj.version = version;
                     for r in &mut obj.replicas {
                         r.status = ReplicaStatus::Processing;
@@ -394,7 +362,7 @@ impl State {
                 }
                 // Validate before dropping anything.
                 resolve_soft_pin(cfg, pin_now, 0, self.cfg.max_kv_soft_pin_ttl_ms)?;
-                let replacing = obj.charge;
+                let replacing = obj.charge();
                 self.admit(m, now, &key, need, replacing)?;
                 admitted = true;
                 // Different size, or busy buffers: the old buffers go, new ones come.
@@ -402,7 +370,7 @@ impl State {
             } else if obj.has_complete()
                 || now
                     < obj
-                        .put_start_ms
+                        .put_start_ms()
                         .saturating_add(self.cfg.discard_timeout_ms())
             {
                 return Err(ErrorCode::ObjectAlreadyExists);
@@ -427,24 +395,11 @@ impl State {
         self.note_inflight(now);
         let group =
             group_now.or_else(|| group.map(|name| GroupMember::join(self.groups.join(name))));
-        let obj = Object {
-            size,
-            version,
-            writer: client,
-            put_start_ms: now,
-            replicas,
-            read_lease_until: 0,
-            read_window_until: 0,
-            probe_lease_until: 0,
-            disk_hits: 0,
-            last_read_ms: now,
-            soft_pin,
-            hard_pin: cfg.with_hard_pin,
-            group,
-            charge: 0,
-            announced: Default::default(),
-        };
-        let obj = self.objects.insert_get(key, obj);
+        let mut obj = Object::new(size, version, writer, now, replicas.into());
+        obj.set_soft_pin(soft_pin);
+        obj.set_hard_pin(cfg.with_hard_pin);
+        obj.set_group(group);
+        let obj = self.objects.insert_get(&key, obj);
         Ok((obj, &self.segs))
     }
 
@@ -459,10 +414,9 @@ impl State {
     /// one batch, `Start::Repeat`, whose second start replaces the first as before).
     fn is_retried_start(&self, start: Start, key: &str, client: Uuid, size: u64) -> bool {
         start == Start::Call
-            && self
-                .objects
-                .get(key)
-                .is_some_and(|obj| obj.writer == client && obj.size == size && obj.all_processing())
+            && self.objects.get(key).is_some_and(|obj| {
+                self.objects.written_by(obj, client) && obj.size() == size && obj.all_processing()
+            })
     }
 
     /// Forgets an in-flight put whose writer went quiet; its buffers stay parked until
@@ -472,9 +426,9 @@ impl State {
             return;
         };
         self.tombstones.add(key, obj.version);
-        self.done_inflight(obj.put_start_ms);
+        self.done_inflight(obj.put_start_ms());
         let release_at = obj
-            .put_start_ms
+            .put_start_ms()
             .saturating_add(self.cfg.release_timeout_ms());
         for r in obj.replicas {
             self.zombies.push(super::Zombie {
@@ -543,10 +497,11 @@ impl State {
         client: Uuid,
         key: &str,
     ) -> Result<(), ErrorCode> {
-        let obj = self.objects.get_mut(key).ok_or(ErrorCode::ObjectNotFound)?;
-        if obj.writer != client {
+        let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
+        if !self.objects.written_by(obj, client) {
             return Err(ErrorCode::IllegalClient);
         }
+        let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         let mut changed = false;
         for r in &mut obj.replicas {
             if r.status == ReplicaStatus::Processing {
@@ -555,13 +510,13 @@ impl State {
             }
         }
         if changed {
-            let started = obj.put_start_ms;
+            let started = obj.put_start_ms();
             m.put_ms.record(now.saturating_sub(started));
             // No lease after a put: a fresh object may be removed at once.
-            obj.read_lease_until = now;
-            obj.last_read_ms = now;
-            if let SoftPin::Pending { ttl_ms } = obj.soft_pin {
-                obj.soft_pin = SoftPin::Until(now.saturating_add(ttl_ms));
+            obj.set_read_lease_until(now);
+            obj.set_last_read_ms(now);
+            if let SoftPin::Pending { ttl_ms } = obj.soft_pin() {
+                obj.set_soft_pin(SoftPin::Until(now.saturating_add(ttl_ms)));
             }
             self.evict_epoch += 1;
             self.done_inflight(started);
@@ -575,13 +530,13 @@ impl State {
 
     pub(crate) fn put_revoke(&mut self, client: Uuid, key: &str) -> Result<(), ErrorCode> {
         let obj = self.objects.get(key).ok_or(ErrorCode::ObjectNotFound)?;
-        if obj.writer != client {
+        if !self.objects.written_by(obj, client) {
             return Err(ErrorCode::IllegalClient);
         }
         if !obj.all_processing() {
             return Err(ErrorCode::InvalidWrite);
         }
-        let started = obj.put_start_ms;
+        let started = obj.put_start_ms();
         self.erase(key);
         self.done_inflight(started);
         Ok(())
@@ -610,14 +565,14 @@ impl State {
         }
         let obj = self.objects.get_mut(key).ok_or(ErrorCode::InternalError)?;
         if lease {
-            obj.read_lease_until = obj.read_lease_until.max(now.saturating_add(ttl));
-            if let Some(g) = &obj.group {
+            obj.set_read_lease_until(obj.read_lease_until().max(now.saturating_add(ttl)));
+            if let Some(g) = obj.group() {
                 let l = &g.lease;
                 GroupLease::grant(&l.read_until, &l.read_grants, now.saturating_add(ttl));
             }
-            let window = read_window_ms(ttl, short, obj.size);
-            obj.read_window_until = obj.read_window_until.max(now.saturating_add(window));
-            obj.last_read_ms = now;
+            let window = read_window_ms(ttl, short, obj.size());
+            obj.set_read_window_until(obj.read_window_until().max(now.saturating_add(window)));
+            obj.set_last_read_ms(now);
         }
         Ok((obj, &self.segs))
     }
@@ -629,8 +584,8 @@ impl State {
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         match self.objects.get_mut(key) {
             Some(obj) if obj.has_complete() => {
-                obj.probe_lease_until = obj.probe_lease_until.max(now.saturating_add(ttl));
-                if let Some(g) = &obj.group {
+                obj.set_probe_lease_until(obj.probe_lease_until().max(now.saturating_add(ttl)));
+                if let Some(g) = obj.group() {
                     let l = &g.lease;
                     GroupLease::grant(&l.probe_until, &l.probe_grants, now.saturating_add(ttl));
                 }
@@ -731,7 +686,7 @@ impl State {
             // An object with a replication task is kept even when forced (as upstream's
             // `RemoveAll`; `tasks.rs`).
             if Self::removable(obj, now, force).is_err() || tasks.active(k) {
-                kept.push(k.clone());
+                kept.push(k.to_string());
                 return true;
             }
             tombstones.add(k, obj.version);
@@ -742,7 +697,7 @@ impl State {
                 Self::release_span(segs, zombies, r.seg, r.span, hold_until, now);
             }
             if tasks.internal_active(k) {
-                with_internal.push(k.clone());
+                with_internal.push(k.to_string());
             }
             n += 1;
             false
@@ -785,15 +740,15 @@ impl State {
             if !obj.all_processing() {
                 return true;
             }
-            if now < obj.put_start_ms.saturating_add(timeout_ms) {
-                *inflight.entry(obj.put_start_ms / 1000).or_insert(0) += 1;
+            if now < obj.put_start_ms().saturating_add(timeout_ms) {
+                *inflight.entry(obj.put_start_ms() / 1000).or_insert(0) += 1;
                 return true;
             }
             for r in &obj.replicas {
                 zombies.push(super::Zombie {
                     seg: r.seg,
                     span: r.span,
-                    release_at_ms: obj.put_start_ms.saturating_add(release_ms),
+                    release_at_ms: obj.put_start_ms().saturating_add(release_ms),
                 });
             }
             tombstones.add(k, obj.version);

@@ -21,19 +21,21 @@
 //! ledger equals the sum of `size × replicas` over its objects, and each object's `charge`
 //! is its own `size × replicas`. Without quotas there is no ledger and `charge` stays 0.
 
-use std::collections::hash_map;
-use std::ops::Deref;
-
 use protocol::tenant::split_scoped;
+use protocol::Uuid;
 
+use super::index::Index;
 use super::object::Object;
 use super::FastMap;
 use crate::events::{Event, Kind, Medium, Sink};
+use crate::limits::SWEEP_WRITERS_MIN;
 
 /// The object index (`State::objects`).
 #[derive(Default)]
 pub(crate) struct Objects {
-    map: FastMap<String, Object>,
+    map: Index<Object>,
+    /// The writers objects name (`Object::writer`), interned (`Writers`).
+    writers: Writers,
     /// Bytes charged per tenant (`default` for plain keys); `None` without tenant quotas.
     ledger: Option<FastMap<String, u64>>,
     /// The KV-cache event queue, when `--enable_kv_events` is on.
@@ -63,15 +65,15 @@ fn announce(sink: &Sink, kind: Kind, medium: Medium, key: &str, obj: &Object) {
         kind,
         medium,
         key: key.to_string(),
-        group: obj.group.as_ref().map(|g| g.lease.name.clone()),
+        group: obj.group().map(|g| g.lease.name.clone()),
     });
 }
 
 /// `obj` left the index: removed, if it was announced.
 fn announce_removed(events: &Option<Sink>, key: &str, obj: &Object) {
     if let Some(sink) = events {
-        if obj.announced != Medium::None {
-            announce(sink, Kind::Removed, obj.announced, key, obj);
+        if obj.announced() != Medium::None {
+            announce(sink, Kind::Removed, obj.announced(), key, obj);
         }
     }
 }
@@ -80,8 +82,8 @@ fn announce_removed(events: &Option<Sink>, key: &str, obj: &Object) {
 fn announce_medium(events: &Option<Sink>, key: &str, obj: &mut Object) {
     if let Some(sink) = events {
         let now = medium_of(obj);
-        if now != Medium::None && now != obj.announced {
-            obj.announced = now;
+        if now != Medium::None && now != obj.announced() {
+            obj.set_announced(now);
             announce(sink, Kind::Stored, now, key, obj);
         }
     }
@@ -90,7 +92,7 @@ fn announce_medium(events: &Option<Sink>, key: &str, obj: &mut Object) {
 /// What an object is charged: its size times its memory replica count.
 fn charge_of(obj: &Object) -> u64 {
     let memory = obj.replicas.iter().filter(|r| !r.on_disk).count();
-    obj.size.saturating_mul(memory as u64)
+    obj.size().saturating_mul(memory as u64)
 }
 
 /// The tenant a held key belongs to.
@@ -132,7 +134,8 @@ impl Objects {
     /// An empty index, keeping the tenant ledger when `quotas` is on.
     pub(crate) fn new(quotas: bool) -> Objects {
         Objects {
-            map: FastMap::default(),
+            map: Index::default(),
+            writers: Writers::default(),
             ledger: quotas.then(FastMap::default),
             events: None,
         }
@@ -154,7 +157,7 @@ impl Objects {
         if let (Some(sink), Some(obj)) = (events, map.get_mut(key)) {
             let now = medium_of(obj);
             if now != Medium::None {
-                obj.announced = now;
+                obj.set_announced(now);
                 announce(sink, Kind::Stored, now, key, obj);
             }
         }
@@ -174,47 +177,42 @@ impl Objects {
     }
 
     /// Adds or replaces `key`'s object; returns the one it replaced.
-    pub(crate) fn insert(&mut self, key: String, obj: Object) -> Option<Object> {
-        let old = self.remove(&key);
+    pub(crate) fn insert(&mut self, key: &str, obj: Object) -> Option<Object> {
+        let old = self.remove(key);
         self.insert_get(key, obj);
         old
     }
 
     /// [`Self::insert`] for the put path, returning the object now held: one hash lookup
-    /// without quotas.
-    pub(crate) fn insert_get(&mut self, key: String, mut obj: Object) -> &Object {
+    /// without quotas and events.
+    pub(crate) fn insert_get(&mut self, key: &str, mut obj: Object) -> &Object {
         let Objects {
             map,
             ledger,
             events,
+            ..
         } = self;
         if let Some(l) = ledger {
-            if let Some(old) = map.get(&key) {
-                sub(l, &key, old.charge);
+            if let Some(old) = map.get(key) {
+                sub(l, key, old.charge());
             }
-            obj.charge = charge_of(&obj);
-            add(l, &key, obj.charge);
+            obj.set_charge(charge_of(&obj));
+            add(l, key, obj.charge());
         }
         if events.is_some() {
-            if let Some(old) = map.get(&key) {
-                announce_removed(events, &key, old);
+            if let Some(old) = map.get(key) {
+                announce_removed(events, key, old);
             }
-            obj.announced = Medium::None;
-            announce_medium(events, &key, &mut obj);
+            obj.set_announced(Medium::None);
+            announce_medium(events, key, &mut obj);
         }
-        match map.entry(key) {
-            hash_map::Entry::Occupied(mut o) => {
-                o.insert(obj);
-                o.into_mut()
-            }
-            hash_map::Entry::Vacant(v) => v.insert(obj),
-        }
+        map.insert(key, obj).0
     }
 
     pub(crate) fn remove(&mut self, key: &str) -> Option<Object> {
         let obj = self.map.remove(key)?;
         if let Some(l) = &mut self.ledger {
-            sub(l, key, obj.charge);
+            sub(l, key, obj.charge());
         }
         announce_removed(&self.events, key, &obj);
         Some(obj)
@@ -222,28 +220,32 @@ impl Objects {
 
     /// Keeps the objects `f` accepts (which may change them, e.g. drop replicas); settles
     /// the charges of the ones dropped or changed.
-    pub(crate) fn retain(&mut self, mut f: impl FnMut(&String, &mut Object) -> bool) {
+    pub(crate) fn retain(&mut self, mut f: impl FnMut(&str, &mut Object) -> bool) {
         let Objects {
             map,
             ledger,
             events,
+            ..
         } = self;
-        map.retain(|k, obj| {
-            let keep = f(k, obj);
-            if let Some(l) = ledger {
-                if !keep {
-                    sub(l, k, obj.charge);
-                } else {
-                    settle(l, k, obj);
+        let gone_ledger = std::cell::RefCell::new(ledger);
+        map.retain(
+            |k, obj| {
+                let keep = f(k, obj);
+                if keep {
+                    if let Some(l) = gone_ledger.borrow_mut().as_mut() {
+                        settle(l, k, obj);
+                    }
+                    announce_medium(events, k, obj);
                 }
-            }
-            if !keep {
-                announce_removed(events, k, obj);
-            } else {
-                announce_medium(events, k, obj);
-            }
-            keep
-        });
+                keep
+            },
+            |k, obj| {
+                if let Some(l) = gone_ledger.borrow_mut().as_mut() {
+                    sub(l, k, obj.charge());
+                }
+                announce_removed(events, k, &obj);
+            },
+        );
     }
 
     /// The object of `key` for a change. A change of its replica count must be followed by
@@ -258,6 +260,7 @@ impl Objects {
             map,
             ledger,
             events,
+            ..
         } = self;
         let Some(obj) = map.get_mut(key) else {
             return;
@@ -272,7 +275,7 @@ impl Objects {
     #[cfg(test)]
     pub(crate) fn recomputed(&self) -> FastMap<String, u64> {
         let mut l = FastMap::default();
-        for (k, obj) in &self.map {
+        for (k, obj) in self.map.iter() {
             add(&mut l, k, charge_of(obj));
         }
         l
@@ -287,26 +290,181 @@ impl Objects {
 /// Moves `obj`'s charge to its current `size × replicas`.
 fn settle(ledger: &mut FastMap<String, u64>, key: &str, obj: &mut Object) {
     let now = charge_of(obj);
-    if now != obj.charge {
-        sub(ledger, key, obj.charge);
+    if now != obj.charge() {
+        sub(ledger, key, obj.charge());
         add(ledger, key, now);
-        obj.charge = now;
+        obj.set_charge(now);
     }
 }
 
-impl Deref for Objects {
-    type Target = FastMap<String, Object>;
+impl Objects {
+    pub(crate) fn get(&self, key: &str) -> Option<&Object> {
+        self.map.get(key)
+    }
 
-    fn deref(&self) -> &Self::Target {
-        &self.map
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Object> + '_ {
+        self.map.values()
+    }
+
+    pub(crate) fn iter(&self) -> super::index::Iter<'_, Object> {
+        self.map.iter()
+    }
+
+    /// The id `client` has in the writer table, made if new (for a put that names it as its
+    /// object's writer).
+    pub(crate) fn writer_id(&mut self, client: Uuid) -> u32 {
+        self.writers.intern(client)
+    }
+
+    /// Whether `client` wrote `obj` (its put in flight, or the last completed).
+    pub(crate) fn written_by(&self, obj: &Object, client: Uuid) -> bool {
+        self.writers.id_of(client) == Some(obj.writer())
+    }
+
+    /// Forgets writers no object names any more, once the table has doubled since the last
+    /// time (a pass over the index, amortised over the writers that came since).
+    pub(crate) fn sweep_writers(&mut self) {
+        let w = &mut self.writers;
+        if w.ids.len() < 2 * w.kept_at + SWEEP_WRITERS_MIN {
+            return;
+        }
+        let mut live = vec![false; w.ids.len()];
+        for obj in self.map.values() {
+            live[obj.writer() as usize] = true;
+        }
+        let mut new_id = vec![0u32; w.ids.len()];
+        let mut ids = Vec::new();
+        for (i, id) in w.ids.iter().enumerate() {
+            if live[i] {
+                new_id[i] = ids.len() as u32;
+                ids.push(*id);
+            }
+        }
+        self.map.retain(
+            |_, obj| {
+                obj.set_writer(new_id[obj.writer() as usize]);
+                true
+            },
+            |_, _| {},
+        );
+        w.by_id = ids
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (*u, i as u32))
+            .collect();
+        w.kept_at = ids.len();
+        w.ids = ids;
+        w.last = None;
+    }
+
+    /// The writer table's size (tests).
+    #[cfg(test)]
+    pub(crate) fn writers_len(&self) -> usize {
+        self.writers.ids.len()
+    }
+}
+
+/// The clients that wrote objects, each with a small id an object keeps instead of the
+/// UUID (`record.rs`). Ids are never reused while an object names them: a sweep
+/// ([`Objects::sweep_writers`]) renumbers the live ones and drops the rest.
+#[derive(Default)]
+struct Writers {
+    ids: Vec<Uuid>,
+    by_id: FastMap<Uuid, u32>,
+    /// Size after the last sweep.
+    kept_at: usize,
+    /// The writer interned last, and its id (cleared by a sweep).
+    last: Option<(Uuid, u32)>,
+}
+
+impl Writers {
+    fn intern(&mut self, client: Uuid) -> u32 {
+        // A batch put names one writer for all its keys: one hash lookup for the batch.
+        if let Some((c, i)) = self.last {
+            if c == client {
+                return i;
+            }
+        }
+        let i = match self.by_id.get(&client) {
+            Some(&i) => i,
+            None => {
+                let i = u32::try_from(self.ids.len()).expect("under 2^32 writers");
+                self.ids.push(client);
+                self.by_id.insert(client, i);
+                i
+            }
+        };
+        self.last = Some((client, i));
+        i
+    }
+
+    fn id_of(&self, client: Uuid) -> Option<u32> {
+        match self.last {
+            Some((c, i)) if c == client => Some(i),
+            _ => self.by_id.get(&client).copied(),
+        }
     }
 }
 
 impl<'a> IntoIterator for &'a Objects {
-    type Item = (&'a String, &'a Object);
-    type IntoIter = hash_map::Iter<'a, String, Object>;
+    type Item = (&'a str, &'a Object);
+    type IntoIter = super::index::Iter<'a, Object>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.map.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::record::Replicas;
+
+    fn obj(writer: u32) -> Object {
+        Object::new(
+            64,
+            protocol::Version::default(),
+            writer,
+            1000,
+            Replicas::default(),
+        )
+    }
+
+    /// The writer table forgets clients no object names, and renumbering keeps every
+    /// object's writer.
+    #[test]
+    fn sweeping_writers_keeps_the_named_ones() {
+        let mut ix = Objects::new(false);
+        let n = 3 * SWEEP_WRITERS_MIN as u64;
+        for i in 0..n {
+            let w = ix.writer_id(Uuid::from_parts(7, i));
+            ix.insert(&format!("k{i}"), obj(w));
+        }
+        for i in 0..n {
+            if i % 100 != 0 {
+                ix.remove(&format!("k{i}"));
+            }
+        }
+        assert_eq!(ix.writers_len(), n as usize);
+        ix.sweep_writers();
+        assert_eq!(ix.writers_len(), n.div_ceil(100) as usize);
+        for i in 0..n {
+            let c = Uuid::from_parts(7, i);
+            match ix.get(&format!("k{i}")) {
+                Some(o) => {
+                    assert!(ix.written_by(o, c), "k{i}");
+                    assert!(!ix.written_by(o, Uuid::from_parts(7, i + 1)));
+                }
+                None => assert_eq!(ix.writers.id_of(c), None),
+            }
+        }
+        // Not again until the table doubles.
+        ix.writer_id(Uuid::from_parts(8, 0));
+        ix.sweep_writers();
+        assert_eq!(ix.writers_len(), n.div_ceil(100) as usize + 1);
     }
 }

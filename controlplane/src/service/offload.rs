@@ -265,8 +265,8 @@ impl State {
         if !o.enabled || !o.promotion_on_hit {
             return;
         }
-        obj.disk_hits = obj.disk_hits.saturating_add(1);
-        if obj.disk_hits < o.promotion_threshold
+        obj.set_disk_hits(obj.disk_hits().saturating_add(1));
+        if obj.disk_hits() < o.promotion_threshold
             || self.tasks.promotions as u64 >= o.promotion_queue_limit
             || self.tasks.internal_active(key)
         {
@@ -278,7 +278,7 @@ impl State {
             .replicas
             .iter()
             .find_map(|r| segs.get(r.seg).filter(|s| s.is_disk()).map(|s| s.client))
-            .map(|c| (c, obj.size))
+            .map(|c| (c, obj.size()))
         else {
             return;
         };
@@ -307,7 +307,7 @@ impl State {
             .is_some()
         {
             if let Some(obj) = self.objects.get_mut(key) {
-                obj.disk_hits = 0;
+                obj.set_disk_hits(0);
             }
             self.tier.promotions_queued += 1;
         }
@@ -453,7 +453,7 @@ impl State {
             if pinned && !allow_pinned {
                 continue;
             }
-            cands.push((pinned, obj.last_read_ms, k.clone()));
+            cands.push((pinned, obj.last_read_ms(), k.to_string()));
         }
         cands.sort_unstable_by_key(|c| (c.0, c.1));
         let (mut freed, mut dropped) = (0u64, 0u64);

@@ -304,8 +304,8 @@ impl State {
             .iter()
             .filter(|(k, obj)| {
                 // An object charged nothing (on disk only, `docs/tiering.md`) frees nothing.
-                k.as_str() != except
-                    && obj.charge > 0
+                *k != except
+                    && obj.charge() > 0
                     && tenant_of(k) == tenant
                     && evictable(obj, k, now, &self.tasks)
                     && (allow_pinned || !obj.soft_pinned(now))
@@ -313,9 +313,9 @@ impl State {
             .map(|(k, obj)| {
                 (
                     obj.soft_pinned(now),
-                    obj.last_read_ms,
-                    obj.charge,
-                    k.clone(),
+                    obj.last_read_ms(),
+                    obj.charge(),
+                    k.to_string(),
                 )
             })
             .collect();
@@ -332,7 +332,7 @@ impl State {
                 continue;
             };
             self.fail_internal(now, &key, "the object was evicted for its tenant's quota");
-            freed += obj.charge;
+            freed += obj.charge();
             keys += 1;
             self.tombstones.add(&key, obj.version);
             for r in &obj.replicas {

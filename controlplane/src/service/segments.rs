@@ -23,7 +23,7 @@ use protocol::{
 };
 
 use super::freed::FreedOutbox;
-use super::object::{check_key, Object, Replica, SoftPin};
+use super::object::{check_key, Object, Replica, Replicas, SoftPin};
 use super::State;
 use crate::alloc::{SegmentAllocator, Span};
 
@@ -296,7 +296,7 @@ impl State {
     /// until its read lease ends (a late re-report can come after reads resumed).
     fn reinsert(&mut self, now: u64, client: Uuid, mut h: HeldObject) -> bool {
         h.key = super::tenant::held_key(self.cfg.multi_tenants, h.key);
-        if check_key(&h.key).is_err() {
+        if check_key(&h.key).is_err() || h.size > crate::limits::OBJECT_SIZE_MAX_BYTES {
             return false;
         }
         let Some(r) = self.held_segment(client, &h) else {
@@ -318,8 +318,9 @@ impl State {
             return false;
         };
         if let Some(obj) = objects.get(&h.key) {
-            let fits =
-                obj.size == h.size && obj.is_complete() && obj.replicas.iter().all(|x| x.seg != r);
+            let fits = obj.size() == h.size
+                && obj.is_complete()
+                && obj.replicas.iter().all(|x| x.seg != r);
             if !fits {
                 return false;
             }
@@ -336,14 +337,15 @@ impl State {
         };
         match objects.get_mut(&h.key) {
             Some(obj) => {
-                obj.hard_pin |= h.with_hard_pin;
-                obj.soft_pin = later_soft_pin(obj.soft_pin, soft_pin);
+                obj.set_hard_pin(obj.hard_pin() | h.with_hard_pin);
+                obj.set_soft_pin(later_soft_pin(obj.soft_pin(), soft_pin));
                 obj.replicas.push(replica);
                 objects.settle(&h.key);
             }
             None => {
-                let obj = held_object(&h, client, now, replica, lease_until, soft_pin);
-                objects.insert(h.key, obj);
+                let writer = objects.writer_id(client);
+                let obj = held_object(&h, writer, now, replica, lease_until, soft_pin);
+                objects.insert(&h.key, obj);
             }
         }
         true
@@ -588,27 +590,16 @@ fn later_soft_pin(a: SoftPin, b: SoftPin) -> SoftPin {
 /// `replica`, read-leased until `lease_until`.
 fn held_object(
     h: &HeldObject,
-    client: Uuid,
+    writer: u32,
     now: u64,
     replica: Replica,
     lease_until: u64,
     soft_pin: SoftPin,
 ) -> Object {
-    Object {
-        size: h.size,
-        version: h.version,
-        writer: client,
-        put_start_ms: now,
-        replicas: vec![replica],
-        read_lease_until: lease_until,
-        read_window_until: lease_until,
-        probe_lease_until: 0,
-        disk_hits: 0,
-        last_read_ms: now,
-        soft_pin,
-        hard_pin: h.with_hard_pin,
-        group: None,
-        charge: 0,
-        announced: Default::default(),
-    }
+    let mut obj = Object::new(h.size, h.version, writer, now, Replicas::One(replica));
+    obj.set_read_lease_until(lease_until);
+    obj.set_read_window_until(lease_until);
+    obj.set_soft_pin(soft_pin);
+    obj.set_hard_pin(h.with_hard_pin);
+    obj
 }

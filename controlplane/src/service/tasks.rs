@@ -530,9 +530,10 @@ impl State {
         };
         let (key, targets, version) = (task.key.clone(), task.targets.clone(), task.version);
         let (size, held) = match self.objects.get(&key) {
-            Some(o) if o.is_complete() && o.version == version => {
-                (o.size, o.replicas.iter().map(|x| x.seg).collect::<Vec<_>>())
-            }
+            Some(o) if o.is_complete() && o.version == version => (
+                o.size(),
+                o.replicas.iter().map(|x| x.seg).collect::<Vec<_>>(),
+            ),
             _ => return Err(Some("the object was removed or replaced".into())),
         };
         let (ranges, lack) = self.allocate_targets(now, &targets, &held, size);
@@ -640,7 +641,7 @@ impl State {
                         segment_name: seg.name.clone(),
                         transport_endpoint: seg.te_endpoint.clone(),
                         buffer_address: r.span.addr,
-                        size: obj.size,
+                        size: obj.size(),
                         version: obj.version,
                     },
                 ))
@@ -658,7 +659,7 @@ impl State {
                     segment_name: seg.name.clone(),
                     transport_endpoint: seg.te_endpoint.clone(),
                     buffer_address: span.addr,
-                    size: obj.size,
+                    size: obj.size(),
                     version: obj.version,
                 })
             })
@@ -668,7 +669,7 @@ impl State {
             key: task.key.clone(),
             sources,
             targets,
-            with_hard_pin: obj.hard_pin,
+            with_hard_pin: obj.hard_pin(),
             soft_pin_ttl_ms: obj.soft_pin_left_ms(now),
         }
     }

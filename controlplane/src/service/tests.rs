@@ -1680,7 +1680,7 @@ fn random_requests_never_panic_and_always_decode() {
     // The in-flight index may overcount, never undercount.
     let mut actual = std::collections::BTreeMap::new();
     for o in st.objects.values().filter(|o| o.all_processing()) {
-        *actual.entry(o.put_start_ms / 1000).or_insert(0u64) += 1;
+        *actual.entry(o.put_start_ms() / 1000).or_insert(0u64) += 1;
     }
     for (b, n) in actual {
         assert!(st.inflight.get(&b).copied().unwrap_or(0) >= n, "bucket {b}");

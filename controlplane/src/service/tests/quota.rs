@@ -105,7 +105,7 @@ impl T {
         assert_eq!(st.objects.kept_ledger(), st.objects.recomputed());
         for obj in st.objects.values() {
             let memory = obj.replicas.iter().filter(|r| !r.on_disk).count();
-            assert_eq!(obj.charge, obj.size * memory as u64);
+            assert_eq!(obj.charge(), obj.size() * memory as u64);
         }
     }
 }
