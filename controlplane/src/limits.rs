@@ -49,3 +49,11 @@ pub const KV_EVENT_SOCKET_LINGER: Duration = Duration::from_millis(100);
 /// How often the KV-cache event publisher looks at its queue when it found it empty: the
 /// most an event waits before it is sent, and the wake-ups of an idle master's publisher.
 pub const KV_EVENT_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Least time between two scans of the index for draining segments (`service/drain.rs`): a
+/// scan walks every object, so a drain costs the master one walk per interval at most.
+pub const DRAIN_SCAN_INTERVAL_MS: u64 = 200;
+
+/// Move tasks one scan of a draining segment books at most (`service/drain.rs`); the rest
+/// wait for the next scan, so a drain of millions of objects does not queue them all at once.
+pub const DRAIN_MOVES_PER_SCAN_MAX: usize = 4096;

@@ -45,6 +45,10 @@ pub struct NodeConfig {
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
+    /// `--drain_timeout_sec` (default 30): on SIGTERM the node drains its shards' segments
+    /// (`Node::shutdown`, `docs/fleet.md`) for at most this long before it unmounts them; 0
+    /// unmounts at once.
+    pub drain_timeout_s: u64,
     /// `--enable_offload` (default false): a disk tier under the node's memory, in the
     /// directory and within the limits of the `MOONCAKE_OFFLOAD_*` variables.
     pub enable_offload: bool,
@@ -76,6 +80,7 @@ impl Default for NodeConfig {
             http_port: None,
             prefault: false,
             replica_tasks: true,
+            drain_timeout_s: 30,
             enable_offload: false,
             cluster_id: crate::store::cluster_id_from_env(),
             auth_token_file: None,
@@ -122,6 +127,8 @@ flags (--flag=value or --flag value):
   --http_host=127.0.0.1          address both HTTP endpoints bind (0.0.0.0: every interface,
                                  e.g. for a Prometheus on another host)
   --prefault=false               fault segment pages in at start-up
+  --drain_timeout_sec=30         on SIGTERM, drain the segments (no new puts, only copies
+                                 moved to other nodes) for at most this long; 0 = unmount now
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
                                  to this node (false: leave them to store clients)
   --enable_offload=false         a disk tier under this node's memory: objects the master
@@ -139,6 +146,17 @@ fn parse_bool(v: &str) -> Result<bool, String> {
         return Ok(true);
     }
     protocol::env::parse_flag_bool(v).ok_or_else(|| format!("expected a boolean, got {v:?}"))
+}
+
+/// `--flag`, `--noflag` or `--flag=BOOL` when `name` is `flag`'s; `None` for another flag.
+fn bool_flag(name: &str, inline: &Option<String>, flag: &str) -> Result<Option<bool>, String> {
+    if name != flag && name.strip_prefix("no") != Some(flag) {
+        return Ok(None);
+    }
+    match inline {
+        Some(v) => parse_bool(v).map(Some),
+        None => Ok(Some(name == flag)),
+    }
 }
 
 impl NodeConfig {
@@ -162,32 +180,20 @@ impl NodeConfig {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
                 None => (flag.to_string(), None),
             };
-            if name == "enable_offload" || name == "noenable_offload" {
-                c.enable_offload = match inline {
-                    Some(v) => parse_bool(&v)?,
-                    None => name == "enable_offload",
-                };
+            if let Some(on) = bool_flag(&name, &inline, "enable_offload")? {
+                c.enable_offload = on;
                 continue;
             }
-            if name == "prefault" || name == "noprefault" {
-                c.prefault = match inline {
-                    Some(v) => parse_bool(&v)?,
-                    None => name == "prefault",
-                };
+            if let Some(on) = bool_flag(&name, &inline, "prefault")? {
+                c.prefault = on;
                 continue;
             }
-            if name == "enable_http_server" || name == "noenable_http_server" {
-                http_on = match inline {
-                    Some(v) => parse_bool(&v)?,
-                    None => name == "enable_http_server",
-                };
+            if let Some(on) = bool_flag(&name, &inline, "enable_http_server")? {
+                http_on = on;
                 continue;
             }
-            if name == "replica_tasks" || name == "noreplica_tasks" {
-                c.replica_tasks = match inline {
-                    Some(v) => parse_bool(&v)?,
-                    None => name == "replica_tasks",
-                };
+            if let Some(on) = bool_flag(&name, &inline, "replica_tasks")? {
+                c.replica_tasks = on;
                 continue;
             }
             let value = match inline {
@@ -215,6 +221,7 @@ impl NodeConfig {
                 "protocol" => c.protocol = value,
                 "device_names" | "device_name" => c.device_names = value,
                 "threads" => c.threads = num(&value)? as usize,
+                "drain_timeout_sec" => c.drain_timeout_s = num(&value)?,
                 "shards" => {
                     c.shards = num(&value)? as usize;
                     shards_set = true;
