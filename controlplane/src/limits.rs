@@ -57,3 +57,6 @@ pub const DRAIN_SCAN_INTERVAL_MS: u64 = 200;
 /// Move tasks one scan of a draining segment books at most (`service/drain.rs`); the rest
 /// wait for the next scan, so a drain of millions of objects does not queue them all at once.
 pub const DRAIN_MOVES_PER_SCAN_MAX: usize = 4096;
+
+/// The deadline of an admin drain (`POST /api/v1/drain`) that names none.
+pub const DRAIN_DEADLINE_MS_DEFAULT: u64 = 60_000;

@@ -412,6 +412,7 @@ impl Node {
             left.len()
         );
         let mut next_ping = Instant::now();
+        let mut unreachable = None;
         loop {
             left.retain(|d| {
                 let r = self.master.call(&GracefulUnmountSegment {
@@ -419,8 +420,16 @@ impl Node {
                     segment_id: d.id,
                     grace_ms,
                 });
+                if let Err(e) = &r {
+                    unreachable = Some(e.to_string());
+                }
                 !matches!(r, Ok(Err(ErrorCode::SegmentNotFound)))
             });
+            // Without a master nothing moves our objects: stop waiting.
+            if let Some(why) = &unreachable {
+                eprintln!("mooncake_client: drain abandoned, the master is unreachable: {why}");
+                break;
+            }
             if left.is_empty() || started.elapsed() >= timeout + DRAIN_OVERRUN {
                 break;
             }
@@ -443,6 +452,12 @@ impl Node {
             );
         }
         left.is_empty()
+    }
+
+    /// A stop on SIGTERM: [`Node::drain`] for at most `drain_timeout`, then [`Node::shutdown`].
+    pub fn stop(&self, drain_timeout: Duration) {
+        self.drain(drain_timeout);
+        self.shutdown();
     }
 
     /// Unmounts every shard at the master and removes the published descriptors. Idempotent;

@@ -512,8 +512,9 @@ async fn drain_segment(
     };
     let deadline_ms = q
         .deadline_sec
-        .unwrap_or(DRAIN_DEADLINE_DEFAULT_S)
-        .saturating_mul(1000);
+        .map_or(crate::limits::DRAIN_DEADLINE_MS_DEFAULT, |s| {
+            s.saturating_mul(1000)
+        });
     match view.drain_segment(&q.segment, deadline_ms) {
         Ok(()) => json_response(StatusCode::OK, json!({"success": true})),
         Err(code) => json_response(
@@ -522,9 +523,6 @@ async fn drain_segment(
         ),
     }
 }
-
-/// The deadline of an admin drain that names none, seconds.
-const DRAIN_DEADLINE_DEFAULT_S: u64 = 60;
 
 #[derive(Deserialize)]
 struct TenantQuery {

@@ -17,9 +17,11 @@
 //!    - an object with a put in flight is waited for (nothing new can be placed here);
 //! 3. when no object holds a replica here and no parked span of it is left (its readers'
 //!    windows ended), the segment is unmounted: the drain is done;
-//! 4. at the deadline the segment is unmounted anyway; the objects whose only copy it still
+//! 4. at the deadline the segment is unmounted anyway, and at once when it holds only copies
+//!    and no other memory segment takes new replicas (a last node stopping, or every node
+//!    draining together: nothing could ever take them); the objects whose only copy it still
 //!    held leave the index, and how many is logged and counted
-//!    (`master_drain_objects_lost_total`).
+//!    (`master_drain_objects_lost_total`, with `master_drains_timed_out_total`).
 //!
 //! The drain state is the segment's `draining_until`; it is soft state, like tasks: a new HA
 //! leader or a restarted master learns the segment from its owner's re-mount as a plain one,
@@ -106,13 +108,25 @@ impl State {
             Metrics::add(&m.drain_replicas_detached, scan.detached);
             let readers = self.zombies.iter().any(|z| z.seg == r);
             let name = self.segs.get(r).map(|s| s.name.clone()).unwrap_or_default();
+            // Only copies and no segment that could ever take them (a quarantined one may come
+            // back): waiting is pointless.
+            let stuck = scan.only_copies > 0
+                && !self
+                    .segs
+                    .iter()
+                    .any(|s| s.draining_until.is_none() && !s.is_disk());
             if scan.holding == 0 && !readers {
                 tracing::info!("segment {name} drained: unmounted with nothing left on it");
                 Metrics::inc(&m.drains_completed);
                 self.unmount_ref(r);
-            } else if now >= deadline {
+            } else if now >= deadline || stuck {
+                let why = if stuck {
+                    "cannot finish (no other memory segment left)"
+                } else {
+                    "did not finish by its deadline"
+                };
                 tracing::warn!(
-                    "drain of segment {name} did not finish by its deadline: unmounted with {} \
+                    "drain of segment {name} {why}: unmounted with {} \
                      object(s) whose only copy it held (lost), {} other(s) still on it",
                     scan.only_copies,
                     scan.holding - scan.only_copies

@@ -293,15 +293,45 @@ impl Metrics {
         render_gauges(&mut s, g);
         render_tier(&mut s, &g.tier);
         self.render_counters(&mut s);
+        self.render_drain_counters(&mut s);
         self.render_ops(&mut s);
         self.render_hists(&mut s);
         self.render_batches(&mut s);
         s
     }
 
+    /// The counters of segment drains (`drain.rs`).
+    fn render_drain_counters(&self, s: &mut String) {
+        let counters: [(&str, &str, &AtomicU64); 4] = [
+            (
+                "master_drains_completed_total",
+                "Segment drains that ended with nothing left on the segment",
+                &self.drains_completed,
+            ),
+            (
+                "master_drains_timed_out_total",
+                "Segment drains unmounted at their deadline with objects still on the segment",
+                &self.drains_timed_out,
+            ),
+            (
+                "master_drain_objects_lost_total",
+                "Objects whose only copy was on a segment whose drain hit its deadline",
+                &self.drain_objects_lost,
+            ),
+            (
+                "master_drain_replicas_detached_total",
+                "Replicas dropped off draining segments because their object had a copy elsewhere",
+                &self.drain_replicas_detached,
+            ),
+        ];
+        for (name, help, v) in counters {
+            metric(s, name, help, "counter", Self::get(v));
+        }
+    }
+
     /// The counters of eviction, puts and clients.
     fn render_counters(&self, s: &mut String) {
-        let counters: [(&str, &str, &AtomicU64); 16] = [
+        let counters: [(&str, &str, &AtomicU64); 12] = [
             (
                 "master_evicted_key_count",
                 "Total number of keys evicted",
@@ -361,26 +391,6 @@ impl Metrics {
                 "master_client_unquarantines_total",
                 "Times a quarantine was lifted because the client pinged again",
                 &self.unquarantined_clients,
-            ),
-            (
-                "master_drains_completed_total",
-                "Segment drains that ended with nothing left on the segment",
-                &self.drains_completed,
-            ),
-            (
-                "master_drains_timed_out_total",
-                "Segment drains unmounted at their deadline with objects still on the segment",
-                &self.drains_timed_out,
-            ),
-            (
-                "master_drain_objects_lost_total",
-                "Objects whose only copy was on a segment whose drain hit its deadline",
-                &self.drain_objects_lost,
-            ),
-            (
-                "master_drain_replicas_detached_total",
-                "Replicas dropped off draining segments because their object had a copy elsewhere",
-                &self.drain_replicas_detached,
             ),
         ];
         for (name, help, v) in counters {

@@ -804,11 +804,8 @@ impl State {
                     self.tier.offloads_failed += 1;
                 }
             }
-            Some(Internal::Drain) => {
-                if status == TaskStatus::Failed {
-                    tracing::info!("drain move of {:?} failed: {message}", task.key);
-                }
-            }
+            // A failed drain move is booked again by the next drain scan.
+            Some(Internal::Drain) => {}
             Some(Internal::Promotion) => {
                 t.promotions -= 1;
                 if status == TaskStatus::Success {

@@ -193,8 +193,11 @@ fn a_drain_moves_only_copies_detaches_the_rest_and_unmounts() {
 fn a_drain_that_cannot_move_says_how_many_it_lost_at_its_deadline() {
     let t = T::with(cfg());
     t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
-    t.put_one("a", MIB, "");
-    t.put_one("b", MIB, "");
+    // s2 takes new replicas but has no room for these.
+    t.mount_on(C2, 2, "s2", 4 * MIB, "h2");
+    t.put_one("fill", 4 * MIB, "s2");
+    t.put_one("a", 2 * MIB, "s1");
+    t.put_one("b", 2 * MIB, "s1");
     let r = t.call(
         Request::GracefulUnmountSegment,
         GracefulUnmountSegment {
@@ -206,11 +209,22 @@ fn a_drain_that_cannot_move_says_how_many_it_lost_at_its_deadline() {
     assert_eq!(r, Ok(()));
     t.advance(2999);
     t.svc.tick();
-    assert_eq!(t.segment_names(), ["s1"]);
+    assert_eq!(t.segment_names().len(), 2);
     assert!(t.get("a").is_ok(), "readable while draining");
     t.advance(1);
     t.svc.tick();
-    assert!(t.segment_names().is_empty());
+    assert_eq!(t.segment_names(), ["s2"]);
     assert_eq!(t.metric("master_drains_timed_out_total"), 1);
     assert_eq!(t.metric("master_drain_objects_lost_total"), 2);
+}
+
+#[test]
+fn a_drain_with_no_other_segment_gives_up_at_once() {
+    let t = T::with(cfg());
+    t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
+    t.put_one("a", MIB, "");
+    t.svc.drain_segment("s1", 60_000).unwrap();
+    t.svc.tick();
+    assert!(t.segment_names().is_empty());
+    assert_eq!(t.metric("master_drain_objects_lost_total"), 1);
 }
