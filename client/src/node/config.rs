@@ -330,6 +330,7 @@ mod tests {
             "--mmap_arena_pool_size=1073741824",
             "--prefault",
             "--noreplica_tasks",
+            "--drain_timeout_sec=7",
         ])
         .unwrap()
         .unwrap();
@@ -340,6 +341,8 @@ mod tests {
         assert!(c.prefault);
         assert!(!c.replica_tasks);
         assert!(NodeConfig::default().replica_tasks);
+        assert_eq!(c.drain_timeout_s, 7);
+        assert_eq!(NodeConfig::default().drain_timeout_s, 30);
         assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
         assert_eq!(
             args(&["--cluster_id=prod-a"]).unwrap().unwrap().cluster_id,

@@ -17,9 +17,9 @@
 //!    - an object with a put in flight is waited for (nothing new can be placed here);
 //! 3. when no object holds a replica here and no parked span of it is left (its readers'
 //!    windows ended), the segment is unmounted: the drain is done;
-//! 4. at the deadline the segment is unmounted anyway, and at once when it holds only copies
-//!    and no other memory segment takes new replicas (a last node stopping, or every node
-//!    draining together: nothing could ever take them); the objects whose only copy it still
+//! 4. at the deadline the segment is unmounted anyway, and at once when no other memory
+//!    segment is left that is not draining (a last node stopping, or every node draining
+//!    together: nothing could ever take its objects); the objects whose only copy it still
 //!    held leave the index, and how many is logged and counted
 //!    (`master_drain_objects_lost_total`, with `master_drains_timed_out_total`).
 //!
@@ -108,13 +108,12 @@ impl State {
             Metrics::add(&m.drain_replicas_detached, scan.detached);
             let readers = self.zombies.iter().any(|z| z.seg == r);
             let name = self.segs.get(r).map(|s| s.name.clone()).unwrap_or_default();
-            // Only copies and no segment that could ever take them (a quarantined one may come
-            // back): waiting is pointless.
-            let stuck = scan.only_copies > 0
-                && !self
-                    .segs
-                    .iter()
-                    .any(|s| s.draining_until.is_none() && !s.is_disk());
+            // No other memory segment that could ever take its objects (a quarantined one may
+            // come back): waiting, even for puts in flight or readers, saves nothing.
+            let stuck = !self
+                .segs
+                .iter()
+                .any(|s| s.draining_until.is_none() && !s.is_disk());
             if scan.holding == 0 && !readers {
                 tracing::info!("segment {name} drained: unmounted with nothing left on it");
                 Metrics::inc(&m.drains_completed);
