@@ -149,6 +149,7 @@ class Masters:
     def __init__(self, impl, bindir, etcd):
         self.impl, self.bindir, self.etcd = impl, bindir, etcd
         self.procs = {}  # "addr:port" -> (Popen, Netns)
+        self.dead = []  # namespaces of killed masters
         self.next_net = 1
         self.logdir = Path(tempfile.mkdtemp(prefix="mooncake-failover-masters-"))
         for _ in range(3):
@@ -168,23 +169,32 @@ class Masters:
             args += ["--enable_oplog=true"]
         log = open(self.logdir / f"master-{net.ns}.log", "wb")
         addr = f"{net.ns_addr}:{port}"
+        env = dict(os.environ, MC_LOG_LEVEL="0")  # elections and serving in the log
         self.procs[addr] = (subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT), net)
+                                             stderr=subprocess.STDOUT, env=env), net)
 
     def net_of(self, addr):
         return self.procs[addr][1]
 
     def kill(self, addr):
+        """SIGKILL; the namespace stays (its kernel refuses connections, or with `silence`
+        drops them) until `reap`."""
         p, net = self.procs.pop(addr)
         p.send_signal(signal.SIGKILL)
         p.wait()
-        net.delete()
+        self.dead.append(net)
+
+    def reap(self):
+        for net in self.dead:
+            net.delete()
+        self.dead = []
 
     def stop(self):
         for p, net in self.procs.values():
             p.kill()
             p.wait()
             net.delete()
+        self.reap()
 
 
 def worker(conn, first, count, etcd_addr):
@@ -220,6 +230,9 @@ def worker(conn, first, count, etcd_addr):
                 ok = False
             if ok:
                 done[ci].append((started, time.monotonic()))
+                # Keeps the segments from filling (a full pool after a failover waits for
+                # the re-reported objects' read leases, which is not what is measured here).
+                store.remove(key, force=True)
             else:
                 failed[ci] += 1
                 time.sleep(0.01)
@@ -285,16 +298,19 @@ def run_case(impl, bindir, clients, mode, runs, give_up):
             if mode == "silent":
                 masters.net_of(leader).silence()
             killed = time.monotonic()
+            killed_wall = time.time()
             masters.kill(leader)
             back = wait_back(pipes, killed, give_up)
+            masters.reap()
             masters.start()
             ends = [b - killed for b in back if b is not None]
             last = max(ends) if len(ends) == clients else None
             results.append((last, statistics.median(ends) if ends else None))
             shown = f"{last * 1000:.0f} ms" if last is not None else f"> {give_up} s"
-            print(f"  {impl} {mode} {clients} clients run {run}: every client back after "
-                  f"{shown} (median client {results[-1][1] * 1000 if ends else 0:.0f} ms)",
-                  flush=True)
+            at = time.strftime("%H:%M:%S", time.gmtime(killed_wall)) + f"{killed_wall % 1:.3f}"[1:]
+            print(f"  {impl} {mode} {clients} clients run {run} (kill at {at} UTC, masters' "
+                  f"logs in {masters.logdir}): every client back after {shown} (median client "
+                  f"{results[-1][1] * 1000 if ends else 0:.0f} ms)", flush=True)
             time.sleep(1.0)
         failed = sum(ask_all(pipes, "stop"))
     finally:

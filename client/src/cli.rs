@@ -41,6 +41,7 @@ pub fn node_main(args: Vec<String>) -> i32 {
         }
     };
     init_logging();
+    cfg.warnings.iter().for_each(|w| tracing::warn!("{w}"));
     // The cluster secret, before any port opens: a bad setting must stop the start.
     match protocol::auth::init_process(cfg.auth_token_file.as_deref()) {
         Ok(Some(_)) => tracing::info!("cluster secret set: peers must authenticate"),

@@ -17,7 +17,7 @@
 //! has).
 
 use dataplane::mem::Catalog;
-use protocol::message::{Ping, ReMountSegment};
+use protocol::message::{Ping, ReMountDone, ReMountSegment};
 use protocol::{ClientStatus, HeldObject, Segment, Uuid};
 
 use crate::limits::REMOUNT_HELD_BYTES_MAX;
@@ -132,6 +132,9 @@ pub fn ping(
         if let Some(d) = disk {
             reported += d.mount(master, client_id)?;
         }
+        // All of it is in: a new HA leader may end its recovery fence early. A master that
+        // does not know the call (an older one) answers an error, which changes nothing.
+        let _ = master.call(&ReMountDone { client_id });
     } else if let Some(d) = disk {
         d.report_lost(master, client_id);
     }

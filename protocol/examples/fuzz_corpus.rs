@@ -74,6 +74,7 @@ fn main() {
             segments: vec![seg],
             held: vec![held, tombstone],
         }),
+        frame(&ReMountDone { client_id: id }),
         frame(&UnmountSegment {
             client_id: id,
             segment_id: id,

@@ -11,6 +11,8 @@
 //! - [`wire`]: the little-endian encoding those messages use;
 //! - [`tenant`]: tenants' separate key spaces (the envelope and the scoped keys);
 //! - [`tensor`]: the 304-byte header of tensor objects (`put_tensor`), upstream's layout;
+//! - [`gflags`]: the command line of the programs, with gflags' `--flagfile`, `--fromenv`,
+//!   `--tryfromenv` and `--undefok`;
 //! - [`env`]: the one reading of boolean, size and microsecond values from flags and the
 //!   environment;
 //! - `log` (the `logging` feature): the one logging set-up of every program and the Python
@@ -26,6 +28,7 @@ pub mod auth;
 pub mod env;
 pub mod error;
 pub mod frame;
+pub mod gflags;
 pub mod limits;
 #[cfg(feature = "logging")]
 pub mod log;

@@ -27,3 +27,6 @@ const _: () = assert!(KEY_MAX_BYTES <= STRING_MAX_BYTES);
 const _: () = assert!(PING_FREED_RANGES_MAX * 16 < FRAME_PAYLOAD_MAX_BYTES);
 const _: () = assert!(PING_FREED_RANGES_MAX <= FREED_OUTBOX_MAX);
 const _: () = assert!(STRING_MAX_BYTES <= FRAME_PAYLOAD_MAX_BYTES);
+
+/// How deep `--flagfile` may nest (a file naming a file ...) before it is taken for a loop.
+pub const FLAGFILE_LEVELS_MAX: usize = 8;

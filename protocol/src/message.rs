@@ -274,11 +274,16 @@ messages! {
     // bury in an owner's catalog: the master keeps them as tombstones, and under HA stores
     // them in etcd before answering.
     39 KeepRemoved { keys: Vec<String>, versions: Vec<Version> } -> ();
+    // An owner's re-report to a new term is complete (every `ReMountSegment` of it, memory
+    // and disk, answered): once every owner the term waits for said so, its recovery fence
+    // ends early (`docs/ha.md`, "A recovery fence").
+    41 ReMountDone { client_id: Uuid } -> ();
 }
 
 /// Opcodes whose requests carry no list (everything else is in [`list_bodies`]).
 pub const LISTLESS_OPCODES: &[u16] = &[
     Ping::OP,
+    ReMountDone::OP,
     MountSegment::OP,
     UnmountSegment::OP,
     GracefulUnmountSegment::OP,

@@ -13,14 +13,15 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 from mooncake import _native
-from mooncake.pg import (
+from mooncake._pg_common import (
     _GROUP_KEY,
     ProposalStatus,
     ProposeViewUpdateResponse,
     _host_id,
-    _pg,
 )
 
 # How long a proposal waits for the decider's answer (admission of a joiner takes up to 20 s).
@@ -142,8 +143,7 @@ def _targets(pg, ranks):
     return mask, ""
 
 
-def _propose(backend, ranks, activate):
-    pg = _pg(backend)
+def _propose(pg: Any, ranks: Iterable[int], activate: bool) -> ProposeViewUpdateResponse:
     mask, why = _targets(pg, list(ranks))
     if mask is None:
         return ProposeViewUpdateResponse(ProposalStatus.Rejected, pg._comm.epoch(), (), why)
@@ -155,53 +155,35 @@ def _propose(backend, ranks, activate):
         ProposalStatus(status), pg._comm.epoch(), dropped_ranks, reason)
 
 
-def activate_ranks(backend, ranks):
-    """Proposes activating ``ranks`` (in-group ranks); blocks until decided. ``Applied`` at
-    once when they are all active already (so every survivor may call it); otherwise each
-    target must be alive and waiting in :func:`join_group` (up to 20 s, then ``Rejected``).
-    The change takes effect from the first collective no member had started when it was
-    decided, on every member."""
-    return _propose(backend, ranks, True)
+def activate_ranks(pg: Any, ranks: Iterable[int]) -> ProposeViewUpdateResponse:
+    """``mooncake.pg.activate_ranks`` on a resolved group."""
+    return _propose(pg, ranks, True)
 
 
-recover_ranks = activate_ranks
-
-
-def deactivate_ranks(backend, ranks):
-    """Proposes deactivating ``ranks``; blocks until decided. ``[own rank]`` is a graceful
-    leave: this rank's collectives fail from now on ("not active") and the others drop it
-    from their next collective. Deactivating other ranks goes through the decider and takes
-    effect at the same collective on every member."""
-    pg = _pg(backend)
+def deactivate_ranks(pg: Any, ranks: Iterable[int]) -> ProposeViewUpdateResponse:
+    """``mooncake.pg.deactivate_ranks`` on a resolved group."""
     ranks = list(ranks)
     if ranks and all(r == pg._rank for r in ranks) and pg._comm.active() >> pg._rank & 1:
         pg._comm.leave()
         return ProposeViewUpdateResponse(ProposalStatus.Applied, pg._comm.epoch())
-    return _propose(backend, ranks, False)
+    return _propose(pg, ranks, False)
 
 
-def join_group(backend):
-    """Waits (up to 300 s) until a member activates this rank (``activate_ranks`` /
-    ``recover_ranks``). For a replacement process (``is_extension=True``) and for a rank that
-    was deactivated (in-place rejoin). Raises if this rank is already active, left the group,
-    or no live member exists."""
-    pg = _pg(backend)
+def join_group(pg: Any) -> None:
+    """``mooncake.pg.join_group`` on a resolved group."""
     pg._comm.join(JOIN_TIMEOUT_S)
 
 
-def get_peer_state(backend, ranks):
-    """Local readiness of each rank (no communication): alive and either active in the
-    newest view or waiting in ``join_group``."""
-    pg = _pg(backend)
-    out = []
+def get_peer_state(pg: Any, ranks: Iterable[int]) -> list[bool]:
+    """``mooncake.pg.get_peer_state`` on a resolved group."""
+    out: list[bool] = []
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < pg._max_group_size:
             raise RuntimeError(f"rank {r!r} out of [0, {pg._max_group_size})")
-        out.append(pg._comm.peer_ready(r))
+        out.append(bool(pg._comm.peer_ready(r)))
     return out
 
 
-def get_num_synced_ranks(backend):
-    """Ranks that are ready in the sense of :func:`get_peer_state` (this one included)."""
-    pg = _pg(backend)
+def get_num_synced_ranks(pg: Any) -> int:
+    """``mooncake.pg.get_num_synced_ranks`` on a resolved group."""
     return sum(1 for r in range(pg._max_group_size) if pg._comm.peer_ready(r))

@@ -23,16 +23,24 @@ from __future__ import annotations
 import datetime
 import enum
 import os
-import socket
 import threading
 import uuid
 import warnings
+from collections.abc import Iterable
+from typing import Any, Union
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from mooncake import _native
+from mooncake import _native, _pg_membership
+from mooncake._pg_common import (
+    _GROUP_KEY,
+    ProposalStatus,
+    ProposeViewUpdateResponse,
+    ViewUpdateStatus,
+    _host_id,
+)
 
 __all__ = [
     "MooncakeBackendOptions",
@@ -63,6 +71,9 @@ __all__ = [
     "sync_after_failure",
 ]
 
+# What the module functions take: a Mooncake group, or None / WORLD for the default group.
+Backend = Union[dist.ProcessGroup, None]
+
 MAX_RANKS = 64  # upstream's MOONCAKE_PG_MAX_RANKS
 
 _DTYPE_CODES = {
@@ -86,21 +97,19 @@ for _code, _name in enumerate(
     if hasattr(torch, _name):
         _DTYPE_CODES[getattr(torch, _name)] = _code
 
+_RED_OP: Any = ReduceOp.RedOpType  # torch's stubs do not list its members
 _OP_CODES = {
-    ReduceOp.RedOpType.SUM: 0,
-    ReduceOp.RedOpType.AVG: 1,
-    ReduceOp.RedOpType.PRODUCT: 2,
-    ReduceOp.RedOpType.MIN: 3,
-    ReduceOp.RedOpType.MAX: 4,
+    _RED_OP.SUM: 0,
+    _RED_OP.AVG: 1,
+    _RED_OP.PRODUCT: 2,
+    _RED_OP.MIN: 3,
+    _RED_OP.MAX: 4,
 }
 
 
 # --------------------------------------------------------------------------------------------
 # process-wide settings
 
-# Store key of the group's id (random, chosen by rank 0): with a cluster secret every TCP link
-# of the group proves it knows both (docs/pg.md, Security).
-_GROUP_KEY = "mooncake_pg/group"
 # Store key of the current incarnation's prefix (see _incarnation_store).
 _INCARNATION_KEY = "mooncake_pg/incarnation"
 
@@ -147,15 +156,15 @@ def _incarnation_store(store, rank, size, is_extension):
 
 class _Settings:
     host_ip = "127.0.0.1"
-    device_filter: list = []
-    transfer_engine = None
+    device_filter: list[str] = []
+    transfer_engine: object = None
     initialized = False
     # The newest group's rendezvous store, kept past destroy_process_group (see
     # _incarnation_store).
     store = None
 
 
-def set_host_ip(host, /):
+def set_host_ip(host: str, /) -> None:
     """Address this rank listens on and advertises to ranks on other hosts (default
     127.0.0.1). Must precede the first group."""
     if not isinstance(host, str):
@@ -165,7 +174,7 @@ def set_host_ip(host, /):
     _Settings.host_ip = host
 
 
-def set_device_filter(filters, /):
+def set_device_filter(filters: Iterable[str], /) -> None:
     """NIC whitelist (sorted, deduplicated). Fixed after the first group; unused on one host."""
     new = sorted(set(str(f) for f in filters))
     if _Settings.initialized and new != _Settings.device_filter:
@@ -175,7 +184,7 @@ def set_device_filter(filters, /):
     _Settings.device_filter = new
 
 
-def set_transfer_engine(engine):
+def set_transfer_engine(engine: object) -> None:
     """Accepted for upstream compatibility (before the first group); same-host groups do not
     use a transfer engine."""
     if _Settings.initialized:
@@ -185,24 +194,24 @@ def set_transfer_engine(engine):
     _Settings.transfer_engine = engine
 
 
-def _set_timeout(which, us):
+def _set_timeout(which: str, us: int) -> None:
     if isinstance(us, bool) or not isinstance(us, int):
         raise TypeError(f"timeout must be an int number of microseconds, got {us!r}")
     _native.pg_set_timeout_us(which, us)
 
 
-def set_collective_timeout_us(us):
+def set_collective_timeout_us(us: int) -> None:
     """How long a collective waits on a live, silent peer before saying so in the log
     (default 10 s). A dead peer is detected within about a millisecond regardless."""
     _set_timeout("collective", us)
 
 
-def set_p2p_timeout_us(us):
+def set_p2p_timeout_us(us: int) -> None:
     """A send or receive that makes no progress this long fails (default 10 s)."""
     _set_timeout("p2p", us)
 
 
-def set_fault_reconciliation_window_us(us):
+def set_fault_reconciliation_window_us(us: int) -> None:
     """Upstream's reconciliation window (default 30 s). Accepted and validated; failures are
     observed directly here, so no window has to pass (docs/pg.md)."""
     _set_timeout("window", us)
@@ -295,46 +304,25 @@ class SyncAfterFailureStatus(enum.IntEnum):
     Rejected = 2
 
 
-class ProposalStatus(enum.IntEnum):
-    Rejected = 0
-    Applied = 1
-    AppliedWithDroppedRanks = 2
-
-
-ViewUpdateStatus = ProposalStatus
-
-
 class SyncAfterFailureResponse:
     """Answer of :func:`sync_after_failure`."""
 
     __slots__ = ("_status", "_reason")
 
-    def __init__(self, status, reject_reason=""):
+    def __init__(self, status: SyncAfterFailureStatus, reject_reason: str = "") -> None:
         self._status, self._reason = status, reject_reason
 
-    status = property(lambda self: self._status)
-    reject_reason = property(lambda self: self._reason)
+    @property
+    def status(self) -> SyncAfterFailureStatus:
+        return self._status
 
-    def __repr__(self):
+    @property
+    def reject_reason(self) -> str:
+        return self._reason
+
+    def __repr__(self) -> str:
         return f"SyncAfterFailureResponse(status={self._status!r})"
 
-
-class ProposeViewUpdateResponse:
-    """Answer of :func:`activate_ranks` / :func:`deactivate_ranks`."""
-
-    __slots__ = ("_status", "_epoch", "_dropped", "_reason")
-
-    def __init__(self, status, new_epoch, dropped_ranks=(), reject_reason=""):
-        self._status, self._epoch = status, new_epoch
-        self._dropped, self._reason = list(dropped_ranks), reject_reason
-
-    status = property(lambda self: self._status)
-    new_epoch = property(lambda self: self._epoch)
-    dropped_ranks = property(lambda self: list(self._dropped))
-    reject_reason = property(lambda self: self._reason)
-
-    def __repr__(self):
-        return f"ProposeViewUpdateResponse(status={self._status!r}, new_epoch={self._epoch})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,29 +410,24 @@ class _MooncakeWork(dist._Work):
         return [t for t, _ in self._copy_back] or None
 
 
-def _failed_mask(work):
-    return work._native.failed() if isinstance(work, _MooncakeWork) else None
-
-
-def get_failed_ranks_hint(work):
+def get_failed_ranks_hint(work: dist.Work) -> torch.Tensor | None:
     """int32 CPU tensor ``[max_group_size]``: 1 where this rank saw that peer fail in ``work``
     (``None`` for a work object that is not Mooncake's)."""
-    mask = _failed_mask(work)
-    if mask is None:
+    if not isinstance(work, _MooncakeWork):
         return None
+    mask = work._native.failed()
     n = work._pg._max_group_size
     return torch.tensor([(mask >> i) & 1 for i in range(n)], dtype=torch.int32)
 
 
-def get_local_success(work):
+def get_local_success(work: dist.Work) -> bool:
     """True iff every peer this rank exchanged with in ``work`` succeeded (and, for point-to-
     point ops, the op has completed)."""
-    mask = _failed_mask(work)
-    if mask is None:
+    if not isinstance(work, _MooncakeWork):
         return False
     if work._p2p and not work._native.poll():
         return False
-    return mask == 0
+    return bool(work._native.failed() == 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,20 +442,6 @@ def _overlap(xs, ys):
         if any(a < hi and lo < b for lo, hi in rx):
             return True
     return False
-
-
-def _host_id():
-    """Ranks with equal host ids share memory; others are linked over TCP. ``MC_PG_HOST_ID``
-    overrides it (tests run "other hosts" on one machine that way)."""
-    forced = os.environ.get("MC_PG_HOST_ID")
-    if forced:
-        return forced
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 class MooncakeProcessGroup(dist.ProcessGroup):
@@ -934,17 +903,21 @@ for _name in _FORWARDED:
 # creators and registration
 
 
-def createMooncakeCpuBackend(dist_backend_opts, backend_options):
+def createMooncakeCpuBackend(
+    dist_backend_opts: Any, backend_options: MooncakeBackendOptions | None
+) -> MooncakeProcessGroup:
     """Creator of ``"mooncake-cpu"``."""
     return MooncakeProcessGroup(dist_backend_opts, backend_options, "mooncake-cpu")
 
 
-def createMooncakeBackend(dist_backend_opts, backend_options):
+def createMooncakeBackend(
+    dist_backend_opts: Any, backend_options: MooncakeBackendOptions | None
+) -> MooncakeProcessGroup:
     """Creator of ``"mooncake"``: CPU tensors here (this build has no GPU data path)."""
     return MooncakeProcessGroup(dist_backend_opts, backend_options, "mooncake")
 
 
-def _register():
+def _register() -> None:
     have = set(dist.Backend.backend_list)
     if "mooncake-cpu" not in have:
         dist.Backend.register_backend(
@@ -961,7 +934,7 @@ _register()
 # module functions on a group
 
 
-def _pg(backend):
+def _pg(backend: Backend) -> MooncakeProcessGroup:
     if isinstance(backend, MooncakeProcessGroup):
         return backend
     if backend is None or backend is dist.GroupMember.WORLD:
@@ -971,22 +944,23 @@ def _pg(backend):
     raise RuntimeError(f"not a Mooncake PG: {backend!r}")
 
 
-def get_active_ranks(backend):
+def get_active_ranks(backend: Backend) -> torch.Tensor:
     """The group's live ``active_ranks`` int32 tensor (length ``max_group_size``)."""
-    return _pg(backend)._active_ranks
+    active: torch.Tensor = _pg(backend)._active_ranks
+    return active
 
 
-def extend_group_size_to(backend, size):
+def extend_group_size_to(backend: Backend, size: int) -> None:
     """Deprecated no-op (upstream warns too)."""
     warnings.warn("extend_group_size_to is deprecated and does nothing", stacklevel=2)
 
 
-def get_current_epoch(backend):
+def get_current_epoch(backend: Backend) -> int:
     """Epoch of the group's view: 0 at start, +1 per change of the active set."""
-    return _pg(backend)._comm.epoch()
+    return int(_pg(backend)._comm.epoch())
 
 
-def sync_after_failure(backend):
+def sync_after_failure(backend: Backend) -> SyncAfterFailureResponse:
     """Failures are applied to the local view when they are seen, so this answers at once:
     ``Reconciled`` if failures were seen since the last call, else ``NoPending``."""
     pg = _pg(backend)
@@ -996,13 +970,43 @@ def sync_after_failure(backend):
     return SyncAfterFailureResponse(status)
 
 
-# Membership calls live in _pg_membership (imported last: it uses the names above).
-from mooncake import _pg_membership  # noqa: E402
-from mooncake._pg_membership import (  # noqa: E402
-    activate_ranks,
-    deactivate_ranks,
-    get_num_synced_ranks,
-    get_peer_state,
-    join_group,
-    recover_ranks,
-)
+# Membership (``_pg_membership`` does the work on the resolved group).
+
+
+def activate_ranks(backend: Backend, ranks: Iterable[int]) -> ProposeViewUpdateResponse:
+    """Proposes activating ``ranks`` (in-group ranks); blocks until decided. ``Applied`` at
+    once when they are all active already (so every survivor may call it); otherwise each
+    target must be alive and waiting in :func:`join_group` (up to 20 s, then ``Rejected``).
+    The change takes effect from the first collective no member had started when it was
+    decided, on every member."""
+    return _pg_membership.activate_ranks(_pg(backend), ranks)
+
+
+recover_ranks = activate_ranks
+
+
+def deactivate_ranks(backend: Backend, ranks: Iterable[int]) -> ProposeViewUpdateResponse:
+    """Proposes deactivating ``ranks``; blocks until decided. ``[own rank]`` is a graceful
+    leave: this rank's collectives fail from now on ("not active") and the others drop it
+    from their next collective. Deactivating other ranks goes through the decider and takes
+    effect at the same collective on every member."""
+    return _pg_membership.deactivate_ranks(_pg(backend), ranks)
+
+
+def join_group(backend: Backend) -> None:
+    """Waits (up to 300 s) until a member activates this rank (``activate_ranks`` /
+    ``recover_ranks``). For a replacement process (``is_extension=True``) and for a rank that
+    was deactivated (in-place rejoin). Raises if this rank is already active, left the group,
+    or no live member exists."""
+    _pg_membership.join_group(_pg(backend))
+
+
+def get_peer_state(backend: Backend, ranks: Iterable[int]) -> list[bool]:
+    """Local readiness of each rank (no communication): alive and either active in the
+    newest view or waiting in ``join_group``."""
+    return _pg_membership.get_peer_state(_pg(backend), ranks)
+
+
+def get_num_synced_ranks(backend: Backend) -> int:
+    """Ranks that are ready in the sense of :func:`get_peer_state` (this one included)."""
+    return _pg_membership.get_num_synced_ranks(_pg(backend))

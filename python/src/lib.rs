@@ -1,6 +1,8 @@
 //! `mooncake._native`: the native half of the `mooncake` Python package.
 //!
 //! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
+//!   [`dummy::PyDummy`], the dummy client a store switches to (`setup_dummy`); the methods
+//!   both serve, written once in [`api`];
 //! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
 //! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`dataplane::collective`);
 //! - [`ep::PyEpBuffer`]: the native data path of `mooncake.mooncake_ep_buffer`;
@@ -13,6 +15,7 @@
 //! Invariants: nothing here panics on input from Python (bad input is a negative code or a
 //! Python exception); every call that waits on the network releases the GIL.
 
+mod api;
 mod dummy;
 mod engine;
 mod ep;

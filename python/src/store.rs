@@ -1,5 +1,10 @@
 //! `MooncakeDistributedStore`: the Python face of [`client::Store`].
 //!
+//! The methods it shares with the dummy client (puts, sizes, existence, removal, zero-copy
+//! and tensor calls, tasks) are written once in [`crate::api`] over `client::store::api::
+//! StoreApi`; this file holds what only a store of its own does (set-up and close, reads into
+//! new Python objects, replica descriptors, segments, sessions, registration).
+//!
 //! Every method follows upstream's names, keyword names, positional-only parameters, return
 //! conventions and quirks (listed in `python/README.md`). Each one releases the GIL while it
 //! talks to the master or moves bytes. A store that is not set up (or was closed) answers with the
@@ -22,96 +27,19 @@
 
 use std::sync::Arc;
 
-use client::store::{Dst, Lookup, ObjectRead, Src, StoreError};
+use client::store::api::StoreApi;
+use client::store::{Lookup, ObjectRead};
 use client::Store;
 use parking_lot::{Mutex, RwLock};
-use protocol::tensor::{TensorMetadata, TENSOR_METADATA_BYTES};
-use protocol::{ErrorCode, ReplicateConfig};
-use pyo3::exceptions::PyTypeError;
+use protocol::ErrorCode;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 
+use crate::api::{failed, rc, rc_i64, Backend, Cfg, INVALID};
 use crate::mempool::MemPool;
-use crate::pybuf::{self, Fresh, Pinned};
+use crate::pybuf::{self, Fresh};
 use crate::setup_args::{self, Setup};
 use crate::types::{PyReplicaDescriptor, PyReplicateConfig};
-
-/// The number Python gets for a store result: 0, or the failure's code after [`failed`] logged
-/// it.
-fn rc(r: Result<(), impl Into<StoreError>>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(e) => failed(e.into()),
-    }
-}
-
-/// The code of `e`, after logging why it happened, so a `-800` in Python has its reason on
-/// stderr: an error line, as upstream logs a failed put or remove, except for a missing key
-/// (debug: a get or lookup of one is how callers test for it). A bare code from a path that
-/// gives no cause yet is not logged, since the line would say no more than the number.
-fn failed(e: StoreError) -> i32 {
-    if !e.cause.is_empty() {
-        if e.is_miss() {
-            tracing::debug!("{e}");
-        } else {
-            tracing::error!("{e}");
-        }
-    }
-    e.code.code()
-}
-
-/// [`rc`] for results that carry a count (bytes read).
-fn rc_i64(r: Result<u64, impl Into<StoreError>>) -> i64 {
-    match r {
-        Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
-        Err(e) => i64::from(failed(e.into())),
-    }
-}
-
-const INVALID: i32 = ErrorCode::InvalidParams as i32;
-
-/// A replicate config argument, resolved before the GIL is released.
-struct Cfg {
-    wire: Result<ReplicateConfig, ErrorCode>,
-    group_ids: Option<usize>,
-}
-
-impl Cfg {
-    fn of(config: Option<PyRef<'_, PyReplicateConfig>>) -> Cfg {
-        match config {
-            None => Cfg {
-                wire: Ok(ReplicateConfig::default()),
-                group_ids: None,
-            },
-            Some(c) => Cfg {
-                wire: c.to_protocol(),
-                group_ids: c.group_ids.as_ref().map(Vec::len),
-            },
-        }
-    }
-
-    /// The config for a batch of `n` keys: `group_ids`, when given, must name one group per key.
-    fn for_batch(&self, n: usize) -> Result<&ReplicateConfig, ErrorCode> {
-        if self.group_ids.is_some_and(|g| g != n) {
-            return Err(ErrorCode::InvalidParams);
-        }
-        self.wire.as_ref().map_err(|e| *e)
-    }
-
-    /// The config for the items at indices `at` of the caller's batch of `n` keys (their
-    /// groups, when `group_ids` names one per key).
-    fn for_items(&self, n: usize, at: &[usize]) -> Result<ReplicateConfig, ErrorCode> {
-        Ok(self.for_batch(n)?.for_items(n, at))
-    }
-
-    /// The config of a single put: `group_ids`, when given, must name one group.
-    fn single(&self) -> Result<&ReplicateConfig, ErrorCode> {
-        if self.group_ids.is_some_and(|g| g != 1) {
-            return Err(ErrorCode::InvalidParams);
-        }
-        self.wire.as_ref().map_err(|e| *e)
-    }
-}
 
 /// Reads `key` whole into a new Python object that `make` creates for its size; `None` on a
 /// miss or any error (a failure's cause logged, see [`failed`]). Once more with a fresh lookup
@@ -168,9 +96,20 @@ pub struct PyStore {
     pool: MemPool,
 }
 
+impl Backend for PyStore {
+    fn api(&self) -> Option<Arc<dyn StoreApi>> {
+        self.store().map(|s| s as Arc<dyn StoreApi>)
+    }
+}
+
 impl PyStore {
     fn store(&self) -> Option<Arc<Store>> {
         self.inner.read().clone()
+    }
+
+    /// What `get_into_ranges` reads through (`upstream_methods!`).
+    fn range_source(&self) -> Option<Arc<Store>> {
+        self.store()
     }
 
     /// Starts the client HTTP server on this client's address and `port`
@@ -219,239 +158,9 @@ impl PyStore {
             Err(e) => e.code(),
         }
     }
-
-    fn put_one(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        parts: &[Pinned],
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-        upsert: bool,
-    ) -> i32 {
-        let Some(s) = self.store() else {
-            return INVALID;
-        };
-        let cfg = Cfg::of(config);
-        let slices: Vec<Src<'_>> = parts.iter().map(Pinned::src).collect();
-        rc(py.detach(|| s.put_copied(key, &slices, cfg.single()?, upsert)))
-    }
-
-    /// Batch put of objects given as lists of parts; one result per key. `keys` are the items
-    /// at indices `at` of the caller's batch of `n` keys (`None`: all of them, in order), so
-    /// that `cfg`'s `group_ids`, one per key of the batch, follow their keys.
-    #[allow(clippy::too_many_arguments)]
-    fn put_many(
-        &self,
-        py: Python<'_>,
-        (n, at): (usize, Option<&[usize]>),
-        keys: &[String],
-        parts: &[Vec<Src<'_>>],
-        cfg: &Cfg,
-        upsert: bool,
-        budgeted: bool,
-    ) -> Vec<i32> {
-        let Some(s) = self.store() else {
-            return vec![INVALID; keys.len()];
-        };
-        if keys.len() != parts.len() {
-            return vec![INVALID; keys.len()];
-        }
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        py.detach(|| {
-            let run = || -> Result<Vec<Result<(), StoreError>>, ErrorCode> {
-                let cfg = &match at {
-                    Some(at) => cfg.for_items(n, at)?,
-                    None => cfg.for_batch(n)?.clone(),
-                };
-                Ok(if budgeted {
-                    s.put_many_copied(keys, parts, cfg, upsert)
-                } else {
-                    s.put_many(keys, parts, cfg, upsert)
-                })
-            };
-            match run() {
-                Ok(v) => v.into_iter().map(rc).collect(),
-                Err(e) => vec![e.code(); keys.len()],
-            }
-        })
-    }
-
-    /// Zero-copy batch put from registered memory.
-    fn put_from_many(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-        upsert: bool,
-    ) -> Vec<i32> {
-        let n = keys.len();
-        if buffer_ptrs.len() != n || sizes.len() != n {
-            return vec![INVALID; n];
-        }
-        let Some(s) = self.store() else {
-            return vec![INVALID; n];
-        };
-        let cfg = Cfg::of(config);
-        if let Err(e) = cfg.for_batch(n) {
-            return vec![e.code(); n];
-        }
-        // Unregistered ranges fail their own key only; an empty one is not put (0, as upstream).
-        let object = |i: usize| {
-            if sizes[i] == 0 {
-                return Ok(None);
-            }
-            let r = s.caller_range(buffer_ptrs[i], sizes[i])?;
-            // SAFETY: the caller-memory contract (module doc) holds the source for this call,
-            // which the objects do not outlive.
-            Ok(Some(vec![unsafe { r.into_src() }]))
-        };
-        put_accepted(&keys, object, |at, ks, ps| {
-            self.put_many(py, (n, Some(at)), ks, ps, &cfg, upsert, false)
-        })
-    }
-
-    fn get_into_many(
-        &self,
-        py: Python<'_>,
-        keys: &[String],
-        buffer_ptrs: &[u64],
-        sizes: &[u64],
-    ) -> Vec<i64> {
-        let Some(s) = self.store() else {
-            return vec![INVALID as i64; keys.len()];
-        };
-        py.detach(|| {
-            // SAFETY: the caller-memory contract (module doc) covers every destination.
-            unsafe { s.get_into_many(keys, buffer_ptrs, sizes) }
-                .into_iter()
-                .map(rc_i64)
-                .collect()
-        })
-    }
-
-    fn tensor_from_many(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        upsert: bool,
-    ) -> Vec<i32> {
-        let n = keys.len();
-        if buffer_ptrs.len() != n || sizes.len() != n {
-            return vec![INVALID; n];
-        }
-        let Some(s) = self.store() else {
-            return vec![INVALID; n];
-        };
-        put_accepted(
-            &keys,
-            // SAFETY: the caller-memory contract (module doc) holds every source for this
-            // call, which the objects do not outlive.
-            |i| unsafe { tensor_object(&s, buffer_ptrs[i], sizes[i]) }.map(|sl| Some(vec![sl])),
-            |at, ks, ps| self.put_many(py, (n, Some(at)), ks, ps, &Cfg::of(None), upsert, false),
-        )
-    }
 }
 
-/// A batch put of the keys whose objects `object` yields: a refused key gets its code, a key
-/// with nothing to put (`Ok(None)`) gets 0, the rest go to `put` together, in order (with
-/// their indices in `keys`), and each gets its code back. The one subset-and-scatter of the
-/// per-key batch calls (the store's and the dummy client's).
-pub(crate) fn put_accepted<'a>(
-    keys: &[String],
-    mut object: impl FnMut(usize) -> Result<Option<Vec<Src<'a>>>, ErrorCode>,
-    put: impl FnOnce(&[usize], &[String], &[Vec<Src<'a>>]) -> Vec<i32>,
-) -> Vec<i32> {
-    let mut out = vec![0i32; keys.len()];
-    let (mut idx, mut ks, mut ps) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, key) in keys.iter().enumerate() {
-        match object(i) {
-            Ok(None) => {}
-            Ok(Some(parts)) => {
-                idx.push(i);
-                ks.push(key.clone());
-                ps.push(parts);
-            }
-            Err(e) => out[i] = e.code(),
-        }
-    }
-    for (i, r) in idx.iter().copied().zip(put(&idx, &ks, &ps)) {
-        out[i] = r;
-    }
-    out
-}
-
-/// One key's object for the multi-buffer puts: the `ptrs[j]` of `lens[j]` bytes in order,
-/// each through `range` (the caller's check of its memory); the two lists must agree in length.
-pub(crate) fn parts_of<'a>(
-    ptrs: &[u64],
-    lens: &[u64],
-    mut range: impl FnMut(u64, u64) -> Result<Src<'a>, ErrorCode>,
-) -> Result<Option<Vec<Src<'a>>>, ErrorCode> {
-    if ptrs.len() != lens.len() {
-        return Err(ErrorCode::InvalidParams);
-    }
-    ptrs.iter()
-        .zip(lens)
-        .map(|(&p, &l)| range(p, l))
-        .collect::<Result<_, _>>()
-        .map(Some)
-}
-
-/// Whether `data` (`size` bytes of caller memory) is a valid `[TensorMetadata][data]` object:
-/// its header, copied out, decodes.
-pub(crate) fn is_tensor_object(data: Src<'_>, size: u64) -> bool {
-    let mut head = [0u8; TENSOR_METADATA_BYTES];
-    let n = data.len().min(TENSOR_METADATA_BYTES);
-    data.split_at(n).0.copy_to(&mut Dst::from(&mut head[..n]));
-    TensorMetadata::decode(&head[..n], size).is_ok()
-}
-
-/// Registered memory holding a valid `[TensorMetadata][data]` object.
-///
-/// # Safety
-/// The caller-memory contract (module doc) holds `[ptr, ptr + size)` for all of `'a`.
-unsafe fn tensor_object<'a>(s: &Store, ptr: u64, size: u64) -> Result<Src<'a>, ErrorCode> {
-    // SAFETY: this function's contract.
-    let data = unsafe { s.caller_range(ptr, size)?.into_src() };
-    if !is_tensor_object(data, size) {
-        return Err(ErrorCode::InvalidParams);
-    }
-    Ok(data)
-}
-
-fn pin_all(values: &Bound<'_, PyAny>, one_d: bool) -> PyResult<Vec<Pinned>> {
-    let mut out = Vec::new();
-    for v in values.try_iter()? {
-        let v = v?;
-        out.push(if one_d {
-            Pinned::one_d_bytes(&v)?
-        } else {
-            Pinned::bytes(&v)?
-        });
-    }
-    Ok(out)
-}
-
-fn list_of_values<'py>(values: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-    if values.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(
-            "values must be a list of bytes-like objects",
-        ));
-    }
-    values
-        .try_iter()?
-        .collect::<PyResult<Vec<_>>>()
-        .and_then(|v| PyList::new(values.py(), v))
-}
-
-#[pymethods]
-impl PyStore {
+crate::api::upstream_methods!(PyStore, {
     /// An unconnected store; `setup` or `init_all` connects it (arguments are ignored, as
     /// upstream).
     #[new]
@@ -529,129 +238,7 @@ impl PyStore {
         0
     }
 
-    /// 0 healthy, 1 not set up or closed, 2 master unreachable.
-    #[pyo3(signature = (/))]
-    fn health_check(&self, py: Python<'_>) -> i32 {
-        match self.store() {
-            None => 1,
-            Some(s) => py.detach(|| s.health()),
-        }
-    }
-
-    /// The `host:port` this client is known by (its segment's name); `""` before `setup`.
-    #[pyo3(signature = (/))]
-    fn get_hostname(&self) -> String {
-        self.store()
-            .map(|s| s.hostname().to_string())
-            .unwrap_or_default()
-    }
-
     // ---- bytes ---------------------------------------------------------------------------
-
-    /// Stores `value` (bytes-like) under `key`; an existing key is success and stays unchanged.
-    /// 0, or a negative error code (`ErrorCode`); the reason of a failure is logged.
-    #[pyo3(signature = (key, value, config=None))]
-    fn put(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        value: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        let v = Pinned::bytes(value)?;
-        Ok(self.put_one(py, key, std::slice::from_ref(&v), config, false))
-    }
-
-    /// Like `put`, but overwrites an existing key. 0, or a negative error code.
-    #[pyo3(signature = (key, value, config=None))]
-    fn upsert(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        value: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        let v = Pinned::bytes(value)?;
-        Ok(self.put_one(py, key, std::slice::from_ref(&v), config, true))
-    }
-
-    /// Stores the concatenation of `parts` (bytes-like) under `key`, without joining them
-    /// first. 0, or a negative error code.
-    #[pyo3(signature = (key, *parts, config=None))]
-    fn put_parts(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        parts: &Bound<'_, PyTuple>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        let pinned = pin_all(parts.as_any(), true)?;
-        Ok(self.put_one(py, key, &pinned, config, false))
-    }
-
-    /// Like `put_parts`, but overwrites an existing key. 0, or a negative error code.
-    #[pyo3(signature = (key, *parts, config=None))]
-    fn upsert_parts(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        parts: &Bound<'_, PyTuple>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        let pinned = pin_all(parts.as_any(), true)?;
-        Ok(self.put_one(py, key, &pinned, config, true))
-    }
-
-    /// One return code for the whole batch (0, or the first failure).
-    #[pyo3(signature = (keys, values, config=None))]
-    fn put_batch(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        values: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        self.put_batch_impl(py, keys, values, config, false)
-    }
-
-    /// Like `put_batch`, but overwrites existing keys. 0, or the first failure's code.
-    #[pyo3(signature = (keys, values, config=None))]
-    fn upsert_batch(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        values: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> PyResult<i32> {
-        self.put_batch_impl(py, keys, values, config, true)
-    }
-
-    /// Internal (tensor layer): batch put where each object is the concatenation of a list
-    /// of 1-D byte buffers; one return code per key.
-    #[pyo3(signature = (keys, parts_list, config=None, upsert=false))]
-    fn _put_parts_batch(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        parts_list: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-        upsert: bool,
-    ) -> PyResult<Vec<i32>> {
-        let objects = list_of_values(parts_list)?;
-        if objects.len() != keys.len() {
-            return Ok(vec![INVALID; keys.len()]);
-        }
-        let pinned: Vec<Vec<Pinned>> = objects
-            .iter()
-            .map(|o| pin_all(&o, true))
-            .collect::<PyResult<_>>()?;
-        let parts: Vec<Vec<Src<'_>>> = pinned
-            .iter()
-            .map(|ps| ps.iter().map(Pinned::src).collect())
-            .collect();
-        let n = keys.len();
-        Ok(self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true))
-    }
 
     /// The object's bytes; `b""` on a miss or any error.
     #[pyo3(signature = (key, /))]
@@ -708,83 +295,6 @@ impl PyStore {
             return Ok(Vec::new());
         }
         self.read_many(py, &s, &keys, crate::new_buffer_handle)
-    }
-
-    /// The object's size in bytes, or a negative error code (`-704` for a missing key).
-    #[pyo3(signature = (key, /))]
-    fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
-        match self.store() {
-            None => INVALID as i64,
-            Some(s) => rc_i64(py.detach(|| s.get_size(key))),
-        }
-    }
-
-    /// 1 exists, 0 not, negative error code.
-    #[pyo3(signature = (key, /))]
-    fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
-        match self.store() {
-            None => INVALID,
-            Some(s) => match py.detach(|| s.is_exist(key)) {
-                Ok(true) => 1,
-                Ok(false) => 0,
-                Err(e) => failed(e),
-            },
-        }
-    }
-
-    /// Per key: 1 exists, 0 not, or a negative error code.
-    #[pyo3(signature = (keys))]
-    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
-        let Some(s) = self.store() else {
-            return vec![INVALID; keys.len()];
-        };
-        py.detach(|| {
-            s.batch_is_exist(&keys)
-                .into_iter()
-                .map(|r| match r {
-                    Ok(true) => 1,
-                    Ok(false) => 0,
-                    Err(e) => failed(e),
-                })
-                .collect()
-        })
-    }
-
-    /// Removes `key` (`force` also removes it while a reader holds a lease). 0, or a negative
-    /// error code (`-706` while leased).
-    #[pyo3(signature = (key, force=false))]
-    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
-        match self.store() {
-            None => INVALID,
-            Some(s) => rc(py.detach(|| s.remove(key, force))),
-        }
-    }
-
-    /// Number of objects removed, or a negative code (`-600` for an invalid regex).
-    #[pyo3(signature = (regex_pattern, force=false))]
-    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
-        match self.store() {
-            None => INVALID as i64,
-            Some(s) => rc_i64(py.detach(|| s.remove_by_regex(regex_pattern, force))),
-        }
-    }
-
-    /// Removes every object; the number removed, or a negative error code.
-    #[pyo3(signature = (force=false))]
-    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
-        match self.store() {
-            None => INVALID as i64,
-            Some(s) => rc_i64(py.detach(|| s.remove_all(force))),
-        }
-    }
-
-    /// Removes each key as `remove` does; 0 or a negative error code per key.
-    #[pyo3(signature = (keys, force=false))]
-    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
-        let Some(s) = self.store() else {
-            return vec![INVALID; keys.len()];
-        };
-        py.detach(|| s.batch_remove(&keys, force).into_iter().map(rc).collect())
     }
 
     /// The `ReplicaDescriptor`s of `key`; `[]` when it is missing or not set up.
@@ -895,43 +405,6 @@ impl PyStore {
         }
     }
 
-    /// Internal (`_cluster_ops.create_copy_task` / `create_move_task`): `((hi, lo), 0)` or
-    /// `((0, 0), code)`; a move when `source` is given. See `client::store::tasks`.
-    #[pyo3(signature = (key, targets, source, /))]
-    fn _create_task(
-        &self,
-        py: Python<'_>,
-        key: String,
-        targets: Vec<String>,
-        source: Option<String>,
-    ) -> ((u64, u64), i32) {
-        let Some(s) = self.store() else {
-            return ((0, 0), INVALID);
-        };
-        let r = py.detach(|| match (&source, targets.as_slice()) {
-            (Some(src), [target]) => s.create_move_task(&key, src, target),
-            (Some(_), _) => Err(protocol::ErrorCode::InvalidParams.into()),
-            (None, _) => s.create_copy_task(&key, &targets),
-        });
-        match r {
-            Ok(id) => ((id.hi, id.lo), 0),
-            Err(e) => ((0, 0), failed(e)),
-        }
-    }
-
-    /// Internal (`_cluster_ops.query_task`): `(0, (id, type, status, created_at_ms_epoch,
-    /// last_updated_at_ms_epoch, assigned_client, message))`, or `(code, None)`.
-    #[pyo3(signature = (hi, lo, /))]
-    fn _query_task(&self, py: Python<'_>, hi: u64, lo: u64) -> (i32, Option<TaskFields>) {
-        let Some(s) = self.store() else {
-            return (INVALID, None);
-        };
-        match py.detach(|| s.query_task(protocol::Uuid::from_parts(hi, lo))) {
-            Ok(t) => (0, Some(task_fields(t))),
-            Err(e) => (failed(e), None),
-        }
-    }
-
     /// Internal (`_cluster_ops.unmount_segment`): 0 or a code; see `client::store::extra`.
     #[pyo3(signature = (segment_ids, grace_period_seconds, /))]
     fn _unmount_segments(
@@ -1002,33 +475,6 @@ impl PyStore {
         }
     }
 
-    /// Stores `size` bytes at `buffer_ptr` under `key`, with no copy through Python. The
-    /// memory must stay valid for the call. 0, or a negative error code.
-    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
-    fn put_from(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        buffer_ptr: u64,
-        size: u64,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> i32 {
-        self.put_from_impl(py, key, buffer_ptr, size, config, false)
-    }
-
-    /// Like `put_from`, but overwrites an existing key. 0, or a negative error code.
-    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
-    fn upsert_from(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        buffer_ptr: u64,
-        size: u64,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> i32 {
-        self.put_from_impl(py, key, buffer_ptr, size, config, true)
-    }
-
     /// Stores metadata bytes followed by data bytes. Upstream's quirks: 0 without storing
     /// for `size == 0`; -1 when not set up or with `prefer_alloc_in_same_node`; and the
     /// *negated* (positive) error code when the put fails.
@@ -1065,142 +511,6 @@ impl PyStore {
             s.put_parts(key, &parts, cfg.single()?, false)
         });
         -rc(r)
-    }
-
-    /// `put_from` for many keys in one batch; 0 or a negative error code per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
-    fn batch_put_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> Vec<i32> {
-        self.put_from_many(py, keys, buffer_ptrs, sizes, config, false)
-    }
-
-    /// `upsert_from` for many keys in one batch; 0 or a negative error code per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
-    fn batch_upsert_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> Vec<i32> {
-        self.put_from_many(py, keys, buffer_ptrs, sizes, config, true)
-    }
-
-    /// Each object is the concatenation of its buffers.
-    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
-    fn batch_put_from_multi_buffers(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        all_buffer_ptrs: Vec<Vec<u64>>,
-        all_sizes: Vec<Vec<u64>>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-    ) -> Vec<i32> {
-        let n = keys.len();
-        let Some(s) = self.store() else {
-            return Vec::new();
-        };
-        if all_buffer_ptrs.len() != n || all_sizes.len() != n {
-            return vec![INVALID; n];
-        }
-        let mut cfg = Cfg::of(config);
-        // This call is the one that honours `prefer_alloc_in_same_node` upstream. Our
-        // allocator does not know the writer (`State::place` chooses by free space and
-        // strategy only), and the master refuses the flag on the single-key forms, so it is
-        // dropped here rather than refused: the put still succeeds, placed as any other.
-        if let Ok(c) = cfg.wire.as_mut() {
-            c.prefer_alloc_in_same_node = false;
-        }
-        let parts = |i: usize| {
-            parts_of(&all_buffer_ptrs[i], &all_sizes[i], |p, l| {
-                let r = s.caller_range(p, l)?;
-                // SAFETY: the caller-memory contract (module doc) holds every source for this
-                // call, which the objects do not outlive.
-                Ok(unsafe { r.into_src() })
-            })
-        };
-        put_accepted(&keys, parts, |at, ks, ps| {
-            self.put_many(py, (n, Some(at)), ks, ps, &cfg, false, false)
-        })
-    }
-
-    /// Bytes read, or a negative code (`-704` miss, `-600` too small / unregistered).
-    #[pyo3(signature = (key, buffer_ptr, size))]
-    fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: u64, size: u64) -> i64 {
-        match self.store() {
-            None => INVALID as i64,
-            // SAFETY: the caller-memory contract (module doc) covers the destination.
-            Some(s) => rc_i64(py.detach(|| unsafe { s.get_into(key, buffer_ptr, size) })),
-        }
-    }
-
-    /// Reads each key into its buffer (`buffer_ptrs[i]`, `sizes[i]` bytes); per key the
-    /// bytes read or a negative error code.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
-    fn batch_get_into(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-    ) -> Vec<i64> {
-        self.get_into_many(py, &keys, &buffer_ptrs, &sizes)
-    }
-
-    /// Scatters each object into its buffers in order; bytes read per key or a negative code.
-    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
-    fn batch_get_into_multi_buffers(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        all_buffer_ptrs: Vec<Vec<u64>>,
-        all_sizes: Vec<Vec<u64>>,
-        prefer_alloc_in_same_node: bool,
-    ) -> Vec<i64> {
-        let _ = prefer_alloc_in_same_node;
-        let Some(s) = self.store() else {
-            return vec![INVALID as i64; keys.len()];
-        };
-        py.detach(|| {
-            // SAFETY: the caller-memory contract (module doc) covers every destination.
-            unsafe { s.get_into_multi_buffers(&keys, &all_buffer_ptrs, &all_sizes) }
-                .into_iter()
-                .map(rc_i64)
-                .collect()
-        })
-    }
-
-    /// Ranged reads: `result[b][k][f]` is the bytes read for fragment `f` of key `k` into
-    /// buffer `b`, or a negative code. A key's fragments fail together when its offset and size
-    /// lists disagree in length; a missing key fails only its own fragments.
-    #[pyo3(signature = (buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes))]
-    fn get_into_ranges(
-        &self,
-        py: Python<'_>,
-        buffer_ptrs: Vec<u64>,
-        all_keys: Vec<Vec<String>>,
-        all_dst_offsets: Vec<Vec<Vec<u64>>>,
-        all_src_offsets: Vec<Vec<Vec<u64>>>,
-        all_sizes: Vec<Vec<Vec<u64>>>,
-    ) -> Vec<Vec<Vec<i64>>> {
-        let s = self.store();
-        py.detach(|| {
-            client::store::ranges::get_into_ranges(
-                s.as_deref(),
-                &buffer_ptrs,
-                &all_keys,
-                &all_dst_offsets,
-                &all_src_offsets,
-                &all_sizes,
-            )
-        })
     }
 
     // ---- sessions (`client::store::session`) ---------------------------------------------------
@@ -1312,126 +622,9 @@ impl PyStore {
             }
         }
     }
-
-    // ---- tensors from registered memory ------------------------------------------------------
-
-    /// Stores registered memory that already holds `[TensorMetadata][data]` (validated).
-    #[pyo3(signature = (key, buffer_ptr, size))]
-    fn put_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
-        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], false)[0]
-    }
-
-    /// Like `put_tensor_from`, but overwrites an existing key. 0, or a negative error code.
-    #[pyo3(signature = (key, buffer_ptr, size))]
-    fn upsert_tensor_from(&self, py: Python<'_>, key: String, buffer_ptr: u64, size: u64) -> i32 {
-        self.tensor_from_many(py, vec![key], vec![buffer_ptr], vec![size], true)[0]
-    }
-
-    /// `put_tensor_from` for many keys; 0 or a negative error code per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
-    fn batch_put_tensor_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-    ) -> Vec<i32> {
-        self.tensor_from_many(py, keys, buffer_ptrs, sizes, false)
-    }
-
-    /// `upsert_tensor_from` for many keys; 0 or a negative error code per key.
-    #[pyo3(signature = (keys, buffer_ptrs, sizes))]
-    fn batch_upsert_tensor_from(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        buffer_ptrs: Vec<u64>,
-        sizes: Vec<u64>,
-    ) -> Vec<i32> {
-        self.tensor_from_many(py, keys, buffer_ptrs, sizes, true)
-    }
-
-    /// Internal (parallel reads): copies `data` to caller memory at `buffer_ptr` (registered,
-    /// or mapped writable); its length, or -600 for a range that is neither.
-    #[pyo3(signature = (buffer_ptr, data))]
-    fn _write_caller(&self, py: Python<'_>, buffer_ptr: u64, data: &[u8]) -> i64 {
-        let Some(s) = self.store() else {
-            return INVALID as i64;
-        };
-        rc_i64(py.detach(|| {
-            let dst = s.caller_range_mut(buffer_ptr, data.len() as u64)?;
-            // SAFETY: the caller-memory contract (module doc) gives us the destination for
-            // this call; the range lives for this one copy.
-            Src::from(data).copy_to(&mut unsafe { dst.into_dst() });
-            Ok::<_, ErrorCode>(data.len() as u64)
-        }))
-    }
-
-    /// Internal (tensor layer): a copy of `size` bytes of caller memory at `buffer_ptr`, or
-    /// `None` when the range is neither registered nor mapped.
-    #[pyo3(signature = (buffer_ptr, size))]
-    fn _read_registered<'py>(
-        &self,
-        py: Python<'py>,
-        buffer_ptr: u64,
-        size: u64,
-    ) -> Option<Bound<'py, PyBytes>> {
-        let s = self.store()?;
-        let src = s.caller_range(buffer_ptr, size).ok()?;
-        // SAFETY: the caller-memory contract (module doc) holds the source while we copy it.
-        let src = unsafe { src.src() };
-        PyBytes::new_with(py, src.len(), |b| {
-            src.copy_to(&mut Dst::from(b));
-            Ok(())
-        })
-        .ok()
-    }
-}
+});
 
 impl PyStore {
-    fn put_batch_impl(
-        &self,
-        py: Python<'_>,
-        keys: Vec<String>,
-        values: &Bound<'_, PyAny>,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-        upsert: bool,
-    ) -> PyResult<i32> {
-        let values = list_of_values(values)?;
-        if values.len() != keys.len() {
-            return Ok(INVALID);
-        }
-        let pinned = pin_all(values.as_any(), false)?;
-        let parts: Vec<Vec<Src<'_>>> = pinned.iter().map(|p| vec![p.src()]).collect();
-        let n = keys.len();
-        let r = self.put_many(py, (n, None), &keys, &parts, &Cfg::of(config), upsert, true);
-        Ok(r.into_iter().find(|c| *c != 0).unwrap_or(0))
-    }
-
-    fn put_from_impl(
-        &self,
-        py: Python<'_>,
-        key: &str,
-        buffer_ptr: u64,
-        size: u64,
-        config: Option<PyRef<'_, PyReplicateConfig>>,
-        upsert: bool,
-    ) -> i32 {
-        if size == 0 {
-            return if self.store().is_some() { 0 } else { INVALID };
-        }
-        let Some(s) = self.store() else {
-            return INVALID;
-        };
-        let cfg = Cfg::of(config);
-        rc(py.detach(|| {
-            let data = s.caller_range(buffer_ptr, size)?;
-            // SAFETY: the caller-memory contract (module doc) holds the source until the put
-            // returns; the range dies with it.
-            s.put_parts(key, &[unsafe { data.src() }], cfg.single()?, upsert)
-        }))
-    }
-
     /// Reads many objects into fresh Python objects made by `make`; `None` for failures.
     fn read_many<'py, F>(
         &self,

@@ -321,10 +321,9 @@ fn etcd_stopped_briefly() {
     }
     // Metadata writes get the retryable "not serving" code, promptly.
     let t = Instant::now();
-    let r = store
-        .put("while-etcd-down", &value(1), &cfg, false)
-        .map_err(ErrorCode::from);
-    println!("put while etcd is down: {r:?} after {:?}", t.elapsed());
+    let full = store.put("while-etcd-down", &value(1), &cfg, false);
+    println!("put while etcd is down: {full:?} after {:?}", t.elapsed());
+    let r = full.map_err(ErrorCode::from);
     assert_eq!(r, Err(ErrorCode::UnavailableInCurrentStatus));
     for _ in 0..10 {
         assert!(serving(&masters).is_none(), "no master serves without etcd");

@@ -13,6 +13,7 @@
 use std::net::IpAddr;
 
 use protocol::env::parse_size;
+use protocol::gflags::{self, Kind, Program};
 
 use super::SHARDS_MAX;
 
@@ -46,7 +47,7 @@ pub struct NodeConfig {
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
     /// `--drain_timeout_sec` (default 30): on SIGTERM the node drains its shards' segments
-    /// (`Node::shutdown`, `docs/fleet.md`) for at most this long before it unmounts them; 0
+    /// (`Node::drain`, `docs/fleet.md`) for at most this long before it unmounts them; 0
     /// unmounts at once.
     pub drain_timeout_s: u64,
     /// `--enable_offload` (default false): a disk tier under the node's memory, in the
@@ -59,6 +60,9 @@ pub struct NodeConfig {
     /// `--auth_token_file`: the cluster secret's file (`None`: `MC_AUTH_TOKEN` /
     /// `MC_AUTH_TOKEN_FILE` decide; see `protocol::auth`).
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// What the command line set that the node skips (flagfile lines gflags skips, flags
+    /// `--undefok` excuses): printed at start.
+    pub warnings: Vec<String>,
 }
 
 impl Default for NodeConfig {
@@ -84,6 +88,7 @@ impl Default for NodeConfig {
             enable_offload: false,
             cluster_id: crate::store::cluster_id_from_env(),
             auth_token_file: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -138,6 +143,11 @@ flags (--flag=value or --flag value):
                                  (docs/tiering.md). Needs the master's --enable_offload.
   --auth_token_file=             file holding the cluster secret (default: env MC_AUTH_TOKEN,
                                  MC_AUTH_TOKEN_FILE); peers must prove it, see docs/security.md
+
+gflags' own flags:
+  --flagfile=F[,G]               more flags from these files, one --flag=value a line
+  --fromenv=a,b / --tryfromenv=a,b   flags from FLAGS_a, FLAGS_b (try: skip unset ones)
+  --undefok=a,b                  ignore the unknown flags --a, --b (written --a=value)
 ";
 
 /// A gflags boolean: the words of [`protocol::env::parse_flag_bool`], or nothing (`--flag`).
@@ -148,111 +158,164 @@ fn parse_bool(v: &str) -> Result<bool, String> {
     protocol::env::parse_flag_bool(v).ok_or_else(|| format!("expected a boolean, got {v:?}"))
 }
 
-/// `--flag`, `--noflag` or `--flag=BOOL` when `name` is `flag`'s; `None` for another flag.
-fn bool_flag(name: &str, inline: &Option<String>, flag: &str) -> Result<Option<bool>, String> {
-    if name != flag && name.strip_prefix("no") != Some(flag) {
-        return Ok(None);
-    }
-    match inline {
-        Some(v) => parse_bool(v).map(Some),
-        None => Ok(Some(name == flag)),
+/// The node's flags that take a value (and [`IGNORED_FLAGS`]).
+const VALUE_FLAGS: &[&str] = &[
+    "host",
+    "port",
+    "global_segment_size",
+    "local_buffer_size",
+    "master_server_address",
+    "metadata_server",
+    "cluster_id",
+    "auth_token_file",
+    "protocol",
+    "device_names",
+    "device_name",
+    "threads",
+    "shards",
+    "cores",
+    "metrics_port",
+    "http_host",
+    "http_port",
+    "data_port",
+    "drain_timeout_sec",
+];
+
+/// The node's boolean flags.
+const BOOL_FLAGS: &[&str] = &[
+    "enable_offload",
+    "prefault",
+    "enable_http_server",
+    "replica_tasks",
+];
+
+const HELP_FLAGS: [&str; 3] = ["help", "h", "helpfull"];
+
+fn kind(name: &str) -> Option<Kind> {
+    if BOOL_FLAGS.contains(&name) || HELP_FLAGS.contains(&name) {
+        Some(Kind::Bool)
+    } else if VALUE_FLAGS.contains(&name) || IGNORED_FLAGS.contains(&name) {
+        Some(Kind::Value)
+    } else {
+        None
     }
 }
 
+const PROGRAM: Program<'static> = Program {
+    name: "mooncake_client",
+    kind: &kind,
+    stops: &HELP_FLAGS,
+};
+
+/// Flags whose effect depends on others, settled after the whole command line.
+struct Pending {
+    shards_set: bool,
+    http_on: bool,
+    http_port: u16,
+}
+
 impl NodeConfig {
-    /// Parses gflags-style arguments (without the program name). `Ok(None)` for `--help`.
+    /// Parses gflags-style arguments (without the program name), with gflags' `--flagfile`,
+    /// `--fromenv`, `--tryfromenv` and `--undefok` ([`protocol::gflags`]). `Ok(None)` for
+    /// `--help`.
     pub fn parse_args<I: IntoIterator<Item = String>>(
         args: I,
     ) -> Result<Option<NodeConfig>, String> {
-        let mut c = NodeConfig::default();
-        let mut shards_set = false;
-        let (mut http_on, mut http_port) = (false, crate::http_endpoint::CLIENT_HTTP_PORT_DEFAULT);
-        let mut it = args.into_iter().peekable();
-        while let Some(arg) = it.next() {
-            let flag = arg
-                .strip_prefix("--")
-                .or_else(|| arg.strip_prefix('-'))
-                .ok_or_else(|| format!("unexpected argument {arg:?}"))?;
-            if matches!(flag, "help" | "h" | "helpfull") {
-                return Ok(None);
-            }
-            let (name, inline) = match flag.split_once('=') {
-                Some((n, v)) => (n.to_string(), Some(v.to_string())),
-                None => (flag.to_string(), None),
-            };
-            if let Some(on) = bool_flag(&name, &inline, "enable_offload")? {
-                c.enable_offload = on;
-                continue;
-            }
-            if let Some(on) = bool_flag(&name, &inline, "prefault")? {
-                c.prefault = on;
-                continue;
-            }
-            if let Some(on) = bool_flag(&name, &inline, "enable_http_server")? {
-                http_on = on;
-                continue;
-            }
-            if let Some(on) = bool_flag(&name, &inline, "replica_tasks")? {
-                c.replica_tasks = on;
-                continue;
-            }
-            let value = match inline {
-                Some(v) => v,
-                None => it.next().ok_or_else(|| format!("--{name} needs a value"))?,
-            };
-            let num = |v: &str| -> Result<u64, String> {
-                v.trim()
-                    .parse()
-                    .map_err(|_| format!("--{name}: expected a number, got {v:?}"))
-            };
-            match name.as_str() {
-                "host" => c.host = value,
-                "port" => c.port = num(&value)?.try_into().map_err(|_| "--port out of range")?,
-                "global_segment_size" => c.global_segment_size = parse_size(&value)?,
-                "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
-                "master_server_address" => c.master_server_address = value,
-                "metadata_server" => c.metadata_server = value,
-                "cluster_id" if value.trim().is_empty() => {
-                    return Err("--cluster_id must not be empty".into())
-                }
-                "cluster_id" => c.cluster_id = value.trim().to_string(),
-                "auth_token_file" if value.trim().is_empty() => c.auth_token_file = None,
-                "auth_token_file" => c.auth_token_file = Some(value.into()),
-                "protocol" => c.protocol = value,
-                "device_names" | "device_name" => c.device_names = value,
-                "threads" => c.threads = num(&value)? as usize,
-                "drain_timeout_sec" => c.drain_timeout_s = num(&value)?,
-                "shards" => {
-                    c.shards = num(&value)? as usize;
-                    shards_set = true;
-                }
-                "cores" if !shards_set => c.shards = num(&value)? as usize,
-                "cores" => {}
-                "metrics_port" => {
-                    c.metrics_port = num(&value)?
-                        .try_into()
-                        .map_err(|_| "--metrics_port out of range")?
-                }
-                "http_host" if value.trim().is_empty() => {
-                    return Err("--http_host must not be empty".into())
-                }
-                "http_host" => c.http_host = value.trim().to_string(),
-                "http_port" => {
-                    http_port = u16::try_from(num(&value)?)
-                        .ok()
-                        .filter(|&p| p != 0)
-                        .ok_or("--http_port out of range")?;
-                }
-                "data_port" => {
-                    c.data_port = num(&value)?
-                        .try_into()
-                        .map_err(|_| "--data_port out of range")?
-                }
-                n if IGNORED_FLAGS.contains(&n) => {}
-                n => return Err(format!("unknown flag --{n}")),
-            }
+        Self::parse_args_in(args, &gflags::System)
+    }
+
+    /// [`NodeConfig::parse_args`] reading the environment and flagfiles through `sources`.
+    pub fn parse_args_in<I: IntoIterator<Item = String>>(
+        args: I,
+        sources: &dyn gflags::Sources,
+    ) -> Result<Option<NodeConfig>, String> {
+        let scan = gflags::scan_in(args.into_iter().collect(), &PROGRAM, sources);
+        let (settings, positional, warnings) = match scan.map_err(|e| e.to_string())? {
+            gflags::Scan::Stop(_) => return Ok(None),
+            gflags::Scan::Flags {
+                settings,
+                positional,
+                warnings,
+            } => (settings, positional, warnings),
+        };
+        if let Some(arg) = positional.first() {
+            return Err(format!("unexpected argument {arg:?}"));
         }
-        c.http_port = http_on.then_some(http_port);
+        let mut c = NodeConfig {
+            warnings,
+            ..NodeConfig::default()
+        };
+        let mut pending = Pending {
+            shards_set: false,
+            http_on: false,
+            http_port: crate::http_endpoint::CLIENT_HTTP_PORT_DEFAULT,
+        };
+        for (name, value) in settings {
+            c.set(&name, value, &mut pending)?;
+        }
+        c.http_port = pending.http_on.then_some(pending.http_port);
+        c.check()?;
+        Ok(Some(c))
+    }
+
+    /// One flag of the command line (a name [`kind`] knows).
+    fn set(&mut self, name: &str, value: String, pending: &mut Pending) -> Result<(), String> {
+        let num = |v: &str| -> Result<u64, String> {
+            v.trim()
+                .parse()
+                .map_err(|_| format!("--{name}: expected a number, got {v:?}"))
+        };
+        let port = |v: &str| -> Result<u16, String> {
+            num(v)?
+                .try_into()
+                .map_err(|_| format!("--{name} out of range"))
+        };
+        let c = self;
+        match name {
+            "enable_offload" => c.enable_offload = parse_bool(&value)?,
+            "prefault" => c.prefault = parse_bool(&value)?,
+            "enable_http_server" => pending.http_on = parse_bool(&value)?,
+            "replica_tasks" => c.replica_tasks = parse_bool(&value)?,
+            "host" => c.host = value,
+            "port" => c.port = port(&value)?,
+            "global_segment_size" => c.global_segment_size = parse_size(&value)?,
+            "local_buffer_size" => c.local_buffer_size = parse_size(&value)?,
+            "master_server_address" => c.master_server_address = value,
+            "metadata_server" => c.metadata_server = value,
+            "cluster_id" if value.trim().is_empty() => {
+                return Err("--cluster_id must not be empty".into())
+            }
+            "cluster_id" => c.cluster_id = value.trim().to_string(),
+            "auth_token_file" if value.trim().is_empty() => c.auth_token_file = None,
+            "auth_token_file" => c.auth_token_file = Some(value.into()),
+            "protocol" => c.protocol = value,
+            "device_names" | "device_name" => c.device_names = value,
+            "threads" => c.threads = num(&value)? as usize,
+            "drain_timeout_sec" => c.drain_timeout_s = num(&value)?,
+            "shards" => {
+                c.shards = num(&value)? as usize;
+                pending.shards_set = true;
+            }
+            "cores" if !pending.shards_set => c.shards = num(&value)? as usize,
+            "metrics_port" => c.metrics_port = port(&value)?,
+            "http_host" if value.trim().is_empty() => {
+                return Err("--http_host must not be empty".into())
+            }
+            "http_host" => c.http_host = value.trim().to_string(),
+            "http_port" => {
+                pending.http_port = Some(port(&value)?)
+                    .filter(|&p| p != 0)
+                    .ok_or("--http_port out of range")?;
+            }
+            "data_port" => c.data_port = port(&value)?,
+            _ => {} // `cores` after `shards`, and IGNORED_FLAGS
+        }
+        Ok(())
+    }
+
+    /// The rules between flags.
+    fn check(&self) -> Result<(), String> {
+        let c = self;
         if c.shards == 0 || c.shards > SHARDS_MAX {
             return Err(format!("--shards={} must be 1..={SHARDS_MAX}", c.shards));
         }
@@ -274,7 +337,7 @@ impl NodeConfig {
         if c.data_port != 0 && u32::from(c.data_port) + c.shards as u32 > 65536 {
             return Err("--data_port + --shards exceeds 65535".into());
         }
-        Ok(Some(c))
+        Ok(())
     }
 
     /// The host used in segment names: `--host`, or the advertised address when `--host` is
@@ -384,5 +447,44 @@ mod tests {
         ] {
             assert!(args(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// gflags' meta flags, with an environment and files in memory.
+    #[test]
+    fn gflags_meta_flags() {
+        struct Fake;
+        impl gflags::Sources for Fake {
+            fn env(&self, name: &str) -> Option<String> {
+                (name == "FLAGS_port").then(|| "4321".to_string())
+            }
+            fn file(&self, path: &str) -> Result<String, String> {
+                match path {
+                    "node.flags" => Ok("mooncake_master\n--port=1\nmooncake_client\n\
+                                        --shards=3\n--noreplica_tasks\n--bogus=1\n"
+                        .into()),
+                    _ => Err("No such file or directory".into()),
+                }
+            }
+        }
+        let parse = |a: &[&str]| NodeConfig::parse_args_in(a.iter().map(|s| s.to_string()), &Fake);
+        let c = parse(&["--flagfile=node.flags", "--fromenv=port"])
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.port, c.shards, c.replica_tasks), (4321, 3, false));
+        assert_eq!(c.warnings.len(), 1, "the unknown line: {:?}", c.warnings);
+        assert!(parse(&["--fromenv=host"])
+            .unwrap_err()
+            .contains("FLAGS_host"));
+        assert_eq!(
+            parse(&["--tryfromenv=host"]).unwrap().unwrap().host,
+            "0.0.0.0"
+        );
+        assert!(parse(&["--flagfile=gone"]).unwrap_err().contains("gone"));
+        let c = parse(&["--undefok=old_flag", "--old_flag=2"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.warnings.len(), 1);
+        assert!(parse(&["--old_flag=2"]).unwrap_err().contains("old_flag"));
+        assert!(!parse(&["--prefault", "false"]).unwrap().unwrap().prefault);
     }
 }

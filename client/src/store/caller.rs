@@ -3,9 +3,10 @@
 //!
 //! The boundary rule: an integer never becomes a Rust reference in safe code. A
 //! [`CallerRange`] is made only by [`Store::caller_range`](super::Store::caller_range) and
-//! [`Store::caller_range_mut`](super::Store::caller_range_mut), which check what can be
-//! checked (the range lies in one registered buffer, or is mapped with the needed permissions
-//! right now); a bad range is `INVALID_PARAMS`, never a crash. What cannot be checked (that
+//! [`Store::caller_range_mut`](super::Store::caller_range_mut), and a dummy client's
+//! `StoreApi::api_caller_range` (`super::api`), which check what can be checked (the range
+//! lies in one registered buffer or the dummy's shared region, or is mapped with the needed
+//! permissions right now); a bad range is `INVALID_PARAMS`, never a crash. What cannot be checked (that
 //! the memory stays mapped, and that nobody else reads or writes it while we use it) is the
 //! caller's promise, so every way to use the range is an `unsafe fn` whose `# Safety` section
 //! states that promise, and the code that calls it says at the call why the promise holds.

@@ -4,7 +4,7 @@
 //!
 //! The code is what the caller branches on and what crosses the Python boundary, unchanged; the
 //! cause is for people: what failed, on which key, segment, node or master address, and the
-//! underlying error. The Python binding logs the cause (`python/src/store.rs`); nothing here
+//! underlying error. The Python binding logs the cause (`python/src/api.rs`); nothing here
 //! logs.
 //!
 //! Paths convert one by one: a function that still returns a bare [`ErrorCode`] turns into a

@@ -47,6 +47,9 @@
 //! Put and get *sessions* (`session`) reserve objects or cache replica lists across several
 //! ranged calls (upstream's `batch_{put,get}_session_*`).
 //!
+//! [`api::StoreApi`] is what a Python store asks of its backend, this store or a dummy client
+//! (`crate::dummy`), with the batch splitting both share (`api`).
+//!
 //! Invariants: caller addresses used by the zero-copy calls are checked before any byte moves:
 //! inside one registered buffer, or outside every registered buffer and mapped with the needed
 //! permissions (`mapped`), and handed on as a [`CallerRange`] that only `unsafe` code turns
@@ -54,6 +57,7 @@
 //! reaches the memcpy and the sockets: no slice of caller memory is ever formed. A failed put
 //! never leaves a half-written object readable.
 
+pub mod api;
 mod budget;
 mod caller;
 mod catalog;

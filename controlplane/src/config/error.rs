@@ -40,6 +40,9 @@ pub enum ConfigError {
     #[error("unexpected argument \"{0}\": mooncake_master takes only flags (see --help)")]
     UnexpectedArgument(String),
 
+    #[error("--fromenv: {0}")]
+    FromEnv(String),
+
     #[error("config file {}: {message}", .path.display())]
     File { path: PathBuf, message: String },
 }

@@ -83,8 +83,6 @@ use FlagKind::{Bool, Double, Duration, Int32, Int64, Str, UInt32, UInt64};
 /// Flags that stop parsing and print something instead.
 pub const HELP_FLAGS: &[&str] = &["help", "helpfull", "helpshort", "h"];
 pub const VERSION_FLAG: &str = "version";
-/// Reads more flags from a file, one per line (gflags `--flagfile`).
-pub const FLAGFILE_FLAG: &str = "flagfile";
 /// Names a JSON or YAML config file whose keys are flag names.
 pub const CONFIG_PATH_FLAG: &str = "config_path";
 
@@ -550,7 +548,8 @@ fn all_names() -> impl Iterator<Item = &'static str> {
         .iter()
         .map(|f| f.name)
         .chain(HELP_FLAGS.iter().copied())
-        .chain([VERSION_FLAG, FLAGFILE_FLAG])
+        .chain([VERSION_FLAG])
+        .chain(protocol::gflags::META_FLAGS)
 }
 
 /// The known flag closest to `name` by edit distance (dashes read as underscores), if it is
@@ -597,7 +596,11 @@ pub fn help_text() -> String {
         ));
     }
     out.push_str(
-        "  --flagfile (string)\n      Read more flags from a file, one per line\n\
+        "  --flagfile (string)\n      Read more flags from these files (comma-separated), one per line\n\
+         \x20 --fromenv, --tryfromenv (string)\n      Read these flags (comma-separated) from FLAGS_<name> \
+         variables\n\
+         \x20 --undefok (string)\n      Unknown flags (comma-separated) to ignore; they must use \
+         --flag=value\n\
          \x20 --help, --version\n\n\
          Accepted for compatibility with upstream and glog, but not supported (a warning is\n\
          printed when one is set away from its default):\n",
@@ -630,7 +633,8 @@ mod tests {
                 flag.name
             );
         }
-        for name in HELP_FLAGS.iter().chain(&[VERSION_FLAG, FLAGFILE_FLAG]) {
+        let meta = protocol::gflags::META_FLAGS;
+        for name in HELP_FLAGS.iter().chain(&[VERSION_FLAG]).chain(&meta) {
             assert!(
                 lookup(name).is_none(),
                 "{name} is special and must not be in FLAGS"

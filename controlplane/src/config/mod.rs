@@ -130,10 +130,10 @@ pub enum ParsedArgs {
 impl MasterConfig {
     /// Parses the arguments after the program name (`std::env::args().skip(1)`).
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<ParsedArgs, ConfigError> {
-        let command_line = match args::scan(args.into_iter().collect())? {
+        let (command_line, warnings) = match args::scan(args.into_iter().collect())? {
             args::Scan::Help => return Ok(ParsedArgs::Help(flags::help_text())),
             args::Scan::Version => return Ok(ParsedArgs::Version(version_text())),
-            args::Scan::Flags(flags) => flags,
+            args::Scan::Flags(flags, warnings) => (flags, warnings),
         };
         let mut values: BTreeMap<&'static str, (&'static FlagSpec, String)> = BTreeMap::new();
         for (spec, value) in command_line {
@@ -147,7 +147,13 @@ impl MasterConfig {
             Some(path) => Some(file::load(path)?),
             None => None,
         };
-        resolve_with_file(values, config_path, settings)
+        let parsed = resolve_with_file(values, config_path, settings)?;
+        Ok(match parsed {
+            ParsedArgs::Run(config, later) => {
+                ParsedArgs::Run(config, warnings.into_iter().chain(later).collect())
+            }
+            other => other,
+        })
     }
 
     /// Resolves a config file's text alone, as `--config_path=<file_name>` with no other flag

@@ -827,21 +827,68 @@ fn flagfile_lines_are_command_line_flags() {
     let outer = TempFile::new(
         "outer.flags",
         &format!(
-            "# master flags\n--port=40000\n\n--cluster_id mine\n\
-             --enable_http_metadata_server\n{}\n",
+            "# master flags\n--port=40000\n\n--cluster_id=mine\n--rpc_address 10.0.0.1\n\
+             --enable_http_metadata_server\nmooncake_client\n--port=1\nmooncake_m*\n{}\n",
             inner.arg("flagfile")
         ),
     );
-    let (config, _) = run(&[&outer.arg("flagfile"), "--port=40001"]);
+    let (config, warnings) = run(&[&outer.arg("flagfile"), "--port=40001"]);
     assert_eq!(config.port, 40001, "later command-line flags win");
     assert_eq!(config.cluster_id(), "mine");
     assert!(config.enable_http_metadata_server);
     assert_eq!(config.metrics_port, 9500);
+    // gflags skips a `--flag value` line; we say so.
+    assert_eq!(config.rpc_address, MasterConfig::default().rpc_address);
+    assert!(
+        warnings.iter().any(|w| w.contains("rpc_address 10.0.0.1")),
+        "{warnings:?}"
+    );
 
     let looping = TempFile::new("loop.flags", "");
     std::fs::write(&looping.0, looping.arg("flagfile")).unwrap();
     let message = error(&[&looping.arg("flagfile")]);
     assert!(message.contains("nested"), "{message}");
+}
+
+#[test]
+fn undefok_and_fromenv_as_gflags() {
+    let (config, warnings) = run(&[
+        "--undefok=nosuch,gone",
+        "--nosuch=1",
+        "--nogone",
+        "--port=7",
+    ]);
+    assert_eq!(config.port, 7);
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    let message = error(&["--undefok=nosuch", "--other=1"]);
+    assert!(message.contains("unknown flag --other"), "{message}");
+    // A name in --fromenv that is no flag is an unknown flag, which --undefok excuses.
+    let message = error(&["--fromenv=no_such_flag"]);
+    assert!(message.contains("no_such_flag"), "{message}");
+    run(&["--undefok=no_such_flag", "--fromenv=no_such_flag"]);
+
+    struct Env;
+    impl protocol::gflags::Sources for Env {
+        fn env(&self, name: &str) -> Option<String> {
+            (name == "FLAGS_client_ttl").then(|| "33".to_string())
+        }
+        fn file(&self, path: &str) -> Result<String, String> {
+            Err(format!("no file {path}"))
+        }
+    }
+    let scan = |args: &[&str]| super::args::scan_in(argv(args), &Env);
+    let Ok(super::args::Scan::Flags(settings, _)) = scan(&["--fromenv=client_ttl"]) else {
+        panic!()
+    };
+    assert_eq!(settings[0].0.name, "client_ttl");
+    assert_eq!(settings[0].1, "33");
+    let Err(message) = scan(&["--fromenv=client_ttl,port"]) else {
+        panic!()
+    };
+    assert!(
+        message.to_string().contains("FLAGS_port not found"),
+        "{message}"
+    );
 }
 
 #[test]

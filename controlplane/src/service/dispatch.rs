@@ -127,6 +127,10 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             let res = st.remount(now, r.client_id, r.segments, r.held);
             m.op(Op::RemountSegment, status(out, res));
         }
+        Request::ReMountDone(r) => {
+            st.owner_reported(r.client_id);
+            m.op(Op::RemountSegment, status(out, Ok(())));
+        }
         Request::UnmountSegment(r) => {
             let res = st.unmount(r.client_id, r.segment_id);
             m.op(Op::UnmountSegment, status(out, res));

@@ -310,18 +310,21 @@ impl State {
 
     /// Whether reads and removes must wait for the owners' re-reports.
     pub(crate) fn fenced(&self, now: u64) -> Result<(), protocol::ErrorCode> {
-        if now < self.fence_until_ms {
+        // Ends early once every owner the term waits for has re-reported in full.
+        if now < self.fence_until_ms && !self.owners.all_reported() {
             return Err(protocol::ErrorCode::UnavailableInCurrentStatus);
         }
         Ok(())
     }
 
-    /// [`Self::fenced`] for a read of `key` (`GetReplicaList`, `ExistKey`): a key whose newest
-    /// write was made in this term, and completed, is answered at once, since every re-report
-    /// carries an older version and cannot replace it. Only keys that may have a newer version
-    /// still to be re-reported wait for the fence (`docs/ha.md`, "A recovery fence").
-    pub(crate) fn fenced_read(&self, now: u64, key: &str) -> Result<(), protocol::ErrorCode> {
-        if now >= self.fence_until_ms {
+    /// [`Self::fenced`] for a request about one `key` (`GetReplicaList`, `ExistKey`, `Remove`):
+    /// a key whose newest write was made in this term, and completed, is answered at once.
+    /// Every re-report carries an older version: it cannot replace that write, and a remove
+    /// of it leaves a tombstone at its version that refuses them all. Only keys that may have a
+    /// newer version still to be re-reported wait for the fence (`docs/ha.md`, "A recovery
+    /// fence").
+    pub(crate) fn fenced_key(&self, now: u64, key: &str) -> Result<(), protocol::ErrorCode> {
+        if self.fenced(now).is_ok() {
             return Ok(());
         }
         match self.objects.get(key) {
@@ -358,6 +361,13 @@ impl State {
     pub(crate) fn owner_mounted(&mut self, client: Uuid) {
         if self.durable_on {
             self.owners.mounted(client);
+        }
+    }
+
+    /// `client`'s re-report to this term is complete (`ReMountDone`).
+    pub(crate) fn owner_reported(&mut self, client: Uuid) {
+        if self.durable_on {
+            self.owners.reported(client);
         }
     }
 

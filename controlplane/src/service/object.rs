@@ -596,7 +596,7 @@ impl State {
         key: &str,
         lease: bool,
     ) -> Result<Found<'_>, ErrorCode> {
-        self.fenced_read(now, key)?;
+        self.fenced_key(now, key)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         let short = self.short_read_windows;
         let missing = self.missing(now);
@@ -625,7 +625,7 @@ impl State {
     /// ExistKey: true iff readable; grants a probe lease (blocks remove, not eviction) and
     /// leaves recency alone.
     pub(crate) fn exist(&mut self, now: u64, key: &str) -> Result<bool, ErrorCode> {
-        self.fenced_read(now, key)?;
+        self.fenced_key(now, key)?;
         let ttl = self.cfg.default_kv_lease_ttl_ms;
         match self.objects.get_mut(key) {
             Some(obj) if obj.has_complete() => {
@@ -654,7 +654,7 @@ impl State {
     /// Removes an object; returns it (its replicas' spans are freed, their segments still
     /// mounted) so that the caller can tell the remover what to bury (`docs/ha.md`).
     pub(crate) fn remove(&mut self, now: u64, key: &str, force: bool) -> Result<Object, ErrorCode> {
-        self.fenced(now)?;
+        self.fenced_key(now, key)?;
         let obj = self.objects.get(key).ok_or_else(|| self.missing(now))?;
         Self::removable(obj, now, force)?;
         // As upstream, a forced remove skips the task check too; the task then fails when

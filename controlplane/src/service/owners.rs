@@ -30,6 +30,10 @@ pub(crate) struct Owners {
     registered: HashSet<Uuid>,
     /// Registered owners that have not re-mounted in this term yet.
     awaited: HashSet<Uuid>,
+    /// Registered owners whose re-report is not complete yet (`ReMountDone`).
+    unreported: HashSet<Uuid>,
+    /// Whether the registry was loaded for this term (an HA leader's, `awaiting`).
+    loaded: bool,
     /// The wait for `awaited` ends here (the election plus `client_ttl`).
     awaited_until_ms: u64,
     /// Newly registered: to store in etcd before the batch's answers go out.
@@ -44,6 +48,8 @@ impl Owners {
         Owners {
             registered: owners.iter().copied().collect(),
             awaited: owners.iter().copied().collect(),
+            unreported: owners.iter().copied().collect(),
+            loaded: true,
             awaited_until_ms: until_ms,
             ..Owners::default()
         }
@@ -59,9 +65,21 @@ impl Owners {
         }
     }
 
+    /// `client`'s re-report to this term is complete.
+    pub fn reported(&mut self, client: Uuid) {
+        self.unreported.remove(&client);
+    }
+
+    /// Whether every owner registered before this term re-reported all it holds: then no
+    /// newer version of any key is still to come, and the recovery fence can end.
+    pub fn all_reported(&self) -> bool {
+        self.loaded && self.unreported.is_empty()
+    }
+
     /// `client` holds no segment any more (unmounted its last one, or expired).
     pub fn gone(&mut self, client: Uuid) {
         self.awaited.remove(&client);
+        self.unreported.remove(&client);
         if self.registered.remove(&client) {
             self.to_forget.push(client);
         }

@@ -60,7 +60,7 @@ impl State {
             // Just after an HA election the pool is still being re-mounted by its owners: the
             // writer asks again (a client following the leader does so on its own) rather than
             // hear that there is no room.
-            if self.owners_awaited(now).is_err() || now < self.fence_until_ms {
+            if self.owners_awaited(now).is_err() || self.fenced(now).is_err() {
                 return Err(ErrorCode::UnavailableInCurrentStatus);
             }
             Metrics::inc(&m.put_start_alloc_failures);

@@ -162,6 +162,7 @@ fn for_each_key(req: &mut Request, mut f: impl FnMut(&mut String)) {
         Request::Ping(_)
         | Request::MountSegment(_)
         | Request::ReMountSegment(_)
+        | Request::ReMountDone(_)
         | Request::UnmountSegment(_)
         | Request::GracefulUnmountSegment(_)
         | Request::ServiceReady(_)
