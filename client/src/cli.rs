@@ -140,7 +140,7 @@ pub fn node_main(args: Vec<String>) -> i32 {
     let _dummies = start_dummy_service(&cfg, &node);
     println!("mooncake_client ready");
     node.run(&STOP);
-    node.shutdown();
+    node.stop(std::time::Duration::from_secs(cfg.drain_timeout_s));
     eprintln!("mooncake_client: stopped");
     0
 }

@@ -79,6 +79,15 @@ pub const MASTER_CONNECT_PATIENCE: Duration = Duration::from_secs(10);
 /// How often a storage node and a store ping the master.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often a draining node asks the master whether its segments are unmounted yet
+/// (`node::Node::drain`).
+pub const DRAIN_POLL: Duration = Duration::from_millis(200);
+
+/// How long past its deadline a draining node still waits for the master to unmount its
+/// segments (the master unmounts at its next drain scan after the deadline) before it
+/// unmounts them itself.
+pub const DRAIN_OVERRUN: Duration = Duration::from_secs(2);
+
 /// How often an owner's pinger looks whether its calls moved to a new HA leader.
 pub const LEADER_EPOCH_CHECK: Duration = Duration::from_millis(50);
 

@@ -83,3 +83,14 @@ pub const OBJECT_SIZE_MAX_BYTES: u64 = (1 << 48) - 1;
 /// Writers the index's writer table holds before its first sweep (`service/objects.rs`); a
 /// sweep runs when the table has doubled since the last one and exceeds this.
 pub const SWEEP_WRITERS_MIN: usize = 1024;
+
+/// Least time between two scans of the index for draining segments (`service/drain.rs`): a
+/// scan walks every object, so a drain costs the master one walk per interval at most.
+pub const DRAIN_SCAN_INTERVAL_MS: u64 = 200;
+
+/// Move tasks one scan of a draining segment books at most (`service/drain.rs`); the rest
+/// wait for the next scan, so a drain of millions of objects does not queue them all at once.
+pub const DRAIN_MOVES_PER_SCAN_MAX: usize = 4096;
+
+/// The deadline of an admin drain (`POST /api/v1/drain`) that names none.
+pub const DRAIN_DEADLINE_MS_DEFAULT: u64 = 60_000;

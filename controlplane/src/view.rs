@@ -125,6 +125,12 @@ pub trait AdminView: Send + Sync + 'static {
         let _ = (tenant, bytes);
         Err(QuotaRefusal::off())
     }
+    /// `POST /api/v1/drain`: drains segment `name` with a deadline `deadline_ms` from now
+    /// (`service/drain.rs`).
+    fn drain_segment(&self, name: &str, deadline_ms: u64) -> Result<(), ErrorCode> {
+        let _ = (name, deadline_ms);
+        Err(ErrorCode::SegmentNotFound)
+    }
     /// `DELETE /api/v1/tenant_quotas`: drops `tenant`'s policy when it holds nothing.
     fn delete_tenant_quota(&self, tenant: &str) -> QuotaAnswer {
         let _ = tenant;

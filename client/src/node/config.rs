@@ -46,6 +46,10 @@ pub struct NodeConfig {
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
+    /// `--drain_timeout_sec` (default 30): on SIGTERM the node drains its shards' segments
+    /// (`Node::drain`, `docs/fleet.md`) for at most this long before it unmounts them; 0
+    /// unmounts at once.
+    pub drain_timeout_s: u64,
     /// `--enable_offload` (default false): a disk tier under the node's memory, in the
     /// directory and within the limits of the `MOONCAKE_OFFLOAD_*` variables.
     pub enable_offload: bool,
@@ -80,6 +84,7 @@ impl Default for NodeConfig {
             http_port: None,
             prefault: false,
             replica_tasks: true,
+            drain_timeout_s: 30,
             enable_offload: false,
             cluster_id: crate::store::cluster_id_from_env(),
             auth_token_file: None,
@@ -127,6 +132,8 @@ flags (--flag=value or --flag value):
   --http_host=127.0.0.1          address both HTTP endpoints bind (0.0.0.0: every interface,
                                  e.g. for a Prometheus on another host)
   --prefault=false               fault segment pages in at start-up
+  --drain_timeout_sec=30         on SIGTERM, drain the segments (no new puts, only copies
+                                 moved to other nodes) for at most this long; 0 = unmount now
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
                                  to this node (false: leave them to store clients)
   --enable_offload=false         a disk tier under this node's memory: objects the master
@@ -171,6 +178,7 @@ const VALUE_FLAGS: &[&str] = &[
     "http_host",
     "http_port",
     "data_port",
+    "drain_timeout_sec",
 ];
 
 /// The node's boolean flags.
@@ -283,6 +291,7 @@ impl NodeConfig {
             "protocol" => c.protocol = value,
             "device_names" | "device_name" => c.device_names = value,
             "threads" => c.threads = num(&value)? as usize,
+            "drain_timeout_sec" => c.drain_timeout_s = num(&value)?,
             "shards" => {
                 c.shards = num(&value)? as usize;
                 pending.shards_set = true;
@@ -384,6 +393,7 @@ mod tests {
             "--mmap_arena_pool_size=1073741824",
             "--prefault",
             "--noreplica_tasks",
+            "--drain_timeout_sec=7",
         ])
         .unwrap()
         .unwrap();
@@ -394,6 +404,8 @@ mod tests {
         assert!(c.prefault);
         assert!(!c.replica_tasks);
         assert!(NodeConfig::default().replica_tasks);
+        assert_eq!(c.drain_timeout_s, 7);
+        assert_eq!(NodeConfig::default().drain_timeout_s, 30);
         assert_eq!(args(&["--cores", "3"]).unwrap().unwrap().shards, 3);
         assert_eq!(
             args(&["--cluster_id=prod-a"]).unwrap().unwrap().cluster_id,

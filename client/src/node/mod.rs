@@ -43,8 +43,8 @@ use dataplane::mem::{HugepagePolicy, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
 use dataplane::transport::{serve, Server};
-use protocol::message::{MountSegment, UnmountSegment};
-use protocol::{ClientStatus, Segment as SegmentDescriptor, Uuid};
+use protocol::message::{GracefulUnmountSegment, MountSegment, UnmountSegment};
+use protocol::{ClientStatus, ErrorCode, Segment as SegmentDescriptor, Uuid};
 
 use crate::master::{ClientError, MasterClient};
 use crate::recovery;
@@ -52,7 +52,10 @@ use crate::recovery;
 mod config;
 pub mod metrics;
 
-use crate::limits::{LEADER_EPOCH_CHECK, MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX};
+use crate::limits::{
+    DRAIN_OVERRUN, DRAIN_POLL, LEADER_EPOCH_CHECK, MASTER_CONNECT_PATIENCE, PING_INTERVAL,
+    SHARDS_MAX,
+};
 pub use config::{NodeConfig, USAGE};
 
 /// Why the node could not start.
@@ -388,6 +391,75 @@ impl Node {
         }
     }
 
+    /// Drains every shard's segment (`--drain_timeout_sec`, `docs/fleet.md`): asks the master
+    /// for a graceful unmount with a deadline `timeout` from now, which stops new placements
+    /// there at once and moves the objects only this node holds onto other segments (the
+    /// other nodes' replica-task executors copy them out of our shards, which keep serving),
+    /// then polls with the same call until the master has unmounted every segment (it
+    /// answers `SEGMENT_NOT_FOUND`) or the deadline passed, pinging meanwhile so that the
+    /// master does not expire us mid-drain. Returns whether every segment was drained; on a
+    /// timeout the master logs how many objects it could not move. [`Node::shutdown`] then
+    /// unmounts whatever is left.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        if timeout.is_zero() || self.shut_down.load(Ordering::SeqCst) {
+            return false;
+        }
+        let started = Instant::now();
+        let grace_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut left: Vec<&SegmentDescriptor> = self.shards.iter().map(|s| &s.descriptor).collect();
+        eprintln!(
+            "mooncake_client: draining {} segment(s) for at most {timeout:?}",
+            left.len()
+        );
+        let mut next_ping = Instant::now();
+        let mut unreachable = None;
+        loop {
+            left.retain(|d| {
+                let r = self.master.call(&GracefulUnmountSegment {
+                    client_id: self.client_id,
+                    segment_id: d.id,
+                    grace_ms,
+                });
+                if let Err(e) = &r {
+                    unreachable = Some(e.to_string());
+                }
+                !matches!(r, Ok(Err(ErrorCode::SegmentNotFound)))
+            });
+            // Without a master nothing moves our objects: stop waiting.
+            if let Some(why) = &unreachable {
+                eprintln!("mooncake_client: drain abandoned, the master is unreachable: {why}");
+                break;
+            }
+            if left.is_empty() || started.elapsed() >= timeout + DRAIN_OVERRUN {
+                break;
+            }
+            if Instant::now() >= next_ping {
+                if let Err(e) = self.ping() {
+                    eprintln!("mooncake_client: ping failed while draining: {e}");
+                }
+                next_ping = Instant::now() + PING_INTERVAL;
+            }
+            std::thread::sleep(DRAIN_POLL);
+        }
+        let took = started.elapsed();
+        if left.is_empty() {
+            eprintln!("mooncake_client: drained in {took:?}");
+        } else {
+            eprintln!(
+                "mooncake_client: drain of {} segment(s) not finished after {took:?} (the \
+                 master logs what it could not move); unmounting",
+                left.len()
+            );
+        }
+        left.is_empty()
+    }
+
+    /// A stop on SIGTERM: [`Node::drain`] for at most `drain_timeout`, then [`Node::shutdown`].
+    pub fn stop(&self, drain_timeout: Duration) {
+        self.drain(drain_timeout);
+        self.shutdown();
+    }
+
     /// Unmounts every shard at the master and removes the published descriptors. Idempotent;
     /// the servers stop when the node is dropped.
     pub fn shutdown(&self) {
@@ -406,7 +478,8 @@ impl Node {
                 client_id: self.client_id,
                 segment_id: d.id,
             });
-            if !matches!(r, Ok(Ok(()))) {
+            // A drained segment is already gone: SEGMENT_NOT_FOUND is the expected answer.
+            if !matches!(r, Ok(Ok(()) | Err(ErrorCode::SegmentNotFound))) {
                 eprintln!("mooncake_client: unmount of {} failed: {r:?}", d.name);
             }
         }

@@ -221,6 +221,13 @@ pub const FLAGS: &[FlagSpec] = &[
         "Seconds a client stays alive after its last heartbeat (config key: client_live_ttl_sec)",
     ),
     honoured(
+        "admission_ramp_sec",
+        Int64,
+        "5",
+        "Seconds over which a freshly mounted segment's share of new replicas ramps up to its \
+         fair share instead of taking all of them; 0 turns the ramp off (not an upstream flag)",
+    ),
+    honoured(
         "quarantine_grace",
         Duration,
         "3000",

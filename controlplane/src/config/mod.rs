@@ -529,6 +529,10 @@ fn resolve_service(values: &Values) -> Result<ServiceConfig, ConfigError> {
         tenant_quota: resolve_tenant_quota(values)?,
         tasks: resolve_tasks(values)?,
         offload: resolve_offload(values)?,
+        admission_ramp_ms: values.get("admission_ramp_sec", |raw| {
+            value::parse_in_range(raw, 0, 3600, "a number of seconds in 0..=3600")
+        })? as u64
+            * 1000,
     };
     if service.default_kv_soft_pin_ttl_ms > service.max_kv_soft_pin_ttl_ms {
         return Err(ConfigError::Conflict(format!(

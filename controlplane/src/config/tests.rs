@@ -136,6 +136,12 @@ fn accepted_syntax() {
         }),
         (&["--eviction_ratio=0"], |c| c.service.eviction_ratio == 0.0),
         (&["--client_ttl=60"], |c| c.service.client_ttl_s == 60),
+        (&["--admission_ramp_sec=0"], |c| {
+            c.service.admission_ramp_ms == 0
+        }),
+        (&["--admission_ramp_sec=12"], |c| {
+            c.service.admission_ramp_ms == 12_000
+        }),
         (&["--quarantine_grace=5s"], |c| {
             c.service.quarantine_grace_ms == 5000
         }),
@@ -285,6 +291,10 @@ fn rejected_values_name_flag_expectation_and_input() {
             ],
         ),
         (&["--client_ttl=0"], &["--client_ttl", "\"0\""]),
+        (
+            &["--admission_ramp_sec=-1"],
+            &["--admission_ramp_sec", "\"-1\""],
+        ),
         (&["--client_ttl=-3"], &["--client_ttl", "\"-3\""]),
         (&["--client_ttl=ten"], &["--client_ttl", "\"ten\""]),
         (&["--quarantine_grace=0"], &["--quarantine_grace"]),

@@ -25,6 +25,11 @@
 //!   `{"success":true,"data":...}`, or a status with `{"success":false,"error_code":N,
 //!   "error_message":S}` (409 `-1011` without quotas, 404 `-704` for an unknown tenant, 409
 //!   `-1702` for one that still holds objects, 400 `-600` for a bad parameter or body).
+//! - `POST /api/v1/drain?segment=S[&deadline_sec=N]`: drains segment `S` (`service/drain.rs`,
+//!   `docs/fleet.md`): no new allocation at once, its only copies moved elsewhere, unmounted
+//!   when done or at the deadline (default 60 s; 0 unmounts at once). 200
+//!   `{"success":true}`, 404 `-101` for an unknown segment, 400 `-600` for a bad parameter;
+//!   a write, so it needs the bearer token when a cluster secret is set.
 //! - `/kv_events/status`: the KV-cache event publisher (`docs/kv-events.md`):
 //!   `{"enabled", "endpoint", "backend_id", "queue_capacity", "published_events",
 //!   "published_batches", "dropped_events", "non_hash_keys"}`.
@@ -107,6 +112,7 @@ pub fn admin_router_with_auth(view: View, ha: Ha, auth: Option<&'static Token>) 
             "/api/v1/tenant_quotas",
             get(get_quotas).put(put_quota).delete(delete_quota),
         )
+        .route("/api/v1/drain", axum::routing::post(drain_segment))
         .route_layer(axum::middleware::from_fn_with_state(
             ha.clone(),
             require_serving,
@@ -478,6 +484,42 @@ async fn query_segment(
         None => text_response(
             StatusCode::NOT_FOUND,
             format!("Failed to query segment: no segment named \"{name}\"\n"),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+struct DrainQuery {
+    #[serde(default)]
+    segment: String,
+    deadline_sec: Option<u64>,
+}
+
+/// `POST /api/v1/drain?segment=S[&deadline_sec=N]` (module docs).
+async fn drain_segment(
+    State(view): State<View>,
+    query: Result<Query<DrainQuery>, QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(Query(q)) if !q.segment.is_empty() => q,
+        _ => {
+            let code = protocol::ErrorCode::InvalidParams;
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                json!({"success": false, "error_code": code.code(), "error_message": code.name()}),
+            );
+        }
+    };
+    let deadline_ms = q
+        .deadline_sec
+        .map_or(crate::limits::DRAIN_DEADLINE_MS_DEFAULT, |s| {
+            s.saturating_mul(1000)
+        });
+    match view.drain_segment(&q.segment, deadline_ms) {
+        Ok(()) => json_response(StatusCode::OK, json!({"success": true})),
+        Err(code) => json_response(
+            StatusCode::NOT_FOUND,
+            json!({"success": false, "error_code": code.code(), "error_message": code.name()}),
         ),
     }
 }

@@ -100,6 +100,11 @@ impl AdminView for MasterService {
     fn delete_tenant_quota(&self, tenant: &str) -> QuotaAnswer {
         self.state.lock().delete_tenant_quota(tenant)
     }
+
+    fn drain_segment(&self, name: &str, deadline_ms: u64) -> Result<(), ErrorCode> {
+        let now = self.clock.now_ms();
+        self.state.lock().drain_by_name(now, name, deadline_ms)
+    }
     fn status(&self) -> ClusterStatus {
         let g = self.gauges();
         let now = self.clock.now_ms();
@@ -149,6 +154,8 @@ fn members(st: &State, now: u64) -> (Vec<SegmentStatus>, Vec<ClientStatus>) {
                 "quarantined"
             } else if s.draining_until.is_some() {
                 "draining"
+            } else if s.ramp.is_some() {
+                "ramping"
             } else {
                 "ok"
             },

@@ -201,6 +201,13 @@ pub struct Metrics {
     pub expired_clients: AtomicU64,
     pub quarantined_clients: AtomicU64,
     pub unquarantined_clients: AtomicU64,
+    /// Drains (`drain.rs`) that ended with nothing left on their segment, and those that hit
+    /// their deadline; objects the latter lost (their only copy was still there).
+    pub drains_completed: AtomicU64,
+    pub drains_timed_out: AtomicU64,
+    pub drain_objects_lost: AtomicU64,
+    /// Replicas dropped off draining segments because their object had a copy elsewhere.
+    pub drain_replicas_detached: AtomicU64,
     /// PutStart to PutEnd of each put or upsert, as the master sees it (ms).
     pub put_ms: Hist,
     /// Time the master takes to answer a `GetReplicaList` (or a batch of them), in µs.
@@ -217,6 +224,9 @@ pub struct Gauges {
     pub soft_pin_key_count: u64,
     pub segments: u64,
     pub quarantined_segments: u64,
+    /// Segments draining (`drain.rs`) and fresh ones still in their admission ramp.
+    pub draining_segments: u64,
+    pub ramping_segments: u64,
     /// Registered owners the current HA term still waits for (`owners.rs`).
     pub owners_awaited: u64,
     /// The disk tier (`offload.rs`).
@@ -283,10 +293,40 @@ impl Metrics {
         render_gauges(&mut s, g);
         render_tier(&mut s, &g.tier);
         self.render_counters(&mut s);
+        self.render_drain_counters(&mut s);
         self.render_ops(&mut s);
         self.render_hists(&mut s);
         self.render_batches(&mut s);
         s
+    }
+
+    /// The counters of segment drains (`drain.rs`).
+    fn render_drain_counters(&self, s: &mut String) {
+        let counters: [(&str, &str, &AtomicU64); 4] = [
+            (
+                "master_drains_completed_total",
+                "Segment drains that ended with nothing left on the segment",
+                &self.drains_completed,
+            ),
+            (
+                "master_drains_timed_out_total",
+                "Segment drains unmounted at their deadline with objects still on the segment",
+                &self.drains_timed_out,
+            ),
+            (
+                "master_drain_objects_lost_total",
+                "Objects whose only copy was on a segment whose drain hit its deadline",
+                &self.drain_objects_lost,
+            ),
+            (
+                "master_drain_replicas_detached_total",
+                "Replicas dropped off draining segments because their object had a copy elsewhere",
+                &self.drain_replicas_detached,
+            ),
+        ];
+        for (name, help, v) in counters {
+            metric(s, name, help, "counter", Self::get(v));
+        }
     }
 
     /// The counters of eviction, puts and clients.
@@ -422,7 +462,7 @@ impl Metrics {
 
 /// The master's own gauges: keys, memory, clients, segments, owners awaited.
 fn render_gauges(s: &mut String, g: &Gauges) {
-    let gauges: [(&str, &str, u64); 8] = [
+    let gauges: [(&str, &str, u64); 10] = [
         (
             "master_key_count",
             "Total number of keys managed by the master",
@@ -457,6 +497,16 @@ fn render_gauges(s: &mut String, g: &Gauges) {
             "master_quarantined_segments",
             "Mounted segments taking no new allocation because their owner stopped pinging",
             g.quarantined_segments,
+        ),
+        (
+            "master_draining_segments",
+            "Mounted segments being drained: no new allocation, their only copies moving elsewhere",
+            g.draining_segments,
+        ),
+        (
+            "master_ramping_segments",
+            "Freshly mounted segments whose share of new replicas is still ramping up",
+            g.ramping_segments,
         ),
         (
             "master_owners_awaited",

@@ -25,10 +25,14 @@
 mod admin;
 mod clear;
 mod dispatch;
+mod drain;
 mod evict;
 #[cfg(test)]
 #[path = "tests/fence.rs"]
 mod fence_tests;
+#[cfg(test)]
+#[path = "tests/fleet.rs"]
+mod fleet_tests;
 mod freed;
 mod index;
 pub mod metrics;
@@ -123,6 +127,9 @@ pub struct ServiceConfig {
     pub tasks: TaskConfig,
     /// The disk tier's switches (`--enable_offload` and its family; `offload.rs`).
     pub offload: OffloadConfig,
+    /// `--admission_ramp_sec` in milliseconds: the window over which a freshly mounted
+    /// segment's share of new replicas ramps up to its fair share (`placement.rs`); 0: off.
+    pub admission_ramp_ms: u64,
 }
 
 impl Default for ServiceConfig {
@@ -144,6 +151,7 @@ impl Default for ServiceConfig {
             tenant_quota: None,
             tasks: TaskConfig::default(),
             offload: OffloadConfig::default(),
+            admission_ramp_ms: ADMISSION_RAMP_DEFAULT_MS,
         }
     }
 }
@@ -157,6 +165,9 @@ impl ServiceConfig {
         self.put_start_release_timeout_s.saturating_mul(1000)
     }
 }
+
+/// Default of [`ServiceConfig::admission_ramp_ms`] (`--admission_ramp_sec=5`).
+pub const ADMISSION_RAMP_DEFAULT_MS: u64 = 5000;
 
 /// Default of [`ServiceConfig::quarantine_grace_ms`]: three ping intervals.
 pub const QUARANTINE_GRACE_DEFAULT_MS: u64 = 3000;
@@ -242,6 +253,11 @@ pub(crate) struct State {
     /// A synchronous disk eviction that found nothing: at this time, on this disk
     /// (`offload.rs`, `allocate_target`).
     pub disk_futile: Option<(u64, SegRef)>,
+    /// Replicas placed since the start (`placement.rs`): the admission ramp of a fresh
+    /// segment counts its share against it.
+    pub placed_replicas: u64,
+    /// When the next scan of draining segments may run (`drain.rs`).
+    pub next_drain_scan_ms: u64,
 }
 
 impl State {
@@ -283,6 +299,8 @@ impl State {
             tier: TierStats::default(),
             next_disk_check_ms: 0,
             disk_futile: None,
+            placed_replicas: 0,
+            next_drain_scan_ms: 0,
         }
     }
 
@@ -576,7 +594,7 @@ impl MasterService {
         let (entered, lifted) = st.update_quarantine(now);
         Metrics::add(&m.quarantined_clients, entered as u64);
         Metrics::add(&m.unquarantined_clients, lifted as u64);
-        st.finish_drains(now);
+        st.advance_drains(m, now);
         let late = st.owners.stop_waiting(now);
         if !late.is_empty() {
             tracing::warn!(
@@ -613,6 +631,8 @@ impl MasterService {
             soft_pin_key_count: st.objects.values().filter(|o| o.soft_pinned(now)).count() as u64,
             segments: st.segs.len() as u64,
             quarantined_segments: st.quarantined_segments() as u64,
+            draining_segments: st.draining_segments() as u64,
+            ramping_segments: st.segs.iter().filter(|s| s.ramp.is_some()).count() as u64,
             owners_awaited: st.owners.awaited(now) as u64,
             tier: st.tier_gauges(),
         }

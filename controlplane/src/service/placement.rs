@@ -9,6 +9,18 @@
 //! preferred: a quarantined segment's owner stopped pinging, so a put there would most likely
 //! fail in the transfer; when nothing else has room the put gets `NO_AVAILABLE_HANDLE`.
 //!
+//! **Admission ramp** (`--admission_ramp_sec`, `docs/fleet.md`): a segment mounted fresh
+//! (`MountSegment`, not a re-mount) is empty, and by free ratio it would draw every new
+//! replica at once. For the ramp's window its share is capped instead: of the replicas placed
+//! in the cluster since it was mounted, it may have taken at most `ramp × fair`, where `ramp`
+//! grows linearly from 0 to 1 over the window and `fair` is one over the writable memory
+//! segments. The strategy's walk skips it while it is at its cap; the put's preferred
+//! segments are never capped; and when the walk found fewer buffers than asked, a last walk
+//! fills up on capped segments, so a ramp limits a share and never refuses a put that has no
+//! other room (a cluster whose segments are all fresh accepts puts as before). A re-mount
+//! (`ReMountSegment`: a master restart, an HA election) never ramps: those segments were in
+//! the pool already, and the new leader's index is rebuilt from their re-mounts.
+//!
 //! Disk segments (`docs/tiering.md`) are never chosen either: a writer cannot write a file on
 //! another process's disk; objects reach a disk only through offload tasks (`offload.rs`).
 //!
@@ -34,11 +46,11 @@ impl State {
         cfg: &ReplicateConfig,
     ) -> Result<Vec<Replica>, ErrorCode> {
         let want = cfg.replica_num as usize;
-        let mut got = self.try_place(size, want, cfg);
+        let mut got = self.try_place(now, size, want, cfg);
         if got.is_empty() && self.some_segment_could_hold(size) {
             let need = size.saturating_mul(want as u64);
             if self.evict(m, now, need) > 0 {
-                got = self.try_place(size, want, cfg);
+                got = self.try_place(now, size, want, cfg);
             }
             if got.is_empty() {
                 self.need_eviction = true;
@@ -57,7 +69,56 @@ impl State {
         if got.len() < want {
             Metrics::inc(&m.put_start_partial_allocations);
         }
+        self.count_placed(&got);
         Ok(got)
+    }
+
+    /// Counts placed replicas for the admission ramps.
+    fn count_placed(&mut self, got: &[Replica]) {
+        self.placed_replicas += got.len() as u64;
+        for x in got {
+            if let Some(ramp) = self.segs.get_mut(x.seg).and_then(|s| s.ramp.as_mut()) {
+                ramp.taken += 1;
+            }
+        }
+    }
+
+    /// Slot indices of segments at their admission-ramp cap now (module docs); ends the
+    /// ramps whose window is over.
+    fn capped_segments(&mut self, now: u64) -> Vec<u32> {
+        if !self.segs.iter().any(|s| s.ramp.is_some()) {
+            return Vec::new();
+        }
+        let window = self.cfg.admission_ramp_ms;
+        let placed = self.placed_replicas;
+        let writable = self
+            .segs
+            .iter()
+            .filter(|s| s.writable() && !s.is_disk())
+            .count()
+            .max(1);
+        let mut capped = Vec::new();
+        let live = self.segs.live.clone();
+        for i in live {
+            let r = self.segs.at(i);
+            let Some(seg) = self.segs.get_mut(r) else {
+                continue;
+            };
+            let Some(ramp) = seg.ramp else {
+                continue;
+            };
+            let age = now.saturating_sub(ramp.from_ms);
+            if window == 0 || age >= window {
+                seg.ramp = None;
+                continue;
+            }
+            let share = age as f64 / window as f64 / writable as f64;
+            let since = placed.saturating_sub(ramp.placed_at_start) + 1;
+            if (ramp.taken + 1) as f64 > share * since as f64 {
+                capped.push(i);
+            }
+        }
+        capped
     }
 
     /// Whether evicting could ever make room: some writable segment is big enough.
@@ -67,7 +128,13 @@ impl State {
             .any(|s| s.writable() && !s.is_disk() && s.size >= size)
     }
 
-    fn try_place(&mut self, size: u64, want: usize, cfg: &ReplicateConfig) -> Vec<Replica> {
+    fn try_place(
+        &mut self,
+        now: u64,
+        size: u64,
+        want: usize,
+        cfg: &ReplicateConfig,
+    ) -> Vec<Replica> {
         let n = self.segs.live.len();
         let mut got: Vec<Replica> = Vec::with_capacity(want.min(n));
         if n == 0 {
@@ -86,6 +153,20 @@ impl State {
         if got.len() == want {
             return got;
         }
+        let capped = self.capped_segments(now);
+        self.walk(size, want, &capped, &mut got);
+        if got.len() < want && !capped.is_empty() {
+            // Nothing else had room: a ramp limits a share, it never refuses. The same walk
+            // with no cap (segments already chosen are skipped).
+            self.walk(size, want, &[], &mut got);
+        }
+        got
+    }
+
+    /// The strategy's walk over the mounted segments but `capped`, adding to `got` up to
+    /// `want` replicas.
+    fn walk(&mut self, size: u64, want: usize, capped: &[u32], got: &mut Vec<Replica>) {
+        let n = self.segs.live.len();
         // Random walks `live` from a random start without allocating; FreeRatioFirst sorts.
         let (start, sorted) = match self.cfg.allocation_strategy {
             AllocationStrategy::Random => (self.next_random() as usize % n, Vec::new()),
@@ -93,7 +174,7 @@ impl State {
                 let mut v: Vec<(f64, u32)> = self
                     .segs
                     .iter_indexed()
-                    .filter(|(_, s)| !s.is_disk())
+                    .filter(|(i, s)| !s.is_disk() && !capped.contains(i))
                     .map(|(i, s)| {
                         let free = s.size - s.alloc.used_bytes();
                         (free as f64 / s.size as f64, i)
@@ -110,10 +191,12 @@ impl State {
         let mut skipped_for_host = false;
         for k in 0..n {
             if got.len() == want {
-                return got;
+                return;
             }
             let r = nth(&self.segs, k);
-            skipped_for_host |= !self.try_segment(r, size, &mut got, true);
+            if !capped.contains(&r.idx) {
+                skipped_for_host |= !self.try_segment(r, size, got, true);
+            }
         }
         if skipped_for_host {
             for k in 0..n {
@@ -121,10 +204,11 @@ impl State {
                     break;
                 }
                 let r = nth(&self.segs, k);
-                self.try_segment(r, size, &mut got, false);
+                if !capped.contains(&r.idx) {
+                    self.try_segment(r, size, got, false);
+                }
             }
         }
-        got
     }
 
     /// Tries one buffer in `r` unless it is draining, quarantined or already used. With `distinct_hosts`,

@@ -49,8 +49,12 @@ pub(crate) struct Seg {
     /// A disk segment's watermarks and key limit (`evict.rs`, disk eviction).
     pub disk: DiskPolicy,
     pub alloc: SegmentAllocator,
-    /// Set by a graceful unmount: no new allocation, unmounted at this time.
+    /// Set by a graceful unmount or a drain (`drain.rs`): no new allocation; its only
+    /// copies are re-replicated elsewhere, and it is unmounted when that is done and its
+    /// readers are gone, at this time at the latest.
     pub draining_until: Option<u64>,
+    /// A fresh mount's admission ramp (`placement.rs`), until it ends.
+    pub ramp: Option<Ramp>,
     /// The owner stopped pinging: no new allocation until it pings again.
     pub quarantined: bool,
     /// Ranges freed since the owner's last ping (see `freed.rs`).
@@ -74,6 +78,15 @@ impl Seg {
         self.freed.claim(span);
         Some(span)
     }
+}
+
+/// The admission ramp of a freshly mounted segment: since `from_ms` it has taken `taken` of
+/// the `placed - placed_at_start` replicas placed in the cluster (`State::placed_replicas`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ramp {
+    pub from_ms: u64,
+    pub placed_at_start: u64,
+    pub taken: u64,
 }
 
 struct Slot {
@@ -214,11 +227,26 @@ impl State {
         true
     }
 
+    /// `MountSegment`: a fresh segment, which ramps up its share of new replicas (see
+    /// `placement.rs`) unless `--admission_ramp_sec` is 0.
     pub(crate) fn mount(
         &mut self,
         now: u64,
         client: Uuid,
         s: Segment,
+    ) -> Result<SegRef, ErrorCode> {
+        self.mount_as(now, client, s, true)
+    }
+
+    /// Mounts `s`; `fresh` says whether it ramps. A re-mount (`ReMountSegment`: a master
+    /// restart, an HA election or an expiry the owner survived) never ramps: the segment was
+    /// in the pool before and holds what it re-reports.
+    fn mount_as(
+        &mut self,
+        now: u64,
+        client: Uuid,
+        s: Segment,
+        fresh: bool,
     ) -> Result<SegRef, ErrorCode> {
         if s.size == 0 || s.name.is_empty() {
             return Err(ErrorCode::InvalidParams);
@@ -249,6 +277,12 @@ impl State {
             disk: s.disk,
             alloc,
             draining_until: None,
+            ramp: (fresh && self.cfg.admission_ramp_ms > 0 && s.medium != ReplicaMedium::LocalDisk)
+                .then_some(Ramp {
+                    from_ms: now,
+                    placed_at_start: self.placed_replicas,
+                    taken: 0,
+                }),
             quarantined: false,
             freed: FreedOutbox::default(),
         });
@@ -278,7 +312,7 @@ impl State {
         self.touch_client(now, client);
         let mut first_err = None;
         for s in segments {
-            if let Err(e) = self.mount(now, client, s) {
+            if let Err(e) = self.mount_as(now, client, s, false) {
                 first_err.get_or_insert(e);
             }
         }
@@ -448,8 +482,9 @@ impl State {
         Ok(())
     }
 
-    /// Stops allocation in the segment; it stays readable for `grace_ms`, then `tick`
-    /// unmounts it (at once when `grace_ms` is 0).
+    /// `GracefulUnmountSegment` from the segment's owner: a drain (`drain.rs`) with a
+    /// deadline `grace_ms` from now; at once when `grace_ms` is 0. A drain already running
+    /// keeps the earlier deadline.
     pub(crate) fn graceful_unmount(
         &mut self,
         now: u64,
@@ -461,7 +496,7 @@ impl State {
             .segs
             .by_id(&segment_id)
             .ok_or(ErrorCode::SegmentNotFound)?;
-        let seg = self.segs.get_mut(r).ok_or(ErrorCode::InternalError)?;
+        let seg = self.segs.get(r).ok_or(ErrorCode::InternalError)?;
         if seg.client != client {
             return Err(ErrorCode::InvalidParams);
         }
@@ -469,8 +504,7 @@ impl State {
             self.unmount_ref(r);
             return Ok(());
         }
-        let deadline = now.saturating_add(grace_ms);
-        seg.draining_until = Some(seg.draining_until.map_or(deadline, |d| d.min(deadline)));
+        self.start_drain(now, r, grace_ms);
         Ok(())
     }
 
@@ -555,25 +589,6 @@ impl State {
     /// Mounted segments in quarantine.
     pub(crate) fn quarantined_segments(&self) -> usize {
         self.segs.iter().filter(|s| s.quarantined).count()
-    }
-
-    /// Unmounts draining segments past their deadline.
-    pub(crate) fn finish_drains(&mut self, now: u64) {
-        let due: Vec<SegRef> = self
-            .segs
-            .live
-            .iter()
-            .map(|&i| self.segs.at(i))
-            .filter(|&r| {
-                self.segs
-                    .get(r)
-                    .and_then(|s| s.draining_until)
-                    .is_some_and(|d| d <= now)
-            })
-            .collect();
-        for r in due {
-            self.unmount_ref(r);
-        }
     }
 }
 

@@ -116,6 +116,8 @@ pub(crate) enum Internal {
     Offload,
     /// A copy of a disk-only object onto a memory segment.
     Promotion,
+    /// A move of an only copy off a draining segment (`drain.rs`).
+    Drain,
 }
 
 pub(crate) struct Task {
@@ -428,6 +430,7 @@ impl State {
         match internal {
             Internal::Offload => *t.offloads_by_disk.entry(target.clone()).or_insert(0) += 1,
             Internal::Promotion => t.promotions += 1,
+            Internal::Drain => {}
         }
         let task = Task::pending(
             id,
@@ -488,7 +491,7 @@ impl State {
                 Some(Internal::Promotion) => {
                     promotions >= self.cfg.offload.promotion_max_per_heartbeat
                 }
-                Some(Internal::Offload) => false,
+                Some(Internal::Offload | Internal::Drain) => false,
             };
             if held {
                 retry.push(id);
@@ -802,6 +805,8 @@ impl State {
                     self.tier.offloads_failed += 1;
                 }
             }
+            // A failed drain move is booked again by the next drain scan.
+            Some(Internal::Drain) => {}
             Some(Internal::Promotion) => {
                 t.promotions -= 1;
                 if status == TaskStatus::Success {

@@ -1284,10 +1284,7 @@ fn graceful_unmount_stops_allocation_then_unmounts() {
     assert!(t.get("k").is_ok(), "readable while draining");
     let d = t.svc.segments_detail();
     assert_eq!(d[0].status, "DRAINING");
-    t.advance(4999);
-    t.svc.tick();
-    assert!(t.get("k").is_ok());
-    t.advance(1);
+    // Nowhere to move its only copy: the drain gives up at the next tick (`drain.rs`).
     t.svc.tick();
     assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
     assert!(t.svc.all_segments().is_empty());

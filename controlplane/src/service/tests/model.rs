@@ -82,6 +82,8 @@ pub(crate) fn cfg() -> ServiceConfig {
     ServiceConfig {
         default_kv_lease_ttl_ms: 500,
         client_ttl_s: 1 << 30,
+        // Segments mounted as the tests go would ramp; the ramp's own tests turn it on.
+        admission_ramp_ms: 0,
         ..ServiceConfig::default()
     }
 }
