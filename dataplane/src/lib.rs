@@ -2,7 +2,9 @@
 //!
 //! Owns hugepage segments, the registration table of local buffers, the TCP transport and the
 //! transfer engine, and the thread-per-core storage-node runtime. It never depends on the
-//! control plane; the two meet only through `protocol` types.
+//! control plane; the two meet only through `protocol` types. The collectives behind
+//! `mooncake.pg` and EP are the crate `mooncake-collective`, which stands on this one's
+//! memory; nothing here names it.
 //!
 //! Layout:
 //! - [`mem`]: [`mem::Segment`] (hugepage mappings), [`mem::Registry`] (the registration
@@ -12,8 +14,6 @@
 //!   multi-lane client;
 //! - [`shard`]: the io_uring thread-per-core runtime behind
 //!   [`transport::uring_server::UringServer`];
-//! - [`collective`]: the same-host collectives and point-to-point channels behind
-//!   `mooncake.pg` (shared segments, phase protocol, reduction kernels);
 //! - [`engine`]: the transfer engine (segments, batches, notifies) that `mooncake.engine`
 //!   and the store client wrap;
 //! - [`metadata`]: segment descriptors, the HTTP metadata store and the handshake channel;
@@ -23,7 +23,6 @@
 //! Invariant kept by the whole crate: a remote request touches memory only after the range was
 //! found inside one registered buffer, and bytes from the network never cause a panic.
 
-pub mod collective;
 pub mod engine;
 pub mod error;
 pub mod limits;

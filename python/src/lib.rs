@@ -2,7 +2,7 @@
 //!
 //! - [`store::PyStore`] and the value classes in [`types`]: what `mooncake.store` re-exports;
 //! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
-//! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`dataplane::collective`);
+//! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`collective`);
 //! - [`ep::PyEpBuffer`]: the native data path of `mooncake.mooncake_ep_buffer`;
 //! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
 //!   (`mooncake/_tensor.py`);

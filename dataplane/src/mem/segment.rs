@@ -375,8 +375,8 @@ pub(crate) fn fstat(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::stat> {
 
 /// Maps the first `len` bytes of `fd` shared, readable and writable, at a kernel-chosen
 /// address (used for our own memfd, for one received from a same-host exporter, and for the
-/// `mooncake.pg` ranks' segments in `collective::seg`).
-pub(crate) fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+/// segments and EP buffers of the `mooncake-collective` crate).
+pub fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     mmap_shared_at(fd, len, 0)
 }
 
