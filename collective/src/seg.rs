@@ -55,7 +55,7 @@ use std::time::Duration;
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
 use crate::shmfile;
 use dataplane::mem::file::open_peer_segment;
-use dataplane::mem::segment::mmap_shared;
+use dataplane::sys::mmap::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;

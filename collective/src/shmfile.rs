@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use dataplane::mem::segment::mmap_shared;
+use dataplane::sys::mmap::mmap_shared;
 
 pub(crate) fn cpath(path: &str) -> io::Result<CString> {
     CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))

@@ -102,7 +102,7 @@ pub const SLAB_CLASS_COUNT: usize =
     (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
 
 /// Pause after a failed `accept` (EMFILE, ENFILE, ENOBUFS persist for a while) before trying
-/// again: both servers, blocking (`transport::acceptor`) and io_uring (`shard::reactor`).
+/// again: both servers, blocking (`server::acceptor`) and io_uring (`shard::reactor`).
 pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());

@@ -6,7 +6,7 @@
 
 use dataplane::metadata::rdma_desc::{ConnectBody, RdmaSegmentDesc};
 use dataplane::transport::rdma::sim::{MrRecord, QpRecord};
-use dataplane::transport::rdma::verbs::Gid;
+use dataplane::transport::metadata::rdma_desc::Gid;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

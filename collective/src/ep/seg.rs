@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::limits::{EP_HEADER_BYTES, EP_MAX_RANKS};
 use crate::shmfile;
-use dataplane::mem::segment::mmap_shared;
+use dataplane::sys::mmap::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCEPSEG1");
 const LINES_OFF: usize = 1024;
