@@ -379,7 +379,7 @@ impl Segment {
     /// Stores `v` into `counter` (this segment's own `posted` or `done`) with `Release`, then
     /// wakes the peers parked on it ([`Segment::park`]), if any are.
     pub fn store_counter(&self, counter: &AtomicU64, v: u64) {
-        counter.store(v, Ordering::Release);
+        counter.store(v, PUBLISH);
         // Pairs with the waiter's SeqCst increment of `waiters` before its last look at the
         // counter: either it sees `v`, or this load sees it counted and wakes it.
         fence(Ordering::SeqCst);
@@ -542,14 +542,22 @@ fn futex_word(a: &AtomicU64) -> *const u32 {
     }
 }
 
-/// Loads with `Acquire`.
+/// The ordering of every counter store that publishes bytes written before it (a phase's
+/// slot and descriptor before `posted`, a phase's reads before `done`): `Release`. The
+/// phase model (`collective/tests/model_phases.rs`) reads it, so weakening it fails there.
+pub const PUBLISH: Ordering = Ordering::Release;
+/// The ordering of every counter load after which the bytes it publishes are read:
+/// `Acquire` (read by the phase model as [`PUBLISH`] is).
+pub const OBSERVE: Ordering = Ordering::Acquire;
+
+/// Loads with [`OBSERVE`] (`Acquire`).
 pub fn load(a: &AtomicU64) -> u64 {
-    a.load(Ordering::Acquire)
+    a.load(OBSERVE)
 }
 
-/// Stores with `Release`.
+/// Stores with [`PUBLISH`] (`Release`).
 pub fn store(a: &AtomicU64, v: u64) {
-    a.store(v, Ordering::Release)
+    a.store(v, PUBLISH)
 }
 
 #[cfg(test)]
