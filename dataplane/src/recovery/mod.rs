@@ -7,8 +7,8 @@
 //! - [`inflight`]: the write page of same-host writers (intents and claims), so that an
 //!   owner knows which writes are under way and which writer died.
 //!
-//! It stands on [`crate::sys`] only; `mem::served` and `mem::shm` (the memory an owner
-//! serves) and the servers use it.
+//! It stands on [`crate::sys`], `limits` and `error` only; `mem::served` and `mem::shm`
+//! (the memory an owner serves) and the servers use it.
 
 pub mod catalog;
 pub mod fence;
