@@ -34,15 +34,21 @@ Each violation is printed as `path:line: rule: reason`. The rules:
 - `stray-limit`: a constant that looks like a limit (an integer or `Duration` whose name ends
   in a unit, or has a word such as MAX, MIN, LIMIT, TIMEOUT, INTERVAL, BACKOFF, TTL) lives in
   a `limits.rs` of its crate (`src/limits.rs`, or a module's own, as `disk/limits.rs`), where a
-  reader finds every bound in one place; not in the library code of client, controlplane,
-  dataplane, protocol or the Python binding. Tests are not counted. The ones left where they
+  reader finds every bound in one place; not in the library code of client, collective,
+  controlplane, dataplane, protocol or the Python binding. Tests are not counted. The ones left where they
   are used when the rule was written are in the baseline (`limit 0 <path>::<NAME>`); a new
   one, or one moved to another file, fails.
+- `layers`: no two folders (top-level modules) of `dataplane/src` import each other, directly
+  or round a longer circle: each `crate::<folder>` (or a root re-export such as
+  `crate::TeError`, or a `super::` that leaves the folder) in the code, comments aside, is an
+  arrow, and an arrow that can be followed back to where it started fails, at both ends. And
+  `dataplane` never names `collective` (crate `mooncake-collective`, which stands on it): not
+  in its Cargo.toml, not as a path in its code. Never baselined.
 
 The baseline (scripts/tidy-baseline.txt) is the ratchet: `--update-baseline` rewrites it
 from the tree as it is (lengths may go down or up, entries come and go), prints what it
-changed, and then checks the tree as usual. It never hides a `work-item` or `fuzz`
-violation. Run it only for a deliberate change, and let the diff of the baseline be reviewed
+changed, and then checks the tree as usual. It never hides a `work-item`, `fuzz` or
+`layers` violation. Run it only for a deliberate change, and let the diff of the baseline be reviewed
 with the code.
 
 Python 3 standard library only; the whole tree takes about two seconds.
@@ -479,6 +485,109 @@ def check_fuzz(root, files):
     return out
 
 
+# The crate whose folders must not import in a circle, and the crates it must never name.
+LAYERED_SRC = "dataplane/src/"
+LAYERED_NEVER = {"collective": "mooncake-collective"}
+MOD_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def module_of(path):
+    """`dataplane/src/mem/shm.rs` -> ["mem", "shm"]; `.../mem/mod.rs` -> ["mem"]."""
+    parts = path[len(LAYERED_SRC) : -len(".rs")].split("/")
+    return parts[:-1] if parts[-1] in ("mod", "lib") else parts
+
+
+def root_reexports(root):
+    """{name: folder} for the `pub use <folder>::...` items of the crate root (`crate::TeError`)."""
+    lib = os.path.join(root, LAYERED_SRC, "lib.rs")
+    out = {}
+    if os.path.isfile(lib):
+        for m in re.finditer(r"pub use (\w+)::(\{[^}]*\}|\w+);", read(root, LAYERED_SRC + "lib.rs")):
+            for name in re.findall(r"\w+", m.group(2)):
+                out[name] = m.group(1)
+    return out
+
+
+def folder_imports(root, files):
+    """{(folder, folder it names): [(path, line)]} over the code (not comments) of the crate."""
+    reexports = root_reexports(root)
+    edges = {}
+    for path in files:
+        if not (path.startswith(LAYERED_SRC) and path.endswith(".rs")):
+            continue
+        mod = module_of(path)
+        if not mod:
+            continue  # lib.rs declares the folders
+        toks, _ = lex_rust(read(root, path))
+        t = [x for x, _ in toks]
+        for i, tok in enumerate(t):
+            target = None
+            if tok == "crate" and t[i + 1 : i + 3] == [":", ":"] and i + 3 < len(t):
+                name = t[i + 3]
+                target = name if MOD_NAME.fullmatch(name) else reexports.get(name)
+            elif tok == "super" and not (i and t[i - 1] == ":"):
+                j, depth = i, 0
+                while t[j : j + 3] == ["super", ":", ":"]:
+                    depth, j = depth + 1, j + 3
+                if depth >= len(mod) and j < len(t):  # a `super::` that leaves the folder
+                    name = t[j]
+                    target = name if MOD_NAME.fullmatch(name) else reexports.get(name)
+            if target and target != mod[0] and target not in ("self", "super", "crate"):
+                edges.setdefault((mod[0], target), []).append((path, toks[i][1]))
+    return edges
+
+
+def check_layers(root, files):
+    """Folders of the layered crate that import each other (directly or round a longer
+    circle), and any mention of a crate it must never name."""
+    out = []
+    edges = folder_imports(root, files)
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+
+    def reaches(src, dst):
+        seen, todo = set(), [src]
+        while todo:
+            n = todo.pop()
+            if n == dst:
+                return True
+            if n not in seen:
+                seen.add(n)
+                todo.extend(graph.get(n, ()))
+        return False
+
+    for (a, b), locs in sorted(edges.items()):
+        if reaches(b, a):
+            path, line = locs[0]
+            back = next(
+                (f"{p}:{n}" for (x, y), ls in sorted(edges.items()) for p, n in ls[:1]
+                 if x == b and reaches(y, a)),
+                "?",
+            )
+            out.append(Violation(path, line, "layers",
+                                 f"folder {a} imports {b}, which leads back to {a} ({back})"))
+    crate_dir = LAYERED_SRC.split("/")[0] + "/"
+    for path in files:
+        if not path.startswith(crate_dir):
+            continue
+        if path.endswith("Cargo.toml"):
+            text = read(root, path)
+            for name, package in LAYERED_NEVER.items():
+                for k, line in enumerate(text.splitlines(), 1):
+                    if re.match(rf"\s*({name}|{package})\s*[=.]", line) or f'"{package}"' in line:
+                        out.append(Violation(path, k, "layers", f"depends on {package}"))
+        elif path.endswith(".rs"):
+            toks, _ = lex_rust(read(root, path))
+            for i, (tok, line) in enumerate(toks):
+                if (tok in LAYERED_NEVER and toks[i + 1 : i + 3] and
+                        [x for x, _ in toks[i + 1 : i + 3]] == [":", ":"] and
+                        not (i and toks[i - 1][0] == ":")):
+                    out.append(Violation(path, line, "layers",
+                                         f"names the crate {tok}, which stands on this one"))
+    return out
+
+
 UNITS = {"BYTES", "MS", "US", "NS", "SECS", "ITEMS", "ENTRIES", "COUNT"}
 TIME_UNITS = {"MS", "US", "NS", "SECS", "S", "SEC"}
 QUALIFIERS = {"MAX", "MIN", "DEFAULT"}
@@ -531,7 +640,10 @@ def measure_limits(root, files):
 
 
 # Library code whose bounds belong in a limits.rs.
-LIMIT_HOMES = ("client/src/", "controlplane/src/", "dataplane/src/", "protocol/src/", "python/src/")
+LIMIT_HOMES = (
+    "client/src/", "collective/src/", "controlplane/src/", "dataplane/src/", "protocol/src/",
+    "python/src/",
+)
 LIMIT_TYPE = re.compile(r"(?:u8|u16|u32|u64|usize|i32|i64|f64|(?:std::time::)?Duration)")
 LIMIT_WORDS = {
     "MAX", "MIN", "LIMIT", "TIMEOUT", "INTERVAL", "BACKOFF", "CAP", "CAPACITY", "DEADLINE", "TTL"
@@ -679,6 +791,7 @@ def run(root, update=False, quiet=False):
         + check_limits(consts, baseline)
         + check_stray_limits(strays, baseline)
         + check_fuzz(root, files)
+        + check_layers(root, files)
     )
     if not quiet:
         notes = stale_notes(fns, big, consts, strays, baseline)
@@ -735,6 +848,14 @@ def self_test_in(top):
             "pub const T: Duration = Duration::from_secs(1);\npub const R_BYTES_PER_S: u64 = 1;\n"
             "pub const P_MAX_RANKS: usize = 3;\npub const H_MIN_MS: u64 = 1;\nconst _: () = ();\n",
             "tests/tests/long.rs": long_fn("integration", 200),
+            # Layers: a uses b and c, b uses c (through `super::`), nothing goes back; a
+            # comment may name anything, and a file's own folder is not an import.
+            "dataplane/Cargo.toml": "[dependencies]\n# not collective: it stands on us\n",
+            "dataplane/src/lib.rs": "pub mod a;\npub mod b;\npub mod c;\npub use c::E;\n",
+            "dataplane/src/a/mod.rs": "use crate::b::X;\nuse crate::E;\n// crate::c, collective::net\n",
+            "dataplane/src/b/mod.rs": "pub mod inner;\nuse super::c::Y;\n",
+            "dataplane/src/b/inner.rs": "use super::Z;\nuse crate::b::W;\n",
+            "dataplane/src/c/mod.rs": "pub struct E;\n",
         }
     )
     failures = []
@@ -767,6 +888,14 @@ def self_test_in(top):
         ("a target not a [[bin]]", {"fuzz/fuzz_targets/u.rs": "fn main() {}\n", "fuzz/seeds/u/s": "x"}, ["fuzz"]),
         ("a target without seeds", {"fuzz/seeds/t/one": None}, ["fuzz"]),
         ("a target fuzz.sh skips", {"scripts/fuzz.sh": "for x in other; do :; done\n"}, ["fuzz"]),
+        ("two folders import each other", {"dataplane/src/c/mod.rs": "use crate::a::Q;\n"}, ["layers"]),
+        ("a circle through super::", {"dataplane/src/c/x.rs": "use super::super::b::Q;\n"}, ["layers"]),
+        ("a circle through a root re-export",
+         {"dataplane/src/lib.rs": "pub mod a;\npub mod b;\npub mod c;\npub use a::E;\n",
+          "dataplane/src/c/mod.rs": "fn f() -> crate::E { todo!() }\n"}, ["layers"]),
+        ("dataplane names collective", {"dataplane/src/c/mod.rs": "use collective::net::Hello;\n"}, ["layers"]),
+        ("dataplane depends on collective",
+         {"dataplane/Cargo.toml": "[dependencies]\ncollective.workspace = true\n"}, ["layers"]),
     ):
         files2 = dict(good)
         for k, v in files.items():

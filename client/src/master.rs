@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use dataplane::metadata::etcd::{parse_endpoints, EtcdStore};
 use dataplane::metadata::MetadataStore;
-use dataplane::transport::connect_first;
+use dataplane::sys::connect_first;
 use parking_lot::{Condvar, Mutex};
 use protocol::frame::{self, Kind, HEADER_BYTES};
 use protocol::message::Rpc;
@@ -644,7 +644,7 @@ fn busy_poll() -> Duration {
 fn read_spinning(sock: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     let mut dst = dataplane::mem::Dst::from(buf);
-    dataplane::transport::recv_spinning(sock.as_raw_fd(), &mut dst, 0, busy_poll())
+    dataplane::sys::recv_spinning(sock.as_raw_fd(), &mut dst, 0, busy_poll())
 }
 
 /// Delivers every complete frame at the start of `buf` and drops it from `buf`.

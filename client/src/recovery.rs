@@ -16,7 +16,7 @@
 //! unknown segment, and repeating a call is harmless (the master skips objects it already
 //! has).
 
-use dataplane::mem::Catalog;
+use dataplane::recovery::Catalog;
 use protocol::message::{Ping, ReMountDone, ReMountSegment};
 use protocol::{ClientStatus, HeldObject, Segment, Uuid};
 
@@ -165,8 +165,8 @@ fn raise_fences(served: &[Served<'_>], term: u64) -> bool {
         );
     }
     // Copies by memcpy (ours, same-host importers') of earlier terms already under way may
-    // still land: the re-mount waits for them (`mem::inflight`), for one bound in all.
-    let deadline = std::time::Instant::now() + dataplane::mem::inflight::STALE_WRITES_WAIT;
+    // still land: the re-mount waits for them (`recovery::inflight`), for one bound in all.
+    let deadline = std::time::Instant::now() + dataplane::recovery::inflight::STALE_WRITES_WAIT;
     for s in &raised {
         let (stale, left) = s.catalog.fences().wait_for_writes(deadline);
         if left > 0 {
@@ -174,7 +174,7 @@ fn raise_fences(served: &[Served<'_>], term: u64) -> bool {
                 segment = %s.desc.name,
                 "{left} memcpy write(s) of an earlier term still copying after {:?}: \
                  re-mounting anyway; their bytes may land on ranges the master hands out again",
-                dataplane::mem::inflight::STALE_WRITES_WAIT
+                dataplane::recovery::inflight::STALE_WRITES_WAIT
             );
         } else if stale > 0 {
             tracing::info!(

@@ -102,7 +102,7 @@ pub const SLAB_CLASS_COUNT: usize =
     (SLAB_BYTES.trailing_zeros() - SLAB_CLASS_MIN_BYTES.trailing_zeros() + 1) as usize;
 
 /// Pause after a failed `accept` (EMFILE, ENFILE, ENOBUFS persist for a while) before trying
-/// again: both servers, blocking (`transport::acceptor`) and io_uring (`shard::reactor`).
+/// again: both servers, blocking (`server::acceptor`) and io_uring (`shard::reactor`).
 pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
@@ -126,51 +126,3 @@ const _: () = assert!(PAYLOAD_RECV_CHUNK_BYTES <= u32::MAX as u64);
 const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= u32::MAX as u64);
 const _: () = assert!(SHARD_RING_ENTRIES.is_power_of_two());
 const _: () = assert!(CONN_RESPONSES_QUEUED_MAX >= SEND_BATCH_RESPONSES_MAX);
-
-/// Largest process group `collective` serves (upstream's `MOONCAKE_PG_MAX_RANKS`): membership
-/// masks are one `u64`.
-pub const PG_MAX_RANKS: usize = 64;
-/// Bytes of one collective slot; every rank's segment has two (double buffering), so one
-/// phase of a collective moves at most this much per rank.
-pub const PG_COLL_SLOT_BYTES: usize = 4 * 1024 * 1024;
-/// Bytes of one point-to-point slot (two per ordered pair of ranks), before the slot header.
-pub const PG_P2P_SLOT_BYTES: usize = 1024 * 1024;
-/// Granule every collective chunk and sub-range is a multiple of: a cache line, and a
-/// multiple of every element size, so chunk boundaries never split an element.
-pub const PG_CHUNK_ALIGN_BYTES: usize = 64;
-/// Segment header: the counters and per-slot descriptors (see `collective::seg`).
-pub const PG_HEADER_BYTES: usize = 64 * 1024;
-
-const _: () = assert!(PG_MAX_RANKS <= 64);
-const _: () = assert!(PG_COLL_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
-const _: () = assert!(PG_COLL_SLOT_BYTES / PG_MAX_RANKS >= PG_CHUNK_ALIGN_BYTES);
-const _: () = assert!(PG_P2P_SLOT_BYTES.is_multiple_of(PG_CHUNK_ALIGN_BYTES));
-const _: () = assert!(PG_HEADER_BYTES >= 512 + 2 * 64 * PG_MAX_RANKS + 2 * 64 * PG_MAX_RANKS);
-
-/// How long a `mooncake.pg` rank waits for its TCP links to the ranks on other hosts (connect
-/// to each and be connected from each) when the group starts.
-pub const PG_NET_CONNECT_TIMEOUT_MS: u64 = 60_000;
-/// Receive buffer of one incoming `mooncake.pg` link; larger writes go straight into the
-/// replica after the buffered part.
-pub const PG_NET_RX_BUFFER_BYTES: usize = 256 * 1024;
-/// Writes up to this size are copied into the outgoing frame buffer (one send per sync);
-/// larger ones are sent from the segment with their own `sendmsg`.
-pub const PG_NET_INLINE_BYTES: usize = 64 * 1024;
-/// Bounds of the heartbeat period (a quarter of the collective timeout, clamped).
-pub const PG_NET_HEARTBEAT_MIN_MS: u64 = 5;
-pub const PG_NET_HEARTBEAT_MAX_MS: u64 = 500;
-
-/// How long a `mooncake.pg` or EP listener gives one incoming connection to finish the
-/// cluster-secret handshake (with a secret) and send its hello. Listeners serve connections
-/// one at a time, so a silent stranger delays the next one by at most this much.
-pub const PG_NET_HELLO_TIMEOUT_MS: u64 = 5_000;
-/// Processes on other hosts a `mooncake.pg` rank keeps admitted at once (joiners whose link
-/// is alive, waiting for activation or members since): each costs a replica memfd, a receive
-/// thread and a link. One per other slot of the largest group, and one to spare (a
-/// replacement retrying while its predecessor's link has not yet timed out).
-pub const PG_NET_JOINERS_MAX: usize = PG_MAX_RANKS;
-
-const _: () = assert!(PG_NET_INLINE_BYTES <= PG_NET_RX_BUFFER_BYTES);
-const _: () = assert!(PG_NET_HELLO_TIMEOUT_MS < PG_NET_CONNECT_TIMEOUT_MS);
-const _: () = assert!(PG_NET_JOINERS_MAX >= PG_MAX_RANKS - 1);
-const _: () = assert!(PG_NET_HEARTBEAT_MIN_MS <= PG_NET_HEARTBEAT_MAX_MS);

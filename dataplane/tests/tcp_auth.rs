@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use common::{pattern, Backend};
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
+use dataplane::server::blocking::TcpServer;
+use dataplane::server::uring::UringServer;
+use dataplane::server::Server;
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, RESPONSE_HEADER_BYTES};
-use dataplane::transport::server::TcpServer;
-use dataplane::transport::uring_server::UringServer;
-use dataplane::transport::Server;
 use dataplane::TeError;
 use protocol::auth::{self, Token};
 

@@ -1,15 +1,15 @@
-//! `transport::serve` picks io_uring or the blocking fallback. One test per binary: it sets
+//! `server::serve` picks io_uring or the blocking fallback. One test per binary: it sets
 //! `MC_DISABLE_IO_URING`, which the process's other threads would otherwise race with.
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
-use dataplane::transport::{serve, uring};
+use dataplane::server::{probe, serve};
 
 #[test]
 fn serve_uses_io_uring_unless_refused_or_disabled() {
     let addr = "127.0.0.1:0".parse().unwrap();
     let memory = ServedMemory::new();
     let auto = serve(addr, memory.clone(), ServerConfig::default(), Some(0)).unwrap();
-    match uring::probe() {
+    match probe::probe() {
         status if status.is_available() => {
             assert_eq!((auto.backend(), auto.fallback_reason()), ("io_uring", None));
         }

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{Backend, Fixture};
-use dataplane::mem::{CatalogEntry, CatalogRecord, RecordKind};
+use dataplane::recovery::{CatalogEntry, CatalogRecord, RecordKind};
 use dataplane::transport::client::{TransferError, TransferOp};
 use dataplane::transport::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,

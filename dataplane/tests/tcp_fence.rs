@@ -1,4 +1,4 @@
-//! FENCE on both server backends (`mem::fence`): a connection declares the master's term its
+//! FENCE on both server backends (`recovery::fence`): a connection declares the master's term its
 //! WRITEs belong to; once the served memory is fenced at a later term, such WRITEs are refused
 //! on their header (ERR_METADATA, payload dropped, memory untouched, the connection goes on), a
 //! FENCE of an ended term is refused and the connection closed, and a connection of an ended

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, Backend, Fixture};
 use dataplane::mem::served::{ServedMemory, ServerConfig};
+use dataplane::server::uring::UringServer;
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, RESPONSE_HEADER_BYTES};
-use dataplane::transport::uring_server::UringServer;
 use rand::{Rng, RngCore, SeedableRng};
 
 const SEGMENT_BYTES: usize = 16 << 20;

@@ -1,10 +1,10 @@
-//! Fuzzes the decoder of a `CATALOG_PUT` record (`dataplane::mem::CatalogRecord`): nothing
+//! Fuzzes the decoder of a `CATALOG_PUT` record (`dataplane::recovery::CatalogRecord`): nothing
 //! may panic; a record that decodes has a key of 1 ..= `KEY_MAX_BYTES` bytes and a length
 //! above 0, and survives an encode/decode round trip (a record without a version decodes as
 //! version 0.0 and re-encodes with it, so the bytes may grow, never the meaning).
 #![no_main]
 
-use dataplane::mem::{CatalogRecord, RecordKind};
+use dataplane::recovery::{CatalogRecord, RecordKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

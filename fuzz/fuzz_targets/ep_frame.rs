@@ -1,5 +1,5 @@
 //! Fuzzes the frames an EP link reads after its hello
-//! (`dataplane::collective::ep::net::decode_frame`, what the receive thread calls before it
+//! (`collective::ep::net::decode_frame`, what the receive thread calls before it
 //! touches its buffer; and `desc_decode` for a DESC's payload): a stream of frame headers,
 //! each followed by its payload, checked against a data area whose size comes from the
 //! input's first 8 bytes. Nothing may panic; an accepted frame re-encodes to exactly its
@@ -10,8 +10,8 @@
 //! applied.
 #![no_main]
 
-use dataplane::collective::ep::net::{decode_frame, desc_decode, desc_encode, Frame, DESC_BYTES};
-use dataplane::collective::net::FRAME_BYTES;
+use collective::ep::net::{decode_frame, desc_decode, desc_encode, Frame, DESC_BYTES};
+use collective::net::FRAME_BYTES;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

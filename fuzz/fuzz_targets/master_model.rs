@@ -8,7 +8,7 @@
 //!
 //! An old term's transfers may land after an election (its writer outlived the leader), and
 //! the owners refuse the bytes and records of ended terms, as they do over TCP and for memcpy
-//! (`dataplane::mem::fence`, `mem::inflight`). `MC_MODEL_LATE=0` keeps every transfer before
+//! (`dataplane::recovery::fence`, `recovery::inflight`). `MC_MODEL_LATE=0` keeps every transfer before
 //! the election; `MC_MODEL_UNFENCED_BYTES=1` lets late bytes land (an RDMA write past its
 //! intent, a same-host copy stalled past the owner's 5 s wait): the interleaving
 //! `docs/reliability.md` leaves open, found within a second, so not in CI's run.

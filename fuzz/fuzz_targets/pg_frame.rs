@@ -1,5 +1,5 @@
 //! Fuzzes the frames a `mooncake.pg` link reads after its hello
-//! (`dataplane::collective::net::decode_frame`, what the receive thread calls before it
+//! (`collective::net::decode_frame`, what the receive thread calls before it
 //! touches a replica): a stream of frame headers, each WRITE followed by its payload, checked
 //! against a replica whose size comes from the input's first byte (a real group's segment,
 //! or any size). Nothing may panic; an accepted frame re-encodes to exactly its header; the
@@ -9,9 +9,9 @@
 //! refused frame's payload is never applied.
 #![no_main]
 
-use dataplane::collective::net::{decode_frame, Frame, FRAME_BYTES};
-use dataplane::collective::seg::segment_bytes;
-use dataplane::limits::{PG_HEADER_BYTES, PG_MAX_RANKS};
+use collective::net::{decode_frame, Frame, FRAME_BYTES};
+use collective::seg::segment_bytes;
+use collective::limits::{PG_HEADER_BYTES, PG_MAX_RANKS};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,4 @@
-//! Fuzzes the hello that opens every `mooncake.pg` and EP link (`dataplane::collective::net`:
+//! Fuzzes the hello that opens every `mooncake.pg` and EP link (`collective::net`:
 //! a founder's, a joiner's, an EP link's), as a listener reads it after the handshake: the
 //! first 24 bytes decode, then the checks of each kind run against a group shape taken from
 //! the input's last bytes. Nothing may panic; a hello re-encodes to exactly its bytes; a
@@ -6,8 +6,8 @@
 //! listener, with the kind's magic (and a joiner's pid is not 0).
 #![no_main]
 
-use dataplane::collective::ep::net::HELLO_MAGIC as EP_MAGIC;
-use dataplane::collective::net::{Hello, FRAME_BYTES, HELLO_MAGIC, JOIN_MAGIC};
+use collective::ep::net::HELLO_MAGIC as EP_MAGIC;
+use collective::net::{Hello, FRAME_BYTES, HELLO_MAGIC, JOIN_MAGIC};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,9 +4,8 @@
 //! what decodes re-encodes and decodes to the same value.
 #![no_main]
 
-use dataplane::metadata::rdma_desc::{ConnectBody, RdmaSegmentDesc};
+use dataplane::metadata::rdma_desc::{ConnectBody, Gid, RdmaSegmentDesc};
 use dataplane::transport::rdma::sim::{MrRecord, QpRecord};
-use dataplane::transport::rdma::verbs::Gid;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

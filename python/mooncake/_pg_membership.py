@@ -1,6 +1,6 @@
 """Membership of a Mooncake PG: joining by extension, activation, deactivation, peer state.
 
-The agreement itself runs in Rust (``dataplane::collective::membership``): the lowest live
+The agreement itself runs in Rust (``collective::membership``): the lowest live
 active rank decides proposals through the shared segments and every member switches views
 at the same collective op. This module is the torch-facing half: it finds the members'
 segments through the torch store for a process that joins an existing group

@@ -7,7 +7,7 @@ it is routed to, by writing it straight into that rank's buffer (one-sided write
 the buffer header say when a source has finished); ``combine`` writes the expert outputs back
 into the tokens' source ranks and sums them there with the routing weights. The copying,
 fp8 quantisation and the weighted sum run in Rust (``mooncake._native.EpBuffer``,
-``dataplane::collective::ep``); Python checks arguments and allocates outputs and never loops
+``collective::ep``); Python checks arguments and allocates outputs and never loops
 over tokens. See ``docs/ep.md`` for the design and for what differs
 from upstream (which runs the same API on GPUs over RDMA/NVLink).
 """

@@ -6,7 +6,7 @@ tensors with a clear error, since this build has no GPU data path.
 
 The group is a Python subclass of ``torch.distributed.ProcessGroup``; every operation checks
 its arguments here, then hands tensor addresses and sizes to the native data path
-(``mooncake._native.PgComm``, Rust ``dataplane::collective``): same-host ranks exchange bytes
+(``mooncake._native.PgComm``, Rust crate ``mooncake-collective``): same-host ranks exchange bytes
 by memcpy through shared-memory segments, ranks on other hosts push them over TCP, and
 reductions run in Rust. Python never loops over
 elements. Work objects are returned at once; ``wait()`` blocks without the GIL.

@@ -1,5 +1,5 @@
 //! The native half of `mooncake.mooncake_ep_buffer`: a thin face of
-//! [`dataplane::collective::ep`].
+//! [`collective::ep`].
 //!
 //! `mooncake/mooncake_ep_buffer.py` owns everything torch-shaped (argument checks, output
 //! allocation, events, hooks, the bootstrap over the process group) and hands this module
@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use std::net::TcpListener;
 
-use dataplane::collective::ep::net::{EpNet, Remote};
-use dataplane::collective::ep::{
+use collective::ep::net::{EpNet, Remote};
+use collective::ep::{
     dispatch::DispatchOut, size_hint, EpPeer, EpRuntime, EpSegment, LocalPeer, Shape,
 };
-use dataplane::collective::net::LinkAuth;
+use collective::net::LinkAuth;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;

@@ -4,7 +4,7 @@
 //!   [`dummy::PyDummy`], the dummy client a store switches to (`setup_dummy`); the methods
 //!   both serve, written once in [`api`];
 //! - [`engine::PyTransferEngine`] and its small classes: what `mooncake.engine` re-exports;
-//! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`dataplane::collective`);
+//! - [`pg::PyPgComm`]: the native data path of `mooncake.pg` (`collective`);
 //! - [`ep::PyEpBuffer`]: the native data path of `mooncake.mooncake_ep_buffer`;
 //! - the tensor header codec (`protocol::tensor`) for the pure-Python tensor layer
 //!   (`mooncake/_tensor.py`);

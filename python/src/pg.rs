@@ -1,4 +1,4 @@
-//! The native half of `mooncake.pg`: a thin face of [`dataplane::collective`].
+//! The native half of `mooncake.pg`: a thin face of [`collective`].
 //!
 //! `mooncake/pg.py` owns everything torch-shaped (the `ProcessGroup` subclass, options,
 //! argument checks, contiguous copies) and hands this module tensor addresses, byte counts
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::collective::{
+use collective::{
     membership,
     net::{LinkAuth, Net},
     seg::Segment,

@@ -84,7 +84,7 @@ impl Pinned {
         Ok(p)
     }
 
-    /// The exported bytes as a raw range (`dataplane::mem::bytes`), not a slice: a writable
+    /// The exported bytes as a raw range (`dataplane::sys::bytes`), not a slice: a writable
     /// exporter (a `bytearray`, a numpy array) may be written by Python while we read it
     /// without the GIL, which garbles that call's bytes, never Rust's aliasing rules.
     pub fn src(&self) -> Src<'_> {

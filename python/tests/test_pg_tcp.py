@@ -1,5 +1,5 @@
 """mooncake.pg across "hosts": ranks given different host ids (MC_PG_HOST_ID) on 127.0.0.1
-take the TCP path (dataplane collective::net) instead of shared memory.
+take the TCP path (collective::net) instead of shared memory.
 
 Each test spawns ranks of pg_tcp_worker.py, which runs pg_worker.py's scenarios with a host id
 per rank; results are checked in the ranks against values they compute themselves.

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use client::dataplane::mem::{CatalogRecord, RecordKind};
+use client::dataplane::recovery::{CatalogRecord, RecordKind};
 use client::dataplane::transport::client::{ClientConfig, TcpClient, TransferError};
 use mooncake_tests::{Master, Node, SimFabric};
 use protocol::{ErrorCode, ReplicateConfig};
@@ -320,7 +320,7 @@ fn a_late_record_of_an_ended_term_cannot_replace_a_newer_object() {
 /// A same-host writer stalled inside its memcpy through a master's death: the owner, hearing
 /// of the new master, refuses copies of the ended term before their first byte and re-mounts
 /// only once the copy under way has ended, so the new master cannot hand its range to a put
-/// of its own while those late bytes may still land (`mem::inflight`). Without the wait the
+/// of its own while those late bytes may still land (`recovery::inflight`). Without the wait the
 /// node re-mounts at once and the new put, given the same range, is written over by the late
 /// copy.
 #[test]

@@ -55,8 +55,8 @@ fn node_mounts_each_shard_and_serves_its_replicas() {
     assert_eq!(node.segments.len(), 2, "{:?}", node.segments);
     // Each shard is an io_uring shard where the kernel allows it (and the environment does
     // not disable it), else the blocking fallback.
-    let expected = match client::dataplane::transport::uring::probe() {
-        client::dataplane::transport::uring::UringStatus::Available => "io_uring",
+    let expected = match client::dataplane::server::probe::probe() {
+        client::dataplane::server::probe::UringStatus::Available => "io_uring",
         _ => "blocking",
     };
     assert!(

@@ -16,9 +16,9 @@
 
 use std::time::Instant;
 
-use dataplane::mem::bytes::STREAM_MIN;
 use dataplane::mem::copier::{self, Way};
 use dataplane::mem::{Dst, HugepagePolicy, Segment, SegmentOptions, Src};
+use dataplane::sys::bytes::STREAM_MIN;
 
 /// A memfd-backed shared segment, as a storage node's (plain pages, not prefaulted).
 fn shared_segment(len: usize) -> Segment {

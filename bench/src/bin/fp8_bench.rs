@@ -16,7 +16,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use dataplane::collective::ep::fp8::{quantize_row, quantize_row_with, Build};
+use collective::ep::fp8::{quantize_row, quantize_row_with, Build};
 
 /// `--help`.
 const USAGE: &str = "fp8_bench: fp8 quantisation GB/s, vectorised against scalar

@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
+use dataplane::server::blocking::TcpServer;
+use dataplane::server::probe;
+use dataplane::server::uring::{ShardOptions, UringServer};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferOp};
-use dataplane::transport::server::TcpServer;
-use dataplane::transport::uring;
-use dataplane::transport::uring_server::{ShardOptions, UringServer};
 use hdrhistogram::Histogram;
 
 const SEGMENT_BYTES: usize = 64 << 20;
@@ -402,7 +402,7 @@ fn main() {
     // The plain stream first: the other backends are reported as a share of it.
     backends.sort_by_key(|b| Backend::ALL.iter().position(|a| a == b));
     backends.dedup();
-    let status = uring::probe_kernel();
+    let status = probe::probe_kernel();
     if !status.is_available() {
         println!("# io_uring unavailable ({status}); skipping the io_uring backends");
         backends.retain(|b| !matches!(b, Backend::Uring | Backend::UringZc));

@@ -14,7 +14,7 @@
 //! Reads check the header first and the data's crc in file order as pieces complete (they
 //! may complete in any order), publishing a streamed read's progress only up to the last
 //! piece checked in order. The crc is taken through a small scratch copy: the caller's bytes
-//! are never formed into a Rust slice (`dataplane::mem::bytes`).
+//! are never formed into a Rust slice (`dataplane::sys::bytes`).
 //!
 //! Writes take the crc of the source first, then write header, data and tail as one
 //! vectored write (`Mem::Gather`): as separate operations, each extending the new file, they

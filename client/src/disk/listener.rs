@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | (secret set) anything before the handshake | `ERR_REJECT_HANDSHAKE`, closed, as the data-plane server does (`dataplane::transport::server::handshake`) |
+//! | (secret set) anything before the handshake | `ERR_REJECT_HANDSHAKE`, closed, as the data-plane server does (`dataplane::server::blocking::handshake`) |
 //! | READ `addr, len` inside one stored object | OK and `len` bytes |
 //! | READ elsewhere | `ERR_ADDRESS_NOT_REGISTERED` (-3) |
 //! | READ of an object whose checksum fails | `ERR_MEMORY` (-302): the bytes are bad; the file is gone |
@@ -18,7 +18,7 @@
 //!
 //! Bounds: at most `DISK_LISTENER_CONNECTIONS_MAX` connections (one thread each; more are
 //! closed at once), and a connection without progress for `DISK_LISTENER_IO_TIMEOUT` is
-//! closed; accepting is the data-plane server's (`dataplane::transport::acceptor`). A READ
+//! closed; accepting is the data-plane server's (`dataplane::server::acceptor`). A READ
 //! is read into a block-aligned buffer of its length (at most
 //! `DISK_LISTENER_READ_MAX_BYTES`) and sent as the worker fills it, all but its last
 //! `DISK_STREAM_HOLD_BYTES`, which wait for the whole object's checksum: a READ whose object
@@ -32,8 +32,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dataplane::mem::{CatalogRecord, Dst, RecordKind};
-use dataplane::transport::acceptor::{AcceptPolicy, Acceptor, Connections};
+use dataplane::mem::Dst;
+
+use dataplane::recovery::{CatalogRecord, RecordKind};
+use dataplane::server::acceptor::{AcceptPolicy, Acceptor, Connections};
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES};
 use dataplane::TeError;
 use protocol::auth::Token;
@@ -63,7 +65,7 @@ impl Connections for Shared {
 }
 
 /// A running disk listener. Dropping it stops accepting, closes its connections and joins
-/// its threads (`dataplane::transport::acceptor`).
+/// its threads (`dataplane::server::acceptor`).
 pub struct DiskListener {
     acceptor: Acceptor<Shared>,
 }
@@ -146,7 +148,7 @@ fn read_header(mut stream: &TcpStream, buf: &mut [u8]) -> io::Result<bool> {
 
 fn serve_connection(stream: &TcpStream, shared: &Shared) {
     if let Some(token) = shared.token {
-        if !dataplane::transport::server::handshake(stream, token, &shared.unauthenticated) {
+        if !dataplane::server::blocking::handshake(stream, token, &shared.unauthenticated) {
             return;
         }
     }

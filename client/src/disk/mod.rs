@@ -42,7 +42,7 @@
 //! A read copies each piece once, from the bounce buffer into the caller's range, and the
 //! checksum runs over the bounce buffer. Reading straight into an aligned destination would
 //! save that copy but would have to checksum the bytes in the caller's memory, which is a
-//! raw range another thread may write (`dataplane::mem::bytes`): that needs a slice over it
+//! raw range another thread may write (`dataplane::sys::bytes`): that needs a slice over it
 //! (against the house rules) or trusting bytes after the check. Left for later, with a
 //! benchmark to say whether the copy matters next to the disk.
 //!
@@ -79,7 +79,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use dataplane::mem::{CatalogEntry, Dst, Src};
+use dataplane::mem::{Dst, Src};
+
+use dataplane::recovery::CatalogEntry;
 use parking_lot::Mutex;
 use protocol::Version;
 

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dataplane::mem::{CatalogRecord, Dst, RecordKind, Src};
+use dataplane::mem::{Dst, Src};
+
+use dataplane::recovery::{CatalogRecord, RecordKind};
 use dataplane::transport::client::{ClientConfig, TcpClient, TransferError, TransferOp};
 use protocol::Version;
 
@@ -78,7 +80,7 @@ fn round_trip(uring: bool) {
     if uring {
         // Rings exactly where the kernel gives them (under seccomp this test covers the
         // fallback twice).
-        let kernel = dataplane::transport::uring::probe_kernel().is_available();
+        let kernel = dataplane::server::probe::probe_kernel().is_available();
         assert_eq!(t.uring(), kernel);
     } else {
         assert!(!t.uring());

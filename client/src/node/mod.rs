@@ -42,7 +42,7 @@ use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, SegmentKind, SegmentOptions};
 use dataplane::metadata::desc::{BufferDesc, SegmentDesc};
 use dataplane::metadata::{Keys, MetadataBackend, MetadataStore};
-use dataplane::transport::{serve, Server};
+use dataplane::server::{serve, Server};
 use protocol::message::{GracefulUnmountSegment, MountSegment, UnmountSegment};
 use protocol::{ClientStatus, ErrorCode, Segment as SegmentDescriptor, Uuid};
 

@@ -37,9 +37,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use dataplane::mem::inflight::{Refused, WriteClaim};
 use dataplane::mem::served::ServedMemory;
-use dataplane::mem::{CatalogRecord, RecordKind};
+use dataplane::recovery::inflight::{Refused, WriteClaim};
+use dataplane::recovery::{CatalogRecord, RecordKind};
 use dataplane::transport::client::{TransferError, TransferOp, TransferResult};
 use dataplane::TeError;
 use parking_lot::Mutex;
@@ -107,7 +107,7 @@ impl CatalogWriter {
     }
 
     /// Starts a copy of a replica into our own segment: takes a slot of our fence's write page
-    /// (`mem::inflight`; refused with the fence's term when the put's term has ended), then
+    /// (`recovery::inflight`; refused with the fence's term when the put's term has ended), then
     /// announces the write to our catalog. Copy only while the claim is held.
     pub fn begin_local(&self, r: &ReplicaDescriptor, key: &str) -> Result<WriteClaim<'_>, u64> {
         let Some(m) = &self.own else {

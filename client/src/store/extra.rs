@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{Segment, SegmentOptions};
-use dataplane::transport::server::TcpServer;
+use dataplane::server::blocking::TcpServer;
 use parking_lot::RwLock;
 use protocol::message::{MountSegment, UnmountSegment};
 use protocol::{ErrorCode, Segment as SegmentDesc, Uuid};

@@ -85,7 +85,7 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaList, ReplicateConfig, Upser
 
 pub use budget::{LocalBudget, Reservation};
 pub use caller::CallerRange;
-/// The raw byte ranges the store's data calls take (`dataplane::mem::bytes`).
+/// The raw byte ranges the store's data calls take (`dataplane::sys::bytes`).
 pub use dataplane::mem::{Dst, Src};
 pub use error::StoreError;
 pub(crate) use peers::Peers;

@@ -142,7 +142,7 @@ pub struct Peers {
     own_endpoint: Option<String>,
     pub(super) own: Option<OwnSegment>,
     /// Pooled clients: (endpoint, the term their lanes declared, client), one per endpoint,
-    /// the last one dialed (`mem::fence`: a node refuses the WRITEs of an ended term).
+    /// the last one dialed (`recovery::fence`: a node refuses the WRITEs of an ended term).
     clients: Mutex<Vec<(String, u64, Arc<TcpClient>)>>,
     /// Endpoints in back-off, and per endpoint the lock one dialer holds.
     down: Mutex<HashMap<String, Down>>,

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{Registry, Segment, SegmentOptions};
-use dataplane::transport::server::TcpServer;
+use dataplane::server::blocking::TcpServer;
 use parking_lot::{Mutex, RwLock};
 use protocol::message::MountSegment;
 use protocol::{ClientStatus, ErrorCode, Segment as SegmentDesc, Uuid};

@@ -60,10 +60,10 @@ use crate::metadata::handshake::{
 };
 use crate::metadata::rdma_desc::RdmaSegmentDesc;
 use crate::metadata::{host_of, split_host_port, Keys, MetadataBackend};
+use crate::server::blocking::TcpServer;
 use crate::transport::client::ClientConfig;
 use crate::transport::header::Opcode;
 use crate::transport::rdma::transport::RdmaTransport;
-use crate::transport::server::TcpServer;
 use crate::TeError;
 use batch::BatchTable;
 use exec::Workers;

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::bytes::{Dst, Src};
+use super::{Dst, Src};
 
 /// The smallest copy shared with helpers: below it a helper's wake-up (tens of microseconds
 /// on a VM whose other vCPU is halted) is as long as the copy.

@@ -25,21 +25,15 @@
 //! - [`SlabAllocator`]: O(1) size-class allocation of offsets inside a region, for local
 //!   buffers and staging space.
 
-pub mod bytes;
-pub mod catalog;
 pub mod copier;
-pub mod fence;
 pub mod file;
-pub mod inflight;
 pub mod registry;
 pub mod segment;
 pub mod served;
 pub mod shm;
 pub mod slab;
 
-pub use bytes::{Dst, Src};
-pub use catalog::{Catalog, CatalogEntry, CatalogRecord, PendingWrites, RecordKind};
-pub use fence::{Declared, Fence};
+pub use crate::sys::bytes::{Dst, Src};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use shm::{ShmExport, ShmMapping};

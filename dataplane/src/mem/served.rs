@@ -1,5 +1,5 @@
 //! The memory a storage process serves to remote READ and WRITE, and the settings and counters
-//! of the servers that serve it. Both server backends (the blocking `transport::server` and
+//! of the servers that serve it. Both server backends (the blocking `server::blocking` and
 //! the io_uring shards of `crate::shard`), the transfer engine, the store client and the
 //! storage node share these types, so they live with the memory rather than in one backend.
 //!
@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::time::Duration;
 
-use super::{Catalog, CatalogRecord, RecordKind, Registry, Segment};
+use super::{Registry, Segment};
 use crate::limits::{IO_TIMEOUT_DEFAULT, SERVER_CONNECTIONS_MAX};
+use crate::recovery::{Catalog, CatalogRecord, RecordKind};
 use crate::TeError;
 use protocol::auth::{self, Token};
 
@@ -34,7 +35,7 @@ pub struct ServedMemory {
     generation: AtomicU64,
     /// Gates of the io_uring shards serving this table; see the module docs.
     gates: Mutex<Vec<Weak<MemoryGate>>>,
-    /// Committed objects in this table's memory (see [`crate::mem::catalog`]).
+    /// Committed objects in this table's memory (see [`crate::recovery::catalog`]).
     catalog: Catalog,
 }
 

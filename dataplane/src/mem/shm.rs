@@ -10,7 +10,7 @@
 //! send the offer, the memfd attached (SCM_RIGHTS) ───▶  check the memfd's seals (no shrink,
 //!                                                         no grow); mmap(memfd, MAP_SHARED)
 //!                                                         read+write
-//! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`mem::inflight`)
+//! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`recovery::inflight`)
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
 //!                                                       before each memcpy into the segment:
@@ -33,7 +33,7 @@
 //! Write intent (little-endian), importer -> exporter, any number back to back
 //!  0               4                   8                       16
 //!  | magic "MCSW"  | record_len (u32)  | addr (u64)            | record (record_len bytes) |
-//!  record: a catalog record of kind INTENT (`mem::catalog`): the object's length, the put's
+//!  record: a catalog record of kind INTENT (`recovery::catalog`): the object's length, the put's
 //!  key and version; record_len 1 ..= CATALOG_RECORD_MAX_BYTES
 //! ```
 //!
@@ -48,10 +48,10 @@
 //! write's version and spares the key's own entry in place, so applying it late, after the
 //! writer's own record, loses nothing).
 //!
-//! Why a write page: the owner's term fence (`mem::fence`) refuses the late WRITEs of a
+//! Why a write page: the owner's term fence (`recovery::fence`) refuses the late WRITEs of a
 //! master that ended, but a memcpy passes no server. With a slot held for each copy, an
 //! owner raising its fence refuses copies of earlier terms before their first byte and
-//! waits for those already copying before it re-mounts (`mem::inflight`). One page per
+//! waits for those already copying before it re-mounts (`recovery::inflight`). One page per
 //! importer, so that the exporter can tell a dead importer's slots (a pidfd) from a live one's.
 //!
 //! Why an abstract unix socket named after the data-plane endpoint: a client learns a replica's
@@ -88,12 +88,12 @@ use std::time::Duration;
 
 use protocol::Version;
 
-use super::catalog::{Catalog, CatalogRecord, PendingWrites, RecordKind};
-use super::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
 use super::served::ServedMemory;
 use super::Dst;
 use crate::limits::CATALOG_RECORD_MAX_BYTES;
-use crate::transport::rawio;
+use crate::recovery::catalog::{Catalog, CatalogRecord, PendingWrites, RecordKind};
+use crate::recovery::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
+use crate::sys::rawio;
 
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
@@ -451,7 +451,7 @@ impl ShmExport {
         mut offer: Offer,
         memory: Option<Arc<ServedMemory>>,
     ) -> io::Result<ShmExport> {
-        if !crate::mem::segment::size_sealed(fd)? {
+        if !crate::sys::mmap::size_sealed(fd)? {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the descriptor is not a memfd sealed at its size, which importers require",
@@ -766,7 +766,7 @@ fn connect(endpoint: &str) -> io::Result<Option<UnixStream>> {
 /// An offered memfd must be sealed against shrinking and growing (`PermissionDenied`
 /// otherwise): its size, checked once before it is mapped, must hold for the mapping's life.
 fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
-    if crate::mem::segment::size_sealed(fd)? {
+    if crate::sys::mmap::size_sealed(fd)? {
         return Ok(());
     }
     Err(io::Error::new(
@@ -884,7 +884,7 @@ impl ShmMapping {
         };
         let len = usize::try_from(offer.len)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
-        let st = crate::mem::segment::fstat(fd.as_fd())?;
+        let st = crate::sys::mmap::fstat(fd.as_fd())?;
         if (st.st_size as u64) < offer.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -892,7 +892,7 @@ impl ShmMapping {
             ));
         }
         let hugetlb = st.st_blksize as u64 > crate::mem::segment::base_page_bytes() as u64;
-        let ptr = crate::mem::segment::mmap_shared(fd.as_fd(), len)?;
+        let ptr = crate::sys::mmap::mmap_shared(fd.as_fd(), len)?;
         drop(fd); // the mapping keeps the memory
         Ok(Some(ShmMapping {
             ptr,
@@ -1222,7 +1222,7 @@ mod tests {
             });
             assert_eq!(
                 fence.wait_for_writes(
-                    std::time::Instant::now() + crate::mem::inflight::STALE_WRITES_WAIT
+                    std::time::Instant::now() + crate::recovery::inflight::STALE_WRITES_WAIT
                 ),
                 (1, 0)
             );
@@ -1314,7 +1314,7 @@ mod tests {
         let ahead = f1 - f0;
         // The windows the range touches: one more than LEN / 64 KiB when the mapping does not
         // start on a window boundary (mmap aligns it to a page only).
-        let w = crate::mem::bytes::FAULT_AROUND_BYTES as u64;
+        let w = crate::sys::bytes::FAULT_AROUND_BYTES as u64;
         let start = d.addr();
         let windows = ((start + LEN as u64 - 1) / w - start / w + 1) as i64;
         assert!(
@@ -1361,7 +1361,7 @@ mod tests {
     /// A memfd of `len` bytes, sealed at its size as a segment's is, or not sealed at all.
     fn memfd(len: usize, sealed: bool) -> OwnedFd {
         if sealed {
-            return crate::mem::segment::sized_memfd(c"mc-test", len, false).unwrap();
+            return crate::sys::mmap::sized_memfd(c"mc-test", len, false).unwrap();
         }
         // SAFETY: a valid NUL-terminated name; the result is checked.
         let raw = unsafe { libc::memfd_create(c"mc-test-unsealed".as_ptr(), libc::MFD_CLOEXEC) };
@@ -1452,7 +1452,7 @@ mod tests {
         let (_page, page_fd) = WritePage::shared().unwrap();
         let fds = [seg.shared_fd().expect("memfd-backed"), page_fd.as_fd()];
         for fd in fds {
-            let len = crate::mem::segment::fstat(fd).unwrap().st_size;
+            let len = crate::sys::mmap::fstat(fd).unwrap().st_size;
             for size in [0, len / 2, len + 1, 2 * len] {
                 // SAFETY: ftruncate on a descriptor we hold; refused, as asserted.
                 let rc = unsafe { libc::ftruncate(fd.as_raw_fd(), size) };
@@ -1573,7 +1573,7 @@ mod tests {
             let memfd = libc::memfd_create(c"mc-stranger".as_ptr(), libc::MFD_ALLOW_SEALING);
             if memfd < 0
                 || libc::ftruncate(memfd, 1 << 20) != 0
-                || libc::fcntl(memfd, libc::F_ADD_SEALS, crate::mem::segment::SIZE_SEALS) != 0
+                || libc::fcntl(memfd, libc::F_ADD_SEALS, crate::sys::mmap::SIZE_SEALS) != 0
             {
                 libc::_exit(5);
             }

@@ -51,7 +51,7 @@ use protocol::auth::{self, Token};
 use serde::{Deserialize, Serialize};
 
 use super::MetadataError;
-use crate::transport::connect_first;
+use crate::sys::connect_first;
 
 /// Largest frame length accepted (upstream's `MC_HANDSHAKE_MAX_LENGTH` default, 1 MiB).
 pub const FRAME_MAX_BYTES: u64 = 1 << 20;

@@ -27,7 +27,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::{MetadataError, MetadataStore};
-use crate::transport::connect_first;
+use crate::sys::connect_first;
 
 /// Bound on establishing the connection (upstream: 1.5 s).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);

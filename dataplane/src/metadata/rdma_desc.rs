@@ -33,7 +33,58 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::transport::rdma::verbs::Gid;
+/// A 16-byte GID: what a device descriptor carries (as text), and what the verbs layer
+/// (`transport::rdma::verbs`) queries and addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// Upstream's text form: 16 bytes as two hex digits each, joined by `:`.
+    pub fn to_text(&self) -> String {
+        let parts: Vec<String> = self.0.iter().map(|b| format!("{b:02x}")).collect();
+        parts.join(":")
+    }
+
+    /// Parses [`Gid::to_text`]'s form, or the 8-group IPv6-like form sysfs shows
+    /// (`fe80:0000:...`). Anything else is an error naming the input.
+    pub fn parse(text: &str) -> Result<Gid, String> {
+        let parts: Vec<&str> = text.trim().split(':').collect();
+        if !parts
+            .iter()
+            .all(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(format!("GID {text:?}: expected hex digits"));
+        }
+        let mut raw = [0u8; 16];
+        let bad = || format!("GID {text:?}: expected 16 bytes as xx:xx:.. or 8 groups xxxx:..");
+        match parts.len() {
+            16 => {
+                for (i, p) in parts.iter().enumerate() {
+                    if p.len() != 2 {
+                        return Err(bad());
+                    }
+                    raw[i] = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+                }
+            }
+            8 => {
+                for (i, p) in parts.iter().enumerate() {
+                    if p.len() != 4 {
+                        return Err(bad());
+                    }
+                    let v = u16::from_str_radix(p, 16).map_err(|_| bad())?;
+                    raw[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+                }
+            }
+            _ => return Err(bad()),
+        }
+        Ok(Gid(raw))
+    }
+
+    /// All zero: no GID configured at this index.
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+}
 
 /// One device of an RDMA segment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ use io_uring::{opcode, squeue, types};
 use protocol::auth::{ServerHandshake, Token};
 
 use crate::limits::PAYLOAD_RECV_CHUNK_BYTES;
-use crate::mem::Declared;
+use crate::recovery::Declared;
 use crate::shard::send::Response;
 use crate::shard::view::MemoryLease;
 use crate::transport::header::{RequestHeader, REQUEST_HEADER_BYTES};
@@ -144,7 +144,7 @@ pub(crate) struct Conn {
     /// The handshake still to complete before requests are served (`None`: authenticated,
     /// or no secret configured).
     pub(crate) auth: Option<Box<ServerHandshake>>,
-    /// The term this connection's WRITEs belong to (a FENCE request, `mem::fence`); dropped
+    /// The term this connection's WRITEs belong to (a FENCE request, `recovery::fence`); dropped
     /// with the connection.
     pub(crate) declared: Option<Declared>,
 }

@@ -2,7 +2,7 @@
 //! listener, its own connections.
 //!
 //! A shard serves the one-sided frames of [`crate::transport::header`] exactly as the
-//! blocking [`crate::transport::server::TcpServer`] does, but from a single thread driving
+//! blocking [`crate::server::blocking::TcpServer`] does, but from a single thread driving
 //! every connection through its own `io_uring`:
 //!
 //! - [`reactor`]: the event loop. Submits, waits (at most [`SHARD_TICK`]), dispatches each
@@ -30,7 +30,7 @@
 //!   completion.
 //! - Nothing here takes a lock on the data path. Registration lookups use the shard's copy
 //!   of the table, refreshed only when the table's generation moves (choice documented in
-//!   `transport::server`): the alternative of one `RwLock` per request would put every
+//!   `server::blocking`): the alternative of one `RwLock` per request would put every
 //!   shard's requests on one cache line.
 //!
 //! [`SHARD_TICK`]: crate::limits::SHARD_TICK

@@ -34,14 +34,14 @@ use crate::limits::{
     SHARD_STOP_DRAIN_TIMEOUT, SHARD_TICK,
 };
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
-use crate::mem::RecordKind;
+use crate::recovery::RecordKind;
 use crate::shard::conn::{Conn, ConnPhase, HeaderBuf, RecvState};
 use crate::shard::op::{Op, Slab, UNTRACKED};
 use crate::shard::send::{Response, SendBatch, SendStage};
 use crate::shard::stall::StallDetector;
 use crate::shard::view::{MemoryLease, MemoryView};
+use crate::sys::rawio;
 use crate::transport::header::{Opcode, RequestHeader, REQUEST_HEADER_BYTES};
-use crate::transport::rawio;
 use crate::TeError;
 
 /// What the owner of a shard and the shard share: counters, the stop flag and its doorbell.
@@ -439,7 +439,7 @@ impl Reactor {
                     };
                     self.submit_recv(id, state);
                 } else {
-                    // Not the byte path: one short critical section per put (see mem::catalog).
+                    // Not the byte path: one short critical section per put (see recovery::catalog).
                     match self.view.memory().catalog_put(req.addr, &buf) {
                         // An intent's answer waits for the next answer on its connection (its
                         // WRITE's, which the client sends right behind it), so the client
@@ -533,7 +533,7 @@ impl Reactor {
         let mut checked = self.view.check(&req);
         if req.opcode == Opcode::Write && checked.is_ok() {
             // A WRITE of a declared term: marked as writing until its payload is in
-            // (`mem::fence`).
+            // (`recovery::fence`).
             let refused = self
                 .conns
                 .get(id)
@@ -599,7 +599,7 @@ impl Reactor {
         }
     }
 
-    /// FENCE: the connection's WRITEs are of term `req.addr` from now on (`mem::fence`). A
+    /// FENCE: the connection's WRITEs are of term `req.addr` from now on (`recovery::fence`). A
     /// term the fence already refuses gets ERR_METADATA and the connection closes: it must not
     /// go on writing as if it had declared nothing.
     fn on_fence(&mut self, id: usize, req: &RequestHeader, buf: HeaderBuf) {

@@ -48,12 +48,12 @@ use std::time::{Duration, Instant};
 use super::header::{
     Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
 };
-use super::rawio;
 use crate::limits::{
     BATCH_REQUESTS_MAX, CLIENT_LANES_DEFAULT, CLIENT_LANES_MAX, CLIENT_LANE_REQUESTS_IN_FLIGHT_MAX,
     CONNECT_TIMEOUT_DEFAULT, IO_TIMEOUT_DEFAULT, REQUEST_PAYLOAD_MAX_BYTES,
 };
 use crate::mem::{Dst, Src};
+use crate::sys::rawio;
 use crate::TeError;
 use protocol::auth::{self, AuthError, Token};
 
@@ -70,7 +70,7 @@ pub struct ClientConfig {
     /// Bound on one blocking socket operation (one response, one send).
     pub io_timeout: Duration,
     /// The master's term the WRITEs of this client belong to, declared with a FENCE request
-    /// on each lane as it connects (`mem::fence`); a server fenced at a later term refuses
+    /// on each lane as it connects (`recovery::fence`); a server fenced at a later term refuses
     /// them. 0: nothing declared (the raw transfer engine's writes have no term).
     pub term: u64,
 }
@@ -87,7 +87,7 @@ impl Default for ClientConfig {
     }
 }
 
-/// One request of a batch. Its local bytes are raw ranges ([`crate::mem::bytes`]): the
+/// One request of a batch. Its local bytes are raw ranges ([`crate::sys::bytes`]): the
 /// client reads and writes them with `sendmsg`/`recv` only.
 #[derive(Debug)]
 pub enum TransferOp<'a> {
@@ -96,9 +96,9 @@ pub enum TransferOp<'a> {
     /// Copy `src` to the peer's `remote_addr`.
     Write { remote_addr: u64, src: Src<'a> },
     /// Record the object at `remote_addr` in the peer's catalog; `record` is an encoded
-    /// [`CatalogRecord`](crate::mem::CatalogRecord). Sent on the lane of the previous op.
+    /// [`CatalogRecord`](crate::recovery::CatalogRecord). Sent on the lane of the previous op.
     CatalogPut { remote_addr: u64, record: Src<'a> },
-    /// A `CATALOG_PUT` whose record is an intent (`mem::catalog`): the next op (the WRITE it
+    /// A `CATALOG_PUT` whose record is an intent (`recovery::catalog`): the next op (the WRITE it
     /// announces) is sent on its lane, right after it.
     CatalogIntent { remote_addr: u64, record: Src<'a> },
 }

@@ -23,12 +23,12 @@
 //!  then, for WRITE and CATALOG_PUT: len payload bytes
 //!
 //! CATALOG_PUT records the object just written at `addr` in the server's catalog; its payload
-//! is a record (object length, flags, key; see `mem::catalog`), at most
+//! is a record (object length, flags, key; see `recovery::catalog`), at most
 //! CATALOG_RECORD_MAX_BYTES, and the range checked is [addr, addr + object length).
 //!
 //! FENCE (`len` 0, no payload) declares that the WRITEs that follow on this connection belong
 //! to writes of the master's term `addr`; a server whose memory is fenced at a later term
-//! (`mem::Catalog::fence`) refuses them with ERR_METADATA. A connection that declares nothing
+//! (`recovery::Catalog::fence`) refuses them with ERR_METADATA. A connection that declares nothing
 //! (term 0) is not fenced: the raw transfer engine's writes have no term.
 //!
 //! Response header (24 bytes)

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
+use dataplane::server::blocking::TcpServer;
+use dataplane::server::probe;
+use dataplane::server::uring::UringServer;
+use dataplane::server::Server;
 use dataplane::transport::client::{ClientConfig, TcpClient};
-use dataplane::transport::server::TcpServer;
-use dataplane::transport::uring;
-use dataplane::transport::uring_server::UringServer;
-use dataplane::transport::Server;
 
 /// Which server a test runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub fn unavailable(backend: Backend) -> Option<String> {
     match backend {
         Backend::Blocking => None,
         Backend::Uring => {
-            let status = uring::probe();
+            let status = probe::probe();
             (!status.is_available()).then(|| status.to_string())
         }
     }

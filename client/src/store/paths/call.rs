@@ -21,7 +21,7 @@ use dataplane::mem::{ShmMapping, Src};
 use dataplane::transport::client::TransferOp;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
-use dataplane::mem::inflight::WriteClaim;
+use dataplane::recovery::inflight::WriteClaim;
 
 use super::super::catalog::CatalogWriter;
 use super::super::peers::{group_for, Group, Peers, ReadItem, WriteItem};

@@ -2,7 +2,7 @@
 //! up sharing bytes across an HA election (`docs/reliability.md`, randomized faults,
 //! violation 2).
 //!
-//! Each owner has a segment, a catalog that behaves like `dataplane::mem::Catalog` (an
+//! Each owner has a segment, a catalog that behaves like `dataplane::recovery::Catalog` (an
 //! insert replaces every overlapping entry; a tombstone drops only its key's entries at or
 //! below its version; a freed-range notice drops only entries inserted before the ping's
 //! mark) and its bytes, kept as intervals labelled with the write that put them there. The
@@ -393,7 +393,7 @@ struct Model {
     /// reused by the new one meanwhile), or all land before it.
     late_writes: bool,
     /// Whether the owners refuse the bytes of an ended term as they do its catalog records:
-    /// true for writes over TCP (`mem::fence`) and by memcpy (`mem::inflight`: a copy under
+    /// true for writes over TCP (`recovery::fence`) and by memcpy (`recovery::inflight`: a copy under
     /// way when the fence rises ends before the owner re-mounts, which the model's atomic
     /// transfer landing before the fence stands for), false for an RDMA write past its intent
     /// (or a copy stalled past the owner's wait), which nothing in the owner stops.

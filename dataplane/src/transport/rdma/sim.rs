@@ -242,7 +242,7 @@ pub fn scratch_fabric(tag: &str) -> PathBuf {
 
 /// Whether process `pid` exists.
 fn alive(pid: u32) -> bool {
-    crate::transport::rawio::process_exists(pid as libc::pid_t)
+    crate::sys::rawio::process_exists(pid as libc::pid_t)
 }
 
 impl SimVerbs {

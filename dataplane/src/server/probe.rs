@@ -8,7 +8,7 @@
 //!
 //! When the probe succeeds the node runs the io_uring shards (`crate::shard`), whose
 //! buffers are owned by each operation until its completion; when it fails, every server
-//! runs the blocking path (`super::server`).
+//! runs the blocking path (`super::blocking`).
 
 use std::fmt;
 

@@ -1,7 +1,7 @@
 //! Memcpy writes in flight, published so that the term fence can wait for them.
 //!
 //! A write by memcpy into a segment (our own store client's into our own segment, or a
-//! same-host importer's through `mem::shm`) passes no server: the term fence (`mem::fence`)
+//! same-host importer's through `mem::shm`) passes no server: the term fence (`recovery::fence`)
 //! can neither refuse its bytes on a header nor cut its connection. So each such write holds
 //! a slot of a *write page* for as long as it copies, marked with its put's term, and checks
 //! the page's fence word once the slot is held:
@@ -106,7 +106,7 @@ impl WritePage {
     /// A new page in a memfd, for the owner: the descriptor goes to the writer, who maps it
     /// with [`WritePage::map`].
     pub fn shared() -> io::Result<(WritePage, OwnedFd)> {
-        let fd = super::segment::sized_memfd(c"mooncake-writes", WRITE_PAGE_BYTES, false)?;
+        let fd = crate::sys::mmap::sized_memfd(c"mooncake-writes", WRITE_PAGE_BYTES, false)?;
         Ok((WritePage::map(&fd)?, fd))
     }
 
@@ -114,20 +114,20 @@ impl WritePage {
     /// memfd is sealed at its size, so that the owner cannot shrink it under our mapping, and
     /// (`InvalidData`) if it is smaller than a page.
     pub fn map(fd: &OwnedFd) -> io::Result<WritePage> {
-        if !super::segment::size_sealed(fd.as_fd())? {
+        if !crate::sys::mmap::size_sealed(fd.as_fd())? {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "write page memfd is not sealed against shrinking and growing",
             ));
         }
-        let st = super::segment::fstat(fd.as_fd())?;
+        let st = crate::sys::mmap::fstat(fd.as_fd())?;
         if (st.st_size as u64) < WRITE_PAGE_BYTES as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "write page is smaller than a page",
             ));
         }
-        let p = super::segment::mmap_shared(fd.as_fd(), WRITE_PAGE_BYTES)?;
+        let p = crate::sys::mmap::mmap_shared(fd.as_fd(), WRITE_PAGE_BYTES)?;
         Ok(WritePage {
             words: p.cast(),
             backing: Backing::Mapped,
@@ -208,7 +208,7 @@ impl WritePage {
     pub fn writer_gone(&self) -> bool {
         let fd = match &self.writer {
             None => return false,
-            Some(Writer::Pid(pid)) => return !crate::transport::rawio::process_exists(*pid),
+            Some(Writer::Pid(pid)) => return !crate::sys::rawio::process_exists(*pid),
             Some(Writer::Pidfd(fd)) => fd,
         };
         let mut p = [libc::pollfd {
@@ -216,7 +216,7 @@ impl WritePage {
             events: libc::POLLIN,
             revents: 0,
         }];
-        crate::transport::rawio::poll(&mut p, Duration::ZERO).is_ok_and(|n| n > 0)
+        crate::sys::rawio::poll(&mut p, Duration::ZERO).is_ok_and(|n| n > 0)
             && p[0].revents & libc::POLLIN != 0
     }
 }

@@ -1,21 +1,25 @@
 //! Choosing the data-plane server: the io_uring shard where the kernel allows it, else the
 //! blocking [`TcpServer`].
 //!
-//! [`serve`] asks [`super::uring::probe`] (`MC_DISABLE_IO_URING=1` forces the fallback;
+//! [`serve`] asks [`probe::probe`] (`MC_DISABLE_IO_URING=1` forces the fallback;
 //! EPERM/ENOSYS from `io_uring_setup` mean refused) and, if io_uring is available but the
 //! shard's ring cannot be set up, falls back too. The reason is logged once per process
 //! (warn) and kept on the [`Server`] for metrics: [`Server::backend`] and
 //! [`Server::fallback_reason`].
+
+pub mod acceptor;
+pub mod blocking;
+pub mod probe;
+pub mod uring;
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::server::TcpServer;
-use super::uring;
-use super::uring_server::{ShardStartError, UringServer};
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
+use blocking::TcpServer;
+use uring::{ShardStartError, UringServer};
 
 /// A running data-plane server of either kind. Dropping it stops it and joins its threads.
 pub enum Server {
@@ -90,7 +94,7 @@ pub fn serve(
     config: ServerConfig,
     core: Option<usize>,
 ) -> io::Result<Server> {
-    let status = uring::probe();
+    let status = probe::probe();
     let reason = if status.is_available() {
         match UringServer::bind(addr, Arc::clone(&memory), config, core) {
             Ok(server) => return Ok(Server::Uring(server)),

@@ -16,8 +16,8 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+use super::bytes::{Dst, Src};
 use crate::limits::SOCKET_BUFFER_BYTES;
-use crate::mem::{Dst, Src};
 
 /// Connects to the first of `addrs` that answers within `timeout` each; the last error when
 /// none does (`NotFound` when there is no address at all).
@@ -139,7 +139,7 @@ pub(crate) fn read_exact(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
 pub(crate) fn sendmsg(fd: RawFd, bufs: &[Src<'_>], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // `Src` is laid out as `iovec` (asserted in `mem::bytes`); the kernel only reads them.
+    // `Src` is laid out as `iovec` (asserted in `sys::bytes`); the kernel only reads them.
     msg.msg_iov = bufs.as_ptr().cast_mut().cast::<libc::iovec>();
     msg.msg_iovlen = bufs.len() as _;
     loop {

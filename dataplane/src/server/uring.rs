@@ -1,9 +1,9 @@
 //! The io_uring data-plane server: one shard (see [`crate::shard`]) behind the same surface
-//! as [`TcpServer`](super::server::TcpServer): `bind`, `local_addr`, `stats`,
+//! as [`TcpServer`](super::blocking::TcpServer): `bind`, `local_addr`, `stats`,
 //! `connection_count`, and Drop = stop and join.
 //!
 //! A storage node runs one `UringServer` per configured core, each with its own port and
-//! segment; [`super::backend::serve`] picks this server or the blocking fallback.
+//! segment; [`super::serve`] picks this server or the blocking fallback.
 //!
 //! Invariants: the shard thread owns the ring, the listener and every connection; the owner
 //! shares only atomic counters, the stop flag and the eventfd that wakes the loop. Dropping
@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use super::rawio;
 use crate::limits::SEND_ZC_MIN_BYTES_DEFAULT;
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
 use crate::shard::reactor::{build_ring, Reactor, ReactorConfig, ShardShared};
+use crate::sys::rawio;
 
 /// Shard placement and transport knobs beyond [`ServerConfig`].
 #[derive(Clone, Copy, Debug)]

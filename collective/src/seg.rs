@@ -45,17 +45,17 @@
 //! liveness is a flag the network layer clears (connection lost, heartbeat missed) instead of
 //! the lock.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
-use crate::mem::file::open_peer_segment;
-use crate::mem::segment::mmap_shared;
+use crate::shmfile;
+use dataplane::mem::file::open_peer_segment;
+use dataplane::sys::mmap::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCPGSEG1");
 const POSTED_OFF: usize = 64;
@@ -124,10 +124,6 @@ pub fn counter_offset(off: usize) -> bool {
     off.is_multiple_of(8) && off.checked_add(8).is_some_and(|end| end <= PG_HEADER_BYTES)
 }
 
-fn cpath(path: &str) -> io::Result<CString> {
-    CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
-}
-
 impl Segment {
     /// Creates this rank's segment at `path` (which must not exist), locks it and writes the
     /// header.
@@ -138,32 +134,8 @@ impl Segment {
                 format!("rank {rank} of {ranks}: need 0 <= rank < ranks <= {PG_MAX_RANKS}"),
             ));
         }
-        let c = cpath(path)?;
-        // SAFETY: `c` is a valid C string; the flags create a new private file.
-        let raw = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let len = segment_bytes(ranks);
-        // SAFETY: plain syscalls on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0
-            // SAFETY: as above.
-            || unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
-        {
-            let e = io::Error::last_os_error();
-            // SAFETY: `c` is valid; removing the file we created.
-            unsafe { libc::unlink(c.as_ptr()) };
-            return Err(e);
-        }
-        let base = mmap_shared(fd.as_fd(), len)?;
+        let (fd, base) = shmfile::create_locked(path, len)?;
         let seg = Segment {
             base,
             len,
@@ -185,7 +157,7 @@ impl Segment {
 
     /// Maps a peer's segment and checks that it belongs to a group of `ranks` as rank `rank`.
     /// The path comes from the peer, so it is opened as every path from outside is
-    /// ([`crate::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
+    /// ([`dataplane::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
     /// named by its owner's `/proc/<pid>/fd/<n>`, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Segment> {
         let (file, meta) = open_peer_segment(std::path::Path::new(path))?;
@@ -236,18 +208,8 @@ impl Segment {
                 format!("rank {rank} of {ranks}: need 0 <= rank < ranks <= {PG_MAX_RANKS}"),
             ));
         }
-        // SAFETY: a valid NUL-terminated name and flags; the result is checked.
-        let raw = unsafe { libc::memfd_create(c"mooncake-pg-replica".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let len = segment_bytes(ranks);
-        // SAFETY: ftruncate on our own descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = shmfile::memfd(c"mooncake-pg-replica", len)?;
         let alive = Arc::new(AtomicBool::new(true));
         let fd2 = fd.try_clone()?;
         let a = Segment {
@@ -332,19 +294,8 @@ impl Segment {
     /// A stand-in for a rank whose segment cannot be mapped (its process is gone): an
     /// anonymous mapping with a valid header that nobody locks, so it reads as dead.
     pub fn tombstone(ranks: usize, rank: usize) -> io::Result<Segment> {
-        // SAFETY: a valid NUL-terminated name; the result is checked.
-        let raw =
-            unsafe { libc::memfd_create(c"mooncake-pg-tombstone".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let len = segment_bytes(ranks);
-        // SAFETY: plain syscall on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = shmfile::memfd(c"mooncake-pg-tombstone", len)?;
         let seg = Segment {
             base: mmap_shared(fd.as_fd(), len)?,
             len,
@@ -428,7 +379,7 @@ impl Segment {
     /// Stores `v` into `counter` (this segment's own `posted` or `done`) with `Release`, then
     /// wakes the peers parked on it ([`Segment::park`]), if any are.
     pub fn store_counter(&self, counter: &AtomicU64, v: u64) {
-        counter.store(v, Ordering::Release);
+        counter.store(v, PUBLISH);
         // Pairs with the waiter's SeqCst increment of `waiters` before its last look at the
         // counter: either it sees `v`, or this load sees it counted and wakes it.
         fence(Ordering::SeqCst);
@@ -576,7 +527,7 @@ impl Segment {
 impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping; no reference into it outlives self.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        unsafe { shmfile::unmap(self.base, self.len) };
     }
 }
 
@@ -591,14 +542,22 @@ fn futex_word(a: &AtomicU64) -> *const u32 {
     }
 }
 
-/// Loads with `Acquire`.
+/// The ordering of every counter store that publishes bytes written before it (a phase's
+/// slot and descriptor before `posted`, a phase's reads before `done`): `Release`. The
+/// phase model (`collective/tests/model_phases.rs`) reads it, so weakening it fails there.
+pub const PUBLISH: Ordering = Ordering::Release;
+/// The ordering of every counter load after which the bytes it publishes are read:
+/// `Acquire` (read by the phase model as [`PUBLISH`] is).
+pub const OBSERVE: Ordering = Ordering::Acquire;
+
+/// Loads with [`OBSERVE`] (`Acquire`).
 pub fn load(a: &AtomicU64) -> u64 {
-    a.load(Ordering::Acquire)
+    a.load(OBSERVE)
 }
 
-/// Stores with `Release`.
+/// Stores with [`PUBLISH`] (`Release`).
 pub fn store(a: &AtomicU64, v: u64) {
-    a.store(v, Ordering::Release)
+    a.store(v, PUBLISH)
 }
 
 #[cfg(test)]
@@ -624,7 +583,7 @@ mod tests {
         let outside = std::env::temp_dir().join(format!("mc-pg-seg-test-{}", std::process::id()));
         let _own = Segment::create(&path, 2, 0).expect("segment");
         std::os::unix::fs::symlink(&path, &link).unwrap();
-        let c = cpath(&fifo).unwrap();
+        let c = crate::shmfile::cpath(&fifo).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         std::fs::copy(&path, &outside).unwrap();

@@ -24,7 +24,7 @@ use super::reduce::{self, DType, ReduceOp};
 use super::seg::Desc;
 use super::{wait_counter, Outcome, Shared};
 use crate::limits::{PG_CHUNK_ALIGN_BYTES, PG_COLL_SLOT_BYTES};
-use crate::mem::{Dst, Src};
+use dataplane::mem::{Dst, Src};
 
 /// All-reduces up to this size run in one phase (every rank folds everything).
 const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;

@@ -13,7 +13,7 @@
 //! weights; the stamps keep a row from an earlier call from being read as this call's.
 
 use super::{bit, deadline, dispatch::route, slice, slice_mut, EpDesc, EpRuntime, Phase, Shape};
-use crate::collective::reduce::{bf16_to_f32, f32_to_bf16};
+use crate::reduce::{bf16_to_f32, f32_to_bf16};
 
 fn desc(shape: &Shape) -> EpDesc {
     EpDesc {

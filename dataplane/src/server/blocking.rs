@@ -1,7 +1,7 @@
 //! The TCP data-plane server: blocking, one thread per connection.
 //!
 //! This is the portable path, used when io_uring is refused (EPERM/ENOSYS) or disabled with
-//! `MC_DISABLE_IO_URING=1`. It serves the frames of [`super::header`] against a
+//! `MC_DISABLE_IO_URING=1`. It serves the frames of [`crate::transport::header`] against a
 //! [`ServedMemory`] table:
 //!
 //! - WRITE: the range is checked; the payload is received straight into the target range
@@ -38,13 +38,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::acceptor::{AcceptPolicy, Acceptor, Connections};
-use super::header::{
-    Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
-};
-use super::rawio;
 use crate::limits::{BLOCKING_CONNECTIONS_MAX, DRAIN_CHUNK_BYTES};
 use crate::mem::served::{ServedMemory, ServerConfig, ServerStats};
-use crate::mem::{Declared, RecordKind, Registry};
+use crate::mem::Registry;
+use crate::recovery::{Declared, RecordKind};
+use crate::sys::rawio;
+use crate::transport::header::{
+    Opcode, RequestHeader, ResponseHeader, REQUEST_HEADER_BYTES, RESPONSE_HEADER_BYTES,
+};
 use crate::TeError;
 use protocol::auth::{self, ServerRefusal, Token};
 
@@ -265,7 +266,7 @@ fn serve_request(
         return serve_fence(stream, shared, req, declared);
     }
     let served = shared.memory.read();
-    // A WRITE of a declared term: marked as writing until its payload is in (`mem::fence`).
+    // A WRITE of a declared term: marked as writing until its payload is in (`recovery::fence`).
     let writer = declared.as_ref().filter(|_| req.opcode == Opcode::Write);
     let verdict = range_status(&served.registry, req).and_then(|()| match writer {
         Some(d) if !d.begin_write() => Err(TeError::Metadata),
@@ -328,7 +329,7 @@ fn serve_request(
     }
 }
 
-/// FENCE: the connection's WRITEs are of term `addr` from now on (`mem::fence`). A term the
+/// FENCE: the connection's WRITEs are of term `addr` from now on (`recovery::fence`). A term the
 /// fence already refuses gets ERR_METADATA and the connection closes: it must not go on
 /// writing as if it had declared nothing.
 fn serve_fence(

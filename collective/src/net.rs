@@ -1380,7 +1380,7 @@ fn heartbeat(inner: &Inner) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::{CollOp, Comm, DType, ReduceOp};
+    use crate::{CollOp, Comm, DType, ReduceOp};
 
     /// A fresh own segment for rank `r` of 2 (its file name already gone).
     fn seg(r: usize) -> Segment {
@@ -1463,7 +1463,7 @@ mod tests {
     /// link.
     #[test]
     fn a_process_on_another_host_takes_over_a_dead_ranks_slot() {
-        use crate::collective::membership::{self, join, propose, KIND_ACTIVATE};
+        use crate::membership::{self, join, propose, KIND_ACTIVATE};
         let (c0, c1, at0) = pair_at();
         all_reduce_both(&c0, &c1, 8);
         drop(c1);
@@ -1532,7 +1532,7 @@ mod tests {
         assert!(src == dst, "rank {} -> rank {}", from.1, to.1);
     }
 
-    fn all_reduce(c: &Comm, v: &mut [f32]) -> crate::collective::Outcome {
+    fn all_reduce(c: &Comm, v: &mut [f32]) -> crate::Outcome {
         let op = CollOp::AllReduce {
             buf: v.as_mut_ptr() as usize,
             bytes: v.len() * 4,
@@ -1582,7 +1582,7 @@ mod tests {
     /// phases restart at the new view's base and the collectives run over both again.
     #[test]
     fn membership_over_tcp() {
-        use crate::collective::membership::{join, propose, KIND_ACTIVATE, KIND_DEACTIVATE};
+        use crate::membership::{join, propose, KIND_ACTIVATE, KIND_DEACTIVATE};
         let (c0, c1) = pair();
         let mut v = vec![1.0f32; 8];
         let mut w = vec![2.0f32; 8];
@@ -1843,7 +1843,7 @@ mod tests {
     /// The frame codec: canonical, and the checks against the replica's size.
     #[test]
     fn frames_decode_and_check() {
-        let len = crate::collective::seg::segment_bytes(2);
+        let len = crate::seg::segment_bytes(2);
         let ok = [
             Frame::Heartbeat,
             Frame::Store {
@@ -1879,7 +1879,7 @@ mod tests {
     /// replica nor panics. Well-formed frames before it are applied.
     #[test]
     fn bad_frames_end_the_link() {
-        let len = crate::collective::seg::segment_bytes(2) as u64;
+        let len = crate::seg::segment_bytes(2) as u64;
         let bad: [(u32, u64, u64); 6] = [
             (KIND_WRITE, len - 4, 8),      // runs past the end
             (KIND_WRITE, u64::MAX, 1),     // offset overflow

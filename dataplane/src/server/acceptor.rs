@@ -2,10 +2,10 @@
 //! a stop that closes them all.
 //!
 //! Two servers answer the data plane's frames on blocking sockets: the data-plane server of
-//! a process without io_uring ([`super::server`]) and the disk tier's listener (the client
+//! a process without io_uring ([`super::blocking`]) and the disk tier's listener (the client
 //! crate's `disk::listener`). Both accept the same way, so the way lives here once:
 //!
-//! - each accepted connection is tuned ([`super::rawio::tune_stream`]: no delay, buffer
+//! - each accepted connection is tuned ([`crate::sys::rawio::tune_stream`]: no delay, buffer
 //!   sizes, read and write timeouts), registered and served on a thread of its own, named
 //!   `<name>-conn-<id>`;
 //! - at most `max_connections` at once: one more is closed at accept and counted refused (as
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::rawio;
+use crate::sys::rawio;
 
 /// What a server does with its connections.
 pub trait Connections: Send + Sync + 'static {

@@ -261,7 +261,7 @@ fn quantize_row_inline(src: &[u16], dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::reduce::{bf16_to_f32, f32_to_bf16};
+    use crate::reduce::{bf16_to_f32, f32_to_bf16};
 
     /// The 127 non-negative finite E4M3 values; code i has value `POS[i]`, increasing.
     fn positives() -> Vec<f32> {

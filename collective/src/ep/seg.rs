@@ -25,14 +25,14 @@
 //! Liveness, as in the `mooncake.pg` segments: the owner holds an exclusive `flock` on its
 //! file for its whole life; a peer that can take a shared lock knows the owner is gone.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{EP_HEADER_BYTES, EP_MAX_RANKS};
-use crate::mem::segment::mmap_shared;
+use crate::limits::{EP_HEADER_BYTES, EP_MAX_RANKS};
+use crate::shmfile;
+use dataplane::sys::mmap::mmap_shared;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MCEPSEG1");
 const LINES_OFF: usize = 1024;
@@ -101,10 +101,6 @@ unsafe impl Send for EpSegment {}
 // SAFETY: as above.
 unsafe impl Sync for EpSegment {}
 
-fn cpath(path: &str) -> io::Result<CString> {
-    CString::new(path).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
-}
-
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
@@ -123,31 +119,7 @@ impl EpSegment {
             .checked_add(data_bytes)
             .filter(|l| *l <= isize::MAX as usize)
             .ok_or_else(|| invalid(format!("EP buffer of {data_bytes} bytes is too large")))?;
-        let c = cpath(path)?;
-        // SAFETY: `c` is a valid C string; the flags create a new private file.
-        let raw = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscalls on our descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0
-            // SAFETY: as above.
-            || unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0
-        {
-            let e = io::Error::last_os_error();
-            // SAFETY: `c` is valid; removing the file we created.
-            unsafe { libc::unlink(c.as_ptr()) };
-            return Err(e);
-        }
-        let base = mmap_shared(fd.as_fd(), len)?;
+        let (fd, base) = shmfile::create_locked(path, len)?;
         let seg = EpSegment { base, len, fd };
         // SAFETY: the header is inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -163,10 +135,10 @@ impl EpSegment {
 
     /// Maps a peer's buffer and checks it belongs to a group of `ranks` as rank `rank`. The
     /// path comes from the peer, so it is opened as every path from outside is
-    /// ([`crate::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
+    /// ([`dataplane::mem::file::open_peer_segment`]: a regular file of ours, in `/dev/shm` or
     /// named by its owner's `/proc/<pid>/fd/<n>`, an open that cannot block).
     pub fn open(path: &str, ranks: usize, rank: usize) -> io::Result<Self> {
-        let (file, meta) = crate::mem::file::open_peer_segment(std::path::Path::new(path))?;
+        let (file, meta) = dataplane::mem::file::open_peer_segment(std::path::Path::new(path))?;
         let fd = OwnedFd::from(file);
         let len = usize::try_from(meta.len())
             .map_err(|_| invalid(format!("{path}: {} bytes", meta.len())))?;
@@ -289,7 +261,7 @@ impl EpSegment {
 impl Drop for EpSegment {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping; no reference into it outlives self.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        unsafe { shmfile::unmap(self.base, self.len) };
     }
 }
 
@@ -305,7 +277,7 @@ mod tests {
         let (link, fifo) = (format!("{path}-link"), format!("{path}-fifo"));
         let _own = EpSegment::create(&path, 2, 1, 4096).expect("buffer");
         std::os::unix::fs::symlink(&path, &link).unwrap();
-        let c = cpath(&fifo).unwrap();
+        let c = crate::shmfile::cpath(&fifo).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let kind = |p: &str| {

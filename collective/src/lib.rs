@@ -24,15 +24,22 @@
 //!   the rest of the op, and (with auto-deactivation) from the active set afterwards;
 //! - reductions fold contributors in ascending rank order, so every rank gets bit-identical
 //!   floating-point results.
+//!
+//! The crate stands on `dataplane` for memory only (`mem::{Src, Dst}`, shared mappings and
+//! the opening of a peer's file) and on `protocol` for the cluster-secret handshake of its
+//! links; nothing in `dataplane` names it. Its bounds are in [`limits`]; [`ep`] is the
+//! expert-parallel dispatch/combine engine that shares its links and liveness rules.
 
 pub mod cma;
 pub mod coll;
 pub mod ep;
+pub mod limits;
 pub mod membership;
 pub mod net;
 pub mod p2p;
 pub mod reduce;
 pub mod seg;
+mod shmfile;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;

@@ -7,7 +7,7 @@
 //! puts of its own (`docs/ha.md`, "Late writes of an earlier term").
 //!
 //! Two kinds of write are fenced here:
-//! - a catalog record (`CATALOG_PUT`), by its version's term ([`crate::mem::Catalog`]);
+//! - a catalog record (`CATALOG_PUT`), by its version's term ([`crate::recovery::Catalog`]);
 //! - the bytes of a WRITE, by the term its connection declared with a `FENCE` request
 //!   (`transport::header`). [`Fence::declare`] registers the connection; a server calls
 //!   [`Declared::begin_write`] when a WRITE's header arrives (refused: ERR_METADATA, payload
@@ -20,7 +20,7 @@
 //!
 //! A third kind, memcpy writes (our own store client's into our own segment, a same-host
 //! importer's through `mem::shm`), passes no server: each holds a slot of a write page
-//! (`mem::inflight`) while it copies. [`Fence::raise`] publishes the new term on every page
+//! (`recovery::inflight`) while it copies. [`Fence::raise`] publishes the new term on every page
 //! (from then on a copy of an earlier term is refused before its first byte), and
 //! [`Fence::wait_for_writes`] waits for the copies of earlier terms already under way, which
 //! the owner calls before it re-mounts.
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn raising_the_fence_refuses_copies_of_earlier_terms_and_waits_for_those_under_way() {
-        use crate::mem::inflight::Refused;
+        use crate::recovery::inflight::Refused;
 
         let f = Fence::default();
         f.raise(5);

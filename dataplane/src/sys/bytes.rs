@@ -7,7 +7,7 @@
 //! break Rust's aliasing rules even when the bytes come out right. So they travel as a
 //! pointer and a length, [`Src`] (to read from) and [`Dst`] (to write into), down to the one
 //! place that touches them: `copy_nonoverlapping`, `sendmsg`, `recv`, an RDMA work request.
-//! The rule is the one `transport::rawio` states for the server's registered memory.
+//! The rule is the one `sys::rawio` states for the server's registered memory.
 //!
 //! What a `Src<'a>`/`Dst<'a>` promises is that its range is mapped (readable, and for a `Dst`
 //! writable) for all of `'a`, and that no Rust reference the range could break is used over
@@ -374,7 +374,7 @@ impl<'a> Dst<'a> {
         if self.len == 0 {
             return true;
         }
-        let page = crate::mem::segment::base_page_bytes();
+        let page = super::mmap::base_page_bytes();
         let start = self.ptr.as_ptr() as usize & !(page - 1);
         let end = (self.ptr.as_ptr() as usize + self.len).next_multiple_of(page);
         let mut vec = [0u8; CHUNK_PAGES];

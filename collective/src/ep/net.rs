@@ -5,7 +5,7 @@
 //! The writer connects to the reader's listener and only sends; the reader's receive thread
 //! applies the frames, in order, to its *own* EP buffer, exactly where a same-host writer
 //! would have stored them. Frames reuse `mooncake.pg`'s 24-byte header
-//! ([`crate::collective::net`]), little-endian:
+//! ([`crate::net`]), little-endian:
 //!
 //! ```text
 //! hello (once, writer -> reader):  magic "MCEPNET1" u64 | ranks u32 | from u32 | to u32 | 0 u32
@@ -23,7 +23,7 @@
 //! With a cluster secret, every connection first runs `mooncake.pg`'s handshake under a key
 //! derived from the secret and the group (kind `"ep"`; the group is named by every rank's
 //! host, endpoint, size and path, which all ranks pass alike), before its hello: see "Who may
-//! link" in [`crate::collective::net`]. A peer that fails is closed before its hello is read
+//! link" in [`crate::net`]. A peer that fails is closed before its hello is read
 //! and takes no rank's place.
 //!
 //! The writer of a frame is the rank at the other end of the connection (fixed by the
@@ -52,11 +52,11 @@ use std::time::{Duration, Instant};
 
 use super::seg::{EpDesc, EpSegment, Phase};
 use super::EpPeer;
-use crate::collective::net::{
+use crate::limits::{PG_NET_CONNECT_TIMEOUT_MS, PG_NET_INLINE_BYTES};
+use crate::net::{
     accept_all, connect_until, connect_while_accepting, frame, heartbeat_every, send_all, Hello,
     LinkAuth, Rx, FRAME_BYTES, KIND_HEARTBEAT, POLL,
 };
-use crate::limits::{PG_NET_CONNECT_TIMEOUT_MS, PG_NET_INLINE_BYTES};
 
 /// Hello of an EP link.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"MCEPNET1");
@@ -200,7 +200,7 @@ impl EpNet {
     /// Connects to every remote rank's listener and accepts one connection from each (60 s
     /// limit), starting a receive thread per remote that applies its frames to `own`.
     /// Every link, both ways, passes `auth` first (`mooncake.pg`'s rule,
-    /// [`crate::collective::net`]). Returns the links and a [`RemotePeer`] per remote rank.
+    /// [`crate::net`]). Returns the links and a [`RemotePeer`] per remote rank.
     pub fn establish(
         listener: TcpListener,
         own: Arc<EpSegment>,
@@ -399,7 +399,7 @@ pub fn desc_decode(b: &[u8; DESC_BYTES]) -> EpDesc {
 /// link. The receive thread calls this before it touches its buffer; a pure function, so
 /// the `ep_frame` fuzz target drives it.
 pub fn decode_frame(b: &[u8], data_bytes: usize) -> Result<Frame, String> {
-    let (kind, a, n) = crate::collective::net::frame_fields(b)?;
+    let (kind, a, n) = crate::net::frame_fields(b)?;
     let phase = || phase_of(a).ok_or_else(|| format!("kind {kind}: phase {a} is not 0 or 1"));
     match kind {
         KIND_HEARTBEAT if a == 0 && n == 0 => Ok(Frame::Heartbeat),

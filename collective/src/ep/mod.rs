@@ -44,17 +44,9 @@ use std::time::{Duration, Instant};
 pub use layout::{size_hint, Shape};
 pub use seg::{EpDesc, EpSegment, Phase};
 
-/// Largest EP group: active masks are one `u64` (as `mooncake.pg`).
-pub const EP_MAX_RANKS: usize = 64;
-/// Header of an EP buffer (counters and descriptors, see [`seg`]).
-pub const EP_HEADER_BYTES: usize = 64 * 1024;
-/// Largest `num_max_dispatch_tokens_per_rank`; row indices travel as i32.
-pub const EP_MAX_TOKENS_PER_RANK: usize = 1 << 20;
-/// Largest number of local experts per rank (upstream's kernel limit).
-pub const EP_MAX_LOCAL_EXPERTS: usize = 1024;
-
-const _: () = assert!(EP_MAX_RANKS <= 64);
-const _: () = assert!(EP_MAX_TOKENS_PER_RANK * EP_MAX_RANKS <= i32::MAX as usize);
+pub use crate::limits::{
+    EP_HEADER_BYTES, EP_MAX_LOCAL_EXPERTS, EP_MAX_RANKS, EP_MAX_TOKENS_PER_RANK,
+};
 
 /// Where a rank's writes to a peer go. The runtime only ever *writes* a peer (data, then a
 /// counter with release semantics) and asks whether its process is alive; it never reads a
@@ -417,7 +409,7 @@ impl EpRuntime {
 mod tests {
     use super::dispatch::DispatchOut;
     use super::*;
-    use crate::collective::reduce::{bf16_to_f32, f32_to_bf16};
+    use crate::reduce::{bf16_to_f32, f32_to_bf16};
 
     /// A group of `n` runtimes in this process, over fresh /dev/shm files.
     fn group(n: usize, shape: &Shape, tag: &str) -> Vec<EpRuntime> {
@@ -497,15 +489,8 @@ mod tests {
                 }];
                 let o = own[r].clone();
                 std::thread::spawn(move || {
-                    net::EpNet::establish(
-                        l,
-                        o,
-                        r,
-                        2,
-                        &remote,
-                        &crate::collective::net::LinkAuth::open(),
-                    )
-                    .unwrap()
+                    net::EpNet::establish(l, o, r, 2, &remote, &crate::net::LinkAuth::open())
+                        .unwrap()
                 })
             })
             .collect();

@@ -1,0 +1,17 @@
+//! The bottom layer: raw byte ranges and the system calls that take them. Nothing here
+//! knows about segments, catalogs, servers or peers; every other folder of the crate may use
+//! it, and it uses only [`crate::limits`].
+//!
+//! - [`bytes`]: [`Src`]/[`Dst`], a pointer and a length (laid out as `struct iovec`), and
+//!   the copies between them; `mem` re-exports them, as the memory every layer moves;
+//! - [`mmap`]: `fstat`, shared mappings, sealed memfds;
+//! - `rawio`: socket calls on raw descriptors (`sendmsg` of a gather list, `recv` into a
+//!   [`Dst`], `poll`, buffer sizes, [`connect_first`], [`recv_spinning`]) and
+//!   `process_exists`.
+
+pub mod bytes;
+pub mod mmap;
+pub(crate) mod rawio;
+
+pub use bytes::{Dst, Src};
+pub use rawio::{connect_first, recv_spinning};
