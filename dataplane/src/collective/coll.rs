@@ -184,7 +184,8 @@ unsafe fn mv(src: *const u8, dst: *mut u8, len: usize) {
 /// `dst = fold(op, srcs...)` in the order given, then the AVG division.
 ///
 /// # Safety
-/// Every source and `dst` must be valid for `len` bytes; `dst` must not overlap a source.
+/// Every source and `dst` must be valid for `len` bytes; `dst` must not overlap a source,
+/// except that it may be the first one (then folded in place).
 unsafe fn fold_into(dt: DType, op: ReduceOp, srcs: &[*const u8], dst: *mut u8, len: usize) {
     let Some((first, rest)) = srcs.split_first() else {
         return;
@@ -302,6 +303,8 @@ impl<'a> Runner<'a> {
         own.set_extent((s & 1) as usize, self.extent.0, self.extent.1);
         own.store_counter(own.posted(), s);
         self.sh.publish();
+        // Every live link pushed phase `s` in that call; no source may outlive it.
+        self.sh.push_from.clear((s & 1) as usize);
         self.seq = s;
         for p in self.peers() {
             let seg = self.sh.seg(p);
@@ -398,9 +401,13 @@ impl<'a> Runner<'a> {
             } => {
                 self.check_root(*root)?;
                 let buf = *buf as *mut u8;
+                let direct = self.remote_only();
                 self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
                     if w {
-                        if me == *root {
+                        if me == *root && direct {
+                            // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
+                            r.push_from(|_| (unsafe { buf.add(off) }.cast_const(), len));
+                        } else if me == *root {
                             // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
                             unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
                         }
@@ -439,14 +446,23 @@ impl<'a> Runner<'a> {
                     _ => None,
                 };
                 let input = *input as *const u8;
+                let direct = self.remote_only();
                 self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
-                    if w {
+                    if w && direct {
+                        // SAFETY: `input` holds `bytes` bytes.
+                        r.push_from(|_| (unsafe { input.add(off) }, len));
+                    } else if w {
                         // SAFETY: `input` holds `bytes` bytes.
                         unsafe { mv(input.add(off), r.slot(me, r.seq + 1), len) };
                     } else if root.is_none_or(|x| x == me) {
                         for src in r.live().collect::<Vec<_>>() {
-                            // SAFETY: `outs[src]` holds `bytes` bytes; the slot `len`.
-                            unsafe { mv(r.slot(src, r.seq), (outs[src] as *mut u8).add(off), len) };
+                            let from = match direct && src == me {
+                                // SAFETY: `input` holds `bytes` bytes.
+                                true => unsafe { input.add(off) },
+                                false => r.slot(src, r.seq).cast_const(),
+                            };
+                            // SAFETY: `outs[src]` holds `bytes` bytes; the source `len`.
+                            unsafe { mv(from, (outs[src] as *mut u8).add(off), len) };
                         }
                     }
                 })
@@ -530,8 +546,16 @@ impl<'a> Runner<'a> {
         let me = self.sh.rank;
         let piece =
             (PG_COLL_SLOT_BYTES / self.sh.ranks) / PG_CHUNK_ALIGN_BYTES * PG_CHUNK_ALIGN_BYTES;
+        let direct = root.is_none() && self.remote_only();
+        // Rank j's piece at `off` (null, i.e. pushed from the slot, for a missing entry).
+        let at = |j: usize, off: usize| {
+            ins.get(j)
+                .map_or(std::ptr::null(), |&p| (p as *const u8).wrapping_add(off))
+        };
         self.chunked(desc, bytes, piece, |r, off, len, w| {
-            if w {
+            if w && direct {
+                r.push_from(|q| (at(q, off), len));
+            } else if w {
                 if root.is_none_or(|x| x == me) {
                     let slot = r.slot(me, r.seq + 1);
                     for (j, src) in ins.iter().enumerate() {
@@ -548,15 +572,13 @@ impl<'a> Runner<'a> {
             };
             for src in from {
                 let dst = if root.is_some() { out } else { outs[src] };
-                // SAFETY: the source slot holds piece `me` of `len` published bytes; `dst`
-                // holds `bytes` bytes.
-                unsafe {
-                    mv(
-                        r.slot(src, r.seq).add(me * piece),
-                        (dst as *mut u8).add(off),
-                        len,
-                    )
+                let from = match direct && src == me {
+                    true => at(me, off),
+                    // SAFETY: the source slot holds piece `me` of `len` published bytes.
+                    false => unsafe { r.slot(src, r.seq).add(me * piece) }.cast_const(),
                 };
+                // SAFETY: `dst` holds `bytes` bytes; the source `len` (own input: `bytes`).
+                unsafe { mv(from, (dst as *mut u8).add(off), len) };
             }
         })
     }
@@ -819,52 +841,121 @@ impl<'a> Runner<'a> {
                 }
             });
         }
-        let (n, me, e) = (self.sh.ranks, self.sh.rank, dt.size());
         let mut off = 0;
         let mut first = true;
         while off < bytes {
             let len = PG_COLL_SLOT_BYTES.min(bytes - off);
-            // SAFETY: `buf` holds `bytes` bytes.
-            let chunk = unsafe { buf.add(off) };
-            self.extent = (0, len);
-            // SAFETY: `chunk` holds `len` bytes; the slot at least that.
-            let sa = self.phase(desc, first, |_, slot| unsafe { mv(chunk, slot, len) })?;
+            // SAFETY: `buf` holds `bytes` bytes, so `off + len` of them.
+            unsafe { self.all_reduce_chunk(desc, first, buf.add(off), len, dt, op) }?;
             first = false;
-            let contrib: Vec<usize> = self.live().collect();
-            let sec = (len / e).div_ceil(n) * e;
-            let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
-            let srcs_at = |r: &Self, lo: usize| -> Vec<*const u8> {
-                contrib
-                    .iter()
-                    // SAFETY: `lo` is inside the slot.
-                    .map(|&x| unsafe { r.slot(x, sa).add(lo).cast_const() })
-                    .collect()
-            };
-            let (lo, hi) = section(me);
-            self.extent = (0, hi - lo);
-            let sb = self.phase(desc, false, |r, slot| {
-                // SAFETY: the phase-A slots hold `len` bytes; the own phase-B slot is disjoint.
-                unsafe { fold_into(dt, op, &srcs_at(r, lo), slot, hi - lo) }
-            })?;
-            let posted: Vec<usize> = self.live().collect();
-            for r in 0..n {
-                let (lo, hi) = section(r);
-                if lo == hi {
-                    continue;
-                }
-                // SAFETY: `chunk` holds `len` bytes; section bounds are inside it.
-                unsafe {
-                    if posted.contains(&r) {
-                        mv(self.slot(r, sb), chunk.add(lo), hi - lo);
-                    } else {
-                        // The section's owner is inactive or died: fold it here.
-                        fold_into(dt, op, &srcs_at(self, lo), chunk.add(lo), hi - lo);
-                    }
-                }
-            }
-            self.finish(sb);
             off += len;
         }
+        Ok(())
+    }
+
+    /// Whether every live peer of this op is on another host, so nobody maps this rank's
+    /// collective slot: phases then push straight from the caller's buffers
+    /// ([`super::push`]) instead of copying them into the slot first.
+    fn remote_only(&self) -> bool {
+        self.sh.net.is_some() && self.peers().iter().all(|&p| self.sh.seg(p).is_remote())
+    }
+
+    /// Pushes reader `q`'s bytes of the coming phase from `src(q)` (`(address, bytes)`).
+    fn push_from(&self, src: impl Fn(usize) -> (*const u8, usize)) {
+        let slot = ((self.seq + 1) & 1) as usize;
+        for q in 0..self.sh.ranks {
+            let (p, len) = src(q);
+            self.sh.push_from.set(slot, q, p, len);
+        }
+    }
+
+    /// One slot-sized chunk of the two-phase all_reduce. Phase A posts the chunk, of which
+    /// each peer on another host gets only its own 1/n section pushed (the section it
+    /// reduces), unless this rank sees a section without a live owner: then the whole chunk,
+    /// so every reader can fold that section itself. Each rank folds its section (in place
+    /// when every peer is remote: own input first, the others in rank order) and posts it in
+    /// phase B; every rank copies the sections. A section whose owner died between the
+    /// phases is folded by every survivor from the data it holds: all of it from peers on
+    /// this host, only what was pushed from peers on another host (see `docs/pg.md`).
+    ///
+    /// # Safety
+    /// `chunk` is valid for `len` bytes (at most a slot) of the caller's buffer.
+    unsafe fn all_reduce_chunk(
+        &mut self,
+        desc: Desc,
+        first: bool,
+        chunk: *mut u8,
+        len: usize,
+        dt: DType,
+        op: ReduceOp,
+    ) -> Result<(), String> {
+        let (n, me, e) = (self.sh.ranks, self.sh.rank, dt.size());
+        let sec = (len / e).div_ceil(n) * e;
+        let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
+        let direct = self.remote_only();
+        let live_at_start: Vec<usize> = self.live().collect();
+        let full = (0..n).any(|r| section(r).0 < section(r).1 && !live_at_start.contains(&r));
+        self.extent = if full { (0, len) } else { (sec, sec) };
+        let sa = self.phase(desc, first, |r, slot| {
+            if direct {
+                r.push_from(|q| match full {
+                    true => (chunk.cast_const(), len),
+                    // SAFETY: section bounds lie inside the chunk.
+                    false => (unsafe { chunk.add(section(q).0) }, section(q).1 - section(q).0),
+                });
+            } else {
+                // SAFETY: `chunk` holds `len` bytes; the slot at least that.
+                unsafe { mv(chunk, slot, len) }
+            }
+        })?;
+        let contrib: Vec<usize> = self.live().collect();
+        // Rank `x`'s phase-A bytes at `lo`: this rank's own input when it posted none.
+        let src_at = |r: &Self, x: usize, lo: usize| -> *const u8 {
+            // SAFETY: `lo` is inside the chunk and the slot.
+            unsafe { if direct && x == me { chunk.add(lo) } else { r.slot(x, sa).add(lo) } }
+        };
+        let (lo, hi) = section(me);
+        self.extent = (0, hi - lo);
+        let sb = self.phase(desc, false, |r, slot| {
+            let mut srcs: Vec<*const u8> = contrib.iter().map(|&x| src_at(r, x, lo)).collect();
+            if direct {
+                // In place: own input first (the first source is only copied, a no-op here).
+                srcs.retain(|&p| p != src_at(r, me, lo));
+                srcs.insert(0, src_at(r, me, lo));
+                // SAFETY: `chunk + lo` holds `hi - lo` bytes; the other sources are slots.
+                unsafe { fold_into(dt, op, &srcs, chunk.add(lo), hi - lo) };
+                // SAFETY: as above.
+                r.push_from(|_| (unsafe { chunk.add(lo) }.cast_const(), hi - lo));
+            } else {
+                // SAFETY: the phase-A slots hold `len` bytes; the own phase-B slot is disjoint.
+                unsafe { fold_into(dt, op, &srcs, slot, hi - lo) }
+            }
+        })?;
+        let posted: Vec<usize> = self.live().collect();
+        for r in (0..n).filter(|&r| section(r).0 < section(r).1) {
+            let (lo, hi) = section(r);
+            if posted.contains(&r) {
+                if !(direct && r == me) {
+                    // SAFETY: `chunk` holds `len` bytes; rank r's B slot its section.
+                    unsafe { mv(self.slot(r, sb), chunk.add(lo), hi - lo) };
+                }
+                continue;
+            }
+            // The section's owner is inactive or died: fold it here, in rank order, from
+            // every contributor whose bytes of it this rank holds.
+            let srcs: Vec<*const u8> = contrib
+                .iter()
+                .filter(|&&x| full || x == me || !self.sh.seg(x).is_remote())
+                .map(|&x| src_at(self, x, lo))
+                .collect();
+            let mut tmp = vec![0u64; (hi - lo).div_ceil(8)];
+            // SAFETY: `tmp` holds `hi - lo` bytes, disjoint from every source; `chunk` too.
+            unsafe {
+                fold_into(dt, op, &srcs, tmp.as_mut_ptr().cast(), hi - lo);
+                mv(tmp.as_ptr().cast(), chunk.add(lo), hi - lo);
+            }
+        }
+        self.finish(sb);
         Ok(())
     }
 }

@@ -107,6 +107,7 @@ use std::time::{Duration, Instant};
 
 use protocol::auth::{client_handshake, server_handshake, ServerRefusal, Token};
 
+use super::push::PushFrom;
 use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES, MEMBER_WORDS};
 use super::{Shared, COLLECTIVE_TIMEOUT_US};
 use crate::limits::{
@@ -489,15 +490,21 @@ impl Link {
 
     /// Queues a WRITE of `len` bytes at `src` (inside `own`) to the same offset.
     fn write(&mut self, own: &Segment, src: *const u8, len: usize) -> io::Result<()> {
+        self.write_at(own.offset_of(src), src, len)
+    }
+
+    /// Queues a WRITE of the `len` bytes at `src` (inside `own`, or a caller's buffer that
+    /// [`PushFrom`] names) to offset `off` of the replica.
+    fn write_at(&mut self, off: usize, src: *const u8, len: usize) -> io::Result<()> {
         if len == 0 {
             return Ok(());
         }
-        let off = own.offset_of(src);
         self.out
             .extend_from_slice(&frame(KIND_WRITE, off as u64, len as u64));
         if len <= PG_NET_INLINE_BYTES {
             // SAFETY: `src..src+len` lies inside `own`, which the owner does not rewrite
-            // before this push completes (module docs).
+            // before this push completes (module docs), or in a caller's buffer that the op
+            // keeps alive and unchanged meanwhile (`push` module docs).
             self.out
                 .extend_from_slice(unsafe { std::slice::from_raw_parts(src, len) });
             return Ok(());
@@ -528,7 +535,7 @@ impl Link {
     }
 
     /// Pushes every change of `own` (this rank `me`'s segment) the peer has not seen yet.
-    fn sync(&mut self, own: &Segment, me: usize) -> io::Result<()> {
+    fn sync(&mut self, own: &Segment, me: usize, from: &PushFrom) -> io::Result<()> {
         let q = self.peer;
         let posted = load(own.posted());
         if posted > self.posted + 2 {
@@ -551,7 +558,11 @@ impl Link {
                     (off, bytes.min(PG_COLL_SLOT_BYTES - off))
                 };
                 // SAFETY: `off + len` is at most the slot size.
-                self.write(own, unsafe { base.add(off) }, len)?;
+                let at = unsafe { base.add(off) };
+                match from.get(slot, q) {
+                    Some((src, n)) => self.write_at(own.offset_of(at), src, n.min(len))?,
+                    None => self.write(own, at, len)?,
+                }
             }
             self.write(own, own.desc_ptr(slot), std::mem::size_of::<Desc>())?;
             self.store(own, own.posted(), s);
@@ -831,8 +842,8 @@ impl Net {
 
     /// Pushes this rank's new segment state to every live remote peer; a failed push marks
     /// that peer dead.
-    pub fn publish(&self, own: &Segment) {
-        self.each_link(|l| l.sync(own, self.inner.me));
+    pub(crate) fn publish(&self, own: &Segment, from: &PushFrom) {
+        self.each_link(|l| l.sync(own, self.inner.me, from));
     }
 
     /// Pushes this rank's changed membership words to every live remote peer.
@@ -1049,7 +1060,7 @@ fn admit(inner: &Arc<Inner>, sock: TcpStream) -> io::Result<()> {
     sock.set_write_timeout(Some(POLL))?;
     let alive = mine.remote_flag().expect("a replica").clone();
     let mut link = Link::new(r, sock.try_clone()?, alive, Some(&sh.own));
-    link.sync(&sh.own, inner.me)?;
+    link.sync(&sh.own, inner.me, &sh.push_from)?;
     link.sync_member(&sh.own)?;
     link.out.extend_from_slice(&frame(KIND_HEARTBEAT, 0, 0));
     link.flush(None)?;
@@ -1334,10 +1345,13 @@ impl Rx {
         self.lo += FRAME_BYTES;
         match f {
             Frame::Heartbeat => {}
-            Frame::Store { offset, value } => seg
-                .counter_at(offset)
-                .expect("decode_frame checked the counter")
-                .store(value, Ordering::Release),
+            // `store_counter`: a Release store that also wakes a collective thread parked
+            // on this counter of the replica (as the owner's store does on a mapped one).
+            Frame::Store { offset, value } => seg.store_counter(
+                seg.counter_at(offset)
+                    .expect("decode_frame checked the counter"),
+                value,
+            ),
             Frame::Write { offset, len } => {
                 // SAFETY: `offset + len <= len_bytes()` (decode_frame): inside the replica.
                 let dst = unsafe { seg.base_ptr().add(offset) };

@@ -31,8 +31,8 @@
 //! owner wakes the counter after a store when `waiters` is non-zero ([`Segment::store_counter`]).
 //! Parking has a 1 ms timeout, so a missed wake-up, a peer that died while parked (its count
 //! stays: the owner then pays one `futex` call per store, nothing worse) or an owner that died
-//! costs at most that; replicas are never parked on (their counters are stored by the
-//! network thread, which wakes nobody).
+//! costs at most that. A replica's counters are stored the same way by the network
+//! thread that applies the remote owner's frames, so a reader parks on a replica too.
 //!
 //! Liveness: the owner holds an exclusive `flock` on its file for its whole life; the kernel
 //! drops it when the process dies (before it becomes a zombie), so a peer that can take a
@@ -451,11 +451,9 @@ impl Segment {
 
     /// Sleeps until `counter` (a `posted` or `done` of this peer segment) no longer holds
     /// `seen`, the owner wakes it, or `timeout` passes (also on a spurious wake-up: callers
-    /// re-check). Returns at once on a replica, whose counters nobody wakes.
+    /// re-check). On a replica the receive thread of [`super::net`] stores the counters
+    /// with [`Segment::store_counter`], so it wakes a parked reader as the owner would.
     pub fn park(&self, counter: &AtomicU64, seen: u64, timeout: Duration) {
-        if self.is_remote() {
-            return;
-        }
         let waiters = self.atomic(WAITERS_OFF);
         waiters.fetch_add(1, Ordering::SeqCst);
         if counter.load(Ordering::SeqCst) == seen {
@@ -651,6 +649,18 @@ mod tests {
     #[test]
     fn store_counter_wakes_a_parked_peer_at_once() {
         let (own, peer) = pair("wake");
+        wakes_a_parked_reader(own, peer);
+    }
+
+    /// A replica's receive thread stores through its own mapping; the collective thread
+    /// parks on the other one and is woken as by a mapped owner.
+    #[test]
+    fn store_counter_on_a_replica_wakes_a_parked_reader() {
+        let (reader, rx) = Segment::replica(2, 1).expect("replica");
+        wakes_a_parked_reader(rx, reader);
+    }
+
+    fn wakes_a_parked_reader(own: Segment, peer: Segment) {
         let peer = Arc::new(peer);
         let p = peer.clone();
         let waiter = std::thread::spawn(move || {
@@ -702,11 +712,4 @@ mod tests {
         assert_eq!(load(own.atomic(WAITERS_OFF)), 0);
     }
 
-    #[test]
-    fn a_replica_is_never_parked_on() {
-        let (_, replica) = Segment::replica(2, 1).expect("replica");
-        let t = Instant::now();
-        replica.park(replica.posted(), 0, Duration::from_secs(20));
-        assert!(t.elapsed() < Duration::from_secs(10));
-    }
 }
