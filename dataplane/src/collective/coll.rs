@@ -361,6 +361,7 @@ impl<'a> Runner<'a> {
         } else {
             self.run(&op).err()
         };
+        self.forget_expected();
         Outcome {
             failed: self.failed,
             left: self.left,
@@ -402,7 +403,10 @@ impl<'a> Runner<'a> {
                 self.check_root(*root)?;
                 let buf = *buf as *mut u8;
                 let direct = self.remote_only();
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                let land = |src: usize, off: usize, _| {
+                    (src == *root && me != *root).then(|| (0, buf.wrapping_add(off)))
+                };
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
                     if w {
                         if me == *root && direct {
                             // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
@@ -411,7 +415,10 @@ impl<'a> Runner<'a> {
                             // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
                             unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
                         }
-                    } else if me != *root && r.gone() & Self::bit(*root) == 0 {
+                    } else if me != *root
+                        && r.gone() & Self::bit(*root) == 0
+                        && !r.received(r.seq, *root, 0)
+                    {
                         // SAFETY: as above; the root's slot holds `len` published bytes.
                         unsafe { mv(r.slot(*root, r.seq), buf.add(off), len) };
                     }
@@ -447,7 +454,11 @@ impl<'a> Runner<'a> {
                 };
                 let input = *input as *const u8;
                 let direct = self.remote_only();
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                let land = |src: usize, off: usize, _| {
+                    let out = outs.get(src).filter(|_| root.is_none_or(|x| x == me))?;
+                    Some((0, (*out as *mut u8).wrapping_add(off)))
+                };
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
                     if w && direct {
                         // SAFETY: `input` holds `bytes` bytes.
                         r.push_from(|_| (unsafe { input.add(off) }, len));
@@ -455,7 +466,7 @@ impl<'a> Runner<'a> {
                         // SAFETY: `input` holds `bytes` bytes.
                         unsafe { mv(input.add(off), r.slot(me, r.seq + 1), len) };
                     } else if root.is_none_or(|x| x == me) {
-                        for src in r.live().collect::<Vec<_>>() {
+                        for src in r.live().filter(|&x| !r.received(r.seq, x, 0)) {
                             let from = match direct && src == me {
                                 // SAFETY: `input` holds `bytes` bytes.
                                 true => unsafe { input.add(off) },
@@ -489,7 +500,7 @@ impl<'a> Runner<'a> {
             } => {
                 reduce::check_reducible(*dtype, *rop)?;
                 let out = *out as *mut u8;
-                self.chunked(desc, *bytes, piece, |r, off, len, w| {
+                self.chunked(desc, *bytes, piece, &|_, _, _| None, |r, off, len, w| {
                     if w {
                         let slot = r.slot(me, r.seq + 1);
                         for (j, src) in ins.iter().enumerate() {
@@ -516,7 +527,7 @@ impl<'a> Runner<'a> {
                 reduce::check_reducible(*dtype, *rop)?;
                 self.check_root(*root)?;
                 let buf = *buf as *mut u8;
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, |r, off, len, w| {
+                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &|_, _, _| None, |r, off, len, w| {
                     if w {
                         // SAFETY: `buf` holds `bytes` bytes.
                         unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
@@ -528,7 +539,9 @@ impl<'a> Runner<'a> {
                     }
                 })
             }
-            CollOp::Barrier => self.chunked(desc, 0, PG_COLL_SLOT_BYTES, |_, _, _, _| {}),
+            CollOp::Barrier => {
+                self.chunked(desc, 0, PG_COLL_SLOT_BYTES, &|_, _, _| None, |_, _, _, _| {})
+            }
         }
     }
 
@@ -552,7 +565,14 @@ impl<'a> Runner<'a> {
             ins.get(j)
                 .map_or(std::ptr::null(), |&p| (p as *const u8).wrapping_add(off))
         };
-        self.chunked(desc, bytes, piece, |r, off, len, w| {
+        let land = |src: usize, off: usize, _| {
+            let dst = match root {
+                None => *outs.get(src)?,
+                Some(x) => Some(out).filter(|_| src == x)?,
+            };
+            Some((me * piece, (dst as *mut u8).wrapping_add(off)))
+        };
+        self.chunked(desc, bytes, piece, &land, |r, off, len, w| {
             if w && direct {
                 r.push_from(|q| (at(q, off), len));
             } else if w {
@@ -570,7 +590,7 @@ impl<'a> Runner<'a> {
                 Some(x) if r.gone() & Self::bit(x) == 0 => vec![x],
                 Some(_) => Vec::new(),
             };
-            for src in from {
+            for src in from.into_iter().filter(|&x| !r.received(r.seq, x, me * piece)) {
                 let dst = if root.is_some() { out } else { outs[src] };
                 let from = match direct && src == me {
                     true => at(me, off),
@@ -661,8 +681,20 @@ impl<'a> Runner<'a> {
         desc: Desc,
         bytes: usize,
         step: usize,
+        land: &dyn Fn(usize, usize, usize) -> Option<(usize, *mut u8)>,
         mut f: impl FnMut(&Self, usize, usize, bool),
     ) -> Result<(), String> {
+        // Registers where the peers' bytes of the chunk at `off` land, for phase `s`.
+        let expect_chunk = |r: &Self, s: u64, off: usize| {
+            let len = step.min(bytes.saturating_sub(off));
+            for src in r.peers().into_iter().filter(|_| len > 0) {
+                if let Some((at, dst)) = land(src, off, len) {
+                    r.expect(s, src, at, len, dst);
+                }
+            }
+        };
+        expect_chunk(self, self.seq + 1, 0);
+        expect_chunk(self, self.seq + 2, step);
         let mut off = 0;
         let mut first = true;
         loop {
@@ -672,6 +704,8 @@ impl<'a> Runner<'a> {
             let s = self.phase(desc, first, |r, _| f(r, off, len, true))?;
             first = false;
             f(self, off, len, false);
+            // Before `done = s` lets the peers push phase s + 2.
+            expect_chunk(self, s + 2, off + 2 * step);
             self.finish(s);
             off += len;
             if off >= bytes {
@@ -829,7 +863,7 @@ impl<'a> Runner<'a> {
         op: ReduceOp,
     ) -> Result<(), String> {
         if bytes <= SMALL_ALL_REDUCE_BYTES {
-            return self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, |r, _, len, w| {
+            return self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, &|_, _, _| None, |r, _, len, w| {
                 if w {
                     // SAFETY: `buf` holds `bytes` bytes.
                     unsafe { mv(buf, r.slot(r.sh.rank, r.seq + 1), len) };
@@ -843,8 +877,16 @@ impl<'a> Runner<'a> {
         }
         let mut off = 0;
         let mut first = true;
+        let at = |off: usize| (buf.wrapping_add(off), PG_COLL_SLOT_BYTES.min(bytes - off));
+        // Chunk k's phase B is phase seq + 2k + 2: register it at least two phases ahead,
+        // before this rank's `done` lets the peers push it.
+        self.expect_sections(self.seq + 2, buf, at(0).1, dt.size());
         while off < bytes {
             let len = PG_COLL_SLOT_BYTES.min(bytes - off);
+            if off + len < bytes {
+                let (next, next_len) = at(off + len);
+                self.expect_sections(self.seq + 4, next, next_len, dt.size());
+            }
             // SAFETY: `buf` holds `bytes` bytes, so `off + len` of them.
             unsafe { self.all_reduce_chunk(desc, first, buf.add(off), len, dt, op) }?;
             first = false;
@@ -866,6 +908,47 @@ impl<'a> Runner<'a> {
         for q in 0..self.sh.ranks {
             let (p, len) = src(q);
             self.sh.push_from.set(slot, q, p, len);
+        }
+    }
+
+    /// Asks the receive thread to read remote rank `src`'s `len` bytes of phase `s` at slot
+    /// offset `off` straight into `dst` ([`super::redirect`]; refused when too late).
+    fn expect(&self, s: u64, src: usize, off: usize, len: usize, dst: *mut u8) {
+        let seg = self.sh.seg(src);
+        if let Some(r) = seg.redirect().filter(|_| src != self.sh.rank) {
+            r.register(s, off, len, dst);
+        }
+    }
+
+    /// Whether rank `src`'s bytes of phase `s` at slot offset `off` went to the destination
+    /// registered for them (no copy out of the replica needed).
+    fn received(&self, s: u64, src: usize, off: usize) -> bool {
+        let seg = self.sh.seg(src);
+        src != self.sh.rank && seg.redirect().is_some_and(|r| r.delivered(s, off))
+    }
+
+    /// Drops this op's registrations (at its end, whatever happened), waiting for a receive
+    /// thread still writing into one of its destinations.
+    fn forget_expected(&self) {
+        if self.sh.net.is_none() {
+            return;
+        }
+        for r in (0..self.sh.ranks).filter(|&r| r != self.sh.rank) {
+            if let Some(x) = self.sh.seg(r).redirect() {
+                x.clear();
+            }
+        }
+    }
+
+    /// Registers where each remote peer's reduced section of the all_reduce chunk of `len`
+    /// bytes at `chunk` lands when it arrives in phase `s` (that chunk's second phase).
+    fn expect_sections(&self, s: u64, chunk: *mut u8, len: usize, e: usize) {
+        let sec = (len / e).div_ceil(self.sh.ranks) * e;
+        for r in self.peers() {
+            let (lo, hi) = ((r * sec).min(len), ((r + 1) * sec).min(len));
+            if lo < hi {
+                self.expect(s, r, 0, hi - lo, chunk.wrapping_add(lo));
+            }
         }
     }
 
@@ -935,7 +1018,7 @@ impl<'a> Runner<'a> {
         for r in (0..n).filter(|&r| section(r).0 < section(r).1) {
             let (lo, hi) = section(r);
             if posted.contains(&r) {
-                if !(direct && r == me) {
+                if !(direct && r == me) && !self.received(sb, r, 0) {
                     // SAFETY: `chunk` holds `len` bytes; rank r's B slot its section.
                     unsafe { mv(self.slot(r, sb), chunk.add(lo), hi - lo) };
                 }

@@ -32,6 +32,7 @@ pub mod membership;
 pub mod net;
 pub mod p2p;
 mod push;
+mod redirect;
 pub mod reduce;
 pub mod seg;
 

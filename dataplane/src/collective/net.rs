@@ -1353,10 +1353,16 @@ impl Rx {
                 value,
             ),
             Frame::Write { offset, len } => {
-                // SAFETY: `offset + len <= len_bytes()` (decode_frame): inside the replica.
-                let dst = unsafe { seg.base_ptr().add(offset) };
-                // SAFETY: `dst` is valid for `len` bytes of writes (inside the replica).
-                unsafe { self.read_into(dst, len, stop) }?;
+                // `offset + len <= len_bytes()` (decode_frame): inside the replica.
+                let (dst, redirected) = seg.write_target(offset, len);
+                // SAFETY: `dst` is valid for `len` bytes of writes: inside the replica, or a
+                // destination its op registered for exactly these bytes and keeps alive
+                // until `Redirect::clear`, which waits for the `done` below.
+                let r = unsafe { self.read_into(dst, len, stop) };
+                if redirected {
+                    seg.redirect().expect("a replica").done();
+                }
+                r?;
             }
         }
         Ok(f)

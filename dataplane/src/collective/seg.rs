@@ -53,6 +53,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::redirect::Redirect;
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
 use crate::mem::file::open_peer_segment;
 use crate::mem::segment::mmap_shared;
@@ -105,6 +106,8 @@ pub struct Segment {
     ranks: usize,
     /// For a replica: whether the remote owner is alive (cleared by the network layer).
     remote: Option<Arc<AtomicBool>>,
+    /// For a replica: destinations registered for the owner's phases ([`Redirect`]).
+    redirect: Option<Arc<Redirect>>,
 }
 
 // SAFETY: the mapping is shared memory that lives as long as `Segment`; all cross-thread
@@ -170,6 +173,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header is inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -206,6 +210,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header lies inside the mapping.
         let (magic, n, r) = unsafe {
@@ -249,6 +254,7 @@ impl Segment {
             return Err(io::Error::last_os_error());
         }
         let alive = Arc::new(AtomicBool::new(true));
+        let redirect = Arc::new(Redirect::default());
         let fd2 = fd.try_clone()?;
         let a = Segment {
             base: mmap_shared(fd.as_fd(), len)?,
@@ -256,6 +262,7 @@ impl Segment {
             fd,
             ranks,
             remote: Some(alive.clone()),
+            redirect: Some(redirect.clone()),
         };
         let b = Segment {
             base: mmap_shared(fd2.as_fd(), len)?,
@@ -263,6 +270,7 @@ impl Segment {
             fd: fd2,
             ranks,
             remote: Some(alive),
+            redirect: Some(redirect),
         };
         // SAFETY: the header is inside the fresh mapping; nobody reads it yet.
         unsafe {
@@ -283,6 +291,29 @@ impl Segment {
         // SAFETY: inside the header of a private mapping; a plain u32 written before the
         // replica is shared with any reader (it is published through a lock afterwards).
         unsafe { self.base.as_ptr().add(8).cast::<u32>().write_volatile(pid) };
+    }
+
+    /// A replica's registered destinations ([`Redirect`]); `None` for a mapped segment.
+    pub(crate) fn redirect(&self) -> Option<&Redirect> {
+        self.redirect.as_deref()
+    }
+
+    /// Receive side of a replica: where the payload of a WRITE of `len` bytes at `offset`
+    /// goes, and whether that is a destination registered for it ([`Redirect::take`]: the
+    /// caller then calls [`Redirect::done`] after the payload), else the replica itself.
+    /// `offset + len` must lie inside the replica.
+    pub(crate) fn write_target(&self, offset: usize, len: usize) -> (*mut u8, bool) {
+        // The owner pushes a phase's slot bytes after it published the phase before.
+        let phase = load(self.posted()) + 1;
+        let slot = PG_HEADER_BYTES + (phase & 1) as usize * PG_COLL_SLOT_BYTES;
+        let in_slot = offset >= slot && offset + len <= slot + PG_COLL_SLOT_BYTES;
+        if let Some(r) = self.redirect.as_deref().filter(|_| in_slot) {
+            if let Some(dst) = r.take(phase, offset - slot, len) {
+                return (dst, true);
+            }
+        }
+        // SAFETY: `offset + len` is inside the mapping (the caller's precondition).
+        (unsafe { self.base.as_ptr().add(offset) }, false)
     }
 
     /// Whether this is a replica of a rank on another host.
@@ -310,11 +341,6 @@ impl Segment {
     /// Bytes of the mapping.
     pub(crate) fn len_bytes(&self) -> usize {
         self.len
-    }
-
-    /// Start of the mapping.
-    pub(crate) fn base_ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
     }
 
     /// Offset of `p` (a pointer into this mapping) from its start.
@@ -351,6 +377,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header is inside the fresh, private mapping.
         unsafe {
