@@ -302,9 +302,7 @@ impl<'a> Runner<'a> {
         own.set_desc((s & 1) as usize, desc);
         own.set_extent((s & 1) as usize, self.extent.0, self.extent.1);
         own.store_counter(own.posted(), s);
-        self.sh.publish();
-        // Every live link pushed phase `s` in that call; no source may outlive it.
-        self.sh.push_from.clear((s & 1) as usize);
+        self.sh.publish_phase(s);
         self.seq = s;
         for p in self.peers() {
             let seg = self.sh.seg(p);
@@ -399,31 +397,7 @@ impl<'a> Runner<'a> {
             }
             CollOp::Broadcast {
                 buf, bytes, root, ..
-            } => {
-                self.check_root(*root)?;
-                let buf = *buf as *mut u8;
-                let direct = self.remote_only();
-                let land = |src: usize, off: usize, _| {
-                    (src == *root && me != *root).then(|| (0, buf.wrapping_add(off)))
-                };
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
-                    if w {
-                        if me == *root && direct {
-                            // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
-                            r.push_from(|_| (unsafe { buf.add(off) }.cast_const(), len));
-                        } else if me == *root {
-                            // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
-                            unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
-                        }
-                    } else if me != *root
-                        && r.gone() & Self::bit(*root) == 0
-                        && !r.received(r.seq, *root, 0)
-                    {
-                        // SAFETY: as above; the root's slot holds `len` published bytes.
-                        unsafe { mv(r.slot(*root, r.seq), buf.add(off), len) };
-                    }
-                })
-            }
+            } => self.broadcast(desc, *buf as *mut u8, *bytes, *root),
             CollOp::AllGather {
                 input, bytes, outs, ..
             } if self.sh.cma() && *bytes >= CMA_MIN_BYTES => {
@@ -446,37 +420,10 @@ impl<'a> Runner<'a> {
                 input, bytes, outs, ..
             } => {
                 let root = match op {
-                    CollOp::Gather { root, .. } => {
-                        self.check_root(*root)?;
-                        Some(*root)
-                    }
+                    CollOp::Gather { root, .. } => Some(*root),
                     _ => None,
                 };
-                let input = *input as *const u8;
-                let direct = self.remote_only();
-                let land = |src: usize, off: usize, _| {
-                    let out = outs.get(src).filter(|_| root.is_none_or(|x| x == me))?;
-                    Some((0, (*out as *mut u8).wrapping_add(off)))
-                };
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
-                    if w && direct {
-                        // SAFETY: `input` holds `bytes` bytes.
-                        r.push_from(|_| (unsafe { input.add(off) }, len));
-                    } else if w {
-                        // SAFETY: `input` holds `bytes` bytes.
-                        unsafe { mv(input.add(off), r.slot(me, r.seq + 1), len) };
-                    } else if root.is_none_or(|x| x == me) {
-                        for src in r.live().filter(|&x| !r.received(r.seq, x, 0)) {
-                            let from = match direct && src == me {
-                                // SAFETY: `input` holds `bytes` bytes.
-                                true => unsafe { input.add(off) },
-                                false => r.slot(src, r.seq).cast_const(),
-                            };
-                            // SAFETY: `outs[src]` holds `bytes` bytes; the source `len`.
-                            unsafe { mv(from, (outs[src] as *mut u8).add(off), len) };
-                        }
-                    }
-                })
+                self.gather_into(desc, *input as *const u8, *bytes, outs, root)
             }
             CollOp::AllToAll {
                 ins, outs, bytes, ..
@@ -527,22 +474,104 @@ impl<'a> Runner<'a> {
                 reduce::check_reducible(*dtype, *rop)?;
                 self.check_root(*root)?;
                 let buf = *buf as *mut u8;
-                self.chunked(desc, *bytes, PG_COLL_SLOT_BYTES, &|_, _, _| None, |r, off, len, w| {
-                    if w {
-                        // SAFETY: `buf` holds `bytes` bytes.
-                        unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
-                    } else if me == *root {
-                        let srcs: Vec<*const u8> =
-                            r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
-                        // SAFETY: as above; the slots hold `len` published bytes each.
-                        unsafe { fold_into(*dtype, *rop, &srcs, buf.add(off), len) };
-                    }
-                })
+                self.chunked(
+                    desc,
+                    *bytes,
+                    PG_COLL_SLOT_BYTES,
+                    &|_, _, _| None,
+                    |r, off, len, w| {
+                        if w {
+                            // SAFETY: `buf` holds `bytes` bytes.
+                            unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
+                        } else if me == *root {
+                            let srcs: Vec<*const u8> =
+                                r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
+                            // SAFETY: as above; the slots hold `len` published bytes each.
+                            unsafe { fold_into(*dtype, *rop, &srcs, buf.add(off), len) };
+                        }
+                    },
+                )
             }
-            CollOp::Barrier => {
-                self.chunked(desc, 0, PG_COLL_SLOT_BYTES, &|_, _, _| None, |_, _, _, _| {})
-            }
+            CollOp::Barrier => self.chunked(
+                desc,
+                0,
+                PG_COLL_SLOT_BYTES,
+                &|_, _, _| None,
+                |_, _, _, _| {},
+            ),
         }
+    }
+
+    /// broadcast through the slots: the root posts each chunk, the others copy it (or
+    /// receive it straight into `buf`, from a root on another host).
+    fn broadcast(
+        &mut self,
+        desc: Desc,
+        buf: *mut u8,
+        bytes: usize,
+        root: usize,
+    ) -> Result<(), String> {
+        let me = self.sh.rank;
+        self.check_root(root)?;
+        let direct = self.remote_only();
+        let land = |src: usize, off: usize, _| {
+            (src == root && me != root).then(|| (0, buf.wrapping_add(off)))
+        };
+        self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
+            if w {
+                if me == root && direct {
+                    // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
+                    r.push_from(|_| (unsafe { buf.add(off) }.cast_const(), len));
+                } else if me == root {
+                    // SAFETY: `buf` holds `bytes` bytes (Python checked the tensor).
+                    unsafe { mv(buf.add(off), r.slot(me, r.seq + 1), len) };
+                }
+            } else if me != root && r.gone() & Self::bit(root) == 0 && !r.received(r.seq, root, 0) {
+                // SAFETY: as above; the root's slot holds `len` published bytes.
+                unsafe { mv(r.slot(root, r.seq), buf.add(off), len) };
+            }
+        })
+    }
+
+    /// all_gather (`root` `None`) and gather through the slots, chunked: every rank posts
+    /// its input, the readers copy each contributor's slot (or receive it straight into
+    /// `outs`, from a peer on another host).
+    fn gather_into(
+        &mut self,
+        desc: Desc,
+        input: *const u8,
+        bytes: usize,
+        outs: &[usize],
+        root: Option<usize>,
+    ) -> Result<(), String> {
+        let me = self.sh.rank;
+        if let Some(x) = root {
+            self.check_root(x)?;
+        }
+        let direct = self.remote_only();
+        let land = |src: usize, off: usize, _| {
+            let out = outs.get(src).filter(|_| root.is_none_or(|x| x == me))?;
+            Some((0, (*out as *mut u8).wrapping_add(off)))
+        };
+        self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, &land, |r, off, len, w| {
+            if w && direct {
+                // SAFETY: `input` holds `bytes` bytes.
+                r.push_from(|_| (unsafe { input.add(off) }, len));
+            } else if w {
+                // SAFETY: `input` holds `bytes` bytes.
+                unsafe { mv(input.add(off), r.slot(me, r.seq + 1), len) };
+            } else if root.is_none_or(|x| x == me) {
+                for src in r.live().filter(|&x| !r.received(r.seq, x, 0)) {
+                    let from = match direct && src == me {
+                        // SAFETY: `input` holds `bytes` bytes.
+                        true => unsafe { input.add(off) },
+                        false => r.slot(src, r.seq).cast_const(),
+                    };
+                    // SAFETY: `outs[src]` holds `bytes` bytes; the source `len`.
+                    unsafe { mv(from, (outs[src] as *mut u8).add(off), len) };
+                }
+            }
+        })
     }
 
     /// all_to_all (`root` `None`: every rank posts `ins`, `outs[r]` gets rank `r`'s piece)
@@ -590,7 +619,10 @@ impl<'a> Runner<'a> {
                 Some(x) if r.gone() & Self::bit(x) == 0 => vec![x],
                 Some(_) => Vec::new(),
             };
-            for src in from.into_iter().filter(|&x| !r.received(r.seq, x, me * piece)) {
+            for src in from
+                .into_iter()
+                .filter(|&x| !r.received(r.seq, x, me * piece))
+            {
                 let dst = if root.is_some() { out } else { outs[src] };
                 let from = match direct && src == me {
                     true => at(me, off),
@@ -863,17 +895,23 @@ impl<'a> Runner<'a> {
         op: ReduceOp,
     ) -> Result<(), String> {
         if bytes <= SMALL_ALL_REDUCE_BYTES {
-            return self.chunked(desc, bytes, PG_COLL_SLOT_BYTES, &|_, _, _| None, |r, _, len, w| {
-                if w {
-                    // SAFETY: `buf` holds `bytes` bytes.
-                    unsafe { mv(buf, r.slot(r.sh.rank, r.seq + 1), len) };
-                } else {
-                    let srcs: Vec<*const u8> =
-                        r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
-                    // SAFETY: the slots hold `len` published bytes; `buf` is disjoint.
-                    unsafe { fold_into(dt, op, &srcs, buf, len) };
-                }
-            });
+            return self.chunked(
+                desc,
+                bytes,
+                PG_COLL_SLOT_BYTES,
+                &|_, _, _| None,
+                |r, _, len, w| {
+                    if w {
+                        // SAFETY: `buf` holds `bytes` bytes.
+                        unsafe { mv(buf, r.slot(r.sh.rank, r.seq + 1), len) };
+                    } else {
+                        let srcs: Vec<*const u8> =
+                            r.live().map(|x| r.slot(x, r.seq).cast_const()).collect();
+                        // SAFETY: the slots hold `len` published bytes; `buf` is disjoint.
+                        unsafe { fold_into(dt, op, &srcs, buf, len) };
+                    }
+                },
+            );
         }
         let mut off = 0;
         let mut first = true;
@@ -952,6 +990,41 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// Phase A of an all_reduce chunk of `len` bytes at `chunk` (sections of `sec` bytes):
+    /// each remote reader gets its own section, or the whole chunk when this rank sees a
+    /// section without a live owner (`full`, returned with the phase).
+    fn all_reduce_post(
+        &mut self,
+        desc: Desc,
+        first: bool,
+        chunk: *mut u8,
+        len: usize,
+        sec: usize,
+        direct: bool,
+    ) -> Result<(u64, bool), String> {
+        let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
+        let live_at_start: Vec<usize> = self.live().collect();
+        let full =
+            (0..self.sh.ranks).any(|r| section(r).0 < section(r).1 && !live_at_start.contains(&r));
+        self.extent = if full { (0, len) } else { (sec, sec) };
+        let sa = self.phase(desc, first, |r, slot| {
+            if direct {
+                r.push_from(|q| match full {
+                    true => (chunk.cast_const(), len),
+                    // SAFETY: section bounds lie inside the chunk.
+                    false => (
+                        unsafe { chunk.add(section(q).0) },
+                        section(q).1 - section(q).0,
+                    ),
+                });
+            } else {
+                // SAFETY: `chunk` holds `len` bytes; the slot at least that.
+                unsafe { mv(chunk, slot, len) }
+            }
+        })?;
+        Ok((sa, full))
+    }
+
     /// One slot-sized chunk of the two-phase all_reduce. Phase A posts the chunk, of which
     /// each peer on another host gets only its own 1/n section pushed (the section it
     /// reduces), unless this rank sees a section without a live owner: then the whole chunk,
@@ -976,26 +1049,18 @@ impl<'a> Runner<'a> {
         let sec = (len / e).div_ceil(n) * e;
         let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
         let direct = self.remote_only();
-        let live_at_start: Vec<usize> = self.live().collect();
-        let full = (0..n).any(|r| section(r).0 < section(r).1 && !live_at_start.contains(&r));
-        self.extent = if full { (0, len) } else { (sec, sec) };
-        let sa = self.phase(desc, first, |r, slot| {
-            if direct {
-                r.push_from(|q| match full {
-                    true => (chunk.cast_const(), len),
-                    // SAFETY: section bounds lie inside the chunk.
-                    false => (unsafe { chunk.add(section(q).0) }, section(q).1 - section(q).0),
-                });
-            } else {
-                // SAFETY: `chunk` holds `len` bytes; the slot at least that.
-                unsafe { mv(chunk, slot, len) }
-            }
-        })?;
+        let (sa, full) = self.all_reduce_post(desc, first, chunk, len, sec, direct)?;
         let contrib: Vec<usize> = self.live().collect();
         // Rank `x`'s phase-A bytes at `lo`: this rank's own input when it posted none.
         let src_at = |r: &Self, x: usize, lo: usize| -> *const u8 {
             // SAFETY: `lo` is inside the chunk and the slot.
-            unsafe { if direct && x == me { chunk.add(lo) } else { r.slot(x, sa).add(lo) } }
+            unsafe {
+                if direct && x == me {
+                    chunk.add(lo)
+                } else {
+                    r.slot(x, sa).add(lo)
+                }
+            }
         };
         let (lo, hi) = section(me);
         self.extent = (0, hi - lo);
@@ -1018,7 +1083,8 @@ impl<'a> Runner<'a> {
         for r in (0..n).filter(|&r| section(r).0 < section(r).1) {
             let (lo, hi) = section(r);
             if posted.contains(&r) {
-                if !(direct && r == me) && !self.received(sb, r, 0) {
+                let in_place = (direct && r == me) || self.received(sb, r, 0);
+                if !in_place {
                     // SAFETY: `chunk` holds `len` bytes; rank r's B slot its section.
                     unsafe { mv(self.slot(r, sb), chunk.add(lo), hi - lo) };
                 }

@@ -35,6 +35,7 @@ mod push;
 mod redirect;
 pub mod reduce;
 pub mod seg;
+mod send;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -219,6 +220,13 @@ impl Shared {
         if let Some(n) = &self.net {
             n.publish(&self.own, &self.push_from);
         }
+    }
+
+    /// [`Shared::publish`] after the store of `posted = s`: every live link pushes phase `s`
+    /// in that call, so the phase's [`push`] sources are cleared after it (none outlives it).
+    pub(crate) fn publish_phase(&self, s: u64) {
+        self.publish();
+        self.push_from.clear((s & 1) as usize);
     }
 
     /// Pushes this rank's changed membership words to its peers on other hosts (no-op

@@ -67,7 +67,13 @@ impl Redirect {
             return false;
         }
         let dst = dst as usize;
-        st.entries.push(Entry { phase, off, len, dst, used: false });
+        st.entries.push(Entry {
+            phase,
+            off,
+            len,
+            dst,
+            used: false,
+        });
         true
     }
 
@@ -98,7 +104,9 @@ impl Redirect {
     /// destination (asked after the phase wait saw the phase published).
     pub(crate) fn delivered(&self, phase: u64, off: usize) -> bool {
         let st = self.lock();
-        st.entries.iter().any(|e| e.phase == phase && e.off == off && e.used)
+        st.entries
+            .iter()
+            .any(|e| e.phase == phase && e.off == off && e.used)
     }
 
     /// Drops every registration, waiting until no destination is being written.
@@ -121,7 +129,11 @@ mod tests {
         let mut buf = [0u8; 8];
         let p = buf.as_mut_ptr();
         assert!(r.register(5, 64, 8, p));
-        assert_eq!(r.take(5, 64, 7), None, "a length that differs is not redirected");
+        assert_eq!(
+            r.take(5, 64, 7),
+            None,
+            "a length that differs is not redirected"
+        );
         assert_eq!(r.take(5, 64, 8), Some(p));
         r.done();
         assert!(r.delivered(5, 64));

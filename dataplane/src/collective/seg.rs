@@ -738,5 +738,4 @@ mod tests {
         );
         assert_eq!(load(own.atomic(WAITERS_OFF)), 0);
     }
-
 }
