@@ -1053,14 +1053,12 @@ impl<'a> Runner<'a> {
         let contrib: Vec<usize> = self.live().collect();
         // Rank `x`'s phase-A bytes at `lo`: this rank's own input when it posted none.
         let src_at = |r: &Self, x: usize, lo: usize| -> *const u8 {
-            // SAFETY: `lo` is inside the chunk and the slot.
-            unsafe {
-                if direct && x == me {
-                    chunk.add(lo)
-                } else {
-                    r.slot(x, sa).add(lo)
-                }
-            }
+            let at = if direct && x == me {
+                chunk
+            } else {
+                r.slot(x, sa)
+            };
+            at.wrapping_add(lo)
         };
         let (lo, hi) = section(me);
         self.extent = (0, hi - lo);
