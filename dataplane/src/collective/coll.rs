@@ -1003,7 +1003,8 @@ impl<'a> Runner<'a> {
         direct: bool,
     ) -> Result<(u64, bool), String> {
         let section = |r: usize| ((r * sec).min(len), ((r + 1) * sec).min(len));
-        let live_at_start: Vec<usize> = self.live().collect();
+        // A dead rank that is still active (no auto-deactivation) owns no section either.
+        let live_at_start: Vec<usize> = self.live().filter(|&r| self.sh.alive(r)).collect();
         let full =
             (0..self.sh.ranks).any(|r| section(r).0 < section(r).1 && !live_at_start.contains(&r));
         self.extent = if full { (0, len) } else { (sec, sec) };

@@ -75,7 +75,8 @@
 //! memory, with the receive thread's store standing in for the owner's):
 //! - per collective phase `s` not yet pushed: the slot bytes the reader will read (the
 //!   extent the owner recorded, only the reader's piece for the pieces layouts, nothing when
-//!   the reader never reads this rank's slot in that op), the slot's descriptor, `posted = s`;
+//!   the reader never reads this rank's slot in that op; from the caller's tensor instead of
+//!   the slot when the op set a source, [`super::push`]), the slot's descriptor, `posted = s`;
 //! - `done`, `left`, and for the reader `q` only: every point-to-point chunk published on the
 //!   channel to `q` (header and data) then `sent[q]`, and `acked[q]`.
 //!
