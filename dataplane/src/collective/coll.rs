@@ -951,7 +951,14 @@ impl<'a> Runner<'a> {
 
     /// Asks the receive thread to read remote rank `src`'s `len` bytes of phase `s` at slot
     /// offset `off` straight into `dst` ([`super::redirect`]; refused when too late).
+    ///
+    /// Only when every live peer is on another host: in a group that mixes mapped peers and
+    /// replicas, a rank once found a registered piece of all_to_all_single left unwritten
+    /// (`test_pg_tcp_mixed_group`, not understood yet), so mixed groups copy as before.
     fn expect(&self, s: u64, src: usize, off: usize, len: usize, dst: *mut u8) {
+        if !self.remote_only() {
+            return;
+        }
         let seg = self.sh.seg(src);
         if let Some(r) = seg.redirect().filter(|_| src != self.sh.rank) {
             r.register(s, off, len, dst);
