@@ -32,6 +32,10 @@ const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
 /// tensors when the group has [`super::cma`] (two phases, one copy).
 const CMA_MIN_BYTES: usize = 64 * 1024;
 
+/// Whether ops register destinations for the receive thread ([`super::redirect`]); off until
+/// the race behind a rarely unwritten all_to_all piece is found (see [`Runner::expect`]).
+const REDIRECT: bool = false;
+
 /// A collective, with raw addresses of contiguous CPU buffers.
 #[derive(Clone, Debug)]
 pub enum CollOp {
@@ -952,11 +956,11 @@ impl<'a> Runner<'a> {
     /// Asks the receive thread to read remote rank `src`'s `len` bytes of phase `s` at slot
     /// offset `off` straight into `dst` ([`super::redirect`]; refused when too late).
     ///
-    /// Only when every live peer is on another host: in a group that mixes mapped peers and
-    /// replicas, a rank once found a registered piece of all_to_all_single left unwritten
-    /// (`test_pg_tcp_mixed_group`, not understood yet), so mixed groups copy as before.
+    /// Off for now ([`REDIRECT`]): `test_pg_tcp.py` twice saw an all_to_all_single piece
+    /// from a remote rank left at zeros with it on (once in the mixed group, once with two
+    /// hosts), a race not found yet; every op copies out of the replica as before.
     fn expect(&self, s: u64, src: usize, off: usize, len: usize, dst: *mut u8) {
-        if !self.remote_only() {
+        if !REDIRECT || !self.remote_only() {
             return;
         }
         let seg = self.sh.seg(src);
