@@ -7,6 +7,12 @@ Backend ``mooncake-tcp`` is ``mooncake-cpu`` with every rank given its own host 
 (``MC_PG_HOST_ID``), so all bytes go over the TCP links (loopback) instead of shared memory:
 ``--backends mooncake-cpu,mooncake-tcp,gloo`` puts the three side by side.
 
+``--netns`` (root, iproute2) runs each rank in a network namespace of its own, every one with
+a veth into a bridge in a switch namespace (the topology of ``tests/tests/netns_cluster.rs``),
+so the TCP links and Gloo cross veth pairs instead of loopback; ``mooncake-cpu`` still shares
+memory (one kernel, one /dev/shm). Rank r listens on 10.213.N.(10 + r) (``pg.set_host_ip``,
+``GLOO_SOCKET_IFNAME``); the namespaces are deleted at the end.
+
 For each group size and backend it spawns the ranks on 127.0.0.1 and times, on rank 0:
 all_reduce of 4 KiB (per-op latency: p50 and p99 over --small-iters ops), all_reduce of
 64 MiB, all_gather_into_tensor with a 64 MiB output, and all_to_all_single of 64 MiB per rank
@@ -45,10 +51,13 @@ def worker(backend, rank, world, port, small_iters, large_iters, ops):
     if backend == "mooncake-tcp":
         os.environ["MC_PG_HOST_ID"] = f"bench-host-{rank}"  # every rank "on its own host"
         backend = "mooncake-cpu"
+    ip = os.environ.get("PG_BENCH_IP", "127.0.0.1")  # this rank's address (--netns)
     if backend.startswith("mooncake"):
-        from mooncake import pg  # noqa: F401  (registers the backends)
+        from mooncake import pg  # (registers the backends)
+        pg.set_host_ip(ip)
     torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    master = os.environ.get("PG_BENCH_MASTER", "127.0.0.1")
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=world)
     res = {}
 
@@ -88,14 +97,53 @@ def worker(backend, rank, world, port, small_iters, large_iters, ops):
     dist.destroy_process_group()
 
 
-def run(backend, world, small_iters, large_iters, ops):
+class Netns:
+    """One namespace per rank, each with a veth into a bridge of a switch namespace."""
+
+    def __init__(self, world):
+        tag = f"mcpgb{os.getpid()}"
+        self.sw, self.ns = f"{tag}-sw", [f"{tag}-r{r}" for r in range(world)]
+        self.net = f"10.213.{os.getpid() % 200 + 20}"
+        self.addr = [f"{self.net}.{10 + r}" for r in range(world)]
+        self.ip("netns", "add", self.sw)
+        self.ip("-n", self.sw, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.sw, "link", "set", "br0", "up")
+        for r, ns in enumerate(self.ns):
+            self.ip("netns", "add", ns)
+            port = f"p{r}"
+            self.ip("-n", self.sw, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+                    "netns", ns)
+            self.ip("-n", self.sw, "link", "set", port, "master", "br0")
+            self.ip("-n", self.sw, "link", "set", port, "up")
+            self.ip("-n", ns, "addr", "add", f"{self.addr[r]}/24", "dev", "eth0")
+            self.ip("-n", ns, "link", "set", "eth0", "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+
+    @staticmethod
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True)
+
+    def close(self):
+        for ns in self.ns + [self.sw]:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def run(backend, world, small_iters, large_iters, ops, netns=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen(
-        [sys.executable, __file__, "--worker", backend, str(r), str(world), str(port),
-         str(small_iters), str(large_iters), ",".join(ops)], stdout=subprocess.PIPE, text=True)
-        for r in range(world)]
+
+    def spawn(r):
+        cmd = [sys.executable, __file__, "--worker", backend, str(r), str(world), str(port),
+               str(small_iters), str(large_iters), ",".join(ops)]
+        if netns is None:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ, PG_BENCH_IP=netns.addr[r], PG_BENCH_MASTER=netns.addr[0],
+                   GLOO_SOCKET_IFNAME="eth0")
+        return subprocess.Popen(["ip", "netns", "exec", netns.ns[r], *cmd],
+                                stdout=subprocess.PIPE, text=True, env=env)
+
+    procs = [spawn(r) for r in range(world)]
     outs = [p.communicate()[0] for p in procs]
     for p in procs:
         if p.returncode != 0:
@@ -124,6 +172,9 @@ def main():
                     help="comma-separated subset of: " + ", ".join(
                         o.split()[0] + ":" + o.split()[1] for o in OPS)
                     + " (e.g. all_to_all:64); default all")
+    ap.add_argument("--netns", action="store_true",
+                    help="each rank in a network namespace of its own, linked by veth pairs "
+                    "through a bridge (root)")
     a = ap.parse_args()
     if a.ops == "all":
         ops = list(OPS)
@@ -133,6 +184,7 @@ def main():
             raise SystemExit(f"--ops {a.ops}: no such op")
     backends = a.backends.split(",")
     print(f"host: {os.cpu_count()} CPUs; float32; times on rank 0; "
+          f"{'veth between network namespaces' if a.netns else 'loopback'}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     hdr = f"{'ranks':>5} {'op':<18}" + "".join(
         f" {b + ' p50':>18} {b + ' p99':>18}" for b in backends) + "  speed-up (p50)"
@@ -140,8 +192,13 @@ def main():
     cpu_rows = []
     for world in [int(x) for x in a.worlds.split(",")]:
         results, cpus = {}, {}
-        for b in backends:
-            results[b], cpus[b] = run(b, world, a.small_iters, a.large_iters, ops)
+        netns = Netns(world) if a.netns else None
+        try:
+            for b in backends:
+                results[b], cpus[b] = run(b, world, a.small_iters, a.large_iters, ops, netns)
+        finally:
+            if netns is not None:
+                netns.close()
         cpu_rows.append((world, cpus))
         for op in results[backends[0]]:
             small = "4 KiB" in op

@@ -37,8 +37,11 @@ pub mod limits;
 pub mod membership;
 pub mod net;
 pub mod p2p;
+mod push;
+mod redirect;
 pub mod reduce;
 pub mod seg;
+mod send;
 mod shmfile;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,6 +137,8 @@ pub struct Shared {
     mirror: Mutex<Option<(usize, usize)>>,
     /// Links to the ranks on other hosts, if any.
     net: Option<net::Net>,
+    /// Where a phase's pushes read from when not from the own slot ([`push`]).
+    push_from: push::PushFrom,
     /// Views, proposals and joins ([`membership`]).
     pub member: membership::State,
 }
@@ -220,8 +225,15 @@ impl Shared {
     /// Called after every store of an own counter (`posted`, `done`, `left`, `sent`, `acked`).
     pub(crate) fn publish(&self) {
         if let Some(n) = &self.net {
-            n.publish(&self.own);
+            n.publish(&self.own, &self.push_from);
         }
+    }
+
+    /// [`Shared::publish`] after the store of `posted = s`: every live link pushes phase `s`
+    /// in that call, so the phase's [`push`] sources are cleared after it (none outlives it).
+    pub(crate) fn publish_phase(&self, s: u64) {
+        self.publish();
+        self.push_from.clear((s & 1) as usize);
     }
 
     /// Pushes this rank's changed membership words to its peers on other hosts (no-op
@@ -328,6 +340,7 @@ impl Comm {
             cma: AtomicBool::new(false),
             mirror: Mutex::new(None),
             net,
+            push_from: push::PushFrom::new(ranks),
             member: membership::State::new(
                 joining.unwrap_or(membership::View::initial(active)),
                 joining.is_some(),
@@ -446,12 +459,12 @@ const YIELD_FOR: Duration = Duration::from_micros(200);
 /// gives up (returning the condition one last time) when that says no. `who` names the peer
 /// for the log.
 ///
-/// A peer on this host is waited for, past the first [`YIELD_FOR`], by parking on the counter
-/// ([`Segment::park`], woken by the owner's [`Segment::store_counter`]): with more ranks than
-/// cores, a waiter that wakes up every few microseconds to look takes the core from the rank
-/// it waits for, and a sleep step adds its length to every wait. A replica (a peer on another
-/// host, whose counters the network thread stores) is waited for as before the parking
-/// existed: 2000 rounds of spinning and yielding, then sleeps of 20 µs, later 200 µs.
+/// Past the first [`YIELD_FOR`] the waiter parks on the counter ([`Segment::park`], woken by
+/// [`Segment::store_counter`]): with more ranks than cores, a waiter that wakes up every few
+/// microseconds to look takes the core from the rank it waits for, and a sleep step adds its
+/// length to every wait. A mapped peer's counter is stored by its owner; a replica's (a peer
+/// on another host) by the receive thread of [`super::net`], which wakes the same way. (Replicas
+/// were waited for with sleeps of 20-200 µs before: up to 200 µs lost per phase.)
 pub(crate) fn wait_counter(
     seg: &Segment,
     counter: &AtomicU64,
@@ -460,7 +473,6 @@ pub(crate) fn wait_counter(
     who: usize,
 ) -> bool {
     let cond = || seg::load(counter) >= want;
-    let parks = !seg.is_remote();
     let start = std::time::Instant::now();
     let mut next_probe = start + Duration::from_millis(1);
     let mut warned = false;
@@ -475,9 +487,9 @@ pub(crate) fn wait_counter(
             std::hint::spin_loop();
             continue;
         }
-        if !parking && i < 2000 && !(parks && start.elapsed() >= YIELD_FOR) {
+        if !parking && i < 2000 && start.elapsed() < YIELD_FOR {
             std::thread::yield_now();
-        } else if parks {
+        } else {
             parking = true;
             // Parked until the next liveness probe at most, so a death is noticed as fast.
             let left = next_probe.saturating_duration_since(std::time::Instant::now());
@@ -485,8 +497,6 @@ pub(crate) fn wait_counter(
             if seen < want {
                 seg.park(counter, seen, left.max(Duration::from_micros(50)));
             }
-        } else {
-            std::thread::sleep(Duration::from_micros(if i < 4000 { 20 } else { 200 }));
         }
         if i.is_multiple_of(16) || i >= 2000 || parking {
             let now = std::time::Instant::now();

@@ -44,6 +44,10 @@ pub const PG_NET_HELLO_TIMEOUT_MS: u64 = 5_000;
 /// thread and a link. One per other slot of the largest group, and one to spare (a
 /// replacement retrying while its predecessor's link has not yet timed out).
 pub const PG_NET_JOINERS_MAX: usize = PG_MAX_RANKS;
+/// Destinations a `mooncake.pg` op registers at once with one replica, for the receive
+/// thread to read a phase's bytes into (`redirect.rs`): an op registers one per phase and
+/// peer, at most two phases ahead.
+pub const PG_NET_REDIRECTS_MAX: usize = 16;
 
 const _: () = assert!(PG_NET_INLINE_BYTES <= PG_NET_RX_BUFFER_BYTES);
 const _: () = assert!(PG_NET_HELLO_TIMEOUT_MS < PG_NET_CONNECT_TIMEOUT_MS);

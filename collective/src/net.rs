@@ -75,7 +75,8 @@
 //! memory, with the receive thread's store standing in for the owner's):
 //! - per collective phase `s` not yet pushed: the slot bytes the reader will read (the
 //!   extent the owner recorded, only the reader's piece for the pieces layouts, nothing when
-//!   the reader never reads this rank's slot in that op), the slot's descriptor, `posted = s`;
+//!   the reader never reads this rank's slot in that op; from the caller's tensor instead of
+//!   the slot when the op set a source, [`super::push`]), the slot's descriptor, `posted = s`;
 //! - `done`, `left`, and for the reader `q` only: every point-to-point chunk published on the
 //!   channel to `q` (header and data) then `sent[q]`, and `acked[q]`.
 //!
@@ -107,7 +108,9 @@ use std::time::{Duration, Instant};
 
 use protocol::auth::{client_handshake, server_handshake, ServerRefusal, Token};
 
+use super::push::PushFrom;
 use super::seg::{load, Desc, Segment, CHUNK_HEADER_BYTES, MEMBER_WORDS};
+pub(crate) use super::send::send_all;
 use super::{Shared, COLLECTIVE_TIMEOUT_US};
 use crate::limits::{
     PG_COLL_SLOT_BYTES, PG_NET_CONNECT_TIMEOUT_MS, PG_NET_HEARTBEAT_MAX_MS,
@@ -232,63 +235,6 @@ fn reads_slot(d: &Desc, writer: usize, reader: usize) -> bool {
         6 | 7 => reader == root, // reduce, gather: only the root reads
         _ => true,
     }
-}
-
-/// Sends `parts` completely (`sendmsg`, no SIGPIPE), giving up when `alive` goes false or no
-/// byte moved for the liveness timeout.
-pub(crate) fn send_all(
-    sock: &TcpStream,
-    parts: &[(*const u8, usize)],
-    alive: &AtomicBool,
-) -> io::Result<()> {
-    let mut iov: Vec<libc::iovec> = parts
-        .iter()
-        .filter(|p| p.1 > 0)
-        .map(|&(p, l)| libc::iovec {
-            iov_base: p as *mut libc::c_void,
-            iov_len: l,
-        })
-        .collect();
-    let mut first = 0;
-    let mut last_progress = Instant::now();
-    while first < iov.len() {
-        // SAFETY: plain data, zeroed is a valid empty header.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov[first..].as_mut_ptr();
-        msg.msg_iovlen = (iov.len() - first).min(1024) as _;
-        // SAFETY: the iovecs describe memory the caller keeps valid for the call (own
-        // segment ranges and local buffers); the socket is ours.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    if !alive.load(Ordering::Acquire) {
-                        return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer is dead"));
-                    }
-                    if last_progress.elapsed() > dead_after() {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "send stalled"));
-                    }
-                    continue;
-                }
-                _ => return Err(e),
-            }
-        }
-        last_progress = Instant::now();
-        let mut n = n as usize;
-        while first < iov.len() && n >= iov[first].iov_len {
-            n -= iov[first].iov_len;
-            first += 1;
-        }
-        if n > 0 {
-            let v = &mut iov[first];
-            // SAFETY: `n` is less than this iovec's length, so the result stays inside it.
-            v.iov_base = unsafe { v.iov_base.cast::<u8>().add(n) }.cast();
-            v.iov_len -= n;
-        }
-    }
-    Ok(())
 }
 
 /// Who may link to this rank. With a cluster secret every link (a founder's, a joiner's, an
@@ -489,15 +435,21 @@ impl Link {
 
     /// Queues a WRITE of `len` bytes at `src` (inside `own`) to the same offset.
     fn write(&mut self, own: &Segment, src: *const u8, len: usize) -> io::Result<()> {
+        self.write_at(own.offset_of(src), src, len)
+    }
+
+    /// Queues a WRITE of the `len` bytes at `src` (inside `own`, or a caller's buffer that
+    /// [`PushFrom`] names) to offset `off` of the replica.
+    fn write_at(&mut self, off: usize, src: *const u8, len: usize) -> io::Result<()> {
         if len == 0 {
             return Ok(());
         }
-        let off = own.offset_of(src);
         self.out
             .extend_from_slice(&frame(KIND_WRITE, off as u64, len as u64));
         if len <= PG_NET_INLINE_BYTES {
             // SAFETY: `src..src+len` lies inside `own`, which the owner does not rewrite
-            // before this push completes (module docs).
+            // before this push completes (module docs), or in a caller's buffer that the op
+            // keeps alive and unchanged meanwhile (`push` module docs).
             self.out
                 .extend_from_slice(unsafe { std::slice::from_raw_parts(src, len) });
             return Ok(());
@@ -528,7 +480,7 @@ impl Link {
     }
 
     /// Pushes every change of `own` (this rank `me`'s segment) the peer has not seen yet.
-    fn sync(&mut self, own: &Segment, me: usize) -> io::Result<()> {
+    fn sync(&mut self, own: &Segment, me: usize, from: &PushFrom) -> io::Result<()> {
         let q = self.peer;
         let posted = load(own.posted());
         if posted > self.posted + 2 {
@@ -551,7 +503,9 @@ impl Link {
                     (off, bytes.min(PG_COLL_SLOT_BYTES - off))
                 };
                 // SAFETY: `off + len` is at most the slot size.
-                self.write(own, unsafe { base.add(off) }, len)?;
+                let at = unsafe { base.add(off) };
+                let (src, n) = from.get(slot, q).unwrap_or((at, len));
+                self.write_at(own.offset_of(at), src, n.min(len))?;
             }
             self.write(own, own.desc_ptr(slot), std::mem::size_of::<Desc>())?;
             self.store(own, own.posted(), s);
@@ -831,8 +785,8 @@ impl Net {
 
     /// Pushes this rank's new segment state to every live remote peer; a failed push marks
     /// that peer dead.
-    pub fn publish(&self, own: &Segment) {
-        self.each_link(|l| l.sync(own, self.inner.me));
+    pub(crate) fn publish(&self, own: &Segment, from: &PushFrom) {
+        self.each_link(|l| l.sync(own, self.inner.me, from));
     }
 
     /// Pushes this rank's changed membership words to every live remote peer.
@@ -1049,7 +1003,7 @@ fn admit(inner: &Arc<Inner>, sock: TcpStream) -> io::Result<()> {
     sock.set_write_timeout(Some(POLL))?;
     let alive = mine.remote_flag().expect("a replica").clone();
     let mut link = Link::new(r, sock.try_clone()?, alive, Some(&sh.own));
-    link.sync(&sh.own, inner.me)?;
+    link.sync(&sh.own, inner.me, &sh.push_from)?;
     link.sync_member(&sh.own)?;
     link.out.extend_from_slice(&frame(KIND_HEARTBEAT, 0, 0));
     link.flush(None)?;
@@ -1334,15 +1288,24 @@ impl Rx {
         self.lo += FRAME_BYTES;
         match f {
             Frame::Heartbeat => {}
-            Frame::Store { offset, value } => seg
-                .counter_at(offset)
-                .expect("decode_frame checked the counter")
-                .store(value, Ordering::Release),
+            // `store_counter`: a Release store that also wakes a collective thread parked
+            // on this counter of the replica (as the owner's store does on a mapped one).
+            Frame::Store { offset, value } => seg.store_counter(
+                seg.counter_at(offset)
+                    .expect("decode_frame checked the counter"),
+                value,
+            ),
             Frame::Write { offset, len } => {
-                // SAFETY: `offset + len <= len_bytes()` (decode_frame): inside the replica.
-                let dst = unsafe { seg.base_ptr().add(offset) };
-                // SAFETY: `dst` is valid for `len` bytes of writes (inside the replica).
-                unsafe { self.read_into(dst, len, stop) }?;
+                // `offset + len <= len_bytes()` (decode_frame): inside the replica.
+                let (dst, redirected) = seg.write_target(offset, len);
+                // SAFETY: `dst` is valid for `len` bytes of writes: inside the replica, or a
+                // destination its op registered for exactly these bytes and keeps alive
+                // until `Redirect::clear`, which waits for the `done` below.
+                let r = unsafe { self.read_into(dst, len, stop) };
+                if redirected {
+                    seg.redirect().expect("a replica").done();
+                }
+                r?;
             }
         }
         Ok(f)

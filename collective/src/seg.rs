@@ -31,8 +31,8 @@
 //! owner wakes the counter after a store when `waiters` is non-zero ([`Segment::store_counter`]).
 //! Parking has a 1 ms timeout, so a missed wake-up, a peer that died while parked (its count
 //! stays: the owner then pays one `futex` call per store, nothing worse) or an owner that died
-//! costs at most that; replicas are never parked on (their counters are stored by the
-//! network thread, which wakes nobody).
+//! costs at most that. A replica's counters are stored the same way by the network
+//! thread that applies the remote owner's frames, so a reader parks on a replica too.
 //!
 //! Liveness: the owner holds an exclusive `flock` on its file for its whole life; the kernel
 //! drops it when the process dies (before it becomes a zombie), so a peer that can take a
@@ -52,6 +52,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::redirect::Redirect;
 use crate::limits::{PG_COLL_SLOT_BYTES, PG_HEADER_BYTES, PG_MAX_RANKS, PG_P2P_SLOT_BYTES};
 use crate::shmfile;
 use dataplane::mem::file::open_peer_segment;
@@ -105,6 +106,8 @@ pub struct Segment {
     ranks: usize,
     /// For a replica: whether the remote owner is alive (cleared by the network layer).
     remote: Option<Arc<AtomicBool>>,
+    /// For a replica: destinations registered for the owner's phases ([`Redirect`]).
+    redirect: Option<Arc<Redirect>>,
 }
 
 // SAFETY: the mapping is shared memory that lives as long as `Segment`; all cross-thread
@@ -142,6 +145,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header is inside the fresh mapping and nobody else has it yet.
         unsafe {
@@ -178,6 +182,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header lies inside the mapping.
         let (magic, n, r) = unsafe {
@@ -211,6 +216,7 @@ impl Segment {
         let len = segment_bytes(ranks);
         let fd = shmfile::memfd(c"mooncake-pg-replica", len)?;
         let alive = Arc::new(AtomicBool::new(true));
+        let redirect = Arc::new(Redirect::default());
         let fd2 = fd.try_clone()?;
         let a = Segment {
             base: mmap_shared(fd.as_fd(), len)?,
@@ -218,6 +224,7 @@ impl Segment {
             fd,
             ranks,
             remote: Some(alive.clone()),
+            redirect: Some(redirect.clone()),
         };
         let b = Segment {
             base: mmap_shared(fd2.as_fd(), len)?,
@@ -225,6 +232,7 @@ impl Segment {
             fd: fd2,
             ranks,
             remote: Some(alive),
+            redirect: Some(redirect),
         };
         // SAFETY: the header is inside the fresh mapping; nobody reads it yet.
         unsafe {
@@ -245,6 +253,29 @@ impl Segment {
         // SAFETY: inside the header of a private mapping; a plain u32 written before the
         // replica is shared with any reader (it is published through a lock afterwards).
         unsafe { self.base.as_ptr().add(8).cast::<u32>().write_volatile(pid) };
+    }
+
+    /// A replica's registered destinations ([`Redirect`]); `None` for a mapped segment.
+    pub(crate) fn redirect(&self) -> Option<&Redirect> {
+        self.redirect.as_deref()
+    }
+
+    /// Receive side of a replica: where the payload of a WRITE of `len` bytes at `offset`
+    /// goes, and whether that is a destination registered for it ([`Redirect::take`]: the
+    /// caller then calls [`Redirect::done`] after the payload), else the replica itself.
+    /// `offset + len` must lie inside the replica.
+    pub(crate) fn write_target(&self, offset: usize, len: usize) -> (*mut u8, bool) {
+        // The owner pushes a phase's slot bytes after it published the phase before.
+        let phase = load(self.posted()) + 1;
+        let slot = PG_HEADER_BYTES + (phase & 1) as usize * PG_COLL_SLOT_BYTES;
+        let in_slot = offset >= slot && offset + len <= slot + PG_COLL_SLOT_BYTES;
+        if let Some(r) = self.redirect.as_deref().filter(|_| in_slot) {
+            if let Some(dst) = r.take(phase, offset - slot, len) {
+                return (dst, true);
+            }
+        }
+        // SAFETY: `offset + len` is inside the mapping (the caller's precondition).
+        (unsafe { self.base.as_ptr().add(offset) }, false)
     }
 
     /// Whether this is a replica of a rank on another host.
@@ -274,11 +305,6 @@ impl Segment {
         self.len
     }
 
-    /// Start of the mapping.
-    pub(crate) fn base_ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
-    }
-
     /// Offset of `p` (a pointer into this mapping) from its start.
     pub(crate) fn offset_of(&self, p: *const u8) -> usize {
         let off = (p as usize).wrapping_sub(self.base.as_ptr() as usize);
@@ -302,6 +328,7 @@ impl Segment {
             fd,
             ranks,
             remote: None,
+            redirect: None,
         };
         // SAFETY: the header is inside the fresh, private mapping.
         unsafe {
@@ -402,11 +429,9 @@ impl Segment {
 
     /// Sleeps until `counter` (a `posted` or `done` of this peer segment) no longer holds
     /// `seen`, the owner wakes it, or `timeout` passes (also on a spurious wake-up: callers
-    /// re-check). Returns at once on a replica, whose counters nobody wakes.
+    /// re-check). On a replica the receive thread of [`super::net`] stores the counters
+    /// with [`Segment::store_counter`], so it wakes a parked reader as the owner would.
     pub fn park(&self, counter: &AtomicU64, seen: u64, timeout: Duration) {
-        if self.is_remote() {
-            return;
-        }
         let waiters = self.atomic(WAITERS_OFF);
         waiters.fetch_add(1, Ordering::SeqCst);
         if counter.load(Ordering::SeqCst) == seen {
@@ -610,6 +635,18 @@ mod tests {
     #[test]
     fn store_counter_wakes_a_parked_peer_at_once() {
         let (own, peer) = pair("wake");
+        wakes_a_parked_reader(own, peer);
+    }
+
+    /// A replica's receive thread stores through its own mapping; the collective thread
+    /// parks on the other one and is woken as by a mapped owner.
+    #[test]
+    fn store_counter_on_a_replica_wakes_a_parked_reader() {
+        let (reader, rx) = Segment::replica(2, 1).expect("replica");
+        wakes_a_parked_reader(rx, reader);
+    }
+
+    fn wakes_a_parked_reader(own: Segment, peer: Segment) {
         let peer = Arc::new(peer);
         let p = peer.clone();
         let waiter = std::thread::spawn(move || {
@@ -659,13 +696,5 @@ mod tests {
             "returned before its timeout"
         );
         assert_eq!(load(own.atomic(WAITERS_OFF)), 0);
-    }
-
-    #[test]
-    fn a_replica_is_never_parked_on() {
-        let (_, replica) = Segment::replica(2, 1).expect("replica");
-        let t = Instant::now();
-        replica.park(replica.posted(), 0, Duration::from_secs(20));
-        assert!(t.elapsed() < Duration::from_secs(10));
     }
 }
