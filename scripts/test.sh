@@ -50,7 +50,7 @@ step clippy cargo clippy --workspace --all-targets -- -D warnings
 # Any returns); imports are read for their types but only these files are reported on.
 step mypy .venv/bin/python -m mypy --strict --follow-imports=silent --cache-dir=/dev/null \
   python/mooncake/_tensor.py python/mooncake/_parallel.py python/mooncake/buffer_pool.py \
-  python/mooncake/_pg_common.py
+  python/mooncake/_pg_common.py python/mooncake/_pg_codes.py
 # mooncake.pg: its public functions are annotated (the process group's torch overrides are
 # not), so it is checked for what it declares; torch may be absent (WITH_TORCH), then Any.
 step mypy-pg .venv/bin/python -m mypy --follow-imports=silent --cache-dir=/dev/null \

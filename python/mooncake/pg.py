@@ -34,6 +34,8 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from mooncake import _native, _pg_membership
+from mooncake._pg_codes import DTYPE_CODES as _DTYPE_CODES
+from mooncake._pg_codes import OP_CODES as _OP_CODES
 from mooncake._pg_common import (
     _GROUP_KEY,
     ProposalStatus,
@@ -75,36 +77,6 @@ __all__ = [
 Backend = Union[dist.ProcessGroup, None]
 
 MAX_RANKS = 64  # upstream's MOONCAKE_PG_MAX_RANKS
-
-_DTYPE_CODES = {
-    torch.int8: 0,
-    torch.uint8: 1,
-    torch.int16: 2,
-    torch.uint16: 3,
-    torch.int32: 4,
-    torch.uint32: 5,
-    torch.int64: 6,
-    torch.uint64: 7,
-    torch.float16: 8,
-    torch.float32: 9,
-    torch.float64: 10,
-    torch.bfloat16: 11,
-    torch.bool: 12,
-}
-for _code, _name in enumerate(
-    ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"], 13
-):
-    if hasattr(torch, _name):
-        _DTYPE_CODES[getattr(torch, _name)] = _code
-
-_RED_OP: Any = ReduceOp.RedOpType  # torch's stubs do not list its members
-_OP_CODES = {
-    _RED_OP.SUM: 0,
-    _RED_OP.AVG: 1,
-    _RED_OP.PRODUCT: 2,
-    _RED_OP.MIN: 3,
-    _RED_OP.MAX: 4,
-}
 
 
 # --------------------------------------------------------------------------------------------
