@@ -125,7 +125,8 @@ fn the_status_page_shows_the_cluster_in_a_browser() {
     // The segment row: its name, state and 12 objects.
     let row_start = after.find(&format!("<td>{seg}</td>")).expect("segment row");
     let row = &after[row_start..row_start + after[row_start..].find("</tr>").unwrap()];
-    assert!(row.contains(">ok<"), "{row}");
+    // A segment mounted seconds ago is still in its admission ramp (`docs/fleet.md`).
+    assert!(row.contains(">ok<") || row.contains(">ramping<"), "{row}");
     assert!(
         row.contains("<td>12</td>"),
         "12 objects on the segment: {row}"
