@@ -197,17 +197,30 @@ class Masters:
         self.reap()
 
 
-def worker(conn, first, count, etcd_addr):
-    """Runs `count` clients; answers the parent's commands on `conn`."""
+def worker(conn, first, count, etcd_addr, foreign_prefix):
+    """Runs `count` clients; answers the parent's commands on `conn`. `foreign_prefix`: the
+    parent's venv when this worker runs in another (spawn hands the parent's `sys.path` on,
+    which would import the parent's `mooncake`)."""
+    if foreign_prefix:
+        import site
+        sys.path[:] = [p for p in sys.path if not p.startswith(foreign_prefix)]
+        for d in site.getsitepackages():  # this interpreter's own venv
+            site.addsitedir(d)
     os.environ["MC_STORE_CLUSTER_ID"] = CLUSTER
     # The failed calls of a failover are counted, not logged one by one.
     os.environ.setdefault("MC_LOG_LEVEL", "3")
     from mooncake.store import MooncakeDistributedStore
     stores = []
     for i in range(count):
-        s = MooncakeDistributedStore()
-        rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "",
-                     f"etcd://{etcd_addr}")
+        # A leader may publish its key before it serves (the original's does): retry a while.
+        deadline = time.monotonic() + 30
+        while True:
+            s = MooncakeDistributedStore()
+            rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "",
+                         f"etcd://{etcd_addr}")
+            if rc == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if rc != 0:
             conn.send(("error", f"client {first + i}: setup returned {rc}"))
             return
@@ -274,12 +287,14 @@ def run_case(impl, bindir, clients, mode, runs, give_up):
     deadline = time.monotonic() + 30
     while etcd.leader() is None and time.monotonic() < deadline:
         time.sleep(0.1)
+    if impl == "upstream":
+        time.sleep(3)  # its leader publishes the key a moment before it serves
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for first in range(0, clients, CLIENTS_PER_WORKER):
         a, b = ctx.Pipe()
         n = min(CLIENTS_PER_WORKER, clients - first)
-        p = ctx.Process(target=worker, args=(b, first, n, etcd.addr), daemon=True)
+        p = ctx.Process(target=worker, args=(b, first, n, etcd.addr, sys.prefix if impl == "upstream" else None), daemon=True)
         p.start()
         pipes.append(a)
         procs.append(p)
