@@ -281,7 +281,16 @@ def ask_all(pipes, cmd, arg=None):
 
 
 def run_case(impl, bindir, clients, mode, runs, give_up):
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+    forward = Path("/proc/sys/net/ipv4/ip_forward")
+    was = forward.read_text()
+    forward.write_text("1")
+    try:
+        return run_cluster(impl, bindir, clients, mode, runs, give_up)
+    finally:
+        forward.write_text(was)
+
+
+def run_cluster(impl, bindir, clients, mode, runs, give_up):
     etcd = Etcd()
     masters = Masters(impl, bindir, etcd)
     deadline = time.monotonic() + 30
