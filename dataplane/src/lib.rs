@@ -27,7 +27,9 @@
 //!   and the blocking fallback ([`server::blocking::TcpServer`]), and [`server::serve`],
 //!   which picks one;
 //! - [`engine`]: the transfer engine (segments, batches, notifies) that `mooncake.engine`
-//!   and the store client wrap.
+//!   and the store client wrap;
+//! - [`test_env`], beside the layers: the environment lock that tests of this crate and of
+//!   the crates above it take.
 //!
 //! Invariant kept by the whole crate: a remote request touches memory only after the range was
 //! found inside one registered buffer, and bytes from the network never cause a panic.
@@ -41,6 +43,7 @@ pub mod recovery;
 pub mod server;
 pub mod shard;
 pub mod sys;
+pub mod test_env;
 pub mod transport;
 
 pub use error::TeError;
