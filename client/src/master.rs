@@ -53,8 +53,8 @@ use protocol::ErrorCode;
 
 use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_RPC_TIMEOUT, ETCD_DOWN_GIVE_UP, FOLLOWER_RECHECK,
-    LEADER_CONNECT_TIMEOUT, LEADER_POLL, LEADER_WATCH, LEAD_READ_SLICE, READ_CHUNK_BYTES,
-    SETTLE_RETRY, SETTLE_WINDOW, UNAVAILABLE_RETRY,
+    LEADER_CONNECT_TIMEOUT, LEADER_EPOCH_CHECK, LEADER_POLL, LEADER_WATCH, LEAD_READ_SLICE,
+    READ_CHUNK_BYTES, SETTLE_RETRY, SETTLE_WINDOW, UNAVAILABLE_RETRY,
 };
 /// The cluster of a store when `MC_STORE_CLUSTER_ID` is unset (upstream's default).
 pub use protocol::DEFAULT_CLUSTER_ID;
@@ -243,6 +243,18 @@ impl MasterClient {
     /// waiting out the ping interval.
     pub fn leader_epoch(&self) -> u64 {
         self.leader_epoch.load(Ordering::Acquire)
+    }
+
+    /// Waits `interval`, or less: until this client's calls moved to another leader than at
+    /// `epoch` ([`Self::leader_epoch`]), or `stop` is set. An owner's pinger waits here between
+    /// pings, so that a new leader, which serves only once its owners re-mounted, hears of
+    /// them at once.
+    pub fn wait_unless_moved(&self, epoch: u64, interval: Duration, stop: &AtomicBool) {
+        let until = Instant::now() + interval;
+        while Instant::now() < until && self.leader_epoch() == epoch && !stop.load(Ordering::SeqCst)
+        {
+            std::thread::park_timeout(LEADER_EPOCH_CHECK);
+        }
     }
 
     /// Whether this client follows an HA leader through etcd.

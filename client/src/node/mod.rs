@@ -53,8 +53,7 @@ mod config;
 pub mod metrics;
 
 use crate::limits::{
-    DRAIN_OVERRUN, DRAIN_POLL, LEADER_EPOCH_CHECK, MASTER_CONNECT_PATIENCE, PING_INTERVAL,
-    SHARDS_MAX,
+    DRAIN_OVERRUN, DRAIN_POLL, MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX,
 };
 pub use config::{NodeConfig, USAGE};
 
@@ -375,19 +374,13 @@ impl Node {
 
     /// Pings every [`PING_INTERVAL`] until `stop` is set. Failures are reported and retried.
     pub fn run(&self, stop: &AtomicBool) {
-        let mut next = Instant::now();
-        let mut epoch = self.master.leader_epoch();
         while !stop.load(Ordering::SeqCst) {
-            // At once, too, when calls moved to a new HA leader: it waits for our re-mount.
-            let moved = self.master.leader_epoch() != epoch;
-            if Instant::now() >= next || moved {
-                epoch = self.master.leader_epoch();
-                if let Err(e) = self.ping() {
-                    eprintln!("mooncake_client: ping failed: {e}");
-                }
-                next = Instant::now() + PING_INTERVAL;
+            let epoch = self.master.leader_epoch();
+            if let Err(e) = self.ping() {
+                eprintln!("mooncake_client: ping failed: {e}");
             }
-            std::thread::sleep(LEADER_EPOCH_CHECK);
+            // At once, too, when calls moved to a new HA leader: it waits for our re-mount.
+            self.master.wait_unless_moved(epoch, PING_INTERVAL, stop);
         }
     }
 

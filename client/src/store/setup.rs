@@ -387,7 +387,7 @@ fn start_own_disk(
         })
 }
 
-use crate::limits::{CLIENT_PORT_MAX, CLIENT_PORT_MIN, LEADER_EPOCH_CHECK, PING_INTERVAL};
+use crate::limits::{CLIENT_PORT_MAX, CLIENT_PORT_MIN, PING_INTERVAL};
 /// Upstream's default cluster id (`MC_STORE_CLUSTER_ID`).
 pub use protocol::DEFAULT_CLUSTER_ID;
 
@@ -444,14 +444,7 @@ fn start_pinger(
                 }
                 // The next ping after the interval, or at once when calls moved to a new
                 // HA leader, which serves only once its owners re-mounted.
-                let epoch = master.leader_epoch();
-                let next = std::time::Instant::now() + PING_INTERVAL;
-                while std::time::Instant::now() < next
-                    && master.leader_epoch() == epoch
-                    && !s.load(Ordering::SeqCst)
-                {
-                    std::thread::park_timeout(LEADER_EPOCH_CHECK);
-                }
+                master.wait_unless_moved(master.leader_epoch(), PING_INTERVAL, &s);
             }
         })
         .expect("spawn pinger thread");
