@@ -512,14 +512,14 @@ async fn campaign_and_lead(
             ])
             .or_else([TxnOp::get(key, None)]);
         let answer = match bounded("campaign", client.txn(txn)).await {
-            // The predecessor's lease ended before this answer, its last proof soon after.
-            Ok(a) => (a, Instant::now()),
+            Ok(a) => a,
             Err(e) => {
                 let _ = bounded("lease revoke", client.lease_revoke(lease)).await;
                 return TermEnd::Lost(e);
             }
         };
-        let (answer, won_at) = answer;
+        // The predecessor's lease ended before this answer, its last proof soon after.
+        let won_at = Instant::now();
         if answer.succeeded() {
             let term = answer.header().map_or(0, |h| h.revision());
             // Removals earlier leaders acknowledged: the owners' re-reports must not undo them.
