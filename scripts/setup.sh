@@ -58,9 +58,14 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 
+# cargo-fuzz compiles from source (a few minutes on 2 cores): in the background, while the
+# Python packages below download and unpack, and waited for at the end.
+fuzz_pid=
 if [ "${SETUP_FUZZ:-0}" = 1 ] && ! cargo fuzz --version >/dev/null 2>&1; then
-  log "cargo install cargo-fuzz"
-  cargo install cargo-fuzz --locked
+  log "cargo install cargo-fuzz (in the background)"
+  fuzz_log=$(mktemp)
+  cargo install cargo-fuzz --locked >"$fuzz_log" 2>&1 &
+  fuzz_pid=$!
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -86,3 +91,11 @@ fi
 log "building and installing the mooncake package (release)"
 PATH="$PWD/.venv/bin:$PATH" "${PIP[@]}" --no-build-isolation ./python
 log "ok: $(.venv/bin/python -c 'import mooncake.store as s; print(s.__name__)') and console scripts in .venv/bin"
+if [ -n "$fuzz_pid" ]; then
+  wait "$fuzz_pid" || {
+    tail -n 30 "$fuzz_log" >&2
+    die "cargo install cargo-fuzz failed (full log: $fuzz_log)"
+  }
+  rm -f "$fuzz_log"
+  log "ok: $(cargo fuzz --version)"
+fi

@@ -66,7 +66,7 @@ step doctests cargo test --workspace --doc
 # every dependency (about 2 min cold on 2 cores).
 step loom env CARGO_TARGET_DIR=target-loom RUSTFLAGS="--cfg loom" cargo test --release \
   -p mooncake-dataplane -p mooncake-client --test loom_memory_gate --test loom_copier --test loom_master_handover
-step pytest env WITH_K8S_SCHEMAS=1 .venv/bin/python -m pytest python/tests -q -p no:cacheprovider
+step pytest env WITH_K8S_SCHEMAS=1 .venv/bin/python -m pytest python/tests -q -p no:cacheprovider --durations=15
 step fuzz bash scripts/fuzz.sh "$FUZZ_SECONDS"
 
 echo
