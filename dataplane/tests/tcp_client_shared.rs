@@ -178,7 +178,41 @@ fn tcp_client_stale_lanes_fail_once_then_reconnect(backend: Backend) {
     drop(server);
 }
 
+/// A 4-lane client dials lanes as its traffic needs them: one for small requests sent one
+/// at a time, however many; all four for a batch that can use them; the bytes arrive either
+/// way.
+fn tcp_client_dials_lanes_only_when_used(backend: Backend) {
+    let f = Fixture::registered(backend, SEGMENT_BYTES);
+    let client = f.client(4);
+    common::eventually("the first lane", || f.server.connection_count() == 1);
+    for i in 0..32u8 {
+        client
+            .write(f.base() + u64::from(i) * 4096, &[i; 64])
+            .unwrap();
+    }
+    assert_eq!(
+        f.server.connection_count(),
+        1,
+        "small requests one at a time"
+    );
+    let datas: Vec<Vec<u8>> = (0..8u8).map(|i| vec![i ^ 0x5a; 256 * 1024]).collect();
+    let mut writes: Vec<TransferOp<'_>> = datas
+        .iter()
+        .enumerate()
+        .map(|(i, d)| TransferOp::Write {
+            remote_addr: f.base() + (i * d.len()) as u64,
+            src: Src::from(d.as_slice()),
+        })
+        .collect();
+    assert!(client.submit(&mut writes).iter().all(Result::is_ok));
+    common::eventually("every lane", || f.server.connection_count() == 4);
+    for (i, d) in datas.iter().enumerate() {
+        assert_eq!(&f.snapshot(i * d.len(), d.len()), d, "piece {i}");
+    }
+}
+
 both_backends!(
+    tcp_client_dials_lanes_only_when_used,
     tcp_client_many_threads_share_one_client,
     tcp_client_survives_a_server_restart,
     tcp_client_stale_lanes_fail_once_then_reconnect,

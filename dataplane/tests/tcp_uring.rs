@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{pattern, Backend, Fixture};
+use common::{eventually, pattern, Backend, Fixture};
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::server::uring::UringServer;
 use dataplane::transport::header::{Opcode, RequestHeader, ResponseHeader, RESPONSE_HEADER_BYTES};
@@ -40,14 +40,6 @@ fn read_response(s: &mut TcpStream) -> ResponseHeader {
     let mut raw = [0u8; RESPONSE_HEADER_BYTES];
     s.read_exact(&mut raw).unwrap();
     ResponseHeader::decode(&raw).unwrap()
-}
-
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 fn assert_still_serving(f: &Fixture, offset: usize) {

@@ -183,7 +183,13 @@ pub struct TcpClient {
 }
 
 impl TcpClient {
-    /// Connects every lane to `peer`.
+    /// Connects to `peer`: its first lane now (so that an unreachable peer or a refused term
+    /// fails here), the others when a batch can use more than the lanes already connected or
+    /// a concurrent caller finds them all busy. A client that only ever sends small requests
+    /// one at a time (catalog records, 4 KiB objects) holds one connection, not
+    /// [`ClientConfig::lanes`]: with many clients and many nodes, the difference is a node's
+    /// file descriptors, and the connects every client redials when a new master's term
+    /// begins.
     pub fn connect(peer: SocketAddr, config: ClientConfig) -> Result<TcpClient, TransferError> {
         if config.lanes == 0 || config.lanes > CLIENT_LANES_MAX || config.io_timeout.is_zero() {
             return Err(TransferError::Connection {
@@ -201,10 +207,7 @@ impl TcpClient {
             next_lane: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
         };
-        for lane in &client.lanes {
-            let mut guard = lock(lane);
-            client.ensure_connected(&mut guard)?;
-        }
+        client.ensure_connected(&mut lock(&client.lanes[0]))?;
         Ok(client)
     }
 
@@ -243,7 +246,9 @@ impl TcpClient {
         if reqs.is_empty() {
             return results;
         }
-        let mut lanes = match self.acquire(reqs.len()) {
+        // A request that must follow the one before it on its lane adds no lane to use.
+        let independent = reqs.iter().filter(|r| !r.follows_previous).count();
+        let mut lanes = match self.acquire(independent.max(1)) {
             Ok(lanes) => lanes,
             Err(e) => {
                 for req in &reqs {
@@ -329,24 +334,33 @@ impl TcpClient {
         reqs
     }
 
-    /// Locks up to `want` lanes without waiting, starting at a rotating index; if every lane
-    /// is busy, waits for one. Connects lanes that are down; lanes that fail to connect are
-    /// released, and if none is left the last connect error is returned.
+    /// Locks up to `want` lanes without waiting, starting at a rotating index: connected
+    /// lanes first, then lanes not connected yet (dialed now), so a client uses as many
+    /// connections as its traffic needs; if every lane is busy, waits for one. Lanes that fail
+    /// to connect are released, and if none is left the last connect error is returned.
     fn acquire(&self, want: usize) -> Result<Vec<Lane<'_>>, TransferError> {
         let n = self.lanes.len();
         let start = self.next_lane.fetch_add(1, Ordering::Relaxed) % n;
         let mut guards = Vec::with_capacity(want.min(n));
+        let mut unconnected = Vec::new();
         for k in 0..n {
             if guards.len() == want {
                 break;
             }
             let slot = (start + k) % n;
-            match self.lanes[slot].try_lock() {
-                Ok(g) => guards.push(g),
-                Err(TryLockError::Poisoned(e)) => guards.push(unpoison(e.into_inner())),
-                Err(TryLockError::WouldBlock) => {}
+            let guard = match self.lanes[slot].try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(e)) => unpoison(e.into_inner()),
+                Err(TryLockError::WouldBlock) => continue,
+            };
+            if guard.is_some() {
+                guards.push(guard);
+            } else {
+                unconnected.push(guard);
             }
         }
+        let more = want.saturating_sub(guards.len());
+        guards.extend(unconnected.into_iter().take(more));
         if guards.is_empty() {
             // Holding no lane, so waiting here cannot deadlock with another batch.
             guards.push(lock(&self.lanes[start]));

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dataplane::mem::served::{ServedMemory, ServerConfig};
 use dataplane::mem::{HugepagePolicy, Segment, SegmentOptions};
@@ -228,3 +228,12 @@ pub fn rng() -> rand::rngs::StdRng {
 // Not every test binary that includes this module takes the lock.
 #[allow(unused_imports)]
 pub use dataplane::test_env::{env_lock, EnvGuard};
+
+/// Polls until `cond` holds, up to 5 s (server threads notice a closed socket asynchronously).
+pub fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
