@@ -27,6 +27,7 @@ Usage:
 
 import argparse
 import base64
+import collections
 import json
 import multiprocessing as mp
 import os
@@ -48,6 +49,8 @@ VALUE_BYTES = 4 * KIB
 ETCD_BIN = "/usr/bin/etcd"
 CLUSTER = "failover_bench"
 CLIENTS_PER_WORKER = 25
+# Operations per client kept to explain the slowest client of a run.
+TRAIL_OPS = 4096
 
 
 def free_port():
@@ -230,6 +233,10 @@ def worker(conn, first, count, etcd_addr, foreign_prefix):
     failed = [0] * len(stores)
     stop = threading.Event()
 
+    # Per client: the last operations, (start, end of put, end of get, put's code, get's
+    # bytes right), to say where the slowest client's time went.
+    trail = [collections.deque(maxlen=TRAIL_OPS) for _ in stores]
+
     def loop(ci, store):
         value = bytes([ci % 251]) * VALUE_BYTES
         n = 0
@@ -237,16 +244,23 @@ def worker(conn, first, count, etcd_addr, foreign_prefix):
             key = f"fo-{first + ci}-{n}"
             n += 1
             started = time.monotonic()
+            rc, put_end, got = None, None, False
             try:
-                ok = store.put(key, value) == 0 and store.get(key) == value
+                rc = store.put(key, value)
+                put_end = time.monotonic()
+                got = rc == 0 and store.get(key) == value
             except Exception:
-                ok = False
+                pass
+            ok = got
+            end = time.monotonic()
             if ok:
-                done[ci].append((started, time.monotonic()))
+                done[ci].append((started, end))
                 # Keeps the segments from filling (a full pool after a failover waits for
                 # the re-reported objects' read leases, which is not what is measured here).
-                store.remove(key, force=True)
+                removed = store.remove(key, force=True)
+                trail[ci].append((started, put_end, end, rc, got, removed, time.monotonic()))
             else:
+                trail[ci].append((started, put_end, end, rc, got, None, end))
                 failed[ci] += 1
                 time.sleep(0.01)
 
@@ -261,6 +275,9 @@ def worker(conn, first, count, etcd_addr, foreign_prefix):
             conn.send(all(d and d[-1][1] >= arg for d in done))
         elif cmd == "back":  # per client: end of the first put+get started after `arg`
             conn.send([next((e for s, e in d if s >= arg), None) for d in done])
+        elif cmd == "trail":  # a client's operations that ended within [arg[1], arg[2]]
+            ci, since, until = arg
+            conn.send([t for t in trail[ci - first] if since <= t[6] <= until])
         elif cmd == "stop":
             stop.set()
             for t in threads:
@@ -328,6 +345,7 @@ def run_cluster(impl, bindir, clients, mode, runs, give_up):
             masters.reap()
             masters.start()
             ends = [b - killed for b in back if b is not None]
+            explain_slowest(pipes, back, killed)
             last = max(ends) if len(ends) == clients else None
             results.append((last, statistics.median(ends) if ends else None))
             shown = f"{last * 1000:.0f} ms" if last is not None else f"> {give_up} s"
@@ -345,6 +363,23 @@ def run_cluster(impl, bindir, clients, mode, runs, give_up):
         masters.stop()
         etcd.stop()
     return results, failed
+
+
+def explain_slowest(pipes, back, killed):
+    """Prints the slowest client's operations around the kill: which call held it up."""
+    known = [(b, ci) for ci, b in enumerate(back) if b is not None]
+    if not known:
+        return
+    back_at, ci = max(known)
+    pipe = pipes[ci // CLIENTS_PER_WORKER]
+    pipe.send(("trail", (ci, killed - 0.2, back_at + 0.1)))
+    for started, put_end, end, rc, got, removed, last in pipe.recv():
+        put_ms = f"{(put_end - killed) * 1000:+.0f}" if put_end is not None else "raised"
+        then = (f", remove ended {(last - killed) * 1000:+.0f} ms (code {removed})"
+                if removed is not None else "")
+        print(f"    slowest client {ci}: op from {(started - killed) * 1000:+.0f} ms, put ended "
+              f"{put_ms} ms (code {rc}), get ended {(end - killed) * 1000:+.0f} ms "
+              f"({'ok' if got else 'failed'}){then}", flush=True)
 
 
 def wait_back(pipes, killed, give_up):

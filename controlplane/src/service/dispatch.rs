@@ -133,7 +133,7 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             m.op(Op::RemountSegment, status(out, res));
         }
         Request::ReMountDone(r) => {
-            st.owner_reported(r.client_id);
+            st.owner_reported(r.client_id, now);
             m.op(Op::RemountSegment, status(out, Ok(())));
         }
         Request::UnmountSegment(r) => {

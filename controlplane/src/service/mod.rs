@@ -370,9 +370,18 @@ impl State {
     }
 
     /// `client`'s re-report to this term is complete (`ReMountDone`).
-    pub(crate) fn owner_reported(&mut self, client: Uuid) {
-        if self.durable_on {
-            self.owners.reported(client);
+    pub(crate) fn owner_reported(&mut self, client: Uuid, now: u64) {
+        if !self.durable_on || self.owners.all_reported() {
+            return;
+        }
+        self.owners.reported(client);
+        if self.owners.all_reported() && now < self.fence_until_ms {
+            let elected = self.fence_until_ms.saturating_sub(RECOVERY_FENCE_MS);
+            tracing::info!(
+                "HA: every registered owner re-reported {} ms after the election: the recovery \
+                 fence ends",
+                now.saturating_sub(elected)
+            );
         }
     }
 
