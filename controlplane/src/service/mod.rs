@@ -256,6 +256,9 @@ pub(crate) struct State {
     /// Replicas placed since the start (`placement.rs`): the admission ramp of a fresh
     /// segment counts its share against it.
     pub placed_replicas: u64,
+    /// When the last admission ramp begun ends (0: none running), so that a put pays for
+    /// the ramps only while one may run (`placement.rs`).
+    pub ramps_until_ms: u64,
     /// When the next scan of draining segments may run (`drain.rs`).
     pub next_drain_scan_ms: u64,
 }
@@ -300,6 +303,7 @@ impl State {
             next_disk_check_ms: 0,
             disk_futile: None,
             placed_replicas: 0,
+            ramps_until_ms: 0,
             next_drain_scan_ms: 0,
         }
     }

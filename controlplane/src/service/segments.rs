@@ -264,6 +264,12 @@ impl State {
             return Err(ErrorCode::SegmentAlreadyExists);
         }
         let alloc = SegmentAllocator::new(s.base, s.size).ok_or(ErrorCode::InvalidParams)?;
+        let ramps = fresh && self.cfg.admission_ramp_ms > 0 && s.medium != ReplicaMedium::LocalDisk;
+        if ramps {
+            self.ramps_until_ms = self
+                .ramps_until_ms
+                .max(now.saturating_add(self.cfg.admission_ramp_ms));
+        }
         let r = self.segs.insert(Seg {
             id: s.id,
             name: s.name,
@@ -277,12 +283,11 @@ impl State {
             disk: s.disk,
             alloc,
             draining_until: None,
-            ramp: (fresh && self.cfg.admission_ramp_ms > 0 && s.medium != ReplicaMedium::LocalDisk)
-                .then_some(Ramp {
-                    from_ms: now,
-                    placed_at_start: self.placed_replicas,
-                    taken: 0,
-                }),
+            ramp: ramps.then_some(Ramp {
+                from_ms: now,
+                placed_at_start: self.placed_replicas,
+                taken: 0,
+            }),
             quarantined: false,
             freed: FreedOutbox::default(),
         });
