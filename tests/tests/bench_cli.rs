@@ -5,9 +5,10 @@ use std::process::Command;
 
 use mooncake_tests::bin_path;
 
-const BENCHES: [&str; 5] = [
+const BENCHES: [&str; 6] = [
     "master_bench",
     "client_swarm",
+    "group_swarm",
     "copy_bench",
     "tcp_transport_bench",
     "mooncake_bench",
