@@ -57,6 +57,7 @@
 //! index's byte and object counts are the sums over its entries.
 
 mod config;
+mod crc;
 mod direct;
 pub mod format;
 mod io;
