@@ -25,7 +25,7 @@ memory).
 
 Usage:
   tier_bench.py [--phases read,read-own,offload,working-set,replay] [--dir DIR] [--json out.json]
-                [--plot DIR]
+                [--plot DIR] [--offload-rounds N]
 """
 
 import argparse
@@ -44,6 +44,7 @@ from pathlib import Path
 from store_bench import free_port, pct, stop_all, wait_port
 
 MIB = 1 << 20
+OFFLOAD_ROUNDS = 3
 NO_SPACE = -200
 BIN = Path(sys.executable).parent
 
@@ -276,25 +277,61 @@ def timed_reads(keys, read):
     return mib_s, lat
 
 
-def phase_offload(d, n=192, rounds=3):
+def cpu_seconds(pid):
+    """CPU seconds (user + system) of process `pid`, and of its threads named `disk-io-*`."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(stat):
+        f = Path(stat).read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / tick
+
+    workers = 0.0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (t / "comm").read_text().startswith("disk-io-"):
+                workers += of(t / "stat")
+        except OSError:
+            pass
+    return of(f"/proc/{pid}/stat"), workers
+
+
+def phase_offload(d, n=192, rounds=None):
     """4 MiB put throughput, tier off vs eager offload on, same sizes, same run: `rounds`
     of each, interleaved (off, on, off, on, ...), so a slow spell of the machine lands on
-    both; medians and every round."""
-    out = {"tier_off_rounds": [], "eager_offload_rounds": [], "on_disk_at_end": []}
+    both; medians and every round. Beside them: the node's CPU seconds during the puts (all
+    threads, and its disk workers'), and for each eager round objects on disk when the last
+    put returned and seconds from then until all were."""
+    rounds = rounds or OFFLOAD_ROUNDS
+    out = {"tier_off_rounds": [], "eager_offload_rounds": [], "on_disk_at_end": [],
+           "caught_up_s": [], "tier_off_node_cpu_s": [], "eager_offload_node_cpu_s": [],
+           "disk_workers_cpu_s": []}
     for _ in range(rounds):
         for label, disk in [("tier_off", None), ("eager_offload", d)]:
             c = Cluster("1024MB", disk=disk)
             try:
                 s = c.client()
                 v = os.urandom(4 * MIB)
+                node = c.procs[1].pid
+                cpu0 = cpu_seconds(node)
                 t = time.perf_counter()
                 for i in range(n):
                     assert s.put(f"o{i}", v) == 0
                 secs = time.perf_counter() - t
+                cpu1 = cpu_seconds(node)
                 out[f"{label}_rounds"].append(round(n * 4 / secs, 1))
+                # The node's CPU seconds while the puts ran: all threads, and its disk
+                # workers' (what offload took from the puts).
+                out[f"{label}_node_cpu_s"].append(round(cpu1[0] - cpu0[0], 3))
                 if disk:
-                    # How far offload kept up: objects on disk when the last put returned.
+                    out["disk_workers_cpu_s"].append(round(cpu1[1] - cpu0[1], 3))
+                if disk:
+                    # How far offload kept up: objects on disk when the last put returned,
+                    # and how long after it the last one reached the disk.
                     out["on_disk_at_end"].append(c.disk_metric("writes_total"))
+                    while c.disk_metric("writes_total") < n and \
+                            time.perf_counter() - t - secs < 60:
+                        time.sleep(0.01)
+                    out["caught_up_s"].append(round(time.perf_counter() - t - secs, 2))
                     out["direct_writes"] = c.disk_metric("direct_writes_total")
                 s.close()
             finally:
@@ -400,7 +437,10 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--offload-rounds", type=int, default=3)
     a = ap.parse_args()
+    global OFFLOAD_ROUNDS
+    OFFLOAD_ROUNDS = a.offload_rounds
     base = Path(a.dir or tempfile.mkdtemp(prefix="mooncake-tier-", dir="/var/tmp"))
     result = {}
     phases = {"read": phase_read, "read-own": phase_read_own, "offload": phase_offload, "working-set": phase_working_set,

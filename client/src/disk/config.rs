@@ -38,6 +38,21 @@ pub struct DiskConfig {
     pub direct_io: bool,
     /// I/O worker threads, 1 ..= `DISK_WORKERS_MAX`.
     pub workers: usize,
+    /// The CPU priority of offload writes (`MOONCAKE_OFFLOAD_WRITE_PRIORITY`; ours).
+    pub write_priority: WritePriority,
+}
+
+/// The CPU priority a worker runs offload writes at (`docs/tiering.md`, "I/O"). Reads and
+/// deletes always run at the thread's normal priority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePriority {
+    /// `SCHED_IDLE`: only CPU no normal thread wants (nice 10 where the thread could not
+    /// come back from it). The default.
+    Idle,
+    /// Nice 10.
+    Nice,
+    /// As reads: offload keeps pace with the puts and takes its share of the CPU from them.
+    Normal,
 }
 
 impl DiskConfig {
@@ -54,6 +69,7 @@ impl DiskConfig {
             use_uring: true,
             direct_io: true,
             workers: default_workers(),
+            write_priority: WritePriority::Idle,
         }
     }
 
@@ -115,6 +131,17 @@ impl DiskConfig {
         };
         cfg.watermark_eviction = boolean("MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION", true)?;
         cfg.use_uring = boolean("MOONCAKE_OFFLOAD_USE_URING", true)?;
+        if let Some(v) = get("MOONCAKE_OFFLOAD_WRITE_PRIORITY") {
+            cfg.write_priority = match v.trim().to_ascii_lowercase().as_str() {
+                "idle" => WritePriority::Idle,
+                "nice" => WritePriority::Nice,
+                "normal" => WritePriority::Normal,
+                _ => {
+                    let why = "expected idle, nice or normal";
+                    return Err(bad("MOONCAKE_OFFLOAD_WRITE_PRIORITY", &v, why));
+                }
+            };
+        }
         (cfg.high_watermark, cfg.low_watermark) = watermarks(&get)?;
         Ok(cfg)
     }
@@ -249,8 +276,10 @@ mod tests {
             ("MOONCAKE_DISK_EVICTION_HIGH_WATERMARK_RATIO", "0.7"),
             ("MOONCAKE_DISK_EVICTION_LOW_WATERMARK_RATIO", "0.6"),
             ("MOONCAKE_OFFLOAD_USE_URING", "off"),
+            ("MOONCAKE_OFFLOAD_WRITE_PRIORITY", "Nice"),
         ])
         .unwrap();
+        assert_eq!(c.write_priority, WritePriority::Nice);
         assert_eq!(c.dir, PathBuf::from("/nvme/x"));
         assert_eq!(c.size_limit_bytes, 4 << 30);
         assert_eq!(c.keys_limit, 7);
@@ -267,6 +296,7 @@ mod tests {
             ("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "lots"),
             ("MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT", "-1"),
             ("MOONCAKE_OFFLOAD_USE_URING", "maybe"),
+            ("MOONCAKE_OFFLOAD_WRITE_PRIORITY", "low"),
             ("MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO", "1.5"),
             ("MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO", "0.95"),
         ] {

@@ -13,8 +13,8 @@
 //!
 //! Reads check the header first and the data's crc in file order as pieces complete (they
 //! may complete in any order), publishing a streamed read's progress only up to the last
-//! piece checked in order. The crc is taken through a small scratch copy: the caller's bytes
-//! are never formed into a Rust slice (`dataplane::sys::bytes`).
+//! piece checked in order. The crc is taken in place (`super::crc`): the caller's bytes are
+//! never formed into a Rust slice (`dataplane::sys::bytes`).
 //!
 //! Writes take the crc of the source first, then write header, data and tail as one
 //! vectored write (`Mem::Gather`): as separate operations, each extending the new file, they
@@ -32,20 +32,12 @@ use std::path::PathBuf;
 
 use dataplane::mem::{Dst, Src};
 
+use super::crc::crc_of;
 use super::format::{self, FileHeader};
 use super::io::{AlignedBuf, Dir, Mem, Span};
 use super::limits::CRC_SCRATCH_BYTES;
 use super::limits::{DISK_BLOCK_BYTES, DISK_DIRECT_PIECE_BYTES, DISK_DIRECT_WINDOW};
 use super::worker::{check_header, crc_matches, Progress, ReadFailure, Worker};
-
-/// Adds the bytes of `src` to `crc`, through `scratch`.
-fn crc_of(crc: &mut crc32fast::Hasher, src: Src<'_>, scratch: &mut [u8]) {
-    for chunk in src.chunks(scratch.len()) {
-        let n = chunk.len();
-        chunk.copy_to(&mut Dst::from(&mut scratch[..n]));
-        crc.update(&scratch[..n]);
-    }
-}
 
 fn is_aligned(addr: u64) -> bool {
     addr.is_multiple_of(DISK_BLOCK_BYTES as u64)

@@ -81,3 +81,7 @@ pub const DEFAULT_SIZE_LIMIT_BYTES: u64 = 2 << 40;
 /// Bytes of the scratch copy the crc of caller memory is taken through: small enough to stay
 /// in the core's cache.
 pub const CRC_SCRATCH_BYTES: usize = 32 << 10;
+
+/// Below this many bytes the crc of caller memory goes through the scratch copy rather than
+/// the in-place fold (`crc`), whose setup is not worth it.
+pub const CRC_FOLD_MIN_BYTES: usize = 256;

@@ -57,6 +57,7 @@
 //! index's byte and object counts are the sums over its entries.
 
 mod config;
+mod crc;
 mod direct;
 pub mod format;
 mod io;
@@ -85,7 +86,7 @@ use dataplane::recovery::CatalogEntry;
 use parking_lot::Mutex;
 use protocol::Version;
 
-pub use config::{default_workers, DiskConfig};
+pub use config::{default_workers, DiskConfig, WritePriority};
 pub use listener::DiskListener;
 
 use limits::{DISK_BLOCK_BYTES, DISK_STOPPED_PROBE_INTERVAL, DISK_WORKER_QUEUE_MAX};
@@ -442,15 +443,21 @@ fn worker_of(addr: u64, workers: usize) -> usize {
 /// The workers [`DiskTier::start_workers`] started: their queues, their threads, and
 /// whether every one drives an io_uring ring.
 struct Workers {
-    senders: Vec<SyncSender<Request>>,
+    senders: Vec<Queue>,
     threads: Vec<JoinHandle<()>>,
     uring: bool,
+}
+
+/// A worker's queue, and the way to raise its priority for what waits in it.
+struct Queue {
+    tx: SyncSender<Request>,
+    urgent: Arc<priority::Urgent>,
 }
 
 /// An owner's disk store. Cheap to share (`Arc`); every method may be called from any thread.
 pub struct DiskTier {
     shared: Arc<Shared>,
-    senders: Vec<SyncSender<Request>>,
+    senders: Vec<Queue>,
     threads: Vec<JoinHandle<()>>,
     uring: bool,
 }
@@ -531,10 +538,12 @@ impl DiskTier {
                 refused = why;
             }
             let (tx, rx) = sync_channel(DISK_WORKER_QUEUE_MAX);
+            let urgent = Arc::new(priority::Urgent::default());
             let w = Worker {
                 dir: shared.worker_dir(id),
                 shared: Arc::clone(shared),
                 io,
+                urgent: Arc::clone(&urgent),
             };
             let t = std::thread::Builder::new()
                 .name(format!("disk-io-{id}"))
@@ -544,7 +553,7 @@ impl DiskTier {
                     path: shared.cfg.dir.clone(),
                     source: e,
                 })?;
-            senders.push(tx);
+            senders.push(Queue { tx, urgent });
             threads.push(t);
         }
         match &refused {
@@ -590,10 +599,19 @@ impl DiskTier {
     /// Queues `op` to the worker of `addr`; its answer comes on the receiver.
     fn submit(&self, addr: u64, op: Op) -> Result<Receiver<Answer>, DiskError> {
         let (tx, rx) = sync_channel(1);
-        let w = worker_of(addr, self.shared.workers);
-        self.senders[w]
-            .send(Request { op, reply: tx })
-            .map_err(|_| DiskError::WorkerGone)?;
+        let q = &self.senders[worker_of(addr, self.shared.workers)];
+        // Anything but a write has a caller waiting: the worker must not run it, nor a
+        // write queued before it, at background priority.
+        let urgent = !matches!(op, Op::Write { .. });
+        if urgent {
+            q.urgent.arrive();
+        }
+        if q.tx.send(Request { op, reply: tx }).is_err() {
+            if urgent {
+                q.urgent.taken();
+            }
+            return Err(DiskError::WorkerGone);
+        }
         Ok(rx)
     }
 

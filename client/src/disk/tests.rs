@@ -840,18 +840,51 @@ fn disk_direct_read_finds_a_flipped_byte_in_any_piece() {
 
 #[test]
 fn disk_writes_run_at_background_priority_and_reads_come_back() {
+    use super::config::WritePriority;
+    use super::priority::{policy_now as policy, Background, Priority, Urgent};
     std::thread::spawn(|| {
-        // SAFETY: plain syscalls on this thread.
-        let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-        let normal = nice();
-        let mut p = super::priority::Priority::probe();
-        assert_eq!(nice(), normal, "the probe leaves the thread as it found it");
-        p.set_background(true);
-        if running_as_root() {
-            assert_eq!(nice(), limits::DISK_WRITE_NICE);
+        let root = running_as_root();
+        let idle = if root {
+            libc::SCHED_IDLE
+        } else {
+            libc::SCHED_OTHER
+        };
+        assert_eq!(policy(), libc::SCHED_OTHER);
+        let urgent = Arc::new(Urgent::default());
+        let mut p = Priority::probe(WritePriority::Idle, Arc::clone(&urgent));
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER,
+            "the probe leaves the thread as it found it"
+        );
+        if root {
+            assert_eq!(p.mode(), Background::Idle);
         }
+        p.set_background(true);
+        assert_eq!(policy(), idle);
+        // A reader queues behind the write: it raises the worker from its own thread.
+        let u = Arc::clone(&urgent);
+        std::thread::spawn(move || u.arrive()).join().unwrap();
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER,
+            "a waiting read raises the write"
+        );
+        p.set_background(true);
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER,
+            "no background write while a read waits"
+        );
+        urgent.taken();
+        p.set_background(true);
+        assert_eq!(policy(), idle);
         p.set_background(false);
-        assert_eq!(nice(), normal, "a read never runs at the writes' priority");
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER,
+            "a read never runs at the writes' priority"
+        );
     })
     .join()
     .unwrap();

@@ -77,13 +77,22 @@ pub(super) struct Worker {
     pub dir: PathBuf,
     pub shared: Arc<Shared>,
     pub io: Io,
+    /// Callers waiting in the queue for something other than a write.
+    pub urgent: Arc<super::priority::Urgent>,
 }
 
 impl Worker {
     pub(super) fn run(mut self, rx: Receiver<Request>) {
-        let mut priority = super::priority::Priority::probe();
+        let mut priority = super::priority::Priority::probe(
+            self.shared.cfg.write_priority,
+            Arc::clone(&self.urgent),
+        );
         while let Ok(req) = rx.recv() {
-            priority.set_background(matches!(req.op, Op::Write { .. }));
+            let write = matches!(req.op, Op::Write { .. });
+            if !write {
+                self.urgent.taken();
+            }
+            priority.set_background(write);
             let answer = match req.op {
                 Op::Write {
                     addr,
