@@ -85,12 +85,12 @@ impl State {
 
     /// Slot indices of segments at their admission-ramp cap now (module docs), sorted; ends
     /// the ramps whose window is over. Costs nothing once every ramp has ended: a put used to
-    /// scan every segment for a ramp, and to test each candidate against the capped list
+    /// scan every segment for a ramp, and to test each candidate against a list of the capped
     /// one by one, quadratic in freshly mounted segments (p50 put 927 µs at 20,000 of them,
     /// `docs/scale.md`).
-    fn capped_segments(&mut self, now: u64) -> Vec<u32> {
+    fn capped_segments(&mut self, now: u64) -> Capped {
         if self.ramps_until_ms == 0 {
-            return Vec::new();
+            return Capped::default();
         }
         if now >= self.ramps_until_ms {
             // Every ramp's window is over: end them all, once.
@@ -101,7 +101,7 @@ impl State {
                     seg.ramp = None;
                 }
             }
-            return Vec::new();
+            return Capped::default();
         }
         let window = self.cfg.admission_ramp_ms;
         let placed = self.placed_replicas;
@@ -111,7 +111,7 @@ impl State {
             .filter(|s| s.writable() && !s.is_disk())
             .count()
             .max(1);
-        let mut capped = Vec::new();
+        let mut capped = Capped::default();
         for k in 0..self.segs.live.len() {
             let i = self.segs.live[k];
             let r = self.segs.at(i);
@@ -129,10 +129,9 @@ impl State {
             let share = age as f64 / window as f64 / writable as f64;
             let since = placed.saturating_sub(ramp.placed_at_start) + 1;
             if (ramp.taken + 1) as f64 > share * since as f64 {
-                capped.push(i);
+                capped.add(i);
             }
         }
-        capped.sort_unstable();
         capped
     }
 
@@ -173,14 +172,14 @@ impl State {
         if got.len() < want && !capped.is_empty() {
             // Nothing else had room: a ramp limits a share, it never refuses. The same walk
             // with no cap (segments already chosen are skipped).
-            self.walk(size, want, &[], &mut got);
+            self.walk(size, want, &Capped::default(), &mut got);
         }
         got
     }
 
-    /// The strategy's walk over the mounted segments but `capped` (sorted), adding to `got`
-    /// up to `want` replicas.
-    fn walk(&mut self, size: u64, want: usize, capped: &[u32], got: &mut Vec<Replica>) {
+    /// The strategy's walk over the mounted segments but `capped`, adding to `got` up to
+    /// `want` replicas.
+    fn walk(&mut self, size: u64, want: usize, capped: &Capped, got: &mut Vec<Replica>) {
         let n = self.segs.live.len();
         // Random walks `live` from a random start without allocating; FreeRatioFirst sorts.
         let (start, sorted) = match self.cfg.allocation_strategy {
@@ -189,7 +188,7 @@ impl State {
                 let mut v: Vec<(f64, u32)> = self
                     .segs
                     .iter_indexed()
-                    .filter(|(i, s)| !s.is_disk() && capped.binary_search(i).is_err())
+                    .filter(|(i, s)| !s.is_disk() && !capped.contains(*i))
                     .map(|(i, s)| {
                         let free = s.size - s.alloc.used_bytes();
                         (free as f64 / s.size as f64, i)
@@ -209,7 +208,7 @@ impl State {
                 return;
             }
             let r = nth(&self.segs, k);
-            if capped.binary_search(&r.idx).is_err() {
+            if !capped.contains(r.idx) {
                 skipped_for_host |= !self.try_segment(r, size, got, true);
             }
         }
@@ -219,7 +218,7 @@ impl State {
                     break;
                 }
                 let r = nth(&self.segs, k);
-                if capped.binary_search(&r.idx).is_err() {
+                if !capped.contains(r.idx) {
                     self.try_segment(r, size, got, false);
                 }
             }
@@ -276,5 +275,34 @@ impl State {
         x ^= x >> 27;
         self.rng = x;
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// The slots of segments at their ramp's cap: a bit per slot, so that a walk tests a
+/// candidate in constant time however many segments ramp.
+#[derive(Default)]
+struct Capped {
+    bits: Vec<u64>,
+    any: bool,
+}
+
+impl Capped {
+    fn add(&mut self, slot: u32) {
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << bit;
+        self.any = true;
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        self.bits
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.any
     }
 }
