@@ -40,6 +40,7 @@ pub mod error;
 mod exec;
 mod managed;
 pub mod rdma;
+pub mod samehost;
 mod segments;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -103,6 +104,9 @@ pub(crate) struct Running {
     hs_state: Arc<HandshakeState>,
     /// The RDMA transport when `protocol="rdma"` found a device (else TCP only).
     rdma: Option<Arc<RdmaTransport>>,
+    /// The registration table same-host readers check (TCP engines; `None` if it could not
+    /// be made, then same-host peers use TCP).
+    table: Option<samehost::Table>,
     /// Registered buffers in registration order; its lock also orders publications.
     buffers: Mutex<Vec<BufferDesc>>,
     /// Held for reading by every running request, for writing by unregistration.
@@ -267,6 +271,9 @@ impl TransferEngine {
                 t.unregister(addr);
             }
             return Err(e);
+        }
+        if let Some(t) = &run.table {
+            t.publish(&bufs);
         }
         Ok(())
     }
@@ -702,6 +709,12 @@ impl Running {
             Some(id) => Keys::with_cluster(Some(id)),
             None => Keys::with_cluster(None),
         };
+        let table = match &rdma {
+            Some(_) => None,
+            None => samehost::Table::new()
+                .inspect_err(|e| tracing::warn!("no same-host registration table: {e}"))
+                .ok(),
+        };
         let running = Running {
             options,
             name,
@@ -715,6 +728,7 @@ impl Running {
             handshake: Mutex::new(None),
             hs_state: hs_state.clone(),
             rdma,
+            table,
             buffers: Mutex::new(Vec::new()),
             guard: RwLock::new(()),
             segments: SegmentCache::default(),
@@ -760,7 +774,11 @@ impl Running {
             Some(t) => t
                 .segment_desc(&self.name, self.data_port, timestamp_now())
                 .to_json(),
-            None => SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec()).to_json(),
+            None => SegmentDesc {
+                mooncake_rs_same_host: self.table.as_ref().map(samehost::Table::desc),
+                ..SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec())
+            }
+            .to_json(),
         };
         self.hs_state.set_descriptor(json.clone());
         if let Directory::Store(store) = &self.directory {
@@ -797,6 +815,11 @@ impl Running {
             EngineError::new(e, format!("no registered buffer starts at {addr:#x}"))
         })?;
         bufs.retain(|b| b.addr != addr);
+        if let Some(t) = &self.table {
+            // Same-host readers: no copy checked against the old table is left running.
+            t.publish(&bufs);
+            t.wait_readers(self.options.transfer_timeout);
+        }
         if let Some(t) = &self.rdma {
             t.unregister(addr);
         }
@@ -833,6 +856,9 @@ impl Running {
             }
             return Err(e);
         }
+        if let Some(t) = &self.table {
+            t.publish(&bufs);
+        }
         Ok(seg)
     }
 
@@ -849,7 +875,17 @@ impl Running {
         } else {
             None
         };
-        RemoteSegment::new(name, desc, &host, rdma)
+        let same_host = match &desc.mooncake_rs_same_host {
+            Some(d) if rdma.is_none() && self.rdma.is_none() && samehost::enabled() => {
+                samehost::Peer::attach(d)
+                    .inspect_err(|why| tracing::info!("segment {name:?} over TCP: {why}"))
+                    .ok()
+            }
+            _ => None,
+        };
+        let mut seg = RemoteSegment::new(name, desc, &host, rdma)?;
+        seg.same_host = same_host;
+        Ok(seg)
     }
 
     /// The cached peer of `handle`, fetched again if it was invalidated.

@@ -41,6 +41,10 @@ pub struct SegmentDesc {
     /// Our data port; absent in descriptors written by upstream engines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mooncake_rs_data_port: Option<u16>,
+    /// Ours too: where a same-host reader finds this engine's registration table
+    /// (`engine::samehost`); absent when the engine has none (or for upstream's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mooncake_rs_same_host: Option<SameHostDesc>,
     /// The segment name.
     pub name: String,
     /// `"tcp"` (upstream may write a list in multi-protocol builds).
@@ -57,6 +61,19 @@ pub struct SegmentDesc {
     pub timestamp: String,
 }
 
+/// Where a same-host reader finds an engine's registration table (`engine::samehost`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SameHostDesc {
+    /// The owner's kernel boot id: a reader on another host sees another.
+    pub boot_id: String,
+    /// The owner's pid (in its own pid namespace; the reader checks it names the owner).
+    pub pid: u32,
+    /// The owner's address of its table mapping (its nonce is the second word).
+    pub table_addr: u64,
+    /// The descriptor number of the table's memfd in the owner (`/proc/<pid>/fd/<n>`).
+    pub table_fd: i32,
+}
+
 fn one() -> u32 {
     1
 }
@@ -67,6 +84,7 @@ impl SegmentDesc {
         SegmentDesc {
             buffers,
             mooncake_rs_data_port: Some(data_port),
+            mooncake_rs_same_host: None,
             name: name.to_string(),
             protocol: serde_json::Value::String("tcp".into()),
             tcp_data_port: data_port,
