@@ -1,11 +1,13 @@
-//! Running requests: a memcpy for the local segment, the TCP client for a peer, and the
-//! worker threads that run asynchronous batches.
+//! Running requests: a memcpy for the local segment, one kernel copy for a same-host peer
+//! (`samehost`), the TCP client for other peers, and the worker threads that run
+//! asynchronous batches.
 //!
 //! Every request is checked before any byte moves: its local range (`source`, `length`) must
 //! lie inside one buffer registered with this engine, else it fails with
 //! `ERR_ADDRESS_NOT_REGISTERED` (-3) and nothing is touched. For the local segment the
 //! target range is checked the same way. For a peer the target range is checked by the
-//! peer's server, which refuses it with -3 and leaves its memory untouched.
+//! peer's server, which refuses it with -3 and leaves its memory untouched; for a same-host
+//! peer, against the peer's table here, with the same -3 and nothing touched.
 //!
 //! The engine's transfer guard (a read lock) is held from those checks until the request's
 //! I/O ends, and `unregister_memory` takes it for writing, so once `unregister_memory`
@@ -104,7 +106,12 @@ impl Running {
             return out;
         }
         match self.remote(handle) {
-            Ok(seg) => self.run_remote(handle, &seg, reqs, &mut out),
+            Ok(seg) => {
+                let same_host = seg.same_host.as_ref();
+                if !same_host.is_some_and(|p| self.run_same_host(handle, p, reqs, &mut out)) {
+                    self.run_remote(handle, &seg, reqs, &mut out);
+                }
+            }
             Err(e) => {
                 for (o, r) in out.iter_mut().zip(reqs) {
                     if o.is_ok() && r.length > 0 {
@@ -147,11 +154,6 @@ impl Running {
         reqs: &[TransferRequest],
         out: &mut [Outcome],
     ) {
-        if let Some(peer) = &seg.same_host {
-            if self.run_same_host(handle, peer, reqs, out) {
-                return;
-            }
-        }
         if self.run_rdma(handle, seg, reqs, out) {
             return;
         }

@@ -21,9 +21,16 @@
 //! [`TransferEngine::status`] polls it. A transfer to the engine's own segment is a memcpy
 //! after both ranges are checked against the registration table.
 //!
+//! Which path a transfer to a peer takes, decided when its descriptor is fetched: RDMA when
+//! both run it; else, when the peer's descriptor names a registration table on this host and
+//! this process may attach to it ([`samehost`]: same boot id, same user, cross-memory attach
+//! permitted, `MC_TE_SAME_HOST` not off), one kernel copy (`process_vm_readv`/`writev`) per
+//! request, checked against the peer's live table; else the TCP client.
+//!
 //! Invariants:
 //! - no byte moves before its local range was found inside one registered buffer (and, for
-//!   the local segment, its target range too); peers' ranges are checked by the peer;
+//!   the local segment, its target range too); peers' ranges are checked by the peer, or for
+//!   a same-host peer against the table the peer keeps of its registrations;
 //! - `unregister_memory` returns only when no request of this engine (nor of a peer, through
 //!   the data server) is using the buffer;
 //! - nothing arriving from the network (descriptors, handshake frames, data responses)
@@ -705,16 +712,7 @@ impl Running {
         let workers = Workers::start().map_err(|e| {
             EngineError::new(TeError::Context, format!("cannot start workers: {e}"))
         })?;
-        let keys = match &options.cluster_id {
-            Some(id) => Keys::with_cluster(Some(id)),
-            None => Keys::with_cluster(None),
-        };
-        let table = match &rdma {
-            Some(_) => None,
-            None => samehost::Table::new()
-                .inspect_err(|e| tracing::warn!("no same-host registration table: {e}"))
-                .ok(),
-        };
+        let keys = Keys::with_cluster(options.cluster_id.as_deref());
         let running = Running {
             options,
             name,
@@ -727,8 +725,8 @@ impl Running {
             data_server: Mutex::new(Some(data_server)),
             handshake: Mutex::new(None),
             hs_state: hs_state.clone(),
+            table: samehost::Table::for_engine(rdma.is_some()),
             rdma,
-            table,
             buffers: Mutex::new(Vec::new()),
             guard: RwLock::new(()),
             segments: SegmentCache::default(),
@@ -876,7 +874,7 @@ impl Running {
             None
         };
         let same_host = match &desc.mooncake_rs_same_host {
-            Some(d) if rdma.is_none() && self.rdma.is_none() && samehost::enabled() => {
+            Some(d) if rdma.is_none() && self.rdma.is_none() && self.options.same_host => {
                 samehost::Peer::attach(d)
                     .inspect_err(|why| tracing::info!("segment {name:?} over TCP: {why}"))
                     .ok()
@@ -940,6 +938,9 @@ impl Running {
         if let Directory::Store(store) = &self.directory {
             let _ = store.remove(&self.keys.ram(&self.name));
             let _ = store.remove(&self.keys.rpc_meta(&self.name));
+        }
+        if let Some(t) = &self.table {
+            t.close(self.options.transfer_timeout);
         }
         drop(lock(&self.handshake).take());
         self.hs_state.set_connection_handler(None);

@@ -20,7 +20,8 @@
 //!  word 1      nonce (random, fixed for the table's life)
 //!  word 2      seq: odd while the owner rewrites the entries (a seqlock)
 //!  word 3      count of valid entries, or u64::MAX: more buffers than fit (readers use TCP)
-//!  words 4..8  reserved (0)
+//!  word 4      closed: 1 once the owner shut its engine down (readers treat it as gone)
+//!  words 5..8  reserved (0)
 //!  words 8..8+2*READER_SLOTS       reader slots: pid (0: free) | busy (copies in flight)
 //!  words 8+2*READER_SLOTS..        entries: addr | length, count of them
 //! ```
@@ -51,30 +52,27 @@ use crate::TeError;
 /// The switch: `MC_TE_SAME_HOST` (default on; a false word of [`protocol::env::FALSE_WORDS`],
 /// e.g. `0`, makes same-host peers use TCP).
 pub const ENV_SWITCH: &str = "MC_TE_SAME_HOST";
-/// Bytes of the registration table memfd.
-pub const TABLE_BYTES: usize = 64 << 10;
-/// Reader processes (engines) one table serves at once; later ones use TCP.
-pub const READER_SLOTS: usize = 64;
+use crate::limits::{
+    SAME_HOST_BUSY_POLL_INTERVAL as BUSY_POLL, SAME_HOST_READERS_MAX as READER_SLOTS,
+    SAME_HOST_SEQ_WAIT as SEQ_WAIT, SAME_HOST_TABLE_BYTES as TABLE_BYTES,
+    SAME_HOST_TABLE_ENTRIES_MAX as TABLE_CAPACITY,
+};
 const HEADER_WORDS: usize = 8;
 const SLOTS_AT: usize = HEADER_WORDS;
 const ENTRIES_AT: usize = SLOTS_AT + 2 * READER_SLOTS;
 const WORDS: usize = TABLE_BYTES / 8;
-/// Registered buffers the table holds; with more, same-host readers use TCP.
-pub const TABLE_ENTRIES_MAX: usize = (WORDS - ENTRIES_AT) / 2;
 const MAGIC: u64 = u32::from_le_bytes(*b"MCTE") as u64 | (1u64 << 32);
 const OVERFLOW: u64 = u64::MAX;
-/// How long a reader retries a table the owner is rewriting before it gives up on the peer.
-const SEQ_WAIT: Duration = Duration::from_secs(1);
-/// Pause between two looks at the reader slots while an unregister waits.
-const BUSY_POLL: Duration = Duration::from_micros(20);
 /// The code of a request whose peer died or could not be reached: the code a lost TCP
 /// connection gives (`TransferError::code`).
 pub(crate) const PEER_LOST: i32 = TeError::Socket as i32;
 
-const _: () = assert!(TABLE_ENTRIES_MAX >= 1024);
+const _: () = assert!(TABLE_CAPACITY >= 1024);
+const _: () = assert!(ENTRIES_AT + 2 * TABLE_CAPACITY <= WORDS);
 const _: () = assert!(TABLE_BYTES.is_multiple_of(4096));
 
-/// Whether the same-host path may be used ([`ENV_SWITCH`]).
+/// Whether the same-host path may be used ([`ENV_SWITCH`]); read once per engine, by
+/// `EngineOptions::from_env`.
 pub fn enabled() -> bool {
     protocol::env::flag(ENV_SWITCH, true)
 }
@@ -141,6 +139,17 @@ pub(crate) struct Table {
 }
 
 impl Table {
+    /// The table of an engine: `None` for an RDMA engine (its peers use RDMA), or when the
+    /// memfd cannot be made (logged; same-host peers then use TCP).
+    pub(crate) fn for_engine(rdma: bool) -> Option<Table> {
+        if rdma {
+            return None;
+        }
+        Table::new()
+            .inspect_err(|e| tracing::warn!("no same-host registration table: {e}"))
+            .ok()
+    }
+
     /// A fresh, empty table with a random nonce.
     pub(crate) fn new() -> io::Result<Table> {
         let fd = crate::sys::mmap::sized_memfd(c"mooncake-te-table", TABLE_BYTES, false)?;
@@ -168,7 +177,7 @@ impl Table {
         let w = &self.words;
         let seq = w.word(2).load(Ordering::SeqCst);
         w.word(2).store(seq | 1, Ordering::SeqCst);
-        if bufs.len() > TABLE_ENTRIES_MAX {
+        if bufs.len() > TABLE_CAPACITY {
             w.word(3).store(OVERFLOW, Ordering::SeqCst);
         } else {
             for (i, b) in bufs.iter().enumerate() {
@@ -179,6 +188,14 @@ impl Table {
             w.word(3).store(bufs.len() as u64, Ordering::SeqCst);
         }
         w.word(2).store((seq | 1) + 1, Ordering::SeqCst);
+    }
+
+    /// Marks the table closed (the engine shut down): readers fail as if the owner had died,
+    /// and no copy checked before is still running when this returns.
+    pub(crate) fn close(&self, timeout: Duration) {
+        self.words.word(4).store(1, Ordering::SeqCst);
+        self.publish(&[]);
+        self.wait_readers(timeout);
     }
 
     /// After a [`Table::publish`] that dropped a buffer: waits until no live reader has a
@@ -316,19 +333,23 @@ impl Peer {
     }
 
     /// Whether `[addr, addr + len)` lies inside one buffer of the owner's table:
-    /// `Ok(None)` when the table overflowed (use TCP), `Err` when the owner left the table
-    /// half-written for longer than [`SEQ_WAIT`] (it died mid-rewrite).
+    /// `Ok(None)` when the table overflowed (use TCP), `Err` when the owner closed it (its
+    /// engine shut down) or left it half-written for longer than [`SEQ_WAIT`] (it died
+    /// mid-rewrite).
     pub(crate) fn check(&self, addr: u64, len: u64) -> Result<Option<bool>, ()> {
         let w = &self.words;
         let start = Instant::now();
         loop {
+            if w.word(4).load(Ordering::SeqCst) != 0 {
+                return Err(());
+            }
             let s1 = w.word(2).load(Ordering::SeqCst);
             if s1 & 1 == 0 {
                 let n = w.word(3).load(Ordering::SeqCst);
                 if n == OVERFLOW {
                     return Ok(None);
                 }
-                let n = (n as usize).min(TABLE_ENTRIES_MAX);
+                let n = (n as usize).min(TABLE_CAPACITY);
                 let found = (0..n).any(|i| {
                     let a = w.word(ENTRIES_AT + 2 * i).load(Ordering::SeqCst);
                     let l = w.word(ENTRIES_AT + 2 * i + 1).load(Ordering::SeqCst);
@@ -478,7 +499,7 @@ mod tests {
             Ok(Some(false)),
             "unregistered is refused"
         );
-        let many: Vec<BufferDesc> = (0..=TABLE_ENTRIES_MAX as u64)
+        let many: Vec<BufferDesc> = (0..=TABLE_CAPACITY as u64)
             .map(|i| buf(i << 20, 1))
             .collect();
         table.publish(&many);
