@@ -41,10 +41,6 @@ pub struct SegmentDesc {
     /// Our data port; absent in descriptors written by upstream engines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mooncake_rs_data_port: Option<u16>,
-    /// Ours too: where a same-host reader finds this engine's registration table
-    /// (`engine::samehost`); absent when the engine has none (or for upstream's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mooncake_rs_same_host: Option<SameHostDesc>,
     /// The segment name.
     pub name: String,
     /// `"tcp"` (upstream may write a list in multi-protocol builds).
@@ -59,6 +55,12 @@ pub struct SegmentDesc {
     /// Local time of writing, `%Y-%m-%d %H:%M:%S.ffffff`.
     #[serde(default)]
     pub timestamp: String,
+    /// Ours too: where a same-host reader finds this engine's registration table
+    /// (`engine::samehost`); absent when the engine has none (or for upstream's). Last, out of
+    /// alphabetical order, because a descriptor given as a JSON array decodes by position:
+    /// a member added at the end leaves the older positions as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mooncake_rs_same_host: Option<SameHostDesc>,
 }
 
 /// Where a same-host reader finds an engine's registration table (`engine::samehost`).
