@@ -16,6 +16,11 @@ the initiator measures
 - 4 KiB `transfer_sync_write` / `transfer_sync_read` latency: p50 / p99 / max from the sorted
   per-call samples (`--latency-samples` calls each, `time.perf_counter_ns`).
 
+With `--ours-tcp` ours runs a second time with `MC_TE_SAME_HOST=0`, which keeps the two
+processes on loopback TCP instead of the same-host path (cross-memory attach), and the first
+of ours also times a plain `memmove` of each size between two 64 MiB buffers of its own
+process (same loop, same offsets): the ceiling a same-host transfer is measured against.
+
 It prints a side-by-side table (and `--json` writes the figures). Nothing is created outside
 temp dirs; the processes are stopped at the end.
 """
@@ -101,7 +106,24 @@ def _latency(e, op, seg, local, remote, size, samples):
             "mean_us": sum(out) / len(out) / 1000.0}
 
 
-def run_initiator(segment, remote, seconds, samples):
+def _memcpy_op():
+    """A stand-in for a transfer call: memmove from a second 64 MiB buffer of this process
+    (its pages touched first, as the target's are) into ours, with a transfer's signature."""
+    import ctypes
+
+    other = (ctypes.c_char * BUFFER_BYTES)()
+    ctypes.memset(other, 1, BUFFER_BYTES)
+    base = ctypes.addressof(other)
+
+    def op(_seg, local, remote_off, size):
+        ctypes.memmove(local, base + remote_off, size)
+        return 0
+
+    op.keep = other  # the buffer lives as long as the function
+    return op
+
+
+def run_initiator(segment, remote, seconds, samples, memcpy):
     e, local = _engine()
     import mooncake.engine as me
 
@@ -112,14 +134,19 @@ def run_initiator(segment, remote, seconds, samples):
             bps, n = _throughput(e, op, segment, local, remote, size, seconds)
             res["throughput"][f"{name}_{size}"] = {"bytes_per_s": bps, "ops": n}
         res["latency"][name] = _latency(e, op, segment, local, remote, LATENCY_SIZE, samples)
+    if memcpy:
+        op = _memcpy_op()
+        for size in THROUGHPUT_SIZES:
+            bps, n = _throughput(e, op, segment, local, 0, size, seconds)
+            res["throughput"][f"memcpy_{size}"] = {"bytes_per_s": bps, "ops": n}
     print(json.dumps(res), flush=True)
     return 0
 
 
 # ---- the driver --------------------------------------------------------------------------
 
-def run_impl(label, python, seconds, samples):
-    env = dict(os.environ, MC_FORCE_TCP="true")
+def run_impl(label, python, seconds, samples, extra_env, memcpy):
+    env = dict(os.environ, MC_FORCE_TCP="true", **extra_env)
     env.setdefault("MC_LOG_LEVEL", "2")
     me = os.path.abspath(__file__)
     # The target's log (upstream's glog is chatty) goes to a temp file, shown on failure.
@@ -134,7 +161,7 @@ def run_impl(label, python, seconds, samples):
         info = json.loads(line)
         r = subprocess.run([python, me, "--role", "initiator", "--segment", info["segment"],
                             "--remote", str(info["buffer"]), "--seconds", str(seconds),
-                            "--latency-samples", str(samples)],
+                            "--latency-samples", str(samples)] + (["--memcpy"] if memcpy else []),
                            capture_output=True, text=True, env=env, timeout=600)
         if r.returncode != 0:
             raise SystemExit(f"{label}: initiator failed ({r.returncode}):\n{r.stderr[-4000:]}")
@@ -171,21 +198,28 @@ def fmt_size(n):
 
 def table(results):
     labels = list(results)
+    first, last = labels[0], labels[-1]
+    memcpy = results[first]["throughput"].get(f"memcpy_{THROUGHPUT_SIZES[0]}") is not None
     rows = []
-    head = ["metric"] + labels + ([f"{labels[0]} / {labels[1]}"] if len(labels) == 2 else [])
+    head = (["metric"] + labels + (["memcpy", f"{first} / memcpy"] if memcpy else [])
+            + ([f"{first} / {last}"] if len(labels) >= 2 else []))
     for op in ("write", "read"):
         for size in THROUGHPUT_SIZES:
             vals = [results[lb]["throughput"][f"{op}_{size}"]["bytes_per_s"] / 1e9 for lb in labels]
             row = [f"sync {op} {fmt_size(size)} (GB/s)"] + [f"{v:.2f}" for v in vals]
-            if len(vals) == 2:
-                row.append(f"{vals[0] / vals[1]:.2f}x")
+            if memcpy:
+                m = results[first]["throughput"][f"memcpy_{size}"]["bytes_per_s"] / 1e9
+                row += [f"{m:.2f}", f"{vals[0] / m:.0%}"]
+            if len(vals) >= 2:
+                row.append(f"{vals[0] / vals[-1]:.2f}x")
             rows.append(row)
     for op in ("write", "read"):
         for p in ("p50_us", "p99_us"):
             vals = [results[lb]["latency"][op][p] for lb in labels]
             row = [f"sync {op} 4 KiB {p[:3]} (us)"] + [f"{v:.1f}" for v in vals]
-            if len(vals) == 2:
-                row.append(f"{vals[0] / vals[1]:.2f}x")
+            row += ["", ""] if memcpy else []
+            if len(vals) >= 2:
+                row.append(f"{vals[0] / vals[-1]:.2f}x")
             rows.append(row)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
@@ -199,6 +233,9 @@ def main():
     p.add_argument("--role", choices=["driver", "target", "initiator"], default="driver")
     p.add_argument("--ours", help="python of a venv with mooncake-rs installed")
     p.add_argument("--upstream", help="python of a venv with upstream's wheel installed")
+    p.add_argument("--ours-tcp", action="store_true",
+                   help="also ours with MC_TE_SAME_HOST=0 (loopback TCP), and a memcpy baseline")
+    p.add_argument("--memcpy", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, default=2.0, help="per throughput point")
     p.add_argument("--latency-samples", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=1,
@@ -210,15 +247,19 @@ def main():
     if a.role == "target":
         return run_target()
     if a.role == "initiator":
-        return run_initiator(a.segment, a.remote, a.seconds, a.latency_samples)
+        return run_initiator(a.segment, a.remote, a.seconds, a.latency_samples, a.memcpy)
 
-    impls = [(lb, py) for lb, py in (("mooncake-rs", a.ours), ("upstream", a.upstream)) if py]
+    impls = [("mooncake-rs", a.ours, {}, a.ours_tcp)]
+    if a.ours_tcp:
+        impls.append(("mooncake-rs tcp", a.ours, {"MC_TE_SAME_HOST": "0"}, False))
+    impls.append(("upstream", a.upstream, {}, False))
+    impls = [i for i in impls if i[1]]
     if not impls:
         p.error("give --ours and/or --upstream")
-    rounds = {lb: [] for lb, _ in impls}
+    rounds = {lb: [] for lb, *_ in impls}
     for _ in range(a.rounds):
-        for lb, py in impls:
-            rounds[lb].append(run_impl(lb, py, a.seconds, a.latency_samples))
+        for lb, py, extra_env, memcpy in impls:
+            rounds[lb].append(run_impl(lb, py, a.seconds, a.latency_samples, extra_env, memcpy))
     results = {}
     for lb, rs in rounds.items():  # best round per metric
         best = json.loads(json.dumps(rs[0]))
@@ -233,7 +274,7 @@ def main():
     state = machine_state()
     print("command:", " ".join([os.path.basename(sys.executable)] + sys.argv))
     print("machine:", json.dumps(state))
-    for lb, _ in impls:
+    for lb, *_ in impls:
         print(f"{lb}: {results[lb]['module']}")
     print(table(results))
     if a.json:

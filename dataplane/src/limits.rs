@@ -105,6 +105,21 @@ pub const SLAB_CLASS_COUNT: usize =
 /// again: both servers, blocking (`server::acceptor`) and io_uring (`shard::reactor`).
 pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 
+/// Bytes of a transfer engine's same-host registration table (`engine::samehost`), a memfd.
+pub const SAME_HOST_TABLE_BYTES: usize = 64 << 10;
+/// Reader engines one same-host registration table serves at once; later ones use TCP.
+pub const SAME_HOST_READERS_MAX: usize = 64;
+/// Registered buffers a same-host registration table holds: what is left of its words after
+/// the 8-word header and two words per reader slot, two words per buffer. An engine with
+/// more is reached over TCP.
+pub const SAME_HOST_TABLE_ENTRIES_MAX: usize =
+    (SAME_HOST_TABLE_BYTES / 8 - 8 - 2 * SAME_HOST_READERS_MAX) / 2;
+/// How long a same-host reader retries a table its owner is rewriting before it gives the
+/// peer up (the owner died mid-rewrite).
+pub const SAME_HOST_SEQ_WAIT: Duration = Duration::from_secs(1);
+/// Pause between two looks at the reader slots while an unregister waits for same-host copies.
+pub const SAME_HOST_BUSY_POLL_INTERVAL: Duration = Duration::from_micros(20);
+
 const _: () = assert!(HUGE_PAGE_BYTES.is_power_of_two());
 const _: () = assert!(MAPPED_FILE_MAX_BYTES.is_multiple_of(HUGE_PAGE_BYTES as u64));
 const _: () = assert!(MAPPED_FILE_MAX_BYTES <= isize::MAX as u64);

@@ -14,6 +14,9 @@ and then answers commands on stdin, one JSON line each:
     peek <addr> <len>   the bytes there (any memory of this process), as hex
     notifies            the notifies received since the last call, as [[name, msg], ...]
     first               get_first_buffer_address(own segment)
+    sockets             how many sockets this process has open (a same-host peer opens no
+                        data connection, a TCP one does)
+    unregister <addr>   unregister_memory(addr): its return code, once it has returned
 
 When stdin closes it keeps serving until killed.
 """
@@ -21,6 +24,7 @@ When stdin closes it keeps serving until killed.
 import argparse
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -28,6 +32,16 @@ from mooncake.engine import TransferEngine
 
 GUARD = 4096
 GUARD_BYTE = 0xAB
+
+
+def count_sockets():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # closed since the listing (the listing's own descriptor)
+    return n
 
 
 def main():
@@ -91,6 +105,10 @@ def main():
             out = [[n.name, n.msg] for n in engine.get_notifies()]
         elif cmd[0] == "first":
             out = engine.get_first_buffer_address(segment)
+        elif cmd[0] == "sockets":
+            out = count_sockets()
+        elif cmd[0] == "unregister":
+            out = engine.unregister_memory(int(cmd[1]))
         else:
             out = {"error": f"unknown command {cmd[0]!r}"}
         print(json.dumps(out), flush=True)

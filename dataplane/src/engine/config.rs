@@ -8,6 +8,7 @@
 //! | `MC_TCP_BIND_ADDRESS` | address advertised (and bound) for the handshake and data ports | host of `local_server_name` |
 //! | `MC_METADATA_CLUSTER_ID` | metadata key prefix `mooncake/<id>/` | unset |
 //! | `MC_TCP_LANES_PER_PEER` | TCP connections per peer, 1..=16 | 4 |
+//! | `MC_TE_SAME_HOST` | a peer on this host is reached by cross-memory attach (`samehost`); a false word (`0`, `false`, `off`) keeps it on TCP | on |
 
 use std::time::Duration;
 
@@ -58,6 +59,8 @@ pub struct EngineOptions {
     pub cluster_id: Option<String>,
     /// TCP connections per peer.
     pub lanes: usize,
+    /// Reach same-host peers by cross-memory attach (`MC_TE_SAME_HOST`, see `samehost`).
+    pub same_host: bool,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +73,7 @@ impl Default for EngineOptions {
             bind_address: None,
             cluster_id: None,
             lanes: CLIENT_LANES_DEFAULT,
+            same_host: true,
         }
     }
 }
@@ -108,6 +112,7 @@ impl EngineOptions {
                 .and_then(|v| v.parse::<usize>().ok())
                 .filter(|n| (1..=CLIENT_LANES_MAX).contains(n))
                 .unwrap_or(d.lanes),
+            same_host: super::samehost::enabled(),
         }
     }
 

@@ -1,11 +1,13 @@
-//! Running requests: a memcpy for the local segment, the TCP client for a peer, and the
-//! worker threads that run asynchronous batches.
+//! Running requests: a memcpy for the local segment, one kernel copy for a same-host peer
+//! (`samehost`), the TCP client for other peers, and the worker threads that run
+//! asynchronous batches.
 //!
 //! Every request is checked before any byte moves: its local range (`source`, `length`) must
 //! lie inside one buffer registered with this engine, else it fails with
 //! `ERR_ADDRESS_NOT_REGISTERED` (-3) and nothing is touched. For the local segment the
 //! target range is checked the same way. For a peer the target range is checked by the
-//! peer's server, which refuses it with -3 and leaves its memory untouched.
+//! peer's server, which refuses it with -3 and leaves its memory untouched; for a same-host
+//! peer, against the peer's table here, with the same -3 and nothing touched.
 //!
 //! The engine's transfer guard (a read lock) is held from those checks until the request's
 //! I/O ends, and `unregister_memory` takes it for writing, so once `unregister_memory`
@@ -19,6 +21,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use super::config::{SLICE_BYTES, WORKER_THREADS};
+use super::samehost::{Peer, PEER_LOST};
 use super::segments::RemoteSegment;
 use super::{Running, SegmentHandle, TransferRequest};
 use crate::limits::BATCH_REQUESTS_MAX;
@@ -103,7 +106,12 @@ impl Running {
             return out;
         }
         match self.remote(handle) {
-            Ok(seg) => self.run_remote(handle, &seg, reqs, &mut out),
+            Ok(seg) => {
+                let same_host = seg.same_host.as_ref();
+                if !same_host.is_some_and(|p| self.run_same_host(handle, p, reqs, &mut out)) {
+                    self.run_remote(handle, &seg, reqs, &mut out);
+                }
+            }
             Err(e) => {
                 for (o, r) in out.iter_mut().zip(reqs) {
                     if o.is_ok() && r.length > 0 {
@@ -215,5 +223,65 @@ impl Running {
             // The peer may have gone or moved: fetch its descriptor again on next use.
             self.segments.invalidate(handle.0);
         }
+    }
+
+    /// Runs `reqs` to a same-host peer by cross-memory attach (`samehost`): each target
+    /// range is checked against the peer's live table under the reader's busy mark, then
+    /// copied by the kernel. False (nothing done) when the peer's table overflowed: TCP.
+    fn run_same_host(
+        &self,
+        handle: SegmentHandle,
+        peer: &Peer,
+        reqs: &[TransferRequest],
+        out: &mut [Outcome],
+    ) -> bool {
+        let busy = peer.begin();
+        let mut lost = !peer.alive();
+        for (r, o) in reqs.iter().zip(out.iter_mut()) {
+            if o.is_err() || r.length == 0 {
+                continue;
+            }
+            if lost {
+                *o = Err(PEER_LOST);
+                continue;
+            }
+            match peer.check(r.target_offset, r.length) {
+                Ok(Some(true)) => {}
+                Ok(Some(false)) => {
+                    *o = Err(NOT_REGISTERED);
+                    continue;
+                }
+                Ok(None) => return false,
+                Err(()) => {
+                    lost = true;
+                    *o = Err(PEER_LOST);
+                    continue;
+                }
+            }
+            let local = r.source as *mut u8;
+            let n = r.length as usize;
+            // SAFETY: [source, source+length) lies inside one buffer registered with this
+            // engine (checked in `execute`), mapped while registered by register_memory's
+            // contract, and the transfer guard keeps it registered until this returns. The
+            // remote range is the peer's, checked against its table under `busy`; the kernel
+            // checks its mapping.
+            let res = unsafe {
+                match r.opcode {
+                    Opcode::Read => peer.read(r.target_offset, Dst::from_raw(local, n)),
+                    _ => peer.write(r.target_offset, Src::from_raw(local, n)),
+                }
+            };
+            if let Err(e) = res {
+                tracing::warn!("same-host copy of {n} bytes failed: {e}");
+                lost = true;
+                *o = Err(PEER_LOST);
+            }
+        }
+        drop(busy);
+        if lost {
+            // The peer died or broke its table: fetch its descriptor again on next use.
+            self.segments.invalidate(handle.0);
+        }
+        true
     }
 }

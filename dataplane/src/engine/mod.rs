@@ -21,9 +21,16 @@
 //! [`TransferEngine::status`] polls it. A transfer to the engine's own segment is a memcpy
 //! after both ranges are checked against the registration table.
 //!
+//! Which path a transfer to a peer takes, decided when its descriptor is fetched: RDMA when
+//! both run it; else, when the peer's descriptor names a registration table on this host and
+//! this process may attach to it ([`samehost`]: same boot id, same user, cross-memory attach
+//! permitted, `MC_TE_SAME_HOST` not off), one kernel copy (`process_vm_readv`/`writev`) per
+//! request, checked against the peer's live table; else the TCP client.
+//!
 //! Invariants:
 //! - no byte moves before its local range was found inside one registered buffer (and, for
-//!   the local segment, its target range too); peers' ranges are checked by the peer;
+//!   the local segment, its target range too); peers' ranges are checked by the peer, or for
+//!   a same-host peer against the table the peer keeps of its registrations;
 //! - `unregister_memory` returns only when no request of this engine (nor of a peer, through
 //!   the data server) is using the buffer;
 //! - nothing arriving from the network (descriptors, handshake frames, data responses)
@@ -40,6 +47,7 @@ pub mod error;
 mod exec;
 mod managed;
 pub mod rdma;
+pub mod samehost;
 mod segments;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
@@ -103,6 +111,9 @@ pub(crate) struct Running {
     hs_state: Arc<HandshakeState>,
     /// The RDMA transport when `protocol="rdma"` found a device (else TCP only).
     rdma: Option<Arc<RdmaTransport>>,
+    /// The registration table same-host readers check (TCP engines; `None` if it could not
+    /// be made, then same-host peers use TCP).
+    table: Option<samehost::Table>,
     /// Registered buffers in registration order; its lock also orders publications.
     buffers: Mutex<Vec<BufferDesc>>,
     /// Held for reading by every running request, for writing by unregistration.
@@ -267,6 +278,9 @@ impl TransferEngine {
                 t.unregister(addr);
             }
             return Err(e);
+        }
+        if let Some(t) = &run.table {
+            t.publish(&bufs);
         }
         Ok(())
     }
@@ -698,10 +712,7 @@ impl Running {
         let workers = Workers::start().map_err(|e| {
             EngineError::new(TeError::Context, format!("cannot start workers: {e}"))
         })?;
-        let keys = match &options.cluster_id {
-            Some(id) => Keys::with_cluster(Some(id)),
-            None => Keys::with_cluster(None),
-        };
+        let keys = Keys::with_cluster(options.cluster_id.as_deref());
         let running = Running {
             options,
             name,
@@ -714,6 +725,7 @@ impl Running {
             data_server: Mutex::new(Some(data_server)),
             handshake: Mutex::new(None),
             hs_state: hs_state.clone(),
+            table: samehost::Table::for_engine(rdma.is_some()),
             rdma,
             buffers: Mutex::new(Vec::new()),
             guard: RwLock::new(()),
@@ -760,7 +772,11 @@ impl Running {
             Some(t) => t
                 .segment_desc(&self.name, self.data_port, timestamp_now())
                 .to_json(),
-            None => SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec()).to_json(),
+            None => SegmentDesc {
+                mooncake_rs_same_host: self.table.as_ref().map(samehost::Table::desc),
+                ..SegmentDesc::tcp(&self.name, self.data_port, buffers.to_vec())
+            }
+            .to_json(),
         };
         self.hs_state.set_descriptor(json.clone());
         if let Directory::Store(store) = &self.directory {
@@ -797,6 +813,11 @@ impl Running {
             EngineError::new(e, format!("no registered buffer starts at {addr:#x}"))
         })?;
         bufs.retain(|b| b.addr != addr);
+        if let Some(t) = &self.table {
+            // Same-host readers: no copy checked against the old table is left running.
+            t.publish(&bufs);
+            t.wait_readers(self.options.transfer_timeout);
+        }
         if let Some(t) = &self.rdma {
             t.unregister(addr);
         }
@@ -833,6 +854,9 @@ impl Running {
             }
             return Err(e);
         }
+        if let Some(t) = &self.table {
+            t.publish(&bufs);
+        }
         Ok(seg)
     }
 
@@ -849,7 +873,17 @@ impl Running {
         } else {
             None
         };
-        RemoteSegment::new(name, desc, &host, rdma)
+        let same_host = match &desc.mooncake_rs_same_host {
+            Some(d) if rdma.is_none() && self.rdma.is_none() && self.options.same_host => {
+                samehost::Peer::attach(d)
+                    .inspect_err(|why| tracing::info!("segment {name:?} over TCP: {why}"))
+                    .ok()
+            }
+            _ => None,
+        };
+        let mut seg = RemoteSegment::new(name, desc, &host, rdma)?;
+        seg.same_host = same_host;
+        Ok(seg)
     }
 
     /// The cached peer of `handle`, fetched again if it was invalidated.
@@ -904,6 +938,9 @@ impl Running {
         if let Directory::Store(store) = &self.directory {
             let _ = store.remove(&self.keys.ram(&self.name));
             let _ = store.remove(&self.keys.rpc_meta(&self.name));
+        }
+        if let Some(t) = &self.table {
+            t.close(self.options.transfer_timeout);
         }
         drop(lock(&self.handshake).take());
         self.hs_state.set_connection_handler(None);

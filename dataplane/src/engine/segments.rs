@@ -108,6 +108,9 @@ pub(crate) struct RemoteSegment {
     pub(crate) data_addr: Option<SocketAddr>,
     /// The RDMA view of the descriptor, when the peer runs the RDMA transport.
     pub(crate) rdma: Option<RdmaSegmentDesc>,
+    /// The peer's registration table and the right to copy its memory, when it runs on this
+    /// host and cross-memory attach is permitted (`engine::samehost`).
+    pub(crate) same_host: Option<super::samehost::Peer>,
     client: Mutex<Option<Arc<TcpClient>>>,
 }
 
@@ -126,6 +129,7 @@ impl RemoteSegment {
                 desc,
                 data_addr: None,
                 rdma,
+                same_host: None,
                 client: Mutex::new(None),
             });
         }
@@ -150,6 +154,7 @@ impl RemoteSegment {
             desc,
             data_addr: Some(data_addr),
             rdma,
+            same_host: None,
             client: Mutex::new(None),
         })
     }

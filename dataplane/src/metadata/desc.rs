@@ -55,6 +55,25 @@ pub struct SegmentDesc {
     /// Local time of writing, `%Y-%m-%d %H:%M:%S.ffffff`.
     #[serde(default)]
     pub timestamp: String,
+    /// Ours too: where a same-host reader finds this engine's registration table
+    /// (`engine::samehost`); absent when the engine has none (or for upstream's). Last, out of
+    /// alphabetical order, because a descriptor given as a JSON array decodes by position:
+    /// a member added at the end leaves the older positions as they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mooncake_rs_same_host: Option<SameHostDesc>,
+}
+
+/// Where a same-host reader finds an engine's registration table (`engine::samehost`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SameHostDesc {
+    /// The owner's kernel boot id: a reader on another host sees another.
+    pub boot_id: String,
+    /// The owner's pid (in its own pid namespace; the reader checks it names the owner).
+    pub pid: u32,
+    /// The owner's address of its table mapping (its nonce is the second word).
+    pub table_addr: u64,
+    /// The descriptor number of the table's memfd in the owner (`/proc/<pid>/fd/<n>`).
+    pub table_fd: i32,
 }
 
 fn one() -> u32 {
@@ -67,6 +86,7 @@ impl SegmentDesc {
         SegmentDesc {
             buffers,
             mooncake_rs_data_port: Some(data_port),
+            mooncake_rs_same_host: None,
             name: name.to_string(),
             protocol: serde_json::Value::String("tcp".into()),
             tcp_data_port: data_port,
