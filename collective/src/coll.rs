@@ -606,8 +606,13 @@ impl<'a> Runner<'a> {
             Some((me * piece, (dst as *mut u8).wrapping_add(off)))
         };
         self.chunked(desc, bytes, piece, &land, |r, off, len, w| {
+            // The write side only fills (or names) the coming phase's bytes. It must not fall
+            // through to the copies below: those read the *previous* phase's replica (r.seq is
+            // not advanced yet) into the outputs, where a peer's bytes of this phase may
+            // already be arriving (`super::redirect`).
             if w && direct {
                 r.push_from(|q| (at(q, off), len));
+                return;
             } else if w {
                 if root.is_none_or(|x| x == me) {
                     let slot = r.slot(me, r.seq + 1);
