@@ -32,9 +32,9 @@ const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
 /// tensors when the group has [`super::cma`] (two phases, one copy).
 const CMA_MIN_BYTES: usize = 64 * 1024;
 
-/// Whether ops register destinations for the receive thread ([`super::redirect`]); off until
-/// the race behind a rarely unwritten all_to_all piece is found (see [`Runner::expect`]).
-const REDIRECT: bool = false;
+/// Whether ops register destinations for the receive thread ([`super::redirect`]), in groups
+/// whose peers are all on other hosts ([`Runner::expect`]).
+const REDIRECT: bool = true;
 
 /// A collective, with raw addresses of contiguous CPU buffers.
 #[derive(Clone, Debug)]
@@ -606,8 +606,13 @@ impl<'a> Runner<'a> {
             Some((me * piece, (dst as *mut u8).wrapping_add(off)))
         };
         self.chunked(desc, bytes, piece, &land, |r, off, len, w| {
+            // The write side only fills (or names) the coming phase's bytes. It must not fall
+            // through to the copies below: those read the *previous* phase's replica (r.seq is
+            // not advanced yet) into the outputs, where a peer's bytes of this phase may
+            // already be arriving (`super::redirect`).
             if w && direct {
                 r.push_from(|q| (at(q, off), len));
+                return;
             } else if w {
                 if root.is_none_or(|x| x == me) {
                     let slot = r.slot(me, r.seq + 1);
@@ -956,9 +961,10 @@ impl<'a> Runner<'a> {
     /// Asks the receive thread to read remote rank `src`'s `len` bytes of phase `s` at slot
     /// offset `off` straight into `dst` ([`super::redirect`]; refused when too late).
     ///
-    /// Off for now ([`REDIRECT`]): `test_pg_tcp.py` twice saw an all_to_all_single piece
-    /// from a remote rank left at zeros with it on (once in the mixed group, once with two
-    /// hosts), a race not found yet; every op copies out of the replica as before.
+    /// Only when every live peer is on another host ([`Runner::remote_only`]): a mixed
+    /// group copies out of the replica as before (it was switched off there while a bug of
+    /// the all_to_all write side, since fixed, was unexplained; `tests/tcp_redirect.rs`
+    /// covers groups whose ranks are all on different hosts).
     fn expect(&self, s: u64, src: usize, off: usize, len: usize, dst: *mut u8) {
         if !REDIRECT || !self.remote_only() {
             return;

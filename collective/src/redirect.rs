@@ -101,12 +101,19 @@ impl Redirect {
     }
 
     /// Whether phase `phase`'s bytes at slot offset `off` went to the registered
-    /// destination (asked after the phase wait saw the phase published).
+    /// destination (asked once, after the phase wait saw the phase published). The answer
+    /// retires that registration and every one of an earlier phase: their WRITEs, if any,
+    /// came before the STORE the wait saw, so the table holds only the phases ahead and a
+    /// long op never fills it.
     pub(crate) fn delivered(&self, phase: u64, off: usize) -> bool {
-        let st = self.lock();
-        st.entries
+        let mut st = self.lock();
+        let hit = st
+            .entries
             .iter()
-            .any(|e| e.phase == phase && e.off == off && e.used)
+            .any(|e| e.phase == phase && e.off == off && e.used);
+        st.entries
+            .retain(|e| e.phase > phase || (e.phase == phase && e.off != off));
+        hit
     }
 
     /// Drops every registration, waiting until no destination is being written.
@@ -136,13 +143,32 @@ mod tests {
         );
         assert_eq!(r.take(5, 64, 8), Some(p));
         r.done();
-        assert!(r.delivered(5, 64));
         assert!(!r.delivered(5, 0));
+        assert!(r.delivered(5, 64));
         assert!(!r.register(5, 0, 8, p), "phase 5 has started: too late");
         assert!(!r.register(4, 0, 8, p));
         assert!(r.register(6, 0, 8, p));
         r.clear();
         assert_eq!(r.take(6, 0, 8), None, "cleared");
+    }
+
+    #[test]
+    fn answered_phases_leave_the_table() {
+        let r = Redirect::default();
+        let mut buf = [0u8; 8];
+        let p = buf.as_mut_ptr();
+        // A long op: a phase is registered two ahead and asked about once it is published,
+        // far more phases than the table holds.
+        let phases = 4 * PG_NET_REDIRECTS_MAX as u64;
+        assert!(r.register(1, 0, 8, p) && r.register(2, 0, 8, p));
+        for s in 1..=phases {
+            assert_eq!(r.take(s, 0, 8), Some(p), "phase {s} registered");
+            r.done();
+            assert!(r.delivered(s, 0));
+            assert!(r.register(s + 2, 0, 8, p), "phase {} accepted", s + 2);
+        }
+        assert_eq!(r.lock().entries.len(), 2, "only the two phases ahead");
+        assert!(!r.delivered(phases, 0), "an answer is given once");
     }
 
     #[test]
