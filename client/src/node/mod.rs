@@ -25,6 +25,12 @@
 //! so the master rebuilds its index (see [`crate::recovery`] and `docs/recovery.md`).
 //! [`Node::shutdown`] unmounts every shard and removes the descriptors.
 //!
+//! Each shard's segment is populated after start-up by a low-priority thread
+//! ([`dataplane::mem::Populator`], `--populate`, on by default), from its base upwards, the
+//! order in which the master's allocator fills a fresh segment, so that the first puts into a
+//! fresh node find their pages present (as transparent hugepages where the kernel collapses
+//! them) without the start waiting for it; `--prefault` does the same before start-up ends.
+//!
 //! Invariants: a shard's server serves only its own segment; the segments stay mapped until
 //! the servers are dropped (the `ServedMemory` table holds them).
 //!
@@ -71,12 +77,17 @@ pub enum NodeError {
 }
 
 struct Shard {
-    /// Dropped first: stops serving before anything else goes. An io_uring shard pinned to
+    /// The segment's background populator (`--populate`; `None` with `--prefault` or when
+    /// off). Dropped first: it stops after its current 2 MiB chunk.
+    populator: Option<dataplane::mem::Populator>,
+    /// Stops serving before anything else goes. An io_uring shard pinned to
     /// its core, or the blocking fallback when io_uring is refused (the reason is logged).
     server: Server,
     descriptor: SegmentDescriptor,
     /// What memory the segment got (hugetlb, thp, plain): logged and exported.
     kind: SegmentKind,
+    /// `--prefault`: every page was faulted in before start-up ended.
+    prefaulted: bool,
     /// The table the server serves; its catalog is re-reported on a re-mount.
     memory: Arc<ServedMemory>,
     /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
@@ -584,6 +595,13 @@ fn start_shard(
         ..Default::default()
     };
     let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
+    let populator = (cfg.populate && !cfg.prefault)
+        .then(|| dataplane::mem::Populator::start(segment.clone(), &format!("populate-{index}")))
+        .and_then(|started| {
+            started
+                .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
+                .ok()
+        });
     tracing::info!(
         "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
         segment.kind().as_str(),
@@ -597,9 +615,11 @@ fn start_shard(
         server.local_addr()
     );
     Ok(Shard {
+        populator,
         server,
         descriptor,
         kind: segment.kind(),
+        prefaulted: cfg.prefault,
         memory,
         _shm: shm,
     })
