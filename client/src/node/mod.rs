@@ -25,11 +25,12 @@
 //! so the master rebuilds its index (see [`crate::recovery`] and `docs/recovery.md`).
 //! [`Node::shutdown`] unmounts every shard and removes the descriptors.
 //!
-//! Each shard's segment is populated after start-up by a low-priority thread
-//! ([`dataplane::mem::Populator`], `--populate`, on by default), from its base upwards, the
-//! order in which the master's allocator fills a fresh segment, so that the first puts into a
-//! fresh node find their pages present (as transparent hugepages where the kernel collapses
-//! them) without the start waiting for it; `--prefault` does the same before start-up ends.
+//! Each shard's segment is populated ([`dataplane::mem::Populator`], `--populate`, on by
+//! default) from its base upwards, the order in which the master's allocator fills a fresh
+//! segment, so that the first puts into a fresh node find their pages present (as transparent
+//! hugepages where the kernel collapses them): the head during start-up, for at most
+//! [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of `--global_segment_size`, the rest after
+//! ready in a low-priority thread; `--prefault` does all of it before start-up ends.
 //!
 //! Invariants: a shard's server serves only its own segment; the segments stay mapped until
 //! the servers are dropped (the `ServedMemory` table holds them).
@@ -59,7 +60,8 @@ mod config;
 pub mod metrics;
 
 use crate::limits::{
-    DRAIN_OVERRUN, DRAIN_POLL, MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX,
+    DRAIN_OVERRUN, DRAIN_POLL, MASTER_CONNECT_PATIENCE, PING_INTERVAL,
+    POPULATE_AT_START_PER_16_GIB, SHARDS_MAX,
 };
 pub use config::{NodeConfig, USAGE};
 
@@ -567,6 +569,11 @@ fn start_shard(
     cfg: &NodeConfig,
 ) -> Result<Shard, NodeError> {
     let fail = |why: String| NodeError::Shard { shard: index, why };
+    // The start may spend this long populating the segment's head (the shards start in
+    // parallel, so every shard has the whole node's budget).
+    let head_deadline = Instant::now()
+        + POPULATE_AT_START_PER_16_GIB
+            .mul_f64(cfg.global_segment_size as f64 / (16u64 << 30) as f64);
     let options = SegmentOptions {
         hugepages: HugepagePolicy::from_env(),
         prefault: cfg.prefault,
@@ -596,7 +603,10 @@ fn start_shard(
     };
     let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
     let populator = (cfg.populate && !cfg.prefault)
-        .then(|| dataplane::mem::Populator::start(segment.clone(), &format!("populate-{index}")))
+        .then(|| {
+            let name = format!("populate-{index}");
+            dataplane::mem::Populator::start_with_head(segment.clone(), &name, head_deadline)
+        })
         .and_then(|started| {
             started
                 .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))

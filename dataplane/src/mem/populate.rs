@@ -10,7 +10,10 @@
 //! reports ready, which costs the start-up about a second per GiB on a VM that backs guest
 //! memory lazily; the populator does the same work after ready, in the gaps.
 //!
-//! How: one thread per segment, at `SCHED_IDLE` (it runs only when a core has nothing else to
+//! How: the caller may populate a head of the segment itself before it reports ready, within
+//! a time budget ([`Populator::start_with_head`]; the node allows 1 s per 16 GiB of segment),
+//! so that the first puts, which come at once, find their pages ready even on a busy host.
+//! Then one thread per segment, at `SCHED_IDLE` (it runs only when a core has nothing else to
 //! do, so a put never waits for it), walks the segment from its base upwards in 2 MiB chunks
 //! ([`POPULATE_CHUNK_BYTES`]) and publishes how far it got ([`Populator::populated_bytes`]).
 //! The base upwards is the order the master's allocator fills a fresh segment in (best fit
@@ -64,9 +67,38 @@ pub struct Populator {
 impl Populator {
     /// Starts populating `segment` from its base in a thread named `name` at `SCHED_IDLE`.
     pub fn start(segment: Arc<Segment>, name: &str) -> std::io::Result<Populator> {
+        Self::start_from(segment, name, 0)
+    }
+
+    /// Populates the head of `segment` in the calling thread until `deadline` (at least one
+    /// chunk), then the rest in the background as [`Self::start`] does: the part a fresh
+    /// node's first puts land in is ready before the node says it is, at a bounded cost to
+    /// its start.
+    pub fn start_with_head(
+        segment: Arc<Segment>,
+        name: &str,
+        deadline: Instant,
+    ) -> std::io::Result<Populator> {
+        let mut offset = 0;
+        while offset < segment.len() {
+            let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
+            if segment.populate(offset, len).is_err() {
+                break;
+            }
+            offset += len;
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        Self::start_from(segment, name, offset)
+    }
+
+    /// [`Self::start`] from byte `from` (a multiple of [`POPULATE_CHUNK_BYTES`], or the end):
+    /// the bytes below it are populated already.
+    fn start_from(segment: Arc<Segment>, name: &str, from: usize) -> std::io::Result<Populator> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
-            populated: AtomicUsize::new(0),
+            populated: AtomicUsize::new(from),
         });
         let len = segment.len();
         let inner = shared.clone();
@@ -145,7 +177,7 @@ impl Drop for Populator {
 fn walk(segment: &Segment, shared: &Shared) -> PopulateReport {
     let started = Instant::now();
     let mut report = PopulateReport::default();
-    let mut offset = 0;
+    let mut offset = shared.populated.load(Ordering::Acquire);
     while offset < segment.len() {
         if shared.stop.load(Ordering::Acquire) {
             report.stopped = Some("stopped");
@@ -229,6 +261,27 @@ mod tests {
                 assert_eq!(seg.as_ptr().add(off).read(), 0, "populating wrote at {off}");
             }
         }
+    }
+
+    #[test]
+    fn a_head_is_populated_before_start_returns_and_the_rest_after() {
+        let seg = shared_segment(32 * HUGE_PAGE_BYTES);
+        // A deadline already passed still populates one chunk.
+        let p = Populator::start_with_head(seg.clone(), "populate-test", Instant::now()).unwrap();
+        let head = p.populated_bytes();
+        assert!(head >= HUGE_PAGE_BYTES, "{head}");
+        let report = p.join();
+        assert_eq!(report.populated_bytes, seg.len());
+        assert_eq!(
+            report.huge_chunks + report.base_chunks,
+            (seg.len() - head) / HUGE_PAGE_BYTES
+        );
+        assert_eq!(resident_pages(&seg), seg.len() / 4096);
+        let all = shared_segment(4 * HUGE_PAGE_BYTES);
+        let later = Instant::now() + Duration::from_secs(600);
+        let p = Populator::start_with_head(all.clone(), "populate-test", later).unwrap();
+        assert!(p.done(), "the whole segment fits the budget");
+        assert_eq!(p.join().populated_bytes, all.len());
     }
 
     #[test]
