@@ -350,11 +350,8 @@ mod tests {
         assert_eq!(report.populated_bytes, len);
         for i in (0..len / BLOCK).filter(|i| i % 4 >= 2) {
             // SAFETY: inside the live mapping; the writers are done.
-            assert_eq!(
-                unsafe { seg.as_ptr().add(i * BLOCK).read() },
-                0,
-                "block {i}"
-            );
+            let got = unsafe { seg.as_ptr().add(i * BLOCK).read() };
+            assert_eq!(got, 0, "block {i}");
         }
         // SAFETY: the mapping made above, unmapped once.
         unsafe { libc::munmap(peer.as_ptr().cast(), len) };
