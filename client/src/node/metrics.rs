@@ -74,6 +74,25 @@ type StatCounter = (
     fn(&dataplane::mem::served::ServerStats) -> u64,
 );
 
+/// `segment_populated_bytes`: per shard, the bytes from its segment's base that are populated
+/// (its populator's progress; with `--prefault` the whole segment; else none).
+fn render_populated(out: &mut String, shards: &[Shard]) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# TYPE mooncake_node_segment_populated_bytes gauge");
+    for (i, sh) in shards.iter().enumerate() {
+        // With `--prefault`, or no populator, the bytes faulted in before ready (or none).
+        let populated = match &sh.populator {
+            Some(p) => p.populated_bytes() as u64,
+            None if sh.prefaulted => sh.descriptor.size,
+            None => 0,
+        };
+        let _ = writeln!(
+            out,
+            "mooncake_node_segment_populated_bytes{{shard=\"{i}\"}} {populated}"
+        );
+    }
+}
+
 /// The node's Prometheus text: per shard, its memory kind, server backend (and why it fell
 /// back), request and connection counters, and the event-loop stall detector. Every family is
 /// one group: its `# TYPE` line, then one sample per shard, labelled `shard="<index>"`.
@@ -110,19 +129,7 @@ pub(super) fn render(shards: &[Shard]) -> String {
             sh.kind.as_str()
         );
     }
-    let _ = writeln!(out, "# TYPE mooncake_node_segment_populated_bytes gauge");
-    for (i, sh) in shards.iter().enumerate() {
-        // With `--prefault`, or no populator, the bytes faulted in before ready (or none).
-        let populated = match &sh.populator {
-            Some(p) => p.populated_bytes() as u64,
-            None if sh.prefaulted => sh.descriptor.size,
-            None => 0,
-        };
-        let _ = writeln!(
-            out,
-            "mooncake_node_segment_populated_bytes{{shard=\"{i}\"}} {populated}"
-        );
-    }
+    render_populated(&mut out, shards);
     let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
     for (i, sh) in shards.iter().enumerate() {
         let why = sh.server.fallback_reason().map(label).unwrap_or_default();

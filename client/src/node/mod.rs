@@ -560,6 +560,26 @@ fn serve_rdma(
     Ok(Some(side))
 }
 
+/// The shard's populator (`--populate` without `--prefault`): the segment's head now, within
+/// [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of the node's segments (the shards start in
+/// parallel, so every shard has the whole node's budget), the rest in the background. `None`
+/// when off, or when its thread cannot start (logged: the node serves without it).
+fn start_populator(
+    index: usize,
+    segment: &Arc<dataplane::mem::Segment>,
+    cfg: &NodeConfig,
+) -> Option<dataplane::mem::Populator> {
+    if !cfg.populate || cfg.prefault {
+        return None;
+    }
+    let share = cfg.global_segment_size as f64 / (16u64 << 30) as f64;
+    let deadline = Instant::now() + POPULATE_AT_START_PER_16_GIB.mul_f64(share);
+    let name = format!("populate-{index}");
+    dataplane::mem::Populator::start_with_head(segment.clone(), &name, deadline)
+        .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
+        .ok()
+}
+
 fn start_shard(
     index: usize,
     name: &str,
@@ -569,11 +589,6 @@ fn start_shard(
     cfg: &NodeConfig,
 ) -> Result<Shard, NodeError> {
     let fail = |why: String| NodeError::Shard { shard: index, why };
-    // The start may spend this long populating the segment's head (the shards start in
-    // parallel, so every shard has the whole node's budget).
-    let head_deadline = Instant::now()
-        + POPULATE_AT_START_PER_16_GIB
-            .mul_f64(cfg.global_segment_size as f64 / (16u64 << 30) as f64);
     let options = SegmentOptions {
         hugepages: HugepagePolicy::from_env(),
         prefault: cfg.prefault,
@@ -602,16 +617,7 @@ fn start_shard(
         ..Default::default()
     };
     let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
-    let populator = (cfg.populate && !cfg.prefault)
-        .then(|| {
-            let name = format!("populate-{index}");
-            dataplane::mem::Populator::start_with_head(segment.clone(), &name, head_deadline)
-        })
-        .and_then(|started| {
-            started
-                .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
-                .ok()
-        });
+    let populator = start_populator(index, &segment, cfg);
     tracing::info!(
         "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
         segment.kind().as_str(),
