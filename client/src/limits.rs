@@ -94,6 +94,11 @@ pub const LEADER_EPOCH_CHECK: Duration = Duration::from_millis(50);
 /// Most shards one node runs.
 pub const SHARDS_MAX: usize = 256;
 
+/// How long a storage node's start may spend populating its segments' heads (where the
+/// first puts land) before it reports ready, per 16 GiB of `--global_segment_size`; the rest
+/// is populated in the background (`dataplane::mem::populate`).
+pub const POPULATE_AT_START_PER_16_GIB: Duration = Duration::from_secs(1);
+
 /// Key bytes of held objects sent in one `ReMountSegment` (the frame limit is 64 MiB).
 pub const REMOUNT_HELD_BYTES_MAX: usize = 4 << 20;
 

@@ -92,6 +92,10 @@ pub const SEND_ZC_MIN_BYTES_DEFAULT: u64 = u64::MAX;
 
 const RESPONSE_HEADER_BYTES_U64: u64 = 24;
 
+/// Bytes a segment's background populator (`mem::populate`) faults in (and collapses into a
+/// transparent hugepage) at a time, publishing its progress after each: one huge page.
+pub const POPULATE_CHUNK_BYTES: usize = HUGE_PAGE_BYTES;
+
 /// Bytes of one slab: the unit the slab allocator hands to a size class. One huge page, so a
 /// slab never straddles two huge pages of a segment.
 pub const SLAB_BYTES: usize = HUGE_PAGE_BYTES;
@@ -127,6 +131,7 @@ const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= REQUEST_PAYLOAD_MAX_BYTES);
 const _: () = assert!(CATALOG_RECORD_MAX_BYTES <= u32::MAX as u64);
 const _: () = assert!(SLAB_BYTES.is_power_of_two() && SLAB_CLASS_MIN_BYTES.is_power_of_two());
 const _: () = assert!(SLAB_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
+const _: () = assert!(POPULATE_CHUNK_BYTES == HUGE_PAGE_BYTES);
 const _: () = assert!(SLAB_CLASS_MIN_BYTES <= SLAB_BYTES);
 const _: () = assert!(SLAB_CLASS_COUNT <= u8::MAX as usize);
 const _: () = assert!(CLIENT_LANES_DEFAULT <= CLIENT_LANES_MAX);

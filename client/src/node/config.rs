@@ -1,6 +1,7 @@
 //! The node's flags: [`NodeConfig`], its defaults, the `--help` text ([`USAGE`]) and the
 //! gflags-style parser of `mooncake_client`'s command line (upstream's flags plus
-//! `--shards`/`--cores`, `--data_port`, `--metrics_port`, `--prefault`, `--replica_tasks`).
+//! `--shards`/`--cores`, `--data_port`, `--metrics_port`, `--prefault`, `--populate`,
+//! `--replica_tasks`).
 //!
 //! Invariants: a `NodeConfig` that [`NodeConfig::parse_args`] returns has 1..=[`SHARDS_MAX`]
 //! shards, at least one byte of segment per shard, `--protocol` tcp, rdma or empty (every
@@ -43,6 +44,9 @@ pub struct NodeConfig {
     pub http_port: Option<u16>,
     /// Fault every segment page in at start-up.
     pub prefault: bool,
+    /// `--populate` (default true): fault the segments' pages in after start-up, in a
+    /// low-priority thread per shard (`dataplane::mem::populate`). Moot with `--prefault`.
+    pub populate: bool,
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
@@ -83,6 +87,7 @@ impl Default for NodeConfig {
             http_host: "127.0.0.1".into(),
             http_port: None,
             prefault: false,
+            populate: true,
             replica_tasks: true,
             drain_timeout_s: 30,
             enable_offload: false,
@@ -131,7 +136,12 @@ flags (--flag=value or --flag value):
                                  /health (JSON), /metrics, /metrics/summary
   --http_host=127.0.0.1          address both HTTP endpoints bind (0.0.0.0: every interface,
                                  e.g. for a Prometheus on another host)
-  --prefault=false               fault segment pages in at start-up
+  --prefault=false               fault segment pages in at start-up, before ready (as
+                                 transparent hugepages where the kernel collapses them)
+  --populate=true                the same after ready, in the background: one idle-priority
+                                 thread per shard fills its segment from the base upwards,
+                                 where the next puts land (false: pages are faulted in by
+                                 the puts that first write them; docs/deploy.md)
   --drain_timeout_sec=30         on SIGTERM, drain the segments (no new puts, only copies
                                  moved to other nodes) for at most this long; 0 = unmount now
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
@@ -185,6 +195,7 @@ const VALUE_FLAGS: &[&str] = &[
 const BOOL_FLAGS: &[&str] = &[
     "enable_offload",
     "prefault",
+    "populate",
     "enable_http_server",
     "replica_tasks",
 ];
@@ -274,6 +285,7 @@ impl NodeConfig {
         match name {
             "enable_offload" => c.enable_offload = parse_bool(&value)?,
             "prefault" => c.prefault = parse_bool(&value)?,
+            "populate" => c.populate = parse_bool(&value)?,
             "enable_http_server" => pending.http_on = parse_bool(&value)?,
             "replica_tasks" => c.replica_tasks = parse_bool(&value)?,
             "host" => c.host = value,
@@ -486,5 +498,8 @@ mod tests {
         assert_eq!(c.warnings.len(), 1);
         assert!(parse(&["--old_flag=2"]).unwrap_err().contains("old_flag"));
         assert!(!parse(&["--prefault", "false"]).unwrap().unwrap().prefault);
+        assert!(NodeConfig::default().populate);
+        assert!(!parse(&["--populate=false"]).unwrap().unwrap().populate);
+        assert!(!parse(&["--nopopulate"]).unwrap().unwrap().populate);
     }
 }

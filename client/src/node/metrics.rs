@@ -2,6 +2,8 @@
 //! `GET /health` on `--metrics_port`, served by one small thread so the shards never see it.
 //!
 //! What it exports, per shard: the memory kind its segment got (`hugetlb`, `thp`, `plain`),
+//! how many bytes of it are populated from its base (`segment_populated_bytes`, see
+//! `dataplane::mem::populate`),
 //! the server backend (`io_uring`, or `blocking` with the reason it fell back), the request
 //! and connection counters, and the event-loop stall detector. `render` writes that text
 //! from the node's shards ([`super::Node::render_metrics`]); [`MetricsServer`] serves whatever
@@ -72,6 +74,25 @@ type StatCounter = (
     fn(&dataplane::mem::served::ServerStats) -> u64,
 );
 
+/// `segment_populated_bytes`: per shard, the bytes from its segment's base that are populated
+/// (its populator's progress; with `--prefault` the whole segment; else none).
+fn render_populated(out: &mut String, shards: &[Shard]) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "# TYPE mooncake_node_segment_populated_bytes gauge");
+    for (i, sh) in shards.iter().enumerate() {
+        // With `--prefault`, or no populator, the bytes faulted in before ready (or none).
+        let populated = match &sh.populator {
+            Some(p) => p.populated_bytes() as u64,
+            None if sh.prefaulted => sh.descriptor.size,
+            None => 0,
+        };
+        let _ = writeln!(
+            out,
+            "mooncake_node_segment_populated_bytes{{shard=\"{i}\"}} {populated}"
+        );
+    }
+}
+
 /// The node's Prometheus text: per shard, its memory kind, server backend (and why it fell
 /// back), request and connection counters, and the event-loop stall detector. Every family is
 /// one group: its `# TYPE` line, then one sample per shard, labelled `shard="<index>"`.
@@ -108,6 +129,7 @@ pub(super) fn render(shards: &[Shard]) -> String {
             sh.kind.as_str()
         );
     }
+    render_populated(&mut out, shards);
     let _ = writeln!(out, "# TYPE mooncake_node_io_backend gauge");
     for (i, sh) in shards.iter().enumerate() {
         let why = sh.server.fallback_reason().map(label).unwrap_or_default();
@@ -195,6 +217,36 @@ mod tests {
         assert_eq!(label("a\"b\\c"), "a\\\"b\\\\c");
     }
 
+    /// A shard started with the default `--populate` has its whole segment populated in
+    /// the background, and says so in `segment_populated_bytes`; `--populate=false` leaves it
+    /// to the puts.
+    #[test]
+    fn a_shard_populates_its_segment_in_the_background_unless_told_not_to() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let bind = SocketAddr::new(ip, 0);
+        let mut cfg = crate::node::NodeConfig::default();
+        let len = 8 << 20;
+        let on = crate::node::start_shard(0, "h:1", len, bind, ip, &cfg).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let want = format!("mooncake_node_segment_populated_bytes{{shard=\"0\"}} {len}\n");
+        while !render(std::slice::from_ref(&on)).contains(&want) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not populated in 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        cfg.populate = false;
+        let off = crate::node::start_shard(0, "h:2", len, bind, ip, &cfg).unwrap();
+        assert!(off.populator.is_none());
+        let text = render(std::slice::from_ref(&off));
+        assert!(
+            text.contains("mooncake_node_segment_populated_bytes{shard=\"0\"} 0\n"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn renders_each_family_as_one_group_with_one_sample_per_shard() {
         use std::net::{IpAddr, Ipv4Addr};
@@ -232,7 +284,7 @@ mod tests {
                 "not in its family's group, after its TYPE line: {line}"
             );
         }
-        assert_eq!(typed.len(), 15, "{text}");
+        assert_eq!(typed.len(), 16, "{text}");
         assert!(
             text.contains("\nmooncake_rdma_tcp_fallbacks_total "),
             "{text}"

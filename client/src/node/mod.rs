@@ -25,6 +25,13 @@
 //! so the master rebuilds its index (see [`crate::recovery`] and `docs/recovery.md`).
 //! [`Node::shutdown`] unmounts every shard and removes the descriptors.
 //!
+//! Each shard's segment is populated ([`dataplane::mem::Populator`], `--populate`, on by
+//! default) from its base upwards, the order in which the master's allocator fills a fresh
+//! segment, so that the first puts into a fresh node find their pages present (as transparent
+//! hugepages where the kernel collapses them): the head during start-up, for at most
+//! [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of `--global_segment_size`, the rest after
+//! ready in a low-priority thread; `--prefault` does all of it before start-up ends.
+//!
 //! Invariants: a shard's server serves only its own segment; the segments stay mapped until
 //! the servers are dropped (the `ServedMemory` table holds them).
 //!
@@ -53,7 +60,8 @@ mod config;
 pub mod metrics;
 
 use crate::limits::{
-    DRAIN_OVERRUN, DRAIN_POLL, MASTER_CONNECT_PATIENCE, PING_INTERVAL, SHARDS_MAX,
+    DRAIN_OVERRUN, DRAIN_POLL, MASTER_CONNECT_PATIENCE, PING_INTERVAL,
+    POPULATE_AT_START_PER_16_GIB, SHARDS_MAX,
 };
 pub use config::{NodeConfig, USAGE};
 
@@ -71,12 +79,17 @@ pub enum NodeError {
 }
 
 struct Shard {
-    /// Dropped first: stops serving before anything else goes. An io_uring shard pinned to
+    /// The segment's background populator (`--populate`; `None` with `--prefault` or when
+    /// off). Dropped first: it stops after its current 2 MiB chunk.
+    populator: Option<dataplane::mem::Populator>,
+    /// Stops serving before anything else goes. An io_uring shard pinned to
     /// its core, or the blocking fallback when io_uring is refused (the reason is logged).
     server: Server,
     descriptor: SegmentDescriptor,
     /// What memory the segment got (hugetlb, thp, plain): logged and exported.
     kind: SegmentKind,
+    /// `--prefault`: every page was faulted in before start-up ended.
+    prefaulted: bool,
     /// The table the server serves; its catalog is re-reported on a re-mount.
     memory: Arc<ServedMemory>,
     /// The segment's memfd offered to same-host clients (`dataplane::mem::shm`).
@@ -547,6 +560,26 @@ fn serve_rdma(
     Ok(Some(side))
 }
 
+/// The shard's populator (`--populate` without `--prefault`): the segment's head now, within
+/// [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of the node's segments (the shards start in
+/// parallel, so every shard has the whole node's budget), the rest in the background. `None`
+/// when off, or when its thread cannot start (logged: the node serves without it).
+fn start_populator(
+    index: usize,
+    segment: &Arc<dataplane::mem::Segment>,
+    cfg: &NodeConfig,
+) -> Option<dataplane::mem::Populator> {
+    if !cfg.populate || cfg.prefault {
+        return None;
+    }
+    let share = cfg.global_segment_size as f64 / (16u64 << 30) as f64;
+    let deadline = Instant::now() + POPULATE_AT_START_PER_16_GIB.mul_f64(share);
+    let name = format!("populate-{index}");
+    dataplane::mem::Populator::start_with_head(segment.clone(), &name, deadline)
+        .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
+        .ok()
+}
+
 fn start_shard(
     index: usize,
     name: &str,
@@ -584,6 +617,7 @@ fn start_shard(
         ..Default::default()
     };
     let shm = dataplane::mem::shm::export_segment(&descriptor.te_endpoint, &segment, &memory);
+    let populator = start_populator(index, &segment, cfg);
     tracing::info!(
         "shard {index}: {} segment of {len} bytes at {:#x}{}, {} server on {}",
         segment.kind().as_str(),
@@ -597,9 +631,11 @@ fn start_shard(
         server.local_addr()
     );
     Ok(Shard {
+        populator,
         server,
         descriptor,
         kind: segment.kind(),
+        prefaulted: cfg.prefault,
         memory,
         _shm: shm,
     })

@@ -210,6 +210,36 @@ mod tests {
         assert_eq!(f.largest_free_extent_bytes, 512 * MIB);
     }
 
+    /// The order a storage node's background populator relies on
+    /// (`dataplane::mem::populate`): a fresh segment is filled from its base upwards, so the
+    /// populated low range is where new objects land, and a freed range is reused before
+    /// untouched space further up, so a put after a remove finds pages already written.
+    #[test]
+    fn a_fresh_segment_fills_from_its_base_and_reuses_freed_ranges_first() {
+        let base = 0x4000_0000;
+        let mut a = SegmentAllocator::new(base, 1024 * MIB).unwrap();
+        let spans: Vec<Span> = (0..48).map(|_| a.allocate(4 * MIB).unwrap()).collect();
+        for (i, s) in spans.iter().enumerate() {
+            assert_eq!(
+                s.addr,
+                base + i as u64 * 4 * MIB,
+                "object {i} not next from the base"
+            );
+        }
+        let batch: Vec<Span> = (0..8).map(|_| a.allocate(4 * MIB).unwrap()).collect();
+        assert_eq!(batch[0].addr, spans[47].end(), "a batch continues upwards");
+        assert!(a.free(spans[10]) && a.free(spans[11]));
+        let again = a.allocate(4 * MIB).unwrap();
+        assert_eq!(
+            again.addr, spans[10].addr,
+            "the freed range before untouched space"
+        );
+        let next = a.allocate(4 * MIB).unwrap();
+        assert_eq!(next.addr, spans[11].addr);
+        let fresh = a.allocate(4 * MIB).unwrap();
+        assert_eq!(fresh.addr, batch[7].end(), "then upwards again");
+    }
+
     #[test]
     fn small_segments_skip_slabs() {
         let mut a = SegmentAllocator::new(0, 16 * MIB).unwrap();

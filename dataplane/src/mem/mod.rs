@@ -4,6 +4,9 @@
 //!   plain pages), sized to a whole number of its pages and unmapped on drop.
 //!   [`Segment::new_shared`] backs one with a memfd instead, which [`shm`] offers to other
 //!   processes on the same host so that they read and write it with memcpy.
+//! - [`populate`]: [`Populator`], a low-priority thread that faults a serving segment's pages
+//!   in (as transparent hugepages where the kernel collapses them) from its base upwards, so
+//!   that the first puts into a fresh node do not run at the page-fault rate.
 //! - [`file`]: the checks a path from outside passes before its file is mapped shared (a
 //!   regular file of ours in `/dev/shm` or a directory of `MC_MOUNT_FILE_DIRS`, no link).
 //! - [`Registry`]: the table of registered buffers. A remote access is served only when its
@@ -27,6 +30,7 @@
 
 pub mod copier;
 pub mod file;
+pub mod populate;
 pub mod registry;
 pub mod segment;
 pub mod served;
@@ -34,6 +38,7 @@ pub mod shm;
 pub mod slab;
 
 pub use crate::sys::bytes::{Dst, Src};
+pub use populate::{PopulateReport, Populator};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use shm::{ShmExport, ShmMapping};

@@ -262,26 +262,85 @@ impl Segment {
         self.page_bytes
     }
 
-    /// Faults every page in, writably. Uses `MADV_POPULATE_WRITE` (Linux 5.14) and falls
-    /// back to writing one zero byte per page, which is harmless: fresh anonymous memory
+    /// Faults every page in, writably, now: [`Self::populate`] chunk by chunk (transparent
+    /// hugepages where the kernel collapses them), and where the kernel cannot populate
+    /// (before Linux 5.14), one zero byte written per page, which is harmless: fresh memory
     /// is already zero, and the caller runs this before the segment is registered.
     pub fn prefault(&mut self) {
-        // SAFETY: ptr..ptr+len is our own live mapping (struct invariant).
-        let rc = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().cast(),
-                self.len,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if rc == 0 {
-            return;
+        for offset in (0..self.len).step_by(HUGE_PAGE_BYTES) {
+            let len = HUGE_PAGE_BYTES.min(self.len - offset);
+            if self.populate(offset, len).is_ok() {
+                continue;
+            }
+            let step = base_page_bytes().min(self.page_bytes);
+            for at in (offset..offset + len).step_by(step) {
+                // SAFETY: at < len, so the byte is inside our writable mapping; `&mut self`
+                // means nobody else holds a reference to it.
+                unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(at), 0) };
+            }
         }
-        let step = base_page_bytes().min(self.page_bytes);
-        for offset in (0..self.len).step_by(step) {
-            // SAFETY: offset < len, so the byte is inside our writable mapping; `&mut self`
-            // means nobody else holds a reference to it.
-            unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(offset), 0) };
+    }
+
+    /// Populates `offset..offset + len` (inside the segment, page aligned) without changing
+    /// any byte of it, so it is safe while peers read and write the range: the pages are
+    /// faulted in writably (`MADV_POPULATE_WRITE`, which leaves a present page as it is).
+    /// A shared segment of base pages is then offered to the kernel as one transparent
+    /// hugepage per whole, aligned 2 MiB (`MADV_COLLAPSE`: the kernel copies what is there
+    /// into a 2 MiB page under the pages' locks, so concurrent writers wait, never lose a
+    /// write; it works even where `shmem_enabled` is `never`, not where it is `deny`), so that
+    /// a process mapping it takes one fault per 2 MiB. Only the first page is populated
+    /// before the collapse (the rest comes zeroed with the hugepage), the whole range after a
+    /// collapse the kernel refuses.
+    ///
+    /// Returns whether the range is now one hugepage (always true for a hugetlb segment).
+    /// Errors: `InvalidInput` for a range outside the segment; the `madvise` error when the
+    /// kernel cannot populate (older than 5.14).
+    pub fn populate(&self, offset: usize, len: usize) -> io::Result<bool> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.len);
+        if end.is_none() || !offset.is_multiple_of(base_page_bytes()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{offset}+{len} is not a page-aligned range of {}", self.len),
+            ));
+        }
+        if len == 0 {
+            return Ok(false);
+        }
+        let at = self.addr() + offset;
+        let whole_huge = len == HUGE_PAGE_BYTES && at.is_multiple_of(HUGE_PAGE_BYTES);
+        if self.kind == SegmentKind::HugeTlb {
+            self.advise(offset, len, libc::MADV_POPULATE_WRITE)?;
+            return Ok(true);
+        }
+        if whole_huge && self.fd.is_some() {
+            self.advise(offset, base_page_bytes(), libc::MADV_POPULATE_WRITE)?;
+            if self.advise(offset, len, libc::MADV_COLLAPSE).is_ok() {
+                return Ok(true);
+            }
+        }
+        self.advise(offset, len, libc::MADV_POPULATE_WRITE)?;
+        Ok(false)
+    }
+
+    /// `madvise(advice)` over `offset..offset + len` of the mapping, retried on `EINTR` and
+    /// `EAGAIN` (a populate interrupted by a signal, a collapse that met a busy page) a few
+    /// times.
+    fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+        debug_assert!(offset + len <= self.len);
+        let mut tries = 0;
+        loop {
+            // SAFETY: the range lies inside our own live mapping (checked by the callers);
+            // the advice used here changes no byte of it.
+            let rc = unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, advice) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            tries += 1;
+            let again = matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN));
+            if !again || tries >= 3 {
+                return Err(e);
+            }
         }
     }
 }

@@ -5,6 +5,8 @@
 use std::io;
 use std::ptr::NonNull;
 
+use crate::limits::HUGE_PAGE_BYTES;
+
 /// The base page size (`sysconf(_SC_PAGESIZE)`, 4 KiB if it cannot be read).
 pub fn base_page_bytes() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -36,28 +38,115 @@ pub fn mmap_shared(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> io::Result<No
 }
 
 /// [`mmap_shared`] of the `len` bytes at `offset` (a multiple of the page size) of `fd`.
+///
+/// From [`HUGE_PAGE_BYTES`] up the mapping is placed so that its address and `offset` agree
+/// modulo 2 MiB ([`huge_aligned_hint`]): only then can the kernel map a 2 MiB page of the
+/// file (a transparent hugepage a segment's populator collapsed, `mem::segment`) with one
+/// page-table entry in every process mapping it, one fault per 2 MiB instead of 512. The
+/// kernel does not align shared memory by itself unless `shmem_enabled` allows hugepages.
 pub(crate) fn mmap_shared_at(
     fd: std::os::fd::BorrowedFd<'_>,
     len: usize,
     offset: libc::off_t,
 ) -> io::Result<NonNull<u8>> {
     use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared mapping of a descriptor we hold, at a kernel-chosen address; it
-    // aliases no Rust object.
+    let reserved = HugeReservation::new(len, offset);
+    let (at, flags) = match &reserved {
+        Some(r) => (r.at, libc::MAP_SHARED | libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), libc::MAP_SHARED),
+    };
+    // SAFETY: a fresh shared mapping of a descriptor we hold, at a kernel-chosen address, or
+    // (`MAP_FIXED`) over part of an inaccessible reservation of our own that nothing else
+    // uses; it aliases no Rust object.
     let p = unsafe {
         libc::mmap(
-            std::ptr::null_mut(),
+            at,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
+            flags,
             fd.as_raw_fd(),
             offset,
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        if let Some(r) = reserved {
+            r.trim(0);
+        }
+        return Err(e);
+    }
+    if let Some(r) = reserved {
+        r.trim(len);
     }
     NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+/// Address space reserved (`PROT_NONE`, `MAP_NORESERVE`: no memory) for a mapping of `len`
+/// bytes at a file `offset`, 2 MiB longer than it, and the place `at` inside it whose address
+/// agrees with `offset` modulo [`HUGE_PAGE_BYTES`]. The caller maps over `at` with
+/// `MAP_FIXED`, then [`Self::trim`]s the rest of the reservation away.
+struct HugeReservation {
+    base: *mut libc::c_void,
+    span: usize,
+    at: *mut libc::c_void,
+}
+
+impl HugeReservation {
+    /// `None` below 2 MiB (nothing to gain) or when the reservation cannot be made.
+    fn new(len: usize, offset: libc::off_t) -> Option<HugeReservation> {
+        if len < HUGE_PAGE_BYTES {
+            return None;
+        }
+        let span = len.checked_add(2 * HUGE_PAGE_BYTES)?;
+        // SAFETY: a fresh inaccessible private reservation at a kernel-chosen address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let mask = HUGE_PAGE_BYTES - 1;
+        let start = base as usize;
+        let mut at = (start & !mask) + (offset as usize & mask);
+        if at < start {
+            at += HUGE_PAGE_BYTES;
+        }
+        Some(HugeReservation {
+            base,
+            span,
+            at: at as *mut libc::c_void,
+        })
+    }
+
+    /// Unmaps the reservation around `at..at + len` (which the caller mapped over; all of it
+    /// for `len == 0`).
+    fn trim(self, len: usize) {
+        let page = base_page_bytes();
+        let start = self.base as usize;
+        let head = if len == 0 {
+            self.span
+        } else {
+            self.at as usize - start
+        };
+        let end = (self.at as usize + len).next_multiple_of(page);
+        // SAFETY: both ranges are parts of our own reservation outside the caller's mapping
+        // (`at..end`), page aligned; nothing else uses them.
+        unsafe {
+            if head > 0 {
+                libc::munmap(self.base, head);
+            }
+            if len > 0 && start + self.span > end {
+                libc::munmap(end as *mut libc::c_void, start + self.span - end);
+            }
+        }
+    }
 }
 
 /// The seals every memfd handed to another process carries ([`sized_memfd`]), and which an
