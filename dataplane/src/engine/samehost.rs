@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use crate::mem::{Dst, Src};
 use crate::metadata::desc::{BufferDesc, SameHostDesc};
+use crate::sys::cma;
 use crate::TeError;
 
 /// The switch: `MC_TE_SAME_HOST` (default on; a false word of [`protocol::env::FALSE_WORDS`],
@@ -284,7 +285,7 @@ impl Peer {
         let nonce = words.word(1).load(Ordering::SeqCst);
         let mut seen = [0u8; 8];
         // SAFETY: `seen` is 8 writable bytes.
-        unsafe { vm_copy(pid, d.table_addr + 8, seen.as_mut_ptr(), 8, false) }
+        unsafe { cma::read(pid, d.table_addr + 8, seen.as_mut_ptr(), 8) }
             .map_err(|e| format!("cross-memory attach to pid {pid} refused: {e}"))?;
         if u64::from_ne_bytes(seen) != nonce {
             return Err(format!(
@@ -373,7 +374,7 @@ impl Peer {
     pub(crate) unsafe fn read(&self, remote: u64, mut dst: Dst<'_>) -> io::Result<()> {
         let n = dst.len();
         // SAFETY: forwarded from this function's contract.
-        unsafe { vm_copy(self.pid, remote, dst.as_mut_ptr(), n, false) }
+        unsafe { cma::read(self.pid, remote, dst.as_mut_ptr(), n) }
     }
 
     /// Copies `src` to `remote` of the owner.
@@ -382,7 +383,7 @@ impl Peer {
     /// `src` must be readable for its length for the call.
     pub(crate) unsafe fn write(&self, remote: u64, src: Src<'_>) -> io::Result<()> {
         // SAFETY: forwarded from this function's contract; the bytes are only read.
-        unsafe { vm_copy(self.pid, remote, src.as_ptr() as *mut u8, src.len(), true) }
+        unsafe { cma::write(self.pid, remote, src.as_ptr(), src.len()) }
     }
 }
 
@@ -409,56 +410,6 @@ fn claim_slot(w: &Words, s: usize, me: u64) -> bool {
     // A dead reader's count is its own; ours starts at zero.
     w.word(SLOTS_AT + 2 * s + 1).store(0, Ordering::SeqCst);
     true
-}
-
-/// One `process_vm_readv` (or `_writev` with `write`) of `len` bytes between `local` and
-/// `remote` of `pid`, repeated until all moved.
-///
-/// # Safety
-/// `local` must be valid for `len` bytes (writes for a read, reads for a write).
-unsafe fn vm_copy(
-    pid: libc::pid_t,
-    remote: u64,
-    local: *mut u8,
-    len: usize,
-    write: bool,
-) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        let l = libc::iovec {
-            // SAFETY: inside `local`'s `len` bytes (caller's contract).
-            iov_base: unsafe { local.add(done) }.cast(),
-            iov_len: len - done,
-        };
-        let r = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: one local iovec inside the caller's range and one remote iovec, which the
-        // kernel checks against the peer's mappings (a bad one is EFAULT, not a fault here).
-        let n = unsafe {
-            if write {
-                libc::process_vm_writev(pid, &l, 1, &r, 1, 0)
-            } else {
-                libc::process_vm_readv(pid, &l, 1, &r, 1, 0)
-            }
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "copied 0 bytes",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

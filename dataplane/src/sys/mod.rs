@@ -4,12 +4,14 @@
 //!
 //! - [`bytes`]: [`Src`]/[`Dst`], a pointer and a length (laid out as `struct iovec`), and
 //!   the copies between them; `mem` re-exports them, as the memory every layer moves;
+//! - [`cma`]: copies to and from another process's memory (`process_vm_readv`/`writev`);
 //! - [`mmap`]: `fstat`, shared mappings, sealed memfds;
 //! - `rawio`: socket calls on raw descriptors (`sendmsg` of a gather list, `recv` into a
 //!   [`Dst`], `poll`, buffer sizes, [`connect_first`], [`recv_spinning`]) and
 //!   `process_exists`.
 
 pub mod bytes;
+pub mod cma;
 pub mod mmap;
 pub(crate) mod rawio;
 
