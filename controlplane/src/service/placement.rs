@@ -282,8 +282,8 @@ impl State {
 /// candidate in constant time however many segments ramp.
 #[derive(Default)]
 struct Capped {
+    /// Grown only by [`Capped::add`]: empty exactly when no slot is capped.
     bits: Vec<u64>,
-    any: bool,
 }
 
 impl Capped {
@@ -293,7 +293,6 @@ impl Capped {
             self.bits.resize(word + 1, 0);
         }
         self.bits[word] |= 1 << bit;
-        self.any = true;
     }
 
     fn contains(&self, slot: u32) -> bool {
@@ -303,6 +302,6 @@ impl Capped {
     }
 
     fn is_empty(&self) -> bool {
-        !self.any
+        self.bits.is_empty()
     }
 }
