@@ -16,20 +16,15 @@ import argparse
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from store_bench import free_port, wait_port  # the benches' shared helpers
+
 BIN = Path(sys.executable).parent
 SIZES = [4 * 1024, 1024 * 1024]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args, ready):

@@ -33,7 +33,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from store_bench import free_port, wait_port  # the benches' shared helpers
+
 KIB = 1024
 MIB = 1024 * KIB
 VALUE_BYTES = 4 * KIB
@@ -51,23 +52,6 @@ CLUSTER = "failover_bench"
 CLIENTS_PER_WORKER = 25
 # Operations per client kept to explain the slowest client of a run.
 TRAIL_OPS = 4096
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
 
 
 class Etcd:
@@ -83,7 +67,7 @@ class Etcd:
              "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
              "--initial-cluster", f"default={peer_url}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_for_port(self.port):
+        if not wait_port(self.port, 20.0):
             raise RuntimeError("etcd did not start")
 
     @property

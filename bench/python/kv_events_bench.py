@@ -17,7 +17,6 @@ Usage (the venv holding the installed package, pyzmq and msgpack):
 import argparse
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,27 +24,17 @@ import threading
 import time
 from pathlib import Path
 
+from store_bench import free_port, wait_port  # the benches' shared helpers
+
 KIB = 1024
 MIB = 1024 * KIB
 VALUE = b"k" * (4 * KIB)
 BATCH = 128
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for_port(port, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
+    if not wait_port(port, timeout):
+        raise RuntimeError(f"nothing listens on {port}")
 
 
 def script(name):
