@@ -342,25 +342,25 @@ impl TcpClient {
         let n = self.lanes.len();
         let start = self.next_lane.fetch_add(1, Ordering::Relaxed) % n;
         let mut guards = Vec::with_capacity(want.min(n));
-        let mut unconnected = Vec::new();
-        for k in 0..n {
-            if guards.len() == want {
-                break;
-            }
-            let slot = (start + k) % n;
-            let guard = match self.lanes[slot].try_lock() {
-                Ok(g) => g,
-                Err(TryLockError::Poisoned(e)) => unpoison(e.into_inner()),
-                Err(TryLockError::WouldBlock) => continue,
-            };
-            if guard.is_some() {
-                guards.push(guard);
-            } else {
-                unconnected.push(guard);
+        // First the connected lanes; then, if the batch can use more, any lane free now (one
+        // not connected yet is dialed below). A lane this thread holds already answers
+        // `WouldBlock` to the second pass.
+        for connected_only in [true, false] {
+            for k in 0..n {
+                if guards.len() == want {
+                    break;
+                }
+                let slot = (start + k) % n;
+                let guard = match self.lanes[slot].try_lock() {
+                    Ok(g) => g,
+                    Err(TryLockError::Poisoned(e)) => unpoison(e.into_inner()),
+                    Err(TryLockError::WouldBlock) => continue,
+                };
+                if guard.is_some() || !connected_only {
+                    guards.push(guard);
+                }
             }
         }
-        let more = want.saturating_sub(guards.len());
-        guards.extend(unconnected.into_iter().take(more));
         if guards.is_empty() {
             // Holding no lane, so waiting here cannot deadlock with another batch.
             guards.push(lock(&self.lanes[start]));
