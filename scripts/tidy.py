@@ -22,8 +22,10 @@ Each violation is printed as `path:line: rule: reason`. The rules:
 - `file-length`: a source file (.rs, .py, .pyi, .sh, .c, .h, tests included) is at most
   1,500 lines (FILE_LINES_MAX); the same ratchet through the baseline.
 - `fuzz`: every fuzz/fuzz_targets/<target>.rs is a `[[bin]]` of fuzz/Cargo.toml (which is
-  what scripts/fuzz.sh runs, through `cargo fuzz list`) and has at least one seed file in
-  fuzz/seeds/<target>/.
+  what scripts/fuzz.sh runs, through `cargo fuzz list`), has at least one seed file in
+  fuzz/seeds/<target>/ and a line in fuzz/sources.tsv (the sources whose change gives it its
+  full share of the fuzzing budget) whose every path prefix names a file of the tree; a line
+  for a target that does not exist fails too.
 - `limit-unit`: a constant in a crate's src/limits.rs names its unit (see
   `limit_name_problem`): a `Duration`, or a name ending in a unit (`_BYTES`, `_MS`, `_US`,
   `_NS`, `_SECS`, `_ITEMS`, `_ENTRIES`, `_COUNT`, or the plural noun it counts, as in
@@ -482,6 +484,32 @@ def check_fuzz(root, files):
         if not os.path.isfile(os.path.join(root, "fuzz", p)):
             why = f"[[bin]] {name} names {p}, which does not exist"
             out.append(Violation(toml, 1, "fuzz", why))
+    names = {by_path.get(p[len("fuzz/") :], os.path.basename(p)[: -len(".rs")]) for p in targets}
+    return out + check_fuzz_sources(root, files, names)
+
+
+FUZZ_SOURCES = "fuzz/sources.tsv"
+
+
+def check_fuzz_sources(root, files, names):
+    """Every target has a line in fuzz/sources.tsv, and every prefix on it names a file."""
+    if not os.path.isfile(os.path.join(root, FUZZ_SOURCES)):
+        return [Violation(FUZZ_SOURCES, 1, "fuzz", "missing: scripts/fuzz.sh budgets by it")]
+    out, seen = [], set()
+    for n, line in enumerate(read(root, FUZZ_SOURCES).splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        target, _, prefixes = line.partition("\t")
+        seen.add(target)
+        if target not in names:
+            out.append(Violation(FUZZ_SOURCES, n, "fuzz", f"no fuzz target {target}"))
+        if not prefixes.split():
+            out.append(Violation(FUZZ_SOURCES, n, "fuzz", f"{target} names no sources"))
+        for p in prefixes.split():
+            if not any(f.startswith(p) for f in files):
+                out.append(Violation(FUZZ_SOURCES, n, "fuzz", f"{p} names no file"))
+    for name in sorted(names - seen):
+        out.append(Violation(FUZZ_SOURCES, 1, "fuzz", f"no line for target {name}"))
     return out
 
 
@@ -835,6 +863,7 @@ def self_test_in(top):
         "fuzz/fuzz_targets/t.rs": "fn main() {}\n",
         "fuzz/seeds/t/one": "x",
         "scripts/fuzz.sh": "targets=$(cargo fuzz list)\n",
+        "fuzz/sources.tsv": "# target\tprefixes\nt\tsrc/lib fuzz/fuzz_targets/t.rs\n",
     }
     good = dict(ok_fuzz)
     good.update(
@@ -887,6 +916,9 @@ def self_test_in(top):
         ("a limit in a module's limits.rs", {"client/src/d/limits.rs": "pub const Q_MAX_BYTES: u64 = 1;\n"}, []),
         ("a target not a [[bin]]", {"fuzz/fuzz_targets/u.rs": "fn main() {}\n", "fuzz/seeds/u/s": "x"}, ["fuzz"]),
         ("a target without seeds", {"fuzz/seeds/t/one": None}, ["fuzz"]),
+        ("a target without a sources line", {"fuzz/sources.tsv": "# none\n"}, ["fuzz"]),
+        ("a sources prefix naming no file", {"fuzz/sources.tsv": "t\tsrc/gone\n"}, ["fuzz"]),
+        ("a sources line for no target", {"fuzz/sources.tsv": "t\tsrc/lib\nu\tsrc/lib\n"}, ["fuzz"]),
         ("a target fuzz.sh skips", {"scripts/fuzz.sh": "for x in other; do :; done\n"}, ["fuzz"]),
         ("two folders import each other", {"dataplane/src/c/mod.rs": "use crate::a::Q;\n"}, ["layers"]),
         ("a circle through super::", {"dataplane/src/c/x.rs": "use super::super::b::Q;\n"}, ["layers"]),
