@@ -77,7 +77,11 @@ class Cluster:
         node = [str(BIN / "mooncake_client"), "--host=127.0.0.1", f"--port={free_port()}",
                 f"--metrics_port={self.node_metrics}",
                 f"--global_segment_size={segment}", f"--master_server_address={self.addr}",
-                f"--metadata_server={self.metadata}", *node_flags]
+                f"--metadata_server={self.metadata}",
+                # Not the background populator: on a VM that backs memory on first touch it
+                # slows every process while it runs, and each round starts a fresh node
+                # (bench/README.md, "The house moves").
+                "--populate=false", *node_flags]
         if disk:
             env["MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"] = str(disk)
             node.append("--enable_offload=true")
