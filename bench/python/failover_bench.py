@@ -55,10 +55,20 @@ TRAIL_OPS = 4096
 
 
 class Etcd:
+    # The address etcd advertises to its clients: on the host's loopback device, so that it
+    # is the host's from every namespace too (a namespace routes it through its veth). The
+    # original's etcd client replaces the endpoint it was given with the advertised client
+    # URLs; advertised as 127.0.0.1, that named each namespace's own loopback, and its masters
+    # lost etcd as soon as they started.
+    ADVERTISE = "10.232.254.1"
+
     def __init__(self):
         self.dir = Path(tempfile.mkdtemp(prefix="mooncake-failover-etcd-"))
         self.port, peer = free_port(), free_port()
-        client, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
+        subprocess.run(["ip", "addr", "add", f"{self.ADVERTISE}/32", "dev", "lo"],
+                       stderr=subprocess.DEVNULL)
+        client = f"http://{self.ADVERTISE}:{self.port}"
+        peer_url = f"http://127.0.0.1:{peer}"
         # Every address, so that masters in their namespaces reach it through their veth.
         self.proc = subprocess.Popen(
             [ETCD_BIN, "--data-dir", str(self.dir / "data"), "--name", "default",
@@ -90,6 +100,8 @@ class Etcd:
         self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        subprocess.run(["ip", "addr", "del", f"{self.ADVERTISE}/32", "dev", "lo"],
+                       stderr=subprocess.DEVNULL)
 
 
 def ip(*args):
@@ -149,7 +161,7 @@ class Masters:
         args = ["ip", "netns", "exec", net.ns, str(self.bindir / "mooncake_master"),
                 f"--rpc_port={port}", f"--rpc_address={net.ns_addr}",
                 f"--metrics_port={port + 1000}", "--enable_ha=true",
-                f"--etcd_endpoints={net.host_addr}:{self.etcd.port}", f"--cluster_id={CLUSTER}"]
+                f"--etcd_endpoints={Etcd.ADVERTISE}:{self.etcd.port}", f"--cluster_id={CLUSTER}"]
         if self.impl == "ours":
             args += [f"--metrics_host={net.ns_addr}", "--ha_lease_ttl_sec=2"]
         else:
