@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from store_bench import free_port  # noqa: E402
+from store_bench import free_port, wait_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -31,7 +31,8 @@ def start(a):
          f"--metrics_port={adm}", "--enable_http_metadata_server=true",
          "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={meta}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)
+    if not wait_port(rpc, 30.0):
+        sys.exit("the master did not start")
     t0 = time.time()
     node = subprocess.Popen(
         [str(BIN / "mooncake_client"), "--host=127.0.0.1", f"--port={free_port()}",
