@@ -24,10 +24,35 @@ pub fn usage_error(why: impl std::fmt::Display) -> ! {
     std::process::exit(2)
 }
 
+/// This program's command line as `(flag, value)` pairs, in order: `--flag=value` or
+/// `--flag value` ([`flag_value`]); a flag named in `switches` stands alone, with an empty
+/// value. A missing value ends the program with a usage error naming the flag.
+pub fn flags(switches: &[&str]) -> Vec<(String, String)> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < argv.len() {
+        let arg = &argv[i];
+        i += 1;
+        if switches.contains(&arg.as_str()) {
+            out.push((arg.clone(), String::new()));
+        } else {
+            out.push(flag_value(arg, &argv, &mut i));
+        }
+    }
+    out
+}
+
+/// `v`, the value of `flag`, as a number; otherwise a usage error naming both.
+pub fn number<T: std::str::FromStr>(flag: &str, v: &str) -> T {
+    v.parse()
+        .unwrap_or_else(|_| usage_error(format_args!("{flag} wants a number, got {v:?}")))
+}
+
 /// Splits command-line flag `arg` into its name and value: `--flag=value`, or `--flag value`
 /// with the value taken from `argv[*next]` (then `*next` moves past it). A missing value ends
 /// the program with a usage error naming the flag.
-pub fn flag_value(arg: &str, argv: &[String], next: &mut usize) -> (String, String) {
+fn flag_value(arg: &str, argv: &[String], next: &mut usize) -> (String, String) {
     match arg.split_once('=') {
         Some((f, v)) => (f.to_string(), v.to_string()),
         None => {

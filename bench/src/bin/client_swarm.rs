@@ -84,17 +84,8 @@ fn parse_args() -> Args {
         burst_every_ms: 5000,
         threads: 2,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = &argv[i];
-        i += 1;
-        let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
-        let num = || -> u64 {
-            val.parse().unwrap_or_else(|_| {
-                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
-            })
-        };
+    for (flag, val) in mooncake_bench::flags(&[]) {
+        let num = || -> u64 { mooncake_bench::number(&flag, &val) };
         match flag.as_str() {
             "--master" => a.master = Some(val.clone()),
             "--master_pid" => a.master_pid = Some(num() as u32),

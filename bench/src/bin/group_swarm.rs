@@ -83,17 +83,8 @@ fn parse_args() -> Args {
         fill_batch: 1024,
         ladder: Vec::new(),
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = &argv[i];
-        i += 1;
-        let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
-        let num = |v: &str| -> u64 {
-            v.parse().unwrap_or_else(|_| {
-                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {v:?}"))
-            })
-        };
+    for (flag, val) in mooncake_bench::flags(&[]) {
+        let num = |v: &str| -> u64 { mooncake_bench::number(&flag, v) };
         match flag.as_str() {
             "--groups" => a.groups = num(&val).max(1) as usize,
             "--masters" => a.masters = val.split(',').map(str::to_string).collect(),

@@ -46,24 +46,8 @@ fn parse_args() -> Args {
         batch_window: 8,
         kv_events_ab: 0,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let (flag, val) = match argv[i].split_once('=') {
-            Some((f, v)) => (f.to_string(), v.to_string()),
-            None => {
-                i += 1;
-                (
-                    argv[i - 1].clone(),
-                    argv.get(i).cloned().unwrap_or_default(),
-                )
-            }
-        };
-        let num = || {
-            val.parse::<usize>().unwrap_or_else(|_| {
-                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
-            })
-        };
+    for (flag, val) in mooncake_bench::flags(&[]) {
+        let num = || -> usize { mooncake_bench::number(&flag, &val) };
         match flag.as_str() {
             "--master" => a.master = Some(val.clone()),
             "--clients" => a.clients = num(),
@@ -75,7 +59,6 @@ fn parse_args() -> Args {
             "--kv_events_ab" => a.kv_events_ab = num(),
             other => mooncake_bench::usage_error(format_args!("unknown flag {other}")),
         }
-        i += 1;
     }
     a
 }

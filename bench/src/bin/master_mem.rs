@@ -56,17 +56,8 @@ fn parse_args() -> Args {
         lookups: 20_000,
         json: None,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = argv[i].clone();
-        i += 1;
-        let (flag, val) = mooncake_bench::flag_value(&arg, &argv, &mut i);
-        let num = |v: &str| {
-            v.parse::<u64>().unwrap_or_else(|_| {
-                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {v:?}"))
-            })
-        };
+    for (flag, val) in mooncake_bench::flags(&[]) {
+        let num = |v: &str| -> u64 { mooncake_bench::number(&flag, v) };
         match flag.as_str() {
             "--objects" => a.objects = num(&val),
             "--key_bytes" => a.key_bytes = num(&val) as usize,

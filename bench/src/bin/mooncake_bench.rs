@@ -90,29 +90,11 @@ fn parse_args() -> Args {
         csv: None,
         protocol: "tcp".into(),
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = &argv[i];
-        i += 1;
-        match arg.as_str() {
-            "--local" => {
-                a.local = true;
-                continue;
-            }
-            "--pin" => {
-                a.pin = true;
-                continue;
-            }
-            _ => {}
-        }
-        let (flag, val) = mooncake_bench::flag_value(arg, &argv, &mut i);
-        let num = || -> f64 {
-            val.parse().unwrap_or_else(|_| {
-                mooncake_bench::usage_error(format_args!("{flag} wants a number, got {val:?}"))
-            })
-        };
+    for (flag, val) in mooncake_bench::flags(&["--local", "--pin"]) {
+        let num = || -> f64 { mooncake_bench::number(&flag, &val) };
         match flag.as_str() {
+            "--local" => a.local = true,
+            "--pin" => a.pin = true,
             "--master" => a.master = Some(val.clone()),
             "--metadata" => a.metadata = Some(val.clone()),
             "--op" => a.op = parse_op(&val),
