@@ -351,10 +351,14 @@ impl Peer {
                     return Ok(None);
                 }
                 let n = (n as usize).min(TABLE_CAPACITY);
-                let found = (0..n).any(|i| {
-                    let a = w.word(ENTRIES_AT + 2 * i).load(Ordering::SeqCst);
-                    let l = w.word(ENTRIES_AT + 2 * i + 1).load(Ordering::SeqCst);
-                    addr >= a && a.checked_add(l).is_some_and(|end| addr + len <= end)
+                // A range that wraps the address space lies in no buffer (and the caller's
+                // numbers must not overflow here).
+                let found = addr.checked_add(len).is_some_and(|last| {
+                    (0..n).any(|i| {
+                        let a = w.word(ENTRIES_AT + 2 * i).load(Ordering::SeqCst);
+                        let l = w.word(ENTRIES_AT + 2 * i + 1).load(Ordering::SeqCst);
+                        addr >= a && a.checked_add(l).is_some_and(|end| last <= end)
+                    })
                 });
                 if w.word(2).load(Ordering::SeqCst) == s1 {
                     return Ok(Some(found));
@@ -437,6 +441,11 @@ mod tests {
         assert_eq!(peer.check(base, 4096), Ok(Some(true)));
         assert_eq!(peer.check(base + 1, 4096), Ok(Some(false)));
         assert_eq!(peer.check(base - 1, 2), Ok(Some(false)));
+        assert_eq!(
+            peer.check(u64::MAX - 8, 4096),
+            Ok(Some(false)),
+            "a range past the end of the address space is refused, not an overflow"
+        );
         let mut got = [0u8; 16];
         // SAFETY: `got` is 16 writable bytes; `mem` lives across the call.
         unsafe { peer.read(base + 8, Dst::from(&mut got[..])) }.unwrap();
