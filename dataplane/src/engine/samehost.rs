@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use crate::mem::{Dst, Src};
 use crate::metadata::desc::{BufferDesc, SameHostDesc};
-use crate::sys::cma;
+use crate::sys::{cma, rawio};
 use crate::TeError;
 
 /// The switch: `MC_TE_SAME_HOST` (default on; a false word of [`protocol::env::FALSE_WORDS`],
@@ -125,12 +125,7 @@ impl Drop for Words {
 }
 
 fn pid_alive(pid: u64) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    libc::pid_t::try_from(pid).is_ok_and(rawio::process_exists)
 }
 
 /// The owner's side: the table of its registered buffers, shared with same-host readers.
@@ -320,14 +315,12 @@ impl Peer {
     pub(crate) fn alive(&self) -> bool {
         match &self.pidfd {
             Some(fd) => {
-                let mut p = libc::pollfd {
+                let mut p = [libc::pollfd {
                     fd: fd.as_raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
-                };
-                // SAFETY: one pollfd on a descriptor we own, no waiting.
-                let n = unsafe { libc::poll(&mut p, 1, 0) };
-                n == 0
+                }];
+                matches!(rawio::poll(&mut p, Duration::ZERO), Ok(0))
             }
             None => pid_alive(self.pid as u64),
         }
