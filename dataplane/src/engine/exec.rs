@@ -107,9 +107,10 @@ impl Running {
         }
         match self.remote(handle) {
             Ok(seg) => {
-                let same_host = seg.same_host.as_ref();
-                if !same_host.is_some_and(|p| self.run_same_host(handle, p, reqs, &mut out)) {
-                    self.run_remote(handle, &seg, reqs, &mut out);
+                let done = (seg.same_host.as_ref())
+                    .map_or(0, |p| self.run_same_host(handle, p, reqs, &mut out));
+                if done < reqs.len() {
+                    self.run_remote(handle, &seg, &reqs[done..], &mut out[done..]);
                 }
             }
             Err(e) => {
@@ -227,17 +228,20 @@ impl Running {
 
     /// Runs `reqs` to a same-host peer by cross-memory attach (`samehost`): each target
     /// range is checked against the peer's live table under the reader's busy mark, then
-    /// copied by the kernel. False (nothing done) when the peer's table overflowed: TCP.
+    /// copied by the kernel. Returns how many requests it handled: all of them, or those
+    /// before the first one that found the peer's table overflowed, the rest untouched for
+    /// TCP.
     fn run_same_host(
         &self,
         handle: SegmentHandle,
         peer: &Peer,
         reqs: &[TransferRequest],
         out: &mut [Outcome],
-    ) -> bool {
+    ) -> usize {
         let busy = peer.begin();
         let mut lost = !peer.alive();
-        for (r, o) in reqs.iter().zip(out.iter_mut()) {
+        let mut handled = reqs.len();
+        for (i, (r, o)) in reqs.iter().zip(out.iter_mut()).enumerate() {
             if o.is_err() || r.length == 0 {
                 continue;
             }
@@ -251,7 +255,10 @@ impl Running {
                     *o = Err(NOT_REGISTERED);
                     continue;
                 }
-                Ok(None) => return false,
+                Ok(None) => {
+                    handled = i;
+                    break;
+                }
                 Err(()) => {
                     lost = true;
                     *o = Err(PEER_LOST);
@@ -282,6 +289,6 @@ impl Running {
             // The peer died or broke its table: fetch its descriptor again on next use.
             self.segments.invalidate(handle.0);
         }
-        true
+        handled
     }
 }
