@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from polling import wait_until
 from test_engine_transfer import MIB, TRANSFER_TIMEOUT_S, Target, _poll
 
 from mooncake.engine import TransferEngine  # noqa: E402
@@ -132,7 +133,8 @@ def _refusals(e, local, t):
     n = g["guard_len"]
     out = []
     for remote, size in [(g["guard_before"], 16), (g["guarded"] - 8, 16),
-                         (g["guarded"] + n - 8, 16), (g["guard_after"], 64)]:
+                         (g["guarded"] + n - 8, 16), (g["guard_after"], 64),
+                         ((1 << 64) - 8, 4096)]:  # past the end of the address space
         out.append(e.transfer_sync_write(t.segment, local, remote, size))
         out.append(e.transfer_sync_read(t.segment, local + MIB, remote, size))
         out.append(e.batch_transfer_sync_write(t.segment, [local], [remote], [size]))
@@ -214,8 +216,7 @@ def test_peer_killed_mid_transfer(op, shm, target):
     th = threading.Thread(target=loop)
     try:
         th.start()
-        while len(results) < 3:
-            time.sleep(0.01)
+        wait_until(lambda: len(results) >= 3, 30, "three transfers before the kill")
         t0 = time.monotonic()
         victim.kill()
         th.join(timeout=TRANSFER_TIMEOUT_S + 10)
