@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from store_bench import free_port, wait_port  # the benches' shared helpers
+from store_bench import free_port  # the benches' shared helper
 
 BIN = Path(sys.executable).parent
 SIZES = [4 * 1024, 1024 * 1024]

@@ -44,7 +44,6 @@ from pathlib import Path
 from store_bench import free_port, pct, stop_all, wait_port
 
 MIB = 1 << 20
-OFFLOAD_ROUNDS = 3
 NO_SPACE = -200
 BIN = Path(sys.executable).parent
 
@@ -299,13 +298,12 @@ def cpu_seconds(pid):
     return of(f"/proc/{pid}/stat"), workers
 
 
-def phase_offload(d, n=192, rounds=None):
+def phase_offload(d, n=192, rounds=3):
     """4 MiB put throughput, tier off vs eager offload on, same sizes, same run: `rounds`
     of each, interleaved (off, on, off, on, ...), so a slow spell of the machine lands on
     both; medians and every round. Beside them: the node's CPU seconds during the puts (all
     threads, and its disk workers'), and for each eager round objects on disk when the last
     put returned and seconds from then until all were."""
-    rounds = rounds or OFFLOAD_ROUNDS
     out = {"tier_off_rounds": [], "eager_offload_rounds": [], "on_disk_at_end": [],
            "caught_up_s": [], "tier_off_node_cpu_s": [], "eager_offload_node_cpu_s": [],
            "disk_workers_cpu_s": []}
@@ -328,7 +326,6 @@ def phase_offload(d, n=192, rounds=None):
                 out[f"{label}_node_cpu_s"].append(round(cpu1[0] - cpu0[0], 3))
                 if disk:
                     out["disk_workers_cpu_s"].append(round(cpu1[1] - cpu0[1], 3))
-                if disk:
                     # How far offload kept up: objects on disk when the last put returned,
                     # and how long after it the last one reached the disk.
                     out["on_disk_at_end"].append(c.disk_metric("writes_total"))
@@ -443,11 +440,10 @@ def main():
     ap.add_argument("--plot", default=None)
     ap.add_argument("--offload-rounds", type=int, default=3)
     a = ap.parse_args()
-    global OFFLOAD_ROUNDS
-    OFFLOAD_ROUNDS = a.offload_rounds
     base = Path(a.dir or tempfile.mkdtemp(prefix="mooncake-tier-", dir="/var/tmp"))
     result = {}
-    phases = {"read": phase_read, "read-own": phase_read_own, "offload": phase_offload, "working-set": phase_working_set,
+    phases = {"read": phase_read, "read-own": phase_read_own, "offload": lambda d: phase_offload(d, rounds=a.offload_rounds),
+              "working-set": phase_working_set,
               "replay": phase_replay}
     try:
         for name in a.phases.split(","):
