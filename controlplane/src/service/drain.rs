@@ -7,19 +7,22 @@
 //! 1. the segment takes no new allocation (`Seg::writable` is false), at once;
 //! 2. every scan (`tick`, at most every [`DRAIN_SCAN_INTERVAL_MS`]) walks the index for
 //!    objects with a replica on it:
-//!    - an object with another COMPLETE replica on a segment that is not draining loses its
-//!      replica here as `BatchReplicaClear` drops one (its span parked while a read window
+//!    - an object with another COMPLETE replica on a segment that is not draining (nor a
+//!      disk of an owner that drains any segment) loses its replica here as `BatchReplicaClear` drops one (its span parked while a read window
 //!      is open, so a reader that holds it keeps reading the right bytes);
 //!    - an object whose only complete copies are here gets an internal *move* task
 //!      (`tasks.rs`, "Internal tasks") onto the writable memory segment with the most free
-//!      bytes, executed by that target's owner; the move's commit drops the replica here,
-//!      parked the same way. A failed move is booked again at a later scan;
+//!      bytes or, when no memory segment has room, onto the disk segment (`docs/tiering.md`)
+//!      with the most, of an owner draining nothing; executed by that target's owner, it
+//!      reads the bytes from the draining segment and writes its own. The move's commit
+//!      drops the replica here, parked the same way. A failed move is booked again at a
+//!      later scan;
 //!    - an object with a put in flight is waited for (nothing new can be placed here);
 //! 3. when no object holds a replica here and no parked span of it is left (its readers'
 //!    windows ended), the segment is unmounted: the drain is done;
-//! 4. at the deadline the segment is unmounted anyway, and at once when no other memory
-//!    segment is left that is not draining (a last node stopping, or every node draining
-//!    together: nothing could ever take its objects); the objects whose only copy it still
+//! 4. at the deadline the segment is unmounted anyway, and at once when no other segment
+//!    is left that could take its objects (a last node stopping, or every node draining
+//!    together); the objects whose only copy it still
 //!    held leave the index, and how many is logged and counted
 //!    (`master_drain_objects_lost_total`, with `master_drains_timed_out_total`).
 //!
@@ -30,7 +33,7 @@
 use protocol::ErrorCode;
 
 use super::metrics::Metrics;
-use super::segments::SegRef;
+use super::segments::{Seg, SegRef};
 use super::tasks::Internal;
 use super::State;
 use crate::limits::{DRAIN_MOVES_PER_SCAN_MAX, DRAIN_SCAN_INTERVAL_MS};
@@ -108,19 +111,16 @@ impl State {
             Metrics::add(&m.drain_replicas_detached, scan.detached);
             let readers = self.zombies.iter().any(|z| z.seg == r);
             let name = self.segs.get(r).map(|s| s.name.clone()).unwrap_or_default();
-            // No other memory segment that could ever take its objects (a quarantined one may
-            // come back): waiting, even for puts in flight or readers, saves nothing.
-            let stuck = !self
-                .segs
-                .iter()
-                .any(|s| s.draining_until.is_none() && !s.is_disk());
+            // No other segment that could ever take its objects (a quarantined one may come
+            // back): waiting, even for puts in flight or readers, saves nothing.
+            let stuck = !self.segs.iter().any(|s| self.safe_home(s));
             if scan.holding == 0 && !readers {
                 tracing::info!("segment {name} drained: unmounted with nothing left on it");
                 Metrics::inc(&m.drains_completed);
                 self.unmount_ref(r);
             } else if now >= deadline || stuck {
                 let why = if stuck {
-                    "cannot finish (no other memory segment left)"
+                    "cannot finish (no other segment left to take its objects)"
                 } else {
                     "did not finish by its deadline"
                 };
@@ -151,13 +151,10 @@ impl State {
             if !obj.is_complete() {
                 continue;
             }
-            let elsewhere = obj.replicas.iter().any(|x| {
-                x.seg != r
-                    && self
-                        .segs
-                        .get(x.seg)
-                        .is_some_and(|s| s.draining_until.is_none())
-            });
+            let elsewhere = obj
+                .replicas
+                .iter()
+                .any(|x| x.seg != r && self.segs.get(x.seg).is_some_and(|s| self.safe_home(s)));
             let busy = self.tasks.active(key) || self.tasks.internal_active(key);
             if !elsewhere {
                 scan.only_copies += 1;
@@ -206,15 +203,32 @@ impl State {
     }
 
     /// Where a drained only copy of `size` bytes goes: the writable memory segment, not
-    /// holding one of its replicas (`held`), with the most free bytes, if one has room.
+    /// holding one of its replicas (`held`), with the most free bytes, if one has room;
+    /// else, the same among disk segments ([`State::safe_home`]).
     fn drain_target(&self, size: u64, held: &[SegRef]) -> Option<SegRef> {
-        self.segs
-            .iter_indexed()
-            .map(|(i, s)| (self.segs.at(i), s))
-            .filter(|(r, s)| s.writable() && !s.is_disk() && !held.contains(r))
-            .map(|(r, s)| (r, s.size - s.alloc.used_bytes()))
-            .filter(|&(_, free)| free >= size)
-            .max_by_key(|&(_, free)| free)
-            .map(|(r, _)| r)
+        let roomiest = |disk: bool| {
+            self.segs
+                .iter_indexed()
+                .map(|(i, s)| (self.segs.at(i), s))
+                .filter(|(r, s)| s.writable() && s.is_disk() == disk && !held.contains(r))
+                .filter(|(_, s)| self.safe_home(s))
+                .map(|(r, s)| (r, s.size - s.alloc.used_bytes()))
+                .filter(|&(_, free)| free >= size)
+                .max_by_key(|&(_, free)| free)
+                .map(|(r, _)| r)
+        };
+        roomiest(false).or_else(|| roomiest(true))
+    }
+
+    /// Whether a copy on segment `s` outlives the drains under way: `s` is not draining,
+    /// and, on a disk, its owner drains none of its segments (an owner draining may be
+    /// leaving, and its disk with it).
+    fn safe_home(&self, s: &Seg) -> bool {
+        s.draining_until.is_none()
+            && (!s.is_disk()
+                || !self
+                    .segs
+                    .iter()
+                    .any(|o| o.client == s.client && o.draining_until.is_some()))
     }
 }
