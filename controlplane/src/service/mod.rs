@@ -261,6 +261,9 @@ pub(crate) struct State {
     pub ramps_until_ms: u64,
     /// When the next scan of draining segments may run (`drain.rs`).
     pub next_drain_scan_ms: u64,
+    /// The first tick of this state (a master's start, an HA term's): until `client_ttl`
+    /// after it, owners of the previous state may still be re-mounting (`drain.rs`).
+    pub first_tick_ms: u64,
 }
 
 impl State {
@@ -305,7 +308,22 @@ impl State {
             placed_replicas: 0,
             ramps_until_ms: 0,
             next_drain_scan_ms: 0,
+            first_tick_ms: 0,
         }
+    }
+
+    /// Whether the owners of the pool before this master's start (or this HA term) had
+    /// their chance to re-mount: under HA, once the recovery fence is down (every registered
+    /// owner re-reported, or the fence's time ran out); without, once `client_ttl` passed
+    /// since the first tick, the time after which a silent owner counts as gone. Until then a
+    /// newer version of any key may still be re-reported.
+    pub(crate) fn owners_settled(&self, now: u64) -> bool {
+        if self.durable_on {
+            return self.fenced(now).is_ok();
+        }
+        now >= self
+            .first_tick_ms
+            .saturating_add(self.cfg.client_ttl_s.saturating_mul(1000))
     }
 
     /// The version of a write starting now.
@@ -602,6 +620,9 @@ impl MasterService {
             st.liveness_from_ms = now;
         }
         st.last_tick_ms = now;
+        if st.first_tick_ms == 0 {
+            st.first_tick_ms = now;
+        }
         let expired = st.expire_clients(now);
         Metrics::add(&m.expired_clients, expired as u64);
         let (entered, lifted) = st.update_quarantine(now);

@@ -531,7 +531,10 @@ impl State {
         let Some(task) = self.tasks.all.get(&id) else {
             return Err(Some("task lost".into()));
         };
-        let (key, targets, version) = (task.key.clone(), task.targets.clone(), task.version);
+        let (key, targets, mut version) = (task.key.clone(), task.targets.clone(), task.version);
+        if version.term < self.term {
+            version = self.restamp(now, id, &key, version)?;
+        }
         let (size, held) = match self.objects.get(&key) {
             Some(o) if o.is_complete() && o.version == version => (
                 o.size(),
@@ -584,6 +587,40 @@ impl State {
             t.processing += 1;
         }
         Ok(w)
+    }
+
+    /// A task on an object put under an earlier term (a master restarted or was elected
+    /// since): the owners fence writes of ended terms, so a copy made with the object's
+    /// version would be refused. Once the owners settled (`State::owners_settled`: no newer
+    /// version of the key can still be re-reported), the object takes a version of this term,
+    /// which the copy carries; until then the task waits in its queue (`Err(None)`). The
+    /// object's other replicas keep the old version in their owners' catalogs: after a later
+    /// restart or election the newest copy is re-reported and the older ones released as
+    /// stale, as for any key re-reported at two versions (the bytes are the same: nothing is
+    /// lost, a replica may be).
+    fn restamp(
+        &mut self,
+        now: u64,
+        id: Uuid,
+        key: &str,
+        version: Version,
+    ) -> Result<Version, Option<String>> {
+        if !self.owners_settled(now) {
+            return Err(None);
+        }
+        match self.objects.get(key) {
+            Some(o) if o.is_complete() && o.version == version => {}
+            _ => return Err(Some("the object was removed or replaced".into())),
+        }
+        let v = self.next_version();
+        if let Some(o) = self.objects.get_mut(key) {
+            o.version = v;
+        }
+        self.objects.settle(key);
+        if let Some(t) = self.tasks.all.get_mut(&id) {
+            t.version = v;
+        }
+        Ok(v)
     }
 
     /// Allocates a range for `size` bytes on each target that does not hold a replica

@@ -757,6 +757,28 @@ impl Model {
         }
     }
 
+    /// A task on an object put under an earlier term carries a version of this term (the
+    /// master re-stamps the object when the task starts, `tasks.rs`), which every replica
+    /// of the object is listed at from then on: it names the same bytes, the write the
+    /// source holds, if that write is of this key (garbage names nothing, and a read at the
+    /// new version then fails the check).
+    fn learn_restamp(&mut self, w: &TaskWork) {
+        let (Some(src), Some(t)) = (w.sources.first(), w.targets.first()) else {
+            return;
+        };
+        if self.writes.contains_key(&t.version) {
+            return;
+        }
+        let so = self.owner_of(&src.segment_name);
+        if let [id] = self.owners[so].read(src.buffer_address, src.size)[..] {
+            if id != 0 && self.writes.values().any(|(k, i)| *i == id && *k == w.key) {
+                self.log
+                    .push(format!("{} re-stamped {:?} (write {id})", w.key, t.version));
+                self.writes.insert(t.version, (w.key.clone(), id));
+            }
+        }
+    }
+
     /// Owner `o`'s executor: fetches its tasks, or executes one fetched before, as
     /// `client::store::tasks` does: the bytes of its first source go to each target and are
     /// recorded in the target's catalog (refused for an ended term, as a put's), then the
@@ -774,6 +796,9 @@ impl Model {
             if let Ok(w) = r {
                 self.log
                     .push(format!("owner {o} fetches {} tasks", w.len()));
+                for work in &w {
+                    self.learn_restamp(work);
+                }
                 self.owners[o].works = w;
             }
             return;
@@ -909,6 +934,7 @@ fn model_reads_never_see_another_writes_bytes_across_elections() {
         .unwrap_or(40);
     let (mut checked, mut evicted, mut discarded, mut elections) = (0, 0, 0, 0);
     let (mut offloaded, mut disk_evicted, mut disk_reads, mut promoted) = (0, 0, 0, 0);
+    let mut restamped = 0;
     let first: u64 = std::env::var("MC_MODEL_FIRST")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -944,12 +970,13 @@ fn model_reads_never_see_another_writes_bytes_across_elections() {
             .count();
         disk_evicted += tier.disk_evicted_replicas;
         disk_reads += m.disk_reads_checked;
+        restamped += m.log.iter().filter(|l| l.contains(" re-stamped ")).count();
     }
     println!(
         "{seeds} schedules, {elections} elections, {checked} reads checked ({disk_reads} of \
          disk replicas), {evicted} keys evicted, {discarded} puts discarded, {offloaded} \
          offloads completed, {promoted} promotion copies made, {disk_evicted} disk replicas \
-         evicted"
+         evicted, {restamped} objects of an earlier term re-stamped by a task"
     );
     // Offload counters restart with each election's fresh state; reads are counted whole.
     assert!(

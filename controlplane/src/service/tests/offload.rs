@@ -559,7 +559,9 @@ fn promotion_is_queued_after_the_admission_threshold() {
     let mut c = offload_cfg();
     c.offload.promotion_on_hit = true;
     c.offload.promotion_threshold = 2;
+    c.client_ttl_s = 10;
     let t = T::with(c);
+    t.svc.tick();
     remount(&t, C1, 1, &[("a", MIB, 0, 1), ("b", MIB, 4 * MIB, 2)]);
     assert_eq!(t.replicas("a"), [on_disk("n1")]);
     assert!(t.fetch_work(C1).is_empty(), "one hit is not enough");
@@ -567,9 +569,25 @@ fn promotion_is_queued_after_the_admission_threshold() {
     t.get("b").unwrap();
     t.get("b").unwrap();
     assert_eq!(t.tier().stats.promotions_queued, 2);
+    // The objects were put under an earlier term: their copies wait until the owners of the
+    // pool had a client_ttl to re-report (a newer version may still come), then carry a
+    // version of this term, which the owners' fences take.
+    assert!(
+        t.fetch_work(C1).is_empty(),
+        "copied before the owners settled"
+    );
+    t.advance(10_000);
+    let term = t.get("a").unwrap().replicas[0].version.term;
+    assert!(term <= 2, "re-reported under the earlier term");
     // One promotion per fetch (`--promotion_max_per_heartbeat`).
     let w = t.fetch_work(C1);
     assert_eq!(w.len(), 1);
+    assert!(w[0].targets[0].version.term > 2, "the copy is of this term");
+    let key = w[0].key.clone();
+    assert_eq!(
+        t.get(&key).unwrap().replicas[0].version,
+        w[0].targets[0].version
+    );
     assert_eq!(w[0].sources[0].medium, ReplicaMedium::LocalDisk);
     assert_eq!(w[0].targets[0].medium, ReplicaMedium::Memory);
     assert_eq!(
@@ -584,7 +602,8 @@ fn promotion_is_queued_after_the_admission_threshold() {
         assert_eq!(t.replicas(k), [mem("n1"), on_disk("n1")]);
     }
     let s = t.tier().stats;
-    assert_eq!((s.promotions_completed, s.disk_only_hits), (2, 4));
+    // Six disk-only reads: the three that queued the promotions, the three checks above.
+    assert_eq!((s.promotions_completed, s.disk_only_hits), (2, 6));
     // Now in memory: reads are not disk-only and queue nothing.
     t.get("a").unwrap();
     t.get("a").unwrap();
@@ -942,7 +961,9 @@ fn promotions_in_flight_are_capped_cluster_wide() {
     c.offload.promotion_on_hit = true;
     c.offload.promotion_threshold = 1;
     c.offload.promotion_queue_limit = 1;
+    c.client_ttl_s = 10;
     let t = T::with(c);
+    t.svc.tick();
     remount(&t, C1, 1, &[("a", MIB, 0, 1), ("b", MIB, 4 * MIB, 2)]);
     t.get("a").unwrap();
     t.get("b").unwrap();
@@ -951,6 +972,8 @@ fn promotions_in_flight_are_capped_cluster_wide() {
         1,
         "b waits for a's to finish"
     );
+    // Objects of an earlier term: copied once the owners settled (see the test above).
+    t.advance(10_000);
     assert_eq!(t.run_tasks(C1), 1);
     t.get("b").unwrap();
     assert_eq!(t.tier().stats.promotions_queued, 2);
