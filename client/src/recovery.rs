@@ -16,18 +16,90 @@
 //! unknown segment, and repeating a call is harmless (the master skips objects it already
 //! has).
 
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
 use dataplane::recovery::Catalog;
-use protocol::message::{Ping, ReMountDone, ReMountSegment};
-use protocol::{ClientStatus, HeldObject, Segment, Uuid};
+use parking_lot::Mutex;
+use protocol::message::{GracefulUnmountSegment, Ping, ReMountDone, ReMountSegment};
+use protocol::{ClientStatus, ErrorCode, HeldObject, Segment, Uuid};
 
 use crate::limits::REMOUNT_HELD_BYTES_MAX;
 use crate::master::MasterClient;
 use crate::tier::OwnerDisk;
 
 /// A segment this process serves, and its catalog.
+#[derive(Clone, Copy)]
 pub struct Served<'a> {
     pub desc: &'a Segment,
     pub catalog: &'a Catalog,
+}
+
+/// The drains of this process's segments (`docs/fleet.md`), as the master's ping answers
+/// listed them: kept going on a restarted master or a new HA leader, and remembered once they
+/// ended so that a re-mount never brings the segment back.
+#[derive(Default)]
+pub struct OwnerDrains {
+    inner: Mutex<DrainBook>,
+}
+
+#[derive(Default)]
+struct DrainBook {
+    /// Draining segments, by id, with their deadlines.
+    going: HashMap<Uuid, Instant>,
+    /// Segments whose drain ended: the master unmounted them.
+    ended: HashSet<Uuid>,
+}
+
+impl OwnerDrains {
+    /// Whether segment `id`'s drain ended (it is not mounted, nor re-mounted, again).
+    pub fn ended(&self, id: &Uuid) -> bool {
+        self.inner.lock().ended.contains(id)
+    }
+
+    /// Books the drains a ping answer listed, each `(segment, ms left)`.
+    fn learn(&self, draining: &[(Uuid, u64)]) {
+        let now = Instant::now();
+        let mut b = self.inner.lock();
+        for &(id, left) in draining {
+            if !b.ended.contains(&id) {
+                b.going.insert(id, now + Duration::from_millis(left));
+            }
+        }
+    }
+
+    /// Repeats `GracefulUnmountSegment` for every drain going, with the time left (none
+    /// past its deadline: the master unmounts it at once), so that a master that forgot a
+    /// drain starts it again; a drain the master answers `SEGMENT_NOT_FOUND` for has ended.
+    fn keep_going(&self, master: &MasterClient, client_id: Uuid) {
+        let going: Vec<(Uuid, Instant)> = self
+            .inner
+            .lock()
+            .going
+            .iter()
+            .map(|(&k, &v)| (k, v))
+            .collect();
+        let now = Instant::now();
+        for (segment_id, deadline) in going {
+            let grace_ms = u64::try_from(deadline.saturating_duration_since(now).as_millis())
+                .unwrap_or(u64::MAX);
+            let r = master.call(&GracefulUnmountSegment {
+                client_id,
+                segment_id,
+                grace_ms,
+            });
+            if matches!(r, Ok(Err(ErrorCode::SegmentNotFound))) {
+                tracing::info!(
+                    "segment {}-{} drained: the master unmounted it; it will not be mounted again",
+                    segment_id.hi,
+                    segment_id.lo
+                );
+                let mut b = self.inner.lock();
+                b.going.remove(&segment_id);
+                b.ended.insert(segment_id);
+            }
+        }
+    }
 }
 
 /// What one [`ping`] did.
@@ -73,7 +145,8 @@ pub fn held_objects(s: &Served<'_>) -> Vec<HeldObject> {
 }
 
 /// Pings the master; drops catalog entries for the ranges it freed; on `NEED_REMOUNT`
-/// re-mounts every segment with every catalogued object. `rdma`: the side serving these
+/// re-mounts every segment with every catalogued object, but those whose drain ended
+/// (`drains`), and keeps every drain going (`OwnerDrains`). `rdma`: the side serving these
 /// segments over RDMA, whose memory keys change when the term does. `disk`: this process's
 /// disk tier (`crate::tier`), whose files of freed ranges are deleted, whose lost copies are
 /// reported, and which a re-mount reports with the memory segments. Errors are described for
@@ -84,7 +157,15 @@ pub fn ping(
     served: &[Served<'_>],
     disk: Option<&OwnerDisk>,
     rdma: Option<&crate::rdma::RdmaSide>,
+    drains: &OwnerDrains,
 ) -> Result<PingOutcome, String> {
+    let served: Vec<Served<'_>> = served
+        .iter()
+        .filter(|s| !drains.ended(&s.desc.id))
+        .copied()
+        .collect();
+    let served = &served[..];
+    let disk = disk.filter(|d| !drains.ended(&d.desc.id));
     let marks: Vec<u64> = served.iter().map(|s| s.catalog.mark()).collect();
     let disk_mark = disk.map(|d| d.tier.mark());
     let r = master
@@ -95,24 +176,8 @@ pub fn ping(
     // be handed out by this master while a record of an earlier term is still accepted.
     let term = u64::try_from(r.view_version).unwrap_or(0);
     let ended = raise_fences(served, term);
-    // RDMA writes of earlier terms pass no server either, and once their intent was answered
-    // nothing stops them but their memory keys: new keys (the old ones deregistered) before
-    // the re-mount, as for the memcpy slots above.
-    if let Some(side) = rdma.filter(|_| ended) {
-        match side.rekey() {
-            Ok(n) => tracing::info!(
-                "the master's term is {term}: {n} segment(s) served over RDMA have new memory \
-                 keys; RDMA writes of earlier terms are refused"
-            ),
-            Err(e) => tracing::error!(
-                "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
-                 earlier terms may still land on ranges the master hands out again, or new \
-                 keys are not published yet (retried at each ping)"
-            ),
-        }
-    }
     if let Some(side) = rdma {
-        side.publish_pending();
+        rekey(side, ended, term);
     }
     let mut forgotten = 0;
     for (s, &mark) in served.iter().zip(&marks) {
@@ -127,22 +192,51 @@ pub fn ping(
         forgotten += d.forget_freed(&r.freed, mark);
     }
     let mut reported = 0;
+    drains.learn(&r.draining);
     if r.status == ClientStatus::NeedRemount {
-        reported = remount(master, client_id, served)?;
+        if !served.is_empty() {
+            reported = remount(master, client_id, served)?;
+        }
         if let Some(d) = disk {
             reported += d.mount(master, client_id)?;
         }
+        // Before the fence ends: the drains this master may not know of start again.
+        drains.keep_going(master, client_id);
         // All of it is in: a new HA leader may end its recovery fence early. A master that
         // does not know the call (an older one) answers an error, which changes nothing.
         let _ = master.call(&ReMountDone { client_id });
-    } else if let Some(d) = disk {
-        d.report_lost(master, client_id);
+    } else {
+        drains.keep_going(master, client_id);
+        if let Some(d) = disk {
+            d.report_lost(master, client_id);
+        }
     }
     Ok(PingOutcome {
         status: r.status,
         forgotten,
         reported,
     })
+}
+
+/// RDMA writes of earlier terms pass no server, and once their intent was answered nothing
+/// stops them but their memory keys: when a term `ended`, new keys (the old ones
+/// deregistered) before the re-mount, as for the memcpy slots of [`raise_fences`]; then the
+/// keys not published yet are.
+fn rekey(side: &crate::rdma::RdmaSide, ended: bool, term: u64) {
+    if ended {
+        match side.rekey() {
+            Ok(n) => tracing::info!(
+                "the master's term is {term}: {n} segment(s) served over RDMA have new memory \
+                 keys; RDMA writes of earlier terms are refused"
+            ),
+            Err(e) => tracing::error!(
+                "the master's term is {term}: changing RDMA memory keys: {e}; RDMA writes of \
+                 earlier terms may still land on ranges the master hands out again, or new \
+                 keys are not published yet (retried at each ping)"
+            ),
+        }
+    }
+    side.publish_pending();
 }
 
 /// Fences every catalog of `served` at `term` and waits (for one bound in all) for the memcpy

@@ -483,11 +483,16 @@ pub struct PingResponse {
     /// `limits::PING_FREED_RANGES_MAX`; the owner drops its catalog entries overlapping them.
     /// See `docs/recovery.md`.
     pub freed: Vec<(u64, u64)>,
+    /// `(segment id, ms left to its deadline)` for each of the client's segments that is
+    /// draining (`docs/fleet.md`): the owner keeps an admin call's drain going on a restarted
+    /// master or a new HA leader, and never re-mounts a segment whose drain ended.
+    pub draining: Vec<(Uuid, u64)>,
 }
 wire_struct!(PingResponse {
     view_version: i64,
     status: ClientStatus,
     freed: Vec<(u64, u64)>,
+    draining: Vec<(Uuid, u64)>,
 });
 
 /// An object a storage process reports holding, used to rebuild the index after a master

@@ -15,6 +15,11 @@
 //!    the drain began lands on it, the master counts one completed drain and no object lost,
 //!    and every acknowledged key (but those that were on the killed node) reads back byte
 //!    for byte after node 0 is gone.
+//!
+//! A second test drains a segment with the admin call and restarts the master mid-drain
+//! (the drain is soft state): the new master drains it again because its owner keeps the
+//! drain going, nothing is lost, and once drained the segment is not re-mounted by a later
+//! restart.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -276,4 +281,118 @@ fn a_restarted_node_ramps_up_and_a_drained_node_loses_nothing() {
         elsewhere.is_empty(),
         "reads failed under load: {elsewhere:?}"
     );
+}
+
+/// SIGKILLs `m` and starts the next master on its ports.
+fn restart(mut m: Master, flags: &[&str]) -> Master {
+    let ports = (m.rpc_port, m.metrics_port, m.http_metadata_port);
+    assert!(m
+        .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+        .is_some());
+    drop(m);
+    // Start times are the terms without HA: the next one must be later.
+    std::thread::sleep(Duration::from_millis(5));
+    Master::start_on(ports.0, ports.1, ports.2, flags)
+}
+
+#[test]
+fn an_admin_drain_outlives_a_master_restart_and_its_segment_never_returns() {
+    const MIB: usize = 1 << 20;
+    let flags = ["--admission_ramp_sec=0"];
+    let mut m = Master::start(&flags);
+    let a = Node::start(&m, &["--shards=1", "--global_segment_size=64 MB"]);
+    let b = Node::start(&m, &["--shards=1", "--global_segment_size=16 MB"]);
+    let (sa, sb) = (a.segments[0].name.clone(), b.segments[0].name.clone());
+    let store =
+        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 4 << 20).expect("setup");
+    let on = |seg: &str| ReplicateConfig {
+        replica_num: 1,
+        preferred_segment: seg.into(),
+        ..Default::default()
+    };
+    // B full, so that the first master can book no move: its drain of A cannot finish.
+    let big = |key: &str| value(key).repeat(MIB / VALUE_BYTES);
+    let mut fillers = Vec::new();
+    for i in 0..40 {
+        let key = format!("filler-{i}");
+        store
+            .put(&key, &big(&key), &on(&sb), false)
+            .expect("filler");
+        let seg = segment_of(m.metrics_port, &key);
+        fillers.push(key);
+        if seg.as_deref() != Some(sb.as_str()) {
+            break;
+        }
+    }
+    assert!(fillers.len() < 40, "B never filled");
+    let keys: Vec<String> = (0..8).map(|i| format!("drained-{i}")).collect();
+    for key in &keys {
+        store.put(key, &big(key), &on(&sa), false).expect("put");
+        assert_eq!(
+            segment_of(m.metrics_port, key).as_deref(),
+            Some(sa.as_str())
+        );
+    }
+    let r = http(
+        "POST",
+        m.metrics_port,
+        &format!("/api/v1/drain?segment={sa}&deadline_sec=120"),
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(master_metric(&m, "master_draining_segments"), Some(1.0));
+    // A hears of its drain at its next ping (every second).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(master_segments(&m).contains(&sa), "the drain ended early");
+
+    m = restart(m, &flags);
+    let resumed = wait_until(Duration::from_secs(15), || {
+        master_metric(&m, "master_draining_segments") == Some(1.0)
+    });
+    assert!(resumed.is_some(), "the new master never drained A again");
+    // Room on B, once it re-mounted: the new master's drain moves A's objects there and
+    // unmounts A.
+    let b_back = wait_until(Duration::from_secs(15), || {
+        master_segments(&m).contains(&sb)
+    });
+    assert!(b_back.is_some(), "B never re-mounted");
+    for key in &fillers {
+        store.remove(key, true).expect("remove a filler");
+    }
+    let drained = wait_until(Duration::from_secs(30), || {
+        !master_segments(&m).contains(&sa)
+    });
+    assert!(drained.is_some(), "A was never drained");
+    assert_eq!(
+        master_metric(&m, "master_drains_completed_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        master_metric(&m, "master_drain_objects_lost_total"),
+        Some(0.0)
+    );
+    for key in &keys {
+        assert_eq!(
+            segment_of(m.metrics_port, key).as_deref(),
+            Some(sb.as_str())
+        );
+        assert!(store.get(key).is_ok_and(|v| v == big(key)), "{key} lost");
+    }
+
+    // A later master: A's owner, still running, re-mounts B's peers but never A.
+    m = restart(m, &flags);
+    let back = wait_until(Duration::from_secs(15), || {
+        master_segments(&m).contains(&sb)
+    });
+    assert!(back.is_some(), "B never re-mounted");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        master_segments(&m),
+        std::slice::from_ref(&sb),
+        "a drained segment came back"
+    );
+    for key in &keys {
+        assert!(store.get(key).is_ok_and(|v| v == big(key)), "{key} lost");
+    }
+    drop((a, b));
 }

@@ -106,6 +106,9 @@ pub struct Node {
     master: MasterClient,
     metadata: Option<(Box<dyn MetadataStore>, Keys)>,
     shut_down: AtomicBool,
+    /// The drains of our segments (`recovery::OwnerDrains`): kept going on a new master, and
+    /// a drained segment never re-mounted.
+    drains: recovery::OwnerDrains,
     /// The replica-task executor (`--replica_tasks`): its stop flag and thread.
     tasks: parking_lot::Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
     /// `--enable_offload`: the disk tier under the shards' memory (`crate::tier`), mounted as
@@ -173,12 +176,9 @@ impl Node {
                         0 => format!("{}:{}", cfg.host_for_names(ip), cfg.port),
                         i => format!("{}:{}#{i}", cfg.host_for_names(ip), cfg.port),
                     };
-                    let port = if cfg.data_port == 0 {
-                        0
-                    } else {
-                        cfg.data_port + i as u16
-                    };
-                    let bind = SocketAddr::new(bind_ip, port);
+                    // `--data_port` 0: ephemeral ports.
+                    let port = (cfg.data_port != 0).then(|| cfg.data_port + i as u16);
+                    let bind = SocketAddr::new(bind_ip, port.unwrap_or(0));
                     scope.spawn(move || start_shard(i, &name, per_shard, bind, ip, cfg))
                 })
                 .collect();
@@ -218,6 +218,7 @@ impl Node {
             master,
             metadata,
             shut_down: AtomicBool::new(false),
+            drains: recovery::OwnerDrains::default(),
             tasks: parking_lot::Mutex::new(None),
             disk,
         };
@@ -368,6 +369,7 @@ impl Node {
             &served,
             self.disk.as_deref(),
             self.rdma.as_deref(),
+            &self.drains,
         )?;
         if out.status == ClientStatus::NeedRemount {
             eprintln!(

@@ -419,6 +419,7 @@ fn start_pinger(
     let thread = std::thread::Builder::new()
         .name("mc-store-ping".into())
         .spawn(move || {
+            let drains = recovery::OwnerDrains::default();
             while !s.load(Ordering::SeqCst) {
                 let seg = mounted.read().clone();
                 let served: Vec<recovery::Served<'_>> = seg
@@ -434,6 +435,7 @@ fn start_pinger(
                     &served,
                     disk.as_deref(),
                     rdma.as_deref(),
+                    &drains,
                 ) {
                     Ok(out) if out.status == ClientStatus::NeedRemount => tracing::info!(
                         "master asked for a re-mount: {} objects re-reported",

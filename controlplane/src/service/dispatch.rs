@@ -18,7 +18,7 @@ use super::clear::Cleared;
 use super::metrics::{BatchOp, Metrics, Op};
 use super::object::{check_key, Object, Start};
 use super::removals::{Pick, Removal};
-use super::segments::Segments;
+use super::segments::{PingNews, Segments};
 use super::tenant;
 use super::State;
 
@@ -100,8 +100,8 @@ pub(crate) fn dispatch(st: &mut State, m: &Metrics, now: u64, mut req: Request, 
 /// and the term of this master's versions (the HA view version; without HA the start time in
 /// ms), at which owners fence their catalogs (`Catalog::fence`).
 fn ping(st: &mut State, now: u64, client: Uuid) -> PingResponse {
-    let mut freed = Vec::new();
-    let status = if st.ping(now, client, &mut freed) {
+    let mut news = PingNews::default();
+    let status = if st.ping(now, client, &mut news) {
         ClientStatus::Ok
     } else {
         ClientStatus::NeedRemount
@@ -109,7 +109,8 @@ fn ping(st: &mut State, now: u64, client: Uuid) -> PingResponse {
     PingResponse {
         view_version: i64::try_from(st.term).unwrap_or(i64::MAX),
         status,
-        freed,
+        freed: news.freed,
+        draining: news.draining,
     }
 }
 

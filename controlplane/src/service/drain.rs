@@ -22,13 +22,19 @@
 //!    windows ended), the segment is unmounted: the drain is done;
 //! 4. at the deadline the segment is unmounted anyway, and at once when no other segment
 //!    is left that could take its objects (a last node stopping, or every node draining
-//!    together); the objects whose only copy it still
+//!    together) once the owners of the pool had their chance to re-mount after this
+//!    master's start or election (`State::owners_settled`); the objects whose only copy it still
 //!    held leave the index, and how many is logged and counted
 //!    (`master_drain_objects_lost_total`, with `master_drains_timed_out_total`).
 //!
-//! The drain state is the segment's `draining_until`; it is soft state, like tasks: a new HA
-//! leader or a restarted master learns the segment from its owner's re-mount as a plain one,
-//! and the owner, which polls the drain by repeating `GracefulUnmountSegment`, starts it again.
+//! The drain state is the segment's `draining_until`; it is soft state, like tasks, kept by
+//! the owner: every ping answer lists the pinging owner's draining segments with the time left
+//! to their deadlines, and the segments the master unmounted at the end of a drain (or at
+//! once, by the admin call) with none left. The owner (`client/src/recovery.rs`) repeats
+//! `GracefulUnmountSegment` for each with the time left, at every ping and so right after a
+//! re-mount: a new HA leader or a restarted master, which learns the segment from that
+//! re-mount as a plain one, starts the drain again with its deadline. Once the master answers
+//! `SEGMENT_NOT_FOUND`, the owner never re-mounts the segment.
 
 use protocol::ErrorCode;
 
@@ -77,11 +83,23 @@ impl State {
     ) -> Result<(), ErrorCode> {
         let r = self.segs.by_name(name).ok_or(ErrorCode::SegmentNotFound)?;
         if deadline_ms == 0 {
-            self.unmount_ref(r);
+            self.unmount_drained(r);
         } else {
             self.start_drain(now, r, deadline_ms);
         }
         Ok(())
+    }
+
+    /// Unmounts segment `r` at the end of its drain (or by the admin call), and tells its
+    /// owner at its next ping, so that the owner never re-mounts it (module docs).
+    fn unmount_drained(&mut self, r: SegRef) {
+        if let Some(seg) = self.segs.get(r) {
+            let (id, owner) = (seg.id, seg.client);
+            if let Some(c) = self.clients.get_mut(&owner) {
+                c.drained.push(id);
+            }
+        }
+        self.unmount_ref(r);
     }
 
     /// Mounted segments that are draining.
@@ -112,12 +130,13 @@ impl State {
             let readers = self.zombies.iter().any(|z| z.seg == r);
             let name = self.segs.get(r).map(|s| s.name.clone()).unwrap_or_default();
             // No other segment that could ever take its objects (a quarantined one may come
-            // back): waiting, even for puts in flight or readers, saves nothing.
-            let stuck = !self.segs.iter().any(|s| self.safe_home(s));
+            // back, and so may the owners of a master restarted or newly elected, until they
+            // settled): waiting, even for puts in flight or readers, saves nothing.
+            let stuck = self.owners_settled(now) && !self.segs.iter().any(|s| self.safe_home(s));
             if scan.holding == 0 && !readers {
                 tracing::info!("segment {name} drained: unmounted with nothing left on it");
                 Metrics::inc(&m.drains_completed);
-                self.unmount_ref(r);
+                self.unmount_drained(r);
             } else if now >= deadline || stuck {
                 let why = if stuck {
                     "cannot finish (no other segment left to take its objects)"
@@ -132,7 +151,7 @@ impl State {
                 );
                 Metrics::inc(&m.drains_timed_out);
                 Metrics::add(&m.drain_objects_lost, scan.only_copies as u64);
-                self.unmount_ref(r);
+                self.unmount_drained(r);
             }
         }
     }

@@ -27,6 +27,15 @@ use super::object::{check_key, Object, Replica, Replicas, SoftPin};
 use super::State;
 use crate::alloc::{SegmentAllocator, Span};
 
+/// What a ping tells the owner about its segments.
+#[derive(Default)]
+pub(crate) struct PingNews {
+    /// Ranges freed since its last ping.
+    pub freed: Vec<(u64, u64)>,
+    /// Its draining segments, with the ms left to their deadlines.
+    pub draining: Vec<(Uuid, u64)>,
+}
+
 /// A segment slot and the generation it had when referenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegRef {
@@ -198,6 +207,9 @@ pub(crate) struct Client {
     pub segments: Vec<SegRef>,
     /// Silent for more than `quarantine_grace_ms`: its segments take no new allocation.
     pub quarantined: bool,
+    /// Its segments the master unmounted at the end of a drain or by the admin call, not yet
+    /// told to it (its next ping lists them as draining with 0 ms left, `drain.rs`).
+    pub drained: Vec<Uuid>,
 }
 
 impl State {
@@ -206,6 +218,7 @@ impl State {
             last_seen_ms: now,
             segments: Vec::new(),
             quarantined: false,
+            drained: Vec::new(),
         });
         c.last_seen_ms = now;
         c
@@ -213,7 +226,7 @@ impl State {
 
     /// Known client: refresh, move up to `PING_FREED_RANGES_MAX` ranges freed in its
     /// segments into `freed`, and answer `true`; unknown: `false` (it must re-mount).
-    pub(crate) fn ping(&mut self, now: u64, client: Uuid, freed: &mut Vec<(u64, u64)>) -> bool {
+    pub(crate) fn ping(&mut self, now: u64, client: Uuid, out: &mut PingNews) -> bool {
         let Some(c) = self.clients.get_mut(&client) else {
             return false;
         };
@@ -221,9 +234,13 @@ impl State {
         for &r in &c.segments {
             if let Some(seg) = self.segs.get_mut(r) {
                 seg.freed
-                    .drain(protocol::limits::PING_FREED_RANGES_MAX, freed);
+                    .drain(protocol::limits::PING_FREED_RANGES_MAX, &mut out.freed);
+                if let Some(until) = seg.draining_until {
+                    out.draining.push((seg.id, until.saturating_sub(now)));
+                }
             }
         }
+        out.draining.extend(c.drained.drain(..).map(|id| (id, 0)));
         true
     }
 

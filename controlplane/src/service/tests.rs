@@ -1267,30 +1267,6 @@ fn unmount_drops_replicas_and_orphaned_objects() {
 }
 
 #[test]
-fn graceful_unmount_stops_allocation_then_unmounts() {
-    let t = T::new();
-    let s1 = t.mount(1, 64 * MIB);
-    t.put("k", 100);
-    let r = t.call(
-        Request::GracefulUnmountSegment,
-        GracefulUnmountSegment {
-            client_id: C1,
-            segment_id: s1,
-            grace_ms: 5000,
-        },
-    );
-    assert_eq!(r, Ok(()));
-    assert_eq!(t.start("new", 100), Err(ErrorCode::NoAvailableHandle));
-    assert!(t.get("k").is_ok(), "readable while draining");
-    let d = t.svc.segments_detail();
-    assert_eq!(d[0].status, "DRAINING");
-    // Nowhere to move its only copy: the drain gives up at the next tick (`drain.rs`).
-    t.svc.tick();
-    assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
-    assert!(t.svc.all_segments().is_empty());
-}
-
-#[test]
 fn expired_client_loses_its_segments_and_objects() {
     let t = T::with(liveness_cfg());
     t.mount(1, 64 * MIB);

@@ -148,6 +148,12 @@ fn a_drain_moves_only_copies_detaches_the_rest_and_unmounts() {
         Err(ErrorCode::SegmentNotFound)
     );
     t.svc.drain_segment("s1", 10_000).unwrap();
+    // Its owner hears of it at its next ping, with the time left (it keeps the drain going
+    // on a restarted master); the other owner hears nothing.
+    t.advance(1000);
+    let ping = |c| t.call(Request::Ping, Ping { client_id: c }).unwrap();
+    assert_eq!(ping(C1).draining, [(Uuid::from_parts(100, 1), 9000)]);
+    assert!(ping(C2).draining.is_empty());
     // No new allocation on s1 at once.
     for i in 0..5 {
         assert_eq!(t.put_one(&format!("n{i}"), MIB, "s1"), "s2");
@@ -219,14 +225,33 @@ fn a_drain_that_cannot_move_says_how_many_it_lost_at_its_deadline() {
 }
 
 #[test]
-fn a_drain_with_no_other_segment_gives_up_at_once() {
-    let t = T::with(cfg());
+fn a_drain_with_no_other_segment_gives_up_at_once_after_the_remount_window() {
+    let cfg = ServiceConfig {
+        client_ttl_s: 10,
+        ..cfg()
+    };
+    let ttl = cfg.client_ttl_s * 1000;
+    let t = T::with(cfg);
+    t.svc.tick();
     t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
     t.put_one("a", MIB, "");
     t.svc.drain_segment("s1", 60_000).unwrap();
+    // A master just started (or elected) waits a client_ttl: the other owners of the pool
+    // may still be re-mounting, and would take the objects.
+    t.advance(ttl - 1);
+    let ping = || t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
+    ping();
+    t.svc.tick();
+    assert_eq!(t.segment_names(), ["s1"]);
+    // Past the window (and the next drain scan).
+    t.advance(200);
+    ping();
     t.svc.tick();
     assert!(t.segment_names().is_empty());
     assert_eq!(t.metric("master_drain_objects_lost_total"), 1);
+    // Its owner hears at its next ping that the segment is gone.
+    assert_eq!(ping().draining, [(Uuid::from_parts(100, 1), 0)]);
+    assert!(ping().draining.is_empty());
 }
 
 /// A disk segment `name` of client `n`, at the disk address base.
@@ -340,4 +365,35 @@ fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
     assert!(!t.segment_names().contains(&"s1".to_string()));
     assert_eq!(t.metric("master_drains_completed_total"), 1);
     assert_eq!(t.metric("master_drain_objects_lost_total"), 0);
+}
+
+#[test]
+fn graceful_unmount_stops_allocation_then_unmounts() {
+    let t = T::with(ServiceConfig {
+        client_ttl_s: 10,
+        ..cfg()
+    });
+    t.svc.tick();
+    let s1 = t.mount(1, 64 * MIB);
+    t.put("k", 100);
+    // Past the time the owners of a freshly started master have to re-mount (`drain.rs`).
+    t.advance(10_000);
+    t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
+    let r = t.call(
+        Request::GracefulUnmountSegment,
+        GracefulUnmountSegment {
+            client_id: C1,
+            segment_id: s1,
+            grace_ms: 5000,
+        },
+    );
+    assert_eq!(r, Ok(()));
+    assert_eq!(t.start("new", 100), Err(ErrorCode::NoAvailableHandle));
+    assert!(t.get("k").is_ok(), "readable while draining");
+    let d = t.svc.segments_detail();
+    assert_eq!(d[0].status, "DRAINING");
+    // Nowhere to move its only copy: the drain gives up at the next tick (`drain.rs`).
+    t.svc.tick();
+    assert_eq!(t.get("k"), Err(ErrorCode::ObjectNotFound));
+    assert!(t.svc.all_segments().is_empty());
 }
