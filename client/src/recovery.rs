@@ -194,9 +194,8 @@ pub fn ping(
     let mut reported = 0;
     drains.learn(&r.draining);
     if r.status == ClientStatus::NeedRemount {
-        if !served.is_empty() {
-            reported = remount(master, client_id, served)?;
-        }
+        // With no segment left too: the re-mount makes this client known to the master.
+        reported = remount(master, client_id, served)?;
         if let Some(d) = disk {
             reported += d.mount(master, client_id)?;
         }

@@ -264,6 +264,9 @@ pub(crate) struct State {
     /// The first tick of this state (a master's start, an HA term's): until `client_ttl`
     /// after it, owners of the previous state may still be re-mounting (`drain.rs`).
     pub first_tick_ms: u64,
+    /// Whether an owner re-mounted segments to this state (`ReMountSegment`): without HA, the
+    /// sign that this master restarted and others may follow.
+    pub remounted: bool,
 }
 
 impl State {
@@ -309,21 +312,25 @@ impl State {
             ramps_until_ms: 0,
             next_drain_scan_ms: 0,
             first_tick_ms: 0,
+            remounted: false,
         }
     }
 
     /// Whether the owners of the pool before this master's start (or this HA term) had
     /// their chance to re-mount: under HA, once the recovery fence is down (every registered
-    /// owner re-reported, or the fence's time ran out); without, once `client_ttl` passed
-    /// since the first tick, the time after which a silent owner counts as gone. Until then a
-    /// newer version of any key may still be re-reported.
+    /// owner re-reported, or the fence's time ran out); without, at once on a master no owner
+    /// re-mounted to (a fresh cluster: nobody comes back), else once `client_ttl` passed since
+    /// the first tick, the time after which a silent owner counts as gone. Until then a newer
+    /// version of any key may still be re-reported.
     pub(crate) fn owners_settled(&self, now: u64) -> bool {
         if self.durable_on {
             return self.fenced(now).is_ok();
         }
-        now >= self
-            .first_tick_ms
-            .saturating_add(self.cfg.client_ttl_s.saturating_mul(1000))
+        !self.remounted
+            || now
+                >= self
+                    .first_tick_ms
+                    .saturating_add(self.cfg.client_ttl_s.saturating_mul(1000))
     }
 
     /// The version of a write starting now.

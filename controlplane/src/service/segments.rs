@@ -332,6 +332,7 @@ impl State {
         held: Vec<HeldObject>,
     ) -> Result<(), ErrorCode> {
         self.touch_client(now, client);
+        self.remounted |= !segments.is_empty();
         let mut first_err = None;
         for s in segments {
             if let Err(e) = self.mount_as(now, client, s, false) {

@@ -225,7 +225,22 @@ fn a_drain_that_cannot_move_says_how_many_it_lost_at_its_deadline() {
 }
 
 #[test]
-fn a_drain_with_no_other_segment_gives_up_at_once_after_the_remount_window() {
+fn a_drain_with_no_other_segment_gives_up_at_once() {
+    let t = T::with(cfg());
+    t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
+    t.put_one("a", MIB, "");
+    t.svc.drain_segment("s1", 60_000).unwrap();
+    t.svc.tick();
+    assert!(t.segment_names().is_empty());
+    assert_eq!(t.metric("master_drain_objects_lost_total"), 1);
+    // Its owner hears at its next ping that the segment is gone, once.
+    let ping = || t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
+    assert_eq!(ping().draining, [(Uuid::from_parts(100, 1), 0)]);
+    assert!(ping().draining.is_empty());
+}
+
+#[test]
+fn a_restarted_master_waits_for_the_owners_to_re_mount_before_giving_a_drain_up() {
     let cfg = ServiceConfig {
         client_ttl_s: 10,
         ..cfg()
@@ -233,25 +248,38 @@ fn a_drain_with_no_other_segment_gives_up_at_once_after_the_remount_window() {
     let ttl = cfg.client_ttl_s * 1000;
     let t = T::with(cfg);
     t.svc.tick();
-    t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
-    t.put_one("a", MIB, "");
+    // The first owner back after the restart re-mounts with what it holds.
+    let held = HeldObject {
+        key: "a".into(),
+        size: MIB,
+        segment_name: "s1".into(),
+        buffer_address: 1 << 40,
+        with_hard_pin: false,
+        version: Version { term: 1, seq: 1 },
+        soft_pin_ttl_ms: None,
+    };
+    let r = t.call(
+        Request::ReMountSegment,
+        ReMountSegment {
+            client_id: C1,
+            segments: vec![t.segment(1, "s1")],
+            held: vec![held],
+        },
+    );
+    assert_eq!(r, Ok(()));
     t.svc.drain_segment("s1", 60_000).unwrap();
-    // A master just started (or elected) waits a client_ttl: the other owners of the pool
-    // may still be re-mounting, and would take the objects.
+    // The other owners of the pool may still be re-mounting, and would take the objects.
     t.advance(ttl - 1);
     let ping = || t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
     ping();
     t.svc.tick();
     assert_eq!(t.segment_names(), ["s1"]);
-    // Past the window (and the next drain scan).
+    // Past the window (and the next drain scan): nobody came.
     t.advance(200);
     ping();
     t.svc.tick();
     assert!(t.segment_names().is_empty());
     assert_eq!(t.metric("master_drain_objects_lost_total"), 1);
-    // Its owner hears at its next ping that the segment is gone.
-    assert_eq!(ping().draining, [(Uuid::from_parts(100, 1), 0)]);
-    assert!(ping().draining.is_empty());
 }
 
 /// A disk segment `name` of client `n`, at the disk address base.
@@ -369,16 +397,9 @@ fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
 
 #[test]
 fn graceful_unmount_stops_allocation_then_unmounts() {
-    let t = T::with(ServiceConfig {
-        client_ttl_s: 10,
-        ..cfg()
-    });
-    t.svc.tick();
+    let t = T::new();
     let s1 = t.mount(1, 64 * MIB);
     t.put("k", 100);
-    // Past the time the owners of a freshly started master have to re-mount (`drain.rs`).
-    t.advance(10_000);
-    t.call(Request::Ping, Ping { client_id: C1 }).unwrap();
     let r = t.call(
         Request::GracefulUnmountSegment,
         GracefulUnmountSegment {
