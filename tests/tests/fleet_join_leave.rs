@@ -16,10 +16,11 @@
 //!    and every acknowledged key (but those that were on the killed node) reads back byte
 //!    for byte after node 0 is gone.
 //!
-//! A second test drains a segment with the admin call and restarts the master mid-drain
-//! (the drain is soft state): the new master drains it again because its owner keeps the
-//! drain going, nothing is lost, and once drained the segment is not re-mounted by a later
-//! restart.
+//! Two more drain a segment with the admin call and replace the master mid-drain (the drain
+//! is soft state): restarted without HA, or a leader killed under HA on etcd (skipped when
+//! Debian's etcd-server is not installed). The new master drains it again because its owner
+//! keeps the drain going, nothing is lost, and once drained the segment is not re-mounted by
+//! a later master.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -283,116 +284,221 @@ fn a_restarted_node_ramps_up_and_a_drained_node_loses_nothing() {
     );
 }
 
-/// SIGKILLs `m` and starts the next master on its ports.
-fn restart(mut m: Master, flags: &[&str]) -> Master {
-    let ports = (m.rpc_port, m.metrics_port, m.http_metadata_port);
-    assert!(m
-        .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
-        .is_some());
-    drop(m);
-    // Start times are the terms without HA: the next one must be later.
-    std::thread::sleep(Duration::from_millis(5));
-    Master::start_on(ports.0, ports.1, ports.2, flags)
+/// The masters of a drain test: one restarted in place, or an HA pair on etcd.
+trait Masters {
+    /// The master serving now.
+    fn serving(&self) -> &Master;
+    /// SIGKILLs the serving master; returns once a new one serves.
+    fn replace(&mut self);
 }
 
-#[test]
-fn an_admin_drain_outlives_a_master_restart_and_its_segment_never_returns() {
+/// One master without HA, restarted on its ports.
+struct Restarted(Option<Master>);
+
+impl Masters for Restarted {
+    fn serving(&self) -> &Master {
+        self.0.as_ref().expect("a master")
+    }
+
+    fn replace(&mut self) {
+        let mut m = self.0.take().expect("a master");
+        let ports = (m.rpc_port, m.metrics_port, m.http_metadata_port);
+        assert!(m
+            .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+            .is_some());
+        drop(m);
+        // Start times are the terms without HA: the next one must be later.
+        std::thread::sleep(Duration::from_millis(5));
+        self.0 = Some(Master::start_on(
+            ports.0,
+            ports.1,
+            ports.2,
+            &RESTARTED_FLAGS,
+        ));
+    }
+}
+
+/// Short read leases and client_ttl: the re-reported objects' conservative leases, and the
+/// time a restarted master gives its owners to re-mount, are what the drain waits for.
+const RESTARTED_FLAGS: [&str; 3] = [
+    "--admission_ramp_sec=0",
+    "--default_kv_lease_ttl=500",
+    "--client_ttl=3",
+];
+
+/// Two masters on etcd; the one killed is replaced by a fresh standby.
+struct Elected {
+    masters: Vec<Master>,
+    flags: Vec<String>,
+}
+
+impl Elected {
+    fn leader(&self) -> Option<usize> {
+        self.masters.iter().position(|m| {
+            mooncake_tests::try_http("GET", m.metrics_port, "/ha_status", b"")
+                .is_some_and(|r| r.text() == "leading")
+        })
+    }
+}
+
+impl Masters for Elected {
+    fn serving(&self) -> &Master {
+        &self.masters[self.leader().expect("a leader")]
+    }
+
+    fn replace(&mut self) {
+        let old = self.leader().expect("a leader");
+        let mut dead = self.masters.remove(old);
+        assert!(dead
+            .signal_and_wait(libc::SIGKILL, Duration::from_secs(5))
+            .is_some());
+        let elected = wait_until(Duration::from_secs(20), || self.leader().is_some());
+        assert!(elected.is_some(), "no new leader");
+        let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        self.masters.push(Master::start(&flags));
+    }
+}
+
+/// The body of the admin-drain tests (module docs): A holds eight 1 MiB objects, B (16 MB)
+/// is filled so that the first master can book no move; A is drained with the admin call, the
+/// master replaced once A heard of it, and the next master must drain A with nothing lost.
+/// A second replacement must not bring A back.
+fn admin_drain_outlives_a_new_master(
+    c: &mut impl Masters,
+    store: &client::Store,
+    sa: &str,
+    sb: &str,
+) {
     const MIB: usize = 1 << 20;
-    let flags = ["--admission_ramp_sec=0"];
-    let mut m = Master::start(&flags);
-    let a = Node::start(&m, &["--shards=1", "--global_segment_size=64 MB"]);
-    let b = Node::start(&m, &["--shards=1", "--global_segment_size=16 MB"]);
-    let (sa, sb) = (a.segments[0].name.clone(), b.segments[0].name.clone());
-    let store =
-        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 4 << 20).expect("setup");
     let on = |seg: &str| ReplicateConfig {
         replica_num: 1,
         preferred_segment: seg.into(),
         ..Default::default()
     };
-    // B full, so that the first master can book no move: its drain of A cannot finish.
     let big = |key: &str| value(key).repeat(MIB / VALUE_BYTES);
     let mut fillers = Vec::new();
     for i in 0..40 {
         let key = format!("filler-{i}");
-        store
-            .put(&key, &big(&key), &on(&sb), false)
-            .expect("filler");
-        let seg = segment_of(m.metrics_port, &key);
+        store.put(&key, &big(&key), &on(sb), false).expect("filler");
+        let seg = segment_of(c.serving().metrics_port, &key);
         fillers.push(key);
-        if seg.as_deref() != Some(sb.as_str()) {
+        if seg.as_deref() != Some(sb) {
             break;
         }
     }
     assert!(fillers.len() < 40, "B never filled");
     let keys: Vec<String> = (0..8).map(|i| format!("drained-{i}")).collect();
     for key in &keys {
-        store.put(key, &big(key), &on(&sa), false).expect("put");
-        assert_eq!(
-            segment_of(m.metrics_port, key).as_deref(),
-            Some(sa.as_str())
-        );
+        store.put(key, &big(key), &on(sa), false).expect("put");
+        let seg = segment_of(c.serving().metrics_port, key);
+        assert_eq!(seg.as_deref(), Some(sa));
     }
-    let r = http(
-        "POST",
-        m.metrics_port,
-        &format!("/api/v1/drain?segment={sa}&deadline_sec=120"),
-        b"",
-    );
+    let drain = format!("/api/v1/drain?segment={sa}&deadline_sec=120");
+    let r = http("POST", c.serving().metrics_port, &drain, b"");
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(master_metric(&m, "master_draining_segments"), Some(1.0));
+    assert_eq!(
+        master_metric(c.serving(), "master_draining_segments"),
+        Some(1.0)
+    );
     // A hears of its drain at its next ping (every second).
     std::thread::sleep(Duration::from_secs(3));
-    assert!(master_segments(&m).contains(&sa), "the drain ended early");
+    assert!(
+        master_segments(c.serving()).iter().any(|s| s == sa),
+        "the drain ended early"
+    );
 
-    m = restart(m, &flags);
+    c.replace();
     let resumed = wait_until(Duration::from_secs(15), || {
-        master_metric(&m, "master_draining_segments") == Some(1.0)
+        master_metric(c.serving(), "master_draining_segments") == Some(1.0)
     });
     assert!(resumed.is_some(), "the new master never drained A again");
-    // Room on B, once it re-mounted: the new master's drain moves A's objects there and
-    // unmounts A.
+    // Room on B, once it re-mounted (a remove waits out a new leader's recovery fence): the
+    // new master's drain moves A's objects there and unmounts A.
     let b_back = wait_until(Duration::from_secs(15), || {
-        master_segments(&m).contains(&sb)
+        master_segments(c.serving()).iter().any(|s| s == sb)
     });
     assert!(b_back.is_some(), "B never re-mounted");
     for key in &fillers {
-        store.remove(key, true).expect("remove a filler");
+        let gone = wait_until(Duration::from_secs(15), || store.remove(key, true).is_ok());
+        assert!(gone.is_some(), "{key} could not be removed");
     }
     let drained = wait_until(Duration::from_secs(30), || {
-        !master_segments(&m).contains(&sa)
+        !master_segments(c.serving()).iter().any(|s| s == sa)
     });
     assert!(drained.is_some(), "A was never drained");
+    let m = c.serving();
+    assert_eq!(master_metric(m, "master_drains_completed_total"), Some(1.0));
     assert_eq!(
-        master_metric(&m, "master_drains_completed_total"),
-        Some(1.0)
-    );
-    assert_eq!(
-        master_metric(&m, "master_drain_objects_lost_total"),
+        master_metric(m, "master_drain_objects_lost_total"),
         Some(0.0)
     );
     for key in &keys {
-        assert_eq!(
-            segment_of(m.metrics_port, key).as_deref(),
-            Some(sb.as_str())
-        );
+        assert_eq!(segment_of(m.metrics_port, key).as_deref(), Some(sb));
         assert!(store.get(key).is_ok_and(|v| v == big(key)), "{key} lost");
     }
 
-    // A later master: A's owner, still running, re-mounts B's peers but never A.
-    m = restart(m, &flags);
+    // A later master: A's owner, still running (and told at a ping since), re-mounts nothing
+    // of A.
+    std::thread::sleep(Duration::from_millis(2500));
+    c.replace();
     let back = wait_until(Duration::from_secs(15), || {
-        master_segments(&m).contains(&sb)
+        master_segments(c.serving()).iter().any(|s| s == sb)
     });
     assert!(back.is_some(), "B never re-mounted");
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(
-        master_segments(&m),
-        std::slice::from_ref(&sb),
-        "a drained segment came back"
-    );
+    let listed = master_segments(c.serving());
+    assert_eq!(listed, [sb.to_string()], "a drained segment came back");
     for key in &keys {
-        assert!(store.get(key).is_ok_and(|v| v == big(key)), "{key} lost");
+        let read = wait_until(Duration::from_secs(15), || {
+            store.get(key).is_ok_and(|v| v == big(key))
+        });
+        assert!(read.is_some(), "{key} lost");
     }
-    drop((a, b));
+}
+
+#[test]
+fn an_admin_drain_outlives_a_master_restart_and_its_segment_never_returns() {
+    let mut c = Restarted(Some(Master::start(&RESTARTED_FLAGS)));
+    let m = c.serving();
+    let a = Node::start(m, &["--shards=1", "--global_segment_size=64 MB"]);
+    let b = Node::start(m, &["--shards=1", "--global_segment_size=16 MB"]);
+    let store =
+        mooncake_tests::remote_store(&m.rpc_addr(), &m.metadata_url(), 4 << 20).expect("setup");
+    admin_drain_outlives_a_new_master(&mut c, &store, &a.segments[0].name, &b.segments[0].name);
+}
+
+#[test]
+fn an_admin_drain_outlives_a_leader_failover_and_its_segment_never_returns() {
+    let Some(etcd) = mooncake_tests::Etcd::start() else {
+        return;
+    };
+    let cluster = "fleet_admin_drain";
+    let flags: Vec<String> = vec![
+        "--enable_ha=true".into(),
+        format!("--etcd_endpoints={}", etcd.addr()),
+        format!("--cluster_id={cluster}"),
+        "--admission_ramp_sec=0".into(),
+        "--default_kv_lease_ttl=500".into(),
+    ];
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let masters: Vec<Master> = (0..2).map(|_| Master::start(&args)).collect();
+    let mut c = Elected { masters, flags };
+    wait_until(Duration::from_secs(10), || c.leader().is_some()).expect("no leader");
+    let addr = format!("etcd://{}", etcd.addr());
+    let env = [("MC_STORE_CLUSTER_ID", cluster)];
+    let a = Node::start_at(
+        &addr,
+        &addr,
+        &["--shards=1", "--global_segment_size=64 MB"],
+        &env,
+    );
+    let b = Node::start_at(
+        &addr,
+        &addr,
+        &["--shards=1", "--global_segment_size=16 MB"],
+        &env,
+    );
+    std::env::set_var("MC_STORE_CLUSTER_ID", cluster);
+    let store = mooncake_tests::remote_store(&addr, &addr, 4 << 20).expect("store setup");
+    admin_drain_outlives_a_new_master(&mut c, &store, &a.segments[0].name, &b.segments[0].name);
 }
