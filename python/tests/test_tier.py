@@ -465,3 +465,35 @@ def test_the_disk_stays_within_its_logical_cap_by_its_watermarks(tmp_path):
         client.close()
         node.stop()
         master.stop()
+
+
+def test_a_drained_node_moves_its_only_copies_to_another_nodes_disk(tmp_path):
+    """A node without a disk stops (SIGTERM) holding the only copies of eight 1 MiB objects;
+    the other node's memory has room for a few: the drain moves the rest onto that node's
+    disk tier, the stopping node exits 0, and every object reads back byte-exact, some of
+    them from disk only."""
+    master = Master(extra=["--enable_offload=true", "--offload_on_evict=true",
+                           "--default_kv_lease_ttl=500"])
+    leaving = Node(master, "64MB", extra=["--drain_timeout_sec=30"])
+    client = make_store(master, segment=0, local_buffer=16 * MIB)
+    staying = None
+    try:
+        keys = [f"drained-{i}" for i in range(8)]
+        for k in keys:
+            assert client.put(k, value_of(k, MIB)) == 0, k
+        staying = DiskNode(master, "4MB", tmp_path)
+        leaving.proc.send_signal(signal.SIGTERM)
+        assert leaving.proc.wait(timeout=40) == 0, "the drained node exits 0"
+        for k in keys:
+            assert client.get(k) == value_of(k, MIB), k
+        where = [kinds(client, k) for k in keys]
+        assert sum(w == ["disk"] for w in where) >= 4, where
+        text = metrics(master.metrics_port)
+        assert metric(text, "master_drains_completed_total") == 1
+        assert metric(text, "master_drain_objects_lost_total") == 0
+    finally:
+        client.close()
+        stop_process(leaving.proc)
+        if staying is not None:
+            staying.stop()
+        master.stop()
