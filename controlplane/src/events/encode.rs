@@ -18,7 +18,7 @@
 use protocol::tenant::{split_scoped, DEFAULT_TENANT};
 use rmp::encode as w;
 
-use super::{Event, Kind, KvEventsConfig};
+use super::{EventRef, Kind, KvEventsConfig};
 
 /// What the flags say about every event of a batch.
 #[derive(Clone, Debug)]
@@ -63,16 +63,17 @@ pub fn encode_batch(
     opts: &EncodeOptions,
     timestamp_ms: u64,
     first_id: u64,
-    events: &[Event],
+    events: &[EventRef<'_>],
     out: &mut Vec<u8>,
 ) -> u64 {
+    let parts = Parts::new(opts, timestamp_ms);
     // Writing to a Vec cannot fail: the results are dropped.
     let _ = w::write_array_len(out, 3);
     let _ = w::write_uint(out, timestamp_ms);
     let _ = w::write_array_len(out, events.len() as u32);
     let mut non_hash = 0;
     for (i, e) in events.iter().enumerate() {
-        if !encode_event(opts, timestamp_ms, first_id + i as u64, e, out) {
+        if !encode_event(opts, &parts, first_id + i as u64, *e, out) {
             non_hash += 1;
         }
     }
@@ -90,15 +91,84 @@ fn nil_field(out: &mut Vec<u8>, name: &str) {
     let _ = w::write_nil(out);
 }
 
+/// The runs of fields that are the same for every event of a batch, encoded once per batch
+/// and copied into each event (encoding every field of every event cost about 330 ns an
+/// event, most of the publisher's time).
+struct Parts {
+    /// `timestamp`, then the five nil fields after the type.
+    timestamp: Vec<u8>,
+    nils: Vec<u8>,
+    /// The event type and legacy type, per kind.
+    stored_type: Vec<u8>,
+    removed_type: Vec<u8>,
+    /// The tenant of the default tenant's objects, then `backend_id`.
+    default_tenant: Vec<u8>,
+    backend: Vec<u8>,
+    /// What follows the hashes, per kind.
+    stored_tail: Vec<u8>,
+    removed_tail: Vec<u8>,
+}
+
+impl Parts {
+    fn new(opts: &EncodeOptions, ts: u64) -> Parts {
+        let mut timestamp = Vec::new();
+        let _ = w::write_str(&mut timestamp, "timestamp");
+        let _ = w::write_uint(&mut timestamp, ts);
+        let mut nils = Vec::new();
+        for name in [
+            "model_name",
+            "block_size",
+            "additional_salt",
+            "lora_name",
+            "dp_rank",
+        ] {
+            nil_field(&mut nils, name);
+        }
+        let kind_type = |event_type: &str, legacy_name: &str| {
+            let mut b = Vec::new();
+            str_field(&mut b, "event_type", event_type);
+            if opts.legacy {
+                str_field(&mut b, "type", legacy_name);
+            }
+            b
+        };
+        let mut default_tenant = Vec::new();
+        str_field(&mut default_tenant, "tenant_id", &opts.default_tenant);
+        let mut backend = Vec::new();
+        str_field(&mut backend, "backend_id", &opts.backend_id);
+        let mut stored_tail = Vec::new();
+        let _ = w::write_str(&mut stored_tail, "base_block_idx");
+        let _ = w::write_uint(&mut stored_tail, 0);
+        nil_field(&mut stored_tail, "parent_hash");
+        nil_field(&mut stored_tail, "token_ids");
+        if opts.legacy {
+            nil_field(&mut stored_tail, "parent_block_hash");
+        }
+        let mut removed_tail = Vec::new();
+        nil_field(&mut removed_tail, "base_block_idx");
+        Parts {
+            timestamp,
+            nils,
+            stored_type: kind_type("stored", "BlockStored"),
+            removed_type: kind_type("removed", "BlockRemoved"),
+            default_tenant,
+            backend,
+            stored_tail,
+            removed_tail,
+        }
+    }
+}
+
 /// One event's map; returns whether its key was a hash.
-fn encode_event(opts: &EncodeOptions, ts: u64, id: u64, e: &Event, out: &mut Vec<u8>) -> bool {
+fn encode_event(
+    opts: &EncodeOptions,
+    parts: &Parts,
+    id: u64,
+    e: EventRef<'_>,
+    out: &mut Vec<u8>,
+) -> bool {
     let stored = e.kind == Kind::Stored;
-    let (tenant, key) = split_scoped(&e.key);
-    let tenant = if tenant == DEFAULT_TENANT {
-        opts.default_tenant.as_str()
-    } else {
-        tenant
-    };
+    let (tenant, key) = split_scoped(e.key);
     let hash = parse_hash(key);
     let legacy = usize::from(opts.legacy);
     // 13 common fields, the optional ones, then the kind's own.
@@ -106,29 +176,20 @@ fn encode_event(opts: &EncodeOptions, ts: u64, id: u64, e: &Event, out: &mut Vec
     let _ = w::write_map_len(out, len as u32);
     let _ = w::write_str(out, "event_id");
     let _ = w::write_uint(out, id);
-    let _ = w::write_str(out, "timestamp");
-    let _ = w::write_uint(out, ts);
-    str_field(out, "event_type", if stored { "stored" } else { "removed" });
-    if opts.legacy {
-        let legacy_name = if stored {
-            "BlockStored"
-        } else {
-            "BlockRemoved"
-        };
-        str_field(out, "type", legacy_name);
+    out.extend_from_slice(&parts.timestamp);
+    out.extend_from_slice(if stored {
+        &parts.stored_type
+    } else {
+        &parts.removed_type
+    });
+    out.extend_from_slice(&parts.nils);
+    if tenant == DEFAULT_TENANT {
+        out.extend_from_slice(&parts.default_tenant);
+    } else {
+        str_field(out, "tenant_id", tenant);
     }
-    for name in [
-        "model_name",
-        "block_size",
-        "additional_salt",
-        "lora_name",
-        "dp_rank",
-    ] {
-        nil_field(out, name);
-    }
-    str_field(out, "tenant_id", tenant);
-    str_field(out, "backend_id", &opts.backend_id);
-    match &e.group {
+    out.extend_from_slice(&parts.backend);
+    match e.group {
         Some(g) => str_field(out, "group_id", split_scoped(g).1),
         None => nil_field(out, "group_id"),
     }
@@ -140,17 +201,11 @@ fn encode_event(opts: &EncodeOptions, ts: u64, id: u64, e: &Event, out: &mut Vec
         str_field(out, "object_key", key);
     }
     hashes(out, hash, opts.legacy);
-    if stored {
-        let _ = w::write_str(out, "base_block_idx");
-        let _ = w::write_uint(out, 0);
-        nil_field(out, "parent_hash");
-        nil_field(out, "token_ids");
-        if opts.legacy {
-            nil_field(out, "parent_block_hash");
-        }
+    out.extend_from_slice(if stored {
+        &parts.stored_tail
     } else {
-        nil_field(out, "base_block_idx");
-    }
+        &parts.removed_tail
+    });
     hash.is_some()
 }
 

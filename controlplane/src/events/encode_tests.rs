@@ -62,7 +62,13 @@ fn names(e: &[(String, Value)]) -> Vec<&str> {
 fn stored_event_has_every_field_of_the_reference_with_its_type() {
     let mut out = Vec::new();
     let e = event(Kind::Stored, Medium::Cpu, "12345");
-    let non_hash = encode_batch(&opts(true, true), 1_700_000_000_123, 7, &[e], &mut out);
+    let non_hash = encode_batch(
+        &opts(true, true),
+        1_700_000_000_123,
+        7,
+        &[e.as_ref()],
+        &mut out,
+    );
     assert_eq!(non_hash, 0);
     let (ts, events, dp) = decode(&out);
     assert_eq!(ts.as_u64(), Some(1_700_000_000_123));
@@ -133,7 +139,7 @@ fn removed_event_without_legacy_or_key() {
     let mut out = Vec::new();
     let mut e = event(Kind::Removed, Medium::Disk, "\0ta\0not-a-hash");
     e.group = Some("\0ta\0g1".into());
-    let non_hash = encode_batch(&opts(false, false), 5, 1, &[e], &mut out);
+    let non_hash = encode_batch(&opts(false, false), 5, 1, &[e.as_ref()], &mut out);
     assert_eq!(non_hash, 1);
     let (_, events, _) = decode(&out);
     let e = &events[0];
@@ -173,7 +179,8 @@ fn legacy_removed_and_non_hash_keys_still_carry_the_key() {
     ];
     let mut o = opts(true, true);
     o.default_tenant = "tenant-x".into();
-    let non_hash = encode_batch(&o, 5, 100, &events, &mut out);
+    let refs: Vec<_> = events.iter().map(Event::as_ref).collect();
+    let non_hash = encode_batch(&o, 5, 100, &refs, &mut out);
     assert_eq!(non_hash, 1);
     let (_, events, _) = decode(&out);
     let (a, b) = (&events[0], &events[1]);

@@ -1,13 +1,14 @@
 //! KV-cache events: the master tells cache-aware routers (NVIDIA Dynamo's KV router) which
 //! objects the pool holds, as the original's master does (`docs/kv-events.md`).
 //!
-//! Owns the publisher: a bounded queue ([`Sink`]) that the service pushes small [`Event`]s
-//! into under its lock, and a background thread (`publisher.rs`) that drains it, encodes
-//! batches in msgpack (`encode.rs`) and sends each on a ZeroMQ PUB socket as three frames:
-//! an empty topic, an 8-byte big-endian sequence number, the payload.
+//! Owns the publisher: a bounded queue ([`Sink`], `queue.rs`) that the service pushes small
+//! events into under its lock, and a background thread (`publisher.rs`) that drains it,
+//! encodes batches in msgpack (`encode.rs`) and sends each on a ZeroMQ PUB socket as three
+//! frames: an empty topic, an 8-byte big-endian sequence number, the payload.
 //!
-//! How it works: the service calls [`Sink::push`] with the key (a clone), what happened and
-//! the medium; the push never blocks. A full queue drops the event and counts it; the next
+//! How it works: the service calls [`Sink::push`] with the key, what happened and the medium;
+//! the push copies them into the queue's buffer and never blocks (but on the publisher's
+//! swap of that buffer, once per poll). A full queue drops the event and counts it; the next
 //! batch the thread sends then skips a sequence number, so a subscriber sees the loss as a
 //! gap. Everything that costs (tenant split, hash parse, msgpack) happens on the thread.
 //!
@@ -17,13 +18,15 @@
 
 mod encode;
 mod publisher;
+mod queue;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
 pub use encode::{encode_batch, parse_hash, EncodeOptions};
 pub use publisher::{start, Publisher};
+pub use queue::EventRef;
+use queue::Queue;
 
 /// The endpoint bound when `--enable_kv_events` is given without `--kv_events_bind_endpoint`
 /// (the port the original's examples use).
@@ -101,7 +104,7 @@ impl Medium {
     }
 }
 
-/// One event as the service hands it over: cheap to build under the lock.
+/// One event, owned (the tests' form; the service pushes [`EventRef`]s).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub kind: Kind,
@@ -110,6 +113,28 @@ pub struct Event {
     pub key: String,
     /// The object's lease group, scoped as the index holds it.
     pub group: Option<String>,
+}
+
+impl Event {
+    pub fn as_ref(&self) -> EventRef<'_> {
+        EventRef {
+            kind: self.kind,
+            medium: self.medium,
+            key: &self.key,
+            group: self.group.as_deref(),
+        }
+    }
+}
+
+impl From<EventRef<'_>> for Event {
+    fn from(e: EventRef<'_>) -> Event {
+        Event {
+            kind: e.kind,
+            medium: e.medium,
+            key: e.key.to_string(),
+            group: e.group.map(str::to_string),
+        }
+    }
 }
 
 /// The publisher's counters, shared by the sink and the thread.
@@ -130,20 +155,17 @@ impl Counters {
 /// The service's end of the queue. Cloning shares the queue.
 #[derive(Clone, Debug)]
 pub struct Sink {
-    tx: SyncSender<Event>,
+    queue: Arc<Queue>,
     counters: Arc<Counters>,
 }
 
 impl Sink {
     /// Queues `event`, or drops and counts it when the queue is full (or the publisher
-    /// stopped). Never blocks.
+    /// stopped). Never blocks but on the publisher's swap of the buffer.
     #[inline]
-    pub fn push(&self, event: Event) {
-        match self.tx.try_send(event) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.counters.dropped_events.fetch_add(1, Ordering::Relaxed);
-            }
+    pub fn push(&self, event: EventRef<'_>) {
+        if !self.queue.push(event) {
+            self.counters.dropped_events.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -155,13 +177,27 @@ impl Sink {
 
 /// A sink over a queue of `capacity` that the caller drains itself (the service's tests).
 #[cfg(test)]
-pub(crate) fn test_channel(capacity: usize) -> (Sink, std::sync::mpsc::Receiver<Event>) {
-    let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+pub(crate) fn test_channel(capacity: usize) -> (Sink, TestDrain) {
+    let queue = Arc::new(Queue::new(capacity));
     let sink = Sink {
-        tx,
+        queue: queue.clone(),
         counters: Arc::default(),
     };
-    (sink, rx)
+    (sink, TestDrain(queue))
+}
+
+/// The tests' end of a [`test_channel`].
+#[cfg(test)]
+pub(crate) struct TestDrain(Arc<Queue>);
+
+#[cfg(test)]
+impl TestDrain {
+    /// The events queued since the last call, in order.
+    pub fn try_iter(&self) -> std::vec::IntoIter<Event> {
+        let mut p = queue::Packed::default();
+        self.0.take(&mut p);
+        p.iter().map(Event::from).collect::<Vec<_>>().into_iter()
+    }
 }
 
 /// What `GET /kv_events/status` and the metrics page report.

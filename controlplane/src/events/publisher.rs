@@ -3,15 +3,15 @@
 //! The socket is bound in [`start`], on the caller's thread, so that a bad endpoint stops
 //! the master with the reason; then socket and queue move to the thread `mc-kv-events`,
 //! which owns them until [`Publisher::stop`]. The thread polls the queue every
-//! `KV_EVENT_POLL_INTERVAL` (see [`Worker::run`] for why it does not block on it); a batch
-//! is what the queue holds when it looks, up to `KV_EVENT_BATCH_EVENTS_MAX` events.
+//! `KV_EVENT_POLL_INTERVAL` (see [`Worker::run`] for why it does not block on it), takes
+//! everything queued, and sends it in batches of up to `KV_EVENT_BATCH_EVENTS_MAX` events.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{encode_batch, status_of, Counters, EncodeOptions, Event, KvEventsConfig, Sink};
+use super::queue::{EventRef, Packed, Queue};
+use super::{encode_batch, status_of, Counters, EncodeOptions, KvEventsConfig, Sink};
 use crate::limits::{
     KV_EVENT_BATCH_EVENTS_MAX, KV_EVENT_POLL_INTERVAL, KV_EVENT_SOCKET_BATCHES_MAX,
     KV_EVENT_SOCKET_LINGER,
@@ -51,14 +51,13 @@ pub fn start(cfg: &KvEventsConfig) -> Result<Publisher, String> {
         Ok(Ok(s)) => s,
         _ => endpoint.clone(),
     };
-    let capacity = cfg.queue_capacity.max(1) as usize;
-    let (tx, rx) = sync_channel(capacity);
+    let queue = Arc::new(Queue::new(cfg.queue_capacity as usize));
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
     let worker = Worker {
         opts: EncodeOptions::from_config(cfg),
         socket,
-        rx,
+        queue: queue.clone(),
         counters: counters.clone(),
         stop: stop.clone(),
         next_seq: 1,
@@ -75,7 +74,7 @@ pub fn start(cfg: &KvEventsConfig) -> Result<Publisher, String> {
         .map_err(|e| format!("KV events: cannot start the publisher thread: {e}"))?;
     Ok(Publisher {
         sink: Sink {
-            tx,
+            queue,
             counters: counters.clone(),
         },
         cfg: cfg.clone(),
@@ -120,7 +119,7 @@ impl Drop for Publisher {
 struct Worker {
     opts: EncodeOptions,
     socket: zmq::Socket,
-    rx: Receiver<Event>,
+    queue: Arc<Queue>,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
     next_seq: u64,
@@ -130,41 +129,38 @@ struct Worker {
 }
 
 impl Worker {
-    /// Polls the queue rather than blocking on it: a receiver blocked in `recv` makes every
-    /// push wake it (a futex call, under the master's lock), which cost the put path a
+    /// Polls the queue rather than blocking on it: a receiver blocked on the queue makes
+    /// every push wake it (a futex call, under the master's lock), which cost the put path a
     /// quarter of its throughput in `master_bench --kv_events_ab`; a push into a queue
-    /// nobody waits on is one atomic operation. Events wait at most one poll interval.
+    /// nobody waits on appends the event's bytes to one buffer. Events wait at most one
+    /// poll interval.
     fn run(mut self) {
-        let mut batch = Vec::with_capacity(KV_EVENT_BATCH_EVENTS_MAX);
+        let mut taken = Packed::default();
         let mut payload = Vec::with_capacity(64 * 1024);
         loop {
-            let mut gone = false;
-            while batch.len() < KV_EVENT_BATCH_EVENTS_MAX {
-                match self.rx.try_recv() {
-                    Ok(e) => batch.push(e),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        gone = true;
-                        break;
-                    }
-                }
+            // Closed before the last take, so nothing queued is left behind unsent.
+            let stopping = self.stop.load(Ordering::Relaxed);
+            if stopping {
+                self.queue.close();
             }
-            if !batch.is_empty() {
-                self.send(&batch, &mut payload);
-                batch.clear();
-                continue;
+            self.queue.take(&mut taken);
+            let events: Vec<EventRef<'_>> = taken.iter().collect();
+            for batch in events.chunks(KV_EVENT_BATCH_EVENTS_MAX) {
+                self.send(batch, &mut payload);
             }
-            if gone || self.stop.load(Ordering::Relaxed) {
+            if stopping {
                 return;
             }
-            std::thread::sleep(KV_EVENT_POLL_INTERVAL);
+            if events.is_empty() {
+                std::thread::sleep(KV_EVENT_POLL_INTERVAL);
+            }
         }
     }
 
     /// Encodes and sends one batch; skips a sequence number when events were dropped since
     /// the last one (read after the batch was drained, so every drop before its events is
     /// seen).
-    fn send(&mut self, batch: &[Event], payload: &mut Vec<u8>) {
+    fn send(&mut self, batch: &[EventRef<'_>], payload: &mut Vec<u8>) {
         let dropped = self.counters.dropped_events.load(Ordering::Relaxed);
         if dropped != self.seen_dropped {
             self.seen_dropped = dropped;
@@ -202,7 +198,7 @@ impl Worker {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Kind, Medium};
+    use super::super::{Event, Kind, Medium};
     use super::*;
 
     fn event(key: &str) -> Event {
@@ -242,7 +238,7 @@ mod tests {
         let sink = p.sink();
         let mut seen = None;
         for i in 0..100 {
-            sink.push(event(&i.to_string()));
+            sink.push(event(&i.to_string()).as_ref());
             sub.set_rcvtimeo(50).unwrap();
             if let Ok(frames) = sub.recv_multipart(0) {
                 seen = Some(frames);
@@ -263,7 +259,7 @@ mod tests {
         let before = settled(seen_seq);
         assert_eq!(before.published_batches, seen_seq, "no drop, no gap");
         sub.set_rcvtimeo(5000).unwrap();
-        sink.push(event("a"));
+        sink.push(event("a").as_ref());
         let (seq, payload) = recv(&sub);
         assert_eq!(seq, seen_seq + 1, "no drop, no gap");
         let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
@@ -274,7 +270,7 @@ mod tests {
         assert_eq!(st.published_events, before.published_events + 1);
         assert_eq!((st.dropped_events, st.non_hash_keys), (0, 1));
         p.stop();
-        sink.push(event("late"));
+        sink.push(event("late").as_ref());
         assert_eq!(p.status().dropped_events, 1, "a stopped publisher drops");
     }
 

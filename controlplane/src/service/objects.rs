@@ -27,7 +27,7 @@ use protocol::Uuid;
 use super::index::Index;
 use super::object::Object;
 use super::FastMap;
-use crate::events::{Event, Kind, Medium, Sink};
+use crate::events::{EventRef, Kind, Medium, Sink};
 use crate::limits::SWEEP_WRITERS_MIN;
 
 /// The object index (`State::objects`).
@@ -61,11 +61,11 @@ pub(crate) fn medium_of(obj: &Object) -> Medium {
 }
 
 fn announce(sink: &Sink, kind: Kind, medium: Medium, key: &str, obj: &Object) {
-    sink.push(Event {
+    sink.push(EventRef {
         kind,
         medium,
-        key: key.to_string(),
-        group: obj.group().map(|g| g.lease.name.clone()),
+        key,
+        group: obj.group().map(|g| g.lease.name.as_str()),
     });
 }
 

@@ -1,18 +1,16 @@
 //! KV-cache events from the index's choke points (`objects.rs`, `docs/kv-events.md`): what
 //! each path announces, on a manual clock, read straight from the queue.
 
-use std::sync::mpsc::Receiver;
-
 use super::*;
-use crate::events::{Event, Kind, Medium};
+use crate::events::{Kind, Medium, TestDrain};
 
-fn subscribe(t: &T) -> Receiver<Event> {
+fn subscribe(t: &T) -> TestDrain {
     let (sink, rx) = crate::events::test_channel(4096);
     t.svc.state.lock().objects.set_events(Some(sink));
     rx
 }
 
-fn drain(rx: &Receiver<Event>) -> Vec<(Kind, Medium, String)> {
+fn drain(rx: &TestDrain) -> Vec<(Kind, Medium, String)> {
     rx.try_iter().map(|e| (e.kind, e.medium, e.key)).collect()
 }
 
