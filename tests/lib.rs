@@ -713,6 +713,17 @@ impl Etcd {
         format!("{}:{}", self.host, self.port)
     }
 
+    /// The flags of a master in HA on this etcd under `cluster`, then `extra`.
+    pub fn ha_master_flags(&self, cluster: &str, extra: &[&str]) -> Vec<String> {
+        let mut flags = vec![
+            "--enable_ha=true".to_string(),
+            format!("--etcd_endpoints={}", self.addr()),
+            format!("--cluster_id={cluster}"),
+        ];
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        flags
+    }
+
     /// Kills etcd (SIGKILL): its clients see connections refused.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -501,17 +501,17 @@ fn randomized_faults_keep_the_history_consistent() {
         return;
     };
     let cluster = format!("faults{}", std::process::id());
-    let flags: Vec<String> = vec![
-        "--enable_ha=true".into(),
-        format!("--etcd_endpoints={}", etcd.addr()),
-        format!("--cluster_id={cluster}"),
-        "--default_kv_lease_ttl=500".into(),
-        "--client_ttl=4".into(),
-        // Pinned keys are never evicted, so a new leader must count every one of them.
-        "--allow_evict_soft_pinned_objects=false".into(),
-        // The disk tier: every completed object is copied to its owner's disk (eager offload).
-        "--enable_offload=true".into(),
-    ];
+    let flags = etcd.ha_master_flags(
+        &cluster,
+        &[
+            "--default_kv_lease_ttl=500",
+            "--client_ttl=4",
+            // Pinned keys are never evicted, so a new leader must count every one of them.
+            "--allow_evict_soft_pinned_objects=false",
+            // The disk tier: every completed object is copied to its owner's disk (eager offload).
+            "--enable_offload=true",
+        ],
+    );
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     // With a second host, the third master lives there too (`MC_FAULT_FAR_MASTER`, default
     // on), so a partition cuts a master, perhaps the leader, from etcd and the other side.

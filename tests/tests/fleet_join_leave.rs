@@ -473,13 +473,10 @@ fn an_admin_drain_outlives_a_leader_failover_and_its_segment_never_returns() {
         return;
     };
     let cluster = "fleet_admin_drain";
-    let flags: Vec<String> = vec![
-        "--enable_ha=true".into(),
-        format!("--etcd_endpoints={}", etcd.addr()),
-        format!("--cluster_id={cluster}"),
-        "--admission_ramp_sec=0".into(),
-        "--default_kv_lease_ttl=500".into(),
-    ];
+    let flags = etcd.ha_master_flags(
+        cluster,
+        &["--admission_ramp_sec=0", "--default_kv_lease_ttl=500"],
+    );
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let masters: Vec<Master> = (0..2).map(|_| Master::start(&args)).collect();
     let mut c = Elected { masters, flags };

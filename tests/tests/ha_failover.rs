@@ -41,13 +41,8 @@ const FAILOVER_BOUND: Duration = Duration::from_secs(20);
 type Outcome = (Instant, Result<(), ErrorCode>);
 
 fn ha_flags(etcd: &Etcd, cluster: &str) -> Vec<String> {
-    vec![
-        "--enable_ha=true".into(),
-        format!("--etcd_endpoints={}", etcd.addr()),
-        format!("--cluster_id={cluster}"),
-        // Reads in these tests outlive the default 10 s lease only by accident; keep it long.
-        "--default_kv_lease_ttl=60000".into(),
-    ]
+    // Reads in these tests outlive the default 10 s lease only by accident; keep it long.
+    etcd.ha_master_flags(cluster, &["--default_kv_lease_ttl=60000"])
 }
 
 fn start_master(flags: &[String]) -> Master {

@@ -64,12 +64,7 @@ struct Cluster {
 impl Cluster {
     fn start(cluster: &str) -> Option<Cluster> {
         let etcd = Etcd::start()?;
-        let args: Vec<String> = vec![
-            "--enable_ha=true".into(),
-            format!("--etcd_endpoints={}", etcd.addr()),
-            format!("--cluster_id={cluster}"),
-            "--default_kv_lease_ttl=200".into(),
-        ];
+        let args = etcd.ha_master_flags(cluster, &["--default_kv_lease_ttl=200"]);
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let masters: Vec<Master> = (0..3).map(|_| Master::start(&a)).collect();
         wait_until(Duration::from_secs(10), || serving(&masters).is_some())

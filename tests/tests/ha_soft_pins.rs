@@ -68,14 +68,14 @@ fn put(store: &Store, key: &str, v: &[u8], cfg: &ReplicateConfig) -> bool {
 fn soft_pins_survive_a_leader_kill_and_eviction_pressure() {
     let Some(etcd) = Etcd::start() else { return };
     let cluster = "ha_soft_pins";
-    let flags: Vec<String> = vec![
-        "--enable_ha=true".into(),
-        format!("--etcd_endpoints={}", etcd.addr()),
-        format!("--cluster_id={cluster}"),
-        "--default_kv_lease_ttl=200".into(),
-        // Pinned objects are never evicted: pressure shows whether the new leader knows them.
-        "--allow_evict_soft_pinned_objects=false".into(),
-    ];
+    let flags = etcd.ha_master_flags(
+        cluster,
+        &[
+            "--default_kv_lease_ttl=200",
+            // Pinned objects are never evicted: pressure shows whether the new leader knows them.
+            "--allow_evict_soft_pinned_objects=false",
+        ],
+    );
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut masters: Vec<Master> = (0..2).map(|_| Master::start(&args)).collect();
     wait_until(Duration::from_secs(10), || masters.iter().any(leading)).expect("no leader");

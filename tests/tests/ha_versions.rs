@@ -212,13 +212,8 @@ fn hot_keys_keep_their_last_acknowledged_write_across_failovers() {
     println!("ha_versions: seed {seed} (MC_HA_SEED), {kills} kills (MC_HA_KILLS)");
     let Some(etcd) = Etcd::start() else { return };
     let cluster = "ha_versions";
-    let flags: Vec<String> = vec![
-        "--enable_ha=true".into(),
-        format!("--etcd_endpoints={}", etcd.addr()),
-        format!("--cluster_id={cluster}"),
-        // Short read leases: removes and in-place upserts are not blocked for long.
-        "--default_kv_lease_ttl=500".into(),
-    ];
+    // Short read leases: removes and in-place upserts are not blocked for long.
+    let flags = etcd.ha_master_flags(cluster, &["--default_kv_lease_ttl=500"]);
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut masters: Vec<Master> = (0..3).map(|_| Master::start(&args)).collect();
     wait_until(Duration::from_secs(10), || serving(&masters).is_some())

@@ -282,21 +282,6 @@ fn a_restarted_master_waits_for_the_owners_to_re_mount_before_giving_a_drain_up(
     assert_eq!(t.metric("master_drain_objects_lost_total"), 1);
 }
 
-/// A disk segment `name` of client `n`, at the disk address base.
-fn disk_segment(n: u64, name: &str, size: u64) -> Segment {
-    Segment {
-        id: Uuid::from_parts(200, n),
-        name: name.into(),
-        base: (1 << 60) + (n << 44),
-        size,
-        te_endpoint: format!("{name}-te"),
-        protocol: "tcp".into(),
-        host_id: format!("host{n}"),
-        medium: ReplicaMedium::LocalDisk,
-        ..Default::default()
-    }
-}
-
 #[test]
 fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
     let t = T::with(ServiceConfig {
@@ -310,34 +295,15 @@ fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
     t.mount_on(C2, 2, "s2", 4 * MIB, "h2");
     // The draining owner's own disk is the roomiest: it must not be chosen, nor count as a
     // copy elsewhere, since the owner may be leaving with it.
-    for (client, n, name, size) in [(C1, 1, "s1/disk", 1024 * MIB), (C2, 2, "s2/disk", 64 * MIB)] {
-        let r = t.call(
-            Request::MountSegment,
-            MountSegment {
-                client_id: client,
-                segment: disk_segment(n, name, size),
-            },
-        );
-        assert_eq!(r, Ok(()));
-    }
+    let policy = DiskPolicy::default();
+    t.mount_segment(C1, super::offload_tests::disk(1, "s1", 1024 * MIB, policy));
+    t.mount_segment(C2, super::offload_tests::disk(2, "s2", 64 * MIB, policy));
     t.put_one("fill", 4 * MIB, "s2");
     t.put_one("a", 2 * MIB, "s1");
     t.put_one("b", 2 * MIB, "s1");
     // Eager offload copied each object to its owner's disk: let both owners finish theirs.
-    for client in [C1, C2] {
-        let w = t
-            .call(Request::FetchTasks, FetchTasks { client_id: client })
-            .unwrap();
-        for task in w {
-            let done = CompleteTask {
-                client_id: client,
-                task_id: task.task_id,
-                ok: true,
-                message: String::new(),
-            };
-            assert_eq!(t.call(Request::CompleteTask, done), Ok(()));
-        }
-    }
+    t.run_tasks(C1);
+    t.run_tasks(C2);
     let on_s1_disk = |key: &str| {
         t.get(key)
             .unwrap()
@@ -357,22 +323,14 @@ fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
     assert_eq!(r, Ok(()));
     t.svc.tick();
     assert_eq!(t.metric("master_drain_replicas_detached_total"), 0);
-    let w = t
-        .call(Request::FetchTasks, FetchTasks { client_id: C2 })
-        .unwrap();
+    let w = t.fetch_work(C2);
     let mut moved: Vec<&str> = w.iter().map(|w| w.key.as_str()).collect();
     moved.sort_unstable();
     assert_eq!(moved, ["a", "b"]);
     for task in &w {
         assert_eq!(task.targets[0].segment_name, "s2/disk");
         assert_eq!(task.targets[0].medium, ReplicaMedium::LocalDisk);
-        let done = CompleteTask {
-            client_id: C2,
-            task_id: task.task_id,
-            ok: true,
-            message: String::new(),
-        };
-        assert_eq!(t.call(Request::CompleteTask, done), Ok(()));
+        assert_eq!(t.finish(C2, task.task_id, true), Ok(()));
     }
     for key in ["a", "b"] {
         let names: Vec<String> = t

@@ -31,7 +31,7 @@ fn memory(n: u64, name: &str, size: u64) -> Segment {
 }
 
 /// The disk segment beside `memory(n, name, ..)`: `name/disk`, at the disk address base.
-fn disk(n: u64, name: &str, size: u64, policy: DiskPolicy) -> Segment {
+pub(super) fn disk(n: u64, name: &str, size: u64, policy: DiskPolicy) -> Segment {
     Segment {
         id: Uuid::from_parts(200, n),
         name: format!("{name}/disk"),
@@ -56,7 +56,7 @@ fn offload_cfg() -> ServiceConfig {
 }
 
 impl T {
-    fn mount_segment(&self, client: Uuid, seg: Segment) {
+    pub(super) fn mount_segment(&self, client: Uuid, seg: Segment) {
         let r = self.call(
             Request::MountSegment,
             MountSegment {
@@ -85,12 +85,12 @@ impl T {
         d
     }
 
-    fn fetch_work(&self, client: Uuid) -> Vec<TaskWork> {
+    pub(super) fn fetch_work(&self, client: Uuid) -> Vec<TaskWork> {
         self.call(Request::FetchTasks, FetchTasks { client_id: client })
             .expect("fetch")
     }
 
-    fn finish(&self, client: Uuid, id: Uuid, ok: bool) -> Result<(), ErrorCode> {
+    pub(super) fn finish(&self, client: Uuid, id: Uuid, ok: bool) -> Result<(), ErrorCode> {
         self.call(
             Request::CompleteTask,
             CompleteTask {
@@ -103,7 +103,7 @@ impl T {
     }
 
     /// Fetches and completes every task `client` is handed, until it is handed none.
-    fn run_tasks(&self, client: Uuid) -> usize {
+    pub(super) fn run_tasks(&self, client: Uuid) -> usize {
         let mut n = 0;
         loop {
             let w = self.fetch_work(client);
