@@ -366,9 +366,11 @@ def run_phase(py, phase, env, logdir, extra=(), script=None, echo=False):
     return {"error": f"phase {phase} exited {p.returncode}; see {logdir}/{phase}.stderr"}
 
 
-def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=False):
-    """Master + storage node of the implementation behind `py`, then `phases` of `script`
-    (default: this file's remote and local phases), each in a fresh client process."""
+def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=False,
+             node_flags=(), phase_args=()):
+    """Master + storage node of the implementation behind `py` (the node given `node_flags`
+    besides), then `phases` of `script` (default: this file's remote and local phases), each
+    in a fresh client process given `phase_args` besides where the master is."""
     bindir = Path(py).parent
     env = dict(os.environ)
     env.setdefault("MC_LOG_LEVEL", "2")
@@ -392,6 +394,7 @@ def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=Fa
         f"--global_segment_size={NODE_SEGMENT}",
         f"--master_server_address=127.0.0.1:{rpc}",
         f"--metadata_server={metadata}",
+        *node_flags,
     ]
     logdir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -404,7 +407,7 @@ def run_impl(label, py, logdir, phases=("remote", "local"), script=None, echo=Fa
         with open(logdir / "node.log", "ab") as nl:
             procs.append(subprocess.Popen(node_cmd, stdout=nl, stderr=nl, env=env,
                                           stdin=subprocess.DEVNULL))
-        where = ["--master", f"127.0.0.1:{rpc}", "--metadata", metadata]
+        where = ["--master", f"127.0.0.1:{rpc}", "--metadata", metadata, *phase_args]
         res = {"commands": {"master": " ".join(master_cmd), "node": " ".join(node_cmd)}}
         for ph in phases:
             res[ph] = run_phase(py, ph, env, logdir, where, script, echo)
