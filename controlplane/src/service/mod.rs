@@ -636,6 +636,7 @@ impl MasterService {
         Metrics::add(&m.quarantined_clients, entered as u64);
         Metrics::add(&m.unquarantined_clients, lifted as u64);
         st.advance_drains(m, now);
+        st.end_ramps(now);
         let late = st.owners.stop_waiting(now);
         if !late.is_empty() {
             tracing::warn!(

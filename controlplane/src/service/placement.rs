@@ -13,8 +13,9 @@
 //! (`MountSegment`, not a re-mount) is empty, and by free ratio it would draw every new
 //! replica at once. For the ramp's window its share is capped instead: of the replicas placed
 //! in the cluster since it was mounted, it may have taken at most `ramp × fair`, where `ramp`
-//! grows linearly from 0 to 1 over the window and `fair` is one over the writable memory
-//! segments. The strategy's walk skips it while it is at its cap; the put's preferred
+//! grows linearly from 0 to 1 over the window and `fair` is one over the mounted memory
+//! segments. The strategy's walk skips it while it is at its cap, tested when the walk reaches
+//! it ([`RampCaps`]), so a put costs the same however many segments ramp; the put's preferred
 //! segments are never capped; and when the walk found fewer buffers than asked, a last walk
 //! fills up on capped segments, so a ramp limits a share and never refuses a put that has no
 //! other room (a cluster whose segments are all fresh accepts puts as before). A re-mount
@@ -34,7 +35,7 @@ use protocol::{ErrorCode, ReplicaStatus, ReplicateConfig};
 
 use super::metrics::Metrics;
 use super::object::Replica;
-use super::segments::SegRef;
+use super::segments::{Seg, SegRef};
 use super::{AllocationStrategy, State};
 
 impl State {
@@ -83,56 +84,46 @@ impl State {
         }
     }
 
-    /// Slot indices of segments at their admission-ramp cap now (module docs), sorted; ends
-    /// the ramps whose window is over. Costs nothing once every ramp has ended: a put used to
-    /// scan every segment for a ramp, and to test each candidate against a list of the capped
-    /// one by one, quadratic in freshly mounted segments (p50 put 927 µs at 20,000 of them,
-    /// `docs/scale.md`).
-    fn capped_segments(&mut self, now: u64) -> Capped {
-        if self.ramps_until_ms == 0 {
-            return Capped::default();
+    /// The admission ramps' caps for a placement now (module docs). Costs nothing per
+    /// segment: a put used to test every segment's ramp up front (first against a list of the
+    /// capped, quadratic in fresh segments: p50 927 µs at 20,000 of them; then into a bitmap,
+    /// still a pass over every segment: 381 µs), `docs/scale.md`. A ramp whose own window is
+    /// over caps nothing; [`State::end_ramps`] clears it at the next tick.
+    fn ramp_caps(&mut self, now: u64) -> RampCaps {
+        if self.ramps_until_ms == 0 || now >= self.ramps_until_ms {
+            self.end_ramps(now);
+            return RampCaps::default();
         }
-        if now >= self.ramps_until_ms {
-            // Every ramp's window is over: end them all, once.
+        RampCaps {
+            now,
+            window: self.cfg.admission_ramp_ms,
+            placed: self.placed_replicas,
+            fair_of: self.segs.memory_len().max(1),
+        }
+    }
+
+    /// Ends the admission ramps whose window is over (a pass over the segments, at a tick,
+    /// while any ramp runs), so that the status page and the gauge show only running ones.
+    pub(crate) fn end_ramps(&mut self, now: u64) {
+        if self.ramps_until_ms == 0 {
+            return;
+        }
+        let all_over = now >= self.ramps_until_ms;
+        if all_over {
             self.ramps_until_ms = 0;
-            for k in 0..self.segs.live.len() {
-                let r = self.segs.at(self.segs.live[k]);
-                if let Some(seg) = self.segs.get_mut(r) {
+        }
+        let window = self.cfg.admission_ramp_ms;
+        for k in 0..self.segs.live.len() {
+            let r = self.segs.at(self.segs.live[k]);
+            if let Some(seg) = self.segs.get_mut(r) {
+                let over = seg
+                    .ramp
+                    .is_some_and(|ramp| now.saturating_sub(ramp.from_ms) >= window);
+                if all_over || over {
                     seg.ramp = None;
                 }
             }
-            return Capped::default();
         }
-        let window = self.cfg.admission_ramp_ms;
-        let placed = self.placed_replicas;
-        let writable = self
-            .segs
-            .iter()
-            .filter(|s| s.writable() && !s.is_disk())
-            .count()
-            .max(1);
-        let mut capped = Capped::default();
-        for k in 0..self.segs.live.len() {
-            let i = self.segs.live[k];
-            let r = self.segs.at(i);
-            let Some(seg) = self.segs.get_mut(r) else {
-                continue;
-            };
-            let Some(ramp) = seg.ramp else {
-                continue;
-            };
-            let age = now.saturating_sub(ramp.from_ms);
-            if window == 0 || age >= window {
-                seg.ramp = None;
-                continue;
-            }
-            let share = age as f64 / window as f64 / writable as f64;
-            let since = placed.saturating_sub(ramp.placed_at_start) + 1;
-            if (ramp.taken + 1) as f64 > share * since as f64 {
-                capped.add(i);
-            }
-        }
-        capped
     }
 
     /// Whether evicting could ever make room: some writable segment is big enough.
@@ -167,19 +158,19 @@ impl State {
         if got.len() == want {
             return got;
         }
-        let capped = self.capped_segments(now);
-        self.walk(size, want, &capped, &mut got);
-        if got.len() < want && !capped.is_empty() {
+        let caps = self.ramp_caps(now);
+        self.walk(size, want, &caps, &mut got);
+        if got.len() < want && caps.any() {
             // Nothing else had room: a ramp limits a share, it never refuses. The same walk
             // with no cap (segments already chosen are skipped).
-            self.walk(size, want, &Capped::default(), &mut got);
+            self.walk(size, want, &RampCaps::default(), &mut got);
         }
         got
     }
 
-    /// The strategy's walk over the mounted segments but `capped`, adding to `got` up to
-    /// `want` replicas.
-    fn walk(&mut self, size: u64, want: usize, capped: &Capped, got: &mut Vec<Replica>) {
+    /// The strategy's walk over the mounted segments but those `caps` caps, adding to `got`
+    /// up to `want` replicas.
+    fn walk(&mut self, size: u64, want: usize, caps: &RampCaps, got: &mut Vec<Replica>) {
         let n = self.segs.live.len();
         // Random walks `live` from a random start without allocating; FreeRatioFirst sorts.
         let (start, sorted) = match self.cfg.allocation_strategy {
@@ -188,7 +179,7 @@ impl State {
                 let mut v: Vec<(f64, u32)> = self
                     .segs
                     .iter_indexed()
-                    .filter(|(i, s)| !s.is_disk() && !capped.contains(*i))
+                    .filter(|(_, s)| !s.is_disk() && !caps.caps(s))
                     .map(|(i, s)| {
                         let free = s.size - s.alloc.used_bytes();
                         (free as f64 / s.size as f64, i)
@@ -208,7 +199,7 @@ impl State {
                 return;
             }
             let r = nth(&self.segs, k);
-            if !capped.contains(r.idx) {
+            if !self.segs.get(r).is_some_and(|s| caps.caps(s)) {
                 skipped_for_host |= !self.try_segment(r, size, got, true);
             }
         }
@@ -218,7 +209,7 @@ impl State {
                     break;
                 }
                 let r = nth(&self.segs, k);
-                if !capped.contains(r.idx) {
+                if !self.segs.get(r).is_some_and(|s| caps.caps(s)) {
                     self.try_segment(r, size, got, false);
                 }
             }
@@ -278,30 +269,37 @@ impl State {
     }
 }
 
-/// The slots of segments at their ramp's cap: a bit per slot, so that a walk tests a
-/// candidate in constant time however many segments ramp.
-#[derive(Default)]
-struct Capped {
-    /// Grown only by [`Capped::add`]: empty exactly when no slot is capped.
-    bits: Vec<u64>,
+/// The admission ramps' caps as of one placement: whether a segment is at its cap is
+/// computed from its own ramp when the walk reaches it, in constant time. The default caps
+/// nothing.
+#[derive(Clone, Copy, Default)]
+struct RampCaps {
+    now: u64,
+    /// `--admission_ramp_sec` in ms; 0 in the default: nothing is capped.
+    window: u64,
+    /// `State::placed_replicas` now.
+    placed: u64,
+    /// The fair share is one over this many segments.
+    fair_of: usize,
 }
 
-impl Capped {
-    fn add(&mut self, slot: u32) {
-        let (word, bit) = (slot as usize / 64, slot % 64);
-        if self.bits.len() <= word {
-            self.bits.resize(word + 1, 0);
+impl RampCaps {
+    /// Whether a ramp may cap anything.
+    fn any(&self) -> bool {
+        self.window > 0
+    }
+
+    /// Whether `seg` is at its ramp's cap (module docs).
+    fn caps(&self, seg: &Seg) -> bool {
+        let Some(ramp) = seg.ramp.filter(|_| self.any()) else {
+            return false;
+        };
+        let age = self.now.saturating_sub(ramp.from_ms);
+        if age >= self.window {
+            return false;
         }
-        self.bits[word] |= 1 << bit;
-    }
-
-    fn contains(&self, slot: u32) -> bool {
-        self.bits
-            .get(slot as usize / 64)
-            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.bits.is_empty()
+        let share = age as f64 / self.window as f64 / self.fair_of as f64;
+        let since = self.placed.saturating_sub(ramp.placed_at_start) + 1;
+        (ramp.taken + 1) as f64 > share * since as f64
     }
 }

@@ -111,6 +111,8 @@ pub(crate) struct Segments {
     by_id: HashMap<Uuid, u32>,
     /// Mounted slot indices, for placement walks.
     pub live: Vec<u32>,
+    /// How many of `live` are disk segments.
+    disks: usize,
 }
 
 impl Segments {
@@ -165,6 +167,7 @@ impl Segments {
         };
         self.by_name.insert(seg.name.clone(), idx);
         self.by_id.insert(seg.id, idx);
+        self.disks += usize::from(seg.is_disk());
         self.slots[idx as usize].seg = Some(seg);
         self.live.push(idx);
         self.at(idx)
@@ -180,6 +183,7 @@ impl Segments {
         self.spare.push(r.idx);
         self.by_name.remove(&seg.name);
         self.by_id.remove(&seg.id);
+        self.disks -= usize::from(seg.is_disk());
         self.live.retain(|&i| i != r.idx);
         Some(seg)
     }
@@ -195,6 +199,11 @@ impl Segments {
         self.live
             .iter()
             .filter_map(|&i| Some((i, self.slots[i as usize].seg.as_ref()?)))
+    }
+
+    /// Mounted memory segments (writable or not), counted as they mount and unmount.
+    pub fn memory_len(&self) -> usize {
+        self.live.len() - self.disks
     }
 
     pub fn len(&self) -> usize {

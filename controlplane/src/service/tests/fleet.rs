@@ -111,6 +111,26 @@ fn a_ramp_never_refuses_and_preferred_segments_are_not_capped() {
 }
 
 #[test]
+fn staggered_ramps_end_each_at_its_own_window() {
+    let t = T::with(ramp_cfg());
+    t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
+    t.advance(RAMP_MS / 2);
+    t.mount_on(C2, 2, "s2", 256 * MIB, "h2");
+    assert_eq!(t.metric("master_ramping_segments"), 2);
+    t.advance(RAMP_MS / 2);
+    // s1's window is over, s2's is not: s1 is no longer capped, before any tick ends its
+    // ramp, while s2 (nothing placed since it joined) is at its cap.
+    assert_eq!(t.put_one("a", MIB, ""), "s1");
+    t.svc.tick();
+    assert_eq!(t.metric("master_ramping_segments"), 1);
+    t.advance(RAMP_MS / 2);
+    t.svc.tick();
+    assert_eq!(t.metric("master_ramping_segments"), 0);
+    // By free ratio the emptier s2 takes the next put.
+    assert_eq!(t.put_one("b", MIB, ""), "s2");
+}
+
+#[test]
 fn a_remount_does_not_ramp() {
     let t = T::with(ramp_cfg());
     t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
