@@ -245,9 +245,10 @@ impl State {
     fn safe_home(&self, s: &Seg) -> bool {
         s.draining_until.is_none()
             && (!s.is_disk()
-                || !self
-                    .segs
-                    .iter()
-                    .any(|o| o.client == s.client && o.draining_until.is_some()))
+                || !self.clients.get(&s.client).is_some_and(|c| {
+                    c.segments
+                        .iter()
+                        .any(|&r| self.segs.get(r).is_some_and(|o| o.draining_until.is_some()))
+                }))
     }
 }
