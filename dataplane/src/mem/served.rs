@@ -193,8 +193,21 @@ impl ServedMemory {
     /// `Metadata` ([`Catalog::fence`]). Both server backends call this, so they agree exactly.
     /// Returns the record's kind: a server may hold an intent's answer until the next one on
     /// its connection (the WRITE the client sends right behind it).
+    ///
+    /// A record or tombstone comes after every record a same-host writer announced before it
+    /// ([`Catalog::settle`], called before the table's lock, which the announcements take).
     pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<RecordKind, TeError> {
         let rec = CatalogRecord::decode(record)?;
+        if rec.kind != RecordKind::Intent {
+            self.catalog.settle();
+        }
+        self.apply_unsettled(addr, &rec).map(|()| rec.kind)
+    }
+
+    /// Applies a decoded record, its range checked as [`ServedMemory::catalog_put`] checks it
+    /// (same errors), without applying same-host announcements first: for their source (the
+    /// same-host socket's reader, `mem::shm`), which calls this as it reads them.
+    pub fn apply_unsettled(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
         let served = self.read();
         let addressable = usize::try_from(addr)
             .ok()
@@ -205,7 +218,7 @@ impl ServedMemory {
         }
         // Inserted under the read lock, so an unregister of this buffer (write lock) either
         // comes first and refuses the range, or comes after and drops the entry.
-        self.catalog.apply(addr, &rec).map(|()| rec.kind)
+        self.catalog.apply_now(addr, rec)
     }
 }
 

@@ -334,10 +334,18 @@ impl Inner {
 
 /// Writes into this catalog's memory that the owner hears of out of band and has not
 /// applied yet: same-host memcpys announced on the shared-memory socket
-/// (`crate::mem::shm`). The catalog applies them before every snapshot.
+/// (`crate::mem::shm`), their intents and their records. The catalog applies all of them
+/// before every snapshot and before it raises its fence, and the records before any record
+/// or tombstone that reaches it otherwise ([`Catalog::settle`]).
 pub trait PendingWrites: Send + Sync {
-    /// Applies every announced write to `catalog` ([`Catalog::overwrite`]).
+    /// Applies every announced intent and record to `catalog` ([`Catalog::apply_now`]).
     fn apply_pending(&self, catalog: &Catalog);
+
+    /// Applies at least every record whose writer has counted it sent (cheap when there is
+    /// none): those that come before whatever the caller applies next.
+    fn apply_records(&self, catalog: &Catalog) {
+        self.apply_pending(catalog);
+    }
 }
 
 /// See the module docs.
@@ -385,6 +393,7 @@ impl Catalog {
         hard_pin: bool,
         version: Version,
     ) -> Result<(), TeError> {
+        self.settle();
         self.insert_pinned(addr, len, key, (hard_pin, None), version)
     }
 
@@ -429,9 +438,24 @@ impl Catalog {
     /// for its intent's answer before its bytes, stops there). A tombstone is always applied
     /// (it drops only its own key's entries older than its version, so a late one cannot hide
     /// a newer write).
+    ///
+    /// Records announced on a same-host socket before this one are applied first
+    /// ([`Catalog::settle`]).
     pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
+        if rec.kind != RecordKind::Intent {
+            self.settle();
+        }
+        self.apply_now(addr, rec)
+    }
+
+    /// [`Catalog::apply`] without applying announced records first: for the announcements'
+    /// own sources, and for a caller that called [`Catalog::settle`] before it took a lock the
+    /// sources take (`ServedMemory`'s table).
+    pub fn apply_now(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
         match rec.kind {
-            RecordKind::Tombstone => self.bury(addr, rec.len, rec.key, rec.version).map(|_| ()),
+            RecordKind::Tombstone => self
+                .bury_now(addr, rec.len, rec.key, rec.version)
+                .map(|_| ()),
             RecordKind::Intent => {
                 if self.fence.refuses(rec.version.term) {
                     return Err(TeError::Metadata);
@@ -459,7 +483,12 @@ impl Catalog {
     /// Memcpy writes of earlier terms are refused before their first byte from now on; the
     /// caller waits for those already copying with [`Fence::wait_for_writes`] before it
     /// re-mounts.
+    ///
+    /// Every write announced on a same-host socket before the raise is applied first, under
+    /// the fence it was sent under: a put whose record is in the owner's socket may already
+    /// be acknowledged by the master that ended (`crate::mem::shm`, "Why records").
     pub fn fence(&self, term: u64) -> usize {
+        self.apply_pending();
         let _inner = self.lock();
         self.fence.raise(term)
     }
@@ -485,7 +514,15 @@ impl Catalog {
     /// from the re-report, so the remover must hand it to that master (`KeepRemoved`). The
     /// fence is read under the table's lock, which the re-mount's snapshot takes after raising
     /// it, so a tombstone answered `Ok` is in that snapshot.
+    ///
+    /// Records announced on a same-host socket before it are applied first
+    /// ([`Catalog::settle`]): the put a removal removes may have sent its record there.
     pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> Result<usize, TeError> {
+        self.settle();
+        self.bury_now(addr, len, key, version)
+    }
+
+    fn bury_now(&self, addr: u64, len: u64, key: &str, version: Version) -> Result<usize, TeError> {
         let mut inner = self.lock();
         let n = inner
             .remove_overlapping_where(addr, len, |_, e| &*e.key == key && e.version <= version);
@@ -508,7 +545,11 @@ impl Catalog {
     /// The sequence number of the last insert so far. Take it before asking the master which
     /// ranges it freed; then [`Catalog::forget`] with it drops only entries that existed
     /// before the question was asked (a later insert into a freed range is a new object).
+    ///
+    /// Every write announced on a same-host socket so far is applied first, so a record sent
+    /// before the question is older than the mark.
     pub fn mark(&self) -> u64 {
+        self.apply_pending();
         self.lock().seq
     }
 
@@ -546,16 +587,30 @@ impl Catalog {
         pending.push(source);
     }
 
-    fn apply_pending(&self) {
-        let sources: Vec<Arc<dyn PendingWrites>> = self
-            .pending
+    /// The live sources of announced writes ([`Catalog::watch`]).
+    fn sources(&self) -> Vec<Arc<dyn PendingWrites>> {
+        self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter_map(Weak::upgrade)
-            .collect();
-        for s in sources {
+            .collect()
+    }
+
+    /// Applies every write announced out of band so far: intents and records.
+    fn apply_pending(&self) {
+        for s in self.sources() {
             s.apply_pending(self);
+        }
+    }
+
+    /// Applies the records announced on same-host sockets whose writers counted them sent
+    /// (`crate::mem::shm`): whatever reaches the catalog after this call comes after them, as
+    /// it would have if they had come over TCP. Call it before applying a record or a
+    /// tombstone, outside any lock the sources take. Cheap when nothing was announced.
+    pub fn settle(&self) {
+        for s in self.sources() {
+            s.apply_records(self);
         }
     }
 

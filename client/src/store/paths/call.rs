@@ -12,8 +12,9 @@
 //!   refused it);
 //! - [`WriteCall::takes_intents`] / [`WriteCall::intent_op`]: the intent that goes ahead of a replica's bytes, when its
 //!   owner takes intents (`docs/recovery.md`, invariant 8);
-//! - [`WriteCall::record_op`] / [`WriteCall::record_after`]: the catalog record, on the lane
-//!   behind the bytes or, for bytes the owner's CPU did not see, over TCP once they landed.
+//! - [`WriteCall::record`] / [`WriteCall::record_op`] / [`WriteCall::record_after`]: the
+//!   catalog record, on the lane behind the bytes, on the same-host socket (`paths::shm`) or,
+//!   for other bytes the owner's CPU did not see, over TCP once they landed.
 
 use std::sync::Arc;
 
@@ -32,13 +33,16 @@ use super::super::StoreError;
 pub(in crate::store) struct Reach<'c> {
     pub peers: &'c Peers,
     shared: Vec<(String, Option<Arc<ShmMapping>>)>,
+    /// A write call's (see `Peers::shared_segment`).
+    writing: bool,
 }
 
 impl<'c> Reach<'c> {
-    fn new(peers: &'c Peers) -> Self {
+    fn new(peers: &'c Peers, writing: bool) -> Self {
         Reach {
             peers,
             shared: Vec::new(),
+            writing,
         }
     }
 
@@ -47,7 +51,7 @@ impl<'c> Reach<'c> {
         if let Some((_, m)) = self.shared.iter().find(|(e, _)| e == endpoint) {
             return m.clone();
         }
-        let m = self.peers.shared_segment(endpoint);
+        let m = self.peers.shared_segment(endpoint, self.writing);
         self.shared.push((endpoint.to_string(), m.clone()));
         m
     }
@@ -90,7 +94,7 @@ impl<'c, 'a> WriteCall<'c, 'a> {
         WriteCall {
             items,
             results: vec![Ok(()); items.len()],
-            reach: Reach::new(peers),
+            reach: Reach::new(peers, true),
             ledger,
             late: Vec::new(),
         }
@@ -175,20 +179,26 @@ impl<'c, 'a> WriteCall<'c, 'a> {
         }
     }
 
-    /// Item `i`'s catalog record, if its owner keeps a catalog.
-    pub fn record_op(&self, i: usize) -> Option<(TransferOp<'c>, usize)> {
+    /// Item `i`'s encoded catalog record, if its owner keeps a catalog.
+    pub fn record(&self, i: usize) -> Option<&'c [u8]> {
         let r = self.items[i].replica;
         let record: &'c [u8] = &self.ledger.records[i];
         self.peers()
             .catalog
             .enabled(&r.transport_endpoint)
-            .then(|| {
-                let op = TransferOp::CatalogPut {
-                    remote_addr: r.buffer_address,
-                    record: Src::from(record),
-                };
-                (op, record.len())
-            })
+            .then_some(record)
+    }
+
+    /// Item `i`'s catalog record as a request, if its owner keeps a catalog.
+    pub fn record_op(&self, i: usize) -> Option<(TransferOp<'c>, usize)> {
+        let r = self.items[i].replica;
+        self.record(i).map(|record| {
+            let op = TransferOp::CatalogPut {
+                remote_addr: r.buffer_address,
+                record: Src::from(record),
+            };
+            (op, record.len())
+        })
     }
 
     /// Records item `i` in its owner's catalog over TCP once every path is done (for bytes
@@ -229,7 +239,7 @@ impl<'c, 'a> ReadCall<'c, 'a> {
         ReadCall {
             results: vec![Ok(()); items.len()],
             items,
-            reach: Reach::new(peers),
+            reach: Reach::new(peers, false),
         }
     }
 

@@ -6,10 +6,15 @@
 //! is how the owner's fence refuses or waits for it, and sends its intent on the same-host
 //! socket before the first byte (`mem::shm`). An owner that cannot take the intent gets the
 //! write over TCP instead (the item goes back to the later paths), whose WRITE its fence sees.
-//! The catalog record goes over TCP once the bytes landed.
+//! Once the call's bytes are in, the catalog records go on the same socket, one `send` per
+//! owner for the whole call, and are counted on the write page before the put is committed;
+//! an owner that does not take records there (offer version 3), or a send that fails, gets
+//! them over TCP.
 
-use dataplane::mem::shm::WriteRefused;
-use dataplane::mem::{Dst, Src};
+use std::sync::Arc;
+
+use dataplane::mem::shm::{Announcement, WriteRefused};
+use dataplane::mem::{Dst, ShmMapping, Src};
 use protocol::ReplicaDescriptor;
 
 use super::call::{Reach, ReadCall, WriteCall};
@@ -26,6 +31,7 @@ impl ReplicaPath for Shm {
 
     fn write(&self, w: &mut WriteCall<'_, '_>, mine: Vec<usize>) -> Vec<usize> {
         let mut back = Vec::new();
+        let mut records = Records::default();
         for i in mine {
             let r = w.items[i].replica;
             let Some(m) = w.reach.shared(&r.transport_endpoint) else {
@@ -60,8 +66,12 @@ impl ReplicaPath for Shm {
             let hugetlb = m.hugetlb();
             write_parts(w.items[i].parts, dst, Mapping::Peer { hugetlb });
             w.peers().stats.add_shm(r.size);
-            w.record_after(i);
+            match w.record(i) {
+                Some(record) if m.takes_records() => records.add(&m, i, r.buffer_address, record),
+                _ => w.record_after(i),
+            }
         }
+        records.send(w);
         back
     }
 
@@ -86,5 +96,41 @@ impl ReplicaPath for Shm {
             rc.reach.peers.stats.add_shm(len as u64);
         }
         back
+    }
+}
+
+/// The catalog records of a call's copies, one batch per owner, sent once every byte is in.
+#[derive(Default)]
+struct Records {
+    by_owner: Vec<(Arc<ShmMapping>, Vec<u8>, Vec<usize>)>,
+}
+
+impl Records {
+    /// Adds item `i`'s `record` of the object at `addr` of `m`'s segment.
+    fn add(&mut self, m: &Arc<ShmMapping>, i: usize, addr: u64, record: &[u8]) {
+        let at = match self.by_owner.iter().position(|(o, ..)| Arc::ptr_eq(o, m)) {
+            Some(at) => at,
+            None => {
+                self.by_owner.push((m.clone(), Vec::new(), Vec::new()));
+                self.by_owner.len() - 1
+            }
+        };
+        let (_, frames, items) = &mut self.by_owner[at];
+        Announcement::frame(addr, record, frames);
+        items.push(i);
+    }
+
+    /// Sends each owner's records; those an owner could not take go over TCP.
+    fn send(self, w: &mut WriteCall<'_, '_>) {
+        for (m, frames, items) in self.by_owner {
+            if let Err(e) = m.send_records(&frames, items.len() as u64) {
+                let endpoint = &w.items[items[0]].replica.transport_endpoint;
+                tracing::warn!("{endpoint}: same-host records not sent ({e}); over TCP");
+                w.peers().forget_shared(endpoint);
+                for i in items {
+                    w.record_after(i);
+                }
+            }
+        }
     }
 }

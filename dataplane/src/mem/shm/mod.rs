@@ -1,0 +1,894 @@
+//! Same-host shared segments: a process serving a shared [`Segment`] offers its memfd to other
+//! processes on the host, which map the same pages and move object bytes with memcpy instead
+//! of through loopback TCP.
+//!
+//! ```text
+//! exporter (storage node shard, store client)          importer (store client on the same host)
+//! listen on abstract unix socket                        connect("\0mooncake-shm/<te_endpoint>")
+//!   "\0mooncake-shm/<te_endpoint>"                        (refused: not on this host / no export)
+//! accept; check SO_PEERCRED: same uid, or root         check SO_PEERCRED: same uid, or root
+//! send the offer, the memfd attached (SCM_RIGHTS) ───▶  check the memfd's seals (no shrink,
+//!                                                         no grow); mmap(memfd, MAP_SHARED)
+//!                                                         read+write
+//! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`recovery::inflight`)
+//! keep the connection open                              a read of 0 bytes = the exporter is gone:
+//!                                                         drop the mapping
+//!                                                       before each memcpy into the segment:
+//!                                                         a slot of the write page, refused if
+//!                                                         the exporter's fence refuses the term
+//! read write intents and records, apply them     ◀───    then an intent: "I am writing this
+//!   to the catalog (at once, before every catalog          range for the put of this key and
+//!   snapshot and fence raise, when the importer's          version"; the slot is let go after
+//!   end closes, and the records before any record          the last byte;
+//!   or tombstone that comes another way)            ◀───    then the object's record ("it is
+//!                                                         complete"), and the page's records
+//!                                                         count goes up by one
+//!
+//! Offer (24 bytes, little-endian)
+//!  0               4               8                               16                              24
+//!  | magic "MCSH"  | version       | base (u64): the exporter's address of the segment | len (u64) |
+//!  version 4: the exporter reads write intents and records and sends a write page next;
+//!  3: intents and a write page (records go over TCP); 2: intents, no write page (unfenced);
+//!  1: neither (the importer sends no intents)
+//!
+//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3 offer
+//!  | magic "MCSP"  | page bytes (u32) = `inflight::WRITE_PAGE_BYTES` |
+//!
+//! Announcement (little-endian), importer -> exporter, any number back to back
+//!  0               4                   8                       16
+//!  | magic "MCSW"  | record_len (u32)  | addr (u64)            | record (record_len bytes) |
+//!  record: a catalog record (`recovery::catalog`) of kind INTENT (the object's length, the
+//!  put's key and version) or, offer version 4 only, an object record (its length, key,
+//!  version and pins); record_len 1 ..= CATALOG_RECORD_MAX_BYTES
+//! ```
+//!
+//! Why intents, and why records here too: `announce`, where the importers' announcements are
+//! read and applied.
+//!
+//! Why a write page: the owner's term fence (`recovery::fence`) refuses the late WRITEs of a
+//! master that ended, but a memcpy passes no server. With a slot held for each copy, an
+//! owner raising its fence refuses copies of earlier terms before their first byte and
+//! waits for those already copying before it re-mounts (`recovery::inflight`). One page per
+//! importer, so that the exporter can tell a dead importer's slots (a pidfd) from a live one's.
+//!
+//! Why an abstract unix socket named after the data-plane endpoint: a client learns a replica's
+//! `transport_endpoint` from the master and nothing else; connecting to the matching name
+//! succeeds exactly when the exporting process shares this host's network namespace, so no
+//! new field in any descriptor is needed and a remote endpoint costs one refused `connect`
+//! (remembered for a while). Abstract names vanish with their socket: a killed exporter leaves
+//! nothing behind, and the memfd is freed when the last mapping goes.
+//!
+//! Security: the memfd gives read and write access to the whole segment, so it goes only to a
+//! peer whose uid is ours or root's (`SO_PEERCRED`), i.e. to a process that could read our
+//! memory anyway. The same rule holds the other way (`trusted`, checked by the importer on
+//! the listener's credentials before it reads the offer): abstract names belong to the
+//! network namespace, not to a user, so another user's process could bind a node's name
+//! first and hand out its own memfd, to serve forged objects and receive our puts. Both
+//! memfds (segment and write page) must carry `F_SEAL_SHRINK | F_SEAL_GROW`: an exporter that
+//! shrank one after the importer checked its size would crash the importer with `SIGBUS`.
+//! A refused exporter is counted ([`exporters_refused`]) and logged, and the caller uses TCP.
+//! `docs/security.md` has the threat model.
+//!
+//! Invariants: an importer touches only `[base, base + len)` of the exporter's address space,
+//! translated into its own mapping ([`ShmMapping::translate`] checks every range); decoding an
+//! offer never panics on any bytes (fuzzed by `fuzz/fuzz_targets/shm_offer.rs`).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use protocol::Version;
+
+use super::served::ServedMemory;
+
+mod announce;
+use crate::recovery::catalog::PendingWrites;
+use crate::recovery::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
+use crate::sys::rawio;
+pub use announce::Announcement;
+use announce::{Importer, Importers};
+
+/// Offer magic, the bytes `MCSH` on the wire.
+pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
+/// The offer version of an exporter that reads write intents and records and sends a write
+/// page.
+pub const OFFER_VERSION: u32 = 4;
+/// The offer version of an exporter that reads write intents (records go over TCP) and sends
+/// a write page (still understood).
+pub const OFFER_VERSION_NO_RECORDS: u32 = 3;
+/// The offer version of an exporter that reads write intents and sends no write page (still
+/// understood).
+pub const OFFER_VERSION_NO_PAGE: u32 = 2;
+/// The offer version of an exporter that reads none (still understood).
+pub const OFFER_VERSION_NO_INTENTS: u32 = 1;
+/// Write page message magic, the bytes `MCSP` on the wire.
+pub const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"MCSP");
+/// Announcement magic, the bytes `MCSW` on the wire.
+pub const ANNOUNCEMENT_MAGIC: u32 = u32::from_le_bytes(*b"MCSW");
+/// Encoded size of an announcement's fixed part (its record follows).
+pub const ANNOUNCEMENT_HEADER_BYTES: usize = 16;
+/// How long the export thread lets intents gather after reading some: at most one wake-up
+/// per this, while an importer's socket holds a few hundred intents before its sends block.
+const INTENT_GATHER: Duration = Duration::from_millis(5);
+/// How long an importer may wait to hand an intent to a slow exporter before it gives up
+/// the mapping and writes over TCP instead.
+const INTENT_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+/// Encoded size of an offer.
+pub const OFFER_BYTES: usize = 24;
+/// Importers an exporter keeps connected at once; more are refused (they use TCP).
+pub const IMPORTERS_MAX: usize = 4096;
+/// How long an importer waits for the offer.
+const OFFER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often the exporter's thread checks whether it should stop.
+const ACCEPT_POLL_MS: i32 = 200;
+
+/// Whether segments are shared with same-host processes and same-host replicas are moved
+/// with memcpy: `MC_STORE_SHM` (default on; a false word of [`protocol::env::FALSE_WORDS`] turns it off). Also off
+/// when `MC_STORE_MEMCPY` is off.
+pub fn shm_enabled() -> bool {
+    protocol::env::flag("MC_STORE_SHM", true) && protocol::env::flag("MC_STORE_MEMCPY", true)
+}
+
+/// Who serves a segment, which decides whether sharing it is worth its cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A storage node: every access to its segment comes from another process, so it is
+    /// always shared (when [`shm_enabled`]).
+    Node,
+    /// A store client's own segment: it reads it itself with memcpy, fastest on hugepages. It
+    /// is shared only when shared memory gets hugepages too (hugetlb pages wanted and free, or
+    /// `shmem_enabled` allows transparent hugepages); otherwise it stays private anonymous
+    /// memory with transparent hugepages, and same-host peers reach it over TCP.
+    Client,
+}
+
+/// A segment for serving by `owner`: shared (memfd) or private; see [`Owner`].
+pub fn serving_segment(
+    len: usize,
+    options: crate::mem::SegmentOptions,
+    owner: Owner,
+) -> io::Result<crate::mem::Segment> {
+    use crate::mem::segment::{free_hugetlb_bytes, shmem_thp_enabled};
+    let huge_shared = options.hugepages == crate::mem::HugepagePolicy::Prefer
+        && free_hugetlb_bytes() >= len as u64;
+    let share = shm_enabled()
+        && match owner {
+            Owner::Node => true,
+            Owner::Client => huge_shared || shmem_thp_enabled(),
+        };
+    if share {
+        crate::mem::Segment::new_shared(len, options)
+    } else {
+        crate::mem::Segment::new(len, options)
+    }
+}
+
+/// Offers `segment` to same-host importers under `endpoint`, if it is shared, applying their
+/// write intents to `memory`'s catalog; `None` (with the reason logged) when it is private or
+/// the name cannot be bound.
+pub fn export_segment(
+    endpoint: &str,
+    segment: &crate::mem::Segment,
+    memory: &Arc<ServedMemory>,
+) -> Option<ShmExport> {
+    let fd = segment.shared_fd()?;
+    let offer = Offer {
+        base: segment.addr() as u64,
+        len: segment.len() as u64,
+        guards: Guards::Records,
+    };
+    match ShmExport::start(endpoint, fd, offer, Some(memory.clone())) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            tracing::warn!("segment at {endpoint} not shared with same-host clients: {e}");
+            None
+        }
+    }
+}
+
+/// The abstract socket name for a data-plane endpoint.
+pub fn socket_name(endpoint: &str) -> String {
+    format!("mooncake-shm/{endpoint}")
+}
+
+/// The little-endian integers at `i` of a message whose length was checked.
+fn le_u32(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+fn le_u64(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+/// An offer: where the segment lives in the exporter's address space, and what the exporter
+/// asks of its importers' copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    pub base: u64,
+    pub len: u64,
+    pub guards: Guards,
+}
+
+/// What an exporter asks of an importer's copies, one step per offer version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guards {
+    /// Nothing (version 1): an exporter without a catalog, such as a dummy client's region.
+    None,
+    /// A write intent before each copy (version 2).
+    Intents,
+    /// Intents, and a write page sent after the offer that fences copies by term (version 3).
+    IntentsAndPage,
+    /// Intents, the write page, and each object's record on the socket once its bytes are in
+    /// (version 4).
+    Records,
+}
+
+impl Guards {
+    /// The importer announces each copy with a write intent.
+    pub fn intents(self) -> bool {
+        self != Guards::None
+    }
+
+    /// A write page follows the offer.
+    pub fn page(self) -> bool {
+        matches!(self, Guards::IntentsAndPage | Guards::Records)
+    }
+
+    /// The importer sends each object's record on the socket, not over TCP.
+    pub fn records(self) -> bool {
+        self == Guards::Records
+    }
+
+    fn version(self) -> u32 {
+        match self {
+            Guards::None => OFFER_VERSION_NO_INTENTS,
+            Guards::Intents => OFFER_VERSION_NO_PAGE,
+            Guards::IntentsAndPage => OFFER_VERSION_NO_RECORDS,
+            Guards::Records => OFFER_VERSION,
+        }
+    }
+}
+
+impl Offer {
+    pub fn encode(&self) -> [u8; OFFER_BYTES] {
+        let mut b = [0u8; OFFER_BYTES];
+        b[0..4].copy_from_slice(&OFFER_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.guards.version().to_le_bytes());
+        b[8..16].copy_from_slice(&self.base.to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes an offer; errors say what was wrong. Never panics.
+    pub fn decode(b: &[u8]) -> Result<Offer, &'static str> {
+        if b.len() != OFFER_BYTES {
+            return Err("offer is not 24 bytes");
+        }
+        let (u32_at, u64_at) = (|i| le_u32(b, i), |i| le_u64(b, i));
+        if u32_at(0) != OFFER_MAGIC {
+            return Err("bad offer magic");
+        }
+        let guards = match u32_at(4) {
+            OFFER_VERSION => Guards::Records,
+            OFFER_VERSION_NO_RECORDS => Guards::IntentsAndPage,
+            OFFER_VERSION_NO_PAGE => Guards::Intents,
+            OFFER_VERSION_NO_INTENTS => Guards::None,
+            _ => return Err("unknown offer version"),
+        };
+        let offer = Offer {
+            base: u64_at(8),
+            len: u64_at(16),
+            guards,
+        };
+        if offer.len == 0 || offer.base.checked_add(offer.len).is_none() {
+            return Err("offer range is empty or wraps");
+        }
+        Ok(offer)
+    }
+}
+
+/// Offers one shared segment's memfd to same-host importers until dropped.
+pub struct ShmExport {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ShmExport {
+    /// Listens on the abstract socket of `endpoint` and offers `fd` (the memfd of a segment at
+    /// `offer.base` in this process, `offer.len` bytes). With `memory`, the importers' write
+    /// intents and records go to its catalog and their copies are fenced by its fence, each importer
+    /// getting a write page (and the offer says so, whatever `offer.guards` was); without,
+    /// the offer asks for neither. Fails if the name is taken, and (`InvalidInput`) if `fd`
+    /// is not sealed at its size: every importer would refuse it.
+    pub fn start(
+        endpoint: &str,
+        fd: BorrowedFd<'_>,
+        mut offer: Offer,
+        memory: Option<Arc<ServedMemory>>,
+    ) -> io::Result<ShmExport> {
+        if !crate::sys::mmap::size_sealed(fd)? {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the descriptor is not a memfd sealed at its size, which importers require",
+            ));
+        }
+        let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
+        let listener = UnixListener::bind_addr(&addr)?;
+        listener.set_nonblocking(true)?;
+        let fd = fd.try_clone_to_owned()?;
+        offer.guards = match memory {
+            Some(_) => Guards::Records,
+            None => Guards::None,
+        };
+        let importers = Arc::new(Importers {
+            list: Mutex::new(Vec::new()),
+            memory: memory.as_ref().map_or_else(Weak::new, Arc::downgrade),
+        });
+        if let Some(m) = &memory {
+            let source: Arc<dyn PendingWrites> = importers.clone();
+            m.catalog().watch(Arc::downgrade(&source));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("mc-shm-export".into())
+            .spawn(move || export_loop(listener, fd, offer, importers, memory, flag))?;
+        Ok(ShmExport {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ShmExport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Accepts importers and sends them the offer; with `memory`, also waits on every importer's
+/// socket and applies the intents it reads to the catalog (the catalog drains them too, before
+/// each snapshot). Only this thread adds or removes importers, so the descriptors it polls
+/// stay open while it polls them.
+fn export_loop(
+    listener: UnixListener,
+    fd: OwnedFd,
+    offer: Offer,
+    importers: Arc<Importers>,
+    memory: Option<Arc<ServedMemory>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        pfds.clear();
+        pfds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        if memory.is_some() {
+            pfds.extend(importers.lock().iter().map(|i| libc::pollfd {
+                fd: i.conn.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+        }
+        // SAFETY: `pfds` holds `pfds.len()` valid pollfds for the duration of the call.
+        let n = unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                ACCEPT_POLL_MS,
+            )
+        };
+        if n <= 0 {
+            continue;
+        }
+        if memory.is_some() && pfds[1..].iter().any(|p| p.revents != 0) {
+            importers.drain(|_| true);
+            importers.lock().retain(|i| !i.closed);
+            // Announcements may wait (the catalog applies them before anything that must
+            // come after them): gather those of a busy stretch into one wake-up instead of
+            // one per put.
+            std::thread::sleep(INTENT_GATHER);
+        }
+        if pfds[0].revents == 0 {
+            continue;
+        }
+        let Ok((conn, _)) = listener.accept() else {
+            continue;
+        };
+        let mut list = importers.lock();
+        if memory.is_none() {
+            list.retain(|i| peer_alive(i.conn.as_raw_fd()));
+        }
+        let Some(cred) = peer_cred(&conn).filter(trusted) else {
+            continue; // dropped: the importer sees EOF instead of an offer and uses TCP
+        };
+        if list.len() >= IMPORTERS_MAX {
+            continue;
+        }
+        // The page is fenced (the current term on it) before the importer can map it.
+        let page = match &memory {
+            None => None,
+            Some(m) => match WritePage::shared() {
+                Ok((mut page, page_fd)) => {
+                    page.watch_writer(cred.pid);
+                    let page = Arc::new(page);
+                    m.catalog().fences().watch(page.clone());
+                    Some((page, page_fd))
+                }
+                Err(e) => {
+                    tracing::warn!("no write page for a same-host importer ({e}): over TCP");
+                    continue;
+                }
+            },
+        };
+        let sent = send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok()
+            && page.as_ref().is_none_or(|(_, page_fd)| {
+                send_with_fd(&conn, &page_message(), page_fd.as_raw_fd()).is_ok()
+            });
+        if sent {
+            list.push(Importer::new(conn, page.map(|(p, _)| p)));
+        }
+    }
+}
+
+/// The message that carries an importer's write page.
+fn page_message() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&PAGE_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&(WRITE_PAGE_BYTES as u32).to_le_bytes());
+    b
+}
+
+/// True when the process at the other end of `conn` runs as this process's user or as root:
+/// the only peers a local socket that hands out memory may serve (`SO_PEERCRED`), and the
+/// only exporters an importer maps.
+pub fn peer_is_trusted(conn: &UnixStream) -> bool {
+    peer_cred(conn).as_ref().is_some_and(trusted)
+}
+
+fn trusted(cred: &libc::ucred) -> bool {
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    cred.uid == me || cred.uid == 0
+}
+
+fn peer_cred(conn: &UnixStream) -> Option<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred)
+}
+
+/// Exporters this process refused to map so far: one running as another user than ours or
+/// root's (it could have bound a node's name first, to hand out forged objects and receive
+/// our puts), or one whose memfd is not sealed against shrinking (a shrink would crash us
+/// with `SIGBUS`).
+pub fn exporters_refused() -> u64 {
+    EXPORTERS_REFUSED.load(Ordering::Relaxed)
+}
+
+static EXPORTERS_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts and logs a refused exporter of `endpoint`; the error says why.
+fn refuse_exporter(endpoint: &str, why: String) -> io::Error {
+    EXPORTERS_REFUSED.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("same-host segment of {endpoint} not mapped ({why}): reached over TCP");
+    io::Error::new(io::ErrorKind::PermissionDenied, why)
+}
+
+/// The importer's half of [`trusted`]: the process listening on `conn`'s name (its
+/// credentials when it called `listen`) runs as our user or as root. Checked before a byte of
+/// the offer is read.
+fn check_exporter(conn: &UnixStream, endpoint: &str) -> io::Result<()> {
+    match peer_cred(conn) {
+        Some(cred) if trusted(&cred) => Ok(()),
+        Some(cred) => Err(refuse_exporter(
+            endpoint,
+            format!(
+                "its exporter, pid {}, runs as uid {}: neither ours ({}) nor root's",
+                cred.pid,
+                cred.uid,
+                // SAFETY: getuid has no preconditions.
+                unsafe { libc::getuid() }
+            ),
+        )),
+        None => Err(refuse_exporter(
+            endpoint,
+            "its exporter's credentials cannot be read".into(),
+        )),
+    }
+}
+
+/// False once the peer closed its end (a peek returns 0 bytes or an error other than "no
+/// data yet").
+fn peer_alive(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: one writable byte; MSG_PEEK|MSG_DONTWAIT never blocks nor consumes.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n > 0 {
+        return true;
+    }
+    n < 0
+        && matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        )
+}
+
+const CMSG_SPACE_ONE_FD: usize = 24; // CMSG_SPACE(sizeof(int)) on 64-bit Linux
+
+#[repr(C)]
+union CmsgBuf {
+    _align: libc::cmsghdr,
+    bytes: [u8; CMSG_SPACE_ONE_FD],
+}
+
+impl Default for CmsgBuf {
+    fn default() -> Self {
+        CmsgBuf {
+            bytes: [0u8; CMSG_SPACE_ONE_FD],
+        }
+    }
+}
+
+/// A message header over one buffer (`iov`) with room for one descriptor (`cbuf`); both must
+/// outlive every use of the header.
+fn one_fd_msghdr(iov: &mut libc::iovec, cbuf: &mut CmsgBuf) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: taking the address of a union field of our own buffer.
+    msg.msg_control = unsafe { cbuf.bytes.as_mut_ptr() }.cast();
+    msg.msg_controllen = CMSG_SPACE_ONE_FD as _;
+    msg
+}
+
+fn send_with_fd(conn: &UnixStream, bytes: &[u8], fd: RawFd) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    let mut cbuf = CmsgBuf::default();
+    let msg = one_fd_msghdr(&mut iov, &mut cbuf);
+    // SAFETY: msg_control points at a buffer of msg_controllen bytes, so the first header
+    // and its data (one int) lie inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: msg is fully initialised above.
+    let n = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n as usize != bytes.len() {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives the offer and its descriptor.
+fn recv_offer(conn: &UnixStream) -> io::Result<(Offer, OwnedFd)> {
+    let mut bytes = [0u8; OFFER_BYTES];
+    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
+    let offer = Offer::decode(&bytes[..n])
+        .map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
+    Ok((offer, fd))
+}
+
+/// Connects to the exporter of `endpoint`; `None` when nobody on this host exports it.
+fn connect(endpoint: &str) -> io::Result<Option<UnixStream>> {
+    let addr = SocketAddr::from_abstract_name(socket_name(endpoint).as_bytes())?;
+    match UnixStream::connect_addr(&addr) {
+        Ok(c) => Ok(Some(c)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// An offered memfd must be sealed against shrinking and growing (`PermissionDenied`
+/// otherwise): its size, checked once before it is mapped, must hold for the mapping's life.
+fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
+    if crate::sys::mmap::size_sealed(fd)? {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        "its memfd is not sealed against shrinking and growing",
+    ))
+}
+
+/// Receives the write page that follows a version 3 offer, and maps it.
+fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
+    let mut bytes = [0u8; 8];
+    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
+    if n != 8 || bytes != page_message() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad write page message",
+        ));
+    }
+    WritePage::map(&fd)
+}
+
+/// Receives one message into `bytes` and the one descriptor it must carry; returns the
+/// message's length.
+fn recv_with_fd(conn: &UnixStream, bytes: &mut [u8]) -> io::Result<(usize, OwnedFd)> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_mut_ptr().cast(),
+        iov_len: bytes.len(),
+    };
+    let mut cbuf = CmsgBuf::default();
+    let mut msg = one_fd_msghdr(&mut iov, &mut cbuf);
+    let n = loop {
+        // SAFETY: msg describes buffers we own; MSG_CMSG_CLOEXEC marks a received fd
+        // close-on-exec.
+        let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // Take ownership of any descriptor first, so that an error below still closes it.
+    let mut fd = None;
+    // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR/NXTHDR stay inside.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                if raw >= 0 && fd.is_none() {
+                    fd = Some(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message carried too many fds",
+        ));
+    }
+    let fd =
+        fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "message without an fd"))?;
+    Ok((n as usize, fd))
+}
+
+/// A same-host segment mapped into this process.
+#[derive(Debug)]
+pub struct ShmMapping {
+    ptr: NonNull<u8>,
+    offer: Offer,
+    /// Backed by hugetlb pages (the memfd's block size is larger than a page).
+    hugetlb: bool,
+    /// Open while the exporter lives; carries our announcements.
+    conn: UnixStream,
+    /// Keeps each announcement whole on `conn` when several threads write through this
+    /// mapping.
+    sending: Mutex<()>,
+    /// The exporter's write page for our copies (an exporter of offer version 3 or 4).
+    writes: Option<WritePage>,
+}
+
+// SAFETY: the mapping is owned by this value and reached only through raw pointers handed out
+// by `translate`; sharing or sending the value creates no reference into it.
+unsafe impl Send for ShmMapping {}
+// SAFETY: see `Send`.
+unsafe impl Sync for ShmMapping {}
+
+impl ShmMapping {
+    /// Maps the segment exported for `endpoint` on this host: `Ok(None)` when nothing there
+    /// exports it (a remote endpoint, or an exporter that refused us); `PermissionDenied`
+    /// when we refuse the exporter ([`exporters_refused`]: another user's process answers on
+    /// that name). Either way the caller reaches the segment over TCP.
+    pub fn import(endpoint: &str) -> io::Result<Option<ShmMapping>> {
+        let Some(conn) = connect(endpoint)? else {
+            return Ok(None);
+        };
+        check_exporter(&conn, endpoint)?;
+        conn.set_read_timeout(Some(OFFER_TIMEOUT))?;
+        conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
+        let received = recv_offer(&conn).and_then(|(offer, fd)| {
+            let writes = offer.guards.page().then(|| recv_page(&conn)).transpose()?;
+            check_sealed(fd.as_fd())?;
+            Ok((offer, fd, writes))
+        });
+        let (offer, fd, writes) = match received {
+            Ok(x) => x,
+            // Refused (EOF, no fd): not ours to map.
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(refuse_exporter(endpoint, e.to_string()))
+            }
+            Err(e) => return Err(e),
+        };
+        let len = usize::try_from(offer.len)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "offer too large"))?;
+        let st = crate::sys::mmap::fstat(fd.as_fd())?;
+        if (st.st_size as u64) < offer.len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "offered memfd is smaller than the segment",
+            ));
+        }
+        let hugetlb = st.st_blksize as u64 > crate::mem::segment::base_page_bytes() as u64;
+        let ptr = crate::sys::mmap::mmap_shared(fd.as_fd(), len)?;
+        drop(fd); // the mapping keeps the memory
+        Ok(Some(ShmMapping {
+            ptr,
+            offer,
+            hugetlb,
+            conn,
+            sending: Mutex::new(()),
+            writes,
+        }))
+    }
+
+    /// Where `[addr, addr + len)` of the exporter's address space is in ours, if it lies
+    /// inside the segment.
+    pub fn translate(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        let off = addr.checked_sub(self.offer.base)?;
+        let end = off.checked_add(len)?;
+        if end > self.offer.len {
+            return None;
+        }
+        // SAFETY: off + len <= offer.len, the length of our mapping.
+        Some(unsafe { self.ptr.as_ptr().add(off as usize) })
+    }
+
+    /// Whether the segment is on hugetlb pages. Their residency in this mapping
+    /// ([`crate::mem::Dst::resident`]) says only whether this process touched them yet: the
+    /// exporter allocates them from the pool, and may have prefaulted them.
+    pub fn hugetlb(&self) -> bool {
+        self.hugetlb
+    }
+
+    /// The exporter's view of the segment.
+    pub fn offer(&self) -> Offer {
+        self.offer
+    }
+
+    /// Whether the exporter still holds its end (one non-blocking syscall).
+    pub fn exporter_alive(&self) -> bool {
+        peer_alive(self.conn.as_raw_fd())
+    }
+
+    /// Starts a copy of the put of `key` at `version` into `[addr, addr + len)` of the
+    /// exporter's segment: takes a slot of the exporter's write page (refused if the
+    /// exporter's fence refuses the put's term: that master has ended), then sends the intent
+    /// ([`ShmMapping::announce_write`]). Copy only while the returned claim is held. An
+    /// exporter without a write page (offer version 2 or 1) fences nothing.
+    pub fn begin_write(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        version: Version,
+    ) -> Result<WriteClaim<'_>, WriteRefused> {
+        let claim = match &self.writes {
+            Some(page) => page.begin(version.term).map_err(|r| match r {
+                Refused::Fenced { fence } => WriteRefused::Fenced { fence },
+                Refused::Full => {
+                    WriteRefused::Unavailable(io::Error::other("every write slot is held"))
+                }
+            })?,
+            None => WriteClaim::unfenced(),
+        };
+        self.announce_write(addr, len, key, version)
+            .map_err(WriteRefused::Unavailable)?;
+        Ok(claim)
+    }
+
+    /// Tells the exporter, before the first byte is copied, that the put of `key` at `version`
+    /// is about to write its object, `[addr, addr + len)` (see the module docs); once this
+    /// returns Ok the intent is in the exporter's socket. Nothing to do for an exporter that
+    /// reads none. An error (the exporter gone, or not reading for [`INTENT_SEND_TIMEOUT`])
+    /// means: do not memcpy.
+    pub fn announce_write(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        version: Version,
+    ) -> io::Result<()> {
+        if !self.offer.guards.intents() {
+            return Ok(());
+        }
+        let bytes = Announcement::intent(addr, len, key, version).encode();
+        let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        self.send_whole(&bytes)
+    }
+
+    /// Whether the exporter takes object records on this socket (offer version 4).
+    pub fn takes_records(&self) -> bool {
+        self.offer.guards.records() && self.writes.is_some()
+    }
+
+    /// Sends `frames`, the announcements ([`Announcement::frame`]) of `n` object records whose
+    /// bytes are all in, then counts them sent on the write page; once this returns Ok they
+    /// are in the exporter's socket and the exporter applies them before any record or
+    /// tombstone it gets later (see the module docs). Call it before committing their puts.
+    /// An error (the exporter gone, or not reading for [`INTENT_SEND_TIMEOUT`]; or it takes
+    /// no records) means: record them another way.
+    pub fn send_records(&self, frames: &[u8], n: u64) -> io::Result<()> {
+        let Some(page) = self.writes.as_ref().filter(|_| self.takes_records()) else {
+            return Err(io::Error::other("the exporter takes no records here"));
+        };
+        let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
+        self.send_whole(frames)?;
+        page.count_records(n);
+        Ok(())
+    }
+
+    /// Sends `bytes` whole, or shuts the socket down: maybe part of an announcement went, and
+    /// no later one may follow it. The exporter sees the close, and so does
+    /// [`ShmMapping::exporter_alive`]. Call with `sending` held.
+    fn send_whole(&self, bytes: &[u8]) -> io::Result<()> {
+        rawio::send_all(self.conn.as_raw_fd(), bytes, false).inspect_err(|_| {
+            let _ = self.conn.shutdown(std::net::Shutdown::Both);
+        })
+    }
+}
+
+/// Why [`ShmMapping::begin_write`] may not copy.
+#[derive(Debug)]
+pub enum WriteRefused {
+    /// The owner's fence refuses the put's term: the put fails (over TCP it would too).
+    Fenced { fence: u64 },
+    /// The intent could not be sent, or no slot was free: write over TCP instead.
+    Unavailable(io::Error),
+}
+
+impl Drop for ShmMapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe exactly the mapping made in `import`, unmapped only here.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.offer.len as usize) };
+    }
+}
+
+#[cfg(test)]
+mod tests;
