@@ -3,6 +3,7 @@
 
 use dataplane::mem::copier::{self, Way};
 use dataplane::mem::{Dst, Src};
+use dataplane::sys::bytes::STREAM_MIN;
 
 /// Whose mapping a put writes through, for [`write_parts`].
 #[derive(Clone, Copy)]
@@ -23,7 +24,10 @@ pub(super) enum Mapping {
 ///   those lines is slower than a memcpy).
 /// - Into a peer's segment, the resident pages are first mapped 16 at a time
 ///   ([`Dst::map_ahead`]): this process maps the segment for itself, and its first write to
-///   each page would otherwise trap once per page, though the page exists.
+///   each page would otherwise trap once per page, though the page exists. A small object
+///   (one page, often) maps its page's 64 KiB window too, so that the next fifteen small puts
+///   beside it do not trap: one load when the page is mapped already, and a page nobody wrote
+///   yet is allocated by the read as it would be by the write.
 /// - A peer's hugetlb segment is taken as allocated: the owner takes its pages from the pool
 ///   (and prefaults them, as `docs/deploy.md` advises), and our mapping's residency says only
 ///   whether we touched them; two traps per 4 MiB need no mapping ahead.
@@ -32,6 +36,10 @@ pub(super) enum Mapping {
 pub(super) fn write_parts(parts: &[Src<'_>], dst: Dst<'_>, mapping: Mapping) {
     let way = match mapping {
         Mapping::Peer { hugetlb: true } => Way::Stream,
+        Mapping::Peer { hugetlb: false } if dst.len() < STREAM_MIN => {
+            dst.map_ahead();
+            Way::Plain
+        }
         _ if !dst.worth_streaming(dst.len()) => Way::Plain,
         Mapping::Peer { hugetlb: false } => Way::MapAheadStream,
         Mapping::Own => Way::Stream,
