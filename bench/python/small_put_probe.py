@@ -42,7 +42,8 @@ def phase(a):
     if os.environ.get("PROBE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["PROBE_CPU"])})
     s = store_bench.setup_store(a.master, a.metadata, 0, 64 * store_bench.MIB)
-    time.sleep(1.0)
+    # With the populator on, let it finish first (a few seconds for the node's segment).
+    time.sleep(10.0 if a.populate else 1.0)
     for r in range(a.rounds):
         put = latencies(lambda i: s.put(f"k{r}_{i}", VALUE), a.ops)
         get = latencies(lambda i: s.get(f"k{r}_{i}"), a.ops)
@@ -61,6 +62,9 @@ def main():
     p.add_argument("--metadata")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--ops", type=int, default=3000)
+    p.add_argument("--populate", action="store_true",
+                   help="start the node with its default background populator (off: the "
+                        "populator's first seconds slow small calls on this VM, bench/README.md)")
     a = p.parse_args()
     if a.cmd == "phase":
         phase(a)
@@ -68,8 +72,9 @@ def main():
     logdir = Path(tempfile.mkdtemp(prefix="small_put_probe."))
     res = store_bench.run_impl("ours", sys.executable, logdir, phases=("probe",),
                                script=Path(__file__).resolve(), echo=True,
-                               node_flags=["--populate=false"],
-                               phase_args=["--rounds", str(a.rounds), "--ops", str(a.ops)])
+                               node_flags=[] if a.populate else ["--populate=false"],
+                               phase_args=["--rounds", str(a.rounds), "--ops", str(a.ops)]
+                               + (["--populate"] if a.populate else []))
     if "error" in res.get("probe", {}):
         sys.exit(res["probe"]["error"])
 
