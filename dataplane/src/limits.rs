@@ -24,6 +24,16 @@ pub const CATALOG_RECORD_MAX_BYTES: u64 = (CATALOG_RECORD_HEADER_BYTES
     + CATALOG_RECORD_VERSION_BYTES
     + CATALOG_RECORD_SOFT_PIN_BYTES
     + protocol::limits::KEY_MAX_BYTES) as u64;
+/// Bytes of a same-host importer's announcement ring (`mem::shm::ring`): room for a few
+/// hundred puts' intents and records between two reads by the owner, and for three of the
+/// largest announcement (a record of the longest key) at once.
+pub const SHM_RING_BYTES: usize = 256 << 10;
+/// Bytes before a ring's data: its head and its tail, each on its own cache line.
+pub const SHM_RING_HEADER_BYTES: usize = 128;
+/// Bytes of a ring's memfd.
+pub const SHM_RING_MEMFD_BYTES: usize = SHM_RING_HEADER_BYTES + SHM_RING_BYTES;
+/// How long a writer sleeps between looks at a full ring (after waking its reader).
+pub const SHM_RING_FULL_WAIT: Duration = Duration::from_micros(50);
 /// Tombstones (removed keys with the version removed) one catalog keeps; beyond it the oldest
 /// version is dropped (`docs/ha.md`, "windows").
 pub const CATALOG_TOMBSTONES_MAX: usize = 1 << 16;
@@ -145,4 +155,5 @@ const _: () = assert!(SEND_BATCH_BYTES_MAX <= i32::MAX as u64);
 const _: () = assert!(PAYLOAD_RECV_CHUNK_BYTES <= u32::MAX as u64);
 const _: () = assert!(DRAIN_CHUNK_BYTES as u64 <= u32::MAX as u64);
 const _: () = assert!(SHARD_RING_ENTRIES.is_power_of_two());
+const _: () = assert!(SHM_RING_BYTES as u64 >= 3 * (16 + CATALOG_RECORD_MAX_BYTES));
 const _: () = assert!(CONN_RESPONSES_QUEUED_MAX >= SEND_BATCH_RESPONSES_MAX);

@@ -336,11 +336,8 @@ impl Peers {
     /// The same-host mapping of `endpoint`'s segment, if another process here shares it and
     /// is alive. Liveness is checked on every lookup (one non-blocking syscall): a dead
     /// exporter's end of the socket is closed by the kernel as it exits, before any process
-    /// can serve the same endpoint again, so a mapping is never used for its successor. For
-    /// `writing` into an exporter that takes intents the intent's own send is that check (it
-    /// fails on a closed socket before the first byte is copied, and the write goes over
-    /// TCP), so the lookup makes none.
-    pub(super) fn shared_segment(&self, endpoint: &str, writing: bool) -> Option<Arc<ShmMapping>> {
+    /// can serve the same endpoint again, so a mapping is never used for its successor.
+    pub(super) fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
         if !self.settings.shm {
             return None;
         }
@@ -349,7 +346,7 @@ impl Peers {
             let mut shared = self.shared.lock();
             match shared.get_mut(endpoint) {
                 Some(SharedState::Mapped(m)) => {
-                    if (writing && m.offer().guards.intents()) || m.exporter_alive() {
+                    if m.exporter_alive() {
                         return Some(m.clone());
                     }
                     // The exporter is gone: let its memory go, and look again below.

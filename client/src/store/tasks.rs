@@ -193,7 +193,7 @@ fn offload_in_place(peers: &Peers, w: &TaskWork, size: u64) -> Option<Result<(),
             .own
             .filter(|o| peers.is_local(s) && o.contains(s.buffer_address, size))
             .map(|_| s.buffer_address as *mut u8);
-        let mapping = peers.shared_segment(&s.transport_endpoint, false);
+        let mapping = peers.shared_segment(&s.transport_endpoint);
         let shared = mapping
             .as_ref()
             .and_then(|m| m.translate(s.buffer_address, size));

@@ -194,13 +194,11 @@ impl ServedMemory {
     /// Returns the record's kind: a server may hold an intent's answer until the next one on
     /// its connection (the WRITE the client sends right behind it).
     ///
-    /// A record or tombstone comes after every record a same-host writer announced before it
-    /// ([`Catalog::settle`], called before the table's lock, which the announcements take).
+    /// It comes after every record a same-host writer announced before it ([`Catalog::settle`],
+    /// called before the table's lock, which the announcements take).
     pub fn catalog_put(&self, addr: u64, record: &[u8]) -> Result<RecordKind, TeError> {
         let rec = CatalogRecord::decode(record)?;
-        if rec.kind != RecordKind::Intent {
-            self.catalog.settle();
-        }
+        self.catalog.settle();
         self.apply_unsettled(addr, &rec).map(|()| rec.kind)
     }
 

@@ -335,15 +335,15 @@ impl Inner {
 /// Writes into this catalog's memory that the owner hears of out of band and has not
 /// applied yet: same-host memcpys announced on the shared-memory socket
 /// (`crate::mem::shm`), their intents and their records. The catalog applies all of them
-/// before every snapshot and before it raises its fence, and the records before any record
-/// or tombstone that reaches it otherwise ([`Catalog::settle`]).
+/// before every snapshot and before it raises its fence, and before any intent, record or
+/// tombstone that reaches it otherwise ([`Catalog::settle`]).
 pub trait PendingWrites: Send + Sync {
     /// Applies every announced intent and record to `catalog` ([`Catalog::apply_now`]).
     fn apply_pending(&self, catalog: &Catalog);
 
-    /// Applies at least every record whose writer has counted it sent (cheap when there is
-    /// none): those that come before whatever the caller applies next.
-    fn apply_records(&self, catalog: &Catalog) {
+    /// Applies what was announced so far (cheap when there is nothing): it comes before
+    /// whatever the caller applies next.
+    fn settle(&self, catalog: &Catalog) {
         self.apply_pending(catalog);
     }
 }
@@ -439,12 +439,10 @@ impl Catalog {
     /// (it drops only its own key's entries older than its version, so a late one cannot hide
     /// a newer write).
     ///
-    /// Records announced on a same-host socket before this one are applied first
+    /// Records announced in a same-host ring before this one are applied first
     /// ([`Catalog::settle`]).
     pub fn apply(&self, addr: u64, rec: &CatalogRecord<'_>) -> Result<(), TeError> {
-        if rec.kind != RecordKind::Intent {
-            self.settle();
-        }
+        self.settle();
         self.apply_now(addr, rec)
     }
 
@@ -460,7 +458,7 @@ impl Catalog {
                 if self.fence.refuses(rec.version.term) {
                     return Err(TeError::Metadata);
                 }
-                self.overwrite(addr, rec.len, rec.key, rec.version);
+                self.overwrite_now(addr, rec.len, rec.key, rec.version);
                 Ok(())
             }
             RecordKind::Object => {
@@ -484,7 +482,7 @@ impl Catalog {
     /// caller waits for those already copying with [`Fence::wait_for_writes`] before it
     /// re-mounts.
     ///
-    /// Every write announced on a same-host socket before the raise is applied first, under
+    /// Every write announced in a same-host ring before the raise is applied first, under
     /// the fence it was sent under: a put whose record is in the owner's socket may already
     /// be acknowledged by the master that ended (`crate::mem::shm`, "Why records").
     pub fn fence(&self, term: u64) -> usize {
@@ -515,7 +513,7 @@ impl Catalog {
     /// fence is read under the table's lock, which the re-mount's snapshot takes after raising
     /// it, so a tombstone answered `Ok` is in that snapshot.
     ///
-    /// Records announced on a same-host socket before it are applied first
+    /// Records announced in a same-host ring before it are applied first
     /// ([`Catalog::settle`]): the put a removal removes may have sent its record there.
     pub fn bury(&self, addr: u64, len: u64, key: &str, version: Version) -> Result<usize, TeError> {
         self.settle();
@@ -546,7 +544,7 @@ impl Catalog {
     /// ranges it freed; then [`Catalog::forget`] with it drops only entries that existed
     /// before the question was asked (a later insert into a freed range is a new object).
     ///
-    /// Every write announced on a same-host socket so far is applied first, so a record sent
+    /// Every write announced in a same-host ring so far is applied first, so a record sent
     /// before the question is older than the mark.
     pub fn mark(&self) -> u64 {
         self.apply_pending();
@@ -573,7 +571,16 @@ impl Catalog {
     /// its record leaves its key readable, as it always did. Entries as new as the write or
     /// newer stay, so an intent applied late (a same-host announcement read after the
     /// writer's own record, or after a later put's) drops nothing that came after it.
+    ///
+    /// Records announced in a same-host ring before it are applied first
+    /// ([`Catalog::settle`]): an older record read after the intent would name its bytes.
     pub fn overwrite(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
+        self.settle();
+        self.overwrite_now(addr, len, key, version)
+    }
+
+    /// [`Catalog::overwrite`] without applying announced records first: for their own source.
+    pub fn overwrite_now(&self, addr: u64, len: u64, key: &str, version: Version) -> usize {
         self.lock().remove_overlapping_where(addr, len, |at, e| {
             e.version < version && !(&*e.key == key && at == addr && e.len == len)
         })
@@ -604,13 +611,13 @@ impl Catalog {
         }
     }
 
-    /// Applies the records announced on same-host sockets whose writers counted them sent
+    /// Applies the intents and records announced in same-host rings so far
     /// (`crate::mem::shm`): whatever reaches the catalog after this call comes after them, as
-    /// it would have if they had come over TCP. Call it before applying a record or a
-    /// tombstone, outside any lock the sources take. Cheap when nothing was announced.
+    /// it would have if they had come over TCP. Called before applying an intent, a record or
+    /// a tombstone, outside any lock the sources take. Cheap when nothing was announced.
     pub fn settle(&self) {
         for s in self.sources() {
-            s.apply_records(self);
+            s.settle(self);
         }
     }
 

@@ -22,11 +22,8 @@
 //!
 //! Page layout (`WRITE_PAGE_BYTES`, little-endian u64 words, one page per importer, in a memfd
 //! both processes map, sealed at its size so that neither can shrink it under the other's
-//! mapping): word 0 the fence term, words 1 ..= [`WRITE_SLOTS`] the slots (0: free, else the
-//! term of the write in progress), the last word the number of catalog records the writer
-//! has sent on its same-host socket so far (`mem::shm`, offer version 4: the owner compares
-//! it with the records it applied, to apply the rest before anything that must come after
-//! them). A write of term 0 (the raw transfer engine's, undeclared) takes no
+//! mapping): word 0 the fence term, words 1.. the slots (0: free, else the term of
+//! the write in progress). A write of term 0 (the raw transfer engine's, undeclared) takes no
 //! slot: nothing fences it. A process holds [`WRITE_SLOTS`] writes at once per page; more are
 //! refused ([`Refused::Full`]) and go another way.
 //!
@@ -45,10 +42,8 @@ use std::time::{Duration, Instant};
 /// Bytes of a write page.
 pub const WRITE_PAGE_BYTES: usize = 4096;
 const WORDS: usize = WRITE_PAGE_BYTES / 8;
-/// Writes one page holds at once (word 0 is the fence, the last word the records count).
-pub const WRITE_SLOTS: usize = WORDS - 2;
-/// The word counting the catalog records a same-host writer sent.
-const RECORDS_SENT: usize = WORDS - 1;
+/// Writes one page holds at once.
+pub const WRITE_SLOTS: usize = WORDS - 1;
 /// How long raising the fence waits for writes of earlier terms to finish their copies.
 pub const STALE_WRITES_WAIT: Duration = Duration::from_secs(5);
 
@@ -170,18 +165,6 @@ impl WritePage {
         self.word(0).store(term, Ordering::SeqCst);
     }
 
-    /// The catalog records the writer says it has sent on its same-host socket (the owner's
-    /// side; only ever grows).
-    pub fn records_sent(&self) -> u64 {
-        self.word(RECORDS_SENT).load(Ordering::SeqCst)
-    }
-
-    /// Counts `n` more catalog records sent (the writer's side), once their bytes are all in
-    /// the owner's socket and before anything that must follow them (the put's commit).
-    pub fn count_records(&self, n: u64) {
-        self.word(RECORDS_SENT).fetch_add(n, Ordering::SeqCst);
-    }
-
     /// Takes a slot for a write of the put of `term`, unless the fence refuses that term or
     /// every slot is held. Hold the claim until the last byte is copied.
     pub fn begin(&self, term: u64) -> Result<WriteClaim<'_>, Refused> {
@@ -210,7 +193,7 @@ impl WritePage {
         if self.writer_gone() {
             return 0;
         }
-        (1..=WRITE_SLOTS)
+        (1..WORDS)
             .map(|i| self.word(i).load(Ordering::SeqCst))
             .filter(|&t| t != 0 && t < term)
             .count()
@@ -327,20 +310,8 @@ mod tests {
         let p = WritePage::local();
         let held: Vec<_> = (0..WRITE_SLOTS).map(|_| p.begin(3).unwrap()).collect();
         assert_eq!(p.begin(3).unwrap_err(), Refused::Full);
-        assert_eq!(p.records_sent(), 0, "no slot is the records count");
         drop(held);
         assert!(p.begin(3).is_ok());
-    }
-
-    #[test]
-    fn the_records_count_is_shared_and_is_not_a_write() {
-        let (owner, fd) = WritePage::shared().unwrap();
-        let writer = WritePage::map(&fd).unwrap();
-        writer.count_records(2);
-        writer.count_records(1);
-        assert_eq!(owner.records_sent(), 3);
-        assert!(!owner.busy(), "a count held by no copy");
-        assert_eq!(owner.stale(u64::MAX), 0);
     }
 
     #[test]

@@ -33,16 +33,13 @@ use super::super::StoreError;
 pub(in crate::store) struct Reach<'c> {
     pub peers: &'c Peers,
     shared: Vec<(String, Option<Arc<ShmMapping>>)>,
-    /// A write call's (see `Peers::shared_segment`).
-    writing: bool,
 }
 
 impl<'c> Reach<'c> {
-    fn new(peers: &'c Peers, writing: bool) -> Self {
+    fn new(peers: &'c Peers) -> Self {
         Reach {
             peers,
             shared: Vec::new(),
-            writing,
         }
     }
 
@@ -51,7 +48,7 @@ impl<'c> Reach<'c> {
         if let Some((_, m)) = self.shared.iter().find(|(e, _)| e == endpoint) {
             return m.clone();
         }
-        let m = self.peers.shared_segment(endpoint, self.writing);
+        let m = self.peers.shared_segment(endpoint);
         self.shared.push((endpoint.to_string(), m.clone()));
         m
     }
@@ -94,7 +91,7 @@ impl<'c, 'a> WriteCall<'c, 'a> {
         WriteCall {
             items,
             results: vec![Ok(()); items.len()],
-            reach: Reach::new(peers, true),
+            reach: Reach::new(peers),
             ledger,
             late: Vec::new(),
         }
@@ -239,7 +236,7 @@ impl<'c, 'a> ReadCall<'c, 'a> {
         ReadCall {
             results: vec![Ok(()); items.len()],
             items,
-            reach: Reach::new(peers, false),
+            reach: Reach::new(peers),
         }
     }
 

@@ -3,17 +3,17 @@
 //! mapped once and copied with memcpy, unless `MC_STORE_SHM` is false.
 //!
 //! A write takes a slot of the owner's write page for its copy, marked with its term, which
-//! is how the owner's fence refuses or waits for it, and sends its intent on the same-host
-//! socket before the first byte (`mem::shm`). An owner that cannot take the intent gets the
+//! is how the owner's fence refuses or waits for it, and publishes its intent in the ring the
+//! owner shares with it (or sends it on the same-host socket) before the first byte
+//! (`mem::shm`). An owner that cannot take the intent gets the
 //! write over TCP instead (the item goes back to the later paths), whose WRITE its fence sees.
-//! Once the call's bytes are in, the catalog records go on the same socket, one `send` per
-//! owner for the whole call, and are counted on the write page before the put is committed;
-//! an owner that does not take records there (offer version 3), or a send that fails, gets
-//! them over TCP.
+//! Once the call's bytes are in, the catalog records go into the same ring as the intents,
+//! before the put is committed; an owner that does not take records there (offer version 3),
+//! or one that does not make room in time, gets them over TCP.
 
 use std::sync::Arc;
 
-use dataplane::mem::shm::{Announcement, WriteRefused};
+use dataplane::mem::shm::WriteRefused;
 use dataplane::mem::{Dst, ShmMapping, Src};
 use protocol::ReplicaDescriptor;
 
@@ -99,35 +99,47 @@ impl ReplicaPath for Shm {
     }
 }
 
-/// The catalog records of a call's copies, one batch per owner, sent once every byte is in.
+/// The catalog records of a call's copies, one batch per owner, published once every byte
+/// is in.
 #[derive(Default)]
-struct Records {
-    by_owner: Vec<(Arc<ShmMapping>, Vec<u8>, Vec<usize>)>,
+struct Records<'c> {
+    by_owner: Vec<OwnerRecords<'c>>,
 }
 
-impl Records {
+/// One owner's records: `(addr, encoded record)`, and the items they belong to.
+struct OwnerRecords<'c> {
+    owner: Arc<ShmMapping>,
+    records: Vec<(u64, &'c [u8])>,
+    items: Vec<usize>,
+}
+
+impl<'c> Records<'c> {
     /// Adds item `i`'s `record` of the object at `addr` of `m`'s segment.
-    fn add(&mut self, m: &Arc<ShmMapping>, i: usize, addr: u64, record: &[u8]) {
-        let at = match self.by_owner.iter().position(|(o, ..)| Arc::ptr_eq(o, m)) {
+    fn add(&mut self, m: &Arc<ShmMapping>, i: usize, addr: u64, record: &'c [u8]) {
+        let at = match self.by_owner.iter().position(|o| Arc::ptr_eq(&o.owner, m)) {
             Some(at) => at,
             None => {
-                self.by_owner.push((m.clone(), Vec::new(), Vec::new()));
+                self.by_owner.push(OwnerRecords {
+                    owner: m.clone(),
+                    records: Vec::new(),
+                    items: Vec::new(),
+                });
                 self.by_owner.len() - 1
             }
         };
-        let (_, frames, items) = &mut self.by_owner[at];
-        Announcement::frame(addr, record, frames);
-        items.push(i);
+        let o = &mut self.by_owner[at];
+        o.records.push((addr, record));
+        o.items.push(i);
     }
 
-    /// Sends each owner's records; those an owner could not take go over TCP.
+    /// Publishes each owner's records; those an owner could not take go over TCP.
     fn send(self, w: &mut WriteCall<'_, '_>) {
-        for (m, frames, items) in self.by_owner {
-            if let Err(e) = m.send_records(&frames, items.len() as u64) {
-                let endpoint = &w.items[items[0]].replica.transport_endpoint;
-                tracing::warn!("{endpoint}: same-host records not sent ({e}); over TCP");
+        for o in self.by_owner {
+            if let Err((sent, e)) = o.owner.send_records(&o.records) {
+                let endpoint = &w.items[o.items[0]].replica.transport_endpoint;
+                tracing::warn!("{endpoint}: same-host records not published ({e}); over TCP");
                 w.peers().forget_shared(endpoint);
-                for i in items {
+                for &i in &o.items[sent..] {
                     w.record_after(i);
                 }
             }

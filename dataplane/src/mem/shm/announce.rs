@@ -1,4 +1,4 @@
-//! What an importer tells the exporter of its copies, on the same-host socket: the frames
+//! What an importer tells the exporter of its copies, in its ring (`super::ring`): the frames
 //! ([`Announcement`], wire format in the parent module's docs), and the exporter's side that
 //! reads and applies them ([`Importers`]).
 //!
@@ -7,7 +7,7 @@
 //! the owner heard of the free, and a writer that dies between its memcpy and its record
 //! would leave the old key's entry over its bytes, which the next master would list
 //! (`docs/recovery.md`, "A range written over"; over TCP the same intent goes as a
-//! CATALOG_PUT before the WRITE). The intent is in the owner's socket before the first byte
+//! CATALOG_PUT before the WRITE). The intent is in the owner's ring before the first byte
 //! is copied, and the owner applies every intent before it takes a catalog snapshot and when
 //! the importer's end closes ([`Catalog::overwrite`]: it drops only entries older than the
 //! write's version and spares the key's own entry in place, so applying it late, after the
@@ -15,26 +15,29 @@
 //!
 //! Why records here too (offer version 4): over TCP a same-host put's record was a round trip
 //! to the node's shard, a third of a small put's time, and on a machine where that shard's
-//! pinned core sleeps, most of it (waking it from another core). One-way on this socket it
-//! costs a `send`. What a record over TCP promised still holds, because every reader of the
-//! catalog that must come after it applies it first:
-//! - the writer sends the record once its bytes are in, then counts it sent on its write page
-//!   (the page's last word), and only then commits the put at the master. Whatever the
-//!   commit makes possible later (a removal's tombstone, a range freed and handed out again,
-//!   another writer's record over it) reaches the catalog after the writer counted, and the
-//!   catalog applies the records of every importer whose count is ahead of what it applied
-//!   before it applies a record or tombstone from anywhere else ([`Catalog::settle`]; a
-//!   look at a few shared words when there are none);
-//! - the owner applies everything announced before it raises its term fence, under the fence
-//!   the record was sent under. A put whose record is in the socket may be acknowledged by the
-//!   master that ended until the new master serves, and the owner hears of the new term only
-//!   from the new master. A record that arrives later, of an ended term, is refused as over
+//! pinned core sleeps, most of it (waking it from another core). In the ring it costs a copy.
+//! What a record over TCP promised still holds, because every reader of the catalog that
+//! must come after it reads the ring first:
+//! - the writer publishes the record once its bytes are in, and only then commits the put
+//!   at the master. Whatever the commit makes possible later (a removal's tombstone, a range
+//!   freed and handed out again, another writer's intent or record over it) reaches the
+//!   catalog after the record was published, and the catalog reads every importer's ring
+//!   that holds anything unread before it applies an intent, a record or a tombstone from
+//!   anywhere else ([`Catalog::settle`]; a load per importer when there is nothing). An
+//!   intent too: one applied before an older record over its range would let that record
+//!   name its bytes (found by `master_restart.rs`'s writers that die over a reused range);
+//! - the owner reads everything before it raises its term fence, and applies it under the
+//!   fence it was published under. A put whose record is in the ring may be acknowledged by
+//!   the master that ended until the new master serves, and the owner hears of the new term
+//!   only from the new master. A record read later, of an ended term, is refused as over
 //!   TCP; its put's commit finds no put at the new master and fails;
-//! - before every snapshot the owner applies everything, as for intents; a writer that dies
-//!   after its send leaves the record in the socket, applied when its end closes.
+//! - before every snapshot the owner reads everything, as for intents; a writer that dies
+//!   after publishing leaves the record in the ring (the owner's memory), read when its
+//!   socket closes.
 //!
-//! The writer sends a batch's records in one `send` per segment. If the send fails the items
-//! go back to the TCP record.
+//! A writer whose ring stays full for `INTENT_SEND_TIMEOUT` records the rest over
+//! TCP (after settling, which reads the ring, so the order holds), and writes over TCP the
+//! objects whose intents did not fit.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -43,7 +46,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use protocol::Version;
 
-use super::{le_u32, le_u64, ANNOUNCEMENT_HEADER_BYTES, ANNOUNCEMENT_MAGIC};
+use super::{le_u32, le_u64, Ring, ANNOUNCEMENT_HEADER_BYTES, ANNOUNCEMENT_MAGIC};
 use crate::limits::CATALOG_RECORD_MAX_BYTES;
 use crate::mem::served::ServedMemory;
 use crate::mem::Dst;
@@ -126,110 +129,129 @@ impl<'a> Announcement<'a> {
     }
 }
 
-/// One connected importer, and the part of an announcement read from it so far.
+/// One connected importer: its socket (its wake-ups and its close), its ring, and the part
+/// of an announcement read from it so far.
 pub(super) struct Importer {
     pub(super) conn: UnixStream,
+    /// Its announcements (offer version 4); `None` for an export without a catalog.
+    ring: Option<Ring>,
+    /// Bytes read from the ring, being decoded (kept for their room).
+    bytes: Vec<u8>,
     partial: Vec<u8>,
     /// The whole length of the announcement in `partial`, once its fixed part is in; 0 before.
     need: usize,
-    /// Its end closed, or it sent bytes that are not announcements: dropped by the export
-    /// thread.
+    /// Its end closed, or it broke the ring's rules or sent bytes that are not
+    /// announcements: dropped by the export thread.
     pub(super) closed: bool,
-    /// The object records read from it so far (compared with its page's count).
-    records: u64,
     /// Its write page, also watched by the fence (which forgets it once this is dropped and
     /// no copy is under way).
-    page: Option<Arc<WritePage>>,
+    _page: Option<Arc<WritePage>>,
 }
 
 impl Importer {
-    pub(super) fn new(conn: UnixStream, page: Option<Arc<WritePage>>) -> Importer {
+    pub(super) fn new(
+        conn: UnixStream,
+        page: Option<Arc<WritePage>>,
+        ring: Option<Ring>,
+    ) -> Importer {
         Importer {
             conn,
+            ring,
+            bytes: Vec::new(),
             partial: Vec::new(),
             need: 0,
             closed: false,
-            records: 0,
-            page,
+            _page: page,
         }
     }
 
-    /// Whether it counted records sent that were not read yet.
-    fn records_behind(&self) -> bool {
-        self.page
-            .as_ref()
-            .is_some_and(|p| p.records_sent() != self.records)
+    /// Whether it published announcements not read yet.
+    fn pending(&self) -> bool {
+        self.ring.as_ref().is_some_and(Ring::pending)
     }
 
-    /// Reads whatever the importer sent so far (never blocks) and applies each whole
-    /// announcement to `memory`'s catalog. Marks the importer closed at its end of file, on an
-    /// error, or on bytes that do not decode (its framing is lost; it sees the close and uses
-    /// TCP).
-    fn drain(&mut self, memory: &ServedMemory) {
-        let mut chunk = [0u8; 4096];
-        while !self.closed {
+    /// Reads the importer's socket (wake-ups, which carry nothing, and its close) and then
+    /// its ring, and applies each whole announcement to `memory`'s catalog; whether there
+    /// were any. Marks the importer closed at its socket's end of file or an error (once its
+    /// ring is read), and when it broke the ring's rules or published bytes that do not
+    /// decode (it sees the close and uses TCP).
+    fn drain(&mut self, memory: &ServedMemory) -> bool {
+        let mut wakes = [0u8; 64];
+        let gone = loop {
             let fd = self.conn.as_raw_fd();
-            let n = match rawio::recv(fd, &mut Dst::from(&mut chunk[..]), libc::MSG_DONTWAIT) {
-                Ok(n) if n > 0 => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            match rawio::recv(fd, &mut Dst::from(&mut wakes[..]), libc::MSG_DONTWAIT) {
+                Ok(n) if n > 0 => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
                 // End of file, or an error.
-                _ => {
-                    self.closed = true;
-                    continue;
-                }
+                _ => break true,
+            }
+        };
+        let read = self.read_ring(memory);
+        self.closed |= gone;
+        read
+    }
+
+    fn read_ring(&mut self, memory: &ServedMemory) -> bool {
+        let Some(ring) = self.ring.as_mut().filter(|_| !self.closed) else {
+            return false;
+        };
+        self.bytes.clear();
+        if let Err(why) = ring.read_into(&mut self.bytes) {
+            tracing::warn!("same-host importer dropped: {why}");
+            self.closed = true;
+            return false;
+        }
+        let mut got = &self.bytes[..];
+        let any = !got.is_empty();
+        while !got.is_empty() && !self.closed {
+            let want = if self.need == 0 {
+                ANNOUNCEMENT_HEADER_BYTES
+            } else {
+                self.need
             };
-            let mut got = &chunk[..n];
-            while !got.is_empty() && !self.closed {
-                let want = if self.need == 0 {
-                    ANNOUNCEMENT_HEADER_BYTES
-                } else {
-                    self.need
-                };
-                let take = (want - self.partial.len()).min(got.len());
-                self.partial.extend_from_slice(&got[..take]);
-                got = &got[take..];
-                if self.partial.len() < want {
-                    continue;
-                }
-                let step = if self.need == 0 {
-                    Announcement::frame_len(&self.partial).map(|n| self.need = n)
-                } else {
-                    Announcement::decode(&self.partial).map(|a| {
-                        self.records += apply(memory, &a);
-                    })
-                };
-                if self.need != 0 && self.partial.len() == self.need {
-                    self.partial.clear();
-                    self.need = 0;
-                }
-                if let Err(why) = step {
-                    tracing::warn!("same-host importer dropped: {why}");
-                    self.closed = true;
-                }
+            let take = (want - self.partial.len()).min(got.len());
+            self.partial.extend_from_slice(&got[..take]);
+            got = &got[take..];
+            if self.partial.len() < want {
+                continue;
+            }
+            let step = if self.need == 0 {
+                Announcement::frame_len(&self.partial).map(|n| self.need = n)
+            } else {
+                Announcement::decode(&self.partial).map(|a| apply(memory, &a))
+            };
+            if self.need != 0 && self.partial.len() == self.need {
+                self.partial.clear();
+                self.need = 0;
+            }
+            if let Err(why) = step {
+                tracing::warn!("same-host importer dropped: {why}");
+                self.closed = true;
             }
         }
+        any
     }
 }
 
-/// Applies one announcement to `memory`'s catalog; 1 if it was an object record (applied or
-/// refused), else 0.
+/// Applies one announcement to `memory`'s catalog.
 ///
 /// An intent drops what its write goes over whatever the fence says: its copy holds a slot
 /// of the write page, which the fence waits for, so its bytes land before the re-mount and no
 /// entry may name them. An object record is checked as a CATALOG_PUT is: inside registered
 /// memory, of a term the fence still takes.
-fn apply(memory: &ServedMemory, a: &Announcement<'_>) -> u64 {
+fn apply(memory: &ServedMemory, a: &Announcement<'_>) {
     let r = &a.record;
     if r.kind == RecordKind::Intent {
-        memory.catalog().overwrite(a.addr, r.len, r.key, r.version);
-        return 0;
+        memory
+            .catalog()
+            .overwrite_now(a.addr, r.len, r.key, r.version);
+        return;
     }
     if let Err(e) = memory.apply_unsettled(a.addr, r) {
         // An ended term's record (its put's commit fails at the new master), or a range
         // outside the served memory (unregistered meanwhile): nothing to keep.
         tracing::debug!(key = r.key, "same-host record not applied: {e:?}");
     }
-    1
 }
 
 /// The importers of one export; their announcements are applied by the export thread as they
@@ -246,14 +268,16 @@ impl Importers {
         self.list.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Drains the importers `which` picks.
-    pub(super) fn drain(&self, which: impl Fn(&Importer) -> bool) {
+    /// Drains the importers `which` picks; whether any had announcements.
+    pub(super) fn drain(&self, which: impl Fn(&Importer) -> bool) -> bool {
         let Some(memory) = self.memory.upgrade() else {
-            return;
+            return false;
         };
+        let mut any = false;
         for i in self.lock().iter_mut().filter(|i| which(i)) {
-            i.drain(&memory);
+            any |= i.drain(&memory);
         }
+        any
     }
 }
 
@@ -262,7 +286,7 @@ impl PendingWrites for Importers {
         self.drain(|_| true);
     }
 
-    fn apply_records(&self, _catalog: &Catalog) {
-        self.drain(Importer::records_behind);
+    fn settle(&self, _catalog: &Catalog) {
+        self.drain(Importer::pending);
     }
 }

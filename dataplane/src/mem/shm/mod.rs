@@ -11,39 +11,48 @@
 //!                                                         no grow); mmap(memfd, MAP_SHARED)
 //!                                                         read+write
 //! send this importer's write page (a memfd)       ───▶  check its seals; mmap it (`recovery::inflight`)
+//! send its announcement ring (a memfd)            ───▶  check its seals; mmap it (`ring`)
 //! keep the connection open                              a read of 0 bytes = the exporter is gone:
 //!                                                         drop the mapping
 //!                                                       before each memcpy into the segment:
 //!                                                         a slot of the write page, refused if
 //!                                                         the exporter's fence refuses the term
-//! read write intents and records, apply them     ◀───    then an intent: "I am writing this
-//!   to the catalog (at once, before every catalog          range for the put of this key and
-//!   snapshot and fence raise, when the importer's          version"; the slot is let go after
-//!   end closes, and the records before any record          the last byte;
-//!   or tombstone that comes another way)            ◀───    then the object's record ("it is
-//!                                                         complete"), and the page's records
-//!                                                         count goes up by one
+//! read the ring's announcements, apply them to    ◀───    then an intent in the ring: "I am
+//!   the catalog (every few ms while they come,           writing this range for the put of
+//!   at once when woken, before every snapshot and        this key and version"; the slot is
+//!   fence raise, when the importer's end closes,         let go after the last byte;
+//!   and before any record or tombstone that comes ◀───    then the object's record ("it is
+//!   another way)                                         complete"), before the put's commit;
+//!                                                       past half full a byte on the socket
+//!                                                         wakes the exporter
 //!
 //! Offer (24 bytes, little-endian)
 //!  0               4               8                               16                              24
 //!  | magic "MCSH"  | version       | base (u64): the exporter's address of the segment | len (u64) |
-//!  version 4: the exporter reads write intents and records and sends a write page next;
-//!  3: intents and a write page (records go over TCP); 2: intents, no write page (unfenced);
-//!  1: neither (the importer sends no intents)
+//!  version 4: the exporter sends a write page and an announcement ring next and reads
+//!  intents and records from the ring (the socket carries only wake-ups); 3: a write page
+//!  next, intents on the socket, records over TCP; 2: intents on the socket, no write page
+//!  (unfenced); 1: neither (the importer announces nothing)
 //!
-//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3 offer
+//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3
+//! or 4 offer
 //!  | magic "MCSP"  | page bytes (u32) = `inflight::WRITE_PAGE_BYTES` |
 //!
-//! Announcement (little-endian), importer -> exporter, any number back to back
+//! Announcement ring message (8 bytes, little-endian), its memfd attached, right after a
+//! version 4 offer's write page message
+//!  | magic "MCSR"  | ring bytes (u32) = `limits::SHM_RING_MEMFD_BYTES` |
+//!
+//! Announcement (little-endian), importer -> exporter, any number back to back, in the ring
+//! (version 4) or on the socket (versions 2 and 3)
 //!  0               4                   8                       16
 //!  | magic "MCSW"  | record_len (u32)  | addr (u64)            | record (record_len bytes) |
-//!  record: a catalog record (`recovery::catalog`) of kind INTENT (the object's length, the
-//!  put's key and version) or, offer version 4 only, an object record (its length, key,
+//!  record: a versioned catalog record (`recovery::catalog`) of kind INTENT (the object's
+//!  length, the put's key and version) or, version 4 only, an object record (its length, key,
 //!  version and pins); record_len 1 ..= CATALOG_RECORD_MAX_BYTES
 //! ```
 //!
 //! Why intents, and why records here too: `announce`, where the importers' announcements are
-//! read and applied.
+//! read and applied. Why a ring in shared memory rather than the socket: `ring`.
 //!
 //! Why a write page: the owner's term fence (`recovery::fence`) refuses the late WRITEs of a
 //! master that ended, but a memcpy passes no server. With a slot held for each copy, an
@@ -63,15 +72,16 @@
 //! memory anyway. The same rule holds the other way (`trusted`, checked by the importer on
 //! the listener's credentials before it reads the offer): abstract names belong to the
 //! network namespace, not to a user, so another user's process could bind a node's name
-//! first and hand out its own memfd, to serve forged objects and receive our puts. Both
-//! memfds (segment and write page) must carry `F_SEAL_SHRINK | F_SEAL_GROW`: an exporter that
-//! shrank one after the importer checked its size would crash the importer with `SIGBUS`.
+//! first and hand out its own memfd, to serve forged objects and receive our puts. Every
+//! memfd (segment, write page, ring) must carry `F_SEAL_SHRINK | F_SEAL_GROW`: a process that
+//! shrank one after the other checked its size would crash the other with `SIGBUS`.
 //! A refused exporter is counted ([`exporters_refused`]) and logged, and the caller uses TCP.
 //! `docs/security.md` has the threat model.
 //!
 //! Invariants: an importer touches only `[base, base + len)` of the exporter's address space,
 //! translated into its own mapping ([`ShmMapping::translate`] checks every range); decoding an
-//! offer never panics on any bytes (fuzzed by `fuzz/fuzz_targets/shm_offer.rs`).
+//! offer or an announcement never panics on any bytes (fuzzed by
+//! `fuzz/fuzz_targets/shm_offer.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -86,18 +96,20 @@ use std::time::Duration;
 use protocol::Version;
 
 use super::served::ServedMemory;
-
-mod announce;
 use crate::recovery::catalog::PendingWrites;
 use crate::recovery::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
 use crate::sys::rawio;
+
+mod announce;
+mod ring;
 pub use announce::Announcement;
 use announce::{Importer, Importers};
+pub use ring::Ring;
 
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
-/// The offer version of an exporter that reads write intents and records and sends a write
-/// page.
+/// The offer version of an exporter that sends a write page and an announcement ring and
+/// reads intents and records from the ring.
 pub const OFFER_VERSION: u32 = 4;
 /// The offer version of an exporter that reads write intents (records go over TCP) and sends
 /// a write page (still understood).
@@ -109,6 +121,8 @@ pub const OFFER_VERSION_NO_PAGE: u32 = 2;
 pub const OFFER_VERSION_NO_INTENTS: u32 = 1;
 /// Write page message magic, the bytes `MCSP` on the wire.
 pub const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"MCSP");
+/// Announcement ring message magic, the bytes `MCSR` on the wire.
+pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"MCSR");
 /// Announcement magic, the bytes `MCSW` on the wire.
 pub const ANNOUNCEMENT_MAGIC: u32 = u32::from_le_bytes(*b"MCSW");
 /// Encoded size of an announcement's fixed part (its record follows).
@@ -224,8 +238,8 @@ pub enum Guards {
     Intents,
     /// Intents, and a write page sent after the offer that fences copies by term (version 3).
     IntentsAndPage,
-    /// Intents, the write page, and each object's record on the socket once its bytes are in
-    /// (version 4).
+    /// The write page and an announcement ring, which carries the intents and each object's
+    /// record once its bytes are in (version 4).
     Records,
 }
 
@@ -240,7 +254,8 @@ impl Guards {
         matches!(self, Guards::IntentsAndPage | Guards::Records)
     }
 
-    /// The importer sends each object's record on the socket, not over TCP.
+    /// An announcement ring follows the write page, and carries the intents and each
+    /// object's record (not over TCP).
     pub fn records(self) -> bool {
         self == Guards::Records
     }
@@ -355,10 +370,12 @@ impl Drop for ShmExport {
     }
 }
 
-/// Accepts importers and sends them the offer; with `memory`, also waits on every importer's
-/// socket and applies the intents it reads to the catalog (the catalog drains them too, before
-/// each snapshot). Only this thread adds or removes importers, so the descriptors it polls
-/// stay open while it polls them.
+/// Accepts importers and sends them the offer; with `memory`, also reads every importer's
+/// announcements and applies them to the catalog (which reads them too, before anything that
+/// must come after them): at once when an importer wakes it or leaves, every
+/// [`INTENT_GATHER`] while announcements keep coming, every [`ACCEPT_POLL_MS`] otherwise. Only
+/// this thread adds or removes importers, so the descriptors it polls stay open while it
+/// polls them.
 fn export_loop(
     listener: UnixListener,
     fd: OwnedFd,
@@ -368,6 +385,7 @@ fn export_loop(
     stop: Arc<AtomicBool>,
 ) {
     let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let mut busy = false;
     while !stop.load(Ordering::Acquire) {
         pfds.clear();
         pfds.push(libc::pollfd {
@@ -382,65 +400,83 @@ fn export_loop(
                 revents: 0,
             }));
         }
+        let wait = if busy {
+            INTENT_GATHER.as_millis() as i32
+        } else {
+            ACCEPT_POLL_MS
+        };
         // SAFETY: `pfds` holds `pfds.len()` valid pollfds for the duration of the call.
-        let n = unsafe {
-            libc::poll(
-                pfds.as_mut_ptr(),
-                pfds.len() as libc::nfds_t,
-                ACCEPT_POLL_MS,
-            )
-        };
-        if n <= 0 {
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait) };
+        if n < 0 {
             continue;
         }
-        if memory.is_some() && pfds[1..].iter().any(|p| p.revents != 0) {
-            importers.drain(|_| true);
+        if memory.is_some() {
+            busy = importers.drain(|_| true);
             importers.lock().retain(|i| !i.closed);
-            // Announcements may wait (the catalog applies them before anything that must
-            // come after them): gather those of a busy stretch into one wake-up instead of
-            // one per put.
-            std::thread::sleep(INTENT_GATHER);
         }
-        if pfds[0].revents == 0 {
-            continue;
-        }
-        let Ok((conn, _)) = listener.accept() else {
-            continue;
-        };
-        let mut list = importers.lock();
-        if memory.is_none() {
-            list.retain(|i| peer_alive(i.conn.as_raw_fd()));
-        }
-        let Some(cred) = peer_cred(&conn).filter(trusted) else {
-            continue; // dropped: the importer sees EOF instead of an offer and uses TCP
-        };
-        if list.len() >= IMPORTERS_MAX {
-            continue;
-        }
-        // The page is fenced (the current term on it) before the importer can map it.
-        let page = match &memory {
-            None => None,
-            Some(m) => match WritePage::shared() {
-                Ok((mut page, page_fd)) => {
-                    page.watch_writer(cred.pid);
-                    let page = Arc::new(page);
-                    m.catalog().fences().watch(page.clone());
-                    Some((page, page_fd))
-                }
-                Err(e) => {
-                    tracing::warn!("no write page for a same-host importer ({e}): over TCP");
-                    continue;
-                }
-            },
-        };
-        let sent = send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok()
-            && page.as_ref().is_none_or(|(_, page_fd)| {
-                send_with_fd(&conn, &page_message(), page_fd.as_raw_fd()).is_ok()
-            });
-        if sent {
-            list.push(Importer::new(conn, page.map(|(p, _)| p)));
+        if pfds[0].revents != 0 {
+            if let Ok((conn, _)) = listener.accept() {
+                admit(conn, &fd, offer, &importers, memory.as_deref());
+            }
         }
     }
+}
+
+/// Sends a new importer the offer (and, with `memory`, its write page and announcement ring)
+/// and keeps it, unless it is not trusted or there are too many.
+fn admit(
+    conn: UnixStream,
+    fd: &OwnedFd,
+    offer: Offer,
+    importers: &Importers,
+    memory: Option<&ServedMemory>,
+) {
+    let mut list = importers.lock();
+    if memory.is_none() {
+        list.retain(|i| peer_alive(i.conn.as_raw_fd()));
+    }
+    let Some(cred) = peer_cred(&conn).filter(trusted) else {
+        return; // dropped: the importer sees EOF instead of an offer and uses TCP
+    };
+    if list.len() >= IMPORTERS_MAX {
+        return;
+    }
+    // The page is fenced (the current term on it) before the importer can map it.
+    let guards = match memory {
+        None => None,
+        Some(m) => match WritePage::shared().and_then(|p| Ok((p, Ring::shared()?))) {
+            Ok(((mut page, page_fd), ring)) => {
+                page.watch_writer(cred.pid);
+                let page = Arc::new(page);
+                m.catalog().fences().watch(page.clone());
+                Some((page, page_fd, ring))
+            }
+            Err(e) => {
+                tracing::warn!("no write page or ring for a same-host importer ({e}): over TCP");
+                return;
+            }
+        },
+    };
+    let sent = send_with_fd(&conn, &offer.encode(), fd.as_raw_fd()).is_ok()
+        && guards.as_ref().is_none_or(|(_, page_fd, (_, ring_fd))| {
+            send_with_fd(&conn, &page_message(), page_fd.as_raw_fd()).is_ok()
+                && send_with_fd(&conn, &ring_message(), ring_fd.as_raw_fd()).is_ok()
+        });
+    if sent {
+        let (page, ring) = match guards {
+            Some((page, _, (ring, _))) => (Some(page), Some(ring)),
+            None => (None, None),
+        };
+        list.push(Importer::new(conn, page, ring));
+    }
+}
+
+/// The message that carries an importer's announcement ring.
+fn ring_message() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[0..4].copy_from_slice(&RING_MAGIC.to_le_bytes());
+    b[4..8].copy_from_slice(&(crate::limits::SHM_RING_MEMFD_BYTES as u32).to_le_bytes());
+    b
 }
 
 /// The message that carries an importer's write page.
@@ -639,6 +675,18 @@ fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 /// Receives the write page that follows a version 3 offer, and maps it.
+fn recv_ring(conn: &UnixStream) -> io::Result<Ring> {
+    let mut bytes = [0u8; 8];
+    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
+    if n != 8 || bytes != ring_message() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "bad announcement ring message",
+        ));
+    }
+    Ring::map(&fd)
+}
+
 fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
     let mut bytes = [0u8; 8];
     let (n, fd) = recv_with_fd(conn, &mut bytes)?;
@@ -710,6 +758,8 @@ pub struct ShmMapping {
     /// Keeps each announcement whole on `conn` when several threads write through this
     /// mapping.
     sending: Mutex<()>,
+    /// The ring our announcements go in (an exporter of offer version 4).
+    ring: Option<Ring>,
     /// The exporter's write page for our copies (an exporter of offer version 3 or 4).
     writes: Option<WritePage>,
 }
@@ -734,10 +784,15 @@ impl ShmMapping {
         conn.set_write_timeout(Some(INTENT_SEND_TIMEOUT))?;
         let received = recv_offer(&conn).and_then(|(offer, fd)| {
             let writes = offer.guards.page().then(|| recv_page(&conn)).transpose()?;
+            let ring = offer
+                .guards
+                .records()
+                .then(|| recv_ring(&conn))
+                .transpose()?;
             check_sealed(fd.as_fd())?;
-            Ok((offer, fd, writes))
+            Ok((offer, fd, writes, ring))
         });
-        let (offer, fd, writes) = match received {
+        let (offer, fd, writes, ring) = match received {
             Ok(x) => x,
             // Refused (EOF, no fd): not ours to map.
             Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
@@ -765,6 +820,7 @@ impl ShmMapping {
             conn,
             sending: Mutex::new(()),
             writes,
+            ring,
         }))
     }
 
@@ -824,10 +880,10 @@ impl ShmMapping {
     }
 
     /// Tells the exporter, before the first byte is copied, that the put of `key` at `version`
-    /// is about to write its object, `[addr, addr + len)` (see the module docs); once this
-    /// returns Ok the intent is in the exporter's socket. Nothing to do for an exporter that
-    /// reads none. An error (the exporter gone, or not reading for [`INTENT_SEND_TIMEOUT`])
-    /// means: do not memcpy.
+    /// is about to write its object, `[addr, addr + len)` (see `announce`); once this returns
+    /// Ok the intent is in the exporter's ring (or, offer versions 2 and 3, its socket).
+    /// Nothing to do for an exporter that reads none. An error (the exporter gone, or not
+    /// reading for [`INTENT_SEND_TIMEOUT`]) means: do not memcpy.
     pub fn announce_write(
         &self,
         addr: u64,
@@ -840,28 +896,84 @@ impl ShmMapping {
         }
         let bytes = Announcement::intent(addr, len, key, version).encode();
         let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
-        self.send_whole(&bytes)
+        match &self.ring {
+            Some(ring) => self.publish(ring, &bytes),
+            None => self.send_whole(&bytes),
+        }
     }
 
-    /// Whether the exporter takes object records on this socket (offer version 4).
+    /// Whether the exporter takes object records in our ring (offer version 4).
     pub fn takes_records(&self) -> bool {
-        self.offer.guards.records() && self.writes.is_some()
+        self.ring.is_some()
     }
 
-    /// Sends `frames`, the announcements ([`Announcement::frame`]) of `n` object records whose
-    /// bytes are all in, then counts them sent on the write page; once this returns Ok they
-    /// are in the exporter's socket and the exporter applies them before any record or
-    /// tombstone it gets later (see the module docs). Call it before committing their puts.
-    /// An error (the exporter gone, or not reading for [`INTENT_SEND_TIMEOUT`]; or it takes
-    /// no records) means: record them another way.
-    pub fn send_records(&self, frames: &[u8], n: u64) -> io::Result<()> {
-        let Some(page) = self.writes.as_ref().filter(|_| self.takes_records()) else {
-            return Err(io::Error::other("the exporter takes no records here"));
+    /// Publishes the records of objects whose bytes are all in, each `(addr, encoded
+    /// record)`, in order; once this returns Ok they are in the exporter's ring, which it
+    /// reads before any record or tombstone it gets later (see `announce`). Call it before
+    /// committing their puts. An error says how many went first: the exporter takes no
+    /// records here, or is gone, or did not read for [`INTENT_SEND_TIMEOUT`]; record the rest
+    /// another way.
+    pub fn send_records(&self, records: &[(u64, &[u8])]) -> Result<(), (usize, io::Error)> {
+        let Some(ring) = &self.ring else {
+            return Err((0, io::Error::other("the exporter takes no records here")));
         };
         let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
-        self.send_whole(frames)?;
-        page.count_records(n);
+        let mut frame = Vec::new();
+        for (sent, &(addr, record)) in records.iter().enumerate() {
+            frame.clear();
+            Announcement::frame(addr, record, &mut frame);
+            self.publish(ring, &frame).map_err(|e| (sent, e))?;
+        }
         Ok(())
+    }
+
+    /// Appends `frame` to `ring` (call with `sending` held). The exporter reads the ring every
+    /// few milliseconds while it fills; past half full, and while it is full, a byte on the
+    /// socket wakes it. Fails when the exporter is gone, or has not made room within
+    /// [`INTENT_SEND_TIMEOUT`].
+    fn publish(&self, ring: &Ring, frame: &[u8]) -> io::Result<()> {
+        let half = (crate::limits::SHM_RING_BYTES / 2) as u64;
+        let mut since = None;
+        loop {
+            let before = ring.used();
+            if ring.push(frame) {
+                if before <= half && ring.used() > half {
+                    self.wake()?;
+                }
+                return Ok(());
+            }
+            self.wake()?;
+            let t0 = *since.get_or_insert_with(std::time::Instant::now);
+            if t0.elapsed() > INTENT_SEND_TIMEOUT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the exporter did not read its announcement ring",
+                ));
+            }
+            std::thread::sleep(crate::limits::SHM_RING_FULL_WAIT);
+        }
+    }
+
+    /// One byte on the socket, which wakes the exporter's reader (a full socket means it has
+    /// wake-ups enough); fails when the exporter is gone.
+    fn wake(&self) -> io::Result<()> {
+        // SAFETY: one readable byte; MSG_DONTWAIT never blocks.
+        let n = unsafe {
+            libc::send(
+                self.conn.as_raw_fd(),
+                [0u8].as_ptr().cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+            _ => Err(e),
+        }
     }
 
     /// Sends `bytes` whole, or shuts the socket down: maybe part of an announcement went, and

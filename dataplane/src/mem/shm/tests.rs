@@ -186,13 +186,17 @@ fn an_exporter_applies_its_importers_intents_before_a_snapshot() {
     }
     assert_eq!(keys(), ["new"]);
 
-    // Garbage: the exporter closes that importer, which then sees it gone.
+    // Garbage: the exporter closes that importer, which then sees it gone. Bytes on the
+    // socket are wake-ups and carry nothing; bytes in the ring that are not an
+    // announcement must not decode.
     let rogue = ShmMapping::import(&endpoint).unwrap().expect("same host");
-    // Bytes that are not an intent: the exporter must refuse to decode them.
     let junk = [0xffu8; ANNOUNCEMENT_HEADER_BYTES];
     // SAFETY: `junk` is readable for its length.
     let sent = unsafe { libc::send(rogue.conn.as_raw_fd(), junk.as_ptr().cast(), junk.len(), 0) };
     assert_eq!(sent, ANNOUNCEMENT_HEADER_BYTES as isize);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(rogue.exporter_alive(), "wake-ups are not announcements");
+    assert!(rogue.ring.as_ref().expect("offer version 4").push(&junk));
     let t0 = std::time::Instant::now();
     while rogue.exporter_alive() {
         assert!(t0.elapsed() < Duration::from_secs(5), "rogue importer kept");
@@ -203,7 +207,7 @@ fn an_exporter_applies_its_importers_intents_before_a_snapshot() {
     drop(export);
 }
 
-/// Sends `key`'s object record for `[addr, addr + 4096)` at `version` on `m`'s socket, as
+/// Publishes `key`'s object record for `[addr, addr + 4096)` at `version` in `m`'s ring, as
 /// a writer does once its bytes are in.
 fn send_record(m: &ShmMapping, addr: u64, key: &str, version: Version) {
     let rec = CatalogRecord {
@@ -214,26 +218,16 @@ fn send_record(m: &ShmMapping, addr: u64, key: &str, version: Version) {
         kind: RecordKind::Object,
         soft_pin_ttl_ms: None,
     };
-    let mut frames = Vec::new();
-    Announcement::frame(addr, &rec.encode(), &mut frames);
-    m.send_records(&frames, 1).unwrap();
+    m.send_records(&[(addr, &rec.encode())]).unwrap();
 }
 
-/// Lets the export thread read what is in the socket now and go to sleep for its gathering
-/// pause, so that what is sent next stays in the socket unless the catalog reads it.
-fn exporter_asleep(m: &ShmMapping, addr: u64) {
-    m.announce_write(addr, 1, "wake", Version { term: 1, seq: 0 })
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1));
-}
-
-/// An object record sent on the socket is in the catalog before anything that reaches it
+/// An object record published in the ring is in the catalog before anything that reaches it
 /// later another way: a tombstone of its key (the remove its commit made possible), another
-/// record over its range, a fence raise (it was sent under the old term) and a snapshot.
-/// Without the catalog reading it first, each of these would come before it here: the
-/// export thread sleeps through its gathering pause.
+/// record over its range, a fence raise (it was published under the old term) and a
+/// snapshot. Without the catalog reading it first, each of these would come before it here:
+/// the export thread reads the ring only every few milliseconds.
 #[test]
-fn records_on_the_socket_come_before_what_reaches_the_catalog_later() {
+fn records_in_the_ring_come_before_what_reaches_the_catalog_later() {
     let (seg, memory, endpoint, export) = served_export("records");
     let base = seg.addr() as u64;
     let catalog = memory.catalog();
@@ -243,13 +237,11 @@ fn records_on_the_socket_come_before_what_reaches_the_catalog_later() {
     assert!(m.takes_records() && m.offer().guards.page());
 
     // A removal's tombstone after the record: the key is gone, and stays gone.
-    exporter_asleep(&m, base + 65536);
     send_record(&m, base, "removed", v(1, 1));
     catalog.bury(base, 4096, "removed", v(1, 2)).unwrap();
     assert_eq!(keys(), Vec::<String>::new());
 
     // A newer put into the range, recorded over TCP after ours: the newer one stays.
-    exporter_asleep(&m, base + 65536);
     send_record(&m, base + 4096, "evicted", v(1, 3));
     let newer = CatalogRecord {
         len: 4096,
@@ -262,8 +254,14 @@ fn records_on_the_socket_come_before_what_reaches_the_catalog_later() {
     memory.catalog_put(base + 4096, &newer.encode()).unwrap();
     assert_eq!(keys(), ["newer"]);
 
+    // The range handed out again to a TCP writer whose intent comes after our record, and
+    // who dies before its own: our key is gone, not listed over its bytes.
+    send_record(&m, base + 20480, "freed", v(1, 7));
+    let intent = CatalogRecord::intent(4096, "overwriter", v(1, 8)).encode();
+    memory.catalog_put(base + 20480, &intent).unwrap();
+    assert_eq!(keys(), ["newer"]);
+
     // Sent under term 1, then the owner hears of term 2: kept. Sent after: refused.
-    exporter_asleep(&m, base + 65536);
     send_record(&m, base + 8192, "acknowledged", v(1, 5));
     catalog.fence(2);
     send_record(&m, base + 12288, "late", v(1, 6));
