@@ -275,6 +275,57 @@ fn records_in_the_ring_come_before_what_reaches_the_catalog_later() {
     drop(export);
 }
 
+/// A batch whose records need the ring twice over: the writer wakes the exporter and waits
+/// for room, and every record arrives, in order.
+#[test]
+fn records_beyond_the_rings_room_wait_for_the_exporter() {
+    let (seg, memory, endpoint, export) = served_export("full");
+    let base = seg.addr() as u64;
+    let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+    let n = 10_000u64;
+    let keys: Vec<String> = (0..n).map(|i| format!("batch/{i:05}")).collect();
+    let records: Vec<Vec<u8>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            CatalogRecord {
+                len: 64,
+                hard_pin: false,
+                key,
+                version: Version {
+                    term: 1,
+                    seq: i as u64 + 1,
+                },
+                kind: RecordKind::Object,
+                soft_pin_ttl_ms: None,
+            }
+            .encode()
+        })
+        .collect();
+    let framed: u64 = records
+        .iter()
+        .map(|r| (ANNOUNCEMENT_HEADER_BYTES + r.len()) as u64)
+        .sum();
+    assert!(
+        framed > 2 * crate::limits::SHM_RING_BYTES as u64,
+        "{framed}"
+    );
+    let batch: Vec<(u64, &[u8])> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (base + i as u64 * 64, &r[..]))
+        .collect();
+    m.send_records(&batch).unwrap();
+    let got: Vec<String> = memory
+        .catalog()
+        .entries()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(got, keys);
+    drop(export);
+}
+
 #[test]
 fn an_importers_copies_are_fenced_by_the_exporters_term() {
     let (seg, memory, endpoint, export) = served_export("fenced");
