@@ -114,20 +114,7 @@ impl WritePage {
     /// memfd is sealed at its size, so that the owner cannot shrink it under our mapping, and
     /// (`InvalidData`) if it is smaller than a page.
     pub fn map(fd: &OwnedFd) -> io::Result<WritePage> {
-        if !crate::sys::mmap::size_sealed(fd.as_fd())? {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "write page memfd is not sealed against shrinking and growing",
-            ));
-        }
-        let st = crate::sys::mmap::fstat(fd.as_fd())?;
-        if (st.st_size as u64) < WRITE_PAGE_BYTES as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "write page is smaller than a page",
-            ));
-        }
-        let p = crate::sys::mmap::mmap_shared(fd.as_fd(), WRITE_PAGE_BYTES)?;
+        let p = crate::sys::mmap::map_sealed(fd.as_fd(), WRITE_PAGE_BYTES, "write page")?;
         Ok(WritePage {
             words: p.cast(),
             backing: Backing::Mapped,

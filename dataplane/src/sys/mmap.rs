@@ -195,6 +195,30 @@ pub(crate) fn sized_memfd(
     Ok(fd)
 }
 
+/// Maps the first `len` bytes of `fd`, a memfd another process shares with us (`what` names
+/// it in errors), read and write. Refused (`PermissionDenied`) unless it is sealed at its
+/// size, so that the other process cannot shrink it under our mapping (a `SIGBUS` here), and
+/// (`InvalidData`) if it is shorter than `len`.
+pub(crate) fn map_sealed(
+    fd: std::os::fd::BorrowedFd<'_>,
+    len: usize,
+    what: &str,
+) -> io::Result<NonNull<u8>> {
+    if !size_sealed(fd)? {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{what} memfd is not sealed against shrinking and growing"),
+        ));
+    }
+    if (fstat(fd)?.st_size as u64) < len as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{what} is smaller than {len} bytes"),
+        ));
+    }
+    mmap_shared(fd, len)
+}
+
 /// Whether `fd` carries both [`SIZE_SEALS`], so that its size cannot change while it is
 /// mapped. False for a file that takes no seals (`EINVAL`: not a memfd or tmpfs file).
 pub(crate) fn size_sealed(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<bool> {

@@ -674,29 +674,27 @@ fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
     ))
 }
 
-/// Receives the write page that follows a version 3 offer, and maps it.
-fn recv_ring(conn: &UnixStream) -> io::Result<Ring> {
-    let mut bytes = [0u8; 8];
-    let (n, fd) = recv_with_fd(conn, &mut bytes)?;
-    if n != 8 || bytes != ring_message() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "bad announcement ring message",
-        ));
-    }
-    Ring::map(&fd)
+/// Receives the write page that follows a version 3 or 4 offer, and maps it.
+fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
+    WritePage::map(&recv_guard(conn, page_message(), "write page")?)
 }
 
-fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
+/// Receives the announcement ring that follows a version 4 offer's write page, and maps it.
+fn recv_ring(conn: &UnixStream) -> io::Result<Ring> {
+    Ring::map(&recv_guard(conn, ring_message(), "announcement ring")?)
+}
+
+/// Receives the message `expected` (`what`) and the memfd it carries.
+fn recv_guard(conn: &UnixStream, expected: [u8; 8], what: &str) -> io::Result<OwnedFd> {
     let mut bytes = [0u8; 8];
     let (n, fd) = recv_with_fd(conn, &mut bytes)?;
-    if n != 8 || bytes != page_message() {
+    if n != 8 || bytes != expected {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "bad write page message",
+            format!("bad {what} message"),
         ));
     }
-    WritePage::map(&fd)
+    Ok(fd)
 }
 
 /// Receives one message into `bytes` and the one descriptor it must carry; returns the

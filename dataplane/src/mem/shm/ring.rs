@@ -60,20 +60,8 @@ impl Ring {
     /// size, so that the other side cannot shrink it under our mapping, and (`InvalidData`)
     /// if it is smaller than a ring.
     pub fn map(fd: &OwnedFd) -> io::Result<Ring> {
-        if !crate::sys::mmap::size_sealed(fd.as_fd())? {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "announcement ring memfd is not sealed against shrinking and growing",
-            ));
-        }
-        let st = crate::sys::mmap::fstat(fd.as_fd())?;
-        if (st.st_size as u64) < SHM_RING_MEMFD_BYTES as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "announcement ring is smaller than a ring",
-            ));
-        }
-        let base = crate::sys::mmap::mmap_shared(fd.as_fd(), SHM_RING_MEMFD_BYTES)?;
+        let what = "announcement ring";
+        let base = crate::sys::mmap::map_sealed(fd.as_fd(), SHM_RING_MEMFD_BYTES, what)?;
         let mut ring = Ring { base, read: 0 };
         ring.read = ring.tail().load(Ordering::Acquire);
         Ok(ring)
