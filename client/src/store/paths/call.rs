@@ -13,7 +13,7 @@
 //! - [`WriteCall::takes_intents`] / [`WriteCall::intent_op`]: the intent that goes ahead of a replica's bytes, when its
 //!   owner takes intents (`docs/recovery.md`, invariant 8);
 //! - [`WriteCall::record`] / [`WriteCall::record_op`] / [`WriteCall::record_after`]: the
-//!   catalog record, on the lane behind the bytes, on the same-host socket (`paths::shm`) or,
+//!   catalog record, on the lane behind the bytes, in the same-host ring (`paths::shm`) or,
 //!   for other bytes the owner's CPU did not see, over TCP once they landed.
 
 use std::sync::Arc;
