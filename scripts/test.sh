@@ -65,7 +65,8 @@ step doctests cargo test --workspace --doc
 # The loom models (docs/HACKING.md): their own target directory, since --cfg loom rebuilds
 # every dependency (about 2 min cold on 2 cores).
 step loom env CARGO_TARGET_DIR=target-loom RUSTFLAGS="--cfg loom" cargo test --release \
-  -p mooncake-dataplane -p mooncake-client --test loom_memory_gate --test loom_copier --test loom_master_handover
+  -p mooncake-dataplane -p mooncake-client --test loom_memory_gate --test loom_copier --test loom_master_handover \
+  --test loom_announce_ring
 step pytest env WITH_K8S_SCHEMAS=1 .venv/bin/python -m pytest python/tests -q -p no:cacheprovider --durations=15
 step fuzz bash scripts/fuzz.sh "$FUZZ_SECONDS"
 
