@@ -333,7 +333,7 @@ impl Inner {
 }
 
 /// Writes into this catalog's memory that the owner hears of out of band and has not
-/// applied yet: same-host memcpys announced on the shared-memory socket
+/// applied yet: same-host memcpys announced in the shared-memory ring
 /// (`crate::mem::shm`), their intents and their records. The catalog applies all of them
 /// before every snapshot and before it raises its fence, and before any intent, record or
 /// tombstone that reaches it otherwise ([`Catalog::settle`]).
@@ -483,8 +483,9 @@ impl Catalog {
     /// re-mounts.
     ///
     /// Every write announced in a same-host ring before the raise is applied first, under
-    /// the fence it was sent under: a put whose record is in the owner's socket may already
-    /// be acknowledged by the master that ended (`crate::mem::shm`, "Why records").
+    /// the fence it was published under: a put whose record is in the owner's ring may
+    /// already be acknowledged by the master that ended (`mem::shm`'s `announce` module,
+    /// "Why records here too").
     pub fn fence(&self, term: u64) -> usize {
         self.apply_pending();
         let _inner = self.lock();
