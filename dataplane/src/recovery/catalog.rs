@@ -595,21 +595,19 @@ impl Catalog {
         pending.push(source);
     }
 
-    /// The live sources of announced writes ([`Catalog::watch`]).
-    fn sources(&self) -> Vec<Arc<dyn PendingWrites>> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
+    /// Calls `f` on each live source of announced writes ([`Catalog::watch`]), under the list's
+    /// lock, which no source takes: no list copied per call, as a settle runs before every
+    /// intent and record that reaches the catalog over TCP.
+    fn each_source(&self, f: impl Fn(&dyn PendingWrites)) {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for s in pending.iter().filter_map(Weak::upgrade) {
+            f(&*s);
+        }
     }
 
     /// Applies every write announced out of band so far: intents and records.
     fn apply_pending(&self) {
-        for s in self.sources() {
-            s.apply_pending(self);
-        }
+        self.each_source(|s| s.apply_pending(self));
     }
 
     /// Applies the intents and records announced in same-host rings so far
@@ -617,9 +615,7 @@ impl Catalog {
     /// it would have if they had come over TCP. Called before applying an intent, a record or
     /// a tombstone, outside any lock the sources take. Cheap when nothing was announced.
     pub fn settle(&self) {
-        for s in self.sources() {
-            s.settle(self);
-        }
+        self.each_source(|s| s.settle(self));
     }
 
     /// The entries starting inside `[base, base + len)`, in address order. Writes announced
