@@ -239,7 +239,7 @@ impl DummyClient {
         let mut stream = UnixStream::connect_addr(&addr).map_err(gone)?;
         // The name belongs to the network namespace, not to a user: a process of another user
         // could hold it and see our keys and sizes. Only ours or root's is a standalone client.
-        if !dataplane::mem::shm::peer_is_trusted(&stream) {
+        if !dataplane::sys::unix::peer_is_trusted(&stream) {
             return Err((
                 ErrorCode::InternalError,
                 format!(

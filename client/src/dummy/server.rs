@@ -121,7 +121,7 @@ fn accept_loop(
         let Ok((conn, _)) = listener.accept() else {
             continue;
         };
-        if !dataplane::mem::shm::peer_is_trusted(&conn) {
+        if !dataplane::sys::unix::peer_is_trusted(&conn) {
             tracing::warn!("dummy client refused: peer runs as another user");
             continue;
         }

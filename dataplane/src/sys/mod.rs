@@ -8,12 +8,15 @@
 //! - [`mmap`]: `fstat`, shared mappings, sealed memfds;
 //! - `rawio`: socket calls on raw descriptors (`sendmsg` of a gather list, `recv` into a
 //!   [`Dst`], `poll`, buffer sizes, [`connect_first`], [`recv_spinning`]) and
-//!   `process_exists`.
+//!   `process_exists`;
+//! - [`unix`]: same-host unix sockets: peer credentials, liveness, a descriptor passed with a
+//!   message.
 
 pub mod bytes;
 pub mod cma;
 pub mod mmap;
 pub(crate) mod rawio;
+pub mod unix;
 
 pub use bytes::{Dst, Src};
 pub use rawio::{connect_first, recv_spinning};
