@@ -31,13 +31,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use dataplane::mem::{Dst, Src};
+use protocol::Version;
 
 use super::crc::crc_of;
 use super::format::{self, FileHeader};
-use super::io::{AlignedBuf, Dir, Mem, Span};
+use super::io::{AlignedBuf, Dir, Io, Mem, Span};
 use super::limits::CRC_SCRATCH_BYTES;
 use super::limits::{DISK_BLOCK_BYTES, DISK_DIRECT_PIECE_BYTES, DISK_DIRECT_WINDOW};
-use super::worker::{check_header, crc_matches, Progress, ReadFailure, Worker};
+use super::worker::{crc_matches, ReadFailure, Worker};
 
 fn is_aligned(addr: u64) -> bool {
     addr.is_multiple_of(DISK_BLOCK_BYTES as u64)
@@ -84,65 +85,108 @@ struct InOrder {
     scratch: Vec<u8>,
 }
 
+/// What a read checks an object file's header against.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Expect<'a> {
+    /// The owner's index: the object's key (which sets the header's length) and size.
+    Key(&'a str),
+    /// A reader in another process (`super::share`), which has the replica's descriptor but
+    /// not its key: the put's version and the size, with a one-block header (a key of up to
+    /// `DISK_BLOCK_BYTES - FILE_HEADER_FIXED_BYTES` bytes; a longer one reads as a mismatch).
+    Version(Version),
+}
+
+impl Expect<'_> {
+    /// Where the data starts.
+    pub(super) fn header_len(self) -> u64 {
+        match self {
+            Expect::Key(key) => format::header_len(key.len()),
+            Expect::Version(_) => DISK_BLOCK_BYTES as u64,
+        }
+    }
+
+    /// Decodes the header at the start of `b` and checks it is the one expected for `size`
+    /// data bytes; returns its data crc.
+    pub(super) fn check(self, b: &[u8], size: u64) -> Result<u32, ReadFailure> {
+        let h =
+            FileHeader::decode(b).map_err(|e| ReadFailure::Corrupt(format!("bad header: {e}")))?;
+        let fits = match self {
+            Expect::Key(key) => h.key == key,
+            Expect::Version(v) => h.version == v && h.header_len() == self.header_len(),
+        };
+        if !fits || h.size != size {
+            return Err(ReadFailure::Corrupt(format!(
+                "header names {:?} v{} of {} bytes, the reader expected {self:?} of {size}",
+                h.key, h.version, h.size
+            )));
+        }
+        Ok(h.data_crc)
+    }
+}
+
+/// Whether a read of `dst.len()` bytes from `offset` of an object of `size` bytes can go
+/// straight into `dst` (`direct`: the file is opened with `O_DIRECT`).
+pub(super) fn can_read_direct(direct: bool, size: u64, offset: u64, dst: &Dst<'_>) -> bool {
+    offset == 0 && dst.len() as u64 == size && (!direct || is_aligned(dst.addr()))
+}
+
+/// Reads the whole object of `size` bytes from `file` into `dst` in place and checks its
+/// header (`expect`) and crc; tells `checked` how much of `dst` (bytes from its start) is
+/// checked as pieces complete, so the caller can use them while the rest is read. `dst` must be `size` bytes, block-aligned when `file` is `O_DIRECT`
+/// ([`can_read_direct`]).
+pub(super) fn read_direct(
+    io: &mut Io,
+    file: &File,
+    expect: Expect<'_>,
+    size: u64,
+    dst: &mut Dst<'_>,
+    mut checked: impl FnMut(u64),
+) -> Result<(), ReadFailure> {
+    let hdr_len = expect.header_len();
+    let base = dst.as_mut_ptr();
+    let spans = spans_of(hdr_len, size, base);
+    let mut st = InOrder {
+        results: (0..spans.len()).map(|_| None).collect(),
+        next: 0,
+        crc: crc32fast::Hasher::new(),
+        stored_crc: None,
+        failure: None,
+        filled: 0,
+        scratch: vec![0u8; CRC_SCRATCH_BYTES],
+    };
+    let on_done = |bufs: &[AlignedBuf], i: usize, r: io::Result<usize>| {
+        st.results[i] = Some(r);
+        while let Some(r) = st.results.get_mut(st.next).and_then(Option::take) {
+            let s = spans[st.next];
+            st.next += 1;
+            if st.failure.is_none() {
+                check_piece(&mut st, s, r, (expect, size, hdr_len), base, bufs);
+            }
+        }
+        if st.failure.is_none() {
+            checked(st.filled);
+        }
+    };
+    // SAFETY: every caller span lies inside `dst` (`spans_of` cuts `[0, size)` of it, and
+    // `dst.len() == size`), which is writable and ours until this returns; its bytes are
+    // read (for the crc) only after their piece completed.
+    unsafe { io.run_window(file, Dir::Read, &spans, DISK_DIRECT_WINDOW, on_done) };
+    if let Some(f) = st.failure {
+        return Err(f);
+    }
+    crc_matches(st.stored_crc, st.crc.finalize())
+}
+
 impl Worker {
     /// Whether a read of `dst.len()` bytes from `offset` of an object of `size` bytes can go
     /// straight into `dst`.
     pub(super) fn can_read_direct(&self, size: u64, offset: u64, dst: &Dst<'_>) -> bool {
-        offset == 0 && dst.len() as u64 == size && (!self.shared.direct || is_aligned(dst.addr()))
+        can_read_direct(self.shared.direct, size, offset, dst)
     }
 
     /// Whether `src` can be written to a file straight from its memory.
     pub(super) fn can_write_direct(&self, src: &Src<'_>) -> bool {
         !self.shared.direct || is_aligned(src.addr())
-    }
-
-    /// Reads the whole object of `size` bytes into `dst` in place and checks its header and
-    /// crc; with `progress`, publishes how much of `dst` is checked as pieces complete.
-    pub(super) fn read_direct(
-        &mut self,
-        file: &File,
-        key: &str,
-        size: u64,
-        dst: &mut Dst<'_>,
-        progress: Option<&Progress>,
-    ) -> Result<(), ReadFailure> {
-        super::bump(&self.shared.stats.direct_reads);
-        let hdr_len = format::header_len(key.len());
-        let base = dst.as_mut_ptr();
-        let spans = spans_of(hdr_len, size, base);
-        let mut st = InOrder {
-            results: (0..spans.len()).map(|_| None).collect(),
-            next: 0,
-            crc: crc32fast::Hasher::new(),
-            stored_crc: None,
-            failure: None,
-            filled: 0,
-            scratch: vec![0u8; CRC_SCRATCH_BYTES],
-        };
-        let on_done = |bufs: &[AlignedBuf], i: usize, r: io::Result<usize>| {
-            st.results[i] = Some(r);
-            while let Some(r) = st.results.get_mut(st.next).and_then(Option::take) {
-                let s = spans[st.next];
-                st.next += 1;
-                if st.failure.is_none() {
-                    check_piece(&mut st, s, r, (key, size, hdr_len), base, bufs);
-                }
-            }
-            if let (Some(p), None) = (progress, &st.failure) {
-                p.publish(st.filled);
-            }
-        };
-        // SAFETY: every caller span lies inside `dst` (`spans_of` cuts `[0, size)` of it,
-        // and `dst.len() == size`), which is writable and ours until this returns; its bytes
-        // are read (for the crc) only after their piece completed.
-        unsafe {
-            self.io
-                .run_window(file, Dir::Read, &spans, DISK_DIRECT_WINDOW, on_done)
-        };
-        if let Some(f) = st.failure {
-            return Err(f);
-        }
-        crc_matches(st.stored_crc, st.crc.finalize())
     }
 
     /// Writes the file for `src` straight from its memory: the crc first (it goes in the
@@ -219,7 +263,7 @@ fn check_piece(
     st: &mut InOrder,
     s: Span,
     r: io::Result<usize>,
-    (key, size, hdr_len): (&str, u64, u64),
+    (expect, size, hdr_len): (Expect<'_>, u64, u64),
     base: *mut u8,
     bufs: &[AlignedBuf],
 ) {
@@ -236,7 +280,7 @@ fn check_piece(
         return;
     }
     match s.mem {
-        Mem::Bounce(0) => match check_header(&bufs[0].as_slice()[..s.len], key, size) {
+        Mem::Bounce(0) => match expect.check(&bufs[0].as_slice()[..s.len], size) {
             Ok(c) => st.stored_crc = Some(c),
             Err(f) => st.failure = Some(f),
         },

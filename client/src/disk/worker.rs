@@ -312,7 +312,14 @@ impl Worker {
     ) -> Result<(), ReadFailure> {
         let file = self.open_to_read(path)?;
         if self.can_read_direct(size, offset, dst) {
-            return self.read_direct(&file, key, size, dst, progress);
+            super::bump(&self.shared.stats.direct_reads);
+            let expect = super::direct::Expect::Key(key);
+            let checked = |filled| {
+                if let Some(p) = progress {
+                    p.publish(filled)
+                }
+            };
+            return super::direct::read_direct(&mut self.io, &file, expect, size, dst, checked);
         }
         let hdr_len = format::header_len(key.len());
         let file_len = hdr_len + format::round_up(size).unwrap_or(u64::MAX);
@@ -338,7 +345,7 @@ impl Worker {
                 }
                 let b = &self.io.buf(p.buf)[..p.len];
                 if p.offset == 0 {
-                    stored_crc = Some(check_header(b, key, size)?);
+                    stored_crc = Some(super::direct::Expect::Key(key).check(b, size)?);
                 }
                 // The data bytes of this piece: [lo, hi) in data offsets.
                 let piece_lo = p.offset.max(hdr_len);
@@ -423,19 +430,6 @@ pub(super) fn crc_matches(stored: Option<u32>, computed: u32) -> Result<(), Read
         ))),
         None => Err(ReadFailure::Corrupt("no header".into())),
     }
-}
-
-/// Decodes the header at the start of `b` and checks it names `key` of `size` bytes;
-/// returns its data crc.
-pub(super) fn check_header(b: &[u8], key: &str, size: u64) -> Result<u32, ReadFailure> {
-    let h = FileHeader::decode(b).map_err(|e| ReadFailure::Corrupt(format!("bad header: {e}")))?;
-    if h.key != key || h.size != size {
-        return Err(ReadFailure::Corrupt(format!(
-            "header names {:?} of {} bytes, the index {key:?} of {size}",
-            h.key, h.size
-        )));
-    }
-    Ok(h.data_crc)
 }
 
 pub(super) enum ReadFailure {
