@@ -7,7 +7,9 @@
 //! (`setup(..., enable_ssd_offload=True)`). Each:
 //!
 //! 1. [`OwnerDisk::start`]: opens the directory (scanning what an earlier run left there),
-//!    binds the listener, and names the disk segment after its memory segment (`<name>/disk`);
+//!    binds the listener, shares the directory with same-host readers
+//!    ([`crate::disk::share`]), and names the disk segment after its memory segment
+//!    (`<name>/disk`);
 //! 2. [`OwnerDisk::mount`]: mounts the disk segment with everything its files hold, as a
 //!    re-mount does, so a node killed and started again on its directory serves its disk;
 //! 3. on every ping ([`crate::recovery::ping`]): deletes the files of the ranges the master
@@ -28,6 +30,7 @@ use std::sync::Arc;
 use protocol::message::{BatchReplicaClear, ReMountSegment};
 use protocol::{HeldObject, ReplicaMedium, Segment, Uuid};
 
+use crate::disk::share::DirShare;
 use crate::disk::{DiskConfig, DiskListener, DiskTier};
 use crate::master::MasterClient;
 
@@ -42,6 +45,9 @@ pub struct OwnerDisk {
     pub desc: Segment,
     pub tier: Arc<DiskTier>,
     _listener: DiskListener,
+    /// The directory shared with same-host readers (`crate::disk::share`), unless same-host
+    /// sharing is off (`MC_STORE_SHM`) or the name could not be bound.
+    share: Option<DirShare>,
 }
 
 impl OwnerDisk {
@@ -88,10 +94,20 @@ impl OwnerDisk {
             if tier.direct_io() { " with O_DIRECT" } else { " through the page cache (the directory's filesystem refuses O_DIRECT)" },
             desc.te_endpoint
         );
+        let share = dataplane::mem::shm::shm_enabled()
+            .then(|| DirShare::start(&desc.te_endpoint, tier.dir(), tier.share_offer()))
+            .and_then(|r| {
+                r.map_err(|e| {
+                    tracing::warn!(segment = %desc.name, "disk tier directory not shared with \
+                        same-host readers ({e}); they read through the listener")
+                })
+                .ok()
+            });
         Ok(OwnerDisk {
             desc,
             tier,
             _listener: listener,
+            share,
         })
     }
 
@@ -242,6 +258,11 @@ impl OwnerDisk {
                 "write_refusals_total",
                 "writes refused (limits, stopped)",
                 s.write_refusals,
+            ),
+            (
+                "share_refusals_total",
+                "same-host processes of another user refused the directory",
+                self.share.as_ref().map_or(0, DirShare::refused),
             ),
         ];
         let mut out = prometheus_rows("gauge", &self.desc.name, &gauges);

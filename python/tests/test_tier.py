@@ -6,6 +6,7 @@ memory still read back byte-exact; a disk copy shows as a `LOCAL_DISK` replica; 
 files; a node killed and started again on its directory serves what its disk holds; a flipped
 byte on disk is a miss, never wrong bytes; a full disk stops offload while memory serves."""
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -226,6 +227,50 @@ def make_disk_only(client, node, keys):
         _, rc = client.create_move_task(k, node_segment(node), node_segment(node) + "/disk")
         assert rc == 0, k
     assert wait_for(lambda: all(kinds(client, k) == ["disk"] for k in keys), 20)
+
+
+def test_a_reader_on_the_owners_host_reads_its_files_itself(tier_master, tmp_path,
+                                                             monkeypatch):
+    """A client on the node's host reads disk-only objects from the node's files (the node
+    hands it the directory over a unix socket, `docs/tiering.md`): the node's disk listener
+    serves none of those reads. A client with same-host sharing off (`MC_STORE_SHM=0`) reads
+    the same objects through the listener. The bytes are exact either way, whatever the size
+    (a partial last block, a block exactly, several MiB) and whether the destination is the
+    client's own buffer or a registered one."""
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    client = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+    other = None
+    try:
+        sizes = {"sh-small": 777, "sh-block": 4096, "sh-mib": MIB + 100, "sh-big": 4 * MIB}
+        for k, n in sizes.items():
+            assert client.put(k, value_of(k, n)) == 0, k
+        make_disk_only(client, node, list(sizes))
+        served = metric(metrics(node.metrics_port), "mooncake_disk_reads_total")
+        for k, n in sizes.items():
+            assert client.get(k) == value_of(k, n), k
+        buf = bytearray(4 * MIB)
+        ptr = (ctypes.c_char * len(buf)).from_buffer(buf)
+        addr = ctypes.addressof(ptr)
+        assert client.register_buffer(addr, len(buf)) == 0
+        assert client.get_into("sh-big", addr, len(buf)) == 4 * MIB
+        assert bytes(buf) == value_of("sh-big", 4 * MIB)
+        assert client.unregister_buffer(addr) == 0
+        del ptr
+        assert metric(metrics(node.metrics_port), "mooncake_disk_reads_total") == served, \
+            "the same-host client read the files itself"
+        assert client.get_offload_rpc_read_count() >= len(sizes) + 1
+
+        monkeypatch.setenv("MC_STORE_SHM", "0")
+        other = make_store(tier_master, segment=0, local_buffer=16 * MIB)
+        for k, n in sizes.items():
+            assert other.get(k) == value_of(k, n), k
+        assert metric(metrics(node.metrics_port), "mooncake_disk_reads_total") == \
+            served + len(sizes), "without sharing, the listener serves every read"
+    finally:
+        if other is not None:
+            other.close()
+        client.close()
+        node.stop()
 
 
 def test_a_missing_or_unwritable_directory_fails_at_start(tier_master, tmp_path):

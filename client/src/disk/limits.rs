@@ -85,3 +85,16 @@ pub const CRC_SCRATCH_BYTES: usize = 32 << 10;
 /// Below this many bytes the crc of caller memory goes through the scratch copy rather than
 /// the in-place fold (`crc`), whose setup is not worth it.
 pub const CRC_FOLD_MIN_BYTES: usize = 256;
+/// Same-host readers an owner shares its directory with at once (`super::share`); more are
+/// refused and read through the listener.
+pub const DISK_SHARE_READERS_MAX: usize = 256;
+/// How long a same-host reader waits for the owner's directory offer.
+pub const DISK_SHARE_OFFER_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often the share's thread checks whether it should stop and which readers left.
+pub const DISK_SHARE_POLL_MS: i32 = 200;
+/// Largest object a same-host reader reads through its own aligned buffer (a read that is
+/// not of a whole object into block-aligned memory); a larger one goes through the
+/// listener. The buffer is kept for the next read.
+pub const DISK_SHARE_SCRATCH_MAX_BYTES: u64 = 64 << 20;
+/// Bytes of a directory offer (`super::share`, where its format is drawn): fixed.
+pub const DIR_OFFER_BYTES: usize = 16;

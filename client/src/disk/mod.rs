@@ -65,8 +65,11 @@ pub mod limits;
 mod listener;
 mod priority;
 mod scan;
+pub mod share;
 mod worker;
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;
 
@@ -568,6 +571,19 @@ impl DiskTier {
             threads,
             uring,
         })
+    }
+
+    /// What a same-host reader needs besides the directory to read the files (`share`).
+    pub fn share_offer(&self) -> share::DirOffer {
+        share::DirOffer {
+            workers: self.shared.workers as u32,
+            direct: self.shared.direct,
+        }
+    }
+
+    /// The directory the files are in.
+    pub fn dir(&self) -> &Path {
+        &self.shared.cfg.dir
     }
 
     /// Whether the files are opened with `O_DIRECT` (false: the filesystem refused it).

@@ -81,6 +81,13 @@ fn metrics(s: &Store) -> String {
     ] {
         let _ = writeln!(out, "{name}{{path=\"{path}\"}} {v}");
     }
+    let name = "mooncake_client_disk_same_host_reads_total";
+    let _ = write!(
+        out,
+        "# HELP {name} Disk replicas read from a same-host owner's files by this process\n\
+         # TYPE {name} counter\n{name} {}\n",
+        c.disk_same_host_reads
+    );
     let name = "mooncake_rdma_tcp_fallbacks_total";
     let _ = write!(
         out,

@@ -70,6 +70,7 @@ mod paths;
 mod peers;
 pub mod ranges;
 pub mod rdma;
+mod same_host;
 mod session;
 mod setup;
 mod tasks;

@@ -43,12 +43,13 @@ use parking_lot::Mutex;
 use protocol::{ErrorCode, ReplicaDescriptor};
 
 use super::rdma::{RdmaPeer, RdmaPeers};
+use super::same_host::Shares;
 use super::StoreError;
+use crate::disk::share::SharedDir;
 
 use super::catalog::CatalogWriter;
 use crate::limits::{
-    PARALLEL_ENDPOINTS_MIN_BYTES, REDIAL_BACKOFF_MAX, REDIAL_BACKOFF_MIN, SHM_ABSENT_RECHECK,
-    SUBMIT_REQUESTS_MAX,
+    PARALLEL_ENDPOINTS_MIN_BYTES, REDIAL_BACKOFF_MAX, REDIAL_BACKOFF_MIN, SUBMIT_REQUESTS_MAX,
 };
 
 /// This process's own segment, for the memcpy path.
@@ -150,19 +151,15 @@ pub struct Peers {
     config: ClientConfig,
     settings: TransferSettings,
     pub(super) catalog: CatalogWriter,
-    /// Same-host segments by endpoint: mapped (and when last checked), or found not shared.
-    shared: Mutex<HashMap<String, SharedState>>,
+    /// Same-host segments by endpoint (`super::same_host`).
+    shared: Shares<ShmMapping>,
+    /// Same-host owners' disk directories by their disk segment's endpoint.
+    dirs: Shares<SharedDir>,
     pub(super) stats: PathStats,
     /// The RDMA path, when the store runs `protocol="rdma"`.
     rdma: Option<Arc<RdmaPeers>>,
     /// This process's disk tier, when it owns one (`crate::tier`).
     disk: Option<Arc<crate::tier::OwnerDisk>>,
-}
-
-enum SharedState {
-    Mapped(Arc<ShmMapping>),
-    /// Not shared on this host, as found at that instant.
-    Absent(Instant),
 }
 
 /// Bytes moved by each path, for tests and metrics.
@@ -177,6 +174,9 @@ pub struct PathStats {
     pub write_bytes: AtomicU64,
     /// Reads of disk replicas that succeeded (items, on our disk or an owner's listener).
     pub disk_reads: AtomicU64,
+    /// Of those, the ones read from a same-host owner's files by this process
+    /// (`crate::disk::share`).
+    pub disk_same_host_reads: AtomicU64,
 }
 
 impl PathStats {
@@ -204,6 +204,8 @@ pub struct PathCounts {
     pub write_bytes: u64,
     /// Reads of disk replicas that succeeded (upstream's offload read count).
     pub disk_reads: u64,
+    /// Of those, the ones read from a same-host owner's files by this process.
+    pub disk_same_host_reads: u64,
 }
 
 /// Requests for one endpoint, with the item each request belongs to.
@@ -271,7 +273,8 @@ impl Peers {
             },
             settings,
             catalog: CatalogWriter::default(),
-            shared: Mutex::new(HashMap::new()),
+            shared: Shares::default(),
+            dirs: Shares::default(),
             stats: PathStats::default(),
             rdma: None,
             disk: None,
@@ -330,47 +333,26 @@ impl Peers {
             read_bytes: self.stats.read_bytes.load(Ordering::Relaxed),
             write_bytes: self.stats.write_bytes.load(Ordering::Relaxed),
             disk_reads: self.stats.disk_reads.load(Ordering::Relaxed),
+            disk_same_host_reads: self.stats.disk_same_host_reads.load(Ordering::Relaxed),
         }
     }
 
     /// The same-host mapping of `endpoint`'s segment, if another process here shares it and
-    /// is alive. Liveness is checked on every lookup (one non-blocking syscall): a dead
-    /// exporter's end of the socket is closed by the kernel as it exits, before any process
-    /// can serve the same endpoint again, so a mapping is never used for its successor.
+    /// is alive (`super::same_host`).
     pub(super) fn shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
         if !self.settings.shm {
             return None;
         }
-        let now = Instant::now();
-        {
-            let mut shared = self.shared.lock();
-            match shared.get_mut(endpoint) {
-                Some(SharedState::Mapped(m)) => {
-                    if m.exporter_alive() {
-                        return Some(m.clone());
-                    }
-                    // The exporter is gone: let its memory go, and look again below.
-                    shared.remove(endpoint);
-                }
-                Some(SharedState::Absent(since))
-                    if now.duration_since(*since) < SHM_ABSENT_RECHECK =>
-                {
-                    return None
-                }
-                _ => {}
-            }
+        self.shared.get(endpoint)
+    }
+
+    /// The directory of the disk segment served at `endpoint`, if its owner runs on this host
+    /// and shares it (`crate::disk::share`), unless same-host sharing is off.
+    pub(super) fn shared_dir(&self, endpoint: &str) -> Option<Arc<SharedDir>> {
+        if !self.settings.shm {
+            return None;
         }
-        let state = match ShmMapping::import(endpoint) {
-            Ok(Some(m)) => SharedState::Mapped(Arc::new(m)),
-            Ok(None) | Err(_) => SharedState::Absent(now),
-        };
-        let mut shared = self.shared.lock();
-        let mapped = match &state {
-            SharedState::Mapped(m) => Some(m.clone()),
-            SharedState::Absent(_) => None,
-        };
-        shared.insert(endpoint.to_string(), state);
-        mapped
+        self.dirs.get(endpoint)
     }
 
     /// Records memcpy'd replicas in the catalog of the table serving our own segment.
@@ -382,7 +364,7 @@ impl Peers {
     /// Forgets `endpoint`'s same-host mapping (its owner could not take a write's intent):
     /// the next call looks again.
     pub(super) fn forget_shared(&self, endpoint: &str) {
-        self.shared.lock().remove(endpoint);
+        self.shared.forget(endpoint);
     }
 
     /// Whether `r` is read and written with memcpy.

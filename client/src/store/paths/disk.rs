@@ -1,11 +1,14 @@
 //! The disk tier: `LOCAL_DISK` replicas, files of their owner's disk tier (`docs/tiering.md`).
 //!
 //! A disk replica is read where its files are: by this process's own tier directly when the
-//! replica is on our disk segment, else from its owner's disk listener, which answers the data
-//! plane's READ frames from files (so the read goes through the same pooled TCP client and
-//! lanes as a memory replica's, one READ per object: [`read_remote`]). Every read checks the object's
-//! checksum at the owner; a copy that fails it is an error here (the reader falls back to
-//! another replica, or misses), and its owner drops it from the index.
+//! replica is on our disk segment; from the files themselves when their owner runs on this
+//! host and shares its directory (`crate::disk::share`: the reader opens and checks the file
+//! as the owner would, and anything but a whole, checked object sends it to the listener
+//! instead); else from its owner's disk listener, which answers the data plane's READ frames
+//! from files (so the read goes through the same pooled TCP client and lanes as a memory
+//! replica's, one READ per object: [`read_remote`]). Every read checks the object's checksum;
+//! a copy that fails it at its owner is an error here (the reader falls back to another
+//! replica, or misses), and its owner drops it from the index.
 //!
 //! A disk replica is written only by its owner: the master hands the disk range to the owner
 //! of the disk segment in an offload task, and the owner's executor writes the file from its
@@ -17,8 +20,9 @@ use protocol::{ErrorCode, ReplicaDescriptor, ReplicaMedium};
 
 use super::call::{Reach, ReadCall, WriteCall};
 use super::{picked, ReplicaPath};
-use crate::store::peers::{group_for, Group};
+use crate::store::peers::{group_for, Group, Peers, ReadItem};
 use crate::store::StoreError;
+use std::sync::atomic::Ordering;
 
 pub(super) struct Disk;
 
@@ -75,7 +79,9 @@ impl ReplicaPath for Disk {
         let mut remote = Vec::new();
         for (i, it) in picked(rc.items, &mine.clone()) {
             let Some(disk) = peers.own_disk(it.replica) else {
-                remote.push(i);
+                if !read_same_host(peers, it) {
+                    remote.push(i);
+                }
                 continue;
             };
             let at = it.replica.buffer_address + it.offset;
@@ -91,10 +97,38 @@ impl ReplicaPath for Disk {
         }
         let done = mine.iter().filter(|&&i| rc.results[i].is_ok()).count();
         let stats = &rc.peers().stats;
-        stats
-            .disk_reads
-            .fetch_add(done as u64, std::sync::atomic::Ordering::Relaxed);
+        stats.disk_reads.fetch_add(done as u64, Ordering::Relaxed);
         Vec::new()
+    }
+}
+
+/// Reads `it` from the files of its owner if that runs on this host and shares its directory;
+/// false when it did not (the listener reads it then).
+fn read_same_host(peers: &Peers, it: &mut ReadItem<'_>) -> bool {
+    let r = it.replica;
+    let Some(dir) = peers.shared_dir(&r.transport_endpoint) else {
+        return false;
+    };
+    match dir.read(
+        r.buffer_address,
+        r.version,
+        r.size,
+        it.offset,
+        it.dst.reborrow(),
+    ) {
+        Ok(()) => {
+            let stats = &peers.stats;
+            stats.disk_same_host_reads.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(why) => {
+            tracing::debug!(
+                "{:#x} of {}: not read from its same-host files ({why}); through the listener",
+                r.buffer_address,
+                r.segment_name
+            );
+            false
+        }
     }
 }
 
