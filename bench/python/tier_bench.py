@@ -8,8 +8,10 @@ a fresh directory under /var/tmp, which is on the machine's disk; /tmp or /dev/s
 memory).
 
 1. `read`: 4 MiB objects made disk-only (their memory copies moved to disk), then read with
-   `get` one after another; beside it, the same files read with O_DIRECT sequentially by this
-   process (the device's rate through the same filesystem, no mooncake in between), once
+   `get` one after another (the client is on the node's host, so it reads the node's files
+   itself), and again by a client with same-host sharing off (`MC_STORE_SHM=0`: through the
+   node's disk listener and loopback TCP, as a reader on another host); beside them, the same
+   files read with O_DIRECT sequentially by this process (the device's rate through the same filesystem, no mooncake in between), once
    before the gets and once after (a VM's disk caches on its host, out of the guest's reach:
    the first pass warms it for both).
    `read-own`: the same, read by a store from its own disk (`setup(...,
@@ -199,38 +201,60 @@ def disk_only_files(s, seg, keys, d):
     return sorted(str(p) for p in Path(d).rglob("*.mco"))
 
 
-def phase_read(d, n=48):
-    """Disk-only 4 MiB objects through `get`, beside O_DIRECT reads of the same files."""
+def phase_read(d, n=48, rounds=3):
+    """Disk-only 4 MiB objects through `get`, `get_into` and `get` through the listener,
+    each pass between two O_DIRECT passes over the same files."""
     c = Cluster("256MB", disk=d)
     try:
         s = c.client()
         keys = [f"r{i}" for i in range(n)]
         files = disk_only_files(s, f"127.0.0.1:{c.procs[1].args[2].split('=')[1]}", keys, d)
+        # The same `get`s by a client with same-host sharing off: every read goes through
+        # the node's disk listener and loopback TCP (the path of a reader on another host).
+        os.environ["MC_STORE_SHM"] = "0"
+        try:
+            s2 = c.client()
+        finally:
+            del os.environ["MC_STORE_SHM"]
+        buf = Registered(s, 4 * MIB)
+        # `get` (a new bytes object per call) and `get_into` a registered buffer reused for
+        # every call, as the O_DIRECT baseline reuses its buffer.
+        paths = {"get": lambda k: len(s.get(k)),
+                 "get_into": lambda k: s.get_into(k, buf.ptr, 4 * MIB),
+                 "listener": lambda k: len(s2.get(k))}
         # The VM's disk has a cache of its own on the host, which the guest's drop_caches
-        # does not reach: whichever pass reads the files first pays for it. So the files are
-        # read with O_DIRECT once before the gets (warming the host alike for both) and once
-        # after; the ratio is against the second.
+        # does not reach, and its rate drifts: so the files are read with O_DIRECT once
+        # before anything (warming the host alike for all), then every pass of a path lies
+        # between two O_DIRECT passes and is compared with their mean.
         drop_page_cache()
         plain_first = odirect_read(files)
-        cached = drop_page_cache()
-        # `get` (a new bytes object per call) and `get_into` a registered buffer reused
-        # for every call, as the O_DIRECT baseline reuses its buffer.
-        ours, lat = timed_reads(keys, lambda k: len(s.get(k)))
-        direct_reads = c.disk_metric("direct_reads_total")
         drop_page_cache()
-        buf = Registered(s, 4 * MIB)
-        into, into_lat = timed_reads(keys, lambda k: s.get_into(k, buf.ptr, 4 * MIB))
-        drop_page_cache()
-        plain = odirect_read(files)
+        plain = [odirect_read(files)]
+        got = {name: {"mib_s": [], "ratio": [], "lat": []} for name in paths}
+        served_before = c.disk_metric("reads_total")
+        for _ in range(rounds):
+            for name, read in paths.items():
+                drop_page_cache()
+                mib_s, lat = timed_reads(keys, read)
+                drop_page_cache()
+                plain.append(odirect_read(files))
+                g = got[name]
+                g["mib_s"].append(round(mib_s, 1))
+                g["ratio"].append(round(mib_s / ((plain[-2] + plain[-1]) / 2), 3))
+                g["lat"] += lat
+        served = c.disk_metric("reads_total") - served_before
+        s2.close()
         s.close()
-        return {"objects": n, "get_mib_s": round(ours, 1), "get_into_mib_s": round(into, 1),
-                "odirect_mib_s": round(plain, 1), "odirect_first_mib_s": round(plain_first, 1),
-                "ratio": round(ours / plain, 3), "ratio_get_into": round(into / plain, 3),
-                "get_p50_ms": round(pct(lat, 50) * 1e3, 2),
-                "get_p99_ms": round(pct(lat, 99) * 1e3, 2),
-                "get_into_p50_ms": round(pct(into_lat, 50) * 1e3, 2),
-                "get_into_p99_ms": round(pct(into_lat, 99) * 1e3, 2),
-                "page_cache_dropped": cached, "direct_reads": direct_reads}
+        out = {"objects": n, "rounds": rounds, "odirect_first_mib_s": round(plain_first, 1),
+               "odirect_mib_s": [round(p, 1) for p in plain],
+               "listener_reads": served, "page_cache_dropped": True}
+        for name, g in got.items():
+            g["lat"].sort()
+            out[name] = {"mib_s": g["mib_s"], "ratio": g["ratio"],
+                         "ratio_median": statistics.median(g["ratio"]),
+                         "p50_ms": round(pct(g["lat"], 50) * 1e3, 2),
+                         "p99_ms": round(pct(g["lat"], 99) * 1e3, 2)}
+        return out
     finally:
         c.stop()
 
