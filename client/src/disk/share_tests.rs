@@ -10,15 +10,10 @@ use protocol::Version;
 
 use super::io::AlignedBuf;
 use super::share::{DirOffer, DirShare, SharedDir, DIR_OFFER_BYTES};
+use super::tests::pattern;
 use super::{DiskConfig, DiskTier, Pins};
 
 const BASE: u64 = 1 << 60;
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
 
 fn v(seq: u64) -> Version {
     Version { term: 3, seq }
