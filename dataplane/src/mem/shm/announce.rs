@@ -170,22 +170,24 @@ impl Importer {
         self.ring.as_ref().is_some_and(Ring::pending)
     }
 
-    /// Reads the importer's socket (wake-ups, which carry nothing, and its close) and then
-    /// its ring, and applies each whole announcement to `memory`'s catalog; whether there
-    /// were any. Marks the importer closed at its socket's end of file or an error (once its
-    /// ring is read), and when it broke the ring's rules or published bytes that do not
-    /// decode (it sees the close and uses TCP).
-    fn drain(&mut self, memory: &ServedMemory) -> bool {
+    /// Reads the importer's socket (wake-ups, which carry nothing, and its close) unless
+    /// `socket` is false (a poll just found nothing there), and then its ring, and applies
+    /// each whole announcement to `memory`'s catalog; whether there were any. Marks the
+    /// importer closed at its socket's end of file or an error (once its ring is read), and
+    /// when it broke the ring's rules or published bytes that do not decode (it sees the close
+    /// and uses TCP).
+    fn drain(&mut self, memory: &ServedMemory, socket: bool) -> bool {
         let mut wakes = [0u8; 64];
-        let gone = loop {
-            let fd = self.conn.as_raw_fd();
-            match rawio::recv(fd, &mut Dst::from(&mut wakes[..]), libc::MSG_DONTWAIT) {
-                Ok(n) if n > 0 => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
-                // End of file, or an error.
-                _ => break true,
-            }
-        };
+        let gone = socket
+            && loop {
+                let fd = self.conn.as_raw_fd();
+                match rawio::recv(fd, &mut Dst::from(&mut wakes[..]), libc::MSG_DONTWAIT) {
+                    Ok(n) if n > 0 => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                    // End of file, or an error.
+                    _ => break true,
+                }
+            };
         let read = self.read_ring(memory);
         self.closed |= gone;
         read
@@ -275,7 +277,21 @@ impl Importers {
         };
         let mut any = false;
         for i in self.lock().iter_mut().filter(|i| which(i)) {
-            any |= i.drain(&memory);
+            any |= i.drain(&memory, true);
+        }
+        any
+    }
+
+    /// Drains every importer's ring, and the sockets of those a poll found readable or
+    /// closed (`readable`, in the list's order; one missing counts as readable): the others'
+    /// would only answer "nothing yet", a system call each on every wake of the export thread.
+    pub(super) fn drain_polled(&self, readable: &[bool]) -> bool {
+        let Some(memory) = self.memory.upgrade() else {
+            return false;
+        };
+        let mut any = false;
+        for (k, i) in self.lock().iter_mut().enumerate() {
+            any |= i.drain(&memory, readable.get(k).copied().unwrap_or(true));
         }
         any
     }

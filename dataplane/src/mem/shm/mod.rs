@@ -386,6 +386,7 @@ fn export_loop(
     stop: Arc<AtomicBool>,
 ) {
     let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let mut readable: Vec<bool> = Vec::new();
     let mut busy = false;
     while !stop.load(Ordering::Acquire) {
         pfds.clear();
@@ -412,7 +413,11 @@ fn export_loop(
             continue;
         }
         if memory.is_some() {
-            busy = importers.drain(|_| true);
+            // Only this thread adds or removes importers, so the list is still in the order
+            // `pfds` was built in.
+            readable.clear();
+            readable.extend(pfds[1..].iter().map(|p| p.revents != 0));
+            busy = importers.drain_polled(&readable);
             importers.lock().retain(|i| !i.closed);
         }
         if pfds[0].revents != 0 {
