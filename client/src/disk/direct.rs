@@ -22,8 +22,9 @@
 //!
 //! Which objects take it: a whole-object read into block-aligned memory (the disk listener's
 //! buffers are; a store's own get into a user buffer usually is not and takes the bounce
-//! path), and a write from a block-aligned source (an object at a block-aligned address of a
-//! segment).
+//! path; a same-host reader, `super::share`, reads into a block-aligned buffer of its own when
+//! the caller's is not), and a write from a block-aligned source (an object at a block-aligned
+//! address of a segment).
 
 use std::fs::File;
 use std::io;
@@ -132,8 +133,8 @@ pub(super) fn can_read_direct(direct: bool, size: u64, offset: u64, dst: &Dst<'_
 
 /// Reads the whole object of `size` bytes from `file` into `dst` in place and checks its
 /// header (`expect`) and crc; tells `checked` how much of `dst` (bytes from its start) is
-/// checked as pieces complete, so the caller can use them while the rest is read. `dst` must be `size` bytes, block-aligned when `file` is `O_DIRECT`
-/// ([`can_read_direct`]).
+/// checked as pieces complete, so the caller can use them while the rest is read. `dst` must
+/// be `size` bytes, block-aligned when `file` is `O_DIRECT` ([`can_read_direct`]).
 pub(super) fn read_direct(
     io: &mut Io,
     file: &File,
