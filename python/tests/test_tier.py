@@ -273,6 +273,61 @@ def test_a_reader_on_the_owners_host_reads_its_files_itself(tier_master, tmp_pat
         node.stop()
 
 
+def abstract_socket_names(prefix):
+    """Names of the abstract unix sockets listening in this network namespace that start
+    with `prefix` (`/proc/net/unix` shows them with a leading `@`)."""
+    names = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        path = line.split()[-1] if len(line.split()) > 7 else ""
+        if path.startswith("@" + prefix):
+            names.add(path[1:])
+    return sorted(names)
+
+
+ASK_FOR_THE_DIRECTORY = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.settimeout(5)
+msg, anc, _, _ = s.recvmsg(64, socket.CMSG_SPACE(4))
+print(len(msg), len(anc))
+"""
+
+
+def test_a_process_of_another_user_gets_no_directory(tier_master, tmp_path):
+    """The directory share answers only processes of the owner's user or root
+    (`SO_PEERCRED`): a process running as `nobody` that connects gets an end of file and no
+    descriptor, and the node counts it; a process of the owner's user gets the 16-byte offer
+    with the descriptor."""
+    if os.geteuid() != 0:
+        pytest.skip("running a process as another user needs root")
+    # A Python `nobody` can run: the venv's may sit under a directory only root enters.
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip("no system python3 to run as nobody")
+    node = DiskNode(tier_master, "64MB", tmp_path)
+    try:
+        assert wait_for(lambda: abstract_socket_names("mooncake-disk/"), 10)
+        [name] = abstract_socket_names("mooncake-disk/")
+
+        def ask(**kw):
+            out = subprocess.run([python, "-c", ASK_FOR_THE_DIRECTORY, name], cwd="/",
+                                 capture_output=True, text=True, timeout=30, **kw)
+            assert out.returncode == 0, out.stderr
+            return out.stdout.split()
+
+        def as_nobody():
+            os.setgid(65534)
+            os.setuid(65534)
+
+        assert ask(preexec_fn=as_nobody) == ["0", "0"], "nobody gets nothing"
+        assert ask() == ["16", "1"], "root gets the offer and a descriptor"
+        text = metrics(node.metrics_port)
+        assert metric(text, "mooncake_disk_share_refusals_total") == 1
+    finally:
+        node.stop()
+
+
 def test_a_missing_or_unwritable_directory_fails_at_start(tier_master, tmp_path):
     missing = tmp_path / "nope" / "deeper"
     (tmp_path / "file").write_bytes(b"x")
