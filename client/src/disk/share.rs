@@ -49,7 +49,7 @@ use std::thread::JoinHandle;
 
 use dataplane::mem::{Dst, Src};
 use dataplane::sys::unix::{
-    connect_abstract, peer_alive, peer_cred, peer_is_trusted, recv_with_fd, send_with_fd, trusted,
+    check_listener, connect_abstract, peer_alive, peer_is_trusted, recv_with_fd, send_with_fd,
 };
 use parking_lot::Mutex;
 use protocol::Version;
@@ -234,15 +234,12 @@ impl SharedDir {
         let Some(conn) = connect_abstract(&socket_name(endpoint))? else {
             return Ok(None);
         };
-        match peer_cred(&conn) {
-            Some(cred) if trusted(&cred) => {}
-            _ => {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("the owner sharing {endpoint}'s directory is not of our user"),
-                ))
-            }
-        }
+        check_listener(&conn).map_err(|why| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("the owner sharing {endpoint}'s directory: {why}"),
+            )
+        })?;
         conn.set_read_timeout(Some(DISK_SHARE_OFFER_TIMEOUT))?;
         let mut bytes = [0u8; DIR_OFFER_BYTES];
         let (n, dir) = match recv_with_fd(&conn, &mut bytes) {

@@ -37,6 +37,25 @@ pub fn trusted(cred: &libc::ucred) -> bool {
     cred.uid == me || cred.uid == 0
 }
 
+/// Whether the process listening on `conn`'s name (its credentials when it called `listen`)
+/// runs as our user or as root, the rule [`trusted`] applies to peers the other way; `Err`
+/// says who it is instead ("pid P runs as uid U: neither ours (M) nor root's"), or that its
+/// credentials cannot be read. A connector checks it before it reads a byte the listener
+/// sends.
+pub fn check_listener(conn: &UnixStream) -> Result<(), String> {
+    match peer_cred(conn) {
+        Some(cred) if trusted(&cred) => Ok(()),
+        Some(cred) => Err(format!(
+            "pid {} runs as uid {}: neither ours ({}) nor root's",
+            cred.pid,
+            cred.uid,
+            // SAFETY: getuid has no preconditions.
+            unsafe { libc::getuid() }
+        )),
+        None => Err("credentials cannot be read".into()),
+    }
+}
+
 pub fn peer_cred(conn: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,

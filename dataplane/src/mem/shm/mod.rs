@@ -514,23 +514,8 @@ fn refuse_exporter(endpoint: &str, why: String) -> io::Error {
 /// credentials when it called `listen`) runs as our user or as root. Checked before a byte of
 /// the offer is read.
 fn check_exporter(conn: &UnixStream, endpoint: &str) -> io::Result<()> {
-    match peer_cred(conn) {
-        Some(cred) if trusted(&cred) => Ok(()),
-        Some(cred) => Err(refuse_exporter(
-            endpoint,
-            format!(
-                "its exporter, pid {}, runs as uid {}: neither ours ({}) nor root's",
-                cred.pid,
-                cred.uid,
-                // SAFETY: getuid has no preconditions.
-                unsafe { libc::getuid() }
-            ),
-        )),
-        None => Err(refuse_exporter(
-            endpoint,
-            "its exporter's credentials cannot be read".into(),
-        )),
-    }
+    unix::check_listener(conn)
+        .map_err(|why| refuse_exporter(endpoint, format!("its exporter {why}")))
 }
 
 /// Receives the offer and its descriptor.
