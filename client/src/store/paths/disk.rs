@@ -14,6 +14,8 @@
 //! of the disk segment in an offload task, and the owner's executor writes the file from its
 //! own memory. A write to another process's disk is refused.
 
+use std::sync::atomic::Ordering;
+
 use dataplane::mem::Src;
 use dataplane::transport::client::TransferOp;
 use protocol::{ErrorCode, ReplicaDescriptor, ReplicaMedium};
@@ -22,7 +24,6 @@ use super::call::{Reach, ReadCall, WriteCall};
 use super::{picked, ReplicaPath};
 use crate::store::peers::{group_for, Group, Peers, ReadItem};
 use crate::store::StoreError;
-use std::sync::atomic::Ordering;
 
 pub(super) struct Disk;
 
