@@ -264,8 +264,9 @@ pub(crate) struct State {
     /// The first tick of this state (a master's start, an HA term's): until `client_ttl`
     /// after it, owners of the previous state may still be re-mounting (`drain.rs`).
     pub first_tick_ms: u64,
-    /// Whether an owner re-mounted segments to this state (`ReMountSegment`): without HA, the
-    /// sign that this master restarted and others may follow.
+    /// Whether an owner re-mounted segments to this state (`ReMountSegment`) with something
+    /// from before (a memory segment, or objects; not an empty disk): without HA, the sign
+    /// that this master restarted and others may follow.
     pub remounted: bool,
 }
 

@@ -341,7 +341,13 @@ impl State {
         held: Vec<HeldObject>,
     ) -> Result<(), ErrorCode> {
         self.touch_client(now, client);
-        self.remounted |= !segments.is_empty();
+        // A sign of a restart is something from before it: a memory segment (its owner was
+        // serving), or objects. A disk tier mounts this way on every start, and an empty one
+        // brings nothing back, so it alone does not make every drain wait a client TTL.
+        self.remounted |= !held.is_empty()
+            || segments
+                .iter()
+                .any(|s| s.medium != ReplicaMedium::LocalDisk);
         let mut first_err = None;
         for s in segments {
             if let Err(e) = self.mount_as(now, client, s, false) {

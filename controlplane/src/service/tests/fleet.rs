@@ -303,6 +303,49 @@ fn a_restarted_master_waits_for_the_owners_to_re_mount_before_giving_a_drain_up(
 }
 
 #[test]
+fn a_starting_owners_empty_disk_is_not_a_restart_and_a_drain_gives_up_at_once() {
+    let cfg = ServiceConfig {
+        client_ttl_s: 10,
+        offload: OffloadConfig {
+            enabled: true,
+            ..Default::default()
+        },
+        ..cfg()
+    };
+    let t = T::with(cfg);
+    t.svc.tick();
+    t.mount_on(C1, 1, "s1", 256 * MIB, "h1");
+    // A node's disk tier mounts with `ReMountSegment` on every start; a fresh one holds nothing.
+    let disk = super::offload_tests::disk(1, "s1", 64 * MIB, DiskPolicy::default());
+    let remount = |segments: Vec<Segment>, held: Vec<HeldObject>| {
+        t.call(
+            Request::ReMountSegment,
+            ReMountSegment {
+                client_id: C1,
+                segments,
+                held,
+            },
+        )
+    };
+    assert_eq!(remount(vec![disk], vec![]), Ok(()));
+    t.put_one("a", MIB, "s1");
+    t.svc.drain_segment("s1", 60_000).unwrap();
+    t.svc.tick();
+    assert_eq!(
+        t.segment_names(),
+        ["s1/disk"],
+        "no window: nothing came back from before"
+    );
+    // A memory segment re-mounted is a sign of a restart: the next drain waits the window.
+    assert_eq!(remount(vec![t.segment(2, "s2")], vec![]), Ok(()));
+    t.put_one("b", MIB, "s2");
+    t.svc.drain_segment("s2", 60_000).unwrap();
+    t.advance(200);
+    t.svc.tick();
+    assert!(t.segment_names().contains(&"s2".to_string()));
+}
+
+#[test]
 fn a_drain_with_no_memory_room_moves_only_copies_to_another_owners_disk() {
     let t = T::with(ServiceConfig {
         offload: OffloadConfig {
