@@ -143,7 +143,8 @@ def test_a_pending_task_blocks_remove_and_the_pending_limit_holds():
     """Two storage nodes told not to execute tasks (`--replica_tasks=false`) and a client
     without a segment (no executor either): a task stays PENDING, so what it blocks can be
     checked without a race."""
-    off = {"extra": ["--replica_tasks=false"]}
+    # No drain on SIGTERM either: its moves would wait for executors that are off.
+    off = {"extra": ["--replica_tasks=false", "--drain_timeout_sec=0"]}
     with node_cluster([off, off], ["--max_total_pending_tasks=1"]) as (nodes, s):
         seg1, seg2 = (f"127.0.0.1:{n.port}" for n in nodes)
         cfg = ReplicateConfig()
