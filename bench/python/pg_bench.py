@@ -7,6 +7,12 @@ Backend ``mooncake-tcp`` is ``mooncake-cpu`` with every rank given its own host 
 (``MC_PG_HOST_ID``), so all bytes go over the TCP links (loopback) instead of shared memory:
 ``--backends mooncake-cpu,mooncake-tcp,gloo`` puts the three side by side.
 
+Backend ``tcp-floor`` is not a backend: plain sockets between every pair of ranks, each op's
+bandwidth-optimal bytes sent straight from and received straight into the tensors, all of a
+rank's transfers at once, no framing or failure handling (``tcp_floor.py``). It is the least
+any collective over TCP costs on the machine, the bound to read ``mooncake-tcp`` and Gloo
+against: ``--backends mooncake-tcp,tcp-floor,gloo``.
+
 ``--netns`` (root, iproute2) runs each rank in a network namespace of its own, every one with
 a veth into a bridge in a switch namespace (the topology of ``tests/tests/netns_cluster.rs``),
 so the TCP links and Gloo cross veth pairs instead of loopback; ``mooncake-cpu`` still shares
@@ -48,6 +54,9 @@ def worker(backend, rank, world, port, small_iters, large_iters, ops):
     import torch
     import torch.distributed as dist
 
+    floor = backend == "tcp-floor"
+    if floor:
+        backend = "gloo"  # rendezvous and barriers only; the ops run on tcp_floor's sockets
     if backend == "mooncake-tcp":
         os.environ["MC_PG_HOST_ID"] = f"bench-host-{rank}"  # every rank "on its own host"
         backend = "mooncake-cpu"
@@ -60,6 +69,12 @@ def worker(backend, rank, world, port, small_iters, large_iters, ops):
     dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=world)
     res = {}
+    ops_of = dist
+    if floor:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from tcp_floor import Floor
+
+        ops_of = Floor(dist, ip)
 
     cpu = {}
 
@@ -78,19 +93,21 @@ def worker(backend, rank, world, port, small_iters, large_iters, ops):
 
     if OPS[0] in ops:
         small = torch.ones(1024)  # 4 KiB
-        res[OPS[0]] = timed(lambda: dist.all_reduce(small), small_iters, 100)
+        res[OPS[0]] = timed(lambda: ops_of.all_reduce(small), small_iters, 100)
     if OPS[1] in ops:
         big = torch.ones(64 * MIB // 4)
-        res[OPS[1]] = timed(lambda: dist.all_reduce(big), large_iters, 2)
+        res[OPS[1]] = timed(lambda: ops_of.all_reduce(big), large_iters, 2)
     if OPS[2] in ops:
         out = torch.empty(64 * MIB // 4)
         inp = torch.ones(64 * MIB // 4 // world)
-        res[OPS[2]] = timed(lambda: dist.all_gather_into_tensor(out, inp), large_iters, 2)
+        res[OPS[2]] = timed(lambda: ops_of.all_gather_into_tensor(out, inp), large_iters, 2)
     if OPS[3] in ops:
         a2a_in = torch.ones(64 * MIB // 4)
         a2a_out = torch.empty(64 * MIB // 4)
-        res[OPS[3]] = timed(lambda: dist.all_to_all_single(a2a_out, a2a_in), large_iters, 2)
+        res[OPS[3]] = timed(lambda: ops_of.all_to_all_single(a2a_out, a2a_in), large_iters, 2)
     dist.barrier()
+    if floor:
+        ops_of.close()
     print("CPU " + json.dumps([cpu[i] for i in range(len(cpu))]), flush=True)
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)
