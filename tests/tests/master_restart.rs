@@ -350,15 +350,16 @@ fn a_same_host_copy_of_an_ended_term_ends_before_the_owner_re_mounts() {
         .expect("import")
         .expect("the node shares its segment on this host");
     let p = m.translate(r.buffer_address, r.size).expect("inside");
+    let intent = CatalogRecord::intent(r.size, "stall/late", r.version).encode();
     let claim = m
-        .begin_write(r.buffer_address, r.size, "stall/late", r.version)
+        .begin_write(r.buffer_address, r.version.term, &intent)
         .expect("the put's term is the node's");
 
     // The writer stalls, its copy begun, while the master dies and the next one starts.
     let _master = restart(master);
     let t0 = Instant::now();
     loop {
-        match m.begin_write(r.buffer_address, r.size, "stall/late", r.version) {
+        match m.begin_write(r.buffer_address, r.version.term, &intent) {
             Err(WriteRefused::Fenced { fence }) => {
                 assert!(fence > r.version.term);
                 break;
@@ -457,8 +458,8 @@ impl DyingWriter {
                 let m = ShmMapping::import(&r.transport_endpoint)
                     .expect("import")
                     .expect("the node shares its segment on this host");
-                m.announce_write(r.buffer_address, r.size, key, r.version)
-                    .expect("intent");
+                let intent = CatalogRecord::intent(r.size, key, r.version).encode();
+                m.announce_write(r.buffer_address, &intent).expect("intent");
                 let p = m.translate(r.buffer_address, r.size).expect("inside");
                 // SAFETY: `translate` checked the range lies in our mapping of the node's
                 // segment, which the master gave to this put; no reference is formed over it.

@@ -156,9 +156,14 @@ impl<'c, 'a> WriteCall<'c, 'a> {
         self.peers().catalog.intents(&r.transport_endpoint)
     }
 
+    /// Item `i`'s encoded intent record, sent ahead of its bytes.
+    pub fn intent(&self, i: usize) -> &'c [u8] {
+        &self.ledger.intents[i]
+    }
+
     /// The intent to send ahead of item `i`'s bytes, and its length.
     pub fn intent_op(&self, i: usize) -> (TransferOp<'c>, usize) {
-        let intent: &'c [u8] = &self.ledger.intents[i];
+        let intent = self.intent(i);
         let op = TransferOp::CatalogIntent {
             remote_addr: self.items[i].replica.buffer_address,
             record: Src::from(intent),

@@ -42,7 +42,7 @@ impl ReplicaPath for Shm {
                 back.push(i);
                 continue;
             };
-            let _claim = match m.begin_write(r.buffer_address, r.size, w.items[i].key, r.version) {
+            let _claim = match m.begin_write(r.buffer_address, r.version.term, w.intent(i)) {
                 Ok(claim) => claim,
                 Err(WriteRefused::Fenced { fence }) => {
                     w.ended(i, fence);

@@ -83,10 +83,18 @@ impl<'a> Announcement<'a> {
     /// Appends the frame of an encoded catalog record about `addr` to `out`.
     pub fn frame(addr: u64, record: &[u8], out: &mut Vec<u8>) {
         out.reserve(ANNOUNCEMENT_HEADER_BYTES + record.len());
-        out.extend_from_slice(&ANNOUNCEMENT_MAGIC.to_le_bytes());
-        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
-        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&Announcement::header(addr, record.len()));
         out.extend_from_slice(record);
+    }
+
+    /// The fixed part of the frame of an encoded catalog record of `record_len` bytes about
+    /// `addr`; the record follows it.
+    pub fn header(addr: u64, record_len: usize) -> [u8; ANNOUNCEMENT_HEADER_BYTES] {
+        let mut h = [0u8; ANNOUNCEMENT_HEADER_BYTES];
+        h[..4].copy_from_slice(&ANNOUNCEMENT_MAGIC.to_le_bytes());
+        h[4..8].copy_from_slice(&(record_len as u32).to_le_bytes());
+        h[8..16].copy_from_slice(&addr.to_le_bytes());
+        h
     }
 
     /// The whole length of the announcement whose fixed part is `header`; errors say what

@@ -93,8 +93,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use protocol::Version;
-
 use super::served::ServedMemory;
 use crate::recovery::catalog::PendingWrites;
 use crate::recovery::inflight::{Refused, WriteClaim, WritePage, WRITE_PAGE_BYTES};
@@ -674,20 +672,20 @@ impl ShmMapping {
         peer_alive(self.conn.as_raw_fd())
     }
 
-    /// Starts a copy of the put of `key` at `version` into `[addr, addr + len)` of the
-    /// exporter's segment: takes a slot of the exporter's write page (refused if the
-    /// exporter's fence refuses the put's term: that master has ended), then sends the intent
-    /// ([`ShmMapping::announce_write`]). Copy only while the returned claim is held. An
+    /// Starts a copy of a put of term `term` into the exporter's segment at `addr`: takes a
+    /// slot of the exporter's write page (refused if the exporter's fence refuses the term:
+    /// that master has ended), then sends `intent`, the put's encoded intent record
+    /// (`CatalogRecord::intent(len, key, version)`, at that term; see
+    /// [`ShmMapping::announce_write`]). Copy only while the returned claim is held. An
     /// exporter without a write page (offer version 2 or 1) fences nothing.
     pub fn begin_write(
         &self,
         addr: u64,
-        len: u64,
-        key: &str,
-        version: Version,
+        term: u64,
+        intent: &[u8],
     ) -> Result<WriteClaim<'_>, WriteRefused> {
         let claim = match &self.writes {
-            Some(page) => page.begin(version.term).map_err(|r| match r {
+            Some(page) => page.begin(term).map_err(|r| match r {
                 Refused::Fenced { fence } => WriteRefused::Fenced { fence },
                 Refused::Full => {
                     WriteRefused::Unavailable(io::Error::other("every write slot is held"))
@@ -695,31 +693,26 @@ impl ShmMapping {
             })?,
             None => WriteClaim::unfenced(),
         };
-        self.announce_write(addr, len, key, version)
+        self.announce_write(addr, intent)
             .map_err(WriteRefused::Unavailable)?;
         Ok(claim)
     }
 
-    /// Tells the exporter, before the first byte is copied, that the put of `key` at `version`
-    /// is about to write its object, `[addr, addr + len)` (see `announce`); once this returns
+    /// Tells the exporter, before the first byte is copied, that a put is about to write its
+    /// object at `addr`: `intent` is its encoded intent record (`CatalogRecord::intent(len,
+    /// key, version)`: the range, the key and the version; see `announce`). Once this returns
     /// Ok the intent is in the exporter's ring (or, offer versions 2 and 3, its socket).
     /// Nothing to do for an exporter that reads none. An error (the exporter gone, or not
     /// reading for [`INTENT_SEND_TIMEOUT`]) means: do not memcpy.
-    pub fn announce_write(
-        &self,
-        addr: u64,
-        len: u64,
-        key: &str,
-        version: Version,
-    ) -> io::Result<()> {
+    pub fn announce_write(&self, addr: u64, intent: &[u8]) -> io::Result<()> {
         if !self.offer.guards.intents() {
             return Ok(());
         }
-        let bytes = Announcement::intent(addr, len, key, version).encode();
+        let header = Announcement::header(addr, intent.len());
         let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
         match &self.ring {
-            Some(ring) => self.publish(ring, &bytes),
-            None => self.send_whole(&bytes),
+            Some(ring) => self.publish(ring, &[&header, intent]),
+            None => self.send_whole(&[&header[..], intent].concat()),
         }
     }
 
@@ -739,25 +732,24 @@ impl ShmMapping {
             return Err((0, io::Error::other("the exporter takes no records here")));
         };
         let _whole = self.sending.lock().unwrap_or_else(|e| e.into_inner());
-        let mut frame = Vec::new();
         for (sent, &(addr, record)) in records.iter().enumerate() {
-            frame.clear();
-            Announcement::frame(addr, record, &mut frame);
-            self.publish(ring, &frame).map_err(|e| (sent, e))?;
+            let header = Announcement::header(addr, record.len());
+            self.publish(ring, &[&header, record])
+                .map_err(|e| (sent, e))?;
         }
         Ok(())
     }
 
-    /// Appends `frame` to `ring` (call with `sending` held). The exporter reads the ring every
-    /// few milliseconds while it fills; past half full, and while it is full, a byte on the
-    /// socket wakes it. Fails when the exporter is gone, or has not made room within
-    /// [`INTENT_SEND_TIMEOUT`].
-    fn publish(&self, ring: &Ring, frame: &[u8]) -> io::Result<()> {
+    /// Appends the frame made of `parts` to `ring` (call with `sending` held). The exporter
+    /// reads the ring every few milliseconds while it fills; past half full, and while it is
+    /// full, a byte on the socket wakes it. Fails when the exporter is gone, or has not made
+    /// room within [`INTENT_SEND_TIMEOUT`].
+    fn publish(&self, ring: &Ring, parts: &[&[u8]]) -> io::Result<()> {
         let half = (crate::limits::SHM_RING_BYTES / 2) as u64;
         let mut since = None;
         loop {
             let before = ring.used();
-            if ring.push(frame) {
+            if ring.push_parts(parts) {
                 if before <= half && ring.used() > half {
                     self.wake()?;
                 }

@@ -95,25 +95,35 @@ impl Ring {
     /// Appends `frame` whole if there is room (the writer's side; callers serialise their
     /// pushes). False when the ring lacks room for it now.
     pub fn push(&self, frame: &[u8]) -> bool {
+        self.push_parts(&[frame])
+    }
+
+    /// Appends the frame made of `parts`, in order, whole if there is room: as [`Ring::push`]
+    /// of their concatenation, without building it.
+    pub fn push_parts(&self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let head = self.head().load(Ordering::Relaxed);
         let room = (SHM_RING_BYTES as u64).saturating_sub(self.used());
-        if frame.len() as u64 > room {
+        if len as u64 > room {
             return false;
         }
-        let at = (head % SHM_RING_BYTES as u64) as usize;
-        let first = frame.len().min(SHM_RING_BYTES - at);
-        // SAFETY: [at, at + first) and [0, len - first) lie inside the data; the reader reads
-        // only bytes below the head, which these are not yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(frame.as_ptr(), self.data().add(at), first);
-            std::ptr::copy_nonoverlapping(
-                frame.as_ptr().add(first),
-                self.data(),
-                frame.len() - first,
-            );
+        let mut at = (head % SHM_RING_BYTES as u64) as usize;
+        for part in parts {
+            let first = part.len().min(SHM_RING_BYTES - at);
+            // SAFETY: [at, at + first) and [0, part.len() - first) lie inside the data (the
+            // whole frame fits the room); the reader reads only bytes below the head, which
+            // these are not yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), self.data().add(at), first);
+                std::ptr::copy_nonoverlapping(
+                    part.as_ptr().add(first),
+                    self.data(),
+                    part.len() - first,
+                );
+            }
+            at = (at + part.len()) % SHM_RING_BYTES;
         }
-        self.head()
-            .store(head + frame.len() as u64, Ordering::Release);
+        self.head().store(head + len as u64, Ordering::Release);
         true
     }
 

@@ -5,6 +5,12 @@ use std::os::fd::{FromRawFd, RawFd};
 use super::*;
 use crate::mem::{Dst, HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 use crate::recovery::{CatalogRecord, RecordKind};
+use protocol::Version;
+
+/// The encoded intent record of the put of `key` at `version` over `len` bytes.
+fn intent(len: u64, key: &str, version: Version) -> Vec<u8> {
+    CatalogRecord::intent(len, key, version).encode()
+}
 
 /// Offers `seg` as `endpoint` and maps it back: the export (held for the test), the
 /// importer's mapping and the offer.
@@ -158,20 +164,23 @@ fn an_exporter_applies_its_importers_intents_before_a_snapshot() {
 
     let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
     assert!(m.offer().guards.intents());
-    m.announce_write(base, 4096, "new", v(6, 1)).unwrap();
+    m.announce_write(base, &intent(4096, "new", v(6, 1)))
+        .unwrap();
     assert_eq!(keys(), ["far"], "the snapshot applied the intent first");
     // The writer's own record, whenever the intent is applied, stays; so does an
     // upsert's old value in place.
     catalog.insert(base, 4096, "new", false, v(6, 1)).unwrap();
-    m.announce_write(base, 4096, "new", v(6, 1)).unwrap();
-    m.announce_write(base, 4096, "new", v(6, 3)).unwrap();
+    m.announce_write(base, &intent(4096, "new", v(6, 1)))
+        .unwrap();
+    m.announce_write(base, &intent(4096, "new", v(6, 3)))
+        .unwrap();
     assert_eq!(keys(), ["new", "far"]);
 
     // Announced, then the writer is gone: applied by the export thread at its close.
     let dying = ShmMapping::import(&endpoint).unwrap().expect("same host");
     let long_key = "k".repeat(3000); // intents longer than a gathering read's chunk
     dying
-        .announce_write(base + 8192, 100, &long_key, v(6, 2))
+        .announce_write(base + 8192, &intent(100, &long_key, v(6, 2)))
         .unwrap();
     drop(dying);
     let t0 = std::time::Instant::now();
@@ -335,19 +344,21 @@ fn an_importers_copies_are_fenced_by_the_exporters_term() {
     assert_eq!(fence.watched(), 1);
     assert!(
         matches!(
-            m.begin_write(base, 4096, "late", v(4, 1)),
+            m.begin_write(base, 4, &intent(4096, "late", v(4, 1))),
             Err(WriteRefused::Fenced { fence: 5 })
         ),
         "the term fenced before the importer came is on its page"
     );
     assert_eq!(catalog.len(), 0, "a refused copy sends no intent");
-    let under_way = m.begin_write(base, 4096, "slow", v(5, 1)).unwrap();
+    let under_way = m
+        .begin_write(base, 5, &intent(4096, "slow", v(5, 1)))
+        .unwrap();
 
     // A new master (term 6): the fence refuses new copies of term 5 at once, and the
     // owner's wait before its re-mount lasts until the copy under way lets go.
     catalog.fence(6);
     assert!(matches!(
-        m.begin_write(base + 4096, 4096, "slow2", v(5, 2)),
+        m.begin_write(base + 4096, 5, &intent(4096, "slow2", v(5, 2))),
         Err(WriteRefused::Fenced { fence: 6 })
     ));
     let t0 = std::time::Instant::now();
@@ -367,7 +378,9 @@ fn an_importers_copies_are_fenced_by_the_exporters_term() {
         t0.elapsed() >= Duration::from_millis(90),
         "it waited for the copy"
     );
-    assert!(m.begin_write(base, 4096, "now", v(6, 1)).is_ok());
+    assert!(m
+        .begin_write(base, 6, &intent(4096, "now", v(6, 1)))
+        .is_ok());
 
     // An importer gone, its copy ended: the fence forgets its page.
     drop(m);
@@ -750,4 +763,27 @@ fn an_exporter_of_another_user_is_refused() {
         "the stranger's memfd is mapped"
     );
     drop(stranger);
+}
+
+#[test]
+fn a_frame_pushed_in_parts_reads_back_whole_across_the_wrap() {
+    use crate::limits::SHM_RING_BYTES;
+    let (writer, fd) = Ring::shared().unwrap();
+    let mut reader = Ring::map(&fd).unwrap();
+    let mut out = Vec::new();
+    // Frames of a third of the ring and a bit: the third and fifth cross its end.
+    for round in 0..5u8 {
+        let header = [round; 16];
+        let body = vec![round ^ 0xff; SHM_RING_BYTES / 3];
+        assert!(writer.push_parts(&[&header, &body]));
+        out.clear();
+        reader.read_into(&mut out).unwrap();
+        assert_eq!(out, [&header[..], &body].concat(), "round {round}");
+    }
+    // A frame with no room is refused whole: nothing of it is published.
+    let big = vec![7u8; SHM_RING_BYTES];
+    assert!(!writer.push_parts(&[&big, &[1]]));
+    out.clear();
+    reader.read_into(&mut out).unwrap();
+    assert!(out.is_empty());
 }
