@@ -208,10 +208,27 @@ fn rdma_puts_announce_each_write_to_its_owner_before_the_bytes() {
     let s = store(&m, "rdma", 0, &m.metadata_url()).expect("rdma store setup");
     let cfg = ReplicateConfig::default();
     let puts = 6;
-    // Warm up, the same sizes: every data-plane connection this takes (to both shards, each
-    // lane declaring its term) is open.
-    for i in 0..puts {
-        assert_eq!(s.put(&format!("warm/{i}"), &value(i), &cfg, false), Ok(()));
+    // Warm up, the same sizes, until every data-plane connection the puts take (to both
+    // shards, each lane declaring its term, one request) is open: placement picks the shard,
+    // and six puts all landed on one in about one run in twenty.
+    let both_shards_connected = || {
+        let text = http("GET", port, "/metrics", b"").text();
+        let accepted = text
+            .lines()
+            .filter(|l| l.starts_with("mooncake_node_connections_accepted_total{"))
+            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) > Some(0))
+            .count();
+        accepted == 2
+    };
+    let mut warm = 0;
+    while warm < puts || !both_shards_connected() {
+        assert!(warm < 200, "200 warm-up puts did not reach both shards");
+        let i = warm % puts;
+        assert_eq!(
+            s.put(&format!("warm/{warm}"), &value(i), &cfg, false),
+            Ok(())
+        );
+        warm += 1;
     }
     let settled = || {
         let a = requests_ok(port);
