@@ -278,7 +278,8 @@ def abstract_socket_names(prefix):
     with `prefix` (`/proc/net/unix` shows them with a leading `@`)."""
     names = set()
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
-        path = line.split()[-1] if len(line.split()) > 7 else ""
+        fields = line.split()
+        path = fields[-1] if len(fields) > 7 else ""
         if path.startswith("@" + prefix):
             names.add(path[1:])
     return sorted(names)

@@ -183,13 +183,19 @@ fn puts_and_gets_move_over_rdma_into_a_storage_node() {
 }
 
 /// The node's TCP requests answered so far, over its shards.
-fn requests_ok(metrics_port: u16) -> u64 {
+/// The node's per-shard values of the metric family `name` (`mooncake_node_<name>{shard=..}`).
+fn per_shard(metrics_port: u16, name: &str) -> Vec<u64> {
+    let prefix = format!("mooncake_node_{name}{{");
     http("GET", metrics_port, "/metrics", b"")
         .text()
         .lines()
-        .filter(|l| l.starts_with("mooncake_node_requests_ok_total{"))
+        .filter(|l| l.starts_with(&prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+        .collect()
+}
+
+fn requests_ok(metrics_port: u16) -> u64 {
+    per_shard(metrics_port, "requests_ok_total").iter().sum()
 }
 
 /// The owner's CPU sees none of an RDMA write's bytes, so before them the writer tells it
@@ -210,15 +216,10 @@ fn rdma_puts_announce_each_write_to_its_owner_before_the_bytes() {
     let puts = 6;
     // Warm up, the same sizes, until every data-plane connection the puts take (to both
     // shards, each lane declaring its term, one request) is open: placement picks the shard,
-    // and six puts all landed on one in about one run in twenty.
+    // and six puts all landed on one in about one run in fifteen.
     let both_shards_connected = || {
-        let text = http("GET", port, "/metrics", b"").text();
-        let accepted = text
-            .lines()
-            .filter(|l| l.starts_with("mooncake_node_connections_accepted_total{"))
-            .filter(|l| l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) > Some(0))
-            .count();
-        accepted == 2
+        let accepted = per_shard(port, "connections_accepted_total");
+        accepted.len() == 2 && accepted.iter().all(|&n| n > 0)
     };
     let mut warm = 0;
     while warm < puts || !both_shards_connected() {
