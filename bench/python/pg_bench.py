@@ -9,9 +9,10 @@ Backend ``mooncake-tcp`` is ``mooncake-cpu`` with every rank given its own host 
 
 Backend ``tcp-floor`` is not a backend: plain sockets between every pair of ranks, each op's
 bandwidth-optimal bytes sent straight from and received straight into the tensors, all of a
-rank's transfers at once, no framing or failure handling (``tcp_floor.py``). It is the least
-any collective over TCP costs on the machine, the bound to read ``mooncake-tcp`` and Gloo
-against: ``--backends mooncake-tcp,tcp-floor,gloo``.
+rank's transfers at once, no framing or failure handling (``tcp_floor.py``): what the
+kernel's copies of those bytes cost on the machine, the reference to read ``mooncake-tcp``
+and Gloo against (not a strict bound: see ``tcp_floor.py``):
+``--backends mooncake-tcp,tcp-floor,gloo``.
 
 ``--netns`` (root, iproute2) runs each rank in a network namespace of its own, every one with
 a veth into a bridge in a switch namespace (the topology of ``tests/tests/netns_cluster.rs``),
