@@ -18,10 +18,11 @@ pub const CATALOG_RECORD_VERSION_BYTES: usize = 16;
 /// The soft pin's ttl (u64 milliseconds) a record carries after its version when its
 /// `SOFT_PIN` flag is set.
 pub const CATALOG_RECORD_SOFT_PIN_BYTES: usize = 8;
-/// Largest `CATALOG_PUT` payload: the fixed part, a version, a soft pin's ttl and the longest
-/// key the master accepts. A header announcing more is malformed.
+/// Largest `CATALOG_PUT` payload: the fixed part, a version, a soft pin's ttl, a commit's
+/// provisional version and the longest key the master accepts. A header announcing more is
+/// malformed.
 pub const CATALOG_RECORD_MAX_BYTES: u64 = (CATALOG_RECORD_HEADER_BYTES
-    + CATALOG_RECORD_VERSION_BYTES
+    + 2 * CATALOG_RECORD_VERSION_BYTES
     + CATALOG_RECORD_SOFT_PIN_BYTES
     + protocol::limits::KEY_MAX_BYTES) as u64;
 /// Bytes of a same-host importer's announcement ring (`mem::shm::ring`): room for a few

@@ -11,8 +11,12 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = CatalogRecord::decode(data) {
         assert!(!r.key.is_empty() && r.key.len() <= protocol::limits::KEY_MAX_BYTES);
         assert!(r.len > 0);
-        // A tombstone or an intent carries no pin.
-        assert!(r.kind == RecordKind::Object || !(r.hard_pin || r.soft_pin_ttl_ms.is_some()));
+        // Only an object or a commit carries a pin (a tombstone, an intent or a provisional
+        // record none).
+        assert!(
+            matches!(r.kind, RecordKind::Object | RecordKind::Commit(_))
+                || !(r.hard_pin || r.soft_pin_ttl_ms.is_some())
+        );
         let again = r.encode();
         assert_eq!(CatalogRecord::decode(&again), Ok(r), "round trip");
     }

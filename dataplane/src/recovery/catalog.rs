@@ -19,18 +19,28 @@
 //!  +-------------------------------+-------------------------------+
 //!  | version.term (u64)            | version.seq (u64)             |
 //!  +-------------------------------+-------------------------------+
-//!  32 (only when flags bit 3)      40
-//!  +-------------------------------+------------------+
-//!  | soft_pin_ttl_ms (u64)         | key (UTF-8, rest)|
-//!  +-------------------------------+------------------+
+//!  then, in this order, each only when its flag is set:
+//!  +-------------------------------+  bit 3 (SOFT_PIN)
+//!  | soft_pin_ttl_ms (u64)         |
+//!  +-------------------------------+-------------------------------+  bit 6 (COMMIT)
+//!  | provisional.term (u64)        | provisional.seq (u64)         |
+//!  +-------------------------------+-------------------------------+
+//!  and last the key (UTF-8, the rest of the record)
 //!  flags: bit 0 = hard pin; bit 1 = VERSIONED (the version follows the fixed part);
 //!         bit 2 = TOMBSTONE (needs bit 1, not bit 0 or 3): `key` was removed at `version`,
 //!         drop its entry in `[addr, addr + object_len)` and remember the removal;
 //!         bit 3 = SOFT_PIN (needs bit 1, not bit 2): the put asked for a soft pin of
 //!         `soft_pin_ttl_ms` (0: the master's default ttl), which follows the version;
 //!         bit 4 = INTENT (needs bit 1, not bits 0, 2 or 3): the put of `key` at `version`
-//!         is about to write `[addr, addr + object_len)` ([`Catalog::overwrite`]).
-//!         Every other bit 0.   key: 1 ..= KEY_MAX_BYTES bytes
+//!         is about to write `[addr, addr + object_len)` ([`Catalog::overwrite`]);
+//!         bit 5 = PROVISIONAL (needs bit 1, not bits 0 or 3): the bytes of the put of `key`
+//!         at `version` are in `[addr, addr + object_len)` and its commit at the master is
+//!         still to come (a provisional entry: [`RecordKind::Provisional`]);
+//!         bit 6 = COMMIT (needs bit 1): the master committed `key` at `version`, and its
+//!         bytes are those of the provisional entry of `key` at exactly that range and at
+//!         the provisional version that follows ([`RecordKind::Commit`]).
+//!         At most one of bits 2, 4, 5 and 6. Every other bit 0.
+//!         key: 1 ..= KEY_MAX_BYTES bytes
 //! ```
 //!
 //! The soft pin is the one the put asked for (`SoftPinAction::Enable` and its ttl), so that a
@@ -58,6 +68,16 @@
 //!   object's range overlaps, except the entry of its own key at exactly that range (an
 //!   in-place upsert's, which must stay if the upsert is never recorded), so an entry never
 //!   names another key's newer bytes ([`Catalog::overwrite`]).
+//!
+//! - a *provisional* entry holds the bytes of a put whose commit at the master has not been
+//!   heard of: a writer that commits in one round trip (its range was reserved ahead, so
+//!   its commit can be refused or answered after its bytes are in) records them before the
+//!   commit and confirms them after it with a COMMIT record. A provisional entry is never
+//!   re-reported (the master did not say it holds the key, and a refused writer's bytes
+//!   must not come back over the winner's), and a COMMIT turns it into an object only if it
+//!   is still there, unchanged: a tombstone, a freed notice or a newer intent that came
+//!   first (the commit made the removal and the reuse possible) removed it, and the late
+//!   COMMIT then changes nothing ([`Catalog::commit`]).
 //!
 //! Locking: one small mutex. It is not on the byte path: a replica written over TCP touches
 //! it once per slice (its intent) and once for its record, not per byte, and the owner
@@ -87,6 +107,10 @@ pub const CATALOG_FLAG_TOMBSTONE: u32 = 4;
 pub const CATALOG_FLAG_SOFT_PIN: u32 = 8;
 /// `flags` bit of a record: an intent (the key's put is about to write the range).
 pub const CATALOG_FLAG_INTENT: u32 = 16;
+/// `flags` bit of a record: provisional (the put's bytes are in, its commit is to come).
+pub const CATALOG_FLAG_PROVISIONAL: u32 = 32;
+/// `flags` bit of a record: the commit of a provisional entry, whose version follows.
+pub const CATALOG_FLAG_COMMIT: u32 = 64;
 
 /// One committed object of the catalog.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,6 +134,13 @@ pub enum RecordKind {
     /// The key's put is about to write the range: drop what it goes over
     /// ([`Catalog::overwrite`]).
     Intent,
+    /// The bytes of the key's put at the record's version are in the range; its commit at the
+    /// master is to come: a provisional entry (module docs).
+    Provisional,
+    /// The master committed the key at the record's version; its bytes are the provisional
+    /// entry's of the key at exactly this range and at this (provisional) version
+    /// ([`Catalog::commit`]).
+    Commit(Version),
 }
 
 /// A decoded `CATALOG_PUT` payload.
@@ -144,6 +175,7 @@ impl<'a> CatalogRecord<'a> {
             CATALOG_RECORD_HEADER_BYTES
                 + CATALOG_RECORD_VERSION_BYTES
                 + CATALOG_RECORD_SOFT_PIN_BYTES
+                + CATALOG_RECORD_VERSION_BYTES
                 + self.key.len(),
         );
         out.extend_from_slice(&self.len.to_le_bytes());
@@ -155,6 +187,8 @@ impl<'a> CatalogRecord<'a> {
             RecordKind::Object => {}
             RecordKind::Tombstone => flags |= CATALOG_FLAG_TOMBSTONE,
             RecordKind::Intent => flags |= CATALOG_FLAG_INTENT,
+            RecordKind::Provisional => flags |= CATALOG_FLAG_PROVISIONAL,
+            RecordKind::Commit(_) => flags |= CATALOG_FLAG_COMMIT,
         }
         if self.soft_pin_ttl_ms.is_some() {
             flags |= CATALOG_FLAG_SOFT_PIN;
@@ -166,79 +200,64 @@ impl<'a> CatalogRecord<'a> {
         if let Some(ttl) = self.soft_pin_ttl_ms {
             out.extend_from_slice(&ttl.to_le_bytes());
         }
+        if let RecordKind::Commit(p) = self.kind {
+            out.extend_from_slice(&p.term.to_le_bytes());
+            out.extend_from_slice(&p.seq.to_le_bytes());
+        }
         out.extend_from_slice(self.key.as_bytes());
         out
     }
 
     /// Decodes a payload. Errors (`InvalidArgument`): shorter than the fixed part (and the
     /// version when flagged), longer than [`CATALOG_RECORD_MAX_BYTES`], unknown flags, a
-    /// tombstone or an intent without a version or with a pin (or both at once), a soft pin
-    /// without a version (or short of its ttl), a reserved field not 0, an empty key or one
-    /// over `KEY_MAX_BYTES`, a key that is not UTF-8, or an object length of 0.
+    /// tombstone, an intent, a provisional record or a commit without a version, a
+    /// tombstone, an intent or a provisional record with a pin, two of those kinds at once, a
+    /// soft pin without a version (or short of its ttl), a commit short of its provisional
+    /// version, a reserved field not 0, an empty key or one over `KEY_MAX_BYTES`, a key that
+    /// is not UTF-8, or an object length of 0.
     pub fn decode(b: &[u8]) -> Result<CatalogRecord<'_>, TeError> {
         if b.len() <= CATALOG_RECORD_HEADER_BYTES || b.len() as u64 > CATALOG_RECORD_MAX_BYTES {
             return Err(TeError::InvalidArgument);
         }
         let (fixed, rest) = b.split_at(CATALOG_RECORD_HEADER_BYTES);
-        let u64_at = |s: &[u8], at: usize| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(&s[at..at + 8]);
-            u64::from_le_bytes(x)
-        };
-        let mut flags = [0u8; 4];
-        flags.copy_from_slice(&fixed[8..12]);
-        let flags = u32::from_le_bytes(flags);
-        let reserved = &fixed[12..16];
-        let known = CATALOG_FLAG_HARD_PIN
-            | CATALOG_FLAG_VERSIONED
-            | CATALOG_FLAG_TOMBSTONE
-            | CATALOG_FLAG_SOFT_PIN
-            | CATALOG_FLAG_INTENT;
+        let mut fixed = Fields(fixed);
+        let len = fixed.u64().ok_or(TeError::InvalidArgument)?;
+        let flags = fixed.u32().ok_or(TeError::InvalidArgument)?;
+        let reserved = fixed.u32().ok_or(TeError::InvalidArgument)?;
         let versioned = flags & CATALOG_FLAG_VERSIONED != 0;
-        let tombstone = flags & CATALOG_FLAG_TOMBSTONE != 0;
-        let intent = flags & CATALOG_FLAG_INTENT != 0;
         let hard_pin = flags & CATALOG_FLAG_HARD_PIN != 0;
         let soft_pin = flags & CATALOG_FLAG_SOFT_PIN != 0;
-        let kind = match (tombstone, intent) {
-            (false, false) => RecordKind::Object,
-            (true, false) => RecordKind::Tombstone,
-            (false, true) => RecordKind::Intent,
-            (true, true) => return Err(TeError::InvalidArgument),
-        };
-        if flags & !known != 0
-            || reserved != [0; 4]
-            || (kind != RecordKind::Object && (!versioned || hard_pin || soft_pin))
+        let kind = RecordKind::of_flags(flags)?;
+        // Only an object and a commit carry pins (a commit's become the object's).
+        let pins_allowed = matches!(kind, RecordKind::Object | RecordKind::Commit(_));
+        if reserved != 0
+            || (kind != RecordKind::Object && !versioned)
+            || (!pins_allowed && (hard_pin || soft_pin))
             || (soft_pin && !versioned)
         {
             return Err(TeError::InvalidArgument);
         }
-        let (version, rest) = if versioned {
-            if rest.len() <= CATALOG_RECORD_VERSION_BYTES {
-                return Err(TeError::InvalidArgument);
-            }
-            let (v, rest) = rest.split_at(CATALOG_RECORD_VERSION_BYTES);
-            let version = Version {
-                term: u64_at(v, 0),
-                seq: u64_at(v, 8),
-            };
-            (version, rest)
+        // Each optional field must leave at least one byte of key behind it.
+        let mut rest = Fields(rest);
+        let bad = || TeError::InvalidArgument;
+        let version = if versioned {
+            rest.version().ok_or_else(bad)?
         } else {
-            (Version::ZERO, rest)
+            Version::ZERO
         };
-        let (soft_pin_ttl_ms, key) = if soft_pin {
-            if rest.len() <= CATALOG_RECORD_SOFT_PIN_BYTES {
-                return Err(TeError::InvalidArgument);
-            }
-            let (t, key) = rest.split_at(CATALOG_RECORD_SOFT_PIN_BYTES);
-            (Some(u64_at(t, 0)), key)
+        let soft_pin_ttl_ms = if soft_pin {
+            Some(rest.u64().ok_or_else(bad)?)
         } else {
-            (None, rest)
+            None
         };
-        let len = u64_at(fixed, 0);
-        let key = std::str::from_utf8(key).map_err(|_| TeError::InvalidArgument)?;
-        // The total bound above leaves room for a ttl a record may not carry: bound the key.
-        if len == 0 || key.len() > protocol::limits::KEY_MAX_BYTES {
-            return Err(TeError::InvalidArgument);
+        let kind = match kind {
+            RecordKind::Commit(_) => RecordKind::Commit(rest.version().ok_or_else(bad)?),
+            k => k,
+        };
+        let key = std::str::from_utf8(rest.0).map_err(|_| bad())?;
+        // The total bound above leaves room for fields a record may not carry: bound the key.
+        if len == 0 || key.is_empty() || key.len() > protocol::limits::KEY_MAX_BYTES {
+            return Err(bad());
         }
         Ok(CatalogRecord {
             len,
@@ -247,6 +266,48 @@ impl<'a> CatalogRecord<'a> {
             version,
             kind,
             soft_pin_ttl_ms,
+        })
+    }
+}
+
+impl RecordKind {
+    /// The kind a record's flags name (a commit's provisional version still to be read);
+    /// unknown flags, or two kinds at once, are `InvalidArgument`.
+    fn of_flags(flags: u32) -> Result<RecordKind, TeError> {
+        let known = CATALOG_FLAG_HARD_PIN | CATALOG_FLAG_VERSIONED | CATALOG_FLAG_SOFT_PIN;
+        Ok(match flags & !known {
+            0 => RecordKind::Object,
+            CATALOG_FLAG_TOMBSTONE => RecordKind::Tombstone,
+            CATALOG_FLAG_INTENT => RecordKind::Intent,
+            CATALOG_FLAG_PROVISIONAL => RecordKind::Provisional,
+            CATALOG_FLAG_COMMIT => RecordKind::Commit(Version::ZERO),
+            _ => return Err(TeError::InvalidArgument),
+        })
+    }
+}
+
+/// Little-endian fields read off the front of a record.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    fn version(&mut self) -> Option<Version> {
+        Some(Version {
+            term: self.u64()?,
+            seq: self.u64()?,
         })
     }
 }
@@ -260,6 +321,8 @@ struct Entry {
     version: Version,
     /// Insertion sequence number (see [`Catalog::mark`]).
     seq: u64,
+    /// Bytes whose commit is to come: never listed ([`RecordKind::Provisional`]).
+    provisional: bool,
 }
 
 #[derive(Debug, Default)]
@@ -394,11 +457,13 @@ impl Catalog {
         version: Version,
     ) -> Result<(), TeError> {
         self.settle();
-        self.insert_pinned(addr, len, key, (hard_pin, None), version)
+        self.insert_pinned(addr, len, key, (hard_pin, None), version, false)
     }
 
-    /// [`Catalog::insert`] with the object's pins: hard, and the soft pin's ttl. Refused with
-    /// `ERR_METADATA` when `version` is of a term older than the fence ([`Catalog::fence`]).
+    /// [`Catalog::insert`] with the object's pins: hard, and the soft pin's ttl; or, when
+    /// `provisional`, a provisional entry (no pins), which leaves the key's tombstone alone
+    /// (only a commit says the key is written again). Refused with `ERR_METADATA` when
+    /// `version` is of a term older than the fence ([`Catalog::fence`]).
     fn insert_pinned(
         &self,
         addr: u64,
@@ -406,13 +471,14 @@ impl Catalog {
         key: &str,
         (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
         version: Version,
+        provisional: bool,
     ) -> Result<(), TeError> {
         let mut inner = self.lock();
         if version.term < self.fence.term() {
             return Err(TeError::Metadata);
         }
         inner.remove_overlapping(addr, len, u64::MAX);
-        if inner.tombstones.get(key).is_some_and(|&v| v < version) {
+        if !provisional && inner.tombstones.get(key).is_some_and(|&v| v < version) {
             inner.drop_tombstone(key);
         }
         inner.seq += 1;
@@ -426,9 +492,66 @@ impl Catalog {
                 soft_pin_ttl_ms,
                 version,
                 seq,
+                provisional,
             },
         );
         Ok(())
+    }
+
+    /// The master committed `key` at `version`, and its bytes are those of the provisional
+    /// entry of `key` at exactly `[addr, addr + len)` at version `provisional`: that entry
+    /// becomes the object, with these pins, and keeps its sequence number (it holds the
+    /// same bytes, so a freed notice decided after its bytes came may still drop it). Returns
+    /// whether it was there.
+    ///
+    /// If it is not, something that came after the commit and reached this catalog first
+    /// removed or replaced it: a removal's tombstone, a freed notice, the intent or record of
+    /// a later put into the range (the commit made them possible, and its writer sends this
+    /// record only once the master answered). The object is no longer here, and nothing
+    /// changes. Refused with `ERR_METADATA` when `version` is of a term older than the fence.
+    ///
+    /// Records announced in a same-host ring before it are applied first
+    /// ([`Catalog::settle`]).
+    pub fn commit(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        pins: (bool, Option<u64>),
+        provisional: Version,
+        version: Version,
+    ) -> Result<bool, TeError> {
+        self.settle();
+        self.commit_now(addr, len, key, pins, provisional, version)
+    }
+
+    fn commit_now(
+        &self,
+        addr: u64,
+        len: u64,
+        key: &str,
+        (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
+        provisional: Version,
+        version: Version,
+    ) -> Result<bool, TeError> {
+        let mut inner = self.lock();
+        if version.term < self.fence.term() {
+            return Err(TeError::Metadata);
+        }
+        let Some(e) = inner.by_addr.get_mut(&addr) else {
+            return Ok(false);
+        };
+        if !(e.provisional && e.len == len && &*e.key == key && e.version == provisional) {
+            return Ok(false);
+        }
+        e.provisional = false;
+        e.version = version;
+        e.hard_pin = hard_pin;
+        e.soft_pin_ttl_ms = soft_pin_ttl_ms;
+        if inner.tombstones.get(key).is_some_and(|&v| v < version) {
+            inner.drop_tombstone(key);
+        }
+        Ok(true)
     }
 
     /// Applies a record: an object is inserted, a tombstone buried, an intent drops what its
@@ -463,7 +586,15 @@ impl Catalog {
             }
             RecordKind::Object => {
                 let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
-                self.insert_pinned(addr, rec.len, rec.key, pins, rec.version)
+                self.insert_pinned(addr, rec.len, rec.key, pins, rec.version, false)
+            }
+            RecordKind::Provisional => {
+                self.insert_pinned(addr, rec.len, rec.key, (false, None), rec.version, true)
+            }
+            RecordKind::Commit(provisional) => {
+                let pins = (rec.hard_pin, rec.soft_pin_ttl_ms);
+                self.commit_now(addr, rec.len, rec.key, pins, provisional, rec.version)
+                    .map(|_| ())
             }
         }
     }
@@ -618,15 +749,17 @@ impl Catalog {
         self.each_source(|s| s.settle(self));
     }
 
-    /// The entries starting inside `[base, base + len)`, in address order. Writes announced
-    /// out of band are applied first ([`Catalog::watch`]), so a snapshot never lists an entry
-    /// whose range a same-host writer announced it was writing before the snapshot began.
+    /// The objects starting inside `[base, base + len)`, in address order (provisional
+    /// entries are not objects: module docs). Writes announced out of band are applied first
+    /// ([`Catalog::watch`]), so a snapshot never lists an entry whose range a same-host
+    /// writer announced it was writing before the snapshot began.
     pub fn entries_in(&self, base: u64, len: u64) -> Vec<CatalogEntry> {
         self.apply_pending();
         let end = base.saturating_add(len);
         self.lock()
             .by_addr
             .range(base..end)
+            .filter(|(_, e)| !e.provisional)
             .map(|(&addr, e)| CatalogEntry {
                 addr,
                 len: e.len,
@@ -638,7 +771,7 @@ impl Catalog {
             .collect()
     }
 
-    /// Every entry, in address order.
+    /// Every object, in address order.
     pub fn entries(&self) -> Vec<CatalogEntry> {
         self.entries_in(0, u64::MAX)
     }
@@ -703,7 +836,7 @@ mod tests {
         };
         assert!(bad(&|x| x.truncate(32)), "empty key");
         assert!(bad(&|x| x.truncate(20)), "short version");
-        assert!(bad(&|x| x[8] = 32 | 2), "unknown flag");
+        assert!(bad(&|x| x[8] = 128 | 2), "unknown flag");
         assert!(bad(&|x| x[8] = 4 | 2 | 1), "pinned tombstone");
         assert!(bad(&|x| x[8] = 4), "tombstone without a version");
         assert!(bad(&|x| x[8] = 16), "intent without a version");
@@ -734,9 +867,8 @@ mod tests {
         assert_eq!(
             CatalogRecord::decode(&ok.encode()).map(|r| r.soft_pin_ttl_ms),
             Ok(Some(u64::MAX)),
-            "the longest record decodes"
+            "the longest object record decodes"
         );
-        assert_eq!(ok.encode().len() as u64, CATALOG_RECORD_MAX_BYTES);
         assert_eq!(CatalogRecord::decode(&ok.encode()), Ok(ok));
     }
 
@@ -942,5 +1074,200 @@ mod tests {
         assert_eq!(t.len(), CATALOG_TOMBSTONES_MAX);
         assert!(!t.iter().any(|(k, _)| k == "k0" || k == "k1"));
         assert!(t.iter().any(|(k, _)| k == "k2"));
+    }
+
+    fn provisional(len: u64, key: &str, version: Version) -> CatalogRecord<'_> {
+        CatalogRecord {
+            len,
+            hard_pin: false,
+            key,
+            version,
+            kind: RecordKind::Provisional,
+            soft_pin_ttl_ms: None,
+        }
+    }
+
+    fn commit(len: u64, key: &str, provisional: Version, version: Version) -> CatalogRecord<'_> {
+        CatalogRecord {
+            kind: RecordKind::Commit(provisional),
+            ..CatalogRecord::intent(len, key, version)
+        }
+    }
+
+    #[test]
+    fn provisional_and_commit_records_round_trip_and_bad_ones_are_refused() {
+        let p = provisional(4096, "k", v(3, 4));
+        let b = p.encode();
+        assert_eq!(&b[8..12], &(2u32 | 32).to_le_bytes());
+        assert_eq!(b.len(), 16 + 16 + 1);
+        assert_eq!(CatalogRecord::decode(&b), Ok(p));
+        let c = CatalogRecord {
+            hard_pin: true,
+            soft_pin_ttl_ms: Some(7),
+            ..commit(4096, "k", v(3, 4), v(3, 9))
+        };
+        let cb = c.encode();
+        assert_eq!(&cb[8..12], &(2u32 | 1 | 8 | 64).to_le_bytes());
+        // The version, the soft pin's ttl, then the provisional version, then the key.
+        assert_eq!(&cb[24..32], &9u64.to_le_bytes());
+        assert_eq!(&cb[32..40], &7u64.to_le_bytes());
+        assert_eq!(&cb[40..48], &3u64.to_le_bytes());
+        assert_eq!(&cb[48..56], &4u64.to_le_bytes());
+        assert_eq!(&cb[56..], b"k");
+        assert_eq!(CatalogRecord::decode(&cb), Ok(c));
+        let plain = commit(4096, "k", v(3, 4), v(3, 9));
+        assert_eq!(CatalogRecord::decode(&plain.encode()), Ok(plain));
+        let bad = |x: &[u8], flags: u32| {
+            let mut x = x.to_vec();
+            x[8..12].copy_from_slice(&flags.to_le_bytes());
+            CatalogRecord::decode(&x).is_err()
+        };
+        assert!(bad(&b, 32), "provisional without a version");
+        assert!(bad(&b, 32 | 2 | 1), "pinned provisional");
+        assert!(bad(&b, 32 | 16 | 2), "provisional intent");
+        assert!(bad(&b, 32 | 4 | 2), "provisional tombstone");
+        assert!(bad(&b, 32 | 64 | 2), "provisional commit");
+        assert!(bad(&cb, 64 | 1 | 8), "commit without a version");
+        assert!(bad(&cb, 64 | 4 | 2), "commit tombstone");
+        let short = commit(1, "", v(1, 1), v(1, 2)).encode();
+        assert!(CatalogRecord::decode(&short).is_err(), "commit with no key");
+        assert!(
+            CatalogRecord::decode(&short[..40]).is_err(),
+            "commit short of its provisional version"
+        );
+        // The longest record is a pinned commit of the longest key.
+        let max = "k".repeat(protocol::limits::KEY_MAX_BYTES);
+        let longest = CatalogRecord {
+            soft_pin_ttl_ms: Some(1),
+            ..commit(1, &max, v(1, 1), v(1, 2))
+        };
+        assert_eq!(longest.encode().len() as u64, CATALOG_RECORD_MAX_BYTES);
+        assert_eq!(CatalogRecord::decode(&longest.encode()), Ok(longest));
+    }
+
+    #[test]
+    fn a_provisional_entry_is_not_listed_until_its_exact_commit() {
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        c.apply(10, &provisional(10, "j", v(1, 5))).unwrap();
+        assert!(
+            c.entries().is_empty(),
+            "provisional entries are not objects"
+        );
+        assert_eq!(c.len(), 2);
+        // A commit of another key, length, address or provisional version changes nothing.
+        for (addr, len, key, p) in [
+            (0, 10, "j", v(1, 4)),
+            (0, 9, "k", v(1, 4)),
+            (1, 10, "k", v(1, 4)),
+            (0, 10, "k", v(1, 3)),
+        ] {
+            assert_eq!(
+                c.commit(addr, len, key, (false, None), p, v(1, 9)),
+                Ok(false)
+            );
+        }
+        assert!(c.entries().is_empty());
+        c.apply(0, &commit(10, "k", v(1, 4), v(1, 9))).unwrap();
+        let e = c.entries();
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].addr, &*e[0].key, e[0].version), (0, "k", v(1, 9)));
+        // Twice is once: the entry is no longer provisional.
+        assert_eq!(
+            c.commit(0, 10, "k", (true, None), v(1, 4), v(1, 9)),
+            Ok(false)
+        );
+        assert!(!c.entries()[0].hard_pin);
+        // Pins come with the commit.
+        c.apply(
+            10,
+            &CatalogRecord {
+                hard_pin: true,
+                soft_pin_ttl_ms: Some(0),
+                ..commit(10, "j", v(1, 5), v(1, 10))
+            },
+        )
+        .unwrap();
+        let j = &c.entries()[1];
+        assert_eq!((j.hard_pin, j.soft_pin_ttl_ms), (true, Some(0)));
+    }
+
+    #[test]
+    fn a_late_commit_finds_nothing_once_its_entry_was_removed_or_written_over() {
+        // A removal's tombstone came first (its bytes were removed after the commit).
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        c.bury(0, 10, "k", v(1, 9)).unwrap();
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
+            Ok(false)
+        );
+        assert!(c.is_empty());
+        // A freed notice came first (evicted, the range handed out again).
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        let mark = c.mark();
+        assert_eq!(c.forget(0, 10, mark), 1);
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
+            Ok(false)
+        );
+        assert!(c.is_empty());
+        // A later put's intent came first; its writer then died before its record.
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        c.overwrite(0, 10, "other", v(1, 12));
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
+            Ok(false)
+        );
+        assert!(
+            c.is_empty(),
+            "the late commit must not name the later put's bytes"
+        );
+        // A later put of the same key into the same range, recorded: its entry stays.
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        c.overwrite(0, 10, "k", v(1, 12));
+        c.insert(0, 10, "k", false, v(1, 12)).unwrap();
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
+            Ok(false)
+        );
+        assert_eq!(c.entries()[0].version, v(1, 12));
+    }
+
+    #[test]
+    fn a_commit_is_fenced_and_keeps_the_provisional_entrys_age() {
+        let c = Catalog::new();
+        // A provisional entry leaves the key's tombstone; its commit supersedes an older one.
+        c.bury(0, 10, "k", v(1, 2)).unwrap();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        assert_eq!(c.tombstones().len(), 1);
+        // The entry keeps its sequence number: a freed notice asked for before the commit
+        // (and after the bytes came) still drops the object its range held.
+        let mark = c.mark();
+        c.fence(2);
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
+            Err(TeError::Metadata),
+            "a commit of an ended term"
+        );
+        assert!(c.entries().is_empty());
+        assert_eq!(
+            c.commit(0, 10, "k", (false, None), v(1, 4), v(2, 1)),
+            Ok(true)
+        );
+        assert!(
+            c.tombstones().is_empty(),
+            "the commit supersedes the older removal"
+        );
+        assert_eq!(c.forget(0, 10, mark), 1);
+        assert!(c.is_empty());
+        // A provisional record of an ended term is refused too.
+        assert_eq!(
+            c.apply(0, &provisional(10, "k", v(1, 5))),
+            Err(TeError::Metadata)
+        );
     }
 }
