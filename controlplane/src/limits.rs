@@ -97,3 +97,9 @@ pub const DRAIN_MOVES_PER_SCAN_MAX: usize = 4096;
 
 /// The deadline of an admin drain (`POST /api/v1/drain`) that names none.
 pub const DRAIN_DEADLINE_MS_DEFAULT: u64 = 60_000;
+
+/// How long the master keeps a range reserved for a client's next put that the client has not
+/// committed (`service/reserve.rs`): twice as long as the client may still write into it
+/// (`protocol::limits::RESERVATION_USE_MS`). Its range then stays parked until
+/// `put_start_release_timeout` after it was made.
+pub const RESERVATION_TTL_MS: u64 = 2 * protocol::limits::RESERVATION_USE_MS;

@@ -163,7 +163,7 @@ fn main() {
                 ..replica.clone()
             },
         ],
-        targets: vec![replica],
+        targets: vec![replica.clone()],
         with_hard_pin: false,
         soft_pin_ttl_ms: Some(1000),
     };
@@ -177,9 +177,33 @@ fn main() {
         message: String::new(),
     };
     let mut frames = frames;
+    frames.extend(reserved_put_frames(id, &replica));
     frames.push(answer(FetchTasks::OP, "FetchTasksAnswer", &vec![work]));
     frames.push(answer(QueryTask::OP, "QueryTaskAnswer", &info));
     for (name, bytes) in frames {
         std::fs::write(format!("{dir}/{name}"), bytes).unwrap();
     }
+}
+
+/// A put in one round trip: the reservation, its commit, and the commit's answer (its version
+/// and the next reservation).
+fn reserved_put_frames(id: Uuid, replica: &ReplicaDescriptor) -> Vec<(String, Vec<u8>)> {
+    let committed = ReservedCommit {
+        version: Version { term: 5, seq: 10 },
+        next: Some(replica.clone()),
+    };
+    vec![
+        frame(&ReservePut {
+            client_id: id,
+            size: 4096,
+            segment_name: "127.0.0.1:1".into(),
+        }),
+        frame(&CommitReservedPut {
+            client_id: id,
+            key: "k".into(),
+            reserved: replica.clone(),
+            next_segment: "127.0.0.1:1".into(),
+        }),
+        answer(CommitReservedPut::OP, "CommitReservedPutAnswer", &committed),
+    ]
 }

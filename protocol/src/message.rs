@@ -278,12 +278,23 @@ messages! {
     // and disk, answered): once every owner the term waits for said so, its recovery fence
     // ends early (`docs/ha.md`, "A recovery fence").
     41 ReMountDone { client_id: Uuid } -> ();
+    // A put in one round trip (`docs/recovery.md`, "A put committed after its bytes"): a
+    // range of `size` bytes in the segment named, reserved for one later put of that size
+    // by the client (PROCESSING, with the version its intent and provisional record carry);
+    // and the commit of such a reservation as `key` (first writer wins: OBJECT_ALREADY_EXISTS
+    // leaves the reservation to the client), with the next reservation in `next_segment`
+    // when it is not empty.
+    42 ReservePut { client_id: Uuid, size: u64, segment_name: String } -> ReplicaDescriptor;
+    43 CommitReservedPut { client_id: Uuid, key: String, reserved: ReplicaDescriptor, next_segment: String }
+        -> ReservedCommit;
 }
 
 /// Opcodes whose requests carry no list (everything else is in [`list_bodies`]).
 pub const LISTLESS_OPCODES: &[u16] = &[
     Ping::OP,
     ReMountDone::OP,
+    ReservePut::OP,
+    CommitReservedPut::OP,
     MountSegment::OP,
     UnmountSegment::OP,
     GracefulUnmountSegment::OP,

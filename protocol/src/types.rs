@@ -470,6 +470,19 @@ wire_struct!(UpsertStarted {
     soft_pin_ttl_ms: Option<u64>,
 });
 
+/// Reply to `CommitReservedPut`: the version the key was committed at (the writer's commit
+/// record carries it), and the client's next reservation when it asked for one and the
+/// master could make it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservedCommit {
+    pub version: Version,
+    pub next: Option<ReplicaDescriptor>,
+}
+wire_struct!(ReservedCommit {
+    version: Version,
+    next: Option<ReplicaDescriptor>,
+});
+
 /// Reply to `Ping`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PingResponse {

@@ -6,12 +6,12 @@
 //! tables as they are. Tests decode every reply with the protocol types to hold this to the
 //! format.
 
-use protocol::message::Request;
+use protocol::message::{CommitReservedPut, Request, ReservePut};
 use protocol::tenant::valid_plain_key;
 use protocol::wire::{encode_str, Wire};
 use protocol::{
     ClientStatus, ErrorCode, PingResponse, ReplicaDescriptorRef, ReplicaStatus, ReplicateConfig,
-    Uuid, Version,
+    ReservedCommit, Uuid, Version,
 };
 
 use super::clear::Cleared;
@@ -145,6 +145,8 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             let res = st.graceful_unmount(now, r.client_id, r.segment_id, r.grace_ms);
             m.op(Op::GracefulUnmountSegment, status(out, res));
         }
+        Request::ReservePut(r) => reserve_put(st, m, now, r, out),
+        Request::CommitReservedPut(r) => commit_reserved_put(st, m, now, r, out),
         Request::ServiceReady(_) => {
             0i32.encode(out);
             encode_str(VERSION, out);
@@ -343,6 +345,27 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
             m.batch(BatchOp::ExistKey, r.keys.len() as u64, failed);
         }
     }
+}
+
+/// `ReservePut` (`reserve.rs`).
+fn reserve_put(st: &mut State, m: &Metrics, now: u64, r: ReservePut, out: &mut Vec<u8>) {
+    let res = st.reserve_put(m, now, r.client_id, r.size, &r.segment_name);
+    m.op(Op::ReservePut, res.is_ok());
+    res.encode(out);
+}
+
+/// `CommitReservedPut` (`reserve.rs`).
+fn commit_reserved_put(
+    st: &mut State,
+    m: &Metrics,
+    now: u64,
+    r: CommitReservedPut,
+    out: &mut Vec<u8>,
+) {
+    let res = st.commit_reserved_put(m, now, r.client_id, r.key, &r.reserved, &r.next_segment);
+    m.op(Op::CommitReservedPut, res.is_ok());
+    res.map(|(version, next)| ReservedCommit { version, next })
+        .encode(out);
 }
 
 /// The answer to a started put (`Vec<ReplicaDescriptor>`) or upsert (`UpsertStarted`: the

@@ -35,9 +35,11 @@ pub enum Op {
     QueryTask,
     FetchTasks,
     CompleteTask,
+    ReservePut,
+    CommitReservedPut,
 }
 
-const OP_NAMES: [(&str, &str); 23] = [
+const OP_NAMES: [(&str, &str); 25] = [
     ("put_start", "PutStart"),
     ("put_end", "PutEnd"),
     ("put_revoke", "PutRevoke"),
@@ -61,6 +63,8 @@ const OP_NAMES: [(&str, &str); 23] = [
     ("query_task", "QueryTask"),
     ("fetch_tasks", "FetchTasks"),
     ("mark_task_to_complete", "MarkTaskToComplete"),
+    ("reserve_put", "ReservePut"),
+    ("commit_reserved_put", "CommitReservedPut"),
 ];
 
 /// Batch operations, in `BATCH_NAMES` order.
@@ -198,6 +202,11 @@ pub struct Metrics {
     /// Starts its own writer sent again while the put was in flight: answered with the same
     /// allocation.
     pub put_start_retries: AtomicU64,
+    /// Puts in one round trip (`reserve.rs`): ranges reserved, reservations committed as a
+    /// key, and commits refused because the key existed (the reservation stays).
+    pub reservations_made: AtomicU64,
+    pub reservations_committed: AtomicU64,
+    pub reservations_refused: AtomicU64,
     pub expired_clients: AtomicU64,
     pub quarantined_clients: AtomicU64,
     pub unquarantined_clients: AtomicU64,
@@ -227,6 +236,8 @@ pub struct Gauges {
     /// Segments draining (`drain.rs`) and fresh ones still in their admission ramp.
     pub draining_segments: u64,
     pub ramping_segments: u64,
+    /// Bytes reserved for clients' next puts (`reserve.rs`).
+    pub reserved_bytes: u64,
     /// Registered owners the current HA term still waits for (`owners.rs`).
     pub owners_awaited: u64,
     /// The disk tier (`offload.rs`).
@@ -293,6 +304,7 @@ impl Metrics {
         render_gauges(&mut s, g);
         render_tier(&mut s, &g.tier);
         self.render_counters(&mut s);
+        self.render_reservation_counters(&mut s);
         self.render_drain_counters(&mut s);
         self.render_ops(&mut s);
         self.render_hists(&mut s);
@@ -322,6 +334,30 @@ impl Metrics {
                 "master_drain_replicas_detached_total",
                 "Replicas dropped off draining segments because their object had a copy elsewhere",
                 &self.drain_replicas_detached,
+            ),
+        ];
+        for (name, help, v) in counters {
+            metric(s, name, help, "counter", Self::get(v));
+        }
+    }
+
+    /// The counters of puts committed in one round trip (`reserve.rs`).
+    fn render_reservation_counters(&self, s: &mut String) {
+        let counters: [(&str, &str, &AtomicU64); 3] = [
+            (
+                "master_put_reservations_total",
+                "Ranges reserved for a client's next put of a size (puts committed in one round trip)",
+                &self.reservations_made,
+            ),
+            (
+                "master_put_reservations_committed_total",
+                "Reserved ranges committed as a key (a put in one round trip)",
+                &self.reservations_committed,
+            ),
+            (
+                "master_put_reservations_refused_total",
+                "Commits of a reserved range refused because the key existed (first writer wins)",
+                &self.reservations_refused,
             ),
         ];
         for (name, help, v) in counters {
@@ -462,7 +498,7 @@ impl Metrics {
 
 /// The master's own gauges: keys, memory, clients, segments, owners awaited.
 fn render_gauges(s: &mut String, g: &Gauges) {
-    let gauges: [(&str, &str, u64); 10] = [
+    let gauges: [(&str, &str, u64); 11] = [
         (
             "master_key_count",
             "Total number of keys managed by the master",
@@ -507,6 +543,11 @@ fn render_gauges(s: &mut String, g: &Gauges) {
             "master_ramping_segments",
             "Freshly mounted segments whose share of new replicas is still ramping up",
             g.ramping_segments,
+        ),
+        (
+            "master_put_reserved_bytes",
+            "Bytes reserved for clients' next puts (puts committed in one round trip)",
+            g.reserved_bytes,
         ),
         (
             "master_owners_awaited",

@@ -50,6 +50,10 @@ pub mod quota;
 mod quota_tests;
 mod record;
 pub mod removals;
+mod reserve;
+#[cfg(test)]
+#[path = "tests/reserve.rs"]
+mod reserve_tests;
 mod segments;
 mod tasks;
 #[cfg(test)]
@@ -264,6 +268,8 @@ pub(crate) struct State {
     /// The first tick of this state (a master's start, an HA term's): until `client_ttl`
     /// after it, owners of the previous state may still be re-mounting (`drain.rs`).
     pub first_tick_ms: u64,
+    /// Ranges reserved for clients' next puts, by client (`reserve.rs`).
+    pub reservations: FastMap<Uuid, Vec<reserve::Reservation>>,
     /// Whether an owner re-mounted segments to this state (`ReMountSegment`) with something
     /// from before (a memory segment, or objects; not an empty disk): without HA, the sign
     /// that this master restarted and others may follow.
@@ -313,6 +319,7 @@ impl State {
             ramps_until_ms: 0,
             next_drain_scan_ms: 0,
             first_tick_ms: 0,
+            reservations: FastMap::default(),
             remounted: false,
         }
     }
@@ -651,6 +658,7 @@ impl MasterService {
             st.next_stale_scan_ms = now + STALE_PUT_SCAN_INTERVAL_MS;
         }
         st.expire_tasks(now);
+        st.expire_reservations(now);
         st.release_zombies(m, now);
         st.objects.sweep_writers();
         st.maybe_evict(m, now);
@@ -676,6 +684,7 @@ impl MasterService {
             quarantined_segments: st.quarantined_segments() as u64,
             draining_segments: st.draining_segments() as u64,
             ramping_segments: st.segs.iter().filter(|s| s.ramp.is_some()).count() as u64,
+            reserved_bytes: st.reserved_bytes(),
             owners_awaited: st.owners.awaited(now) as u64,
             tier: st.tier_gauges(),
         }

@@ -74,6 +74,30 @@ impl State {
         Ok(got)
     }
 
+    /// One replica of `size` bytes in segment `seg` only (a reservation, `reserve.rs`),
+    /// evicting to make room as [`State::place`] does.
+    pub(crate) fn place_in(
+        &mut self,
+        m: &Metrics,
+        now: u64,
+        seg: SegRef,
+        size: u64,
+    ) -> Result<Replica, ErrorCode> {
+        let mut got = Vec::with_capacity(1);
+        self.try_segment(seg, size, &mut got, false);
+        if got.is_empty() && self.segs.get(seg).is_some_and(|s| s.size >= size) {
+            if self.evict(m, now, size) > 0 {
+                self.try_segment(seg, size, &mut got, false);
+            }
+            if got.is_empty() {
+                self.need_eviction = true;
+            }
+        }
+        let placed = got.pop().ok_or(ErrorCode::NoAvailableHandle)?;
+        self.count_placed(std::slice::from_ref(&placed));
+        Ok(placed)
+    }
+
     /// Counts placed replicas for the admission ramps.
     fn count_placed(&mut self, got: &[Replica]) {
         self.placed_replicas += got.len() as u64;

@@ -558,6 +558,7 @@ impl State {
             }
         }
         self.zombies.retain(|z| z.seg != r);
+        self.drop_reservations_in(r);
         if seg.alloc.used_bytes() == 0 {
             return;
         }

@@ -159,7 +159,9 @@ fn for_each_key(req: &mut Request, mut f: impl FnMut(&mut String)) {
         Request::KeepRemoved(r) => r.keys.iter_mut().for_each(&mut f),
         Request::CreateCopyTask(r) => f(&mut r.key),
         Request::CreateMoveTask(r) => f(&mut r.key),
-        Request::Ping(_)
+        Request::CommitReservedPut(r) => f(&mut r.key),
+        Request::ReservePut(_)
+        | Request::Ping(_)
         | Request::MountSegment(_)
         | Request::ReMountSegment(_)
         | Request::ReMountDone(_)
