@@ -29,17 +29,19 @@
 //! Offer (24 bytes, little-endian)
 //!  0               4               8                               16                              24
 //!  | magic "MCSH"  | version       | base (u64): the exporter's address of the segment | len (u64) |
+//!  version 5: as 4, and the ring also takes provisional records and their commits (a put
+//!  committed in one round trip, `recovery::catalog`);
 //!  version 4: the exporter sends a write page and an announcement ring next and reads
 //!  intents and records from the ring (the socket carries only wake-ups); 3: a write page
 //!  next, intents on the socket, records over TCP; 2: intents on the socket, no write page
 //!  (unfenced); 1: neither (the importer announces nothing)
 //!
-//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3
-//! or 4 offer
+//! Write page message (8 bytes, little-endian), its memfd attached, right after a version 3,
+//! 4 or 5 offer
 //!  | magic "MCSP"  | page bytes (u32) = `inflight::WRITE_PAGE_BYTES` |
 //!
 //! Announcement ring message (8 bytes, little-endian), its memfd attached, right after a
-//! version 4 offer's write page message
+//! version 4 or 5 offer's write page message
 //!  | magic "MCSR"  | ring bytes (u32) = `limits::SHM_RING_MEMFD_BYTES` |
 //!
 //! Announcement (little-endian), importer -> exporter, any number back to back, in the ring
@@ -47,8 +49,9 @@
 //!  0               4                   8                       16
 //!  | magic "MCSW"  | record_len (u32)  | addr (u64)            | record (record_len bytes) |
 //!  record: a versioned catalog record (`recovery::catalog`) of kind INTENT (the object's
-//!  length, the put's key and version) or, version 4 only, an object record (its length, key,
-//!  version and pins); record_len 1 ..= CATALOG_RECORD_MAX_BYTES
+//!  length, the put's key and version) or, versions 4 and 5, an object record (its length,
+//!  key, version and pins), or, version 5 only, a provisional record or a commit;
+//!  record_len 1 ..= CATALOG_RECORD_MAX_BYTES
 //! ```
 //!
 //! Why intents, and why records here too: `announce`, where the importers' announcements are
@@ -108,8 +111,11 @@ pub use ring::Ring;
 /// Offer magic, the bytes `MCSH` on the wire.
 pub const OFFER_MAGIC: u32 = u32::from_le_bytes(*b"MCSH");
 /// The offer version of an exporter that sends a write page and an announcement ring and
-/// reads intents and records from the ring.
-pub const OFFER_VERSION: u32 = 4;
+/// reads intents, records, and provisional records and their commits from the ring.
+pub const OFFER_VERSION: u32 = 5;
+/// The offer version of an exporter that reads intents and records from the ring, but not
+/// provisional records (still understood).
+pub const OFFER_VERSION_NO_COMMITS: u32 = 4;
 /// The offer version of an exporter that reads write intents (records go over TCP) and sends
 /// a write page (still understood).
 pub const OFFER_VERSION_NO_RECORDS: u32 = 3;
@@ -194,7 +200,7 @@ pub fn export_segment(
     let offer = Offer {
         base: segment.addr() as u64,
         len: segment.len() as u64,
-        guards: Guards::Records,
+        guards: Guards::Commits,
     };
     match ShmExport::start(endpoint, fd, offer, Some(memory.clone())) {
         Ok(e) => Some(e),
@@ -240,6 +246,9 @@ pub enum Guards {
     /// The write page and an announcement ring, which carries the intents and each object's
     /// record once its bytes are in (version 4).
     Records,
+    /// As `Records`, and the ring also takes provisional records and their commits (a put
+    /// committed in one round trip, `recovery::catalog`) (version 5).
+    Commits,
 }
 
 impl Guards {
@@ -250,13 +259,21 @@ impl Guards {
 
     /// A write page follows the offer.
     pub fn page(self) -> bool {
-        matches!(self, Guards::IntentsAndPage | Guards::Records)
+        matches!(
+            self,
+            Guards::IntentsAndPage | Guards::Records | Guards::Commits
+        )
     }
 
     /// An announcement ring follows the write page, and carries the intents and each
     /// object's record (not over TCP).
     pub fn records(self) -> bool {
-        self == Guards::Records
+        matches!(self, Guards::Records | Guards::Commits)
+    }
+
+    /// The ring takes provisional records and their commits too.
+    pub fn commits(self) -> bool {
+        self == Guards::Commits
     }
 
     fn version(self) -> u32 {
@@ -264,7 +281,8 @@ impl Guards {
             Guards::None => OFFER_VERSION_NO_INTENTS,
             Guards::Intents => OFFER_VERSION_NO_PAGE,
             Guards::IntentsAndPage => OFFER_VERSION_NO_RECORDS,
-            Guards::Records => OFFER_VERSION,
+            Guards::Records => OFFER_VERSION_NO_COMMITS,
+            Guards::Commits => OFFER_VERSION,
         }
     }
 }
@@ -289,7 +307,8 @@ impl Offer {
             return Err("bad offer magic");
         }
         let guards = match u32_at(4) {
-            OFFER_VERSION => Guards::Records,
+            OFFER_VERSION => Guards::Commits,
+            OFFER_VERSION_NO_COMMITS => Guards::Records,
             OFFER_VERSION_NO_RECORDS => Guards::IntentsAndPage,
             OFFER_VERSION_NO_PAGE => Guards::Intents,
             OFFER_VERSION_NO_INTENTS => Guards::None,
@@ -337,7 +356,7 @@ impl ShmExport {
         listener.set_nonblocking(true)?;
         let fd = fd.try_clone_to_owned()?;
         offer.guards = match memory {
-            Some(_) => Guards::Records,
+            Some(_) => Guards::Commits,
             None => Guards::None,
         };
         let importers = Arc::new(Importers {
@@ -542,12 +561,13 @@ fn check_sealed(fd: BorrowedFd<'_>) -> io::Result<()> {
     ))
 }
 
-/// Receives the write page that follows a version 3 or 4 offer, and maps it.
+/// Receives the write page that follows a version 3, 4 or 5 offer, and maps it.
 fn recv_page(conn: &UnixStream) -> io::Result<WritePage> {
     WritePage::map(&recv_guard(conn, page_message(), "write page")?)
 }
 
-/// Receives the announcement ring that follows a version 4 offer's write page, and maps it.
+/// Receives the announcement ring that follows a version 4 or 5 offer's write page, and maps
+/// it.
 fn recv_ring(conn: &UnixStream) -> io::Result<Ring> {
     Ring::map(&recv_guard(conn, ring_message(), "announcement ring")?)
 }
@@ -579,7 +599,7 @@ pub struct ShmMapping {
     sending: Mutex<()>,
     /// The ring our announcements go in (an exporter of offer version 4).
     ring: Option<Ring>,
-    /// The exporter's write page for our copies (an exporter of offer version 3 or 4).
+    /// The exporter's write page for our copies (an exporter of offer version 3, 4 or 5).
     writes: Option<WritePage>,
 }
 
@@ -719,6 +739,12 @@ impl ShmMapping {
     /// Whether the exporter takes object records in our ring (offer version 4).
     pub fn takes_records(&self) -> bool {
         self.ring.is_some()
+    }
+
+    /// Whether the exporter also takes provisional records and their commits in our ring
+    /// (offer version 5; [`ShmMapping::send_records`] sends them as any record).
+    pub fn takes_commits(&self) -> bool {
+        self.takes_records() && self.offer().guards.commits()
     }
 
     /// Publishes the records of objects whose bytes are all in, each `(addr, encoded

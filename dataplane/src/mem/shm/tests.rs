@@ -47,10 +47,17 @@ fn offers_round_trip_and_bad_ones_are_refused() {
     let o = Offer {
         base: 0x7f00_0000_0000,
         len: 1 << 30,
-        guards: Guards::Records,
+        guards: Guards::Commits,
     };
-    assert_eq!(&o.encode()[4..8], &4u32.to_le_bytes());
+    assert_eq!(&o.encode()[4..8], &5u32.to_le_bytes());
     assert_eq!(Offer::decode(&o.encode()), Ok(o));
+    let v4 = Offer {
+        guards: Guards::Records,
+        ..o
+    };
+    assert_eq!(&v4.encode()[4..8], &4u32.to_le_bytes());
+    assert_eq!(Offer::decode(&v4.encode()), Ok(v4));
+    assert!(v4.guards.records() && !v4.guards.commits() && o.guards.commits());
     let v3 = Offer {
         guards: Guards::IntentsAndPage,
         ..o
@@ -73,7 +80,7 @@ fn offers_round_trip_and_bad_ones_are_refused() {
     bad[0] ^= 1;
     assert!(Offer::decode(&bad).is_err());
     let mut bad = o.encode();
-    bad[4] = 5;
+    bad[4] = 6;
     assert!(Offer::decode(&bad).is_err());
     assert!(Offer::decode(&o.encode()[..23]).is_err());
     let wraps = Offer {
@@ -238,7 +245,7 @@ fn records_in_the_ring_come_before_what_reaches_the_catalog_later() {
     let v = |term, seq| Version { term, seq };
     let keys = || -> Vec<String> { catalog.entries().into_iter().map(|e| e.key).collect() };
     let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
-    assert!(m.takes_records() && m.offer().guards.page());
+    assert!(m.takes_records() && m.takes_commits() && m.offer().guards.page());
 
     // A removal's tombstone after the record: the key is gone, and stays gone.
     send_record(&m, base, "removed", v(1, 1));
@@ -276,6 +283,53 @@ fn records_in_the_ring_come_before_what_reaches_the_catalog_later() {
     send_record(&m, base + 16384, "last", v(2, 2));
     assert_eq!(keys(), ["newer", "acknowledged", "last"]);
     assert!(m.exporter_alive());
+    drop(export);
+}
+
+/// A put committed in one round trip: its provisional record and, once the master answered,
+/// its commit, both in the ring. The provisional entry is not listed; the commit makes it the
+/// object. A commit that comes after a removal or a later put's intent reached the catalog
+/// another way finds nothing: the late commit never names bytes that are not its own.
+#[test]
+fn provisional_records_and_their_commits_travel_the_ring_in_order() {
+    let (seg, memory, endpoint, export) = served_export("commits");
+    let base = seg.addr() as u64;
+    let catalog = memory.catalog();
+    let v = |term, seq| Version { term, seq };
+    let keys = || -> Vec<String> { catalog.entries().into_iter().map(|e| e.key).collect() };
+    let m = ShmMapping::import(&endpoint).unwrap().expect("same host");
+    assert!(m.takes_commits());
+    let send = |addr: u64, key: &str, kind: RecordKind, version: Version| {
+        let rec = CatalogRecord {
+            len: 4096,
+            hard_pin: false,
+            key,
+            version,
+            kind,
+            soft_pin_ttl_ms: None,
+        };
+        m.send_records(&[(addr, &rec.encode())]).unwrap();
+    };
+    send(base, "k", RecordKind::Provisional, v(1, 1));
+    assert_eq!(
+        keys(),
+        Vec::<String>::new(),
+        "not an object before its commit"
+    );
+    send(base, "k", RecordKind::Commit(v(1, 1)), v(1, 5));
+    assert_eq!(keys(), ["k"]);
+    assert_eq!(catalog.entries()[0].version, v(1, 5));
+    // Removed over TCP before the commit arrived: the commit finds nothing.
+    send(base + 4096, "gone", RecordKind::Provisional, v(1, 2));
+    catalog.bury(base + 4096, 4096, "gone", v(1, 6)).unwrap();
+    send(base + 4096, "gone", RecordKind::Commit(v(1, 2)), v(1, 6));
+    // A later put's intent over the range came first, its writer died: nothing over its bytes.
+    send(base + 8192, "late", RecordKind::Provisional, v(1, 3));
+    let intent = CatalogRecord::intent(4096, "overwriter", v(1, 8)).encode();
+    memory.catalog_put(base + 8192, &intent).unwrap();
+    send(base + 8192, "late", RecordKind::Commit(v(1, 3)), v(1, 7));
+    assert_eq!(keys(), ["k"]);
+    assert!(m.exporter_alive(), "the importer is kept");
     drop(export);
 }
 
