@@ -196,13 +196,13 @@ fn reserved_put_frames(id: Uuid, replica: &ReplicaDescriptor) -> Vec<(String, Ve
         frame(&ReservePut {
             client_id: id,
             size: 4096,
-            segment_name: "127.0.0.1:1".into(),
+            host_id: "127.0.0.1".into(),
         }),
         frame(&CommitReservedPut {
             client_id: id,
             key: "k".into(),
             reserved: replica.clone(),
-            next_segment: "127.0.0.1:1".into(),
+            next_host_id: "127.0.0.1".into(),
         }),
         answer(CommitReservedPut::OP, "CommitReservedPutAnswer", &committed),
     ]

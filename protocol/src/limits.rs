@@ -24,14 +24,18 @@ pub const TASKS_PER_FETCH_MAX: usize = 16;
 pub const TASK_TARGETS_MAX: usize = 64;
 
 /// Largest put committed in one round trip (`ReservePut`): small puts are the ones whose
-/// time is the master's round trips; a larger one takes the two-call path.
-pub const RESERVED_PUT_MAX_BYTES: u64 = 1 << 20;
+/// time is the master's round trips (a larger one's is its copy, and takes the two-call
+/// path); with [`RESERVATIONS_PER_CLIENT_MAX`] it bounds what one client holds reserved at
+/// 16 MiB.
+pub const RESERVED_PUT_MAX_BYTES: u64 = 256 << 10;
 /// Most reservations one client holds at once (one per size it puts, and one per put of that
 /// size in flight at the same time).
 pub const RESERVATIONS_PER_CLIENT_MAX: usize = 64;
 /// How long after asking for a reservation its client may still write into it; the master
-/// keeps it twice as long, then parks its range for `put_start_release_timeout`.
-pub const RESERVATION_USE_MS: u64 = 5_000;
+/// keeps it twice as long, then parks its range until `put_start_release_timeout` after it
+/// was made. Long enough that a client putting a size every few seconds keeps reusing its
+/// ranges rather than leaving one parked per put.
+pub const RESERVATION_USE_MS: u64 = 30_000;
 
 const _: () = assert!(KEY_MAX_BYTES <= STRING_MAX_BYTES);
 const _: () = assert!(PING_FREED_RANGES_MAX * 16 < FRAME_PAYLOAD_MAX_BYTES);

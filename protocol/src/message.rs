@@ -279,13 +279,13 @@ messages! {
     // ends early (`docs/ha.md`, "A recovery fence").
     41 ReMountDone { client_id: Uuid } -> ();
     // A put in one round trip (`docs/recovery.md`, "A put committed after its bytes"): a
-    // range of `size` bytes in the segment named, reserved for one later put of that size
-    // by the client (PROCESSING, with the version its intent and provisional record carry);
-    // and the commit of such a reservation as `key` (first writer wins: OBJECT_ALREADY_EXISTS
-    // leaves the reservation to the client), with the next reservation in `next_segment`
-    // when it is not empty.
-    42 ReservePut { client_id: Uuid, size: u64, segment_name: String } -> ReplicaDescriptor;
-    43 CommitReservedPut { client_id: Uuid, key: String, reserved: ReplicaDescriptor, next_segment: String }
+    // range of `size` bytes in a memory segment of host `host_id` (the client's), reserved
+    // for one later put of that size by the client (PROCESSING, with the version its intent
+    // and provisional record carry); and the commit of such a reservation as `key` (first
+    // writer wins: OBJECT_ALREADY_EXISTS leaves the reservation to the client), with the next
+    // reservation on `next_host_id` when it is not empty.
+    42 ReservePut { client_id: Uuid, size: u64, host_id: String } -> ReplicaDescriptor;
+    43 CommitReservedPut { client_id: Uuid, key: String, reserved: ReplicaDescriptor, next_host_id: String }
         -> ReservedCommit;
 }
 

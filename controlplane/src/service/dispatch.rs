@@ -349,7 +349,7 @@ pub(crate) fn run(st: &mut State, m: &Metrics, now: u64, req: Request, out: &mut
 
 /// `ReservePut` (`reserve.rs`).
 fn reserve_put(st: &mut State, m: &Metrics, now: u64, r: ReservePut, out: &mut Vec<u8>) {
-    let res = st.reserve_put(m, now, r.client_id, r.size, &r.segment_name);
+    let res = st.reserve_put(m, now, r.client_id, r.size, &r.host_id);
     m.op(Op::ReservePut, res.is_ok());
     res.encode(out);
 }
@@ -362,7 +362,7 @@ fn commit_reserved_put(
     r: CommitReservedPut,
     out: &mut Vec<u8>,
 ) {
-    let res = st.commit_reserved_put(m, now, r.client_id, r.key, &r.reserved, &r.next_segment);
+    let res = st.commit_reserved_put(m, now, r.client_id, r.key, &r.reserved, &r.next_host_id);
     m.op(Op::CommitReservedPut, res.is_ok());
     res.map(|(version, next)| ReservedCommit { version, next })
         .encode(out);

@@ -269,7 +269,7 @@ pub(crate) struct State {
     /// after it, owners of the previous state may still be re-mounting (`drain.rs`).
     pub first_tick_ms: u64,
     /// Ranges reserved for clients' next puts, by client (`reserve.rs`).
-    pub reservations: FastMap<Uuid, Vec<reserve::Reservation>>,
+    pub reservations: reserve::Reservations,
     /// Whether an owner re-mounted segments to this state (`ReMountSegment`) with something
     /// from before (a memory segment, or objects; not an empty disk): without HA, the sign
     /// that this master restarted and others may follow.
@@ -319,7 +319,7 @@ impl State {
             ramps_until_ms: 0,
             next_drain_scan_ms: 0,
             first_tick_ms: 0,
-            reservations: FastMap::default(),
+            reservations: Default::default(),
             remounted: false,
         }
     }

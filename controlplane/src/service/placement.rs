@@ -74,20 +74,27 @@ impl State {
         Ok(got)
     }
 
-    /// One replica of `size` bytes in segment `seg` only (a reservation, `reserve.rs`),
-    /// evicting to make room as [`State::place`] does.
-    pub(crate) fn place_in(
+    /// One replica of `size` bytes in a memory segment of host `host` (a reservation,
+    /// `reserve.rs`), chosen by the strategy among them as [`State::place`] chooses among all,
+    /// admission ramps included, and evicting as it does when none has room (a full pool is a
+    /// cache's steady state; its puts make room this way).
+    pub(crate) fn place_on_host(
         &mut self,
         m: &Metrics,
         now: u64,
-        seg: SegRef,
         size: u64,
+        host: &str,
     ) -> Result<Replica, ErrorCode> {
+        if self.segs.live.is_empty() {
+            return Err(ErrorCode::NoAvailableHandle);
+        }
         let mut got = Vec::with_capacity(1);
-        self.try_segment(seg, size, &mut got, false);
-        if got.is_empty() && self.segs.get(seg).is_some_and(|s| s.size >= size) {
+        self.walk_host(now, size, host, &mut got);
+        let could_hold =
+            |s: &Seg| s.host_id == host && s.writable() && !s.is_disk() && s.size >= size;
+        if got.is_empty() && self.segs.iter().any(could_hold) {
             if self.evict(m, now, size) > 0 {
-                self.try_segment(seg, size, &mut got, false);
+                self.walk_host(now, size, host, &mut got);
             }
             if got.is_empty() {
                 self.need_eviction = true;
@@ -96,6 +103,16 @@ impl State {
         let placed = got.pop().ok_or(ErrorCode::NoAvailableHandle)?;
         self.count_placed(std::slice::from_ref(&placed));
         Ok(placed)
+    }
+
+    /// [`State::walk`] over host `host`'s segments, past the ramps' caps if nothing else has
+    /// room (as [`State::try_place`]).
+    fn walk_host(&mut self, now: u64, size: u64, host: &str, got: &mut Vec<Replica>) {
+        let caps = self.ramp_caps(now);
+        self.walk(size, 1, &caps, Some(host), got);
+        if got.is_empty() && caps.any() {
+            self.walk(size, 1, &RampCaps::default(), Some(host), got);
+        }
     }
 
     /// Counts placed replicas for the admission ramps.
@@ -183,18 +200,26 @@ impl State {
             return got;
         }
         let caps = self.ramp_caps(now);
-        self.walk(size, want, &caps, &mut got);
+        self.walk(size, want, &caps, None, &mut got);
         if got.len() < want && caps.any() {
             // Nothing else had room: a ramp limits a share, it never refuses. The same walk
             // with no cap (segments already chosen are skipped).
-            self.walk(size, want, &RampCaps::default(), &mut got);
+            self.walk(size, want, &RampCaps::default(), None, &mut got);
         }
         got
     }
 
-    /// The strategy's walk over the mounted segments but those `caps` caps, adding to `got`
-    /// up to `want` replicas.
-    fn walk(&mut self, size: u64, want: usize, caps: &RampCaps, got: &mut Vec<Replica>) {
+    /// The strategy's walk over the mounted segments (only those of host `host` when given)
+    /// but those `caps` caps, adding to `got` up to `want` replicas.
+    fn walk(
+        &mut self,
+        size: u64,
+        want: usize,
+        caps: &RampCaps,
+        host: Option<&str>,
+        got: &mut Vec<Replica>,
+    ) {
+        let skip = |s: &Seg| caps.caps(s) || host.is_some_and(|h| s.host_id != h);
         let n = self.segs.live.len();
         // Random walks `live` from a random start without allocating; FreeRatioFirst sorts.
         let (start, sorted) = match self.cfg.allocation_strategy {
@@ -203,7 +228,7 @@ impl State {
                 let mut v: Vec<(f64, u32)> = self
                     .segs
                     .iter_indexed()
-                    .filter(|(_, s)| !s.is_disk() && !caps.caps(s))
+                    .filter(|(_, s)| !s.is_disk() && !skip(s))
                     .map(|(i, s)| {
                         let free = s.size - s.alloc.used_bytes();
                         (free as f64 / s.size as f64, i)
@@ -223,7 +248,7 @@ impl State {
                 return;
             }
             let r = nth(&self.segs, k);
-            if !self.segs.get(r).is_some_and(|s| caps.caps(s)) {
+            if self.segs.get(r).is_some_and(|s| !skip(s)) {
                 skipped_for_host |= !self.try_segment(r, size, got, true);
             }
         }
@@ -233,7 +258,7 @@ impl State {
                     break;
                 }
                 let r = nth(&self.segs, k);
-                if !self.segs.get(r).is_some_and(|s| caps.caps(s)) {
+                if self.segs.get(r).is_some_and(|s| !skip(s)) {
                     self.try_segment(r, size, got, false);
                 }
             }

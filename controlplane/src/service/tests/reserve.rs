@@ -10,19 +10,21 @@ use protocol::*;
 use super::*;
 use crate::limits::RESERVATION_TTL_MS;
 use crate::model::T;
+use crate::view::AdminView;
 
 const MIB: u64 = 1 << 20;
 const C1: Uuid = Uuid { hi: 1, lo: 1 };
 const C2: Uuid = Uuid { hi: 2, lo: 2 };
 
 impl T {
-    fn reserve(&self, client: Uuid, size: u64, seg: &str) -> Result<ReplicaDescriptor, ErrorCode> {
+    /// A reservation on the host of the segments mounted as `host` (see `mount_named`).
+    fn reserve(&self, client: Uuid, size: u64, host: &str) -> Result<ReplicaDescriptor, ErrorCode> {
         self.call(
             Request::ReservePut,
             ReservePut {
                 client_id: client,
                 size,
-                segment_name: seg.into(),
+                host_id: host.into(),
             },
         )
     }
@@ -40,7 +42,7 @@ impl T {
                 client_id: client,
                 key: key.into(),
                 reserved: reserved.clone(),
-                next_segment: next.into(),
+                next_host_id: next.into(),
             },
         )
     }
@@ -50,7 +52,10 @@ impl T {
             .map(|l| l.replicas)
     }
 
+    /// Mounts segment `name` on host `name` (its own host, so that a reservation on host
+    /// `name` lands in it), or, as `name@host`, on `host`.
     fn mount_named(&self, n: u64, name: &str, size: u64) {
+        let (name, host) = name.split_once('@').unwrap_or((name, name));
         self.call(
             Request::MountSegment,
             MountSegment {
@@ -62,7 +67,7 @@ impl T {
                     size,
                     te_endpoint: format!("{name}-te"),
                     protocol: "tcp".into(),
-                    host_id: format!("host{n}"),
+                    host_id: host.into(),
                     ..Default::default()
                 },
             },
@@ -106,7 +111,10 @@ fn a_reserved_range_is_nobodys_until_committed_in_one_call() {
     assert_eq!((next.segment_name.as_str(), next.size), ("b", 4096));
     assert_ne!(next.buffer_address, r.buffer_address);
     assert_eq!(t.gauge_reserved(), 4096);
-    // A reservation commits once; another client cannot commit it.
+    // A commit sent again (its answer lost) is answered as the first was; as another key,
+    // or by another client, it commits nothing.
+    let again = t.commit(C1, "k", &r, "b").unwrap();
+    assert_eq!((again.version, again.next), (c.version, None));
     assert_eq!(t.commit(C1, "k2", &r, ""), Err(ErrorCode::ObjectNotFound));
     assert_eq!(
         t.commit(C2, "k2", &next, ""),
@@ -160,19 +168,34 @@ fn bad_reservations_are_refused() {
         t.reserve(C1, RESERVED_PUT_MAX_BYTES + 1, "a"),
         Err(ErrorCode::InvalidParams)
     );
-    assert_eq!(t.reserve(C1, 4096, "nope"), Err(ErrorCode::SegmentNotFound));
+    assert_eq!(t.reserve(C1, 4096, ""), Err(ErrorCode::InvalidParams));
+    assert_eq!(
+        t.reserve(C1, 4096, "nope"),
+        Err(ErrorCode::NoAvailableHandle),
+        "no segment on that host"
+    );
     for _ in 0..RESERVATIONS_PER_CLIENT_MAX {
         t.reserve(C1, 4096, "a").unwrap();
     }
     assert_eq!(t.reserve(C1, 4096, "a"), Err(ErrorCode::NoAvailableHandle));
     assert!(t.reserve(C2, 4096, "a").is_ok(), "the bound is per client");
-    // A full segment: no room (and nothing to evict).
-    t.mount_named(2, "small", MIB);
-    t.reserve(C2, MIB, "small").unwrap();
+    // A full host, nothing on it evictable (hard-pinned): no room.
+    t.mount_named(2, "small", 2 * RESERVED_PUT_MAX_BYTES);
+    t.put_cfg(
+        "filler",
+        RESERVED_PUT_MAX_BYTES,
+        ReplicateConfig {
+            preferred_segment: "small".into(),
+            with_hard_pin: true,
+            ..Default::default()
+        },
+    );
+    t.reserve(C2, RESERVED_PUT_MAX_BYTES, "small").unwrap();
     assert_eq!(
         t.reserve(C2, 4096, "small"),
         Err(ErrorCode::NoAvailableHandle)
     );
+    assert!(t.exist("filler"));
     // A forged reservation (wrong address, size or version) commits nothing.
     let r = t.reserve(C2, 4096, "a").unwrap();
     for forged in [
@@ -246,4 +269,83 @@ fn reservations_go_with_their_segment_and_their_master() {
     t.mount_named(1, "a", 64 * MIB);
     assert_eq!(t.commit(C1, "k", &r, ""), Err(ErrorCode::ObjectNotFound));
     assert_eq!(t.gauge_reserved(), 0);
+}
+
+#[test]
+fn a_reservation_goes_to_the_clients_host_where_the_strategy_picks() {
+    let t = T::with(ServiceConfig {
+        allocation_strategy: AllocationStrategy::FreeRatioFirst,
+        ..crate::model::cfg()
+    });
+    t.mount_named(1, "x1@h", 64 * MIB);
+    t.mount_named(2, "x2@h", 64 * MIB);
+    t.mount_named(3, "far@other", 64 * MIB);
+    // The fullest of the host's two segments is avoided: the strategy decides among them.
+    t.put_cfg(
+        "filler",
+        32 * MIB,
+        ReplicateConfig {
+            preferred_segment: "x1".into(),
+            ..Default::default()
+        },
+    );
+    let mut on = std::collections::BTreeMap::<String, usize>::new();
+    let mut r = t.reserve(C1, 4096, "h").unwrap();
+    for i in 0..20 {
+        *on.entry(r.segment_name.clone()).or_default() += 1;
+        r = t
+            .commit(C1, &format!("k{i}"), &r, "h")
+            .unwrap()
+            .next
+            .unwrap();
+    }
+    assert_eq!(on.get("x2"), Some(&20), "{on:?}");
+    assert_eq!(on.get("far"), None, "never another host's segment");
+}
+
+#[test]
+fn a_reservation_in_a_segment_that_began_draining_commits_nothing_there() {
+    let t = T::new();
+    t.mount_named(1, "a", 64 * MIB);
+    let r = t.reserve(C1, 4096, "a").unwrap();
+    let used = t.used();
+    let drain = AdminView::drain_segment(&t.svc, "a", 60_000);
+    assert!(drain.is_ok(), "{drain:?}");
+    assert_eq!(t.commit(C1, "k", &r, "a"), Err(ErrorCode::ObjectNotFound));
+    assert!(!t.exist("k"));
+    assert_eq!(t.used(), used - 4096, "its range is freed at once");
+    assert_eq!(t.gauge_reserved(), 0);
+    assert_eq!(t.reserve(C1, 4096, "a"), Err(ErrorCode::NoAvailableHandle));
+}
+
+#[test]
+fn an_expired_reservation_holds_no_drain_back() {
+    let t = T::new();
+    t.mount_named(1, "a", 64 * MIB);
+    t.reserve(C1, 4096, "a").unwrap();
+    t.advance(RESERVATION_TTL_MS);
+    t.svc.tick();
+    assert_eq!(t.used(), 4096, "parked");
+    AdminView::drain_segment(&t.svc, "a", 60_000).unwrap();
+    t.advance(1000);
+    t.svc.tick();
+    assert_eq!(Metrics::get(&t.svc.metrics().drains_completed), 1);
+    assert!(t.svc.all_segments().is_empty());
+}
+
+#[test]
+fn a_full_host_makes_room_for_a_reservation_as_for_a_put() {
+    let t = T::new();
+    t.mount_named(1, "a", MIB);
+    for i in 0..4 {
+        t.put(&format!("old{i}"), MIB / 4);
+    }
+    assert_eq!(t.used(), MIB);
+    let r = t.reserve(C1, 4096, "a").expect("room made by eviction");
+    assert!(
+        (0..4).any(|i| !t.exist(&format!("old{i}"))),
+        "an old object went"
+    );
+    t.commit(C1, "k", &r, "").unwrap();
+    assert!(t.exist("k"));
 }
