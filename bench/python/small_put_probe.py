@@ -5,9 +5,13 @@ client without a segment on the same host (so a put copies into the node's share
 and a get reads from it). Per round, `--ops` puts of fresh keys, then gets and `is_exist`
 of the same keys; p50 and p99 of each, in microseconds.
 
-`is_exist` is one master round trip; a get is that plus a memcpy; a put is `PutStart`, the
-intent published in the ring the node shares with the client, the memcpy, the catalog record
-published there too, and `PutEnd` (`bench/README.md`, "The record in shared memory").
+`is_exist` is one master round trip; a get is that plus a memcpy. A put of a size the client
+keeps putting is the intent published in the ring the node shares with the client, the
+memcpy into a range the master reserved ahead, its provisional record there too, one master
+round trip (`CommitReservedPut`, which hands out the next range) and the commit record in the
+ring (`docs/recovery.md`, "A put committed after its bytes"); with `MC_STORE_RESERVED_PUT=0`
+it is `PutStart`, the intent, the memcpy, the record and `PutEnd` (`bench/README.md`, "The
+record in shared memory").
 
 Usage:
   [PROBE_CPU=N] .venv/bin/python bench/python/small_put_probe.py [--rounds 8] [--ops 3000]

@@ -130,3 +130,11 @@ pub const TRANSFER_SLICE_BYTES: usize = 1 << 20;
 /// Ports tried for a client that gives no port (upstream's `MC_STORE_CLIENT_MIN/MAX_PORT`).
 pub const CLIENT_PORT_MIN: u16 = 12300;
 pub const CLIENT_PORT_MAX: u16 = 14300;
+
+/// How long a store does not ask a master that refused reserved puts (an older master, or one
+/// with tenant quotas) again (`store::reserve`).
+pub const RESERVED_PUT_REFUSED_PAUSE: Duration = Duration::from_secs(60);
+
+/// How long a store does not ask for reservations after the master had no room for one on its
+/// host (`store::reserve`): its puts go the usual way meanwhile, without a refused call each.
+pub const RESERVED_PUT_FULL_PAUSE: Duration = Duration::from_secs(1);

@@ -80,16 +80,30 @@ impl CatalogWriter {
         }
     }
 
-    /// The `CATALOG_PUT` payload of a replica of `key` (its version is the descriptor's).
-    pub fn record(r: &ReplicaDescriptor, key: &str, pins: (bool, Option<u64>)) -> Vec<u8> {
-        Self::object(r, key, pins).encode()
+    /// The `CATALOG_PUT` payload of a replica of `key` (its version is the descriptor's): an
+    /// object record, or with `provisional` the record of bytes whose commit is to come (a
+    /// put committed in one round trip, `reserve.rs`; no pins, its commit carries them).
+    pub fn record(
+        r: &ReplicaDescriptor,
+        key: &str,
+        pins: (bool, Option<u64>),
+        provisional: bool,
+    ) -> Vec<u8> {
+        Self::object(r, key, pins, provisional).encode()
     }
 
     fn object<'a>(
         r: &ReplicaDescriptor,
         key: &'a str,
         (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
+        provisional: bool,
     ) -> CatalogRecord<'a> {
+        if provisional {
+            return CatalogRecord {
+                kind: RecordKind::Provisional,
+                ..CatalogRecord::intent(r.size, key, r.version)
+            };
+        }
         CatalogRecord {
             len: r.size,
             hard_pin,
@@ -97,6 +111,44 @@ impl CatalogWriter {
             version: r.version,
             kind: RecordKind::Object,
             soft_pin_ttl_ms,
+        }
+    }
+
+    /// The `CATALOG_PUT` payload of the commit, at `version`, of a replica of `key` recorded
+    /// as provisional (at the descriptor's version): its owner makes that entry the object,
+    /// if it is still there (`Catalog::commit`).
+    pub fn commit(
+        r: &ReplicaDescriptor,
+        key: &str,
+        (hard_pin, soft_pin_ttl_ms): (bool, Option<u64>),
+        version: protocol::Version,
+    ) -> Vec<u8> {
+        CatalogRecord {
+            len: r.size,
+            hard_pin,
+            key,
+            version,
+            kind: RecordKind::Commit(r.version),
+            soft_pin_ttl_ms,
+        }
+        .encode()
+    }
+
+    /// Commits, at `version`, a provisional replica of `key` in our own segment; refused
+    /// (`ERR_METADATA`) when `version` is of a term that has ended for our catalog.
+    pub fn commit_local(
+        &self,
+        r: &ReplicaDescriptor,
+        key: &str,
+        pins: (bool, Option<u64>),
+        version: protocol::Version,
+    ) -> Result<(), TeError> {
+        match &self.own {
+            Some(m) => m
+                .catalog()
+                .commit(r.buffer_address, r.size, key, pins, r.version, version)
+                .map(|_| ()),
+            None => Ok(()),
         }
     }
 
@@ -147,11 +199,12 @@ impl CatalogWriter {
         r: &ReplicaDescriptor,
         key: &str,
         pins: (bool, Option<u64>),
+        provisional: bool,
     ) -> Result<(), TeError> {
         match &self.own {
             Some(m) => m
                 .catalog()
-                .apply(r.buffer_address, &Self::object(r, key, pins)),
+                .apply(r.buffer_address, &Self::object(r, key, pins, provisional)),
             None => Ok(()),
         }
     }

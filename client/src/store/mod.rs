@@ -27,6 +27,8 @@
 //!   share their segments; a client shares its own only when shared memory gets hugepages
 //!   (hugetlb, or `shmem_enabled` not `never`; `mooncake_tune` checks it), since it reads
 //!   its own segment itself and 4 KiB pages would slow that down.
+//! - `MC_STORE_RESERVED_PUT` (default on; ours): a small put of a size the client keeps
+//!   putting, into a segment it copies into, commits in one master round trip (`reserve`).
 //! - `MC_STORE_USE_HUGEPAGE`: back the own segment with 2 MiB hugetlb pages when the pool has
 //!   enough, else transparent hugepages (`dataplane::mem::SegmentOptions`).
 //! - `MC_TRANSFER_TIMEOUT` (seconds, default 30): bound on a data-plane transfer making no
@@ -70,6 +72,7 @@ mod paths;
 mod peers;
 pub mod ranges;
 pub mod rdma;
+mod reserve;
 mod same_host;
 mod session;
 mod setup;
@@ -213,6 +216,8 @@ pub struct Store {
     writing: keylock::KeyLocks,
     /// Open put and get sessions (`session.rs`).
     sessions: session::Sessions,
+    /// Ranges reserved for puts committed in one round trip (`reserve.rs`).
+    reservations: reserve::Reservations,
     /// `MC_STORE_REQUIRE_REGISTERED`: caller memory must lie in a registered buffer (see
     /// [`Store::caller_range`]).
     require_registered: bool,
@@ -360,8 +365,27 @@ impl Store {
             )));
         }
         let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let started_cause = |e: StoreError| not_placed(e, op, key, &put_ask(size, cfg));
         let _writing = self.writing.lock([key]);
+        if !upsert {
+            if let Some(done) = self.put_reserved(key, parts, size, cfg) {
+                return done;
+            }
+        }
+        self.put_started(key, parts, size, cfg, upsert)
+    }
+
+    /// [`Self::put_parts`] the usual way, the key locked: the master places the replicas, the
+    /// bytes go, the put is committed (or revoked).
+    fn put_started(
+        &self,
+        key: &str,
+        parts: &[Src<'_>],
+        size: u64,
+        cfg: &ReplicateConfig,
+        upsert: bool,
+    ) -> Result<(), StoreError> {
+        let op = if upsert { "upsert" } else { "put" };
+        let started_cause = |e: StoreError| not_placed(e, op, key, &put_ask(size, cfg));
         let key = key.to_string();
         let id = self.client_id;
         let (replicas, soft_pin_ttl_ms) = if upsert {
@@ -395,6 +419,7 @@ impl Store {
                 key: &catalog_key,
                 hard_pin: cfg.with_hard_pin,
                 soft_pin_ttl_ms,
+                provisional: false,
             })
             .collect();
         let written = self
@@ -583,6 +608,7 @@ impl Store {
                             key: catalog_keys[i].as_ref(),
                             hard_pin: cfg.with_hard_pin,
                             soft_pin_ttl_ms: *soft_pin_ttl_ms,
+                            provisional: false,
                         });
                         owners.push(i);
                     }

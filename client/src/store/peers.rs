@@ -118,6 +118,9 @@ pub struct WriteItem<'a> {
     /// The soft pin recorded with it: the master's answer to an upsert, `catalog::soft_pin_of`
     /// of a put.
     pub soft_pin_ttl_ms: Option<u64>,
+    /// Recorded as provisional: a reserved range whose commit comes after the bytes
+    /// (`reserve.rs`).
+    pub provisional: bool,
 }
 
 impl WriteItem<'_> {
@@ -367,6 +370,12 @@ impl Peers {
         self.shared.forget(endpoint);
     }
 
+    /// Whether this process may copy a replica in place at all: into its own segment, or a
+    /// same-host owner's.
+    pub(super) fn copies_in_place(&self) -> bool {
+        self.settings.shm || (self.settings.memcpy && self.own_endpoint.is_some())
+    }
+
     /// Whether `r` is read and written with memcpy.
     pub(super) fn is_local(&self, r: &ReplicaDescriptor) -> bool {
         self.settings.memcpy && self.own_endpoint.as_deref() == Some(r.transport_endpoint.as_str())
@@ -512,6 +521,7 @@ impl Peers {
             key: "k",
             hard_pin: false,
             soft_pin_ttl_ms: None,
+            provisional: false,
         }])
         .pop()
         .unwrap_or(Ok(()))
@@ -572,6 +582,49 @@ impl Peers {
             self.run_groups(groups, &mut results);
         }
         results
+    }
+
+    /// Commits, at `version`, the provisional replica `r` of `key` in its owner's catalog
+    /// (a put committed in one round trip, `super::reserve`): our own catalog directly, a
+    /// same-host owner in the ring that carried the provisional record, any other over TCP
+    /// (which its owner applies after its ring, so the order holds whichever way it goes).
+    /// An owner that keeps no catalog counts as done.
+    pub(super) fn confirm(
+        &self,
+        r: &ReplicaDescriptor,
+        key: &str,
+        version: protocol::Version,
+    ) -> Result<(), StoreError> {
+        let pins = (false, None);
+        if self.is_local(r) {
+            return self
+                .catalog
+                .commit_local(r, key, pins, version)
+                .map_err(|e| super::paths::own_catalog_refused("commit", key, r, e));
+        }
+        let record = CatalogWriter::commit(r, key, pins, version);
+        let endpoint = &r.transport_endpoint;
+        if let Some(m) = self.shared_segment(endpoint).filter(|m| m.takes_commits()) {
+            match m.send_records(&[(r.buffer_address, &record)]) {
+                Ok(()) => return Ok(()),
+                Err((_, e)) => {
+                    tracing::warn!("{endpoint}: same-host commit not published ({e}); over TCP");
+                    self.forget_shared(endpoint);
+                }
+            }
+        }
+        if !self.catalog.enabled(endpoint) {
+            return Ok(());
+        }
+        let op = TransferOp::CatalogPut {
+            remote_addr: r.buffer_address,
+            record: Src::from(&record[..]),
+        };
+        let mut groups: Vec<Group<'_, '_>> = Vec::new();
+        group_for(&mut groups, endpoint, None).push(0, op, record.len());
+        let mut results = vec![Ok(())];
+        self.run_groups(groups, &mut results);
+        results.pop().unwrap_or(Ok(()))
     }
 
     /// Runs every read (`super::paths`); one result per item, in order.

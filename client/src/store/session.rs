@@ -258,6 +258,7 @@ impl Store {
                             key: catalog_keys[i].as_ref(),
                             hard_pin: s.hard_pin,
                             soft_pin_ttl_ms: s.soft_pin_ttl_ms,
+                            provisional: false,
                         });
                         owners.push(i);
                     }

@@ -303,6 +303,7 @@ impl Store {
             closed: AtomicBool::new(false),
             writing: Default::default(),
             sessions: Default::default(),
+            reservations: Default::default(),
         })
     }
 }

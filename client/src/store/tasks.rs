@@ -220,6 +220,7 @@ fn write_targets(peers: &Peers, w: &TaskWork, src: Src<'_>) -> Result<(), String
             key: &w.key,
             hard_pin: w.with_hard_pin,
             soft_pin_ttl_ms: w.soft_pin_ttl_ms,
+            provisional: false,
         })
         .collect();
     for (r, t) in peers.write_many(&items).into_iter().zip(&w.targets) {

@@ -51,6 +51,11 @@ impl TenantMaster {
     }
 
     /// The key a replica of `key` is recorded under in its owner's catalog.
+    /// Whether this store works in a named tenant.
+    pub fn tenanted(&self) -> bool {
+        self.tenant.is_some()
+    }
+
     /// The master's address, for error causes.
     pub fn addr(&self) -> &str {
         self.client.addr()

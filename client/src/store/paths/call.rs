@@ -66,7 +66,7 @@ impl Ledger {
         Ledger {
             records: items
                 .iter()
-                .map(|it| CatalogWriter::record(it.replica, it.key, it.pins()))
+                .map(|it| CatalogWriter::record(it.replica, it.key, it.pins(), it.provisional))
                 .collect(),
             intents: items
                 .iter()
@@ -135,10 +135,10 @@ impl<'c, 'a> WriteCall<'c, 'a> {
     /// Records item `i`, copied into our own segment, in our own catalog.
     pub fn record_own(&mut self, i: usize) {
         let it = &self.items[i];
-        let recorded = self
-            .peers()
-            .catalog
-            .record_local(it.replica, it.key, it.pins());
+        let recorded =
+            self.peers()
+                .catalog
+                .record_local(it.replica, it.key, it.pins(), it.provisional);
         if let Err(e) = recorded {
             self.results[i] = Err(own_catalog_refused("record", it.key, it.replica, e));
         }

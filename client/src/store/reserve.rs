@@ -1,0 +1,266 @@
+//! A small put in one master round trip.
+//!
+//! A put asks the master where to write (`PutStart`), writes, and commits (`PutEnd`): two
+//! round trips to the master, where a get makes one. Here the client holds a range the master
+//! reserved for its next put of a size (`ReservePut`), writes the bytes there, and commits them
+//! as the key in one call (`CommitReservedPut`), whose answer carries the next reservation; so
+//! a client that keeps putting one size (KV-cache pages are one size) pays one round trip a
+//! put after its first (`controlplane::service::reserve`).
+//!
+//! The master decides at the commit, after the bytes are in: the key may have been written
+//! meanwhile (first writer wins, the reservation stays ours for the next put). So the bytes
+//! are recorded in the owner's catalog as *provisional* (never re-reported), and only once the
+//! master answered does their commit make them the object there (`Catalog::commit`, which a
+//! removal or a reuse of the range that got there first leaves with nothing to do). The put
+//! returns after that commit record is published, so an acknowledged put is catalogued as
+//! before (`docs/recovery.md`, "A put committed after its bytes").
+//!
+//! When: a `put` (not an upsert) of 1 byte to `RESERVED_PUT_MAX_BYTES`, of a size among the
+//! last few puts' (a size that does not repeat would leave its next reservation unused), with
+//! the default placement (one replica, no pins, no preferred segment or group), outside a
+//! named tenant, into a segment this process writes by memcpy whose owner takes provisional
+//! records (our own segment, or a same-host owner offering version 5). The master places the
+//! reservation among the memory segments of this client's host (their `host_id`, its
+//! address) by its allocation strategy, admission ramps included. Such puts so land on this
+//! host's segments, as `prefer_alloc_in_same_node` places a batch (a full host makes room by
+//! eviction, as for a put); a host with no room even so sends the puts the usual way, over the
+//! whole pool, for a second. Anything else, or any refusal but the key's existence, takes the
+//! usual path, with nothing committed; a master that does not know the calls (an older one)
+//! or refuses them (tenant quotas) is not asked again for a minute.
+//! `MC_STORE_RESERVED_PUT=0` turns it off.
+//!
+//! A reservation is used at most `RESERVATION_USE_MS` after it was asked for (counted from
+//! before the request went out); the master keeps it twice as long, then parks its range.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use protocol::limits::{RESERVATION_USE_MS, RESERVED_PUT_MAX_BYTES};
+use protocol::message::{CommitReservedPut, ReservePut};
+use protocol::{
+    ErrorCode, ObjectDataType, ReplicaDescriptor, ReplicateConfig, ReservedCommit, SoftPinAction,
+};
+
+use super::peers::WriteItem;
+use super::{Src, Store, StoreError};
+use crate::limits::{RESERVED_PUT_FULL_PAUSE, RESERVED_PUT_REFUSED_PAUSE};
+
+/// Sizes of the last puts that may commit in one round trip: a put of a size among them
+/// does, so that a client putting sizes that do not repeat reserves nothing it would not use.
+const RECENT_SIZES: usize = 8;
+
+/// See the module docs.
+pub(super) struct Reservations {
+    on: bool,
+    held: Mutex<Vec<Held>>,
+    /// The sizes of the last puts that fit, newest last ([`RECENT_SIZES`]).
+    recent: Mutex<Vec<u64>>,
+    /// Not asked before then: the master refused the calls.
+    paused_until: Mutex<Option<Instant>>,
+}
+
+/// One reservation, and when it was asked for.
+struct Held {
+    replica: ReplicaDescriptor,
+    asked_at: Instant,
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Reservations {
+            on: protocol::env::flag("MC_STORE_RESERVED_PUT", true),
+            held: Mutex::new(Vec::new()),
+            recent: Mutex::new(Vec::with_capacity(RECENT_SIZES)),
+            paused_until: Mutex::new(None),
+        }
+    }
+}
+
+impl Reservations {
+    /// Whether a put of `size` bytes with `cfg` may commit in one round trip (module docs): a
+    /// config the master would take as the default, checked here since no `PutStart` checks
+    /// it (a ttl without `ENABLE` is the master's `INVALID_PARAMS`, so the usual path says so).
+    fn fits(&self, size: u64, cfg: &ReplicateConfig) -> bool {
+        self.on
+            && (1..=RESERVED_PUT_MAX_BYTES).contains(&size)
+            && cfg.replica_num == 1
+            && cfg.soft_pin_action != SoftPinAction::Enable
+            && cfg.soft_pin_ttl_ms.is_none()
+            && !cfg.with_hard_pin
+            && !cfg.prefer_alloc_in_same_node
+            && cfg.preferred_segment.is_empty()
+            && cfg.preferred_segments.is_empty()
+            && cfg.group_ids.is_empty()
+            && cfg.data_type == ObjectDataType::Unknown
+            && self.paused_until.lock().is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Whether a put of `size` bytes came among the last few (and notes this one).
+    fn repeats(&self, size: u64) -> bool {
+        let mut recent = self.recent.lock();
+        if let Some(at) = recent.iter().position(|&s| s == size) {
+            recent.remove(at);
+            recent.push(size);
+            return true;
+        }
+        if recent.len() == RECENT_SIZES {
+            recent.remove(0);
+        }
+        recent.push(size);
+        false
+    }
+
+    /// A usable reservation of `size` bytes, taken (no other put uses it meanwhile).
+    fn take(&self, size: u64) -> Option<Held> {
+        let mut held = self.held.lock();
+        let use_for = Duration::from_millis(RESERVATION_USE_MS);
+        held.retain(|h| h.asked_at.elapsed() < use_for);
+        let at = held.iter().position(|h| h.replica.size == size)?;
+        Some(held.swap_remove(at))
+    }
+
+    fn give(&self, h: Held) {
+        self.held.lock().push(h);
+    }
+
+    /// Not asked again for `pause`, and the reservations held let go (the master parks them).
+    fn pause(&self, pause: Duration) {
+        *self.paused_until.lock() = Some(Instant::now() + pause);
+        self.held.lock().clear();
+    }
+}
+
+impl Store {
+    /// Whether this process writes `r` by memcpy into a segment whose owner takes provisional
+    /// records and their commits.
+    fn writes_in_place(&self, r: &ReplicaDescriptor) -> bool {
+        self.peers.is_local(r)
+            || self
+                .peers
+                .shared_segment(&r.transport_endpoint)
+                .is_some_and(|m| {
+                    m.takes_commits() && m.translate(r.buffer_address, r.size).is_some()
+                })
+    }
+
+    /// Puts `key` in one round trip (module docs). `None`: the usual path is to run, nothing
+    /// was committed.
+    pub(super) fn put_reserved(
+        &self,
+        key: &str,
+        parts: &[Src<'_>],
+        size: u64,
+        cfg: &ReplicateConfig,
+    ) -> Option<Result<(), StoreError>> {
+        let res = &self.reservations;
+        if !res.fits(size, cfg)
+            || self.master.tenanted()
+            || !self.peers.copies_in_place()
+            || !res.repeats(size)
+        {
+            return None;
+        }
+        let host = self.ip.to_string();
+        let held = match res.take(size) {
+            Some(h) => h,
+            None => self.reserve(size, &host)?,
+        };
+        if !self.writes_in_place(&held.replica) {
+            // A segment of this host we cannot copy into (its owner predates provisional
+            // records, or does not share its memory): not asked again for a while.
+            tracing::debug!(
+                "put {key}: reserved on {}, which this process does not copy into; the usual way",
+                held.replica.segment_name
+            );
+            res.pause(RESERVED_PUT_REFUSED_PAUSE);
+            return None;
+        }
+        let item = WriteItem {
+            replica: &held.replica,
+            parts,
+            key,
+            hard_pin: false,
+            soft_pin_ttl_ms: None,
+            provisional: true,
+        };
+        if let Some(Err(e)) = self.peers.write_many(&[item]).pop() {
+            tracing::debug!("put {key}: the reserved range took no bytes ({e}); the usual way");
+            return None;
+        }
+        let asked_at = Instant::now();
+        let answer = self.master.call(&CommitReservedPut {
+            client_id: self.client_id,
+            key: key.to_string(),
+            reserved: held.replica.clone(),
+            next_host_id: host,
+        });
+        self.committed(key, held, asked_at, answer)
+    }
+
+    /// The put of `key` in reservation `held` after the master's answer to its commit (asked
+    /// at `asked_at`): done once the commit record is published, done if the key was there
+    /// first, `None` (the usual path) if nothing was committed.
+    fn committed(
+        &self,
+        key: &str,
+        held: Held,
+        asked_at: Instant,
+        answer: Result<Result<ReservedCommit, ErrorCode>, crate::ClientError>,
+    ) -> Option<Result<(), StoreError>> {
+        let res = &self.reservations;
+        match answer {
+            Ok(Ok(c)) => {
+                if let Some(next) = c.next {
+                    res.give(Held {
+                        replica: next,
+                        asked_at,
+                    });
+                }
+                let confirmed = self.peers.confirm(&held.replica, key, c.version);
+                Some(confirmed.map_err(|e| e.context(format_args!("put {key}"))))
+            }
+            // First writer wins: the key is there, and the range is still ours.
+            Ok(Err(ErrorCode::ObjectAlreadyExists)) => {
+                res.give(held);
+                Some(Ok(()))
+            }
+            Ok(Err(ErrorCode::InvalidParams)) => {
+                res.pause(RESERVED_PUT_REFUSED_PAUSE);
+                None
+            }
+            // Not committed (the reservation ended, its segment went, a new master).
+            Ok(Err(_)) => None,
+            // Maybe committed, its record not published: not acknowledged.
+            Err(e) => Some(Err(StoreError::new(e.code(), e.to_string()).context(
+                format_args!("put {key}: commit at master {}", self.master.addr()),
+            ))),
+        }
+    }
+
+    /// A new reservation of `size` bytes on this client's host `host`; `None` when the master
+    /// has none to give (no room there, too many held) or refuses the call (then it is not
+    /// asked for a while).
+    fn reserve(&self, size: u64, host: &str) -> Option<Held> {
+        let asked_at = Instant::now();
+        let answer = self.master.call(&ReservePut {
+            client_id: self.client_id,
+            size,
+            host_id: host.to_string(),
+        });
+        match answer {
+            Ok(Ok(replica)) => Some(Held { replica, asked_at }),
+            Ok(Err(ErrorCode::InvalidParams)) => {
+                tracing::debug!("the master refuses reserved puts; not asked for a minute");
+                self.reservations.pause(RESERVED_PUT_REFUSED_PAUSE);
+                None
+            }
+            // No room on this host: the usual puts place (and evict) over the whole pool for
+            // a while, rather than each paying a refused call first.
+            Ok(Err(ErrorCode::NoAvailableHandle)) => {
+                self.reservations.pause(RESERVED_PUT_FULL_PAUSE);
+                None
+            }
+            _ => None,
+        }
+    }
+}
