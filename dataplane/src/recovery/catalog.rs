@@ -1192,48 +1192,43 @@ mod tests {
         assert_eq!((j.hard_pin, j.soft_pin_ttl_ms), (true, Some(0)));
     }
 
+    /// A catalog holding the provisional entry of `k` at [0, 10) (version 1.4), after `first`
+    /// reached it, and what the commit of that entry at 1.9 did there.
+    fn commit_after(first: impl Fn(&Catalog)) -> (Catalog, Result<bool, TeError>) {
+        let c = Catalog::new();
+        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
+        first(&c);
+        let done = c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9));
+        (c, done)
+    }
+
     #[test]
     fn a_late_commit_finds_nothing_once_its_entry_was_removed_or_written_over() {
         // A removal's tombstone came first (its bytes were removed after the commit).
-        let c = Catalog::new();
-        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
-        c.bury(0, 10, "k", v(1, 9)).unwrap();
-        assert_eq!(
-            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
-            Ok(false)
-        );
+        let (c, done) = commit_after(|c| {
+            c.bury(0, 10, "k", v(1, 9)).unwrap();
+        });
+        assert_eq!(done, Ok(false));
         assert!(c.is_empty());
         // A freed notice came first (evicted, the range handed out again).
-        let c = Catalog::new();
-        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
-        let mark = c.mark();
-        assert_eq!(c.forget(0, 10, mark), 1);
-        assert_eq!(
-            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
-            Ok(false)
-        );
+        let (c, done) = commit_after(|c| assert_eq!(c.forget(0, 10, c.mark()), 1));
+        assert_eq!(done, Ok(false));
         assert!(c.is_empty());
         // A later put's intent came first; its writer then died before its record.
-        let c = Catalog::new();
-        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
-        c.overwrite(0, 10, "other", v(1, 12));
-        assert_eq!(
-            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
-            Ok(false)
-        );
+        let (c, done) = commit_after(|c| {
+            c.overwrite(0, 10, "other", v(1, 12));
+        });
+        assert_eq!(done, Ok(false));
         assert!(
             c.is_empty(),
             "the late commit must not name the later put's bytes"
         );
         // A later put of the same key into the same range, recorded: its entry stays.
-        let c = Catalog::new();
-        c.apply(0, &provisional(10, "k", v(1, 4))).unwrap();
-        c.overwrite(0, 10, "k", v(1, 12));
-        c.insert(0, 10, "k", false, v(1, 12)).unwrap();
-        assert_eq!(
-            c.commit(0, 10, "k", (false, None), v(1, 4), v(1, 9)),
-            Ok(false)
-        );
+        let (c, done) = commit_after(|c| {
+            c.overwrite(0, 10, "k", v(1, 12));
+            c.insert(0, 10, "k", false, v(1, 12)).unwrap();
+        });
+        assert_eq!(done, Ok(false));
         assert_eq!(c.entries()[0].version, v(1, 12));
     }
 

@@ -56,23 +56,7 @@ impl T {
     /// `name` lands in it), or, as `name@host`, on `host`.
     fn mount_named(&self, n: u64, name: &str, size: u64) {
         let (name, host) = name.split_once('@').unwrap_or((name, name));
-        self.call(
-            Request::MountSegment,
-            MountSegment {
-                client_id: C1,
-                segment: Segment {
-                    id: Uuid::from_parts(100, n),
-                    name: name.into(),
-                    base: n << 40,
-                    size,
-                    te_endpoint: format!("{name}-te"),
-                    protocol: "tcp".into(),
-                    host_id: host.into(),
-                    ..Default::default()
-                },
-            },
-        )
-        .unwrap();
+        self.mount_on(C1, n, name, size, host);
     }
 
     fn gauge_reserved(&self) -> u64 {
