@@ -48,7 +48,7 @@ impl State {
     ) -> Result<Vec<Replica>, ErrorCode> {
         let want = cfg.replica_num as usize;
         let mut got = self.try_place(now, size, want, cfg);
-        if got.is_empty() && self.some_segment_could_hold(size) {
+        if got.is_empty() && self.some_segment_could_hold(size, None) {
             let need = size.saturating_mul(want as u64);
             if self.evict(m, now, need) > 0 {
                 got = self.try_place(now, size, want, cfg);
@@ -89,12 +89,10 @@ impl State {
             return Err(ErrorCode::NoAvailableHandle);
         }
         let mut got = Vec::with_capacity(1);
-        self.walk_host(now, size, host, &mut got);
-        let could_hold =
-            |s: &Seg| s.host_id == host && s.writable() && !s.is_disk() && s.size >= size;
-        if got.is_empty() && self.segs.iter().any(could_hold) {
+        self.walk_capped(now, size, 1, Some(host), &mut got);
+        if got.is_empty() && self.some_segment_could_hold(size, Some(host)) {
             if self.evict(m, now, size) > 0 {
-                self.walk_host(now, size, host, &mut got);
+                self.walk_capped(now, size, 1, Some(host), &mut got);
             }
             if got.is_empty() {
                 self.need_eviction = true;
@@ -105,13 +103,20 @@ impl State {
         Ok(placed)
     }
 
-    /// [`State::walk`] over host `host`'s segments, past the ramps' caps if nothing else has
-    /// room (as [`State::try_place`]).
-    fn walk_host(&mut self, now: u64, size: u64, host: &str, got: &mut Vec<Replica>) {
+    /// [`State::walk`] under the admission ramps' caps, then, short of `want`, without them:
+    /// a ramp limits a share, it never refuses (segments already chosen are skipped).
+    fn walk_capped(
+        &mut self,
+        now: u64,
+        size: u64,
+        want: usize,
+        host: Option<&str>,
+        got: &mut Vec<Replica>,
+    ) {
         let caps = self.ramp_caps(now);
-        self.walk(size, 1, &caps, Some(host), got);
-        if got.is_empty() && caps.any() {
-            self.walk(size, 1, &RampCaps::default(), Some(host), got);
+        self.walk(size, want, &caps, host, got);
+        if got.len() < want && caps.any() {
+            self.walk(size, want, &RampCaps::default(), host, got);
         }
     }
 
@@ -167,11 +172,12 @@ impl State {
         }
     }
 
-    /// Whether evicting could ever make room: some writable segment is big enough.
-    fn some_segment_could_hold(&self, size: u64) -> bool {
-        self.segs
-            .iter()
-            .any(|s| s.writable() && !s.is_disk() && s.size >= size)
+    /// Whether evicting could ever make room: some writable memory segment (of host `host`
+    /// when given) is big enough.
+    fn some_segment_could_hold(&self, size: u64, host: Option<&str>) -> bool {
+        self.segs.iter().any(|s| {
+            s.writable() && !s.is_disk() && s.size >= size && host.is_none_or(|h| s.host_id == h)
+        })
     }
 
     fn try_place(
@@ -199,13 +205,7 @@ impl State {
         if got.len() == want {
             return got;
         }
-        let caps = self.ramp_caps(now);
-        self.walk(size, want, &caps, None, &mut got);
-        if got.len() < want && caps.any() {
-            // Nothing else had room: a ramp limits a share, it never refuses. The same walk
-            // with no cap (segments already chosen are skipped).
-            self.walk(size, want, &RampCaps::default(), None, &mut got);
-        }
+        self.walk_capped(now, size, want, None, &mut got);
         got
     }
 
