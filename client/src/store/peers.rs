@@ -349,6 +349,16 @@ impl Peers {
         self.shared.get(endpoint)
     }
 
+    /// [`Self::shared_segment`] without the owner's liveness looked at again when it is
+    /// imported already: for a caller whose write call looked at it a moment ago
+    /// (`super::reserve`'s commit record).
+    pub(super) fn known_shared_segment(&self, endpoint: &str) -> Option<Arc<ShmMapping>> {
+        if !self.settings.shm {
+            return None;
+        }
+        self.shared.known(endpoint)
+    }
+
     /// The directory of the disk segment served at `endpoint`, if its owner runs on this host
     /// and shares it (`crate::disk::share`), unless same-host sharing is off.
     pub(super) fn shared_dir(&self, endpoint: &str) -> Option<Arc<SharedDir>> {
@@ -604,7 +614,12 @@ impl Peers {
         }
         let record = CatalogWriter::commit(r, key, pins, version);
         let endpoint = &r.transport_endpoint;
-        if let Some(m) = self.shared_segment(endpoint).filter(|m| m.takes_commits()) {
+        // The put's write call looked at the owner's liveness a moment ago; a commit record
+        // published to an owner that died since goes with its catalog, as its object does.
+        if let Some(m) = self
+            .known_shared_segment(endpoint)
+            .filter(|m| m.takes_commits())
+        {
             match m.send_records(&[(r.buffer_address, &record)]) {
                 Ok(()) => return Ok(()),
                 Err((_, e)) => {

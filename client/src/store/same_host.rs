@@ -67,6 +67,15 @@ impl<T> Default for Shares<T> {
 }
 
 impl<T: Share> Shares<T> {
+    /// The share of `endpoint` imported already, without looking at its owner's liveness (a
+    /// call that looked this call, or will, need not look twice); else [`Self::get`].
+    pub(super) fn known(&self, endpoint: &str) -> Option<Arc<T>> {
+        if let Some(State::Imported(s)) = self.map.lock().get(endpoint) {
+            return Some(s.clone());
+        }
+        self.get(endpoint)
+    }
+
     /// The share of `endpoint`, if a process here shares it and is alive.
     pub(super) fn get(&self, endpoint: &str) -> Option<Arc<T>> {
         let now = Instant::now();
