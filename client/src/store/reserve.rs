@@ -32,8 +32,10 @@
 //! A reservation is used at most `RESERVATION_USE_MS` after it was asked for (counted from
 //! before the request went out); the master keeps it twice as long, then parks its range.
 
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use dataplane::mem::ShmMapping;
 use parking_lot::Mutex;
 use protocol::limits::{RESERVATION_USE_MS, RESERVED_PUT_MAX_BYTES};
 use protocol::message::{CommitReservedPut, ReservePut};
@@ -63,6 +65,11 @@ pub(super) struct Reservations {
 struct Held {
     replica: ReplicaDescriptor,
     asked_at: Instant,
+    /// The same-host mapping of its segment when it came (`None`: our own segment, or none
+    /// yet): a process that took over the endpoint since is another owner, whose memory the
+    /// reserved address may name for another object. Weak, so that a held reservation does
+    /// not keep a dead owner's segment mapped.
+    owner: Option<Weak<ShmMapping>>,
 }
 
 impl Default for Reservations {
@@ -131,16 +138,35 @@ impl Reservations {
 }
 
 impl Store {
-    /// Whether this process writes `r` by memcpy into a segment whose owner takes provisional
-    /// records and their commits.
-    fn writes_in_place(&self, r: &ReplicaDescriptor) -> bool {
-        self.peers.is_local(r)
-            || self
-                .peers
-                .shared_segment(&r.transport_endpoint)
-                .is_some_and(|m| {
-                    m.takes_commits() && m.translate(r.buffer_address, r.size).is_some()
-                })
+    /// Whether this process writes `h`'s range by memcpy into a segment whose owner takes
+    /// provisional records and their commits, and is the owner it was reserved from.
+    fn writes_in_place(&self, h: &Held) -> bool {
+        let r = &h.replica;
+        if self.peers.is_local(r) {
+            return true;
+        }
+        self.peers
+            .shared_segment(&r.transport_endpoint)
+            .is_some_and(|m| {
+                h.owner
+                    .as_ref()
+                    .is_some_and(|o| Weak::ptr_eq(o, &Arc::downgrade(&m)))
+                    && m.takes_commits()
+                    && m.translate(r.buffer_address, r.size).is_some()
+            })
+    }
+
+    /// A reservation that came now, with its segment's owner as this process sees it.
+    fn held(&self, replica: ReplicaDescriptor, asked_at: Instant) -> Held {
+        let owner = self
+            .peers
+            .known_shared_segment(&replica.transport_endpoint)
+            .map(|m| Arc::downgrade(&m));
+        Held {
+            replica,
+            asked_at,
+            owner,
+        }
     }
 
     /// Puts `key` in one round trip (module docs). `None`: the usual path is to run, nothing
@@ -165,9 +191,10 @@ impl Store {
             Some(h) => h,
             None => self.reserve(size, &host)?,
         };
-        if !self.writes_in_place(&held.replica) {
+        if !self.writes_in_place(&held) {
             // A segment of this host we cannot copy into (its owner predates provisional
-            // records, or does not share its memory): not asked again for a while.
+            // records, does not share its memory, or is not the process it was reserved
+            // from): not asked again for a while.
             tracing::debug!(
                 "put {key}: reserved on {}, which this process does not copy into; the usual way",
                 held.replica.segment_name
@@ -211,10 +238,7 @@ impl Store {
         match answer {
             Ok(Ok(c)) => {
                 if let Some(next) = c.next {
-                    res.give(Held {
-                        replica: next,
-                        asked_at,
-                    });
+                    res.give(self.held(next, asked_at));
                 }
                 let confirmed = self.peers.confirm(&held.replica, key, c.version);
                 Some(confirmed.map_err(|e| e.context(format_args!("put {key}"))))
@@ -248,7 +272,7 @@ impl Store {
             host_id: host.to_string(),
         });
         match answer {
-            Ok(Ok(replica)) => Some(Held { replica, asked_at }),
+            Ok(Ok(replica)) => Some(self.held(replica, asked_at)),
             Ok(Err(ErrorCode::InvalidParams)) => {
                 tracing::debug!("the master refuses reserved puts; not asked for a minute");
                 self.reservations.pause(RESERVED_PUT_REFUSED_PAUSE);
