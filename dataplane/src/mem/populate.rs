@@ -13,9 +13,22 @@
 //! How: the caller may populate a head of the segment itself before it reports ready, within
 //! a time budget ([`Populator::start_with_head`]; the node allows 1 s per 16 GiB of segment),
 //! so that the first puts, which come at once, find their pages ready even on a busy host.
-//! Then one thread per segment, at `SCHED_IDLE` (it runs only when a core has nothing else to
-//! do, so a put never waits for it), walks the segment from its base upwards in 2 MiB chunks
-//! ([`POPULATE_CHUNK_BYTES`]) and publishes how far it got ([`Populator::populated_bytes`]).
+//! Then one thread per segment, at `SCHED_IDLE`, walks the segment from its base upwards in
+//! 2 MiB chunks ([`POPULATE_CHUNK_BYTES`]) and publishes how far it got
+//! ([`Populator::populated_bytes`]).
+//!
+//! `SCHED_IDLE` alone does not keep the walk out of other processes' way. Where a VM's host
+//! backs guest memory on first touch, a chunk stalls its vCPU in the host for milliseconds,
+//! where no guest priority reaches; and the scheduler counts a CPU running an idle-policy
+//! thread as free, so it wakes other threads onto it, to wait there. Measured on a 2-core VM
+//! (`bench/README.md`, "The populator out of the way"): while a fresh node's walk ran, a
+//! same-host client's 4 KiB puts took 35-110 µs and gets 13-45 µs, against 10-13 and 8-9
+//! once it ended. So the walk is [`Pace::Courteous`]: before each chunk it reads how many
+//! threads the machine is running ([`CpuGauge`], `/proc/loadavg`), and unless that leaves a
+//! CPU free besides its own it waits ([`POPULATE_YIELD`]) instead, unless puts are about to
+//! outrun it (a written page within [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`):
+//! then the chunk is worth more to them than the CPU.
+//!
 //! The base upwards is the order the master's allocator fills a fresh segment in (best fit
 //! from its one free extent takes the extent's lowest bytes, `controlplane::alloc::extent`),
 //! so the populated range is the one the next puts land in; freed ranges are reused first
@@ -34,8 +47,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::limits::POPULATE_CHUNK_BYTES;
+use crate::limits::{POPULATE_AHEAD_BYTES, POPULATE_CHUNK_BYTES, POPULATE_YIELD};
 use crate::mem::Segment;
+
+/// How the walk shares the machine with other work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pace {
+    /// A chunk only while a CPU is free for it, or when puts are about to outrun the walk
+    /// (the module docs); what a serving node uses.
+    Courteous,
+    /// Chunk after chunk, whatever else runs.
+    Eager,
+}
 
 /// What the populator did, once it finished (or stopped).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,6 +71,10 @@ pub struct PopulateReport {
     pub base_chunks: usize,
     /// Time from start to the end of the walk.
     pub took: Duration,
+    /// Of it, time spent waiting for a free CPU ([`Pace::Courteous`]).
+    pub yielded: Duration,
+    /// Chunks populated while the CPUs were wanted, because puts were close behind.
+    pub pressed_chunks: usize,
     /// Why it stopped before the end: asked to, or the kernel cannot populate.
     pub stopped: Option<&'static str>,
 }
@@ -65,9 +92,10 @@ pub struct Populator {
 }
 
 impl Populator {
-    /// Starts populating `segment` from its base in a thread named `name` at `SCHED_IDLE`.
+    /// Starts populating `segment` from its base in a thread named `name` at `SCHED_IDLE`,
+    /// [`Pace::Courteous`].
     pub fn start(segment: Arc<Segment>, name: &str) -> std::io::Result<Populator> {
-        Self::start_from(segment, name, 0)
+        Self::start_paced(segment, name, None, Pace::Courteous)
     }
 
     /// Populates the head of `segment` in the calling thread until `deadline` (at least one
@@ -79,8 +107,21 @@ impl Populator {
         name: &str,
         deadline: Instant,
     ) -> std::io::Result<Populator> {
+        Self::start_paced(segment, name, Some(deadline), Pace::Courteous)
+    }
+
+    /// [`Self::start`] (no `head` deadline) or [`Self::start_with_head`], at `pace`.
+    pub fn start_paced(
+        segment: Arc<Segment>,
+        name: &str,
+        head: Option<Instant>,
+        pace: Pace,
+    ) -> std::io::Result<Populator> {
         let mut offset = 0;
-        while offset < segment.len() {
+        while let Some(deadline) = head {
+            if offset >= segment.len() {
+                break;
+            }
             let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
             if segment.populate(offset, len).is_err() {
                 break;
@@ -90,12 +131,17 @@ impl Populator {
                 break;
             }
         }
-        Self::start_from(segment, name, offset)
+        Self::start_from(segment, name, offset, pace)
     }
 
-    /// [`Self::start`] from byte `from` (a multiple of [`POPULATE_CHUNK_BYTES`], or the end):
-    /// the bytes below it are populated already.
-    fn start_from(segment: Arc<Segment>, name: &str, from: usize) -> std::io::Result<Populator> {
+    /// The walk from byte `from` (a multiple of [`POPULATE_CHUNK_BYTES`], or the end): the
+    /// bytes below it are populated already.
+    fn start_from(
+        segment: Arc<Segment>,
+        name: &str,
+        from: usize,
+        pace: Pace,
+    ) -> std::io::Result<Populator> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             populated: AtomicUsize::new(from),
@@ -106,16 +152,19 @@ impl Populator {
             .name(name.to_string())
             .spawn(move || {
                 lower_priority();
-                let report = walk(&segment, &inner);
+                let report = walk(&segment, &inner, pace);
                 tracing::info!(
                     "segment at {:#x}: {} of {} bytes populated in {:?} ({} hugepages, {} \
-                     chunks of base pages){}",
+                     chunks of base pages; {:?} waiting for a free CPU, {} chunks pressed by \
+                     puts){}",
                     segment.addr(),
                     report.populated_bytes,
                     segment.len(),
                     report.took,
                     report.huge_chunks,
                     report.base_chunks,
+                    report.yielded,
+                    report.pressed_chunks,
                     report
                         .stopped
                         .map(|why| format!(", stopped: {why}"))
@@ -173,15 +222,26 @@ impl Drop for Populator {
     }
 }
 
-/// The populator's walk: every chunk from the base up, publishing progress after each.
-fn walk(segment: &Segment, shared: &Shared) -> PopulateReport {
+/// The populator's walk: every chunk from the base up, publishing progress after each; at
+/// [`Pace::Courteous`] a chunk waits for a free CPU unless puts press (the module docs).
+fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
     let started = Instant::now();
     let mut report = PopulateReport::default();
+    let mut gauge = (pace == Pace::Courteous).then(CpuGauge::new);
     let mut offset = shared.populated.load(Ordering::Acquire);
     while offset < segment.len() {
         if shared.stop.load(Ordering::Acquire) {
             report.stopped = Some("stopped");
             break;
+        }
+        if gauge.as_mut().is_some_and(CpuGauge::cpus_wanted) {
+            if puts_press(segment, offset) {
+                report.pressed_chunks += 1;
+            } else {
+                std::thread::sleep(POPULATE_YIELD);
+                report.yielded += POPULATE_YIELD;
+                continue;
+            }
         }
         let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
         match segment.populate(offset, len) {
@@ -199,6 +259,63 @@ fn walk(segment: &Segment, shared: &Shared) -> PopulateReport {
     report.populated_bytes = offset;
     report.took = started.elapsed();
     report
+}
+
+/// Whether a page within [`POPULATE_AHEAD_BYTES`] above `offset` is resident: puts write
+/// there, and will soon write where the walk has not been. A range `mincore` refuses counts
+/// as pressing (populating it is what the walk would do without the gauge).
+fn puts_press(segment: &Segment, offset: usize) -> bool {
+    let len = POPULATE_AHEAD_BYTES.min(segment.len() - offset);
+    segment.any_resident(offset, len).unwrap_or(true)
+}
+
+/// Whether the machine's threads want the CPUs now: the running count of `/proc/loadavg`
+/// (threads running or ready to, machine-wide, the reader included), against the CPUs
+/// online. One read of a small file, about 5 µs, before each chunk. Where the file cannot be
+/// read, no CPU counts as wanted and the walk runs as [`Pace::Eager`].
+pub struct CpuGauge {
+    file: Option<std::fs::File>,
+    cpus: usize,
+}
+
+impl CpuGauge {
+    /// Opens `/proc/loadavg` once; the CPUs online from `sysconf`.
+    pub fn new() -> CpuGauge {
+        // SAFETY: sysconf reads a system value; no memory is passed.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        CpuGauge {
+            file: std::fs::File::open("/proc/loadavg").ok(),
+            cpus: usize::try_from(online).unwrap_or(1).max(1),
+        }
+    }
+
+    /// Threads running or runnable on the machine now besides the caller; `None` when the
+    /// file cannot be read or parsed.
+    pub fn others_running(&mut self) -> Option<usize> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        // "0.52 0.58 0.59 3/467 12345": the fourth field is running/total.
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let running = text.split_whitespace().nth(3)?.split('/').next()?;
+        let running: usize = running.parse().ok()?;
+        Some(running.saturating_sub(1))
+    }
+
+    /// Whether the other threads running want the CPUs a chunk needs: its own, and one more
+    /// left free for whoever wakes next (a client waiting for its answer, the master that
+    /// gives it). With two CPUs, any other running thread is enough: squeezed onto one core,
+    /// a client and a master busy-polling for each other wait for each other.
+    pub fn cpus_wanted(&mut self) -> bool {
+        let spare = self.cpus.saturating_sub(1).max(1);
+        self.others_running().is_some_and(|n| n >= spare)
+    }
+}
+
+impl Default for CpuGauge {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Moves the calling thread to `SCHED_IDLE` (below nice 19: it runs only on an otherwise idle
@@ -228,6 +345,85 @@ mod tests {
         Arc::new(Segment::new_shared(len, opts).unwrap())
     }
 
+    /// A populator that does not wait for free CPUs, so that what other tests run meanwhile
+    /// does not slow the walk these tests check.
+    fn eager(segment: &Arc<Segment>, head: Option<Instant>) -> Populator {
+        Populator::start_paced(segment.clone(), "populate-test", head, Pace::Eager).unwrap()
+    }
+
+    #[test]
+    fn the_gauge_reads_the_running_threads() {
+        let mut g = CpuGauge::new();
+        assert!(g.cpus >= 1);
+        assert!(
+            g.others_running().is_some(),
+            "/proc/loadavg is readable and parsed"
+        );
+    }
+
+    /// With a spinning thread on every CPU, a courteous walk populates nothing; a page
+    /// written just above its progress makes it populate up to there anyway, and no further
+    /// while the CPUs stay wanted.
+    #[test]
+    fn a_courteous_walk_waits_for_a_free_cpu_unless_puts_press() {
+        let mut gauge = CpuGauge::new();
+        let done = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = (0..gauge.cpus)
+            .map(|_| {
+                let done = done.clone();
+                std::thread::spawn(move || {
+                    // At the populator's own priority: counted as running, yet sharing the
+                    // CPU with it (and starving no other test).
+                    lower_priority();
+                    while !done.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !gauge.cpus_wanted() {
+            assert!(
+                Instant::now() < deadline,
+                "the spinners never showed as running"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let seg = shared_segment(2 * POPULATE_AHEAD_BYTES);
+        let p = Populator::start(seg.clone(), "populate-test").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            p.populated_bytes() <= 2 * POPULATE_CHUNK_BYTES,
+            "walked {} bytes while every CPU was wanted",
+            p.populated_bytes()
+        );
+        // A put's page 8 chunks up: within the window the walk looks at.
+        let written = 8 * POPULATE_CHUNK_BYTES + 4096;
+        // SAFETY: inside the live mapping; nobody else writes it.
+        unsafe { seg.as_ptr().add(written).write_volatile(7) };
+        while p.populated_bytes() <= written {
+            assert!(
+                Instant::now() < deadline,
+                "the walk never caught up with the put"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let report = p.stop();
+        done.store(true, Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        assert!(report.pressed_chunks >= 8, "{report:?}");
+        assert!(report.yielded > Duration::ZERO, "{report:?}");
+        assert!(
+            report.populated_bytes < seg.len(),
+            "walked on past the put while every CPU was wanted: {report:?}"
+        );
+        // SAFETY: inside the live mapping; the populator is gone.
+        assert_eq!(unsafe { seg.as_ptr().add(written).read() }, 7);
+    }
+
     /// Pages of `segment` resident in the page cache (`mincore` over the whole mapping).
     fn resident_pages(segment: &Segment) -> usize {
         let page = crate::mem::segment::base_page_bytes();
@@ -244,7 +440,7 @@ mod tests {
         let len = 16 * HUGE_PAGE_BYTES + 3 * 4096;
         let seg = shared_segment(len);
         assert_eq!(resident_pages(&seg), 0, "a fresh memfd has no pages");
-        let p = Populator::start(seg.clone(), "populate-test").unwrap();
+        let p = eager(&seg, None);
         let report = p.join();
         assert_eq!(report.populated_bytes, seg.len());
         assert_eq!(report.stopped, None);
@@ -267,7 +463,7 @@ mod tests {
     fn a_head_is_populated_before_start_returns_and_the_rest_after() {
         let seg = shared_segment(32 * HUGE_PAGE_BYTES);
         // A deadline already passed still populates one chunk.
-        let p = Populator::start_with_head(seg.clone(), "populate-test", Instant::now()).unwrap();
+        let p = eager(&seg, Some(Instant::now()));
         let head = p.populated_bytes();
         assert!(head >= HUGE_PAGE_BYTES, "{head}");
         let report = p.join();
@@ -279,7 +475,7 @@ mod tests {
         assert_eq!(resident_pages(&seg), seg.len() / 4096);
         let all = shared_segment(4 * HUGE_PAGE_BYTES);
         let later = Instant::now() + Duration::from_secs(600);
-        let p = Populator::start_with_head(all.clone(), "populate-test", later).unwrap();
+        let p = eager(&all, Some(later));
         assert!(p.done(), "the whole segment fits the budget");
         assert_eq!(p.join().populated_bytes, all.len());
     }
@@ -311,7 +507,7 @@ mod tests {
         let seg = shared_segment(len);
         let peer = crate::sys::mmap::mmap_shared(seg.shared_fd().unwrap(), len).unwrap();
         let peer_addr = peer.as_ptr() as usize;
-        let p = Populator::start(seg.clone(), "populate-test").unwrap();
+        let p = eager(&seg, None);
         let writers: Vec<_> = (0..2usize)
             .map(|w| {
                 let seg = seg.clone();

@@ -322,6 +322,35 @@ impl Segment {
         Ok(false)
     }
 
+    /// Whether any page of `offset..offset + len` (page-aligned, inside the segment) is
+    /// resident (`mincore`): a page somebody wrote, or one populated ahead. The populator
+    /// asks it of the range just above its progress to see whether puts are about to
+    /// outrun it.
+    pub fn any_resident(&self, offset: usize, len: usize) -> io::Result<bool> {
+        let page = base_page_bytes();
+        let end = offset.checked_add(len).filter(|&e| e <= self.len);
+        if end.is_none() || !offset.is_multiple_of(page) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{offset}+{len} is not a page-aligned range of {}", self.len),
+            ));
+        }
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        // SAFETY: mincore reads no byte of the range, which lies inside our live mapping
+        // (checked above); `vec` holds one byte for each of its pages.
+        let rc = unsafe {
+            libc::mincore(
+                self.ptr.as_ptr().add(offset).cast(),
+                len,
+                vec.as_mut_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(vec.iter().any(|b| b & 1 == 1))
+    }
+
     /// `madvise(advice)` over `offset..offset + len` of the mapping, retried on `EINTR` and
     /// `EAGAIN` (a populate interrupted by a signal, a collapse that met a busy page) a few
     /// times.
