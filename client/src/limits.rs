@@ -136,5 +136,14 @@ pub const CLIENT_PORT_MAX: u16 = 14300;
 pub const RESERVED_PUT_REFUSED_PAUSE: Duration = Duration::from_secs(60);
 
 /// How long a store does not ask for reservations after the master had no room for one on its
-/// host (`store::reserve`): its puts go the usual way meanwhile, without a refused call each.
+/// host (`store::reserve`), at most: its puts go the usual way meanwhile, without a refused
+/// call each. The first pause after a reservation was given is
+/// [`RESERVED_PUT_FULL_PAUSE_FIRST`], each next one twice the last, up to this.
 pub const RESERVED_PUT_FULL_PAUSE: Duration = Duration::from_secs(1);
+
+/// The first of the pauses [`RESERVED_PUT_FULL_PAUSE`] bounds. Short, because the commonest
+/// "no room" is a host whose storage node has not mounted its segment yet: a client started
+/// beside a fresh node (a benchmark, a test) would otherwise put its first second of small
+/// puts the usual way, at twice a get's time, though the segment came a few milliseconds
+/// after.
+pub const RESERVED_PUT_FULL_PAUSE_FIRST: Duration = Duration::from_millis(10);

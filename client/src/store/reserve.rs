@@ -23,8 +23,9 @@
 //! reservation among the memory segments of this client's host (their `host_id`, its
 //! address) by its allocation strategy, admission ramps included. Such puts so land on this
 //! host's segments, as `prefer_alloc_in_same_node` places a batch (a full host makes room by
-//! eviction, as for a put); a host with no room even so sends the puts the usual way, over the
-//! whole pool, for a second. Anything else, or any refusal but the key's existence, takes the
+//! eviction, as for a put); a host with no room even so (or no segment yet: a node still
+//! starting) sends the puts the usual way, over the whole pool, for 10 ms, then twice as long
+//! each time it still has none, up to a second. Anything else, or any refusal but the key's existence, takes the
 //! usual path, with nothing committed; a master that does not know the calls (an older one)
 //! or refuses them (tenant quotas) is not asked again for a minute.
 //! `MC_STORE_RESERVED_PUT=0` turns it off.
@@ -45,7 +46,9 @@ use protocol::{
 
 use super::peers::WriteItem;
 use super::{Src, Store, StoreError};
-use crate::limits::{RESERVED_PUT_FULL_PAUSE, RESERVED_PUT_REFUSED_PAUSE};
+use crate::limits::{
+    RESERVED_PUT_FULL_PAUSE, RESERVED_PUT_FULL_PAUSE_FIRST, RESERVED_PUT_REFUSED_PAUSE,
+};
 
 /// Sizes of the last puts that may commit in one round trip: a put of a size among them
 /// does, so that a client putting sizes that do not repeat reserves nothing it would not use.
@@ -59,6 +62,10 @@ pub(super) struct Reservations {
     recent: Mutex<Vec<u64>>,
     /// Not asked before then: the master refused the calls.
     paused_until: Mutex<Option<Instant>>,
+    /// The next pause after the master had no room on this host: doubles from
+    /// [`RESERVED_PUT_FULL_PAUSE_FIRST`] to [`RESERVED_PUT_FULL_PAUSE`], back to the first
+    /// once a reservation is given.
+    full_pause: Mutex<Duration>,
 }
 
 /// One reservation, and when it was asked for.
@@ -79,6 +86,7 @@ impl Default for Reservations {
             held: Mutex::new(Vec::new()),
             recent: Mutex::new(Vec::with_capacity(RECENT_SIZES)),
             paused_until: Mutex::new(None),
+            full_pause: Mutex::new(RESERVED_PUT_FULL_PAUSE_FIRST),
         }
     }
 }
@@ -128,6 +136,24 @@ impl Reservations {
 
     fn give(&self, h: Held) {
         self.held.lock().push(h);
+    }
+
+    /// Not asked again for a while after the master had no room on this host: the first
+    /// time since a reservation came briefly, then twice as long each time
+    /// ([`Reservations::full_pause`]).
+    fn pause_full(&self) {
+        let pause = {
+            let mut next = self.full_pause.lock();
+            let now = *next;
+            *next = (now * 2).min(RESERVED_PUT_FULL_PAUSE);
+            now
+        };
+        self.pause(pause);
+    }
+
+    /// A reservation came: the next "no room" pauses briefly again.
+    fn reserved(&self) {
+        *self.full_pause.lock() = RESERVED_PUT_FULL_PAUSE_FIRST;
     }
 
     /// Not asked again for `pause`, and the reservations held let go (the master parks them).
@@ -272,19 +298,51 @@ impl Store {
             host_id: host.to_string(),
         });
         match answer {
-            Ok(Ok(replica)) => Some(self.held(replica, asked_at)),
+            Ok(Ok(replica)) => {
+                self.reservations.reserved();
+                Some(self.held(replica, asked_at))
+            }
             Ok(Err(ErrorCode::InvalidParams)) => {
                 tracing::debug!("the master refuses reserved puts; not asked for a minute");
                 self.reservations.pause(RESERVED_PUT_REFUSED_PAUSE);
                 None
             }
-            // No room on this host: the usual puts place (and evict) over the whole pool for
-            // a while, rather than each paying a refused call first.
+            // No room on this host (or no segment yet): the usual puts place (and evict)
+            // over the whole pool for a while, rather than each paying a refused call first.
             Ok(Err(ErrorCode::NoAvailableHandle)) => {
-                self.reservations.pause(RESERVED_PUT_FULL_PAUSE);
+                self.reservations.pause_full();
                 None
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "No room on this host" pauses the one-round-trip path for 10 ms first, then twice as
+    /// long each time, at most a second; a reservation given starts over.
+    #[test]
+    fn no_room_pauses_briefly_first_then_doubling_to_a_second() {
+        let r = Reservations::default();
+        let cfg = ReplicateConfig::default();
+        assert!(r.fits(4096, &cfg));
+        r.pause_full();
+        assert!(!r.fits(4096, &cfg), "paused");
+        std::thread::sleep(RESERVED_PUT_FULL_PAUSE_FIRST + Duration::from_millis(5));
+        assert!(r.fits(4096, &cfg), "the first pause is short");
+        let mut want = RESERVED_PUT_FULL_PAUSE_FIRST * 2;
+        for _ in 0..10 {
+            assert_eq!(*r.full_pause.lock(), want);
+            r.pause_full();
+            want = (want * 2).min(RESERVED_PUT_FULL_PAUSE);
+        }
+        assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE, "capped");
+        let until = r.paused_until.lock().unwrap();
+        assert!(until > Instant::now() + RESERVED_PUT_FULL_PAUSE / 2);
+        r.reserved();
+        assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE_FIRST);
     }
 }
