@@ -46,13 +46,15 @@ def phase(a):
     if os.environ.get("PROBE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["PROBE_CPU"])})
     s = store_bench.setup_store(a.master, a.metadata, 0, 64 * store_bench.MIB)
-    # With the populator on, let it finish first (a few seconds for the node's segment).
-    time.sleep(10.0 if a.populate else 1.0)
+    # With the populator on, let it finish first (a few seconds for the node's segment),
+    # unless `--wait` says otherwise (0: measure a fresh node's first seconds).
+    time.sleep(a.wait if a.wait is not None else 10.0 if a.populate else 1.0)
+    t0 = time.monotonic()
     for r in range(a.rounds):
         put = latencies(lambda i: s.put(f"k{r}_{i}", VALUE), a.ops)
         get = latencies(lambda i: s.get(f"k{r}_{i}"), a.ops)
         exist = latencies(lambda i: s.is_exist(f"k{r}_{i}"), a.ops)
-        print(f"round {r}: p50/p99 us  put {put[0]}/{put[1]}  get {get[0]}/{get[1]}  "
+        print(f"round {r} (at {time.monotonic() - t0:.1f} s): p50/p99 us  put {put[0]}/{put[1]}  get {get[0]}/{get[1]}  "
               f"is_exist {exist[0]}/{exist[1]}  put/get {put[0] / get[0]:.2f}",
               file=sys.stderr, flush=True)
     store_bench.out({})
@@ -69,6 +71,9 @@ def main():
     p.add_argument("--populate", action="store_true",
                    help="start the node with its default background populator (off: the "
                         "populator's first seconds slow small calls on this VM, bench/README.md)")
+    p.add_argument("--wait", type=float, default=None,
+                   help="seconds between the client's start and the first round (default 10 "
+                        "with --populate, else 1)")
     a = p.parse_args()
     if a.cmd == "phase":
         phase(a)
@@ -78,7 +83,8 @@ def main():
                                script=Path(__file__).resolve(), echo=True,
                                node_flags=[] if a.populate else ["--populate=false"],
                                phase_args=["--rounds", str(a.rounds), "--ops", str(a.ops)]
-                               + (["--populate"] if a.populate else []))
+                               + (["--populate"] if a.populate else [])
+                               + (["--wait", str(a.wait)] if a.wait is not None else []))
     if "error" in res.get("probe", {}):
         sys.exit(res["probe"]["error"])
 
