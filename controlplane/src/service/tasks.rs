@@ -531,9 +531,10 @@ impl State {
         let Some(task) = self.tasks.all.get(&id) else {
             return Err(Some("task lost".into()));
         };
-        let (key, targets, mut version) = (task.key.clone(), task.targets.clone(), task.version);
-        if version.term < self.term {
-            version = self.restamp(now, id, &key, version)?;
+        let (key, targets, version) = (task.key.clone(), task.targets.clone(), task.version);
+        let stale = version.term < self.term;
+        if stale && !self.owners_settled(now) {
+            return Err(None);
         }
         let (size, held) = match self.objects.get(&key) {
             Some(o) if o.is_complete() && o.version == version => (
@@ -543,32 +544,35 @@ impl State {
             _ => return Err(Some("the object was removed or replaced".into())),
         };
         let (ranges, lack) = self.allocate_targets(now, &targets, &held, size);
-        let Some(task) = self.tasks.all.get(&id) else {
+        if self.objects.get(&key).is_none_or(|o| o.version != version) {
+            self.free_spans(ranges);
+            return Err(Some("the object was removed meanwhile".into()));
+        }
+        if let Some(why) = lack {
+            self.free_spans(ranges);
+            return Err(self.not_started(now, id, why));
+        }
+        // Re-stamped only now that the copy goes out: a task that waits for room leaves the
+        // object at the version its owners' catalogs hold (nothing is copied, so nothing
+        // needs a version of this term), and one with every target held copies nothing.
+        let version = if stale && !ranges.is_empty() {
+            match self.restamp(now, id, &key, version) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.free_spans(ranges);
+                    return Err(e);
+                }
+            }
+        } else {
+            version
+        };
+        let (Some(task), Some(obj)) = (
+            self.tasks.all.get(&id),
+            self.objects.get(&key).filter(|o| o.version == version),
+        ) else {
+            self.free_spans(ranges);
             return Err(Some("task lost".into()));
         };
-        let Some(obj) = self.objects.get(&key).filter(|o| o.version == version) else {
-            for (r, span) in ranges {
-                self.segs.free_span(r, span);
-            }
-            return Err(Some("the object was removed meanwhile".into()));
-        };
-        if let Some(why) = lack {
-            for (r, span) in ranges {
-                self.segs.free_span(r, span);
-            }
-            let max = self.cfg.tasks.max_retry_attempts;
-            let task = self.tasks.all.get_mut(&id).ok_or(Some(String::new()))?;
-            return Err(why.or_else(|| {
-                task.attempts += 1;
-                task.updated_ms = now;
-                (task.attempts > max).then(|| {
-                    format!(
-                        "no space on a target after {} attempts (NO_AVAILABLE_HANDLE)",
-                        task.attempts
-                    )
-                })
-            }));
-        }
         let w = self.task_work(now, id, task, obj, &ranges);
         let handed: Vec<(SegRef, Span)> = obj.replicas.iter().map(|r| (r.seg, r.span)).collect();
         let t = &mut self.tasks;
@@ -621,6 +625,32 @@ impl State {
             t.version = v;
         }
         Ok(v)
+    }
+
+    /// Why task `id` did not start: `why` if it fails (a target not mounted), else (no room
+    /// now) `None` to retry it later, until its attempts run out.
+    fn not_started(&mut self, now: u64, id: Uuid, why: Option<String>) -> Option<String> {
+        let max = self.cfg.tasks.max_retry_attempts;
+        let Some(task) = self.tasks.all.get_mut(&id) else {
+            return Some(String::new());
+        };
+        why.or_else(|| {
+            task.attempts += 1;
+            task.updated_ms = now;
+            (task.attempts > max).then(|| {
+                format!(
+                    "no space on a target after {} attempts (NO_AVAILABLE_HANDLE)",
+                    task.attempts
+                )
+            })
+        })
+    }
+
+    /// Gives back ranges allocated for a task that does not start.
+    fn free_spans(&mut self, ranges: Vec<(SegRef, Span)>) {
+        for (r, span) in ranges {
+            self.segs.free_span(r, span);
+        }
     }
 
     /// Allocates a range for `size` bytes on each target that does not hold a replica

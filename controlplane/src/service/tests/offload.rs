@@ -610,6 +610,52 @@ fn promotion_is_queued_after_the_admission_threshold() {
     assert_eq!(t.tier().stats.promotions_queued, 2);
 }
 
+/// A promotion of an object of an earlier term that finds no room in memory waits in its
+/// queue and leaves the object at the version its owner's catalog holds: re-stamped with no
+/// copy made, the object would be listed at a version no owner holds it at. Found by the
+/// `master_model` fuzz target (a read of the disk replica at a version never written).
+#[test]
+fn a_promotion_waiting_for_room_leaves_an_earlier_terms_object_as_it_was() {
+    let mut c = offload_cfg();
+    c.offload.promotion_on_hit = true;
+    c.offload.promotion_threshold = 1;
+    c.client_ttl_s = 10;
+    let t = T::with(c);
+    t.svc.tick();
+    remount(&t, C1, 1, &[("a", MIB, 0, 1)]);
+    let before = t.get("a").unwrap().replicas[0].version;
+    assert_eq!(t.tier().stats.promotions_queued, 1);
+    t.advance(10_000);
+    // The disk owner's memory, the promotion's target, full meanwhile.
+    t.put_by(C1, "fill", 64 * MIB, "n1");
+    let w = t.fetch_work(C1);
+    assert!(w.iter().all(|w| w.key != "a"), "no room, no copy: {w:?}");
+    assert_eq!(
+        t.get("a").unwrap().replicas[0].version,
+        before,
+        "re-stamped though nothing was copied"
+    );
+    for w in w {
+        t.finish(C1, w.task_id, true).unwrap();
+    }
+    // Room again: the copy goes out, and only now at a version of this term.
+    t.call(
+        Request::Remove,
+        Remove {
+            key: "fill".into(),
+            force: true,
+        },
+    )
+    .unwrap();
+    let w = t.fetch_work(C1);
+    let a = w.iter().find(|w| w.key == "a").expect("the promotion");
+    assert!(a.targets[0].version.term > before.term, "{a:?}");
+    assert_eq!(
+        t.get("a").unwrap().replicas[0].version,
+        a.targets[0].version
+    );
+}
+
 #[test]
 fn the_cluster_wide_disk_byte_cap_evicts_disk_first() {
     let mut c = offload_cfg();
