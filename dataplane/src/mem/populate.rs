@@ -25,9 +25,10 @@
 //! same-host client's 4 KiB puts took 35-110 µs and gets 13-45 µs, against 10-13 and 8-9
 //! once it ended. So the walk is [`Pace::Courteous`]: before each chunk it reads how many
 //! threads the machine is running ([`CpuGauge`], `/proc/loadavg`), and unless that leaves a
-//! CPU free besides its own it waits ([`POPULATE_YIELD`]) instead, unless puts are about to
-//! outrun it (a written page within [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`):
-//! then the chunk is worth more to them than the CPU.
+//! CPU free besides its own it waits ([`POPULATE_YIELD`]) instead, until it has found one
+//! free [`POPULATE_QUIET_LOOKS`] times in a row; unless puts are about to outrun it (a
+//! written page within [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`): then the
+//! chunk is worth more to them than the CPU.
 //!
 //! The base upwards is the order the master's allocator fills a fresh segment in (best fit
 //! from its one free extent takes the extent's lowest bytes, `controlplane::alloc::extent`),
@@ -47,7 +48,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::limits::{POPULATE_AHEAD_BYTES, POPULATE_CHUNK_BYTES, POPULATE_YIELD};
+use crate::limits::{
+    POPULATE_AHEAD_BYTES, POPULATE_CHUNK_BYTES, POPULATE_QUIET_LOOKS, POPULATE_YIELD,
+};
 use crate::mem::Segment;
 
 /// How the walk shares the machine with other work.
@@ -228,19 +231,26 @@ fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
     let started = Instant::now();
     let mut report = PopulateReport::default();
     let mut gauge = (pace == Pace::Courteous).then(CpuGauge::new);
+    // Looks in a row that found a CPU free, and waits since the last look for puts.
+    let (mut quiet, mut waits) = (POPULATE_QUIET_LOOKS, 0u32);
     let mut offset = shared.populated.load(Ordering::Acquire);
     while offset < segment.len() {
         if shared.stop.load(Ordering::Acquire) {
             report.stopped = Some("stopped");
             break;
         }
-        if gauge.as_mut().is_some_and(CpuGauge::cpus_wanted) {
-            if puts_press(segment, offset) {
-                report.pressed_chunks += 1;
-            } else {
-                std::thread::sleep(POPULATE_YIELD);
-                report.yielded += POPULATE_YIELD;
-                continue;
+        if let Some(gauge) = gauge.as_mut() {
+            quiet = if gauge.cpus_wanted() { 0 } else { quiet + 1 };
+            if quiet < POPULATE_QUIET_LOOKS {
+                waits += 1;
+                if waits >= POPULATE_QUIET_LOOKS && puts_press(segment, offset) {
+                    report.pressed_chunks += 1;
+                } else {
+                    waits %= POPULATE_QUIET_LOOKS;
+                    std::thread::sleep(POPULATE_YIELD);
+                    report.yielded += POPULATE_YIELD;
+                    continue;
+                }
             }
         }
         let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
