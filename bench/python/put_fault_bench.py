@@ -8,6 +8,8 @@ For each node configuration, in one run, next to a plain memcpy measured in the 
   transparent hugepages where the kernel collapses them (`--populate`, the default);
 - `nopopulate`: the same with `--populate=false` (the default before the populator: pages
   are faulted in by the puts that first write them);
+- `eager`: `--populate=eager` (the populator walks whatever else runs; by default it takes a
+  chunk only while a CPU is free for it or puts are close behind);
 - `prefault`: `--prefault` (the node populates every page before it reports ready);
 - `hugepages+prefault`: `MC_STORE_USE_HUGEPAGE=1 --prefault` (2 MiB hugetlb pages; only when
   the pool has enough free pages: `echo 600 > /proc/sys/vm/nr_hugepages` as root).
@@ -118,6 +120,8 @@ def start_node(config, env, rpc, meta):
         extra.append("--prefault")
     if config == "nopopulate":
         extra.append("--populate=false")
+    if config == "eager":
+        extra.append("--populate=eager")
     node_port = free_port()
     t0 = time.perf_counter()
     node = subprocess.Popen(

@@ -47,6 +47,9 @@ pub struct NodeConfig {
     /// `--populate` (default true): fault the segments' pages in after start-up, in a
     /// low-priority thread per shard (`dataplane::mem::populate`). Moot with `--prefault`.
     pub populate: bool,
+    /// `--populate=eager`: the thread walks whether or not the CPUs are wanted (default: a
+    /// chunk only while a CPU is free for it, `dataplane::mem::populate::Pace`).
+    pub populate_eager: bool,
     /// `--replica_tasks` (default true): fetch and carry out the replica copy/move tasks the
     /// master assigns to this node (`store::tasks`).
     pub replica_tasks: bool,
@@ -88,6 +91,7 @@ impl Default for NodeConfig {
             http_port: None,
             prefault: false,
             populate: true,
+            populate_eager: false,
             replica_tasks: true,
             drain_timeout_s: 30,
             enable_offload: false,
@@ -140,8 +144,10 @@ flags (--flag=value or --flag value):
                                  transparent hugepages where the kernel collapses them)
   --populate=true                the same after ready, in the background: one idle-priority
                                  thread per shard fills its segment from the base upwards,
-                                 where the next puts land (false: pages are faulted in by
-                                 the puts that first write them; docs/deploy.md)
+                                 where the next puts land, while a CPU is free for it or
+                                 puts are close behind (eager: whatever else runs; false:
+                                 pages are faulted in by the puts that first write them;
+                                 docs/deploy.md)
   --drain_timeout_sec=30         on SIGTERM, drain the segments (no new puts, only copies
                                  moved to other nodes) for at most this long; 0 = unmount now
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns
@@ -285,7 +291,10 @@ impl NodeConfig {
         match name {
             "enable_offload" => c.enable_offload = parse_bool(&value)?,
             "prefault" => c.prefault = parse_bool(&value)?,
-            "populate" => c.populate = parse_bool(&value)?,
+            "populate" => {
+                c.populate_eager = value == "eager";
+                c.populate = c.populate_eager || parse_bool(&value)?;
+            }
             "enable_http_server" => pending.http_on = parse_bool(&value)?,
             "replica_tasks" => c.replica_tasks = parse_bool(&value)?,
             "host" => c.host = value,
@@ -501,5 +510,10 @@ mod tests {
         assert!(NodeConfig::default().populate);
         assert!(!parse(&["--populate=false"]).unwrap().unwrap().populate);
         assert!(!parse(&["--nopopulate"]).unwrap().unwrap().populate);
+        assert!(!NodeConfig::default().populate_eager);
+        let eager = parse(&["--populate=eager"]).unwrap().unwrap();
+        assert!(eager.populate && eager.populate_eager);
+        assert!(!parse(&["--populate=true"]).unwrap().unwrap().populate_eager);
+        assert!(parse(&["--populate=sometimes"]).is_err());
     }
 }

@@ -562,7 +562,8 @@ fn serve_rdma(
     Ok(Some(side))
 }
 
-/// The shard's populator (`--populate` without `--prefault`): the segment's head now, within
+/// The shard's populator (`--populate` without `--prefault`; `--populate=eager` walks
+/// whatever else runs): the segment's head now, within
 /// [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of the node's segments (the shards start in
 /// parallel, so every shard has the whole node's budget), the rest in the background. `None`
 /// when off, or when its thread cannot start (logged: the node serves without it).
@@ -577,7 +578,12 @@ fn start_populator(
     let share = cfg.global_segment_size as f64 / (16u64 << 30) as f64;
     let deadline = Instant::now() + POPULATE_AT_START_PER_16_GIB.mul_f64(share);
     let name = format!("populate-{index}");
-    dataplane::mem::Populator::start_with_head(segment.clone(), &name, deadline)
+    let pace = if cfg.populate_eager {
+        dataplane::mem::Pace::Eager
+    } else {
+        dataplane::mem::Pace::Courteous
+    };
+    dataplane::mem::Populator::start_paced(segment.clone(), &name, Some(deadline), pace)
         .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
         .ok()
 }
