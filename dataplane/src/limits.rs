@@ -113,15 +113,15 @@ pub const POPULATE_CHUNK_BYTES: usize = HUGE_PAGE_BYTES;
 pub const POPULATE_AHEAD_BYTES: usize = 32 * POPULATE_CHUNK_BYTES;
 
 /// How long the background populator waits before it looks again when the CPUs are wanted
-/// (`mem::populate`).
-pub const POPULATE_YIELD: std::time::Duration = std::time::Duration::from_millis(1);
+/// (`mem::populate`), and the shortest time over which it measures whether they are: the
+/// kernel's CPU pressure moves in steps of a few milliseconds (looks 1 ms apart read 0 nine
+/// times in ten while a thread waited 40% of the time).
+pub const POPULATE_YIELD: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Looks in a row, [`POPULATE_YIELD`] apart, that must find a CPU free before the background
-/// populator walks again after it found them wanted: one look is a moment, and a client
-/// calling the master back to back is off the CPU for moments too (waiting for an answer);
-/// 5 ms of free CPU is not a call in flight. Also how many waits apart it looks for puts
-/// close behind (`mincore` of 64 MiB, tens of µs).
-pub const POPULATE_QUIET_LOOKS: u32 = 5;
+/// Looks in a row, [`POPULATE_YIELD`] apart, that must find the CPUs free before the
+/// background populator walks again after it found them wanted: a client calling the master
+/// back to back is off the CPU for moments too (waiting for an answer).
+pub const POPULATE_QUIET_LOOKS: u32 = 2;
 
 /// Bytes of one slab: the unit the slab allocator hands to a size class. One huge page, so a
 /// slab never straddles two huge pages of a segment.

@@ -23,12 +23,13 @@
 //! thread as free, so it wakes other threads onto it, to wait there. Measured on a 2-core VM
 //! (`bench/README.md`, "The populator out of the way"): while a fresh node's walk ran, a
 //! same-host client's 4 KiB puts took 35-110 µs and gets 13-45 µs, against 10-13 and 8-9
-//! once it ended. So the walk is [`Pace::Courteous`]: before each chunk it reads how many
-//! threads the machine is running ([`CpuGauge`], `/proc/loadavg`), and unless that leaves a
-//! CPU free besides its own it waits ([`POPULATE_YIELD`]) instead, until it has found one
-//! free [`POPULATE_QUIET_LOOKS`] times in a row; unless puts are about to outrun it (a
-//! written page within [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`): then the
-//! chunk is worth more to them than the CPU.
+//! once it ended. So the walk is [`Pace::Courteous`]: before each chunk it asks whether the
+//! machine's threads want the CPUs ([`CpuGauge`]: whether any waited for one since it last
+//! looked, from the kernel's CPU pressure, else the running count of `/proc/loadavg`), and
+//! if so it waits ([`POPULATE_YIELD`]) until [`POPULATE_QUIET_LOOKS`] looks in a row find
+//! them free; unless puts are about to outrun it (a written page within
+//! [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`): then the chunk is worth more to
+//! them than the CPU.
 //!
 //! The base upwards is the order the master's allocator fills a fresh segment in (best fit
 //! from its one free extent takes the extent's lowest bytes, `controlplane::alloc::extent`),
@@ -231,8 +232,8 @@ fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
     let started = Instant::now();
     let mut report = PopulateReport::default();
     let mut gauge = (pace == Pace::Courteous).then(CpuGauge::new);
-    // Looks in a row that found a CPU free, and waits since the last look for puts.
-    let (mut quiet, mut waits) = (POPULATE_QUIET_LOOKS, 0u32);
+    // Looks in a row that found the CPUs free.
+    let mut quiet = POPULATE_QUIET_LOOKS;
     let mut offset = shared.populated.load(Ordering::Acquire);
     while offset < segment.len() {
         if shared.stop.load(Ordering::Acquire) {
@@ -242,11 +243,9 @@ fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
         if let Some(gauge) = gauge.as_mut() {
             quiet = if gauge.cpus_wanted() { 0 } else { quiet + 1 };
             if quiet < POPULATE_QUIET_LOOKS {
-                waits += 1;
-                if waits >= POPULATE_QUIET_LOOKS && puts_press(segment, offset) {
+                if puts_press(segment, offset) {
                     report.pressed_chunks += 1;
                 } else {
-                    waits %= POPULATE_QUIET_LOOKS;
                     std::thread::sleep(POPULATE_YIELD);
                     report.yielded += POPULATE_YIELD;
                     continue;
@@ -279,22 +278,45 @@ fn puts_press(segment: &Segment, offset: usize) -> bool {
     segment.any_resident(offset, len).unwrap_or(true)
 }
 
-/// Whether the machine's threads want the CPUs now: the running count of `/proc/loadavg`
-/// (threads running or ready to, machine-wide, the reader included), against the CPUs
-/// online. One read of a small file, about 5 µs, before each chunk. Where the file cannot be
-/// read, no CPU counts as wanted and the walk runs as [`Pace::Eager`].
+/// The share of the time some thread waited for a CPU (the kernel's CPU pressure) from which
+/// [`CpuGauge`] counts the CPUs as wanted: a client and the master calling each other
+/// measured 36-61% on a 2-core VM, a lone busy process 0-2%.
+const STALL_SHARE: f64 = 0.10;
+
+/// Whether the machine's threads want the CPUs now, read before each chunk (a few µs).
+///
+/// Where the kernel reports CPU pressure (`/proc/pressure/cpu`, PSI): wanted when, over the
+/// last window of at least [`POPULATE_YIELD`], some thread was ready to run and waited for a
+/// CPU [`STALL_SHARE`] of the time or more (the walk's own chunk may be what it
+/// waited behind), or when the running count of `/proc/loadavg` leaves no CPU free for the
+/// walk. That tells a client and the master calling each other back to back (on this 2-core
+/// VM a thread waits 36-61% of the time, with the CPUs otherwise free) from one busy thread
+/// (a process starting: 0-2%, a few moments at 10-24%), beside which a chunk takes the other
+/// CPU and delays nobody; the running count catches the calls' first window.
+///
+/// Elsewhere (no PSI; and until a first window has passed): the running count alone, and
+/// the CPUs count as wanted unless one besides the walk's own is free. Where neither file
+/// can be read, no CPU counts as wanted and the walk runs as [`Pace::Eager`].
 pub struct CpuGauge {
     file: Option<std::fs::File>,
+    psi: Option<std::fs::File>,
+    /// When the window being measured began, and the stall total then (µs).
+    since: Option<(Instant, u64)>,
+    /// The share of the last window of at least [`POPULATE_YIELD`].
+    share: Option<f64>,
     cpus: usize,
 }
 
 impl CpuGauge {
-    /// Opens `/proc/loadavg` once; the CPUs online from `sysconf`.
+    /// Opens `/proc/loadavg` and `/proc/pressure/cpu` once; the CPUs online from `sysconf`.
     pub fn new() -> CpuGauge {
         // SAFETY: sysconf reads a system value; no memory is passed.
         let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
         CpuGauge {
             file: std::fs::File::open("/proc/loadavg").ok(),
+            psi: std::fs::File::open("/proc/pressure/cpu").ok(),
+            since: None,
+            share: None,
             cpus: usize::try_from(online).unwrap_or(1).max(1),
         }
     }
@@ -302,24 +324,58 @@ impl CpuGauge {
     /// Threads running or runnable on the machine now besides the caller; `None` when the
     /// file cannot be read or parsed.
     pub fn others_running(&mut self) -> Option<usize> {
-        use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 128];
-        let n = self.file.as_ref()?.read_at(&mut buf, 0).ok()?;
+        let text = read_small(self.file.as_ref()?, &mut buf)?;
         // "0.52 0.58 0.59 3/467 12345": the fourth field is running/total.
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
         let running = text.split_whitespace().nth(3)?.split('/').next()?;
         let running: usize = running.parse().ok()?;
         Some(running.saturating_sub(1))
     }
 
-    /// Whether the other threads running want the CPUs a chunk needs: its own, and one more
-    /// left free for whoever wakes next (a client waiting for its answer, the master that
-    /// gives it). With two CPUs, any other running thread is enough: squeezed onto one core,
-    /// a client and a master busy-polling for each other wait for each other.
-    pub fn cpus_wanted(&mut self) -> bool {
-        let spare = self.cpus.saturating_sub(1).max(1);
-        self.others_running().is_some_and(|n| n >= spare)
+    /// The share of the last window of at least [`POPULATE_YIELD`] during which some thread
+    /// waited for a CPU (PSI's `some` total): a call within a window answers the last whole
+    /// window's share. `None` without PSI, or before a whole window passed.
+    pub fn stalled_share(&mut self) -> Option<f64> {
+        let mut buf = [0u8; 256];
+        // "some avg10=0.00 avg60=0.00 avg300=0.00 total=12345\nfull ...".
+        let text = read_small(self.psi.as_ref()?, &mut buf)?;
+        let total: u64 = text
+            .lines()
+            .next()?
+            .rsplit("total=")
+            .next()?
+            .trim()
+            .parse()
+            .ok()?;
+        let now = Instant::now();
+        match self.since {
+            Some((at, was)) if now.duration_since(at) >= POPULATE_YIELD => {
+                let us = now.duration_since(at).as_micros() as f64;
+                self.share = Some(total.saturating_sub(was) as f64 / us);
+                self.since = Some((now, total));
+            }
+            Some(_) => {}
+            None => self.since = Some((now, total)),
+        }
+        self.share
     }
+
+    /// Whether the CPUs a chunk needs are wanted (the type's docs).
+    pub fn cpus_wanted(&mut self) -> bool {
+        let others = self.others_running();
+        if let Some(share) = self.stalled_share() {
+            return share >= STALL_SHARE || others.is_some_and(|n| n >= self.cpus);
+        }
+        let spare = self.cpus.saturating_sub(1).max(1);
+        others.is_some_and(|n| n >= spare)
+    }
+}
+
+/// The text of a small `/proc` file, read again from its start.
+fn read_small<'b>(file: &std::fs::File, buf: &'b mut [u8]) -> Option<&'b str> {
+    use std::os::unix::fs::FileExt;
+    let n = file.read_at(buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()
 }
 
 impl Default for CpuGauge {
