@@ -25,7 +25,7 @@
 //! host's segments, as `prefer_alloc_in_same_node` places a batch (a full host makes room by
 //! eviction, as for a put); a host with no room even so (or no segment yet: a node still
 //! starting) sends the puts the usual way, over the whole pool, for 10 ms, then twice as long
-//! each time it still has none, up to a second. Anything else, or any refusal but the key's existence, takes the
+//! each time it still has none, up to a second, or until a usual put is placed on this host. Anything else, or any refusal but the key's existence, takes the
 //! usual path, with nothing committed; a master that does not know the calls (an older one)
 //! or refuses them (tenant quotas) is not asked again for a minute.
 //! `MC_STORE_RESERVED_PUT=0` turns it off.
@@ -46,6 +46,8 @@ use protocol::{
 
 use super::peers::WriteItem;
 use super::{Src, Store, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::limits::{
     RESERVED_PUT_FULL_PAUSE, RESERVED_PUT_FULL_PAUSE_FIRST, RESERVED_PUT_REFUSED_PAUSE,
 };
@@ -66,6 +68,9 @@ pub(super) struct Reservations {
     /// [`RESERVED_PUT_FULL_PAUSE_FIRST`] to [`RESERVED_PUT_FULL_PAUSE`], back to the first
     /// once a reservation is given.
     full_pause: Mutex<Duration>,
+    /// Whether the pause in [`Reservations::paused_until`] is for "no room on this host",
+    /// which a usual put placed on this host ends.
+    paused_for_room: AtomicBool,
 }
 
 /// One reservation, and when it was asked for.
@@ -87,6 +92,7 @@ impl Default for Reservations {
             recent: Mutex::new(Vec::with_capacity(RECENT_SIZES)),
             paused_until: Mutex::new(None),
             full_pause: Mutex::new(RESERVED_PUT_FULL_PAUSE_FIRST),
+            paused_for_room: AtomicBool::new(false),
         }
     }
 }
@@ -149,6 +155,7 @@ impl Reservations {
             now
         };
         self.pause(pause);
+        self.paused_for_room.store(true, Ordering::Relaxed);
     }
 
     /// A reservation came: the next "no room" pauses briefly again.
@@ -156,14 +163,32 @@ impl Reservations {
         *self.full_pause.lock() = RESERVED_PUT_FULL_PAUSE_FIRST;
     }
 
+    /// A usual put was placed on this host: there is room here now (the node that had not
+    /// mounted yet has), so a pause for "no room" ends.
+    pub(super) fn room_seen(&self) {
+        if self.paused_for_room.swap(false, Ordering::Relaxed) {
+            *self.paused_until.lock() = None;
+            self.reserved();
+        }
+    }
+
     /// Not asked again for `pause`, and the reservations held let go (the master parks them).
     fn pause(&self, pause: Duration) {
         *self.paused_until.lock() = Some(Instant::now() + pause);
+        self.paused_for_room.store(false, Ordering::Relaxed);
         self.held.lock().clear();
     }
 }
 
 impl Store {
+    /// Whether replica `r` is in a segment of this client's host (its endpoint's address is
+    /// ours, as the master's `host_id` of a node on this host is), where reservations go.
+    pub(super) fn on_this_host(&self, r: &ReplicaDescriptor) -> bool {
+        r.transport_endpoint
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip() == self.ip)
+    }
+
     /// Whether this process writes `h`'s range by memcpy into a segment whose owner takes
     /// provisional records and their commits, and is the owner it was reserved from.
     fn writes_in_place(&self, h: &Held) -> bool {
@@ -344,5 +369,15 @@ mod tests {
         assert!(until > Instant::now() + RESERVED_PUT_FULL_PAUSE / 2);
         r.reserved();
         assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE_FIRST);
+        // A put placed on this host ends a pause for room, not one for a refusal.
+        r.pause_full();
+        r.pause_full();
+        assert!(!r.fits(4096, &cfg));
+        r.room_seen();
+        assert!(r.fits(4096, &cfg), "room seen");
+        assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE_FIRST);
+        r.pause(RESERVED_PUT_REFUSED_PAUSE);
+        r.room_seen();
+        assert!(!r.fits(4096, &cfg), "a refusal's pause stays");
     }
 }
