@@ -46,6 +46,7 @@ def phase(a):
     if os.environ.get("PROBE_CPU"):
         os.sched_setaffinity(0, {int(os.environ["PROBE_CPU"])})
     s = store_bench.setup_store(a.master, a.metadata, 0, 64 * store_bench.MIB)
+    store_bench.wait_for_space(s)  # the node's segment is mounted
     # With the populator on, let it finish first (a few seconds for the node's segment),
     # unless `--wait` says otherwise (0: measure a fresh node's first seconds).
     time.sleep(a.wait if a.wait is not None else 10.0 if a.populate else 1.0)
