@@ -24,8 +24,8 @@
 //! (`bench/README.md`, "The populator out of the way"): while a fresh node's walk ran, a
 //! same-host client's 4 KiB puts took 35-110 µs and gets 13-45 µs, against 10-13 and 8-9
 //! once it ended. So the walk is [`Pace::Courteous`]: before each chunk it asks whether the
-//! machine's threads want the CPUs ([`CpuGauge`]: whether any waited for one since it last
-//! looked, from the kernel's CPU pressure, else the running count of `/proc/loadavg`), and
+//! machine's threads want the CPUs ([`CpuGauge`]: whether any waited for one lately, from
+//! the kernel's CPU pressure, and the running count of `/proc/loadavg`), and
 //! if so it waits ([`POPULATE_YIELD`]) until [`POPULATE_QUIET_LOOKS`] looks in a row find
 //! them free; unless puts are about to outrun it (a written page within
 //! [`POPULATE_AHEAD_BYTES`] above its progress, `mincore`): then the chunk is worth more to
@@ -57,8 +57,8 @@ use crate::mem::Segment;
 /// How the walk shares the machine with other work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pace {
-    /// A chunk only while a CPU is free for it, or when puts are about to outrun the walk
-    /// (the module docs); what a serving node uses.
+    /// A chunk only while no thread waits for a CPU ([`CpuGauge`]), or when puts are about
+    /// to outrun the walk (the module docs); what a serving node uses.
     Courteous,
     /// Chunk after chunk, whatever else runs.
     Eager,
@@ -425,6 +425,13 @@ mod tests {
             g.others_running().is_some(),
             "/proc/loadavg is readable and parsed"
         );
+        // Where the kernel reports CPU pressure, a share comes once a window has passed.
+        if std::fs::read_to_string("/proc/pressure/cpu").is_ok() {
+            assert_eq!(g.stalled_share(), None, "no window yet");
+            std::thread::sleep(POPULATE_YIELD + Duration::from_millis(1));
+            let share = g.stalled_share().expect("/proc/pressure/cpu parsed");
+            assert!((0.0..=1.5).contains(&share), "{share}");
+        }
     }
 
     /// With a spinning thread on every CPU, a courteous walk populates nothing; a page
