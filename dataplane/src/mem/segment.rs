@@ -296,13 +296,7 @@ impl Segment {
     /// Errors: `InvalidInput` for a range outside the segment; the `madvise` error when the
     /// kernel cannot populate (older than 5.14).
     pub fn populate(&self, offset: usize, len: usize) -> io::Result<bool> {
-        let end = offset.checked_add(len).filter(|&e| e <= self.len);
-        if end.is_none() || !offset.is_multiple_of(base_page_bytes()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{offset}+{len} is not a page-aligned range of {}", self.len),
-            ));
-        }
+        self.check_page_range(offset, len)?;
         if len == 0 {
             return Ok(false);
         }
@@ -327,15 +321,8 @@ impl Segment {
     /// asks it of the range just above its progress to see whether puts are about to
     /// outrun it.
     pub fn any_resident(&self, offset: usize, len: usize) -> io::Result<bool> {
-        let page = base_page_bytes();
-        let end = offset.checked_add(len).filter(|&e| e <= self.len);
-        if end.is_none() || !offset.is_multiple_of(page) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{offset}+{len} is not a page-aligned range of {}", self.len),
-            ));
-        }
-        let mut vec = vec![0u8; len.div_ceil(page)];
+        self.check_page_range(offset, len)?;
+        let mut vec = vec![0u8; len.div_ceil(base_page_bytes())];
         // SAFETY: mincore reads no byte of the range, which lies inside our live mapping
         // (checked above); `vec` holds one byte for each of its pages.
         let rc = unsafe {
@@ -349,6 +336,19 @@ impl Segment {
             return Err(io::Error::last_os_error());
         }
         Ok(vec.iter().any(|b| b & 1 == 1))
+    }
+
+    /// `InvalidInput` unless `offset..offset + len` lies inside the segment and starts on a
+    /// page (what [`Segment::populate`] and [`Segment::any_resident`] take).
+    fn check_page_range(&self, offset: usize, len: usize) -> io::Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= self.len);
+        if end.is_none() || !offset.is_multiple_of(base_page_bytes()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{offset}+{len} is not a page-aligned range of {}", self.len),
+            ));
+        }
+        Ok(())
     }
 
     /// `madvise(advice)` over `offset..offset + len` of the mapping, retried on `EINTR` and
