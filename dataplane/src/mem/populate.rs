@@ -122,17 +122,16 @@ impl Populator {
         pace: Pace,
     ) -> std::io::Result<Populator> {
         let mut offset = 0;
-        while let Some(deadline) = head {
-            if offset >= segment.len() {
-                break;
-            }
-            let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
-            if segment.populate(offset, len).is_err() {
-                break;
-            }
-            offset += len;
-            if Instant::now() >= deadline {
-                break;
+        if let Some(deadline) = head {
+            while offset < segment.len() {
+                let len = POPULATE_CHUNK_BYTES.min(segment.len() - offset);
+                if segment.populate(offset, len).is_err() {
+                    break;
+                }
+                offset += len;
+                if Instant::now() >= deadline {
+                    break;
+                }
             }
         }
         Self::start_from(segment, name, offset, pace)
@@ -362,12 +361,12 @@ impl CpuGauge {
 
     /// Whether the CPUs a chunk needs are wanted (the type's docs).
     pub fn cpus_wanted(&mut self) -> bool {
-        let others = self.others_running();
-        if let Some(share) = self.stalled_share() {
-            return share >= STALL_SHARE || others.is_some_and(|n| n >= self.cpus);
-        }
-        let spare = self.cpus.saturating_sub(1).max(1);
-        others.is_some_and(|n| n >= spare)
+        // The running count is read only when the pressure does not decide alone.
+        let (stalled, wanted_from) = match self.stalled_share() {
+            Some(share) => (share >= STALL_SHARE, self.cpus),
+            None => (false, self.cpus.saturating_sub(1).max(1)),
+        };
+        stalled || self.others_running().is_some_and(|n| n >= wanted_from)
     }
 }
 
