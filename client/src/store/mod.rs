@@ -410,8 +410,9 @@ impl Store {
                 other => (other.map_err(started_cause)?, catalog::soft_pin_of(cfg)),
             }
         };
-        if !upsert && replicas.iter().any(|r| self.on_this_host(r)) {
-            self.reservations.room_seen();
+        if !upsert {
+            self.reservations
+                .room_seen(|| replicas.iter().any(|r| self.on_this_host(r)));
         }
         let catalog_key = self.master.catalog_key(&key);
         let items: Vec<WriteItem<'_>> = replicas

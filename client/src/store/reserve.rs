@@ -25,8 +25,9 @@
 //! host's segments, as `prefer_alloc_in_same_node` places a batch (a full host makes room by
 //! eviction, as for a put); a host with no room even so (or no segment yet: a node still
 //! starting) sends the puts the usual way, over the whole pool, for 10 ms, then twice as long
-//! each time it still has none, up to a second, or until a usual put is placed on this host. Anything else, or any refusal but the key's existence, takes the
-//! usual path, with nothing committed; a master that does not know the calls (an older one)
+//! each time it still has none, up to a second, or until a usual put is placed on this host.
+//! Anything else, or any refusal but the key's existence, takes the usual path, with nothing
+//! committed; a master that does not know the calls (an older one)
 //! or refuses them (tenant quotas) is not asked again for a minute.
 //! `MC_STORE_RESERVED_PUT=0` turns it off.
 //!
@@ -46,8 +47,6 @@ use protocol::{
 
 use super::peers::WriteItem;
 use super::{Src, Store, StoreError};
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::limits::{
     RESERVED_PUT_FULL_PAUSE, RESERVED_PUT_FULL_PAUSE_FIRST, RESERVED_PUT_REFUSED_PAUSE,
 };
@@ -62,15 +61,20 @@ pub(super) struct Reservations {
     held: Mutex<Vec<Held>>,
     /// The sizes of the last puts that fit, newest last ([`RECENT_SIZES`]).
     recent: Mutex<Vec<u64>>,
-    /// Not asked before then: the master refused the calls.
-    paused_until: Mutex<Option<Instant>>,
+    /// Not asked before then: the master refused the calls, or had no room on this host.
+    paused: Mutex<Option<Pause>>,
     /// The next pause after the master had no room on this host: doubles from
     /// [`RESERVED_PUT_FULL_PAUSE_FIRST`] to [`RESERVED_PUT_FULL_PAUSE`], back to the first
     /// once a reservation is given.
     full_pause: Mutex<Duration>,
-    /// Whether the pause in [`Reservations::paused_until`] is for "no room on this host",
-    /// which a usual put placed on this host ends.
-    paused_for_room: AtomicBool,
+}
+
+/// A pause of the one-round-trip path: until when, and whether it is for "no room on this
+/// host", which a usual put placed on this host ends.
+#[derive(Clone, Copy)]
+struct Pause {
+    until: Instant,
+    for_room: bool,
 }
 
 /// One reservation, and when it was asked for.
@@ -90,9 +94,8 @@ impl Default for Reservations {
             on: protocol::env::flag("MC_STORE_RESERVED_PUT", true),
             held: Mutex::new(Vec::new()),
             recent: Mutex::new(Vec::with_capacity(RECENT_SIZES)),
-            paused_until: Mutex::new(None),
+            paused: Mutex::new(None),
             full_pause: Mutex::new(RESERVED_PUT_FULL_PAUSE_FIRST),
-            paused_for_room: AtomicBool::new(false),
         }
     }
 }
@@ -113,7 +116,7 @@ impl Reservations {
             && cfg.preferred_segments.is_empty()
             && cfg.group_ids.is_empty()
             && cfg.data_type == ObjectDataType::Unknown
-            && self.paused_until.lock().is_none_or(|t| Instant::now() >= t)
+            && self.paused.lock().is_none_or(|p| Instant::now() >= p.until)
     }
 
     /// Whether a put of `size` bytes came among the last few (and notes this one).
@@ -154,8 +157,7 @@ impl Reservations {
             *next = (now * 2).min(RESERVED_PUT_FULL_PAUSE);
             now
         };
-        self.pause(pause);
-        self.paused_for_room.store(true, Ordering::Relaxed);
+        self.pause_for(pause, true);
     }
 
     /// A reservation came: the next "no room" pauses briefly again.
@@ -163,19 +165,29 @@ impl Reservations {
         *self.full_pause.lock() = RESERVED_PUT_FULL_PAUSE_FIRST;
     }
 
-    /// A usual put was placed on this host: there is room here now (the node that had not
-    /// mounted yet has), so a pause for "no room" ends.
-    pub(super) fn room_seen(&self) {
-        if self.paused_for_room.swap(false, Ordering::Relaxed) {
-            *self.paused_until.lock() = None;
+    /// A usual put was placed where `on_this_host` says (asked only during a pause for
+    /// "no room"): if on this host, there is room here now (the node that had not mounted yet
+    /// has), and the pause ends.
+    pub(super) fn room_seen(&self, on_this_host: impl FnOnce() -> bool) {
+        let mut paused = self.paused.lock();
+        if paused.is_some_and(|p| p.for_room) && on_this_host() {
+            *paused = None;
+            drop(paused);
             self.reserved();
         }
     }
 
     /// Not asked again for `pause`, and the reservations held let go (the master parks them).
     fn pause(&self, pause: Duration) {
-        *self.paused_until.lock() = Some(Instant::now() + pause);
-        self.paused_for_room.store(false, Ordering::Relaxed);
+        self.pause_for(pause, false);
+    }
+
+    /// [`Self::pause`], `for_room` saying whether it is for "no room on this host".
+    fn pause_for(&self, pause: Duration, for_room: bool) {
+        *self.paused.lock() = Some(Pause {
+            until: Instant::now() + pause,
+            for_room,
+        });
         self.held.lock().clear();
     }
 }
@@ -365,7 +377,7 @@ mod tests {
             want = (want * 2).min(RESERVED_PUT_FULL_PAUSE);
         }
         assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE, "capped");
-        let until = r.paused_until.lock().unwrap();
+        let until = r.paused.lock().unwrap().until;
         assert!(until > Instant::now() + RESERVED_PUT_FULL_PAUSE / 2);
         r.reserved();
         assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE_FIRST);
@@ -373,11 +385,16 @@ mod tests {
         r.pause_full();
         r.pause_full();
         assert!(!r.fits(4096, &cfg));
-        r.room_seen();
+        r.room_seen(|| false);
+        assert!(
+            !r.fits(4096, &cfg),
+            "a put placed elsewhere shows no room here"
+        );
+        r.room_seen(|| true);
         assert!(r.fits(4096, &cfg), "room seen");
         assert_eq!(*r.full_pause.lock(), RESERVED_PUT_FULL_PAUSE_FIRST);
         r.pause(RESERVED_PUT_REFUSED_PAUSE);
-        r.room_seen();
+        r.room_seen(|| true);
         assert!(!r.fits(4096, &cfg), "a refusal's pause stays");
     }
 }
