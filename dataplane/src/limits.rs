@@ -107,9 +107,9 @@ const RESPONSE_HEADER_BYTES_U64: u64 = 24;
 /// transparent hugepage) at a time, publishing its progress after each: one huge page.
 pub const POPULATE_CHUNK_BYTES: usize = HUGE_PAGE_BYTES;
 
-/// How far above its progress the background populator looks for pages puts have written:
-/// one it finds there means the puts are about to outrun it, and it populates whether or not
-/// a CPU is free. 32 chunks: at this VM's 10 GB/s of same-host puts, 6 ms of writing.
+/// How far past the last chunk puts touched the populator's lead populates the first time
+/// they reach its walk (`mem::populate`; twice the last distance each time after): 32 chunks,
+/// at this VM's 10 GB/s of same-host puts 6 ms of writing, three of the lead's looks.
 pub const POPULATE_AHEAD_BYTES: usize = 32 * POPULATE_CHUNK_BYTES;
 
 /// How long the background populator waits before it looks again when the CPUs are wanted
@@ -118,10 +118,20 @@ pub const POPULATE_AHEAD_BYTES: usize = 32 * POPULATE_CHUNK_BYTES;
 /// times in ten while a thread waited 40% of the time).
 pub const POPULATE_YIELD: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How often the populator's lead looks whether puts reached the walk: one `mincore` of a
+/// chunk, 5 µs on this VM when nothing is resident (0.25% of a CPU while the walk lasts).
+pub const POPULATE_LEAD_LOOK: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Looks in a row, [`POPULATE_YIELD`] apart, that must find the CPUs free before the
 /// background populator walks again after it found them wanted: a client calling the master
 /// back to back is off the CPU for moments too (waiting for an answer).
 pub const POPULATE_QUIET_LOOKS: u32 = 2;
+
+/// Most threads that populate a segment's head before the node reports ready
+/// ([`crate::mem::populate`]): on this project's 2-core VM two threads populate 9.4-10.3 GB/s
+/// where one does 4.4-6.6, so a start's budget covers twice the head. A bound on what one
+/// shard's start takes, not a measured optimum (larger machines were not measured).
+pub const POPULATE_HEAD_THREADS_MAX: usize = 8;
 
 /// Bytes of one slab: the unit the slab allocator hands to a size class. One huge page, so a
 /// slab never straddles two huge pages of a segment.

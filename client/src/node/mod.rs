@@ -565,8 +565,9 @@ fn serve_rdma(
 /// The shard's populator (`--populate` without `--prefault`; `--populate=eager` walks
 /// whatever else runs): the segment's head now, within
 /// [`POPULATE_AT_START_PER_16_GIB`] per 16 GiB of the node's segments (the shards start in
-/// parallel, so every shard has the whole node's budget), the rest in the background. `None`
-/// when off, or when its thread cannot start (logged: the node serves without it).
+/// parallel, so every shard has the whole node's budget, and its share of the CPUs this
+/// process may run on), the rest in the background. `None` when off, or when its thread
+/// cannot start (logged: the node serves without it).
 fn start_populator(
     index: usize,
     segment: &Arc<dataplane::mem::Segment>,
@@ -576,16 +577,29 @@ fn start_populator(
         return None;
     }
     let share = cfg.global_segment_size as f64 / (16u64 << 30) as f64;
-    let deadline = Instant::now() + POPULATE_AT_START_PER_16_GIB.mul_f64(share);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let head = dataplane::mem::Head {
+        until: Instant::now() + POPULATE_AT_START_PER_16_GIB.mul_f64(share),
+        threads: (cpus / cfg.shards.max(1)).max(1),
+    };
     let name = format!("populate-{index}");
     let pace = if cfg.populate_eager {
         dataplane::mem::Pace::Eager
     } else {
         dataplane::mem::Pace::Courteous
     };
-    dataplane::mem::Populator::start_paced(segment.clone(), &name, Some(deadline), pace)
-        .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
-        .ok()
+    let started = Instant::now();
+    let populator =
+        dataplane::mem::Populator::start_paced(segment.clone(), &name, Some(head), pace)
+            .inspect_err(|e| tracing::warn!("shard {index}: no background populator: {e}"))
+            .ok()?;
+    tracing::info!(
+        "shard {index}: {} bytes of the segment populated before ready, in {:?} ({} threads)",
+        populator.populated_bytes(),
+        started.elapsed(),
+        head.threads
+    );
+    Some(populator)
 }
 
 fn start_shard(

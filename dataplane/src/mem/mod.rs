@@ -38,7 +38,7 @@ pub mod shm;
 pub mod slab;
 
 pub use crate::sys::bytes::{Dst, Src};
-pub use populate::{Pace, PopulateReport, Populator};
+pub use populate::{Head, Pace, PopulateReport, Populator};
 pub use registry::Registry;
 pub use segment::{HugepagePolicy, Segment, SegmentKind, SegmentOptions};
 pub use shm::{ShmExport, ShmMapping};
