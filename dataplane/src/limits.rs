@@ -122,6 +122,16 @@ pub const POPULATE_YIELD: std::time::Duration = std::time::Duration::from_millis
 /// chunk, 5 µs on this VM when nothing is resident (0.25% of a CPU while the walk lasts).
 pub const POPULATE_LEAD_LOOK: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// A chunk that takes the populator's lead more CPU than this was populated slower than puts
+/// fault (2 GB/s): on this VM a chunk takes 0.2-0.4 ms where the host has backed the memory
+/// and 3-6 ms where it backs it on first touch, and a same-host client's faulting puts write
+/// 1.5-2 GB/s.
+pub const POPULATE_LEAD_SLOW: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How long the populator's lead leaves puts alone after a chunk slower than
+/// [`POPULATE_LEAD_SLOW`].
+pub const POPULATE_LEAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Looks in a row, [`POPULATE_YIELD`] apart, that must find the CPUs free before the
 /// background populator walks again after it found them wanted: a client calling the master
 /// back to back is off the CPU for moments too (waiting for an answer).
