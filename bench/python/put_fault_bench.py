@@ -17,8 +17,10 @@ For each node configuration, in one run, next to a plain memcpy measured in the 
 Each configuration starts a master and a node (1 GiB segment) on 127.0.0.1 and, as soon as
 the node prints ready, a client without a segment of its own, which puts 48 fresh 4 MiB keys
 into never-used segment memory (`first`: a fresh node's first puts), then 6 batches of
-`batch_put_from` 8 x 4 MiB (`batch`, fresh keys, the next 192 MiB of the segment), removes
-them all, and puts 48 more, which the allocator places in the ranges just freed (`reuse`).
+`batch_put_from` 8 x 4 MiB (`batch`, fresh keys, the next 192 MiB of the segment), 16 more
+back to back (`fill`, to 896 MiB: past the head a node's start populates, so the puts meet
+its background walk or run past it), removes them all, and puts 48 more, which the
+allocator places in the ranges just freed (`reuse`).
 Two memcpy baselines: `memcpy`, 4 MiB between the same two buffers (hot in the cache), and
 `spread`, 4 MiB into 48 different already-faulted destinations in turn, as the puts write
 (192 MiB: the destination is not in the cache). The client reaches the node's segment through
@@ -30,6 +32,13 @@ included; getrusage). Per configuration also: how long the node took from its st
 and the node's memory once its populator is done (or 20 s passed): RSS (anonymous + shared
 pages it maps) and how much shared memory the system gained, against the segment's size.
 
+A VM whose hypervisor takes back the guest's free memory (virtio-balloon free page
+reporting: `/sys/module/page_reporting/parameters/page_reporting_order` exists and is at
+most 10) backs each page again on its next first touch, at 0.3-1.1 GB/s on this project's VM,
+below any put; the run prints the setting. `echo 11 > ...page_reporting_order` as root stops
+the reporting (the order is above the largest block), so that once touched the guest's
+memory stays backed, as on bare metal.
+
 Usage: .venv/bin/python bench/python/put_fault_bench.py [--rounds 3] [--json out.json]
        [--configs populate,nopopulate,prefault]
 """
@@ -40,8 +49,10 @@ import json
 import os
 import resource
 import statistics
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 # Run as a script, so this directory is on sys.path.
@@ -54,6 +65,9 @@ SEGMENT = "1024 MB"
 SEGMENT_BYTES = 1024 * MIB
 BATCH = 8
 BATCHES = 6
+# Batches right after `batch`, to 896 MiB of the 1 GiB segment: past what a start's head
+# covers on this VM, so that the puts meet the background walk (or run past it).
+FILL_BATCHES = 16
 HUGEPAGES_NEEDED = 512 + 16
 BIN = os.path.dirname(sys.executable)
 
@@ -113,8 +127,9 @@ def shmem_kib():
     return 0
 
 
-def start_node(config, env, rpc, meta):
-    """The node in `config`; returns (process, its shard log line, seconds from start to ready)."""
+def start_node(config, env, rpc, meta, log):
+    """The node in `config`, its log to the file `log`; returns (process, its shard log line,
+    seconds from start to ready)."""
     extra = []
     if "prefault" in config:
         extra.append("--prefault")
@@ -128,7 +143,7 @@ def start_node(config, env, rpc, meta):
         [f"{BIN}/mooncake_client", "--host=127.0.0.1", f"--port={node_port}",
          f"--global_segment_size={SEGMENT}", f"--master_server_address=127.0.0.1:{rpc}",
          f"--metadata_server={meta}", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+        stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
     backing = ""
     for line in node.stdout:
         text = line.decode(errors="replace").strip()
@@ -187,6 +202,7 @@ def one(config):
         env["MC_STORE_USE_HUGEPAGE"] = "1"
     rpc, http, metrics = free_port(), free_port(), free_port()
     procs = []
+    log = tempfile.TemporaryFile()
     try:
         procs.append(subprocess.Popen(
             [f"{BIN}/mooncake_master", "--rpc_address=127.0.0.1", f"--rpc_port={rpc}",
@@ -198,7 +214,9 @@ def one(config):
             raise RuntimeError("master did not start")
         meta = f"http://127.0.0.1:{http}/metadata"
         shmem_before = shmem_kib()
-        node, backing, ready_s = start_node(config, env, rpc, meta)
+        # The node logs at info, for its populator's lines.
+        node_env = dict(env, RUST_LOG="info")
+        node, backing, ready_s = start_node(config, node_env, rpc, meta, log)
         procs.append(node)
         store = MooncakeDistributedStore()
         rc = store.setup("127.0.0.1", meta, 0, 64 * MIB, "tcp", "", f"127.0.0.1:{rpc}")
@@ -222,22 +240,42 @@ def one(config):
         out = {"node": backing, "ready_s": ready_s}
         out["first"] = timed(node.pid, KEYS, VALUE, put("c"))
         out["batch"] = timed(node.pid, BATCHES, BATCH * VALUE, batch)
+        out["fill"] = timed(node.pid, FILL_BATCHES, BATCH * VALUE,
+                            lambda i: batch(BATCHES + i))
         for i in range(KEYS):
             store.remove(f"c{i}")
-        for i in range(BATCHES):
+        for i in range(BATCHES + FILL_BATCHES):
             for j in range(BATCH):
                 store.remove(f"b{i}_{j}")
         out["reuse"] = timed(node.pid, KEYS, VALUE, put("r"))
         out["memory"] = memory_after_populate(node.pid, shmem_before)
         out["memcpy_mib_s"] = memcpy_mib_s()
         out["memcpy_spread_mib_s"] = memcpy_spread_mib_s()
+        out["populator"] = populator_log(log)
         store.close()
         return out
     finally:
         stop_all(procs)
 
 
-PHASES = ("first", "batch", "reuse")
+PHASES = ("first", "batch", "fill", "reuse")
+
+
+def populator_log(log):
+    """What the node's log says its populator did: the head populated before ready (MiB),
+    and once the walk ended, the chunks its lead populated and those puts touched first
+    (`None` for what the log does not say: an older build, or the populator off)."""
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    head = re.search(r"(\d+) bytes of the segment populated before ready", text)
+    lead = re.search(r"(\d+) chunks populated by the lead ahead of puts, (\d+) overtaken by "
+                     r"them, (\d+) lead back-offs", text)
+    return {
+        "head_mib": int(head.group(1)) / MIB if head else None,
+        "lead_chunks": int(lead.group(1)) if lead else None,
+        "overtaken_chunks": int(lead.group(2)) if lead else None,
+        "lead_backoffs": int(lead.group(3)) if lead else None,
+    }
 
 
 def report(configs, runs):
@@ -258,13 +296,27 @@ def report(configs, runs):
                   f"{med(lambda x: x[ph]['node_faults_per_put']):<11.0f} "
                   f"{med(lambda x: x[ph]['client_cpu_ms_per_put']):19.3f}")
     print(f"\n{'config':20s} {'start to ready s':>17s} {'node RSS MiB':>13s} {'of it shared':>13s} "
-          f"{'anon':>6s} {'system shmem growth MiB':>24s}   (segment {SEGMENT_BYTES // MIB} MiB)")
+          f"{'anon':>6s} {'system shmem growth MiB':>24s} {'head MiB (per round)':>21s}"
+          f"   (segment {SEGMENT_BYTES // MIB} MiB)")
     for c in configs:
         med = lambda f: statistics.median(f(x) for x in runs[c])
         m = lambda k: med(lambda x: x["memory"][k])
+        heads = " ".join("-" if x["populator"]["head_mib"] is None
+                         else f"{x['populator']['head_mib']:.0f}" for x in runs[c])
         print(f"{c:20s} {med(lambda x: x['ready_s']):17.3f} {m('rss_mib'):13.0f} "
               f"{m('rss_shmem_mib'):13.0f} {m('rss_anon_mib'):6.0f} "
-              f"{m('system_shmem_growth_mib'):24.0f}")
+              f"{m('system_shmem_growth_mib'):24.0f} {heads:>21s}")
+
+
+def page_reporting():
+    """How this machine's hypervisor takes back free guest memory, as far as the guest says."""
+    try:
+        order = int(open("/sys/module/page_reporting/parameters/page_reporting_order").read())
+    except (OSError, ValueError):
+        return "none (no page_reporting module)"
+    if order > 10:
+        return f"off (order {order}: freed memory stays backed)"
+    return f"on, order {order} (freed memory is backed again on first touch)"
 
 
 def main():
@@ -279,12 +331,15 @@ def main():
     else:
         print(f"(hugepages+prefault skipped: {free_hugepages()} free hugepages, need "
               f"{HUGEPAGES_NEEDED}; as root: echo 600 > /proc/sys/vm/nr_hugepages)")
+    print(f"free page reporting: {page_reporting()}")
     runs = {c: [] for c in configs}
     for r in range(args.rounds):
         for c in configs:
             res = one(c)
             runs[c].append(res)
-            print(f"round {r + 1} {c}: ready in {res['ready_s']:.2f} s, " + ", ".join(
+            pop = res["populator"]
+            head = "" if pop["head_mib"] is None else f" (head {pop['head_mib']:.0f} MiB)"
+            print(f"round {r + 1} {c}: ready in {res['ready_s']:.2f} s{head}, " + ", ".join(
                 f"{ph} {res[ph]['mib_s']:.0f} MiB/s ({res[ph]['mib_s'] / res['memcpy_mib_s']:.0%}"
                 f" of memcpy {res['memcpy_mib_s']:.0f}), faults/4MiB client "
                 f"{res[ph]['client_faults_per_put']:.0f} node {res[ph]['node_faults_per_put']:.0f}"
