@@ -4,12 +4,12 @@
 For each node configuration, in one run, next to a plain memcpy measured in the same process:
 
 - `populate`: a storage node with default settings: an ordinary shared segment (4 KiB pages)
-  that a low-priority thread per shard populates after the node reports ready, as
-  transparent hugepages where the kernel collapses them (`--populate`, the default);
+  whose head the node populates before it reports ready and the rest after, as transparent
+  hugepages where the kernel collapses them (`--populate`, the default);
 - `nopopulate`: the same with `--populate=false` (the default before the populator: pages
   are faulted in by the puts that first write them);
 - `eager`: `--populate=eager` (the populator walks whatever else runs; by default it takes a
-  chunk only while a CPU is free for it or puts are close behind);
+  chunk only while a CPU is free for it, and its lead populates ahead of puts that reach it);
 - `prefault`: `--prefault` (the node populates every page before it reports ready);
 - `hugepages+prefault`: `MC_STORE_USE_HUGEPAGE=1 --prefault` (2 MiB hugetlb pages; only when
   the pool has enough free pages: `echo 600 > /proc/sys/vm/nr_hugepages` as root).

@@ -142,12 +142,12 @@ flags (--flag=value or --flag value):
                                  e.g. for a Prometheus on another host)
   --prefault=false               fault segment pages in at start-up, before ready (as
                                  transparent hugepages where the kernel collapses them)
-  --populate=true                the same after ready, in the background: one idle-priority
-                                 thread per shard fills its segment from the base upwards,
-                                 where the next puts land, while a CPU is free for it or
-                                 puts are close behind (eager: whatever else runs; false:
-                                 pages are faulted in by the puts that first write them;
-                                 docs/deploy.md)
+  --populate=true                the same from the segment's base upwards, where the next
+                                 puts land: a head before ready (1 s per 16 GiB), the rest
+                                 after it by an idle-priority thread while a CPU is free,
+                                 and ahead of puts that reach it (eager: whatever else
+                                 runs; false: pages are faulted in by the puts that first
+                                 write them; docs/deploy.md)
   --drain_timeout_sec=30         on SIGTERM, drain the segments (no new puts, only copies
                                  moved to other nodes) for at most this long; 0 = unmount now
   --replica_tasks=true           carry out the replica copy/move tasks the master assigns

@@ -74,8 +74,9 @@ type StatCounter = (
     fn(&dataplane::mem::served::ServerStats) -> u64,
 );
 
-/// `segment_populated_bytes`: per shard, the bytes from its segment's base that are populated
-/// (its populator's progress; with `--prefault` the whole segment; else none).
+/// `segment_populated_bytes`: per shard, how far from its segment's base the populator's walk
+/// got (each chunk below is populated, being populated, or was touched by puts first; with
+/// `--prefault` the whole segment; else none).
 fn render_populated(out: &mut String, shards: &[Shard]) {
     use std::fmt::Write;
     let _ = writeln!(out, "# TYPE mooncake_node_segment_populated_bytes gauge");
