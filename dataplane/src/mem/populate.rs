@@ -15,7 +15,7 @@
 //! so that the first puts, which come at once, find their pages ready even on a busy host.
 //! The head is populated by as many threads as the start has cores ([`Head::threads`], at
 //! most [`POPULATE_HEAD_THREADS_MAX`]): on this project's 2-core VM two threads populate
-//! 9.4-10.3 GB/s where one does 4.4-6.6, so a 1 GiB node's 62.5 ms cover 370-580 MiB of head
+//! 9.4-10.3 GB/s where one does 4.4-6.6, so a 1 GiB node's 62.5 ms cover 370-670 MiB of head
 //! instead of about 290. Then one thread per segment, at `SCHED_IDLE`, walks the rest from
 //! the head upwards in 2 MiB chunks ([`POPULATE_CHUNK_BYTES`]) and publishes how far it got
 //! ([`Populator::populated_bytes`]).
@@ -37,8 +37,10 @@
 //! a second thread, the lead, at the ordinary priority, looks every [`POPULATE_LEAD_LOOK`]
 //! (one `mincore` of a chunk) whether the puts have touched the chunk the walk takes next;
 //! when they have, it takes the walk's chunks itself, passing the ones they touched and
-//! populating the rest, until [`POPULATE_AHEAD_BYTES`] past the last one they touched.
-//! Its work is work those puts would otherwise do in their own faults, about five times as
+//! populating the rest, until [`POPULATE_AHEAD_BYTES`] past the last one they touched (twice
+//! as far each time they reach it again), unless its chunks come slower than the puts' own
+//! faults (a VM's host backing the memory on first touch): then it leaves them alone for a
+//! while ([`lead`]). Its work is work those puts would otherwise do in their own faults, about five times as
 //! dearly (a client faulting its pages spends 3.6-4.6 ms of CPU per 4 MiB; populating
 //! 4 MiB in chunks takes about 0.8).
 //!
@@ -97,7 +99,7 @@ pub struct PopulateReport {
     /// Of it, time spent waiting for a free CPU ([`Pace::Courteous`]).
     pub yielded: Duration,
     /// Chunks the lead populated ahead of puts that had reached the walk.
-    pub pressed_chunks: usize,
+    pub lead_chunks: usize,
     /// Chunks left as they were because puts had touched them before the walk came to them.
     pub overtaken_chunks: usize,
     /// Times the lead stopped running ahead because a chunk was slower than faults.
@@ -159,7 +161,7 @@ impl PopulateReport {
     fn add(&mut self, lead: &PopulateReport) {
         self.huge_chunks += lead.huge_chunks;
         self.base_chunks += lead.base_chunks;
-        self.pressed_chunks += lead.pressed_chunks;
+        self.lead_chunks += lead.lead_chunks;
         self.overtaken_chunks += lead.overtaken_chunks;
         self.lead_backoffs += lead.lead_backoffs;
         self.stopped = lead.stopped.or(self.stopped);
@@ -249,6 +251,8 @@ impl Populator {
                 if let Some(Ok(led)) = lead.map(JoinHandle::join) {
                     report.add(&led);
                 }
+                // Read once both threads are done: the lead may claim after the walk ends.
+                report.populated_bytes = inner.populated.load(Ordering::Acquire).min(len);
                 log_report(&segment, &report);
                 report
             })?;
@@ -265,7 +269,7 @@ impl Populator {
         self.shared.populated.load(Ordering::Acquire).min(self.len)
     }
 
-    /// Whether the whole segment is populated.
+    /// Whether the walk reached the segment's end (see [`Self::populated_bytes`]).
     pub fn done(&self) -> bool {
         self.populated_bytes() >= self.len
     }
@@ -332,7 +336,6 @@ fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
         };
         step(segment, shared, offset, &mut report);
     }
-    report.populated_bytes = shared.populated.load(Ordering::Acquire).min(segment.len());
     report.took = started.elapsed();
     report
 }
@@ -345,9 +348,9 @@ fn walk(segment: &Segment, shared: &Shared, pace: Pace) -> PopulateReport {
 /// the walk again (a fill that keeps coming gets a walk that keeps going).
 ///
 /// Only where it is faster than the puts' own faults: two chunks in a row that each took
-/// more than [`POPULATE_LEAD_SLOW`] (`shared.lead_slow`) of the lead's CPU mean the host backs this memory slower
-/// than the guest faults it (a VM's first touch), and racing the puts then makes them wait
-/// on the chunk being collapsed (measured: 7% of a memcpy against 15% without a populator);
+/// more than [`POPULATE_LEAD_SLOW`] (`shared.lead_slow`) of the lead's CPU mean the host
+/// backs this memory slower than the guest faults it (a VM's first touch), and racing the
+/// puts then makes them wait on the chunk being collapsed (measured: 7% of a memcpy against 15% without a populator);
 /// the lead starts over after [`POPULATE_LEAD_BACKOFF`]. (One slow chunk alone is usually
 /// one the kernel would not collapse, populated page by page.) Until the walk ends or is
 /// stopped; returns what it did.
@@ -372,7 +375,7 @@ fn lead(segment: &Segment, shared: &Shared) -> PopulateReport {
         let cpu = thread_cpu_time();
         step(segment, shared, offset, &mut report);
         if report.overtaken_chunks == overtaken {
-            report.pressed_chunks += 1;
+            report.lead_chunks += 1;
             let slow = thread_cpu_time().saturating_sub(cpu) > shared.lead_slow;
             slow_in_a_row = if slow { slow_in_a_row + 1 } else { 0 };
             if slow_in_a_row == 2 {
@@ -453,7 +456,7 @@ fn log_report(segment: &Segment, report: &PopulateReport) {
         report.huge_chunks,
         report.base_chunks,
         report.yielded,
-        report.pressed_chunks,
+        report.lead_chunks,
         report.overtaken_chunks,
         report.lead_backoffs,
         report
@@ -695,7 +698,7 @@ mod tests {
         }
         assert_eq!(report.overtaken_chunks, 2, "{report:?}");
         assert!(
-            report.pressed_chunks >= 3 * POPULATE_AHEAD_BYTES / POPULATE_CHUNK_BYTES,
+            report.lead_chunks >= 3 * POPULATE_AHEAD_BYTES / POPULATE_CHUNK_BYTES,
             "{report:?}"
         );
         assert!(report.yielded > Duration::ZERO, "{report:?}");
@@ -743,7 +746,7 @@ mod tests {
         assert_eq!(report.overtaken_chunks, 1, "{report:?}");
         assert!(report.lead_backoffs >= 1, "{report:?}");
         assert!(
-            report.pressed_chunks < POPULATE_AHEAD_BYTES / POPULATE_CHUNK_BYTES,
+            report.lead_chunks < POPULATE_AHEAD_BYTES / POPULATE_CHUNK_BYTES,
             "ran ahead anyway: {report:?}"
         );
     }
