@@ -634,6 +634,20 @@ mod tests {
         (done, spinners)
     }
 
+    /// Stops `p`, then the spinners of [`spin_every_cpu`]; what `p` did.
+    fn stop_beside_spinners(
+        p: Populator,
+        done: &AtomicBool,
+        spinners: Vec<JoinHandle<()>>,
+    ) -> PopulateReport {
+        let report = p.stop();
+        done.store(true, Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        report
+    }
+
     /// A populator that does not wait for free CPUs, so that what other tests run meanwhile
     /// does not slow the walk these tests check.
     fn eager(segment: &Arc<Segment>, head: Option<Head>) -> Populator {
@@ -691,11 +705,7 @@ mod tests {
             }
         }
         std::thread::sleep(Duration::from_millis(300));
-        let report = p.stop();
-        done.store(true, Ordering::Relaxed);
-        for s in spinners {
-            s.join().unwrap();
-        }
+        let report = stop_beside_spinners(p, &done, spinners);
         assert_eq!(report.overtaken_chunks, 2, "{report:?}");
         assert!(
             report.lead_chunks >= 3 * POPULATE_AHEAD_BYTES / POPULATE_CHUNK_BYTES,
@@ -738,11 +748,7 @@ mod tests {
         // SAFETY: inside the live mapping; nobody else writes it.
         unsafe { seg.as_ptr().add(at + 4096).write_volatile(7) };
         std::thread::sleep(Duration::from_millis(300));
-        let report = p.stop();
-        done.store(true, Ordering::Relaxed);
-        for s in spinners {
-            s.join().unwrap();
-        }
+        let report = stop_beside_spinners(p, &done, spinners);
         assert_eq!(report.overtaken_chunks, 1, "{report:?}");
         assert!(report.lead_backoffs >= 1, "{report:?}");
         assert!(
