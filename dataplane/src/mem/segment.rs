@@ -318,8 +318,8 @@ impl Segment {
 
     /// Whether any page of `offset..offset + len` (page-aligned, inside the segment) is
     /// resident (`mincore`): a page somebody wrote, or one populated ahead. The populator
-    /// asks it of the range just above its progress to see whether puts are about to
-    /// outrun it.
+    /// asks it of each chunk before it takes it, to leave alone the chunks puts touched
+    /// first and to see whether puts have reached its walk.
     pub fn any_resident(&self, offset: usize, len: usize) -> io::Result<bool> {
         self.check_page_range(offset, len)?;
         let mut vec = vec![0u8; len.div_ceil(base_page_bytes())];
